@@ -1,0 +1,9 @@
+// The subcommands. Each takes the arguments after its name and returns the process exit code.
+#pragma once
+
+namespace stepcast::cli {
+
+int run_memory(int argc, char** argv);
+int run_lower(int argc, char** argv);
+
+}  // namespace stepcast::cli

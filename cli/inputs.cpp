@@ -1,0 +1,81 @@
+// Shared input loading and output envelope for the commands; see inputs.hpp.
+#include "inputs.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "errors.hpp"
+#include "version.hpp"
+
+namespace stepcast::cli {
+
+void add_input_options(po::options_description& options) {
+  options.add_options()
+      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
+      ("plan", po::value<std::string>()->required(), "parallelization plan JSON (plans/*.json)")
+      ("nodes", po::value<int>(), "override the topology's num_nodes");
+}
+
+Inputs load_inputs(const po::variables_map& vm) {
+  std::optional<int> nodes;
+  if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
+  Inputs in{load_model(vm["model"].as<std::string>()),
+            load_topology(vm["topology"].as<std::string>(), nodes),
+            load_plan(vm["plan"].as<std::string>())};
+  validate_plan(in.plan, in.model, in.topology);
+  return in;
+}
+
+std::optional<po::variables_map> parse_command_line(int argc, char** argv,
+                                                    const po::options_description& options,
+                                                    const std::string& usage) {
+  po::options_description all(options);
+  all.add_options()("help,h", "show this help");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n" << all << "\n";
+      return std::nullopt;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw InputError(std::string("command line: ") + e.what() + " (see --help)");
+  }
+  return vm;
+}
+
+Json output_envelope(const std::string& command, const Inputs& inputs) {
+  Json out;
+  out["schema_version"] = 1;
+  out["command"] = command;
+  out["stepcast_version"] = stepcast_version();
+  out["git_commit"] = stepcast_git_commit();
+  out["inputs"] = {{"model_file", inputs.model.file},
+                   {"topology_file", inputs.topology.file},
+                   {"plan_file", inputs.plan.file},
+                   {"model", model_to_json(inputs.model)},
+                   {"topology", topology_to_json(inputs.topology)},
+                   {"plan", plan_to_json(inputs.plan)}};
+  return out;
+}
+
+void write_output_file(const std::string& dir, const std::string& name, const std::string& text) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError("--out " + dir + ": cannot create directory: " + ec.message());
+  std::string path = dir + "/" + name;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) throw InputError("--out " + dir + ": cannot write " + path);
+    out << text;
+    if (!out) throw InputError("--out " + dir + ": write failed for " + path);
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw InputError("--out " + dir + ": cannot rename " + tmp + ": " + ec.message());
+}
+
+}  // namespace stepcast::cli

@@ -1,0 +1,36 @@
+// Loading the three inputs every planning command takes (--model, --topology, --plan, --nodes)
+// and the options they share; the JSON envelope every output file carries.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <optional>
+#include <string>
+
+#include "model.hpp"
+#include "plan.hpp"
+#include "topology.hpp"
+
+namespace stepcast::cli {
+
+namespace po = boost::program_options;
+
+struct Inputs {
+  ModelConfig model;
+  Topology topology;
+  Plan plan;
+};
+
+// Adds --model, --topology, --plan, --nodes to `options`.
+void add_input_options(po::options_description& options);
+// Loads and validates them; InputError on anything wrong.
+Inputs load_inputs(const po::variables_map& vm);
+// Parses argv for a command; prints its --help and returns nullopt when asked.
+std::optional<po::variables_map> parse_command_line(int argc, char** argv,
+                                                    const po::options_description& options,
+                                                    const std::string& usage);
+// {schema_version, command, stepcast_version, git_commit, inputs{...}}.
+Json output_envelope(const std::string& command, const Inputs& inputs);
+// Creates DIR and writes DIR/NAME; InputError if it cannot.
+void write_output_file(const std::string& dir, const std::string& name, const std::string& text);
+
+}  // namespace stepcast::cli

@@ -1,0 +1,72 @@
+// stepcast's command-line front end: dispatches to a subcommand and turns errors into messages
+// and exit codes (2: bad input, 3: internal error — a bug to report, 1: anything else).
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "errors.hpp"
+#include "json_input.hpp"
+#include "version.hpp"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+  const char* summary;
+};
+
+const std::vector<Command> kCommands = {
+    {"memory", stepcast::cli::run_memory,
+     "bytes per rank by class at its peak, and whether the plan fits"},
+    {"lower", stepcast::cli::run_lower,
+     "write the plan's StepProgram (program.json) and summarise it"},
+};
+
+void print_help() {
+  std::cout << "stepcast " << stepcast::stepcast_version() << " (" << stepcast::stepcast_git_commit()
+            << "): plan, predict and run distributed transformer training\n\n"
+            << "usage: stepcast <command> [options]   (stepcast <command> --help for its options)\n\n"
+            << "commands:\n";
+  for (const auto& c : kCommands) std::cout << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+  std::cout << "\ninputs: --model plans/models/*.json, --topology topologies/*.json, --plan plans/*.json;\n"
+            << "--nodes N overrides the topology's node count. Exit codes: 0 ok, 2 bad input,\n"
+            << "3 internal error.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    print_help();
+    return argc < 2 ? stepcast::kInputErrorExitCode : 0;
+  }
+  std::string name = argv[1];
+  if (name == "--version") {
+    std::cout << "stepcast " << stepcast::stepcast_version() << " (git "
+              << stepcast::stepcast_git_commit() << ")\n";
+    return 0;
+  }
+  try {
+    for (const auto& c : kCommands) {
+      if (name == c.name) return c.run(argc - 1, argv + 1);
+    }
+    std::vector<std::string> names;
+    for (const auto& c : kCommands) names.push_back(c.name);
+    std::cerr << "stepcast: unknown command '" << name << "' (closest: '"
+              << stepcast::closest_name(name, names) << "'); see stepcast --help\n";
+    return stepcast::kInputErrorExitCode;
+  } catch (const stepcast::InputError& e) {
+    std::cerr << "stepcast " << name << ": error: " << e.what() << "\n";
+    return stepcast::kInputErrorExitCode;
+  } catch (const std::logic_error& e) {
+    std::cerr << "stepcast " << name << ": internal error (please report): " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "stepcast " << name << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,124 @@
+// Collective shapes, α-β times and the algorithm choice; see collective.hpp.
+#include "collective.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+GroupShape group_shape(const RankGrid& grid, GroupKind kind, int64_t rank,
+                       int64_t devices_per_node) {
+  std::vector<int64_t> members = grid.group(kind, rank);
+  std::set<int64_t> nodes;
+  for (int64_t r : members) nodes.insert(r / devices_per_node);
+  GroupShape shape;
+  shape.size = int64_t(members.size());
+  shape.nodes = int64_t(nodes.size());
+  shape.members_per_node = shape.size / shape.nodes;
+  return shape;
+}
+
+LinkFigures link_figures(const Topology& topology) {
+  LinkFigures links;
+  links.intra_bandwidth_bytes_per_s = topology.node.intra_node.bandwidth_bytes_per_s;
+  links.intra_latency_s = topology.node.intra_node.latency_s;
+  const auto& fabric = topology.fabric;
+  double node_nic_bandwidth = fabric.nics_per_node * fabric.nic_bandwidth_bytes_per_s;
+  // A device's share of the node's NICs, through a leaf that may be oversubscribed.
+  links.inter_bandwidth_bytes_per_s =
+      node_nic_bandwidth / topology.node.devices_per_node / fabric.oversubscription;
+  // NIC at both ends plus the switches of a path up to the tree's top and down again. With
+  // radix r a two-level tree connects r²/2 end points; deeper trees add two hops per level.
+  int64_t endpoints = topology.num_nodes * std::max(1, fabric.nics_per_node);
+  int levels = 1;
+  double reach = fabric.switch_radix;
+  while (reach < endpoints) {
+    reach *= fabric.switch_radix / 2.0;
+    ++levels;
+  }
+  links.inter_latency_s = 2 * fabric.nic_latency_s + (2 * levels - 1) * fabric.switch_latency_s;
+  return links;
+}
+
+namespace {
+
+double ring_steps(OpKind kind, int64_t n) {
+  return kind == OpKind::all_reduce ? 2.0 * (n - 1) : double(n - 1);
+}
+
+double ring_time(OpKind kind, double bytes, int64_t n, double bandwidth, double latency) {
+  if (n <= 1) return 0;
+  double steps = ring_steps(kind, n);
+  return steps * latency + steps * (bytes / n) / bandwidth;
+}
+
+}  // namespace
+
+double bus_bandwidth_factor(OpKind kind, int64_t group_size) {
+  double n = double(group_size);
+  if (kind == OpKind::all_reduce) return 2 * (n - 1) / n;
+  if (kind == OpKind::reduce_scatter || kind == OpKind::all_gather) return (n - 1) / n;
+  return 1.0;
+}
+
+double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
+                         const LinkFigures& links) {
+  int64_t n = shape.size;
+  if (n <= 1) return 0;
+  bool multi_node = shape.nodes > 1;
+  double bandwidth = multi_node ? links.inter_bandwidth_bytes_per_s : links.intra_bandwidth_bytes_per_s;
+  double latency = multi_node ? links.inter_latency_s : links.intra_latency_s;
+  switch (algorithm) {
+    case Algorithm::ring:
+      return ring_time(kind, bytes, n, bandwidth, latency);
+    case Algorithm::tree: {
+      STEPCAST_CHECK(kind == OpKind::all_reduce, "tree is an all_reduce algorithm");
+      double depth = std::ceil(std::log2(double(n)));
+      return 2 * depth * latency + 2 * bytes / bandwidth;
+    }
+    case Algorithm::hierarchical: {
+      int64_t k = shape.members_per_node;
+      int64_t nodes = shape.nodes;
+      double intra = 0;
+      if (k > 1) {
+        // reduce_scatter (and all_gather) inside the node, each of the n−1 steps carrying S/k.
+        double one_phase = ring_time(OpKind::reduce_scatter, bytes, k,
+                                     links.intra_bandwidth_bytes_per_s, links.intra_latency_s);
+        intra = kind == OpKind::all_reduce ? 2 * one_phase : one_phase;
+      }
+      double inter = ring_time(kind, bytes / k, nodes, links.inter_bandwidth_bytes_per_s,
+                               links.inter_latency_s);
+      return intra + inter;
+    }
+    case Algorithm::none:
+      return 0;
+  }
+  return 0;
+}
+
+Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
+                           const LinkFigures& links) {
+  if (shape.size <= 1) return Algorithm::none;
+  std::vector<Algorithm> candidates = {Algorithm::ring};
+  if (kind == OpKind::all_reduce) candidates.push_back(Algorithm::tree);
+  bool hierarchical_possible = shape.nodes > 1 && shape.members_per_node > 1;
+  if (hierarchical_possible &&
+      (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter || kind == OpKind::all_gather)) {
+    candidates.push_back(Algorithm::hierarchical);
+  }
+  Algorithm best = candidates.front();
+  double best_time = collective_time_s(kind, best, bytes, shape, links);
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    double t = collective_time_s(kind, candidates[i], bytes, shape, links);
+    if (t < best_time) {
+      best_time = t;
+      best = candidates[i];
+    }
+  }
+  return best;
+}
+
+}  // namespace stepcast

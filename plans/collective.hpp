@@ -1,0 +1,55 @@
+// Collectives as pure functions: where a group's members sit (its shape over nodes), the α-β
+// time of each algorithm on the topology, and the algorithm lowering records for a collective —
+// chosen the way NCCL's tuner does, by taking the algorithm whose modelled time is smallest for
+// this message size and group shape. Bus-bandwidth factors are nccl-tests' (busbw = algbw ·
+// 2(n−1)/n for all_reduce, (n−1)/n for reduce_scatter and all_gather).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "program.hpp"
+#include "rank_grid.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+struct GroupShape {
+  int64_t size = 1;            // members
+  int64_t nodes = 1;           // distinct nodes spanned
+  int64_t members_per_node = 1;  // size / nodes (groups of a regular grid are uniform)
+};
+
+// Shape of the group of `kind` containing `rank`, with rank r on node r / devices_per_node.
+GroupShape group_shape(const RankGrid& grid, GroupKind kind, int64_t rank,
+                       int64_t devices_per_node);
+
+// Bandwidth (bytes/s per direction) and latency (s) of one step between two members: intra-node
+// when the group stays in a node, otherwise the NIC path (a device's share of the node's NICs,
+// derated by the fat tree's oversubscription) and its hops.
+struct LinkFigures {
+  double intra_bandwidth_bytes_per_s = 0;
+  double intra_latency_s = 0;
+  double inter_bandwidth_bytes_per_s = 0;
+  double inter_latency_s = 0;
+};
+LinkFigures link_figures(const Topology& topology);
+
+// Modelled time of one collective of `bytes` payload per rank (the buffer size) with `algorithm`.
+// ring: 2(n−1) steps for all_reduce, n−1 for reduce_scatter / all_gather, each at the slowest
+// link the ring crosses; tree (all_reduce only): NCCL's pipelined double binary tree,
+// 2·log2(n)·α + 2·S/B; hierarchical: intra-node reduce_scatter, inter-node ring on S/k per
+// local rank (k NIC paths in parallel), intra-node all_gather.
+double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
+                         const LinkFigures& links);
+
+// The algorithm with the smallest modelled time among those the kind supports (all_reduce: ring,
+// tree, hierarchical; reduce_scatter and all_gather: ring, hierarchical; others: ring). Ties go to
+// the earlier in that list. A group of one member gets Algorithm::none.
+Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
+                           const LinkFigures& links);
+
+// nccl-tests' bus bandwidth factor for the kind: busbw = algbw · factor.
+double bus_bandwidth_factor(OpKind kind, int64_t group_size);
+
+}  // namespace stepcast

@@ -1,0 +1,26 @@
+// Lowering: (model, topology, plan) → StepProgram. Decides everything the interpreters must not:
+// the op order per role (from the schedule), the dataflow (buffers from alloc ops, deps derived
+// from it), which activations are kept for backward (by recompute mode and attention_impl),
+// where gradients are reduced (buckets, ZeRO stage), and the algorithm of every collective.
+#pragma once
+
+#include "model.hpp"
+#include "plan.hpp"
+#include "program.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+// `plan` must have passed validate_plan. Does not check memory (see memory.hpp).
+StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan);
+
+// Vocabulary padded to a multiple of tp_size so the vocab-parallel embedding and logit layer
+// split evenly (Megatron pads further, to 128·tp, for kernel efficiency; we do not).
+int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size);
+
+// Bytes one transformer layer keeps for its backward pass for one microbatch (its input
+// included), measured by lowering that single layer's forward pass with the plan's recompute,
+// sequence_parallel, attention_impl and dropout: the same code that lowers the whole program.
+double layer_activation_bytes(const ModelConfig& model, const Plan& plan);
+
+}  // namespace stepcast

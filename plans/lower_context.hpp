@@ -1,0 +1,118 @@
+// Shapes and helpers shared by the lowering files (lower.cpp drives the step; lower_layer.cpp
+// emits the ops of a transformer layer, the embedding and the loss). Internal to plans/.
+// Symbols as in the papers: s sequence, b micro batch, h hidden, t tp_size, a heads, d head_dim.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collective.hpp"
+#include "model.hpp"
+#include "plan.hpp"
+#include "program.hpp"
+#include "role_builder.hpp"
+
+namespace stepcast {
+
+struct LowerContext {
+  LowerContext(const ModelConfig& model, const Topology& topology, const Plan& plan);
+
+  const ModelConfig& model;
+  const Topology& topology;
+  const Plan& plan;
+  RankGrid grid;
+  LinkFigures links;
+
+  int64_t s, b, h, t, d, f;
+  int64_t s_local;      // sequence length a rank holds between tensor-parallel regions (s/t under SP)
+  int64_t heads_local;  // a/t
+  int64_t kv_local;     // kv/t
+  int64_t qkv_width;    // (a + 2kv)·d/t
+  int64_t f_local;      // f/t
+  int64_t vocab_padded, vocab_local;
+  Dtype act;            // activation and weight dtype
+  Dtype grad;           // gradient dtype
+  bool dropout;         // dropout > 0: masks exist (1 byte per element)
+  int64_t num_virtual_stages;
+
+  // Parameters of one layer held by one tensor-parallel rank; `sp_replicated` those replicated
+  // over tp whose gradients need a tp all_reduce under sequence parallelism (norms, row biases).
+  int64_t layer_params_local() const;
+  int64_t layer_sp_replicated() const;
+  int64_t norm_params() const;  // one norm (weight, and bias for LayerNorm)
+  // Virtual stage of chunk `chunk` on stage `stage`, and its first global layer.
+  int64_t virtual_stage(int64_t stage, int64_t chunk) const { return chunk * plan.pp_size + stage; }
+  int64_t first_layer(int64_t virtual_stage) const;
+};
+
+// Where one op sits; copied into every op it emits.
+struct OpSite {
+  Phase phase = Phase::forward;
+  int32_t layer = -1;
+  int32_t microbatch = -1;
+  int32_t chunk = -1;
+};
+
+// Emitters shared by the lowering files.
+class OpEmitter {
+ public:
+  OpEmitter(const LowerContext& ctx, RoleBuilder& rb, int64_t first_rank)
+      : ctx_(ctx), rb_(rb), first_rank_(first_rank) {}
+
+  int32_t gemm(const OpSite& at, const std::string& name, const std::string& grad, int64_t m,
+               int64_t n, int64_t k, std::vector<std::string> inputs,
+               std::vector<std::string> outputs);
+  // Compute op whose `bytes` are the sizes of its input and output buffers.
+  int32_t compute(const OpSite& at, OpKind kind, const std::string& name, double flops,
+                  std::vector<std::string> inputs, std::vector<std::string> outputs,
+                  const std::vector<int32_t>& extra_deps = {});
+  int32_t attention(const OpSite& at, const std::string& name, double flops,
+                    std::vector<std::string> inputs, std::vector<std::string> outputs);
+  // Collective on `group`; `bytes` is the full buffer per rank. No op when the group has one
+  // member (returns -1).
+  int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
+                     const std::string& name, double bytes, std::vector<std::string> inputs,
+                     std::vector<std::string> outputs, const std::vector<int32_t>& extra_deps = {});
+  int32_t p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
+              const std::string& buffer);
+  int64_t group_size(GroupKind group) const;
+
+  // Activation-shaped allocations.
+  void alloc(const std::string& name, BufferClass c, Dtype dtype, std::vector<int64_t> shape,
+             Phase phase) {
+    rb_.alloc(name, c, dtype, std::move(shape), phase);
+  }
+  void free(const std::string& name, Phase phase) { rb_.free(name, phase); }
+  bool is_live(const std::string& name) const { return rb_.is_live(name); }
+  RoleBuilder& builder() { return rb_; }
+  const LowerContext& ctx() const { return ctx_; }
+
+ private:
+  double buffer_bytes(const std::vector<std::string>& names) const;
+  const LowerContext& ctx_;
+  RoleBuilder& rb_;
+  int64_t first_rank_;
+};
+
+// What a layer's forward pass keeps for backward.
+enum class KeepMode {
+  per_plan,        // as the plan's recompute says
+  all_for_backward  // recompute pass before a backward: keep everything backward reads
+};
+
+// Where the layer reads its weights and writes its weight gradients.
+struct LayerParams {
+  std::string weights;
+  std::string grads;
+};
+
+// Transformer layer `layer` of microbatch `mb`: forward reads `x_in`, returns its output buffer
+// name; backward consumes the gradient stream `g` in place (it becomes the gradient of x_in).
+std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string& x_in,
+                               const LayerParams& params, KeepMode keep);
+void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in,
+                         const std::string& g, const LayerParams& params);
+// Buffer name prefix of a layer's tensors for one microbatch.
+std::string layer_prefix(int32_t microbatch, int32_t layer);
+
+}  // namespace stepcast

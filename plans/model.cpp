@@ -1,0 +1,357 @@
+// Reading a model config and the exact parameter and model-FLOP counts; see model.hpp.
+// Each architectural choice is decided by, in this order: stepcast's own key, the HuggingFace
+// field that implies it (rms_norm_eps, hidden_act, attention_bias), model_type's family default;
+// if none decides it, the error names stepcast's key. Only load_model does I/O.
+#include "model.hpp"
+
+#include <filesystem>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+namespace {
+
+// Keys parse_model reads: stepcast's own, HuggingFace's, GPT-2's aliases.
+const std::vector<std::string> kReadKeys = {
+    "name", "notes", "seq_length", "norm_type", "mlp_type", "position_embedding_type", "use_bias",
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",
+    "head_dim", "tie_word_embeddings", "hidden_act", "activation_function", "rms_norm_eps",
+    "layer_norm_epsilon", "layer_norm_eps", "attention_bias", "mlp_bias",
+    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special"};
+
+// HuggingFace keys accepted but not modelled: they change neither shapes nor GEMM FLOPs.
+const std::vector<std::string> kIgnoredKeys = {
+    // identification, tokenizer ids, storage dtype, inference-time switches
+    "_name_or_path", "architectures", "transformers_version", "bos_token_id", "eos_token_id",
+    "pad_token_id", "torch_dtype", "dtype", "use_cache", "pretraining_tp",
+    // initialisation and dropout are training hyper-parameters, not shape
+    "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+    // rotary frequencies change values, not shapes
+    "rope_theta", "rope_scaling",
+    // GPT-2: the multiple-choice head of GPT2DoubleHeadsModel, generation defaults, softmax scaling
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "task_specific_params", "predict_special_tokens",
+    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"};
+
+// No real model has a dimension near 2^31; the bound keeps every count below int64 overflow
+// together with the parameter bound.
+constexpr int64_t kMaxSize = (int64_t{1} << 31) - 1;
+constexpr double kMaxParameters = 9.0e15;  // ~2^53: counts stay exact in a double
+
+// What model_type implies when nothing more specific is given.
+struct FamilyDefaults {
+  NormKind norm;
+  MlpKind mlp;
+  PositionKind position;
+  bool use_bias;
+  bool tie_word_embeddings;  // HF GPT2Config ties, LlamaConfig does not
+};
+
+struct SizeKey {
+  std::string key;  // the name it was given under, for messages
+  int64_t value;
+};
+
+// A size under its HF name or an alias; aliases given together must agree. With `null_is_absent`
+// JSON null means unset, as HF writes n_inner and num_key_value_heads.
+std::optional<SizeKey> read_size(ObjectReader& reader, const Json& json,
+                                 const std::vector<std::string>& names, bool null_is_absent) {
+  std::optional<SizeKey> found;
+  for (const auto& name : names) {
+    if (null_is_absent && json.contains(name) && json.at(name).is_null()) continue;
+    auto value = reader.get_optional_int(name, 1);
+    if (!value) continue;
+    if (*value > kMaxSize) reader.fail(name, "out of range", "an integer in [1, 2^31)");
+    if (found && found->value != *value) {
+      reader.fail(name, "disagrees with '" + found->key + "' = " + std::to_string(found->value),
+                  "the same value, or only one of them");
+    }
+    if (!found) found = SizeKey{name, *value};
+  }
+  return found;
+}
+
+SizeKey require_size(ObjectReader& reader, const Json& json,
+                     const std::vector<std::string>& names) {
+  auto found = read_size(reader, json, names, false);
+  if (!found) {
+    std::string valid = "an integer >= 1";
+    for (size_t i = 1; i < names.size(); ++i) valid += (i == 1 ? " (alias: " : ", ") + names[i];
+    if (names.size() > 1) valid += ")";
+    reader.fail(names[0], "missing required key", valid);
+  }
+  return *found;
+}
+
+// hidden_act / activation_function: the activation decides the MLP kind for the GPT-2 and
+// Llama families (SiLU is always gated there). GeGLU models (Gemma) are not modelled.
+std::optional<MlpKind> read_activation(ObjectReader& reader, const std::string& key) {
+  if (!reader.has(key)) return std::nullopt;
+  std::string act =
+      reader.get_enum(key, {"gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swiglu"});
+  return (act == "silu" || act == "swiglu") ? MlpKind::swiglu : MlpKind::gelu;
+}
+
+NormKind decide_norm(ObjectReader& reader, const std::optional<FamilyDefaults>& family) {
+  // Epsilons are validated even when norm_type decides: stepcast does not store them.
+  bool rms = false, layer = false;
+  std::string layer_key;
+  for (const char* key : {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"}) {
+    if (!reader.has(key)) continue;
+    reader.get_number(key, 0.0, true);
+    if (std::string(key) == "rms_norm_eps") {
+      rms = true;
+    } else {
+      layer = true;
+      layer_key = key;
+    }
+  }
+  if (reader.has("norm_type")) {
+    return reader.get_enum("norm_type", {"layernorm", "rmsnorm"}) == "rmsnorm"
+               ? NormKind::rmsnorm
+               : NormKind::layernorm;
+  }
+  if (rms && layer) {
+    reader.fail("rms_norm_eps", "conflicts with '" + layer_key + "'",
+                "one norm epsilon, or norm_type");
+  }
+  if (rms) return NormKind::rmsnorm;
+  if (layer) return NormKind::layernorm;
+  if (family) return family->norm;
+  reader.fail("norm_type", "missing: no norm_type, norm epsilon or model_type decides it",
+              "\"layernorm\" or \"rmsnorm\"");
+}
+
+MlpKind decide_mlp(ObjectReader& reader, const std::optional<FamilyDefaults>& family) {
+  auto hidden_act = read_activation(reader, "hidden_act");
+  auto activation_function = read_activation(reader, "activation_function");  // GPT-2's name
+  if (reader.has("mlp_type")) {
+    return reader.get_enum("mlp_type", {"gelu", "swiglu"}) == "swiglu" ? MlpKind::swiglu
+                                                                       : MlpKind::gelu;
+  }
+  if (hidden_act && activation_function && *hidden_act != *activation_function) {
+    reader.fail("activation_function", "conflicts with 'hidden_act'", "only one of them");
+  }
+  if (hidden_act) return *hidden_act;
+  if (activation_function) return *activation_function;
+  if (family) return family->mlp;
+  reader.fail("mlp_type", "missing: no mlp_type, hidden_act or model_type decides it",
+              "\"gelu\" or \"swiglu\"");
+}
+
+PositionKind decide_position(ObjectReader& reader, const std::optional<FamilyDefaults>& family) {
+  if (reader.has("position_embedding_type")) {
+    return reader.get_enum("position_embedding_type", {"learned", "rotary"}) == "rotary"
+               ? PositionKind::rotary
+               : PositionKind::learned;
+  }
+  if (family) return family->position;
+  reader.fail("position_embedding_type", "missing: no position_embedding_type or model_type "
+              "decides it", "\"learned\" or \"rotary\"");
+}
+
+// One flag covers every linear layer; HF Llama's attention_bias and mlp_bias must then agree.
+bool decide_use_bias(ObjectReader& reader, const std::optional<FamilyDefaults>& family) {
+  std::optional<bool> attention, mlp;
+  if (reader.has("attention_bias")) attention = reader.get_bool_or("attention_bias", false);
+  if (reader.has("mlp_bias")) mlp = reader.get_bool_or("mlp_bias", false);
+  if (reader.has("use_bias")) return reader.get_bool_or("use_bias", false);
+  if (attention && mlp && *attention != *mlp) {
+    reader.fail("mlp_bias", "differs from 'attention_bias'; stepcast has one flag, use_bias",
+                "the same value as attention_bias, or use_bias");
+  }
+  if (attention) return *attention;
+  if (mlp) return *mlp;
+  if (family) return family->use_bias;
+  reader.fail("use_bias", "missing: no use_bias, attention_bias or model_type decides it",
+              "true or false");
+}
+
+bool decide_tie(ObjectReader& reader, const std::optional<FamilyDefaults>& family) {
+  if (reader.has("tie_word_embeddings")) return reader.get_bool_or("tie_word_embeddings", true);
+  if (family) return family->tie_word_embeddings;
+  reader.fail("tie_word_embeddings", "missing: no tie_word_embeddings or model_type decides it",
+              "true or false");
+}
+
+// Weights of the linear layers of one transformer layer (no biases, no norms): the GEMMs.
+template <typename T>
+T layer_linear_weights(const ModelConfig& m) {
+  T h = T(m.hidden_size), kv = T(m.kv_size()), f = T(m.intermediate_size);
+  T attention = h * h + 2 * h * kv + h * h;  // q, k, v, o
+  T mlp = (m.mlp == MlpKind::swiglu ? 3 : 2) * h * f;
+  return attention + mlp;
+}
+
+template <typename T>
+T norm_parameters(const ModelConfig& m) {
+  // LayerNorm keeps its bias whatever use_bias says (as HF GPT-2 does).
+  return T(m.norm == NormKind::layernorm ? 2 : 1) * T(m.hidden_size);
+}
+
+template <typename T>
+T layer_parameters(const ModelConfig& m) {
+  T h = T(m.hidden_size), kv = T(m.kv_size()), f = T(m.intermediate_size);
+  T bias = 0;
+  if (m.use_bias) {
+    T mlp_up = (m.mlp == MlpKind::swiglu ? 2 : 1) * f;  // swiglu: gate and up
+    bias = (h + 2 * kv) + h + mlp_up + h;               // qkv, o, up, down
+  }
+  return layer_linear_weights<T>(m) + bias + 2 * norm_parameters<T>(m);
+}
+
+template <typename T>
+T model_parameters(const ModelConfig& m) {
+  T h = T(m.hidden_size), V = T(m.vocab_size);
+  T embeddings = V * h;
+  if (m.position == PositionKind::learned) embeddings += T(m.max_position_embeddings) * h;
+  T output = m.tie_word_embeddings ? T(0) : V * h;
+  return embeddings + T(m.num_hidden_layers) * layer_parameters<T>(m) + norm_parameters<T>(m) +
+         output;
+}
+
+}  // namespace
+
+const char* to_string(NormKind kind) {
+  return kind == NormKind::rmsnorm ? "rmsnorm" : "layernorm";
+}
+const char* to_string(MlpKind kind) { return kind == MlpKind::swiglu ? "swiglu" : "gelu"; }
+const char* to_string(PositionKind kind) {
+  return kind == PositionKind::rotary ? "rotary" : "learned";
+}
+
+int64_t layer_parameter_count(const ModelConfig& model) {
+  return layer_parameters<int64_t>(model);
+}
+
+int64_t parameter_count(const ModelConfig& model) { return model_parameters<int64_t>(model); }
+
+double model_flops_per_token(const ModelConfig& model) {
+  double h = double(model.hidden_size), s = double(model.seq_length);
+  double L = double(model.num_hidden_layers), V = double(model.vocab_size);
+  // QK^T and A·V: 2·s·h each per token over the full s×s matrix (no causal halving, as
+  // Megatron). Every query head attends, so GQA does not reduce it.
+  double attention_scores = 4.0 * s * h;
+  double forward = L * (2.0 * layer_linear_weights<double>(model) + attention_scores) +
+                   2.0 * h * V;  // logits
+  return 3.0 * forward;          // backward = 2 × forward
+}
+
+ModelConfig parse_model(const Json& json, const std::string& file) {
+  ObjectReader reader(json, file);
+  // Typos first: a misspelt required key is reported as unknown with the closest name, rather
+  // than as missing.
+  reader.accept_any_of(kReadKeys);
+  reader.accept_any_of(kIgnoredKeys);
+  reader.finish();
+
+  ModelConfig m;
+  m.file = file;
+  m.name = reader.get_string_or("name", std::filesystem::path(file).stem().string());
+  reader.get_string_or("notes", "");  // free text: where the shape comes from
+
+  std::optional<FamilyDefaults> family;
+  if (reader.has("model_type")) {
+    if (reader.get_enum("model_type", {"gpt2", "llama"}) == "gpt2") {
+      family = FamilyDefaults{NormKind::layernorm, MlpKind::gelu, PositionKind::learned, true,
+                              true};
+    } else {
+      family = FamilyDefaults{NormKind::rmsnorm, MlpKind::swiglu, PositionKind::rotary, false,
+                              false};
+    }
+  }
+  m.norm = decide_norm(reader, family);
+  m.mlp = decide_mlp(reader, family);
+  m.position = decide_position(reader, family);
+  m.use_bias = decide_use_bias(reader, family);
+  m.tie_word_embeddings = decide_tie(reader, family);
+
+  SizeKey hidden = require_size(reader, json, {"hidden_size", "n_embd"});
+  SizeKey layers = require_size(reader, json, {"num_hidden_layers", "n_layer"});
+  SizeKey heads = require_size(reader, json, {"num_attention_heads", "n_head"});
+  SizeKey vocab = require_size(reader, json, {"vocab_size"});
+  // n_ctx is GPT-2's legacy name for the same context length.
+  SizeKey positions =
+      require_size(reader, json, {"max_position_embeddings", "n_positions", "n_ctx"});
+  // Absent or null: every head has its own K and V (HF's documented meaning).
+  auto kv_heads = read_size(reader, json, {"num_key_value_heads"}, true);
+  auto intermediate = read_size(reader, json, {"intermediate_size", "n_inner"}, true);
+  // Absent: train at the full context the model was built for.
+  auto seq_length = read_size(reader, json, {"seq_length"}, false);
+  auto head_dim = read_size(reader, json, {"head_dim"}, false);
+  if (reader.get_int_or("n_special", 0, 0) != 0) {
+    reader.fail("n_special", "extra special-token embeddings are not modelled",
+                "0 (add them to vocab_size)");
+  }
+
+  m.hidden_size = hidden.value;
+  m.num_hidden_layers = layers.value;
+  m.num_attention_heads = heads.value;
+  m.num_key_value_heads = kv_heads ? kv_heads->value : heads.value;
+  m.vocab_size = vocab.value;
+  m.max_position_embeddings = positions.value;
+  m.seq_length = seq_length ? seq_length->value : positions.value;
+  if (intermediate) {
+    m.intermediate_size = intermediate->value;
+  } else if (m.mlp == MlpKind::gelu) {
+    m.intermediate_size = 4 * m.hidden_size;  // GPT-2's n_inner = null
+  } else {
+    reader.fail("intermediate_size", "missing required key (a SwiGLU MLP has no standard width)",
+                "an integer >= 1");
+  }
+
+  if (m.hidden_size % m.num_attention_heads != 0) {
+    reader.fail(heads.key, "does not divide " + hidden.key + " = " + std::to_string(m.hidden_size),
+                "a divisor of " + std::to_string(m.hidden_size));
+  }
+  if (m.num_attention_heads % m.num_key_value_heads != 0) {
+    reader.fail("num_key_value_heads",
+                "does not divide " + heads.key + " = " + std::to_string(m.num_attention_heads),
+                "a divisor of " + std::to_string(m.num_attention_heads));
+  }
+  if (head_dim && head_dim->value != m.head_dim()) {
+    reader.fail("head_dim", "differs from hidden_size / num_attention_heads",
+                std::to_string(m.head_dim()) + " (stepcast does not model other head widths)");
+  }
+  if (m.position == PositionKind::learned && m.seq_length > m.max_position_embeddings) {
+    reader.fail("seq_length",
+                "exceeds " + positions.key + " = " + std::to_string(m.max_position_embeddings) +
+                    " (a learned position table has one row per position)",
+                "an integer in [1, " + std::to_string(m.max_position_embeddings) + "]");
+  }
+  double parameters = model_parameters<double>(m);
+  if (parameters > kMaxParameters) {
+    std::ostringstream why;
+    why << "the model would have " << std::setprecision(3) << parameters << " parameters";
+    throw_input_error(file, hidden.key, std::to_string(m.hidden_size), why.str(),
+                      "a model under 9e15 parameters");
+  }
+  return m;
+}
+
+ModelConfig load_model(const std::string& path) { return parse_model(load_json_file(path), path); }
+
+Json model_to_json(const ModelConfig& model) {
+  return Json{{"name", model.name},
+              {"hidden_size", model.hidden_size},
+              {"num_hidden_layers", model.num_hidden_layers},
+              {"num_attention_heads", model.num_attention_heads},
+              {"num_key_value_heads", model.num_key_value_heads},
+              {"intermediate_size", model.intermediate_size},
+              {"vocab_size", model.vocab_size},
+              {"max_position_embeddings", model.max_position_embeddings},
+              {"seq_length", model.seq_length},
+              {"norm_type", to_string(model.norm)},
+              {"mlp_type", to_string(model.mlp)},
+              {"position_embedding_type", to_string(model.position)},
+              {"tie_word_embeddings", model.tie_word_embeddings},
+              {"use_bias", model.use_bias}};
+}
+
+}  // namespace stepcast

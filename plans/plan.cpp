@@ -1,0 +1,244 @@
+// Plan loading, defaults (Megatron's) and validation against a model and a topology.
+#include "plan.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "errors.hpp"
+#include "schedule.hpp"
+
+namespace stepcast {
+
+const char* to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::gpipe: return "gpipe";
+    case ScheduleKind::one_f_one_b: return "1f1b";
+    case ScheduleKind::interleaved_1f1b: return "interleaved_1f1b";
+  }
+  return "?";
+}
+
+const char* to_string(RecomputeKind kind) {
+  switch (kind) {
+    case RecomputeKind::none: return "none";
+    case RecomputeKind::selective: return "selective";
+    case RecomputeKind::full: return "full";
+  }
+  return "?";
+}
+
+const char* to_string(AttentionImpl kind) {
+  return kind == AttentionImpl::flash ? "flash" : "materialized";
+}
+
+namespace {
+
+const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b"};
+const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
+const std::vector<std::string> kAttentionNames = {"materialized", "flash"};
+const std::vector<std::string> kDtypeNames = {"fp64", "fp32", "bf16", "fp16"};
+
+bool valid_order(const std::string& order) {
+  std::set<std::string> parts;
+  std::stringstream in(order);
+  std::string part;
+  while (std::getline(in, part, '-')) parts.insert(part);
+  return parts == std::set<std::string>{"tp", "dp", "pp"} && order.size() == 8;
+}
+
+Dtype read_dtype(ObjectReader& reader, const std::string& key, Dtype fallback) {
+  std::string name = reader.get_enum_or(key, kDtypeNames, to_string(fallback));
+  return *parse_dtype(name);
+}
+
+}  // namespace
+
+Plan parse_plan(const Json& json, const std::string& file) {
+  ObjectReader reader(json, file);
+  Plan plan;
+  plan.file = file;
+  plan.name = reader.get_string_or("name", file);
+  reader.accept("notes");
+  plan.tp_size = reader.get_int_or("tp_size", 1, 1);
+  plan.pp_size = reader.get_int_or("pp_size", 1, 1);
+  plan.dp_size = reader.get_int_or("dp_size", 1, 1);
+  plan.zero_stage = static_cast<int>(reader.get_int_or("zero_stage", 0, 0));
+  if (plan.zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
+  plan.micro_batch_size = reader.get_int("micro_batch_size", 1);
+  // Megatron: global_batch_size defaults to micro_batch_size · data-parallel size.
+  plan.global_batch_size =
+      reader.get_int_or("global_batch_size", 1, plan.micro_batch_size * plan.dp_size);
+
+  std::string schedule = reader.get_enum_or("schedule", kScheduleNames, "1f1b");
+  plan.schedule = schedule == "gpipe"  ? ScheduleKind::gpipe
+                  : schedule == "1f1b" ? ScheduleKind::one_f_one_b
+                                       : ScheduleKind::interleaved_1f1b;
+  plan.virtual_pp_size = reader.get_int_or("virtual_pp_size", 1, 1);
+  std::string recompute = reader.get_enum_or("recompute", kRecomputeNames, "none");
+  plan.recompute = recompute == "none"        ? RecomputeKind::none
+                   : recompute == "selective" ? RecomputeKind::selective
+                                              : RecomputeKind::full;
+  plan.sequence_parallel = reader.get_bool_or("sequence_parallel", false);
+
+  // `dtype` sets parameter and activation dtype at once; `param_dtype` may not contradict it.
+  Dtype dtype = read_dtype(reader, "dtype", Dtype::bf16);
+  plan.param_dtype = read_dtype(reader, "param_dtype", dtype);
+  if (reader.has("dtype") && reader.has("param_dtype") && plan.param_dtype != dtype) {
+    reader.fail("param_dtype", "contradicts 'dtype' = \"" + std::string(to_string(dtype)) + "\"",
+                "the same dtype, or only one of the two keys");
+  }
+  // Megatron accumulates and reduces gradients in fp32 under bf16 (accumulate_allreduce_grads_in_fp32).
+  Dtype grad_default = plan.param_dtype == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
+  plan.grad_dtype = read_dtype(reader, "grad_dtype", grad_default);
+
+  std::string attention = reader.get_enum_or("attention_impl", kAttentionNames, "materialized");
+  plan.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  plan.dropout = reader.get_number_in("dropout", 0.0, 0.99, 0.1);
+  plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
+  plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
+  plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
+  if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
+  plan.order = reader.get_string_or("order", "tp-dp-pp");
+  if (!valid_order(plan.order)) {
+    reader.fail("order", "not a permutation of tp, dp, pp",
+                "\"tp-dp-pp\" (Megatron's, tp innermost) or another order of tp, dp, pp joined by '-'");
+  }
+  reader.finish();
+  return plan;
+}
+
+Plan load_plan(const std::string& path) { return parse_plan(load_json_file(path), path); }
+
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology) {
+  const std::string& f = plan.file;
+  auto fail = [&](const std::string& key, int64_t value, const std::string& why,
+                  const std::string& valid) {
+    throw_input_error(f, key, std::to_string(value), why, valid);
+  };
+  if (model.num_attention_heads % plan.tp_size != 0) {
+    fail("tp_size", plan.tp_size,
+         "does not divide num_attention_heads = " + std::to_string(model.num_attention_heads) +
+             " of " + model.file,
+         "a divisor of " + std::to_string(model.num_attention_heads));
+  }
+  if (model.num_key_value_heads % plan.tp_size != 0) {
+    fail("tp_size", plan.tp_size,
+         "does not divide num_key_value_heads = " + std::to_string(model.num_key_value_heads) +
+             " of " + model.file,
+         "a divisor of " + std::to_string(model.num_key_value_heads));
+  }
+  if (model.intermediate_size % plan.tp_size != 0) {
+    fail("tp_size", plan.tp_size,
+         "does not divide intermediate_size = " + std::to_string(model.intermediate_size) +
+             " of " + model.file,
+         "a divisor of " + std::to_string(model.intermediate_size));
+  }
+  if (plan.virtual_pp_size > 1 && plan.schedule != ScheduleKind::interleaved_1f1b) {
+    fail("virtual_pp_size", plan.virtual_pp_size,
+         std::string("needs schedule \"interleaved_1f1b\", the plan has \"") +
+             to_string(plan.schedule) + "\"",
+         "1, or set schedule to \"interleaved_1f1b\"");
+  }
+  if (plan.schedule == ScheduleKind::interleaved_1f1b && plan.pp_size < 2) {
+    fail("pp_size", plan.pp_size, "schedule \"interleaved_1f1b\" needs a pipeline",
+         "pp_size >= 2, or schedule \"1f1b\"");
+  }
+  int64_t virtual_stages = plan.pp_size * plan.virtual_pp_size;
+  if (virtual_stages > model.num_hidden_layers) {
+    fail(plan.virtual_pp_size > 1 ? "virtual_pp_size" : "pp_size",
+         plan.virtual_pp_size > 1 ? plan.virtual_pp_size : plan.pp_size,
+         "pp_size · virtual_pp_size = " + std::to_string(virtual_stages) + " exceeds the " +
+             std::to_string(model.num_hidden_layers) + " layers of " + model.file,
+         "pp_size · virtual_pp_size <= " + std::to_string(model.num_hidden_layers));
+  }
+  int64_t per_step = plan.micro_batch_size * plan.dp_size;
+  if (plan.global_batch_size % per_step != 0) {
+    fail("global_batch_size", plan.global_batch_size,
+         "not divisible by micro_batch_size · dp_size = " + std::to_string(per_step),
+         "a multiple of " + std::to_string(per_step));
+  }
+  if (plan.schedule == ScheduleKind::interleaved_1f1b &&
+      plan.num_microbatches() % plan.pp_size != 0) {
+    fail("global_batch_size", plan.global_batch_size,
+         "gives " + std::to_string(plan.num_microbatches()) +
+             " microbatches per dp rank, which the interleaved schedule needs to be a multiple "
+             "of pp_size = " + std::to_string(plan.pp_size),
+         "a multiple of micro_batch_size · dp_size · pp_size = " +
+             std::to_string(per_step * plan.pp_size));
+  }
+  if (plan.sequence_parallel && plan.tp_size == 1) {
+    throw_input_error(f, "sequence_parallel", "true", "needs tensor parallelism (tp_size = 1)",
+                      "false, or tp_size > 1");
+  }
+  if (plan.sequence_parallel && model.seq_length % plan.tp_size != 0) {
+    fail("tp_size", plan.tp_size,
+         "with sequence_parallel must divide seq_length = " + std::to_string(model.seq_length),
+         "a divisor of " + std::to_string(model.seq_length));
+  }
+  if (plan.overlap_param_gather && plan.zero_stage == 0) {
+    throw_input_error(f, "overlap_param_gather", "true",
+                      "needs sharded parameters or optimizer (zero_stage = 0)",
+                      "false, or zero_stage >= 1");
+  }
+  if (plan.layers_per_stage.empty()) {
+    plan.layers_per_stage = default_layers_per_stage(model.num_hidden_layers, virtual_stages);
+  } else {
+    int64_t sum = std::accumulate(plan.layers_per_stage.begin(), plan.layers_per_stage.end(),
+                                  int64_t{0});
+    if (int64_t(plan.layers_per_stage.size()) != virtual_stages ||
+        sum != model.num_hidden_layers) {
+      std::ostringstream why;
+      why << "has " << plan.layers_per_stage.size() << " entries summing to " << sum;
+      throw_input_error(f, "layers_per_stage", "", why.str(),
+                        std::to_string(virtual_stages) +
+                            " entries (pp_size · virtual_pp_size) summing to num_hidden_layers = " +
+                            std::to_string(model.num_hidden_layers));
+    }
+  }
+  if (plan.grad_bucket_bytes == 0) {
+    // Megatron's DDP bucket: max(40M, 1M · dp_size) parameters.
+    plan.grad_bucket_bytes = double(std::max<int64_t>(40'000'000, 1'000'000 * plan.dp_size)) *
+                             dtype_bytes(plan.grad_dtype);
+  }
+  if (plan.world_size() > topology.num_devices()) {
+    int64_t per_node = topology.node.devices_per_node;
+    int64_t nodes = (plan.world_size() + per_node - 1) / per_node;
+    fail("dp_size", plan.dp_size,
+         "tp_size · pp_size · dp_size = " + std::to_string(plan.world_size()) +
+             " devices, but topology " + topology.file + " has " +
+             std::to_string(topology.num_devices()) + " (" + std::to_string(topology.num_nodes) +
+             " nodes × " + std::to_string(per_node) + ")",
+         "at most " + std::to_string(topology.num_devices()) + " devices, or --nodes " +
+             std::to_string(nodes));
+  }
+  (void)topology.node.device.peak_for(plan.param_dtype, topology.file);
+}
+
+Json plan_to_json(const Plan& plan) {
+  Json out;
+  out["name"] = plan.name;
+  out["tp_size"] = plan.tp_size;
+  out["pp_size"] = plan.pp_size;
+  out["dp_size"] = plan.dp_size;
+  out["zero_stage"] = plan.zero_stage;
+  out["micro_batch_size"] = plan.micro_batch_size;
+  out["global_batch_size"] = plan.global_batch_size;
+  out["schedule"] = to_string(plan.schedule);
+  out["virtual_pp_size"] = plan.virtual_pp_size;
+  out["recompute"] = to_string(plan.recompute);
+  out["sequence_parallel"] = plan.sequence_parallel;
+  out["param_dtype"] = to_string(plan.param_dtype);
+  out["grad_dtype"] = to_string(plan.grad_dtype);
+  out["attention_impl"] = to_string(plan.attention_impl);
+  out["dropout"] = plan.dropout;
+  out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
+  out["overlap_param_gather"] = plan.overlap_param_gather;
+  out["grad_bucket_bytes"] = plan.grad_bucket_bytes;
+  out["layers_per_stage"] = plan.layers_per_stage;
+  out["order"] = plan.order;
+  return out;
+}
+
+}  // namespace stepcast

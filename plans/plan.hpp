@@ -1,0 +1,63 @@
+// A parallelization plan: how one training step of a model is split over devices.
+// Names are Megatron's (tp_size, pp_size, dp_size, micro_batch_size, ...); defaults are
+// Megatron's and are written into every output's resolved inputs. validate_plan checks a plan
+// against a model and topology and throws InputError naming the file, key, value and what is valid.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "model.hpp"
+#include "schedule.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+enum class RecomputeKind { none, selective, full };
+enum class AttentionImpl { materialized, flash };
+const char* to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved_1f1b"
+const char* to_string(RecomputeKind kind);
+const char* to_string(AttentionImpl kind);
+
+struct Plan {
+  std::string name;
+  std::string file;
+  int64_t tp_size = 1;
+  int64_t pp_size = 1;
+  int64_t dp_size = 1;
+  int zero_stage = 0;
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 1;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  int64_t virtual_pp_size = 1;
+  RecomputeKind recompute = RecomputeKind::none;
+  bool sequence_parallel = false;
+  Dtype param_dtype = Dtype::bf16;       // weights and activations
+  Dtype grad_dtype = Dtype::fp32;        // gradient accumulation and reduction
+  AttentionImpl attention_impl = AttentionImpl::materialized;
+  double dropout = 0.1;                  // hidden and attention dropout probability
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
+  std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
+  std::string order = "tp-dp-pp";        // rank grid order, innermost first
+
+  int64_t world_size() const { return tp_size * pp_size * dp_size; }
+  int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
+  Dtype activation_dtype() const { return param_dtype; }
+};
+
+// Reads a plan file (no cross-checks: those need the model and topology).
+Plan load_plan(const std::string& path);
+Plan parse_plan(const Json& json, const std::string& file);
+
+// Checks the plan against the model and topology and resolves defaults that depend on them
+// (layers_per_stage, grad_bucket_bytes). Throws InputError for every invalid combination.
+// Memory is not checked here (see memory.hpp).
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology);
+
+Json plan_to_json(const Plan& plan);
+
+}  // namespace stepcast

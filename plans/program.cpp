@@ -1,0 +1,90 @@
+// Names of the StepProgram's enums (equal to their JSON strings) and small queries.
+#include "program.hpp"
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+const char* to_string(OpKind kind) {
+  switch (kind) {
+    case OpKind::embedding: return "embedding";
+    case OpKind::norm: return "norm";
+    case OpKind::gemm: return "gemm";
+    case OpKind::attention: return "attention";
+    case OpKind::activation: return "activation";
+    case OpKind::loss: return "loss";
+    case OpKind::optimizer_step: return "optimizer_step";
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::all_to_all: return "all_to_all";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+    case OpKind::alloc: return "alloc";
+    case OpKind::free: return "free";
+  }
+  return "?";
+}
+
+const char* to_string(Stream stream) {
+  switch (stream) {
+    case Stream::compute: return "compute";
+    case Stream::comm: return "comm";
+    case Stream::p2p: return "p2p";
+  }
+  return "?";
+}
+
+const char* to_string(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::recompute: return "recompute";
+    case Phase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+const char* to_string(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::none: return "none";
+    case Algorithm::ring: return "ring";
+    case Algorithm::tree: return "tree";
+    case Algorithm::hierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
+const char* to_string(Peer peer) {
+  switch (peer) {
+    case Peer::none: return "none";
+    case Peer::pp_next: return "pp_next";
+    case Peer::pp_prev: return "pp_prev";
+  }
+  return "?";
+}
+
+const char* to_string(BufferClass c) {
+  switch (c) {
+    case BufferClass::weights: return "weights";
+    case BufferClass::grads: return "grads";
+    case BufferClass::optimizer: return "optimizer";
+    case BufferClass::activations: return "activations";
+    case BufferClass::workspace: return "workspace";
+    case BufferClass::comm: return "comm";
+  }
+  return "?";
+}
+
+bool is_compute(OpKind kind) { return kind <= OpKind::optimizer_step; }
+bool is_collective(OpKind kind) { return kind >= OpKind::all_reduce && kind <= OpKind::broadcast; }
+bool is_p2p(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+
+const Role& StepProgram::role_of_rank(int64_t rank) const {
+  int64_t stage = grid().coord(rank).pp;
+  STEPCAST_CHECK(stage < int64_t(roles.size()), "rank outside the program's roles");
+  return roles[stage];
+}
+
+}  // namespace stepcast

@@ -1,0 +1,320 @@
+// Canonical JSON text of the StepProgram, its SHA-256, and reading it back.
+// The writer streams: a 600k-op program is never held as a JSON tree.
+#include "program_json.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "errors.hpp"
+#include "sha256.hpp"
+#include "version.hpp"
+
+namespace stepcast {
+
+namespace {
+
+// Appends text to a buffer; hands full buffers to the hash and the stream.
+class Sink {
+ public:
+  Sink(std::ostream* out) : out_(out) { buffer_.reserve(1 << 20); }
+  void put(std::string_view s) {
+    buffer_.append(s);
+    if (buffer_.size() > (1 << 20)) flush();
+  }
+  void flush() {
+    hash_.update(buffer_);
+    if (out_) out_->write(buffer_.data(), std::streamsize(buffer_.size()));
+    buffer_.clear();
+  }
+  std::string finish_hash() {
+    flush();
+    return hash_.hex_digest();
+  }
+  std::ostream* out() { return out_; }
+
+ private:
+  std::ostream* out_;
+  std::string buffer_;
+  Sha256 hash_;
+};
+
+void put_number(std::string& s, double v) {
+  char buf[40];
+  if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9.007e15) {
+    auto r = std::to_chars(buf, buf + sizeof buf, int64_t(v));
+    s.append(buf, r.ptr);
+  } else {
+    auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+    s.append(buf, r.ptr);
+  }
+}
+
+void put_string(std::string& s, const std::string& v) {
+  s += '"';
+  for (char ch : v) {
+    if (ch == '"' || ch == '\\') s += '\\';
+    s += ch;
+  }
+  s += '"';
+}
+
+void put_key(std::string& s, const char* key) {
+  s += ",\"";
+  s += key;
+  s += "\":";
+}
+
+template <typename T>
+void put_int_list(std::string& s, const std::vector<T>& v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    put_number(s, double(v[i]));
+  }
+  s += ']';
+}
+
+void put_string_list(std::string& s, const std::vector<std::string>& v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    put_string(s, v[i]);
+  }
+  s += ']';
+}
+
+void put_op(std::string& s, const Op& op) {
+  s += "{\"id\":";
+  put_number(s, op.id);
+  put_key(s, "kind");
+  put_string(s, to_string(op.kind));
+  put_key(s, "stream");
+  put_string(s, to_string(op.stream));
+  put_key(s, "phase");
+  put_string(s, to_string(op.phase));
+  if (!op.name.empty()) { put_key(s, "name"); put_string(s, op.name); }
+  if (!op.grad.empty()) { put_key(s, "grad"); put_string(s, op.grad); }
+  if (op.layer >= 0) { put_key(s, "layer"); put_number(s, op.layer); }
+  if (op.microbatch >= 0) { put_key(s, "microbatch"); put_number(s, op.microbatch); }
+  if (op.chunk >= 0) { put_key(s, "chunk"); put_number(s, op.chunk); }
+  put_key(s, "deps");
+  put_int_list(s, op.deps);
+  if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+    put_key(s, "buffer");
+    put_string(s, op.buffer);
+    put_key(s, "class");
+    put_string(s, to_string(op.buffer_class));
+    put_key(s, "bytes");
+    put_number(s, op.bytes);
+    if (op.kind == OpKind::alloc) {
+      put_key(s, "dtype");
+      put_string(s, to_string(op.dtype));
+      put_key(s, "shape");
+      put_int_list(s, op.shape);
+      if (op.persistent) { put_key(s, "persistent"); s += "true"; }
+    }
+    s += '}';
+    return;
+  }
+  put_key(s, "inputs");
+  put_string_list(s, op.inputs);
+  put_key(s, "outputs");
+  put_string_list(s, op.outputs);
+  if (op.batch > 0) {
+    put_key(s, "batch"); put_number(s, double(op.batch));
+    put_key(s, "m"); put_number(s, double(op.m));
+    put_key(s, "n"); put_number(s, double(op.n));
+    put_key(s, "k"); put_number(s, double(op.k));
+  }
+  if (is_compute(op.kind)) { put_key(s, "flops"); put_number(s, op.flops); }
+  put_key(s, "bytes");
+  put_number(s, op.bytes);
+  if (is_collective(op.kind)) {
+    put_key(s, "group");
+    put_string(s, to_string(op.group));
+    put_key(s, "algorithm");
+    put_string(s, to_string(op.algorithm));
+  }
+  if (is_p2p(op.kind)) {
+    put_key(s, "peer");
+    put_string(s, to_string(op.peer));
+    put_key(s, "tag");
+    put_number(s, double(op.tag));
+  }
+  s += '}';
+}
+
+}  // namespace
+
+std::string write_program_json(const StepProgram& program, std::ostream* out) {
+  Sink sink(out);
+  std::string s = "{\"schema_version\":";
+  put_number(s, StepProgram::kSchemaVersion);
+  s += ",\"model\":" + program.model.dump();
+  s += ",\"topology\":" + program.topology.dump();
+  s += ",\"plan\":" + program.plan.dump();
+  s += ",\"grid\":{\"tp_size\":";
+  put_number(s, double(program.tp_size));
+  put_key(s, "dp_size");
+  put_number(s, double(program.dp_size));
+  put_key(s, "pp_size");
+  put_number(s, double(program.pp_size));
+  put_key(s, "order");
+  put_string(s, program.order);
+  put_key(s, "devices_per_node");
+  put_number(s, double(program.devices_per_node));
+  s += '}';
+  put_key(s, "num_microbatches");
+  put_number(s, double(program.num_microbatches));
+  put_key(s, "tokens_per_step");
+  put_number(s, double(program.tokens_per_step));
+  s += ",\"roles\":[";
+  sink.put(s);
+  for (size_t r = 0; r < program.roles.size(); ++r) {
+    const Role& role = program.roles[r];
+    s.clear();
+    if (r) s += ',';
+    s += "{\"index\":";
+    put_number(s, role.index);
+    put_key(s, "pp_stage");
+    put_number(s, double(role.pp_stage));
+    put_key(s, "chunk_virtual_stages");
+    put_int_list(s, role.chunks_virtual_stages);
+    s += ",\"ops\":[\n";
+    sink.put(s);
+    for (size_t i = 0; i < role.ops.size(); ++i) {
+      s.clear();
+      if (i) s += ",\n";
+      put_op(s, role.ops[i]);
+      sink.put(s);
+    }
+    sink.put("]}");
+  }
+  sink.put("]");
+  std::string hash = sink.finish_hash();
+  if (out) {
+    *out << ",\"program_sha256\":\"" << hash << "\",\"generator\":{\"stepcast_version\":\""
+         << stepcast_version() << "\",\"git_commit\":\"" << stepcast_git_commit() << "\"}}\n";
+  }
+  return hash;
+}
+
+void hash_program(StepProgram& program) {
+  program.program_sha256 = write_program_json(program, nullptr);
+}
+
+namespace {
+
+template <typename E>
+E parse_enum(const Json& v, E last, const std::string& file, const std::string& key) {
+  std::string text = v.get<std::string>();
+  for (int i = 0; i <= int(last); ++i) {
+    if (text == to_string(E(i))) return E(i);
+  }
+  throw InputError(file + ": key '" + key + "' = \"" + text + "\": unknown value");
+}
+
+GroupKind parse_group(const Json& v, const std::string& file) {
+  std::string text = v.get<std::string>();
+  for (GroupKind k : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
+                      GroupKind::model, GroupKind::world}) {
+    if (text == to_string(k)) return k;
+  }
+  throw InputError(file + ": key 'group' = \"" + text + "\": unknown value");
+}
+
+}  // namespace
+
+StepProgram read_program_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string text = buffer.str();
+  const std::string marker = ",\"program_sha256\":\"";
+  size_t at = text.rfind(marker);
+  if (at == std::string::npos) {
+    throw InputError(path + ": not a complete stepcast program (no program_sha256; truncated?)");
+  }
+  std::string recorded = text.substr(at + marker.size(), 64);
+  std::string actual = sha256_hex(std::string_view(text).substr(0, at));
+  if (recorded != actual) {
+    throw InputError(path + ": program_sha256 " + recorded + " does not match its content (" +
+                     actual + "): the file was altered");
+  }
+  Json j = parse_json_text(text, path);
+  try {
+    StepProgram p;
+    if (j.at("schema_version").get<int>() != StepProgram::kSchemaVersion) {
+      throw InputError(path + ": key 'schema_version' = " + j.at("schema_version").dump() +
+                       ": unsupported; valid: " + std::to_string(StepProgram::kSchemaVersion));
+    }
+    p.model = j.at("model");
+    p.topology = j.at("topology");
+    p.plan = j.at("plan");
+    const Json& g = j.at("grid");
+    p.tp_size = g.at("tp_size");
+    p.dp_size = g.at("dp_size");
+    p.pp_size = g.at("pp_size");
+    p.order = g.at("order");
+    p.devices_per_node = g.at("devices_per_node");
+    p.num_microbatches = j.at("num_microbatches");
+    p.tokens_per_step = j.at("tokens_per_step");
+    for (const Json& jr : j.at("roles")) {
+      Role role;
+      role.index = jr.at("index");
+      role.pp_stage = jr.at("pp_stage");
+      role.chunks_virtual_stages = jr.at("chunk_virtual_stages").get<std::vector<int64_t>>();
+      for (const Json& jo : jr.at("ops")) {
+        Op op;
+        op.id = jo.at("id");
+        op.kind = parse_enum(jo.at("kind"), OpKind::free, path, "kind");
+        op.stream = parse_enum(jo.at("stream"), Stream::p2p, path, "stream");
+        op.phase = parse_enum(jo.at("phase"), Phase::optimizer, path, "phase");
+        op.name = jo.value("name", "");
+        op.grad = jo.value("grad", "");
+        op.layer = jo.value("layer", -1);
+        op.microbatch = jo.value("microbatch", -1);
+        op.chunk = jo.value("chunk", -1);
+        op.deps = jo.at("deps").get<std::vector<int32_t>>();
+        op.bytes = jo.at("bytes");
+        if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+          op.buffer = jo.at("buffer");
+          op.buffer_class = parse_enum(jo.at("class"), BufferClass::comm, path, "class");
+          if (op.kind == OpKind::alloc) {
+            op.dtype = *parse_dtype(jo.at("dtype").get<std::string>());
+            op.shape = jo.at("shape").get<std::vector<int64_t>>();
+            op.persistent = jo.value("persistent", false);
+          }
+        } else {
+          op.inputs = jo.at("inputs").get<std::vector<std::string>>();
+          op.outputs = jo.at("outputs").get<std::vector<std::string>>();
+          op.batch = jo.value("batch", int64_t{0});
+          op.m = jo.value("m", int64_t{0});
+          op.n = jo.value("n", int64_t{0});
+          op.k = jo.value("k", int64_t{0});
+          op.flops = jo.value("flops", 0.0);
+          if (is_collective(op.kind)) {
+            op.group = parse_group(jo.at("group"), path);
+            op.algorithm = parse_enum(jo.at("algorithm"), Algorithm::hierarchical, path, "algorithm");
+          }
+          if (is_p2p(op.kind)) {
+            op.peer = parse_enum(jo.at("peer"), Peer::pp_prev, path, "peer");
+            op.tag = jo.at("tag");
+          }
+        }
+        role.ops.push_back(std::move(op));
+      }
+      p.roles.push_back(std::move(role));
+    }
+    p.program_sha256 = recorded;
+    return p;
+  } catch (const Json::exception& e) {
+    throw InputError(path + ": not a valid stepcast program: " + e.what());
+  }
+}
+
+}  // namespace stepcast

@@ -1,0 +1,22 @@
+// The StepProgram's JSON text and its identity. The text is canonical (fixed key order, numbers
+// printed the same way every time), and program_sha256 is the SHA-256 of the text that precedes
+// the "program_sha256" key: the resolved inputs, the rank grid and every role's ops. The
+// generator's version and commit follow the hash and are not part of it.
+#pragma once
+
+#include <ostream>
+#include <string>
+
+#include "program.hpp"
+
+namespace stepcast {
+
+// Writes program.json to `out` (or only hashes it when `out` is null) and returns the hash.
+std::string write_program_json(const StepProgram& program, std::ostream* out);
+// Fills program.program_sha256 without writing anything.
+void hash_program(StepProgram& program);
+// Reads a program.json written by write_program_json; checks its hash (InputError if the file
+// was altered or truncated).
+StepProgram read_program_json(const std::string& path);
+
+}  // namespace stepcast

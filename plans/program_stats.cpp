@@ -1,0 +1,38 @@
+// Totals of a StepProgram; see program_stats.hpp.
+#include "program_stats.hpp"
+
+#include <algorithm>
+
+namespace stepcast {
+
+ProgramStats program_stats(const StepProgram& program) {
+  ProgramStats stats;
+  RankGrid grid = program.grid();
+  stats.ranks = grid.world_size();
+  for (const Role& role : program.roles) {
+    int64_t ranks = stats.ranks / program.pp_size;  // every stage has tp·dp ranks
+    stats.ops_per_role.push_back(int64_t(role.ops.size()));
+    stats.ranks_per_role.push_back(ranks);
+    std::map<std::string, double> per_rank;
+    for (const Op& op : role.ops) {
+      if (is_compute(op.kind)) {
+        stats.flops_per_step += op.flops * ranks;
+        bool forward_work = op.kind == OpKind::gemm || op.kind == OpKind::attention;
+        if (forward_work && op.phase == Phase::forward) stats.forward_flops_per_step += op.flops * ranks;
+        if (op.phase == Phase::recompute) stats.recompute_flops_per_step += op.flops * ranks;
+      } else if (is_collective(op.kind)) {
+        per_rank[to_string(op.group)] += op.bytes;
+        stats.collective_ops_by_algorithm[to_string(op.algorithm)] += ranks;
+      } else if (op.kind == OpKind::send) {
+        per_rank["pp"] += op.bytes;
+      }
+    }
+    for (const auto& [group, bytes] : per_rank) {
+      stats.comm_bytes_per_step[group] += bytes * ranks;
+      stats.comm_bytes_per_rank_max[group] = std::max(stats.comm_bytes_per_rank_max[group], bytes);
+    }
+  }
+  return stats;
+}
+
+}  // namespace stepcast

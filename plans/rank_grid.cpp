@@ -1,0 +1,154 @@
+// Rank layout arithmetic (Megatron's RankGenerator): rank = Σ coordinate·stride, strides the
+// running product of the sizes in `order`, innermost first. Groups fix every coordinate but one.
+#include "rank_grid.hpp"
+
+#include <algorithm>
+#include <array>
+#include <stdexcept>
+
+namespace stepcast {
+
+const char* to_string(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::tp: return "tp";
+    case GroupKind::dp: return "dp";
+    case GroupKind::pp: return "pp";
+    case GroupKind::embedding: return "embedding";
+    case GroupKind::model: return "model";
+    case GroupKind::world: return "world";
+  }
+  return "?";
+}
+
+namespace {
+
+// Splits "a-b-c" into its three names; throws unless they are a permutation of tp, dp, pp.
+std::array<std::string, 3> parse_order(const std::string& order) {
+  std::array<std::string, 3> names;
+  size_t start = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    size_t end = order.find('-', start);
+    if ((i < 2) != (end != std::string::npos)) {
+      throw std::invalid_argument("rank order '" + order +
+                                  "': expected three names joined by '-'; valid: a permutation "
+                                  "of tp, dp, pp such as \"tp-dp-pp\"");
+    }
+    names[i] = order.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    start = end + 1;
+  }
+  auto sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted != std::array<std::string, 3>{"dp", "pp", "tp"}) {
+    throw std::invalid_argument("rank order '" + order +
+                                "': not a permutation of tp, dp, pp; valid: e.g. \"tp-dp-pp\", "
+                                "\"tp-pp-dp\"");
+  }
+  return names;
+}
+
+}  // namespace
+
+RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order)
+    : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size) {
+  if (tp_size < 1 || dp_size < 1 || pp_size < 1) {
+    throw std::invalid_argument("rank grid sizes tp=" + std::to_string(tp_size) +
+                                " dp=" + std::to_string(dp_size) + " pp=" +
+                                std::to_string(pp_size) + ": every size must be >= 1");
+  }
+  int64_t stride = 1;
+  for (const std::string& name : parse_order(order)) {
+    if (name == "tp") {
+      stride_tp_ = stride;
+      stride *= tp_size_;
+    } else if (name == "dp") {
+      stride_dp_ = stride;
+      stride *= dp_size_;
+    } else {
+      stride_pp_ = stride;
+      stride *= pp_size_;
+    }
+  }
+}
+
+RankCoord RankGrid::coord(int64_t rank) const {
+  if (rank < 0 || rank >= world_size()) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " outside [0, " +
+                                std::to_string(world_size()) + ")");
+  }
+  return RankCoord{(rank / stride_tp_) % tp_size_, (rank / stride_dp_) % dp_size_,
+                   (rank / stride_pp_) % pp_size_};
+}
+
+int64_t RankGrid::rank(const RankCoord& c) const {
+  if (c.tp < 0 || c.tp >= tp_size_ || c.dp < 0 || c.dp >= dp_size_ || c.pp < 0 ||
+      c.pp >= pp_size_) {
+    throw std::invalid_argument("rank coordinate (tp " + std::to_string(c.tp) + ", dp " +
+                                std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
+                                ") outside the grid");
+  }
+  return c.tp * stride_tp_ + c.dp * stride_dp_ + c.pp * stride_pp_;
+}
+
+std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
+  RankCoord c = coord(r);
+  std::vector<int64_t> ranks;
+  switch (kind) {
+    case GroupKind::tp:
+      for (c.tp = 0; c.tp < tp_size_; ++c.tp) ranks.push_back(rank(c));
+      break;
+    case GroupKind::dp:
+      for (c.dp = 0; c.dp < dp_size_; ++c.dp) ranks.push_back(rank(c));
+      break;
+    case GroupKind::pp:
+      for (c.pp = 0; c.pp < pp_size_; ++c.pp) ranks.push_back(rank(c));
+      break;
+    case GroupKind::embedding:
+      c.pp = 0;
+      ranks.push_back(rank(c));
+      if (pp_size_ > 1) {
+        c.pp = pp_size_ - 1;
+        ranks.push_back(rank(c));
+      }
+      break;
+    case GroupKind::model:
+      for (c.pp = 0; c.pp < pp_size_; ++c.pp) {
+        for (c.tp = 0; c.tp < tp_size_; ++c.tp) ranks.push_back(rank(c));
+      }
+      break;
+    case GroupKind::world:
+      for (int64_t i = 0; i < world_size(); ++i) ranks.push_back(i);
+      break;
+  }
+  return ranks;
+}
+
+std::vector<std::vector<int64_t>> RankGrid::all_groups(GroupKind kind) const {
+  std::vector<std::vector<int64_t>> groups;
+  // A group is listed once, at the first of its members met in rank order; for embedding,
+  // ranks of middle stages belong to no group.
+  for (int64_t r = 0; r < world_size(); ++r) {
+    if (kind == GroupKind::embedding) {
+      int64_t pp = coord(r).pp;
+      if (pp != 0 && pp != pp_size_ - 1) continue;
+    }
+    std::vector<int64_t> g = group(kind, r);
+    if (*std::min_element(g.begin(), g.end()) == r) groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+int64_t RankGrid::pp_next(int64_t r) const {
+  RankCoord c = coord(r);
+  if (c.pp + 1 >= pp_size_) return -1;
+  ++c.pp;
+  return rank(c);
+}
+
+int64_t RankGrid::pp_prev(int64_t r) const {
+  RankCoord c = coord(r);
+  if (c.pp == 0) return -1;
+  --c.pp;
+  return rank(c);
+}
+
+}  // namespace stepcast

@@ -1,0 +1,52 @@
+// Rank layout as Megatron's RankGenerator computes it: ranks are points of an ordered grid
+// ("tp-dp-pp": tp innermost, so a tensor-parallel group stays inside a node), and every group is
+// the set of ranks that differ only in that group's coordinate. Pure arithmetic, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace stepcast {
+
+// model: the tp × pp ranks holding one model replica (same dp coordinate).
+enum class GroupKind { tp, dp, pp, embedding, model, world };
+const char* to_string(GroupKind kind);
+
+struct RankCoord {
+  int64_t tp = 0;
+  int64_t dp = 0;
+  int64_t pp = 0;
+};
+
+class RankGrid {
+ public:
+  // `order` is a permutation of "tp", "dp", "pp" joined by '-', innermost first.
+  // Throws std::invalid_argument for a bad order (plans validate it first).
+  RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order);
+
+  int64_t world_size() const { return tp_size_ * dp_size_ * pp_size_; }
+  RankCoord coord(int64_t rank) const;
+  int64_t rank(const RankCoord& coord) const;
+
+  // Ranks of `kind`'s group containing `rank`, ordered by that group's coordinate.
+  // embedding: the first and last pipeline stage's ranks with the same tp and dp coordinates
+  // (one rank when pp_size == 1). model: same dp coordinate, ordered by (pp, tp).
+  // world: every rank.
+  std::vector<int64_t> group(GroupKind kind, int64_t rank) const;
+  // All distinct groups of `kind`, each ordered as group() returns it, sorted by first rank.
+  std::vector<std::vector<int64_t>> all_groups(GroupKind kind) const;
+  // Rank holding the next/previous pipeline stage (same tp, dp); -1 past either end.
+  int64_t pp_next(int64_t rank) const;
+  int64_t pp_prev(int64_t rank) const;
+
+  int64_t tp_size() const { return tp_size_; }
+  int64_t dp_size() const { return dp_size_; }
+  int64_t pp_size() const { return pp_size_; }
+
+ private:
+  int64_t tp_size_, dp_size_, pp_size_;
+  int64_t stride_tp_, stride_dp_, stride_pp_;
+};
+
+}  // namespace stepcast

@@ -1,0 +1,50 @@
+// Appends ops to one role's list and keeps the buffer bookkeeping the lowering relies on: who
+// last wrote and who read each live buffer, so every op's deps are derived from its dataflow
+// (read-after-write, write-after-read, write-after-write) and every free waits for the last
+// user. Internal to the lowering (plans/lower*.cpp); the interpreters only see the ops.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "program.hpp"
+
+namespace stepcast {
+
+class RoleBuilder {
+ public:
+  explicit RoleBuilder(Role& role) : role_(role) {}
+
+  // Appends `op` (its id, deps are filled in here) and returns its id. `extra_deps` are ids the
+  // dataflow does not show (e.g. "after the whole backward").
+  int32_t emit(Op op, const std::vector<int32_t>& extra_deps = {});
+
+  // alloc op for `name`; its stream becomes the stream of the first op that writes it.
+  int32_t alloc(const std::string& name, BufferClass buffer_class, Dtype dtype,
+                std::vector<int64_t> shape, Phase phase, bool persistent = false);
+  // free op after every reader and writer of `name`, on the stream of its last user.
+  int32_t free(const std::string& name, Phase phase);
+  // Frees each name in order.
+  void free_all(const std::vector<std::string>& names, Phase phase);
+
+  bool is_live(const std::string& name) const;
+  double live_bytes(const std::string& name) const;
+  int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
+  const Role& role() const { return role_; }
+
+ private:
+  struct BufferState {
+    int32_t alloc_op = -1;
+    bool stream_set = false;
+    int32_t last_writer = -1;
+    std::vector<int32_t> readers;  // since the last write
+    int32_t last_user = -1;
+    double bytes = 0;
+  };
+  BufferState& state(const std::string& name, const char* use);
+  Role& role_;
+  std::unordered_map<std::string, BufferState> buffers_;
+};
+
+}  // namespace stepcast

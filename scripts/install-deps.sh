@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages stepcast builds and tests with (DESIGN.md, Dependencies).
+# Installs only what is missing; needs root or sudo. Safe to run again.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libsimgrid-dev
+  nlohmann-json3-dev
+  libboost-program-options-dev
+  catch2
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,23 @@
+// Helpers shared by the tests: paths to shipped inputs and running the stepcast binary.
+#pragma once
+
+#include <string>
+
+namespace stepcast::test {
+
+inline std::string source_path(const std::string& relative) {
+  return std::string(STEPCAST_SOURCE_DIR) + "/" + relative;
+}
+
+struct CommandResult {
+  int exit_code = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `build/stepcast ARGS` through the shell and captures its output.
+CommandResult run_stepcast(const std::string& args);
+
+// Writes `text` to a fresh temporary file named `name` and returns its path.
+std::string write_temp_file(const std::string& name, const std::string& text);
+
+}  // namespace stepcast::test

@@ -1,0 +1,78 @@
+// The cluster a plan runs on: a node type (devices, their peak rates and memory, the intra-node
+// fabric) repeated num_nodes times, joined by an inter-node fabric. SI units in every name
+// (bytes, seconds, flop/s). Pure data plus its loader; the SimGrid platform is built in sim/.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "json_input.hpp"
+
+namespace stepcast {
+
+enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8 };
+const char* to_string(Dtype dtype);
+// Bytes per element; tf32 is stored as 4 bytes.
+int dtype_bytes(Dtype dtype);
+// Parses "bf16", ...; nullopt for anything else.
+std::optional<Dtype> parse_dtype(const std::string& name);
+
+struct DeviceSpec {
+  std::string name;                               // e.g. "A100-SXM4-80GB"
+  std::map<Dtype, double> peak_flops_per_s;       // dense matrix peak per dtype
+  double memory_bytes = 0;                        // capacity visible to programs
+  double memory_bandwidth_bytes_per_s = 0;
+  double runtime_allowance_bytes = 0;             // CUDA context, library workspaces, NCCL/MPI buffers
+  double memory_reserved_bytes = 0;               // held back for allocator fragmentation
+  // Peak for `dtype`; throws InputError naming the topology file when the device lacks it.
+  double peak_for(Dtype dtype, const std::string& topology_file) const;
+};
+
+enum class IntraNodeKind { nvswitch, nvlink, pcie, shared_memory };
+const char* to_string(IntraNodeKind kind);
+
+struct IntraNodeFabric {
+  IntraNodeKind kind = IntraNodeKind::nvswitch;
+  double bandwidth_bytes_per_s = 0;  // per device, per direction
+  double latency_s = 0;              // one hop device → switch → device
+};
+
+struct NodeSpec {
+  int devices_per_node = 0;
+  DeviceSpec device;
+  IntraNodeFabric intra_node;
+};
+
+enum class FabricKind { fat_tree, rail_optimized };
+const char* to_string(FabricKind kind);
+
+struct InterNodeFabric {
+  FabricKind kind = FabricKind::fat_tree;
+  int nics_per_node = 0;
+  double nic_bandwidth_bytes_per_s = 0;  // per NIC, per direction
+  double nic_latency_s = 0;              // NIC + cable, one end
+  double switch_latency_s = 0;           // per switch traversed
+  double oversubscription = 1.0;         // downlink:uplink bandwidth at the leaf, >= 1
+  int switch_radix = 0;                  // ports per switch; sets the number of tree levels
+};
+
+struct Topology {
+  std::string name;
+  std::string file;    // where it was loaded from (for messages)
+  int num_nodes = 0;
+  NodeSpec node;
+  InterNodeFabric fabric;
+
+  int64_t num_devices() const { return int64_t(num_nodes) * node.devices_per_node; }
+};
+
+// Loads and validates a topology file; `nodes_override` (from --nodes) replaces num_nodes.
+Topology load_topology(const std::string& path, std::optional<int> nodes_override = std::nullopt);
+Topology parse_topology(const Json& json, const std::string& file,
+                        std::optional<int> nodes_override = std::nullopt);
+// The fully resolved topology as JSON (same keys as the input format).
+Json topology_to_json(const Topology& topology);
+
+}  // namespace stepcast
