@@ -787,3 +787,36 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
 }
 
 }  // namespace stepcast
+
+namespace stepcast {
+
+double layer_activation_bytes(const ModelConfig& model, const Plan& plan) {
+  // A one-node topology big enough for the plan; only the collectives' algorithm depends on it.
+  Topology topology;
+  topology.name = "layer_activation_bytes";
+  topology.num_nodes = 1;
+  topology.node.devices_per_node = int(plan.world_size());
+  topology.node.intra_node.bandwidth_bytes_per_s = 1;
+  topology.fabric.nics_per_node = 1;
+  topology.fabric.nic_bandwidth_bytes_per_s = 1;
+  topology.fabric.switch_radix = 2;
+  LowerContext ctx(model, topology, plan);
+  Role role;
+  RoleBuilder rb(role);
+  OpEmitter e(ctx, rb, 0);
+  rb.alloc("weights.L0", BufferClass::weights, ctx.act, {ctx.layer_params_local()}, Phase::forward,
+           true);
+  rb.alloc("x_in", BufferClass::activations, ctx.act, {ctx.s_local, ctx.b, ctx.h}, Phase::forward);
+  OpSite at{Phase::forward, 0, 0, 0};
+  std::string out = emit_layer_forward(e, at, "x_in", {"weights.L0", ""}, KeepMode::per_plan);
+  // What is still allocated, less the weights and the output (the next layer's input).
+  double live = 0;
+  for (const Op& op : role.ops) {
+    if (op.persistent) continue;
+    if (op.kind == OpKind::alloc) live += op.bytes;
+    if (op.kind == OpKind::free) live -= op.bytes;
+  }
+  return live - rb.live_bytes(out);
+}
+
+}  // namespace stepcast

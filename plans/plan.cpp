@@ -2,6 +2,7 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -48,6 +49,13 @@ bool valid_order(const std::string& order) {
   return parts == std::set<std::string>{"tp", "dp", "pp"} && order.size() == 8;
 }
 
+// Sizes come from files and may be anything up to 2^63 - 1. Their products saturate instead of
+// wrapping, so a huge size fails the range check that follows rather than passing it as 0.
+int64_t saturating_product(int64_t a, int64_t b) {
+  int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<int64_t>::max() : product;
+}
+
 Dtype read_dtype(ObjectReader& reader, const std::string& key, Dtype fallback) {
   std::string name = reader.get_enum_or(key, kDtypeNames, to_string(fallback));
   return *parse_dtype(name);
@@ -68,8 +76,13 @@ Plan parse_plan(const Json& json, const std::string& file) {
   if (plan.zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
   plan.micro_batch_size = reader.get_int("micro_batch_size", 1);
   // Megatron: global_batch_size defaults to micro_batch_size · data-parallel size.
-  plan.global_batch_size =
-      reader.get_int_or("global_batch_size", 1, plan.micro_batch_size * plan.dp_size);
+  int64_t samples_per_step = saturating_product(plan.micro_batch_size, plan.dp_size);
+  if (samples_per_step == std::numeric_limits<int64_t>::max()) {
+    reader.fail("micro_batch_size",
+                "times dp_size = " + std::to_string(plan.dp_size) + " overflows 64-bit integers",
+                "micro_batch_size · dp_size < 2^63 - 1");
+  }
+  plan.global_batch_size = reader.get_int_or("global_batch_size", 1, samples_per_step);
 
   std::string schedule = reader.get_enum_or("schedule", kScheduleNames, "1f1b");
   plan.schedule = schedule == "gpipe"  ? ScheduleKind::gpipe
@@ -145,7 +158,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
     fail("pp_size", plan.pp_size, "schedule \"interleaved_1f1b\" needs a pipeline",
          "pp_size >= 2, or schedule \"1f1b\"");
   }
-  int64_t virtual_stages = plan.pp_size * plan.virtual_pp_size;
+  int64_t virtual_stages = saturating_product(plan.pp_size, plan.virtual_pp_size);
   if (virtual_stages > model.num_hidden_layers) {
     fail(plan.virtual_pp_size > 1 ? "virtual_pp_size" : "pp_size",
          plan.virtual_pp_size > 1 ? plan.virtual_pp_size : plan.pp_size,
@@ -153,7 +166,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
              std::to_string(model.num_hidden_layers) + " layers of " + model.file,
          "pp_size · virtual_pp_size <= " + std::to_string(model.num_hidden_layers));
   }
-  int64_t per_step = plan.micro_batch_size * plan.dp_size;
+  int64_t per_step = saturating_product(plan.micro_batch_size, plan.dp_size);
   if (plan.global_batch_size % per_step != 0) {
     fail("global_batch_size", plan.global_batch_size,
          "not divisible by micro_batch_size · dp_size = " + std::to_string(per_step),
@@ -166,7 +179,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
              " microbatches per dp rank, which the interleaved schedule needs to be a multiple "
              "of pp_size = " + std::to_string(plan.pp_size),
          "a multiple of micro_batch_size · dp_size · pp_size = " +
-             std::to_string(per_step * plan.pp_size));
+             std::to_string(saturating_product(per_step, plan.pp_size)));
   }
   if (plan.sequence_parallel && plan.tp_size == 1) {
     throw_input_error(f, "sequence_parallel", "true", "needs tensor parallelism (tp_size = 1)",
@@ -202,11 +215,13 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
     plan.grad_bucket_bytes = double(std::max<int64_t>(40'000'000, 1'000'000 * plan.dp_size)) *
                              dtype_bytes(plan.grad_dtype);
   }
-  if (plan.world_size() > topology.num_devices()) {
+  int64_t world_size = saturating_product(saturating_product(plan.tp_size, plan.pp_size),
+                                          plan.dp_size);
+  if (world_size > topology.num_devices()) {
     int64_t per_node = topology.node.devices_per_node;
-    int64_t nodes = (plan.world_size() + per_node - 1) / per_node;
+    int64_t nodes = world_size / per_node + (world_size % per_node != 0);
     fail("dp_size", plan.dp_size,
-         "tp_size · pp_size · dp_size = " + std::to_string(plan.world_size()) +
+         "tp_size · pp_size · dp_size = " + std::to_string(world_size) +
              " devices, but topology " + topology.file + " has " +
              std::to_string(topology.num_devices()) + " (" + std::to_string(topology.num_nodes) +
              " nodes × " + std::to_string(per_node) + ")",

@@ -17,7 +17,10 @@ ProgramStats program_stats(const StepProgram& program) {
     for (const Op& op : role.ops) {
       if (is_compute(op.kind)) {
         stats.flops_per_step += op.flops * ranks;
-        bool forward_work = op.kind == OpKind::gemm || op.kind == OpKind::attention;
+        // Matrix products only: GEMMs and the attention score and value products.
+        bool forward_work = op.kind == OpKind::gemm ||
+                            (op.kind == OpKind::attention &&
+                             (op.name == "score" || op.name == "value" || op.name == "flash"));
         if (forward_work && op.phase == Phase::forward) stats.forward_flops_per_step += op.flops * ranks;
         if (op.phase == Phase::recompute) stats.recompute_flops_per_step += op.flops * ranks;
       } else if (is_collective(op.kind)) {

@@ -16,7 +16,7 @@ struct ProgramStats {
   std::vector<int64_t> ops_per_role;
   std::vector<int64_t> ranks_per_role;
   double flops_per_step = 0;          // executed (hardware) flops, recompute included, all ranks
-  double forward_flops_per_step = 0;  // forward gemm + attention flops, all ranks
+  double forward_flops_per_step = 0;  // forward GEMM + attention products (QK^T, AV), all ranks
   double recompute_flops_per_step = 0;
   // Payload bytes per step summed over all ranks, by group kind ("tp", "dp", ..., and "pp" for
   // pipeline sends); and the largest per-rank figure of each.

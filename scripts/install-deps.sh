@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
-  libsimgrid-dev
+  time                      # bench/: wall time and peak memory of a command
+  libsimgrid-dev            # the simulator (issue 3)
   nlohmann-json3-dev
   libboost-program-options-dev
   catch2

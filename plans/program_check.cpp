@@ -1,0 +1,238 @@
+// The StepProgram invariants of program_check.hpp.
+#include "program_check.hpp"
+
+#include <deque>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+namespace stepcast {
+
+namespace {
+
+std::string where(const Role& role, const Op& op) {
+  std::ostringstream out;
+  out << "role " << role.index << " op " << op.id << " (" << to_string(op.kind);
+  if (!op.name.empty()) out << " " << op.name;
+  if (!op.buffer.empty()) out << " " << op.buffer;
+  out << ")";
+  return out.str();
+}
+
+void check_buffers(const Role& role, std::vector<std::string>& errors) {
+  struct Live {
+    int32_t alloc_op;
+    bool persistent;
+    std::vector<int32_t> users;
+  };
+  std::unordered_map<std::string, Live> live;
+  for (size_t i = 0; i < role.ops.size(); ++i) {
+    const Op& op = role.ops[i];
+    if (op.id != int32_t(i)) errors.push_back(where(role, op) + ": id is not its index");
+    for (int32_t d : op.deps) {
+      if (d < 0 || d >= op.id) errors.push_back(where(role, op) + ": dep on a later op");
+    }
+    if (op.kind == OpKind::alloc) {
+      if (live.count(op.buffer)) errors.push_back(where(role, op) + ": allocated twice");
+      live[op.buffer] = {op.id, op.persistent, {}};
+      continue;
+    }
+    if (op.kind == OpKind::free) {
+      auto it = live.find(op.buffer);
+      if (it == live.end()) {
+        errors.push_back(where(role, op) + ": frees a buffer that is not live");
+        continue;
+      }
+      if (it->second.persistent) errors.push_back(where(role, op) + ": frees a persistent buffer");
+      // The free must follow every user of the buffer through its chain of deps.
+      std::set<int32_t> pending(it->second.users.begin(), it->second.users.end());
+      std::vector<int32_t> stack(op.deps.begin(), op.deps.end());
+      std::set<int32_t> seen;
+      while (!stack.empty() && !pending.empty()) {
+        int32_t d = stack.back();
+        stack.pop_back();
+        if (d < it->second.alloc_op || !seen.insert(d).second) continue;
+        pending.erase(d);
+        for (int32_t dd : role.ops[d].deps) stack.push_back(dd);
+      }
+      if (!pending.empty()) {
+        errors.push_back(where(role, op) + ": does not wait for its user op " +
+                         std::to_string(*pending.begin()));
+      }
+      live.erase(it);
+      continue;
+    }
+    for (const auto* names : {&op.inputs, &op.outputs}) {
+      for (const auto& name : *names) {
+        auto it = live.find(name);
+        if (it == live.end()) {
+          errors.push_back(where(role, op) + ": uses buffer '" + name + "' that is not live");
+        } else {
+          it->second.users.push_back(op.id);
+        }
+      }
+    }
+  }
+  for (const auto& [name, state] : live) {
+    if (!state.persistent) {
+      errors.push_back("role " + std::to_string(role.index) + ": buffer '" + name +
+                       "' is never freed");
+    }
+  }
+}
+
+int64_t peer_stage(const StepProgram& p, int64_t stage, Peer peer) {
+  return peer == Peer::pp_next ? (stage + 1) % p.pp_size : (stage + p.pp_size - 1) % p.pp_size;
+}
+
+void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
+  // (from, to) → sequence of (tag, bytes) sent / received, in list order.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, double>>> sent, received;
+  for (const Role& role : p.roles) {
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::send) {
+        sent[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer)}].push_back({op.tag, op.bytes});
+      } else if (op.kind == OpKind::recv) {
+        received[{peer_stage(p, role.pp_stage, op.peer), role.pp_stage}].push_back(
+            {op.tag, op.bytes});
+      }
+    }
+  }
+  for (const auto& [link, sends] : sent) {
+    const auto& recvs = received[link];
+    std::ostringstream which;
+    which << "stage " << link.first << " → " << link.second;
+    if (sends.size() != recvs.size()) {
+      errors.push_back(which.str() + ": " + std::to_string(sends.size()) + " sends but " +
+                       std::to_string(recvs.size()) + " receives");
+      continue;
+    }
+    for (size_t i = 0; i < sends.size(); ++i) {
+      if (sends[i] != recvs[i]) {
+        errors.push_back(which.str() + ": send " + std::to_string(i) + " (tag " +
+                         std::to_string(sends[i].first) + ") meets receive with tag " +
+                         std::to_string(recvs[i].first) + " or other bytes");
+        break;
+      }
+    }
+  }
+  for (const auto& [link, recvs] : received) {
+    if (!sent.count(link) && !recvs.empty()) {
+      errors.push_back("stage " + std::to_string(link.second) + " receives from stage " +
+                       std::to_string(link.first) + " which never sends");
+    }
+  }
+}
+
+using CollectiveKey = std::tuple<OpKind, double, Algorithm>;
+
+void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
+  RankGrid grid = p.grid();
+  // Sequence of collectives of each group kind per role.
+  std::vector<std::map<GroupKind, std::vector<CollectiveKey>>> per_role(p.roles.size());
+  for (const Role& role : p.roles) {
+    for (const Op& op : role.ops) {
+      if (is_collective(op.kind)) per_role[role.index][op.group].push_back({op.kind, op.bytes, op.algorithm});
+    }
+  }
+  // Groups spanning several stages: all member stages must issue identical sequences.
+  for (GroupKind kind : {GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world}) {
+    std::vector<int64_t> members = grid.group(kind, 0);
+    std::set<int64_t> stages;
+    for (int64_t r : members) stages.insert(grid.coord(r).pp);
+    const std::vector<CollectiveKey>* first = nullptr;
+    int64_t first_stage = -1;
+    for (int64_t s : stages) {
+      const auto& seq = per_role[s][kind];
+      if (!first) {
+        first = &seq;
+        first_stage = s;
+      } else if (seq != *first) {
+        errors.push_back(std::string("group ") + to_string(kind) + ": stage " +
+                         std::to_string(s) + " issues other collectives than stage " +
+                         std::to_string(first_stage));
+      }
+    }
+    // Stages outside the group must not issue its collectives.
+    for (const Role& role : p.roles) {
+      if (!stages.count(role.pp_stage) && !per_role[role.index][kind].empty()) {
+        errors.push_back(std::string("group ") + to_string(kind) + ": stage " +
+                         std::to_string(role.pp_stage) + " is not a member but issues collectives");
+      }
+    }
+  }
+}
+
+// Executes all roles with unit-less progress: an op runs once its deps are done and it heads
+// its stream; sends complete when posted; a receive when its send has run; a collective of a
+// group spanning stages when every member stage has reached it.
+void check_progress(const StepProgram& p, std::vector<std::string>& errors) {
+  size_t n = p.roles.size();
+  std::vector<std::vector<char>> done(n);
+  std::vector<std::array<std::deque<int32_t>, 3>> queues(n);
+  for (size_t r = 0; r < n; ++r) {
+    done[r].assign(p.roles[r].ops.size(), 0);
+    for (const Op& op : p.roles[r].ops) queues[r][size_t(op.stream)].push_back(op.id);
+  }
+  std::set<std::tuple<int64_t, int64_t, int64_t>> sends_done;  // (from, to, tag)
+  std::map<std::pair<GroupKind, size_t>, std::set<size_t>> arrived;  // (group, index) → stages
+  std::vector<std::map<GroupKind, size_t>> issued(n);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (size_t r = 0; r < n; ++r) {
+      const Role& role = p.roles[r];
+      for (auto& queue : queues[r]) {
+        while (!queue.empty()) {
+          const Op& op = role.ops[queue.front()];
+          bool ready = true;
+          for (int32_t d : op.deps) ready = ready && done[r][d];
+          if (!ready) break;
+          if (op.kind == OpKind::recv) {
+            int64_t from = peer_stage(p, role.pp_stage, op.peer);
+            if (!sends_done.count({from, role.pp_stage, op.tag})) break;
+          }
+          bool spans = op.group == GroupKind::embedding || op.group == GroupKind::world ||
+                       op.group == GroupKind::model || op.group == GroupKind::pp;
+          if (is_collective(op.kind) && spans && p.pp_size > 1) {
+            size_t index = issued[r][op.group];
+            auto key = std::make_pair(op.group, index);
+            arrived[key].insert(r);
+            size_t needed = op.group == GroupKind::embedding ? 2 : n;
+            if (arrived[key].size() < needed) break;
+            ++issued[r][op.group];
+          }
+          if (op.kind == OpKind::send) {
+            sends_done.insert({role.pp_stage, peer_stage(p, role.pp_stage, op.peer), op.tag});
+          }
+          done[r][op.id] = 1;
+          queue.pop_front();
+          progress = true;
+        }
+      }
+    }
+  }
+  for (size_t r = 0; r < n; ++r) {
+    for (const auto& queue : queues[r]) {
+      if (!queue.empty()) {
+        errors.push_back("deadlock: " + where(p.roles[r], p.roles[r].ops[queue.front()]) +
+                         " never runs");
+        return;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> check_program(const StepProgram& program) {
+  std::vector<std::string> errors;
+  for (const Role& role : program.roles) check_buffers(role, errors);
+  check_p2p(program, errors);
+  check_collectives(program, errors);
+  if (errors.empty()) check_progress(program, errors);
+  return errors;
+}
+
+}  // namespace stepcast

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what is missing, builds, runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/build.sh
+cd "${BUILD_DIR:-build}"
+ctest --output-on-failure -j"$(nproc)"

@@ -1,0 +1,68 @@
+// Plans for the lowering tests: a deterministic spread over tp, pp, dp, ZeRO stage, schedule,
+// recompute, sequence parallelism, attention and dropout on the tiny test models.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "model.hpp"
+#include "plan.hpp"
+#include "test_support.hpp"
+#include "topology.hpp"
+
+namespace stepcast::test {
+
+struct PlanCase {
+  std::string model_file;
+  Json plan_json;
+  std::string label() const { return model_file + " " + plan_json.dump(); }
+};
+
+inline Plan make_plan(const Json& json, const ModelConfig& model, const Topology& topology) {
+  Plan plan = parse_plan(json, "test-plan.json");
+  validate_plan(plan, model, topology);
+  return plan;
+}
+
+// localhost-cpu with 16 nodes of 2 "devices": 32 ranks, multi-node groups included.
+inline Topology test_topology() {
+  return load_topology(source_path("topologies/localhost-cpu.json"), 16);
+}
+
+inline std::vector<PlanCase> lowering_cases() {
+  std::vector<PlanCase> cases;
+  const char* models[] = {"plans/models/tiny.json", "plans/models/tiny-gpt.json"};
+  const char* recomputes[] = {"none", "selective", "full"};
+  const char* attentions[] = {"materialized", "flash"};
+  int index = 0;
+  for (int tp : {1, 2}) {
+    for (int pp : {1, 2, 4}) {
+      for (int dp : {1, 2}) {
+        for (int zero = 0; zero <= 3; ++zero) {
+          ++index;
+          Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", dp}, {"zero_stage", zero},
+                       {"micro_batch_size", 1 + index % 2}, {"dtype", "fp32"}};
+          int m = pp * (1 + index % 3);  // microbatches per dp rank, a multiple of pp
+          plan["global_batch_size"] = plan["micro_batch_size"].get<int>() * dp * m;
+          if (pp == 2 && index % 3 == 0) {
+            plan["schedule"] = "interleaved_1f1b";
+            plan["virtual_pp_size"] = 2;
+          } else if (pp > 1 && index % 3 == 1) {
+            plan["schedule"] = "gpipe";
+          }
+          plan["recompute"] = recomputes[index % 3];
+          plan["attention_impl"] = attentions[(index / 3) % 2];
+          plan["dropout"] = (index % 4 == 0) ? 0.0 : 0.1;
+          if (tp > 1 && index % 2 == 0) plan["sequence_parallel"] = true;
+          if (index % 5 < 3) plan["overlap_grad_reduce"] = true;
+          if (zero > 0 && index % 2 == 1) plan["overlap_param_gather"] = true;
+          cases.push_back({models[index % 2], plan});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+}  // namespace stepcast::test

@@ -1,0 +1,198 @@
+// The StepProgram's invariants on many plans, and the checker itself on broken programs.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "lower.hpp"
+#include "lower_fixtures.hpp"
+#include "memory.hpp"
+#include "program_check.hpp"
+#include "program_json.hpp"
+#include "program_stats.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+namespace {
+
+StepProgram lower_case(const PlanCase& c, ModelConfig* model_out = nullptr, Plan* plan_out = nullptr) {
+  ModelConfig model = load_model(source_path(c.model_file));
+  Topology topology = test_topology();
+  Plan plan = make_plan(c.plan_json, model, topology);
+  if (model_out) *model_out = model;
+  if (plan_out) *plan_out = plan;
+  return lower_program(model, topology, plan);
+}
+
+}  // namespace
+
+TEST_CASE("every lowered program passes the invariant checker", "[lower]") {
+  auto cases = lowering_cases();
+  REQUIRE(cases.size() >= 40);
+  for (const auto& c : cases) {
+    INFO(c.label());
+    StepProgram program = lower_case(c);
+    auto errors = check_program(program);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+  }
+}
+
+TEST_CASE("forward GEMM and attention flops sum to the model-flops formula", "[lower]") {
+  for (const auto& c : lowering_cases()) {
+    INFO(c.label());
+    ModelConfig model;
+    Plan plan;
+    StepProgram program = lower_case(c, &model, &plan);
+    ProgramStats stats = program_stats(program);
+    ModelConfig padded = model;
+    padded.vocab_size = padded_vocab_size(model, plan.tp_size);
+    double expected = model_flops_per_token(padded) / 3 * double(program.tokens_per_step);
+    CHECK(stats.forward_flops_per_step == Approx(expected).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("recompute adds exactly the recomputed forward work", "[lower]") {
+  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  Topology topology = test_topology();
+  Json base = {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 1}, {"micro_batch_size", 1},
+               {"global_batch_size", 4}, {"dtype", "fp32"}};
+  auto executed = [&](const char* recompute) {
+    Json j = base;
+    j["recompute"] = recompute;
+    return program_stats(lower_program(model, topology, make_plan(j, model, topology)));
+  };
+  ProgramStats none = executed("none"), full = executed("full"), selective = executed("selective");
+  CHECK(none.recompute_flops_per_step == 0);
+  CHECK(full.flops_per_step == Approx(none.flops_per_step + full.recompute_flops_per_step));
+  // Full recompute redoes every layer's forward: at least the forward GEMMs of the layers.
+  double layer_gemm_forward = none.forward_flops_per_step -
+                              2.0 * model.hidden_size * padded_vocab_size(model, 2) * 4 * 64;
+  CHECK(full.recompute_flops_per_step > layer_gemm_forward);
+  CHECK(selective.recompute_flops_per_step > 0);
+  CHECK(selective.recompute_flops_per_step < full.recompute_flops_per_step);
+}
+
+TEST_CASE("lowering is deterministic and the hash tracks the inputs", "[lower]") {
+  auto cases = lowering_cases();
+  StepProgram a = lower_case(cases[5]);
+  StepProgram b = lower_case(cases[5]);
+  hash_program(a);
+  hash_program(b);
+  CHECK(a.program_sha256 == b.program_sha256);
+  CHECK(a.program_sha256.size() == 64);
+  PlanCase other = cases[5];
+  other.plan_json["dropout"] = 0.05;
+  StepProgram c = lower_case(other);
+  hash_program(c);
+  CHECK(c.program_sha256 != a.program_sha256);
+}
+
+TEST_CASE("pipeline ranks send and receive each microbatch once per boundary", "[lower]") {
+  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  Topology topology = test_topology();
+  Json j = {{"pp_size", 4}, {"micro_batch_size", 1}, {"global_batch_size", 8}, {"dtype", "fp32"}};
+  StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+  for (const Role& role : p.roles) {
+    int sends = 0, recvs = 0;
+    for (const Op& op : role.ops) {
+      sends += op.kind == OpKind::send;
+      recvs += op.kind == OpKind::recv;
+    }
+    int boundaries = (role.pp_stage > 0) + (role.pp_stage < 3);
+    CHECK(sends == 8 * boundaries);
+    CHECK(recvs == 8 * boundaries);
+  }
+}
+
+TEST_CASE("collective algorithms follow the group's placement", "[lower]") {
+  // tp 2 inside a 2-device node, dp 16 across nodes with one member per node.
+  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  Topology topology = test_topology();
+  Json j = {{"tp_size", 2}, {"dp_size", 16}, {"micro_batch_size", 1}, {"global_batch_size", 16},
+            {"dtype", "fp32"}, {"grad_bucket_bytes", 1e9}};
+  StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+  std::map<std::string, std::string> algorithm_of;
+  for (const Op& op : p.roles[0].ops) {
+    if (is_collective(op.kind)) algorithm_of[to_string(op.group)] = to_string(op.algorithm);
+  }
+  CHECK(algorithm_of["tp"] == "ring");
+  CHECK(algorithm_of.count("dp") == 1);
+}
+
+// ---- the checker must catch broken programs ----
+
+namespace {
+
+StepProgram small_pipeline() {
+  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  Topology topology = test_topology();
+  Json j = {{"pp_size", 2}, {"dp_size", 2}, {"tp_size", 2}, {"micro_batch_size", 1},
+            {"global_batch_size", 8}, {"dtype", "fp32"}, {"zero_stage", 1}};
+  StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+  REQUIRE(check_program(p).empty());
+  return p;
+}
+
+Op* find_op(StepProgram& p, int role, OpKind kind, int nth = 0) {
+  for (Op& op : p.roles[role].ops) {
+    if (op.kind == kind && nth-- == 0) return &op;
+  }
+  return nullptr;
+}
+
+bool any_error_contains(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors) {
+    if (e.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("the checker catches a mismatched tag", "[lower]") {
+  StepProgram p = small_pipeline();
+  find_op(p, 0, OpKind::send)->tag += 1000;
+  CHECK(any_error_contains(check_program(p), "tag"));
+}
+
+TEST_CASE("the checker catches a missing receive", "[lower]") {
+  StepProgram p = small_pipeline();
+  Op* recv = find_op(p, 1, OpKind::recv);
+  recv->kind = OpKind::activation;  // the buffer is still written, but nothing is received
+  CHECK(any_error_contains(check_program(p), "receives"));
+}
+
+TEST_CASE("the checker catches a use after free and a leak", "[lower]") {
+  StepProgram p = small_pipeline();
+  // Move a free of an activation before its buffer's users: turn it into a no-op alloc name.
+  Role& role = p.roles[0];
+  for (size_t i = 0; i < role.ops.size(); ++i) {
+    if (role.ops[i].kind == OpKind::free) {
+      std::string name = role.ops[i].buffer;
+      role.ops[i].buffer = "renamed-" + name;  // the real buffer now leaks; this frees nothing
+      break;
+    }
+  }
+  auto errors = check_program(p);
+  CHECK(any_error_contains(errors, "not live"));
+  CHECK(any_error_contains(errors, "never freed"));
+}
+
+TEST_CASE("the checker catches collectives that differ across a group", "[lower]") {
+  StepProgram p = small_pipeline();
+  for (Op& op : p.roles[1].ops) {
+    bool spans = op.group == GroupKind::model || op.group == GroupKind::world;
+    if (spans && is_collective(op.kind)) op.bytes *= 2;
+  }
+  CHECK(any_error_contains(check_program(p), "other collectives"));
+}
+
+TEST_CASE("the checker catches a deadlock", "[lower]") {
+  StepProgram p = small_pipeline();
+  // Make stage 0's first send wait for its last op: stage 1 never gets its first input.
+  Op* send = find_op(p, 0, OpKind::send);
+  send->deps.push_back(int32_t(p.roles[0].ops.size()) - 1);
+  auto errors = check_program(p);
+  CHECK((any_error_contains(errors, "deadlock") || any_error_contains(errors, "later op")));
+}
