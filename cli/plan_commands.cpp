@@ -8,6 +8,7 @@
 #include "inputs.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
+#include "program_check.hpp"
 #include "program_json.hpp"
 #include "program_stats.hpp"
 #include "summary.hpp"
@@ -67,10 +68,14 @@ int run_lower(int argc, char** argv) {
   add_input_options(options);
   options.add_options()
       ("out", po::value<std::string>()->required(), "write DIR/program.json")
-      ("allow-oom", po::bool_switch(), "write the program even if the plan does not fit in memory");
+      ("allow-oom", po::bool_switch(), "write the program even if the plan does not fit in memory")
+      ("check", po::bool_switch(),
+       "verify the program's invariants (matching sends/receives, identical collectives per "
+       "group, live buffers, no deadlock) before writing it");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast lower --model M --topology T --plan P --out DIR [--nodes N] [--allow-oom]\n"
+      "                      [--check]\n"
       "Lowers the plan into the StepProgram (one op list per pipeline stage) that the simulator\n"
       "and the executor interpret, writes DIR/program.json and prints its summary.");
   if (!vm) return 0;
@@ -85,6 +90,15 @@ int run_lower(int argc, char** argv) {
         << format_bytes(report.capacity_bytes) << " (see `stepcast memory`)";
     throw_input_error(in.plan.file, "(plan)", "", "does not fit in memory: " + why.str(),
                       "a plan that fits, or --allow-oom to lower it anyway");
+  }
+  if ((*vm)["check"].as<bool>()) {
+    std::vector<std::string> errors = check_program(program);
+    if (!errors.empty()) {
+      for (const auto& e : errors) std::cerr << "check: " << e << "\n";
+      throw std::logic_error("the lowered program breaks " + std::to_string(errors.size()) +
+                             " invariant(s); first: " + errors.front());
+    }
+    std::cout << "check: all invariants hold\n";
   }
   std::string dir = (*vm)["out"].as<std::string>();
   std::error_code ec;
