@@ -26,7 +26,7 @@ const std::vector<Command> kCommands = {
 };
 
 void print_help() {
-  std::cout << "stepcast " << stepcast::stepcast_version() << " (" << stepcast::stepcast_git_commit()
+  std::cout << "stepcast " << stepcast::stepcast_version() << " (git " << stepcast::stepcast_git_commit()
             << "): plan, predict and run distributed transformer training\n\n"
             << "usage: stepcast <command> [options]   (stepcast <command> --help for its options)\n\n"
             << "commands:\n";

@@ -82,13 +82,12 @@ int run_lower(int argc, char** argv) {
   Inputs in = load_inputs(*vm);
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   MemoryReport report = memory_report(program, in.topology);
-  print_header("lower", in);
   if (!report.fits && !(*vm)["allow-oom"].as<bool>()) {
     std::ostringstream why;
     why << "needs " << format_bytes(report.peak_bytes_max) << " + reserved "
         << format_bytes(report.reserved_bytes) << " per device, the device has "
         << format_bytes(report.capacity_bytes) << " (see `stepcast memory`)";
-    throw_input_error(in.plan.file, "(plan)", "", "does not fit in memory: " + why.str(),
+    throw_input_error(in.plan.file, "(plan)", in.plan.name, "does not fit in memory: " + why.str(),
                       "a plan that fits, or --allow-oom to lower it anyway");
   }
   if ((*vm)["check"].as<bool>()) {
@@ -105,6 +104,7 @@ int run_lower(int argc, char** argv) {
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError("--out " + dir + ": cannot create directory: " + ec.message());
   std::string path = dir + "/program.json";
+  print_header("lower", in);
   {
     std::ofstream file(path + ".tmp", std::ios::binary);
     if (!file) throw InputError("--out " + dir + ": cannot write " + path);

@@ -42,8 +42,14 @@ Json parse_json_text(const std::string& text, const std::string& file) {
     // e.byte is one past the offending character.
     line_column(text, e.byte > 0 ? e.byte - 1 : 0, line, column);
     std::string what = e.what();
+    // nlohmann's text repeats the position ("parse error at line 3, column 16: ..."): keep
+    // only what follows it.
     auto pos = what.find("parse error");
     if (pos != std::string::npos) what = what.substr(pos);
+    auto colon = what.find(": ");
+    if (what.rfind("parse error at line", 0) == 0 && colon != std::string::npos) {
+      what = what.substr(colon + 2);
+    }
     std::ostringstream out;
     out << file << ":" << line << ":" << column << ": malformed JSON: " << what;
     throw InputError(out.str());

@@ -56,6 +56,11 @@ int64_t saturating_product(int64_t a, int64_t b) {
   return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<int64_t>::max() : product;
 }
 
+int64_t saturating_sum(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
+}
+
 Dtype read_dtype(ObjectReader& reader, const std::string& key, Dtype fallback) {
   std::string name = reader.get_enum_or(key, kDtypeNames, to_string(fallback));
   return *parse_dtype(name);
@@ -172,6 +177,20 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
          "not divisible by micro_batch_size · dp_size = " + std::to_string(per_step),
          "a multiple of " + std::to_string(per_step));
   }
+  // The program holds every (microbatch, layer) pass explicitly, about 130 ops each: bound it so
+  // that lowering stays within a few GB of memory instead of failing to allocate.
+  constexpr int64_t kMaxLayerPasses = 200'000;
+  int64_t layers_on_stage = saturating_product(
+      (model.num_hidden_layers + plan.pp_size - 1) / plan.pp_size, 1);
+  if (saturating_product(plan.num_microbatches(), layers_on_stage) > kMaxLayerPasses) {
+    fail("global_batch_size", plan.global_batch_size,
+         "gives " + std::to_string(plan.num_microbatches()) + " microbatches per dp rank × " +
+             std::to_string(layers_on_stage) +
+             " layers per stage, more (microbatch, layer) passes than the program holds (" +
+             std::to_string(kMaxLayerPasses) + ")",
+         "at most " + std::to_string(kMaxLayerPasses / layers_on_stage) +
+             " microbatches per dp rank: a larger micro_batch_size or dp_size");
+  }
   if (plan.schedule == ScheduleKind::interleaved_1f1b &&
       plan.num_microbatches() % plan.pp_size != 0) {
     fail("global_batch_size", plan.global_batch_size,
@@ -182,7 +201,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
              std::to_string(saturating_product(per_step, plan.pp_size)));
   }
   if (plan.sequence_parallel && plan.tp_size == 1) {
-    throw_input_error(f, "sequence_parallel", "true", "needs tensor parallelism (tp_size = 1)",
+    throw_input_error(f, "sequence_parallel", "true", "needs tensor parallelism (the plan has tp_size = 1)",
                       "false, or tp_size > 1");
   }
   if (plan.sequence_parallel && model.seq_length % plan.tp_size != 0) {
@@ -192,19 +211,20 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   }
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
-                      "needs sharded parameters or optimizer (zero_stage = 0)",
+                      "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
                       "false, or zero_stage >= 1");
   }
   if (plan.layers_per_stage.empty()) {
     plan.layers_per_stage = default_layers_per_stage(model.num_hidden_layers, virtual_stages);
   } else {
     int64_t sum = std::accumulate(plan.layers_per_stage.begin(), plan.layers_per_stage.end(),
-                                  int64_t{0});
+                                  int64_t{0}, saturating_sum);
     if (int64_t(plan.layers_per_stage.size()) != virtual_stages ||
         sum != model.num_hidden_layers) {
       std::ostringstream why;
       why << "has " << plan.layers_per_stage.size() << " entries summing to " << sum;
-      throw_input_error(f, "layers_per_stage", "", why.str(),
+      throw_input_error(f, "layers_per_stage", Json(plan.layers_per_stage).dump(),
+                        why.str(),
                         std::to_string(virtual_stages) +
                             " entries (pp_size · virtual_pp_size) summing to num_hidden_layers = " +
                             std::to_string(model.num_hidden_layers));
@@ -212,8 +232,9 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   }
   if (plan.grad_bucket_bytes == 0) {
     // Megatron's DDP bucket: max(40M, 1M · dp_size) parameters.
-    plan.grad_bucket_bytes = double(std::max<int64_t>(40'000'000, 1'000'000 * plan.dp_size)) *
-                             dtype_bytes(plan.grad_dtype);
+    int64_t bucket_parameters =
+        std::max<int64_t>(40'000'000, saturating_product(1'000'000, plan.dp_size));
+    plan.grad_bucket_bytes = double(bucket_parameters) * dtype_bytes(plan.grad_dtype);
   }
   int64_t world_size = saturating_product(saturating_product(plan.tp_size, plan.pp_size),
                                           plan.dp_size);
