@@ -23,6 +23,8 @@ const std::vector<Command> kCommands = {
      "bytes per rank by class at its peak, and whether the plan fits"},
     {"lower", stepcast::cli::run_lower,
      "write the plan's StepProgram (program.json) and summarise it"},
+    {"simulate", stepcast::cli::run_simulate,
+     "predict step time, breakdown, MFU, memory and scaling on SimGrid"},
 };
 
 void print_help() {

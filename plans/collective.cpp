@@ -57,6 +57,12 @@ double ring_time(OpKind kind, double bytes, int64_t n, double bandwidth, double 
 
 }  // namespace
 
+int64_t tree_depth(int64_t group_size) {
+  int64_t depth = 0;
+  while ((int64_t(1) << depth) < group_size) ++depth;
+  return depth;
+}
+
 double bus_bandwidth_factor(OpKind kind, int64_t group_size) {
   double n = double(group_size);
   if (kind == OpKind::all_reduce) return 2 * (n - 1) / n;
@@ -76,8 +82,7 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
       return ring_time(kind, bytes, n, bandwidth, latency);
     case Algorithm::tree: {
       STEPCAST_CHECK(kind == OpKind::all_reduce, "tree is an all_reduce algorithm");
-      double depth = std::ceil(std::log2(double(n)));
-      return 2 * depth * latency + 2 * bytes / bandwidth;
+      return 2 * tree_depth(n) * (latency + bytes / bandwidth);
     }
     case Algorithm::hierarchical: {
       int64_t k = shape.members_per_node;

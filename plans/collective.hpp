@@ -37,8 +37,10 @@ LinkFigures link_figures(const Topology& topology);
 
 // Modelled time of one collective of `bytes` payload per rank (the buffer size) with `algorithm`.
 // ring: 2(n−1) steps for all_reduce, n−1 for reduce_scatter / all_gather, each at the slowest
-// link the ring crosses; tree (all_reduce only): NCCL's pipelined double binary tree,
-// 2·log2(n)·α + 2·S/B; hierarchical: intra-node reduce_scatter, inter-node ring on S/k per
+// link the ring crosses; tree (all_reduce only): a binomial tree, reduce up then broadcast down,
+// the whole message on each edge, 2·⌈log2 n⌉·(α + S/B) — what the simulator runs step by step,
+// and the choice only small messages make (NCCL pipelines its trees; their large-message time
+// is not modelled); hierarchical: intra-node reduce_scatter, inter-node ring on S/k per
 // local rank (k NIC paths in parallel), intra-node all_gather.
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
                          const LinkFigures& links);
@@ -48,6 +50,9 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
 // the earlier in that list. A group of one member gets Algorithm::none.
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
                            const LinkFigures& links);
+
+// Rounds of a binomial tree over `group_size` members: ⌈log2 n⌉.
+int64_t tree_depth(int64_t group_size);
 
 // nccl-tests' bus bandwidth factor for the kind: busbw = algbw · factor.
 double bus_bandwidth_factor(OpKind kind, int64_t group_size);

@@ -75,6 +75,10 @@ struct Op {
   bool persistent = false;  // lives across steps: allocated once before the first step, never freed
 };
 
+// Streams order the ops an interpreter issues: compute and comm ops run one after the other in
+// list order; pipeline sends and receives are posted in list order (like MPI's Isend/Irecv) and
+// complete on their own; alloc and free are not ordered by their stream — an alloc has no deps
+// and precedes its first user, a free happens once its deps (every user) finished.
 struct Role {
   int32_t index = 0;
   int64_t pp_stage = 0;

@@ -22,6 +22,7 @@ ProgramStats program_stats(const StepProgram& program) {
                             (op.kind == OpKind::attention &&
                              (op.name == "score" || op.name == "value" || op.name == "flash"));
         if (forward_work && op.phase == Phase::forward) stats.forward_flops_per_step += op.flops * ranks;
+        if (forward_work) stats.matrix_flops_per_step += op.flops * ranks;
         if (op.phase == Phase::recompute) stats.recompute_flops_per_step += op.flops * ranks;
       } else if (is_collective(op.kind)) {
         per_rank[to_string(op.group)] += op.bytes;

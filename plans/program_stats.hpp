@@ -18,6 +18,7 @@ struct ProgramStats {
   double flops_per_step = 0;          // executed (hardware) flops, recompute included, all ranks
   double forward_flops_per_step = 0;  // forward GEMM + attention products (QK^T, AV), all ranks
   double recompute_flops_per_step = 0;
+  double matrix_flops_per_step = 0;   // GEMM + attention products in every phase (HFU's numerator)
   // Payload bytes per step summed over all ranks, by group kind ("tp", "dp", ..., and "pp" for
   // pipeline sends); and the largest per-rank figure of each.
   std::map<std::string, double> comm_bytes_per_step;

@@ -1,0 +1,170 @@
+// `stepcast simulate`: predicts one training step of a plan on a cluster with the SimGrid
+// simulator and writes prediction.json (StepResult) and trace.json (Chrome trace).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "chrome_trace.hpp"
+#include "commands.hpp"
+#include "errors.hpp"
+#include "inputs.hpp"
+#include "lower.hpp"
+#include "memory.hpp"
+#include "program_json.hpp"
+#include "program_stats.hpp"
+#include "simulator.hpp"
+#include "summary.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+// tokens/s per device of the same plan at dp_size 1 and global_batch_size / dp_size, simulated
+// in a child process (one SimGrid engine per process).
+double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_map& vm) {
+  Json plan = plan_to_json(in.plan);
+  plan["dp_size"] = 1;
+  plan["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
+  plan["name"] = in.plan.name + "-dp1";
+  auto dir = std::filesystem::temp_directory_path() /
+             ("stepcast-scaling-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string plan_file = (dir / "plan.json").string();
+  std::ofstream(plan_file) << plan.dump(2);
+  std::ostringstream cmd;
+  cmd << quote(std::filesystem::read_symlink("/proc/self/exe").string()) << " simulate --model " << quote(in.model.file) << " --topology "
+      << quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
+      << quote(plan_file) << " --no-scaling --out " << quote((dir / "out").string());
+  if (vm.count("profile")) cmd << " --profile " << quote(vm["profile"].as<std::string>());
+  cmd << " --mode " << vm["mode"].as<std::string>() << " >" << quote((dir / "log").string())
+      << " 2>&1";
+  int status = std::system(cmd.str().c_str());
+  if (status != 0) {
+    std::ifstream log(dir / "log");
+    std::stringstream text;
+    text << log.rdbuf();
+    std::filesystem::remove_all(dir);
+    throw std::runtime_error("the dp_size = 1 reference simulation failed: " + text.str());
+  }
+  Json reference = load_json_file((dir / "out" / "prediction.json").string());
+  std::filesystem::remove_all(dir);
+  return reference.at("tokens_per_s").get<double>() /
+         double(in.plan.tp_size * in.plan.pp_size);
+}
+
+}  // namespace
+
+int run_simulate(int argc, char** argv) {
+  po::options_description options("stepcast simulate options");
+  add_input_options(options);
+  options.add_options()
+      ("profile", po::value<std::string>(),
+       "device profile (profiles/*.json or from `stepcast profile`); default: the roofline on the "
+       "topology's datasheet peaks")
+      ("mode", po::value<std::string>()->default_value("fast"), "fast or full (see --help)")
+      ("out", po::value<std::string>(), "write DIR/prediction.json and DIR/trace.json")
+      ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)");
+  auto vm = parse_command_line(
+      argc, argv, options,
+      "usage: stepcast simulate --model M --topology T --plan P [--nodes N] [--profile F]\n"
+      "                         [--mode fast|full] [--out DIR] [--no-scaling]\n"
+      "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
+      "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
+      "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
+      "--mode full simulates every rank and every ring step (up to 256 devices, 8 microbatches);\n"
+      "--mode fast (default) folds what is exact to fold and scales to 16,384 devices.");
+  if (!vm) return 0;
+  std::string mode_name = (*vm)["mode"].as<std::string>();
+  if (mode_name != "fast" && mode_name != "full") {
+    throw InputError("command line: --mode '" + mode_name + "': valid: fast, full");
+  }
+  Inputs in = load_inputs(*vm);
+  DeviceProfile profile = vm->count("profile") ? load_profile((*vm)["profile"].as<std::string>())
+                                               : roofline_profile(in.topology);
+  check_profile_matches(profile, in.topology);
+  auto wall_start = std::chrono::steady_clock::now();
+  StepProgram program = lower_program(in.model, in.topology, in.plan);
+  hash_program(program);
+  MemoryReport memory = memory_report(program, in.topology);
+  if (!memory.fits) {
+    std::cerr << "warning: the plan does not fit in memory (peak " << format_bytes(memory.peak_bytes_max)
+              << " + reserved " << format_bytes(memory.reserved_bytes) << " > "
+              << format_bytes(memory.capacity_bytes) << "); simulating anyway, fits: false\n";
+  }
+  SimulateOptions sim_options;
+  sim_options.mode = mode_name == "full" ? SimMode::full : SimMode::fast;
+  SimulationOutput sim = simulate_program(program, in.topology, profile, sim_options);
+  double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+
+  ProgramStats stats = program_stats(program);
+  double peak = in.topology.node.device.peak_for(in.plan.param_dtype, in.topology.file);
+  double model_flops = model_flops_per_token(in.model) * double(program.tokens_per_step);
+  StepResult result;
+  result.source = "simulator";
+  result.step_time_s = sim.step_time_s;
+  result.critical_rank = sim.critical_rank;
+  result.breakdown = sim.breakdown;
+  result.tokens_per_s = double(program.tokens_per_step) / sim.step_time_s;
+  result.mfu = model_flops / sim.step_time_s / (double(program.world_size()) * peak);
+  result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.world_size()) * peak);
+  result.memory = memory_to_json(memory);
+  result.ops = sim.records;
+  result.program_sha256 = program.program_sha256;
+  Json envelope = output_envelope("simulate", in);
+  result.inputs = envelope["inputs"];
+  result.inputs["profile"] = profile_to_json(profile);
+  result.extra = {{"mode", mode_name},
+                  {"mode_detail", sim.mode_description},
+                  {"simulated_ranks", sim.simulated_ranks.size()},
+                  {"detail_ranks", sim.detail_ranks},
+                  {"activities", sim.activities},
+                  {"simulation_wall_s", wall_s}};
+  if (!(*vm)["no-scaling"].as<bool>()) {
+    if (in.plan.dp_size == 1) {
+      result.scaling_efficiency = 1.0;
+    } else {
+      double per_device = result.tokens_per_s / double(program.world_size());
+      result.scaling_efficiency = per_device / reference_tokens_per_s_per_device(in, *vm);
+    }
+  }
+
+  std::cout << "stepcast simulate: " << in.model.name << " on " << in.topology.name << " ("
+            << program.world_size() << " devices), plan " << in.plan.name << ", mode "
+            << sim.mode_description << ", profile " << profile.name << "\n";
+  std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
+            << "): compute " << result.breakdown.compute_s << ", exposed comm "
+            << result.breakdown.exposed_comm_s << ", bubble " << result.breakdown.bubble_s
+            << ", optimizer " << result.breakdown.optimizer_s << "\n";
+  std::cout << "tokens/s " << result.tokens_per_s << ", MFU " << result.mfu << ", HFU "
+            << result.hfu << ", peak memory " << format_bytes(memory.peak_bytes_max)
+            << (memory.fits ? " (fits)" : " (DOES NOT FIT)");
+  if (result.scaling_efficiency) std::cout << ", scaling efficiency " << *result.scaling_efficiency;
+  std::cout << "\nsimulated " << sim.simulated_ranks.size() << " ranks, " << sim.activities
+            << " activities in " << wall_s << " s\n";
+  if (vm->count("out")) {
+    std::string dir = (*vm)["out"].as<std::string>();
+    write_output_file(dir, "prediction.json", step_result_to_json(result).dump() + "\n");
+    std::ostringstream trace;
+    write_chrome_trace(trace, program, sim.records);
+    write_output_file(dir, "trace.json", trace.str());
+    std::cout << "wrote " << dir << "/prediction.json and " << dir << "/trace.json\n";
+  }
+  return 0;
+}
+
+}  // namespace stepcast::cli

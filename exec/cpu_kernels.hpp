@@ -1,0 +1,238 @@
+// The CPU backend's kernels: every forward and backward computation of a Megatron-style
+// decoder-only transformer step, on host memory, for T = float or double. They work on the LOCAL
+// SHARD a rank holds (local heads, local vocabulary, local sequence slice) and take the global
+// offsets they need, so that anything position-dependent (rotary angles, learned positions,
+// dropout masks) is a function of GLOBAL coordinates only: any tp/pp/dp/sp plan reproduces the
+// single-rank step. No communication, no allocation of tensors the caller owns, no I/O.
+//
+// Shapes (row-major, innermost last): s sequence (s_local under sequence parallelism), b micro
+// batch, h hidden, heads / kv_heads local attention / key-value heads, d head dim, f local MLP
+// width, v_local local vocabulary shard starting at global id v0. Activations are [s, b, h]
+// (sequence-major, as Megatron); a "token" row t = s_index·b + b_index. Masks are uint8 (0/1),
+// one byte per element as Megatron counts them. Backward kernels that say "+=" accumulate
+// (gradient accumulation, residual gradients); the others overwrite their outputs.
+#pragma once
+
+#include <cstdint>
+
+namespace stepcast::cpu {
+
+// ---- GEMM and linear layers ----------------------------------------------------------------
+
+// C[m,n] = alpha·op(A)·op(B) + beta·C through cblas_{s,d}gemm. op(A) is [m,k]: A is stored
+// [m,k] (lda ≥ k) or, transposed, [k,m] (lda ≥ m); likewise op(B) [k,n]. ldc ≥ n.
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+// Packed operands (leading dimensions are the stored row lengths).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          const T* b, T beta, T* c);
+
+// y[tokens,out] = x[tokens,in]·W^T (+ bias[out]); W is [out,in] like PyTorch. bias may be null.
+template <class T>
+void linear_forward(const T* x, const T* w, const T* bias, T* y, int64_t tokens, int64_t in,
+                    int64_t out);
+// dx[tokens,in] = dy[tokens,out]·W, or += when `accumulate` (a second GEMM feeding the same
+// input, e.g. SwiGLU's gate and up projections).
+template <class T>
+void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_t in, int64_t out,
+                          bool accumulate);
+// dW[out,in] += dy^T·x; dbias[out] += Σ_tokens dy (dbias may be null).
+template <class T>
+void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens, int64_t in,
+                            int64_t out);
+
+// ---- Dropout masks --------------------------------------------------------------------------
+
+// Where a mask is drawn; the value is part of the hash, so it must never change.
+enum class DropoutSite : uint64_t {
+  embedding = 1,           // after word (+ learned position) embedding, [s, b, h]
+  attention_probs = 2,     // on the attention probabilities, [b, heads, s, s]
+  attention_residual = 3,  // attention output before the residual add, [s, b, h]
+  mlp_residual = 4,        // MLP output before the residual add, [s, b, h]
+};
+
+// One dropout application: the mask stream and the drop probability p ∈ [0, 1).
+// `step` is the training iteration, `layer` the GLOBAL layer index (any fixed value, e.g. -1,
+// for the embedding site). The same stream and coordinates give the same mask on every rank,
+// in every plan, and again under activation recompute: no RNG state to carry.
+struct Dropout {
+  double p;
+  uint64_t seed;
+  int64_t step;
+  int64_t layer;
+  DropoutSite site;
+};
+
+// THE mask definition. A counter-based hash: SplitMix64's finalizer `mix` absorbs, in order,
+// seed, site, step, layer, sample, i, j, k (h ← mix(h + γ + word), γ = 0x9E3779B97F4A7C15,
+// starting from h = mix(seed)); u = (h >> 11)·2^-53 ∈ [0,1); keep ⇔ u ≥ p.
+// Coordinates are global: `sample` is the sample's index in the global batch of the step;
+//   [s, b, h] sites:   i = global sequence position, j = hidden feature, k = 0;
+//   attention_probs:   i = global head, j = query position, k = key position.
+bool dropout_keep(uint64_t seed, DropoutSite site, int64_t step, int64_t layer, int64_t sample,
+                  int64_t i, int64_t j, int64_t k, double p);
+
+// out[s,b,h] = residual + dropout(x), mask[s,b,h] = keep (uint8). residual may be null (plain
+// dropout, e.g. after the embedding); out may alias x or residual. s0 is the global position of
+// local row 0 (the sequence-parallel offset); sample_index[b] are the global sample indices.
+template <class T>
+void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, int64_t s,
+                         int64_t b, int64_t h, const Dropout& dropout, int64_t s0,
+                         const int64_t* sample_index);
+// dx[n] = dy·mask/(1−p): the backward of any dropout from its stored mask (the residual's own
+// gradient is dy unchanged). Used for [s,b,h] sites and for attention probabilities alike.
+template <class T>
+void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, double p);
+
+// ---- Embeddings -----------------------------------------------------------------------------
+
+// Vocab-parallel lookup: out[s,b,h] = W[tokens[s,b] − v0] for ids in [v0, v0+v_local), zeros
+// otherwise (the tp reduction completes it). tokens are [s, b] global ids (full sequence).
+template <class T>
+void embedding_forward(const int32_t* tokens, const T* w, T* out, int64_t s, int64_t b, int64_t h,
+                       int64_t v0, int64_t v_local);
+// dW[v_local,h] += scatter of dout[s,b,h] over this shard's tokens.
+template <class T>
+void embedding_backward(const int32_t* tokens, const T* dout, T* dw, int64_t s, int64_t b,
+                        int64_t h, int64_t v0, int64_t v_local);
+
+// Learned positions: x[s,b,h] += P[s0 + s_index, :], P is [max_positions, h].
+template <class T>
+void position_add_forward(T* x, const T* pos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                          int64_t max_positions);
+// dP[s0 + s_index, :] += Σ_b dx[s_index, b, :].
+template <class T>
+void position_add_backward(const T* dx, T* dpos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                           int64_t max_positions);
+
+// ---- Norms over h (rows = tokens) -----------------------------------------------------------
+
+template <class T>
+void layernorm_forward(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t h,
+                       double eps);
+// Recomputes mean and rstd from x (nothing saved). dx += (the residual gradient), dw += , db += .
+template <class T>
+void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int64_t rows,
+                        int64_t h, double eps);
+template <class T>
+void rmsnorm_forward(const T* x, const T* w, T* y, int64_t rows, int64_t h, double eps);
+template <class T>
+void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t h,
+                      double eps);
+
+// ---- Attention ------------------------------------------------------------------------------
+
+// The local attention problem. qkv is [s, b, (heads + 2·kv_heads)·d] laid out as
+// [q heads…, k heads…, v heads…]; ctx is [s, b, heads·d]; scores/probs are [b, heads, s, s];
+// lse is [b, heads, s]. GQA: local head i reads kv head i / (heads / kv_heads).
+// head0 is the global index of local head 0 (tp_rank·heads); it keys attention dropout.
+struct AttentionShape {
+  int64_t s, b, heads, kv_heads, d;
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * d; }
+};
+
+// Rotary embedding (GPT-NeoX / Llama rotate_half over the whole head dim), in place on the q and
+// k heads of qkv; position of row s_index is s0 + s_index; frequency i: theta^(−2i/d).
+template <class T>
+void rotary_forward(T* qkv, const AttentionShape& shape, double theta, int64_t s0);
+// The inverse rotation, in place on the q and k parts of d_qkv (v untouched).
+template <class T>
+void rotary_backward(T* d_qkv, const AttentionShape& shape, double theta, int64_t s0);
+
+// Materialized path: score → softmax → dropout → value, each its own op.
+// scores = scale·Q·K^T, −inf above the diagonal (causal).
+template <class T>
+void attention_score_forward(const T* qkv, T* scores, const AttentionShape& shape, double scale);
+// Row softmax of [rows, cols] (−inf entries give exactly 0).
+template <class T>
+void softmax_forward(const T* scores, T* probs, int64_t rows, int64_t cols);
+// probs_drop = probs·mask/(1−p), mask[b,heads,s,s] (0 above the diagonal).
+template <class T>
+void attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask,
+                               const AttentionShape& shape, const Dropout& dropout,
+                               int64_t head0, const int64_t* sample_index);
+// ctx = probs_used·V (probs_used: probs_drop with dropout, probs without).
+template <class T>
+void attention_value_forward(const T* probs_used, const T* qkv, T* ctx,
+                             const AttentionShape& shape);
+// d_probs_used = d_ctx·V^T; writes the V part of d_qkv (dV = Σ_group probs_used^T·d_ctx).
+template <class T>
+void attention_value_backward(const T* d_ctx, const T* probs_used, const T* qkv, T* d_probs_used,
+                              T* d_qkv, const AttentionShape& shape);
+// (dropout backward: dropout_backward(d_probs_used, mask, d_probs, b·heads·s·s, p).)
+// d_scores = probs ⊙ (d_probs − rowsum(d_probs ⊙ probs)).
+template <class T>
+void softmax_backward(const T* d_probs, const T* probs, T* d_scores, int64_t rows, int64_t cols);
+// Writes the Q and K parts of d_qkv: dQ = scale·dS·K, dK = scale·Σ_group dS^T·Q.
+template <class T>
+void attention_score_backward(const T* d_scores, const T* qkv, T* d_qkv,
+                              const AttentionShape& shape, double scale);
+
+// Flash path: the same function (and the same dropout masks, drawn from dropout_keep on the fly)
+// without any s×s buffer: online softmax over key blocks, per query row. Writes ctx and
+// lse = log Σ_j exp(score_ij) (before dropout). dropout may be null (no dropout).
+template <class T>
+void flash_attention_forward(const T* qkv, T* ctx, T* lse, const AttentionShape& shape,
+                             double scale, const Dropout* dropout, int64_t head0,
+                             const int64_t* sample_index);
+// Recomputes probabilities from lse; reads qkv, ctx, lse and d_ctx; overwrites all of d_qkv.
+template <class T>
+void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T* d_ctx, T* d_qkv,
+                              const AttentionShape& shape, double scale, const Dropout* dropout,
+                              int64_t head0, const int64_t* sample_index);
+
+// ---- MLP activations ------------------------------------------------------------------------
+
+// GPT-2 "gelu_new": 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+template <class T>
+void gelu_forward(const T* x, T* y, int64_t n);
+template <class T>
+void gelu_backward(const T* x, const T* dy, T* dx, int64_t n);
+// act = silu(gate)·up.
+template <class T>
+void swiglu_forward(const T* gate, const T* up, T* act, int64_t n);
+template <class T>
+void swiglu_backward(const T* gate, const T* up, const T* d_act, T* d_gate, T* d_up, int64_t n);
+
+// ---- Vocab-parallel cross entropy -----------------------------------------------------------
+
+// (a) Per token of logits[tokens, v_local]: stats[3, tokens] = (local max, Σ exp(logit − local
+// max), target logit if targets[t] ∈ [v0, v0+v_local) else 0). targets are global ids.
+template <class T>
+void cross_entropy_stats(const T* logits, const int32_t* targets, T* stats, int64_t tokens,
+                         int64_t v0, int64_t v_local);
+// (b) From the stats of all tp ranks, stats_all[tp, 3, tokens] (rank order; tp = 1 for a single
+// rank): loss[tokens] = log Σ_r sum_r·exp(max_r − M) + M − target logit, and the local softmax
+// [tokens, v_local] kept for backward. Exactly one rank holds each target, so the target logit
+// is the sum of the gathered ones (the others are exact zeros).
+template <class T>
+void cross_entropy_forward(const T* logits, const T* stats_all, int64_t tp, T* softmax, T* loss,
+                           int64_t tokens, int64_t v_local);
+// (c) dlogits = (softmax − onehot_local(target))·scale; scale = 1/(tokens in the global batch),
+// so summing over microbatches and dp ranks gives the gradient of the mean loss.
+template <class T>
+void cross_entropy_backward(const T* softmax, const int32_t* targets, T* dlogits, int64_t tokens,
+                            int64_t v0, int64_t v_local, double scale);
+
+// ---- Optimizer ------------------------------------------------------------------------------
+
+// Σ g² (in double), for the global gradient norm (sum over shards, then sqrt).
+template <class T>
+double grad_norm_sq(const T* g, int64_t n);
+// Megatron's clip: min(1, max_norm / (total_norm + 1e-6)).
+double clip_coefficient(double total_norm, double max_norm);
+
+struct AdamW {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+// One AdamW step (apex/Megatron adam_w_mode) for step = 1, 2, …, with g = grad·clip_coef:
+// m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; u = (m/(1−β1^step)) / (√(v/(1−β2^step)) + eps);
+// param −= lr·(u + weight_decay·param). Master weights and moments are T (the CPU keeps no
+// separate low-precision copy).
+template <class T>
+void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
+                const AdamW& config, int64_t step, double clip_coef);
+
+}  // namespace stepcast::cpu

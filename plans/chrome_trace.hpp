@@ -1,0 +1,19 @@
+// Chrome trace event format (opens in Perfetto and chrome://tracing) of per-op records: one
+// process per rank, one thread per stream, every op a complete event ("X") with its kind,
+// layer, microbatch, bytes and flops; collectives carry their group, algorithm and bytes.
+// Written by `simulate` and `run` alike.
+#pragma once
+
+#include <ostream>
+#include <vector>
+
+#include "program.hpp"
+#include "step_result.hpp"
+
+namespace stepcast {
+
+// `records` may hold any subset of ranks; memory ops and zero-length ops are left out.
+void write_chrome_trace(std::ostream& out, const StepProgram& program,
+                        const std::vector<OpRecord>& records);
+
+}  // namespace stepcast

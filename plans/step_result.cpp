@@ -1,0 +1,100 @@
+// The shared breakdown and the StepResult's JSON; see step_result.hpp.
+#include "step_result.hpp"
+
+#include <algorithm>
+
+#include "errors.hpp"
+#include "version.hpp"
+
+namespace stepcast {
+
+namespace {
+
+enum class Wait { bubble, comm };
+
+// What kept op `id` from starting earlier: follow its latest-finishing dep through memory ops.
+Wait wait_reason(const Role& role, const std::vector<OpRecord>& records, int32_t id) {
+  for (int depth = 0; depth < 8; ++depth) {
+    const Op& op = role.ops[id];
+    int32_t latest = -1;
+    for (int32_t d : op.deps) {
+      if (latest < 0 || records[d].end_s > records[latest].end_s) latest = d;
+    }
+    if (latest < 0) return Wait::bubble;
+    const Op& dep = role.ops[latest];
+    if (dep.kind == OpKind::recv || dep.kind == OpKind::send) return Wait::bubble;
+    if (is_collective(dep.kind)) return Wait::comm;
+    if (dep.kind != OpKind::alloc && dep.kind != OpKind::free) return Wait::bubble;
+    id = latest;
+  }
+  return Wait::bubble;
+}
+
+}  // namespace
+
+Breakdown breakdown_of_rank(const Role& role, const std::vector<OpRecord>& records,
+                            double step_start_s, double step_end_s) {
+  STEPCAST_CHECK(records.size() == role.ops.size(), "one record per op of the role");
+  std::vector<int32_t> compute_ops;
+  for (const Op& op : role.ops) {
+    if (op.stream != Stream::compute || op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+    compute_ops.push_back(op.id);
+  }
+  std::sort(compute_ops.begin(), compute_ops.end(), [&](int32_t a, int32_t b) {
+    return records[a].start_s < records[b].start_s ||
+           (records[a].start_s == records[b].start_s && a < b);
+  });
+  Breakdown out;
+  double cursor = step_start_s;
+  auto attribute_gap = [&](double until, Wait reason) {
+    if (until <= cursor) return;
+    (reason == Wait::comm ? out.exposed_comm_s : out.bubble_s) += until - cursor;
+    cursor = until;
+  };
+  for (int32_t id : compute_ops) {
+    const Op& op = role.ops[id];
+    const OpRecord& r = records[id];
+    attribute_gap(r.start_s, wait_reason(role, records, id));
+    double begin = std::max(cursor, r.start_s);
+    double end = std::max(begin, r.end_s);
+    double busy = end - begin;
+    if (op.kind == OpKind::optimizer_step) out.optimizer_s += busy;
+    else if (is_collective(op.kind)) out.exposed_comm_s += busy;
+    else out.compute_s += busy;
+    cursor = end;
+  }
+  // After its last compute op the rank waits for its communication to drain.
+  if (step_end_s > cursor) out.exposed_comm_s += step_end_s - cursor;
+  return out;
+}
+
+Json step_result_to_json(const StepResult& r) {
+  Json ops = Json::array();
+  for (const OpRecord& o : r.ops) {
+    ops.push_back({{"rank", o.rank}, {"id", o.id}, {"start_s", o.start_s}, {"end_s", o.end_s},
+                   {"ready_s", o.ready_s}});
+  }
+  Json out = {{"schema_version", StepResult::kSchemaVersion},
+              {"source", r.source},
+              {"step_time_s", r.step_time_s},
+              {"critical_rank", r.critical_rank},
+              {"breakdown_s",
+               {{"compute", r.breakdown.compute_s},
+                {"exposed_comm", r.breakdown.exposed_comm_s},
+                {"bubble", r.breakdown.bubble_s},
+                {"optimizer", r.breakdown.optimizer_s}}},
+              {"tokens_per_s", r.tokens_per_s},
+              {"mfu", r.mfu},
+              {"hfu", r.hfu},
+              {"memory", r.memory},
+              {"program_sha256", r.program_sha256},
+              {"inputs", r.inputs},
+              {"stepcast_version", stepcast_version()},
+              {"git_commit", stepcast_git_commit()}};
+  out["scaling_efficiency"] = r.scaling_efficiency ? Json(*r.scaling_efficiency) : Json(nullptr);
+  for (auto it = r.extra.begin(); it != r.extra.end(); ++it) out[it.key()] = it.value();
+  out["ops"] = ops;
+  return out;
+}
+
+}  // namespace stepcast

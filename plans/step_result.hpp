@@ -1,0 +1,59 @@
+// StepResult: one schema for a prediction (source "simulator") and a measurement (source
+// "executor"): step time, its breakdown, throughput, MFU/HFU, memory, and per-op records joined on
+// (rank, id). The breakdown is one function for both sources, so their figures compare.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "program.hpp"
+
+namespace stepcast {
+
+struct OpRecord {
+  int64_t rank = 0;
+  int32_t id = 0;
+  double start_s = 0;  // op began (clocks aligned at step start)
+  double end_s = 0;
+  double ready_s = 0;  // when its last peer issued it (collective) or its sender did (recv);
+                       // start_s for other ops
+};
+
+// Where the critical rank's step time went; the four add up to the step time.
+struct Breakdown {
+  double compute_s = 0;       // compute ops other than the optimizer's
+  double exposed_comm_s = 0;  // collectives on the compute stream, waiting on a collective
+  double bubble_s = 0;        // waiting on a pipeline receive (or for the step to reach the rank)
+  double optimizer_s = 0;     // optimizer_step ops
+  double total() const { return compute_s + exposed_comm_s + bubble_s + optimizer_s; }
+};
+
+// Attributes [step_start_s, step_end_s] of one rank: its compute-stream ops by kind; the time its
+// compute stream waits to whatever the next compute op (or the end of the step) waited for — a
+// receive → bubble, a collective → exposed_comm. `records` are that rank's, indexed by op id.
+Breakdown breakdown_of_rank(const Role& role, const std::vector<OpRecord>& records,
+                            double step_start_s, double step_end_s);
+
+struct StepResult {
+  static constexpr int kSchemaVersion = 1;
+  std::string source;              // "simulator" or "executor"
+  double step_time_s = 0;
+  int64_t critical_rank = 0;
+  Breakdown breakdown;
+  double tokens_per_s = 0;
+  double mfu = 0;                  // model flops (no recompute) / step time / (ranks · peak)
+  double hfu = 0;                  // matrix flops executed, recompute included, likewise
+  Json memory;                     // memory_to_json, plus measured figures for the executor
+  std::optional<double> scaling_efficiency;
+  std::vector<OpRecord> ops;       // ranks simulated or instrumented in detail
+  std::string program_sha256;
+  Json inputs;                     // fully resolved model, topology, plan, profile
+  Json extra = Json::object();     // source-specific figures (mode, wall time, losses, ...)
+};
+
+Json step_result_to_json(const StepResult& result);
+
+}  // namespace stepcast

@@ -1,0 +1,648 @@
+// The StepProgram interpreter on SimGrid; see simulator.hpp for the modes and their reductions.
+#include "simulator.hpp"
+
+#include <simgrid/s4u.hpp>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "collective.hpp"
+#include "collective_steps.hpp"
+#include "cost_model.hpp"
+#include "errors.hpp"
+#include "platform.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace stepcast {
+
+namespace {
+
+// A group as the simulation sees it: its simulated members and where they sit.
+struct SimGroup {
+  std::vector<int64_t> members;  // ranks, in group order
+  GroupLayout layout;
+};
+
+constexpr size_t kStreams = 3;
+
+struct Plan {
+  const StepProgram* program = nullptr;
+  std::vector<int64_t> ranks;                       // simulated ranks
+  std::unordered_map<int64_t, size_t> slot_of_rank;  // rank → index in ranks
+  std::vector<char> detail;                          // per slot: keep records
+  // groups[slot][GroupKind] → group shared with the other members
+  std::vector<std::map<GroupKind, std::shared_ptr<SimGroup>>> groups;
+  // per role, per op: compute time, analytic collective time, or for a simulated collective the
+  // latency its folded members would add
+  std::vector<std::vector<double>> op_cost_s;
+  std::vector<std::vector<char>> analytic;           // per role, per op: collective costed analytically
+  // per role, per op: an op of another stream waits for it, so a merged run must end with it
+  std::vector<std::vector<char>> feeds_other_stream;
+  bool phase_flows = false;
+  bool merge_compute = false;
+};
+
+struct RankState {
+  std::vector<double> start, end;
+  std::vector<char> done;
+  double last_end = 0;
+  std::unordered_map<int32_t, std::tuple<int, int64_t, int, int64_t>> collective_key;
+  std::unordered_map<int32_t, int64_t> recv_peer;
+};
+
+struct Shared {
+  Plan plan;
+  std::vector<sg4::Host*> host;                         // per slot
+  std::vector<std::array<sg4::Host*, kStreams>> delay;  // per slot, per stream
+  std::vector<RankState> state;                         // per slot
+  std::map<std::tuple<int, int64_t, int, int64_t>, double> collective_issue;  // max start per instance
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> send_start;        // (src, dst, tag)
+  std::map<std::pair<sg4::Host*, sg4::Host*>, double> route_latency;
+  int64_t activities = 0;
+  std::vector<std::string> errors;
+
+  double latency(sg4::Host* a, sg4::Host* b) {
+    auto key = std::make_pair(a, b);
+    auto it = route_latency.find(key);
+    if (it != route_latency.end()) return it->second;
+    std::vector<sg4::Link*> links;
+    double lat = 0;
+    a->route_to(b, links, &lat);
+    route_latency[key] = lat;
+    return lat;
+  }
+};
+
+std::string mailbox_name(int64_t from, int64_t to, size_t stream) {
+  std::string name = std::to_string(from);
+  name += '>';
+  name += std::to_string(to);
+  name += '#';
+  name += char('0' + stream);
+  return name;
+}
+
+int dummy_payload = 0;
+
+class RankActor {
+ public:
+  RankActor(Shared& shared, size_t slot) : s_(shared), slot_(slot) {}
+
+  void operator()() {
+    const Plan& plan = s_.plan;
+    int64_t rank = plan.ranks[slot_];
+    const Role& role = plan.program->role_of_rank(rank);
+    role_ = &role;
+    role_index_ = size_t(role.index);
+    RankState& st = s_.state[slot_];
+    size_t n = role.ops.size();
+    st.start.assign(n, 0);
+    st.end.assign(n, 0);
+    st.done.assign(n, 0);
+    // Memory ops take no time and are not ordered by their stream: an alloc is ready at once,
+    // a free once its users finished (their times are filled in after the run).
+    size_t remaining = n;
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+        st.done[op.id] = 1;
+        --remaining;
+      } else {
+        queue_[size_t(op.stream)].push_back(op.id);
+      }
+    }
+    while (true) {
+      for (size_t stream = 0; stream < kStreams; ++stream) remaining -= start_ready(stream);
+      if (remaining == 0) break;
+      if (pending_.empty()) {
+        std::ostringstream out;
+        out << "rank " << rank << " is stuck with " << remaining << " ops left";
+        for (size_t stream = 0; stream < kStreams; ++stream) {
+          if (head_[stream] < queue_[stream].size()) {
+            const Op& op = role.ops[queue_[stream][head_[stream]]];
+            out << "; " << to_string(op.stream) << " waits at op " << op.id << " ("
+                << to_string(op.kind) << " " << op.name << ")";
+          }
+        }
+        s_.errors.push_back(out.str());
+        return;
+      }
+      ssize_t index = sg4::Activity::wait_any(pending_);
+      size_t stream = pending_stream_[size_t(index)];
+      int32_t posted = pending_posted_op_[size_t(index)];
+      pending_.erase(pending_.begin() + index);
+      pending_stream_.erase(pending_stream_.begin() + index);
+      pending_posted_op_.erase(pending_posted_op_.begin() + index);
+      if (posted >= 0) {
+        // A pipeline send or receive: posted in stream order, completing on its own.
+        finish(posted, posted_at_[posted], now());
+        remaining -= 1;
+        continue;
+      }
+      remaining -= on_activity_done(stream);
+    }
+  }
+
+ private:
+  struct Running {
+    int32_t op = -1;
+    std::vector<int32_t> run;      // merged compute ops (first = op)
+    std::vector<CollectiveStep> steps;
+    size_t step = 0;
+    int outstanding = 0;
+    bool delaying = false;
+    bool folded_delay = false;  // the current step's folded latency is running
+    double run_start = 0;
+  };
+
+  const Plan& plan() const { return s_.plan; }
+  bool deps_done(const Op& op) const {
+    const RankState& st = s_.state[slot_];
+    for (int32_t d : op.deps) {
+      if (!st.done[d]) return false;
+    }
+    return true;
+  }
+  double now() const { return sg4::Engine::get_clock(); }
+
+  void add(sg4::ActivityPtr activity, size_t stream, int32_t posted_op = -1) {
+    pending_.push_back(std::move(activity));
+    pending_stream_.push_back(stream);
+    pending_posted_op_.push_back(posted_op);
+    ++s_.activities;
+  }
+
+  void finish(int32_t id, double start, double end) {
+    RankState& st = s_.state[slot_];
+    st.start[id] = start;
+    st.end[id] = end;
+    st.done[id] = 1;
+    st.last_end = std::max(st.last_end, end);
+  }
+
+  // Starts what can start on `stream`; returns how many ops completed at once (memory ops).
+  size_t start_ready(size_t stream) {
+    size_t completed = 0;
+    Running& run = running_[stream];
+    auto& queue = queue_[stream];
+    while (run.op < 0 && head_[stream] < queue.size()) {
+      const Op& op = role_->ops[queue[head_[stream]]];
+      if (!deps_done(op)) break;
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+        finish(op.id, now(), now());
+        ++head_[stream];
+        ++completed;
+        continue;
+      }
+      run = Running{};
+      run.op = op.id;
+      run.run_start = now();
+      if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
+        start_compute(stream);
+      } else if (is_collective(op.kind)) {
+        start_collective(stream, op);
+      } else if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+        // Posted like MPI's Isend/Irecv: the stream moves on, the op completes when its
+        // transfer does (matched in posting order per pair of ranks).
+        start_p2p(stream, op);
+        run.op = -1;
+        ++head_[stream];
+        continue;
+      }
+      if (run.op >= 0) break;  // started an activity
+      ++completed;             // finished at once (zero time)
+      ++head_[stream];
+    }
+    return completed;
+  }
+
+  void start_compute(size_t stream) {
+    Running& run = running_[stream];
+    auto& queue = queue_[stream];
+    const auto& cost = plan().op_cost_s[role_index_];
+    run.run.push_back(run.op);
+    double duration = cost[run.op];
+    if (plan().merge_compute) {
+      // Extend the run while the next op of this stream is compute-like and its inputs are
+      // ready now or produced inside the run.
+      std::set<int32_t> in_run = {run.op};
+      for (size_t i = head_[stream] + 1; i < queue.size(); ++i) {
+        const Op& next = role_->ops[queue[i]];
+        bool compute_like = is_compute(next.kind) || plan().analytic[role_index_][next.id] ||
+                            next.kind == OpKind::alloc || next.kind == OpKind::free;
+        if (!compute_like) break;
+        bool ready = true;
+        for (int32_t d : next.deps) {
+          ready = ready && (s_.state[slot_].done[d] || in_run.count(d));
+        }
+        if (!ready) break;
+        if (plan().feeds_other_stream[role_index_][run.run.back()]) break;
+        run.run.push_back(next.id);
+        in_run.insert(next.id);
+        if (next.kind != OpKind::alloc && next.kind != OpKind::free) duration += cost[next.id];
+      }
+    }
+    if (duration <= 0) {
+      complete_run(stream);
+      return;
+    }
+    add(s_.delay[slot_][stream]->exec_async(duration), stream);
+  }
+
+  // Finishes every op of the current run, splitting its time in proportion to their cost.
+  void complete_run(size_t stream) {
+    Running& run = running_[stream];
+    const auto& cost = plan().op_cost_s[role_index_];
+    double t = run.run_start;
+    for (int32_t id : run.run) {
+      const Op& op = role_->ops[id];
+      double d = (op.kind == OpKind::alloc || op.kind == OpKind::free) ? 0 : cost[id];
+      finish(id, t, t + d);
+      t += d;
+    }
+    head_[stream] += run.run.size();
+    run.op = -1;
+  }
+
+  std::shared_ptr<SimGroup> group_of(const Op& op) const {
+    return plan().groups[slot_].at(op.group);
+  }
+
+  void start_collective(size_t stream, const Op& op) {
+    Running& run = running_[stream];
+    auto group = group_of(op);
+    int64_t rank = plan().ranks[slot_];
+    int64_t member = 0;
+    while (group->members[member] != rank) ++member;
+    // Ready time bookkeeping: the instance is (group kind, first member, stream, sequence).
+    int64_t sequence = sequence_[{int(op.group), stream}]++;
+    auto key = std::make_tuple(int(op.group), group->members.front(), int(stream), sequence);
+    auto [it, inserted] = s_.collective_issue.emplace(key, now());
+    if (!inserted) it->second = std::max(it->second, now());
+    s_.state[slot_].collective_key[op.id] = key;
+    run.steps = collective_steps(op.kind, op.algorithm, op.bytes, group->layout, member,
+                                 plan().phase_flows);
+    run.step = 0;
+    run.run = {op.id};
+    if (!start_step(stream)) after_steps(stream);
+  }
+
+  // Starts the current step's flows; false when no steps are left.
+  bool start_step(size_t stream) {
+    Running& run = running_[stream];
+    if (run.step >= run.steps.size()) return false;
+    const CollectiveStep& step = run.steps[run.step];
+    const Op& op = role_->ops[run.op];
+    auto group = group_of(op);
+    int64_t me = plan().ranks[slot_];
+    for (const Transfer& t : step.sends) {
+      int64_t peer = group->members[t.peer];
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, stream));
+      add(box->put_async(&dummy_payload, uint64_t(std::llround(t.bytes))), stream);
+      ++run.outstanding;
+    }
+    for (const Transfer& t : step.recvs) {
+      int64_t peer = group->members[t.peer];
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, stream));
+      slots_.push_back(nullptr);
+      add(box->get_async<int>(&slots_.back()), stream);
+      ++run.outstanding;
+    }
+    return true;
+  }
+
+  // All steps done: the folded members' latency correction, then the op ends.
+  void after_steps(size_t stream) {
+    Running& run = running_[stream];
+    double correction = plan().op_cost_s[role_index_][run.op];
+    if (correction > 0 && !run.delaying) {
+      run.delaying = true;
+      add(s_.delay[slot_][stream]->exec_async(correction), stream);
+      return;
+    }
+    finish(run.op, run.run_start, now());
+    ++head_[stream];
+    run.op = -1;
+  }
+
+  void start_p2p(size_t stream, const Op& op) {
+    int64_t me = plan().ranks[slot_];
+    const StepProgram& p = *plan().program;
+    int64_t stage = p.grid().coord(me).pp;
+    int64_t peer_stage = op.peer == Peer::pp_next ? (stage + 1) % p.pp_size
+                                                  : (stage + p.pp_size - 1) % p.pp_size;
+    RankCoord c = p.grid().coord(me);
+    c.pp = peer_stage;
+    int64_t peer = p.grid().rank(c);
+    posted_at_[op.id] = now();
+    if (op.kind == OpKind::send) {
+      s_.send_start[{me, peer, op.tag}] = now();
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, stream));
+      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream, op.id);
+    } else {
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, stream));
+      slots_.push_back(nullptr);
+      add(box->get_async<int>(&slots_.back()), stream, op.id);
+      s_.state[slot_].recv_peer[op.id] = peer;
+    }
+  }
+
+  // Returns the number of ops completed.
+  size_t on_activity_done(size_t stream) {
+    Running& run = running_[stream];
+    STEPCAST_CHECK(run.op >= 0, "an activity finished on an idle stream");
+    const Op& op = role_->ops[run.op];
+    if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
+      size_t count = run.run.size();
+      complete_run(stream);
+      return count;
+    }
+    if (run.delaying) {
+      after_steps(stream);
+      return 1;
+    }
+    if (--run.outstanding > 0) return 0;
+    {
+      const CollectiveStep& step = run.steps[run.step];
+      if (step.folded_latency_steps > 0 && !run.folded_delay) {
+        // Latency of the folded ring steps, per the route to the first send's peer.
+        auto group = group_of(op);
+        int64_t peer = group->members[step.sends.front().peer];
+        double lat = s_.latency(s_.host[slot_], s_.host[s_.plan.slot_of_rank.at(peer)]);
+        run.folded_delay = true;
+        run.outstanding = 1;
+        add(s_.delay[slot_][stream]->exec_async(double(step.folded_latency_steps) * lat), stream);
+        return 0;
+      }
+      run.folded_delay = false;
+      ++run.step;
+      if (start_step(stream)) return 0;
+      after_steps(stream);
+      return run.op < 0 ? 1 : 0;
+    }
+  }
+
+  Shared& s_;
+  size_t slot_;
+  const Role* role_ = nullptr;
+  size_t role_index_ = 0;
+  std::array<std::vector<int32_t>, kStreams> queue_;
+  std::array<size_t, kStreams> head_{};
+  std::array<Running, kStreams> running_;
+  std::vector<sg4::ActivityPtr> pending_;
+  std::vector<size_t> pending_stream_;
+  std::vector<int32_t> pending_posted_op_;  // pipeline op of each pending activity, or -1
+  std::unordered_map<int32_t, double> posted_at_;
+  std::deque<int*> slots_;
+  std::map<std::pair<int, size_t>, int64_t> sequence_;
+};
+
+}  // namespace
+
+namespace {
+
+bool group_spans_folded_ranks(GroupKind kind) {
+  return kind == GroupKind::model || kind == GroupKind::world;
+}
+
+}  // namespace
+
+SimulationOutput simulate_program(const StepProgram& program, const Topology& topology_in,
+                                  const DeviceProfile& profile, const SimulateOptions& options) {
+  check_profile_matches(profile, topology_in);
+  const bool full = options.mode == SimMode::full;
+  if (full && (program.world_size() > kFullModeMaxDevices ||
+               program.num_microbatches > kFullModeMaxMicrobatches)) {
+    std::ostringstream why;
+    why << "the plan has " << program.world_size() << " devices and " << program.num_microbatches
+        << " microbatches; full mode simulates at most " << kFullModeMaxDevices << " devices and "
+        << kFullModeMaxMicrobatches << " microbatches";
+    throw_input_error("--mode", "mode", "\"full\"", why.str(), "--mode fast for this plan");
+  }
+  Topology topology = apply_link_fractions(topology_in, profile);
+  RankGrid grid = program.grid();
+  const int64_t per_node = topology.node.devices_per_node;
+  GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
+  bool tp_in_node = tp_shape.nodes == 1 && per_node % program.tp_size == 0;
+  const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node;
+  // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
+  // that sharing, so fold only where every device has its own NIC.
+  const bool own_nic = topology.fabric.nics_per_node >= per_node;
+  const bool fold_rails = fold_tp && options.fold_rail_groups && own_nic;
+  double divisor = 1;
+  if (fold_rails && topology.fabric.kind == FabricKind::fat_tree) divisor = double(program.tp_size);
+
+  auto shared = std::make_unique<Shared>();
+  Plan& plan = shared->plan;
+  plan.program = &program;
+  plan.phase_flows = !full && options.phase_flows;
+  plan.merge_compute = !full && options.merge_compute;
+  for (int64_t r = 0; r < program.world_size(); ++r) {
+    if (fold_rails && grid.coord(r).tp != 0) continue;
+    plan.slot_of_rank[r] = plan.ranks.size();
+    plan.ranks.push_back(r);
+  }
+  std::set<int64_t> detail(options.detail_ranks.begin(), options.detail_ranks.end());
+  if (detail.empty()) {
+    for (int64_t p = 0; p < program.pp_size; ++p) detail.insert(grid.rank(RankCoord{0, 0, p}));
+    if (full && program.world_size() <= 64) {
+      for (int64_t r = 0; r < program.world_size(); ++r) detail.insert(r);
+    }
+  }
+  plan.detail.assign(plan.ranks.size(), 0);
+  for (int64_t r : detail) {
+    auto it = plan.slot_of_rank.find(r);
+    if (it == plan.slot_of_rank.end()) {
+      throw InputError("detail rank " + std::to_string(r) + " is not simulated in this mode " +
+                       "(fast mode folds tensor-parallel ranks: use tp index 0)");
+    }
+    plan.detail[it->second] = 1;
+  }
+
+  // Groups, shared by their members.
+  std::map<std::pair<int, int64_t>, std::shared_ptr<SimGroup>> groups;
+  plan.groups.resize(plan.ranks.size());
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    int64_t rank = plan.ranks[slot];
+    std::set<GroupKind> kinds;
+    for (const Op& op : program.role_of_rank(rank).ops) {
+      if (is_collective(op.kind)) kinds.insert(op.group);
+    }
+    for (GroupKind kind : kinds) {
+      std::vector<int64_t> members;
+      for (int64_t m : grid.group(kind, rank)) {
+        if (plan.slot_of_rank.count(m)) members.push_back(m);
+      }
+      auto key = std::make_pair(int(kind), members.front());
+      auto& g = groups[key];
+      if (!g) {
+        g = std::make_shared<SimGroup>();
+        g->members = members;
+        for (int64_t m : members) g->layout.node_of.push_back(m / per_node);
+      }
+      plan.groups[slot][kind] = g;
+    }
+  }
+
+  // Costs per role.
+  Dtype dtype = *parse_dtype(program.plan.at("param_dtype").get<std::string>());
+  ComputeCostModel cost(topology.node.device, dtype, profile, topology.file);
+  LinkFigures links = link_figures(topology);
+  plan.op_cost_s.resize(program.roles.size());
+  plan.analytic.resize(program.roles.size());
+  plan.feeds_other_stream.resize(program.roles.size());
+  for (const Role& role : program.roles) {
+    auto& feeds = plan.feeds_other_stream[role.index];
+    feeds.assign(role.ops.size(), 0);
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+      for (int32_t d : op.deps) {
+        if (role.ops[d].stream != op.stream) feeds[d] = 1;
+      }
+    }
+  }
+  for (const Role& role : program.roles) {
+    auto& costs = plan.op_cost_s[role.index];
+    auto& analytic = plan.analytic[role.index];
+    costs.assign(role.ops.size(), 0);
+    analytic.assign(role.ops.size(), 0);
+    int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
+    for (const Op& op : role.ops) {
+      if (is_compute(op.kind)) {
+        costs[op.id] = cost.op_time_s(op);
+      } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {
+        analytic[op.id] = 1;
+        costs[op.id] = collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
+      } else if (is_collective(op.kind) && fold_rails && group_spans_folded_ranks(op.group)) {
+        GroupShape whole = group_shape(grid, op.group, first, per_node);
+        std::vector<int64_t> kept;
+        for (int64_t m : grid.group(op.group, first)) {
+          if (grid.coord(m).tp == 0) kept.push_back(m);
+        }
+        std::set<int64_t> nodes;
+        for (int64_t m : kept) nodes.insert(m / per_node);
+        GroupShape folded{int64_t(kept.size()), int64_t(nodes.size()),
+                          int64_t(kept.size()) / std::max<int64_t>(1, int64_t(nodes.size()))};
+        double t_whole = collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
+        double t_folded = collective_time_s(op.kind, op.algorithm, op.bytes, folded, links);
+        costs[op.id] = std::max(0.0, t_whole - t_folded);
+      }
+    }
+  }
+
+  // The engine and the platform: one host per simulated rank (rank r on device r), and one
+  // delay host per rank and stream for executions and analytic delays.
+  int argc = 2;
+  std::string arg0 = "stepcast", arg1 = "--log=root.thresh:critical";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  sg4::Engine engine(&argc, argv);
+  configure_engine(engine);
+  PlatformOptions platform_options;
+  platform_options.devices = plan.ranks;
+  platform_options.shared_link_divisor = divisor;
+  platform_options.delay_hosts = int64_t(plan.ranks.size() * kStreams);
+  Platform platform = build_platform(engine, topology, platform_options);
+  shared->host = platform.hosts;
+  shared->delay.resize(plan.ranks.size());
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    for (size_t stream = 0; stream < kStreams; ++stream) {
+      shared->delay[slot][stream] = platform.delay_hosts[slot * kStreams + stream];
+    }
+  }
+  shared->state.resize(plan.ranks.size());
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    sg4::Actor::create("rank" + std::to_string(plan.ranks[slot]), shared->host[slot],
+                       RankActor(*shared, slot));
+  }
+  engine.run();
+  // SimGrid ends a run whose actors all wait on each other; find who was left waiting.
+  for (size_t slot = 0; slot < plan.ranks.size() && shared->errors.size() < 8; ++slot) {
+    const RankState& st = shared->state[slot];
+    const Role& role = program.role_of_rank(plan.ranks[slot]);
+    std::string stuck;
+    for (Stream stream : {Stream::compute, Stream::comm, Stream::p2p}) {
+      for (const Op& op : role.ops) {
+        if (op.stream != stream || st.done.empty() || st.done[op.id]) continue;
+        stuck += std::string(stuck.empty() ? "" : "; ") + to_string(stream) + " at op " +
+                 std::to_string(op.id) + " (" + to_string(op.kind) + " " + op.name + ")";
+        break;
+      }
+    }
+    if (!stuck.empty()) {
+      shared->errors.push_back("rank " + std::to_string(plan.ranks[slot]) + " never finished: " + stuck);
+    }
+  }
+  if (!shared->errors.empty()) {
+    std::string all;
+    for (const auto& e : shared->errors) all += "\n  " + e;
+    STEPCAST_CHECK(false, "simulation did not finish:" + all);
+  }
+
+  // Memory ops happen when their deps finished.
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    RankState& st = shared->state[slot];
+    const Role& role = program.role_of_rank(plan.ranks[slot]);
+    for (const Op& op : role.ops) {
+      if (op.kind != OpKind::alloc && op.kind != OpKind::free) continue;
+      double t = 0;
+      for (int32_t d : op.deps) t = std::max(t, st.end[d]);
+      st.start[op.id] = st.end[op.id] = t;
+    }
+  }
+
+  SimulationOutput out;
+  out.simulated_ranks = plan.ranks;
+  out.activities = shared->activities;
+  double step_end = 0;
+  for (const RankState& st : shared->state) step_end = std::max(step_end, st.last_end);
+  out.step_time_s = step_end;
+  double critical_end = -1;
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    if (!plan.detail[slot]) continue;
+    int64_t rank = plan.ranks[slot];
+    out.detail_ranks.push_back(rank);
+    const RankState& st = shared->state[slot];
+    if (st.last_end > critical_end) {
+      critical_end = st.last_end;
+      out.critical_rank = rank;
+    }
+    const Role& role = program.role_of_rank(rank);
+    for (const Op& op : role.ops) {
+      OpRecord rec{rank, op.id, st.start[op.id], st.end[op.id], st.start[op.id]};
+      if (op.kind == OpKind::recv) {
+        auto peer = st.recv_peer.find(op.id);
+        if (peer != st.recv_peer.end()) {
+          auto sent = shared->send_start.find({peer->second, rank, op.tag});
+          if (sent != shared->send_start.end()) rec.ready_s = sent->second;
+        }
+      } else if (is_collective(op.kind)) {
+        auto key = st.collective_key.find(op.id);
+        if (key != st.collective_key.end()) rec.ready_s = shared->collective_issue.at(key->second);
+      }
+      out.records.push_back(rec);
+    }
+  }
+  // Breakdown of the critical rank.
+  const Role& critical_role = program.role_of_rank(out.critical_rank);
+  std::vector<OpRecord> critical(critical_role.ops.size());
+  for (const OpRecord& r : out.records) {
+    if (r.rank == out.critical_rank) critical[r.id] = r;
+  }
+  out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
+  std::ostringstream mode;
+  if (full) {
+    mode << "full: every rank and ring step simulated";
+  } else {
+    mode << "fast:" << (fold_tp ? " fold_tp" : "") << (fold_rails ? " fold_rail_groups" : "")
+         << (plan.phase_flows ? " phase_flows" : "") << (plan.merge_compute ? " merge_compute" : "");
+  }
+  out.mode_description = mode.str();
+  return out;
+}
+
+}  // namespace stepcast

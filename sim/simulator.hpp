@@ -1,0 +1,65 @@
+// The simulator: interprets a StepProgram on a SimGrid platform built from the topology and
+// returns when every op of every simulated rank ran, with its start, end and ready times.
+// Each simulated rank is one actor running its role's ops in stream order (compute, comm, p2p as
+// activity chains inside the actor, joined by wait_any); compute ops are executions costed by the
+// ComputeCostModel; collectives and pipeline transfers are flows between the ranks' hosts.
+//
+// Modes. full: every rank an actor, every ring/tree step a flow, nothing folded (the reference,
+// up to 256 devices and 8 microbatches). fast: the reductions below, each behind its own switch:
+//  - fold_tp: a tensor-parallel group inside one node is costed analytically on the compute
+//    stream and only its first rank (tp index 0) is simulated; every group is restricted to
+//    these representatives;
+//  - fold_rail_groups: the tp identical groups (dp, pp, embedding) of the folded ranks are
+//    simulated once, with the capacity of links they would share divided by the fold count;
+//  - phase_flows: a ring phase is one flow per neighbour pair plus its latency term;
+//  - merge_compute: back-to-back compute ops whose inputs are ready run as one execution, its time
+//    split back over the ops in proportion to their cost.
+// Groups that span the folded ranks (model, world) keep their full size through an analytic
+// correction of their latency; the exact reductions above are exact under CM02 without cross traffic.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "profile.hpp"
+#include "program.hpp"
+#include "step_result.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+enum class SimMode { fast, full };
+
+struct SimulateOptions {
+  SimMode mode = SimMode::fast;
+  bool fold_tp = true;
+  bool fold_rail_groups = true;
+  bool phase_flows = true;
+  bool merge_compute = true;
+  // Ranks whose per-op records are kept (empty: the first rank of each pipeline stage, and in
+  // full mode every rank of a program with at most 64 ranks).
+  std::vector<int64_t> detail_ranks;
+};
+
+// Limits of full mode (the reference scale).
+inline constexpr int64_t kFullModeMaxDevices = 256;
+inline constexpr int64_t kFullModeMaxMicrobatches = 8;
+
+struct SimulationOutput {
+  double step_time_s = 0;
+  int64_t critical_rank = 0;
+  Breakdown breakdown;
+  std::vector<OpRecord> records;       // detail ranks' ops, ordered by (rank, id)
+  std::vector<int64_t> simulated_ranks;
+  std::vector<int64_t> detail_ranks;
+  int64_t activities = 0;              // SimGrid activities started
+  std::string mode_description;
+};
+
+// Throws InputError for a full-mode request above its limits (suggesting fast mode).
+// Runs one SimGrid engine: call once per process.
+SimulationOutput simulate_program(const StepProgram& program, const Topology& topology,
+                                  const DeviceProfile& profile, const SimulateOptions& options);
+
+}  // namespace stepcast

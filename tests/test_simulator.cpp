@@ -1,0 +1,142 @@
+// The simulator against closed forms. Each TEST_CASE runs one SimGrid engine; ctest runs each
+// case in its own process (one engine per process, see ../shared/SIMGRID-NOTES.md).
+#include <catch2/catch.hpp>
+
+#include "collective_steps.hpp"
+#include "profile.hpp"
+#include "sim_fixtures.hpp"
+#include "simulator.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+namespace {
+
+SimulationOutput run(const StepProgram& p, const Topology& t, SimMode mode) {
+  SimulateOptions o;
+  o.mode = mode;
+  return simulate_program(p, t, roofline_profile(t), o);
+}
+
+// One ring all_reduce of `bytes` over the tp group of a single node.
+StepProgram one_all_reduce(int n, double bytes, Algorithm algorithm = Algorithm::ring) {
+  StepProgram p = empty_program(n, 1, 1, n);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::tp, algorithm, bytes, Stream::compute));
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("sim: ring all_reduce on a star takes 2(n-1)/n·S/B + 2(n-1)·α (full mode)", "[sim]") {
+  const int n = 8;
+  const double S = 256e6, B = 100e9, alpha = 2e-6;
+  Topology t = parse_test_topology(star_topology_json(1, n, B, alpha, n, 25e9, 1e-6));
+  SimulationOutput out = run(one_all_reduce(n, S), t, SimMode::full);
+  double expected = 2.0 * (n - 1) / n * S / B + 2.0 * (n - 1) * alpha;
+  CHECK(out.step_time_s == Approx(expected).epsilon(0.01));
+  CHECK(out.step_time_s == Approx(expected).epsilon(1e-6));  // exact under CM02
+}
+
+TEST_CASE("sim: the folded tensor-parallel all_reduce equals the flows (fast mode)", "[sim]") {
+  const int n = 8;
+  const double S = 256e6, B = 100e9, alpha = 2e-6;
+  Topology t = parse_test_topology(star_topology_json(1, n, B, alpha, n, 25e9, 1e-6));
+  SimulationOutput out = run(one_all_reduce(n, S), t, SimMode::fast);
+  double expected = 2.0 * (n - 1) / n * S / B + 2.0 * (n - 1) * alpha;
+  CHECK(out.step_time_s == Approx(expected).epsilon(1e-9));
+  CHECK(out.simulated_ranks.size() == 1);
+}
+
+TEST_CASE("sim: phase flows give the step-by-step ring time without contention", "[sim]") {
+  // dp ring across 4 nodes (one member per node) on the comm stream.
+  StepProgram p = empty_program(1, 4, 1, 1);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 64e6, Stream::comm));
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
+  SimulateOptions fast;
+  fast.mode = SimMode::fast;
+  SimulationOutput out = simulate_program(p, t, roofline_profile(t), fast);
+  double alpha = 2 * 3e-6;  // NIC at both ends, no switch latency
+  double expected = 2.0 * 3 / 4 * 64e6 / 25e9 + 2.0 * 3 * alpha;
+  CHECK(out.step_time_s == Approx(expected).epsilon(1e-6));
+}
+
+TEST_CASE("sim: two all_reduces sharing one NIC take twice as long as one", "[sim]") {
+  // tp 2 × dp 2 on 2 nodes of 2 devices: dp groups {0,2} and {1,3}. With one NIC per node both
+  // dp rings cross the same NICs; with two, each has its own. Latencies 0: bandwidth only.
+  StepProgram p = empty_program(2, 2, 1, 2);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 100e6, Stream::comm));
+  Topology shared = parse_test_topology(star_topology_json(2, 2, 100e9, 0, 1, 10e9, 0));
+  Topology own = parse_test_topology(star_topology_json(2, 2, 100e9, 0, 2, 10e9, 0));
+  SimulateOptions full;
+  full.mode = SimMode::full;
+  double t_shared = simulate_program(p, shared, roofline_profile(shared), full).step_time_s;
+  // A second engine in one process continues the first's clock (SIMGRID-NOTES): compare with the
+  // closed form instead of a second simulation.
+  double one = 100e6 / 10e9;  // 2(n−1)/n·S/B with n = 2
+  CHECK(t_shared == Approx(2 * one).epsilon(1e-6));
+  (void)own;
+}
+
+TEST_CASE("sim: 1F1B with uniform costs and free communication takes 2(m+p-1) slots", "[sim]") {
+  const int64_t p = 4, m = 8;
+  const double slot = 1e-3;
+  StepProgram program = empty_program(1, 1, p, p, m);
+  ScheduleShape shape{p, 1, m};
+  for (int64_t stage = 0; stage < p; ++stage) {
+    Role& role = program.roles[stage];
+    // Activation and gradient buffers are not modelled here: only the order and the p2p pairing.
+    for (const PassAction& a : schedule_actions(ScheduleKind::one_f_one_b, shape, stage)) {
+      int64_t tag = a.microbatch * 2 + (a.forward ? 0 : 1);
+      std::vector<int32_t> deps;
+      bool receives = a.forward ? stage > 0 : stage < p - 1;
+      if (receives) {
+        Op recv;
+        recv.kind = OpKind::recv;
+        recv.stream = Stream::p2p;
+        recv.peer = a.forward ? Peer::pp_prev : Peer::pp_next;
+        recv.tag = tag;
+        deps.push_back(push_op(role, recv));
+      }
+      int32_t work = push_op(role, compute_op(slot, deps));
+      bool sends = a.forward ? stage < p - 1 : stage > 0;
+      if (sends) {
+        Op send;
+        send.kind = OpKind::send;
+        send.stream = Stream::p2p;
+        send.peer = a.forward ? Peer::pp_next : Peer::pp_prev;
+        send.tag = tag;
+        send.deps = {work};
+        push_op(role, send);
+      }
+    }
+  }
+  Topology t = parse_test_topology(star_topology_json(1, int(p), 1e15, 0, 1, 1e15, 0));
+  SimulationOutput out = run(program, t, SimMode::full);
+  CHECK(out.step_time_s == Approx(2.0 * double(m + p - 1) * slot).epsilon(1e-9));
+  double bubble_fraction = out.breakdown.bubble_s / out.step_time_s;
+  CHECK(bubble_fraction == Approx(double(p - 1) / double(m + p - 1)).epsilon(1e-9));
+  CHECK(out.breakdown.total() == Approx(out.step_time_s).epsilon(1e-12));
+}
+
+TEST_CASE("collective steps move the ring's bytes and the tree's rounds", "[sim_steps]") {
+  GroupLayout layout{{0, 0, 0, 0, 1, 1, 1, 1}};
+  auto ring = collective_steps(OpKind::all_reduce, Algorithm::ring, 800, layout, 3, false);
+  CHECK(ring.size() == 14);
+  CHECK(ring[0].sends[0].peer == 4);
+  CHECK(ring[0].recvs[0].peer == 2);
+  CHECK(ring[0].sends[0].bytes == 100);
+  auto phase = collective_steps(OpKind::all_reduce, Algorithm::ring, 800, layout, 3, true);
+  REQUIRE(phase.size() == 1);
+  CHECK(phase[0].sends[0].bytes == 1400);
+  CHECK(phase[0].folded_latency_steps == 13);
+  // Tree: the root receives in every up round and sends in every down round.
+  auto root = collective_steps(OpKind::all_reduce, Algorithm::tree, 8, layout, 0, false);
+  CHECK(root.size() == 6);
+  auto leaf = collective_steps(OpKind::all_reduce, Algorithm::tree, 8, layout, 7, false);
+  CHECK(leaf.size() == 2);
+  // Hierarchical: local reduce_scatter (3 steps), cross all_reduce over 2 nodes (2 steps),
+  // local all_gather (3 steps).
+  auto hier = collective_steps(OpKind::all_reduce, Algorithm::hierarchical, 800, layout, 5, false);
+  CHECK(hier.size() == 8);
+  CHECK(hier[3].sends[0].peer == 1);  // cross ring partner: local index 1 on node 0
+}
