@@ -25,6 +25,8 @@ const std::vector<Command> kCommands = {
      "write the plan's StepProgram (program.json) and summarise it"},
     {"simulate", stepcast::cli::run_simulate,
      "predict step time, breakdown, MFU, memory and scaling on SimGrid"},
+    {"run", stepcast::cli::run_run,
+     "train the plan for real under mpirun (CPU backend) and measure it"},
 };
 
 void print_help() {

@@ -36,7 +36,7 @@ LinkFigures link_figures(const Topology& topology) {
   int levels = 1;
   double reach = fabric.switch_radix;
   while (reach < endpoints) {
-    reach *= fabric.switch_radix / 2.0;
+    reach *= std::max(2.0, fabric.switch_radix / 2.0);  // radix 2 would never grow
     ++levels;
   }
   links.inter_latency_s = 2 * fabric.nic_latency_s + (2 * levels - 1) * fabric.switch_latency_s;

@@ -36,6 +36,7 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   vocab_local = vocab_padded / t;
   act = p.activation_dtype();
   grad = p.grad_dtype;
+  wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
   dropout = p.dropout > 0;
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
 }
@@ -284,7 +285,7 @@ class RoleLowering {
   // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
   // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
   int64_t optimizer_states() const { return dtype_bytes(c_.act) < 4 ? 3 : 2; }
-  Dtype optimizer_dtype() const { return c_.act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32; }
+  Dtype optimizer_dtype() const { return c_.wide; }
 
   void alloc_persistent() {
     for (const auto& g : groups_) {
@@ -531,17 +532,18 @@ class RoleLowering {
     double tokens = double(c_.s) * c_.b;
     std::vector<std::string> loss_inputs = {p + "logits"};
     if (c_.t > 1) {
-      rb_.alloc(p + "stats", BufferClass::workspace, Dtype::fp32, {3, c_.s, c_.b}, at.phase);
+      rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
       e_.compute(at, OpKind::loss, "cross_entropy_stats", 3.0 * tokens * c_.vocab_local,
                  {p + "logits"}, {p + "stats"});
-      rb_.alloc(p + "stats_all", BufferClass::workspace, Dtype::fp32, {c_.t, 3, c_.s, c_.b},
+      rb_.alloc(p + "stats_all", BufferClass::workspace, c_.wide, {c_.t, 3, c_.s, c_.b},
                 at.phase);
       e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, "tp_cross_entropy",
-                    double(c_.t) * 3 * tokens * 4, {p + "stats"}, {p + "stats_all"});
+                    double(c_.t) * 3 * tokens * dtype_bytes(c_.wide), {p + "stats"},
+                    {p + "stats_all"});
       rb_.free(p + "stats", at.phase);
       loss_inputs.push_back(p + "stats_all");
     }
-    rb_.alloc(p + "softmax", BufferClass::activations, Dtype::fp32, logits_shape, at.phase);
+    rb_.alloc(p + "softmax", BufferClass::activations, c_.wide, logits_shape, at.phase);
     e_.compute(at, OpKind::loss, "cross_entropy", 5.0 * tokens * c_.vocab_local, loss_inputs,
                {p + "softmax"});
     rb_.free(p + "logits", at.phase);
@@ -705,14 +707,14 @@ class RoleLowering {
       weights.push_back("weights." + g.name);
       shard_elements += double(optimizer_elements(g));
     }
-    rb_.alloc("grad_norm_sq", BufferClass::comm, Dtype::fp32, {1}, Phase::optimizer);
+    rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
     std::vector<std::string> norm_out = {"grad_norm_sq"};
     e_.compute(at, OpKind::optimizer_step, "grad_norm", 2 * shard_elements, grads, norm_out);
     // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
     // model's tp × pp ranks; sharded gradients are summed over every rank.
     GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : GroupKind::world;
-    e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, "grad_norm", 4,
-                  norm_out, norm_out);
+    e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, "grad_norm",
+                  dtype_bytes(c_.wide), norm_out, norm_out);
     std::vector<std::string> inputs = grads;
     inputs.insert(inputs.end(), states.begin(), states.end());
     inputs.push_back("grad_norm_sq");

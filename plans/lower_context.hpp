@@ -32,6 +32,7 @@ struct LowerContext {
   int64_t vocab_padded, vocab_local;
   Dtype act;            // activation and weight dtype
   Dtype grad;           // gradient dtype
+  Dtype wide;           // statistics kept at least in fp32 (softmax of the loss, log-sum-exp): fp64 under fp64
   bool dropout;         // dropout > 0: masks exist (1 byte per element)
   int64_t num_virtual_stages;
 

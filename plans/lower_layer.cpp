@@ -106,7 +106,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.alloc(n("ctx"), BufferClass::activations, c.act, {c.s, c.b, c.heads_local * c.d}, at.phase);
   double core_flops = 4.0 * c.b * c.heads_local * c.s * c.s * c.d;
   if (flash) {
-    e.alloc(n("lse"), BufferClass::activations, Dtype::fp32, {c.b, c.heads_local, c.s}, at.phase);
+    e.alloc(n("lse"), BufferClass::activations, c.wide, {c.b, c.heads_local, c.s}, at.phase);
     e.attention(at, "flash", core_flops, {n("qkv")}, {n("ctx"), n("lse")});
     done("lse");
   } else {
@@ -142,8 +142,9 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
     e.alloc(n("mask1"), BufferClass::activations, Dtype::fp8, local, at.phase);
     residual_out.push_back(n("mask1"));
   }
-  e.compute(at, OpKind::activation, "dropout_add", 3.0 * c.s_local * c.b * c.h, {attn_out, x_in},
-            residual_out);
+  // The row-parallel bias of attn_out (replicated) is added after the reduction, here.
+  e.compute(at, OpKind::activation, "dropout_add", 3.0 * c.s_local * c.b * c.h,
+            {attn_out, x_in, w}, residual_out);
   e.free(attn_out, at.phase);
   if (c.dropout) done("mask1");
 
@@ -197,7 +198,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
     residual_out.push_back(n("mask2"));
   }
   e.compute(at, OpKind::activation, "dropout_add", 3.0 * c.s_local * c.b * c.h,
-            {mlp_out, n("x_mid")}, residual_out);
+            {mlp_out, n("x_mid"), w}, residual_out);
   e.free(mlp_out, at.phase);
   if (c.dropout) done("mask2");
   done("x_mid");  // read by the norm and by the residual add
@@ -229,14 +230,22 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
 
   // Gradient of a residual branch output: through dropout, then gathered over the sequence
   // (the backward of the forward reduce_scatter) under SP.
+  // Gradient of a residual branch output: through dropout (and into the row-parallel bias,
+  // from the local tokens: its tp all_reduce under SP is sp_replicated_grads), then gathered over
+  // the sequence (the backward of the forward reduce_scatter) under SP.
   auto branch_grad = [&](const std::string& mask, const std::string& stem) {
     std::string d = g;
     if (c.dropout) {
       d = n(stem);
       e.alloc(d, BufferClass::workspace, c.act, local, bwd);
-      e.compute(at, OpKind::activation, "dropout_add", 2.0 * c.s_local * c.b * c.h, {g, n(mask)},
-                {d});
+      std::vector<std::string> outputs = {d};
+      if (c.model.use_bias) outputs.push_back(wg);
+      e.compute(at, OpKind::activation, "dropout_add", 2.0 * c.s_local * c.b * c.h,
+                {g, n(mask), wg}, outputs);
       e.free(n(mask), bwd);
+    } else if (c.model.use_bias) {
+      e.compute(at, OpKind::activation, stem == "d_mlp" ? "mlp_bias_grad" : "attn_bias_grad",
+                1.0 * c.s_local * c.b * c.h, {g, wg}, {wg});
     }
     if (!sp) return d;
     std::string gathered = n(stem + "_full");

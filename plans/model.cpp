@@ -23,7 +23,7 @@ const std::vector<std::string> kReadKeys = {
     "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",
     "head_dim", "tie_word_embeddings", "hidden_act", "activation_function", "rms_norm_eps",
     "layer_norm_epsilon", "layer_norm_eps", "attention_bias", "mlp_bias",
-    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special"};
+    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special", "norm_eps"};
 
 // HuggingFace keys accepted but not modelled: they change neither shapes nor GEMM FLOPs.
 const std::vector<std::string> kIgnoredKeys = {
@@ -267,6 +267,13 @@ ModelConfig parse_model(const Json& json, const std::string& file) {
     }
   }
   m.norm = decide_norm(reader, family);
+  // The epsilon of whichever norm key is present; HF's defaults otherwise (LlamaConfig 1e-6,
+  // GPT2Config 1e-5).
+  m.norm_eps = m.norm == NormKind::rmsnorm ? 1e-6 : 1e-5;
+  for (const char* key : {"rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps"}) {
+    if (reader.has(key)) m.norm_eps = reader.get_number(key, 0.0, true);
+  }
+  m.rope_theta = reader.get_number_or("rope_theta", 0.0, true, 10000.0);
   m.mlp = decide_mlp(reader, family);
   m.position = decide_position(reader, family);
   m.use_bias = decide_use_bias(reader, family);
@@ -348,6 +355,8 @@ Json model_to_json(const ModelConfig& model) {
               {"max_position_embeddings", model.max_position_embeddings},
               {"seq_length", model.seq_length},
               {"norm_type", to_string(model.norm)},
+              {"norm_eps", model.norm_eps},
+              {"rope_theta", model.rope_theta},
               {"mlp_type", to_string(model.mlp)},
               {"position_embedding_type", to_string(model.position)},
               {"tie_word_embeddings", model.tie_word_embeddings},

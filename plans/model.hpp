@@ -35,6 +35,8 @@ struct ModelConfig {
   PositionKind position = PositionKind::learned;
   bool tie_word_embeddings = true;
   bool use_bias = true;                 // biases on linear layers (GPT) or not (Llama)
+  double norm_eps = 1e-5;               // LayerNorm / RMSNorm epsilon
+  double rope_theta = 10000.0;          // rotary base
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t kv_size() const { return num_key_value_heads * head_dim(); }  // width of K (and of V)

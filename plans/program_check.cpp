@@ -167,13 +167,15 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
 // Executes all roles with unit-less progress: an op runs once its deps are done and it heads
 // its stream; sends complete when posted; a receive when its send has run; a collective of a
 // group spanning stages when every member stage has reached it.
-void check_progress(const StepProgram& p, std::vector<std::string>& errors) {
+void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool list_order) {
   size_t n = p.roles.size();
   std::vector<std::vector<char>> done(n);
   std::vector<std::array<std::deque<int32_t>, 3>> queues(n);
   for (size_t r = 0; r < n; ++r) {
     done[r].assign(p.roles[r].ops.size(), 0);
-    for (const Op& op : p.roles[r].ops) queues[r][size_t(op.stream)].push_back(op.id);
+    for (const Op& op : p.roles[r].ops) {
+      queues[r][list_order ? 0 : size_t(op.stream)].push_back(op.id);
+    }
   }
   std::set<std::tuple<int64_t, int64_t, int64_t>> sends_done;  // (from, to, tag)
   std::map<std::pair<GroupKind, size_t>, std::set<size_t>> arrived;  // (group, index) → stages
@@ -231,7 +233,13 @@ std::vector<std::string> check_program(const StepProgram& program) {
   for (const Role& role : program.roles) check_buffers(role, errors);
   check_p2p(program, errors);
   check_collectives(program, errors);
-  if (errors.empty()) check_progress(program, errors);
+  if (errors.empty()) check_progress(program, errors, false);
+  return errors;
+}
+
+std::vector<std::string> check_list_order_progress(const StepProgram& program) {
+  std::vector<std::string> errors;
+  check_progress(program, errors, true);
   return errors;
 }
 

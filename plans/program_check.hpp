@@ -22,4 +22,8 @@ namespace stepcast {
 
 std::vector<std::string> check_program(const StepProgram& program);
 
+// Whether every rank can run its ops strictly in list order on one thread (what the CPU
+// executor does) with sends that do not block and receives that do: no deadlock across ranks.
+std::vector<std::string> check_list_order_progress(const StepProgram& program);
+
 }  // namespace stepcast

@@ -170,6 +170,16 @@ class RankActor {
   }
   double now() const { return sg4::Engine::get_clock(); }
 
+  // An execution of `seconds` on this rank's delay host for `stream`. Not Host::exec_async: in
+  // SimGrid 3.32 it runs on the calling actor's host whatever host it is called on, so a delay
+  // on one stream would share the device host's speed with the compute of another.
+  sg4::ExecPtr delay_on(size_t stream, double seconds) {
+    sg4::ExecPtr exec = sg4::this_actor::exec_init(seconds);
+    exec->set_host(s_.delay[slot_][stream]);
+    exec->start();
+    return exec;
+  }
+
   void add(sg4::ActivityPtr activity, size_t stream, int32_t posted_op = -1) {
     pending_.push_back(std::move(activity));
     pending_stream_.push_back(stream);
@@ -251,7 +261,7 @@ class RankActor {
       complete_run(stream);
       return;
     }
-    add(s_.delay[slot_][stream]->exec_async(duration), stream);
+    add(delay_on(stream, duration), stream);
   }
 
   // Finishes every op of the current run, splitting its time in proportion to their cost.
@@ -322,7 +332,7 @@ class RankActor {
     double correction = plan().op_cost_s[role_index_][run.op];
     if (correction > 0 && !run.delaying) {
       run.delaying = true;
-      add(s_.delay[slot_][stream]->exec_async(correction), stream);
+      add(delay_on(stream, correction), stream);
       return;
     }
     finish(run.op, run.run_start, now());
@@ -376,7 +386,7 @@ class RankActor {
         double lat = s_.latency(s_.host[slot_], s_.host[s_.plan.slot_of_rank.at(peer)]);
         run.folded_delay = true;
         run.outstanding = 1;
-        add(s_.delay[slot_][stream]->exec_async(double(step.folded_latency_steps) * lat), stream);
+        add(delay_on(stream, double(step.folded_latency_steps) * lat), stream);
         return 0;
       }
       run.folded_delay = false;

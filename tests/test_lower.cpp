@@ -35,6 +35,9 @@ TEST_CASE("every lowered program passes the invariant checker", "[lower]") {
     auto errors = check_program(program);
     INFO((errors.empty() ? std::string() : errors.front()));
     CHECK(errors.empty());
+    auto list_errors = check_list_order_progress(program);
+    INFO((list_errors.empty() ? std::string() : list_errors.front()));
+    CHECK(list_errors.empty());
   }
 }
 

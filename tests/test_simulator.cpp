@@ -25,6 +25,55 @@ StepProgram one_all_reduce(int n, double bytes, Algorithm algorithm = Algorithm:
   return p;
 }
 
+// One role per pipeline stage running schedule_actions(kind, {p, v, m}, stage): each
+// (microbatch, chunk) pass is one compute op of slot / v seconds. Virtual stage vs = chunk·p +
+// stage; the forward of vs > 0 first receives from pp_prev, the backward of vs < S − 1 from
+// pp_next (S = p·v), and each pass then sends on (wrapping from the last stage to the first
+// between chunks). Tags are distinct per (microbatch, sending virtual stage, direction).
+// Activation buffers are not modelled: only the order and the p2p pairing.
+StepProgram pipeline_program(ScheduleKind kind, int64_t p, int64_t v, int64_t m, double slot) {
+  const int64_t S = p * v;
+  StepProgram program = empty_program(1, 1, p, p, m);
+  auto tag = [S](int64_t microbatch, int64_t sender, bool forward) {
+    return (microbatch * S + sender) * 2 + (forward ? 0 : 1);
+  };
+  for (int64_t stage = 0; stage < p; ++stage) {
+    Role& role = program.roles[stage];
+    role.chunks_virtual_stages.clear();
+    for (int64_t chunk = 0; chunk < v; ++chunk) role.chunks_virtual_stages.push_back(chunk * p + stage);
+    for (const PassAction& a : schedule_actions(kind, ScheduleShape{p, v, m}, stage)) {
+      int64_t vs = a.chunk * p + stage;
+      std::vector<int32_t> deps;
+      bool receives = a.forward ? vs > 0 : vs < S - 1;
+      if (receives) {
+        Op recv;
+        recv.kind = OpKind::recv;
+        recv.stream = Stream::p2p;
+        recv.peer = a.forward ? Peer::pp_prev : Peer::pp_next;
+        recv.tag = tag(a.microbatch, a.forward ? vs - 1 : vs + 1, a.forward);
+        deps.push_back(push_op(role, recv));
+      }
+      int32_t work = push_op(role, compute_op(slot / double(v), deps));
+      bool sends = a.forward ? vs < S - 1 : vs > 0;
+      if (sends) {
+        Op send;
+        send.kind = OpKind::send;
+        send.stream = Stream::p2p;
+        send.peer = a.forward ? Peer::pp_next : Peer::pp_prev;
+        send.tag = tag(a.microbatch, vs, a.forward);
+        send.deps = {work};
+        push_op(role, send);
+      }
+    }
+  }
+  return program;
+}
+
+// p devices on one NVSwitch with (practically) infinite bandwidth and no latency: p2p is free.
+Topology free_p2p_topology(int64_t p) {
+  return parse_test_topology(star_topology_json(1, int(p), 1e15, 0, 1, 1e15, 0));
+}
+
 }  // namespace
 
 TEST_CASE("sim: ring all_reduce on a star takes 2(n-1)/n·S/B + 2(n-1)·α (full mode)", "[sim]") {
@@ -116,6 +165,53 @@ TEST_CASE("sim: 1F1B with uniform costs and free communication takes 2(m+p-1) sl
   double bubble_fraction = out.breakdown.bubble_s / out.step_time_s;
   CHECK(bubble_fraction == Approx(double(p - 1) / double(m + p - 1)).epsilon(1e-9));
   CHECK(out.breakdown.total() == Approx(out.step_time_s).epsilon(1e-12));
+}
+
+TEST_CASE("sim: GPipe with uniform costs takes 2(m+p-1) slots, bubble (p-1)/(m+p-1)", "[sim]") {
+  const int64_t p = 4, m = 6;
+  const double slot = 1e-3;
+  SimulationOutput out =
+      run(pipeline_program(ScheduleKind::gpipe, p, 1, m, slot), free_p2p_topology(p), SimMode::full);
+  CHECK(out.step_time_s == Approx(2.0 * double(m + p - 1) * slot).epsilon(1e-9));
+  CHECK(out.breakdown.bubble_s / out.step_time_s ==
+        Approx(double(p - 1) / double(m + p - 1)).epsilon(1e-9));
+  CHECK(out.breakdown.compute_s == Approx(2.0 * double(m) * slot).epsilon(1e-9));
+  CHECK(out.breakdown.total() == Approx(out.step_time_s).epsilon(1e-12));
+}
+
+TEST_CASE("sim: interleaved 1F1B takes 2(m+(p-1)/v) slots, bubble (p-1)/(v·m+p-1)", "[sim]") {
+  // pp 4, vpp 2, m 8: each chunk pass costs 1/v slot, so a stage's work is 2m slots as in 1F1B
+  // and only the bubble shrinks, by v.
+  const int64_t p = 4, v = 2, m = 8;
+  const double slot = 1e-3;
+  ScheduleShape shape{p, v, m};
+  SimulationOutput out = run(pipeline_program(ScheduleKind::interleaved_1f1b, p, v, m, slot),
+                             free_p2p_topology(p), SimMode::full);
+  CHECK(out.step_time_s == Approx(2.0 * (double(m) + double(p - 1) / double(v)) * slot).epsilon(1e-9));
+  double bubble_fraction = out.breakdown.bubble_s / out.step_time_s;
+  CHECK(bubble_fraction == Approx(double(p - 1) / double(v * m + p - 1)).epsilon(1e-9));
+  CHECK(bubble_fraction ==
+        Approx(ideal_bubble_fraction(ScheduleKind::interleaved_1f1b, shape)).epsilon(1e-9));
+  CHECK(out.breakdown.compute_s == Approx(2.0 * double(m) * slot).epsilon(1e-9));
+  CHECK(out.breakdown.total() == Approx(out.step_time_s).epsilon(1e-12));
+}
+
+TEST_CASE("sim: a collective's latency delay does not slow compute on another stream (fast)", "[sim]") {
+  // A dp ring over 4 nodes on the comm stream (phase flows: one flow per neighbour pair, then
+  // its folded latency as a delay) while the compute stream runs 10 ms of work. Each stream's
+  // executions run on its own delay host, so neither slows the other and the step is the longer.
+  StepProgram p = empty_program(1, 4, 1, 1);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 64e6, Stream::comm));
+  push_op(p.roles[0], compute_op(10e-3));
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
+  SimulationOutput out = run(p, t, SimMode::fast);
+  double ring = 2.0 * 3 / 4 * 64e6 / 25e9 + 2.0 * 3 * (2 * 3e-6);  // 3.876 ms
+  REQUIRE(ring < 10e-3);
+  // Sharing one host, the 30 us of folded latency would stretch both by 15 us.
+  CHECK(out.step_time_s == Approx(10e-3).epsilon(1e-9));
+  REQUIRE(out.records.size() == 2);
+  CHECK(out.records[0].end_s - out.records[0].start_s == Approx(ring).epsilon(1e-9));
+  CHECK(out.records[1].end_s - out.records[1].start_s == Approx(10e-3).epsilon(1e-9));
 }
 
 TEST_CASE("collective steps move the ring's bytes and the tree's rounds", "[sim_steps]") {

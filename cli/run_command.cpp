@@ -1,0 +1,127 @@
+// `stepcast run`: executes the plan for real under mpirun (one MPI rank per program rank) on the
+// CPU backend and writes measurement.json (StepResult, source executor) and trace.json.
+#include <mpi.h>
+
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <sstream>
+
+#include "chrome_trace.hpp"
+#include "commands.hpp"
+#include "errors.hpp"
+#include "executor.hpp"
+#include "inputs.hpp"
+#include "lower.hpp"
+#include "memory.hpp"
+#include "program_json.hpp"
+#include "summary.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+// Runs `body` inside MPI; errors on any rank reach the user once (from the rank that hit them)
+// and end every rank with the right exit code.
+int with_mpi(int argc, char** argv, const std::function<int(int rank, int size)>& body) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int code = 0;
+  try {
+    code = body(rank, size);
+  } catch (const InputError& e) {
+    std::cerr << "stepcast run: rank " << rank << ": error: " << e.what() << "\n";
+    code = kInputErrorExitCode;
+  } catch (const std::exception& e) {
+    std::cerr << "stepcast run: rank " << rank << ": internal error: " << e.what() << "\n";
+    code = 3;
+  }
+  int worst = 0;
+  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
+
+}  // namespace
+
+int run_run(int argc, char** argv) {
+  po::options_description options("stepcast run options");
+  options.add_options()
+      ("model", po::value<std::string>()->required(), "model config JSON")
+      ("plan", po::value<std::string>()->required(), "parallelization plan JSON")
+      ("topology", po::value<std::string>()->default_value("topologies/localhost-cpu.json"),
+       "cluster topology JSON (for memory and MFU figures)")
+      ("nodes", po::value<int>(), "override the topology's num_nodes")
+      ("backend", po::value<std::string>()->default_value("cpu"), "cpu (cuda: issue 6)")
+      ("steps", po::value<int64_t>()->default_value(10), "training steps (first: warm-up; last: instrumented)")
+      ("out", po::value<std::string>(), "write DIR/measurement.json and DIR/trace.json")
+      ("collectives", po::value<std::string>()->default_value("program"),
+       "program: each collective with the algorithm the program records, over MPI point-to-point; "
+       "mpi: MPI's own collectives")
+      ("corpus", po::value<std::string>()->default_value("data/corpus/shakespeare.txt"),
+       "byte-level text corpus for 256-token vocabularies")
+      ("lr", po::value<double>()->default_value(1e-3), "AdamW learning rate")
+      ("seed", po::value<uint64_t>()->default_value(1234), "initialisation, data and dropout seed")
+      ("quiet", po::bool_switch(), "no per-step lines");
+  auto vm = parse_command_line(
+      argc, argv, options,
+      "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu\n"
+      "                                 [--steps S] [--out DIR] [--collectives program|mpi]\n"
+      "Trains the model with the plan's tensor, pipeline and data parallelism, one MPI rank per\n"
+      "program rank (N = tp_size · pp_size · dp_size), printing loss and step time per step.");
+  if (!vm) return 0;
+  if ((*vm)["backend"].as<std::string>() != "cpu") {
+    throw InputError("command line: --backend '" + (*vm)["backend"].as<std::string>() +
+                     "': valid: cpu (the cuda backend is not built yet)");
+  }
+  std::string collectives = (*vm)["collectives"].as<std::string>();
+  if (collectives != "program" && collectives != "mpi") {
+    throw InputError("command line: --collectives '" + collectives + "': valid: program, mpi");
+  }
+  if ((*vm)["steps"].as<int64_t>() < 1) throw InputError("command line: --steps must be >= 1");
+  Inputs in = load_inputs(*vm);
+  RunOptions run_options;
+  run_options.steps = (*vm)["steps"].as<int64_t>();
+  run_options.collectives_mpi = collectives == "mpi";
+  run_options.corpus_path = (*vm)["corpus"].as<std::string>();
+  run_options.lr = (*vm)["lr"].as<double>();
+  run_options.seed = (*vm)["seed"].as<uint64_t>();
+  run_options.quiet = (*vm)["quiet"].as<bool>();
+  return with_mpi(argc, argv, [&](int rank, int size) {
+    if (size != in.plan.world_size()) {
+      throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +
+                       " ranks (tp_size · pp_size · dp_size), mpirun started " +
+                       std::to_string(size) + ": run mpirun -np " +
+                       std::to_string(in.plan.world_size()));
+    }
+    StepProgram program = lower_program(in.model, in.topology, in.plan);
+    hash_program(program);
+    if (rank == 0) {
+      std::cout << "stepcast run: " << in.model.name << ", plan " << in.plan.name << ", " << size
+                << " ranks, backend cpu (" << to_string(in.plan.param_dtype) << "), program "
+                << program.program_sha256.substr(0, 12) << "\n";
+    }
+    RunOutput output = run_program(program, in.model, in.plan, in.topology, run_options);
+    if (rank != 0) return 0;
+    StepResult& r = output.result;
+    r.inputs = output_envelope("run", in)["inputs"];
+    std::cout << "step time " << r.step_time_s << " s (median of "
+              << r.extra["timed_steps"].get<int64_t>() << "), tokens/s " << r.tokens_per_s
+              << ", MFU " << r.mfu << ", measured peak "
+              << format_bytes(r.memory["measured_peak_bytes_max"].get<double>()) << " (model "
+              << format_bytes(r.memory["peak_bytes_max"].get<double>()) << ")\n";
+    if (vm->count("out")) {
+      std::string dir = (*vm)["out"].as<std::string>();
+      write_output_file(dir, "measurement.json", step_result_to_json(r).dump() + "\n");
+      std::ostringstream trace;
+      write_chrome_trace(trace, program, r.ops);
+      write_output_file(dir, "trace.json", trace.str());
+      std::cout << "wrote " << dir << "/measurement.json and " << dir << "/trace.json\n";
+    }
+    return 0;
+  });
+}
+
+}  // namespace stepcast::cli

@@ -1,0 +1,46 @@
+// One arena per rank for every buffer of the StepProgram. The offsets are planned once by
+// replaying the role's alloc/free ops through a first-fit allocator (the same walk the memory
+// model makes), so each step reuses the same addresses and nothing is allocated during steps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "program.hpp"
+
+namespace stepcast {
+
+struct ArenaPlan {
+  std::vector<int64_t> offset_of_op;  // per op: the alloc's offset in bytes (-1 for other ops)
+  int64_t extent_bytes = 0;           // arena size the plan needs
+  int64_t live_peak_bytes = 0;        // the memory model's peak of the same walk
+};
+
+ArenaPlan plan_arena(const Role& role, int64_t alignment = 64);
+
+class Arena {
+ public:
+  Arena() = default;
+  // Allocates the arena (zero-filled) and indexes buffers by name.
+  void create(const Role& role, const ArenaPlan& plan);
+  // Address of the buffer the op `alloc_op` created.
+  char* at(int32_t alloc_op) const { return base_ + plan_.offset_of_op[alloc_op]; }
+  // The alloc op that made `name` most recently at or before op `now` (names are reused across
+  // microbatches only after a free, so the latest alloc before `now` is the live one).
+  int32_t alloc_of(const std::string& name, int32_t now) const;
+  char* buffer(const std::string& name, int32_t now) const { return at(alloc_of(name, now)); }
+  int64_t bytes_of(int32_t alloc_op) const { return bytes_[alloc_op]; }
+  int64_t extent_bytes() const { return plan_.extent_bytes; }
+  ~Arena();
+
+ private:
+  char* base_ = nullptr;
+  ArenaPlan plan_;
+  std::vector<int64_t> bytes_;
+  std::unordered_map<std::string, std::vector<int32_t>> allocs_of_name_;  // ascending op ids
+};
+
+}  // namespace stepcast

@@ -1,0 +1,860 @@
+// The CPU executor: the interpreter of exec/executor.hpp. One Interpreter<T> per rank; each op
+// is dispatched on (kind, name, phase, grad) to a kernel of cpu_kernels.hpp or a collective of
+// mpi_collectives.hpp, on buffers the arena holds under the names the program gives them.
+#include "executor.hpp"
+
+#include <malloc.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <sstream>
+
+#include "arena.hpp"
+#include "cpu_kernels.hpp"
+#include "data.hpp"
+#include "errors.hpp"
+#include "lower.hpp"
+#include "memory.hpp"
+#include "mpi_collectives.hpp"
+#include "param_layout.hpp"
+#include "program_stats.hpp"
+
+namespace stepcast {
+
+namespace {
+
+double resident_bytes(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) return std::stod(line.substr(std::strlen(field))) * 1024.0;
+  }
+  return 0;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// "weights.L3" → "L3"; "wfull.L3.mb0.forward" → "L3"; "gradfull.L3.mb0" → "L3".
+std::string group_of_buffer(const std::string& name) {
+  size_t dot = name.find('.');
+  std::string rest = name.substr(dot + 1);
+  size_t next = rest.find('.');
+  return next == std::string::npos ? rest : rest.substr(0, next);
+}
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+template <class T>
+class Interpreter {
+ public:
+  Interpreter(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+              const RunOptions& options, int64_t rank)
+      : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
+        grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
+        comms_(grid_, rank, program.devices_per_node),
+        collectives_(comms_, options.collectives_mpi) {
+    t_ = plan.tp_size;
+    s_ = model.seq_length;
+    b_ = plan.micro_batch_size;
+    h_ = model.hidden_size;
+    s_local_ = plan.sequence_parallel ? s_ / t_ : s_;
+    vocab_local_ = padded_vocab_size(model, t_) / t_;
+    shape_ = cpu::AttentionShape{s_, b_, model.num_attention_heads / t_,
+                                 model.num_key_value_heads / t_, model.head_dim()};
+    scale_ = 1.0 / std::sqrt(double(model.head_dim()));
+    source_ = make_token_source(model.vocab_size, s_, options.corpus_path, options.seed);
+    // Token ids and targets of every microbatch, [s][b] as the kernels want: allocated once.
+    int64_t m = program.num_microbatches;
+    tokens_.assign(size_t(m * s_ * b_), 0);
+    targets_.assign(size_t(m * s_ * b_), 0);
+    sample_index_.assign(size_t(m * b_), 0);
+    loss_scratch_.assign(size_t(s_ * b_), T(0));
+    ce_stats_.assign(size_t(3 * s_ * b_), T(0));
+    // Parameter groups present on this role, from its persistent allocs.
+    for (const Op& op : role_.ops) {
+      if (op.kind == OpKind::alloc && op.persistent && op.buffer.rfind("weights.", 0) == 0) {
+        groups_.push_back(op.buffer.substr(8));
+      }
+    }
+    for (const auto& g : groups_) layouts_[g] = param_group_layout(model, t_, g);
+    zero_.assign(role_.ops.size(), 0);
+    mark_buffers_to_zero();
+  }
+
+  void create_arena() {
+    ArenaPlan plan = plan_arena(role_);
+    arena_.create(role_, plan);
+    initialize_parameters();
+  }
+
+  // One training step; returns the loss on this rank's share (summed), the caller reduces it.
+  double step(int64_t step_index, std::vector<OpRecord>* records, double step_start) {
+    step_ = step_index;
+    load_data();
+    loss_sum_ = 0;
+    zero_persistent_grads();
+    for (const Op& op : role_.ops) {
+      double start = records ? MPI_Wtime() - step_start : 0;
+      execute(op);
+      if (records) {
+        double end = MPI_Wtime() - step_start;
+        records->push_back({rank_, op.id, start, end, start});
+      }
+    }
+    for (auto& [id, request] : pending_sends_) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    pending_sends_.clear();
+    return loss_sum_;
+  }
+
+  std::map<std::string, int64_t> algorithms_used() const { return collectives_.algorithms_used; }
+
+ private:
+  // ---- buffers ----
+  T* buf(const std::string& name, const Op& op) {
+    return reinterpret_cast<T*>(arena_.buffer(name, op.id));
+  }
+  uint8_t* mask(const std::string& name, const Op& op) {
+    return reinterpret_cast<uint8_t*>(arena_.buffer(name, op.id));
+  }
+  int64_t count(const std::string& name, const Op& op) {
+    return arena_.bytes_of(arena_.alloc_of(name, op.id)) / int64_t(sizeof(T));
+  }
+  const std::string& in(const Op& op, size_t i) const { return op.inputs.at(i); }
+  const std::string& out(const Op& op, size_t i) const { return op.outputs.at(i); }
+  bool reads(const Op& op, const std::string& name) const {
+    return std::find(op.inputs.begin(), op.inputs.end(), name) != op.inputs.end();
+  }
+  // A slice of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
+  T* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
+    const GroupLayout& layout = layouts_.at(group_of_buffer(buffer));
+    return buf(buffer, op) + layout.at(tensor).offset;
+  }
+  T* maybe_slice(const std::string& buffer, const Op& op, const std::string& tensor) {
+    const GroupLayout& layout = layouts_.at(group_of_buffer(buffer));
+    return layout.has(tensor) ? buf(buffer, op) + layout.at(tensor).offset : nullptr;
+  }
+
+  // Buffers whose first writer accumulates into them (+=) are zeroed when allocated.
+  void mark_buffers_to_zero() {
+    std::map<std::string, int32_t> last_alloc;
+    std::map<std::string, bool> written;
+    for (const Op& op : role_.ops) {
+      if (op.kind == OpKind::alloc) {
+        last_alloc[op.buffer] = op.id;
+        written[op.buffer] = false;
+        if (op.buffer_class == BufferClass::grads || op.buffer_class == BufferClass::comm) {
+          zero_[op.id] = 1;
+        }
+        continue;
+      }
+      for (const auto& name : op.outputs) {
+        auto it = written.find(name);
+        if (it == written.end() || it->second) continue;
+        it->second = true;
+        bool accumulates = reads(op, name) || op.grad == "wgrad" || op.kind == OpKind::norm ||
+                           op.kind == OpKind::embedding;
+        if (accumulates) zero_[last_alloc[name]] = 1;
+      }
+    }
+  }
+
+  void zero_persistent_grads() {
+    for (const Op& op : role_.ops) {
+      if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads) {
+        std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
+      }
+    }
+  }
+
+  // ---- ZeRO shards ----
+  int64_t dp() const { return plan_.dp_size; }
+  int64_t dp_rank() const { return coord_.dp; }
+  std::pair<int64_t, int64_t> own_range(int64_t elements) const {
+    return plan_.zero_stage == 0 ? std::make_pair(int64_t(0), elements)
+                                 : chunk_range(elements, dp(), dp_rank());
+  }
+
+  void initialize_parameters() {
+    for (const Op& op : role_.ops) {
+      if (op.kind != OpKind::alloc || !op.persistent) continue;
+      if (op.buffer.rfind("weights.", 0) != 0 && op.buffer.rfind("optimizer.", 0) != 0) continue;
+      bool weights = op.buffer.rfind("weights.", 0) == 0;
+      std::string group = group_of_buffer(op.buffer);
+      const GroupLayout& layout = layouts_.at(group);
+      T* data = reinterpret_cast<T*>(arena_.at(op.id));
+      // Which elements of the full local buffer this buffer holds.
+      int64_t first = 0, last = layout.elements;
+      bool sharded = weights ? plan_.zero_stage >= 3 : plan_.zero_stage >= 1;
+      if (sharded) std::tie(first, last) = chunk_range(layout.elements, dp(), dp_rank());
+      if (!weights) continue;  // optimizer moments start at zero (the arena is zeroed)
+      for (const TensorSlice& tensor : layout.tensors) {
+        for (int64_t e = std::max(first, tensor.offset);
+             e < std::min(last, tensor.offset + tensor.elements()); ++e) {
+          int64_t local = e - tensor.offset;
+          data[e - first] = T(initial_parameter(model_, t_, coord_.tp, group, tensor,
+                                                local / tensor.cols, local % tensor.cols,
+                                                options_.seed));
+        }
+      }
+    }
+  }
+
+  void load_data() {
+    std::vector<int32_t> tokens(static_cast<size_t>(b_ * s_)), targets(static_cast<size_t>(b_ * s_));
+    std::vector<int64_t> index(static_cast<size_t>(b_));
+    for (int64_t mb = 0; mb < p_.num_microbatches; ++mb) {
+      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(), mb, s_,
+                      tokens.data(), targets.data(), index.data());
+      for (int64_t bi = 0; bi < b_; ++bi) {
+        sample_index_[size_t(mb * b_ + bi)] = index[size_t(bi)];
+        for (int64_t si = 0; si < s_; ++si) {
+          tokens_[size_t(mb * s_ * b_ + si * b_ + bi)] = tokens[size_t(bi * s_ + si)];
+          targets_[size_t(mb * s_ * b_ + si * b_ + bi)] = targets[size_t(bi * s_ + si)];
+        }
+      }
+    }
+  }
+  const int32_t* tokens(int32_t mb) const { return tokens_.data() + size_t(mb) * size_t(s_ * b_); }
+  const int32_t* targets(int32_t mb) const { return targets_.data() + size_t(mb) * size_t(s_ * b_); }
+  const int64_t* samples(int32_t mb) const { return sample_index_.data() + size_t(mb) * size_t(b_); }
+  int64_t s0() const { return plan_.sequence_parallel ? coord_.tp * s_local_ : 0; }
+  cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
+    return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
+  }
+
+  // ---- dispatch ----
+  void execute(const Op& op) {
+    switch (op.kind) {
+      case OpKind::alloc:
+        if (zero_[op.id]) std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
+        return;
+      case OpKind::free: {
+        auto it = pending_sends_.find(arena_.alloc_of(op.buffer, op.id));
+        if (it != pending_sends_.end()) {
+          MPI_Wait(&it->second, MPI_STATUS_IGNORE);
+          pending_sends_.erase(it);
+        }
+        return;
+      }
+      case OpKind::send:
+      case OpKind::recv:
+        return p2p(op);
+      case OpKind::all_reduce:
+      case OpKind::reduce_scatter:
+      case OpKind::all_gather:
+        return collective(op);
+      case OpKind::all_to_all:
+      case OpKind::broadcast:
+        STEPCAST_CHECK(false, "the CPU backend has no all_to_all or broadcast (not lowered yet)");
+        return;
+      case OpKind::embedding: return embedding(op);
+      case OpKind::norm: return norm(op);
+      case OpKind::gemm: return gemm(op);
+      case OpKind::attention: return attention(op);
+      case OpKind::activation: return activation(op);
+      case OpKind::loss: return loss(op);
+      case OpKind::optimizer_step: return optimizer(op);
+    }
+  }
+
+  void p2p(const Op& op) {
+    int64_t stage = coord_.pp;
+    RankCoord peer = coord_;
+    peer.pp = op.peer == Peer::pp_next ? (stage + 1) % plan_.pp_size
+                                       : (stage + plan_.pp_size - 1) % plan_.pp_size;
+    int peer_rank = int(grid_.rank(peer));
+    const std::string& name = op.kind == OpKind::send ? in(op, 0) : out(op, 0);
+    T* data = buf(name, op);
+    int n = int(count(name, op));
+    if (op.kind == OpKind::send) {
+      MPI_Request request;
+      check_mpi(MPI_Isend(data, n, mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD, &request),
+                "MPI_Isend", int(rank_));
+      pending_sends_[arena_.alloc_of(name, op.id)] = request;
+    } else {
+      check_mpi(MPI_Recv(data, n, mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE),
+                "MPI_Recv", int(rank_));
+    }
+  }
+
+  std::vector<Span<T>> spans(const std::vector<std::string>& names, const Op& op) {
+    std::vector<Span<T>> out;
+    for (const auto& n : names) out.push_back({buf(n, op), count(n, op)});
+    return out;
+  }
+
+  void collective(const Op& op) {
+    if (op.kind == OpKind::all_reduce) {
+      if (op.name == "sp_replicated_grads") {
+        // Only the replicated part of each buffer (trailing elements of layers, whole groups
+        // of replicated tensors); grads are full here (the CPU backend refuses SP with ZeRO ≥ 2).
+        std::vector<Span<T>> parts;
+        for (const auto& name : op.inputs) {
+          const GroupLayout& layout = layouts_.at(group_of_buffer(name));
+          for (const TensorSlice& tensor : layout.tensors) {
+            if (tensor.replicated) parts.push_back({buf(name, op) + tensor.offset, tensor.elements()});
+          }
+        }
+        collectives_.all_reduce(op.group, op.algorithm, parts);
+        return;
+      }
+      collectives_.all_reduce(op.group, op.algorithm, spans(op.outputs, op));
+      return;
+    }
+    if (op.kind == OpKind::reduce_scatter) {
+      if (op.name == "grad_bucket") {
+        if (plan_.zero_stage >= 2) {
+          // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
+          std::vector<Span<T>> full;
+          for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf(in(op, i), op), count(in(op, i), op)});
+          collectives_.reduce_scatter(op.group, full);
+          for (size_t i = 0; i < op.inputs.size(); i += 2) {
+            T* f = buf(in(op, i), op);
+            T* shard = buf(in(op, i + 1), op);
+            auto [first, last] = chunk_range(count(in(op, i), op), dp(), dp_rank());
+            for (int64_t e = first; e < last; ++e) shard[e - first] += f[e];
+          }
+          return;
+        }
+        collectives_.reduce_scatter(op.group, spans(op.outputs, op));
+        return;
+      }
+      // Sequence-parallel reduce_scatter: a [s, b, h] partial sum → this rank's s/t rows.
+      T* full = buf(in(op, 0), op);
+      int64_t n = count(in(op, 0), op);
+      std::vector<Span<T>> one = {{full, n}};
+      collectives_.reduce_scatter(op.group, one);
+      auto [first, last] = chunk_range(n, comms_.size(op.group), comms_.index(op.group));
+      std::copy(full + first, full + last, buf(out(op, 0), op));
+      return;
+    }
+    // all_gather
+    if (op.name == "param_gather") {
+      collectives_.all_gather(op.group, spans(op.outputs, op));
+      return;
+    }
+    if (op.name == "zero3_param_gather") {
+      T* shard = buf(in(op, 0), op);
+      T* full = buf(out(op, 0), op);
+      int64_t n = count(out(op, 0), op);
+      auto [first, last] = chunk_range(n, dp(), dp_rank());
+      std::copy(shard, shard + (last - first), full + first);
+      collectives_.all_gather(op.group, {{full, n}});
+      return;
+    }
+    // Sequence-parallel all_gather (and the loss statistics): this rank's part → chunk `index`.
+    T* part = buf(in(op, 0), op);
+    T* full = buf(out(op, 0), op);
+    int64_t n = count(out(op, 0), op);
+    auto [first, last] = chunk_range(n, comms_.size(op.group), comms_.index(op.group));
+    std::copy(part, part + (last - first), full + first);
+    collectives_.all_gather(op.group, {{full, n}});
+  }
+
+  void embedding(const Op& op) {
+    int64_t v0 = coord_.tp * vocab_local_;
+    bool backward = op.phase == Phase::backward;
+    if (op.name == "word" && !backward) {
+      cpu::embedding_forward(tokens(op.microbatch), slice(in(op, 0), op, "embedding.weight"),
+                             buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
+    } else if (op.name == "word") {
+      cpu::embedding_backward(tokens(op.microbatch), buf(in(op, 0), op),
+                              slice(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
+                              vocab_local_);
+    } else if (!backward) {  // position_dropout forward: inputs [x, (position)] → [out, (mask)]
+      T* x = buf(out(op, 0), op);
+      std::copy(buf(in(op, 0), op), buf(in(op, 0), op) + s_local_ * b_ * h_, x);
+      if (model_.position == PositionKind::learned) {
+        cpu::position_add_forward(x, slice(in(op, 1), op, "position.weight"), s_local_, b_, h_,
+                                  s0(), model_.max_position_embeddings);
+      }
+      if (plan_.dropout > 0) {
+        cpu::dropout_add_forward<T>(x, nullptr, x, mask(out(op, 1), op), s_local_, b_, h_,
+                                    dropout(op, cpu::DropoutSite::embedding), s0(),
+                                    samples(op.microbatch));
+      }
+    } else {  // backward: inputs [g, (mask)] → [(grads.position), d]
+      T* g = buf(in(op, 0), op);
+      T* d = buf(op.outputs.back(), op);
+      int64_t n = s_local_ * b_ * h_;
+      if (plan_.dropout > 0) cpu::dropout_backward(g, mask(in(op, 1), op), d, n, plan_.dropout);
+      else std::copy(g, g + n, d);
+      if (model_.position == PositionKind::learned) {
+        cpu::position_add_backward(d, slice(out(op, 0), op, "position.weight"), s_local_, b_, h_,
+                                   s0(), model_.max_position_embeddings);
+      }
+    }
+  }
+
+  std::string norm_prefix(const Op& op) const {
+    return op.name == "input_norm" ? "ln1" : op.name == "post_attn_norm" ? "ln2" : "final_norm";
+  }
+
+  void norm(const Op& op) {
+    std::string prefix = norm_prefix(op);
+    int64_t rows = s_local_ * b_;
+    bool layer = model_.norm == NormKind::layernorm;
+    double eps = model_.norm_eps;
+    if (op.phase != Phase::backward) {  // [x, w] → [y]
+      T* w = slice(in(op, 1), op, prefix + ".weight");
+      T* bias = layer ? slice(in(op, 1), op, prefix + ".bias") : nullptr;
+      if (layer) cpu::layernorm_forward(buf(in(op, 0), op), w, bias, buf(out(op, 0), op), rows, h_, eps);
+      else cpu::rmsnorm_forward(buf(in(op, 0), op), w, buf(out(op, 0), op), rows, h_, eps);
+      return;
+    }
+    // [x, d_y, w, g] → [g (+= dx), grads (+= dw, db)]
+    T* x = buf(in(op, 0), op);
+    T* dy = buf(in(op, 1), op);
+    T* w = slice(in(op, 2), op, prefix + ".weight");
+    T* dx = buf(out(op, 0), op);
+    T* dw = slice(out(op, 1), op, prefix + ".weight");
+    if (layer) {
+      cpu::layernorm_backward(x, w, dy, dx, dw, slice(out(op, 1), op, prefix + ".bias"), rows, h_, eps);
+    } else {
+      cpu::rmsnorm_backward(x, w, dy, dx, dw, rows, h_, eps);
+    }
+  }
+
+  // The weight tensor and shape of a GEMM: y[tokens, out] = x[tokens, in] · W[out, in]^T.
+  struct Linear {
+    std::string tensor;
+    std::string bias;  // column-parallel bias added in the GEMM ("" when none)
+    int64_t in, out;
+  };
+  Linear linear(const Op& op) const {
+    int64_t qkv = shape_.qkv_width(), heads = shape_.heads * shape_.d;
+    int64_t f = model_.intermediate_size / t_;
+    bool b = model_.use_bias;
+    if (op.name == "qkv") return {"qkv.weight", b ? "qkv.bias" : "", h_, qkv};
+    if (op.name == "attn_out") return {"attn_out.weight", "", heads, h_};
+    if (op.name == "mlp_up") return {"mlp_up.weight", b ? "mlp_up.bias" : "", h_, f};
+    if (op.name == "mlp_gate") return {"mlp_gate.weight", b ? "mlp_gate.bias" : "", h_, f};
+    if (op.name == "mlp_down") return {"mlp_down.weight", "", f, h_};
+    STEPCAST_CHECK(op.name == "logits", "unknown gemm " + op.name);
+    return {"embedding.weight", "", h_, vocab_local_};
+  }
+
+  void gemm(const Op& op) {
+    Linear l = linear(op);
+    int64_t tokens = s_ * b_;
+    if (op.grad.empty()) {  // [x, w] → [y]
+      T* w = slice(in(op, 1), op, l.tensor);
+      T* bias = l.bias.empty() ? nullptr : slice(in(op, 1), op, l.bias);
+      T* y = buf(out(op, 0), op);
+      cpu::linear_forward(buf(in(op, 0), op), w, bias, y, tokens, l.in, l.out);
+      if (op.name == "logits") mask_padded_vocab(y, tokens);
+    } else if (op.grad == "dgrad") {  // [dy, w (, dx)] → [dx]
+      cpu::linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
+                                buf(out(op, 0), op), tokens, l.in, l.out, reads(op, out(op, 0)));
+    } else {  // wgrad: [x, dy] → [grads]
+      T* dbias = l.bias.empty() ? nullptr : slice(out(op, 0), op, l.bias);
+      cpu::linear_backward_weight(buf(in(op, 1), op), buf(in(op, 0), op),
+                                  slice(out(op, 0), op, l.tensor), dbias, tokens, l.in, l.out);
+    }
+  }
+
+  // Padded vocabulary rows (tp must divide the vocabulary) never win the softmax.
+  void mask_padded_vocab(T* logits, int64_t tokens) {
+    int64_t v0 = coord_.tp * vocab_local_;
+    int64_t valid = std::max<int64_t>(0, std::min(vocab_local_, model_.vocab_size - v0));
+    if (valid == vocab_local_) return;
+    for (int64_t row = 0; row < tokens; ++row) {
+      for (int64_t v = valid; v < vocab_local_; ++v) logits[row * vocab_local_ + v] = T(-1e30);
+    }
+  }
+
+  int64_t head0() const { return coord_.tp * shape_.heads; }
+
+  void attention(const Op& op) {
+    bool backward = op.phase == Phase::backward;
+    int64_t square = shape_.b * shape_.heads * shape_.s * shape_.s;
+    cpu::Dropout drop = dropout(op, cpu::DropoutSite::attention_probs);
+    const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
+    if (!backward) {
+      if (op.name == "score") {
+        cpu::attention_score_forward(buf(in(op, 0), op), buf(out(op, 0), op), shape_, scale_);
+      } else if (op.name == "softmax") {
+        cpu::softmax_forward(buf(in(op, 0), op), buf(out(op, 0), op), square / shape_.s, shape_.s);
+      } else if (op.name == "dropout") {
+        cpu::attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
+                                       mask(out(op, 1), op), shape_, drop, head0(),
+                                       samples(op.microbatch));
+      } else if (op.name == "value") {
+        cpu::attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
+      } else {  // flash: [qkv] → [ctx, lse]
+        cpu::flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf(out(op, 1), op),
+                                     shape_, scale_, drop_ptr, head0(), samples(op.microbatch));
+      }
+      return;
+    }
+    if (op.name == "value") {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
+      cpu::attention_value_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+                                    buf(out(op, 0), op), buf(out(op, 1), op), shape_);
+    } else if (op.name == "dropout") {
+      cpu::dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), buf(out(op, 0), op), square,
+                            plan_.dropout);
+    } else if (op.name == "softmax") {
+      cpu::softmax_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
+                            square / shape_.s, shape_.s);
+    } else if (op.name == "score") {  // [d_scores, qkv, d_qkv] → [d_qkv]
+      cpu::attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
+                                    shape_, scale_);
+    } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
+      cpu::flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+                                    buf(in(op, 3), op), buf(out(op, 0), op), shape_, scale_,
+                                    drop_ptr, head0(), samples(op.microbatch));
+    }
+  }
+
+  void activation(const Op& op) {
+    bool backward = op.phase == Phase::backward;
+    int64_t wide = s_ * b_ * (model_.intermediate_size / t_);
+    int64_t local = s_local_ * b_ * h_;
+    if (op.name == "rotary") {
+      if (backward) cpu::rotary_backward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
+      else cpu::rotary_forward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
+    } else if (op.name == "gelu") {
+      if (backward) cpu::gelu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
+      else cpu::gelu_forward(buf(in(op, 0), op), buf(out(op, 0), op), wide);
+    } else if (op.name == "swiglu") {
+      if (backward) {
+        cpu::swiglu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+                             buf(out(op, 0), op), buf(out(op, 1), op), wide);
+      } else {
+        cpu::swiglu_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
+      }
+    } else if (op.name == "dropout_add" && !backward) {
+      // [branch, residual, w] → [out, (mask)]: the row-parallel bias first.
+      bool attention_branch = ends_with(out(op, 0), "x_mid");
+      T* branch = buf(in(op, 0), op);
+      if (model_.use_bias) {
+        const T* bias = slice(in(op, 2), op, attention_branch ? "attn_out.bias" : "mlp_down.bias");
+        for (int64_t row = 0; row < s_local_ * b_; ++row) {
+          for (int64_t j = 0; j < h_; ++j) branch[row * h_ + j] += bias[j];
+        }
+      }
+      cpu::Dropout drop = dropout(op, attention_branch ? cpu::DropoutSite::attention_residual
+                                                       : cpu::DropoutSite::mlp_residual);
+      if (plan_.dropout == 0) drop.p = 0;
+      uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : scratch_mask(local);
+      cpu::dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
+                               drop, s0(), samples(op.microbatch));
+    } else if (op.name == "dropout_add") {  // [g, mask, wg] → [d, (wg)]
+      T* d = buf(out(op, 0), op);
+      cpu::dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
+      if (model_.use_bias) add_bias_grad(op, d, in(op, 2));
+    } else if (op.name == "mlp_bias_grad" || op.name == "attn_bias_grad") {  // [g, wg] → [wg]
+      add_bias_grad(op, buf(in(op, 0), op), in(op, 1));
+    } else {
+      STEPCAST_CHECK(false, "unknown activation op " + op.name);
+    }
+  }
+
+  uint8_t* scratch_mask(int64_t n) {
+    if (int64_t(mask_scratch_.size()) < n) mask_scratch_.resize(size_t(n));
+    return mask_scratch_.data();
+  }
+
+  // Row-parallel bias gradient from the local tokens of a residual branch: the mlp branch's
+  // dropout reads mask2, the attention branch's mask1; without dropout the op's name says.
+  void add_bias_grad(const Op& op, const T* d, const std::string& grads) {
+    bool mlp = op.name == "mlp_bias_grad" ||
+               (op.name == "dropout_add" && ends_with(op.inputs.at(1), "mask2"));
+    T* db = slice(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
+    for (int64_t row = 0; row < s_local_ * b_; ++row) {
+      for (int64_t j = 0; j < h_; ++j) db[j] += d[row * h_ + j];
+    }
+  }
+
+  void loss(const Op& op) {
+    int64_t tokens = s_ * b_;
+    int64_t v0 = coord_.tp * vocab_local_;
+    if (op.name == "cross_entropy_stats") {
+      cpu::cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+                               tokens, v0, vocab_local_);
+      return;
+    }
+    if (op.phase == Phase::backward) {  // [softmax] → [d_logits]
+      double scale = 1.0 / double(plan_.global_batch_size * s_);
+      cpu::cross_entropy_backward(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+                                  tokens, v0, vocab_local_, scale);
+      return;
+    }
+    // [logits, (stats_all)] → [softmax]
+    const T* logits = buf(in(op, 0), op);
+    const T* stats_all = nullptr;
+    if (op.inputs.size() > 1) {
+      stats_all = buf(in(op, 1), op);
+    } else {
+      cpu::cross_entropy_stats(logits, targets(op.microbatch), ce_stats_.data(), tokens, v0, vocab_local_);
+      stats_all = ce_stats_.data();
+    }
+    cpu::cross_entropy_forward(logits, stats_all, t_, buf(out(op, 0), op), loss_scratch_.data(),
+                               tokens, vocab_local_);
+    // Each tp rank computes the same per-token loss: count it once.
+    if (coord_.tp == 0) {
+      for (int64_t i = 0; i < tokens; ++i) loss_sum_ += double(loss_scratch_[size_t(i)]);
+    }
+  }
+
+  // ---- optimizer ----
+  bool counted_in_norm(const std::string& group, const TensorSlice& tensor) const {
+    if (tensor.replicated && coord_.tp != 0) return false;  // tp duplicates counted once
+    if (group == "output" && model_.tie_word_embeddings) return false;  // the embedding's copy
+    return true;
+  }
+
+  void optimizer(const Op& op) {
+    if (op.name == "grad_accumulate") {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
+      T* full = buf(in(op, 0), op);
+      T* shard = buf(out(op, 0), op);
+      int64_t n = count(out(op, 0), op);
+      for (int64_t e = 0; e < n; ++e) shard[e] += full[e];
+      return;
+    }
+    if (op.name == "grad_norm") {
+      double sum = 0;
+      for (const auto& name : op.inputs) {
+        std::string group = group_of_buffer(name);
+        const GroupLayout& layout = layouts_.at(group);
+        auto [first, last] = own_range(layout.elements);
+        int64_t base = plan_.zero_stage >= 2 ? first : 0;  // shard buffers start at `first`
+        const T* g = buf(name, op);
+        for (const TensorSlice& tensor : layout.tensors) {
+          if (!counted_in_norm(group, tensor)) continue;
+          int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
+          if (a < z) sum += cpu::grad_norm_sq(g + (a - base), z - a);
+        }
+      }
+      buf(out(op, 0), op)[0] = T(sum);
+      return;
+    }
+    STEPCAST_CHECK(op.name == "adamw", "unknown optimizer op " + op.name);
+    double norm = std::sqrt(double(buf("grad_norm_sq", op)[0]));
+    last_grad_norm_ = norm;
+    double clip = cpu::clip_coefficient(norm, options_.max_grad_norm);
+    cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
+    for (const auto& group : groups_) {
+      const GroupLayout& layout = layouts_.at(group);
+      auto [first, last] = own_range(layout.elements);
+      int64_t n_own = last - first;
+      T* w = buf("weights." + group, op) + (plan_.zero_stage >= 3 ? 0 : first);
+      T* g = buf("grads." + group, op) + (plan_.zero_stage >= 2 ? 0 : first);
+      T* state = buf("optimizer." + group, op);
+      int64_t state_n = count("optimizer." + group, op) / 2;  // [m | v], each state_n long
+      T* m = state + (plan_.zero_stage >= 1 ? 0 : first);
+      T* v = state + state_n + (plan_.zero_stage >= 1 ? 0 : first);
+      for (const TensorSlice& tensor : layout.tensors) {
+        int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
+        if (a >= z) continue;
+        config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
+        int64_t o = a - first;
+        cpu::adamw_step(w + o, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
+      }
+      (void)n_own;
+    }
+  }
+
+ public:
+  double last_grad_norm_ = 0;
+
+ private:
+  const StepProgram& p_;
+  const ModelConfig& model_;
+  const Plan& plan_;
+  const RunOptions& options_;
+  int64_t rank_;
+  RankGrid grid_;
+  RankCoord coord_;
+  const Role& role_;
+  GroupComms comms_;
+  Collectives<T> collectives_;
+  Arena arena_;
+  int64_t t_, s_, b_, h_, s_local_, vocab_local_;
+  cpu::AttentionShape shape_;
+  double scale_;
+  std::unique_ptr<TokenSource> source_;
+  std::vector<int32_t> tokens_, targets_;
+  std::vector<int64_t> sample_index_;
+  std::vector<T> loss_scratch_, ce_stats_;
+  std::vector<uint8_t> mask_scratch_;
+  std::vector<std::string> groups_;
+  std::map<std::string, GroupLayout> layouts_;
+  std::vector<char> zero_;
+  std::map<int32_t, MPI_Request> pending_sends_;
+  int64_t step_ = 0;
+  double loss_sum_ = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class T>
+RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                    const Topology& topology, const RunOptions& options) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  RunOutput output;
+  Interpreter<T> interpreter(program, model, plan, options, rank);
+  double rss_before = resident_bytes("VmRSS:");
+  interpreter.create_arena();
+  double tokens_per_step = double(program.tokens_per_step);
+  std::vector<OpRecord> records;
+  int64_t steps = options.steps;
+  // Step 0 warms up; the last step (when there are 3 or more) is instrumented; the rest are timed.
+  int64_t instrumented = steps >= 3 ? steps - 1 : -1;
+  double heap_after_first = 0;
+  for (int64_t k = 0; k < steps; ++k) {
+    if (k == 1) heap_after_first = double(mallinfo2().uordblks);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double start = MPI_Wtime();
+    double local_loss = interpreter.step(k, k == instrumented ? &records : nullptr, start);
+    double local_time = MPI_Wtime() - start;
+    double step_time = 0, loss_sum = 0;
+    MPI_Allreduce(&local_time, &step_time, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&local_loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double loss = loss_sum / tokens_per_step;
+    output.losses.push_back(loss);
+    output.step_times_s.push_back(step_time);
+    if (rank == 0 && !options.quiet) {
+      std::cout << "step " << k + 1 << "/" << steps << "  loss " << loss << "  step time "
+                << step_time << " s  grad norm " << interpreter.last_grad_norm_
+                << (k == 0 ? "  (warm-up)" : k == instrumented ? "  (instrumented)" : "") << "\n"
+                << std::flush;
+    }
+  }
+  if (steps > 1) output.heap_growth_after_first_step_bytes = double(mallinfo2().uordblks) - heap_after_first;
+  output.measured_peak_bytes = resident_bytes("VmHWM:") - rss_before;
+
+  // Gather per-op records and measured memory on rank 0.
+  int local_n = int(records.size());
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  MPI_Gather(&local_n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
+  std::vector<double> flat(records.size() * 5);
+  for (size_t i = 0; i < records.size(); ++i) {
+    flat[i * 5 + 0] = double(records[i].rank);
+    flat[i * 5 + 1] = double(records[i].id);
+    flat[i * 5 + 2] = records[i].start_s;
+    flat[i * 5 + 3] = records[i].end_s;
+    flat[i * 5 + 4] = records[i].ready_s;
+  }
+  std::vector<int> counts5(static_cast<size_t>(size));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    counts5[size_t(r)] = counts[size_t(r)] * 5;
+    displs[size_t(r)] = total;
+    total += counts5[size_t(r)];
+  }
+  std::vector<double> all(static_cast<size_t>(rank == 0 ? total : 0));
+  MPI_Gatherv(flat.data(), int(flat.size()), MPI_DOUBLE, all.data(), counts5.data(), displs.data(),
+              MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  std::vector<double> peaks(static_cast<size_t>(size)), growth(static_cast<size_t>(size));
+  MPI_Gather(&output.measured_peak_bytes, 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&output.heap_growth_after_first_step_bytes, 1, MPI_DOUBLE, growth.data(), 1,
+             MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  if (rank != 0) return output;
+
+  StepResult& r = output.result;
+  r.source = "executor";
+  std::vector<double> timed(output.step_times_s.begin() + (steps > 1 ? 1 : 0),
+                            output.step_times_s.begin() + (instrumented >= 0 ? instrumented : steps));
+  if (timed.empty()) timed = output.step_times_s;
+  r.step_time_s = median(timed);
+  for (size_t i = 0; i < all.size(); i += 5) {
+    r.ops.push_back({int64_t(all[i]), int32_t(all[i + 1]), all[i + 2], all[i + 3], all[i + 4]});
+  }
+  // Breakdown on the rank whose instrumented step ended last.
+  if (!r.ops.empty()) {
+    std::map<int64_t, double> end_of_rank;
+    double step_end = 0;
+    for (const auto& o : r.ops) {
+      end_of_rank[o.rank] = std::max(end_of_rank[o.rank], o.end_s);
+      step_end = std::max(step_end, o.end_s);
+    }
+    for (const auto& [rk, e] : end_of_rank) {
+      if (e == step_end) r.critical_rank = rk;
+    }
+    const Role& role = program.role_of_rank(r.critical_rank);
+    std::vector<OpRecord> critical(role.ops.size());
+    for (const auto& o : r.ops) {
+      if (o.rank == r.critical_rank) critical[size_t(o.id)] = o;
+    }
+    r.breakdown = breakdown_of_rank(role, critical, 0, step_end);
+  }
+  ProgramStats stats = program_stats(program);
+  double peak = topology.node.device.peak_for(plan.param_dtype, topology.file);
+  double model_flops = model_flops_per_token(model) * tokens_per_step;
+  r.tokens_per_s = tokens_per_step / r.step_time_s;
+  r.mfu = model_flops / r.step_time_s / (double(size) * peak);
+  r.hfu = stats.matrix_flops_per_step / r.step_time_s / (double(size) * peak);
+  MemoryReport memory = memory_report(program, topology);
+  r.memory = memory_to_json(memory);
+  Json measured = Json::array();
+  double measured_max = 0;
+  for (int rk = 0; rk < size; ++rk) {
+    measured.push_back({{"rank", rk}, {"measured_peak_bytes", peaks[size_t(rk)]},
+                        {"heap_growth_after_first_step_bytes", growth[size_t(rk)]}});
+    measured_max = std::max(measured_max, peaks[size_t(rk)]);
+  }
+  r.memory["measured"] = measured;
+  r.memory["measured_peak_bytes_max"] = measured_max;
+  r.program_sha256 = program.program_sha256;
+  r.extra = {{"losses", output.losses},
+             {"step_times_s", output.step_times_s},
+             {"step_time_min_s", *std::min_element(timed.begin(), timed.end())},
+             {"step_time_max_s", *std::max_element(timed.begin(), timed.end())},
+             {"timed_steps", timed.size()},
+             {"backend", "cpu"},
+             {"dtype", to_string(plan.param_dtype)},
+             {"collectives", options.collectives_mpi ? "mpi" : "program"},
+             {"collective_algorithms_used", interpreter.algorithms_used()},
+             {"hyperparameters",
+              {{"lr", options.lr}, {"beta1", options.beta1}, {"beta2", options.beta2},
+               {"eps", options.adam_eps}, {"weight_decay", options.weight_decay},
+               {"max_grad_norm", options.max_grad_norm}, {"seed", options.seed}}}};
+  return output;
+}
+
+}  // namespace
+
+RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                      const Topology& topology, const RunOptions& options) {
+  if (plan.param_dtype != Dtype::fp32 && plan.param_dtype != Dtype::fp64) {
+    throw_input_error(plan.file, "dtype", std::string("\"") + to_string(plan.param_dtype) + "\"",
+                      "the CPU backend computes in fp32 or fp64", "\"fp32\" or \"fp64\"");
+  }
+  if (plan.grad_dtype != plan.param_dtype) {
+    throw_input_error(plan.file, "grad_dtype", std::string("\"") + to_string(plan.grad_dtype) + "\"",
+                      "the CPU backend keeps gradients in the parameter dtype",
+                      std::string("\"") + to_string(plan.param_dtype) + "\"");
+  }
+  if (plan.sequence_parallel && plan.zero_stage >= 2) {
+    throw_input_error(plan.file, "zero_stage", std::to_string(plan.zero_stage),
+                      "the CPU backend does not combine sequence_parallel with sharded gradients",
+                      "0 or 1 with sequence_parallel");
+  }
+  if (plan.param_dtype == Dtype::fp64) return run_typed<double>(program, model, plan, topology, options);
+  return run_typed<float>(program, model, plan, topology, options);
+}
+
+}  // namespace stepcast

@@ -1,0 +1,43 @@
+// The executor: runs a StepProgram for real on the CPU backend (OpenBLAS kernels in fp32 or
+// fp64, MPI for every collective and pipeline transfer), one MPI rank per program rank. It walks
+// its role's ops in list order and looks buffers up by name in one arena; it decides neither the
+// schedule nor the dataflow. Measurement: step time (median after warm-up) from timed steps,
+// per-op records from a separate instrumented step, memory measured from the process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+#include "plan.hpp"
+#include "program.hpp"
+#include "step_result.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+struct RunOptions {
+  int64_t steps = 10;
+  bool collectives_mpi = false;   // MPI's own collectives instead of the recorded algorithms
+  std::string corpus_path;        // byte-level corpus for 256-token vocabularies
+  uint64_t seed = 1234;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, weight_decay = 0.1;
+  double max_grad_norm = 1.0;
+  bool quiet = false;             // no per-step progress lines
+};
+
+struct RunOutput {
+  std::vector<double> losses;            // one per step
+  std::vector<double> step_times_s;      // every step, slowest rank
+  StepResult result;                     // filled on rank 0
+  double measured_peak_bytes = 0;        // this rank
+  double heap_growth_after_first_step_bytes = 0;  // this rank: malloc'd bytes outside the arena
+};
+
+// Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
+// caller). Throws InputError for plans the CPU backend cannot run (16-bit dtypes, ...).
+RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                      const Topology& topology, const RunOptions& options);
+
+}  // namespace stepcast

@@ -1,0 +1,274 @@
+// MPI communicators per group and the collective algorithms; see mpi_collectives.hpp.
+#include "mpi_collectives.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+void check_mpi(int code, const char* call, int rank) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  std::fprintf(stderr, "stepcast run: rank %d: %s failed: %s\n", rank, call, text);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+}
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+}  // namespace
+
+GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_node) {
+  for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
+                         GroupKind::model, GroupKind::world}) {
+    std::vector<int64_t> members = grid.group(kind, rank);
+    bool member = std::find(members.begin(), members.end(), rank) != members.end();
+    if (kind == GroupKind::embedding) {
+      int64_t stage = grid.coord(rank).pp;
+      member = stage == 0 || stage == grid.pp_size() - 1;
+    }
+    int color = member ? int(*std::min_element(members.begin(), members.end())) : MPI_UNDEFINED;
+    int key = member ? int(std::find(members.begin(), members.end(), rank) - members.begin()) : 0;
+    MPI_Comm comm = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split", int(rank));
+    comms_[kind] = comm;
+    MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+    if (member) {
+      int node = int(rank / devices_per_node);
+      check_mpi(MPI_Comm_split(comm, node, key, &local), "MPI_Comm_split", int(rank));
+      int local_index = 0;
+      MPI_Comm_rank(local, &local_index);
+      check_mpi(MPI_Comm_split(comm, local_index, key, &cross), "MPI_Comm_split", int(rank));
+    } else {
+      // Collective over MPI_COMM_WORLD's split: non-members take part with MPI_UNDEFINED.
+    }
+    local_[kind] = local;
+    cross_[kind] = cross;
+  }
+}
+
+GroupComms::~GroupComms() {
+  for (auto* m : {&comms_, &local_, &cross_}) {
+    for (auto& [kind, comm] : *m) {
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+  }
+}
+
+int GroupComms::size(GroupKind kind) const {
+  int n = 0;
+  MPI_Comm_size(comm(kind), &n);
+  return n;
+}
+
+int GroupComms::index(GroupKind kind) const {
+  int i = 0;
+  MPI_Comm_rank(comm(kind), &i);
+  return i;
+}
+
+template <class T>
+int64_t Collectives<T>::pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i,
+                             std::vector<T>& out) {
+  int64_t total = 0;
+  for (const auto& b : buffers) {
+    auto [first, last] = chunk_range(b.count, parts, i);
+    total += last - first;
+  }
+  if (int64_t(out.size()) < total) out.resize(size_t(total));
+  int64_t at = 0;
+  for (const auto& b : buffers) {
+    auto [first, last] = chunk_range(b.count, parts, i);
+    std::copy(b.data + first, b.data + last, out.data() + at);
+    at += last - first;
+  }
+  return total;
+}
+
+template <class T>
+void Collectives<T>::unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, const T* in,
+                            bool add) {
+  int64_t at = 0;
+  for (auto& b : buffers) {
+    auto [first, last] = chunk_range(b.count, parts, i);
+    for (int64_t e = first; e < last; ++e) {
+      b.data[e] = add ? b.data[e] + in[at + e - first] : in[at + e - first];
+    }
+    at += last - first;
+  }
+}
+
+template <class T>
+void Collectives<T>::ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& buffers) {
+  int n = 0, me = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &me);
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  // Step k: send chunk (me−k−1), receive chunk (me−k−2) and add; member me ends with chunk me.
+  for (int k = 0; k < n - 1; ++k) {
+    int64_t send_chunk = ((me - k - 1) % n + n) % n;
+    int64_t recv_chunk = ((me - k - 2) % n + n) % n;
+    int64_t send_count = pack(buffers, n, send_chunk, send_);
+    int64_t recv_count = 0;
+    for (const auto& b : buffers) {
+      auto [first, last] = chunk_range(b.count, n, recv_chunk);
+      recv_count += last - first;
+    }
+    if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
+    check_mpi(MPI_Sendrecv(send_.data(), int(send_count), mpi_type<T>(), next, 900 + k,
+                           recv_.data(), int(recv_count), mpi_type<T>(), prev, 900 + k, comm,
+                           MPI_STATUS_IGNORE),
+              "MPI_Sendrecv (reduce_scatter)", world_rank());
+    unpack(buffers, n, recv_chunk, recv_.data(), true);
+  }
+}
+
+template <class T>
+void Collectives<T>::ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffers) {
+  int n = 0, me = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &me);
+  int next = (me + 1) % n, prev = (me + n - 1) % n;
+  for (int k = 0; k < n - 1; ++k) {
+    int64_t send_chunk = ((me - k) % n + n) % n;
+    int64_t recv_chunk = ((me - k - 1) % n + n) % n;
+    int64_t send_count = pack(buffers, n, send_chunk, send_);
+    int64_t recv_count = 0;
+    for (const auto& b : buffers) {
+      auto [first, last] = chunk_range(b.count, n, recv_chunk);
+      recv_count += last - first;
+    }
+    if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
+    check_mpi(MPI_Sendrecv(send_.data(), int(send_count), mpi_type<T>(), next, 950 + k,
+                           recv_.data(), int(recv_count), mpi_type<T>(), prev, 950 + k, comm,
+                           MPI_STATUS_IGNORE),
+              "MPI_Sendrecv (all_gather)", world_rank());
+    unpack(buffers, n, recv_chunk, recv_.data(), false);
+  }
+}
+
+template <class T>
+void Collectives<T>::tree_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers) {
+  int n = 0, me = 0;
+  MPI_Comm_size(comm, &n);
+  MPI_Comm_rank(comm, &me);
+  int64_t total = pack(buffers, 1, 0, send_);
+  if (int64_t(recv_.size()) < total) recv_.resize(size_t(total));
+  int depth = 0;
+  while ((1 << depth) < n) ++depth;
+  for (int k = 0; k < depth; ++k) {  // reduce up
+    int span = 1 << k;
+    if (me % (2 * span) == span) {
+      check_mpi(MPI_Send(send_.data(), int(total), mpi_type<T>(), me - span, 1000 + k, comm),
+                "MPI_Send (tree)", world_rank());
+    } else if (me % (2 * span) == 0 && me + span < n) {
+      check_mpi(MPI_Recv(recv_.data(), int(total), mpi_type<T>(), me + span, 1000 + k, comm,
+                         MPI_STATUS_IGNORE),
+                "MPI_Recv (tree)", world_rank());
+      for (int64_t e = 0; e < total; ++e) send_[e] += recv_[e];
+    }
+  }
+  for (int k = depth - 1; k >= 0; --k) {  // broadcast down
+    int span = 1 << k;
+    if (me % (2 * span) == 0 && me + span < n) {
+      check_mpi(MPI_Send(send_.data(), int(total), mpi_type<T>(), me + span, 1100 + k, comm),
+                "MPI_Send (tree)", world_rank());
+    } else if (me % (2 * span) == span) {
+      check_mpi(MPI_Recv(send_.data(), int(total), mpi_type<T>(), me - span, 1100 + k, comm,
+                         MPI_STATUS_IGNORE),
+                "MPI_Recv (tree)", world_rank());
+    }
+  }
+  unpack(buffers, 1, 0, send_.data(), false);
+}
+
+template <class T>
+void Collectives<T>::mpi_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers) {
+  int64_t total = pack(buffers, 1, 0, send_);
+  if (int64_t(recv_.size()) < total) recv_.resize(size_t(total));
+  check_mpi(MPI_Allreduce(send_.data(), recv_.data(), int(total), mpi_type<T>(), MPI_SUM, comm),
+            "MPI_Allreduce", world_rank());
+  unpack(buffers, 1, 0, recv_.data(), false);
+}
+
+template <class T>
+void Collectives<T>::all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) {
+  MPI_Comm comm = comms_.comm(group);
+  if (comms_.size(group) <= 1) return;
+  if (use_mpi_) {
+    ++algorithms_used["mpi"];
+    mpi_all_reduce(comm, buffers);
+    return;
+  }
+  switch (algorithm) {
+    case Algorithm::tree:
+      ++algorithms_used["tree"];
+      tree_all_reduce(comm, buffers);
+      return;
+    case Algorithm::hierarchical: {
+      ++algorithms_used["hierarchical"];
+      // Reduce-scatter inside the node, all_reduce of my chunk across nodes, all_gather inside.
+      MPI_Comm local = comms_.local(group), cross = comms_.cross(group);
+      int k = 0, local_index = 0;
+      MPI_Comm_size(local, &k);
+      MPI_Comm_rank(local, &local_index);
+      ring_reduce_scatter(local, buffers);
+      std::vector<Span<T>> mine;
+      for (auto& b : buffers) {
+        auto [first, last] = chunk_range(b.count, k, local_index);
+        mine.push_back({b.data + first, last - first});
+      }
+      ring_reduce_scatter(cross, mine);
+      ring_all_gather(cross, mine);
+      ring_all_gather(local, buffers);
+      return;
+    }
+    default:
+      ++algorithms_used["ring"];
+      ring_reduce_scatter(comm, buffers);
+      ring_all_gather(comm, buffers);
+  }
+}
+
+template <class T>
+void Collectives<T>::reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) {
+  if (comms_.size(group) <= 1) return;
+  ++algorithms_used[use_mpi_ ? "mpi" : "ring"];
+  if (use_mpi_) {
+    // MPI_Allreduce then keep the own chunk: same result, MPI's own algorithm.
+    mpi_all_reduce(comms_.comm(group), buffers);
+    return;
+  }
+  std::vector<Span<T>> b = buffers;
+  ring_reduce_scatter(comms_.comm(group), b);
+}
+
+template <class T>
+void Collectives<T>::all_gather(GroupKind group, std::vector<Span<T>> buffers) {
+  if (comms_.size(group) <= 1) return;
+  ++algorithms_used[use_mpi_ ? "mpi" : "ring"];
+  std::vector<Span<T>> b = buffers;
+  ring_all_gather(comms_.comm(group), b);
+}
+
+template class Collectives<float>;
+template class Collectives<double>;
+
+}  // namespace stepcast

@@ -1,0 +1,142 @@
+// Parameter layouts and shard-independent initialisation; see param_layout.hpp.
+#include "param_layout.hpp"
+
+#include <cmath>
+
+#include "errors.hpp"
+#include "lower.hpp"
+
+namespace stepcast {
+
+const TensorSlice& GroupLayout::at(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return t;
+  }
+  STEPCAST_CHECK(false, "no tensor '" + name + "' in the group layout");
+  return tensors.front();
+}
+
+bool GroupLayout::has(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return true;
+  }
+  return false;
+}
+
+namespace {
+
+void add(GroupLayout& g, const std::string& name, int64_t rows, int64_t cols, bool replicated,
+         bool decay) {
+  g.tensors.push_back({name, g.elements, rows, cols, replicated, decay});
+  g.elements += rows * cols;
+}
+
+void add_norm(GroupLayout& g, const ModelConfig& m, const std::string& prefix) {
+  add(g, prefix + ".weight", m.hidden_size, 1, true, false);
+  if (m.norm == NormKind::layernorm) add(g, prefix + ".bias", m.hidden_size, 1, true, false);
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_string(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Standard normal from two hashed uniforms (Box–Muller).
+double hashed_normal(uint64_t key) {
+  double u1 = (double(mix(key) >> 11) + 0.5) * 0x1.0p-53;
+  double u2 = (double(mix(key ^ 0x5851F42D4C957F2Dull) >> 11) + 0.5) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
+}
+
+}  // namespace
+
+GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::string& group) {
+  GroupLayout g;
+  const int64_t h = m.hidden_size, d = m.head_dim();
+  const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
+  const int64_t f = m.intermediate_size / t;
+  const int64_t vocab = padded_vocab_size(m, t) / t;
+  if (group == "embedding" || group == "output") {
+    add(g, "embedding.weight", vocab, h, false, true);
+  } else if (group == "position") {
+    add(g, "position.weight", m.max_position_embeddings, h, true, true);
+  } else if (group == "final_norm") {
+    add_norm(g, m, "final_norm");
+  } else {
+    STEPCAST_CHECK(group.size() > 1 && group[0] == 'L', "unknown parameter group " + group);
+    const int64_t qkv = (heads + 2 * kv) * d;
+    add(g, "qkv.weight", qkv, h, false, true);
+    if (m.use_bias) add(g, "qkv.bias", qkv, 1, false, false);
+    add(g, "attn_out.weight", h, heads * d, false, true);
+    if (m.mlp == MlpKind::swiglu) {
+      add(g, "mlp_gate.weight", f, h, false, true);
+      if (m.use_bias) add(g, "mlp_gate.bias", f, 1, false, false);
+    }
+    add(g, "mlp_up.weight", f, h, false, true);
+    if (m.use_bias) add(g, "mlp_up.bias", f, 1, false, false);
+    add(g, "mlp_down.weight", h, f, false, true);
+    add_norm(g, m, "ln1");
+    add_norm(g, m, "ln2");
+    if (m.use_bias) {
+      add(g, "attn_out.bias", h, 1, true, false);
+      add(g, "mlp_down.bias", h, 1, true, false);
+    }
+  }
+  return g;
+}
+
+double initial_parameter(const ModelConfig& m, int64_t t, int64_t r, const std::string& group,
+                         const TensorSlice& tensor, int64_t row, int64_t col, uint64_t seed) {
+  const std::string& name = tensor.name;
+  bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  if (is_bias) return 0.0;
+  bool is_norm = name.rfind("ln", 0) == 0 || name.rfind("final_norm", 0) == 0;
+  if (is_norm) return 1.0;
+  const int64_t d = m.head_dim();
+  const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
+  // Global coordinates and the global tensor's name.
+  std::string global_name = name;
+  int64_t grow = row, gcol = col;
+  if (name == "qkv.weight") {
+    int64_t q_rows = heads * d, k_rows = kv * d;
+    if (row < q_rows) {
+      global_name = "q.weight";
+      grow = r * q_rows + row;
+    } else if (row < q_rows + k_rows) {
+      global_name = "k.weight";
+      grow = r * k_rows + (row - q_rows);
+    } else {
+      global_name = "v.weight";
+      grow = r * k_rows + (row - q_rows - k_rows);
+    }
+  } else if (name == "attn_out.weight") {
+    gcol = r * heads * d + col;
+  } else if (name == "mlp_up.weight" || name == "mlp_gate.weight") {
+    grow = r * tensor.rows + row;
+  } else if (name == "mlp_down.weight") {
+    gcol = r * tensor.cols + col;
+  } else if (name == "embedding.weight") {
+    grow = r * tensor.rows + row;
+    if (grow >= m.vocab_size) return 0.0;  // padding
+  }
+  // The tied output layer is the embedding: both draw from the "embedding" group's key.
+  std::string key_group = group == "output" && m.tie_word_embeddings ? "embedding" : group;
+  uint64_t key = mix(seed ^ hash_string(key_group + "/" + global_name));
+  key = mix(key ^ uint64_t(grow));
+  key = mix(key ^ (uint64_t(gcol) << 1));
+  double std = 0.02;
+  if (name == "attn_out.weight" || name == "mlp_down.weight") {
+    std = 0.02 / std::sqrt(2.0 * double(m.num_hidden_layers));
+  }
+  return std * hashed_normal(key);
+}
+
+}  // namespace stepcast

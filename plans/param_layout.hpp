@@ -1,0 +1,45 @@
+// Where each tensor sits inside a parameter group's buffer on one tensor-parallel rank, and how
+// its local elements map to the global tensor — so every rank initialises its shard from global
+// coordinates and any plan starts from the same model. Layer buffers hold the tp-sharded tensors
+// first, then the replicated ones (norms, row-parallel biases): the trailing
+// LowerContext::layer_sp_replicated() elements.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+
+namespace stepcast {
+
+struct TensorSlice {
+  std::string name;       // "qkv.weight", "ln1.weight", "embedding.weight", ...
+  int64_t offset = 0;     // first element in the group's buffer
+  int64_t rows = 0;       // local shape [rows, cols] (cols 1 for vectors)
+  int64_t cols = 1;
+  bool replicated = false;   // same on every tp rank (norms, row-parallel biases, positions)
+  bool decay = false;        // AdamW weight decay applies (matrices; not biases or norms)
+  int64_t elements() const { return rows * cols; }
+};
+
+struct GroupLayout {
+  std::vector<TensorSlice> tensors;
+  int64_t elements = 0;
+  const TensorSlice& at(const std::string& name) const;
+  bool has(const std::string& name) const;
+};
+
+// Layout of "L<l>", "embedding", "position", "final_norm" or "output" for tensor-parallel rank
+// tp_rank of tp_size; vocab is padded to a multiple of tp_size (lower.hpp).
+GroupLayout param_group_layout(const ModelConfig& model, int64_t tp_size, const std::string& group);
+
+// Initial value of local element (row, col) of `tensor` of `group` on tp rank `tp_rank`:
+// GPT-2 / Megatron initialisation (normal 0.02; output projections 0.02/√(2L); biases 0; norm
+// weights 1) drawn from a hash of (seed, group, tensor, global row, global col), so it does not
+// depend on the sharding. Padded vocabulary rows are 0.
+double initial_parameter(const ModelConfig& model, int64_t tp_size, int64_t tp_rank,
+                         const std::string& group, const TensorSlice& tensor, int64_t row,
+                         int64_t col, uint64_t seed);
+
+}  // namespace stepcast
