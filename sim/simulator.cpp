@@ -439,7 +439,16 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   const int64_t per_node = topology.node.devices_per_node;
   GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
   bool tp_in_node = tp_shape.nodes == 1 && per_node % program.tp_size == 0;
-  const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node;
+  // Costing tp collectives analytically is exact only when nothing else uses the node's NVLink
+  // at the same time: every other group (dp, pp, embedding) must have one member per node, so its
+  // traffic leaves through the NICs.
+  bool nvlink_to_itself = true;
+  for (GroupKind other : {GroupKind::dp, GroupKind::pp, GroupKind::embedding}) {
+    GroupShape shape = group_shape(grid, other, 0, per_node);
+    if (shape.size > 1 && shape.members_per_node > 1) nvlink_to_itself = false;
+  }
+  const bool fold_tp =
+      !full && options.fold_tp && program.tp_size > 1 && tp_in_node && nvlink_to_itself;
   // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
   // that sharing, so fold only where every device has its own NIC.
   const bool own_nic = topology.fabric.nics_per_node >= per_node;

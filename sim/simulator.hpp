@@ -7,8 +7,9 @@
 // Modes. full: every rank an actor, every ring/tree step a flow, nothing folded (the reference,
 // up to 256 devices and 8 microbatches). fast: the reductions below, each behind its own switch:
 //  - fold_tp: a tensor-parallel group inside one node is costed analytically on the compute
-//    stream and only its first rank (tp index 0) is simulated; every group is restricted to
-//    these representatives;
+//    stream (only where no other group has two members on one node, so that no other traffic
+//    shares its NVLink); with fold_rail_groups only its first rank (tp index 0) is simulated and
+//    every group is restricted to these representatives;
 //  - fold_rail_groups: the tp identical groups (dp, pp, embedding) of the folded ranks are
 //    simulated once, with the capacity of links they would share divided by the fold count;
 //  - phase_flows: a ring phase is one flow per neighbour pair plus its latency term;
