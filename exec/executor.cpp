@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -93,6 +95,7 @@ class Interpreter {
     for (const auto& g : groups_) layouts_[g] = param_group_layout(model, t_, g);
     zero_.assign(role_.ops.size(), 0);
     mark_buffers_to_zero();
+    trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
   }
 
   void create_arena() {
@@ -109,13 +112,20 @@ class Interpreter {
     zero_persistent_grads();
     for (const Op& op : role_.ops) {
       double start = records ? MPI_Wtime() - step_start : 0;
+      if (trace_ops_) {
+        std::fprintf(stderr, "rank %lld step %lld op %d %s %s tag %lld\n", (long long)rank_,
+                     (long long)step_index, op.id, to_string(op.kind), op.name.c_str(),
+                     (long long)op.tag);
+      }
       execute(op);
       if (records) {
         double end = MPI_Wtime() - step_start;
         records->push_back({rank_, op.id, start, end, start});
       }
     }
-    for (auto& [id, request] : pending_sends_) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    if (!pending_sends_.empty()) {
+      MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE);
+    }
     pending_sends_.clear();
     return loss_sum_;
   }
@@ -240,16 +250,13 @@ class Interpreter {
   void execute(const Op& op) {
     switch (op.kind) {
       case OpKind::alloc:
-        if (zero_[op.id]) std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
-        return;
-      case OpKind::free: {
-        auto it = pending_sends_.find(arena_.alloc_of(op.buffer, op.id));
-        if (it != pending_sends_.end()) {
-          MPI_Wait(&it->second, MPI_STATUS_IGNORE);
-          pending_sends_.erase(it);
+        // Persistent buffers (weights, grads, optimizer state) live across steps.
+        if (zero_[op.id] && !op.persistent) {
+          std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
         }
         return;
-      }
+      case OpKind::free:
+        return;
       case OpKind::send:
       case OpKind::recv:
         return p2p(op);
@@ -271,6 +278,11 @@ class Interpreter {
     }
   }
 
+  // Pipeline sends copy into a staging buffer of their own (allocated once, before the first
+  // step) so the arena can reuse the tensor at once: with MPI's rendezvous protocol a send
+  // completes only when the peer receives it, and waiting for that at the tensor's free would
+  // deadlock two stages that send to each other. Receives block at their op. All sends are
+  // completed at the end of the step.
   void p2p(const Op& op) {
     int64_t stage = coord_.pp;
     RankCoord peer = coord_;
@@ -279,19 +291,32 @@ class Interpreter {
     int peer_rank = int(grid_.rank(peer));
     const std::string& name = op.kind == OpKind::send ? in(op, 0) : out(op, 0);
     T* data = buf(name, op);
-    int n = int(count(name, op));
+    int64_t n = count(name, op);
     if (op.kind == OpKind::send) {
+      std::vector<T>& staging = send_staging_[op.id];
+      if (int64_t(staging.size()) < n) staging.resize(size_t(n));
+      std::copy(data, data + n, staging.data());
       MPI_Request request;
-      check_mpi(MPI_Isend(data, n, mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD, &request),
+      check_mpi(MPI_Isend(staging.data(), int(n), mpi_type<T>(), peer_rank, int(op.tag),
+                          MPI_COMM_WORLD, &request),
                 "MPI_Isend", int(rank_));
-      pending_sends_[arena_.alloc_of(name, op.id)] = request;
+      pending_sends_.push_back(request);
     } else {
-      check_mpi(MPI_Recv(data, n, mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
+      check_mpi(MPI_Recv(data, int(n), mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
                          MPI_STATUS_IGNORE),
                 "MPI_Recv", int(rank_));
     }
   }
 
+ public:
+  // Bytes of the send staging buffers (outside the program's arena).
+  double send_staging_bytes() const {
+    double total = 0;
+    for (const auto& [id, v] : send_staging_) total += double(v.size() * sizeof(T));
+    return total;
+  }
+
+ private:
   std::vector<Span<T>> spans(const std::vector<std::string>& names, const Op& op) {
     std::vector<Span<T>> out;
     for (const auto& n : names) out.push_back({buf(n, op), count(n, op)});
@@ -696,9 +721,11 @@ class Interpreter {
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
   std::vector<char> zero_;
-  std::map<int32_t, MPI_Request> pending_sends_;
+  std::vector<MPI_Request> pending_sends_;
+  std::map<int32_t, std::vector<T>> send_staging_;
   int64_t step_ = 0;
   double loss_sum_ = 0;
+  bool trace_ops_ = false;  // STEPCAST_TRACE_OPS: print every op before it runs (debugging hangs)
 };
 
 double median(std::vector<double> v) {
@@ -720,16 +747,22 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   interpreter.create_arena();
   double tokens_per_step = double(program.tokens_per_step);
   std::vector<OpRecord> records;
+  records.reserve(program.role_of_rank(rank).ops.size());  // no allocation inside the step
+  output.losses.reserve(size_t(options.steps));
+  output.step_times_s.reserve(size_t(options.steps));
   int64_t steps = options.steps;
   // Step 0 warms up; the last step (when there are 3 or more) is instrumented; the rest are timed.
   int64_t instrumented = steps >= 3 ? steps - 1 : -1;
   double heap_after_first = 0;
   for (int64_t k = 0; k < steps; ++k) {
-    if (k == 1) heap_after_first = double(mallinfo2().uordblks);
     MPI_Barrier(MPI_COMM_WORLD);
+    double heap_before = double(mallinfo2().uordblks);
     double start = MPI_Wtime();
     double local_loss = interpreter.step(k, k == instrumented ? &records : nullptr, start);
     double local_time = MPI_Wtime() - start;
+    // Heap bytes the step left allocated (our code allocates nothing after step 1; what remains
+    // is the MPI library's own request and buffer pools).
+    if (k >= 1) heap_after_first += double(mallinfo2().uordblks) - heap_before;
     double step_time = 0, loss_sum = 0;
     MPI_Allreduce(&local_time, &step_time, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(&local_loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
@@ -743,7 +776,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
                 << std::flush;
     }
   }
-  if (steps > 1) output.heap_growth_after_first_step_bytes = double(mallinfo2().uordblks) - heap_after_first;
+  output.heap_growth_after_first_step_bytes = heap_after_first;
   output.measured_peak_bytes = resident_bytes("VmHWM:") - rss_before;
 
   // Gather per-op records and measured memory on rank 0.
@@ -818,6 +851,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   }
   r.memory["measured"] = measured;
   r.memory["measured_peak_bytes_max"] = measured_max;
+  r.memory["send_staging_bytes_rank0"] = interpreter.send_staging_bytes();
   r.program_sha256 = program.program_sha256;
   r.extra = {{"losses", output.losses},
              {"step_times_s", output.step_times_s},

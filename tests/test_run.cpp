@@ -1,0 +1,203 @@
+// The CPU executor end to end, through `scripts/mpirun build/stepcast run`: every parallel plan of
+// the tiny models reproduces the single-rank loss curve (fp64: 1e-9 relative; fp32: 1e-4), the
+// loss falls on the shipped corpus, and measurement.json has what DESIGN.md's StepResult says.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "json_input.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+namespace {
+
+struct RunResult {
+  int exit_code = 0;
+  std::string output;
+  Json measurement;
+};
+
+int64_t ranks_of(const Json& plan) {
+  return plan.value("tp_size", 1) * plan.value("pp_size", 1) * plan.value("dp_size", 1);
+}
+
+RunResult run_plan(const std::string& model, const Json& plan, int steps,
+                   const std::string& extra = "") {
+  static int counter = 0;
+  std::string dir = write_temp_file("run-" + std::to_string(++counter) + ".plan.json", plan.dump());
+  std::string out = dir + ".out";
+  std::filesystem::remove_all(out);
+  int64_t n = ranks_of(plan);
+  int64_t nodes = (n + 1) / 2;  // localhost-cpu has 2 "devices" per node; oversubscribed here
+  std::ostringstream cmd;
+  cmd << source_path("scripts/mpirun") << " -np " << n << " " << STEPCAST_BINARY
+      << " run --model " << source_path("plans/models/" + model + ".json") << " --plan " << dir
+      << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
+      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
+      << " --quiet --out " << out << " " << extra << " 2>&1";
+  RunResult result;
+  FILE* pipe = popen(cmd.str().c_str(), "r");
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, got);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (result.exit_code == 0) result.measurement = load_json_file(out + "/measurement.json");
+  return result;
+}
+
+std::vector<double> losses(const RunResult& r) {
+  return r.measurement.at("losses").get<std::vector<double>>();
+}
+
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return worst;
+}
+
+Json plan(int tp, int pp, int dp, int zero, const char* schedule, const char* recompute,
+          bool sp, bool flash, int mbs, bool overlap, const char* dtype = "fp64") {
+  Json p = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", dp}, {"zero_stage", zero},
+            {"schedule", schedule}, {"recompute", recompute}, {"sequence_parallel", sp},
+            {"attention_impl", flash ? "flash" : "materialized"}, {"micro_batch_size", mbs},
+            {"global_batch_size", 8}, {"dtype", dtype}, {"dropout", 0.0}};
+  if (std::string(schedule) == "interleaved_1f1b") p["virtual_pp_size"] = 2;
+  if (overlap) {
+    p["overlap_grad_reduce"] = true;
+    if (zero > 0) p["overlap_param_gather"] = true;
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (fp64)", "[run]") {
+  const int steps = 10;
+  std::map<std::string, std::vector<double>> reference;
+  for (const char* model : {"tiny", "tiny-gpt"}) {
+    RunResult single = run_plan(model, plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false), steps);
+    INFO(single.output);
+    REQUIRE(single.exit_code == 0);
+    reference[model] = losses(single);
+  }
+  // A pairwise-covering set over tp, pp, dp ∈ {1, 2}, ZeRO 0–3, the schedules, the recompute
+  // modes, sequence parallelism, attention kernels and the overlap switches.
+  struct Case {
+    const char* model;
+    Json plan;
+  };
+  std::vector<Case> cases = {
+      {"tiny", plan(1, 1, 2, 0, "1f1b", "none", false, false, 2, false)},
+      {"tiny", plan(1, 1, 2, 1, "1f1b", "selective", false, false, 1, true)},
+      {"tiny", plan(1, 1, 2, 2, "1f1b", "full", false, true, 2, false)},
+      {"tiny", plan(1, 1, 2, 3, "1f1b", "none", false, true, 1, true)},
+      {"tiny", plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false)},
+      {"tiny", plan(2, 1, 1, 0, "1f1b", "full", false, true, 1, false)},
+      {"tiny", plan(2, 1, 2, 1, "1f1b", "none", true, false, 2, true)},
+      {"tiny", plan(2, 1, 2, 3, "1f1b", "selective", false, false, 1, false)},
+      {"tiny", plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false)},
+      {"tiny", plan(1, 2, 1, 0, "gpipe", "full", false, true, 2, false)},
+      {"tiny", plan(1, 2, 1, 0, "interleaved_1f1b", "selective", false, false, 1, false)},
+      {"tiny", plan(1, 2, 2, 1, "interleaved_1f1b", "none", false, true, 1, true)},
+      {"tiny", plan(1, 2, 2, 2, "1f1b", "selective", false, false, 1, false)},
+      {"tiny", plan(1, 2, 2, 3, "gpipe", "full", false, true, 2, true)},
+      {"tiny", plan(2, 2, 1, 1, "1f1b", "full", true, false, 1, false)},
+      {"tiny", plan(2, 2, 1, 0, "interleaved_1f1b", "selective", false, true, 1, false)},
+      {"tiny", plan(2, 2, 2, 1, "interleaved_1f1b", "none", true, false, 1, true)},
+      {"tiny", plan(2, 2, 2, 2, "gpipe", "selective", false, false, 2, false)},
+      {"tiny", plan(2, 2, 2, 3, "1f1b", "full", false, true, 1, false)},
+      {"tiny", plan(2, 2, 2, 0, "1f1b", "selective", true, true, 2, true)},
+      {"tiny-gpt", plan(2, 2, 2, 1, "interleaved_1f1b", "selective", true, false, 1, true)},
+      {"tiny-gpt", plan(2, 1, 2, 3, "1f1b", "full", false, true, 1, true)},
+  };
+  double largest = 0;
+  for (const Case& c : cases) {
+    RunResult r = run_plan(c.model, c.plan, steps);
+    INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    double d = max_relative_difference(losses(r), reference[c.model]);
+    std::printf("cross-plan %-9s %s: max relative loss difference %.3g\n", c.model,
+                c.plan.dump().c_str(), d);
+    largest = std::max(largest, d);
+    CHECK(d < 1e-9);
+  }
+  std::printf("cross-plan: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
+}
+
+TEST_CASE("run: fp32 plans stay within 1e-4 of the single-rank fp32 curve", "[run]") {
+  RunResult single = run_plan("tiny", plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false, "fp32"), 10);
+  REQUIRE(single.exit_code == 0);
+  RunResult r = run_plan("tiny", plan(2, 2, 2, 1, "1f1b", "selective", true, false, 1, true, "fp32"), 10);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(max_relative_difference(losses(r), losses(single)) < 1e-4);
+}
+
+TEST_CASE("run: dropout masks depend on global coordinates only", "[run]") {
+  Json one = plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false);
+  Json many = plan(2, 2, 2, 1, "1f1b", "selective", true, false, 1, false);
+  one["dropout"] = many["dropout"] = 0.1;
+  RunResult a = run_plan("tiny-gpt", one, 5), b = run_plan("tiny-gpt", many, 5);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
+}
+
+TEST_CASE("run: the loss falls on the shipped corpus", "[run]") {
+  RunResult r = run_plan("tiny", plan(1, 1, 2, 1, "1f1b", "none", false, false, 2, false, "fp32"), 40,
+                         "--lr 3e-3");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto l = losses(r);
+  std::printf("loss: step 1 %.4f, step 20 %.4f, step 40 %.4f\n", l[0], l[19], l[39]);
+  CHECK(l[0] == Approx(std::log(256.0)).epsilon(0.02));  // a fresh model guesses uniformly
+  CHECK(l[39] < l[0] - 1.0);
+}
+
+TEST_CASE("run: measurement.json is a StepResult with measured memory", "[run]") {
+  RunResult r = run_plan("tiny", plan(1, 2, 1, 0, "1f1b", "none", false, false, 2, false, "fp32"), 4);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const Json& m = r.measurement;
+  CHECK(m.at("source") == "executor");
+  CHECK(m.at("step_time_s").get<double>() > 0);
+  CHECK(m.at("losses").size() == 4);
+  for (const char* key : {"compute", "exposed_comm", "bubble", "optimizer"}) {
+    CHECK(m.at("breakdown_s").contains(key));
+  }
+  CHECK(m.at("program_sha256").get<std::string>().size() == 64);
+  CHECK(m.at("memory").at("measured_peak_bytes_max").get<double>() > 0);
+  CHECK(m.at("memory").at("ranks").size() == 2);
+  CHECK(m.at("ops").size() > 100);
+  // Nothing is allocated outside the arena once the first step ran: the heap does not grow
+  // during steps 2 onwards (a few bytes of slack for MPI's internal request pools).
+  for (const auto& rank : m.at("memory").at("measured")) {
+    double growth = rank.at("heap_growth_after_first_step_bytes").get<double>();
+    std::printf("heap growth during steps 2..n on rank %d: %.0f bytes\n", rank.at("rank").get<int>(), growth);
+    CHECK(growth <= 1024);
+  }
+}
+
+TEST_CASE("run: a rank count that does not match the plan is refused", "[run]") {
+  std::string file = write_temp_file("mismatch.plan.json", plan(1, 1, 2, 0, "1f1b", "none", false, false, 2, false).dump());
+  std::ostringstream cmd;
+  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
+      << source_path("plans/models/tiny.json") << " --plan " << file << " --steps 1 2>&1";
+  FILE* pipe = popen(cmd.str().c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, got);
+  int status = pclose(pipe);
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK_THAT(output, Catch::Contains("needs 2 ranks"));
+}
