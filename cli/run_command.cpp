@@ -44,6 +44,15 @@ int with_mpi(int argc, char** argv, const std::function<int(int rank, int size)>
   return worst;
 }
 
+// A default input path relative to the repository: as given when it exists (run from the
+// repository root), else next to the build folder the binary sits in.
+std::string repository_path(const std::string& relative) {
+  if (std::filesystem::exists(relative)) return relative;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  std::filesystem::path candidate = exe.parent_path().parent_path() / relative;
+  return std::filesystem::exists(candidate) ? candidate.string() : relative;
+}
+
 }  // namespace
 
 int run_run(int argc, char** argv) {
@@ -64,11 +73,17 @@ int run_run(int argc, char** argv) {
        "byte-level text corpus for 256-token vocabularies")
       ("lr", po::value<double>()->default_value(1e-3), "AdamW learning rate")
       ("seed", po::value<uint64_t>()->default_value(1234), "initialisation, data and dropout seed")
-      ("quiet", po::bool_switch(), "no per-step lines");
+      ("quiet", po::bool_switch(), "no per-step lines")
+      ("checkpoint-dir", po::value<std::string>(), "write checkpoints into DIR")
+      ("checkpoint-every", po::value<int64_t>()->default_value(0), "checkpoint every K steps")
+      ("resume", po::value<std::string>(), "continue from the latest complete checkpoint in DIR")
+      ("watchdog-s", po::value<double>()->default_value(300),
+       "abort the job when a rank waits longer than this on a peer (a hung rank)");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu\n"
       "                                 [--steps S] [--out DIR] [--collectives program|mpi]\n"
+      "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
       "Trains the model with the plan's tensor, pipeline and data parallelism, one MPI rank per\n"
       "program rank (N = tp_size · pp_size · dp_size), printing loss and step time per step.");
   if (!vm) return 0;
@@ -81,14 +96,25 @@ int run_run(int argc, char** argv) {
     throw InputError("command line: --collectives '" + collectives + "': valid: program, mpi");
   }
   if ((*vm)["steps"].as<int64_t>() < 1) throw InputError("command line: --steps must be >= 1");
+  if ((*vm)["topology"].defaulted()) {
+    std::string path = repository_path((*vm)["topology"].as<std::string>());
+    vm->at("topology").value() = boost::any(path);
+  }
   Inputs in = load_inputs(*vm);
   RunOptions run_options;
   run_options.steps = (*vm)["steps"].as<int64_t>();
   run_options.collectives_mpi = collectives == "mpi";
-  run_options.corpus_path = (*vm)["corpus"].as<std::string>();
+  run_options.corpus_path = repository_path((*vm)["corpus"].as<std::string>());
   run_options.lr = (*vm)["lr"].as<double>();
   run_options.seed = (*vm)["seed"].as<uint64_t>();
   run_options.quiet = (*vm)["quiet"].as<bool>();
+  run_options.watchdog_s = (*vm)["watchdog-s"].as<double>();
+  run_options.checkpoint_every = (*vm)["checkpoint-every"].as<int64_t>();
+  if (vm->count("checkpoint-dir")) run_options.checkpoint_dir = (*vm)["checkpoint-dir"].as<std::string>();
+  if (vm->count("resume")) run_options.resume_dir = (*vm)["resume"].as<std::string>();
+  if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
+    throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
+  }
   return with_mpi(argc, argv, [&](int rank, int size) {
     if (size != in.plan.world_size()) {
       throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +

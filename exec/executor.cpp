@@ -6,7 +6,13 @@
 #include <malloc.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +25,9 @@
 #include <sstream>
 
 #include "arena.hpp"
+#include "checkpoint.hpp"
+#include "sha256.hpp"
+#include "watchdog.hpp"
 #include "cpu_kernels.hpp"
 #include "data.hpp"
 #include "errors.hpp"
@@ -68,7 +77,8 @@ class Interpreter {
       : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
         grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
         comms_(grid_, rank, program.devices_per_node),
-        collectives_(comms_, options.collectives_mpi) {
+        watchdog_(options.watchdog_s),
+        collectives_(comms_, options.collectives_mpi, watchdog_) {
     t_ = plan.tp_size;
     s_ = model.seq_length;
     b_ = plan.micro_batch_size;
@@ -96,6 +106,16 @@ class Interpreter {
     zero_.assign(role_.ops.size(), 0);
     mark_buffers_to_zero();
     trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
+    // Test hooks for the fault tests: STEPCAST_TEST_HANG=RANK:OP makes rank RANK sleep before op
+    // OP of its first step; STEPCAST_TEST_DIE=RANK:STEP kills rank RANK as step STEP begins.
+    if (const char* hang = std::getenv("STEPCAST_TEST_HANG")) {
+      long long r = -1, o = -1;
+      if (std::sscanf(hang, "%lld:%lld", &r, &o) == 2 && r == rank_) hang_op_ = int32_t(o);
+    }
+    if (const char* die = std::getenv("STEPCAST_TEST_DIE")) {
+      long long r = -1, k = -1;
+      if (std::sscanf(die, "%lld:%lld", &r, &k) == 2 && r == rank_) die_step_ = k;
+    }
   }
 
   void create_arena() {
@@ -107,6 +127,12 @@ class Interpreter {
   // One training step; returns the loss on this rank's share (summed), the caller reduces it.
   double step(int64_t step_index, std::vector<OpRecord>* records, double step_start) {
     step_ = step_index;
+    if (step_index == die_step_) {
+      std::fprintf(stderr, "stepcast run: rank %lld: STEPCAST_TEST_DIE: killing this rank\n",
+                   (long long)rank_);
+      std::fflush(stderr);
+      std::raise(SIGKILL);
+    }
     load_data();
     loss_sum_ = 0;
     zero_persistent_grads();
@@ -117,6 +143,15 @@ class Interpreter {
                      (long long)step_index, op.id, to_string(op.kind), op.name.c_str(),
                      (long long)op.tag);
       }
+      if (op.id == hang_op_) {
+        std::fprintf(stderr, "stepcast run: rank %lld: STEPCAST_TEST_HANG: sleeping in op %d\n",
+                     (long long)rank_, op.id);
+        std::this_thread::sleep_for(std::chrono::hours(1));
+      }
+      if (op.kind != OpKind::alloc && op.kind != OpKind::free) {
+        watchdog_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
+                              op.name + ")");
+      }
       execute(op);
       if (records) {
         double end = MPI_Wtime() - step_start;
@@ -124,13 +159,26 @@ class Interpreter {
       }
     }
     if (!pending_sends_.empty()) {
-      MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE);
+      watchdog_.set_current("the end of the step (pipeline sends)");
+      watchdog_.wait_all(pending_sends_, pending_send_peers_);
     }
     pending_sends_.clear();
+    pending_send_peers_.clear();
     return loss_sum_;
   }
 
   std::map<std::string, int64_t> algorithms_used() const { return collectives_.algorithms_used; }
+
+  // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order.
+  std::vector<std::pair<std::string, std::pair<char*, int64_t>>> state_buffers() {
+    std::vector<std::pair<std::string, std::pair<char*, int64_t>>> out;
+    for (const Op& op : role_.ops) {
+      if (op.kind != OpKind::alloc || !op.persistent) continue;
+      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+      out.push_back({op.buffer, {arena_.at(op.id), arena_.bytes_of(op.id)}});
+    }
+    return out;
+  }
 
  private:
   // ---- buffers ----
@@ -301,10 +349,13 @@ class Interpreter {
                           MPI_COMM_WORLD, &request),
                 "MPI_Isend", int(rank_));
       pending_sends_.push_back(request);
+      pending_send_peers_.push_back(peer_rank);
     } else {
-      check_mpi(MPI_Recv(data, int(n), mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
-                         MPI_STATUS_IGNORE),
-                "MPI_Recv", int(rank_));
+      std::vector<MPI_Request> request(1);
+      check_mpi(MPI_Irecv(data, int(n), mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
+                          &request[0]),
+                "MPI_Irecv", int(rank_));
+      watchdog_.wait_all(request, {peer_rank});
     }
   }
 
@@ -708,6 +759,7 @@ class Interpreter {
   RankCoord coord_;
   const Role& role_;
   GroupComms comms_;
+  Watchdog watchdog_;
   Collectives<T> collectives_;
   Arena arena_;
   int64_t t_, s_, b_, h_, s_local_, vocab_local_;
@@ -722,11 +774,53 @@ class Interpreter {
   std::map<std::string, GroupLayout> layouts_;
   std::vector<char> zero_;
   std::vector<MPI_Request> pending_sends_;
+  std::vector<int> pending_send_peers_;
   std::map<int32_t, std::vector<T>> send_staging_;
   int64_t step_ = 0;
   double loss_sum_ = 0;
   bool trace_ops_ = false;  // STEPCAST_TRACE_OPS: print every op before it runs (debugging hangs)
+  int32_t hang_op_ = -1;
+  int64_t die_step_ = -1;
 };
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", (long long)step);
+  return name;
+}
+
+// Every rank writes its file; rank 0 writes the manifest once all are on disk, then `latest`.
+template <class T>
+void save_checkpoint(Interpreter<T>& interpreter, const StepProgram& program, const Plan& plan,
+                     const std::string& dir, int64_t steps_done, int rank, int size) {
+  std::string step_dir = dir + "/" + step_dir_name(steps_done);
+  if (rank == 0) std::filesystem::create_directories(step_dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto [bytes, hash] = write_rank_checkpoint(step_dir, rank, interpreter.state_buffers());
+  std::vector<char> hashes(size_t(size) * 64);
+  std::vector<int64_t> sizes(static_cast<size_t>(size));
+  MPI_Gather(hash.data(), 64, MPI_CHAR, hashes.data(), 64, MPI_CHAR, 0, MPI_COMM_WORLD);
+  MPI_Gather(&bytes, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  if (rank == 0) {
+    Json files = Json::array();
+    for (int r = 0; r < size; ++r) {
+      files.push_back({{"rank", r},
+                       {"file", rank_file_name(r)},
+                       {"bytes", sizes[size_t(r)]},
+                       {"sha256", std::string(hashes.data() + size_t(r) * 64, 64)}});
+    }
+    Json manifest = {{"kind", "stepcast.checkpoint"},
+                     {"schema_version", 1},
+                     {"plan", plan.name},
+                     {"program_sha256", program.program_sha256},
+                     {"steps_done", steps_done},
+                     {"world_size", size},
+                     {"files", files}};
+    write_file_atomically(step_dir + "/manifest.json", manifest.dump(2) + "\n");
+    write_file_atomically(dir + "/latest", step_dir_name(steps_done) + "\n");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -745,20 +839,37 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   Interpreter<T> interpreter(program, model, plan, options, rank);
   double rss_before = resident_bytes("VmRSS:");
   interpreter.create_arena();
+  int64_t first_step = 0;
+  if (!options.resume_dir.empty()) {
+    CheckpointInfo info = find_checkpoint(options.resume_dir, program.program_sha256);
+    read_rank_checkpoint(info.path, rank, interpreter.state_buffers());
+    first_step = info.step;
+    if (rank == 0 && !options.quiet) {
+      std::cout << "resumed from " << info.path << " after step " << info.step << "\n";
+    }
+  }
+  output.first_step = first_step;
   double tokens_per_step = double(program.tokens_per_step);
   std::vector<OpRecord> records;
   records.reserve(program.role_of_rank(rank).ops.size());  // no allocation inside the step
   output.losses.reserve(size_t(options.steps));
   output.step_times_s.reserve(size_t(options.steps));
-  int64_t steps = options.steps;
-  // Step 0 warms up; the last step (when there are 3 or more) is instrumented; the rest are timed.
+  int64_t steps = options.steps - first_step;  // --steps is the step to stop after
+  if (steps < 1) {
+    throw InputError("--steps " + std::to_string(options.steps) + ": the checkpoint already has " +
+                     std::to_string(first_step) + " steps; valid: more than " +
+                     std::to_string(first_step));
+  }
+  // The first step run warms up; the last (when there are 3 or more) is instrumented; the rest
+  // are timed. k counts the steps of this run; the step index is first_step + k.
   int64_t instrumented = steps >= 3 ? steps - 1 : -1;
   double heap_after_first = 0;
   for (int64_t k = 0; k < steps; ++k) {
     MPI_Barrier(MPI_COMM_WORLD);
     double heap_before = double(mallinfo2().uordblks);
     double start = MPI_Wtime();
-    double local_loss = interpreter.step(k, k == instrumented ? &records : nullptr, start);
+    double local_loss =
+        interpreter.step(first_step + k, k == instrumented ? &records : nullptr, start);
     double local_time = MPI_Wtime() - start;
     // Heap bytes the step left allocated (our code allocates nothing after step 1; what remains
     // is the MPI library's own request and buffer pools).
@@ -770,10 +881,16 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
     output.losses.push_back(loss);
     output.step_times_s.push_back(step_time);
     if (rank == 0 && !options.quiet) {
-      std::cout << "step " << k + 1 << "/" << steps << "  loss " << loss << "  step time "
+      std::cout << "step " << first_step + k + 1 << "/" << options.steps << "  loss " << loss
+                << "  step time "
                 << step_time << " s  grad norm " << interpreter.last_grad_norm_
                 << (k == 0 ? "  (warm-up)" : k == instrumented ? "  (instrumented)" : "") << "\n"
                 << std::flush;
+    }
+    int64_t done = first_step + k + 1;
+    if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0) {
+      save_checkpoint(interpreter, program, plan, options.checkpoint_dir, done, rank, size);
+      if (rank == 0 && !options.quiet) std::cout << "checkpoint after step " << done << "\n";
     }
   }
   output.heap_growth_after_first_step_bytes = heap_after_first;
@@ -854,6 +971,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   r.memory["send_staging_bytes_rank0"] = interpreter.send_staging_bytes();
   r.program_sha256 = program.program_sha256;
   r.extra = {{"losses", output.losses},
+             {"first_step", first_step},
              {"step_times_s", output.step_times_s},
              {"step_time_min_s", *std::min_element(timed.begin(), timed.end())},
              {"step_time_max_s", *std::max_element(timed.begin(), timed.end())},
@@ -870,6 +988,38 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
 }
 
 }  // namespace
+
+CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256) {
+  std::ifstream latest(dir + "/latest");
+  std::string name;
+  if (!latest || !std::getline(latest, name) || name.empty()) {
+    throw InputError(dir + ": no complete checkpoint (no 'latest' file)");
+  }
+  std::string step_dir = dir + "/" + name;
+  Json manifest = load_json_file(step_dir + "/manifest.json");
+  if (manifest.value("program_sha256", "") != program_sha256) {
+    throw InputError(step_dir + "/manifest.json: key 'program_sha256' = \"" +
+                     manifest.value("program_sha256", "") + "\": a checkpoint of plan '" +
+                     manifest.value("plan", "?") + "', not of this program (" + program_sha256 +
+                     "); valid: a checkpoint of the same model, topology and plan");
+  }
+  for (const Json& f : manifest.at("files")) {
+    std::string path = step_dir + "/" + f.at("file").get<std::string>();
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError(path + ": missing");
+    std::stringstream all;
+    all << in.rdbuf();
+    std::string text = all.str();
+    if (int64_t(text.size()) != f.at("bytes").get<int64_t>()) {
+      throw InputError(path + ": " + std::to_string(text.size()) + " bytes where the manifest says " +
+                       std::to_string(f.at("bytes").get<int64_t>()) + ": truncated");
+    }
+    if (sha256_hex(text) != f.at("sha256").get<std::string>()) {
+      throw InputError(path + ": SHA-256 differs from the manifest: the file was altered");
+    }
+  }
+  return {step_dir, manifest.at("steps_done").get<int64_t>()};
+}
 
 RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
                       const Topology& topology, const RunOptions& options) {

@@ -25,10 +25,28 @@ struct RunOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8, weight_decay = 0.1;
   double max_grad_norm = 1.0;
   bool quiet = false;             // no per-step progress lines
+  double watchdog_s = 300;        // a wait on a peer longer than this aborts the job
+  std::string checkpoint_dir;     // write checkpoints here ...
+  int64_t checkpoint_every = 0;   // ... every this many steps (0: never)
+  std::string resume_dir;         // continue from the latest complete checkpoint in here
 };
 
+// Checkpoints: DIR/step-NNNNNNNN/ holds rank-RRRRR.bin per rank (its weights and optimizer
+// state; the data position and dropout masks follow from the step number) and manifest.json,
+// written last by rank 0 once every rank's file is on disk (write, fsync, rename), naming the
+// plan, program_sha256, the step and each file's size and SHA-256. DIR/latest names the newest
+// complete one. A checkpoint of another program, or a truncated or altered file, is refused.
+struct CheckpointInfo {
+  std::string path;     // the step directory
+  int64_t step = 0;     // steps completed
+};
+// The newest complete checkpoint in `dir` (InputError when there is none or it is damaged;
+// `program_sha256` must match).
+CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256);
+
 struct RunOutput {
-  std::vector<double> losses;            // one per step
+  std::vector<double> losses;            // one per step run (after a resume: from there)
+  int64_t first_step = 0;                // index of the first step run (0, or the resumed step)
   std::vector<double> step_times_s;      // every step, slowest rank
   StepResult result;                     // filled on rank 0
   double measured_peak_bytes = 0;        // this rank

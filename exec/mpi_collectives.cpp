@@ -85,6 +85,26 @@ int GroupComms::index(GroupKind kind) const {
 }
 
 template <class T>
+void Collectives<T>::exchange(MPI_Comm comm, const T* send, int64_t send_count, int to, T* recv,
+                              int64_t recv_count, int from, int tag) {
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  if (recv) {
+    requests.emplace_back();
+    check_mpi(MPI_Irecv(recv, int(recv_count), mpi_type<T>(), from, tag, comm, &requests.back()),
+              "MPI_Irecv", world_rank());
+    peers.push_back(world_rank_of(comm, from));
+  }
+  if (send) {
+    requests.emplace_back();
+    check_mpi(MPI_Isend(send, int(send_count), mpi_type<T>(), to, tag, comm, &requests.back()),
+              "MPI_Isend", world_rank());
+    peers.push_back(world_rank_of(comm, to));
+  }
+  watchdog_.wait_all(requests, peers);
+}
+
+template <class T>
 int64_t Collectives<T>::pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i,
                              std::vector<T>& out) {
   int64_t total = 0;
@@ -132,10 +152,7 @@ void Collectives<T>::ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& bu
       recv_count += last - first;
     }
     if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
-    check_mpi(MPI_Sendrecv(send_.data(), int(send_count), mpi_type<T>(), next, 900 + k,
-                           recv_.data(), int(recv_count), mpi_type<T>(), prev, 900 + k, comm,
-                           MPI_STATUS_IGNORE),
-              "MPI_Sendrecv (reduce_scatter)", world_rank());
+    exchange(comm, send_.data(), send_count, next, recv_.data(), recv_count, prev, 900 + k);
     unpack(buffers, n, recv_chunk, recv_.data(), true);
   }
 }
@@ -156,10 +173,7 @@ void Collectives<T>::ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffer
       recv_count += last - first;
     }
     if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
-    check_mpi(MPI_Sendrecv(send_.data(), int(send_count), mpi_type<T>(), next, 950 + k,
-                           recv_.data(), int(recv_count), mpi_type<T>(), prev, 950 + k, comm,
-                           MPI_STATUS_IGNORE),
-              "MPI_Sendrecv (all_gather)", world_rank());
+    exchange(comm, send_.data(), send_count, next, recv_.data(), recv_count, prev, 950 + k);
     unpack(buffers, n, recv_chunk, recv_.data(), false);
   }
 }
@@ -176,24 +190,18 @@ void Collectives<T>::tree_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffer
   for (int k = 0; k < depth; ++k) {  // reduce up
     int span = 1 << k;
     if (me % (2 * span) == span) {
-      check_mpi(MPI_Send(send_.data(), int(total), mpi_type<T>(), me - span, 1000 + k, comm),
-                "MPI_Send (tree)", world_rank());
+      exchange(comm, send_.data(), total, me - span, nullptr, 0, 0, 1000 + k);
     } else if (me % (2 * span) == 0 && me + span < n) {
-      check_mpi(MPI_Recv(recv_.data(), int(total), mpi_type<T>(), me + span, 1000 + k, comm,
-                         MPI_STATUS_IGNORE),
-                "MPI_Recv (tree)", world_rank());
+      exchange(comm, nullptr, 0, 0, recv_.data(), total, me + span, 1000 + k);
       for (int64_t e = 0; e < total; ++e) send_[e] += recv_[e];
     }
   }
   for (int k = depth - 1; k >= 0; --k) {  // broadcast down
     int span = 1 << k;
     if (me % (2 * span) == 0 && me + span < n) {
-      check_mpi(MPI_Send(send_.data(), int(total), mpi_type<T>(), me + span, 1100 + k, comm),
-                "MPI_Send (tree)", world_rank());
+      exchange(comm, send_.data(), total, me + span, nullptr, 0, 0, 1100 + k);
     } else if (me % (2 * span) == span) {
-      check_mpi(MPI_Recv(send_.data(), int(total), mpi_type<T>(), me - span, 1100 + k, comm,
-                         MPI_STATUS_IGNORE),
-                "MPI_Recv (tree)", world_rank());
+      exchange(comm, nullptr, 0, 0, send_.data(), total, me - span, 1100 + k);
     }
   }
   unpack(buffers, 1, 0, send_.data(), false);

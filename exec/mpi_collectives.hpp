@@ -15,6 +15,7 @@
 
 #include "program.hpp"
 #include "rank_grid.hpp"
+#include "watchdog.hpp"
 
 namespace stepcast {
 
@@ -54,7 +55,8 @@ inline std::pair<int64_t, int64_t> chunk_range(int64_t count, int64_t parts, int
 template <class T>
 class Collectives {
  public:
-  Collectives(const GroupComms& comms, bool use_mpi) : comms_(comms), use_mpi_(use_mpi) {}
+  Collectives(const GroupComms& comms, bool use_mpi, Watchdog& watchdog)
+      : comms_(comms), use_mpi_(use_mpi), watchdog_(watchdog) {}
   // Every buffer summed over the group.
   void all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers);
   // Chunk `index(group)` of every buffer holds the sum over the group (the rest is undefined).
@@ -72,8 +74,12 @@ class Collectives {
   // Packs chunk `i` of every buffer (of a group of `parts`) into `out`; unpack the reverse.
   int64_t pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i, std::vector<T>& out);
   void unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, const T* in, bool add);
+  // Send and receive at once, watched: a hung peer aborts the job with a message.
+  void exchange(MPI_Comm comm, const T* send, int64_t send_count, int to, T* recv,
+                int64_t recv_count, int from, int tag);
   const GroupComms& comms_;
   bool use_mpi_;
+  Watchdog& watchdog_;
   std::vector<T> send_, recv_;  // grow on first use, reused afterwards
 };
 

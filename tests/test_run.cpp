@@ -201,3 +201,99 @@ TEST_CASE("run: a rank count that does not match the plan is refused", "[run]") 
   CHECK(WEXITSTATUS(status) != 0);
   CHECK_THAT(output, Catch::Contains("needs 2 ranks"));
 }
+
+namespace {
+
+struct Shell {
+  int exit_code;
+  std::string output;
+};
+
+Shell shell(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  Shell s{0, ""};
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) s.output.append(buffer, got);
+  int status = pclose(pipe);
+  s.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return s;
+}
+
+std::string run_command_line(const std::string& plan_file, const std::string& extra) {
+  return source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
+         source_path("plans/models/tiny.json") + " --plan " + plan_file + " --topology " +
+         source_path("topologies/localhost-cpu.json") + " --corpus " +
+         source_path("data/corpus/shakespeare.txt") + " --quiet " + extra;
+}
+
+}  // namespace
+
+TEST_CASE("run: resuming a checkpoint continues the loss curve bit for bit", "[run]") {
+  Json p = plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false);
+  p["global_batch_size"] = 4;
+  p["dropout"] = 0.1;
+  std::string file = write_temp_file("resume.plan.json", p.dump());
+  std::string dir = file + ".dir";
+  std::filesystem::remove_all(dir);
+  Shell full = shell(run_command_line(file, "--steps 10 --out " + dir + "/full"));
+  REQUIRE(full.exit_code == 0);
+  Shell first = shell(run_command_line(file, "--steps 5 --checkpoint-dir " + dir + "/ck --checkpoint-every 5"));
+  REQUIRE(first.exit_code == 0);
+  Shell resumed = shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck --out " + dir + "/resumed"));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  auto a = load_json_file(dir + "/full/measurement.json").at("losses").get<std::vector<double>>();
+  auto b = load_json_file(dir + "/resumed/measurement.json").at("losses").get<std::vector<double>>();
+  REQUIRE(b.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(b[i] == a[i + 5]);  // identical, not approximately
+
+  SECTION("a checkpoint of another plan is refused") {
+    Json other = p;
+    other["dropout"] = 0.0;
+    std::string other_file = write_temp_file("resume-other.plan.json", other.dump());
+    Shell refused = shell(run_command_line(other_file, "--steps 10 --resume " + dir + "/ck"));
+    CHECK(refused.exit_code == 2);
+    CHECK_THAT(refused.output, Catch::Contains("not of this program"));
+  }
+  SECTION("a truncated checkpoint is refused") {
+    std::string rank_file = dir + "/ck/step-00000005/rank-00001.bin";
+    std::filesystem::resize_file(rank_file, std::filesystem::file_size(rank_file) / 2);
+    Shell refused = shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck"));
+    CHECK(refused.exit_code == 2);
+    CHECK_THAT(refused.output, Catch::Contains("truncated"));
+  }
+}
+
+TEST_CASE("run: a hung rank is caught by the watchdog, which names the op and the rank", "[run]") {
+  Json p = plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false);
+  p["global_batch_size"] = 4;
+  std::string file = write_temp_file("hang.plan.json", p.dump());
+  // Rank 1 sleeps before its op 20 (inside its first forward pass); rank 0 waits on it.
+  Shell r = shell("STEPCAST_TEST_HANG=1:20 timeout 120 " +
+                  run_command_line(file, "--steps 3 --watchdog-s 3"));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code != 124);  // the watchdog ended it, not the test's timeout
+  CHECK_THAT(r.output, Catch::Contains("watchdog"));
+  CHECK_THAT(r.output, Catch::Contains("waiting for rank(s) 1"));
+}
+
+TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint survives", "[run]") {
+  Json p = plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false);
+  p["global_batch_size"] = 4;
+  std::string file = write_temp_file("die.plan.json", p.dump());
+  std::string dir = file + ".ck";
+  std::filesystem::remove_all(dir);
+  Shell r = shell("STEPCAST_TEST_DIE=1:5 timeout 120 " +
+                  run_command_line(file, "--steps 10 --checkpoint-dir " + dir + " --checkpoint-every 2"));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code != 124);
+  CHECK_THAT(r.output, Catch::Contains("rank 1"));  // the launcher names the rank that died
+  // The checkpoint after step 4 is complete and resumes.
+  CHECK(std::filesystem::exists(dir + "/step-00000004/manifest.json"));
+  Shell resumed = shell(run_command_line(file, "--steps 6 --resume " + dir));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+}
