@@ -136,7 +136,7 @@ int main(int argc, char** argv) {
               (long long)kTokens, (long long)kHidden, (long long)kMlp, (long long)kVocab,
               threads ? threads : "(unset)");
 #ifdef OPENBLAS_VERSION
-  std::printf(", %s(%s)", OPENBLAS_VERSION, openblas_get_corename());
+  std::printf(",%s(%s)", OPENBLAS_VERSION, openblas_get_corename());
 #endif
   std::printf("\n%-9s %-6s %-6s %6s %6s %6s %6s %9s %7s %9s %7s\n", "gemm", "grad", "layout", "m",
               "n", "k", "calls", "GFLOP", "timed", "GFLOP/s", "share");

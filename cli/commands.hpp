@@ -7,5 +7,6 @@ int run_memory(int argc, char** argv);
 int run_lower(int argc, char** argv);
 int run_simulate(int argc, char** argv);
 int run_run(int argc, char** argv);
+int run_compare(int argc, char** argv);
 
 }  // namespace stepcast::cli

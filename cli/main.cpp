@@ -27,6 +27,7 @@ const std::vector<Command> kCommands = {
      "predict step time, breakdown, MFU, memory and scaling on SimGrid"},
     {"run", stepcast::cli::run_run,
      "train the plan for real under mpirun (CPU backend) and measure it"},
+    {"compare", stepcast::cli::run_compare, "join a prediction and a measurement op by op: the errors"},
 };
 
 void print_help() {

@@ -68,12 +68,10 @@ ArenaPlan plan_arena(const Role& role, int64_t alignment) {
   return plan;
 }
 
-void Arena::create(const Role& role, const ArenaPlan& plan) {
+void Arena::create(const Role& role, const ArenaPlan& plan, char* memory) {
   plan_ = plan;
-  size_t size = size_t((std::max<int64_t>(64, plan.extent_bytes) + 63) / 64 * 64);
-  base_ = static_cast<char*>(std::aligned_alloc(64, size));
-  STEPCAST_CHECK(base_ != nullptr, "cannot allocate the arena of " + std::to_string(size) + " bytes");
-  std::memset(base_, 0, size);
+  base_ = memory;
+  STEPCAST_CHECK(base_ != nullptr, "the arena needs memory");
   bytes_.assign(role.ops.size(), 0);
   for (const Op& op : role.ops) {
     if (op.kind != OpKind::alloc) continue;
@@ -91,6 +89,5 @@ int32_t Arena::alloc_of(const std::string& name, int32_t now) const {
   return *std::prev(pos);
 }
 
-Arena::~Arena() { std::free(base_); }
 
 }  // namespace stepcast

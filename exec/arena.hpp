@@ -24,8 +24,9 @@ ArenaPlan plan_arena(const Role& role, int64_t alignment = 64);
 class Arena {
  public:
   Arena() = default;
-  // Allocates the arena (zero-filled) and indexes buffers by name.
-  void create(const Role& role, const ArenaPlan& plan);
+  // Lays the buffers out in `memory` (plan.extent_bytes, owned by the caller: the backend
+  // allocates it) and indexes them by name.
+  void create(const Role& role, const ArenaPlan& plan, char* memory);
   // Address of the buffer the op `alloc_op` created.
   char* at(int32_t alloc_op) const { return base_ + plan_.offset_of_op[alloc_op]; }
   // The alloc op that made `name` most recently at or before op `now` (names are reused across
@@ -34,7 +35,6 @@ class Arena {
   char* buffer(const std::string& name, int32_t now) const { return at(alloc_of(name, now)); }
   int64_t bytes_of(int32_t alloc_op) const { return bytes_[alloc_op]; }
   int64_t extent_bytes() const { return plan_.extent_bytes; }
-  ~Arena();
 
  private:
   char* base_ = nullptr;

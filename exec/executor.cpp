@@ -25,7 +25,9 @@
 #include <sstream>
 
 #include "arena.hpp"
+#include "backend.hpp"
 #include "checkpoint.hpp"
+#include "cpu_backend.hpp"
 #include "sha256.hpp"
 #include "watchdog.hpp"
 #include "cpu_kernels.hpp"
@@ -63,22 +65,13 @@ std::string group_of_buffer(const std::string& name) {
 }
 
 template <class T>
-MPI_Datatype mpi_type();
-template <>
-MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
-template <>
-MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-
-template <class T>
 class Interpreter {
  public:
   Interpreter(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-              const RunOptions& options, int64_t rank)
+              const RunOptions& options, int64_t rank, Backend<T>& backend)
       : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
         grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
-        comms_(grid_, rank, program.devices_per_node),
-        watchdog_(options.watchdog_s),
-        collectives_(comms_, options.collectives_mpi, watchdog_) {
+        backend_(backend) {
     t_ = plan.tp_size;
     s_ = model.seq_length;
     b_ = plan.micro_batch_size;
@@ -94,8 +87,6 @@ class Interpreter {
     tokens_.assign(size_t(m * s_ * b_), 0);
     targets_.assign(size_t(m * s_ * b_), 0);
     sample_index_.assign(size_t(m * b_), 0);
-    loss_scratch_.assign(size_t(s_ * b_), T(0));
-    ce_stats_.assign(size_t(3 * s_ * b_), T(0));
     // Parameter groups present on this role, from its persistent allocs.
     for (const Op& op : role_.ops) {
       if (op.kind == OpKind::alloc && op.persistent && op.buffer.rfind("weights.", 0) == 0) {
@@ -120,8 +111,33 @@ class Interpreter {
 
   void create_arena() {
     ArenaPlan plan = plan_arena(role_);
-    arena_.create(role_, plan);
+    arena_memory_ = backend_.allocate(plan.extent_bytes);
+    arena_.create(role_, plan, arena_memory_);
+    // Data and scratch the kernels read, in backend memory, allocated once.
+    int64_t m = p_.num_microbatches;
+    int64_t tokens = s_ * b_;
+    aux_tokens_bytes_ = int64_t(sizeof(int32_t)) * m * tokens;
+    int64_t index_bytes = int64_t(sizeof(int64_t)) * m * b_;
+    int64_t scratch = int64_t(sizeof(T)) * tokens * 4;  // loss [N] and stats [3, N]
+    int64_t masks = s_local_ * b_ * h_;
+    aux_memory_ = backend_.allocate(2 * aux_tokens_bytes_ + index_bytes + scratch + masks);
+    char* at = aux_memory_;
+    tokens_dev_ = reinterpret_cast<int32_t*>(at);
+    at += aux_tokens_bytes_;
+    targets_dev_ = reinterpret_cast<int32_t*>(at);
+    at += aux_tokens_bytes_;
+    samples_dev_ = reinterpret_cast<int64_t*>(at);
+    at += index_bytes;
+    loss_scratch_ = reinterpret_cast<T*>(at);
+    ce_stats_ = loss_scratch_ + tokens;
+    at += scratch;
+    mask_scratch_ = reinterpret_cast<uint8_t*>(at);
     initialize_parameters();
+  }
+
+  ~Interpreter() {
+    if (arena_memory_) backend_.release(arena_memory_);
+    if (aux_memory_) backend_.release(aux_memory_);
   }
 
   // One training step; returns the loss on this rank's share (summed), the caller reduces it.
@@ -137,7 +153,11 @@ class Interpreter {
     loss_sum_ = 0;
     zero_persistent_grads();
     for (const Op& op : role_.ops) {
-      double start = records ? MPI_Wtime() - step_start : 0;
+      double start = 0;
+      if (records) {
+        backend_.synchronize();
+        start = backend_.now_s() - step_start;
+      }
       if (trace_ops_) {
         std::fprintf(stderr, "rank %lld step %lld op %d %s %s tag %lld\n", (long long)rank_,
                      (long long)step_index, op.id, to_string(op.kind), op.name.c_str(),
@@ -149,35 +169,57 @@ class Interpreter {
         std::this_thread::sleep_for(std::chrono::hours(1));
       }
       if (op.kind != OpKind::alloc && op.kind != OpKind::free) {
-        watchdog_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
-                              op.name + ")");
+        backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
+                             op.name + ")");
       }
       execute(op);
       if (records) {
-        double end = MPI_Wtime() - step_start;
+        backend_.synchronize();
+        double end = backend_.now_s() - step_start;
         records->push_back({rank_, op.id, start, end, start});
       }
     }
-    if (!pending_sends_.empty()) {
-      watchdog_.set_current("the end of the step (pipeline sends)");
-      watchdog_.wait_all(pending_sends_, pending_send_peers_);
-    }
-    pending_sends_.clear();
-    pending_send_peers_.clear();
+    backend_.finish_sends();
+    backend_.synchronize();
     return loss_sum_;
   }
 
-  std::map<std::string, int64_t> algorithms_used() const { return collectives_.algorithms_used; }
+  std::map<std::string, int64_t> algorithms_used() const { return backend_.algorithms_used(); }
 
-  // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order.
-  std::vector<std::pair<std::string, std::pair<char*, int64_t>>> state_buffers() {
-    std::vector<std::pair<std::string, std::pair<char*, int64_t>>> out;
+  // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order,
+  // as host mirrors (download_state fills them; upload_state writes them back).
+  StateBuffers state_buffers() {
+    StateBuffers out;
+    size_t i = 0;
     for (const Op& op : role_.ops) {
       if (op.kind != OpKind::alloc || !op.persistent) continue;
       if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
-      out.push_back({op.buffer, {arena_.at(op.id), arena_.bytes_of(op.id)}});
+      if (host_state_.size() <= i) host_state_.emplace_back(size_t(arena_.bytes_of(op.id)));
+      out.push_back({op.buffer, {host_state_[i].data(), arena_.bytes_of(op.id)}});
+      ++i;
     }
     return out;
+  }
+  StateBuffers download_state() {
+    StateBuffers state = state_buffers();
+    size_t i = 0;
+    for (const Op& op : role_.ops) {
+      if (op.kind != OpKind::alloc || !op.persistent) continue;
+      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+      backend_.download(state[i].second.first, arena_.at(op.id), state[i].second.second);
+      ++i;
+    }
+    return state;
+  }
+  void upload_state() {
+    StateBuffers state = state_buffers();
+    size_t i = 0;
+    for (const Op& op : role_.ops) {
+      if (op.kind != OpKind::alloc || !op.persistent) continue;
+      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+      backend_.upload(arena_.at(op.id), state[i].second.first, state[i].second.second);
+      ++i;
+    }
   }
 
  private:
@@ -233,7 +275,7 @@ class Interpreter {
   void zero_persistent_grads() {
     for (const Op& op : role_.ops) {
       if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads) {
-        std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
+        backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
       }
     }
   }
@@ -259,15 +301,17 @@ class Interpreter {
       bool sharded = weights ? plan_.zero_stage >= 3 : plan_.zero_stage >= 1;
       if (sharded) std::tie(first, last) = chunk_range(layout.elements, dp(), dp_rank());
       if (!weights) continue;  // optimizer moments start at zero (the arena is zeroed)
+      std::vector<T> host(size_t(last - first));
       for (const TensorSlice& tensor : layout.tensors) {
         for (int64_t e = std::max(first, tensor.offset);
              e < std::min(last, tensor.offset + tensor.elements()); ++e) {
           int64_t local = e - tensor.offset;
-          data[e - first] = T(initial_parameter(model_, t_, coord_.tp, group, tensor,
-                                                local / tensor.cols, local % tensor.cols,
-                                                options_.seed));
+          host[size_t(e - first)] = T(initial_parameter(model_, t_, coord_.tp, group, tensor,
+                                                        local / tensor.cols, local % tensor.cols,
+                                                        options_.seed));
         }
       }
+      backend_.upload(data, host.data(), int64_t(host.size() * sizeof(T)));
     }
   }
 
@@ -285,10 +329,13 @@ class Interpreter {
         }
       }
     }
+    backend_.upload(tokens_dev_, tokens_.data(), aux_tokens_bytes_);
+    backend_.upload(targets_dev_, targets_.data(), aux_tokens_bytes_);
+    backend_.upload(samples_dev_, sample_index_.data(), int64_t(sample_index_.size() * sizeof(int64_t)));
   }
-  const int32_t* tokens(int32_t mb) const { return tokens_.data() + size_t(mb) * size_t(s_ * b_); }
-  const int32_t* targets(int32_t mb) const { return targets_.data() + size_t(mb) * size_t(s_ * b_); }
-  const int64_t* samples(int32_t mb) const { return sample_index_.data() + size_t(mb) * size_t(b_); }
+  const int32_t* tokens(int32_t mb) const { return tokens_dev_ + size_t(mb) * size_t(s_ * b_); }
+  const int32_t* targets(int32_t mb) const { return targets_dev_ + size_t(mb) * size_t(s_ * b_); }
+  const int64_t* samples(int32_t mb) const { return samples_dev_ + size_t(mb) * size_t(b_); }
   int64_t s0() const { return plan_.sequence_parallel ? coord_.tp * s_local_ : 0; }
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
@@ -299,9 +346,7 @@ class Interpreter {
     switch (op.kind) {
       case OpKind::alloc:
         // Persistent buffers (weights, grads, optimizer state) live across steps.
-        if (zero_[op.id] && !op.persistent) {
-          std::memset(arena_.at(op.id), 0, size_t(arena_.bytes_of(op.id)));
-        }
+        if (zero_[op.id] && !op.persistent) backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
         return;
       case OpKind::free:
         return;
@@ -326,11 +371,8 @@ class Interpreter {
     }
   }
 
-  // Pipeline sends copy into a staging buffer of their own (allocated once, before the first
-  // step) so the arena can reuse the tensor at once: with MPI's rendezvous protocol a send
-  // completes only when the peer receives it, and waiting for that at the tensor's free would
-  // deadlock two stages that send to each other. Receives block at their op. All sends are
-  // completed at the end of the step.
+  // Pipeline transfers: the backend posts sends without waiting (and completes them at the end
+  // of the step); receives block, watched.
   void p2p(const Op& op) {
     int64_t stage = coord_.pp;
     RankCoord peer = coord_;
@@ -338,36 +380,10 @@ class Interpreter {
                                        : (stage + plan_.pp_size - 1) % plan_.pp_size;
     int peer_rank = int(grid_.rank(peer));
     const std::string& name = op.kind == OpKind::send ? in(op, 0) : out(op, 0);
-    T* data = buf(name, op);
-    int64_t n = count(name, op);
-    if (op.kind == OpKind::send) {
-      std::vector<T>& staging = send_staging_[op.id];
-      if (int64_t(staging.size()) < n) staging.resize(size_t(n));
-      std::copy(data, data + n, staging.data());
-      MPI_Request request;
-      check_mpi(MPI_Isend(staging.data(), int(n), mpi_type<T>(), peer_rank, int(op.tag),
-                          MPI_COMM_WORLD, &request),
-                "MPI_Isend", int(rank_));
-      pending_sends_.push_back(request);
-      pending_send_peers_.push_back(peer_rank);
-    } else {
-      std::vector<MPI_Request> request(1);
-      check_mpi(MPI_Irecv(data, int(n), mpi_type<T>(), peer_rank, int(op.tag), MPI_COMM_WORLD,
-                          &request[0]),
-                "MPI_Irecv", int(rank_));
-      watchdog_.wait_all(request, {peer_rank});
-    }
+    if (op.kind == OpKind::send) backend_.send(buf(name, op), count(name, op), peer_rank, op.tag);
+    else backend_.recv(buf(name, op), count(name, op), peer_rank, op.tag);
   }
 
- public:
-  // Bytes of the send staging buffers (outside the program's arena).
-  double send_staging_bytes() const {
-    double total = 0;
-    for (const auto& [id, v] : send_staging_) total += double(v.size() * sizeof(T));
-    return total;
-  }
-
- private:
   std::vector<Span<T>> spans(const std::vector<std::string>& names, const Op& op) {
     std::vector<Span<T>> out;
     for (const auto& n : names) out.push_back({buf(n, op), count(n, op)});
@@ -386,10 +402,10 @@ class Interpreter {
             if (tensor.replicated) parts.push_back({buf(name, op) + tensor.offset, tensor.elements()});
           }
         }
-        collectives_.all_reduce(op.group, op.algorithm, parts);
+        backend_.all_reduce(op.group, op.algorithm, parts);
         return;
       }
-      collectives_.all_reduce(op.group, op.algorithm, spans(op.outputs, op));
+      backend_.all_reduce(op.group, op.algorithm, spans(op.outputs, op));
       return;
     }
     if (op.kind == OpKind::reduce_scatter) {
@@ -398,30 +414,30 @@ class Interpreter {
           // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
           std::vector<Span<T>> full;
           for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf(in(op, i), op), count(in(op, i), op)});
-          collectives_.reduce_scatter(op.group, full);
+          backend_.reduce_scatter(op.group, full);
           for (size_t i = 0; i < op.inputs.size(); i += 2) {
             T* f = buf(in(op, i), op);
             T* shard = buf(in(op, i + 1), op);
             auto [first, last] = chunk_range(count(in(op, i), op), dp(), dp_rank());
-            for (int64_t e = first; e < last; ++e) shard[e - first] += f[e];
+            backend_.add(shard, f + first, last - first);
           }
           return;
         }
-        collectives_.reduce_scatter(op.group, spans(op.outputs, op));
+        backend_.reduce_scatter(op.group, spans(op.outputs, op));
         return;
       }
       // Sequence-parallel reduce_scatter: a [s, b, h] partial sum → this rank's s/t rows.
       T* full = buf(in(op, 0), op);
       int64_t n = count(in(op, 0), op);
       std::vector<Span<T>> one = {{full, n}};
-      collectives_.reduce_scatter(op.group, one);
-      auto [first, last] = chunk_range(n, comms_.size(op.group), comms_.index(op.group));
-      std::copy(full + first, full + last, buf(out(op, 0), op));
+      backend_.reduce_scatter(op.group, one);
+      auto [first, last] = chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+      backend_.copy(buf(out(op, 0), op), full + first, last - first);
       return;
     }
     // all_gather
     if (op.name == "param_gather") {
-      collectives_.all_gather(op.group, spans(op.outputs, op));
+      backend_.all_gather(op.group, spans(op.outputs, op));
       return;
     }
     if (op.name == "zero3_param_gather") {
@@ -429,38 +445,38 @@ class Interpreter {
       T* full = buf(out(op, 0), op);
       int64_t n = count(out(op, 0), op);
       auto [first, last] = chunk_range(n, dp(), dp_rank());
-      std::copy(shard, shard + (last - first), full + first);
-      collectives_.all_gather(op.group, {{full, n}});
+      backend_.copy(full + first, shard, last - first);
+      backend_.all_gather(op.group, {{full, n}});
       return;
     }
     // Sequence-parallel all_gather (and the loss statistics): this rank's part → chunk `index`.
     T* part = buf(in(op, 0), op);
     T* full = buf(out(op, 0), op);
     int64_t n = count(out(op, 0), op);
-    auto [first, last] = chunk_range(n, comms_.size(op.group), comms_.index(op.group));
-    std::copy(part, part + (last - first), full + first);
-    collectives_.all_gather(op.group, {{full, n}});
+    auto [first, last] = chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+    backend_.copy(full + first, part, last - first);
+    backend_.all_gather(op.group, {{full, n}});
   }
 
   void embedding(const Op& op) {
     int64_t v0 = coord_.tp * vocab_local_;
     bool backward = op.phase == Phase::backward;
     if (op.name == "word" && !backward) {
-      cpu::embedding_forward(tokens(op.microbatch), slice(in(op, 0), op, "embedding.weight"),
+      backend_.embedding_forward(tokens(op.microbatch), slice(in(op, 0), op, "embedding.weight"),
                              buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
     } else if (op.name == "word") {
-      cpu::embedding_backward(tokens(op.microbatch), buf(in(op, 0), op),
+      backend_.embedding_backward(tokens(op.microbatch), buf(in(op, 0), op),
                               slice(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
                               vocab_local_);
     } else if (!backward) {  // position_dropout forward: inputs [x, (position)] → [out, (mask)]
       T* x = buf(out(op, 0), op);
-      std::copy(buf(in(op, 0), op), buf(in(op, 0), op) + s_local_ * b_ * h_, x);
+      backend_.copy(x, buf(in(op, 0), op), s_local_ * b_ * h_);
       if (model_.position == PositionKind::learned) {
-        cpu::position_add_forward(x, slice(in(op, 1), op, "position.weight"), s_local_, b_, h_,
+        backend_.position_add_forward(x, slice(in(op, 1), op, "position.weight"), s_local_, b_, h_,
                                   s0(), model_.max_position_embeddings);
       }
       if (plan_.dropout > 0) {
-        cpu::dropout_add_forward<T>(x, nullptr, x, mask(out(op, 1), op), s_local_, b_, h_,
+        backend_.dropout_add_forward(x, nullptr, x, mask(out(op, 1), op), s_local_, b_, h_,
                                     dropout(op, cpu::DropoutSite::embedding), s0(),
                                     samples(op.microbatch));
       }
@@ -468,10 +484,10 @@ class Interpreter {
       T* g = buf(in(op, 0), op);
       T* d = buf(op.outputs.back(), op);
       int64_t n = s_local_ * b_ * h_;
-      if (plan_.dropout > 0) cpu::dropout_backward(g, mask(in(op, 1), op), d, n, plan_.dropout);
-      else std::copy(g, g + n, d);
+      if (plan_.dropout > 0) backend_.dropout_backward(g, mask(in(op, 1), op), d, n, plan_.dropout);
+      else backend_.copy(d, g, n);
       if (model_.position == PositionKind::learned) {
-        cpu::position_add_backward(d, slice(out(op, 0), op, "position.weight"), s_local_, b_, h_,
+        backend_.position_add_backward(d, slice(out(op, 0), op, "position.weight"), s_local_, b_, h_,
                                    s0(), model_.max_position_embeddings);
       }
     }
@@ -489,8 +505,8 @@ class Interpreter {
     if (op.phase != Phase::backward) {  // [x, w] → [y]
       T* w = slice(in(op, 1), op, prefix + ".weight");
       T* bias = layer ? slice(in(op, 1), op, prefix + ".bias") : nullptr;
-      if (layer) cpu::layernorm_forward(buf(in(op, 0), op), w, bias, buf(out(op, 0), op), rows, h_, eps);
-      else cpu::rmsnorm_forward(buf(in(op, 0), op), w, buf(out(op, 0), op), rows, h_, eps);
+      if (layer) backend_.layernorm_forward(buf(in(op, 0), op), w, bias, buf(out(op, 0), op), rows, h_, eps);
+      else backend_.rmsnorm_forward(buf(in(op, 0), op), w, buf(out(op, 0), op), rows, h_, eps);
       return;
     }
     // [x, d_y, w, g] → [g (+= dx), grads (+= dw, db)]
@@ -500,9 +516,9 @@ class Interpreter {
     T* dx = buf(out(op, 0), op);
     T* dw = slice(out(op, 1), op, prefix + ".weight");
     if (layer) {
-      cpu::layernorm_backward(x, w, dy, dx, dw, slice(out(op, 1), op, prefix + ".bias"), rows, h_, eps);
+      backend_.layernorm_backward(x, w, dy, dx, dw, slice(out(op, 1), op, prefix + ".bias"), rows, h_, eps);
     } else {
-      cpu::rmsnorm_backward(x, w, dy, dx, dw, rows, h_, eps);
+      backend_.rmsnorm_backward(x, w, dy, dx, dw, rows, h_, eps);
     }
   }
 
@@ -532,14 +548,14 @@ class Interpreter {
       T* w = slice(in(op, 1), op, l.tensor);
       T* bias = l.bias.empty() ? nullptr : slice(in(op, 1), op, l.bias);
       T* y = buf(out(op, 0), op);
-      cpu::linear_forward(buf(in(op, 0), op), w, bias, y, tokens, l.in, l.out);
+      backend_.linear_forward(buf(in(op, 0), op), w, bias, y, tokens, l.in, l.out);
       if (op.name == "logits") mask_padded_vocab(y, tokens);
     } else if (op.grad == "dgrad") {  // [dy, w (, dx)] → [dx]
-      cpu::linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
+      backend_.linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
                                 buf(out(op, 0), op), tokens, l.in, l.out, reads(op, out(op, 0)));
     } else {  // wgrad: [x, dy] → [grads]
       T* dbias = l.bias.empty() ? nullptr : slice(out(op, 0), op, l.bias);
-      cpu::linear_backward_weight(buf(in(op, 1), op), buf(in(op, 0), op),
+      backend_.linear_backward_weight(buf(in(op, 1), op), buf(in(op, 0), op),
                                   slice(out(op, 0), op, l.tensor), dbias, tokens, l.in, l.out);
     }
   }
@@ -549,9 +565,7 @@ class Interpreter {
     int64_t v0 = coord_.tp * vocab_local_;
     int64_t valid = std::max<int64_t>(0, std::min(vocab_local_, model_.vocab_size - v0));
     if (valid == vocab_local_) return;
-    for (int64_t row = 0; row < tokens; ++row) {
-      for (int64_t v = valid; v < vocab_local_; ++v) logits[row * vocab_local_ + v] = T(-1e30);
-    }
+    backend_.fill_columns(logits, tokens, vocab_local_, valid, T(-1e30));
   }
 
   int64_t head0() const { return coord_.tp * shape_.heads; }
@@ -563,35 +577,35 @@ class Interpreter {
     const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
     if (!backward) {
       if (op.name == "score") {
-        cpu::attention_score_forward(buf(in(op, 0), op), buf(out(op, 0), op), shape_, scale_);
+        backend_.attention_score_forward(buf(in(op, 0), op), buf(out(op, 0), op), shape_, scale_);
       } else if (op.name == "softmax") {
-        cpu::softmax_forward(buf(in(op, 0), op), buf(out(op, 0), op), square / shape_.s, shape_.s);
+        backend_.softmax_forward(buf(in(op, 0), op), buf(out(op, 0), op), square / shape_.s, shape_.s);
       } else if (op.name == "dropout") {
-        cpu::attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
+        backend_.attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
                                        mask(out(op, 1), op), shape_, drop, head0(),
                                        samples(op.microbatch));
       } else if (op.name == "value") {
-        cpu::attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
+        backend_.attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
       } else {  // flash: [qkv] → [ctx, lse]
-        cpu::flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf(out(op, 1), op),
+        backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf(out(op, 1), op),
                                      shape_, scale_, drop_ptr, head0(), samples(op.microbatch));
       }
       return;
     }
     if (op.name == "value") {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
-      cpu::attention_value_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+      backend_.attention_value_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                                     buf(out(op, 0), op), buf(out(op, 1), op), shape_);
     } else if (op.name == "dropout") {
-      cpu::dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), buf(out(op, 0), op), square,
+      backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), buf(out(op, 0), op), square,
                             plan_.dropout);
     } else if (op.name == "softmax") {
-      cpu::softmax_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
+      backend_.softmax_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                             square / shape_.s, shape_.s);
     } else if (op.name == "score") {  // [d_scores, qkv, d_qkv] → [d_qkv]
-      cpu::attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
+      backend_.attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                                     shape_, scale_);
     } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
-      cpu::flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+      backend_.flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                                     buf(in(op, 3), op), buf(out(op, 0), op), shape_, scale_,
                                     drop_ptr, head0(), samples(op.microbatch));
     }
@@ -602,17 +616,17 @@ class Interpreter {
     int64_t wide = s_ * b_ * (model_.intermediate_size / t_);
     int64_t local = s_local_ * b_ * h_;
     if (op.name == "rotary") {
-      if (backward) cpu::rotary_backward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
-      else cpu::rotary_forward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
+      if (backward) backend_.rotary_backward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
+      else backend_.rotary_forward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
     } else if (op.name == "gelu") {
-      if (backward) cpu::gelu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
-      else cpu::gelu_forward(buf(in(op, 0), op), buf(out(op, 0), op), wide);
+      if (backward) backend_.gelu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
+      else backend_.gelu_forward(buf(in(op, 0), op), buf(out(op, 0), op), wide);
     } else if (op.name == "swiglu") {
       if (backward) {
-        cpu::swiglu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+        backend_.swiglu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                              buf(out(op, 0), op), buf(out(op, 1), op), wide);
       } else {
-        cpu::swiglu_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
+        backend_.swiglu_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
       }
     } else if (op.name == "dropout_add" && !backward) {
       // [branch, residual, w] → [out, (mask)]: the row-parallel bias first.
@@ -620,19 +634,17 @@ class Interpreter {
       T* branch = buf(in(op, 0), op);
       if (model_.use_bias) {
         const T* bias = slice(in(op, 2), op, attention_branch ? "attn_out.bias" : "mlp_down.bias");
-        for (int64_t row = 0; row < s_local_ * b_; ++row) {
-          for (int64_t j = 0; j < h_; ++j) branch[row * h_ + j] += bias[j];
-        }
+        backend_.add_rows(branch, bias, s_local_ * b_, h_);
       }
       cpu::Dropout drop = dropout(op, attention_branch ? cpu::DropoutSite::attention_residual
                                                        : cpu::DropoutSite::mlp_residual);
       if (plan_.dropout == 0) drop.p = 0;
       uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : scratch_mask(local);
-      cpu::dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
+      backend_.dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
                                drop, s0(), samples(op.microbatch));
     } else if (op.name == "dropout_add") {  // [g, mask, wg] → [d, (wg)]
       T* d = buf(out(op, 0), op);
-      cpu::dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
+      backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
       if (model_.use_bias) add_bias_grad(op, d, in(op, 2));
     } else if (op.name == "mlp_bias_grad" || op.name == "attn_bias_grad") {  // [g, wg] → [wg]
       add_bias_grad(op, buf(in(op, 0), op), in(op, 1));
@@ -642,8 +654,8 @@ class Interpreter {
   }
 
   uint8_t* scratch_mask(int64_t n) {
-    if (int64_t(mask_scratch_.size()) < n) mask_scratch_.resize(size_t(n));
-    return mask_scratch_.data();
+    STEPCAST_CHECK(n <= s_local_ * b_ * h_, "mask scratch too small");
+    return mask_scratch_;
   }
 
   // Row-parallel bias gradient from the local tokens of a residual branch: the mlp branch's
@@ -652,22 +664,20 @@ class Interpreter {
     bool mlp = op.name == "mlp_bias_grad" ||
                (op.name == "dropout_add" && ends_with(op.inputs.at(1), "mask2"));
     T* db = slice(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
-    for (int64_t row = 0; row < s_local_ * b_; ++row) {
-      for (int64_t j = 0; j < h_; ++j) db[j] += d[row * h_ + j];
-    }
+    backend_.sum_rows(d, db, s_local_ * b_, h_);
   }
 
   void loss(const Op& op) {
     int64_t tokens = s_ * b_;
     int64_t v0 = coord_.tp * vocab_local_;
     if (op.name == "cross_entropy_stats") {
-      cpu::cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+      backend_.cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
                                tokens, v0, vocab_local_);
       return;
     }
     if (op.phase == Phase::backward) {  // [softmax] → [d_logits]
       double scale = 1.0 / double(plan_.global_batch_size * s_);
-      cpu::cross_entropy_backward(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+      backend_.cross_entropy_backward(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
                                   tokens, v0, vocab_local_, scale);
       return;
     }
@@ -677,15 +687,13 @@ class Interpreter {
     if (op.inputs.size() > 1) {
       stats_all = buf(in(op, 1), op);
     } else {
-      cpu::cross_entropy_stats(logits, targets(op.microbatch), ce_stats_.data(), tokens, v0, vocab_local_);
-      stats_all = ce_stats_.data();
+      backend_.cross_entropy_stats(logits, targets(op.microbatch), ce_stats_, tokens, v0, vocab_local_);
+      stats_all = ce_stats_;
     }
-    cpu::cross_entropy_forward(logits, stats_all, t_, buf(out(op, 0), op), loss_scratch_.data(),
-                               tokens, vocab_local_);
+    backend_.cross_entropy_forward(logits, stats_all, t_, buf(out(op, 0), op), loss_scratch_,
+                                   tokens, vocab_local_);
     // Each tp rank computes the same per-token loss: count it once.
-    if (coord_.tp == 0) {
-      for (int64_t i = 0; i < tokens; ++i) loss_sum_ += double(loss_scratch_[size_t(i)]);
-    }
+    if (coord_.tp == 0) loss_sum_ += backend_.sum(loss_scratch_, tokens);
   }
 
   // ---- optimizer ----
@@ -700,7 +708,7 @@ class Interpreter {
       T* full = buf(in(op, 0), op);
       T* shard = buf(out(op, 0), op);
       int64_t n = count(out(op, 0), op);
-      for (int64_t e = 0; e < n; ++e) shard[e] += full[e];
+      backend_.add(shard, full, n);
       return;
     }
     if (op.name == "grad_norm") {
@@ -714,14 +722,17 @@ class Interpreter {
         for (const TensorSlice& tensor : layout.tensors) {
           if (!counted_in_norm(group, tensor)) continue;
           int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
-          if (a < z) sum += cpu::grad_norm_sq(g + (a - base), z - a);
+          if (a < z) sum += backend_.grad_norm_sq(g + (a - base), z - a);
         }
       }
-      buf(out(op, 0), op)[0] = T(sum);
+      T value = T(sum);
+      backend_.upload(buf(out(op, 0), op), &value, sizeof(T));
       return;
     }
     STEPCAST_CHECK(op.name == "adamw", "unknown optimizer op " + op.name);
-    double norm = std::sqrt(double(buf("grad_norm_sq", op)[0]));
+    T norm_sq = 0;
+    backend_.download(&norm_sq, buf("grad_norm_sq", op), sizeof(T));
+    double norm = std::sqrt(double(norm_sq));
     last_grad_norm_ = norm;
     double clip = cpu::clip_coefficient(norm, options_.max_grad_norm);
     cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
@@ -740,7 +751,7 @@ class Interpreter {
         if (a >= z) continue;
         config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
         int64_t o = a - first;
-        cpu::adamw_step(w + o, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
+        backend_.adamw_step(w + o, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
       }
       (void)n_own;
     }
@@ -758,24 +769,28 @@ class Interpreter {
   RankGrid grid_;
   RankCoord coord_;
   const Role& role_;
-  GroupComms comms_;
-  Watchdog watchdog_;
-  Collectives<T> collectives_;
+  Backend<T>& backend_;
   Arena arena_;
+  char* arena_memory_ = nullptr;
+  char* aux_memory_ = nullptr;  // token ids, targets, sample indices, loss scratch, mask scratch
   int64_t t_, s_, b_, h_, s_local_, vocab_local_;
   cpu::AttentionShape shape_;
   double scale_;
   std::unique_ptr<TokenSource> source_;
-  std::vector<int32_t> tokens_, targets_;
+  std::vector<int32_t> tokens_, targets_;  // host copies, uploaded every step
   std::vector<int64_t> sample_index_;
-  std::vector<T> loss_scratch_, ce_stats_;
-  std::vector<uint8_t> mask_scratch_;
+  int64_t aux_tokens_bytes_ = 0;
+  int32_t* tokens_dev_ = nullptr;
+  int32_t* targets_dev_ = nullptr;
+  int64_t* samples_dev_ = nullptr;
+  T* loss_scratch_ = nullptr;
+  T* ce_stats_ = nullptr;
+  uint8_t* mask_scratch_ = nullptr;
+  std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
   std::vector<char> zero_;
-  std::vector<MPI_Request> pending_sends_;
-  std::vector<int> pending_send_peers_;
-  std::map<int32_t, std::vector<T>> send_staging_;
+
   int64_t step_ = 0;
   double loss_sum_ = 0;
   bool trace_ops_ = false;  // STEPCAST_TRACE_OPS: print every op before it runs (debugging hangs)
@@ -796,7 +811,7 @@ void save_checkpoint(Interpreter<T>& interpreter, const StepProgram& program, co
   std::string step_dir = dir + "/" + step_dir_name(steps_done);
   if (rank == 0) std::filesystem::create_directories(step_dir);
   MPI_Barrier(MPI_COMM_WORLD);
-  auto [bytes, hash] = write_rank_checkpoint(step_dir, rank, interpreter.state_buffers());
+  auto [bytes, hash] = write_rank_checkpoint(step_dir, rank, interpreter.download_state());
   std::vector<char> hashes(size_t(size) * 64);
   std::vector<int64_t> sizes(static_cast<size_t>(size));
   MPI_Gather(hash.data(), 64, MPI_CHAR, hashes.data(), 64, MPI_CHAR, 0, MPI_COMM_WORLD);
@@ -836,13 +851,16 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   RunOutput output;
-  Interpreter<T> interpreter(program, model, plan, options, rank);
+  std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
+      program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
+  Interpreter<T> interpreter(program, model, plan, options, rank, *backend);
   double rss_before = resident_bytes("VmRSS:");
   interpreter.create_arena();
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
     CheckpointInfo info = find_checkpoint(options.resume_dir, program.program_sha256);
     read_rank_checkpoint(info.path, rank, interpreter.state_buffers());
+    interpreter.upload_state();
     first_step = info.step;
     if (rank == 0 && !options.quiet) {
       std::cout << "resumed from " << info.path << " after step " << info.step << "\n";
@@ -867,10 +885,10 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   for (int64_t k = 0; k < steps; ++k) {
     MPI_Barrier(MPI_COMM_WORLD);
     double heap_before = double(mallinfo2().uordblks);
-    double start = MPI_Wtime();
+    double start = backend->now_s();
     double local_loss =
         interpreter.step(first_step + k, k == instrumented ? &records : nullptr, start);
-    double local_time = MPI_Wtime() - start;
+    double local_time = backend->now_s() - start;
     // Heap bytes the step left allocated (our code allocates nothing after step 1; what remains
     // is the MPI library's own request and buffer pools).
     if (k >= 1) heap_after_first += double(mallinfo2().uordblks) - heap_before;
@@ -968,7 +986,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   }
   r.memory["measured"] = measured;
   r.memory["measured_peak_bytes_max"] = measured_max;
-  r.memory["send_staging_bytes_rank0"] = interpreter.send_staging_bytes();
+
   r.program_sha256 = program.program_sha256;
   r.extra = {{"losses", output.losses},
              {"first_step", first_step},
@@ -976,7 +994,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
              {"step_time_min_s", *std::min_element(timed.begin(), timed.end())},
              {"step_time_max_s", *std::max_element(timed.begin(), timed.end())},
              {"timed_steps", timed.size()},
-             {"backend", "cpu"},
+             {"backend", backend->name()},
              {"dtype", to_string(plan.param_dtype)},
              {"collectives", options.collectives_mpi ? "mpi" : "program"},
              {"collective_algorithms_used", interpreter.algorithms_used()},

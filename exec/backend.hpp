@@ -1,0 +1,129 @@
+// The one backend interface of the executor: memory, the compute kernels, communication, timers.
+// The interpreter (executor.cpp) decides what runs on which buffers; a backend decides how: the
+// CPU backend (cpu_backend.hpp: OpenBLAS kernels, MPI collectives with the recorded algorithms)
+// and the CUDA backend (issue 6: cuBLASLt, own kernels, NCCL). Pointers passed to kernels and
+// collectives are backend memory (host for the CPU, device for CUDA); upload/download cross it.
+// Kernel signatures and semantics are cpu_kernels.hpp's, the reference every backend matches.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cpu_kernels.hpp"
+#include "mpi_collectives.hpp"
+#include "program.hpp"
+
+namespace stepcast {
+
+template <class T>
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory ----
+  virtual char* allocate(int64_t bytes) = 0;  // zero-filled
+  virtual void release(char* memory) = 0;
+  virtual void zero(void* memory, int64_t bytes) = 0;
+  virtual void upload(void* backend_dst, const void* host_src, int64_t bytes) = 0;
+  virtual void download(void* host_dst, const void* backend_src, int64_t bytes) = 0;
+
+  // ---- small element-wise helpers the interpreter needs ----
+  virtual void copy(T* dst, const T* src, int64_t n) = 0;
+  virtual void add(T* y, const T* x, int64_t n) = 0;                          // y += x
+  virtual void add_rows(T* x, const T* bias, int64_t rows, int64_t h) = 0;    // x[r] += bias
+  virtual void sum_rows(const T* x, T* out, int64_t rows, int64_t h) = 0;     // out += Σ_r x[r]
+  virtual void fill_columns(T* x, int64_t rows, int64_t cols, int64_t from, T value) = 0;
+  virtual double sum(const T* x, int64_t n) = 0;
+
+  // ---- compute kernels (cpu_kernels.hpp's semantics) ----
+  virtual void linear_forward(const T* x, const T* w, const T* bias, T* y, int64_t tokens,
+                              int64_t in, int64_t out) = 0;
+  virtual void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_t in,
+                                    int64_t out, bool accumulate) = 0;
+  virtual void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens,
+                                      int64_t in, int64_t out) = 0;
+  virtual void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask,
+                                   int64_t s, int64_t b, int64_t h, const cpu::Dropout& dropout,
+                                   int64_t s0, const int64_t* sample_index) = 0;
+  virtual void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, double p) = 0;
+  virtual void embedding_forward(const int32_t* tokens, const T* w, T* out, int64_t s, int64_t b,
+                                 int64_t h, int64_t v0, int64_t v_local) = 0;
+  virtual void embedding_backward(const int32_t* tokens, const T* dout, T* dw, int64_t s,
+                                  int64_t b, int64_t h, int64_t v0, int64_t v_local) = 0;
+  virtual void position_add_forward(T* x, const T* pos, int64_t s, int64_t b, int64_t h,
+                                    int64_t s0, int64_t max_positions) = 0;
+  virtual void position_add_backward(const T* dx, T* dpos, int64_t s, int64_t b, int64_t h,
+                                     int64_t s0, int64_t max_positions) = 0;
+  virtual void layernorm_forward(const T* x, const T* w, const T* bias, T* y, int64_t rows,
+                                 int64_t h, double eps) = 0;
+  virtual void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
+                                  int64_t rows, int64_t h, double eps) = 0;
+  virtual void rmsnorm_forward(const T* x, const T* w, T* y, int64_t rows, int64_t h,
+                               double eps) = 0;
+  virtual void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows,
+                                int64_t h, double eps) = 0;
+  virtual void rotary_forward(T* qkv, const cpu::AttentionShape& shape, double theta,
+                              int64_t s0) = 0;
+  virtual void rotary_backward(T* d_qkv, const cpu::AttentionShape& shape, double theta,
+                               int64_t s0) = 0;
+  virtual void attention_score_forward(const T* qkv, T* scores, const cpu::AttentionShape& shape,
+                                       double scale) = 0;
+  virtual void softmax_forward(const T* scores, T* probs, int64_t rows, int64_t cols) = 0;
+  virtual void attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask,
+                                         const cpu::AttentionShape& shape,
+                                         const cpu::Dropout& dropout, int64_t head0,
+                                         const int64_t* sample_index) = 0;
+  virtual void attention_value_forward(const T* probs_used, const T* qkv, T* ctx,
+                                       const cpu::AttentionShape& shape) = 0;
+  virtual void attention_value_backward(const T* d_ctx, const T* probs_used, const T* qkv,
+                                        T* d_probs_used, T* d_qkv,
+                                        const cpu::AttentionShape& shape) = 0;
+  virtual void softmax_backward(const T* d_probs, const T* probs, T* d_scores, int64_t rows,
+                                int64_t cols) = 0;
+  virtual void attention_score_backward(const T* d_scores, const T* qkv, T* d_qkv,
+                                        const cpu::AttentionShape& shape, double scale) = 0;
+  virtual void flash_attention_forward(const T* qkv, T* ctx, T* lse,
+                                       const cpu::AttentionShape& shape, double scale,
+                                       const cpu::Dropout* dropout, int64_t head0,
+                                       const int64_t* sample_index) = 0;
+  virtual void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T* d_ctx,
+                                        T* d_qkv, const cpu::AttentionShape& shape, double scale,
+                                        const cpu::Dropout* dropout, int64_t head0,
+                                        const int64_t* sample_index) = 0;
+  virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
+  virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
+  virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
+  virtual void swiglu_backward(const T* gate, const T* up, const T* d_act, T* d_gate, T* d_up,
+                               int64_t n) = 0;
+  virtual void cross_entropy_stats(const T* logits, const int32_t* targets, T* stats,
+                                   int64_t tokens, int64_t v0, int64_t v_local) = 0;
+  virtual void cross_entropy_forward(const T* logits, const T* stats_all, int64_t tp, T* softmax,
+                                     T* loss, int64_t tokens, int64_t v_local) = 0;
+  virtual void cross_entropy_backward(const T* softmax, const int32_t* targets, T* dlogits,
+                                      int64_t tokens, int64_t v0, int64_t v_local,
+                                      double scale) = 0;
+  virtual double grad_norm_sq(const T* g, int64_t n) = 0;
+  virtual void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
+                          const cpu::AdamW& config, int64_t step, double clip_coef) = 0;
+
+  // ---- communication ----
+  virtual void all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) = 0;
+  virtual void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) = 0;
+  virtual void all_gather(GroupKind group, std::vector<Span<T>> buffers) = 0;
+  virtual int group_size(GroupKind group) const = 0;
+  virtual int group_index(GroupKind group) const = 0;
+  virtual void send(const T* data, int64_t n, int peer, int64_t tag) = 0;  // returns at once
+  virtual void recv(T* data, int64_t n, int peer, int64_t tag) = 0;        // blocks (watched)
+  virtual void finish_sends() = 0;                                          // end of step
+  virtual std::map<std::string, int64_t> algorithms_used() const = 0;
+
+  // ---- synchronisation and timers ----
+  virtual void synchronize() = 0;
+  virtual double now_s() = 0;  // after synchronize(): wall clock comparable across ranks
+  virtual void set_current(const std::string& what) = 0;  // for the watchdog's message
+};
+
+}  // namespace stepcast

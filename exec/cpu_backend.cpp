@@ -1,0 +1,277 @@
+// The CPU backend of cpu_backend.hpp: forwards kernels to cpu_kernels.hpp, collectives to
+// mpi_collectives.hpp, and sends pipeline tensors from staging copies (so the arena may reuse a
+// tensor at once: with MPI's rendezvous protocol a send completes only when the peer receives,
+// and waiting for that at the tensor's free would deadlock two stages sending to each other).
+#include "cpu_backend.hpp"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+namespace {
+
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+template <class T>
+class CpuBackend final : public Backend<T> {
+ public:
+  CpuBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node, bool use_mpi,
+             double watchdog_s)
+      : rank_(int(rank)), comms_(grid, rank, devices_per_node), watchdog_(watchdog_s),
+        collectives_(comms_, use_mpi, watchdog_) {}
+  const char* name() const override { return "cpu"; }
+
+  char* allocate(int64_t bytes) override {
+    size_t size = size_t((std::max<int64_t>(64, bytes) + 63) / 64 * 64);
+    char* p = static_cast<char*>(std::aligned_alloc(64, size));
+    STEPCAST_CHECK(p != nullptr, "cannot allocate " + std::to_string(size) + " bytes");
+    std::memset(p, 0, size);
+    return p;
+  }
+  void release(char* memory) override { std::free(memory); }
+  void zero(void* memory, int64_t bytes) override { std::memset(memory, 0, size_t(bytes)); }
+  void upload(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, size_t(bytes)); }
+  void download(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, size_t(bytes)); }
+
+  void copy(T* dst, const T* src, int64_t n) override { std::copy(src, src + n, dst); }
+  void add(T* y, const T* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void add_rows(T* x, const T* bias, int64_t rows, int64_t h) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < h; ++j) x[r * h + j] += bias[j];
+    }
+  }
+  void sum_rows(const T* x, T* out, int64_t rows, int64_t h) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < h; ++j) out[j] += x[r * h + j];
+    }
+  }
+  void fill_columns(T* x, int64_t rows, int64_t cols, int64_t from, T value) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = from; c < cols; ++c) x[r * cols + c] = value;
+    }
+  }
+  double sum(const T* x, int64_t n) override {
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += double(x[i]);
+    return total;
+  }
+
+  void linear_forward(const T* x, const T* w, const T* bias, T* y, int64_t tokens, int64_t in,
+                      int64_t out) override {
+    cpu::linear_forward(x, w, bias, y, tokens, in, out);
+  }
+  void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_t in,
+                            int64_t out, bool accumulate) override {
+    cpu::linear_backward_data(dy, w, dx, tokens, in, out, accumulate);
+  }
+  void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens,
+                              int64_t in, int64_t out) override {
+    cpu::linear_backward_weight(dy, x, dw, dbias, tokens, in, out);
+  }
+  void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, int64_t s,
+                           int64_t b, int64_t h, const cpu::Dropout& dropout, int64_t s0,
+                           const int64_t* sample_index) override {
+    cpu::dropout_add_forward(x, residual, out, mask, s, b, h, dropout, s0, sample_index);
+  }
+  void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, double p) override {
+    cpu::dropout_backward(dy, mask, dx, n, p);
+  }
+  void embedding_forward(const int32_t* tokens, const T* w, T* out, int64_t s, int64_t b,
+                         int64_t h, int64_t v0, int64_t v_local) override {
+    cpu::embedding_forward(tokens, w, out, s, b, h, v0, v_local);
+  }
+  void embedding_backward(const int32_t* tokens, const T* dout, T* dw, int64_t s, int64_t b,
+                          int64_t h, int64_t v0, int64_t v_local) override {
+    cpu::embedding_backward(tokens, dout, dw, s, b, h, v0, v_local);
+  }
+  void position_add_forward(T* x, const T* pos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                            int64_t max_positions) override {
+    cpu::position_add_forward(x, pos, s, b, h, s0, max_positions);
+  }
+  void position_add_backward(const T* dx, T* dpos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                             int64_t max_positions) override {
+    cpu::position_add_backward(dx, dpos, s, b, h, s0, max_positions);
+  }
+  void layernorm_forward(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t h,
+                         double eps) override {
+    cpu::layernorm_forward(x, w, bias, y, rows, h, eps);
+  }
+  void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db, int64_t rows,
+                          int64_t h, double eps) override {
+    cpu::layernorm_backward(x, w, dy, dx, dw, db, rows, h, eps);
+  }
+  void rmsnorm_forward(const T* x, const T* w, T* y, int64_t rows, int64_t h, double eps) override {
+    cpu::rmsnorm_forward(x, w, y, rows, h, eps);
+  }
+  void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows, int64_t h,
+                        double eps) override {
+    cpu::rmsnorm_backward(x, w, dy, dx, dw, rows, h, eps);
+  }
+  void rotary_forward(T* qkv, const cpu::AttentionShape& shape, double theta, int64_t s0) override {
+    cpu::rotary_forward(qkv, shape, theta, s0);
+  }
+  void rotary_backward(T* d_qkv, const cpu::AttentionShape& shape, double theta,
+                       int64_t s0) override {
+    cpu::rotary_backward(d_qkv, shape, theta, s0);
+  }
+  void attention_score_forward(const T* qkv, T* scores, const cpu::AttentionShape& shape,
+                               double scale) override {
+    cpu::attention_score_forward(qkv, scores, shape, scale);
+  }
+  void softmax_forward(const T* scores, T* probs, int64_t rows, int64_t cols) override {
+    cpu::softmax_forward(scores, probs, rows, cols);
+  }
+  void attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask,
+                                 const cpu::AttentionShape& shape, const cpu::Dropout& dropout,
+                                 int64_t head0, const int64_t* sample_index) override {
+    cpu::attention_dropout_forward(probs, probs_drop, mask, shape, dropout, head0, sample_index);
+  }
+  void attention_value_forward(const T* probs_used, const T* qkv, T* ctx,
+                               const cpu::AttentionShape& shape) override {
+    cpu::attention_value_forward(probs_used, qkv, ctx, shape);
+  }
+  void attention_value_backward(const T* d_ctx, const T* probs_used, const T* qkv,
+                                T* d_probs_used, T* d_qkv,
+                                const cpu::AttentionShape& shape) override {
+    cpu::attention_value_backward(d_ctx, probs_used, qkv, d_probs_used, d_qkv, shape);
+  }
+  void softmax_backward(const T* d_probs, const T* probs, T* d_scores, int64_t rows,
+                        int64_t cols) override {
+    cpu::softmax_backward(d_probs, probs, d_scores, rows, cols);
+  }
+  void attention_score_backward(const T* d_scores, const T* qkv, T* d_qkv,
+                                const cpu::AttentionShape& shape, double scale) override {
+    cpu::attention_score_backward(d_scores, qkv, d_qkv, shape, scale);
+  }
+  void flash_attention_forward(const T* qkv, T* ctx, T* lse, const cpu::AttentionShape& shape,
+                               double scale, const cpu::Dropout* dropout, int64_t head0,
+                               const int64_t* sample_index) override {
+    cpu::flash_attention_forward(qkv, ctx, lse, shape, scale, dropout, head0, sample_index);
+  }
+  void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T* d_ctx,
+                                T* d_qkv, const cpu::AttentionShape& shape, double scale,
+                                const cpu::Dropout* dropout, int64_t head0,
+                                const int64_t* sample_index) override {
+    cpu::flash_attention_backward(qkv, ctx, lse, d_ctx, d_qkv, shape, scale, dropout, head0,
+                                  sample_index);
+  }
+  void gelu_forward(const T* x, T* y, int64_t n) override { cpu::gelu_forward(x, y, n); }
+  void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) override {
+    cpu::gelu_backward(x, dy, dx, n);
+  }
+  void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) override {
+    cpu::swiglu_forward(gate, up, act, n);
+  }
+  void swiglu_backward(const T* gate, const T* up, const T* d_act, T* d_gate, T* d_up,
+                       int64_t n) override {
+    cpu::swiglu_backward(gate, up, d_act, d_gate, d_up, n);
+  }
+  void cross_entropy_stats(const T* logits, const int32_t* targets, T* stats, int64_t tokens,
+                           int64_t v0, int64_t v_local) override {
+    cpu::cross_entropy_stats(logits, targets, stats, tokens, v0, v_local);
+  }
+  void cross_entropy_forward(const T* logits, const T* stats_all, int64_t tp, T* softmax, T* loss,
+                             int64_t tokens, int64_t v_local) override {
+    cpu::cross_entropy_forward(logits, stats_all, tp, softmax, loss, tokens, v_local);
+  }
+  void cross_entropy_backward(const T* softmax, const int32_t* targets, T* dlogits,
+                              int64_t tokens, int64_t v0, int64_t v_local, double scale) override {
+    cpu::cross_entropy_backward(softmax, targets, dlogits, tokens, v0, v_local, scale);
+  }
+  double grad_norm_sq(const T* g, int64_t n) override { return cpu::grad_norm_sq(g, n); }
+  void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
+                  const cpu::AdamW& config, int64_t step, double clip_coef) override {
+    cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
+  }
+
+  void all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) override {
+    collectives_.all_reduce(group, algorithm, std::move(buffers));
+  }
+  void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) override {
+    collectives_.reduce_scatter(group, std::move(buffers));
+  }
+  void all_gather(GroupKind group, std::vector<Span<T>> buffers) override {
+    collectives_.all_gather(group, std::move(buffers));
+  }
+  int group_size(GroupKind group) const override { return comms_.size(group); }
+  int group_index(GroupKind group) const override { return comms_.index(group); }
+
+  void send(const T* data, int64_t n, int peer, int64_t tag) override {
+    // One staging buffer per (peer, tag): allocated on the first step, reused afterwards.
+    std::vector<T>& staging = staging_[{peer, tag}];
+    if (int64_t(staging.size()) < n) staging.resize(size_t(n));
+    std::copy(data, data + n, staging.data());
+    MPI_Request request;
+    check_mpi(MPI_Isend(staging.data(), int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD,
+                        &request),
+              "MPI_Isend", rank_);
+    pending_.push_back(request);
+    pending_peers_.push_back(peer);
+  }
+  void recv(T* data, int64_t n, int peer, int64_t tag) override {
+    std::vector<MPI_Request> request(1);
+    check_mpi(MPI_Irecv(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request[0]),
+              "MPI_Irecv", rank_);
+    watchdog_.wait_all(request, {peer});
+  }
+  void finish_sends() override {
+    if (pending_.empty()) return;
+    watchdog_.set_current("the end of the step (pipeline sends)");
+    watchdog_.wait_all(pending_, pending_peers_);
+    pending_.clear();
+    pending_peers_.clear();
+  }
+  std::map<std::string, int64_t> algorithms_used() const override {
+    return collectives_.algorithms_used;
+  }
+
+  void synchronize() override {}
+  double now_s() override { return MPI_Wtime(); }
+  void set_current(const std::string& what) override { watchdog_.set_current(what); }
+
+  // Bytes of the send staging buffers (outside the program's arena).
+  double staging_bytes() const {
+    double total = 0;
+    for (const auto& [key, v] : staging_) total += double(v.size() * sizeof(T));
+    return total;
+  }
+
+ private:
+  int rank_;
+  GroupComms comms_;
+  Watchdog watchdog_;
+  Collectives<T> collectives_;
+  std::map<std::pair<int, int64_t>, std::vector<T>> staging_;
+  std::vector<MPI_Request> pending_;
+  std::vector<int> pending_peers_;
+};
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<Backend<T>> make_cpu_backend(const RankGrid& grid, int64_t rank,
+                                             int64_t devices_per_node, bool use_mpi_collectives,
+                                             double watchdog_s) {
+  return std::make_unique<CpuBackend<T>>(grid, rank, devices_per_node, use_mpi_collectives,
+                                         watchdog_s);
+}
+
+template std::unique_ptr<Backend<float>> make_cpu_backend<float>(const RankGrid&, int64_t, int64_t,
+                                                                 bool, double);
+template std::unique_ptr<Backend<double>> make_cpu_backend<double>(const RankGrid&, int64_t,
+                                                                   int64_t, bool, double);
+
+}  // namespace stepcast
