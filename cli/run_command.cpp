@@ -138,6 +138,19 @@ int run_run(int argc, char** argv) {
               << ", MFU " << r.mfu << ", measured peak "
               << format_bytes(r.memory["measured_peak_bytes_max"].get<double>()) << " (model "
               << format_bytes(r.memory["peak_bytes_max"].get<double>()) << ")\n";
+    // Memory: the model's bytes by class (the arena allocates exactly these buffers) next to the
+    // measured high-water mark, which comes from the process, not from our bookkeeping.
+    const Json& rank0 = r.memory["ranks"][0];
+    std::cout << "memory of rank 0, predicted by class:";
+    for (const char* c : {"weights", "grads", "optimizer", "activations", "workspace", "comm"}) {
+      std::cout << " " << c << " "
+                << format_bytes(rank0["memory_" + std::string(c) + "_bytes"].get<double>());
+    }
+    double program_peak = rank0["peak_bytes"].get<double>() - rank0["memory_runtime_bytes"].get<double>();
+    std::cout << "; peak " << format_bytes(program_peak) << " + runtime allowance "
+              << format_bytes(rank0["memory_runtime_bytes"].get<double>()) << "\n"
+              << "memory of rank 0, measured: " << format_bytes(r.memory["measured"][0]["measured_peak_bytes"].get<double>())
+              << " above the level before the arena (process high-water mark)\n";
     if (vm->count("out")) {
       std::string dir = (*vm)["out"].as<std::string>();
       write_output_file(dir, "measurement.json", step_result_to_json(r).dump() + "\n");

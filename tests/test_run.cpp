@@ -133,6 +133,17 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
   std::printf("cross-plan: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
 }
 
+TEST_CASE("run: MPI's own collectives give the same curve as the program's algorithms", "[run]") {
+  Json p = plan(2, 1, 2, 1, "1f1b", "none", true, false, 1, true);
+  RunResult ours = run_plan("tiny", p, 5), theirs = run_plan("tiny", p, 5, "--collectives mpi");
+  INFO(theirs.output);
+  REQUIRE(ours.exit_code == 0);
+  REQUIRE(theirs.exit_code == 0);
+  CHECK(max_relative_difference(losses(theirs), losses(ours)) < 1e-9);
+  CHECK(theirs.measurement.at("collectives") == "mpi");
+  CHECK(theirs.measurement.at("collective_algorithms_used").contains("mpi"));
+}
+
 TEST_CASE("run: fp32 plans stay within 1e-4 of the single-rank fp32 curve", "[run]") {
   RunResult single = run_plan("tiny", plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false, "fp32"), 10);
   REQUIRE(single.exit_code == 0);
