@@ -12,6 +12,10 @@
 
 namespace stepcast::cli {
 
+namespace {
+const char* const kUsage = "usage: stepcast compare PREDICTION MEASUREMENT [--program FILE] [--out DIR]";
+}  // namespace
+
 int run_compare(int argc, char** argv) {
   po::options_description options("stepcast compare options");
   options.add_options()
@@ -22,8 +26,8 @@ int run_compare(int argc, char** argv) {
       ("help,h", "show this help");
   po::options_description files;
   files.add_options()
-      ("prediction", po::value<std::string>()->required(), "prediction.json")
-      ("measurement", po::value<std::string>()->required(), "measurement.json");
+      ("prediction", po::value<std::string>(), "prediction.json")
+      ("measurement", po::value<std::string>(), "measurement.json");
   po::options_description all;
   all.add(options).add(files);
   po::positional_options_description positional;
@@ -32,7 +36,7 @@ int run_compare(int argc, char** argv) {
   try {
     po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
     if (vm.count("help")) {
-      std::cout << "usage: stepcast compare PREDICTION MEASUREMENT [--program FILE] [--out DIR]\n"
+      std::cout << kUsage << "\n"
                    "Joins a prediction (prediction.json of `stepcast simulate`) and a measurement\n"
                    "(measurement.json of `stepcast run`) of the same program on (rank, id):\n"
                    "step-time and breakdown error, memory error by class, per-op-kind and\n"
@@ -42,8 +46,11 @@ int run_compare(int argc, char** argv) {
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    throw InputError(std::string("command line: ") + e.what() +
-                     " (usage: stepcast compare PREDICTION MEASUREMENT [--out DIR])");
+    throw InputError(std::string("command line: ") + e.what() + " (" + kUsage + ")");
+  }
+  if (!vm.count("measurement")) {
+    throw InputError(std::string("command line: compare takes two files, a prediction and a "
+                                 "measurement (") + kUsage + ")");
   }
   std::string prediction_file = vm["prediction"].as<std::string>();
   std::string measurement_file = vm["measurement"].as<std::string>();

@@ -17,13 +17,6 @@ namespace stepcast {
 namespace {
 
 template <class T>
-MPI_Datatype mpi_type();
-template <>
-MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
-template <>
-MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-
-template <class T>
 class CpuBackend final : public Backend<T> {
  public:
   CpuBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node, bool use_mpi,

@@ -190,39 +190,37 @@ class Interpreter {
   // as host mirrors (download_state fills them; upload_state writes them back).
   StateBuffers state_buffers() {
     StateBuffers out;
-    size_t i = 0;
-    for (const Op& op : role_.ops) {
-      if (op.kind != OpKind::alloc || !op.persistent) continue;
-      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+    for_each_state_buffer([&](const Op& op, size_t i) {
       if (host_state_.size() <= i) host_state_.emplace_back(size_t(arena_.bytes_of(op.id)));
       out.push_back({op.buffer, {host_state_[i].data(), arena_.bytes_of(op.id)}});
-      ++i;
-    }
+    });
     return out;
   }
   StateBuffers download_state() {
     StateBuffers state = state_buffers();
-    size_t i = 0;
-    for (const Op& op : role_.ops) {
-      if (op.kind != OpKind::alloc || !op.persistent) continue;
-      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+    for_each_state_buffer([&](const Op& op, size_t i) {
       backend_.download(state[i].second.first, arena_.at(op.id), state[i].second.second);
-      ++i;
-    }
+    });
     return state;
   }
   void upload_state() {
     StateBuffers state = state_buffers();
+    for_each_state_buffer([&](const Op& op, size_t i) {
+      backend_.upload(arena_.at(op.id), state[i].second.first, state[i].second.second);
+    });
+  }
+
+ private:
+  template <class F>
+  void for_each_state_buffer(F&& f) {
     size_t i = 0;
     for (const Op& op : role_.ops) {
       if (op.kind != OpKind::alloc || !op.persistent) continue;
       if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
-      backend_.upload(arena_.at(op.id), state[i].second.first, state[i].second.second);
-      ++i;
+      f(op, i++);
     }
   }
 
- private:
   // ---- buffers ----
   T* buf(const std::string& name, const Op& op) {
     return reinterpret_cast<T*>(arena_.buffer(name, op.id));

@@ -26,14 +26,12 @@ int world_rank() {
   return r;
 }
 
-template <class T>
-MPI_Datatype mpi_type();
+}  // namespace
+
 template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-
-}  // namespace
 
 GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_node) {
   for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,

@@ -83,6 +83,10 @@ class Collectives {
   std::vector<T> send_, recv_;  // grow on first use, reused afterwards
 };
 
+// The MPI datatype of float and double.
+template <class T>
+MPI_Datatype mpi_type();
+
 // MPI errors abort with the rank and the call (the executor's MPI calls go through this).
 void check_mpi(int code, const char* call, int rank);
 

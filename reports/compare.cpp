@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "errors.hpp"
@@ -20,7 +21,6 @@ namespace stepcast {
 
 namespace {
 
-const char* const kBreakdownKeys[] = {"compute", "exposed_comm", "bubble", "optimizer"};
 const char* const kMemoryKeys[] = {"memory_weights_bytes",     "memory_grads_bytes",
                                    "memory_optimizer_bytes",   "memory_activations_bytes",
                                    "memory_workspace_bytes",   "memory_comm_bytes",
@@ -80,17 +80,6 @@ const Json* memory_entry_of_rank(const Json& ranks, int64_t rank) {
     }
   }
   return nullptr;
-}
-
-std::string op_label(const Op& op) {
-  OpGroupCompare g;
-  g.kind = to_string(op.kind);
-  if (is_compute(op.kind)) g.name = op.grad.empty() ? op.name : op.name + "/" + op.grad;
-  if (is_collective(op.kind)) {
-    g.group = to_string(op.group);
-    g.algorithm = to_string(op.algorithm);
-  }
-  return g.label();
 }
 
 void add_to_group(std::map<std::string, OpGroupCompare>& groups, OpGroupCompare key,
@@ -245,6 +234,124 @@ StepProgram program_from_inputs(const StepResult& result, const std::string& fil
   return program;
 }
 
+namespace {
+
+// Memory by class, rank entry by rank entry (both sides list the same entries), and the measured
+// high-water marks.
+void compare_memory(const StepResult& prediction, const StepResult& measurement, CompareResult& c) {
+  const Json& p_ranks = prediction.memory.at("ranks");
+  const Json& m_ranks = measurement.memory.at("ranks");
+  double arena_peak_max = 0;
+  for (const Json& pe : p_ranks) {
+    RankMemoryCompare rm;
+    rm.rank = integer(pe, "rank", "prediction", "memory.ranks[].");
+    rm.stage = integer(pe, "stage", "prediction", "memory.ranks[].");
+    for (const Json& range : pe.at("ranks")) rm.ranks.emplace_back(range.at(0), range.at(1));
+    const Json* me = memory_entry_of_rank(m_ranks, rm.rank);
+    if (!me) {
+      throw_input_error("measurement", "memory.ranks", "", "has no entry for rank " +
+                        std::to_string(rm.rank) + ", which the prediction lists",
+                        "the memory of the same program");
+    }
+    for (const char* key : kMemoryKeys) {
+      rm.classes.push_back({key, number(pe, key, "prediction", "memory.ranks[]."),
+                            number(*me, key, "measurement", "memory.ranks[].")});
+    }
+    arena_peak_max = std::max(arena_peak_max, pe.at("peak_bytes").get<double>() -
+                                                  pe.at("memory_runtime_bytes").get<double>());
+    c.memory_ranks.push_back(std::move(rm));
+  }
+  c.peak_bytes_max = {"peak_bytes_max", number(prediction.memory, "peak_bytes_max", "prediction", "memory."),
+                      number(measurement.memory, "peak_bytes_max", "measurement", "memory.")};
+  if (measurement.memory.contains("measured_peak_bytes_max")) {
+    c.measured_peak_max = MeasuredPeakCompare{
+        -1, arena_peak_max, number(measurement.memory, "measured_peak_bytes_max", "measurement", "memory.")};
+  }
+  for (const Json& mp : measurement.memory.value("measured", Json::array())) {
+    MeasuredPeakCompare rank_peak;
+    rank_peak.rank = integer(mp, "rank", "measurement", "memory.measured[].");
+    rank_peak.measured_peak_bytes = number(mp, "measured_peak_bytes", "measurement", "memory.measured[].");
+    const Json* pe = memory_entry_of_rank(p_ranks, rank_peak.rank);
+    if (!pe) continue;  // a rank the prediction's memory does not list: nothing to compare with
+    rank_peak.predicted_arena_peak_bytes =
+        number(*pe, "peak_bytes", "prediction") - number(*pe, "memory_runtime_bytes", "prediction");
+    c.measured_peak_ranks.push_back(rank_peak);
+  }
+}
+
+// The op join on (rank, id) and its aggregations.
+void compare_ops(const StepResult& prediction, const StepResult& measurement,
+                 const StepProgram& program, CompareResult& c) {
+  auto check_record = [&](const OpRecord& r, const char* side) {
+    if (r.rank < 0 || r.rank >= program.world_size() || r.id < 0 ||
+        r.id >= int32_t(program.role_of_rank(r.rank).ops.size())) {
+      throw_input_error(side, "ops[]", "{rank " + std::to_string(r.rank) + ", id " +
+                        std::to_string(r.id) + "}", "is not an op of the program",
+                        "ranks 0.." + std::to_string(program.world_size() - 1) +
+                            " and the ids of their role");
+    }
+  };
+  std::map<std::pair<int64_t, int32_t>, const OpRecord*> predicted;
+  std::set<int64_t> p_ranks, m_ranks;
+  for (const OpRecord& r : prediction.ops) {
+    check_record(r, "prediction");
+    predicted[{r.rank, r.id}] = &r;
+    p_ranks.insert(r.rank);
+  }
+  c.predicted_ranks.assign(p_ranks.begin(), p_ranks.end());
+  auto duration = [](const OpRecord& r) { return std::max(0.0, r.end_s - std::max(r.start_s, r.ready_s)); };
+  std::map<std::string, OpGroupCompare> kinds, names, collectives, finest;
+  std::vector<OpCompare> ops;
+  for (const OpRecord& mr : measurement.ops) {
+    check_record(mr, "measurement");
+    m_ranks.insert(mr.rank);
+    auto it = predicted.find({mr.rank, mr.id});
+    if (it == predicted.end()) {
+      ++c.ops_measured_only;
+      continue;
+    }
+    ++c.ops_joined;
+    const Op& op = program.role_of_rank(mr.rank).ops[mr.id];
+    if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+    if (is_collective(op.kind) || op.kind == OpKind::recv) {
+      ++c.waiting_ops_joined;
+      c.waiting_ops_measured_ready_at_start += mr.ready_s == mr.start_s;
+    }
+    double p_s = duration(*it->second), m_s = duration(mr);
+    OpGroupCompare key;
+    key.kind = to_string(op.kind);
+    add_to_group(kinds, key, p_s, m_s);
+    if (is_compute(op.kind)) {
+      key.name = op.grad.empty() ? op.name : op.name + "/" + op.grad;
+      add_to_group(names, key, p_s, m_s);
+    } else if (is_collective(op.kind)) {
+      key.group = to_string(op.group);
+      key.algorithm = to_string(op.algorithm);
+      add_to_group(collectives, key, p_s, m_s);
+    }
+    add_to_group(finest, key, p_s, m_s);
+    std::ostringstream label;
+    label << key.label() << " (" << to_string(op.phase);
+    if (op.layer >= 0) label << ", layer " << op.layer;
+    if (op.microbatch >= 0) label << ", microbatch " << op.microbatch;
+    label << ")";
+    ops.push_back({mr.rank, mr.id, label.str(), p_s, m_s});
+  }
+  c.measured_ranks.assign(m_ranks.begin(), m_ranks.end());
+  c.ops_predicted_only = int64_t(predicted.size()) - c.ops_joined;
+  c.by_kind = sorted_groups(kinds, false);
+  c.by_compute_name = sorted_groups(names, false);
+  c.by_collective = sorted_groups(collectives, false);
+  c.contributors = sorted_groups(finest, true);
+  std::stable_sort(ops.begin(), ops.end(), [](const OpCompare& a, const OpCompare& b) {
+    return std::abs(a.error_s()) > std::abs(b.error_s());
+  });
+  if (ops.size() > size_t(kCompareTopOps)) ops.resize(kCompareTopOps);
+  c.top_ops = std::move(ops);
+}
+
+}  // namespace
+
 CompareResult compare_results(const StepResult& prediction, const StepResult& measurement,
                               const StepProgram& program) {
   check_comparable(prediction, measurement, "prediction", "measurement");
@@ -264,109 +371,8 @@ CompareResult compare_results(const StepResult& prediction, const StepResult& me
                    {"exposed_comm", pb.exposed_comm_s, mb.exposed_comm_s},
                    {"bubble", pb.bubble_s, mb.bubble_s},
                    {"optimizer", pb.optimizer_s, mb.optimizer_s}};
-
-  // Memory by class, rank entry by rank entry (both sides list the same entries).
-  const Json& p_ranks = prediction.memory.at("ranks");
-  const Json& m_ranks = measurement.memory.at("ranks");
-  double arena_peak_max = 0;
-  for (const Json& pe : p_ranks) {
-    RankMemoryCompare rm;
-    rm.rank = integer(pe, "rank", "prediction", "memory.ranks[].");
-    rm.stage = integer(pe, "stage", "prediction", "memory.ranks[].");
-    for (const Json& range : pe.at("ranks")) rm.ranks.emplace_back(range.at(0), range.at(1));
-    const Json* me = memory_entry_of_rank(m_ranks, rm.rank);
-    if (!me) {
-      throw_input_error("measurement", "memory.ranks", "", "has no entry for rank " +
-                        std::to_string(rm.rank) + ", which the prediction lists",
-                        "the memory of the same program");
-    }
-    for (const char* key : kMemoryKeys) {
-      rm.classes.push_back({key, number(pe, key, "prediction", "memory.ranks[]."),
-                            number(*me, key, "measurement", "memory.ranks[].")});
-    }
-    arena_peak_max = std::max(arena_peak_max, rm.classes[7].predicted - rm.classes[6].predicted);
-    c.memory_ranks.push_back(std::move(rm));
-  }
-  c.peak_bytes_max = {"peak_bytes_max", number(prediction.memory, "peak_bytes_max", "prediction", "memory."),
-                      number(measurement.memory, "peak_bytes_max", "measurement", "memory.")};
-  if (measurement.memory.contains("measured_peak_bytes_max")) {
-    c.measured_peak_max = MeasuredPeakCompare{
-        -1, arena_peak_max, number(measurement.memory, "measured_peak_bytes_max", "measurement", "memory.")};
-  }
-  for (const Json& mp : measurement.memory.value("measured", Json::array())) {
-    MeasuredPeakCompare rank_peak;
-    rank_peak.rank = integer(mp, "rank", "measurement", "memory.measured[].");
-    rank_peak.measured_peak_bytes = number(mp, "measured_peak_bytes", "measurement", "memory.measured[].");
-    const Json* pe = memory_entry_of_rank(p_ranks, rank_peak.rank);
-    if (!pe) continue;  // a rank the prediction's memory does not list: nothing to compare with
-    rank_peak.predicted_arena_peak_bytes =
-        number(*pe, "peak_bytes", "prediction") - number(*pe, "memory_runtime_bytes", "prediction");
-    c.measured_peak_ranks.push_back(rank_peak);
-  }
-
-  // The op join on (rank, id).
-  auto check_record = [&](const OpRecord& r, const char* side) {
-    if (r.rank < 0 || r.rank >= program.world_size() || r.id < 0 ||
-        r.id >= int32_t(program.role_of_rank(r.rank).ops.size())) {
-      throw_input_error(side, "ops[]", "{rank " + std::to_string(r.rank) + ", id " +
-                        std::to_string(r.id) + "}", "is not an op of the program",
-                        "ranks 0.." + std::to_string(program.world_size() - 1) +
-                            " and the ids of their role");
-    }
-  };
-  std::map<std::pair<int64_t, int32_t>, const OpRecord*> predicted;
-  std::map<int64_t, bool> p_rank_set, m_rank_set;
-  for (const OpRecord& r : prediction.ops) {
-    check_record(r, "prediction");
-    predicted[{r.rank, r.id}] = &r;
-    p_rank_set[r.rank] = true;
-  }
-  for (const auto& [rank, _] : p_rank_set) c.predicted_ranks.push_back(rank);
-  auto duration = [](const OpRecord& r) { return std::max(0.0, r.end_s - std::max(r.start_s, r.ready_s)); };
-  std::map<std::string, OpGroupCompare> kinds, names, collectives, finest;
-  std::vector<OpCompare> ops;
-  for (const OpRecord& mr : measurement.ops) {
-    check_record(mr, "measurement");
-    m_rank_set[mr.rank] = true;
-    auto it = predicted.find({mr.rank, mr.id});
-    if (it == predicted.end()) {
-      ++c.ops_measured_only;
-      continue;
-    }
-    ++c.ops_joined;
-    const Op& op = program.role_of_rank(mr.rank).ops[mr.id];
-    if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
-    double p_s = duration(*it->second), m_s = duration(mr);
-    OpGroupCompare key;
-    key.kind = to_string(op.kind);
-    add_to_group(kinds, key, p_s, m_s);
-    if (is_compute(op.kind)) {
-      key.name = op.grad.empty() ? op.name : op.name + "/" + op.grad;
-      add_to_group(names, key, p_s, m_s);
-    } else if (is_collective(op.kind)) {
-      key.group = to_string(op.group);
-      key.algorithm = to_string(op.algorithm);
-      add_to_group(collectives, key, p_s, m_s);
-    }
-    add_to_group(finest, key, p_s, m_s);
-    std::ostringstream label;
-    label << op_label(op) << " (" << to_string(op.phase);
-    if (op.layer >= 0) label << ", layer " << op.layer;
-    if (op.microbatch >= 0) label << ", microbatch " << op.microbatch;
-    label << ")";
-    ops.push_back({mr.rank, mr.id, label.str(), p_s, m_s});
-  }
-  for (const auto& [rank, _] : m_rank_set) c.measured_ranks.push_back(rank);
-  c.ops_predicted_only = int64_t(prediction.ops.size()) - c.ops_joined;
-  c.by_kind = sorted_groups(kinds, false);
-  c.by_compute_name = sorted_groups(names, false);
-  c.by_collective = sorted_groups(collectives, false);
-  c.contributors = sorted_groups(finest, true);
-  std::stable_sort(ops.begin(), ops.end(), [](const OpCompare& a, const OpCompare& b) {
-    return std::abs(a.error_s()) > std::abs(b.error_s());
-  });
-  if (ops.size() > size_t(kCompareTopOps)) ops.resize(kCompareTopOps);
-  c.top_ops = std::move(ops);
+  compare_memory(prediction, measurement, c);
+  compare_ops(prediction, measurement, program, c);
   return c;
 }
 
@@ -425,32 +431,38 @@ std::string signed_bytes(double bytes) {
   return (bytes < 0 ? "-" : bytes > 0 ? "+" : "") + format_bytes(std::abs(bytes));
 }
 
-// One row per cell list: Markdown ("| a | b |") or padded console columns.
-void row(std::ostream& out, const std::vector<std::string>& cells, bool markdown) {
+size_t shown_width(const std::string& s) {  // code points, so "µs" pads like two characters
+  size_t n = 0;
+  for (char ch : s) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return n;
+}
+
+// One row per cell list: Markdown ("| a | b |") or console columns, the first left-aligned in
+// `first_width`, the others right-aligned.
+void row(std::ostream& out, const std::vector<std::string>& cells, bool markdown,
+         size_t first_width = 34) {
   if (markdown) {
     out << "|";
     for (const auto& c : cells) out << " " << c << " |";
   } else {
     for (size_t i = 0; i < cells.size(); ++i) {
-      std::string c = cells[i];
-      size_t width = i == 0 ? 34 : 13;
-      size_t shown = 0;  // code points, so "µs" pads like two characters
-      for (char ch : c) shown += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
-      if (shown < width) c = i == 0 ? c + std::string(width - shown, ' ') : std::string(width - shown, ' ') + c;
-      out << (i ? " " : "  ") << c;
+      size_t width = i == 0 ? first_width : 13;
+      std::string pad(width - std::min(width, shown_width(cells[i])), ' ');
+      out << (i ? " " : "  ") << (i ? pad + cells[i] : cells[i] + pad);
     }
   }
   out << "\n";
 }
 
-void header(std::ostream& out, const std::vector<std::string>& cells, bool markdown) {
-  row(out, cells, markdown);
+void header(std::ostream& out, const std::vector<std::string>& cells, bool markdown,
+            size_t first_width = 34) {
+  row(out, cells, markdown, first_width);
   if (markdown) row(out, std::vector<std::string>(cells.size(), "---"), true);
 }
 
 void group_table(std::ostream& out, const std::vector<OpGroupCompare>& groups, size_t limit,
                  bool markdown) {
-  header(out, {"ops", "count", "predicted", "measured", "error", "relative", "Σ|gap|"}, markdown);
+  header(out, {"ops", "count", "predicted", "measured", "error", "relative", "Σ abs(gap)"}, markdown);
   for (size_t i = 0; i < groups.size() && i < limit; ++i) {
     const OpGroupCompare& g = groups[i];
     row(out, {g.label(), std::to_string(g.count), seconds(g.predicted_s), seconds(g.measured_s),
@@ -481,8 +493,8 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
     for (const auto& f : rm.classes) all_equal = all_equal && f.error() == 0;
   }
   if (all_equal && !markdown) {
-    out << "  every class agrees on all " << c.memory_ranks.size()
-        << " rank entries; peak_bytes_max " << format_bytes(c.peak_bytes_max.predicted) << "\n";
+    out << "  every class agrees on every rank entry (" << c.memory_ranks.size()
+        << "); peak_bytes_max " << format_bytes(c.peak_bytes_max.predicted) << "\n";
   } else {
     header(out, {"ranks", "class", "predicted", "measured", "error", "relative"}, markdown);
     for (const auto& rm : c.memory_ranks) {
@@ -524,6 +536,11 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
       << " predicted only, " << c.ops_measured_only << " measured only (ranks: predicted "
       << list(c.predicted_ranks) << "; measured " << list(c.measured_ranks)
       << "); duration = end_s − max(start_s, ready_s), alloc/free not counted\n";
+  if (c.waiting_ops_joined > 0 && c.waiting_ops_measured_ready_at_start == c.waiting_ops_joined) {
+    out << (markdown ? "\n" : "  ") << "note: the measurement's ready_s equals start_s on all "
+        << c.waiting_ops_joined << " collectives and receives, so its durations include the "
+        << "wait for peers that the prediction's leave out\n";
+  }
   if (markdown) out << "\n### By kind\n\n";
   group_table(out, c.by_kind, limit, markdown);
   if (markdown) {
@@ -537,11 +554,14 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
   section("Largest contributors (Σ|predicted − measured|)");
   group_table(out, c.contributors, markdown ? limit : 5, markdown);
   section("Ops with the largest |predicted − measured|");
-  header(out, {"op", "rank", "id", "predicted", "measured", "error"}, markdown);
-  for (size_t i = 0; i < c.top_ops.size() && (markdown || i < 5); ++i) {
+  size_t shown = markdown ? c.top_ops.size() : std::min<size_t>(5, c.top_ops.size());
+  size_t width = 2;
+  for (size_t i = 0; i < shown; ++i) width = std::max(width, shown_width(c.top_ops[i].label));
+  header(out, {"op", "rank", "id", "predicted", "measured", "error"}, markdown, width);
+  for (size_t i = 0; i < shown; ++i) {
     const OpCompare& o = c.top_ops[i];
     row(out, {o.label, std::to_string(o.rank), std::to_string(o.id), seconds(o.predicted_s),
-              seconds(o.measured_s), seconds(o.error_s())}, markdown);
+              seconds(o.measured_s), seconds(o.error_s())}, markdown, width);
   }
 }
 
@@ -578,7 +598,9 @@ Json compare_to_json(const CompareResult& c) {
   }
   Json ops = {{"duration", "end_s - max(start_s, ready_s); alloc and free are joined, not aggregated"},
               {"predicted_ranks", c.predicted_ranks}, {"measured_ranks", c.measured_ranks},
-              {"joined", c.ops_joined}, {"predicted_only", c.ops_predicted_only},
+              {"joined", c.ops_joined},
+              {"waiting_ops_joined", c.waiting_ops_joined},
+              {"waiting_ops_measured_ready_at_start", c.waiting_ops_measured_ready_at_start}, {"predicted_only", c.ops_predicted_only},
               {"measured_only", c.ops_measured_only}, {"by_kind", groups_json(c.by_kind)},
               {"by_compute_name", groups_json(c.by_compute_name)},
               {"by_collective", groups_json(c.by_collective)},

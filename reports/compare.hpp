@@ -98,6 +98,11 @@ struct CompareResult {
   int64_t ops_joined = 0;
   int64_t ops_predicted_only = 0;
   int64_t ops_measured_only = 0;
+  // Joined collectives and receives, and how many of them the measurement records with ready_s
+  // equal to start_s: all of them means its ready_s is not recorded and its durations include
+  // the wait for peers.
+  int64_t waiting_ops_joined = 0;
+  int64_t waiting_ops_measured_ready_at_start = 0;
   std::vector<OpGroupCompare> by_kind;          // every timed kind
   std::vector<OpGroupCompare> by_compute_name;  // compute ops by (kind, name, grad)
   std::vector<OpGroupCompare> by_collective;    // collectives by (kind, group, algorithm)

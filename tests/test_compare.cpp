@@ -161,8 +161,13 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   CHECK(c.predicted_ranks == std::vector<int64_t>{0});
   CHECK(c.measured_ranks == std::vector<int64_t>{0, 1});
 
-  int64_t gemms = 0;
-  for (const Op& op : p.program.roles[0].ops) gemms += op.kind == OpKind::gemm;
+  int64_t gemms = 0, collectives = 0;
+  for (const Op& op : p.program.roles[0].ops) {
+    gemms += op.kind == OpKind::gemm;
+    collectives += is_collective(op.kind);
+  }
+  CHECK(c.waiting_ops_joined == collectives);
+  CHECK(c.waiting_ops_measured_ready_at_start == 0);
   const OpGroupCompare& gemm = group(c.by_kind, "gemm");
   CHECK(gemm.count == gemms);
   CHECK(gemm.measured_s == Approx(gemms * kGemmS));

@@ -28,15 +28,9 @@ using test::source_path;
 
 namespace {
 
-std::string model_arg(const std::string& name) {
-  return " --model " + source_path("plans/models/" + name + ".json");
-}
-std::string topology_arg(const std::string& name) {
-  return " --topology " + source_path("topologies/" + name + ".json");
-}
-std::string plan_arg(const std::string& name) {
-  return " --plan " + source_path("plans/" + name + ".json");
-}
+using test::model_arg;
+using test::plan_arg;
+using test::topology_arg;
 std::string profile_arg(const std::string& name) {
   return " --profile " + source_path("profiles/" + name + ".json");
 }

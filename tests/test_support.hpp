@@ -9,6 +9,17 @@ inline std::string source_path(const std::string& relative) {
   return std::string(STEPCAST_SOURCE_DIR) + "/" + relative;
 }
 
+// " --model <repo>/plans/models/NAME.json" and the like, for command lines.
+inline std::string model_arg(const std::string& name) {
+  return " --model " + source_path("plans/models/" + name + ".json");
+}
+inline std::string topology_arg(const std::string& name) {
+  return " --topology " + source_path("topologies/" + name + ".json");
+}
+inline std::string plan_arg(const std::string& name) {
+  return " --plan " + source_path("plans/" + name + ".json");
+}
+
 struct CommandResult {
   int exit_code = 0;
   std::string output;  // stdout and stderr together
