@@ -13,21 +13,20 @@
 namespace stepcast::cli {
 
 namespace {
-const char* const kUsage = "usage: stepcast compare PREDICTION MEASUREMENT [--program FILE] [--out DIR]";
+const char* const kUsage =
+    "usage: stepcast compare PREDICTION MEASUREMENT [--program FILE] [--out DIR]";
 }  // namespace
 
 int run_compare(int argc, char** argv) {
   po::options_description options("stepcast compare options");
-  options.add_options()
-      ("program", po::value<std::string>(),
-       "the pair's program.json (`stepcast lower`); default: lowered again from the prediction's "
-       "resolved inputs")
-      ("out", po::value<std::string>(), "write DIR/compare.json and DIR/compare.md")
-      ("help,h", "show this help");
+  options.add_options()(
+      "program", po::value<std::string>(),
+      "the pair's program.json (`stepcast lower`); default: lowered again from the prediction's "
+      "resolved inputs")("out", po::value<std::string>(),
+                         "write DIR/compare.json and DIR/compare.md")("help,h", "show this help");
   po::options_description files;
-  files.add_options()
-      ("prediction", po::value<std::string>(), "prediction.json")
-      ("measurement", po::value<std::string>(), "measurement.json");
+  files.add_options()("prediction", po::value<std::string>(), "prediction.json")(
+      "measurement", po::value<std::string>(), "measurement.json");
   po::options_description all;
   all.add(options).add(files);
   po::positional_options_description positional;
@@ -36,7 +35,8 @@ int run_compare(int argc, char** argv) {
   try {
     po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
     if (vm.count("help")) {
-      std::cout << kUsage << "\n"
+      std::cout << kUsage
+                << "\n"
                    "Joins a prediction (prediction.json of `stepcast simulate`) and a measurement\n"
                    "(measurement.json of `stepcast run`) of the same program on (rank, id):\n"
                    "step-time and breakdown error, memory error by class, per-op-kind and\n"
@@ -50,12 +50,14 @@ int run_compare(int argc, char** argv) {
   }
   if (!vm.count("measurement")) {
     throw InputError(std::string("command line: compare takes two files, a prediction and a "
-                                 "measurement (") + kUsage + ")");
+                                 "measurement (") +
+                     kUsage + ")");
   }
   std::string prediction_file = vm["prediction"].as<std::string>();
   std::string measurement_file = vm["measurement"].as<std::string>();
   StepResult prediction = step_result_from_json(load_json_file(prediction_file), prediction_file);
-  StepResult measurement = step_result_from_json(load_json_file(measurement_file), measurement_file);
+  StepResult measurement =
+      step_result_from_json(load_json_file(measurement_file), measurement_file);
   check_comparable(prediction, measurement, prediction_file, measurement_file);
   StepProgram program = vm.count("program") ? read_program_json(vm["program"].as<std::string>())
                                             : program_from_inputs(prediction, prediction_file);

@@ -949,6 +949,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   for (size_t i = 0; i < all.size(); i += 5) {
     r.ops.push_back({int64_t(all[i]), int32_t(all[i + 1]), all[i + 2], all[i + 3], all[i + 4]});
   }
+  fill_ready_times(program, r.ops);  // clocks are aligned: every rank starts the step together
   // Breakdown on the rank whose instrumented step ended last.
   if (!r.ops.empty()) {
     std::map<int64_t, double> end_of_rank;

@@ -2,6 +2,7 @@
 #include "step_result.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "errors.hpp"
 #include "version.hpp"
@@ -66,6 +67,52 @@ Breakdown breakdown_of_rank(const Role& role, const std::vector<OpRecord>& recor
   // After its last compute op the rank waits for its communication to drain.
   if (step_end_s > cursor) out.exposed_comm_s += step_end_s - cursor;
   return out;
+}
+
+void fill_ready_times(const StepProgram& program, std::vector<OpRecord>& records) {
+  RankGrid grid = program.grid();
+  std::map<std::pair<int64_t, int32_t>, size_t> index;  // (rank, id) → record
+  for (size_t i = 0; i < records.size(); ++i) index[{records[i].rank, records[i].id}] = i;
+  // Per role: send op of each tag; collectives in list order per (group kind, stream).
+  std::vector<std::map<int64_t, int32_t>> send_of_tag(program.roles.size());
+  std::vector<std::map<std::pair<int, int>, std::vector<int32_t>>> collectives(program.roles.size());
+  std::vector<std::map<int32_t, size_t>> sequence(program.roles.size());
+  for (const Role& role : program.roles) {
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::send) send_of_tag[role.index][op.tag] = op.id;
+      if (is_collective(op.kind)) {
+        auto& list = collectives[role.index][{int(op.group), int(op.stream)}];
+        sequence[role.index][op.id] = list.size();
+        list.push_back(op.id);
+      }
+    }
+  }
+  for (OpRecord& r : records) {
+    const Role& role = program.role_of_rank(r.rank);
+    const Op& op = role.ops[r.id];
+    if (op.kind == OpKind::recv) {
+      RankCoord peer = grid.coord(r.rank);
+      int64_t stage = peer.pp;
+      peer.pp = op.peer == Peer::pp_next ? (stage + 1) % program.pp_size
+                                         : (stage + program.pp_size - 1) % program.pp_size;
+      int64_t peer_rank = grid.rank(peer);
+      const auto& sends = send_of_tag[program.role_of_rank(peer_rank).index];
+      auto send = sends.find(op.tag);
+      if (send == sends.end()) continue;
+      auto rec = index.find({peer_rank, send->second});
+      if (rec != index.end()) r.ready_s = std::max(r.start_s, records[rec->second].start_s);
+    } else if (is_collective(op.kind)) {
+      size_t k = sequence[role.index].at(op.id);
+      double ready = r.start_s;
+      for (int64_t member : grid.group(op.group, r.rank)) {
+        const auto& list = collectives[program.role_of_rank(member).index][{int(op.group), int(op.stream)}];
+        if (k >= list.size()) continue;
+        auto rec = index.find({member, list[k]});
+        if (rec != index.end()) ready = std::max(ready, records[rec->second].start_s);
+      }
+      r.ready_s = ready;
+    }
+  }
 }
 
 Json step_result_to_json(const StepResult& r) {

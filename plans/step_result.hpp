@@ -56,4 +56,10 @@ struct StepResult {
 
 Json step_result_to_json(const StepResult& result);
 
+// Fills ready_s of receives (when the matching send started on the peer) and collectives (when
+// the last member of the group started the same collective: the k-th of its group kind and
+// stream on every member) from the records of every rank involved; other ops keep start_s.
+// Records of ranks not present leave ready_s at start_s.
+void fill_ready_times(const StepProgram& program, std::vector<OpRecord>& records);
+
 }  // namespace stepcast

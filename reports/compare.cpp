@@ -21,10 +21,10 @@ namespace stepcast {
 
 namespace {
 
-const char* const kMemoryKeys[] = {"memory_weights_bytes",     "memory_grads_bytes",
-                                   "memory_optimizer_bytes",   "memory_activations_bytes",
-                                   "memory_workspace_bytes",   "memory_comm_bytes",
-                                   "memory_runtime_bytes",     "peak_bytes"};
+const char* const kMemoryKeys[] = {"memory_weights_bytes",   "memory_grads_bytes",
+                                   "memory_optimizer_bytes", "memory_activations_bytes",
+                                   "memory_workspace_bytes", "memory_comm_bytes",
+                                   "memory_runtime_bytes",   "peak_bytes"};
 const char* const kMeasuredPeakNote =
     "measured_peak_bytes is the process's high-water mark above its level before the arena was "
     "allocated, without the runtime allowance: it is compared with peak_bytes - "
@@ -34,10 +34,12 @@ const Json& field(const Json& json, const std::string& key, const std::string& f
                   const std::string& prefix, bool (Json::*is_type)() const, const char* type) {
   auto it = json.find(key);
   if (it == json.end()) {
-    throw_input_error(file, prefix + key, "", "missing from a StepResult", std::string("a ") + type);
+    throw_input_error(file, prefix + key, "", "missing from a StepResult",
+                      std::string("a ") + type);
   }
   if (!((*it).*is_type)()) {
-    throw_input_error(file, prefix + key, it->dump(), "has the wrong type", std::string("a ") + type);
+    throw_input_error(file, prefix + key, it->dump(), "has the wrong type",
+                      std::string("a ") + type);
   }
   return *it;
 }
@@ -58,7 +60,8 @@ void flatten(const Json& json, const std::string& path, std::map<std::string, Js
     out[path] = json;
     return;
   }
-  for (auto it = json.begin(); it != json.end(); ++it) flatten(it.value(), path + "." + it.key(), out);
+  for (auto it = json.begin(); it != json.end(); ++it)
+    flatten(it.value(), path + "." + it.key(), out);
 }
 
 std::string version_of(const StepResult& r) {
@@ -141,7 +144,8 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
   if (json.contains("scaling_efficiency") && json["scaling_efficiency"].is_number()) {
     r.scaling_efficiency = json["scaling_efficiency"].get<double>();
   }
-  r.program_sha256 = field(json, "program_sha256", file, "", &Json::is_string, "string").get<std::string>();
+  r.program_sha256 =
+      field(json, "program_sha256", file, "", &Json::is_string, "string").get<std::string>();
   r.inputs = field(json, "inputs", file, "", &Json::is_object, "object");
   for (const Json& o : field(json, "ops", file, "", &Json::is_array, "array")) {
     r.ops.push_back({integer(o, "rank", file, "ops[]."), int32_t(integer(o, "id", file, "ops[].")),
@@ -149,9 +153,10 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
                      number(o, "ready_s", file, "ops[].")});
   }
   for (auto it = json.begin(); it != json.end(); ++it) {
-    static const char* const known[] = {"schema_version", "source", "step_time_s", "critical_rank",
-                                        "breakdown_s", "tokens_per_s", "mfu", "hfu", "memory",
-                                        "scaling_efficiency", "program_sha256", "inputs", "ops"};
+    static const char* const known[] = {
+        "schema_version", "source", "step_time_s", "critical_rank", "breakdown_s",
+        "tokens_per_s",   "mfu",    "hfu",         "memory",        "scaling_efficiency",
+        "program_sha256", "inputs", "ops"};
     if (std::find(std::begin(known), std::end(known), it.key()) == std::end(known)) {
       r.extra[it.key()] = it.value();
     }
@@ -164,9 +169,10 @@ void check_comparable(const StepResult& prediction, const StepResult& measuremen
   auto refuse_source = [](const std::string& file, const std::string& source,
                           const std::string& wanted, const char* position) {
     if (source == wanted) return;
-    std::string why = std::string("the ") + position + " argument must be " +
-                      (wanted == "simulator" ? "a prediction (prediction.json of `stepcast simulate`)"
-                                             : "a measurement (measurement.json of `stepcast run`)");
+    std::string why =
+        std::string("the ") + position + " argument must be " +
+        (wanted == "simulator" ? "a prediction (prediction.json of `stepcast simulate`)"
+                               : "a measurement (measurement.json of `stepcast run`)");
     if (source == "simulator") why += ", this is a prediction";
     if (source == "executor") why += ", this is a measurement";
     why += "; compare takes one prediction, then one measurement of the same program";
@@ -184,8 +190,10 @@ void check_comparable(const StepResult& prediction, const StepResult& measuremen
   std::map<std::string, std::pair<std::string, std::string>> differ;
   for (const auto& [key, value] : p) {
     auto it = m.find(key);
-    if (it == m.end()) differ[key] = {value.dump(), "(absent)"};
-    else if (it->second != value) differ[key] = {value.dump(), it->second.dump()};
+    if (it == m.end())
+      differ[key] = {value.dump(), "(absent)"};
+    else if (it->second != value)
+      differ[key] = {value.dump(), it->second.dump()};
   }
   for (const auto& [key, value] : m) {
     if (!p.count(key)) differ[key] = {"(absent)", value.dump()};
@@ -226,7 +234,8 @@ StepProgram program_from_inputs(const StepResult& result, const std::string& fil
   hash_program(program);
   if (program.program_sha256 != result.program_sha256) {
     throw_input_error(file, "program_sha256", "\"" + result.program_sha256 + "\"",
-                      std::string("this stepcast (") + stepcast_version() + ", git " + stepcast_git_commit() +
+                      std::string("this stepcast (") + stepcast_version() + ", git " +
+                          stepcast_git_commit() +
                           ") lowers its resolved inputs to another program (" +
                           program.program_sha256 + "), so op ids would not match",
                       "pass the pair's program with --program program.json (`stepcast lower`)");
@@ -249,9 +258,10 @@ void compare_memory(const StepResult& prediction, const StepResult& measurement,
     for (const Json& range : pe.at("ranks")) rm.ranks.emplace_back(range.at(0), range.at(1));
     const Json* me = memory_entry_of_rank(m_ranks, rm.rank);
     if (!me) {
-      throw_input_error("measurement", "memory.ranks", "", "has no entry for rank " +
-                        std::to_string(rm.rank) + ", which the prediction lists",
-                        "the memory of the same program");
+      throw_input_error(
+          "measurement", "memory.ranks", "",
+          "has no entry for rank " + std::to_string(rm.rank) + ", which the prediction lists",
+          "the memory of the same program");
     }
     for (const char* key : kMemoryKeys) {
       rm.classes.push_back({key, number(pe, key, "prediction", "memory.ranks[]."),
@@ -261,16 +271,19 @@ void compare_memory(const StepResult& prediction, const StepResult& measurement,
                                                   pe.at("memory_runtime_bytes").get<double>());
     c.memory_ranks.push_back(std::move(rm));
   }
-  c.peak_bytes_max = {"peak_bytes_max", number(prediction.memory, "peak_bytes_max", "prediction", "memory."),
+  c.peak_bytes_max = {"peak_bytes_max",
+                      number(prediction.memory, "peak_bytes_max", "prediction", "memory."),
                       number(measurement.memory, "peak_bytes_max", "measurement", "memory.")};
   if (measurement.memory.contains("measured_peak_bytes_max")) {
     c.measured_peak_max = MeasuredPeakCompare{
-        -1, arena_peak_max, number(measurement.memory, "measured_peak_bytes_max", "measurement", "memory.")};
+        -1, arena_peak_max,
+        number(measurement.memory, "measured_peak_bytes_max", "measurement", "memory.")};
   }
   for (const Json& mp : measurement.memory.value("measured", Json::array())) {
     MeasuredPeakCompare rank_peak;
     rank_peak.rank = integer(mp, "rank", "measurement", "memory.measured[].");
-    rank_peak.measured_peak_bytes = number(mp, "measured_peak_bytes", "measurement", "memory.measured[].");
+    rank_peak.measured_peak_bytes =
+        number(mp, "measured_peak_bytes", "measurement", "memory.measured[].");
     const Json* pe = memory_entry_of_rank(p_ranks, rank_peak.rank);
     if (!pe) continue;  // a rank the prediction's memory does not list: nothing to compare with
     rank_peak.predicted_arena_peak_bytes =
@@ -285,10 +298,10 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
   auto check_record = [&](const OpRecord& r, const char* side) {
     if (r.rank < 0 || r.rank >= program.world_size() || r.id < 0 ||
         r.id >= int32_t(program.role_of_rank(r.rank).ops.size())) {
-      throw_input_error(side, "ops[]", "{rank " + std::to_string(r.rank) + ", id " +
-                        std::to_string(r.id) + "}", "is not an op of the program",
-                        "ranks 0.." + std::to_string(program.world_size() - 1) +
-                            " and the ids of their role");
+      throw_input_error(
+          side, "ops[]", "{rank " + std::to_string(r.rank) + ", id " + std::to_string(r.id) + "}",
+          "is not an op of the program",
+          "ranks 0.." + std::to_string(program.world_size() - 1) + " and the ids of their role");
     }
   };
   std::map<std::pair<int64_t, int32_t>, const OpRecord*> predicted;
@@ -299,7 +312,9 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
     p_ranks.insert(r.rank);
   }
   c.predicted_ranks.assign(p_ranks.begin(), p_ranks.end());
-  auto duration = [](const OpRecord& r) { return std::max(0.0, r.end_s - std::max(r.start_s, r.ready_s)); };
+  auto duration = [](const OpRecord& r) {
+    return std::max(0.0, r.end_s - std::max(r.start_s, r.ready_s));
+  };
   std::map<std::string, OpGroupCompare> kinds, names, collectives, finest;
   std::vector<OpCompare> ops;
   for (const OpRecord& mr : measurement.ops) {
@@ -399,9 +414,13 @@ Json peak_json(const MeasuredPeakCompare& p) {
 Json groups_json(const std::vector<OpGroupCompare>& groups) {
   Json out = Json::array();
   for (const OpGroupCompare& g : groups) {
-    Json j = {{"kind", g.kind}, {"label", g.label()}, {"count", g.count},
-              {"predicted_s", g.predicted_s}, {"measured_s", g.measured_s},
-              {"error_s", g.error_s()}, {"relative_error", optional_json(g.relative())},
+    Json j = {{"kind", g.kind},
+              {"label", g.label()},
+              {"count", g.count},
+              {"predicted_s", g.predicted_s},
+              {"measured_s", g.measured_s},
+              {"error_s", g.error_s()},
+              {"relative_error", optional_json(g.relative())},
               {"abs_gap_s", g.abs_gap_s}};
     if (!g.name.empty()) j["name"] = g.name;
     if (!g.group.empty()) j["group"] = g.group;
@@ -414,9 +433,12 @@ Json groups_json(const std::vector<OpGroupCompare>& groups) {
 std::string seconds(double s) {
   char buf[32];
   double a = std::abs(s);
-  if (a != 0 && a < 1e-3) std::snprintf(buf, sizeof buf, "%.1f µs", s * 1e6);
-  else if (a < 1) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
-  else std::snprintf(buf, sizeof buf, "%.3f s", s);
+  if (a != 0 && a < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.1f µs", s * 1e6);
+  else if (a < 1)
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
   return buf;
 }
 
@@ -462,11 +484,14 @@ void header(std::ostream& out, const std::vector<std::string>& cells, bool markd
 
 void group_table(std::ostream& out, const std::vector<OpGroupCompare>& groups, size_t limit,
                  bool markdown) {
-  header(out, {"ops", "count", "predicted", "measured", "error", "relative", "Σ abs(gap)"}, markdown);
+  header(out, {"ops", "count", "predicted", "measured", "error", "relative", "Σ abs(gap)"},
+         markdown);
   for (size_t i = 0; i < groups.size() && i < limit; ++i) {
     const OpGroupCompare& g = groups[i];
-    row(out, {g.label(), std::to_string(g.count), seconds(g.predicted_s), seconds(g.measured_s),
-              seconds(g.error_s()), percent(g.relative()), seconds(g.abs_gap_s)}, markdown);
+    row(out,
+        {g.label(), std::to_string(g.count), seconds(g.predicted_s), seconds(g.measured_s),
+         seconds(g.error_s()), percent(g.relative()), seconds(g.abs_gap_s)},
+        markdown);
   }
 }
 
@@ -480,11 +505,15 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
           std::to_string(c.predicted_critical_rank) + ", measured " +
           std::to_string(c.measured_critical_rank) + ")");
   header(out, {"", "predicted", "measured", "error", "relative", "of step"}, markdown);
-  row(out, {"step time", seconds(c.step_time_s.predicted), seconds(step),
-            seconds(c.step_time_s.error()), percent(c.step_time_s.relative()), ""}, markdown);
+  row(out,
+      {"step time", seconds(c.step_time_s.predicted), seconds(step), seconds(c.step_time_s.error()),
+       percent(c.step_time_s.relative()), ""},
+      markdown);
   for (const CompareFigure& f : c.breakdown_s) {
-    row(out, {f.name, seconds(f.predicted), seconds(f.measured), seconds(f.error()),
-              percent(f.relative()), percent(ratio(f.error(), step))}, markdown);
+    row(out,
+        {f.name, seconds(f.predicted), seconds(f.measured), seconds(f.error()),
+         percent(f.relative()), percent(ratio(f.error(), step))},
+        markdown);
   }
 
   section("Memory by class");
@@ -500,28 +529,36 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
     for (const auto& rm : c.memory_ranks) {
       for (const auto& f : rm.classes) {
         if (!markdown && f.error() == 0) continue;
-        row(out, {format_rank_ranges(rm.ranks) + " (stage " + std::to_string(rm.stage) + ")",
-                  f.name, format_bytes(f.predicted), format_bytes(f.measured),
-                  signed_bytes(f.error()), percent(f.relative())}, markdown);
+        row(out,
+            {format_rank_ranges(rm.ranks) + " (stage " + std::to_string(rm.stage) + ")", f.name,
+             format_bytes(f.predicted), format_bytes(f.measured), signed_bytes(f.error()),
+             percent(f.relative())},
+            markdown);
       }
     }
-    row(out, {"max", "peak_bytes_max", format_bytes(c.peak_bytes_max.predicted),
-              format_bytes(c.peak_bytes_max.measured), signed_bytes(c.peak_bytes_max.error()),
-              percent(c.peak_bytes_max.relative())}, markdown);
+    row(out,
+        {"max", "peak_bytes_max", format_bytes(c.peak_bytes_max.predicted),
+         format_bytes(c.peak_bytes_max.measured), signed_bytes(c.peak_bytes_max.error()),
+         percent(c.peak_bytes_max.relative())},
+        markdown);
   }
   if (c.measured_peak_max) {
     const MeasuredPeakCompare& p = *c.measured_peak_max;
-    out << (markdown ? "\n" : "  ") << "measured high-water mark " << format_bytes(p.measured_peak_bytes)
-        << " vs predicted peak without the runtime allowance " << format_bytes(p.predicted_arena_peak_bytes)
-        << ": error " << signed_bytes(p.error_bytes()) << " (" << percent(p.relative()) << ")\n"
+    out << (markdown ? "\n" : "  ") << "measured high-water mark "
+        << format_bytes(p.measured_peak_bytes)
+        << " vs predicted peak without the runtime allowance "
+        << format_bytes(p.predicted_arena_peak_bytes) << ": error " << signed_bytes(p.error_bytes())
+        << " (" << percent(p.relative()) << ")\n"
         << (markdown ? "\n" : "  (") << kMeasuredPeakNote << (markdown ? ".\n" : ")\n");
     if (markdown && !c.measured_peak_ranks.empty()) {
       out << "\n";
       header(out, {"rank", "predicted peak − runtime", "measured peak", "error", "relative"}, true);
       for (const auto& r : c.measured_peak_ranks) {
-        row(out, {std::to_string(r.rank), format_bytes(r.predicted_arena_peak_bytes),
-                  format_bytes(r.measured_peak_bytes), signed_bytes(r.error_bytes()),
-                  percent(r.relative())}, true);
+        row(out,
+            {std::to_string(r.rank), format_bytes(r.predicted_arena_peak_bytes),
+             format_bytes(r.measured_peak_bytes), signed_bytes(r.error_bytes()),
+             percent(r.relative())},
+            true);
       }
     }
   }
@@ -560,8 +597,10 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
   header(out, {"op", "rank", "id", "predicted", "measured", "error"}, markdown, width);
   for (size_t i = 0; i < shown; ++i) {
     const OpCompare& o = c.top_ops[i];
-    row(out, {o.label, std::to_string(o.rank), std::to_string(o.id), seconds(o.predicted_s),
-              seconds(o.measured_s), seconds(o.error_s())}, markdown, width);
+    row(out,
+        {o.label, std::to_string(o.rank), std::to_string(o.id), seconds(o.predicted_s),
+         seconds(o.measured_s), seconds(o.error_s())},
+        markdown, width);
   }
 }
 
@@ -580,7 +619,8 @@ Json compare_to_json(const CompareResult& c) {
     for (const CompareFigure& f : rm.classes) classes[f.name] = figure_json(f, "_bytes");
     Json ranges = Json::array();
     for (auto [lo, hi] : rm.ranks) ranges.push_back({lo, hi});
-    ranks.push_back({{"rank", rm.rank}, {"ranks", ranges}, {"stage", rm.stage}, {"classes", classes}});
+    ranks.push_back(
+        {{"rank", rm.rank}, {"ranks", ranges}, {"stage", rm.stage}, {"classes", classes}});
   }
   Json memory = {{"ranks", ranks}, {"peak_bytes_max", figure_json(c.peak_bytes_max, "_bytes")}};
   if (c.measured_peak_max) {
@@ -593,18 +633,27 @@ Json compare_to_json(const CompareResult& c) {
   }
   Json top = Json::array();
   for (const OpCompare& o : c.top_ops) {
-    top.push_back({{"rank", o.rank}, {"id", o.id}, {"label", o.label}, {"predicted_s", o.predicted_s},
-                   {"measured_s", o.measured_s}, {"error_s", o.error_s()}});
+    top.push_back({{"rank", o.rank},
+                   {"id", o.id},
+                   {"label", o.label},
+                   {"predicted_s", o.predicted_s},
+                   {"measured_s", o.measured_s},
+                   {"error_s", o.error_s()}});
   }
-  Json ops = {{"duration", "end_s - max(start_s, ready_s); alloc and free are joined, not aggregated"},
-              {"predicted_ranks", c.predicted_ranks}, {"measured_ranks", c.measured_ranks},
-              {"joined", c.ops_joined},
-              {"waiting_ops_joined", c.waiting_ops_joined},
-              {"waiting_ops_measured_ready_at_start", c.waiting_ops_measured_ready_at_start}, {"predicted_only", c.ops_predicted_only},
-              {"measured_only", c.ops_measured_only}, {"by_kind", groups_json(c.by_kind)},
-              {"by_compute_name", groups_json(c.by_compute_name)},
-              {"by_collective", groups_json(c.by_collective)},
-              {"contributors", groups_json(c.contributors)}, {"top_ops", top}};
+  Json ops = {
+      {"duration", "end_s - max(start_s, ready_s); alloc and free are joined, not aggregated"},
+      {"predicted_ranks", c.predicted_ranks},
+      {"measured_ranks", c.measured_ranks},
+      {"joined", c.ops_joined},
+      {"waiting_ops_joined", c.waiting_ops_joined},
+      {"waiting_ops_measured_ready_at_start", c.waiting_ops_measured_ready_at_start},
+      {"predicted_only", c.ops_predicted_only},
+      {"measured_only", c.ops_measured_only},
+      {"by_kind", groups_json(c.by_kind)},
+      {"by_compute_name", groups_json(c.by_compute_name)},
+      {"by_collective", groups_json(c.by_collective)},
+      {"contributors", groups_json(c.contributors)},
+      {"top_ops", top}};
   return {{"schema_version", 1},
           {"command", "compare"},
           {"stepcast_version", stepcast_version()},
@@ -612,7 +661,8 @@ Json compare_to_json(const CompareResult& c) {
           {"program_sha256", c.program_sha256},
           {"step_time_error", optional_json(c.step_time_s.relative())},
           {"step_time_s", figure_json(c.step_time_s, "_s")},
-          {"critical_rank", {{"predicted", c.predicted_critical_rank}, {"measured", c.measured_critical_rank}}},
+          {"critical_rank",
+           {{"predicted", c.predicted_critical_rank}, {"measured", c.measured_critical_rank}}},
           {"breakdown_s", breakdown},
           {"memory", memory},
           {"ops", ops},

@@ -1,7 +1,8 @@
-// `stepcast compare`: joins a prediction (source simulator) and a measurement (source executor) of
-// the same StepProgram on (rank, id) and returns the errors as data — step time, breakdown, memory
-// by class, per op kind and per collective, the largest contributors. No I/O besides the three
-// writers at the end. Every error is predicted − measured; relative errors divide by measured.
+// `stepcast compare`: joins a prediction (source simulator) and a measurement (source executor)
+// of the same StepProgram on (rank, id) and returns the errors as data — step time, breakdown,
+// memory by class, per op kind and per collective, the largest contributors. No I/O besides the
+// three writers at the end. Every error is predicted − measured; relative errors divide by
+// measured.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,8 @@ struct RankMemoryCompare {
   int64_t rank = 0;             // first rank of the entry; `ranks` are the ranks alike
   std::vector<std::pair<int64_t, int64_t>> ranks;
   int64_t stage = 0;
-  std::vector<CompareFigure> classes;  // memory_weights_bytes, ..., memory_runtime_bytes, peak_bytes
+  // memory_weights_bytes, ..., memory_comm_bytes, memory_runtime_bytes, peak_bytes
+  std::vector<CompareFigure> classes;
 };
 
 // A measured process high-water mark against the predicted peak without the runtime allowance.

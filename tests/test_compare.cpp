@@ -26,9 +26,9 @@ using Catch::Contains;
 
 namespace {
 
-constexpr double kGemmS = 1e-3;     // measured duration of every gemm
-constexpr double kOtherS = 5e-4;    // of every other timed op
-constexpr double kWaitS = 2e-4;     // measured collectives wait this long for their peer first
+constexpr double kGemmS = 1e-3;   // measured duration of every gemm
+constexpr double kOtherS = 5e-4;  // of every other timed op
+constexpr double kWaitS = 2e-4;   // measured collectives wait this long for their peer first
 
 struct Pair {
   StepProgram program;
@@ -51,7 +51,9 @@ void append_records(std::vector<OpRecord>& out, const Role& role, int64_t rank, 
 }
 
 // Through JSON and back, as the command reads it.
-StepResult round_trip(const StepResult& r) { return step_result_from_json(step_result_to_json(r), r.source); }
+StepResult round_trip(const StepResult& r) {
+  return step_result_from_json(step_result_to_json(r), r.source);
+}
 
 Pair make_pair() {
   ModelConfig model = load_model(source_path("plans/models/tiny.json"));
@@ -71,7 +73,8 @@ Pair make_pair() {
   }
   REQUIRE(p.doubled_all_reduce >= 0);
 
-  Json inputs = {{"model", model_to_json(model)}, {"topology", topology_to_json(topology)},
+  Json inputs = {{"model", model_to_json(model)},
+                 {"topology", topology_to_json(topology)},
                  {"plan", plan_to_json(plan)}};
   Json memory = memory_to_json(memory_report(p.program, topology));
 
@@ -82,7 +85,8 @@ Pair make_pair() {
   m.breakdown = {0.06, 0.02, 0.01, 0.01};
   m.memory = memory;
   Json& m_rank0 = m.memory["ranks"][0];
-  double arena_peak = m_rank0["peak_bytes"].get<double>() - m_rank0["memory_runtime_bytes"].get<double>();
+  double arena_peak =
+      m_rank0["peak_bytes"].get<double>() - m_rank0["memory_runtime_bytes"].get<double>();
   m.memory["measured_peak_bytes_max"] = 0.8 * arena_peak;
   m.memory["measured"] = {{{"rank", 0}, {"measured_peak_bytes", 0.8 * arena_peak}},
                           {{"rank", 1}, {"measured_peak_bytes", 0.5 * arena_peak}}};
@@ -140,7 +144,8 @@ std::string refusal(const StepResult& a, const StepResult& b) {
 TEST_CASE("compare: a constructed pair reports exactly the differences put into it", "[compare]") {
   Pair p = make_pair();
   // The resolved inputs lower to the same program again.
-  CHECK(program_from_inputs(p.prediction, "prediction.json").program_sha256 == p.program.program_sha256);
+  CHECK(program_from_inputs(p.prediction, "prediction.json").program_sha256 ==
+        p.program.program_sha256);
   CompareResult c = compare_results(p.prediction, p.measurement, p.program);
 
   CHECK(c.step_time_s.relative().value() == Approx(0.1));
@@ -183,7 +188,8 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   }
   // The one all_reduce is the 2× collective: +100%; every other collective agrees.
   const Op& doubled = p.program.roles[0].ops[p.doubled_all_reduce];
-  std::string label = std::string("all_reduce ") + to_string(doubled.group) + " " + to_string(doubled.algorithm);
+  std::string label =
+      std::string("all_reduce ") + to_string(doubled.group) + " " + to_string(doubled.algorithm);
   const OpGroupCompare& all_reduce = group(c.by_collective, label);
   CHECK(all_reduce.count == 1);
   CHECK(all_reduce.relative().value() == Approx(1.0));
@@ -209,8 +215,10 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   CHECK(rm.ranks == std::vector<std::pair<int64_t, int64_t>>{{0, 1}});
   for (const CompareFigure& f : rm.classes) {
     INFO(f.name);
-    if (f.name == "memory_activations_bytes") CHECK(f.relative().value() == Approx(0.25));
-    else if (f.name != "peak_bytes") CHECK(f.error() == 0);
+    if (f.name == "memory_activations_bytes")
+      CHECK(f.relative().value() == Approx(0.25));
+    else if (f.name != "peak_bytes")
+      CHECK(f.error() == 0);
   }
   CHECK(rm.classes.back().name == "peak_bytes");
   CHECK(rm.classes.back().error() == Approx(0.25 * rm.classes[3].measured));
@@ -219,18 +227,27 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   // prediction, which is 25% of the activations above the arena peak.
   REQUIRE(c.measured_peak_max);
   double runtime = rm.classes[6].predicted;
-  CHECK(c.measured_peak_max->predicted_arena_peak_bytes == Approx(c.peak_bytes_max.predicted - runtime));
+  CHECK(c.measured_peak_max->predicted_arena_peak_bytes ==
+        Approx(c.peak_bytes_max.predicted - runtime));
   CHECK(c.measured_peak_max->measured_peak_bytes ==
         Approx(0.8 * (c.peak_bytes_max.measured - runtime)));
   REQUIRE(c.measured_peak_ranks.size() == 2);
   CHECK(c.measured_peak_ranks[1].relative().value() ==
-        Approx(c.measured_peak_max->predicted_arena_peak_bytes / (0.5 * (c.peak_bytes_max.measured - runtime)) - 1));
+        Approx(c.measured_peak_max->predicted_arena_peak_bytes /
+                   (0.5 * (c.peak_bytes_max.measured - runtime)) -
+               1));
 
   Json json = compare_to_json(c);
   CHECK(json.at("step_time_error").get<double>() == Approx(0.1));
-  CHECK(json.at("breakdown_s").at("compute").at("error_relative_to_measured_step").get<double>() == Approx(0.1));
+  CHECK(json.at("breakdown_s").at("compute").at("error_relative_to_measured_step").get<double>() ==
+        Approx(0.1));
   CHECK(json.at("ops").at("top_ops").size() == size_t(kCompareTopOps));
-  CHECK(json.at("memory").at("ranks")[0].at("classes").at("memory_comm_bytes").at("relative_error").is_null());
+  CHECK(json.at("memory")
+            .at("ranks")[0]
+            .at("classes")
+            .at("memory_comm_bytes")
+            .at("relative_error")
+            .is_null());
   CHECK_THAT(json.at("memory").at("measured_peak").at("note").get<std::string>(),
              Contains("without the runtime allowance"));
   std::ostringstream md, summary;
@@ -259,9 +276,10 @@ TEST_CASE("compare: pairs of different programs or of one source are refused", "
     CHECK_THAT(refusal(p.prediction, other), Contains("different stepcast versions"));
   }
   SECTION("two predictions, two measurements, or the order swapped") {
-    CHECK_THAT(refusal(p.prediction, p.prediction),
-               Contains("B/measurement.json: key 'source' = \"simulator\": the second argument must "
-                        "be a measurement"));
+    CHECK_THAT(
+        refusal(p.prediction, p.prediction),
+        Contains("B/measurement.json: key 'source' = \"simulator\": the second argument must "
+                 "be a measurement"));
     CHECK_THAT(refusal(p.prediction, p.prediction), Contains("this is a prediction"));
     CHECK_THAT(refusal(p.measurement, p.measurement),
                Contains("A/prediction.json: key 'source' = \"executor\""));
@@ -276,13 +294,14 @@ TEST_CASE("compare: pairs of different programs or of one source are refused", "
   SECTION("a StepResult with a missing field names it") {
     Json j = step_result_to_json(p.measurement);
     j["breakdown_s"].erase("bubble");
-    CHECK_THROWS_WITH(step_result_from_json(j, "m.json"), Contains("m.json: key 'breakdown_s.bubble'"));
+    CHECK_THROWS_WITH(step_result_from_json(j, "m.json"),
+                      Contains("m.json: key 'breakdown_s.bubble'"));
   }
 }
 
 TEST_CASE("compare: end to end on `simulate` and `run` of the shipped default", "[compare]") {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("stepcast-compare-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("stepcast-compare-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::string a = (dir / "A").string(), b = (dir / "B").string(), c = (dir / "C").string();
   std::string inputs = " --model " + source_path("plans/models/tiny.json") + " --topology " +
@@ -304,7 +323,8 @@ TEST_CASE("compare: end to end on `simulate` and `run` of the shipped default", 
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
 
-  CommandResult cmp = run_stepcast("compare " + a + "/prediction.json " + b + "/measurement.json --out " + c);
+  CommandResult cmp =
+      run_stepcast("compare " + a + "/prediction.json " + b + "/measurement.json --out " + c);
   INFO(cmp.output);
   std::printf("%s", cmp.output.c_str());
   REQUIRE(cmp.exit_code == 0);
@@ -315,9 +335,9 @@ TEST_CASE("compare: end to end on `simulate` and `run` of the shipped default", 
   CHECK(std::filesystem::exists(c + "/compare.md"));
   // The program given explicitly gives the same figures.
   REQUIRE(run_stepcast("lower" + inputs + " --out " + (dir / "P").string()).exit_code == 0);
-  CommandResult with_program = run_stepcast("compare " + a + "/prediction.json " + b +
-                                            "/measurement.json --program " + (dir / "P").string() +
-                                            "/program.json");
+  CommandResult with_program =
+      run_stepcast("compare " + a + "/prediction.json " + b + "/measurement.json --program " +
+                   (dir / "P").string() + "/program.json");
   CHECK(with_program.exit_code == 0);
   CHECK(with_program.output == cmp.output.substr(0, cmp.output.rfind("wrote ")));
 

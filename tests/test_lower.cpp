@@ -9,6 +9,7 @@
 #include "program_check.hpp"
 #include "program_json.hpp"
 #include "program_stats.hpp"
+#include "step_result.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -198,4 +199,41 @@ TEST_CASE("the checker catches a deadlock", "[lower]") {
   send->deps.push_back(int32_t(p.roles[0].ops.size()) - 1);
   auto errors = check_program(p);
   CHECK((any_error_contains(errors, "deadlock") || any_error_contains(errors, "later op")));
+}
+
+TEST_CASE("ready times come from the matching send and the last member of a collective", "[lower]") {
+  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  Topology topology = test_topology();
+  Json j = {{"pp_size", 2}, {"dp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 4},
+            {"dtype", "fp32"}};
+  StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+  // Every rank's op i starts at i µs, rank 3 one second later than the others.
+  std::vector<OpRecord> records;
+  for (int64_t rank = 0; rank < p.world_size(); ++rank) {
+    for (const Op& op : p.role_of_rank(rank).ops) {
+      double start = op.id * 1e-6 + (rank == 3 ? 1.0 : 0.0);
+      records.push_back({rank, op.id, start, start + 1e-7, start});
+    }
+  }
+  fill_ready_times(p, records);
+  int checked_recv = 0, checked_collective = 0;
+  for (const OpRecord& r : records) {
+    const Op& op = p.role_of_rank(r.rank).ops[r.id];
+    if (op.kind == OpKind::recv && r.rank == 2) {  // stage 1, dp 0: its sender is rank 0
+      const Role& sender = p.roles[0];
+      for (const Op& s : sender.ops) {
+        if (s.kind == OpKind::send && s.tag == op.tag) {
+          CHECK(r.ready_s == Approx(std::max(r.start_s, s.id * 1e-6)));
+          ++checked_recv;
+        }
+      }
+    }
+    if (is_collective(op.kind) && op.group == GroupKind::dp && r.rank == 2) {
+      // rank 2's dp partner is rank 3, one second late: ready is rank 3's start.
+      CHECK(r.ready_s >= 1.0);
+      ++checked_collective;
+    }
+  }
+  CHECK(checked_recv > 0);
+  CHECK(checked_collective > 0);
 }
