@@ -42,13 +42,28 @@ plan dp2 1 1 2 8
 load() { cut -d' ' -f1 /proc/loadavg; }
 echo "== machine: $(nproc) cores, load average $(load) before the runs (other work skews figures)"
 
+# timed LABEL CMD...: runs CMD and leaves in $out/LABEL.cpu the share of a core it got ((user +
+# system) / wall, e.g. "115%"): a 2-rank run that got well under 200% shared its cores.
+timed() {
+  local label=$1
+  shift
+  if [ -x /usr/bin/time ]; then
+    /usr/bin/time -f "%P" -o "$out/$label.cpu" "$@"
+  else
+    echo "-" >"$out/$label.cpu"
+    "$@"
+  fi
+}
+
 echo
 echo "== one core's cblas_sgemm rate on the step's GEMMs (OPENBLAS_NUM_THREADS=1, bound to a core)"
-scripts/mpirun -np 1 --bind-to core "$build/bench/stepcast_sgemm_rate" | tee "$out/sgemm.log"
+timed sgemm scripts/mpirun -np 1 --bind-to core "$build/bench/stepcast_sgemm_rate" |
+  tee "$out/sgemm.log"
+echo "CPU the sgemm run got: $(cat "$out/sgemm.cpu") of a core"
 sgemm_gflops=$(awk '/^sgemm rate / { print $3 }' "$out/sgemm.log")
 [ -n "$sgemm_gflops" ] || { echo "cpu_run.sh: no 'sgemm rate' line"; exit 1; }
 
-# field FILE KEY: a number from the one-line measurement.json (its top-level keys are unique).
+# field FILE KEY: a number from the one-line measurement.json (the keys read here are unique).
 field() { grep -o "\"$2\":[-0-9.eE+]*" "$1" | head -1 | cut -d: -f2; }
 # The topology's fp32 peak per device, which measurement.json's "mfu" is relative to.
 peak_flops_per_s=$(grep -o '"fp32": *[0-9.eE+]*' "$topology" | head -1 | sed 's/.*: *//')
@@ -57,9 +72,9 @@ peak_flops_per_s=$(grep -o '"fp32": *[0-9.eE+]*' "$topology" | head -1 | sed 's/
 run() {
   local label=$1 ranks=$2
   echo "running $label on $ranks rank(s), $steps steps ..." >&2
-  scripts/mpirun -np "$ranks" --bind-to core "$build/stepcast" run --model "$model" \
-    --plan "$out/$label.json" --topology "$topology" --steps "$steps" --out "$out/$label" \
-    >"$out/$label.log" 2>&1 || { cat "$out/$label.log"; exit 1; }
+  timed "$label" scripts/mpirun -np "$ranks" --bind-to core "$build/stepcast" run \
+    --model "$model" --plan "$out/$label.json" --topology "$topology" --steps "$steps" \
+    --out "$out/$label" >"$out/$label.log" 2>&1 || { cat "$out/$label.log"; exit 1; }
 }
 run single 1
 for label in tp2 pp2 dp2; do run "$label" 2; done
@@ -67,8 +82,8 @@ for label in tp2 pp2 dp2; do run "$label" 2; done
 echo
 echo "== GPT-2 124M, micro batch 4, sequence $seq, fp32, $topology; step time: median of the"
 echo "   $((steps - 2)) timed steps (after 1 warm-up; the instrumented last step excluded)"
-printf "%-7s %5s %12s %7s %11s %10s %11s %7s %7s %10s\n" case ranks microbatches tokens \
-  step_s tokens/s model_GF/s GF/s/rk ratio vs_1_rank
+printf "%-7s %5s %12s %7s %9s %9s %11s %8s %6s %9s %6s\n" case ranks microbatches tokens step_s \
+  tokens/s model_GF/s GF/s/rk ratio vs_1_rank cpu
 single_tps=""
 for label in single tp2 pp2 dp2; do
   m=$out/$label/measurement.json
@@ -84,18 +99,30 @@ for label in single tp2 pp2 dp2; do
   # tokens per step / step time / (ranks × the topology's fp32 peak, 100e9 per core).
   awk -v label="$label" -v ranks="$ranks" -v mb=$((gbs / dp / 4)) -v tokens=$((gbs * seq)) \
     -v step_s="$step_s" -v tps="$tps" -v mfu="$mfu" -v peak="$peak_flops_per_s" \
-    -v sgemm="$sgemm_gflops" -v single_tps="$single_tps" 'BEGIN {
+    -v sgemm="$sgemm_gflops" -v single_tps="$single_tps" -v cpu="$(cat "$out/$label.cpu")" 'BEGIN {
       gflops = mfu * peak * ranks / 1e9
       ratio = gflops / ranks / sgemm
-      target = (ranks == 1) ? sprintf("  (target >= 0.5: %s)", ratio >= 0.5 ? "met" : "NOT met") : ""
-      printf "%-7s %5d %12d %7d %11.3f %10.1f %11.2f %7.2f %7.3f %10.3f%s\n", label, ranks, mb,
-        tokens, step_s, tps, gflops, gflops / ranks, ratio, tps / (ranks * single_tps), target
+      target = (ranks == 1) ? sprintf("  (issue: ratio >= 0.5, %s)", ratio >= 0.5 ? "met" : "NOT met") : ""
+      printf "%-7s %5d %12d %7d %9.3f %9.1f %11.2f %8.2f %6.3f %9.3f %6s%s\n", label, ranks, mb,
+        tokens, step_s, tps, gflops, gflops / ranks, ratio, tps / (ranks * single_tps), cpu, target
     }'
 done
 echo "microbatches: per rank per step; model_GF/s: model flops per step / step time, all ranks"
 echo "(mfu x peak x ranks); GF/s/rk: per rank; ratio: GF/s/rk over one core's sgemm rate"
-echo "($sgemm_gflops GFLOP/s); vs_1_rank: tokens/s over ranks x the single rank's tokens/s"
+echo "($sgemm_gflops GFLOP/s); vs_1_rank: tokens/s over ranks x the single rank's tokens/s;"
+echo "cpu: share of a core the whole run got (user + system over wall), 100% per rank when alone"
 echo "load average after the runs: $(load)"
+
+echo
+echo "== the critical rank's instrumented step (measurement.json breakdown_s), s"
+printf "%-7s %8s %9s %13s %8s %10s\n" case critical compute exposed_comm bubble optimizer
+for label in single tp2 pp2 dp2; do
+  m=$out/$label/measurement.json
+  b=$(grep -o '"breakdown_s":{[^}]*}' "$m")
+  printf "%-7s %8s %9.3f %13.3f %8.3f %10.3f\n" "$label" "$(field "$m" critical_rank)" \
+    "$(field <(echo "$b") compute)" "$(field <(echo "$b") exposed_comm)" \
+    "$(field <(echo "$b") bubble)" "$(field <(echo "$b") optimizer)"
+done
 
 # Where the single rank's instrumented step goes: op durations (measurement.json "ops": id,
 # start_s, end_s) joined with the program's ops (one per line in program.json: kind, name,

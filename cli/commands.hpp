@@ -8,5 +8,7 @@ int run_lower(int argc, char** argv);
 int run_simulate(int argc, char** argv);
 int run_run(int argc, char** argv);
 int run_compare(int argc, char** argv);
+int run_profile(int argc, char** argv);
+int run_plan(int argc, char** argv);
 
 }  // namespace stepcast::cli

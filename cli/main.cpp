@@ -27,7 +27,11 @@ const std::vector<Command> kCommands = {
      "predict step time, breakdown, MFU, memory and scaling on SimGrid"},
     {"run", stepcast::cli::run_run,
      "train the plan for real under mpirun (CPU backend) and measure it"},
+    {"plan", stepcast::cli::run_plan,
+     "search every plan, prune what cannot run, rank and re-simulate the best"},
     {"compare", stepcast::cli::run_compare, "join a prediction and a measurement op by op: the errors"},
+    {"profile", stepcast::cli::run_profile,
+     "measure this machine's kernels and links under mpirun: a device profile"},
 };
 
 void print_help() {

@@ -17,6 +17,7 @@
 #include "memory.hpp"
 #include "program_json.hpp"
 #include "program_stats.hpp"
+#include "profiler.hpp"
 #include "simulator.hpp"
 #include "summary.hpp"
 
@@ -96,6 +97,16 @@ int run_simulate(int argc, char** argv) {
   DeviceProfile profile = vm->count("profile") ? load_profile((*vm)["profile"].as<std::string>())
                                                : roofline_profile(in.topology);
   check_profile_matches(profile, in.topology);
+  // A measured CPU profile describes the machine it ran on: say where this machine differs.
+  if (profile.backend == "cpu") {
+    std::vector<std::string> differences =
+        machine_differences(profile, describe_machine(), library_versions());
+    if (!differences.empty()) {
+      std::cerr << "warning: profile " << profile.file << " was measured on another machine type (";
+      for (size_t i = 0; i < differences.size(); ++i) std::cerr << (i ? "; " : "") << differences[i];
+      std::cerr << "); its figures may not hold here\n";
+    }
+  }
   auto wall_start = std::chrono::steady_clock::now();
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   hash_program(program);

@@ -5,13 +5,82 @@
 //   attention flash:              F / (peak·flash_fraction) + kernel overhead
 //   everything else:              max(F / vector_peak, B / (bw·memory_fraction)) + kernel overhead
 // where vector_peak is the device's fp32 peak (elementwise work runs on the vector units).
+//
+// A measured profile (profile.hpp's MeasuredTables, of the plan's dtype) replaces these where it
+// has points:
+//   gemm, attention score/value:  F / rate(m, n, k), rate from the GEMM table of the op's variant
+//                                 (forward, dgrad, wgrad; attention uses forward) — GemmRateTable;
+//   memory-bound families:        B / bandwidth(B), from the family's table — BandwidthTable;
+//   other memory-bound ops:       max(F / vector_peak, B / measured bandwidth) + measured overhead.
+// The measured times include every fixed cost, so no overhead is added to them.
 #pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "profile.hpp"
 #include "program.hpp"
 #include "topology.hpp"
 
 namespace stepcast {
+
+// GEMM rate over a grid of shapes. The axes are the distinct m, n and k of the points; log(flop/s)
+// is multilinear in (log2 m, log2 n, log2 k) inside the grid's box, and a query outside it is
+// clamped to the box (the rate at the nearest face). Because log(flops) is linear in those
+// coordinates, this is the same as interpolating log(time): it is exact for any power law
+// time ∝ m^a·n^b·k^c and at every measured point. A grid with holes (a leave-one-out, or points
+// not measured) is interpolated axis by axis — along the first axis on every grid line, then
+// the second, then the third — where a line's missing entries are bridged by its two nearest
+// measured neighbours (extrapolating linearly when the hole is at the line's end); the result is
+// the mean of the three cyclic axis orders (on a full grid all three equal the multilinear value).
+class GemmRateTable {
+ public:
+  explicit GemmRateTable(const std::vector<GemmPoint>& points);  // points of one variant
+  double flops_per_s(double m, double n, double k) const;
+  bool empty() const { return values_.empty(); }
+
+ private:
+  double log_rate(const std::array<double, 3>& query, const std::array<int, 3>& order) const;
+  std::array<std::vector<double>, 3> axes_;  // log2 of the distinct m, n, k, ascending
+  std::vector<double> values_;               // log(flop/s) at [i_m][i_n][i_k]; NaN: not measured
+};
+
+// Bandwidth of one memory-bound kernel family over message size: log(bytes/s) piecewise linear in
+// log(bytes) between the measured sizes (equivalently log-log in time), clamped to the bandwidth
+// of the smallest and the largest size outside them. Points of equal size are averaged in log.
+class BandwidthTable {
+ public:
+  explicit BandwidthTable(const std::vector<MemoryPoint>& points);  // points of one family
+  double bandwidth_bytes_per_s(double bytes) const;
+  double time_s(double bytes) const { return bytes / bandwidth_bytes_per_s(bytes); }
+  bool empty() const { return log_bytes_.empty(); }
+
+ private:
+  std::vector<double> log_bytes_, log_bandwidth_;
+};
+
+// The measured table an op is looked up in: "norm_", "swiglu_", "gelu_", "rotary_", "softmax_",
+// "cross_entropy_" + "forward" or "backward" (recompute counts as forward), "dropout_add_forward",
+// "adamw"; "" for ops no table describes (embedding, dropout backward, grad_norm — whose bytes
+// count only its 4-byte result —, the separate cross_entropy_stats of tensor parallelism, flash
+// attention). exec/profiler.cpp measures these families with bytes
+// counted as lowering counts them.
+std::string memory_family(const Op& op);
+// The GEMM table of an op: "forward", "dgrad", "wgrad" (attention score/value: "forward").
+std::string gemm_variant(const Op& op);
+
+// Leave-one-out: each point of a table predicted by the table built from all the others.
+struct LeaveOneOut {
+  std::string what;  // e.g. "forward 40x80x160", "norm_forward 65536 B"
+  double measured_s = 0;
+  double predicted_s = 0;
+  double relative_error() const { return (predicted_s - measured_s) / measured_s; }
+};
+std::vector<LeaveOneOut> gemm_leave_one_out(const std::vector<GemmPoint>& points);
+std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& points);
 
 class ComputeCostModel {
  public:
@@ -21,9 +90,14 @@ class ComputeCostModel {
   double matrix_peak_flops_per_s() const { return matrix_peak_; }
 
  private:
+  double measured_matrix_time_s(const Op& op) const;
   double matrix_peak_, vector_peak_, bandwidth_;
   GemmEfficiency gemm_;
   DeviceProfile profile_;
+  std::map<std::string, GemmRateTable> gemm_tables_;     // by variant; empty: no measured GEMMs
+  std::map<std::string, BandwidthTable> memory_tables_;  // by family
+  // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.
+  mutable std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, double> rate_cache_;
 };
 
 }  // namespace stepcast

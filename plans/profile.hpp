@@ -2,11 +2,16 @@
 // GEMM fraction of peak and fixed cost per kernel, fused attention's fraction of peak, memory-bound
 // kernels' fraction of bandwidth, and the bus-bandwidth fraction collectives reach on each link.
 // Shipped datasheet profiles (profiles/*.json) are built from component figures only; `stepcast
-// profile` (issue 5) writes measured ones in the same format.
+// profile` (exec/profiler.hpp) writes measured ones in the same format plus optional measured
+// tables (GEMM time by shape, memory-bound kernel time by bytes, collective and point-to-point
+// time by message size), the machine and the library versions; cost_model.hpp interpolates them.
+// Times in seconds, sizes in bytes, rates in flop/s and bytes/s.
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "json_input.hpp"
 #include "topology.hpp"
@@ -18,9 +23,65 @@ struct GemmEfficiency {
   double overhead_s = 0;     // fixed time per GEMM (launch, ramp-up and tail)
 };
 
+// ---- measured tables (one row per point: the median over ranks and repetitions) ----
+
+// The three GEMMs of a linear layer, in the program's convention C[m,n] = A[m,k]·B[k,n]:
+// forward y = x·Wᵀ (m tokens, n out, k in); dgrad dx = dy·W (m tokens, n in, k out);
+// wgrad dW += dyᵀ·x (m in, n out, k tokens). Each has its own memory layout, so its own rate.
+struct GemmPoint {
+  std::string variant;  // "forward", "dgrad", "wgrad"
+  int64_t m = 0, n = 0, k = 0;
+  double time_s = 0;
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
+
+// A memory-bound kernel family (memory_family() in cost_model.hpp names them) at one size;
+// `bytes` counts what lowering counts for that op, so op.bytes looks the table up directly.
+struct MemoryPoint {
+  std::string family;
+  double bytes = 0;
+  double time_s = 0;
+};
+
+// nccl-tests' columns: `bytes` is the per-rank buffer, algbw = bytes / time,
+// busbw = algbw · bus_bandwidth_factor(kind, group_size).
+struct CollectivePoint {
+  std::string kind;       // all_reduce, reduce_scatter, all_gather
+  std::string algorithm;  // ring, tree (the program's algorithms over MPI point-to-point), mpi
+  int64_t group_size = 0;
+  double bytes = 0;
+  double time_s = 0;
+  double algbw_bytes_per_s = 0;
+  double busbw_bytes_per_s = 0;
+};
+
+// One-way time of a message between two ranks of a node: half a ping-pong round trip.
+struct P2pPoint {
+  double bytes = 0;
+  double time_s = 0;
+};
+
+struct MeasuredTables {
+  Dtype dtype = Dtype::fp32;  // of every GEMM and memory-bound point
+  Json method = Json::object();  // how it was measured (repetitions, sample time, ranks): for people
+  Json fits = Json::object();    // the α-β fits behind `links` (fit_link below): for people
+  std::vector<GemmPoint> gemm;
+  std::vector<MemoryPoint> memory;
+  std::vector<CollectivePoint> collectives;
+  std::vector<P2pPoint> p2p;
+};
+
+// Where a profile was measured. Fields that define the machine type: cpu_model, cores.
+struct MachineInfo {
+  std::string hostname;
+  std::string cpu_model;  // /proc/cpuinfo's "model name"
+  int64_t cores = 0;      // online logical CPUs
+};
+
 struct DeviceProfile {
   std::string name;
   std::string file;
+  std::string notes;
   std::string device;   // must equal the topology's node.device.name
   std::string backend;  // "datasheet", "cpu", "cuda"
   std::map<Dtype, GemmEfficiency> gemm;
@@ -31,19 +92,62 @@ struct DeviceProfile {
   double intra_node_bus_fraction = 1;     // achievable fraction of the intra-node link rate
   double inter_node_bus_fraction = 1;     // achievable fraction of the NIC rate
   bool is_roofline = false;               // no profile: pure roofline on the datasheet peaks
+  // Measured absolute figures: where present they replace the topology's rate × fraction.
+  std::optional<double> memory_bandwidth_bytes_per_s;      // memory-bound ops without a table
+  std::optional<double> intra_node_bandwidth_bytes_per_s;  // per device, per direction
+  std::optional<double> intra_node_latency_s;
+  std::optional<MachineInfo> machine;
+  std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
+  std::optional<MeasuredTables> measured;
 
   GemmEfficiency gemm_for(Dtype dtype) const;
 };
 
 DeviceProfile load_profile(const std::string& path);
 DeviceProfile parse_profile(const Json& json, const std::string& file);
+// The profile as its file format: parse_profile(profile_to_json(p)) gives p back.
 Json profile_to_json(const DeviceProfile& profile);
 // The pure roofline: every fraction 1, no fixed costs.
 DeviceProfile roofline_profile(const Topology& topology);
-// Refuses (InputError) a profile of another device than the topology's.
+// Refuses (InputError) a profile of another device than the topology's, or of a CPU backend
+// on a GPU topology (and the reverse); the message names both.
 void check_profile_matches(const DeviceProfile& profile, const Topology& topology);
-// The topology with link bandwidths scaled by the profile's achievable bus fractions: what the
-// simulator's platform is built from.
+// Whether the topology's device is a CPU core ("cpu…" name or shared-memory intra-node fabric).
+bool topology_device_is_cpu(const Topology& topology);
+// The topology with link bandwidths scaled by the profile's achievable bus fractions, or, where
+// the profile measured them, the intra-node bandwidth and latency replaced by its figures: what
+// the simulator's platform is built from.
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile);
+// "field: 'profile value' here 'this value'" for each machine-type field (cpu_model, cores) and
+// library version that differs between the profile's record and `here`; empty when they agree
+// or the profile records no machine.
+std::vector<std::string> machine_differences(const DeviceProfile& profile, const MachineInfo& here,
+                                             const std::map<std::string, std::string>& libraries);
+
+// ---- α-β fits of measured transfers ----
+
+// One timed transfer as a linear model in the link's latency α and inverse bandwidth 1/β:
+// time_s = latency_terms·α + bytes_terms/β (p2p: 1 and bytes; a ring collective of n members
+// and S bytes: steps and steps·S/n, with steps = n−1, or 2(n−1) for all_reduce).
+struct LinkSample {
+  double latency_terms = 1;
+  double bytes_terms = 0;
+  double time_s = 0;
+};
+struct LinkFit {
+  double latency_s = 0;
+  double bandwidth_bytes_per_s = 0;
+  double max_relative_error = 0;  // over the samples
+  int64_t samples = 0;
+};
+// Least squares in relative error (each residual divided by its measured time, so small and
+// large messages weigh alike), α ≥ 0. nullopt with fewer than two samples or no positive β.
+std::optional<LinkFit> fit_link(const std::vector<LinkSample>& samples);
+// The samples of the measured points: p2p as is; ring and tree collectives of `group_size`
+// members by collective.hpp's α-β times (ring: steps as above; tree all_reduce 2⌈log2 n⌉ rounds
+// of the whole message).
+std::vector<LinkSample> p2p_link_samples(const std::vector<P2pPoint>& points);
+std::vector<LinkSample> collective_link_samples(const std::vector<CollectivePoint>& points,
+                                                int64_t group_size);
 
 }  // namespace stepcast

@@ -1,0 +1,162 @@
+// `stepcast profile`: measures this machine under mpirun with every rank busy (exec/profiler.hpp)
+// and writes the device profile (and, on request, a topology of this machine) that `simulate
+// --profile` interpolates.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "cost_model.hpp"
+#include "errors.hpp"
+#include "inputs.hpp"
+#include "profiler.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+// Runs `body` inside MPI; errors on any rank reach the user once (from the rank that hit them)
+// and end every rank with the right exit code. (As run_command.cpp's.)
+int with_mpi(int argc, char** argv, const std::function<int(int rank, int size)>& body) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int code = 0;
+  try {
+    code = body(rank, size);
+  } catch (const InputError& e) {
+    std::cerr << "stepcast profile: rank " << rank << ": error: " << e.what() << "\n";
+    code = kInputErrorExitCode;
+  } catch (const std::exception& e) {
+    std::cerr << "stepcast profile: rank " << rank << ": internal error: " << e.what() << "\n";
+    code = 3;
+  }
+  int worst = 0;
+  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw InputError("cannot write " + path);
+}
+
+// "median 1.2%, largest 4.8% (forward 10x640x20)" over leave-one-out predictions.
+std::string summarise(const std::vector<LeaveOneOut>& loo) {
+  if (loo.empty()) return "no points";
+  std::vector<double> errors;
+  const LeaveOneOut* worst = &loo.front();
+  for (const LeaveOneOut& l : loo) {
+    errors.push_back(std::abs(l.relative_error()));
+    if (std::abs(l.relative_error()) > std::abs(worst->relative_error())) worst = &l;
+  }
+  std::sort(errors.begin(), errors.end());
+  size_t within = size_t(std::count_if(errors.begin(), errors.end(), [](double e) { return e <= 0.05; }));
+  std::ostringstream out;
+  out.precision(3);
+  out << "median " << 100 * errors[errors.size() / 2] << "%, " << within << "/" << errors.size()
+      << " within 5%, largest " << 100 * std::abs(worst->relative_error()) << "% (" << worst->what
+      << ")";
+  return out.str();
+}
+
+}  // namespace
+
+int run_profile(int argc, char** argv) {
+  po::options_description options("stepcast profile options");
+  options.add_options()
+      ("backend", po::value<std::string>()->required(), "cpu (cuda: issue 6, not built)")
+      ("out", po::value<std::string>()->required(), "write the device profile JSON to FILE")
+      ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or fp64")
+      ("quick", po::bool_switch(), "a few points of each table (a few seconds; for tests)")
+      ("topology-out", po::value<std::string>(), "also write a topology JSON of this machine to FILE")
+      ("min-sample-s", po::value<double>()->default_value(1e-3),
+       "one sample repeats a call until at least this long")
+      ("repetitions", po::value<int>()->default_value(5), "samples per point and rank");
+  auto vm = parse_command_line(
+      argc, argv, options,
+      "usage: mpirun -np N stepcast profile --backend cpu --out F [--dtype fp32|fp64] [--quick]\n"
+      "                                     [--topology-out T]\n"
+      "Measures the machine with every rank busy at once, as in training: GEMM rate on a grid of\n"
+      "shapes, memory-bound kernel bandwidth (norms, activations, softmax, AdamW) by size,\n"
+      "collective time and bus bandwidth (all_reduce, reduce_scatter, all_gather; nccl-tests'\n"
+      "algbw and busbw) by message and group size, and send/recv latency and bandwidth. Each\n"
+      "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.");
+  if (!vm) return 0;
+  std::string backend = (*vm)["backend"].as<std::string>();
+  if (backend == "cuda") {
+    throw InputError("command line: --backend 'cuda': the CUDA backend is not built in this "
+                     "stepcast (issue 6); valid: cpu");
+  }
+  if (backend != "cpu") throw InputError("command line: --backend '" + backend + "': valid: cpu");
+  ProfileOptions profile_options;
+  std::string dtype = (*vm)["dtype"].as<std::string>();
+  if (dtype != "fp32" && dtype != "fp64") {
+    throw InputError("command line: --dtype '" + dtype + "': valid: fp32, fp64 (the CPU backend's types)");
+  }
+  profile_options.dtype = *parse_dtype(dtype);
+  profile_options.quick = (*vm)["quick"].as<bool>();
+  profile_options.min_sample_s = (*vm)["min-sample-s"].as<double>();
+  profile_options.repetitions = (*vm)["repetitions"].as<int>();
+  if (!(profile_options.min_sample_s > 0) || profile_options.min_sample_s > 10) {
+    throw InputError("command line: --min-sample-s must be in (0, 10] seconds");
+  }
+  if (profile_options.repetitions < 1) throw InputError("command line: --repetitions must be >= 1");
+  std::string out = (*vm)["out"].as<std::string>();
+
+  return with_mpi(argc, argv, [&](int rank, int size) {
+    double start = MPI_Wtime();
+    profile_options.progress = [start](const std::string& line) {
+      std::cout << "[" << std::fixed << std::setprecision(1) << MPI_Wtime() - start << " s] "
+                << std::defaultfloat << line << std::endl;
+    };
+    if (rank == 0) {
+      MachineInfo machine = describe_machine();
+      std::cout << "stepcast profile: backend cpu (" << dtype << "), " << size << " ranks on "
+                << machine.hostname << " (" << machine.cpu_model << ", " << machine.cores
+                << " cores)" << (profile_options.quick ? ", quick" : "") << std::endl;
+    }
+    DeviceProfile profile = measure_cpu_profile(profile_options);
+    if (rank != 0) return 0;
+    const MeasuredTables& t = *profile.measured;
+    std::cout << "leave-one-out, GEMM (" << t.gemm.size() << " points): " << summarise(gemm_leave_one_out(t.gemm))
+              << "\nleave-one-out, memory-bound (" << t.memory.size()
+              << " points): " << summarise(memory_leave_one_out(t.memory)) << "\n";
+    if (profile.intra_node_bandwidth_bytes_per_s) {
+      std::cout << "intra-node link (" << t.fits["applied_to_links"].get<std::string>() << " fit): "
+                << *profile.intra_node_bandwidth_bytes_per_s / 1e9 << " GB/s, "
+                << *profile.intra_node_latency_s * 1e6 << " us\n";
+    }
+    if (profile.memory_bandwidth_bytes_per_s) {
+      std::cout << "memory-bound kernels (fit): " << *profile.memory_bandwidth_bytes_per_s / 1e9
+                << " GB/s per rank, " << profile.kernel_overhead_s * 1e6 << " us per kernel\n";
+    }
+    Json json = profile_to_json(profile);
+    write_file(out, json.dump(1) + "\n");
+    std::cout << "wrote " << out << " in " << MPI_Wtime() - start << " s\n";
+    if (vm->count("topology-out")) {
+      std::string path = (*vm)["topology-out"].as<std::string>();
+      int ranks_per_node = t.method["ranks_per_node"].get<int>();
+      Json topology = measured_cpu_topology(profile, t.method["nodes"].get<int>(), ranks_per_node,
+                                            host_memory_bytes());
+      parse_topology(topology, path);  // what we write must load
+      write_file(path, topology.dump(2) + "\n");
+      std::cout << "wrote " << path << "\n";
+    }
+    return 0;
+  });
+}
+
+}  // namespace stepcast::cli

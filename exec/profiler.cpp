@@ -1,0 +1,645 @@
+// The CPU measurements of profiler.hpp. Every rank runs the same list of points at the same
+// time (a barrier before each sample), as ranks compete for caches and memory bandwidth in a
+// training step; PointTimer says how a point is timed (interleaved passes, median of every
+// rank's samples). Default: 5 samples of at least 1 ms per point and rank — not the ~50 ms a
+// lone benchmark would take, so that ~1,200 points fit in about a minute on two cores.
+//
+// Grids. GEMM m, n, k each over 5·2^i (10 … 640; quick: 20, 80, 320) for each of the three
+// GEMMs of a linear layer — off the powers of two and their 1.5× steps that model shapes use,
+// so predicting a model's GEMM is never a lookup of its own measurement. Memory-bound families
+// at 16 KiB · 4^i (… 16 MiB, past the caches; quick: 64 KiB, 1 MiB, 16 MiB) of lowering-counted
+// bytes.
+// Collectives at 1 KiB · 4^i (… 64 MiB; quick: 4 KiB, 256 KiB, 4 MiB) on the world group (the
+// program's ring and tree over point-to-point, and MPI's own) and, with more than two ranks, on
+// groups of two; ping-pong between rank pairs (2i, 2i+1) at 8 B · 4^i (… 32 MiB; quick: 8 B,
+// 4 KiB, 1 MiB).
+#include "profiler.hpp"
+
+#include <cblas.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+
+#include "collective.hpp"
+#include "cpu_backend.hpp"
+#include "errors.hpp"
+#include "version.hpp"
+
+namespace stepcast {
+
+namespace {
+
+constexpr double kWatchdogS = 600;
+constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
+
+double median(std::vector<double> v) {
+  STEPCAST_CHECK(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+std::string format_rate(double value, const char* unit) {
+  std::ostringstream out;
+  out.precision(3);
+  if (value >= 1e9) out << value / 1e9 << " G" << unit;
+  else if (value >= 1e6) out << value / 1e6 << " M" << unit;
+  else out << value << " " << unit;
+  return out.str();
+}
+
+std::string format_bytes_short(double bytes) {
+  std::ostringstream out;
+  if (bytes >= 1 << 20) out << bytes / double(1 << 20) << " MiB";
+  else if (bytes >= 1 << 10) out << bytes / double(1 << 10) << " KiB";
+  else out << bytes << " B";
+  return out.str();
+}
+
+// One point to time: `body` makes one call. `active` false: this rank has no part in it (no
+// partner for a ping-pong): it sizes nothing and adds no samples.
+struct TimedPoint {
+  std::function<void()> body;
+  bool active = true;
+};
+
+// Times a list of points, every rank the same list in the same order. A sizing pass makes one
+// untimed call and two timed calls of each point and sets its count (the largest over ranks
+// needed for a sample to last min_sample_s); then `repetitions` passes take one sample of every
+// point each, a barrier before each sample. Passes rather than back-to-back samples: a burst of
+// load from elsewhere on the machine then lands on one sample of many points, which the median
+// discards, instead of on every sample of a few. Returns seconds per call of each point, the
+// median over every rank's samples (the same on all ranks).
+class PointTimer {
+ public:
+  PointTimer(const ProfileOptions& options, int rank, int size)
+      : options_(options), rank_(rank), size_(size) {}
+
+  std::vector<double> seconds_per_call(const std::vector<TimedPoint>& points,
+                                       const std::function<void(int pass)>& after_pass) {
+    const size_t n = points.size(), reps = size_t(options_.repetitions);
+    std::vector<int64_t> counts(n, 1);
+    for (size_t i = 0; i < n; ++i) {
+      check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+      points[i].body();
+      // The faster of two calls, so one slow call does not shrink every sample to one call.
+      // (As many calls on every rank: a collective's body must be called alike everywhere.)
+      double once = 1e300;
+      for (int call = 0; call < 2; ++call) {
+        double start = MPI_Wtime();
+        points[i].body();
+        once = std::min(once, std::max(MPI_Wtime() - start, 1e-8));
+      }
+      if (points[i].active) {
+        counts[i] = std::clamp<int64_t>(int64_t(std::ceil(options_.min_sample_s / once)), 1, 1000000);
+      }
+    }
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(n), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD),
+              "MPI_Allreduce", rank_);
+    std::vector<double> samples(n * reps);  // [point][pass]
+    for (size_t pass = 0; pass < reps; ++pass) {
+      for (size_t i = 0; i < n; ++i) {
+        check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+        double start = MPI_Wtime();
+        for (int64_t c = 0; c < counts[i]; ++c) points[i].body();
+        samples[i * reps + pass] =
+            points[i].active ? (MPI_Wtime() - start) / double(counts[i]) : kNotMeasured;
+      }
+      if (after_pass) after_pass(int(pass) + 1);
+    }
+    std::vector<double> all(samples.size() * size_t(size_));  // [rank][point][pass]
+    check_mpi(MPI_Allgather(samples.data(), int(samples.size()), MPI_DOUBLE, all.data(),
+                            int(samples.size()), MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather", rank_);
+    std::vector<double> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<double> mine;
+      for (size_t r = 0; r < size_t(size_); ++r) {
+        for (size_t pass = 0; pass < reps; ++pass) {
+          double v = all[(r * n + i) * reps + pass];
+          if (!std::isnan(v)) mine.push_back(v);
+        }
+      }
+      out[i] = median(mine);
+    }
+    return out;
+  }
+
+ private:
+  const ProfileOptions& options_;
+  int rank_, size_;
+};
+
+template <class T>
+class Profiler {
+ public:
+  Profiler(const ProfileOptions& options, int rank, int size, int ranks_per_node)
+      : options_(options), rank_(rank), size_(size), ranks_per_node_(ranks_per_node),
+        timer_(options, rank, size) {}
+
+  MeasuredTables run() {
+    MeasuredTables t;
+    t.dtype = options_.dtype;
+    Backend<T>& world = make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), false);
+    measure_gemms(world, t);
+    measure_memory(world, t);
+    if (size_ > 1) {
+      measure_collectives(world, GroupKind::dp, "ring", t);
+      if (!options_.quick) {
+        measure_collectives(make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), true), GroupKind::dp,
+                            "mpi", t);
+      }
+      if (size_ > 2 && size_ % 2 == 0) {
+        measure_collectives(make_backend(RankGrid(2, size_ / 2, 1, "tp-dp-pp"), false),
+                            GroupKind::tp, "ring", t);
+      }
+      measure_p2p(world, t);
+    }
+    return t;
+  }
+
+  ~Profiler() {
+    for (auto& [backend, memory] : owned_) backend->release(memory);
+  }
+
+ private:
+  void progress(const std::string& line) {
+    if (rank_ == 0 && options_.progress) options_.progress(line);
+  }
+
+  std::vector<double> sizes(double first, double last, const std::vector<double>& quick) const {
+    if (options_.quick) return quick;
+    std::vector<double> out;
+    for (double s = first; s <= last; s *= 4) out.push_back(s);
+    return out;
+  }
+
+  // Backend memory of `count` elements of T holding small non-zero values (no denormals, no
+  // overflow however often a kernel accumulates into it).
+  T* buffer(Backend<T>& backend, int64_t count) {
+    char* memory = backend.allocate(count * int64_t(sizeof(T)));
+    owned_.push_back({&backend, memory});
+    std::vector<T> host(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) host[size_t(i)] = T(0.25 + 0.01 * double(i % 17));
+    backend.upload(memory, host.data(), count * int64_t(sizeof(T)));
+    return reinterpret_cast<T*>(memory);
+  }
+
+  // Collective over MPI_COMM_WORLD (the backend splits its communicators); lives as long as
+  // the profiler, so its buffers are released before it.
+  Backend<T>& make_backend(const RankGrid& grid, bool use_mpi_collectives) {
+    backends_.push_back(make_cpu_backend<T>(grid, rank_, ranks_per_node_, use_mpi_collectives, kWatchdogS));
+    return *backends_.back();
+  }
+
+  // Times `points`, printing a line per pass: "LABEL: pass P/R".
+  std::vector<double> time(const std::string& label, const std::vector<TimedPoint>& points) {
+    double start = MPI_Wtime();
+    return timer_.seconds_per_call(points, [&](int pass) {
+      std::ostringstream line;
+      line.precision(3);
+      line << label << ": " << points.size() << " points, pass " << pass << "/"
+           << options_.repetitions << " (" << MPI_Wtime() - start << " s)";
+      progress(line.str());
+    });
+  }
+
+  void measure_gemms(Backend<T>& backend, MeasuredTables& t) {
+    std::vector<int64_t> axis = options_.quick ? std::vector<int64_t>{20, 80, 320}
+                                               : std::vector<int64_t>{10, 20, 40, 80, 160, 320, 640};
+    int64_t largest = axis.back() * axis.back();
+    T* a = buffer(backend, largest);
+    T* b = buffer(backend, largest);
+    T* c = buffer(backend, largest);
+    std::vector<TimedPoint> points;
+    std::vector<GemmPoint> shapes;
+    for (const std::string variant : {"forward", "dgrad", "wgrad"}) {
+      for (int64_t m : axis) {
+        for (int64_t n : axis) {
+          for (int64_t k : axis) {
+            // The program's (m, n, k) of each variant mapped onto the linear layer's kernels.
+            if (variant == "forward") {
+              points.push_back({[&, m, n, k] { backend.linear_forward(a, b, nullptr, c, m, k, n); }});
+            } else if (variant == "dgrad") {
+              points.push_back({[&, m, n, k] { backend.linear_backward_data(a, b, c, m, n, k, false); }});
+            } else {
+              points.push_back({[&, m, n, k] { backend.linear_backward_weight(a, b, c, nullptr, k, m, n); }});
+            }
+            shapes.push_back({variant, m, n, k, 0});
+          }
+        }
+      }
+    }
+    std::vector<double> seconds = time("gemm", points);
+    double slowest = 1e300, fastest = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      shapes[i].time_s = seconds[i];
+      slowest = std::min(slowest, shapes[i].flops() / seconds[i]);
+      fastest = std::max(fastest, shapes[i].flops() / seconds[i]);
+      t.gemm.push_back(shapes[i]);
+    }
+    progress("gemm: " + std::to_string(shapes.size()) + " shapes (forward, dgrad, wgrad), " +
+             format_rate(slowest, "flop/s") + " … " + format_rate(fastest, "flop/s"));
+  }
+
+  void measure_memory(Backend<T>& backend, MeasuredTables& t) {
+    const double s = double(sizeof(T));
+    std::vector<double> size_targets = sizes(16384, 16.0 * (1 << 20), {65536, 1 << 20, 16 << 20});
+    // Row lengths: hidden size (norms, dropout_add), attention keys (softmax), vocabulary (loss).
+    // A family's time per byte depends a little on them too; these sit between small test
+    // models and GPT-scale ones.
+    const int64_t h = 160, cols = 80, vocab = 640;
+    // The largest tensor of any family (two tensors per element at least), plus a row of slack.
+    int64_t most = int64_t(size_targets.back() / (2 * s)) + 1024;
+    // Inputs are never written (passes interleave the families, and a softmax of another
+    // kernel's output could be anything); outputs are never read as inputs; AdamW has its own.
+    std::vector<T*> in, out, opt;
+    for (int i = 0; i < 3; ++i) in.push_back(buffer(backend, most));
+    for (int i = 0; i < 2; ++i) out.push_back(buffer(backend, most));
+    for (int i = 0; i < 3; ++i) opt.push_back(buffer(backend, most));
+    T* norm_weight = buffer(backend, h);
+    T* dw = buffer(backend, h);  // the norm backward accumulates its weight gradient here
+    const int64_t most_tokens = most / vocab + 1;
+    T* stats = buffer(backend, 3 * most_tokens);
+    T* loss = buffer(backend, most_tokens);
+    std::vector<int32_t> targets(static_cast<size_t>(most_tokens));  // host: as the executor's
+    for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t(i * 7 % size_t(vocab));
+    // Rotary computes one sin and cos per position and frequency, shared by the micro batch and
+    // the heads: per byte it costs as a model with micro batch 2 and 4 + 2·2 heads does.
+    const cpu::AttentionShape rotary{0, 2, 4, 2, 32};  // s set per size
+    std::vector<uint8_t> mask(static_cast<size_t>(most));
+    const cpu::Dropout dropout{0.1, 1, 1, 0, cpu::DropoutSite::attention_residual};
+    const int64_t sample_index = 0;
+    auto with_rows = [](cpu::AttentionShape shape, int64_t elements) {
+      shape.s = elements / (shape.b * shape.qkv_width());
+      return shape;
+    };
+    const cpu::AdamW adamw{1e-3, 0.9, 0.95, 1e-8, 0.1};
+    // family, bytes per element (as lowering counts the op's bytes), row length, body(elements).
+    struct Family {
+      const char* name;
+      double bytes_per_element;
+      int64_t row;  // elements come in whole rows of this length
+      std::function<void(int64_t)> body;
+    };
+    const std::vector<Family> families = {
+        {"norm_forward", 2 * s, h,
+         [&](int64_t e) { backend.rmsnorm_forward(in[0], norm_weight, out[0], e / h, h, 1e-5); }},
+        {"norm_backward", 4 * s, h,
+         [&](int64_t e) {
+           backend.rmsnorm_backward(in[0], norm_weight, in[1], out[0], dw, e / h, h, 1e-5);
+         }},
+        {"swiglu_forward", 3 * s, 1,
+         [&](int64_t e) { backend.swiglu_forward(in[0], in[1], out[0], e); }},
+        {"swiglu_backward", 5 * s, 1,
+         [&](int64_t e) { backend.swiglu_backward(in[0], in[1], in[2], out[0], out[1], e); }},
+        // Branch + residual → out (the mask, written only with dropout > 0, is not counted).
+        {"dropout_add_forward", 3 * s, h,
+         [&](int64_t e) {
+           backend.dropout_add_forward(in[0], in[1], out[0], mask.data(), e / h, 1, h, dropout, 0,
+                                       &sample_index);
+         }},
+        {"gelu_forward", 2 * s, 1, [&](int64_t e) { backend.gelu_forward(in[0], out[0], e); }},
+        {"gelu_backward", 3 * s, 1, [&](int64_t e) { backend.gelu_backward(in[0], in[1], out[0], e); }},
+        {"softmax_forward", 2 * s, cols,
+         [&](int64_t e) { backend.softmax_forward(in[0], out[0], e / cols, cols); }},
+        {"softmax_backward", 3 * s, cols,
+         [&](int64_t e) { backend.softmax_backward(in[1], in[0], out[0], e / cols, cols); }},
+        // Lowering counts the gradient, two 4-byte moments and the weight per parameter.
+        {"adamw", 2 * s + 16, 1,
+         [&](int64_t e) { backend.adamw_step(opt[0], in[0], opt[1], opt[2], e, adamw, 1, 1.0); }},
+        // One rank's whole vocabulary (tp = 1): statistics and softmax forward, logits → softmax.
+        {"cross_entropy_forward", 2 * s, vocab,
+         [&](int64_t e) {
+           backend.cross_entropy_stats(in[0], targets.data(), stats, e / vocab, 0, vocab);
+           backend.cross_entropy_forward(in[0], stats, 1, out[0], loss, e / vocab, vocab);
+         }},
+        {"cross_entropy_backward", 2 * s, vocab,
+         [&](int64_t e) {
+           backend.cross_entropy_backward(in[0], targets.data(), out[0], e / vocab, 0, vocab, 1e-3);
+         }},
+        // In place on qkv rows (lowering counts it read and written).
+        {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),
+         [&](int64_t e) { backend.rotary_forward(out[1], with_rows(rotary, e), 1e4, 0); }},
+        {"rotary_backward", 2 * s, rotary.b * rotary.qkv_width(),
+         [&](int64_t e) { backend.rotary_backward(out[1], with_rows(rotary, e), 1e4, 0); }},
+    };
+    std::vector<TimedPoint> points;
+    std::vector<MemoryPoint> rows;
+    for (const Family& f : families) {
+      for (double target : size_targets) {
+        int64_t whole_rows = std::max<int64_t>(1, std::llround(target / f.bytes_per_element / double(f.row)));
+        int64_t elements = whole_rows * f.row;
+        points.push_back({[&f, elements] { f.body(elements); }});
+        rows.push_back({f.name, double(elements) * f.bytes_per_element, 0});
+      }
+    }
+    std::vector<double> seconds = time("memory-bound", points);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].time_s = seconds[i];
+      t.memory.push_back(rows[i]);
+    }
+    progress("memory-bound: " + std::to_string(families.size()) + " families × " +
+             std::to_string(size_targets.size()) + " sizes");
+  }
+
+  void measure_collectives(Backend<T>& backend, GroupKind group, const std::string& algorithm,
+                           MeasuredTables& t) {
+    const int n = backend.group_size(group);
+    std::vector<double> bytes_list = sizes(1024, 64.0 * (1 << 20), {4096, 262144, 4 << 20});
+    int64_t most = int64_t(bytes_list.back() / double(sizeof(T)));
+    // Zeros: sums stay zero, however many times a buffer is reduced.
+    T* data = reinterpret_cast<T*>(backend.allocate(most * int64_t(sizeof(T))));
+    owned_.push_back({&backend, reinterpret_cast<char*>(data)});
+    struct Case {
+      OpKind kind;
+      Algorithm algorithm;
+    };
+    std::vector<Case> cases = {{OpKind::all_reduce, Algorithm::ring},
+                               {OpKind::reduce_scatter, Algorithm::ring},
+                               {OpKind::all_gather, Algorithm::ring}};
+    if (algorithm == "ring") cases.insert(cases.begin() + 1, {OpKind::all_reduce, Algorithm::tree});
+    std::vector<TimedPoint> points;
+    std::vector<CollectivePoint> rows;
+    std::vector<OpKind> kinds;
+    for (const Case& c : cases) {
+      for (double bytes : bytes_list) {
+        int64_t count = int64_t(bytes / double(sizeof(T)));
+        std::function<void()> body;
+        if (c.kind == OpKind::all_reduce) {
+          body = [&backend, group, c, data, count] { backend.all_reduce(group, c.algorithm, {{data, count}}); };
+        } else if (c.kind == OpKind::reduce_scatter) {
+          body = [&backend, group, data, count] { backend.reduce_scatter(group, {{data, count}}); };
+        } else {
+          body = [&backend, group, data, count] { backend.all_gather(group, {{data, count}}); };
+        }
+        points.push_back({body});
+        CollectivePoint p;
+        p.kind = to_string(c.kind);
+        p.algorithm = algorithm == "mpi" ? "mpi" : to_string(c.algorithm);
+        p.group_size = n;
+        p.bytes = double(count) * double(sizeof(T));
+        rows.push_back(p);
+        kinds.push_back(c.kind);
+      }
+    }
+    std::string label = "collectives (" + algorithm + ", groups of " + std::to_string(n) + ")";
+    std::vector<double> seconds = time(label, points);
+    std::ostringstream summary;
+    summary.precision(3);
+    summary << label << ", busbw at " << format_bytes_short(bytes_list.back()) << ":";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CollectivePoint& p = rows[i];
+      p.time_s = seconds[i];
+      p.algbw_bytes_per_s = p.bytes / p.time_s;
+      p.busbw_bytes_per_s = p.algbw_bytes_per_s * bus_bandwidth_factor(kinds[i], n);
+      t.collectives.push_back(p);
+      if ((i + 1) % bytes_list.size() == 0) {
+        summary << " " << p.kind << "/" << p.algorithm << " " << format_rate(p.busbw_bytes_per_s, "B/s");
+      }
+    }
+    progress(summary.str());
+  }
+
+  void measure_p2p(Backend<T>& backend, MeasuredTables& t) {
+    std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), {8, 4096, 1 << 20});
+    int64_t most = std::max<int64_t>(1, int64_t(bytes_list.back() / double(sizeof(T))));
+    T* data = buffer(backend, most);
+    const int peer = rank_ % 2 == 0 ? rank_ + 1 : rank_ - 1;
+    const bool paired = peer < size_;
+    std::vector<TimedPoint> points;
+    std::vector<double> bytes_sent;
+    for (double bytes : bytes_list) {
+      int64_t count = std::max<int64_t>(1, int64_t(bytes / double(sizeof(T))));
+      // One round trip; the one-way time is half of it.
+      points.push_back({[&backend, data, count, peer, paired, even = rank_ % 2 == 0] {
+                          if (!paired) return;
+                          if (even) {
+                            backend.send(data, count, peer, 7);
+                            backend.recv(data, count, peer, 8);
+                          } else {
+                            backend.recv(data, count, peer, 7);
+                            backend.send(data, count, peer, 8);
+                          }
+                          backend.finish_sends();
+                        },
+                        paired});
+      bytes_sent.push_back(double(count) * double(sizeof(T)));
+    }
+    std::vector<double> seconds = time("send/recv ping-pong", points);
+    for (size_t i = 0; i < points.size(); ++i) t.p2p.push_back({bytes_sent[i], seconds[i] / 2});
+    std::ostringstream line;
+    line.precision(3);
+    line << "send/recv ping-pong: " << t.p2p.front().time_s * 1e6 << " us at "
+         << format_bytes_short(t.p2p.front().bytes) << ", "
+         << format_rate(t.p2p.back().bytes / t.p2p.back().time_s, "B/s") << " at "
+         << format_bytes_short(t.p2p.back().bytes);
+    progress(line.str());
+  }
+
+  const ProfileOptions& options_;
+  int rank_, size_, ranks_per_node_;
+  PointTimer timer_;
+  std::vector<std::unique_ptr<Backend<T>>> backends_;
+  std::vector<std::pair<Backend<T>*, char*>> owned_;
+};
+
+Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
+  if (!fit) return nullptr;
+  return {{"from", from},
+          {"latency_s", fit->latency_s},
+          {"bandwidth_bytes_per_s", fit->bandwidth_bytes_per_s},
+          {"max_relative_error", fit->max_relative_error},
+          {"samples", fit->samples}};
+}
+
+std::string read_first_line(const std::string& text) {
+  auto end = text.find('\n');
+  std::string line = end == std::string::npos ? text : text.substr(0, end);
+  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+}  // namespace
+
+MachineInfo describe_machine() {
+  MachineInfo info;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) info.hostname = host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) {
+        info.cpu_model = line.substr(colon + 1);
+        info.cpu_model.erase(0, info.cpu_model.find_first_not_of(" \t"));
+      }
+      break;
+    }
+  }
+  info.cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return info;
+}
+
+std::map<std::string, std::string> library_versions() {
+  std::map<std::string, std::string> out;
+  if (const char* config = openblas_get_config()) out["openblas"] = read_first_line(config);
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(version, &length) == MPI_SUCCESS) {
+    out["mpi"] = read_first_line(std::string(version, strnlen(version, sizeof version)));
+  }
+  return out;
+}
+
+double host_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  double value = 0;
+  while (meminfo >> key >> value >> unit) {
+    if (key == "MemTotal:") return value * 1024;  // kB in /proc/meminfo are KiB
+  }
+  return 0;
+}
+
+DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
+  STEPCAST_CHECK(options.dtype == Dtype::fp32 || options.dtype == Dtype::fp64,
+                 "the CPU backend computes in fp32 or fp64");
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node_comm;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
+            "MPI_Comm_split_type", rank);
+  int ranks_per_node = 0, node_rank = 0;
+  MPI_Comm_size(node_comm, &ranks_per_node);
+  MPI_Comm_rank(node_comm, &node_rank);
+  MPI_Comm_free(&node_comm);
+  int leader = node_rank == 0 ? 1 : 0, nodes = 0;
+  check_mpi(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", rank);
+
+  double start = MPI_Wtime();
+  MeasuredTables tables;
+  if (options.dtype == Dtype::fp32) {
+    tables = Profiler<float>(options, rank, size, ranks_per_node).run();
+  } else {
+    tables = Profiler<double>(options, rank, size, ranks_per_node).run();
+  }
+  double wall_s = MPI_Wtime() - start;
+
+  MachineInfo machine = describe_machine();
+  DeviceProfile p;
+  p.name = "cpu-" + machine.hostname;
+  p.device = "cpu-core";
+  p.backend = "cpu";
+  p.machine = machine;
+  p.libraries = library_versions();
+  p.gemm[options.dtype] = GemmEfficiency{1.0, 0.0};
+  if (rank != 0) return p;
+
+  // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
+  // the simulator's intra-node flows carry), else from the ping-pong.
+  int64_t intra_group = nodes == 1 ? size : 2;
+  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
+  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
+  std::vector<LinkSample> memory_samples;
+  for (const MemoryPoint& m : tables.memory) memory_samples.push_back({1.0, m.bytes, m.time_s});
+  std::optional<LinkFit> memory = fit_link(memory_samples);
+  std::optional<LinkFit> links = ring ? ring : p2p;
+  if (links) {
+    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
+    p.intra_node_latency_s = links->latency_s;
+  }
+  if (memory) {
+    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
+    p.kernel_overhead_s = memory->latency_s;
+  }
+  tables.fits = {{"collectives", fit_to_json(ring, "ring and tree collectives of " +
+                                                       std::to_string(intra_group) + " ranks in a node")},
+                 {"p2p", fit_to_json(p2p, "send/recv ping-pong, one way")},
+                 {"memory", fit_to_json(memory, "every memory-bound point")},
+                 {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")}};
+  tables.method = {{"ranks", size},
+                   {"ranks_per_node", ranks_per_node},
+                   {"nodes", nodes},
+                   {"quick", options.quick},
+                   {"repetitions", options.repetitions},
+                   {"min_sample_s", options.min_sample_s},
+                   {"statistic", "median over every rank's samples; a sample is the mean of back-to-back calls"},
+                   {"all_ranks_busy", true},
+                   {"wall_s", wall_s},
+                   {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
+  p.measured = std::move(tables);
+  p.notes =
+      "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) +
+      " MPI ranks busy at once (" + std::to_string(ranks_per_node) + " per node). measured holds "
+      "the points; cost_model.hpp interpolates them (GEMM: log rate multilinear in log2 m, n, k; "
+      "memory-bound: log bandwidth linear in log bytes; both clamped at the grid's edges). "
+      "links.intra_node_* are the α-β fit of measured.fits.applied_to_links and replace the "
+      "topology's intra-node figures; memory.bandwidth_bytes_per_s and kernel_overhead_s are the "
+      "α-β fit of every memory-bound point, used for memory-bound ops without a table. The "
+      "fractions are 1: the measured figures are absolute. Flash attention and the inter-node "
+      "fabric are not measured (fractions 1 of the topology's figures).";
+  return p;
+}
+
+Json measured_cpu_topology(const DeviceProfile& profile, int nodes, int ranks_per_node,
+                           double host_memory) {
+  STEPCAST_CHECK(profile.measured.has_value(), "a topology from a profile without measurements");
+  const MeasuredTables& t = *profile.measured;
+  double peak = 0;
+  for (const GemmPoint& g : t.gemm) peak = std::max(peak, g.flops() / g.time_s);
+  double bandwidth = profile.memory_bandwidth_bytes_per_s.value_or(0);
+  double link = profile.intra_node_bandwidth_bytes_per_s.value_or(0);
+  if (!(peak > 0) || !(bandwidth > 0) || !(link > 0)) {
+    throw InputError("the profile lacks GEMM, memory-bound or link measurements needed for a "
+                     "topology (run profile with at least 2 ranks)");
+  }
+  std::string host = profile.machine ? profile.machine->hostname : "localhost";
+  std::ostringstream notes;
+  notes << "Written by `stepcast profile --topology-out` on " << host << " ("
+        << (profile.machine ? profile.machine->cpu_model : "?") << ") from profile " << profile.name
+        << ": one MPI rank per core, each core a device. peak_flops_per_s." << to_string(t.dtype)
+        << " is the fastest measured GEMM (all ranks busy); memory_bandwidth_bytes_per_s is one "
+           "rank's bandwidth from the α-β fit of the memory-bound kernels; memory_bytes is "
+           "/proc/meminfo's MemTotal divided by the ranks per node; runtime_allowance_bytes "
+           "256 MiB is an allowance for the MPI runtime and OpenBLAS buffers, as in "
+           "localhost-cpu.json. intra_node bandwidth and latency are the profile's link fit ("
+        << (t.fits.contains("applied_to_links") ? t.fits["applied_to_links"].dump() : "\"?\"")
+        << "). The fabric is a placeholder (10 Gb/s NIC), unused within one node.";
+  double per_device_memory = std::floor(host_memory / std::max(1, ranks_per_node));
+  return {{"name", host + "-cpu-measured"},
+          {"notes", notes.str()},
+          {"num_nodes", nodes},
+          {"node",
+           {{"devices_per_node", ranks_per_node},
+            {"device",
+             {{"name", profile.device},
+              {"peak_flops_per_s", {{to_string(t.dtype), peak}}},
+              {"memory_bytes", per_device_memory},
+              {"memory_bandwidth_bytes_per_s", bandwidth},
+              {"runtime_allowance_bytes", 268435456},
+              {"memory_reserved_bytes", 0}}},
+            {"intra_node",
+             {{"kind", "shared_memory"},
+              {"bandwidth_bytes_per_s", link},
+              {"latency_s", profile.intra_node_latency_s.value_or(0)}}}}},
+          {"fabric",
+           {{"kind", "fat_tree"},
+            {"nics_per_node", 1},
+            {"nic_bandwidth_bytes_per_s", 1.25e9},
+            {"nic_latency_s", 1e-5},
+            {"switch_latency_s", 1e-6},
+            {"oversubscription", 1},
+            {"switch_radix", 48}}}};
+}
+
+}  // namespace stepcast

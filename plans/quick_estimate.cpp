@@ -1,0 +1,118 @@
+// The planner's quick estimate; the formula is in quick_estimate.hpp.
+#include "quick_estimate.hpp"
+
+#include <algorithm>
+
+#include "collective.hpp"
+#include "schedule.hpp"
+
+namespace stepcast {
+
+namespace {
+
+struct StageTimes {
+  double compute_mb_s = 0;   // compute ops of microbatch 0
+  double backward_mb_s = 0;  // of which backward (what overlapped reduction can hide behind)
+  double tp_mb_s = 0;        // tp / embedding / other non-dp collectives of microbatch 0
+  double pp_mb_s = 0;        // sends of microbatch 0
+  double dp_mb_s = 0;        // dp collectives of microbatch 0 (ZeRO-2/3 every pass)
+  double dp_step_s = 0;      // dp collectives once per step (buckets of the last pass, gathers)
+  int64_t dp_step_ops = 0;
+  double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
+};
+
+double collective_s(const Op& op, const RankGrid& grid, int64_t rank, const Topology& topology,
+                    const LinkFigures& links) {
+  if (op.algorithm == Algorithm::none) return 0;
+  GroupShape shape = group_shape(grid, op.group, rank, topology.node.devices_per_node);
+  if (shape.size <= 1) return 0;
+  return collective_time_s(op.kind, op.algorithm, op.bytes, shape, links);
+}
+
+StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
+                       const ComputeCostModel& cost_model, const LinkFigures& links) {
+  RankGrid grid = program.grid();
+  int64_t rank = grid.rank(RankCoord{0, 0, role.pp_stage});
+  int64_t per_node = topology.node.devices_per_node;
+  int32_t last_microbatch = 0;
+  for (const Op& op : role.ops) last_microbatch = std::max(last_microbatch, op.microbatch);
+  StageTimes t;
+  double dp_last_s = 0;
+  int64_t dp_last_ops = 0;
+  for (const Op& op : role.ops) {
+    if (is_compute(op.kind)) {
+      double s = cost_model.op_time_s(op);
+      if (op.microbatch == 0) {
+        t.compute_mb_s += s;
+        if (op.phase == Phase::backward) t.backward_mb_s += s;
+      } else if (op.microbatch < 0) {
+        t.step_level_s += s;
+      }
+    } else if (is_collective(op.kind)) {
+      double s = collective_s(op, grid, rank, topology, links);
+      if (op.group == GroupKind::dp) {
+        if (op.microbatch == 0) t.dp_mb_s += s;
+        if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
+        if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }
+      } else if (op.microbatch == 0) {
+        t.tp_mb_s += s;
+      } else if (op.microbatch < 0) {
+        t.step_level_s += s;
+      }
+    } else if (op.kind == OpKind::send && op.microbatch == 0) {
+      int64_t peer = op.peer == Peer::pp_next ? grid.pp_next(rank) : grid.pp_prev(rank);
+      bool same_node = rank / per_node == peer / per_node;
+      double bw = same_node ? links.intra_bandwidth_bytes_per_s : links.inter_bandwidth_bytes_per_s;
+      double lat = same_node ? links.intra_latency_s : links.inter_latency_s;
+      t.pp_mb_s += lat + op.bytes / bw;
+    }
+  }
+  // With one microbatch in the program, microbatch 0 is also the last: its dp ops are the
+  // step's reduction, not a per-pass one.
+  if (last_microbatch == 0) {
+    t.dp_step_s += t.dp_mb_s;
+    t.dp_step_ops += 1;
+    t.dp_mb_s = 0;
+  } else if (t.dp_mb_s == 0) {
+    t.dp_step_s += dp_last_s;
+    t.dp_step_ops += dp_last_ops;
+  }
+  return t;
+}
+
+}  // namespace
+
+QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
+                             int64_t num_microbatches, const Topology& topology,
+                             const ComputeCostModel& cost_model) {
+  LinkFigures links = link_figures(topology);
+  double m = double(num_microbatches);
+  double f = ideal_bubble_fraction(
+      plan.schedule, ScheduleShape{plan.pp_size, plan.virtual_pp_size, num_microbatches});
+  QuickEstimate best;
+  for (const Role& role : program.roles) {
+    StageTimes t = stage_times(role, program, topology, cost_model, links);
+    double dp_mb_exposed = plan.overlap_grad_reduce
+                               ? std::max(0.0, t.dp_mb_s - t.backward_mb_s)
+                               : t.dp_mb_s;
+    double mb_s = t.compute_mb_s + t.tp_mb_s + t.pp_mb_s + dp_mb_exposed;
+    double pipeline_s = mb_s * m / (1.0 - f);
+    double dp_step_exposed = t.dp_step_s;
+    if (plan.overlap_grad_reduce && t.dp_step_ops > 0) {
+      dp_step_exposed = std::max(t.dp_step_s / double(t.dp_step_ops), t.dp_step_s - t.backward_mb_s);
+    }
+    QuickEstimate e;
+    e.compute_s = t.compute_mb_s * m;
+    e.tp_comm_s = t.tp_mb_s * m;
+    e.pp_comm_s = t.pp_mb_s * m;
+    e.bubble_s = pipeline_s - mb_s * m;
+    e.dp_comm_s = dp_mb_exposed * m + dp_step_exposed;
+    e.optimizer_s = t.step_level_s;
+    e.step_time_s = pipeline_s + dp_step_exposed + t.step_level_s;
+    e.critical_stage = role.pp_stage;
+    if (e.step_time_s > best.step_time_s) best = e;
+  }
+  return best;
+}
+
+}  // namespace stepcast

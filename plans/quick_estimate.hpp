@@ -1,0 +1,43 @@
+// The planner's quick analytical estimate of one step's time, from a lowered StepProgram: no
+// simulation, no contention. It ranks candidates; `simulate` re-times the most promising.
+// Formula (seconds), with m = num_microbatches, p = pp_size, v = virtual_pp_size:
+//   t_mb(stage)  = Σ cost-model time of the stage's compute ops of microbatch 0 (forward,
+//                  backward, recompute, every chunk) + Σ α-β time of its tp collectives of
+//                  microbatch 0 (exposed: they sit between the GEMMs that need them)
+//                  + pipeline sends of microbatch 0 (bytes / link bandwidth + latency)
+//                  + dp collectives of microbatch 0 (ZeRO-3 gathers: counted as exposed)
+//   pipeline     = max_stage t_mb · m / (1 − f),  f = ideal_bubble_fraction(schedule, p, v, m)
+//   dp_exposed   = Σ α-β time of the step-level dp collectives (gradient reduction, parameter
+//                  gather); with overlap_grad_reduce only what one microbatch's backward cannot
+//                  hide: max(dp / buckets, dp − backward of one microbatch)
+//   optimizer    = Σ cost-model time of the step-level compute ops (grad norm, AdamW)
+//   step_time_s  = pipeline + dp_exposed + optimizer  (taken on the slowest stage)
+// The program may be lowered with fewer microbatches than the plan (planner's memory path):
+// only microbatch 0 and step-level ops are read, and m comes from `num_microbatches`.
+#pragma once
+
+#include <cstdint>
+
+#include "cost_model.hpp"
+#include "plan.hpp"
+#include "program.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+struct QuickEstimate {
+  double step_time_s = 0;
+  double compute_s = 0;        // m · compute per microbatch on the critical stage
+  double tp_comm_s = 0;        // m · exposed tp collectives on the critical stage
+  double pp_comm_s = 0;        // m · pipeline sends on the critical stage
+  double bubble_s = 0;
+  double dp_comm_s = 0;        // exposed dp communication (step-level and per-microbatch)
+  double optimizer_s = 0;
+  int64_t critical_stage = 0;
+};
+
+QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
+                             int64_t num_microbatches, const Topology& topology,
+                             const ComputeCostModel& cost_model);
+
+}  // namespace stepcast

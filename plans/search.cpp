@@ -1,0 +1,387 @@
+// The planner's enumeration, pruning, ranking and search; see search.hpp.
+#include "search.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "errors.hpp"
+#include "lower.hpp"
+#include "memory.hpp"
+
+namespace stepcast {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return out;
+}
+
+// "FILE: key 'KEY' = VALUE: WHY; valid: VALID" → "KEY: WHY" with numbers as N and the file
+// names left out, so candidates refused for the same reason share a category.
+std::string reason_category(const std::string& message, const std::string& model_file,
+                            const std::string& topology_file) {
+  std::string key = "plan";
+  std::string why = message;
+  auto k = message.find("key '");
+  if (k != std::string::npos) {
+    auto end = message.find('\'', k + 5);
+    key = message.substr(k + 5, end - k - 5);
+    auto colon = message.find(": ", end);
+    why = colon == std::string::npos ? "" : message.substr(colon + 2);
+  }
+  auto valid = why.find("; valid:");
+  if (valid != std::string::npos) why.resize(valid);
+  for (const std::string& file : {model_file, topology_file}) {
+    for (auto at = why.find(file); !file.empty() && at != std::string::npos; at = why.find(file)) {
+      why.replace(at, file.size(), "<file>");
+    }
+  }
+  std::string out;
+  for (size_t i = 0; i < why.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(why[i]))) {
+      out += 'N';
+      while (i + 1 < why.size() &&
+             (std::isdigit(static_cast<unsigned char>(why[i + 1])) || why[i + 1] == '.')) ++i;
+    } else {
+      out += why[i];
+    }
+  }
+  return key + ": " + out;
+}
+
+Dtype search_dtype(const Topology& topology) {
+  const auto& peaks = topology.node.device.peak_flops_per_s;
+  return peaks.count(Dtype::bf16) ? Dtype::bf16 : Dtype::fp32;
+}
+
+void set_memory(Candidate& c, const MemoryReport& report) {
+  c.memory_checked = true;
+  c.peak_bytes_max = report.peak_bytes_max;
+  c.reserved_bytes = report.reserved_bytes;
+  c.capacity_bytes = report.capacity_bytes;
+}
+
+bool fits(const Candidate& c, double fraction) {
+  return c.peak_bytes_max + c.reserved_bytes <= fraction * c.capacity_bytes;
+}
+
+std::string gib(double bytes) {
+  std::ostringstream out;
+  out.precision(3);
+  out << bytes / double(int64_t{1} << 30) << " GiB";
+  return out.str();
+}
+
+// Runs work(i) for i in [0, n) on `jobs` threads, calling progress after each.
+void parallel_for(int64_t n, int jobs, const std::function<void(int64_t)>& work,
+                  const Progress& progress) {
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex progress_mutex;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto worker = [&] {
+    for (int64_t i = next++; i < n; i = next++) {
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+      int64_t d = ++done;
+      if (progress) {
+        std::lock_guard<std::mutex> lock(progress_mutex);
+        progress(d, n);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 1; j < std::max(1, jobs); ++j) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+std::string plan_name(const Plan& plan) {
+  std::ostringstream out;
+  out << "tp" << plan.tp_size << "-pp" << plan.pp_size << "-dp" << plan.dp_size << "-z"
+      << plan.zero_stage << "-mbs" << plan.micro_batch_size << "-";
+  if (plan.schedule == ScheduleKind::interleaved_1f1b) out << "vpp" << plan.virtual_pp_size;
+  else out << to_string(plan.schedule);
+  if (plan.recompute != RecomputeKind::none) out << "-" << to_string(plan.recompute);
+  if (plan.sequence_parallel) out << "-sp";
+  if (plan.attention_impl == AttentionImpl::flash) out << "-flash";
+  return out.str();
+}
+
+std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topology& topology,
+                                            const SearchSpace& space) {
+  const int64_t devices = topology.num_devices();
+  const Dtype dtype = search_dtype(topology);
+  std::vector<Candidate> out;
+  for (int64_t tp : divisors(topology.node.devices_per_node)) {
+    if (devices % tp != 0) continue;
+    for (int64_t pp : divisors(devices / tp)) {
+      int64_t dp = devices / (tp * pp);
+      std::vector<std::pair<ScheduleKind, int64_t>> schedules{{ScheduleKind::one_f_one_b, 1}};
+      if (pp > 1) {
+        for (int64_t v : space.virtual_pp_sizes) schedules.push_back({ScheduleKind::interleaved_1f1b, v});
+        if (space.include_gpipe) schedules.push_back({ScheduleKind::gpipe, 1});
+      }
+      for (int64_t mbs : space.micro_batch_sizes) {
+        for (int zero : space.zero_stages) {
+          for (auto [schedule, vpp] : schedules) {
+            for (RecomputeKind recompute :
+                 {RecomputeKind::none, RecomputeKind::selective, RecomputeKind::full}) {
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                Candidate c;
+                Plan& p = c.plan;
+                p.tp_size = tp;
+                p.pp_size = pp;
+                p.dp_size = dp;
+                p.zero_stage = zero;
+                p.micro_batch_size = mbs;
+                p.global_batch_size = space.global_batch_size;
+                p.schedule = schedule;
+                p.virtual_pp_size = vpp;
+                p.recompute = recompute;
+                p.sequence_parallel = sp;
+                p.param_dtype = dtype;
+                p.grad_dtype = Dtype::fp32;
+                p.overlap_grad_reduce = dp > 1;
+                p.overlap_param_gather = zero >= 1 && dp > 1;
+                p.name = plan_name(p);
+                p.file = "candidate " + p.name;
+                try {
+                  validate_plan(p, model, topology);
+                } catch (const InputError& e) {
+                  c.pruned = reason_category(e.what(), model.file, topology.file);
+                  c.pruned_detail = e.what();
+                }
+                out.push_back(std::move(c));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+Plan memory_path_plan(const Plan& plan) {
+  Plan p = plan;
+  if (plan.schedule == ScheduleKind::gpipe) return p;
+  int64_t cap = 2 * plan.pp_size;
+  if (plan.num_microbatches() > cap) {
+    p.global_batch_size = cap * plan.micro_batch_size * plan.dp_size;
+  }
+  return p;
+}
+
+void check_candidate(Candidate& c, const ModelConfig& model, const Topology& topology,
+                     const SearchSpace& space, const ComputeCostModel& cost_model) {
+  if (!c.kept()) return;
+  const Plan& plan = c.plan;
+  const DeviceSpec& device = topology.node.device;
+  // Lower bound: weights and optimizer state of the stage with the most transformer layers
+  // (tp shards each layer's matrices; replicated norms only add to it), plus the allowance.
+  int64_t most_layers = 0;
+  for (int64_t stage = 0; stage < plan.pp_size; ++stage) {
+    int64_t layers = 0;
+    for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
+      layers += plan.layers_per_stage[size_t(chunk * plan.pp_size + stage)];
+    }
+    most_layers = std::max(most_layers, layers);
+  }
+  double params = double(layer_parameter_count(model)) * double(most_layers) / double(plan.tp_size);
+  ModelStateBytes state =
+      zero_model_state_bytes(params, plan.zero_stage, plan.dp_size, plan.param_dtype, plan.grad_dtype);
+  double lower_bound = state.weights + state.optimizer + device.runtime_allowance_bytes;
+  if (lower_bound + device.memory_reserved_bytes > space.max_memory_fraction * device.memory_bytes) {
+    c.memory_checked = true;
+    c.peak_is_lower_bound = true;
+    c.peak_bytes_max = lower_bound;
+    c.reserved_bytes = device.memory_reserved_bytes;
+    c.capacity_bytes = device.memory_bytes;
+    c.pruned = "does not fit in memory";
+    c.pruned_detail = "weights and optimizer state alone on the largest stage need " +
+                      gib(lower_bound) + " with the runtime allowance, more than " +
+                      gib(space.max_memory_fraction * device.memory_bytes) + " allowed";
+    return;
+  }
+  Plan lowered_plan = memory_path_plan(plan);
+  StepProgram program = lower_program(model, topology, lowered_plan);
+  set_memory(c, memory_report(program, topology));
+  if (!fits(c, space.max_memory_fraction)) {
+    c.pruned = "does not fit in memory";
+    c.pruned_detail = "peak " + gib(c.peak_bytes_max) + " + reserved " + gib(c.reserved_bytes) +
+                      " > " + gib(space.max_memory_fraction * c.capacity_bytes) + " allowed";
+    return;
+  }
+  c.estimate = quick_estimate(program, plan, plan.num_microbatches(), topology, cost_model);
+}
+
+void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
+                      const Topology& topology, const SearchSpace& space,
+                      const ComputeCostModel& cost_model, int jobs, const Progress& progress) {
+  std::vector<Candidate*> kept;
+  for (auto& c : candidates) {
+    if (c.kept()) kept.push_back(&c);
+  }
+  parallel_for(
+      int64_t(kept.size()), jobs,
+      [&](int64_t i) { check_candidate(*kept[size_t(i)], model, topology, space, cost_model); },
+      progress);
+}
+
+std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator& evaluate,
+                              int64_t evaluate_count, int jobs, const Progress& progress,
+                              Objective objective) {
+  std::vector<Candidate> kept;
+  for (auto& c : candidates) {
+    if (c.kept()) kept.push_back(std::move(c));
+  }
+  // Ties broken by name so the order is deterministic.
+  auto by_estimate = [](const Candidate& a, const Candidate& b) {
+    if (a.estimate.step_time_s != b.estimate.step_time_s) return a.estimate.step_time_s < b.estimate.step_time_s;
+    return a.plan.name < b.plan.name;
+  };
+  std::sort(kept.begin(), kept.end(), by_estimate);
+  if (objective == Objective::memory) {
+    std::stable_sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) {
+      return a.peak_bytes_max < b.peak_bytes_max;
+    });
+  }
+  int64_t n = std::min<int64_t>(evaluate_count, int64_t(kept.size()));
+  parallel_for(
+      n, jobs,
+      [&](int64_t i) {
+        Candidate& c = kept[size_t(i)];
+        try {
+          c.step_time_s = evaluate(c.plan);
+        } catch (const std::exception& e) {
+          c.evaluation_error = e.what();
+        }
+      },
+      progress);
+  if (objective == Objective::memory) return kept;
+  std::stable_sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.step_time_s.has_value() != b.step_time_s.has_value()) return a.step_time_s.has_value();
+    if (a.step_time_s && *a.step_time_s != *b.step_time_s) return *a.step_time_s < *b.step_time_s;
+    return false;  // keeps the estimate order
+  });
+  return kept;
+}
+
+std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candidates) {
+  std::map<std::string, int64_t> counts;
+  for (const auto& c : candidates) {
+    if (!c.kept()) ++counts[c.pruned];
+  }
+  return counts;
+}
+
+MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model) {
+  MegatronArguments out;
+  auto& a = out.arguments;
+  a.push_back("--tensor-model-parallel-size " + std::to_string(plan.tp_size));
+  a.push_back("--pipeline-model-parallel-size " + std::to_string(plan.pp_size));
+  if (plan.schedule == ScheduleKind::interleaved_1f1b) {
+    int64_t per_chunk = model.num_hidden_layers / (plan.pp_size * plan.virtual_pp_size);
+    a.push_back("--num-layers-per-virtual-pipeline-stage " + std::to_string(per_chunk));
+    if (model.num_hidden_layers % (plan.pp_size * plan.virtual_pp_size) != 0) {
+      out.notes.push_back("layers do not split evenly over pp·vpp; Megatron-LM needs an even split");
+    }
+  }
+  a.push_back("--micro-batch-size " + std::to_string(plan.micro_batch_size));
+  a.push_back("--global-batch-size " + std::to_string(plan.global_batch_size));
+  if (plan.sequence_parallel) a.push_back("--sequence-parallel");
+  if (plan.recompute == RecomputeKind::selective) a.push_back("--recompute-granularity selective");
+  if (plan.recompute == RecomputeKind::full) {
+    a.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+  }
+  if (plan.zero_stage >= 1) a.push_back("--use-distributed-optimizer");
+  if (plan.zero_stage >= 2) {
+    out.notes.push_back("ZeRO stage " + std::to_string(plan.zero_stage) +
+                        " has no Megatron-LM flag (--use-distributed-optimizer is stage 1); use "
+                        "DeepSpeed or Megatron's FSDP for it");
+  }
+  if (plan.overlap_grad_reduce) a.push_back("--overlap-grad-reduce");
+  if (plan.overlap_param_gather) a.push_back("--overlap-param-gather");
+  if (plan.param_dtype == Dtype::bf16) a.push_back("--bf16");
+  if (plan.attention_impl == AttentionImpl::flash) a.push_back("--use-flash-attn");
+  if (plan.dropout != 0.1) {
+    a.push_back("--hidden-dropout " + std::to_string(plan.dropout));
+    a.push_back("--attention-dropout " + std::to_string(plan.dropout));
+  }
+  return out;
+}
+
+std::vector<FitSuggestion> suggest_fits(const Plan& plan, const ModelConfig& model,
+                                        const Topology& topology, const SearchSpace& space) {
+  struct Variant {
+    std::string change;
+    Plan plan;
+    Topology topology;
+  };
+  std::vector<Variant> variants;
+  auto add = [&](const std::string& change, auto edit) {
+    Variant v{change, plan, topology};
+    v.plan.layers_per_stage.clear();
+    v.plan.grad_bucket_bytes = 0;
+    edit(v);
+    v.plan.overlap_param_gather = v.plan.zero_stage >= 1 && v.plan.dp_size > 1;
+    v.plan.overlap_grad_reduce = v.plan.dp_size > 1;
+    v.plan.name = plan_name(v.plan);
+    variants.push_back(std::move(v));
+  };
+  add("zero_stage 3", [](Variant& v) { v.plan.zero_stage = 3; });
+  add("full recompute", [](Variant& v) { v.plan.recompute = RecomputeKind::full; });
+  add("micro_batch_size 1", [](Variant& v) { v.plan.micro_batch_size = 1; });
+  add("flash attention", [](Variant& v) { v.plan.attention_impl = AttentionImpl::flash; });
+  add("zero_stage 3 + full recompute + micro_batch_size 1", [](Variant& v) {
+    v.plan.zero_stage = 3;
+    v.plan.recompute = RecomputeKind::full;
+    v.plan.micro_batch_size = 1;
+  });
+  add("twice the nodes (--nodes " + std::to_string(topology.num_nodes * 2) + ", dp_size " +
+          std::to_string(plan.dp_size * 2) + ")",
+      [](Variant& v) {
+        v.topology.num_nodes *= 2;
+        v.plan.dp_size *= 2;
+      });
+  std::vector<FitSuggestion> out;
+  for (auto& v : variants) {
+    FitSuggestion s;
+    s.change = v.change;
+    try {
+      validate_plan(v.plan, model, v.topology);
+      Candidate c;
+      c.plan = v.plan;
+      ComputeCostModel unused(v.topology.node.device, v.plan.param_dtype,
+                              roofline_profile(v.topology), v.topology.file);
+      check_candidate(c, model, v.topology, space, unused);
+      s.fits = c.kept();
+      s.peak_bytes_max = c.peak_bytes_max;
+      if (!c.kept()) s.note = c.pruned_detail;
+    } catch (const InputError& e) {
+      s.note = e.what();
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace stepcast

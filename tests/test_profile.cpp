@@ -1,0 +1,381 @@
+// Measured device profiles: the interpolation of cost_model.hpp against closed forms (exact at
+// grid points and for power laws, clamped outside the grid, leave-one-out within 5% on a smooth
+// synthetic rate), the α-β fit, the schema (round trip, shipped datasheet profiles unchanged),
+// the device checks, and `stepcast profile` end to end under mpirun (--quick): its profile and
+// topology load, simulate accepts them on the CPU topology and refuses them on a GPU one, and
+// the leave-one-out errors of the real measurements are printed as figures, not asserted (two
+// shared cores are too noisy for a 5% bound on every point; see the README).
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cost_model.hpp"
+#include "errors.hpp"
+#include "profile.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+using Catch::Matchers::Contains;
+using test::source_path;
+
+namespace {
+
+const std::vector<int64_t> kAxis = {10, 20, 40, 80, 160, 320, 640};  // the profiler's 5·2^i
+
+// A smooth GEMM time with the shape of a real one: a fixed cost, operand traffic at a
+// bandwidth, and flops at a peak (seconds).
+double synthetic_gemm_time_s(double m, double n, double k) {
+  const double peak = 100e9, bandwidth = 40e9, fixed = 0.3e-6;
+  return fixed + 4 * (m * k + k * n + m * n) / bandwidth + 2 * m * n * k / peak;
+}
+
+std::vector<GemmPoint> synthetic_grid(const std::string& variant,
+                                      double (*time_s)(double, double, double)) {
+  std::vector<GemmPoint> points;
+  for (int64_t m : kAxis) {
+    for (int64_t n : kAxis) {
+      for (int64_t k : kAxis) points.push_back({variant, m, n, k, time_s(double(m), double(n), double(k))});
+    }
+  }
+  return points;
+}
+
+double power_law_time_s(double m, double n, double k) {
+  return 1e-9 * std::pow(m, 0.9) * std::pow(n, 1.1) * std::pow(k, 0.7);
+}
+
+// A measured CPU profile as `stepcast profile` writes it, with synthetic points.
+DeviceProfile synthetic_profile() {
+  DeviceProfile p;
+  p.name = "cpu-test";
+  p.file = "synthetic.json";
+  p.notes = "synthetic";
+  p.device = "cpu-core";
+  p.backend = "cpu";
+  p.gemm[Dtype::fp32] = GemmEfficiency{1.0, 0.0};
+  p.memory_bandwidth_bytes_per_s = 8e9;
+  p.kernel_overhead_s = 1e-6;
+  p.intra_node_bandwidth_bytes_per_s = 3e9;
+  p.intra_node_latency_s = 2e-6;
+  p.machine = MachineInfo{"host", "Some CPU", 2};
+  p.libraries = {{"openblas", "OpenBLAS 0.3.21"}, {"mpi", "Open MPI v4.1.4"}};
+  MeasuredTables t;
+  t.dtype = Dtype::fp32;
+  t.method = {{"ranks", 2}};
+  t.gemm = synthetic_grid("forward", synthetic_gemm_time_s);
+  for (double bytes : {16384.0, 65536.0, 262144.0, 1048576.0}) {
+    t.memory.push_back({"norm_forward", bytes, 1e-6 + bytes / 10e9});
+  }
+  t.collectives.push_back({"all_reduce", "ring", 2, 1048576, 4e-4, 2.6e9, 2.6e9});
+  t.p2p.push_back({8, 1e-6});
+  t.p2p.push_back({1048576, 3e-4});
+  p.measured = t;
+  return p;
+}
+
+double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+struct Command {
+  int exit_code = 0;
+  std::string output;
+};
+
+Command shell(const std::string& command) {
+  Command result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  size_t got;
+  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, got);
+  int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// `mpirun -np 2 stepcast profile --quick` once for every test that needs it.
+struct QuickProfile {
+  std::string profile, topology, output;
+  int exit_code = 0;
+};
+const QuickProfile& quick_profile() {
+  static QuickProfile q = [] {
+    QuickProfile r;
+    r.profile = test::write_temp_file("quick-profile.json", "");
+    r.topology = test::write_temp_file("quick-topology.json", "");
+    Command c = shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY +
+                      " profile --backend cpu --quick --out " + r.profile + " --topology-out " +
+                      r.topology);
+    r.exit_code = c.exit_code;
+    r.output = c.output;
+    return r;
+  }();
+  return q;
+}
+
+std::string tiny_simulate(const std::string& topology, const std::string& profile) {
+  return test::model_arg("tiny") + " --topology " + topology + test::plan_arg("tiny-cpu") +
+         " --profile " + profile + " --no-scaling";
+}
+
+}  // namespace
+
+TEST_CASE("profile: GEMM interpolation is exact at grid points and for power laws", "[profile]") {
+  GemmRateTable table(synthetic_grid("forward", synthetic_gemm_time_s));
+  for (int64_t m : {10, 80, 640}) {
+    for (int64_t k : {20, 320}) {
+      double rate = 2.0 * m * 40 * k / synthetic_gemm_time_s(double(m), 40, double(k));
+      CHECK(relative(table.flops_per_s(double(m), 40, double(k)), rate) < 1e-12);
+    }
+  }
+  // log(rate) multilinear in log m, log n, log k reproduces time ∝ m^a n^b k^c off the grid.
+  GemmRateTable power(synthetic_grid("forward", power_law_time_s));
+  for (auto [m, n, k] : {std::tuple{13.0, 57.0, 301.0}, {64.0, 128.0, 256.0}, {600.0, 11.0, 90.0}}) {
+    double rate = 2 * m * n * k / power_law_time_s(m, n, k);
+    CHECK(relative(power.flops_per_s(m, n, k), rate) < 1e-9);
+  }
+}
+
+TEST_CASE("profile: GEMM interpolation clamps to the grid's faces", "[profile]") {
+  GemmRateTable table(synthetic_grid("forward", synthetic_gemm_time_s));
+  CHECK(table.flops_per_s(5000, 80, 40) == Approx(table.flops_per_s(640, 80, 40)).epsilon(1e-12));
+  CHECK(table.flops_per_s(2, 3, 4) == Approx(table.flops_per_s(10, 10, 10)).epsilon(1e-12));
+  CHECK(table.flops_per_s(80, 1, 1e6) == Approx(table.flops_per_s(80, 10, 640)).epsilon(1e-12));
+}
+
+TEST_CASE("profile: leave-one-out predicts each point of a smooth profile within 5%", "[profile]") {
+  std::vector<LeaveOneOut> loo = gemm_leave_one_out(synthetic_grid("forward", synthetic_gemm_time_s));
+  REQUIRE(loo.size() == kAxis.size() * kAxis.size() * kAxis.size());
+  double worst = 0;
+  std::string where;
+  for (const LeaveOneOut& l : loo) {
+    if (std::abs(l.relative_error()) > worst) {
+      worst = std::abs(l.relative_error());
+      where = l.what;
+    }
+  }
+  INFO("largest leave-one-out error " << 100 * worst << "% at " << where);
+  CHECK(worst < 0.05);
+  // A hole in the grid is bridged, not a lookup: the prediction differs from the measurement.
+  CHECK(std::abs(loo[100].relative_error()) > 0);
+
+  std::vector<MemoryPoint> memory;
+  for (double bytes = 16384; bytes <= 64 << 20; bytes *= 4) {
+    memory.push_back({"adamw", bytes, 2e-6 + bytes / 8e9});
+  }
+  for (const LeaveOneOut& l : memory_leave_one_out(memory)) {
+    INFO(l.what);
+    CHECK(std::abs(l.relative_error()) < 0.05);
+  }
+}
+
+TEST_CASE("profile: memory-bound bandwidth is log-log between sizes and clamped outside", "[profile]") {
+  BandwidthTable table({{"swiglu_forward", 1000, 1e-6}, {"swiglu_forward", 100000, 2e-5}});
+  CHECK(table.time_s(1000) == Approx(1e-6).epsilon(1e-12));
+  CHECK(table.time_s(100000) == Approx(2e-5).epsilon(1e-12));
+  // Midway in log(bytes): bandwidth is the geometric mean of 1e9 and 5e9.
+  CHECK(table.bandwidth_bytes_per_s(10000) == Approx(std::sqrt(1e9 * 5e9)).epsilon(1e-12));
+  CHECK(table.bandwidth_bytes_per_s(10) == Approx(1e9).epsilon(1e-12));
+  CHECK(table.time_s(1e7) == Approx(1e7 / 5e9).epsilon(1e-12));
+}
+
+TEST_CASE("profile: the cost model uses measured tables where they exist", "[profile]") {
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  DeviceProfile profile = synthetic_profile();
+  ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
+  Op gemm;
+  gemm.kind = OpKind::gemm;
+  gemm.batch = 1;
+  gemm.m = 128;
+  gemm.n = 64;
+  gemm.k = 256;
+  gemm.flops = 2.0 * 128 * 64 * 256;
+  gemm.bytes = 4.0 * (128 * 256 + 256 * 64 + 128 * 64);
+  GemmRateTable table(profile.measured->gemm);
+  CHECK(model.op_time_s(gemm) == Approx(gemm.flops / table.flops_per_s(128, 64, 256)).epsilon(1e-12));
+  // Off-grid and smooth: within a few percent of the synthetic truth.
+  CHECK(relative(model.op_time_s(gemm), synthetic_gemm_time_s(128, 64, 256)) < 0.05);
+  // A dgrad without its own table falls back to the forward one.
+  gemm.grad = "dgrad";
+  CHECK(model.op_time_s(gemm) == Approx(gemm.flops / table.flops_per_s(128, 64, 256)).epsilon(1e-12));
+
+  Op norm;
+  norm.kind = OpKind::norm;
+  norm.phase = Phase::recompute;
+  norm.flops = 1000;
+  norm.bytes = 65536;
+  CHECK(memory_family(norm) == "norm_forward");
+  CHECK(model.op_time_s(norm) == Approx(1e-6 + 65536 / 10e9).epsilon(1e-12));
+  // No table: the roofline on the measured bandwidth plus the measured fixed cost.
+  Op rotary;
+  rotary.kind = OpKind::activation;
+  rotary.name = "rotary";
+  rotary.phase = Phase::backward;
+  rotary.bytes = 8e6;
+  CHECK(memory_family(rotary) == "rotary_backward");
+  CHECK(model.op_time_s(rotary) == Approx(8e6 / 8e9 + 1e-6).epsilon(1e-12));
+
+  // A datasheet profile keeps the roofline with fractions.
+  DeviceProfile sheet = load_profile(source_path("profiles/a100-sxm4-80gb.json"));
+  Topology dgx = load_topology(source_path("topologies/dgx-a100-80gb.json"));
+  ComputeCostModel roofline(dgx.node.device, Dtype::bf16, sheet, dgx.file);
+  gemm.grad = "";
+  double peak = dgx.node.device.peak_for(Dtype::bf16, dgx.file);
+  CHECK(roofline.op_time_s(gemm) ==
+        Approx(std::max(gemm.flops / (peak * 0.85), gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * 0.85)) + 6e-6));
+}
+
+TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") {
+  std::vector<P2pPoint> p2p;
+  for (double bytes = 8; bytes <= 32 << 20; bytes *= 4) p2p.push_back({bytes, 1.5e-6 + bytes / 4e9});
+  std::optional<LinkFit> fit = fit_link(p2p_link_samples(p2p));
+  REQUIRE(fit);
+  CHECK(fit->latency_s == Approx(1.5e-6).epsilon(1e-9));
+  CHECK(fit->bandwidth_bytes_per_s == Approx(4e9).epsilon(1e-9));
+  CHECK(fit->max_relative_error < 1e-9);
+  // Ring collectives of 4: all_reduce 2(n−1) steps of S/n, reduce_scatter n−1.
+  std::vector<CollectivePoint> ring;
+  for (double bytes = 4096; bytes <= 64 << 20; bytes *= 4) {
+    ring.push_back({"all_reduce", "ring", 4, bytes, 6 * (1e-6 + bytes / 4 / 2e9), 0, 0});
+    ring.push_back({"reduce_scatter", "ring", 4, bytes, 3 * (1e-6 + bytes / 4 / 2e9), 0, 0});
+    ring.push_back({"all_reduce", "mpi", 4, bytes, 1.0, 0, 0});  // not a modelled algorithm
+  }
+  fit = fit_link(collective_link_samples(ring, 4));
+  REQUIRE(fit);
+  CHECK(fit->samples == 16);
+  CHECK(fit->latency_s == Approx(1e-6).epsilon(1e-9));
+  CHECK(fit->bandwidth_bytes_per_s == Approx(2e9).epsilon(1e-9));
+  CHECK_FALSE(fit_link({{1, 8, 1e-6}}));
+}
+
+TEST_CASE("profile: JSON round-trips; shipped datasheet profiles load unchanged", "[profile]") {
+  DeviceProfile p = synthetic_profile();
+  Json json = profile_to_json(p);
+  DeviceProfile back = parse_profile(json, "round-trip.json");
+  CHECK(profile_to_json(back) == json);
+  REQUIRE(back.measured);
+  CHECK(back.measured->gemm.size() == p.measured->gemm.size());
+  CHECK(back.measured->gemm[5].time_s == p.measured->gemm[5].time_s);
+  CHECK(back.machine->cpu_model == "Some CPU");
+  CHECK(*back.intra_node_latency_s == 2e-6);
+  for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm"}) {
+    DeviceProfile sheet = load_profile(source_path(std::string("profiles/") + name + ".json"));
+    CHECK_FALSE(sheet.measured);
+    CHECK_FALSE(sheet.intra_node_bandwidth_bytes_per_s);
+    Json j = profile_to_json(sheet);
+    CHECK(profile_to_json(parse_profile(j, "x.json")) == j);
+    CHECK_FALSE(j.contains("measured"));
+  }
+  Json bad = json;
+  bad["measured"]["gemm_points"][0]["varient"] = "forward";
+  CHECK_THROWS_WITH(parse_profile(bad, "bad.json"), Contains("varient"));
+}
+
+TEST_CASE("profile: a CPU profile is refused on a GPU topology and another device", "[profile]") {
+  DeviceProfile p = synthetic_profile();
+  Topology cpu = load_topology(source_path("topologies/localhost-cpu.json"));
+  Topology dgx = load_topology(source_path("topologies/dgx-a100-80gb.json"));
+  CHECK_NOTHROW(check_profile_matches(p, cpu));
+  CHECK_THROWS_AS(check_profile_matches(p, dgx), InputError);
+  CHECK_THROWS_WITH(check_profile_matches(p, dgx),
+                    Contains("cpu-core") && Contains("A100-SXM4-80GB") && Contains("GPU"));
+  p.device = "cpu-socket";
+  CHECK_THROWS_WITH(check_profile_matches(p, cpu), Contains("cpu-socket") && Contains("cpu-core"));
+  DeviceProfile sheet = load_profile(source_path("profiles/a100-sxm4-80gb.json"));
+  CHECK_NOTHROW(check_profile_matches(sheet, dgx));
+  // Measured link figures replace the topology's; fractions scale them otherwise.
+  Topology applied = apply_link_fractions(cpu, synthetic_profile());
+  CHECK(applied.node.intra_node.bandwidth_bytes_per_s == 3e9);
+  CHECK(applied.node.intra_node.latency_s == 2e-6);
+  Topology scaled = apply_link_fractions(dgx, sheet);
+  CHECK(scaled.node.intra_node.bandwidth_bytes_per_s ==
+        Approx(dgx.node.intra_node.bandwidth_bytes_per_s * 0.77));
+}
+
+TEST_CASE("profile: machine differences name their fields", "[profile]") {
+  DeviceProfile p = synthetic_profile();
+  MachineInfo same{"other-host", "Some CPU", 2};
+  CHECK(machine_differences(p, same, p.libraries).empty());  // the hostname is not the type
+  MachineInfo other{"host", "Another CPU", 8};
+  std::vector<std::string> d = machine_differences(p, other, {{"openblas", "OpenBLAS 0.3.26"}});
+  REQUIRE(d.size() == 3);
+  CHECK_THAT(d[0], Contains("machine.cpu_model") && Contains("Another CPU"));
+  CHECK_THAT(d[1], Contains("machine.cores"));
+  CHECK_THAT(d[2], Contains("libraries.openblas") && Contains("0.3.26"));
+}
+
+TEST_CASE("profile: `stepcast profile --backend cuda` is refused with a message", "[profile]") {
+  test::CommandResult r = test::run_stepcast("profile --backend cuda --out /tmp/never.json");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Contains("cuda") && Contains("not built"));
+  r = test::run_stepcast("profile --backend cpu --dtype bf16 --out /tmp/never.json");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Contains("fp32, fp64"));
+}
+
+TEST_CASE("profile: a measured --quick profile drives simulate on this machine's topology",
+          "[profile]") {
+  const QuickProfile& q = quick_profile();
+  INFO(q.output);
+  REQUIRE(q.exit_code == 0);
+  DeviceProfile p = load_profile(q.profile);
+  REQUIRE(p.measured);
+  CHECK(p.backend == "cpu");
+  CHECK(p.device == "cpu-core");
+  CHECK(p.measured->gemm.size() == 3 * 27);
+  CHECK(p.measured->memory.size() == 14 * 3);
+  CHECK_FALSE(p.measured->collectives.empty());
+  CHECK(p.measured->p2p.size() == 3);
+  CHECK(p.libraries.count("openblas"));
+  CHECK(p.libraries.count("mpi"));
+  for (const CollectivePoint& c : p.measured->collectives) {
+    double factor = c.kind == "all_reduce" ? 2.0 * (c.group_size - 1) / c.group_size
+                                           : double(c.group_size - 1) / c.group_size;
+    CHECK(c.busbw_bytes_per_s == Approx(c.bytes / c.time_s * factor));
+  }
+  // The measured leave-one-out errors, as figures: two shared cores are too noisy to bound.
+  auto report = [](const std::vector<LeaveOneOut>& loo, const char* what) {
+    std::vector<double> errors;
+    for (const LeaveOneOut& l : loo) errors.push_back(std::abs(l.relative_error()));
+    std::sort(errors.begin(), errors.end());
+    WARN(what << " leave-one-out on this machine's --quick profile: median "
+              << 100 * errors[errors.size() / 2] << "%, largest " << 100 * errors.back() << "%");
+  };
+  report(gemm_leave_one_out(p.measured->gemm), "GEMM");
+  report(memory_leave_one_out(p.measured->memory), "memory-bound");
+
+  Topology written = load_topology(q.topology);
+  CHECK(written.node.device.name == "cpu-core");
+  CHECK(written.node.devices_per_node == 2);
+  CHECK(written.node.intra_node.bandwidth_bytes_per_s == *p.intra_node_bandwidth_bytes_per_s);
+
+  test::CommandResult ok = test::run_stepcast(
+      "simulate" + tiny_simulate(source_path("topologies/localhost-cpu.json"), q.profile));
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK_THAT(ok.output, Contains("profile cpu-"));
+  CHECK_THAT(ok.output, !Contains("another machine"));
+  test::CommandResult own = test::run_stepcast("simulate" + tiny_simulate(q.topology, q.profile));
+  CHECK(own.exit_code == 0);
+
+  test::CommandResult refused = test::run_stepcast(
+      "simulate" + tiny_simulate(source_path("topologies/dgx-a100-80gb.json"), q.profile));
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Contains("cpu-core") && Contains("A100-SXM4-80GB"));
+
+  // A profile from another machine type: a warning naming the fields, and the simulation runs.
+  Json other = load_json_file(q.profile);
+  other["machine"]["cpu_model"] = "Imaginary CPU 9000";
+  other["machine"]["cores"] = 512;
+  std::string other_file = test::write_temp_file("other-machine-profile.json", other.dump());
+  test::CommandResult warned = test::run_stepcast(
+      "simulate" + tiny_simulate(source_path("topologies/localhost-cpu.json"), other_file));
+  CHECK(warned.exit_code == 0);
+  CHECK_THAT(warned.output, Contains("warning") && Contains("machine.cpu_model") &&
+                                Contains("Imaginary CPU 9000") && Contains("machine.cores"));
+}
