@@ -117,10 +117,15 @@ int run_profile(int argc, char** argv) {
   std::string out = (*vm)["out"].as<std::string>();
 
   return with_mpi(argc, argv, [&](int rank, int size) {
+    if (vm->count("topology-out") && size < 2) {
+      throw InputError("command line: --topology-out needs the intra-node link, measured between "
+                       "ranks: run mpirun -np 2 (or more) stepcast profile");
+    }
     double start = MPI_Wtime();
     profile_options.progress = [start](const std::string& line) {
-      std::cout << "[" << std::fixed << std::setprecision(1) << MPI_Wtime() - start << " s] "
-                << std::defaultfloat << line << std::endl;
+      std::ostringstream stamp;
+      stamp << std::fixed << std::setprecision(1) << MPI_Wtime() - start;
+      std::cout << "[" << stamp.str() << " s] " << line << std::endl;
     };
     if (rank == 0) {
       MachineInfo machine = describe_machine();
@@ -131,6 +136,7 @@ int run_profile(int argc, char** argv) {
     DeviceProfile profile = measure_cpu_profile(profile_options);
     if (rank != 0) return 0;
     const MeasuredTables& t = *profile.measured;
+    std::cout << std::setprecision(3);
     std::cout << "leave-one-out, GEMM (" << t.gemm.size() << " points): " << summarise(gemm_leave_one_out(t.gemm))
               << "\nleave-one-out, memory-bound (" << t.memory.size()
               << " points): " << summarise(memory_leave_one_out(t.memory)) << "\n";
@@ -145,7 +151,8 @@ int run_profile(int argc, char** argv) {
     }
     Json json = profile_to_json(profile);
     write_file(out, json.dump(1) + "\n");
-    std::cout << "wrote " << out << " in " << MPI_Wtime() - start << " s\n";
+    std::cout << "wrote " << out << " after " << std::fixed << std::setprecision(1)
+              << MPI_Wtime() - start << " s\n" << std::defaultfloat;
     if (vm->count("topology-out")) {
       std::string path = (*vm)["topology-out"].as<std::string>();
       int ranks_per_node = t.method["ranks_per_node"].get<int>();

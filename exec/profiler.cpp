@@ -2,11 +2,12 @@
 // time (a barrier before each sample), as ranks compete for caches and memory bandwidth in a
 // training step; PointTimer says how a point is timed (interleaved passes, median of every
 // rank's samples). Default: 5 samples of at least 1 ms per point and rank — not the ~50 ms a
-// lone benchmark would take, so that ~1,200 points fit in about a minute on two cores.
+// lone benchmark would take, so that ~2,400 points fit in well under a minute on two cores.
 //
-// Grids. GEMM m, n, k each over 5·2^i (10 … 640; quick: 20, 80, 320) for each of the three
-// GEMMs of a linear layer — off the powers of two and their 1.5× steps that model shapes use,
-// so predicting a model's GEMM is never a lookup of its own measurement. Memory-bound families
+// Grids. GEMM m, n, k each over 10, 14, 20, 28, 40, 80, 160, 320, 640 (quick: 20, 80, 320) for
+// each of the three GEMMs of a linear layer: √2 steps where the rate bends most, 2× above —
+// off the powers of two and their 1.5× steps that model shapes use, so predicting a model's
+// GEMM is never a lookup of its own measurement. Memory-bound families
 // at 16 KiB · 4^i (… 16 MiB, past the caches; quick: 64 KiB, 1 MiB, 16 MiB) of lowering-counted
 // bytes.
 // Collectives at 1 KiB · 4^i (… 64 MiB; quick: 4 KiB, 256 KiB, 4 MiB) on the world group (the
@@ -38,6 +39,7 @@ namespace {
 
 constexpr double kWatchdogS = 600;
 constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
+constexpr int64_t kMaxCalls = 1000000;  // per sample
 
 double median(std::vector<double> v) {
   STEPCAST_CHECK(!v.empty(), "median of nothing");
@@ -71,8 +73,8 @@ struct TimedPoint {
 };
 
 // Times a list of points, every rank the same list in the same order. A sizing pass makes one
-// untimed call and two timed calls of each point and sets its count (the largest over ranks
-// needed for a sample to last min_sample_s); then `repetitions` passes take one sample of every
+// untimed call of each point and sets its count (the largest over ranks needed for a sample to
+// last min_sample_s); then `repetitions` passes take one sample of every
 // point each, a barrier before each sample. Passes rather than back-to-back samples: a burst of
 // load from elsewhere on the machine then lands on one sample of many points, which the median
 // discards, instead of on every sample of a few. Returns seconds per call of each point, the
@@ -89,16 +91,23 @@ class PointTimer {
     for (size_t i = 0; i < n; ++i) {
       check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
       points[i].body();
-      // The faster of two calls, so one slow call does not shrink every sample to one call.
-      // (As many calls on every rank: a collective's body must be called alike everywhere.)
-      double once = 1e300;
-      for (int call = 0; call < 2; ++call) {
+      // Doubling rounds of back-to-back calls until one lasts an eighth of a sample on every
+      // rank (agreed each round: a collective's body must be called alike everywhere), so a
+      // slow first call after the previous point is amortised rather than sizing the count.
+      for (int64_t calls = 1;; calls *= 2) {
         double start = MPI_Wtime();
-        points[i].body();
-        once = std::min(once, std::max(MPI_Wtime() - start, 1e-8));
-      }
-      if (points[i].active) {
-        counts[i] = std::clamp<int64_t>(int64_t(std::ceil(options_.min_sample_s / once)), 1, 1000000);
+        for (int64_t c = 0; c < calls; ++c) points[i].body();
+        double elapsed = MPI_Wtime() - start;
+        int enough = !points[i].active || elapsed >= options_.min_sample_s / 8 || calls >= kMaxCalls;
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
+                  "MPI_Allreduce", rank_);
+        if (!enough) continue;
+        if (points[i].active) {
+          double per_call = std::max(elapsed / double(calls), 1e-9);
+          counts[i] = std::clamp<int64_t>(int64_t(std::ceil(options_.min_sample_s / per_call)), 1,
+                                          kMaxCalls);
+        }
+        break;
       }
     }
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(n), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD),
@@ -213,7 +222,7 @@ class Profiler {
 
   void measure_gemms(Backend<T>& backend, MeasuredTables& t) {
     std::vector<int64_t> axis = options_.quick ? std::vector<int64_t>{20, 80, 320}
-                                               : std::vector<int64_t>{10, 20, 40, 80, 160, 320, 640};
+                                               : std::vector<int64_t>{10, 14, 20, 28, 40, 80, 160, 320, 640};
     int64_t largest = axis.back() * axis.back();
     T* a = buffer(backend, largest);
     T* b = buffer(backend, largest);

@@ -27,8 +27,12 @@ void Watchdog::wait_all(std::vector<MPI_Request>& requests, const std::vector<in
     if (done) return;
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > timeout_s_) break;
-    // Spin briefly (latency matters), then yield the core to the ranks sharing it.
-    if (++spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // Spin (latency matters), yielding the core to ranks that share it; sleep only once the
+    // wait is long (a sleep after every short wait would add tens of µs to small messages).
+    if (++spins > 1000) {
+      if (waited > 0.01) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else std::this_thread::yield();
+    }
   }
   int me = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &me);

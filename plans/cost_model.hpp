@@ -35,7 +35,8 @@ namespace stepcast {
 // not measured) is interpolated axis by axis — along the first axis on every grid line, then
 // the second, then the third — where a line's missing entries are bridged by its two nearest
 // measured neighbours (extrapolating linearly when the hole is at the line's end); the result is
-// the mean of the three cyclic axis orders (on a full grid all three equal the multilinear value).
+// the mean log rate of the three cyclic axis orders (on a full grid all three equal the
+// multilinear value).
 class GemmRateTable {
  public:
   explicit GemmRateTable(const std::vector<GemmPoint>& points);  // points of one variant

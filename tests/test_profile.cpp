@@ -26,12 +26,14 @@ using test::source_path;
 
 namespace {
 
-const std::vector<int64_t> kAxis = {10, 20, 40, 80, 160, 320, 640};  // the profiler's 5·2^i
+// The profiler's GEMM axis: √2 steps up to 40, where the rate bends most, then 2× steps.
+const std::vector<int64_t> kAxis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
 
 // A smooth GEMM time with the shape of a real one: a fixed cost, operand traffic at a
-// bandwidth, and flops at a peak (seconds).
+// bandwidth, and flops at a peak (seconds). Its rates span what one core of the development
+// machine measures: 14 Gflop/s at 10×10×10, 100 at 80×80×80, 123 at 640×640×640.
 double synthetic_gemm_time_s(double m, double n, double k) {
-  const double peak = 100e9, bandwidth = 40e9, fixed = 0.3e-6;
+  const double peak = 125e9, bandwidth = 40e9, fixed = 0.1e-6;
   return fixed + 4 * (m * k + k * n + m * n) / bandwidth + 2 * m * n * k / peak;
 }
 
@@ -164,13 +166,17 @@ TEST_CASE("profile: leave-one-out predicts each point of a smooth profile within
   // A hole in the grid is bridged, not a lookup: the prediction differs from the measurement.
   CHECK(std::abs(loo[100].relative_error()) > 0);
 
+  // Memory-bound: a fixed cost and a bandwidth, 16 KiB … 64 MiB by 4×. The two end points are
+  // predicted by the clamped bandwidth of their one neighbour (an extrapolation, not checked).
   std::vector<MemoryPoint> memory;
   for (double bytes = 16384; bytes <= 64 << 20; bytes *= 4) {
-    memory.push_back({"adamw", bytes, 2e-6 + bytes / 8e9});
+    memory.push_back({"adamw", bytes, 0.2e-6 + bytes / 8e9});
   }
-  for (const LeaveOneOut& l : memory_leave_one_out(memory)) {
-    INFO(l.what);
-    CHECK(std::abs(l.relative_error()) < 0.05);
+  std::vector<LeaveOneOut> memory_loo = memory_leave_one_out(memory);
+  REQUIRE(memory_loo.size() == memory.size());
+  for (size_t i = 1; i + 1 < memory_loo.size(); ++i) {
+    INFO(memory_loo[i].what);
+    CHECK(std::abs(memory_loo[i].relative_error()) < 0.05);
   }
 }
 
@@ -253,7 +259,7 @@ TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") 
   CHECK_FALSE(fit_link({{1, 8, 1e-6}}));
 }
 
-TEST_CASE("profile: JSON round-trips; shipped datasheet profiles load unchanged", "[profile]") {
+TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchanged", "[profile]") {
   DeviceProfile p = synthetic_profile();
   Json json = profile_to_json(p);
   DeviceProfile back = parse_profile(json, "round-trip.json");
