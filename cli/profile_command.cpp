@@ -16,34 +16,13 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "mpi_main.hpp"
 #include "profiler.hpp"
 
 namespace stepcast::cli {
 
 namespace {
 
-// Runs `body` inside MPI; errors on any rank reach the user once (from the rank that hit them)
-// and end every rank with the right exit code. (As run_command.cpp's.)
-int with_mpi(int argc, char** argv, const std::function<int(int rank, int size)>& body) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int code = 0;
-  try {
-    code = body(rank, size);
-  } catch (const InputError& e) {
-    std::cerr << "stepcast profile: rank " << rank << ": error: " << e.what() << "\n";
-    code = kInputErrorExitCode;
-  } catch (const std::exception& e) {
-    std::cerr << "stepcast profile: rank " << rank << ": internal error: " << e.what() << "\n";
-    code = 3;
-  }
-  int worst = 0;
-  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
 
 void write_file(const std::string& path, const std::string& text) {
   std::filesystem::path p(path);
@@ -116,7 +95,7 @@ int run_profile(int argc, char** argv) {
   if (profile_options.repetitions < 1) throw InputError("command line: --repetitions must be >= 1");
   std::string out = (*vm)["out"].as<std::string>();
 
-  return with_mpi(argc, argv, [&](int rank, int size) {
+  return with_mpi("profile", argc, argv, [&](int rank, int size) {
     if (vm->count("topology-out") && size < 2) {
       throw InputError("command line: --topology-out needs the intra-node link, measured between "
                        "ranks: run mpirun -np 2 (or more) stepcast profile");

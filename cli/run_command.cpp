@@ -12,6 +12,7 @@
 #include "errors.hpp"
 #include "executor.hpp"
 #include "inputs.hpp"
+#include "mpi_main.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
 #include "program_json.hpp"
@@ -20,29 +21,6 @@
 namespace stepcast::cli {
 
 namespace {
-
-// Runs `body` inside MPI; errors on any rank reach the user once (from the rank that hit them)
-// and end every rank with the right exit code.
-int with_mpi(int argc, char** argv, const std::function<int(int rank, int size)>& body) {
-  MPI_Init(&argc, &argv);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int code = 0;
-  try {
-    code = body(rank, size);
-  } catch (const InputError& e) {
-    std::cerr << "stepcast run: rank " << rank << ": error: " << e.what() << "\n";
-    code = kInputErrorExitCode;
-  } catch (const std::exception& e) {
-    std::cerr << "stepcast run: rank " << rank << ": internal error: " << e.what() << "\n";
-    code = 3;
-  }
-  int worst = 0;
-  MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
-}
 
 // A default input path relative to the repository: as given when it exists (run from the
 // repository root), else next to the build folder the binary sits in.
@@ -115,7 +93,7 @@ int run_run(int argc, char** argv) {
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
-  return with_mpi(argc, argv, [&](int rank, int size) {
+  return with_mpi("run", argc, argv, [&](int rank, int size) {
     if (size != in.plan.world_size()) {
       throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +
                        " ranks (tp_size · pp_size · dp_size), mpirun started " +
