@@ -23,7 +23,6 @@ namespace stepcast::cli {
 
 namespace {
 
-
 void write_file(const std::string& path, const std::string& text) {
   std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
