@@ -62,6 +62,15 @@ Json output_envelope(const std::string& command, const Inputs& inputs) {
   return out;
 }
 
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

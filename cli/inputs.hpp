@@ -30,6 +30,8 @@ std::optional<po::variables_map> parse_command_line(int argc, char** argv,
                                                     const std::string& usage);
 // {schema_version, command, stepcast_version, git_commit, inputs{...}}.
 Json output_envelope(const std::string& command, const Inputs& inputs);
+// `s` quoted for /bin/sh (child processes: re-simulations).
+std::string shell_quote(const std::string& s);
 // Creates DIR and writes DIR/NAME; InputError if it cannot.
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text);
 

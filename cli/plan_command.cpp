@@ -26,15 +26,6 @@ namespace stepcast::cli {
 
 namespace {
 
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
-  }
-  return out + "'";
-}
-
 struct Simulated {
   double step_time_s = 0;
   double tokens_per_s = 0;
@@ -65,11 +56,11 @@ class ChildSimulator {
     std::ostringstream cmd;
     // /proc/PID/exe still runs this binary if a rebuild replaced the file meanwhile.
     cmd << "/proc/" << getpid() << "/exe simulate --model "
-        << quote(model_.file) << " --topology " << quote(topology_.file) << " --nodes "
-        << topology_.num_nodes << " --plan " << quote(plan_file)
-        << " --mode fast --no-scaling --out " << quote((dir / "out").string());
-    if (profile_) cmd << " --profile " << quote(*profile_);
-    cmd << " >" << quote((dir / "log").string()) << " 2>&1";
+        << shell_quote(model_.file) << " --topology " << shell_quote(topology_.file) << " --nodes "
+        << topology_.num_nodes << " --plan " << shell_quote(plan_file)
+        << " --mode fast --no-scaling --out " << shell_quote((dir / "out").string());
+    if (profile_) cmd << " --profile " << shell_quote(*profile_);
+    cmd << " >" << shell_quote((dir / "log").string()) << " 2>&1";
     if (std::system(cmd.str().c_str()) != 0) {
       std::ifstream log(dir / "log");
       std::stringstream text;

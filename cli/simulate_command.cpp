@@ -25,15 +25,6 @@ namespace stepcast::cli {
 
 namespace {
 
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
-  }
-  return out + "'";
-}
-
 // tokens/s per device of the same plan at dp_size 1 and global_batch_size / dp_size, simulated
 // in a child process (one SimGrid engine per process).
 double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_map& vm) {
@@ -47,11 +38,12 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
   std::string plan_file = (dir / "plan.json").string();
   std::ofstream(plan_file) << plan.dump(2);
   std::ostringstream cmd;
-  cmd << quote(std::filesystem::read_symlink("/proc/self/exe").string()) << " simulate --model " << quote(in.model.file) << " --topology "
-      << quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
-      << quote(plan_file) << " --no-scaling --out " << quote((dir / "out").string());
-  if (vm.count("profile")) cmd << " --profile " << quote(vm["profile"].as<std::string>());
-  cmd << " --mode " << vm["mode"].as<std::string>() << " >" << quote((dir / "log").string())
+  cmd << shell_quote(std::filesystem::read_symlink("/proc/self/exe").string())
+      << " simulate --model " << shell_quote(in.model.file) << " --topology "
+      << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
+      << shell_quote(plan_file) << " --no-scaling --out " << shell_quote((dir / "out").string());
+  if (vm.count("profile")) cmd << " --profile " << shell_quote(vm["profile"].as<std::string>());
+  cmd << " --mode " << vm["mode"].as<std::string>() << " >" << shell_quote((dir / "log").string())
       << " 2>&1";
   int status = std::system(cmd.str().c_str());
   if (status != 0) {
