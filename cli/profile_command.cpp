@@ -18,6 +18,7 @@
 #include "inputs.hpp"
 #include "mpi_main.hpp"
 #include "profiler.hpp"
+#include "cuda_plugin_loader.hpp"
 
 namespace stepcast::cli {
 
@@ -55,9 +56,13 @@ std::string summarise(const std::vector<LeaveOneOut>& loo) {
 int run_profile(int argc, char** argv) {
   po::options_description options("stepcast profile options");
   options.add_options()
-      ("backend", po::value<std::string>()->required(), "cpu (cuda: issue 6, not built)")
+      ("backend", po::value<std::string>()->required(),
+       "cpu, or cuda (cuBLASLt GEMMs, the CUDA kernels, NCCL; one rank per GPU)")
       ("out", po::value<std::string>()->required(), "write the device profile JSON to FILE")
-      ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or fp64")
+      ("dtype", po::value<std::string>(), "cpu: fp32 (default) or fp64; cuda: bf16 (default)")
+      ("topology", po::value<std::string>(),
+       "cuda: the topology whose device this GPU is (the profile takes its device name; flash "
+       "attention fractions are of its bf16 peak)")
       ("quick", po::bool_switch(), "a few points of each table (a few seconds; for tests)")
       ("topology-out", po::value<std::string>(), "also write a topology JSON of this machine to FILE")
       ("min-sample-s", po::value<double>()->default_value(1e-3),
@@ -67,6 +72,7 @@ int run_profile(int argc, char** argv) {
       argc, argv, options,
       "usage: mpirun -np N stepcast profile --backend cpu --out F [--dtype fp32|fp64] [--quick]\n"
       "                                     [--topology-out T]\n"
+      "       mpirun -np N stepcast profile --backend cuda --topology T --out F [--quick]\n"
       "Measures the machine with every rank busy at once, as in training: GEMM rate on a grid of\n"
       "shapes, memory-bound kernel bandwidth (norms, activations, softmax, AdamW) by size,\n"
       "collective time and bus bandwidth (all_reduce, reduce_scatter, all_gather; nccl-tests'\n"
@@ -74,15 +80,30 @@ int run_profile(int argc, char** argv) {
       "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.");
   if (!vm) return 0;
   std::string backend = (*vm)["backend"].as<std::string>();
-  if (backend == "cuda") {
-    throw InputError("command line: --backend 'cuda': the CUDA backend is not built in this "
-                     "stepcast (issue 6); valid: cpu");
+  if (backend != "cpu" && backend != "cuda") {
+    throw InputError("command line: --backend '" + backend + "': valid: cpu, cuda");
   }
-  if (backend != "cpu") throw InputError("command line: --backend '" + backend + "': valid: cpu");
+  const CudaPlugin* cuda = backend == "cuda" ? &load_cuda_plugin() : nullptr;
   ProfileOptions profile_options;
-  std::string dtype = (*vm)["dtype"].as<std::string>();
-  if (dtype != "fp32" && dtype != "fp64") {
+  std::string dtype = vm->count("dtype") ? (*vm)["dtype"].as<std::string>()
+                                         : (backend == "cuda" ? "bf16" : "fp32");
+  if (backend == "cpu" && dtype != "fp32" && dtype != "fp64") {
     throw InputError("command line: --dtype '" + dtype + "': valid: fp32, fp64 (the CPU backend's types)");
+  }
+  if (backend == "cuda" && dtype != "bf16") {
+    throw InputError("command line: --dtype '" + dtype + "': valid: bf16 (the CUDA backend's compute type)");
+  }
+  if (backend == "cuda") {
+    if (!vm->count("topology")) {
+      throw InputError("command line: --backend cuda needs --topology T (the topology whose device "
+                       "this GPU is, e.g. topologies/h200-1gpu.json)");
+    }
+    if (vm->count("topology-out")) {
+      throw InputError("command line: --topology-out is for the CPU backend; valid with cuda: --topology");
+    }
+    Topology topology = load_topology((*vm)["topology"].as<std::string>());
+    profile_options.device_name = topology.node.device.name;
+    profile_options.peak_flops_per_s = topology.node.device.peak_for(Dtype::bf16, topology.file);
   }
   profile_options.dtype = *parse_dtype(dtype);
   profile_options.quick = (*vm)["quick"].as<bool>();
@@ -107,11 +128,12 @@ int run_profile(int argc, char** argv) {
     };
     if (rank == 0) {
       MachineInfo machine = describe_machine();
-      std::cout << "stepcast profile: backend cpu (" << dtype << "), " << size << " ranks on "
+      std::cout << "stepcast profile: backend " << backend << " (" << dtype << "), " << size << " ranks on "
                 << machine.hostname << " (" << machine.cpu_model << ", " << machine.cores
                 << " cores)" << (profile_options.quick ? ", quick" : "") << std::endl;
     }
-    DeviceProfile profile = measure_cpu_profile(profile_options);
+    DeviceProfile profile = cuda ? cuda->measure_profile(profile_options)
+                                 : measure_cpu_profile(profile_options);
     if (rank != 0) return 0;
     const MeasuredTables& t = *profile.measured;
     std::cout << std::setprecision(3);

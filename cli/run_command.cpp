@@ -1,5 +1,6 @@
 // `stepcast run`: executes the plan for real under mpirun (one MPI rank per program rank) on the
-// CPU backend and writes measurement.json (StepResult, source executor) and trace.json.
+// CPU or the CUDA backend and writes measurement.json (StepResult, source executor) and
+// trace.json.
 #include <mpi.h>
 
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "memory.hpp"
 #include "program_json.hpp"
 #include "summary.hpp"
+#include "cuda_plugin_loader.hpp"
 
 namespace stepcast::cli {
 
@@ -41,7 +43,9 @@ int run_run(int argc, char** argv) {
       ("topology", po::value<std::string>()->default_value("topologies/localhost-cpu.json"),
        "cluster topology JSON (for memory and MFU figures)")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
-      ("backend", po::value<std::string>()->default_value("cpu"), "cpu (cuda: issue 6)")
+      ("backend", po::value<std::string>()->default_value("cpu"),
+       "cpu (fp32/fp64, OpenBLAS, MPI) or cuda (one GPU per rank: bf16 with fp32 master weights, "
+       "or fp32; cuBLASLt, NCCL; needs --topology)")
       ("steps", po::value<int64_t>()->default_value(10), "training steps (first: warm-up; last: instrumented)")
       ("out", po::value<std::string>(), "write DIR/measurement.json and DIR/trace.json")
       ("collectives", po::value<std::string>()->default_value("program"),
@@ -59,15 +63,24 @@ int run_run(int argc, char** argv) {
        "abort the job when a rank waits longer than this on a peer (a hung rank)");
   auto vm = parse_command_line(
       argc, argv, options,
-      "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu\n"
+      "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu|cuda\n"
       "                                 [--steps S] [--out DIR] [--collectives program|mpi]\n"
       "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
       "Trains the model with the plan's tensor, pipeline and data parallelism, one MPI rank per\n"
-      "program rank (N = tp_size · pp_size · dp_size), printing loss and step time per step.");
+      "program rank (N = tp_size · pp_size · dp_size), printing loss and step time per step.\n"
+      "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
+      "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
+      "NCCL for every collective and transfer (NCCL_* variables apply); measured memory from\n"
+      "the device. A build without the CUDA toolkit refuses it.");
   if (!vm) return 0;
-  if ((*vm)["backend"].as<std::string>() != "cpu") {
-    throw InputError("command line: --backend '" + (*vm)["backend"].as<std::string>() +
-                     "': valid: cpu (the cuda backend is not built yet)");
+  const std::string backend = (*vm)["backend"].as<std::string>();
+  if (backend != "cpu" && backend != "cuda") {
+    throw InputError("command line: --backend '" + backend + "': valid: cpu, cuda");
+  }
+  const CudaPlugin* cuda = backend == "cuda" ? &load_cuda_plugin() : nullptr;
+  if (backend == "cuda" && (*vm)["topology"].defaulted()) {
+    throw InputError("command line: --backend cuda needs --topology (the GPU machine, e.g. "
+                     "topologies/h200-1gpu.json: its peak gives MFU, its memory the fit)");
   }
   std::string collectives = (*vm)["collectives"].as<std::string>();
   if (collectives != "program" && collectives != "mpi") {
@@ -104,10 +117,12 @@ int run_run(int argc, char** argv) {
     hash_program(program);
     if (rank == 0) {
       std::cout << "stepcast run: " << in.model.name << ", plan " << in.plan.name << ", " << size
-                << " ranks, backend cpu (" << to_string(in.plan.param_dtype) << "), program "
+                << " ranks, backend " << backend << " (" << to_string(in.plan.param_dtype)
+                << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
                 << program.program_sha256.substr(0, 12) << "\n";
     }
-    RunOutput output = run_program(program, in.model, in.plan, in.topology, run_options);
+    RunOutput output = cuda ? cuda->run_program(program, in.model, in.plan, in.topology, run_options)
+                            : run_program(program, in.model, in.plan, in.topology, run_options);
     if (rank != 0) return 0;
     StepResult& r = output.result;
     r.inputs = output_envelope("run", in)["inputs"];
@@ -128,7 +143,15 @@ int run_run(int argc, char** argv) {
     std::cout << "; peak " << format_bytes(program_peak) << " + runtime allowance "
               << format_bytes(rank0["memory_runtime_bytes"].get<double>()) << "\n"
               << "memory of rank 0, measured: " << format_bytes(r.memory["measured"][0]["measured_peak_bytes"].get<double>())
-              << " above the level before the arena (process high-water mark)\n";
+              << (backend == "cuda" ? " (the device allocator's high-water mark)\n"
+                                    : " above the level before the arena (process high-water mark)\n");
+    if (r.memory.contains("device_rank0")) {
+      const Json& d = r.memory["device_rank0"];
+      std::cout << "device of rank 0: " << d["device"].get<std::string>() << ", used at most "
+                << format_bytes(d["used_high_water_bytes"].get<double>()) << " of "
+                << format_bytes(d["total_bytes"].get<double>()) << " (cudaMemGetInfo), cuBLASLt workspace "
+                << format_bytes(d["cublaslt_workspace_bytes"].get<double>()) << "\n";
+    }
     if (vm->count("out")) {
       std::string dir = (*vm)["out"].as<std::string>();
       write_output_file(dir, "measurement.json", step_result_to_json(r).dump() + "\n");

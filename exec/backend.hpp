@@ -4,20 +4,37 @@
 // and the CUDA backend (issue 6: cuBLASLt, own kernels, NCCL). Pointers passed to kernels and
 // collectives are backend memory (host for the CPU, device for CUDA); upload/download cross it.
 // Kernel signatures and semantics are cpu_kernels.hpp's, the reference every backend matches.
+//
+// Storage types per buffer class, as the program's allocs say: T activations and weights
+// (param_dtype), G weight gradients (grad_dtype), W the wide class — loss statistics, softmax,
+// attention lse, the gradient norm, master weights and Adam moments (fp32; fp64 with fp64
+// weights). The CPU backend is Backend<T> (all three alike); the CUDA backend is
+// Backend<bf16, float, float> (Megatron's mixed precision), <bf16, bf16, float> or
+// <float, float, float>. Collectives and copies are typed by the program's dtype, not by T.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "bf16.hpp"
 #include "cpu_kernels.hpp"
 #include "mpi_collectives.hpp"
 #include "program.hpp"
 
 namespace stepcast {
 
-template <class T>
+// The program's dtype of a storage type.
+template <class X>
+constexpr Dtype dtype_of() {
+  static_assert(std::is_same_v<X, float> || std::is_same_v<X, double> || std::is_same_v<X, bf16>,
+                "a storage type of the executor");
+  return std::is_same_v<X, float> ? Dtype::fp32 : std::is_same_v<X, double> ? Dtype::fp64 : Dtype::bf16;
+}
+
+template <class T, class G = T, class W = T>
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -31,19 +48,19 @@ class Backend {
   virtual void download(void* host_dst, const void* backend_src, int64_t bytes) = 0;
 
   // ---- small element-wise helpers the interpreter needs ----
-  virtual void copy(T* dst, const T* src, int64_t n) = 0;
-  virtual void add(T* y, const T* x, int64_t n) = 0;                          // y += x
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;           // backend memory
+  virtual void add(G* y, const G* x, int64_t n) = 0;                          // y += x (grads)
   virtual void add_rows(T* x, const T* bias, int64_t rows, int64_t h) = 0;    // x[r] += bias
-  virtual void sum_rows(const T* x, T* out, int64_t rows, int64_t h) = 0;     // out += Σ_r x[r]
+  virtual void sum_rows(const T* x, G* out, int64_t rows, int64_t h) = 0;     // out += Σ_r x[r]
   virtual void fill_columns(T* x, int64_t rows, int64_t cols, int64_t from, T value) = 0;
-  virtual double sum(const T* x, int64_t n) = 0;
+  virtual double sum(const W* x, int64_t n) = 0;
 
   // ---- compute kernels (cpu_kernels.hpp's semantics) ----
   virtual void linear_forward(const T* x, const T* w, const T* bias, T* y, int64_t tokens,
                               int64_t in, int64_t out) = 0;
   virtual void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_t in,
                                     int64_t out, bool accumulate) = 0;
-  virtual void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens,
+  virtual void linear_backward_weight(const T* dy, const T* x, G* dw, G* dbias, int64_t tokens,
                                       int64_t in, int64_t out) = 0;
   virtual void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask,
                                    int64_t s, int64_t b, int64_t h, const cpu::Dropout& dropout,
@@ -51,19 +68,19 @@ class Backend {
   virtual void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, double p) = 0;
   virtual void embedding_forward(const int32_t* tokens, const T* w, T* out, int64_t s, int64_t b,
                                  int64_t h, int64_t v0, int64_t v_local) = 0;
-  virtual void embedding_backward(const int32_t* tokens, const T* dout, T* dw, int64_t s,
+  virtual void embedding_backward(const int32_t* tokens, const T* dout, G* dw, int64_t s,
                                   int64_t b, int64_t h, int64_t v0, int64_t v_local) = 0;
   virtual void position_add_forward(T* x, const T* pos, int64_t s, int64_t b, int64_t h,
                                     int64_t s0, int64_t max_positions) = 0;
-  virtual void position_add_backward(const T* dx, T* dpos, int64_t s, int64_t b, int64_t h,
+  virtual void position_add_backward(const T* dx, G* dpos, int64_t s, int64_t b, int64_t h,
                                      int64_t s0, int64_t max_positions) = 0;
   virtual void layernorm_forward(const T* x, const T* w, const T* bias, T* y, int64_t rows,
                                  int64_t h, double eps) = 0;
-  virtual void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, T* db,
+  virtual void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, G* dw, G* db,
                                   int64_t rows, int64_t h, double eps) = 0;
   virtual void rmsnorm_forward(const T* x, const T* w, T* y, int64_t rows, int64_t h,
                                double eps) = 0;
-  virtual void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t rows,
+  virtual void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, G* dw, int64_t rows,
                                 int64_t h, double eps) = 0;
   virtual void rotary_forward(T* qkv, const cpu::AttentionShape& shape, double theta,
                               int64_t s0) = 0;
@@ -85,11 +102,11 @@ class Backend {
                                 int64_t cols) = 0;
   virtual void attention_score_backward(const T* d_scores, const T* qkv, T* d_qkv,
                                         const cpu::AttentionShape& shape, double scale) = 0;
-  virtual void flash_attention_forward(const T* qkv, T* ctx, T* lse,
+  virtual void flash_attention_forward(const T* qkv, T* ctx, W* lse,
                                        const cpu::AttentionShape& shape, double scale,
                                        const cpu::Dropout* dropout, int64_t head0,
                                        const int64_t* sample_index) = 0;
-  virtual void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T* d_ctx,
+  virtual void flash_attention_backward(const T* qkv, const T* ctx, const W* lse, const T* d_ctx,
                                         T* d_qkv, const cpu::AttentionShape& shape, double scale,
                                         const cpu::Dropout* dropout, int64_t head0,
                                         const int64_t* sample_index) = 0;
@@ -98,32 +115,56 @@ class Backend {
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
   virtual void swiglu_backward(const T* gate, const T* up, const T* d_act, T* d_gate, T* d_up,
                                int64_t n) = 0;
-  virtual void cross_entropy_stats(const T* logits, const int32_t* targets, T* stats,
+  virtual void cross_entropy_stats(const T* logits, const int32_t* targets, W* stats,
                                    int64_t tokens, int64_t v0, int64_t v_local) = 0;
-  virtual void cross_entropy_forward(const T* logits, const T* stats_all, int64_t tp, T* softmax,
-                                     T* loss, int64_t tokens, int64_t v_local) = 0;
-  virtual void cross_entropy_backward(const T* softmax, const int32_t* targets, T* dlogits,
+  virtual void cross_entropy_forward(const T* logits, const W* stats_all, int64_t tp, W* softmax,
+                                     W* loss, int64_t tokens, int64_t v_local) = 0;
+  virtual void cross_entropy_backward(const W* softmax, const int32_t* targets, T* dlogits,
                                       int64_t tokens, int64_t v0, int64_t v_local,
                                       double scale) = 0;
-  virtual double grad_norm_sq(const T* g, int64_t n) = 0;
-  virtual void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
-                          const cpu::AdamW& config, int64_t step, double clip_coef) = 0;
+  virtual double grad_norm_sq(const G* g, int64_t n) = 0;
+  // master null: `param` is the master copy (T == W); else the step updates the W master and
+  // writes param = T(master).
+  virtual void adamw_step(T* param, W* master, const G* grad, W* exp_avg, W* exp_avg_sq,
+                          int64_t n, const cpu::AdamW& config, int64_t step,
+                          double clip_coef) = 0;
 
   // ---- communication ----
-  virtual void all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) = 0;
-  virtual void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) = 0;
-  virtual void all_gather(GroupKind group, std::vector<Span<T>> buffers) = 0;
+  // Elements of `dtype` (the buffers' alloc dtype: one of T, G, W).
+  virtual void all_reduce(GroupKind group, Algorithm algorithm, Dtype dtype,
+                          std::vector<Span<void>> buffers) = 0;
+  virtual void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) = 0;
+  virtual void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) = 0;
   virtual int group_size(GroupKind group) const = 0;
   virtual int group_index(GroupKind group) const = 0;
   virtual void send(const T* data, int64_t n, int peer, int64_t tag) = 0;  // returns at once
   virtual void recv(T* data, int64_t n, int peer, int64_t tag) = 0;        // blocks (watched)
   virtual void finish_sends() = 0;                                          // end of step
+  // The next collective's staging scratch, from the program's arena (comm class): a host
+  // backend packs and receives chunks there instead of memory of its own. Others ignore it.
+  virtual void set_collective_scratch(void* /*scratch*/, int64_t /*bytes*/) {}
   virtual std::map<std::string, int64_t> algorithms_used() const = 0;
 
   // ---- synchronisation and timers ----
   virtual void synchronize() = 0;
   virtual double now_s() = 0;  // after synchronize(): wall clock comparable across ranks
   virtual void set_current(const std::string& what) = 0;  // for the watchdog's message
+
+  // ---- streams (a GPU backend; a host backend runs everything in order) ----
+  // From begin_async(id) to end_async(id) all the backend is asked to do — op `id`, a collective
+  // of the program's communication stream — runs on the backend's communication stream, after
+  // everything issued before it; the interpreter calls wait_async(id) before the first later op
+  // that depends on op `id` (its deps: readers, writers, and the free before memory is reused).
+  virtual void begin_async(int32_t /*op_id*/) {}
+  virtual void end_async(int32_t /*op_id*/) {}
+  virtual void wait_async(int32_t /*op_id*/) {}
+
+  // ---- measured memory ----
+  // The device's own figures for measurement.json (CUDA: cudaMemGetInfo and the allocator's
+  // high-water mark); empty for host backends, whose peak the executor reads from the process.
+  virtual Json device_memory() const { return Json::object(); }
+  // Bytes above the level before the arena at the device's high-water mark; < 0: not known here.
+  virtual double device_peak_bytes() const { return -1; }
 };
 
 }  // namespace stepcast

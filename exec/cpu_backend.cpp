@@ -1,7 +1,7 @@
 // The CPU backend of cpu_backend.hpp: forwards kernels to cpu_kernels.hpp, collectives to
-// mpi_collectives.hpp, and sends pipeline tensors from staging copies (so the arena may reuse a
-// tensor at once: with MPI's rendezvous protocol a send completes only when the peer receives,
-// and waiting for that at the tensor's free would deadlock two stages sending to each other).
+// mpi_collectives.hpp (packing chunks in the scratch the program gives each collective), and
+// posts pipeline sends from the buffer it is given — the program's staging copy, live until
+// finish_sends completes the step's sends — so it allocates no memory of its own during a step.
 #include "cpu_backend.hpp"
 
 #include <mpi.h>
@@ -37,7 +37,9 @@ class CpuBackend final : public Backend<T> {
   void upload(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, size_t(bytes)); }
   void download(void* dst, const void* src, int64_t bytes) override { std::memcpy(dst, src, size_t(bytes)); }
 
-  void copy(T* dst, const T* src, int64_t n) override { std::copy(src, src + n, dst); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    std::memmove(dst, src, size_t(bytes));
+  }
   void add(T* y, const T* x, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   }
@@ -185,31 +187,32 @@ class CpuBackend final : public Backend<T> {
     cpu::cross_entropy_backward(softmax, targets, dlogits, tokens, v0, v_local, scale);
   }
   double grad_norm_sq(const T* g, int64_t n) override { return cpu::grad_norm_sq(g, n); }
-  void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
+  void adamw_step(T* param, T* master, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
                   const cpu::AdamW& config, int64_t step, double clip_coef) override {
+    STEPCAST_CHECK(master == nullptr, "the CPU backend keeps no separate master weights");
     cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
   }
 
-  void all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) override {
-    collectives_.all_reduce(group, algorithm, std::move(buffers));
+  void all_reduce(GroupKind group, Algorithm algorithm, Dtype dtype,
+                  std::vector<Span<void>> buffers) override {
+    collectives_.all_reduce(group, algorithm, typed(dtype, buffers));
   }
-  void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) override {
-    collectives_.reduce_scatter(group, std::move(buffers));
+  void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
+    collectives_.reduce_scatter(group, typed(dtype, buffers));
   }
-  void all_gather(GroupKind group, std::vector<Span<T>> buffers) override {
-    collectives_.all_gather(group, std::move(buffers));
+  void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
+    collectives_.all_gather(group, typed(dtype, buffers));
   }
   int group_size(GroupKind group) const override { return comms_.size(group); }
   int group_index(GroupKind group) const override { return comms_.index(group); }
 
+  void set_collective_scratch(void* scratch, int64_t bytes) override {
+    collectives_.use_scratch(static_cast<T*>(scratch), bytes / int64_t(sizeof(T)));
+  }
+  // `data` must stay untouched until finish_sends (the executor sends from a staging copy).
   void send(const T* data, int64_t n, int peer, int64_t tag) override {
-    // One staging buffer per (peer, tag): allocated on the first step, reused afterwards.
-    std::vector<T>& staging = staging_[{peer, tag}];
-    if (int64_t(staging.size()) < n) staging.resize(size_t(n));
-    std::copy(data, data + n, staging.data());
     MPI_Request request;
-    check_mpi(MPI_Isend(staging.data(), int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD,
-                        &request),
+    check_mpi(MPI_Isend(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request),
               "MPI_Isend", rank_);
     pending_.push_back(request);
     pending_peers_.push_back(peer);
@@ -235,11 +238,15 @@ class CpuBackend final : public Backend<T> {
   double now_s() override { return MPI_Wtime(); }
   void set_current(const std::string& what) override { watchdog_.set_current(what); }
 
-  // Bytes of the send staging buffers (outside the program's arena).
-  double staging_bytes() const {
-    double total = 0;
-    for (const auto& [key, v] : staging_) total += double(v.size() * sizeof(T));
-    return total;
+  // Every buffer of the program is in T (lowering's dtypes for an fp32 or fp64 plan).
+  static std::vector<Span<T>> typed(Dtype dtype, const std::vector<Span<void>>& buffers) {
+    STEPCAST_CHECK(dtype_bytes(dtype) == int(sizeof(T)), "a collective on " +
+                   std::string(to_string(dtype)) + " buffers in a " + std::to_string(sizeof(T)) +
+                   "-byte CPU backend");
+    std::vector<Span<T>> out;
+    out.reserve(buffers.size());
+    for (const auto& b : buffers) out.push_back({static_cast<T*>(b.data), b.count});
+    return out;
   }
 
  private:
@@ -247,7 +254,6 @@ class CpuBackend final : public Backend<T> {
   GroupComms comms_;
   Watchdog watchdog_;
   Collectives<T> collectives_;
-  std::map<std::pair<int, int64_t>, std::vector<T>> staging_;
   std::vector<MPI_Request> pending_;
   std::vector<int> pending_peers_;
 };

@@ -1,5 +1,6 @@
-// The executor: runs a StepProgram for real on the CPU backend (OpenBLAS kernels in fp32 or
-// fp64, MPI for every collective and pipeline transfer), one MPI rank per program rank. It walks
+// The executor: runs a StepProgram for real on a backend (the CPU one here: OpenBLAS kernels in
+// fp32 or fp64, MPI for every collective and pipeline transfer; exec/cuda/ the CUDA one), one MPI
+// rank per program rank. It walks
 // its role's ops in list order and looks buffers up by name in one arena; it decides neither the
 // schedule nor the dataflow. Measurement: step time (median after warm-up) from timed steps,
 // per-op records from a separate instrumented step, memory measured from the process.
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.hpp"
 #include "model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
@@ -57,5 +59,13 @@ struct RunOutput {
 // caller). Throws InputError for plans the CPU backend cannot run (16-bit dtypes, ...).
 RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
                       const Topology& topology, const RunOptions& options);
+
+// The same run on a backend the caller made (the CUDA backend lives in its own library, which
+// calls this). Instantiated for <float>, <double>, <bf16, float, float>, <bf16, bf16, float>;
+// the caller checks the plan against what the backend supports.
+template <class T, class G, class W>
+RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                           const Topology& topology, const RunOptions& options,
+                           Backend<T, G, W>& backend);
 
 }  // namespace stepcast

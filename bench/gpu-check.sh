@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# bench/gpu-check.sh — the CUDA backend on one GPU (the H200 device machine), in about 8 minutes:
+#   1. builds stepcast with the CUDA backend (sm_90a + compute_90 PTX);
+#   2. runs the [gpu] tests (kernels against the CPU backend, tiny-model loss curves);
+#   3. trains GPT-2 124M, GPT-2 350M and GPT-3 1.3B at sequence 1024 on one GPU for $STEPS steps
+#      (`stepcast run --backend cuda`): tokens/s, MFU (model flops per step / step time / 989e12),
+#      peak memory;
+#   4. the same GPT, micro batch and steps in PyTorch (bench/pytorch_gpt.py: SDPA is_causal,
+#      fused AdamW, bf16 autocast, no compile): tokens/s side by side;
+#   5. `stepcast profile --backend cuda`, then `simulate` of the same runs on
+#      topologies/h200-1gpu.json with that profile and with profiles/h200-sxm.json (datasheet):
+#      both prediction errors against the measured step times;
+#   6. prints the table last (and writes it, with every JSON, under $OUT or out/gpu-check).
+#
+# Usage (repository root):  bash bench/gpu-check.sh
+#   STEPS=30 (steps per training run), QUICK_PROFILE=1 (profile --quick; 0: the full grid),
+#   BUILD=build-gpu, JOBS=$(nproc).
+# A bare GPU machine lacks the Debian packages the build needs (SimGrid, Boost, nlohmann-json,
+# Catch2, OpenMPI, OpenBLAS). Fetch them here first (Debian 12, apt; ~33 MB):
+#   bash bench/gpu-check.sh --fetch-deps && echo /.deps/ >> .git/info/exclude
+# and carry .deps: the script unpacks them into /tmp/stepcast-deps (never into /) and points
+# pkg-config, CMake, the loader and OpenMPI there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT_DIR=${OUT:-$ROOT/out/gpu-check}
+BUILD=${BUILD:-build-gpu}
+STEPS=${STEPS:-30}
+QUICK_PROFILE=${QUICK_PROFILE:-1}
+JOBS=${JOBS:-$(nproc)}
+PEAK=989e12           # the issue's MFU denominator: H200 dense bf16, flop/s
+TOPOLOGY=topologies/h200-1gpu.json
+DATASHEET=profiles/h200-sxm.json
+DEB_PACKAGES=(libsimgrid-dev libsimgrid3.32 libboost-context1.74.0 libboost-stacktrace1.74.0
+  libboost-program-options-dev libboost-program-options1.74.0 libboost1.74-dev
+  nlohmann-json3-dev catch2 libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2
+  libhwloc15 libevent-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libpsm2-2 libibverbs1
+  librdmacm1 libnl-3-200 libnl-route-3-200 libopenblas-dev libopenblas0-pthread
+  libopenblas-pthread-dev libgfortran5)
+
+if [ "${1:-}" = "--fetch-deps" ]; then
+  mkdir -p .deps
+  (cd .deps && apt-get download "${DEB_PACKAGES[@]}")
+  du -sh .deps
+  exit 0
+fi
+
+mkdir -p "$OUT_DIR"
+T0=$(date +%s)
+say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+LOG="$OUT_DIR/gpu-check.log"
+: >"$LOG"
+
+# ---- 0. dependencies: the machine's own, else the carried .deps ----
+if ! pkg-config --exists simgrid 2>/dev/null || ! command -v mpirun >/dev/null; then
+  if ! ls .deps/*.deb >/dev/null 2>&1; then
+    echo "gpu-check: SimGrid or OpenMPI missing and no .deps/*.deb carried: run" \
+         "'bash bench/gpu-check.sh --fetch-deps' on a Debian 12 machine and carry .deps" >&2
+    exit 2
+  fi
+  DEPS=/tmp/stepcast-deps
+  mkdir -p "$DEPS"
+  for f in .deps/*.deb; do dpkg -x "$f" "$DEPS"; done
+  MULTIARCH=x86_64-linux-gnu
+  export PATH="$DEPS/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$DEPS/usr/lib/$MULTIARCH:$DEPS/usr/lib/$MULTIARCH/openmpi/lib:${LD_LIBRARY_PATH:-}"
+  export PKG_CONFIG_PATH="$DEPS/usr/lib/$MULTIARCH/pkgconfig:$DEPS/usr/share/pkgconfig"
+  export PKG_CONFIG_SYSROOT_DIR="$DEPS"
+  export CMAKE_PREFIX_PATH="$DEPS/usr"
+  export OPAL_PREFIX="$DEPS/usr"   # OpenMPI, relocated (Debian configures it with prefix /usr)
+  export CPATH="$DEPS/usr/include:$DEPS/usr/lib/$MULTIARCH/openmpi/include:${CPATH:-}"
+  export LIBRARY_PATH="$DEPS/usr/lib/$MULTIARCH:${LIBRARY_PATH:-}"
+  # Debian's alternatives links are not unpacked: name the MPI wrappers and BLAS directly.
+  ln -sf "$DEPS/usr/bin/mpirun.openmpi" "$DEPS/usr/bin/mpirun" 2>/dev/null || true
+  ln -sf "$DEPS/usr/bin/mpicxx.openmpi" "$DEPS/usr/bin/mpicxx" 2>/dev/null || true
+  ln -sf "$DEPS/usr/lib/$MULTIARCH/openblas-pthread/libblas.so.3" "$DEPS/usr/lib/$MULTIARCH/libblas.so.3" 2>/dev/null || true
+  ln -sf "$DEPS/usr/lib/$MULTIARCH/openblas-pthread/libblas.so" "$DEPS/usr/lib/$MULTIARCH/libblas.so" 2>/dev/null || true
+  CMAKE_EXTRA=(-DMPI_CXX_COMPILER="$DEPS/usr/bin/mpicxx.openmpi"
+               -DBLAS_LIBRARIES="$DEPS/usr/lib/$MULTIARCH/openblas-pthread/libblas.so")
+  say "dependencies unpacked into $DEPS"
+else
+  CMAKE_EXTRA=()
+fi
+# NCCL: the toolkit's, else the one PyTorch's wheels carry (nvidia-nccl-cu13).
+if ! ls /usr/local/cuda/lib*/libnccl.so* >/dev/null 2>&1; then
+  NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
+  if [ -n "$NCCL_DIR" ] && ls "$NCCL_DIR"/lib/libnccl.so* >/dev/null 2>&1; then
+    NCCL_LIB=$(ls "$NCCL_DIR"/lib/libnccl.so* | head -1)
+    CMAKE_EXTRA+=(-DSTEPCAST_NCCL_LIBRARY="$NCCL_LIB" -DSTEPCAST_NCCL_INCLUDE="$NCCL_DIR/include")
+    export LD_LIBRARY_PATH="$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}"
+  fi
+fi
+
+# ---- 1. build ----
+say "build ($BUILD, $JOBS jobs)"
+GENERATOR=()
+command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+cmake -S . -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "${CMAKE_EXTRA[@]}" >>"$LOG" 2>&1
+grep -q "STEPCAST_HAVE_CUDA:INTERNAL=ON\|CUDA backend ON" "$LOG" || { echo "gpu-check: CMake did not enable the CUDA backend (see $LOG)" >&2; exit 2; }
+cmake --build "$BUILD" -j "$JOBS" --target stepcast stepcast_cuda_tests >>"$LOG" 2>&1
+STEPCAST="$ROOT/$BUILD/stepcast"
+MPIRUN="$ROOT/scripts/mpirun"
+say "built"
+
+# ---- 2. the [gpu] tests ----
+say "[gpu] tests"
+GPU_TESTS=ok
+if ! (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT_DIR/gpu-tests.log" 2>&1; then
+  GPU_TESTS=FAILED
+fi
+grep -E "tests passed|tests failed|Skipped|Failed" "$OUT_DIR/gpu-tests.log" | tail -12 || true
+
+# ---- 3./4. training runs, stepcast and PyTorch ----
+WORK="$OUT_DIR/work"
+mkdir -p "$WORK"
+# name  model-file  micro-batch   (sequence 1024; one microbatch per step, bf16, flash)
+RUNS=("gpt2-124m plans/models/gpt2-124m.json 16"
+      "gpt2-350m plans/models/gpt2-350m.json 8"
+      "gpt3-1.3b plans/models/gpt3-1.3b.json 8")
+for spec in "${RUNS[@]}"; do
+  read -r name model mbs <<<"$spec"
+  python3 - "$model" "$WORK/$name.model.json" "$WORK/$name.plan.json" "$mbs" <<'PY'
+import json, sys
+model, model_out, plan_out, mbs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+m = json.load(open(model))
+m["seq_length"] = 1024
+m["name"] = m["name"] + "-s1024"
+json.dump(m, open(model_out, "w"), indent=1)
+json.dump({"name": "gpu-check-" + m["name"], "micro_batch_size": mbs, "global_batch_size": mbs,
+           "attention_impl": "flash", "dtype": "bf16", "grad_dtype": "fp32", "dropout": 0.0,
+           "recompute": "none", "zero_stage": 0}, open(plan_out, "w"), indent=1)
+PY
+  say "$name: stepcast run --backend cuda (micro batch $mbs, $STEPS steps)"
+  if ! "$MPIRUN" -np 1 "$STEPCAST" run --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
+       --topology "$TOPOLOGY" --backend cuda --steps "$STEPS" --quiet --out "$WORK/$name.run" \
+       >"$WORK/$name.run.log" 2>&1; then
+    echo "  stepcast run failed:"; tail -5 "$WORK/$name.run.log"
+  fi
+  say "$name: PyTorch"
+  if ! python3 bench/pytorch_gpt.py --model "$WORK/$name.model.json" --micro-batch "$mbs" \
+       --steps "$STEPS" --warmup 5 >"$WORK/$name.torch.json" 2>"$WORK/$name.torch.log"; then
+    echo "  PyTorch failed:"; tail -5 "$WORK/$name.torch.log"
+  fi
+done
+
+# ---- 5. profile, then simulate with the measured and the datasheet profile ----
+PROFILE="$WORK/h200-measured.json"
+QUICK=()
+[ "$QUICK_PROFILE" = 1 ] && QUICK=(--quick)
+say "stepcast profile --backend cuda ${QUICK[*]}"
+if ! "$MPIRUN" -np 1 "$STEPCAST" profile --backend cuda --topology "$TOPOLOGY" --out "$PROFILE" \
+     "${QUICK[@]}" >"$WORK/profile.log" 2>&1; then
+  echo "  profile failed:"; tail -5 "$WORK/profile.log"
+fi
+for spec in "${RUNS[@]}"; do
+  read -r name model mbs <<<"$spec"
+  for which in measured datasheet; do
+    profile=$PROFILE
+    [ "$which" = datasheet ] && profile=$DATASHEET
+    [ -f "$profile" ] || continue
+    "$STEPCAST" simulate --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
+      --topology "$TOPOLOGY" --profile "$profile" --no-scaling --out "$WORK/$name.sim-$which" \
+      >"$WORK/$name.sim-$which.log" 2>&1 || { echo "  simulate ($which) of $name failed:"; tail -3 "$WORK/$name.sim-$which.log"; }
+  done
+done
+
+# ---- 6. the table ----
+say "done in $(( $(date +%s) - T0 )) s; [gpu] tests: $GPU_TESTS"
+python3 - "$WORK" "$PEAK" "$TOPOLOGY" "$OUT_DIR/gpu-check.md" "${RUNS[@]}" <<'PY'
+import json, os, sys
+work, peak, topology, table_path, runs = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+def load(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip().splitlines()
+        return json.loads(text[-1]) if path.endswith(".torch.json") else json.loads("\n".join(text))
+    except (OSError, ValueError, IndexError):
+        return None
+topo_peak = json.load(open(topology))["node"]["device"]["peak_flops_per_s"]["bf16"]
+rows = ["| model | micro batch | stepcast tokens/s | PyTorch tokens/s | ratio | MFU (989e12) | "
+        "peak memory stepcast / PyTorch (GiB) | step time (s) | predicted, measured profile | "
+        "predicted, datasheet |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
+def pct(x):
+    return "—" if x is None else f"{100 * x:+.1f}%"
+for spec in runs:
+    name, _, mbs = spec.split()
+    m = load(f"{work}/{name}.run/measurement.json")
+    t = load(f"{work}/{name}.torch.json")
+    if m is None:
+        rows.append(f"| {name} | {mbs} | failed | " + (f"{t['tokens_per_s']:.0f}" if t else "—") + " | | | | | | |")
+        continue
+    step = m["step_time_s"]
+    mfu = m["mfu"] * topo_peak / peak  # the executor's MFU is over the topology's peak
+    mem = m["memory"]["measured_peak_bytes_max"] / 2**30
+    dev = m["memory"].get("device_rank0", {}).get("used_high_water_bytes")
+    errors = []
+    for which in ("measured", "datasheet"):
+        p = load(f"{work}/{name}.sim-{which}/prediction.json")
+        errors.append(None if p is None else (p["step_time_s"] - step) / step)
+    torch_tps = t["tokens_per_s"] if t else None
+    rows.append(
+        f"| {name} | {mbs} | {m['tokens_per_s']:.0f} | "
+        + (f"{torch_tps:.0f} | {m['tokens_per_s'] / torch_tps:.2f}" if torch_tps else "— | —")
+        + f" | {100 * mfu:.1f}% | {mem:.1f}"
+        + (f" (device {dev / 2**30:.1f})" if dev else "")
+        + (f" / {t['peak_memory_bytes'] / 2**30:.1f}" if t else " / —")
+        + f" | {step:.4f} | {pct(errors[0])} | {pct(errors[1])} |")
+text = "\n".join(rows)
+print(text)
+with open(table_path, "w") as f:
+    f.write(text + "\n")
+PY

@@ -1,0 +1,782 @@
+// The CUDA backend of cuda_backend.hpp.
+#include "cuda_backend.hpp"
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "cuda_kernels.hpp"
+#include "errors.hpp"
+#include "mpi_collectives.hpp"
+
+namespace stepcast {
+
+namespace {
+
+// A failure in the middle of a run: the message once, from this rank, then the whole job stops.
+[[noreturn]] void fail_job(const std::string& message) {
+  std::cerr << "stepcast: " << message << "\n" << std::flush;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();
+}
+
+void check_cuda(cudaError_t code, const char* call, int rank, const std::string& during) {
+  if (code == cudaSuccess) return;
+  fail_job(device_failure_message(rank, call, cudaGetErrorName(code), cudaGetErrorString(code),
+                                  during));
+}
+void check_cublas(cublasStatus_t code, const char* call, int rank, const std::string& during) {
+  if (code == CUBLAS_STATUS_SUCCESS) return;
+  fail_job(device_failure_message(rank, call, "cublasStatus " + std::to_string(int(code)), "",
+                                  during));
+}
+void check_nccl(ncclResult_t code, const char* call, int rank, const std::string& during) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
+  fail_job(device_failure_message(rank, call, "ncclResult " + std::to_string(int(code)),
+                                  ncclGetErrorString(code), during));
+}
+
+ncclDataType_t nccl_type(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::bf16: return ncclBfloat16;
+    case Dtype::fp16: return ncclFloat16;
+    case Dtype::fp64: return ncclFloat64;
+    default: return ncclFloat32;
+  }
+}
+template <class X>
+cudaDataType_t cuda_type() {
+  return std::is_same_v<X, bf16> ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// One cuBLASLt GEMM shape in column-major terms, with the pointers' alignments (a parameter
+// slice of the arena may be aligned to its element size only; the heuristic must know), and its
+// chosen algorithm.
+struct GemmKey {
+  bool trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  cudaDataType_t ab, c;
+  uint32_t align_a, align_b, align_c;
+  bool operator<(const GemmKey& o) const {
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, align_a, align_b, align_c) <
+           std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.ab, o.c, o.align_a,
+                    o.align_b, o.align_c);
+  }
+};
+// The largest power of two (at most 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+  auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+template <class T, class G>
+class CudaBackend final : public Backend<T, G, float> {
+ public:
+  CudaBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
+              const CudaBackendOptions& options)
+      : rank_(int(rank)), options_(options), comms_(grid, rank, devices_per_node) {
+    check_call(cudaSetDevice(options.device), "cudaSetDevice");
+    check_call(cudaFree(nullptr), "cudaFree(0) (context creation)");
+    size_t free = 0, total = 0;
+    check_call(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    total_bytes_ = double(total);
+    used_before_ = double(total - free);
+    free_min_ = double(free);
+    cudaDeviceProp prop{};
+    check_call(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
+    device_name_ = prop.name;
+    check_call(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_call(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (auto& s : p2p_streams_) check_call(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cublas(cublasLtCreate(&lt_), "cublasLtCreate");
+    workspace_ = raw_alloc(options.workspace_bytes, "the cuBLASLt workspace");
+    result_ = static_cast<double*>(raw_alloc(sizeof(double), "a reduction result"));
+    create_communicators();
+  }
+
+  ~CudaBackend() override {
+    cudaDeviceSynchronize();
+    for (auto& [key, plan] : gemms_) {
+      cublasLtMatmulDescDestroy(plan.desc);
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+    }
+    for (auto& [kind, comm] : nccl_) {
+      if (comm) ncclCommDestroy(comm);
+    }
+    for (ncclComm_t comm : p2p_) {
+      if (comm) ncclCommDestroy(comm);
+    }
+    if (world_) ncclCommDestroy(world_);
+    for (auto& [key, staging] : send_staging_) {
+      cudaFree(staging.data);
+      if (staging.done) cudaEventDestroy(staging.done);
+    }
+    if (staging_) cudaFree(staging_);
+    cudaFree(workspace_);
+    cudaFree(result_);
+    if (delta_) cudaFree(delta_);
+    cublasLtDestroy(lt_);
+    for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+    for (auto& [id, e] : op_events_) cudaEventDestroy(e);
+    cudaStreamDestroy(compute_);
+    cudaStreamDestroy(comm_);
+    for (auto& s : p2p_streams_) cudaStreamDestroy(s);
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  // ---- memory ----
+  char* allocate(int64_t bytes) override {
+    char* p = static_cast<char*>(raw_alloc(std::max<int64_t>(bytes, 256), nullptr));
+    check_call(cudaMemset(p, 0, size_t(std::max<int64_t>(bytes, 256))), "cudaMemset");
+    allocated_[p] = std::max<int64_t>(bytes, 256);
+    allocated_bytes_ += double(allocated_[p]);
+    allocated_high_ = std::max(allocated_high_, allocated_bytes_);
+    return p;
+  }
+  void release(char* memory) override {
+    auto it = allocated_.find(memory);
+    if (it != allocated_.end()) {
+      allocated_bytes_ -= double(it->second);
+      allocated_.erase(it);
+    }
+    check_call(cudaFree(memory), "cudaFree");
+  }
+  void zero(void* memory, int64_t bytes) override {
+    check_call(cudaMemsetAsync(memory, 0, size_t(bytes), stream()), "cudaMemsetAsync");
+  }
+  void upload(void* dst, const void* src, int64_t bytes) override {
+    check_call(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, compute_), "cudaMemcpyAsync (upload)");
+    wait_stream(compute_);
+  }
+  void download(void* dst, const void* src, int64_t bytes) override {
+    check_call(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, compute_), "cudaMemcpyAsync (download)");
+    wait_stream(compute_);
+  }
+
+  // ---- element-wise helpers ----
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes <= 0 || dst == src) return;
+    check_call(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, stream()), "cudaMemcpyAsync");
+  }
+  void add(G* y, const G* x, int64_t n) override { cuda::add(l(), y, x, n); }
+  void add_rows(T* x, const T* bias, int64_t rows, int64_t h) override { cuda::add_rows(l(), x, bias, rows, h); }
+  void sum_rows(const T* x, G* out, int64_t rows, int64_t h) override { cuda::sum_rows(l(), x, out, rows, h); }
+  void fill_columns(T* x, int64_t rows, int64_t cols, int64_t from, T value) override {
+    cuda::fill_columns(l(), x, rows, cols, from, float(value));
+  }
+  double sum(const float* x, int64_t n) override {
+    cuda::sum(l(), x, n, result_);
+    return read_result();
+  }
+
+  // ---- GEMMs (row-major y = x·Wᵀ etc. as column-major products; see linear_forward) ----
+  // y[tokens,out] = x[tokens,in]·Wᵀ: column-major yᵀ (out×tokens) = op_T(Wᵀ stored in×out)·xᵀ.
+  void linear_forward(const T* x, const T* w, const T* bias, T* y, int64_t tokens, int64_t in,
+                      int64_t out) override {
+    matmul<T>(true, false, out, tokens, in, w, in, x, in, y, out, 0.f);
+    if (bias) cuda::add_rows(l(), y, bias, tokens, out);
+  }
+  // dx[tokens,in] (+)= dy·W: dxᵀ (in×tokens) = Wᵀ (in×out) · dyᵀ (out×tokens).
+  void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_t in,
+                            int64_t out, bool accumulate) override {
+    matmul<T>(false, false, in, tokens, out, w, in, dy, out, dx, in, accumulate ? 1.f : 0.f);
+  }
+  // dW[out,in] += dyᵀ·x: dWᵀ (in×out) += xᵀ (in×tokens) · op_T(dyᵀ stored out×tokens).
+  void linear_backward_weight(const T* dy, const T* x, G* dw, G* dbias, int64_t tokens,
+                              int64_t in, int64_t out) override {
+    matmul<G>(false, true, in, out, tokens, x, in, dy, out, dw, in, 1.f);
+    if (dbias) cuda::sum_rows(l(), dy, dbias, tokens, out);
+  }
+
+  // ---- kernels ----
+  void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, int64_t s,
+                           int64_t b, int64_t h, const cpu::Dropout& dropout, int64_t s0,
+                           const int64_t* sample_index) override {
+    cuda::dropout_add_forward(l(), x, residual, out, mask, s, b, h, dropout, s0, sample_index);
+  }
+  void dropout_backward(const T* dy, const uint8_t* mask, T* dx, int64_t n, double p) override {
+    cuda::dropout_backward(l(), dy, mask, dx, n, p);
+  }
+  void embedding_forward(const int32_t* tokens, const T* w, T* out, int64_t s, int64_t b,
+                         int64_t h, int64_t v0, int64_t v_local) override {
+    cuda::embedding_forward(l(), tokens, w, out, s, b, h, v0, v_local);
+  }
+  void embedding_backward(const int32_t* tokens, const T* dout, G* dw, int64_t s, int64_t b,
+                          int64_t h, int64_t v0, int64_t v_local) override {
+    cuda::embedding_backward(l(), tokens, dout, dw, s, b, h, v0, v_local);
+  }
+  void position_add_forward(T* x, const T* pos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                            int64_t max_positions) override {
+    cuda::position_add_forward(l(), x, pos, s, b, h, s0, max_positions);
+  }
+  void position_add_backward(const T* dx, G* dpos, int64_t s, int64_t b, int64_t h, int64_t s0,
+                             int64_t max_positions) override {
+    cuda::position_add_backward(l(), dx, dpos, s, b, h, s0, max_positions);
+  }
+  void layernorm_forward(const T* x, const T* w, const T* bias, T* y, int64_t rows, int64_t h,
+                         double eps) override {
+    cuda::layernorm_forward(l(), x, w, bias, y, rows, h, eps);
+  }
+  void layernorm_backward(const T* x, const T* w, const T* dy, T* dx, G* dw, G* db, int64_t rows,
+                          int64_t h, double eps) override {
+    cuda::layernorm_backward(l(), x, w, dy, dx, dw, db, rows, h, eps);
+  }
+  void rmsnorm_forward(const T* x, const T* w, T* y, int64_t rows, int64_t h, double eps) override {
+    cuda::rmsnorm_forward(l(), x, w, y, rows, h, eps);
+  }
+  void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, G* dw, int64_t rows, int64_t h,
+                        double eps) override {
+    cuda::rmsnorm_backward(l(), x, w, dy, dx, dw, rows, h, eps);
+  }
+  void rotary_forward(T* qkv, const cpu::AttentionShape& shape, double theta, int64_t s0) override {
+    cuda::rotary(l(), qkv, shape, theta, s0, 1.0);
+  }
+  void rotary_backward(T* d_qkv, const cpu::AttentionShape& shape, double theta, int64_t s0) override {
+    cuda::rotary(l(), d_qkv, shape, theta, s0, -1.0);
+  }
+  void attention_score_forward(const T* qkv, T* scores, const cpu::AttentionShape& shape,
+                               double scale) override {
+    cuda::attention_score_forward(l(), qkv, scores, shape, scale);
+  }
+  void softmax_forward(const T* scores, T* probs, int64_t rows, int64_t cols) override {
+    cuda::softmax_forward(l(), scores, probs, rows, cols);
+  }
+  void attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask,
+                                 const cpu::AttentionShape& shape, const cpu::Dropout& dropout,
+                                 int64_t head0, const int64_t* sample_index) override {
+    cuda::attention_dropout_forward(l(), probs, probs_drop, mask, shape, dropout, head0, sample_index);
+  }
+  void attention_value_forward(const T* probs_used, const T* qkv, T* ctx,
+                               const cpu::AttentionShape& shape) override {
+    cuda::attention_value_forward(l(), probs_used, qkv, ctx, shape);
+  }
+  void attention_value_backward(const T* d_ctx, const T* probs_used, const T* qkv,
+                                T* d_probs_used, T* d_qkv, const cpu::AttentionShape& shape) override {
+    cuda::attention_value_backward(l(), d_ctx, probs_used, qkv, d_probs_used, d_qkv, shape);
+  }
+  void softmax_backward(const T* d_probs, const T* probs, T* d_scores, int64_t rows,
+                        int64_t cols) override {
+    cuda::softmax_backward(l(), d_probs, probs, d_scores, rows, cols);
+  }
+  void attention_score_backward(const T* d_scores, const T* qkv, T* d_qkv,
+                                const cpu::AttentionShape& shape, double scale) override {
+    cuda::attention_score_backward(l(), d_scores, qkv, d_qkv, shape, scale);
+  }
+  void flash_attention_forward(const T* qkv, T* ctx, float* lse, const cpu::AttentionShape& shape,
+                               double scale, const cpu::Dropout* dropout, int64_t head0,
+                               const int64_t* sample_index) override {
+    cuda::flash_attention_forward(l(), qkv, ctx, lse, shape, scale, dropout, head0, sample_index);
+  }
+  void flash_attention_backward(const T* qkv, const T* ctx, const float* lse, const T* d_ctx,
+                                T* d_qkv, const cpu::AttentionShape& shape, double scale,
+                                const cpu::Dropout* dropout, int64_t head0,
+                                const int64_t* sample_index) override {
+    float* delta = delta_scratch(shape.b * shape.heads * shape.s);
+    cuda::flash_attention_backward(l(), qkv, ctx, lse, d_ctx, d_qkv, delta, shape, scale, dropout,
+                                   head0, sample_index);
+  }
+  void gelu_forward(const T* x, T* y, int64_t n) override { cuda::gelu_forward(l(), x, y, n); }
+  void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) override {
+    cuda::gelu_backward(l(), x, dy, dx, n);
+  }
+  void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) override {
+    cuda::swiglu_forward(l(), gate, up, act, n);
+  }
+  void swiglu_backward(const T* gate, const T* up, const T* d_act, T* d_gate, T* d_up,
+                       int64_t n) override {
+    cuda::swiglu_backward(l(), gate, up, d_act, d_gate, d_up, n);
+  }
+  void cross_entropy_stats(const T* logits, const int32_t* targets, float* stats, int64_t tokens,
+                           int64_t v0, int64_t v_local) override {
+    cuda::cross_entropy_stats(l(), logits, targets, stats, tokens, v0, v_local);
+  }
+  void cross_entropy_forward(const T* logits, const float* stats_all, int64_t tp, float* softmax,
+                             float* loss, int64_t tokens, int64_t v_local) override {
+    cuda::cross_entropy_forward(l(), logits, stats_all, tp, softmax, loss, tokens, v_local);
+  }
+  void cross_entropy_backward(const float* softmax, const int32_t* targets, T* dlogits,
+                              int64_t tokens, int64_t v0, int64_t v_local, double scale) override {
+    cuda::cross_entropy_backward(l(), softmax, targets, dlogits, tokens, v0, v_local, scale);
+  }
+  double grad_norm_sq(const G* g, int64_t n) override {
+    cuda::sum_squares(l(), g, n, result_);
+    return read_result();
+  }
+  void adamw_step(T* param, float* master, const G* grad, float* exp_avg, float* exp_avg_sq,
+                  int64_t n, const cpu::AdamW& config, int64_t step, double clip_coef) override {
+    cuda::adamw_step(l(), param, master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
+  }
+
+  // ---- collectives: NCCL on the communication stream, after compute, before compute ----
+  void all_reduce(GroupKind group, Algorithm, Dtype dtype, std::vector<Span<void>> buffers) override {
+    ncclComm_t comm = communicator(group);
+    begin_comm(comm_);
+    check_nccl(ncclGroupStart(), "ncclGroupStart", rank_, current_);
+    for (const auto& b : buffers) {
+      if (b.count == 0) continue;
+      check_nccl(ncclAllReduce(b.data, b.data, size_t(b.count), nccl_type(dtype), ncclSum, comm, comm_),
+                 "ncclAllReduce", rank_, current_);
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank_, current_);
+    end_comm(comm_);
+    count_algorithm("all_reduce");
+  }
+  // Chunk index(group) of every buffer: in place when the chunks are equal, else through a
+  // staging buffer of n·chunk elements.
+  void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
+    ncclComm_t comm = communicator(group);
+    const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
+    begin_comm(comm_);
+    for (const auto& b : buffers) {
+      char* data = static_cast<char*>(b.data);
+      int64_t chunk = (b.count + n - 1) / n;
+      if (chunk == 0) continue;
+      if (chunk * n == b.count) {
+        check_nccl(ncclReduceScatter(data, data + me * chunk * e, size_t(chunk), nccl_type(dtype),
+                                     ncclSum, comm, comm_),
+                   "ncclReduceScatter", rank_, current_);
+        continue;
+      }
+      char* staging = staging_buffer(chunk * n * e);
+      check_call(cudaMemsetAsync(staging + b.count * e, 0, size_t((chunk * n - b.count) * e), comm_), "cudaMemsetAsync");
+      check_call(cudaMemcpyAsync(staging, data, size_t(b.count * e), cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
+      check_nccl(ncclReduceScatter(staging, staging + me * chunk * e, size_t(chunk), nccl_type(dtype),
+                                   ncclSum, comm, comm_),
+                 "ncclReduceScatter", rank_, current_);
+      auto [first, last] = chunk_range(b.count, n, me);
+      if (last > first) {
+        check_call(cudaMemcpyAsync(data + first * e, staging + me * chunk * e, size_t((last - first) * e),
+                             cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
+      }
+    }
+    end_comm(comm_);
+    count_algorithm("reduce_scatter");
+  }
+  void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
+    ncclComm_t comm = communicator(group);
+    const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
+    begin_comm(comm_);
+    for (const auto& b : buffers) {
+      char* data = static_cast<char*>(b.data);
+      int64_t chunk = (b.count + n - 1) / n;
+      if (chunk == 0) continue;
+      if (chunk * n == b.count) {
+        check_nccl(ncclAllGather(data + me * chunk * e, data, size_t(chunk), nccl_type(dtype), comm, comm_),
+                   "ncclAllGather", rank_, current_);
+        continue;
+      }
+      char* staging = staging_buffer(chunk * n * e);
+      auto [first, last] = chunk_range(b.count, n, me);
+      if (last > first) {
+        check_call(cudaMemcpyAsync(staging + me * chunk * e, data + first * e, size_t((last - first) * e),
+                             cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
+      }
+      check_nccl(ncclAllGather(staging + me * chunk * e, staging, size_t(chunk), nccl_type(dtype), comm, comm_),
+                 "ncclAllGather", rank_, current_);
+      check_call(cudaMemcpyAsync(data, staging, size_t(b.count * e), cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
+    }
+    end_comm(comm_);
+    count_algorithm("all_gather");
+  }
+  int group_size(GroupKind group) const override { return comms_.size(group); }
+  int group_index(GroupKind group) const override { return comms_.index(group); }
+
+  // Pipeline transfers. Traffic to a higher rank travels on one communicator and stream, to a
+  // lower rank on the other, so the two directions never queue behind each other. A send goes
+  // from a staging copy (as the CPU backend's), so the arena may reuse the tensor at once; NCCL
+  // matches a pair's transfers in issue order (the program's order; the tag is not needed).
+  void send(const T* data, int64_t n, int peer, int64_t tag) override {
+    const int dir = peer > rank_ ? 0 : 1;
+    Staging& staging = send_staging_[{peer, tag}];
+    int64_t bytes = n * int64_t(sizeof(T));
+    if (staging.bytes < bytes) {
+      if (staging.data) {
+        check_call(cudaStreamSynchronize(p2p_streams_[dir]), "cudaStreamSynchronize");
+        cudaFree(staging.data);
+      }
+      staging.data = static_cast<char*>(raw_alloc(bytes, "a pipeline send staging buffer"));
+      staging.bytes = bytes;
+      staging_bytes_ += double(bytes);
+    }
+    if (!staging.done) {
+      check_call(cudaEventCreateWithFlags(&staging.done, cudaEventDisableTiming), "cudaEventCreate");
+    } else {
+      // The previous send from this buffer must have left it before the copy overwrites it.
+      check_call(cudaStreamWaitEvent(compute_, staging.done, 0), "cudaStreamWaitEvent");
+    }
+    copy(staging.data, data, bytes);
+    begin_comm(p2p_streams_[dir]);
+    check_nccl(ncclSend(staging.data, size_t(n), nccl_type(dtype_of<T>()), peer, p2p_[dir],
+                        p2p_streams_[dir]),
+               "ncclSend", rank_, current_);
+    check_call(cudaEventRecord(staging.done, p2p_streams_[dir]), "cudaEventRecord");
+  }
+  void recv(T* data, int64_t n, int peer, int64_t) override {
+    const int dir = peer < rank_ ? 0 : 1;
+    begin_comm(p2p_streams_[dir]);
+    check_nccl(ncclRecv(data, size_t(n), nccl_type(dtype_of<T>()), peer, p2p_[dir], p2p_streams_[dir]),
+               "ncclRecv", rank_, current_);
+    end_comm(p2p_streams_[dir]);
+  }
+  void finish_sends() override {
+    for (cudaStream_t s : p2p_streams_) wait_stream(s);
+  }
+  std::map<std::string, int64_t> algorithms_used() const override { return algorithms_; }
+
+  // ---- streams: a collective of the program's communication stream runs on comm_ ----
+  void begin_async(int32_t) override {
+    check_call(cudaStreamWaitEvent(comm_, record(compute_), 0), "cudaStreamWaitEvent");
+    async_ = true;
+  }
+  void end_async(int32_t op_id) override {
+    async_ = false;
+    cudaEvent_t& done = op_events_[op_id];
+    if (!done) check_call(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    check_call(cudaEventRecord(done, comm_), "cudaEventRecord");
+  }
+  void wait_async(int32_t op_id) override {
+    auto it = op_events_.find(op_id);
+    STEPCAST_CHECK(it != op_events_.end(), "wait for an op that never ran asynchronously");
+    check_call(cudaStreamWaitEvent(compute_, it->second, 0), "cudaStreamWaitEvent");
+  }
+
+  // ---- synchronisation ----
+  void synchronize() override {
+    wait_stream(compute_);
+    wait_stream(comm_);
+    for (cudaStream_t s : p2p_streams_) wait_stream(s);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) free_min_ = std::min(free_min_, double(free));
+  }
+  double now_s() override { return MPI_Wtime(); }
+  void set_current(const std::string& what) override { current_ = what; }
+
+  Json device_memory() const override {
+    double used_high = total_bytes_ - free_min_ - used_before_;
+    return {{"device", device_name_},
+            {"device_ordinal", options_.device},
+            {"total_bytes", total_bytes_},
+            {"used_before_backend_bytes", used_before_},
+            {"used_high_water_bytes", used_high},
+            {"allocator_high_water_bytes", allocated_high_},
+            {"cublaslt_workspace_bytes", double(options_.workspace_bytes)},
+            {"nccl_staging_bytes", double(staging_capacity_) + staging_bytes_},
+            {"runtime_bytes", used_high - allocated_high_},
+            {"method", "allocator: bytes this backend holds from cudaMalloc for the program "
+                       "(arena and scratch), high-water mark; used: cudaMemGetInfo's total − "
+                       "free at every synchronisation, minimum free, less the level once the "
+                       "context existed"}};
+  }
+  double device_peak_bytes() const override { return allocated_high_; }
+
+ private:
+  // Kernels and copies go to the compute stream, or to the communication stream inside an
+  // asynchronous collective (its element-wise work must follow its communication).
+  cudaStream_t stream() const { return async_ ? comm_ : compute_; }
+  cuda::Launch l() const { return {stream(), rank_}; }
+  void check_call(cudaError_t code, const char* call) const { check_cuda(code, call, rank_, current_); }
+  void cublas(cublasStatus_t code, const char* call) const { check_cublas(code, call, rank_, current_); }
+
+  void* raw_alloc(int64_t bytes, const char* what) {
+    void* p = nullptr;
+    cudaError_t code = cudaMalloc(&p, size_t(bytes));
+    if (code == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      if (what) {
+        OutOfMemory oom;
+        oom.what = what;
+        oom.bytes = double(bytes);
+        oom.free_bytes = double(free);
+        oom.total_bytes = double(total);
+        throw InputError(out_of_memory_message(oom));
+      }
+      throw DeviceOutOfMemory(rank_, double(bytes), double(free), double(total));
+    }
+    check_call(code, "cudaMalloc");
+    return p;
+  }
+
+  // Waits for a stream, polling so that an NCCL error (on any communicator) or a hang longer
+  // than the watchdog stops the job with a message instead of blocking forever.
+  void wait_stream(cudaStream_t stream) {
+    auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      cudaError_t state = cudaStreamQuery(stream);
+      if (state == cudaSuccess) return;
+      if (state != cudaErrorNotReady) check_call(state, "cudaStreamQuery");
+      check_async_errors();
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > options_.watchdog_s) {
+        abort_communicators();
+        fail_job("rank " + std::to_string(rank_) + ": waited " + std::to_string(int(waited)) +
+                 " s for the GPU in " + (current_.empty() ? "the step" : current_) +
+                 " (a peer that stopped, or a hang in NCCL); aborting the job");
+      }
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  void check_async_errors() {
+    auto check = [&](ncclComm_t comm) {
+      if (!comm) return;
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress) {
+        std::string detail = ncclGetErrorString(async);
+        if (const char* last = ncclGetLastError(comm)) detail += std::string("; ") + last;
+        abort_communicators();
+        fail_job(device_failure_message(rank_, "NCCL", "ncclResult " + std::to_string(int(async)),
+                                        detail, current_));
+      }
+    };
+    check(world_);
+    for (auto& [kind, comm] : nccl_) check(comm);
+    for (ncclComm_t comm : p2p_) check(comm);
+  }
+  void abort_communicators() {
+    for (auto& [kind, comm] : nccl_) {
+      if (comm) ncclCommAbort(comm);
+      comm = nullptr;
+    }
+    for (ncclComm_t& comm : p2p_) {
+      if (comm) ncclCommAbort(comm);
+      comm = nullptr;
+    }
+    if (world_) ncclCommAbort(world_);
+    world_ = nullptr;
+  }
+
+  double read_result() {
+    double value = 0;
+    check_call(cudaMemcpyAsync(&value, result_, sizeof value, cudaMemcpyDeviceToHost, compute_), "cudaMemcpyAsync");
+    wait_stream(compute_);
+    return value;
+  }
+
+  float* delta_scratch(int64_t n) {
+    if (delta_n_ < n) {
+      if (delta_) {
+        wait_stream(compute_);
+        cudaFree(delta_);
+      }
+      delta_ = static_cast<float*>(raw_alloc(n * int64_t(sizeof(float)), "flash attention scratch"));
+      delta_n_ = n;
+    }
+    return delta_;
+  }
+  char* staging_buffer(int64_t bytes) {
+    if (staging_capacity_ < bytes) {
+      if (staging_) {
+        wait_stream(comm_);
+        cudaFree(staging_);
+      }
+      staging_ = static_cast<char*>(raw_alloc(bytes, "an NCCL staging buffer"));
+      staging_capacity_ = bytes;
+    }
+    return staging_;
+  }
+
+  cudaEvent_t record(cudaStream_t stream) {
+    cudaEvent_t e = event_pool_[event_next_++ % event_pool_.size()];
+    check_call(cudaEventRecord(e, stream), "cudaEventRecord");
+    return e;
+  }
+  // The communication stream starts after the compute work issued so far; compute continues
+  // after the communication (the interpreter runs ops in program order: no op reads a buffer
+  // before the collective that writes it).
+  // (Inside an asynchronous collective comm_ already follows compute, and compute waits later.)
+  void begin_comm(cudaStream_t s) {
+    if (async_ && s == comm_) return;
+    check_call(cudaStreamWaitEvent(s, record(compute_), 0), "cudaStreamWaitEvent");
+  }
+  void end_comm(cudaStream_t s) {
+    if (async_ && s == comm_) return;
+    check_call(cudaStreamWaitEvent(compute_, record(s), 0), "cudaStreamWaitEvent");
+  }
+  void count_algorithm(const std::string& kind) {
+    const char* algo = std::getenv("NCCL_ALGO");
+    ++algorithms_[kind + "/nccl:" + (algo && *algo ? algo : "auto")];
+  }
+
+  ncclComm_t communicator(GroupKind kind) const {
+    auto it = nccl_.find(kind);
+    STEPCAST_CHECK(it != nccl_.end() && it->second != nullptr,
+                   std::string("no NCCL communicator for group ") + to_string(kind));
+    return it->second;
+  }
+
+  // World from a unique id broadcast over MPI; one split per group kind (color: the group's
+  // first world rank; key: the index in the group, so NCCL ranks equal group indices); two
+  // duplicates of world for the two pipeline directions.
+  void create_communicators() {
+    for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    int size = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ncclUniqueId id{};
+    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, "NCCL bootstrap");
+    check_mpi(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast", rank_);
+    check_nccl(ncclCommInitRank(&world_, size, id, rank_), "ncclCommInitRank", rank_, "NCCL bootstrap");
+    for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
+                           GroupKind::model, GroupKind::world}) {
+      MPI_Comm mpi = comms_.comm(kind);
+      int color = NCCL_SPLIT_NOCOLOR, key = 0;
+      if (mpi != MPI_COMM_NULL) {
+        MPI_Group group, world_group;
+        MPI_Comm_group(mpi, &group);
+        MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+        int first = 0, first_world = 0;
+        MPI_Group_translate_ranks(group, 1, &first, world_group, &first_world);
+        MPI_Group_free(&group);
+        MPI_Group_free(&world_group);
+        color = first_world;
+        MPI_Comm_rank(mpi, &key);
+      }
+      ncclComm_t comm = nullptr;
+      check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit", rank_,
+                 std::string("NCCL communicator for group ") + to_string(kind));
+      nccl_[kind] = comm;
+    }
+    for (ncclComm_t& comm : p2p_) {
+      check_nccl(ncclCommSplit(world_, 0, rank_, &comm, nullptr), "ncclCommSplit", rank_,
+                 "NCCL pipeline communicators");
+    }
+  }
+
+  template <class C>
+  void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+              const T* b, int64_t ldb, C* c, int64_t ldc, float beta) {
+    GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, cuda_type<T>(), cuda_type<C>(),
+                alignment_of(a), alignment_of(b), alignment_of(c)};
+    auto it = gemms_.find(key);
+    if (it == gemms_.end()) it = gemms_.emplace(key, plan_gemm(key)).first;
+    const GemmPlan& p = it->second;
+    float alpha = 1.f;
+    cublas(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo,
+                          workspace_, size_t(options_.workspace_bytes), stream()),
+           "cublasLtMatmul");
+  }
+  GemmPlan plan_gemm(const GemmKey& key) {
+    GemmPlan p;
+    // fp32 operands: strict fp32 (no TF32) so the fp32 path matches the CPU to 1e-5.
+    cublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
+    cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
+    // Stored shapes (column-major): A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
+    cublas(cublasLtMatrixLayoutCreate(&p.a, key.ab, uint64_t(key.trans_a ? key.k : key.m),
+                                      uint64_t(key.trans_a ? key.m : key.k), key.lda),
+           "cublasLtMatrixLayoutCreate");
+    cublas(cublasLtMatrixLayoutCreate(&p.b, key.ab, uint64_t(key.trans_b ? key.n : key.k),
+                                      uint64_t(key.trans_b ? key.k : key.n), key.ldb),
+           "cublasLtMatrixLayoutCreate");
+    cublas(cublasLtMatrixLayoutCreate(&p.c, key.c, uint64_t(key.m), uint64_t(key.n), key.ldc),
+           "cublasLtMatrixLayoutCreate");
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    uint64_t workspace = uint64_t(options_.workspace_bytes);
+    cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &workspace, sizeof workspace),
+           "cublasLtMatmulPreferenceSetAttribute");
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+    for (const auto& [attribute, bytes] : alignments) {
+      cublas(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes),
+             "cublasLtMatmulPreferenceSetAttribute (alignment)");
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublas(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+           "cublasLtMatmulAlgoGetHeuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) {
+      fail_job(device_failure_message(rank_, "cublasLtMatmulAlgoGetHeuristic", "no algorithm",
+                                      "m " + std::to_string(key.m) + " n " + std::to_string(key.n) +
+                                          " k " + std::to_string(key.k),
+                                      current_));
+    }
+    p.algo = result.algo;
+    return p;
+  }
+
+  struct Staging {
+    char* data = nullptr;
+    int64_t bytes = 0;
+    cudaEvent_t done = nullptr;  // the last send from it
+  };
+
+  int rank_;
+  CudaBackendOptions options_;
+  GroupComms comms_;
+  std::string current_;
+  std::string device_name_;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  cudaStream_t p2p_streams_[2] = {nullptr, nullptr};
+  std::vector<cudaEvent_t> event_pool_ = std::vector<cudaEvent_t>(256, nullptr);
+  size_t event_next_ = 0;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  double* result_ = nullptr;
+  float* delta_ = nullptr;
+  int64_t delta_n_ = 0;
+  char* staging_ = nullptr;
+  int64_t staging_capacity_ = 0;
+  double staging_bytes_ = 0;
+  std::map<std::pair<int, int64_t>, Staging> send_staging_;
+  ncclComm_t world_ = nullptr;
+  std::map<GroupKind, ncclComm_t> nccl_;
+  ncclComm_t p2p_[2] = {nullptr, nullptr};
+  std::map<GemmKey, GemmPlan> gemms_;
+  bool async_ = false;                          // inside begin_async … end_async
+  std::map<int32_t, cudaEvent_t> op_events_;    // the end of each asynchronous collective
+  std::map<std::string, int64_t> algorithms_;
+  std::map<char*, int64_t> allocated_;
+  double allocated_bytes_ = 0, allocated_high_ = 0;
+  double total_bytes_ = 0, used_before_ = 0, free_min_ = 0;
+};
+
+}  // namespace
+
+template <class T, class G>
+std::unique_ptr<Backend<T, G, float>> make_cuda_backend(const RankGrid& grid, int64_t rank,
+                                                        int64_t devices_per_node,
+                                                        const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend<T, G>>(grid, rank, devices_per_node, options);
+}
+
+template std::unique_ptr<Backend<bf16, float, float>> make_cuda_backend<bf16, float>(
+    const RankGrid&, int64_t, int64_t, const CudaBackendOptions&);
+template std::unique_ptr<Backend<bf16, bf16, float>> make_cuda_backend<bf16, bf16>(
+    const RankGrid&, int64_t, int64_t, const CudaBackendOptions&);
+template std::unique_ptr<Backend<float, float, float>> make_cuda_backend<float, float>(
+    const RankGrid&, int64_t, int64_t, const CudaBackendOptions&);
+
+}  // namespace stepcast

@@ -1,0 +1,114 @@
+// `run --backend cuda`: picks this rank's GPU, checks the plan against what the CUDA backend runs,
+// makes the backend for the plan's dtypes and runs the shared interpreter (executor.hpp) on it;
+// an allocation that does not fit becomes a message with the plan's own memory figures.
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "arena.hpp"
+#include "cuda_backend.hpp"
+#include "cuda_kernels.hpp"
+#include "errors.hpp"
+#include "memory.hpp"
+
+namespace stepcast {
+
+int select_cuda_device() {
+  int count = 0;
+  cudaError_t code = cudaGetDeviceCount(&count);
+  if (code != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;  // no driver, no device: the same message
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::optional<LocalRank> local = local_rank_from_environment([](const char* k) { return std::getenv(k); });
+  LocalRank where = local.value_or(LocalRank{0, 1, "none (a single rank per node assumed)"});
+  std::string problem =
+      gpu_assignment_problem(where.local_rank, where.local_size, count,
+                             visible ? std::optional<std::string>(visible) : std::nullopt);
+  if (!problem.empty()) {
+    if (code != cudaSuccess && count == 0) problem += " [cudaGetDeviceCount: " + std::string(cudaGetErrorName(code)) + "]";
+    throw InputError(problem);
+  }
+  return where.local_rank;
+}
+
+namespace {
+
+template <class T, class G>
+RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                    const Topology& topology, const RunOptions& options, int device) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  CudaBackendOptions backend_options;
+  backend_options.device = device;
+  backend_options.watchdog_s = options.watchdog_s;
+  auto backend = make_cuda_backend<T, G>(program.grid(), rank, program.devices_per_node, backend_options);
+  try {
+    return run_with_backend<T, G, float>(program, model, plan, topology, options, *backend);
+  } catch (const DeviceOutOfMemory& e) {
+    // The arena (every buffer of the program, planned once) or the interpreter's scratch.
+    const Role& role = program.role_of_rank(rank);
+    RankMemory classes = walk_role_memory(role);
+    MemoryReport report = memory_report(program, topology);
+    OutOfMemory oom;
+    oom.bytes = e.bytes;
+    oom.free_bytes = e.free_bytes;
+    oom.total_bytes = e.total_bytes;
+    oom.predicted_peak_bytes = report.ranks.at(size_t(role.index)).peak_bytes;
+    bool arena = int64_t(e.bytes) == plan_arena(role).extent_bytes;
+    oom.what = arena ? "the arena (the program's buffers; by class at the peak)"
+                     : "the executor's scratch (token ids, loss statistics, masks)";
+    if (arena) {
+      oom.class_bytes = {{"weights", classes.weights_bytes},
+                         {"grads", classes.grads_bytes},
+                         {"optimizer", classes.optimizer_bytes},
+                         {"activations", classes.activations_bytes},
+                         {"workspace", classes.workspace_bytes},
+                         {"comm", classes.comm_bytes}};
+    }
+    throw InputError(out_of_memory_message(oom));
+  }
+}
+
+}  // namespace
+
+RunOutput run_program_cuda(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                           const Topology& topology, const RunOptions& options) {
+  if (plan.param_dtype != Dtype::bf16 && plan.param_dtype != Dtype::fp32) {
+    throw_input_error(plan.file, "dtype", std::string("\"") + to_string(plan.param_dtype) + "\"",
+                      "the CUDA backend computes in bf16 (fp32 master weights) or fp32",
+                      "\"bf16\" or \"fp32\"");
+  }
+  if (plan.param_dtype == Dtype::fp32 && plan.grad_dtype != Dtype::fp32) {
+    throw_input_error(plan.file, "grad_dtype", std::string("\"") + to_string(plan.grad_dtype) + "\"",
+                      "fp32 weights keep fp32 gradients", "\"fp32\"");
+  }
+  if (plan.param_dtype == Dtype::bf16 && plan.grad_dtype != Dtype::fp32 && plan.grad_dtype != Dtype::bf16) {
+    throw_input_error(plan.file, "grad_dtype", std::string("\"") + to_string(plan.grad_dtype) + "\"",
+                      "the CUDA backend accumulates gradients in fp32 or bf16", "\"fp32\" or \"bf16\"");
+  }
+  if (plan.attention_impl == AttentionImpl::flash &&
+      !cuda::flash_supports_head_dim(model.head_dim())) {
+    throw_input_error(plan.file, "attention_impl", "\"flash\"",
+                      "the CUDA flash kernel supports head dims 16, 32, 64 and 128, the model's is " +
+                          std::to_string(model.head_dim()),
+                      "\"materialized\", or a model with one of those head dims");
+  }
+  if (plan.sequence_parallel && plan.zero_stage >= 2) {
+    throw_input_error(plan.file, "zero_stage", std::to_string(plan.zero_stage),
+                      "the executor does not combine sequence_parallel with sharded gradients",
+                      "0 or 1 with sequence_parallel");
+  }
+  int device = select_cuda_device();
+  if (plan.param_dtype == Dtype::fp32) {
+    return run_typed<float, float>(program, model, plan, topology, options, device);
+  }
+  if (plan.grad_dtype == Dtype::bf16) {
+    return run_typed<bf16, bf16>(program, model, plan, topology, options, device);
+  }
+  return run_typed<bf16, float>(program, model, plan, topology, options, device);
+}
+
+}  // namespace stepcast
