@@ -11,7 +11,10 @@
 
 namespace stepcast {
 
-ArenaPlan plan_arena(const Role& role, int64_t alignment) {
+namespace {
+
+// Online first-fit in op order, as a caching allocator would place the buffers.
+ArenaPlan plan_first_fit(const Role& role, int64_t alignment) {
   ArenaPlan plan;
   plan.offset_of_op.assign(role.ops.size(), -1);
   std::map<int64_t, int64_t> free_blocks;  // offset → size (coalesced)
@@ -66,6 +69,94 @@ ArenaPlan plan_arena(const Role& role, int64_t alignment) {
   }
   plan.extent_bytes = top;
   return plan;
+}
+
+// Offline: the buffers' lifetimes are known before the step runs, so place them in order of
+// size (TFLite's and ggml's "greedy by size"), of size × lifetime or of lifetime, each at the
+// offset of the tightest gap among the buffers placed already whose lifetimes overlap its own.
+enum class Order { size, size_lifetime, lifetime };
+
+ArenaPlan plan_greedy(const Role& role, int64_t alignment, Order by) {
+  struct Lifetime {
+    int32_t op;
+    int64_t first, last;  // op indices: alloc, and free (or the role's end)
+    int64_t size;
+    int64_t offset = -1;
+  };
+  std::vector<Lifetime> buffers;
+  std::unordered_map<std::string, size_t> live;
+  int64_t end = int64_t(role.ops.size());
+  ArenaPlan plan;
+  plan.offset_of_op.assign(role.ops.size(), -1);
+  int64_t live_bytes = 0;
+  for (const Op& op : role.ops) {
+    if (op.kind == OpKind::alloc) {
+      int64_t b = int64_t(op.bytes);
+      int64_t size = std::max<int64_t>(alignment, (b + alignment - 1) / alignment * alignment);
+      live[op.buffer] = buffers.size();
+      buffers.push_back({op.id, op.id, end, size});
+      live_bytes += int64_t(op.bytes);
+      plan.live_peak_bytes = std::max(plan.live_peak_bytes, live_bytes);
+    } else if (op.kind == OpKind::free) {
+      auto it = live.find(op.buffer);
+      STEPCAST_CHECK(it != live.end(), "arena frees an unknown buffer " + op.buffer);
+      buffers[it->second].last = op.id;
+      live.erase(it);
+      live_bytes -= int64_t(op.bytes);
+    }
+  }
+  std::vector<size_t> order(buffers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto key = [&](size_t i) {
+    double size = double(buffers[i].size), lifetime = double(buffers[i].last - buffers[i].first);
+    return by == Order::size ? size : by == Order::lifetime ? lifetime : size * lifetime;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return key(a) > key(b) || (key(a) == key(b) && buffers[a].size > buffers[b].size);
+  });
+  std::vector<size_t> placed;  // indices, kept sorted by offset
+  std::vector<size_t> overlapping;
+  int64_t top = 0;
+  for (size_t i : order) {
+    Lifetime& me = buffers[i];
+    overlapping.clear();
+    for (size_t j : placed) {
+      if (buffers[j].first < me.last && me.first < buffers[j].last) overlapping.push_back(j);
+    }
+    int64_t best = -1, best_gap = 0, at = 0;
+    for (size_t j : overlapping) {
+      int64_t gap = buffers[j].offset - at;
+      if (gap >= me.size && (best < 0 || gap < best_gap)) {
+        best = at;
+        best_gap = gap;
+      }
+      at = std::max(at, buffers[j].offset + buffers[j].size);
+    }
+    me.offset = best >= 0 ? best : at;
+    top = std::max(top, me.offset + me.size);
+    placed.insert(std::upper_bound(placed.begin(), placed.end(), i,
+                                   [&](size_t a, size_t b) {
+                                     return buffers[a].offset < buffers[b].offset;
+                                   }),
+                  i);
+  }
+  for (const Lifetime& b : buffers) plan.offset_of_op[size_t(b.op)] = b.offset;
+  plan.extent_bytes = top;
+  return plan;
+}
+
+}  // namespace
+
+// The smallest of the layouts. No one order wins everywhere: on the tiny model's plans by size
+// is exact but for ZeRO-3 (2.5% over the live peak, by lifetime 0.3%), by lifetime is 1.6% over
+// on tp2.
+ArenaPlan plan_arena(const Role& role, int64_t alignment) {
+  ArenaPlan best = plan_first_fit(role, alignment);
+  for (Order by : {Order::size, Order::size_lifetime, Order::lifetime}) {
+    ArenaPlan plan = plan_greedy(role, alignment, by);
+    if (plan.extent_bytes < best.extent_bytes) best = std::move(plan);
+  }
+  return best;
 }
 
 void Arena::create(const Role& role, const ArenaPlan& plan, char* memory) {

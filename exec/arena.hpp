@@ -1,6 +1,7 @@
-// One arena per rank for every buffer of the StepProgram. The offsets are planned once by
-// replaying the role's alloc/free ops through a first-fit allocator (the same walk the memory
-// model makes), so each step reuses the same addresses and nothing is allocated during steps.
+// One arena per rank for every buffer of the StepProgram. The offsets are planned once from the
+// role's alloc/free ops (the same walk the memory model makes): buffers placed largest first in
+// the tightest gap their lifetime allows, or first fit in op order where that is smaller, so the
+// extent stays at the model's live peak (plus alignment) and nothing is allocated during steps.
 #pragma once
 
 #include <cstddef>

@@ -52,6 +52,14 @@ double resident_bytes(const char* field) {
   return 0;
 }
 
+// VmHWM := VmRSS (Linux ≥ 4.0: "5" to clear_refs resets the resident high-water mark).
+void reset_peak_resident_bytes() {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5";
+  clear.flush();
+  STEPCAST_CHECK(bool(clear), "cannot reset the resident high-water mark (/proc/self/clear_refs)");
+}
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -64,11 +72,12 @@ std::string group_of_buffer(const std::string& name) {
   return next == std::string::npos ? rest : rest.substr(0, next);
 }
 
-template <class T>
+// T activations and weights, G weight gradients, W the wide class (see backend.hpp).
+template <class T, class G, class W>
 class Interpreter {
  public:
   Interpreter(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-              const RunOptions& options, int64_t rank, Backend<T>& backend)
+              const RunOptions& options, int64_t rank, Backend<T, G, W>& backend)
       : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
         grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
         backend_(backend) {
@@ -95,6 +104,7 @@ class Interpreter {
     }
     for (const auto& g : groups_) layouts_[g] = param_group_layout(model, t_, g);
     zero_.assign(role_.ops.size(), 0);
+    pending_async_.assign(role_.ops.size(), 0);
     mark_buffers_to_zero();
     trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
     // Test hooks for the fault tests: STEPCAST_TEST_HANG=RANK:OP makes rank RANK sleep before op
@@ -118,7 +128,7 @@ class Interpreter {
     int64_t tokens = s_ * b_;
     aux_tokens_bytes_ = int64_t(sizeof(int32_t)) * m * tokens;
     int64_t index_bytes = int64_t(sizeof(int64_t)) * m * b_;
-    int64_t scratch = int64_t(sizeof(T)) * tokens * 4;  // loss [N] and stats [3, N]
+    int64_t scratch = int64_t(sizeof(W)) * tokens * 4;  // loss [N] and stats [3, N]
     int64_t masks = s_local_ * b_ * h_;
     aux_memory_ = backend_.allocate(2 * aux_tokens_bytes_ + index_bytes + scratch + masks);
     char* at = aux_memory_;
@@ -128,7 +138,7 @@ class Interpreter {
     at += aux_tokens_bytes_;
     samples_dev_ = reinterpret_cast<int64_t*>(at);
     at += index_bytes;
-    loss_scratch_ = reinterpret_cast<T*>(at);
+    loss_scratch_ = reinterpret_cast<W*>(at);
     ce_stats_ = loss_scratch_ + tokens;
     at += scratch;
     mask_scratch_ = reinterpret_cast<uint8_t*>(at);
@@ -172,7 +182,21 @@ class Interpreter {
         backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
                              op.name + ")");
       }
+      // Collectives of the communication stream run on while later ops that do not depend on
+      // them proceed (a GPU backend; the CPU's calls are no-ops).
+      for (int32_t d : op.deps) {
+        if (pending_async_[size_t(d)]) {
+          backend_.wait_async(d);
+          pending_async_[size_t(d)] = 0;
+        }
+      }
+      const bool async = op.stream == Stream::comm && is_collective(op.kind);
+      if (async) backend_.begin_async(op.id);
       execute(op);
+      if (async) {
+        backend_.end_async(op.id);
+        pending_async_[size_t(op.id)] = 1;
+      }
       if (records) {
         backend_.synchronize();
         double end = backend_.now_s() - step_start;
@@ -181,6 +205,7 @@ class Interpreter {
     }
     backend_.finish_sends();
     backend_.synchronize();
+    std::fill(pending_async_.begin(), pending_async_.end(), 0);
     return loss_sum_;
   }
 
@@ -222,14 +247,23 @@ class Interpreter {
   }
 
   // ---- buffers ----
-  T* buf(const std::string& name, const Op& op) {
-    return reinterpret_cast<T*>(arena_.buffer(name, op.id));
+  // As X: T unless the buffer's class says G or W (the program's alloc dtype, checked).
+  template <class X = T>
+  X* buf(const std::string& name, const Op& op) {
+    STEPCAST_CHECK(dtype_bytes(dtype(name, op)) == int(sizeof(X)),
+                   "buffer " + name + " is " + to_string(dtype(name, op)) + ", read as " +
+                   std::to_string(sizeof(X)) + "-byte elements");
+    return reinterpret_cast<X*>(arena_.buffer(name, op.id));
   }
   uint8_t* mask(const std::string& name, const Op& op) {
     return reinterpret_cast<uint8_t*>(arena_.buffer(name, op.id));
   }
+  Dtype dtype(const std::string& name, const Op& op) const {
+    return role_.ops[size_t(arena_.alloc_of(name, op.id))].dtype;
+  }
+  // Elements of the buffer, in its own dtype.
   int64_t count(const std::string& name, const Op& op) {
-    return arena_.bytes_of(arena_.alloc_of(name, op.id)) / int64_t(sizeof(T));
+    return arena_.bytes_of(arena_.alloc_of(name, op.id)) / int64_t(dtype_bytes(dtype(name, op)));
   }
   const std::string& in(const Op& op, size_t i) const { return op.inputs.at(i); }
   const std::string& out(const Op& op, size_t i) const { return op.outputs.at(i); }
@@ -237,13 +271,10 @@ class Interpreter {
     return std::find(op.inputs.begin(), op.inputs.end(), name) != op.inputs.end();
   }
   // A slice of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
-  T* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
+  template <class X = T>
+  X* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
     const GroupLayout& layout = layouts_.at(group_of_buffer(buffer));
-    return buf(buffer, op) + layout.at(tensor).offset;
-  }
-  T* maybe_slice(const std::string& buffer, const Op& op, const std::string& tensor) {
-    const GroupLayout& layout = layouts_.at(group_of_buffer(buffer));
-    return layout.has(tensor) ? buf(buffer, op) + layout.at(tensor).offset : nullptr;
+    return buf<X>(buffer, op) + layout.at(tensor).offset;
   }
 
   // Buffers whose first writer accumulates into them (+=) are zeroed when allocated.
@@ -254,8 +285,9 @@ class Interpreter {
       if (op.kind == OpKind::alloc) {
         last_alloc[op.buffer] = op.id;
         written[op.buffer] = false;
-        if (op.buffer_class == BufferClass::grads || op.buffer_class == BufferClass::comm) {
-          zero_[op.id] = 1;
+        if (op.buffer_class == BufferClass::grads ||
+            (op.buffer_class == BufferClass::comm && !is_comm_scratch(op.buffer))) {
+          zero_[op.id] = 1;  // (staging is overwritten before it is read)
         }
         continue;
       }
@@ -293,24 +325,46 @@ class Interpreter {
       bool weights = op.buffer.rfind("weights.", 0) == 0;
       std::string group = group_of_buffer(op.buffer);
       const GroupLayout& layout = layouts_.at(group);
-      T* data = reinterpret_cast<T*>(arena_.at(op.id));
       // Which elements of the full local buffer this buffer holds.
       int64_t first = 0, last = layout.elements;
       bool sharded = weights ? plan_.zero_stage >= 3 : plan_.zero_stage >= 1;
       if (sharded) std::tie(first, last) = chunk_range(layout.elements, dp(), dp_rank());
-      if (!weights) continue;  // optimizer moments start at zero (the arena is zeroed)
-      std::vector<T> host(size_t(last - first));
-      for (const TensorSlice& tensor : layout.tensors) {
-        for (int64_t e = std::max(first, tensor.offset);
-             e < std::min(last, tensor.offset + tensor.elements()); ++e) {
-          int64_t local = e - tensor.offset;
-          host[size_t(e - first)] = T(initial_parameter(model_, t_, coord_.tp, group, tensor,
-                                                        local / tensor.cols, local % tensor.cols,
-                                                        options_.seed));
-        }
+      // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
+      // starts at the weights' values, in W, so the T weights are its rounding.
+      int64_t states = optimizer_states(op);
+      if (!weights && states < 3) continue;
+      if (weights) {
+        upload_initial_values<T>(arena_.at(op.id), group, layout, first, last);
+      } else {
+        int64_t state_n = arena_.bytes_of(op.id) / int64_t(sizeof(W)) / states;
+        upload_initial_values<W>(arena_.at(op.id) + 2 * state_n * int64_t(sizeof(W)), group,
+                                 layout, first, last);
       }
-      backend_.upload(data, host.data(), int64_t(host.size() * sizeof(T)));
     }
+  }
+
+  // Elements [first, last) of a group's initial parameters, as X, into backend memory at dst
+  // (one host buffer of X at a time: the host's high-water mark is part of the measured peak).
+  template <class X>
+  void upload_initial_values(char* dst, const std::string& group, const GroupLayout& layout,
+                             int64_t first, int64_t last) {
+    std::vector<X> host(size_t(last - first));
+    for (const TensorSlice& tensor : layout.tensors) {
+      for (int64_t e = std::max(first, tensor.offset);
+           e < std::min(last, tensor.offset + tensor.elements()); ++e) {
+        int64_t local = e - tensor.offset;
+        host[size_t(e - first)] = X(initial_parameter(model_, t_, coord_.tp, group, tensor,
+                                                      local / tensor.cols, local % tensor.cols,
+                                                      options_.seed));
+      }
+    }
+    backend_.upload(dst, host.data(), int64_t(host.size() * sizeof(X)));
+  }
+
+  // Adam's two moments, plus the master weights when the weights are 16-bit (lowering's shape
+  // {elements, states} of the optimizer buffer).
+  static int64_t optimizer_states(const Op& alloc) {
+    return alloc.shape.size() == 2 ? alloc.shape[1] : 2;
   }
 
   void load_data() {
@@ -378,82 +432,107 @@ class Interpreter {
                                        : (stage + plan_.pp_size - 1) % plan_.pp_size;
     int peer_rank = int(grid_.rank(peer));
     const std::string& name = op.kind == OpKind::send ? in(op, 0) : out(op, 0);
-    if (op.kind == OpKind::send) backend_.send(buf(name, op), count(name, op), peer_rank, op.tag);
-    else backend_.recv(buf(name, op), count(name, op), peer_rank, op.tag);
+    if (op.kind == OpKind::send) {
+      // The send goes from the program's staging copy (comm class, live to the end of the step,
+      // when finish_sends completes it), so the tensor's memory may be reused at once.
+      // Without one (GPU topologies) it goes from the tensor itself.
+      if (op.outputs.empty()) {
+        backend_.send(buf(name, op), count(name, op), peer_rank, op.tag);
+        return;
+      }
+      const std::string& staging = out(op, 0);
+      backend_.copy(buf(staging, op), buf(name, op), count(name, op) * element_bytes(name, op));
+      backend_.send(buf(staging, op), count(name, op), peer_rank, op.tag);
+    } else {
+      backend_.recv(buf(name, op), count(name, op), peer_rank, op.tag);
+    }
   }
 
-  std::vector<Span<T>> spans(const std::vector<std::string>& names, const Op& op) {
-    std::vector<Span<T>> out;
-    for (const auto& n : names) out.push_back({buf(n, op), count(n, op)});
+  // The buffers of a collective, in their (common) dtype.
+  // (The op's comm scratch, its last output, is not one of them.)
+  std::vector<Span<void>> spans(const std::vector<std::string>& names, const Op& op) {
+    std::vector<Span<void>> out;
+    for (const auto& n : names) {
+      if (!is_comm_scratch(n)) out.push_back({arena_.buffer(n, op.id), count(n, op)});
+    }
     return out;
+  }
+  Dtype dtype_of_all(const std::vector<std::string>& names, const Op& op) const {
+    Dtype first = dtype(names.at(0), op);
+    for (const auto& n : names) {
+      STEPCAST_CHECK(dtype(n, op) == first, "collective " + op.name + " mixes dtypes");
+    }
+    return first;
+  }
+  int64_t element_bytes(const std::string& name, const Op& op) const {
+    return dtype_bytes(dtype(name, op));
   }
 
   void collective(const Op& op) {
+    // Host backends pack and receive chunks in the program's scratch for this op (comm class).
+    if (!op.outputs.empty() && is_comm_scratch(op.outputs.back())) {
+      int32_t scratch = arena_.alloc_of(op.outputs.back(), op.id);
+      backend_.set_collective_scratch(arena_.at(scratch), arena_.bytes_of(scratch));
+    }
     if (op.kind == OpKind::all_reduce) {
       if (op.name == "sp_replicated_grads") {
         // Only the replicated part of each buffer (trailing elements of layers, whole groups
         // of replicated tensors); grads are full here (the CPU backend refuses SP with ZeRO ≥ 2).
-        std::vector<Span<T>> parts;
+        std::vector<Span<void>> parts;
         for (const auto& name : op.inputs) {
           const GroupLayout& layout = layouts_.at(group_of_buffer(name));
           for (const TensorSlice& tensor : layout.tensors) {
-            if (tensor.replicated) parts.push_back({buf(name, op) + tensor.offset, tensor.elements()});
+            if (tensor.replicated) parts.push_back({buf<G>(name, op) + tensor.offset, tensor.elements()});
           }
         }
-        backend_.all_reduce(op.group, op.algorithm, parts);
+        backend_.all_reduce(op.group, op.algorithm, dtype_of<G>(), parts);
         return;
       }
-      backend_.all_reduce(op.group, op.algorithm, spans(op.outputs, op));
+      backend_.all_reduce(op.group, op.algorithm, dtype_of_all(op.outputs, op), spans(op.outputs, op));
       return;
     }
     if (op.kind == OpKind::reduce_scatter) {
       if (op.name == "grad_bucket") {
         if (plan_.zero_stage >= 2) {
           // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
-          std::vector<Span<T>> full;
-          for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf(in(op, i), op), count(in(op, i), op)});
-          backend_.reduce_scatter(op.group, full);
+          std::vector<Span<void>> full;
+          for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf<G>(in(op, i), op), count(in(op, i), op)});
+          backend_.reduce_scatter(op.group, dtype_of<G>(), full);
           for (size_t i = 0; i < op.inputs.size(); i += 2) {
-            T* f = buf(in(op, i), op);
-            T* shard = buf(in(op, i + 1), op);
+            G* f = buf<G>(in(op, i), op);
+            G* shard = buf<G>(in(op, i + 1), op);
             auto [first, last] = chunk_range(count(in(op, i), op), dp(), dp_rank());
             backend_.add(shard, f + first, last - first);
           }
           return;
         }
-        backend_.reduce_scatter(op.group, spans(op.outputs, op));
+        backend_.reduce_scatter(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
         return;
       }
       // Sequence-parallel reduce_scatter: a [s, b, h] partial sum → this rank's s/t rows.
-      T* full = buf(in(op, 0), op);
-      int64_t n = count(in(op, 0), op);
-      std::vector<Span<T>> one = {{full, n}};
-      backend_.reduce_scatter(op.group, one);
+      char* full = arena_.buffer(in(op, 0), op.id);
+      int64_t n = count(in(op, 0), op), e = element_bytes(in(op, 0), op);
+      backend_.reduce_scatter(op.group, dtype(in(op, 0), op), {{full, n}});
       auto [first, last] = chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
-      backend_.copy(buf(out(op, 0), op), full + first, last - first);
+      backend_.copy(arena_.buffer(out(op, 0), op.id), full + first * e, (last - first) * e);
       return;
     }
     // all_gather
     if (op.name == "param_gather") {
-      backend_.all_gather(op.group, spans(op.outputs, op));
+      backend_.all_gather(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
       return;
     }
-    if (op.name == "zero3_param_gather") {
-      T* shard = buf(in(op, 0), op);
-      T* full = buf(out(op, 0), op);
-      int64_t n = count(out(op, 0), op);
-      auto [first, last] = chunk_range(n, dp(), dp_rank());
-      backend_.copy(full + first, shard, last - first);
-      backend_.all_gather(op.group, {{full, n}});
-      return;
-    }
-    // Sequence-parallel all_gather (and the loss statistics): this rank's part → chunk `index`.
-    T* part = buf(in(op, 0), op);
-    T* full = buf(out(op, 0), op);
-    int64_t n = count(out(op, 0), op);
-    auto [first, last] = chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
-    backend_.copy(full + first, part, last - first);
-    backend_.all_gather(op.group, {{full, n}});
+    // zero3_param_gather (the weight shard), the sequence-parallel gathers and the loss
+    // statistics: this rank's part → chunk `index` of the full buffer, then gather in place.
+    char* part = arena_.buffer(in(op, 0), op.id);
+    char* full = arena_.buffer(out(op, 0), op.id);
+    int64_t n = count(out(op, 0), op), e = element_bytes(out(op, 0), op);
+    bool zero3 = op.name == "zero3_param_gather";
+    auto [first, last] = zero3 ? chunk_range(n, dp(), dp_rank())
+                               : chunk_range(n, backend_.group_size(op.group),
+                                             backend_.group_index(op.group));
+    backend_.copy(full + first * e, part, (last - first) * e);
+    backend_.all_gather(op.group, dtype(out(op, 0), op), {{full, n}});
   }
 
   void embedding(const Op& op) {
@@ -464,11 +543,11 @@ class Interpreter {
                              buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
     } else if (op.name == "word") {
       backend_.embedding_backward(tokens(op.microbatch), buf(in(op, 0), op),
-                              slice(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
+                              slice<G>(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
                               vocab_local_);
     } else if (!backward) {  // position_dropout forward: inputs [x, (position)] → [out, (mask)]
       T* x = buf(out(op, 0), op);
-      backend_.copy(x, buf(in(op, 0), op), s_local_ * b_ * h_);
+      backend_.copy(x, buf(in(op, 0), op), s_local_ * b_ * h_ * int64_t(sizeof(T)));
       if (model_.position == PositionKind::learned) {
         backend_.position_add_forward(x, slice(in(op, 1), op, "position.weight"), s_local_, b_, h_,
                                   s0(), model_.max_position_embeddings);
@@ -483,9 +562,9 @@ class Interpreter {
       T* d = buf(op.outputs.back(), op);
       int64_t n = s_local_ * b_ * h_;
       if (plan_.dropout > 0) backend_.dropout_backward(g, mask(in(op, 1), op), d, n, plan_.dropout);
-      else backend_.copy(d, g, n);
+      else backend_.copy(d, g, n * int64_t(sizeof(T)));
       if (model_.position == PositionKind::learned) {
-        backend_.position_add_backward(d, slice(out(op, 0), op, "position.weight"), s_local_, b_, h_,
+        backend_.position_add_backward(d, slice<G>(out(op, 0), op, "position.weight"), s_local_, b_, h_,
                                    s0(), model_.max_position_embeddings);
       }
     }
@@ -512,9 +591,9 @@ class Interpreter {
     T* dy = buf(in(op, 1), op);
     T* w = slice(in(op, 2), op, prefix + ".weight");
     T* dx = buf(out(op, 0), op);
-    T* dw = slice(out(op, 1), op, prefix + ".weight");
+    G* dw = slice<G>(out(op, 1), op, prefix + ".weight");
     if (layer) {
-      backend_.layernorm_backward(x, w, dy, dx, dw, slice(out(op, 1), op, prefix + ".bias"), rows, h_, eps);
+      backend_.layernorm_backward(x, w, dy, dx, dw, slice<G>(out(op, 1), op, prefix + ".bias"), rows, h_, eps);
     } else {
       backend_.rmsnorm_backward(x, w, dy, dx, dw, rows, h_, eps);
     }
@@ -552,9 +631,9 @@ class Interpreter {
       backend_.linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
                                 buf(out(op, 0), op), tokens, l.in, l.out, reads(op, out(op, 0)));
     } else {  // wgrad: [x, dy] → [grads]
-      T* dbias = l.bias.empty() ? nullptr : slice(out(op, 0), op, l.bias);
+      G* dbias = l.bias.empty() ? nullptr : slice<G>(out(op, 0), op, l.bias);
       backend_.linear_backward_weight(buf(in(op, 1), op), buf(in(op, 0), op),
-                                  slice(out(op, 0), op, l.tensor), dbias, tokens, l.in, l.out);
+                                  slice<G>(out(op, 0), op, l.tensor), dbias, tokens, l.in, l.out);
     }
   }
 
@@ -585,7 +664,7 @@ class Interpreter {
       } else if (op.name == "value") {
         backend_.attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
       } else {  // flash: [qkv] → [ctx, lse]
-        backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf(out(op, 1), op),
+        backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf<W>(out(op, 1), op),
                                      shape_, scale_, drop_ptr, head0(), samples(op.microbatch));
       }
       return;
@@ -603,7 +682,7 @@ class Interpreter {
       backend_.attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                                     shape_, scale_);
     } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
-      backend_.flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
+      backend_.flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf<W>(in(op, 2), op),
                                     buf(in(op, 3), op), buf(out(op, 0), op), shape_, scale_,
                                     drop_ptr, head0(), samples(op.microbatch));
     }
@@ -661,7 +740,7 @@ class Interpreter {
   void add_bias_grad(const Op& op, const T* d, const std::string& grads) {
     bool mlp = op.name == "mlp_bias_grad" ||
                (op.name == "dropout_add" && ends_with(op.inputs.at(1), "mask2"));
-    T* db = slice(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
+    G* db = slice<G>(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
     backend_.sum_rows(d, db, s_local_ * b_, h_);
   }
 
@@ -669,26 +748,26 @@ class Interpreter {
     int64_t tokens = s_ * b_;
     int64_t v0 = coord_.tp * vocab_local_;
     if (op.name == "cross_entropy_stats") {
-      backend_.cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+      backend_.cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf<W>(out(op, 0), op),
                                tokens, v0, vocab_local_);
       return;
     }
     if (op.phase == Phase::backward) {  // [softmax] → [d_logits]
       double scale = 1.0 / double(plan_.global_batch_size * s_);
-      backend_.cross_entropy_backward(buf(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
+      backend_.cross_entropy_backward(buf<W>(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
                                   tokens, v0, vocab_local_, scale);
       return;
     }
     // [logits, (stats_all)] → [softmax]
     const T* logits = buf(in(op, 0), op);
-    const T* stats_all = nullptr;
+    const W* stats_all = nullptr;
     if (op.inputs.size() > 1) {
-      stats_all = buf(in(op, 1), op);
+      stats_all = buf<W>(in(op, 1), op);
     } else {
       backend_.cross_entropy_stats(logits, targets(op.microbatch), ce_stats_, tokens, v0, vocab_local_);
       stats_all = ce_stats_;
     }
-    backend_.cross_entropy_forward(logits, stats_all, t_, buf(out(op, 0), op), loss_scratch_,
+    backend_.cross_entropy_forward(logits, stats_all, t_, buf<W>(out(op, 0), op), loss_scratch_,
                                    tokens, vocab_local_);
     // Each tp rank computes the same per-token loss: count it once.
     if (coord_.tp == 0) loss_sum_ += backend_.sum(loss_scratch_, tokens);
@@ -703,8 +782,8 @@ class Interpreter {
 
   void optimizer(const Op& op) {
     if (op.name == "grad_accumulate") {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
-      T* full = buf(in(op, 0), op);
-      T* shard = buf(out(op, 0), op);
+      G* full = buf<G>(in(op, 0), op);
+      G* shard = buf<G>(out(op, 0), op);
       int64_t n = count(out(op, 0), op);
       backend_.add(shard, full, n);
       return;
@@ -716,20 +795,20 @@ class Interpreter {
         const GroupLayout& layout = layouts_.at(group);
         auto [first, last] = own_range(layout.elements);
         int64_t base = plan_.zero_stage >= 2 ? first : 0;  // shard buffers start at `first`
-        const T* g = buf(name, op);
+        const G* g = buf<G>(name, op);
         for (const TensorSlice& tensor : layout.tensors) {
           if (!counted_in_norm(group, tensor)) continue;
           int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
           if (a < z) sum += backend_.grad_norm_sq(g + (a - base), z - a);
         }
       }
-      T value = T(sum);
-      backend_.upload(buf(out(op, 0), op), &value, sizeof(T));
+      W value = W(sum);
+      backend_.upload(buf<W>(out(op, 0), op), &value, sizeof(W));
       return;
     }
     STEPCAST_CHECK(op.name == "adamw", "unknown optimizer op " + op.name);
-    T norm_sq = 0;
-    backend_.download(&norm_sq, buf("grad_norm_sq", op), sizeof(T));
+    W norm_sq = 0;
+    backend_.download(&norm_sq, buf<W>("grad_norm_sq", op), sizeof(W));
     double norm = std::sqrt(double(norm_sq));
     last_grad_norm_ = norm;
     double clip = cpu::clip_coefficient(norm, options_.max_grad_norm);
@@ -739,17 +818,23 @@ class Interpreter {
       auto [first, last] = own_range(layout.elements);
       int64_t n_own = last - first;
       T* w = buf("weights." + group, op) + (plan_.zero_stage >= 3 ? 0 : first);
-      T* g = buf("grads." + group, op) + (plan_.zero_stage >= 2 ? 0 : first);
-      T* state = buf("optimizer." + group, op);
-      int64_t state_n = count("optimizer." + group, op) / 2;  // [m | v], each state_n long
-      T* m = state + (plan_.zero_stage >= 1 ? 0 : first);
-      T* v = state + state_n + (plan_.zero_stage >= 1 ? 0 : first);
+      G* g = buf<G>("grads." + group, op) + (plan_.zero_stage >= 2 ? 0 : first);
+      const std::string state_name = "optimizer." + group;
+      W* state = buf<W>(state_name, op);
+      // [m | v (| master)], each state_n long.
+      int64_t states = optimizer_states(role_.ops[size_t(arena_.alloc_of(state_name, op.id))]);
+      int64_t state_n = count(state_name, op) / states;
+      int64_t at = plan_.zero_stage >= 1 ? 0 : first;
+      W* m = state + at;
+      W* v = state + state_n + at;
+      W* master = states == 3 ? state + 2 * state_n + at : nullptr;
       for (const TensorSlice& tensor : layout.tensors) {
         int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
         if (a >= z) continue;
         config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
         int64_t o = a - first;
-        backend_.adamw_step(w + o, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
+        backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a,
+                            config, step_ + 1, clip);
       }
       (void)n_own;
     }
@@ -757,6 +842,10 @@ class Interpreter {
 
  public:
   double last_grad_norm_ = 0;
+  void disable_test_hooks() {  // the memory warm-up's throwaway interpreter
+    hang_op_ = -1;
+    die_step_ = -1;
+  }
 
  private:
   const StepProgram& p_;
@@ -767,7 +856,7 @@ class Interpreter {
   RankGrid grid_;
   RankCoord coord_;
   const Role& role_;
-  Backend<T>& backend_;
+  Backend<T, G, W>& backend_;
   Arena arena_;
   char* arena_memory_ = nullptr;
   char* aux_memory_ = nullptr;  // token ids, targets, sample indices, loss scratch, mask scratch
@@ -781,13 +870,14 @@ class Interpreter {
   int32_t* tokens_dev_ = nullptr;
   int32_t* targets_dev_ = nullptr;
   int64_t* samples_dev_ = nullptr;
-  T* loss_scratch_ = nullptr;
-  T* ce_stats_ = nullptr;
+  W* loss_scratch_ = nullptr;
+  W* ce_stats_ = nullptr;
   uint8_t* mask_scratch_ = nullptr;
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
   std::vector<char> zero_;
+  std::vector<char> pending_async_;  // per op: an async collective not yet waited for
 
   int64_t step_ = 0;
   double loss_sum_ = 0;
@@ -803,8 +893,8 @@ std::string step_dir_name(int64_t step) {
 }
 
 // Every rank writes its file; rank 0 writes the manifest once all are on disk, then `latest`.
-template <class T>
-void save_checkpoint(Interpreter<T>& interpreter, const StepProgram& program, const Plan& plan,
+template <class T, class G, class W>
+void save_checkpoint(Interpreter<T, G, W>& interpreter, const StepProgram& program, const Plan& plan,
                      const std::string& dir, int64_t steps_done, int rank, int size) {
   std::string step_dir = dir + "/" + step_dir_name(steps_done);
   if (rank == 0) std::filesystem::create_directories(step_dir);
@@ -842,17 +932,30 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-template <class T>
-RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                    const Topology& topology, const RunOptions& options) {
+}  // namespace
+
+template <class T, class G, class W>
+RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                           const Topology& topology, const RunOptions& options,
+                           Backend<T, G, W>& backend_ref) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   RunOutput output;
-  std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
-      program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
-  Interpreter<T> interpreter(program, model, plan, options, rank, *backend);
+  Backend<T, G, W>* backend = &backend_ref;
+  Interpreter<T, G, W> interpreter(program, model, plan, options, rank, *backend);
+  // Per-op records of the instrumented step: measurement machinery, faulted in before the
+  // memory baseline (no allocation inside the step).
+  std::vector<OpRecord> records(program.role_of_rank(rank).ops.size());
+  records.clear();
+  // ---- measured memory, host backends (see warm_up_host_memory; a device backend reports its
+  // allocator's peak): measured = VmHWM over the steps − VmRSS here, after the warm-up step and
+  // before the arena. The peak counts from after the arena is allocated and the parameters are
+  // initialised (their transient host copies are not step memory).
+  const bool host_memory = backend->device_peak_bytes() < 0;
+  if (host_memory) malloc_trim(0);
   double rss_before = resident_bytes("VmRSS:");
+  double mapped_before = resident_bytes("RssFile:") + resident_bytes("RssShmem:");
   interpreter.create_arena();
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
@@ -866,8 +969,6 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   }
   output.first_step = first_step;
   double tokens_per_step = double(program.tokens_per_step);
-  std::vector<OpRecord> records;
-  records.reserve(program.role_of_rank(rank).ops.size());  // no allocation inside the step
   output.losses.reserve(size_t(options.steps));
   output.step_times_s.reserve(size_t(options.steps));
   int64_t steps = options.steps - first_step;  // --steps is the step to stop after
@@ -880,6 +981,10 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   // are timed. k counts the steps of this run; the step index is first_step + k.
   int64_t instrumented = steps >= 3 ? steps - 1 : -1;
   double heap_after_first = 0;
+  if (host_memory) {
+    malloc_trim(0);
+    reset_peak_resident_bytes();  // the peak from here on: the steps
+  }
   for (int64_t k = 0; k < steps; ++k) {
     MPI_Barrier(MPI_COMM_WORLD);
     double heap_before = double(mallinfo2().uordblks);
@@ -910,7 +1015,15 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
     }
   }
   output.heap_growth_after_first_step_bytes = heap_after_first;
-  output.measured_peak_bytes = resident_bytes("VmHWM:") - rss_before;
+  // A device backend measures its own memory; on the host it is the process's high-water mark.
+  // (On the host, less the file-backed and shared pages first faulted in during the steps —
+  // code of paths the warm-up did not take, MPI segments — which no allocation made.)
+  double mapped_growth =
+      resident_bytes("RssFile:") + resident_bytes("RssShmem:") - mapped_before;
+  output.measured_peak_bytes = backend->device_peak_bytes() >= 0
+                                   ? backend->device_peak_bytes()
+                                   : resident_bytes("VmHWM:") - rss_before -
+                                         std::max(0.0, mapped_growth);
 
   // Gather per-op records and measured memory on rank 0.
   int local_n = int(records.size());
@@ -985,6 +1098,8 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   }
   r.memory["measured"] = measured;
   r.memory["measured_peak_bytes_max"] = measured_max;
+  Json device = backend->device_memory();
+  if (!device.empty()) r.memory["device_rank0"] = device;
 
   r.program_sha256 = program.program_sha256;
   r.extra = {{"losses", output.losses},
@@ -995,6 +1110,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
              {"timed_steps", timed.size()},
              {"backend", backend->name()},
              {"dtype", to_string(plan.param_dtype)},
+             {"grad_dtype", to_string(plan.grad_dtype)},
              {"collectives", options.collectives_mpi ? "mpi" : "program"},
              {"collective_algorithms_used", interpreter.algorithms_used()},
              {"hyperparameters",
@@ -1002,6 +1118,54 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
                {"eps", options.adam_eps}, {"weight_decay", options.weight_decay},
                {"max_grad_norm", options.max_grad_norm}, {"seed", options.seed}}}};
   return output;
+}
+
+template RunOutput run_with_backend<float, float, float>(const StepProgram&, const ModelConfig&,
+                                                         const Plan&, const Topology&,
+                                                         const RunOptions&, Backend<float>&);
+template RunOutput run_with_backend<double, double, double>(const StepProgram&,
+                                                            const ModelConfig&, const Plan&,
+                                                            const Topology&, const RunOptions&,
+                                                            Backend<double>&);
+template RunOutput run_with_backend<bf16, float, float>(const StepProgram&, const ModelConfig&,
+                                                        const Plan&, const Topology&,
+                                                        const RunOptions&,
+                                                        Backend<bf16, float, float>&);
+template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const ModelConfig&,
+                                                       const Plan&, const Topology&,
+                                                       const RunOptions&,
+                                                       Backend<bf16, bf16, float>&);
+
+namespace {
+
+// The measured peak on the host is the kernel's count of the process's resident memory (VmHWM,
+// VmRSS), not the arena's bookkeeping: it sees every byte a step touches, in the arena or not.
+// What is not the step's — code pages faulted in, OpenBLAS's packing buffers, MPI's shared-memory
+// segments and request pools — is left out by running one throwaway step first, on a throwaway
+// backend and arena that are then destroyed: the baseline is the process after it (heap
+// trimmed), so whatever the real backend or interpreter allocates for its steps is counted.
+template <class T>
+void warm_up_host_memory(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                         const RunOptions& options, int rank) {
+  std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
+      program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
+  Interpreter<T, T, T> warm_up(program, model, plan, options, rank, *backend);
+  warm_up.disable_test_hooks();
+  warm_up.create_arena();
+  MPI_Barrier(MPI_COMM_WORLD);
+  warm_up.step(0, nullptr, backend->now_s());
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+template <class T>
+RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                  const Topology& topology, const RunOptions& options) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  warm_up_host_memory<T>(program, model, plan, options, rank);
+  std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
+      program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
+  return run_with_backend<T, T, T>(program, model, plan, topology, options, *backend);
 }
 
 }  // namespace
@@ -1054,8 +1218,16 @@ RunOutput run_program(const StepProgram& program, const ModelConfig& model, cons
                       "the CPU backend does not combine sequence_parallel with sharded gradients",
                       "0 or 1 with sequence_parallel");
   }
-  if (plan.param_dtype == Dtype::fp64) return run_typed<double>(program, model, plan, topology, options);
-  return run_typed<float>(program, model, plan, topology, options);
+  if (topology.node.intra_node.kind != IntraNodeKind::shared_memory) {
+    // Lowering gives sends and collectives their host staging and scratch only on a host
+    // topology; without them the CPU backend's posted sends would read reused memory.
+    throw InputError(topology.file + ": key 'node.intra_node.kind' = \"" +
+                     to_string(topology.node.intra_node.kind) +
+                     "\": the CPU backend runs on a host topology (\"shared_memory\", e.g. "
+                     "topologies/localhost-cpu.json)");
+  }
+  if (plan.param_dtype == Dtype::fp64) return run_cpu<double>(program, model, plan, topology, options);
+  return run_cpu<float>(program, model, plan, topology, options);
 }
 
 }  // namespace stepcast

@@ -103,33 +103,82 @@ void Collectives<T>::exchange(MPI_Comm comm, const T* send, int64_t send_count, 
 }
 
 template <class T>
-int64_t Collectives<T>::pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i,
-                             std::vector<T>& out) {
+void Collectives<T>::take_scratch(int64_t count) {
+  if (scratch_) {
+    work_ = scratch_;
+    work_count_ = scratch_count_;
+    scratch_ = nullptr;
+    scratch_count_ = 0;
+  } else {
+    if (int64_t(owned_.size()) < count) owned_.resize(size_t(count));
+    work_ = owned_.data();
+    work_count_ = int64_t(owned_.size());
+  }
+  STEPCAST_CHECK(work_count_ >= 2, "a collective needs a scratch of 2 elements at least");
+}
+
+template <class T>
+int64_t Collectives<T>::chunk_total(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i) {
   int64_t total = 0;
   for (const auto& b : buffers) {
     auto [first, last] = chunk_range(b.count, parts, i);
     total += last - first;
   }
-  if (int64_t(out.size()) < total) out.resize(size_t(total));
-  int64_t at = 0;
-  for (const auto& b : buffers) {
-    auto [first, last] = chunk_range(b.count, parts, i);
-    std::copy(b.data + first, b.data + last, out.data() + at);
-    at += last - first;
-  }
   return total;
 }
 
-template <class T>
-void Collectives<T>::unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, const T* in,
-                            bool add) {
+namespace {
+
+// Calls f(element pointer, offset in the range, length) for the pieces of the elements
+// [from, from + n) of the concatenation of chunk i of every buffer.
+template <class T, class F>
+void for_range(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i, int64_t from,
+               int64_t n, F f) {
   int64_t at = 0;
-  for (auto& b : buffers) {
+  for (const auto& b : buffers) {
+    if (at >= from + n) break;
     auto [first, last] = chunk_range(b.count, parts, i);
-    for (int64_t e = first; e < last; ++e) {
-      b.data[e] = add ? b.data[e] + in[at + e - first] : in[at + e - first];
-    }
+    int64_t lo = std::max(at, from), hi = std::min(at + last - first, from + n);
+    if (lo < hi) f(b.data + first + (lo - at), lo - from, hi - lo);
     at += last - first;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void Collectives<T>::pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i,
+                          int64_t from, int64_t n, T* out) {
+  for_range(buffers, parts, i, from, n,
+            [&](T* data, int64_t at, int64_t len) { std::copy(data, data + len, out + at); });
+}
+
+template <class T>
+void Collectives<T>::unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, int64_t from,
+                            int64_t n, const T* in, bool add) {
+  for_range(buffers, parts, i, from, n, [&](T* data, int64_t at, int64_t len) {
+    for (int64_t e = 0; e < len; ++e) data[e] = add ? data[e] + in[at + e] : in[at + e];
+  });
+}
+
+// One ring step: send chunk `send_chunk` to `to` while receiving chunk `recv_chunk` from
+// `from`, in segments of half the scratch (sender and receiver cut the same segments).
+template <class T>
+void Collectives<T>::ring_step(MPI_Comm comm, std::vector<Span<T>>& buffers, int64_t send_chunk,
+                               int to, int64_t recv_chunk, int from, int tag, bool add) {
+  int n = 0;
+  MPI_Comm_size(comm, &n);
+  int64_t segment = work_count_ / 2;
+  T* send = work_;
+  T* recv = work_ + segment;
+  int64_t send_total = chunk_total(buffers, n, send_chunk);
+  int64_t recv_total = chunk_total(buffers, n, recv_chunk);
+  for (int64_t at = 0; at < std::max(send_total, recv_total); at += segment) {
+    int64_t sn = std::clamp<int64_t>(send_total - at, 0, segment);
+    int64_t rn = std::clamp<int64_t>(recv_total - at, 0, segment);
+    pack(buffers, n, send_chunk, at, sn, send);
+    exchange(comm, sn > 0 ? send : nullptr, sn, to, rn > 0 ? recv : nullptr, rn, from, tag);
+    unpack(buffers, n, recv_chunk, at, rn, recv, add);
   }
 }
 
@@ -143,15 +192,7 @@ void Collectives<T>::ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& bu
   for (int k = 0; k < n - 1; ++k) {
     int64_t send_chunk = ((me - k - 1) % n + n) % n;
     int64_t recv_chunk = ((me - k - 2) % n + n) % n;
-    int64_t send_count = pack(buffers, n, send_chunk, send_);
-    int64_t recv_count = 0;
-    for (const auto& b : buffers) {
-      auto [first, last] = chunk_range(b.count, n, recv_chunk);
-      recv_count += last - first;
-    }
-    if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
-    exchange(comm, send_.data(), send_count, next, recv_.data(), recv_count, prev, 900 + k);
-    unpack(buffers, n, recv_chunk, recv_.data(), true);
+    ring_step(comm, buffers, send_chunk, next, recv_chunk, prev, 900 + k, true);
   }
 }
 
@@ -164,15 +205,7 @@ void Collectives<T>::ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffer
   for (int k = 0; k < n - 1; ++k) {
     int64_t send_chunk = ((me - k) % n + n) % n;
     int64_t recv_chunk = ((me - k - 1) % n + n) % n;
-    int64_t send_count = pack(buffers, n, send_chunk, send_);
-    int64_t recv_count = 0;
-    for (const auto& b : buffers) {
-      auto [first, last] = chunk_range(b.count, n, recv_chunk);
-      recv_count += last - first;
-    }
-    if (int64_t(recv_.size()) < recv_count) recv_.resize(size_t(recv_count));
-    exchange(comm, send_.data(), send_count, next, recv_.data(), recv_count, prev, 950 + k);
-    unpack(buffers, n, recv_chunk, recv_.data(), false);
+    ring_step(comm, buffers, send_chunk, next, recv_chunk, prev, 950 + k, false);
   }
 }
 
@@ -181,43 +214,54 @@ void Collectives<T>::tree_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffer
   int n = 0, me = 0;
   MPI_Comm_size(comm, &n);
   MPI_Comm_rank(comm, &me);
-  int64_t total = pack(buffers, 1, 0, send_);
-  if (int64_t(recv_.size()) < total) recv_.resize(size_t(total));
   int depth = 0;
   while ((1 << depth) < n) ++depth;
-  for (int k = 0; k < depth; ++k) {  // reduce up
-    int span = 1 << k;
-    if (me % (2 * span) == span) {
-      exchange(comm, send_.data(), total, me - span, nullptr, 0, 0, 1000 + k);
-    } else if (me % (2 * span) == 0 && me + span < n) {
-      exchange(comm, nullptr, 0, 0, recv_.data(), total, me + span, 1000 + k);
-      for (int64_t e = 0; e < total; ++e) send_[e] += recv_[e];
+  int64_t segment = work_count_ / 2;
+  T* acc = work_;
+  T* recv = work_ + segment;
+  int64_t total = chunk_total(buffers, 1, 0);
+  for (int64_t at = 0; at < total; at += segment) {
+    int64_t m = std::min(segment, total - at);
+    pack(buffers, 1, 0, at, m, acc);
+    for (int k = 0; k < depth; ++k) {  // reduce up
+      int span = 1 << k;
+      if (me % (2 * span) == span) {
+        exchange(comm, acc, m, me - span, nullptr, 0, 0, 1000 + k);
+      } else if (me % (2 * span) == 0 && me + span < n) {
+        exchange(comm, nullptr, 0, 0, recv, m, me + span, 1000 + k);
+        for (int64_t e = 0; e < m; ++e) acc[e] += recv[e];
+      }
     }
-  }
-  for (int k = depth - 1; k >= 0; --k) {  // broadcast down
-    int span = 1 << k;
-    if (me % (2 * span) == 0 && me + span < n) {
-      exchange(comm, send_.data(), total, me + span, nullptr, 0, 0, 1100 + k);
-    } else if (me % (2 * span) == span) {
-      exchange(comm, nullptr, 0, 0, send_.data(), total, me - span, 1100 + k);
+    for (int k = depth - 1; k >= 0; --k) {  // broadcast down
+      int span = 1 << k;
+      if (me % (2 * span) == 0 && me + span < n) {
+        exchange(comm, acc, m, me + span, nullptr, 0, 0, 1100 + k);
+      } else if (me % (2 * span) == span) {
+        exchange(comm, nullptr, 0, 0, acc, m, me - span, 1100 + k);
+      }
     }
+    unpack(buffers, 1, 0, at, m, acc, false);
   }
-  unpack(buffers, 1, 0, send_.data(), false);
 }
 
+// MPI's own all_reduce, in place on segments of the whole scratch.
 template <class T>
 void Collectives<T>::mpi_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers) {
-  int64_t total = pack(buffers, 1, 0, send_);
-  if (int64_t(recv_.size()) < total) recv_.resize(size_t(total));
-  check_mpi(MPI_Allreduce(send_.data(), recv_.data(), int(total), mpi_type<T>(), MPI_SUM, comm),
-            "MPI_Allreduce", world_rank());
-  unpack(buffers, 1, 0, recv_.data(), false);
+  int64_t total = chunk_total(buffers, 1, 0);
+  for (int64_t at = 0; at < total; at += work_count_) {
+    int64_t m = std::min(work_count_, total - at);
+    pack(buffers, 1, 0, at, m, work_);
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, work_, int(m), mpi_type<T>(), MPI_SUM, comm),
+              "MPI_Allreduce", world_rank());
+    unpack(buffers, 1, 0, at, m, work_, false);
+  }
 }
 
 template <class T>
 void Collectives<T>::all_reduce(GroupKind group, Algorithm algorithm, std::vector<Span<T>> buffers) {
   MPI_Comm comm = comms_.comm(group);
-  if (comms_.size(group) <= 1) return;
+  if (comms_.size(group) <= 1) return use_scratch(nullptr, 0);  // nothing to exchange
+  take_scratch(2 * chunk_total(buffers, algorithm == Algorithm::tree || use_mpi_ ? 1 : comms_.size(group), 0));
   if (use_mpi_) {
     ++algorithms_used["mpi"];
     mpi_all_reduce(comm, buffers);
@@ -255,7 +299,8 @@ void Collectives<T>::all_reduce(GroupKind group, Algorithm algorithm, std::vecto
 
 template <class T>
 void Collectives<T>::reduce_scatter(GroupKind group, std::vector<Span<T>> buffers) {
-  if (comms_.size(group) <= 1) return;
+  if (comms_.size(group) <= 1) return use_scratch(nullptr, 0);  // nothing to exchange
+  take_scratch(2 * chunk_total(buffers, use_mpi_ ? 1 : comms_.size(group), 0));
   ++algorithms_used[use_mpi_ ? "mpi" : "ring"];
   if (use_mpi_) {
     // MPI_Allreduce then keep the own chunk: same result, MPI's own algorithm.
@@ -268,7 +313,8 @@ void Collectives<T>::reduce_scatter(GroupKind group, std::vector<Span<T>> buffer
 
 template <class T>
 void Collectives<T>::all_gather(GroupKind group, std::vector<Span<T>> buffers) {
-  if (comms_.size(group) <= 1) return;
+  if (comms_.size(group) <= 1) return use_scratch(nullptr, 0);  // nothing to exchange
+  take_scratch(2 * chunk_total(buffers, comms_.size(group), 0));
   ++algorithms_used[use_mpi_ ? "mpi" : "ring"];
   std::vector<Span<T>> b = buffers;
   ring_all_gather(comms_.comm(group), b);

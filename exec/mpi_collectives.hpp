@@ -4,6 +4,9 @@
 // bit-reproducible run to run; or MPI's own collectives (--collectives mpi). A collective works
 // on a list of buffers: chunk i of the list is chunk i of every buffer, each buffer of n elements
 // split in ⌈n/size⌉-element chunks (ZeRO's shard of member i is chunk i, buffer by buffer).
+// Chunks are packed into a scratch the caller gives for each collective (the executor: the
+// program's comm buffer of the op), one send and one receive segment of half of it each, and
+// exchanged segment by segment: any scratch size gives the same result, bit for bit.
 #pragma once
 
 #include <mpi.h>
@@ -63,24 +66,42 @@ class Collectives {
   void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers);
   // Every member contributes its chunk of every buffer; all receive all chunks.
   void all_gather(GroupKind group, std::vector<Span<T>> buffers);
+  // The scratch of the next collective (consumed by it). Without one, a collective uses a
+  // buffer of this object's own (the profiler's calls; the executor always gives one).
+  void use_scratch(T* data, int64_t count) {
+    scratch_ = data;
+    scratch_count_ = count;
+  }
   // What actually ran (the recorded algorithm, or a fallback): for the measurement.
   std::map<std::string, int64_t> algorithms_used;
 
  private:
   void ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& buffers);
   void ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffers);
+  void ring_step(MPI_Comm comm, std::vector<Span<T>>& buffers, int64_t send_chunk, int to,
+                 int64_t recv_chunk, int from, int tag, bool add);
   void tree_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers);
   void mpi_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers);
-  // Packs chunk `i` of every buffer (of a group of `parts`) into `out`; unpack the reverse.
-  int64_t pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i, std::vector<T>& out);
-  void unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, const T* in, bool add);
+  // Takes the scratch given for this collective, or sizes the own one to `count` elements.
+  void take_scratch(int64_t count);
+  // Elements of chunk `i` (of `parts`) over all buffers; the range [from, from + n) of that
+  // concatenation packed into `out`, or unpacked from `in` (added or copied).
+  static int64_t chunk_total(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i);
+  static void pack(const std::vector<Span<T>>& buffers, int64_t parts, int64_t i, int64_t from,
+                   int64_t n, T* out);
+  static void unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, int64_t from,
+                     int64_t n, const T* in, bool add);
   // Send and receive at once, watched: a hung peer aborts the job with a message.
   void exchange(MPI_Comm comm, const T* send, int64_t send_count, int to, T* recv,
                 int64_t recv_count, int from, int tag);
   const GroupComms& comms_;
   bool use_mpi_;
   Watchdog& watchdog_;
-  std::vector<T> send_, recv_;  // grow on first use, reused afterwards
+  T* scratch_ = nullptr;  // given for the next collective
+  int64_t scratch_count_ = 0;
+  T* work_ = nullptr;  // the current collective's scratch
+  int64_t work_count_ = 0;
+  std::vector<T> owned_;  // grows on first use when no scratch is given
 };
 
 // The MPI datatype of float and double.

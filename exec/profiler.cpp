@@ -81,8 +81,10 @@ struct TimedPoint {
 // median over every rank's samples (the same on all ranks).
 class PointTimer {
  public:
-  PointTimer(const ProfileOptions& options, int rank, int size)
-      : options_(options), rank_(rank), size_(size) {}
+  // `sync` waits for the work the bodies queued (a GPU backend's streams; nothing on the CPU)
+  // before the clock is read.
+  PointTimer(const ProfileOptions& options, int rank, int size, std::function<void()> sync)
+      : options_(options), rank_(rank), size_(size), sync_(std::move(sync)) {}
 
   std::vector<double> seconds_per_call(const std::vector<TimedPoint>& points,
                                        const std::function<void(int pass)>& after_pass) {
@@ -91,12 +93,14 @@ class PointTimer {
     for (size_t i = 0; i < n; ++i) {
       check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
       points[i].body();
+      sync_();
       // Doubling rounds of back-to-back calls until one lasts an eighth of a sample on every
       // rank (agreed each round: a collective's body must be called alike everywhere), so a
       // slow first call after the previous point is amortised rather than sizing the count.
       for (int64_t calls = 1;; calls *= 2) {
         double start = MPI_Wtime();
         for (int64_t c = 0; c < calls; ++c) points[i].body();
+        sync_();
         double elapsed = MPI_Wtime() - start;
         int enough = !points[i].active || elapsed >= options_.min_sample_s / 8 || calls >= kMaxCalls;
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
@@ -115,9 +119,11 @@ class PointTimer {
     std::vector<double> samples(n * reps);  // [point][pass]
     for (size_t pass = 0; pass < reps; ++pass) {
       for (size_t i = 0; i < n; ++i) {
+        sync_();
         check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
         double start = MPI_Wtime();
         for (int64_t c = 0; c < counts[i]; ++c) points[i].body();
+        sync_();
         samples[i * reps + pass] =
             points[i].active ? (MPI_Wtime() - start) / double(counts[i]) : kNotMeasured;
       }
@@ -144,24 +150,27 @@ class PointTimer {
  private:
   const ProfileOptions& options_;
   int rank_, size_;
+  std::function<void()> sync_;
 };
 
-template <class T>
+template <class T, class G, class W>
 class Profiler {
  public:
-  Profiler(const ProfileOptions& options, int rank, int size, int ranks_per_node)
+  Profiler(const ProfileOptions& options, int rank, int size, int ranks_per_node,
+           const BackendFactory<T, G, W>& factory, const ProfileGrid& grid)
       : options_(options), rank_(rank), size_(size), ranks_per_node_(ranks_per_node),
-        timer_(options, rank, size) {}
+        timer_(options, rank, size, [this] { for (auto& b : backends_) b->synchronize(); }),
+        factory_(factory), grid_(grid) {}
 
   MeasuredTables run() {
     MeasuredTables t;
     t.dtype = options_.dtype;
-    Backend<T>& world = make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), false);
+    Backend<T, G, W>& world = make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), false);
     measure_gemms(world, t);
     measure_memory(world, t);
     if (size_ > 1) {
-      measure_collectives(world, GroupKind::dp, "ring", t);
-      if (!options_.quick) {
+      measure_collectives(world, GroupKind::dp, grid_.collective_algorithm, t);
+      if (!options_.quick && grid_.mpi_collectives) {
         measure_collectives(make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), true), GroupKind::dp,
                             "mpi", t);
       }
@@ -190,21 +199,37 @@ class Profiler {
     return out;
   }
 
-  // Backend memory of `count` elements of T holding small non-zero values (no denormals, no
-  // overflow however often a kernel accumulates into it).
-  T* buffer(Backend<T>& backend, int64_t count) {
-    char* memory = backend.allocate(count * int64_t(sizeof(T)));
+  // Backend memory of `count` elements of X holding small non-zero values (no denormals, no
+  // overflow however often a kernel accumulates into it). `random_signs`: each value's sign
+  // drawn at random, as activations' are — tanh and the like branch on it, and a kernel on
+  // values of one sign runs up to 1.6× faster than on a training step's (measured for GeLU).
+  template <class X = T>
+  X* buffer(Backend<T, G, W>& backend, int64_t count, bool random_signs = false) {
+    char* memory = backend.allocate(count * int64_t(sizeof(X)));
     owned_.push_back({&backend, memory});
-    std::vector<T> host(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) host[size_t(i)] = T(0.25 + 0.01 * double(i % 17));
-    backend.upload(memory, host.data(), count * int64_t(sizeof(T)));
-    return reinterpret_cast<T*>(memory);
+    std::vector<X> host(static_cast<size_t>(count));
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    for (int64_t i = 0; i < count; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;  // LCG, top bit
+      double sign = random_signs && (state >> 63) ? -1.0 : 1.0;
+      host[size_t(i)] = X(sign * (0.25 + 0.01 * double(i % 17)));
+    }
+    backend.upload(memory, host.data(), count * int64_t(sizeof(X)));
+    return reinterpret_cast<X*>(memory);
+  }
+  // Backend memory holding a copy of host data (token ids, masks, sample indices).
+  template <class X>
+  X* copy_of(Backend<T, G, W>& backend, const std::vector<X>& host) {
+    char* memory = backend.allocate(int64_t(host.size() * sizeof(X)));
+    owned_.push_back({&backend, memory});
+    backend.upload(memory, host.data(), int64_t(host.size() * sizeof(X)));
+    return reinterpret_cast<X*>(memory);
   }
 
   // Collective over MPI_COMM_WORLD (the backend splits its communicators); lives as long as
   // the profiler, so its buffers are released before it.
-  Backend<T>& make_backend(const RankGrid& grid, bool use_mpi_collectives) {
-    backends_.push_back(make_cpu_backend<T>(grid, rank_, ranks_per_node_, use_mpi_collectives, kWatchdogS));
+  Backend<T, G, W>& make_backend(const RankGrid& grid, bool use_mpi_collectives) {
+    backends_.push_back(factory_(grid, use_mpi_collectives));
     return *backends_.back();
   }
 
@@ -220,13 +245,13 @@ class Profiler {
     });
   }
 
-  void measure_gemms(Backend<T>& backend, MeasuredTables& t) {
-    std::vector<int64_t> axis = options_.quick ? std::vector<int64_t>{20, 80, 320}
-                                               : std::vector<int64_t>{10, 14, 20, 28, 40, 80, 160, 320, 640};
+  void measure_gemms(Backend<T, G, W>& backend, MeasuredTables& t) {
+    std::vector<int64_t> axis = options_.quick ? grid_.gemm_axis_quick : grid_.gemm_axis;
     int64_t largest = axis.back() * axis.back();
     T* a = buffer(backend, largest);
     T* b = buffer(backend, largest);
     T* c = buffer(backend, largest);
+    G* cg = buffer<G>(backend, largest);  // weight gradients accumulate in G
     std::vector<TimedPoint> points;
     std::vector<GemmPoint> shapes;
     for (const std::string variant : {"forward", "dgrad", "wgrad"}) {
@@ -239,7 +264,7 @@ class Profiler {
             } else if (variant == "dgrad") {
               points.push_back({[&, m, n, k] { backend.linear_backward_data(a, b, c, m, n, k, false); }});
             } else {
-              points.push_back({[&, m, n, k] { backend.linear_backward_weight(a, b, c, nullptr, k, m, n); }});
+              points.push_back({[&, m, n, k] { backend.linear_backward_weight(a, b, cg, nullptr, k, m, n); }});
             }
             shapes.push_back({variant, m, n, k, 0});
           }
@@ -258,9 +283,10 @@ class Profiler {
              format_rate(slowest, "flop/s") + " … " + format_rate(fastest, "flop/s"));
   }
 
-  void measure_memory(Backend<T>& backend, MeasuredTables& t) {
+  void measure_memory(Backend<T, G, W>& backend, MeasuredTables& t) {
     const double s = double(sizeof(T));
-    std::vector<double> size_targets = sizes(16384, 16.0 * (1 << 20), {65536, 1 << 20, 16 << 20});
+    std::vector<double> size_targets =
+        sizes(16384, grid_.memory_max_bytes, {65536, 1 << 20, grid_.memory_max_bytes});
     // Row lengths: hidden size (norms, dropout_add), attention keys (softmax), vocabulary (loss).
     // A family's time per byte depends a little on them too; these sit between small test
     // models and GPT-scale ones.
@@ -269,23 +295,35 @@ class Profiler {
     int64_t most = int64_t(size_targets.back() / (2 * s)) + 1024;
     // Inputs are never written (passes interleave the families, and a softmax of another
     // kernel's output could be anything); outputs are never read as inputs; AdamW has its own.
-    std::vector<T*> in, out, opt;
-    for (int i = 0; i < 3; ++i) in.push_back(buffer(backend, most));
+    std::vector<T*> in, out;
+    for (int i = 0; i < 3; ++i) in.push_back(buffer(backend, most, true));
     for (int i = 0; i < 2; ++i) out.push_back(buffer(backend, most));
-    for (int i = 0; i < 3; ++i) opt.push_back(buffer(backend, most));
+    // AdamW's weights (T), gradient (G), moments and — for 16-bit weights — master (W).
+    T* adam_param = buffer(backend, most);
+    G* adam_grad = buffer<G>(backend, most);
+    W* adam_m = buffer<W>(backend, most);
+    W* adam_v = buffer<W>(backend, most);
+    W* adam_master = std::is_same_v<T, W> ? nullptr : buffer<W>(backend, most);
+    W* wide_in = std::is_same_v<T, W> ? reinterpret_cast<W*>(in[0]) : buffer<W>(backend, most);
+    W* wide_out = std::is_same_v<T, W> ? reinterpret_cast<W*>(out[0]) : buffer<W>(backend, most);
     T* norm_weight = buffer(backend, h);
-    T* dw = buffer(backend, h);  // the norm backward accumulates its weight gradient here
+    G* dw = buffer<G>(backend, h);  // the norm backward accumulates its weight gradient here
+    G* norm_bias_grad = buffer<G>(backend, h);
     const int64_t most_tokens = most / vocab + 1;
-    T* stats = buffer(backend, 3 * most_tokens);
-    T* loss = buffer(backend, most_tokens);
-    std::vector<int32_t> targets(static_cast<size_t>(most_tokens));  // host: as the executor's
-    for (size_t i = 0; i < targets.size(); ++i) targets[i] = int32_t(i * 7 % size_t(vocab));
+    W* stats = buffer<W>(backend, 3 * most_tokens);
+    W* loss = buffer<W>(backend, most_tokens);
+    std::vector<int32_t> host_targets(static_cast<size_t>(most_tokens));
+    for (size_t i = 0; i < host_targets.size(); ++i) host_targets[i] = int32_t(i * 7 % size_t(vocab));
+    const int32_t* targets = copy_of(backend, host_targets);  // backend memory, as the executor's
     // Rotary computes one sin and cos per position and frequency, shared by the micro batch and
     // the heads: per byte it costs as a model with micro batch 2 and 4 + 2·2 heads does.
     const cpu::AttentionShape rotary{0, 2, 4, 2, 32};  // s set per size
-    std::vector<uint8_t> mask(static_cast<size_t>(most));
+    // A dropout mask as a step's: 9 of 10 elements kept, at random (its backward branches on it).
+    std::vector<uint8_t> host_mask(static_cast<size_t>(most));
+    for (size_t i = 0; i < host_mask.size(); ++i) host_mask[i] = (i * 2654435761u >> 7) % 10 != 0;
+    uint8_t* mask = copy_of(backend, host_mask);
     const cpu::Dropout dropout{0.1, 1, 1, 0, cpu::DropoutSite::attention_residual};
-    const int64_t sample_index = 0;
+    const int64_t* sample_index = copy_of(backend, std::vector<int64_t>{0});
     auto with_rows = [](cpu::AttentionShape shape, int64_t elements) {
       shape.s = elements / (shape.b * shape.qkv_width());
       return shape;
@@ -305,6 +343,26 @@ class Profiler {
          [&](int64_t e) {
            backend.rmsnorm_backward(in[0], norm_weight, in[1], out[0], dw, e / h, h, 1e-5);
          }},
+        // LayerNorm (GPT-style models) next to RMSNorm: a mean, a bias and its gradient more.
+        {"layernorm_forward", 2 * s, h,
+         [&](int64_t e) {
+           backend.layernorm_forward(in[0], norm_weight, norm_weight, out[0], e / h, h, 1e-5);
+         }},
+        {"layernorm_backward", 4 * s, h,
+         [&](int64_t e) {
+           backend.layernorm_backward(in[0], norm_weight, in[1], out[0], dw, norm_bias_grad, e / h,
+                                      h, 1e-5);
+         }},
+        // Dropout on the attention probabilities (64×64 per head: probs in, dropped probs and
+        // the 1-byte mask out), and the masked scale of every dropout's backward (gradient and
+        // mask in, gradient out).
+        {"attention_dropout_forward", 2 * s + 1, 64 * 64,
+         [&](int64_t e) {
+           const cpu::AttentionShape square{64, 1, e / (64 * 64), e / (64 * 64), 16};
+           backend.attention_dropout_forward(in[0], out[0], mask, square, dropout, 0, sample_index);
+         }},
+        {"dropout_backward", 2 * s + 1, 1,
+         [&](int64_t e) { backend.dropout_backward(in[0], mask, out[0], e, 0.1); }},
         {"swiglu_forward", 3 * s, 1,
          [&](int64_t e) { backend.swiglu_forward(in[0], in[1], out[0], e); }},
         {"swiglu_backward", 5 * s, 1,
@@ -312,10 +370,15 @@ class Profiler {
         // Branch + residual → out (the mask, written only with dropout > 0, is not counted).
         {"dropout_add_forward", 3 * s, h,
          [&](int64_t e) {
-           backend.dropout_add_forward(in[0], in[1], out[0], mask.data(), e / h, 1, h, dropout, 0,
-                                       &sample_index);
+           backend.dropout_add_forward(in[0], in[1], out[0], mask, e / h, 1, h, dropout, 0,
+                                       sample_index);
          }},
         {"gelu_forward", 2 * s, 1, [&](int64_t e) { backend.gelu_forward(in[0], out[0], e); }},
+        // The gradient norm's sum of squares: each element read once.
+        {"grad_norm", double(sizeof(G)), 1, [&](int64_t e) { backend.grad_norm_sq(adam_grad, e); }},
+        // The copy a staged send makes of its tensor (read and written once).
+        {"copy", 2 * s, 1,
+         [&](int64_t e) { backend.copy(out[0], in[0], e * int64_t(sizeof(T))); }},
         {"gelu_backward", 3 * s, 1, [&](int64_t e) { backend.gelu_backward(in[0], in[1], out[0], e); }},
         {"softmax_forward", 2 * s, cols,
          [&](int64_t e) { backend.softmax_forward(in[0], out[0], e / cols, cols); }},
@@ -323,16 +386,18 @@ class Profiler {
          [&](int64_t e) { backend.softmax_backward(in[1], in[0], out[0], e / cols, cols); }},
         // Lowering counts the gradient, two 4-byte moments and the weight per parameter.
         {"adamw", 2 * s + 16, 1,
-         [&](int64_t e) { backend.adamw_step(opt[0], in[0], opt[1], opt[2], e, adamw, 1, 1.0); }},
+         [&](int64_t e) {
+           backend.adamw_step(adam_param, adam_master, adam_grad, adam_m, adam_v, e, adamw, 1, 1.0);
+         }},
         // One rank's whole vocabulary (tp = 1): statistics and softmax forward, logits → softmax.
         {"cross_entropy_forward", 2 * s, vocab,
          [&](int64_t e) {
-           backend.cross_entropy_stats(in[0], targets.data(), stats, e / vocab, 0, vocab);
-           backend.cross_entropy_forward(in[0], stats, 1, out[0], loss, e / vocab, vocab);
+           backend.cross_entropy_stats(in[0], targets, stats, e / vocab, 0, vocab);
+           backend.cross_entropy_forward(in[0], stats, 1, wide_out, loss, e / vocab, vocab);
          }},
         {"cross_entropy_backward", 2 * s, vocab,
          [&](int64_t e) {
-           backend.cross_entropy_backward(in[0], targets.data(), out[0], e / vocab, 0, vocab, 1e-3);
+           backend.cross_entropy_backward(wide_in, targets, out[0], e / vocab, 0, vocab, 1e-3);
          }},
         // In place on qkv rows (lowering counts it read and written).
         {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),
@@ -359,10 +424,10 @@ class Profiler {
              std::to_string(size_targets.size()) + " sizes");
   }
 
-  void measure_collectives(Backend<T>& backend, GroupKind group, const std::string& algorithm,
+  void measure_collectives(Backend<T, G, W>& backend, GroupKind group, const std::string& algorithm,
                            MeasuredTables& t) {
     const int n = backend.group_size(group);
-    std::vector<double> bytes_list = sizes(1024, 64.0 * (1 << 20), {4096, 262144, 4 << 20});
+    std::vector<double> bytes_list = sizes(1024, grid_.collective_max_bytes, {4096, 262144, 4 << 20});
     int64_t most = int64_t(bytes_list.back() / double(sizeof(T)));
     // Zeros: sums stay zero, however many times a buffer is reduced.
     T* data = reinterpret_cast<T*>(backend.allocate(most * int64_t(sizeof(T))));
@@ -375,6 +440,7 @@ class Profiler {
                                {OpKind::reduce_scatter, Algorithm::ring},
                                {OpKind::all_gather, Algorithm::ring}};
     if (algorithm == "ring") cases.insert(cases.begin() + 1, {OpKind::all_reduce, Algorithm::tree});
+    // NCCL picks its own algorithm: one all_reduce row per size, labelled as the backend runs it.
     std::vector<TimedPoint> points;
     std::vector<CollectivePoint> rows;
     std::vector<OpKind> kinds;
@@ -383,16 +449,16 @@ class Profiler {
         int64_t count = int64_t(bytes / double(sizeof(T)));
         std::function<void()> body;
         if (c.kind == OpKind::all_reduce) {
-          body = [&backend, group, c, data, count] { backend.all_reduce(group, c.algorithm, {{data, count}}); };
+          body = [&backend, group, c, data, count] { backend.all_reduce(group, c.algorithm, dtype_of<T>(), {{data, count}}); };
         } else if (c.kind == OpKind::reduce_scatter) {
-          body = [&backend, group, data, count] { backend.reduce_scatter(group, {{data, count}}); };
+          body = [&backend, group, data, count] { backend.reduce_scatter(group, dtype_of<T>(), {{data, count}}); };
         } else {
-          body = [&backend, group, data, count] { backend.all_gather(group, {{data, count}}); };
+          body = [&backend, group, data, count] { backend.all_gather(group, dtype_of<T>(), {{data, count}}); };
         }
         points.push_back({body});
         CollectivePoint p;
         p.kind = to_string(c.kind);
-        p.algorithm = algorithm == "mpi" ? "mpi" : to_string(c.algorithm);
+        p.algorithm = algorithm == "ring" ? to_string(c.algorithm) : algorithm;
         p.group_size = n;
         p.bytes = double(count) * double(sizeof(T));
         rows.push_back(p);
@@ -417,7 +483,7 @@ class Profiler {
     progress(summary.str());
   }
 
-  void measure_p2p(Backend<T>& backend, MeasuredTables& t) {
+  void measure_p2p(Backend<T, G, W>& backend, MeasuredTables& t) {
     std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), {8, 4096, 1 << 20});
     int64_t most = std::max<int64_t>(1, int64_t(bytes_list.back() / double(sizeof(T))));
     T* data = buffer(backend, most);
@@ -456,8 +522,10 @@ class Profiler {
   const ProfileOptions& options_;
   int rank_, size_, ranks_per_node_;
   PointTimer timer_;
-  std::vector<std::unique_ptr<Backend<T>>> backends_;
-  std::vector<std::pair<Backend<T>*, char*>> owned_;
+  BackendFactory<T, G, W> factory_;
+  ProfileGrid grid_;
+  std::vector<std::unique_ptr<Backend<T, G, W>>> backends_;
+  std::vector<std::pair<Backend<T, G, W>*, char*>> owned_;
 };
 
 Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
@@ -477,6 +545,34 @@ std::string read_first_line(const std::string& text) {
 }
 
 }  // namespace
+
+ProfileGrid cpu_profile_grid() {
+  ProfileGrid grid;
+  grid.gemm_axis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
+  grid.gemm_axis_quick = {20, 80, 320};
+  grid.memory_max_bytes = 16.0 * (1 << 20);
+  grid.collective_max_bytes = 64.0 * (1 << 20);
+  grid.collective_algorithm = "ring";
+  grid.mpi_collectives = true;
+  return grid;
+}
+
+template <class T, class G, class W>
+MeasuredTables measure_tables(const ProfileOptions& options, int rank, int size,
+                              int ranks_per_node, const BackendFactory<T, G, W>& factory,
+                              const ProfileGrid& grid) {
+  return Profiler<T, G, W>(options, rank, size, ranks_per_node, factory, grid).run();
+}
+
+template MeasuredTables measure_tables<float, float, float>(const ProfileOptions&, int, int, int,
+                                                            const BackendFactory<float, float, float>&,
+                                                            const ProfileGrid&);
+template MeasuredTables measure_tables<double, double, double>(
+    const ProfileOptions&, int, int, int, const BackendFactory<double, double, double>&,
+    const ProfileGrid&);
+template MeasuredTables measure_tables<bf16, float, float>(const ProfileOptions&, int, int, int,
+                                                           const BackendFactory<bf16, float, float>&,
+                                                           const ProfileGrid&);
 
 MachineInfo describe_machine() {
   MachineInfo info;
@@ -537,10 +633,17 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
 
   double start = MPI_Wtime();
   MeasuredTables tables;
+  auto factory = [&](auto tag) {
+    using T = decltype(tag);
+    return BackendFactory<T, T, T>([rank, ranks_per_node](const RankGrid& grid, bool use_mpi) {
+      return make_cpu_backend<T>(grid, rank, ranks_per_node, use_mpi, kWatchdogS);
+    });
+  };
+  const ProfileGrid grid = cpu_profile_grid();
   if (options.dtype == Dtype::fp32) {
-    tables = Profiler<float>(options, rank, size, ranks_per_node).run();
+    tables = measure_tables<float, float, float>(options, rank, size, ranks_per_node, factory(float{}), grid);
   } else {
-    tables = Profiler<double>(options, rank, size, ranks_per_node).run();
+    tables = measure_tables<double, double, double>(options, rank, size, ranks_per_node, factory(double{}), grid);
   }
   double wall_s = MPI_Wtime() - start;
 
@@ -552,6 +655,10 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   p.machine = machine;
   p.libraries = library_versions();
   p.gemm[options.dtype] = GemmEfficiency{1.0, 0.0};
+  // How the CPU backend runs a step (exec/executor.cpp): ops in list order on one thread, sends
+  // posted from staging copies.
+  p.execution_in_order = true;
+  p.execution_staged_sends = true;
   if (rank != 0) return p;
 
   // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
@@ -560,7 +667,10 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
   std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
   std::vector<LinkSample> memory_samples;
-  for (const MemoryPoint& m : tables.memory) memory_samples.push_back({1.0, m.bytes, m.time_s});
+  // Kernels only: the staging copy is a plain memcpy, far faster per byte than any of them.
+  for (const MemoryPoint& m : tables.memory) {
+    if (m.family != "copy") memory_samples.push_back({1.0, m.bytes, m.time_s});
+  }
   std::optional<LinkFit> memory = fit_link(memory_samples);
   std::optional<LinkFit> links = ring ? ring : p2p;
   if (links) {
@@ -595,7 +705,9 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
       "links.intra_node_* are the α-β fit of measured.fits.applied_to_links and replace the "
       "topology's intra-node figures; memory.bandwidth_bytes_per_s and kernel_overhead_s are the "
       "α-β fit of every memory-bound point, used for memory-bound ops without a table. The "
-      "fractions are 1: the measured figures are absolute. Flash attention and the inter-node "
+      "fractions are 1: the measured figures are absolute. execution says how the CPU backend runs "
+      "a step: in list order on one thread (no stream overlaps another), sends posted from staging "
+      "copies (the copy family). Flash attention and the inter-node "
       "fabric are not measured (fractions 1 of the topology's figures).";
   return p;
 }

@@ -7,24 +7,55 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "backend.hpp"
 #include "profile.hpp"
 #include "topology.hpp"
 
 namespace stepcast {
 
 struct ProfileOptions {
-  Dtype dtype = Dtype::fp32;       // fp32 or fp64: the CPU backend's compute types
+  Dtype dtype = Dtype::fp32;       // fp32 or fp64: the CPU backend's types; bf16: CUDA
   bool quick = false;              // a few points of each table (tests: a few seconds)
   double min_sample_s = 1e-3;      // one sample repeats a call until at least this long
   int repetitions = 5;             // samples per point and rank
   std::function<void(const std::string&)> progress;  // called on rank 0 only
+  // CUDA: the topology's device name the profile describes and its dense bf16 peak (the flash
+  // attention fractions are of it).
+  std::string device_name;
+  double peak_flops_per_s = 0;
 };
 
 // Collective over MPI_COMM_WORLD (MPI initialised). The profile is complete on rank 0; other
 // ranks get the same object without points.
 DeviceProfile measure_cpu_profile(const ProfileOptions& options);
+
+// What a backend's profile measures: the GEMM grid (m, n, k each over the axis), the largest
+// memory-bound and collective sizes, how collectives are labelled ("ring": the program's ring
+// and tree over point-to-point; a GPU backend: "nccl"), and whether MPI's own are measured too.
+struct ProfileGrid {
+  std::vector<int64_t> gemm_axis, gemm_axis_quick;
+  double memory_max_bytes = 0, collective_max_bytes = 0;
+  std::string collective_algorithm = "ring";
+  bool mpi_collectives = false;
+};
+ProfileGrid cpu_profile_grid();
+
+// Makes a backend over the grid's groups (collective over MPI_COMM_WORLD); the bool asks for
+// MPI's own collectives (CPU only).
+template <class T, class G, class W>
+using BackendFactory = std::function<std::unique_ptr<Backend<T, G, W>>(const RankGrid&, bool)>;
+
+// The measured tables of one backend (every rank busy at once): GEMMs, memory-bound families,
+// collectives and ping-pong with more than one rank. Instantiated for <float>, <double> (CPU) and
+// <bf16, float, float> (CUDA).
+template <class T, class G, class W>
+MeasuredTables measure_tables(const ProfileOptions& options, int rank, int size,
+                              int ranks_per_node, const BackendFactory<T, G, W>& factory,
+                              const ProfileGrid& grid);
 
 // This host: hostname, /proc/cpuinfo's model name, online logical CPUs.
 MachineInfo describe_machine();

@@ -126,4 +126,16 @@ Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
   return best;
 }
 
+int64_t collective_scratch_elements(OpKind kind, Algorithm algorithm, const GroupShape& shape,
+                                    int64_t payload_elements) {
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / std::max<int64_t>(1, b); };
+  int64_t piece = ceil_div(payload_elements, shape.size);  // ring chunk
+  if (kind == OpKind::all_reduce && algorithm == Algorithm::tree) piece = payload_elements;
+  if (kind == OpKind::all_reduce && algorithm == Algorithm::hierarchical) {
+    piece = ceil_div(payload_elements,
+                     shape.members_per_node > 1 ? shape.members_per_node : shape.nodes);
+  }
+  return 2 * std::max<int64_t>(1, piece);
+}
+
 }  // namespace stepcast

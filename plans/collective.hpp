@@ -51,6 +51,15 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
                            const LinkFigures& links);
 
+// Elements of the staging scratch a host backend packs a collective's buffers into: one
+// send and one receive segment of the largest piece a step exchanges — ring (all_reduce,
+// reduce_scatter, all_gather): a chunk, ⌈E/n⌉; tree: the whole message, E; hierarchical: the
+// intra-node chunk ⌈E/k⌉ (⌈E/nodes⌉ with one member per node). The executor runs a collective
+// in segments of at most half this scratch, so any size is correct; this one needs no more
+// than one segment per step (plus a few elements where ⌈⌉ of several buffers adds up).
+int64_t collective_scratch_elements(OpKind kind, Algorithm algorithm, const GroupShape& shape,
+                                    int64_t payload_elements);
+
 // Rounds of a binomial tree over `group_size` members: ⌈log2 n⌉.
 int64_t tree_depth(int64_t group_size);
 

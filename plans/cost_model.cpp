@@ -137,23 +137,76 @@ double BandwidthTable::bandwidth_bytes_per_s(double bytes) const {
   return std::exp(interpolate_line(log_bytes_, log_bandwidth_, std::log(std::max(bytes, 1.0))));
 }
 
-std::string memory_family(const Op& op) {
+CollectiveTable::CollectiveTable(const std::vector<CollectivePoint>& points) {
+  std::map<double, std::pair<double, int>> by_size;  // bytes → (Σ log time, count)
+  for (const CollectivePoint& p : points) {
+    STEPCAST_CHECK(p.time_s > 0 && p.bytes > 0, "collective point with a non-positive size or time");
+    auto& [sum, count] = by_size[p.bytes];
+    sum += std::log(p.time_s);
+    ++count;
+  }
+  for (const auto& [bytes, s] : by_size) {
+    log_bytes_.push_back(std::log(bytes));
+    log_time_.push_back(s.first / s.second);
+  }
+  // Fewer bytes never take longer: a point above a larger message's time (a burst of load from
+  // elsewhere while it was measured) takes that time.
+  for (size_t i = log_time_.size(); i-- > 1;) log_time_[i - 1] = std::min(log_time_[i - 1], log_time_[i]);
+}
+
+double CollectiveTable::time_s(double bytes) const {
+  STEPCAST_CHECK(!empty(), "time of an empty collective table");
+  double q = std::log(std::max(bytes, 1.0));
+  if (q <= log_bytes_.front()) return std::exp(log_time_.front());
+  if (q >= log_bytes_.back()) return std::exp(log_time_.back() + q - log_bytes_.back());
+  return std::exp(interpolate_line(log_bytes_, log_time_, q));
+}
+
+std::vector<AttentionGemm> attention_gemms(const Op& op) {
+  if (op.kind != OpKind::attention || (op.name != "score" && op.name != "value")) return {};
+  const int64_t s = op.m, d = op.k, count = std::max<int64_t>(1, op.batch);
+  const bool backward = op.phase == Phase::backward;
+  if (op.name == "score" && !backward) return {{"forward", s, s, d, count}};
+  if (op.name == "value" && !backward) return {{"dgrad", s, d, s, count}};
+  if (op.name == "value") return {{"forward", s, s, d, count}, {"wgrad", d, s, s, count}};
+  return {{"dgrad", s, d, s, count}, {"wgrad", d, s, s, count}};
+}
+
+double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int64_t count) {
+  STEPCAST_CHECK(tiling.sm_count > 0 && tiling.tile_m > 0 && tiling.tile_n > 0, "bad GEMM tiling");
+  if (m <= 0 || n <= 0 || count <= 0) return 1;
+  auto efficiency = [&](int64_t tm, int64_t tn) {
+    double tiles = double((m + tm - 1) / tm) * double((n + tn - 1) / tn) * double(count);
+    double waves = std::ceil(tiles / double(tiling.sm_count));
+    return double(m) * double(n) * double(count) /
+           (waves * double(tiling.sm_count) * double(tm) * double(tn));
+  };
+  return std::max(efficiency(tiling.tile_m, tiling.tile_n), efficiency(tiling.tile_n, tiling.tile_m));
+}
+
+std::string memory_family(const Op& op, const std::string& norm_type) {
   switch (op.kind) {
     case OpKind::norm:
-      return std::string("norm") + phase_suffix(op.phase);
+      return std::string(norm_type == "layernorm" ? "layernorm" : "norm") + phase_suffix(op.phase);
     case OpKind::activation:
       if (op.name == "swiglu" || op.name == "gelu" || op.name == "rotary") {
         return op.name + phase_suffix(op.phase);
       }
-      // Its backward is a plain masked scale (dropout_backward), not measured.
-      if (op.name == "dropout_add" && op.phase != Phase::backward) return "dropout_add_forward";
+      // Its backward is the masked scale of every dropout.
+      if (op.name == "dropout_add") {
+        return op.phase == Phase::backward ? "dropout_backward" : "dropout_add_forward";
+      }
       return "";
     case OpKind::loss:
       return op.name == "cross_entropy" ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
     case OpKind::attention:
       if (op.name == "softmax") return std::string("softmax") + phase_suffix(op.phase);
+      if (op.name == "dropout") {
+        return op.phase == Phase::backward ? "dropout_backward" : "attention_dropout_forward";
+      }
       return "";
     case OpKind::optimizer_step:
+      if (op.name == "grad_norm") return "grad_norm";
       return op.name == "adamw" ? "adamw" : "";
     default:
       return "";
@@ -201,11 +254,14 @@ std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& po
 }
 
 ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
-                                   const DeviceProfile& profile, const std::string& topology_file)
-    : matrix_peak_(device.peak_for(dtype, topology_file)),
+                                   const DeviceProfile& profile, const std::string& topology_file,
+                                   const std::string& norm_type)
+    : norm_type_(norm_type),
+      matrix_peak_(device.peak_for(dtype, topology_file)),
       bandwidth_(device.memory_bandwidth_bytes_per_s * profile.memory_bandwidth_fraction),
       gemm_(profile.gemm_for(dtype)),
-      profile_(profile) {
+      profile_(profile),
+      dtype_(dtype) {
   auto fp32 = device.peak_flops_per_s.find(Dtype::fp32);
   vector_peak_ = fp32 != device.peak_flops_per_s.end() ? fp32->second : matrix_peak_;
   if (profile.memory_bandwidth_bytes_per_s) bandwidth_ = *profile.memory_bandwidth_bytes_per_s;
@@ -216,22 +272,73 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
     std::map<std::string, std::vector<MemoryPoint>> memory;
     for (const MemoryPoint& p : profile.measured->memory) memory[p.family].push_back(p);
     for (const auto& [family, points] : memory) memory_tables_.emplace(family, BandwidthTable(points));
+    std::map<std::tuple<std::string, std::string, int64_t>, std::vector<CollectivePoint>> collectives;
+    for (const CollectivePoint& c : profile.measured->collectives) {
+      collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
+    }
+    for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
   }
+}
+
+std::optional<double> ComputeCostModel::measured_collective_time_s(OpKind kind, Algorithm algorithm,
+                                                                   int64_t group_size,
+                                                                   double bytes) const {
+  auto it = collective_tables_.find({to_string(kind), to_string(algorithm), group_size});
+  if (it == collective_tables_.end()) return std::nullopt;
+  return it->second.time_s(bytes);
+}
+
+double ComputeCostModel::staging_copy_time_s(double bytes) const {
+  if (bytes <= 0) return 0;
+  auto table = memory_tables_.find("copy");
+  if (table != memory_tables_.end()) return table->second.time_s(2 * bytes);
+  return 2 * bytes / bandwidth_ + profile_.kernel_overhead_s;
+}
+
+double ComputeCostModel::gemm_time_s(const std::string& wanted, int64_t m, int64_t n,
+                                     int64_t k) const {
+  std::string variant = wanted;
+  if (!gemm_tables_.count(variant)) {
+    variant = gemm_tables_.count("forward") ? "forward" : gemm_tables_.begin()->first;
+  }
+  auto key = std::make_tuple(variant, m, n, k);
+  auto it = rate_cache_.find(key);
+  if (it == rate_cache_.end()) {
+    double rate = gemm_tables_.at(variant).flops_per_s(double(m), double(n), double(k));
+    it = rate_cache_.emplace(key, rate).first;
+  }
+  return 2.0 * double(m) * double(n) * double(k) / it->second;
 }
 
 double ComputeCostModel::measured_matrix_time_s(const Op& op) const {
   if (op.flops <= 0) return 0;
-  std::string variant = gemm_variant(op);
-  if (!gemm_tables_.count(variant)) {
-    variant = gemm_tables_.count("forward") ? "forward" : gemm_tables_.begin()->first;
+  std::vector<AttentionGemm> parts = attention_gemms(op);
+  if (parts.empty()) {
+    // flops / rate: op.flops may count a batch of GEMMs of this shape.
+    double one = 2.0 * double(op.m) * double(op.n) * double(op.k);
+    return op.flops / one * gemm_time_s(gemm_variant(op), op.m, op.n, op.k);
   }
-  auto key = std::make_tuple(variant, op.m, op.n, op.k);
-  auto it = rate_cache_.find(key);
-  if (it == rate_cache_.end()) {
-    double rate = gemm_tables_.at(variant).flops_per_s(double(op.m), double(op.n), double(op.k));
-    it = rate_cache_.emplace(key, rate).first;
+  double total = 0;
+  for (const AttentionGemm& g : parts) total += double(g.count) * gemm_time_s(g.variant, g.m, g.n, g.k);
+  return total;
+}
+
+double ComputeCostModel::datasheet_wave_efficiency(const Op& op) const {
+  const GemmTiling& tiling = *profile_.gemm_tiling;
+  std::vector<AttentionGemm> parts = attention_gemms(op);
+  if (parts.empty()) {
+    double one = 2.0 * double(op.m) * double(op.n) * double(op.k);
+    int64_t count = one > 0 ? std::max<int64_t>(1, std::llround(op.flops / one)) : 1;
+    return gemm_wave_efficiency(tiling, op.m, op.n, count);
   }
-  return op.flops / it->second;
+  // Flop-weighted over the op's GEMMs: total flops / Σ flops_i / efficiency_i.
+  double flops = 0, weighted = 0;
+  for (const AttentionGemm& g : parts) {
+    double f = 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.count);
+    flops += f;
+    weighted += f / gemm_wave_efficiency(tiling, g.m, g.n, g.count);
+  }
+  return weighted > 0 ? flops / weighted : 1;
 }
 
 double ComputeCostModel::op_time_s(const Op& op) const {
@@ -242,6 +349,7 @@ double ComputeCostModel::op_time_s(const Op& op) const {
   if (matrix) {
     if (!gemm_tables_.empty()) return measured_matrix_time_s(op);
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);
+    if (profile_.gemm_tiling) compute_time /= datasheet_wave_efficiency(op);
     return std::max(compute_time, memory_time) + gemm_.overhead_s;
   }
   if (op.kind == OpKind::attention && op.name == "flash") {
@@ -249,7 +357,15 @@ double ComputeCostModel::op_time_s(const Op& op) const {
                                                   : profile_.flash_forward_peak_fraction;
     return op.flops / (matrix_peak_ * fraction) + profile_.kernel_overhead_s;
   }
-  auto table = memory_tables_.find(memory_family(op));
+  std::string family = memory_family(op, norm_type_);
+  // A profile from before the LayerNorm families: the RMSNorm ones.
+  if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
+  auto table = memory_tables_.find(family);
+  if (table != memory_tables_.end() && op.name == "grad_norm") {
+    // Lowering counts its 4-byte result; the kernel reads every gradient element of the shard
+    // once (2 flops each), gradients in fp32 (fp64 under fp64).
+    return table->second.time_s(op.flops / 2 * std::max(4, dtype_bytes(dtype_)));
+  }
   if (table != memory_tables_.end() && op.bytes > 0) return table->second.time_s(op.bytes);
   double compute_time = op.flops / vector_peak_;
   return std::max(compute_time, memory_time) + profile_.kernel_overhead_s;

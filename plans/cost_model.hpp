@@ -4,19 +4,29 @@
 //   gemm, attention score/value:  max(F / (peak·gemm_fraction), B / (bw·memory_fraction)) + gemm overhead
 //   attention flash:              F / (peak·flash_fraction) + kernel overhead
 //   everything else:              max(F / vector_peak, B / (bw·memory_fraction)) + kernel overhead
-// where vector_peak is the device's fp32 peak (elementwise work runs on the vector units).
+// where vector_peak is the device's fp32 peak (elementwise work runs on the vector units). A
+// datasheet profile with `gemm_tiling` divides the GEMM term by gemm_wave_efficiency (the tile
+// slots of the op's waves that hold output), since its fraction comes from whole-wave shapes.
 //
 // A measured profile (profile.hpp's MeasuredTables, of the plan's dtype) replaces these where it
 // has points:
-//   gemm, attention score/value:  F / rate(m, n, k), rate from the GEMM table of the op's variant
-//                                 (forward, dgrad, wgrad; attention uses forward) — GemmRateTable;
+//   gemm:                         F / rate(m, n, k), rate from the GEMM table of the op's variant
+//                                 (forward, dgrad, wgrad) — GemmRateTable;
+//   attention score/value:        Σ over the GEMMs the op is made of (attention_gemms) of
+//                                 batch · 2·m·n·k / rate of that GEMM's variant and shape;
 //   memory-bound families:        B / bandwidth(B), from the family's table — BandwidthTable;
 //   other memory-bound ops:       max(F / vector_peak, B / measured bandwidth) + measured overhead.
 // The measured times include every fixed cost, so no overhead is added to them.
+//
+// Communication, where the profile measured it (CollectiveTable): the time of a collective of the
+// backend's algorithm, kind and group size at a message size, and of the staging copy a backend
+// with staged sends makes before posting a send. The simulator uses them for groups inside one
+// node (where the profile measured them).
 #pragma once
 
 #include <array>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -63,13 +73,51 @@ class BandwidthTable {
   std::vector<double> log_bytes_, log_bandwidth_;
 };
 
-// The measured table an op is looked up in: "norm_", "swiglu_", "gelu_", "rotary_", "softmax_",
-// "cross_entropy_" + "forward" or "backward" (recompute counts as forward), "dropout_add_forward",
-// "adamw"; "" for ops no table describes (embedding, dropout backward, grad_norm — whose bytes
-// count only its 4-byte result —, the separate cross_entropy_stats of tensor parallelism, flash
-// attention). exec/profiler.cpp measures these families with bytes
+// Time of one collective (kind, algorithm, group size) over message size, as measured whole
+// (packing, transfers and reduction included): log(time) piecewise linear in log(bytes) between
+// the measured sizes; below the smallest the smallest's time (latency-bound), above the largest
+// the largest's bandwidth (time ∝ bytes). Points of equal size are averaged in log; a point
+// slower than a larger message's takes that message's time (time never falls with bytes).
+class CollectiveTable {
+ public:
+  explicit CollectiveTable(const std::vector<CollectivePoint>& points);
+  double time_s(double bytes) const;
+  bool empty() const { return log_bytes_.empty(); }
+
+ private:
+  std::vector<double> log_bytes_, log_time_;
+};
+
+// One GEMM an attention op is made of: `variant`'s table at (m, n, k), `count` times.
+struct AttentionGemm {
+  std::string variant;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t count = 0;
+};
+// The GEMMs of a materialized attention op (op.batch = b·heads, op.m = op.n = s, op.k = d) in the
+// linear layer's conventions: score forward S = Q·Kᵀ (forward s×s×d); value forward C = P·V
+// (NN: dgrad s×d×s); value backward dP = dC·Vᵀ (forward s×s×d) and dV = Pᵀ·dC (TN: wgrad
+// m = d, n = s, k = s); score backward dQ = dS·K (dgrad s×d×s) and dK = dSᵀ·Q (wgrad d×s×s).
+// Empty for other attention ops.
+std::vector<AttentionGemm> attention_gemms(const Op& op);
+
+// Share of the tile slots of a GEMM's waves that hold output elements: `count` GEMMs of m × n
+// outputs cut into tiles of tiling.tile_m × tile_n (or transposed, whichever is better) that run
+// ⌈tiles / sm_count⌉ waves: m·n·count / (waves · sm_count · tile_m · tile_n), in (0, 1]. It
+// scales a datasheet profile's GEMM fraction, which is measured on shapes that fill whole waves.
+double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int64_t count);
+
+// The measured table an op is looked up in: "norm_" (or "layernorm_"), "swiglu_", "gelu_",
+// "rotary_", "softmax_", "cross_entropy_" + "forward" or "backward" (recompute counts as
+// forward), "dropout_add_forward", "attention_dropout_forward", "dropout_backward" (the masked
+// scale of every dropout's backward),
+// "adamw", "grad_norm" (looked up at the gradient bytes it reads, flops / 2 elements: lowering
+// counts only its 4-byte result); "" for ops no table describes (embedding, dropout backward, the
+// separate cross_entropy_stats of tensor parallelism, flash attention). exec/profiler.cpp measures these families with bytes
 // counted as lowering counts them.
-std::string memory_family(const Op& op);
+// `norm_type` (the model's: "rmsnorm", "layernorm") picks the norm's family: "norm_…" (RMSNorm)
+// or "layernorm_…".
+std::string memory_family(const Op& op, const std::string& norm_type = "rmsnorm");
 // The GEMM table of an op: "forward", "dgrad", "wgrad" (attention score/value: "forward").
 std::string gemm_variant(const Op& op);
 
@@ -85,18 +133,33 @@ std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& po
 
 class ComputeCostModel {
  public:
+  // `norm_type`: the model's ("rmsnorm", "layernorm"), for the norm's measured family.
   ComputeCostModel(const DeviceSpec& device, Dtype dtype, const DeviceProfile& profile,
-                   const std::string& topology_file);
+                   const std::string& topology_file, const std::string& norm_type = "rmsnorm");
   double op_time_s(const Op& op) const;
   double matrix_peak_flops_per_s() const { return matrix_peak_; }
+  // The measured time of a collective of `group_size` ranks inside one node; nullopt where the
+  // profile has no table for (kind, algorithm, group_size).
+  std::optional<double> measured_collective_time_s(OpKind kind, Algorithm algorithm,
+                                                   int64_t group_size, double bytes) const;
+  // A staged send's copy of `bytes` (read and written once): the "copy" family's table where
+  // measured, else 2·bytes at the memory bandwidth plus the kernel overhead.
+  double staging_copy_time_s(double bytes) const;
 
  private:
   double measured_matrix_time_s(const Op& op) const;
+  // gemm_wave_efficiency of a matrix op under the profile's gemm_tiling (attention: its GEMMs).
+  double datasheet_wave_efficiency(const Op& op) const;
+  double gemm_time_s(const std::string& variant, int64_t m, int64_t n, int64_t k) const;
+  std::string norm_type_;
   double matrix_peak_, vector_peak_, bandwidth_;
   GemmEfficiency gemm_;
   DeviceProfile profile_;
+  Dtype dtype_;
   std::map<std::string, GemmRateTable> gemm_tables_;     // by variant; empty: no measured GEMMs
   std::map<std::string, BandwidthTable> memory_tables_;  // by family
+  // by (kind, algorithm, group size) of the profile's collective points
+  std::map<std::tuple<std::string, std::string, int64_t>, CollectiveTable> collective_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.
   mutable std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, double> rate_cache_;
 };

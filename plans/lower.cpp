@@ -159,13 +159,29 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
   op.group = group;
   op.bytes = bytes;
   op.algorithm = choose_algorithm(kind, bytes, shape, ctx_.links);
+  // On a host (ranks on CPU cores sharing memory), the scratch the CPU backend packs and
+  // receives chunks in: a comm buffer of the program, live around the op alone, written by it
+  // (its last output; see is_comm_scratch), so `memory` and the simulator count it and the
+  // executor takes it from the arena. NCCL works in place; its buffers are runtime memory.
+  std::string scratch;
+  if (ctx_.topology.node.intra_node.kind == IntraNodeKind::shared_memory) {
+    const std::string& payload = outputs.empty() ? inputs.at(0) : outputs.at(0);
+    Dtype dtype = rb_.live_dtype(payload);
+    int64_t elements = int64_t(bytes / dtype_bytes(dtype) + 0.5);
+    scratch = comm_scratch_prefix() + name + "." + std::to_string(rb_.last_op() + 2);  // op id
+    rb_.alloc(scratch, BufferClass::comm, dtype,
+              {collective_scratch_elements(kind, op.algorithm, shape, elements)}, at.phase);
+    outputs.push_back(scratch);
+  }
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
-  return rb_.emit(std::move(op), extra_deps);
+  int32_t id = rb_.emit(std::move(op), extra_deps);
+  if (!scratch.empty()) rb_.free(scratch, at.phase);
+  return id;
 }
 
 int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-                       const std::string& buffer) {
+                       const std::string& buffer, const std::string& staging) {
   Op op;
   op.kind = kind;
   op.stream = Stream::p2p;
@@ -178,6 +194,7 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   op.bytes = bytes;
   if (kind == OpKind::send) op.inputs = {buffer};
   else op.outputs = {buffer};
+  if (!staging.empty()) op.outputs = {staging};  // a send writes its staging copy
   return rb_.emit(std::move(op));
 }
 
@@ -225,13 +242,15 @@ class RoleLowering {
       if (a.forward) emit_chunk_forward(a.microbatch, a.chunk);
       else emit_chunk_backward(a.microbatch, a.chunk, last_backward[a.chunk] == i);
     }
-    for (auto& bucket : deferred_buckets_) emit_bucket(bucket, {rb_.last_op()});
+    // After the whole backward pass (no overlap): on its last timed op, not on a free.
+    for (auto& bucket : deferred_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
     deferred_buckets_.clear();
     emit_finalize_grads();
     emit_optimizer();
     if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
       emit_param_gathers(Phase::optimizer);
     }
+    rb_.free_all(send_staging_, Phase::optimizer);  // the step's sends are complete here
   }
 
  private:
@@ -339,6 +358,20 @@ class RoleLowering {
     return full;
   }
 
+  // A send's staging copy (comm class): the tensor it sends may be freed and reused at once,
+  // while the send completes only when the peer receives. It lives to the end of the step, where
+  // the executor completes every send, so no rank waits for a peer before freeing memory.
+  // Only on a host topology, where the CPU backend needs it. On GPUs the CUDA backend copies into
+  // staging of its own on its p2p stream (runtime memory, not the program's; see README).
+  std::string send_staging(int32_t mb, int64_t chunk, const char* pass, std::vector<int64_t> shape,
+                           Phase phase) {
+    if (c_.topology.node.intra_node.kind != IntraNodeKind::shared_memory) return "";
+    std::string name = comm_scratch_prefix() + std::string("send.") + tag_name(pass, mb, chunk);
+    rb_.alloc(name, BufferClass::comm, c_.act, std::move(shape), phase);
+    send_staging_.push_back(name);
+    return name;
+  }
+
   std::string tag_name(const char* what, int32_t mb, int64_t chunk) const {
     return "mb" + std::to_string(mb) + ".c" + std::to_string(chunk) + "." + what;
   }
@@ -379,7 +412,8 @@ class RoleLowering {
     if (vs == c_.num_virtual_stages - 1) {
       emit_loss_forward(at, x);
     } else {
-      e_.p2p(at, OpKind::send, Peer::pp_next, p2p_tag(mb, vs, false), act_bytes(local), x);
+      e_.p2p(at, OpKind::send, Peer::pp_next, p2p_tag(mb, vs, false), act_bytes(local), x,
+             send_staging(mb, chunk, "forward", local, Phase::forward));
       rb_.free(x, Phase::forward);
     }
   }
@@ -422,12 +456,13 @@ class RoleLowering {
         }
       }
     } else {
-      e_.p2p(at, OpKind::send, Peer::pp_prev, p2p_tag(mb, vs, true), act_bytes(local), g);
+      e_.p2p(at, OpKind::send, Peer::pp_prev, p2p_tag(mb, vs, true), act_bytes(local), g,
+             send_staging(mb, chunk, "backward", local, Phase::backward));
       rb_.free(g, Phase::backward);
     }
     if (reduce_now) {
       flush_bucket();
-      for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_op()});
+      for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
       deferred_pass_buckets_.clear();
     }
   }
@@ -756,6 +791,7 @@ class RoleLowering {
   std::vector<ParamGroup> groups_;
   std::map<std::string, const ParamGroup*> group_index_;
   std::map<std::pair<int32_t, int64_t>, std::string> chunk_input_;
+  std::vector<std::string> send_staging_;  // freed at the end of the step
   std::map<int32_t, std::string> loss_input_;
   Bucket current_;
   std::vector<Bucket> deferred_buckets_;
@@ -786,6 +822,16 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
     RoleLowering(ctx, role).lower();
   }
   return program;
+}
+
+Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& plan,
+                int64_t stage) {
+  LowerContext ctx(model, topology, plan);
+  Role role;
+  role.index = int32_t(stage);
+  role.pp_stage = stage;
+  RoleLowering(ctx, role).lower();
+  return role;
 }
 
 }  // namespace stepcast

@@ -74,8 +74,9 @@ class OpEmitter {
   int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
                      const std::string& name, double bytes, std::vector<std::string> inputs,
                      std::vector<std::string> outputs, const std::vector<int32_t>& extra_deps = {});
+  // A send with `staging` copies `buffer` into that comm buffer and sends from it.
   int32_t p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-              const std::string& buffer);
+              const std::string& buffer, const std::string& staging = "");
   int64_t group_size(GroupKind group) const;
 
   // Activation-shaped allocations.

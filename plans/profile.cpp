@@ -125,6 +125,18 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   }
   gemm.finish();
   if (p.gemm.empty() && !p.is_roofline) reader.fail("gemm", "has no dtype", "figures for at least one dtype");
+  if (reader.has("gemm_tiling")) {
+    ObjectReader t = reader.get_object("gemm_tiling");
+    GemmTiling tiling;
+    tiling.sm_count = t.get_int("sm_count", 1);
+    tiling.tile_m = t.get_int("tile_m", 1);
+    tiling.tile_n = t.get_int("tile_n", 1);
+    t.accept("notes");
+    t.finish();
+    p.gemm_tiling = tiling;
+  } else {
+    reader.accept("gemm_tiling");
+  }
   ObjectReader flash = reader.get_object("flash_attention");
   p.flash_forward_peak_fraction = flash.get_number_in("forward_peak_fraction", 1e-3, 1.0, 1.0);
   p.flash_backward_peak_fraction = flash.get_number_in("backward_peak_fraction", 1e-3, 1.0, 1.0);
@@ -143,6 +155,18 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   p.intra_node_latency_s = optional_number(links, "intra_node_latency_s", false);
   links.accept("notes");
   links.finish();
+  if (reader.has("execution")) {
+    ObjectReader e = reader.get_object("execution");
+    p.execution_in_order = e.get_bool_or("in_order", false);
+    p.execution_staged_sends = e.get_bool_or("staged_sends", false);
+    e.accept("notes");
+    e.finish();
+    if (p.execution_staged_sends && !p.execution_in_order) {
+      reader.fail("execution", "staged_sends needs in_order", "\"in_order\": true, or no staged_sends");
+    }
+  } else {
+    reader.accept("execution");
+  }
   if (reader.has("machine")) {
     ObjectReader m = reader.get_object("machine");
     MachineInfo info;
@@ -233,12 +257,20 @@ Json profile_to_json(const DeviceProfile& p) {
     json["links"]["intra_node_bandwidth_bytes_per_s"] = *p.intra_node_bandwidth_bytes_per_s;
   }
   if (p.intra_node_latency_s) json["links"]["intra_node_latency_s"] = *p.intra_node_latency_s;
+  if (p.execution_in_order) {
+    json["execution"] = {{"in_order", true}, {"staged_sends", p.execution_staged_sends}};
+  }
   if (p.machine) {
     json["machine"] = {{"hostname", p.machine->hostname},
                        {"cpu_model", p.machine->cpu_model},
                        {"cores", p.machine->cores}};
   }
   if (!p.libraries.empty()) json["libraries"] = p.libraries;
+  if (p.gemm_tiling) {
+    json["gemm_tiling"] = {{"sm_count", p.gemm_tiling->sm_count},
+                           {"tile_m", p.gemm_tiling->tile_m},
+                           {"tile_n", p.gemm_tiling->tile_n}};
+  }
   if (p.measured) json["measured"] = measured_to_json(*p.measured);
   return json;
 }

@@ -23,6 +23,14 @@ struct GemmEfficiency {
   double overhead_s = 0;     // fixed time per GEMM (launch, ramp-up and tail)
 };
 
+// A GPU's GEMMs run as output tiles of tile_m × tile_n (either orientation), one tile per SM at a
+// time, so a GEMM takes ⌈tiles / sm_count⌉ full waves (NVIDIA, Matrix Multiplication Background
+// User's Guide, §3 "Dimension quantization effects"); cost_model.hpp's gemm_wave_efficiency.
+struct GemmTiling {
+  int64_t sm_count = 0;
+  int64_t tile_m = 0, tile_n = 0;
+};
+
 // ---- measured tables (one row per point: the median over ranks and repetitions) ----
 
 // The three GEMMs of a linear layer, in the program's convention C[m,n] = A[m,k]·B[k,n]:
@@ -92,6 +100,13 @@ struct DeviceProfile {
   double intra_node_bus_fraction = 1;     // achievable fraction of the intra-node link rate
   double inter_node_bus_fraction = 1;     // achievable fraction of the NIC rate
   bool is_roofline = false;               // no profile: pure roofline on the datasheet peaks
+  // How the backend runs a rank's op list (the profile's "execution" object). in_order: one
+  // thread runs the ops in list order, so no stream overlaps another (the CPU backend: a
+  // collective or a receive blocks it; a send is posted after copying its tensor to a staging
+  // buffer). false (the default, and every GPU profile): compute, communication and pipeline
+  // streams run concurrently as the program's dependencies allow.
+  bool execution_in_order = false;
+  bool execution_staged_sends = false;    // in_order only: each send first copies its tensor
   // Measured absolute figures: where present they replace the topology's rate × fraction.
   std::optional<double> memory_bandwidth_bytes_per_s;      // memory-bound ops without a table
   std::optional<double> intra_node_bandwidth_bytes_per_s;  // per device, per direction
@@ -99,6 +114,7 @@ struct DeviceProfile {
   std::optional<MachineInfo> machine;
   std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
   std::optional<MeasuredTables> measured;
+  std::optional<GemmTiling> gemm_tiling;  // datasheet GPU profiles: GEMM wave quantization
 
   GemmEfficiency gemm_for(Dtype dtype) const;
 };

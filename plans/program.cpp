@@ -80,6 +80,8 @@ const char* to_string(BufferClass c) {
 bool is_compute(OpKind kind) { return kind <= OpKind::optimizer_step; }
 bool is_collective(OpKind kind) { return kind >= OpKind::all_reduce && kind <= OpKind::broadcast; }
 bool is_p2p(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; }
+const char* comm_scratch_prefix() { return "comm."; }
+bool is_comm_scratch(const std::string& buffer) { return buffer.rfind(comm_scratch_prefix(), 0) == 0; }
 
 const Role& StepProgram::role_of_rank(int64_t rank) const {
   int64_t stage = grid().coord(rank).pp;

@@ -38,6 +38,10 @@ const char* to_string(BufferClass buffer_class);
 bool is_compute(OpKind kind);
 bool is_collective(OpKind kind);
 bool is_p2p(OpKind kind);
+// Communication staging the lowering gives a collective (its last output) and a send (its only
+// output): comm-class buffers named with this prefix, which carry no payload of the model.
+const char* comm_scratch_prefix();  // "comm."
+bool is_comm_scratch(const std::string& buffer);
 
 // One op. Fields that do not apply to a kind keep their defaults and are omitted from JSON.
 struct Op {

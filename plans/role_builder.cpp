@@ -21,6 +21,13 @@ double RoleBuilder::live_bytes(const std::string& name) const {
   return it == buffers_.end() ? 0 : it->second.bytes;
 }
 
+Dtype RoleBuilder::live_dtype(const std::string& name) const {
+  auto it = buffers_.find(name);
+  STEPCAST_CHECK(it != buffers_.end(), "lowering asks the dtype of buffer '" + name +
+                                           "' that is not allocated");
+  return role_.ops[size_t(it->second.alloc_op)].dtype;
+}
+
 int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
   int32_t id = int32_t(role_.ops.size());
   op.id = id;

@@ -30,7 +30,17 @@ class RoleBuilder {
 
   bool is_live(const std::string& name) const;
   double live_bytes(const std::string& name) const;
+  Dtype live_dtype(const std::string& name) const;  // of a live buffer
   int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
+  // The last op that takes time (not alloc/free): a dependency on a free orders nothing, since
+  // interpreters treat memory ops as done once their users are (last_op() when there is none).
+  int32_t last_timed_op() const {
+    for (int32_t i = last_op(); i >= 0; --i) {
+      OpKind k = role_.ops[size_t(i)].kind;
+      if (k != OpKind::alloc && k != OpKind::free) return i;
+    }
+    return last_op();
+  }
   const Role& role() const { return role_; }
 
  private:

@@ -26,9 +26,9 @@ const char* const kMemoryKeys[] = {"memory_weights_bytes",   "memory_grads_bytes
                                    "memory_workspace_bytes", "memory_comm_bytes",
                                    "memory_runtime_bytes",   "peak_bytes"};
 const char* const kMeasuredPeakNote =
-    "measured_peak_bytes is the process's high-water mark above its level before the arena was "
-    "allocated, without the runtime allowance: it is compared with peak_bytes - "
-    "memory_runtime_bytes";
+    "measured_peak_bytes is the process's resident high-water mark over the steps above its "
+    "level before the arena was allocated (after a throwaway warm-up step, so without the "
+    "runtime allowance): it is compared with peak_bytes - memory_runtime_bytes";
 
 const Json& field(const Json& json, const std::string& key, const std::string& file,
                   const std::string& prefix, bool (Json::*is_type)() const, const char* type) {

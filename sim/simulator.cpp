@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -44,8 +45,14 @@ struct Plan {
   std::vector<std::vector<char>> analytic;           // per role, per op: collective costed analytically
   // per role, per op: an op of another stream waits for it, so a merged run must end with it
   std::vector<std::vector<char>> feeds_other_stream;
+  // per role, per op: a simulated collective whose flows only synchronise its members (no
+  // bytes); its measured time, less the flows' latency, follows as op_cost_s
+  std::vector<std::vector<char>> sync_only;
+  // per role, per op: a staged send's copy before it is posted (in_order with staged sends)
+  std::vector<std::vector<double>> staging_s;
   bool phase_flows = false;
   bool merge_compute = false;
+  bool in_order = false;  // the profile's execution.in_order: one queue, one op at a time
 };
 
 struct RankState {
@@ -108,17 +115,28 @@ class RankActor {
     // Memory ops take no time and are not ordered by their stream: an alloc is ready at once,
     // a free once its users finished (their times are filled in after the run).
     size_t remaining = n;
+    // In order: every op on one queue in list order (stream 0 stands for the backend's thread).
     for (const Op& op : role.ops) {
       if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
         st.done[op.id] = 1;
         --remaining;
       } else {
-        queue_[size_t(op.stream)].push_back(op.id);
+        queue_[plan.in_order ? 0 : size_t(op.stream)].push_back(op.id);
       }
     }
     while (true) {
       for (size_t stream = 0; stream < kStreams; ++stream) remaining -= start_ready(stream);
-      if (remaining == 0) break;
+      if (remaining == 0) {
+        // In order: sends posted and not yet received are waited for at the step's end.
+        while (!pending_.empty()) {
+          ssize_t index = sg4::Activity::wait_any(pending_);
+          pending_.erase(pending_.begin() + index);
+          pending_stream_.erase(pending_stream_.begin() + index);
+          pending_posted_op_.erase(pending_posted_op_.begin() + index);
+          st.last_end = std::max(st.last_end, now());
+        }
+        break;
+      }
       if (pending_.empty()) {
         std::ostringstream out;
         out << "rank " << rank << " is stuck with " << remaining << " ops left";
@@ -140,6 +158,11 @@ class RankActor {
       pending_posted_op_.erase(pending_posted_op_.begin() + index);
       if (posted >= 0) {
         // A pipeline send or receive: posted in stream order, completing on its own.
+        if (plan.in_order) {
+          // A send whose op ended when it was posted: its transfer ends the step at the latest.
+          st.last_end = std::max(st.last_end, now());
+          continue;
+        }
         finish(posted, posted_at_[posted], now());
         remaining -= 1;
         continue;
@@ -157,6 +180,7 @@ class RankActor {
     int outstanding = 0;
     bool delaying = false;
     bool folded_delay = false;  // the current step's folded latency is running
+    bool staging = false;       // a staged send's copy is running
     double run_start = 0;
   };
 
@@ -216,10 +240,29 @@ class RankActor {
         start_compute(stream);
       } else if (is_collective(op.kind)) {
         start_collective(stream, op);
+      } else if (plan().in_order && op.kind == OpKind::send) {
+        // In order: copy to the staging buffer (when staged), then post; the op ends when
+        // posted, the thread moves on and the transfer completes on its own.
+        double copy_s = plan().staging_s[role_index_][op.id];
+        if (copy_s > 0) {
+          run.staging = true;
+          add(delay_on(stream, copy_s), stream);
+          break;
+        }
+        start_p2p(stream, op, true);
+        finish(op.id, now(), now());
+        run.op = -1;
+        ++head_[stream];
+        ++completed;
+        continue;
+      } else if (plan().in_order && op.kind == OpKind::recv) {
+        // In order: the receive blocks the thread until its data arrived.
+        start_p2p(stream, op, false);
+        break;
       } else if (op.kind == OpKind::send || op.kind == OpKind::recv) {
         // Posted like MPI's Isend/Irecv: the stream moves on, the op completes when its
         // transfer does (matched in posting order per pair of ranks).
-        start_p2p(stream, op);
+        start_p2p(stream, op, true);
         run.op = -1;
         ++head_[stream];
         continue;
@@ -290,8 +333,8 @@ class RankActor {
     int64_t member = 0;
     while (group->members[member] != rank) ++member;
     // Ready time bookkeeping: the instance is (group kind, first member, stream, sequence).
-    int64_t sequence = sequence_[{int(op.group), stream}]++;
-    auto key = std::make_tuple(int(op.group), group->members.front(), int(stream), sequence);
+    int64_t sequence = sequence_[{int(op.group), size_t(op.stream)}]++;
+    auto key = std::make_tuple(int(op.group), group->members.front(), int(op.stream), sequence);
     auto [it, inserted] = s_.collective_issue.emplace(key, now());
     if (!inserted) it->second = std::max(it->second, now());
     s_.state[slot_].collective_key[op.id] = key;
@@ -310,15 +353,19 @@ class RankActor {
     const Op& op = role_->ops[run.op];
     auto group = group_of(op);
     int64_t me = plan().ranks[slot_];
+    const bool sync_only = plan().sync_only[role_index_][op.id];
+    // Mailboxes by the op's own stream: in order, one queue carries every stream's ops, and a
+    // posted pipeline send must not match a collective's receive.
+    const size_t box_stream = size_t(op.stream);
     for (const Transfer& t : step.sends) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, stream));
-      add(box->put_async(&dummy_payload, uint64_t(std::llround(t.bytes))), stream);
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, box_stream));
+      add(box->put_async(&dummy_payload, sync_only ? 0 : uint64_t(std::llround(t.bytes))), stream);
       ++run.outstanding;
     }
     for (const Transfer& t : step.recvs) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, stream));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, box_stream));
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream);
       ++run.outstanding;
@@ -340,7 +387,9 @@ class RankActor {
     run.op = -1;
   }
 
-  void start_p2p(size_t stream, const Op& op) {
+  // `posted`: the op completes on its own when its transfer does (else it is the stream's
+  // running op and blocks it).
+  void start_p2p(size_t stream, const Op& op, bool posted) {
     int64_t me = plan().ranks[slot_];
     const StepProgram& p = *plan().program;
     int64_t stage = p.grid().coord(me).pp;
@@ -352,12 +401,13 @@ class RankActor {
     posted_at_[op.id] = now();
     if (op.kind == OpKind::send) {
       s_.send_start[{me, peer, op.tag}] = now();
-      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, stream));
-      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream, op.id);
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, size_t(op.stream)));
+      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream,
+          posted ? op.id : -1);
     } else {
-      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, stream));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, size_t(op.stream)));
       slots_.push_back(nullptr);
-      add(box->get_async<int>(&slots_.back()), stream, op.id);
+      add(box->get_async<int>(&slots_.back()), stream, posted ? op.id : -1);
       s_.state[slot_].recv_peer[op.id] = peer;
     }
   }
@@ -371,6 +421,20 @@ class RankActor {
       size_t count = run.run.size();
       complete_run(stream);
       return count;
+    }
+    if (op.kind == OpKind::send) {  // in order: the staging copy ended; post the send
+      start_p2p(stream, op, true);
+      finish(op.id, run.run_start, now());
+      run.staging = false;
+      run.op = -1;
+      ++head_[stream];
+      return 1;
+    }
+    if (op.kind == OpKind::recv) {  // in order: the blocking receive ended
+      finish(op.id, run.run_start, now());
+      run.op = -1;
+      ++head_[stream];
+      return 1;
     }
     if (run.delaying) {
       after_steps(stream);
@@ -461,6 +525,7 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   plan.program = &program;
   plan.phase_flows = !full && options.phase_flows;
   plan.merge_compute = !full && options.merge_compute;
+  plan.in_order = profile.execution_in_order;
   for (int64_t r = 0; r < program.world_size(); ++r) {
     if (fold_rails && grid.coord(r).tp != 0) continue;
     plan.slot_of_rank[r] = plan.ranks.size();
@@ -510,10 +575,15 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
 
   // Costs per role.
   Dtype dtype = *parse_dtype(program.plan.at("param_dtype").get<std::string>());
-  ComputeCostModel cost(topology.node.device, dtype, profile, topology.file);
+  ComputeCostModel cost(topology.node.device, dtype, profile, topology.file,
+                        program.model.is_object()
+                            ? program.model.value("norm_type", std::string("rmsnorm"))
+                            : std::string("rmsnorm"));
   LinkFigures links = link_figures(topology);
   plan.op_cost_s.resize(program.roles.size());
   plan.analytic.resize(program.roles.size());
+  plan.sync_only.resize(program.roles.size());
+  plan.staging_s.resize(program.roles.size());
   plan.feeds_other_stream.resize(program.roles.size());
   for (const Role& role : program.roles) {
     auto& feeds = plan.feeds_other_stream[role.index];
@@ -525,18 +595,42 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
       }
     }
   }
+  // In order, a rank has one collective in flight at a time, as when the profile measured it:
+  // a group inside one node takes the measured time of its kind, algorithm and size.
+  auto measured_in_order_time_s = [&](const Op& op, int64_t first) -> std::optional<double> {
+    if (!plan.in_order) return std::nullopt;
+    GroupShape shape = group_shape(grid, op.group, first, per_node);
+    if (shape.nodes != 1) return std::nullopt;
+    return cost.measured_collective_time_s(op.kind, op.algorithm, shape.size, op.bytes);
+  };
   for (const Role& role : program.roles) {
     auto& costs = plan.op_cost_s[role.index];
     auto& analytic = plan.analytic[role.index];
+    auto& sync_only = plan.sync_only[role.index];
+    auto& staging = plan.staging_s[role.index];
     costs.assign(role.ops.size(), 0);
     analytic.assign(role.ops.size(), 0);
+    sync_only.assign(role.ops.size(), 0);
+    staging.assign(role.ops.size(), 0);
     int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
     for (const Op& op : role.ops) {
+      std::optional<double> measured;
+      if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first);
       if (is_compute(op.kind)) {
         costs[op.id] = cost.op_time_s(op);
+      } else if (op.kind == OpKind::send && plan.in_order && profile.execution_staged_sends) {
+        staging[op.id] = cost.staging_copy_time_s(op.bytes);
       } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {
         analytic[op.id] = 1;
-        costs[op.id] = collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
+        costs[op.id] = measured ? *measured
+                                : collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
+      } else if (measured) {
+        // Flows of no bytes make the members wait for each other; the measured time, less
+        // the latency those flows take, follows.
+        sync_only[op.id] = 1;
+        GroupShape shape = group_shape(grid, op.group, first, per_node);
+        double sync_s = collective_time_s(op.kind, op.algorithm, 0.0, shape, links);
+        costs[op.id] = std::max(0.0, *measured - sync_s);
       } else if (is_collective(op.kind) && fold_rails && group_spans_folded_ranks(op.group)) {
         GroupShape whole = group_shape(grid, op.group, first, per_node);
         std::vector<int64_t> kept;

@@ -17,6 +17,15 @@
 //    split back over the ops in proportion to their cost.
 // Groups that span the folded ranks (model, world) keep their full size through an analytic
 // correction of their latency; the exact reductions above are exact under CM02 without cross traffic.
+//
+// Execution. A profile whose execution is in_order (the CPU backend's: profile.hpp) runs each
+// rank's ops on one queue in list order, one at a time, as the backend's single thread does: a
+// collective or a receive blocks it; a send costs its staging copy (staged_sends) and is posted,
+// its transfer completing on its own (waited for at the step's end). There a collective of a
+// group inside one node that the profile measured (kind, algorithm, group size) takes its
+// measured time: flows of no bytes synchronise the members, the measured time less their latency
+// follows (a rank has one collective in flight, as when it was measured). Otherwise the streams
+// (compute, comm, p2p) run concurrently as the program's dependencies allow.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
+#include <set>
 
+#include "collective.hpp"
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
 #include "memory.hpp"
@@ -167,4 +170,78 @@ TEST_CASE("persistent model states follow ZeRO's formula", "[memory]") {
     CHECK(grads == Approx(f.grads).epsilon(1e-3));
     CHECK(optimizer == Approx(f.optimizer).epsilon(1e-3));
   }
+}
+
+// The communication staging the CPU executor needs is the program's: on a host topology every
+// collective writes a comm scratch (its last output) alive around it alone, of
+// collective_scratch_elements; every send writes a staging copy of what it sends, alive to the
+// end of the step. So memory_comm_bytes
+// counts them and the arena the executor lays out from the same ops holds them.
+TEST_CASE("on a host, lowering gives every collective a comm scratch and every send a staging copy",
+          "[memory]") {
+  Topology topology = test_topology();
+  for (const PlanCase& c : lowering_cases()) {
+    INFO(c.label());
+    ModelConfig model = load_model(source_path(c.model_file));
+    Plan plan = make_plan(c.plan_json, model, topology);
+    StepProgram program = lower_program(model, topology, plan);
+    for (const Role& role : program.roles) {
+      std::map<std::string, const Op*> alloc_of;
+      std::set<std::string> staging_live;
+      for (const Op& op : role.ops) {
+        if (op.kind == OpKind::alloc) alloc_of[op.buffer] = &op;
+        if (op.kind == OpKind::free) staging_live.erase(op.buffer);
+        if (is_collective(op.kind)) {
+          REQUIRE(!op.outputs.empty());
+          const std::string& scratch = op.outputs.back();
+          REQUIRE(is_comm_scratch(scratch));
+          const Op& alloc = *alloc_of.at(scratch);
+          CHECK(alloc.buffer_class == BufferClass::comm);
+          CHECK(alloc.id == op.id - 1);  // allocated just before, freed just after
+          CHECK(role.ops[size_t(op.id + 1)].kind == OpKind::free);
+          CHECK(role.ops[size_t(op.id + 1)].buffer == scratch);
+          GroupShape shape = group_shape(program.grid(), op.group,
+                                         program.grid().rank(RankCoord{0, 0, role.pp_stage}),
+                                         topology.node.devices_per_node);
+          int64_t elements = int64_t(op.bytes / dtype_bytes(alloc.dtype) + 0.5);
+          CHECK(alloc.shape == std::vector<int64_t>{
+                                   collective_scratch_elements(op.kind, op.algorithm, shape, elements)});
+        }
+        if (op.kind == OpKind::send) {
+          REQUIRE(op.outputs.size() == 1);
+          const Op& alloc = *alloc_of.at(op.outputs[0]);
+          CHECK(alloc.buffer_class == BufferClass::comm);
+          CHECK(alloc.bytes == op.bytes);
+          staging_live.insert(op.outputs[0]);
+        }
+      }
+      // Every staging copy is freed before the step ends.
+      CHECK(staging_live.empty());
+    }
+  }
+  // GPUs: NCCL works in place, no scratch, and the program holds no send staging (a 175B
+  // pipeline would hold every microbatch's copy to the end of the step).
+  Topology dgx = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
+  ModelConfig tiny = load_model(source_path("plans/models/tiny.json"));
+  Json j = {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 2}, {"zero_stage", 1},
+            {"micro_batch_size", 1}, {"global_batch_size", 8}, {"dtype", "bf16"}};
+  StepProgram gpu = lower_program(tiny, dgx, make_plan(j, tiny, dgx));
+  int64_t sends = 0;
+  for (const Role& role : gpu.roles) {
+    for (const Op& op : role.ops) {
+      if (is_collective(op.kind)) {
+        for (const auto& name : op.outputs) CHECK(!is_comm_scratch(name));
+      }
+      if (op.kind == OpKind::send) {
+        ++sends;
+        CHECK(op.outputs.empty());
+      }
+    }
+  }
+  CHECK(sends > 0);
+  // A ring chunk, a tree's whole message, a hierarchical intra-node chunk: send and receive.
+  GroupShape four{4, 2, 2};
+  CHECK(collective_scratch_elements(OpKind::reduce_scatter, Algorithm::ring, four, 10) == 6);
+  CHECK(collective_scratch_elements(OpKind::all_reduce, Algorithm::tree, four, 10) == 20);
+  CHECK(collective_scratch_elements(OpKind::all_reduce, Algorithm::hierarchical, four, 10) == 10);
 }

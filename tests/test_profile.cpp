@@ -67,6 +67,8 @@ DeviceProfile synthetic_profile() {
   p.intra_node_latency_s = 2e-6;
   p.machine = MachineInfo{"host", "Some CPU", 2};
   p.libraries = {{"openblas", "OpenBLAS 0.3.21"}, {"mpi", "Open MPI v4.1.4"}};
+  p.execution_in_order = true;
+  p.execution_staged_sends = true;
   MeasuredTables t;
   t.dtype = Dtype::fp32;
   t.method = {{"ranks", 2}};
@@ -232,8 +234,27 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   ComputeCostModel roofline(dgx.node.device, Dtype::bf16, sheet, dgx.file);
   gemm.grad = "";
   double peak = dgx.node.device.peak_for(Dtype::bf16, dgx.file);
+  // The A100 sheet's GEMM fraction is measured on whole-wave shapes; its gemm_tiling scales it.
+  REQUIRE(sheet.gemm_tiling);
+  double wave = gemm_wave_efficiency(*sheet.gemm_tiling, gemm.m, gemm.n, 1);
   CHECK(roofline.op_time_s(gemm) ==
-        Approx(std::max(gemm.flops / (peak * 0.85), gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * 0.85)) + 6e-6));
+        Approx(std::max(gemm.flops / (peak * 0.859 * wave),
+                        gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * 0.85)) + 6e-6));
+}
+
+TEST_CASE("profile: GEMM wave quantization on an A100 (108 SMs, 256x128 tiles)", "[profile]") {
+  GemmTiling a100{108, 256, 128};
+  // MAMF's best shape 6912x16384: 27 x 128 = 3,456 tiles, exactly 32 waves.
+  CHECK(gemm_wave_efficiency(a100, 6912, 16384, 1) == Approx(1.0));
+  // 2048 x 2304: 8 x 18 = 144 tiles (either orientation), 2 waves of 108 slots.
+  CHECK(gemm_wave_efficiency(a100, 2048, 2304, 1) == Approx(144.0 / 216));
+  // 2048 x 4608: 288 tiles, 3 waves; a partial tile counts as a whole one (100 x 100: 1 slot of 108).
+  CHECK(gemm_wave_efficiency(a100, 2048, 4608, 1) == Approx(288.0 / 324));
+  CHECK(gemm_wave_efficiency(a100, 100, 100, 1) == Approx(100.0 * 100 / (108.0 * 256 * 128)));
+  // A batch fills waves: 12 heads of 2048 x 2048 scores, 128 tiles each = 1,536 tiles, 15 waves.
+  CHECK(gemm_wave_efficiency(a100, 2048, 2048, 12) == Approx(1536.0 / 1620));
+  // The better orientation: 128 x 4096 fits 128x256 tiles whole (16 tiles), not 256x128 ones.
+  CHECK(gemm_wave_efficiency(a100, 128, 4096, 1) == Approx(128.0 * 4096 / (108.0 * 128 * 256)));
 }
 
 TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") {
@@ -269,6 +290,12 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
   CHECK(back.measured->gemm[5].time_s == p.measured->gemm[5].time_s);
   CHECK(back.machine->cpu_model == "Some CPU");
   CHECK(*back.intra_node_latency_s == 2e-6);
+  CHECK(back.execution_in_order);
+  CHECK(back.execution_staged_sends);
+  CHECK(json["execution"] == Json({{"in_order", true}, {"staged_sends", true}}));
+  Json unordered = json;
+  unordered["execution"] = {{"staged_sends", true}};
+  CHECK_THROWS_WITH(parse_profile(unordered, "bad.json"), Contains("staged_sends needs in_order"));
   for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm"}) {
     DeviceProfile sheet = load_profile(source_path(std::string("profiles/") + name + ".json"));
     CHECK_FALSE(sheet.measured);
@@ -276,6 +303,8 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
     Json j = profile_to_json(sheet);
     CHECK(profile_to_json(parse_profile(j, "x.json")) == j);
     CHECK_FALSE(j.contains("measured"));
+    CHECK_FALSE(j.contains("execution"));  // GPU backends: streams run concurrently
+    CHECK_FALSE(sheet.execution_in_order);
   }
   Json bad = json;
   bad["measured"]["gemm_points"][0]["varient"] = "forward";
@@ -300,7 +329,7 @@ TEST_CASE("profile: a CPU profile is refused on a GPU topology and another devic
   CHECK(applied.node.intra_node.latency_s == 2e-6);
   Topology scaled = apply_link_fractions(dgx, sheet);
   CHECK(scaled.node.intra_node.bandwidth_bytes_per_s ==
-        Approx(dgx.node.intra_node.bandwidth_bytes_per_s * 0.77));
+        Approx(dgx.node.intra_node.bandwidth_bytes_per_s * 0.80));
 }
 
 TEST_CASE("profile: machine differences name their fields", "[profile]") {
@@ -315,10 +344,12 @@ TEST_CASE("profile: machine differences name their fields", "[profile]") {
   CHECK_THAT(d[2], Contains("libraries.openblas") && Contains("0.3.26"));
 }
 
-TEST_CASE("profile: `stepcast profile --backend cuda` is refused with a message", "[profile]") {
+TEST_CASE("profile: `stepcast profile --backend cuda` without a topology is refused with a message", "[profile]") {
+  // A CUDA build needs the topology whose device the GPU is; a build without CUDA says so.
   test::CommandResult r = test::run_stepcast("profile --backend cuda --out /tmp/never.json");
   CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Contains("cuda") && Contains("not built"));
+  CHECK_THAT(r.output, Contains("cuda") &&
+                           (Contains("needs --topology") || Contains("built without CUDA")));
   r = test::run_stepcast("profile --backend cpu --dtype bf16 --out /tmp/never.json");
   CHECK(r.exit_code == 2);
   CHECK_THAT(r.output, Contains("fp32, fp64"));
@@ -334,7 +365,9 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
   CHECK(p.backend == "cpu");
   CHECK(p.device == "cpu-core");
   CHECK(p.measured->gemm.size() == 3 * 27);
-  CHECK(p.measured->memory.size() == 14 * 3);
+  CHECK(p.measured->memory.size() == 20 * 3);  // 18 kernel families, grad_norm, copy
+  CHECK(p.execution_in_order);
+  CHECK(p.execution_staged_sends);
   CHECK_FALSE(p.measured->collectives.empty());
   CHECK(p.measured->p2p.size() == 3);
   CHECK(p.libraries.count("openblas"));
@@ -384,4 +417,118 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
   CHECK(warned.exit_code == 0);
   CHECK_THAT(warned.output, Contains("warning") && Contains("machine.cpu_model") &&
                                 Contains("Imaginary CPU 9000") && Contains("machine.cores"));
+}
+
+TEST_CASE("profile: collective tables interpolate time log-log, latency below, bandwidth above",
+          "[profile]") {
+  std::vector<CollectivePoint> points = {{"all_reduce", "ring", 2, 1024, 10e-6, 0, 0},
+                                         {"all_reduce", "ring", 2, 1048576, 400e-6, 0, 0}};
+  CollectiveTable table(points);
+  CHECK(table.time_s(1024) == Approx(10e-6).epsilon(1e-12));
+  CHECK(table.time_s(32768) == Approx(std::sqrt(10e-6 * 400e-6)).epsilon(1e-9));  // halfway in log
+  CHECK(table.time_s(4) == Approx(10e-6).epsilon(1e-12));                 // latency-bound
+  CHECK(table.time_s(4.0 * 1048576) == Approx(4 * 400e-6).epsilon(1e-9));  // the largest's bandwidth
+  // A point slower than a larger message's (load while it was measured) takes the larger's time.
+  points.push_back({"all_reduce", "ring", 2, 32768, 900e-6, 0, 0});
+  CollectiveTable bumpy(points);
+  CHECK(bumpy.time_s(32768) == Approx(400e-6).epsilon(1e-9));
+  CHECK(bumpy.time_s(1024) == Approx(10e-6).epsilon(1e-12));
+
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  ComputeCostModel model(topology.node.device, Dtype::fp32, synthetic_profile(), topology.file);
+  CHECK(*model.measured_collective_time_s(OpKind::all_reduce, Algorithm::ring, 2, 1048576) ==
+        Approx(4e-4).epsilon(1e-12));
+  CHECK_FALSE(model.measured_collective_time_s(OpKind::all_reduce, Algorithm::tree, 2, 1048576));
+  CHECK_FALSE(model.measured_collective_time_s(OpKind::all_gather, Algorithm::ring, 2, 1048576));
+  // No copy family: the staging copy reads and writes the bytes at the measured bandwidth.
+  CHECK(model.staging_copy_time_s(1e6) == Approx(2e6 / 8e9 + 1e-6).epsilon(1e-12));
+}
+
+TEST_CASE("profile: attention score and value cost the GEMMs they are made of", "[profile]") {
+  // Each variant its own rate (dgrad at half, wgrad at a quarter of forward's), so a wrong
+  // variant or shape shows. b·heads = 8 GEMMs of s = 64, d = 16 each.
+  DeviceProfile profile = synthetic_profile();
+  auto scaled = [](const std::string& variant, double factor) {
+    std::vector<GemmPoint> points = synthetic_grid(variant, synthetic_gemm_time_s);
+    for (GemmPoint& g : points) g.time_s *= factor;
+    return points;
+  };
+  const std::vector<std::pair<std::string, double>> slower = {{"dgrad", 2.0}, {"wgrad", 4.0}};
+  for (const auto& [variant, factor] : slower) {
+    for (const GemmPoint& g : scaled(variant, factor)) profile.measured->gemm.push_back(g);
+  }
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
+  GemmRateTable forward(synthetic_grid("forward", synthetic_gemm_time_s));
+  GemmRateTable dgrad(scaled("dgrad", 2.0)), wgrad(scaled("wgrad", 4.0));
+  auto time = [](const GemmRateTable& t, double m, double n, double k) {
+    return 2 * m * n * k / t.flops_per_s(m, n, k);
+  };
+  Op op;
+  op.kind = OpKind::attention;
+  op.batch = 8;
+  op.m = 64;
+  op.n = 64;
+  op.k = 16;
+  op.flops = 2.0 * 8 * 64 * 64 * 16;
+  op.name = "score";
+  CHECK(model.op_time_s(op) == Approx(8 * time(forward, 64, 64, 16)).epsilon(1e-12));
+  op.name = "value";
+  CHECK(model.op_time_s(op) == Approx(8 * time(dgrad, 64, 16, 64)).epsilon(1e-12));
+  op.phase = Phase::backward;
+  op.flops *= 2;
+  CHECK(model.op_time_s(op) ==
+        Approx(8 * (time(forward, 64, 64, 16) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
+  op.name = "score";
+  CHECK(model.op_time_s(op) ==
+        Approx(8 * (time(dgrad, 64, 16, 64) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
+  op.name = "softmax";
+  CHECK(attention_gemms(op).empty());
+}
+
+TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads", "[profile]") {
+  // Lowering counts its 4-byte result; the kernel reads the shard's 1e6 fp32 gradients.
+  DeviceProfile profile = synthetic_profile();
+  for (double bytes : {65536.0, 1048576.0, 16777216.0}) {
+    profile.measured->memory.push_back({"grad_norm", bytes, bytes / 20e9});
+  }
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
+  Op norm;
+  norm.kind = OpKind::optimizer_step;
+  norm.name = "grad_norm";
+  norm.phase = Phase::optimizer;
+  norm.flops = 2e6;
+  norm.bytes = 4;
+  CHECK(memory_family(norm) == "grad_norm");
+  CHECK(model.op_time_s(norm) == Approx(4e6 / 20e9).epsilon(1e-9));
+}
+
+TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[profile]") {
+  Op op;
+  op.kind = OpKind::attention;
+  op.name = "dropout";
+  CHECK(memory_family(op) == "attention_dropout_forward");
+  op.phase = Phase::backward;
+  CHECK(memory_family(op) == "dropout_backward");
+  op.kind = OpKind::activation;
+  op.name = "dropout_add";
+  CHECK(memory_family(op) == "dropout_backward");
+  op.phase = Phase::recompute;
+  CHECK(memory_family(op) == "dropout_add_forward");
+  op.kind = OpKind::norm;
+  op.name = "input_norm";
+  CHECK(memory_family(op) == "norm_forward");
+  CHECK(memory_family(op, "layernorm") == "layernorm_forward");
+  // A LayerNorm model takes the layernorm table where the profile has one.
+  DeviceProfile profile = synthetic_profile();
+  for (double bytes : {16384.0, 1048576.0}) {
+    profile.measured->memory.push_back({"layernorm_forward", bytes, bytes / 2e9});
+  }
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  ComputeCostModel layer(topology.node.device, Dtype::fp32, profile, topology.file, "layernorm");
+  ComputeCostModel rms(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm");
+  op.bytes = 65536;
+  CHECK(layer.op_time_s(op) == Approx(65536 / 2e9).epsilon(1e-9));
+  CHECK(rms.op_time_s(op) == Approx(1e-6 + 65536 / 10e9).epsilon(1e-12));
 }

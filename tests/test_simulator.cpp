@@ -2,6 +2,8 @@
 // case in its own process (one engine per process, see ../shared/SIMGRID-NOTES.md).
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "collective_steps.hpp"
 #include "profile.hpp"
 #include "sim_fixtures.hpp"
@@ -235,4 +237,149 @@ TEST_CASE("collective steps move the ring's bytes and the tree's rounds", "[sim_
   auto hier = collective_steps(OpKind::all_reduce, Algorithm::hierarchical, 800, layout, 5, false);
   CHECK(hier.size() == 8);
   CHECK(hier[3].sends[0].peer == 1);  // cross ring partner: local index 1 on node 0
+}
+
+namespace {
+
+// The roofline profile with the CPU backend's execution: one thread, ops in list order.
+DeviceProfile in_order_profile(const Topology& t, bool staged_sends = false) {
+  DeviceProfile p = roofline_profile(t);
+  p.execution_in_order = true;
+  p.execution_staged_sends = staged_sends;
+  return p;
+}
+
+// Rank 0's records (full mode keeps every rank's).
+std::vector<OpRecord> rank0(const SimulationOutput& out) {
+  std::vector<OpRecord> mine;
+  for (const OpRecord& r : out.records) {
+    if (r.rank == 0) mine.push_back(r);
+  }
+  return mine;
+}
+
+SimulationOutput run_with(const StepProgram& p, const Topology& t, const DeviceProfile& profile,
+                          SimMode mode = SimMode::fast) {
+  SimulateOptions o;
+  o.mode = mode;
+  return simulate_program(p, t, profile, o);
+}
+
+}  // namespace
+
+// The overlap test's program (a dp ring on the comm stream, 10 ms of compute): the streams overlap
+// (10 ms, the test above) unless the profile says the backend runs its ops in list order on one
+// thread; then the step is the ring, then the compute.
+namespace {
+
+void check_in_order_does_not_overlap(SimMode mode) {
+  StepProgram p = empty_program(1, 4, 1, 1);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 64e6, Stream::comm));
+  push_op(p.roles[0], compute_op(10e-3));
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
+  double ring = 2.0 * 3 / 4 * 64e6 / 25e9 + 2.0 * 3 * (2 * 3e-6);
+  SimulationOutput out = run_with(p, t, in_order_profile(t), mode);
+  CHECK(out.step_time_s == Approx(ring + 10e-3).epsilon(1e-9));
+  std::vector<OpRecord> records = rank0(out);
+  REQUIRE(records.size() == 2);
+  CHECK(records[1].start_s == Approx(ring).epsilon(1e-9));
+}
+
+}  // namespace
+
+TEST_CASE("sim: in order communication does not overlap compute (fast)", "[sim]") {
+  check_in_order_does_not_overlap(SimMode::fast);
+}
+
+TEST_CASE("sim: in order communication does not overlap compute (full)", "[sim]") {
+  check_in_order_does_not_overlap(SimMode::full);
+}
+
+namespace {
+
+// 2 devices on one node; the profile measured ring all_reduce over 2 ranks at 1 kB and 1 MB.
+// The program: 1 ms of compute, an all_reduce of 100 kB, 1 ms of compute.
+struct MeasuredCollectiveCase {
+  Topology topology = parse_test_topology(star_topology_json(1, 2, 100e9, 2e-6, 1, 25e9, 3e-6));
+  DeviceProfile profile;
+  StepProgram program = empty_program(1, 2, 1, 2);
+  // The log-log interpolation between the two points (not the link's α-β time).
+  double measured_s = 10e-6 * std::pow(100.0, std::log(100.0) / std::log(1000.0));
+  MeasuredCollectiveCase() {
+    profile = in_order_profile(topology);
+    MeasuredTables tables;
+    tables.dtype = Dtype::fp32;
+    tables.collectives.push_back({"all_reduce", "ring", 2, 1e3, 10e-6, 0, 0});
+    tables.collectives.push_back({"all_reduce", "ring", 2, 1e6, 1e-3, 0, 0});
+    profile.measured = tables;
+    push_op(program.roles[0], compute_op(1e-3));
+    push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 1e5, Stream::comm));
+    push_op(program.roles[0], compute_op(1e-3));
+  }
+};
+
+void check_measured_collective(SimMode mode) {
+  MeasuredCollectiveCase c;
+  SimulationOutput out = run_with(c.program, c.topology, c.profile, mode);
+  std::vector<OpRecord> records = rank0(out);
+  REQUIRE(records.size() == 3);
+  CHECK(records[1].end_s - records[1].start_s == Approx(c.measured_s).epsilon(1e-9));
+  CHECK(out.step_time_s == Approx(2e-3 + c.measured_s).epsilon(1e-9));
+}
+
+}  // namespace
+
+TEST_CASE("sim: in order a collective inside a node takes the measured time (fast)", "[sim]") {
+  check_measured_collective(SimMode::fast);
+}
+
+TEST_CASE("sim: in order a collective inside a node takes the measured time (full)", "[sim]") {
+  check_measured_collective(SimMode::full);
+}
+
+TEST_CASE("sim: without in-order execution a measured collective takes the link's flows", "[sim]") {
+  MeasuredCollectiveCase c;
+  c.profile.execution_in_order = false;
+  SimulationOutput out = run_with(c.program, c.topology, c.profile, SimMode::full);
+  double alpha_beta = 2 * (2e-6 + 0.5e5 / 100e9);
+  std::vector<OpRecord> records = rank0(out);
+  REQUIRE(records.size() == 3);
+  CHECK(records[1].end_s - records[1].start_s == Approx(alpha_beta).epsilon(1e-6));
+}
+
+TEST_CASE("sim: in order a staged send costs its copy and the receive waits for it", "[sim]") {
+  // Stage 0 sends 8 MB, then computes 1 ms; stage 1 receives it, then computes 1 ms, on a link
+  // with no latency and practically infinite bandwidth. The copy (read and write at the device's
+  // 1e12 B/s: 16 us) comes first on stage 0 and delays stage 1's receive: 1 ms without it.
+  Topology t = free_p2p_topology(2);
+  StepProgram p = empty_program(1, 1, 2, 2);
+  Op send;
+  send.kind = OpKind::send;
+  send.stream = Stream::p2p;
+  send.peer = Peer::pp_next;
+  send.tag = 1;
+  send.bytes = 8e6;
+  push_op(p.roles[0], send);
+  push_op(p.roles[0], compute_op(1e-3));
+  Op recv = send;
+  recv.kind = OpKind::recv;
+  recv.peer = Peer::pp_prev;
+  int32_t got = push_op(p.roles[1], recv);
+  push_op(p.roles[1], compute_op(1e-3, {got}));
+  const double copy = 2 * 8e6 / 1e12;
+  const double transfer = 8e6 / 1e15;
+  SimulationOutput staged = run_with(p, t, in_order_profile(t, true), SimMode::full);
+  CHECK(staged.step_time_s == Approx(copy + transfer + 1e-3).epsilon(1e-9));
+  int checked = 0;
+  for (const OpRecord& r : staged.records) {
+    if (r.rank == 0 && r.id == 0) {
+      CHECK(r.end_s - r.start_s == Approx(copy).epsilon(1e-9));
+      ++checked;
+    }
+    if (r.rank == 1 && r.id == 1) {
+      CHECK(r.start_s == Approx(copy + transfer).epsilon(1e-9));
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
 }
