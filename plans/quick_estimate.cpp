@@ -10,17 +10,6 @@ namespace stepcast {
 
 namespace {
 
-struct StageTimes {
-  double compute_mb_s = 0;   // compute ops of microbatch 0
-  double backward_mb_s = 0;  // of which backward (what overlapped reduction can hide behind)
-  double tp_mb_s = 0;        // tp / embedding / other non-dp collectives of microbatch 0
-  double pp_mb_s = 0;        // sends of microbatch 0
-  double dp_mb_s = 0;        // dp collectives of microbatch 0 (ZeRO-2/3 every pass)
-  double dp_step_s = 0;      // dp collectives once per step (buckets of the last pass, gathers)
-  int64_t dp_step_ops = 0;
-  double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
-};
-
 double collective_s(const Op& op, const RankGrid& grid, int64_t rank, const Topology& topology,
                     const LinkFigures& links) {
   if (op.algorithm == Algorithm::none) return 0;
@@ -37,6 +26,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
   int32_t last_microbatch = 0;
   for (const Op& op : role.ops) last_microbatch = std::max(last_microbatch, op.microbatch);
   StageTimes t;
+  t.stage = role.pp_stage;
   double dp_last_s = 0;
   int64_t dp_last_ops = 0;
   for (const Op& op : role.ops) {
@@ -82,16 +72,13 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
 
 }  // namespace
 
-QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
-                             int64_t num_microbatches, const Topology& topology,
-                             const ComputeCostModel& cost_model) {
-  LinkFigures links = link_figures(topology);
+QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,
+                                  int64_t num_microbatches) {
   double m = double(num_microbatches);
   double f = ideal_bubble_fraction(
       plan.schedule, ScheduleShape{plan.pp_size, plan.virtual_pp_size, num_microbatches});
   QuickEstimate best;
-  for (const Role& role : program.roles) {
-    StageTimes t = stage_times(role, program, topology, cost_model, links);
+  for (const StageTimes& t : stages) {
     double dp_mb_exposed = plan.overlap_grad_reduce
                                ? std::max(0.0, t.dp_mb_s - t.backward_mb_s)
                                : t.dp_mb_s;
@@ -109,10 +96,21 @@ QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
     e.dp_comm_s = dp_mb_exposed * m + dp_step_exposed;
     e.optimizer_s = t.step_level_s;
     e.step_time_s = pipeline_s + dp_step_exposed + t.step_level_s;
-    e.critical_stage = role.pp_stage;
+    e.critical_stage = t.stage;
     if (e.step_time_s > best.step_time_s) best = e;
   }
   return best;
+}
+
+QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
+                             int64_t num_microbatches, const Topology& topology,
+                             const ComputeCostModel& cost_model) {
+  LinkFigures links = link_figures(topology);
+  std::vector<StageTimes> stages;
+  for (const Role& role : program.roles) {
+    stages.push_back(stage_times(role, program, topology, cost_model, links));
+  }
+  return combine_stage_times(stages, plan, num_microbatches);
 }
 
 }  // namespace stepcast

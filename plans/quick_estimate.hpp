@@ -17,6 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "cost_model.hpp"
 #include "plan.hpp"
@@ -34,7 +37,29 @@ struct QuickEstimate {
   double dp_comm_s = 0;        // exposed dp communication (step-level and per-microbatch)
   double optimizer_s = 0;
   int64_t critical_stage = 0;
+  // Payload bytes one rank sends per step by group kind ("tp", "dp", "pp", "embedding",
+  // "model", "world"), the largest over stages, as program_stats counts them. Filled by
+  // probe_estimate only.
+  std::map<std::string, double> comm_bytes_per_rank_max;
 };
+
+// The formula's inputs for one stage (seconds): what quick_estimate reads from a role's ops and
+// probe_estimate (search_probe.hpp) computes without lowering.
+struct StageTimes {
+  int64_t stage = 0;
+  double compute_mb_s = 0;   // compute ops of microbatch 0
+  double backward_mb_s = 0;  // of which backward (what overlapped reduction can hide behind)
+  double tp_mb_s = 0;        // tp / embedding / other non-dp collectives of microbatch 0
+  double pp_mb_s = 0;        // sends of microbatch 0
+  double dp_mb_s = 0;        // dp collectives of microbatch 0 (ZeRO-2/3 every pass)
+  double dp_step_s = 0;      // dp collectives once per step (buckets of the last pass, gathers)
+  int64_t dp_step_ops = 0;
+  double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
+};
+
+// The formula over the stages' times; the slowest stage is the estimate.
+QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,
+                                  int64_t num_microbatches);
 
 QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
                              int64_t num_microbatches, const Topology& topology,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <sstream>
@@ -61,17 +62,6 @@ std::string reason_category(const std::string& message, const std::string& model
 Dtype search_dtype(const Topology& topology) {
   const auto& peaks = topology.node.device.peak_flops_per_s;
   return peaks.count(Dtype::bf16) ? Dtype::bf16 : Dtype::fp32;
-}
-
-void set_memory(Candidate& c, const MemoryReport& report) {
-  c.memory_checked = true;
-  c.peak_bytes_max = report.peak_bytes_max;
-  c.reserved_bytes = report.reserved_bytes;
-  c.capacity_bytes = report.capacity_bytes;
-}
-
-bool fits(const Candidate& c, double fraction) {
-  return c.peak_bytes_max + c.reserved_bytes <= fraction * c.capacity_bytes;
 }
 
 std::string gib(double bytes) {
@@ -161,6 +151,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.grad_dtype = Dtype::fp32;
                 p.overlap_grad_reduce = dp > 1;
                 p.overlap_param_gather = zero >= 1 && dp > 1;
+                p.attention_impl = space.attention_impl;
+                p.dropout = space.dropout;
                 p.name = plan_name(p);
                 p.file = "candidate " + p.name;
                 try {
@@ -190,47 +182,121 @@ Plan memory_path_plan(const Plan& plan) {
   return p;
 }
 
-void check_candidate(Candidate& c, const ModelConfig& model, const Topology& topology,
-                     const SearchSpace& space, const ComputeCostModel& cost_model) {
+namespace {
+
+// Memory's peak of one stage (runtime allowance included), from that stage's role alone:
+// lowered with memory_path_plan's microbatches, or the whole step's where lowering keeps send
+// staging copies to the step's end (the peak then grows with the microbatches).
+double walk_stage(const ModelConfig& model, const Topology& topology, const Plan& plan,
+                  int64_t stage, bool whole_step) {
+  Role role = lower_role(model, topology, whole_step ? plan : memory_path_plan(plan), stage);
+  return walk_role_memory(role).peak_bytes + topology.node.device.runtime_allowance_bytes;
+}
+
+void prune_memory(Candidate& c, double peak, double allowed, const std::string& what) {
+  c.pruned = "does not fit in memory";
+  c.peak_is_lower_bound = true;
+  c.peak_bytes_max = peak;
+  c.peak_lower_bytes = std::max(c.peak_lower_bytes, peak);
+  c.pruned_detail = what + " " + gib(peak) + " + reserved " + gib(c.reserved_bytes) + " > " +
+                    gib(allowed) + " allowed";
+}
+
+}  // namespace
+
+void check_candidate_memory(Candidate& c, const ModelConfig& model, const Topology& topology,
+                            const SearchSpace& space, ProbeCache& probes) {
   if (!c.kept()) return;
   const Plan& plan = c.plan;
   const DeviceSpec& device = topology.node.device;
-  // Lower bound: weights and optimizer state of the stage with the most transformer layers
-  // (tp shards each layer's matrices; replicated norms only add to it), plus the allowance.
-  int64_t most_layers = 0;
-  for (int64_t stage = 0; stage < plan.pp_size; ++stage) {
-    int64_t layers = 0;
-    for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
-      layers += plan.layers_per_stage[size_t(chunk * plan.pp_size + stage)];
+  c.memory_checked = true;
+  c.reserved_bytes = device.memory_reserved_bytes;
+  c.capacity_bytes = device.memory_bytes;
+  const double allowed = space.max_memory_fraction * device.memory_bytes;
+  const double limit = allowed - device.memory_reserved_bytes;  // on the peak
+  const LayerProbe& probe = probes.get(plan);
+  c.whole_step_walk = probe.send_staging;
+  c.stage_bounds = stage_memory_bounds(plan, model, topology, probe);
+  c.peak_lower_bytes = 0;
+  c.peak_upper_bytes = 0;
+  for (const auto& b : c.stage_bounds) {
+    c.peak_lower_bytes = std::max(c.peak_lower_bytes, b.lower_bytes);
+    c.peak_upper_bytes = std::max(c.peak_upper_bytes, b.upper_bytes);
+  }
+  if (c.peak_lower_bytes > limit) {
+    prune_memory(c, c.peak_lower_bytes, allowed,
+                 "weights, gradients, optimizer state and the activations kept by the layers "
+                 "in flight need at least");
+    return;
+  }
+  if (c.peak_upper_bytes > limit) {
+    // The limit lies between the bounds: walk the stages that could exceed it, most likely first.
+    std::vector<StageMemoryBounds*> open;
+    for (auto& b : c.stage_bounds) {
+      if (b.upper_bytes > limit) open.push_back(&b);
     }
-    most_layers = std::max(most_layers, layers);
+    std::sort(open.begin(), open.end(), [](auto* a, auto* b) { return a->lower_bytes > b->lower_bytes; });
+    for (StageMemoryBounds* b : open) {
+      double peak = walk_stage(model, topology, plan, b->stage, probe.send_staging);
+      ++c.walked_stages;
+      b->lower_bytes = b->upper_bytes = peak;
+      if (peak > limit) {
+        prune_memory(c, peak, allowed, "stage " + std::to_string(b->stage) + " peaks at");
+        return;
+      }
+    }
+    c.peak_lower_bytes = c.peak_upper_bytes = 0;
+    for (const auto& b : c.stage_bounds) {
+      c.peak_lower_bytes = std::max(c.peak_lower_bytes, b.lower_bytes);
+      c.peak_upper_bytes = std::max(c.peak_upper_bytes, b.upper_bytes);
+    }
   }
-  double params = double(layer_parameter_count(model)) * double(most_layers) / double(plan.tp_size);
-  ModelStateBytes state =
-      zero_model_state_bytes(params, plan.zero_stage, plan.dp_size, plan.param_dtype, plan.grad_dtype);
-  double lower_bound = state.weights + state.optimizer + device.runtime_allowance_bytes;
-  if (lower_bound + device.memory_reserved_bytes > space.max_memory_fraction * device.memory_bytes) {
-    c.memory_checked = true;
-    c.peak_is_lower_bound = true;
-    c.peak_bytes_max = lower_bound;
-    c.reserved_bytes = device.memory_reserved_bytes;
-    c.capacity_bytes = device.memory_bytes;
-    c.pruned = "does not fit in memory";
-    c.pruned_detail = "weights and optimizer state alone on the largest stage need " +
-                      gib(lower_bound) + " with the runtime allowance, more than " +
-                      gib(space.max_memory_fraction * device.memory_bytes) + " allowed";
-    return;
+  c.peak_bytes_max = c.peak_upper_bytes;
+  c.peak_exact = c.peak_lower_bytes == c.peak_upper_bytes;
+}
+
+void check_candidate(Candidate& c, const ModelConfig& model, const Topology& topology,
+                     const SearchSpace& space, const ComputeCostModel& cost_model,
+                     ProbeCache& probes) {
+  check_candidate_memory(c, model, topology, space, probes);
+  if (c.kept()) c.estimate = probe_estimate(c.plan, model, topology, probes.get(c.plan), cost_model);
+}
+
+void resolve_peak(Candidate& c, const ModelConfig& model, const Topology& topology) {
+  if (c.peak_exact || c.stage_bounds.empty()) return;
+  double lower = 0;
+  for (const auto& b : c.stage_bounds) lower = std::max(lower, b.lower_bytes);
+  double peak = 0;
+  for (auto& b : c.stage_bounds) {
+    // A stage whose upper bound is below another's lower bound cannot hold the peak.
+    if (b.upper_bytes < lower) continue;
+    if (b.lower_bytes != b.upper_bytes) {
+      b.lower_bytes = b.upper_bytes = walk_stage(model, topology, c.plan, b.stage, c.whole_step_walk);
+      ++c.walked_stages;
+    }
+    peak = std::max(peak, b.upper_bytes);
   }
-  Plan lowered_plan = memory_path_plan(plan);
-  StepProgram program = lower_program(model, topology, lowered_plan);
-  set_memory(c, memory_report(program, topology));
-  if (!fits(c, space.max_memory_fraction)) {
-    c.pruned = "does not fit in memory";
-    c.pruned_detail = "peak " + gib(c.peak_bytes_max) + " + reserved " + gib(c.reserved_bytes) +
-                      " > " + gib(space.max_memory_fraction * c.capacity_bytes) + " allowed";
-    return;
+  c.peak_bytes_max = c.peak_lower_bytes = c.peak_upper_bytes = peak;
+  c.peak_exact = true;
+}
+
+void resolve_smallest_peaks(std::vector<Candidate>& candidates, int64_t count,
+                            const ModelConfig& model, const Topology& topology, int jobs) {
+  std::vector<double> uppers;
+  for (const auto& c : candidates) {
+    if (c.kept()) uppers.push_back(c.peak_upper_bytes);
   }
-  c.estimate = quick_estimate(program, plan, plan.num_microbatches(), topology, cost_model);
+  if (uppers.empty() || count < 1) return;
+  size_t k = size_t(std::min<int64_t>(count, int64_t(uppers.size()))) - 1;
+  std::nth_element(uppers.begin(), uppers.begin() + k, uppers.end());
+  double cut = uppers[k];
+  std::vector<Candidate*> open;
+  for (auto& c : candidates) {
+    if (c.kept() && !c.peak_exact && c.peak_lower_bytes <= cut) open.push_back(&c);
+  }
+  parallel_for(
+      int64_t(open.size()), jobs,
+      [&](int64_t i) { resolve_peak(*open[size_t(i)], model, topology); }, nullptr);
 }
 
 void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
@@ -240,15 +306,21 @@ void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& mod
   for (auto& c : candidates) {
     if (c.kept()) kept.push_back(&c);
   }
+  ProbeCache probes(model, topology);
+  // Memory on `jobs` threads; the estimates after, on one (the cost model caches the rates it
+  // interpolates).
   parallel_for(
       int64_t(kept.size()), jobs,
-      [&](int64_t i) { check_candidate(*kept[size_t(i)], model, topology, space, cost_model); },
+      [&](int64_t i) { check_candidate_memory(*kept[size_t(i)], model, topology, space, probes); },
       progress);
+  for (Candidate* c : kept) {
+    if (c->kept()) c->estimate = probe_estimate(c->plan, model, topology, probes.get(c->plan), cost_model);
+  }
 }
 
 std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator& evaluate,
                               int64_t evaluate_count, int jobs, const Progress& progress,
-                              Objective objective) {
+                              Objective objective, int64_t evaluate_stride) {
   std::vector<Candidate> kept;
   for (auto& c : candidates) {
     if (c.kept()) kept.push_back(std::move(c));
@@ -260,15 +332,22 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
   };
   std::sort(kept.begin(), kept.end(), by_estimate);
   if (objective == Objective::memory) {
-    std::stable_sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) {
-      return a.peak_bytes_max < b.peak_bytes_max;
+    auto key = [](const Candidate& c) { return c.peak_exact ? c.peak_bytes_max : c.peak_lower_bytes; };
+    std::stable_sort(kept.begin(), kept.end(), [&](const Candidate& a, const Candidate& b) {
+      return key(a) < key(b);
     });
   }
-  int64_t n = std::min<int64_t>(evaluate_count, int64_t(kept.size()));
+  std::vector<size_t> chosen;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    int64_t k = int64_t(i);
+    if (k < evaluate_count || (evaluate_stride > 0 && (k - evaluate_count) % evaluate_stride == 0)) {
+      chosen.push_back(i);
+    }
+  }
   parallel_for(
-      n, jobs,
+      int64_t(chosen.size()), jobs,
       [&](int64_t i) {
-        Candidate& c = kept[size_t(i)];
+        Candidate& c = kept[chosen[size_t(i)]];
         try {
           c.step_time_s = evaluate(c.plan);
         } catch (const std::exception& e) {
@@ -283,6 +362,46 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
     return false;  // keeps the estimate order
   });
   return kept;
+}
+
+double spearman_rank_correlation(const std::vector<double>& x, const std::vector<double>& y) {
+  size_t n = x.size();
+  if (n < 2 || y.size() != n) return std::nan("");
+  auto ranks = [n](const std::vector<double>& v) {
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+    std::vector<double> r(n);
+    for (size_t i = 0; i < n;) {
+      size_t j = i;
+      while (j + 1 < n && v[order[j + 1]] == v[order[i]]) ++j;
+      for (size_t k = i; k <= j; ++k) r[order[k]] = 0.5 * double(i + j) + 1;
+      i = j + 1;
+    }
+    return r;
+  };
+  std::vector<double> rx = ranks(x), ry = ranks(y);
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < n; ++i) mx += rx[i], my += ry[i];
+  mx /= double(n);
+  my /= double(n);
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    sxy += (rx[i] - mx) * (ry[i] - my);
+    sxx += (rx[i] - mx) * (rx[i] - mx);
+    syy += (ry[i] - my) * (ry[i] - my);
+  }
+  if (sxx == 0 || syy == 0) return std::nan("");
+  return sxy / std::sqrt(sxx * syy);
+}
+
+double amdahl_serial_fraction(const std::vector<std::pair<double, double>>& xy) {
+  double num = 0, den = 0;
+  for (auto [x, y] : xy) {
+    num += (1 - x) * (y - x);
+    den += (1 - x) * (1 - x);
+  }
+  return den > 0 ? num / den : std::nan("");
 }
 
 std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candidates) {
@@ -372,8 +491,10 @@ std::vector<FitSuggestion> suggest_fits(const Plan& plan, const ModelConfig& mod
       c.plan = v.plan;
       ComputeCostModel unused(v.topology.node.device, v.plan.param_dtype,
                               roofline_profile(v.topology), v.topology.file);
-      check_candidate(c, model, v.topology, space, unused);
+      ProbeCache probes(model, v.topology);
+      check_candidate(c, model, v.topology, space, unused, probes);
       s.fits = c.kept();
+      if (s.fits) resolve_peak(c, model, v.topology);
       s.peak_bytes_max = c.peak_bytes_max;
       if (!c.kept()) s.note = c.pruned_detail;
     } catch (const InputError& e) {

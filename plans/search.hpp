@@ -17,6 +17,7 @@
 #include "model.hpp"
 #include "plan.hpp"
 #include "quick_estimate.hpp"
+#include "search_probe.hpp"
 #include "topology.hpp"
 
 namespace stepcast {
@@ -32,6 +33,8 @@ struct SearchSpace {
   std::vector<int> zero_stages{0, 1, 2, 3};
   std::vector<int64_t> virtual_pp_sizes{2, 3, 4};  // interleaved_1f1b variants when pp > 1
   bool include_gpipe = false;
+  AttentionImpl attention_impl = AttentionImpl::materialized;
+  double dropout = 0.1;
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity
 };
 
@@ -40,8 +43,17 @@ struct Candidate {
   std::string pruned;           // empty: kept; else the reason's category, e.g. "global_batch_size: not divisible"
   std::string pruned_detail;    // the full message
   bool memory_checked = false;
-  double peak_bytes_max = 0;    // memory_report's, on the planner's memory path
-  bool peak_is_lower_bound = false;  // pruned on weights and optimizer state alone (not lowered)
+  // Peak bytes per device (runtime allowance included) as `stepcast memory` computes it: exact
+  // when peak_exact (its stages were walked), otherwise only its bounds are known and
+  // peak_bytes_max is the upper bound (the lower bound for a plan pruned on it).
+  bool peak_exact = false;
+  double peak_bytes_max = 0;
+  double peak_lower_bytes = 0;
+  double peak_upper_bytes = 0;
+  bool peak_is_lower_bound = false;  // pruned on a lower bound (or one walked stage) alone
+  int64_t walked_stages = 0;         // stages lowered to decide (memory path)
+  bool whole_step_walk = false;      // walks lower every microbatch (lowering keeps send staging)
+  std::vector<StageMemoryBounds> stage_bounds;
   double reserved_bytes = 0;
   double capacity_bytes = 0;
   QuickEstimate estimate;
@@ -55,23 +67,37 @@ struct Candidate {
 std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topology& topology,
                                             const SearchSpace& space);
 
-// The plan the memory path lowers: the same plan with num_microbatches capped at 2·pp_size
-// (a multiple of pp_size, more than pp_size) when the plan has more. For 1f1b and interleaved
-// schedules no stage holds more than that many passes in flight, so the peak is the same;
-// gpipe keeps every microbatch. Lowering cost then no longer grows with the batch.
+// The plan whose program the quick estimate reads: the same plan with num_microbatches capped at
+// 2·pp_size (a multiple of pp_size, more than pp_size) when the plan has more; gpipe keeps every
+// microbatch. No 1f1b or interleaved stage has more passes in flight, so the layers in flight
+// (the memory bounds' schedule) are the whole step's, and the peak is the whole program's unless
+// lowering keeps buffers to the step's end (send staging): then walks take the whole step.
 Plan memory_path_plan(const Plan& plan);
 
-// Checks one kept candidate's memory (memory_report of memory_path_plan's program, against
-// max_memory_fraction) and, when it fits, its quick estimate. Prunes it "does not fit in
-// memory" otherwise. A candidate whose weights and optimizer state alone exceed the memory is
-// pruned without lowering.
+// Checks one kept candidate's memory and, when it fits, its quick estimate (probe_estimate).
+// The verdict is `stepcast memory`'s against max_memory_fraction, decided on the stages' bounds
+// (search_probe.hpp) where they do not straddle the limit and by walking the memory of the
+// stages whose bounds do (lower_role on memory_path_plan). Prunes it "does not fit in memory".
 void check_candidate(Candidate& candidate, const ModelConfig& model, const Topology& topology,
-                     const SearchSpace& space, const ComputeCostModel& cost_model);
+                     const SearchSpace& space, const ComputeCostModel& cost_model,
+                     ProbeCache& probes);
+// The memory half of check_candidate (safe to run on several threads).
+void check_candidate_memory(Candidate& candidate, const ModelConfig& model,
+                            const Topology& topology, const SearchSpace& space, ProbeCache& probes);
 
 using Progress = std::function<void(int64_t done, int64_t total)>;
 void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
                       const Topology& topology, const SearchSpace& space,
                       const ComputeCostModel& cost_model, int jobs, const Progress& progress);
+
+// `stepcast memory`'s peak of a checked candidate: walks the stages whose upper bound reaches
+// the largest lower bound (no other stage can hold the peak) and sets peak_exact.
+void resolve_peak(Candidate& candidate, const ModelConfig& model, const Topology& topology);
+
+// For --objective memory: resolves the peak of every kept candidate that can be among the
+// `count` smallest (lower bound ≤ the count-th smallest upper bound).
+void resolve_smallest_peaks(std::vector<Candidate>& candidates, int64_t count,
+                            const ModelConfig& model, const Topology& topology, int jobs);
 
 // Returns step_time_s of a plan; may throw (recorded as evaluation_error).
 using Evaluator = std::function<double(const Plan&)>;
@@ -79,12 +105,24 @@ using Evaluator = std::function<double(const Plan&)>;
 enum class Objective { time, memory };
 
 // Ranks the kept candidates by quick estimate (objective time) or by peak memory (objective
-// memory, ties by estimate), evaluates the best `evaluate_count` with `evaluate` on `jobs`
+// memory: the exact peak where resolved, else the lower bound; ties by estimate), evaluates the best `evaluate_count` with `evaluate` on `jobs`
 // threads, and returns every kept candidate: for time, evaluated ones first by their
 // step_time_s, then the rest by estimate; for memory, the memory order. Pruned ones are left out.
+// With evaluate_stride > 0, every evaluate_stride-th candidate after the first evaluate_count
+// (in the ranking order) is evaluated too: a sample over the whole range, for studying the
+// estimate's quality.
 std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator& evaluate,
                               int64_t evaluate_count, int jobs, const Progress& progress,
-                              Objective objective = Objective::time);
+                              Objective objective = Objective::time, int64_t evaluate_stride = 0);
+
+// Spearman's rank correlation of two equally long series (ties get their average rank);
+// NaN with fewer than two points or a constant series.
+double spearman_rank_correlation(const std::vector<double>& x, const std::vector<double>& y);
+
+// Amdahl's serial fraction f from scaling points (x = n₀/n, y = 1/speedup against the run on
+// n₀): the least-squares fit of y = f + (1 − f)·x, f = Σ(1 − x)(y − x) / Σ(1 − x)². NaN without
+// a point where x ≠ 1.
+double amdahl_serial_fraction(const std::vector<std::pair<double, double>>& xy);
 
 // Counts of pruned candidates per reason category.
 std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candidates);

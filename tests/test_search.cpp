@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -14,6 +15,8 @@
 #include "json_input.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
+#include "program_check.hpp"
+#include "program_stats.hpp"
 #include "search.hpp"
 #include "test_support.hpp"
 
@@ -67,7 +70,88 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   CHECK(pruned + kept == 912);
 }
 
-TEST_CASE("every pruned plan carries a true reason; memory path agrees with memory", "[search]") {
+namespace {
+
+// Every valid candidate of a case, with `stepcast memory`'s report on its whole program.
+struct Checked {
+  Candidate candidate;
+  MemoryReport full;
+  StepProgram program;
+};
+
+// Checks the planner's cheap path against lowering on one (model, topology, space): at several
+// memory limits (quantiles of the exact peaks, so some plans fit and some do not) the verdict is
+// memory's, each stage's bounds hold memory's peak, resolve_peak gives it exactly; the probe
+// estimate is quick_estimate's on the lowered program and the communication volume is
+// program_stats'. Returns how many stages the screen walked (to show the walk ran).
+int64_t check_cheap_path(const ModelConfig& model, const Topology& topology, SearchSpace space,
+                         int64_t stride) {
+  auto candidates = enumerate_candidates(model, topology, space);
+  auto costs = ComputeCostModel(topology.node.device, candidates.front().plan.param_dtype,
+                                roofline_profile(topology), topology.file);
+  std::vector<Checked> checked;
+  int64_t index = 0;
+  for (const auto& c : candidates) {
+    if (!c.kept() || index++ % stride != 0) continue;
+    StepProgram program = lower_program(model, topology, c.plan);
+    checked.push_back({c, memory_report(program, topology), std::move(program)});
+  }
+  REQUIRE(checked.size() > 10);
+  std::vector<double> peaks;
+  for (const auto& k : checked) peaks.push_back(k.full.peak_bytes_max + k.full.reserved_bytes);
+  std::sort(peaks.begin(), peaks.end());
+  int64_t walked = 0, fit = 0, too_big = 0;
+  const double capacity = topology.node.device.memory_bytes;
+  for (double quantile : {0.1, 0.5, 0.9, 1.0}) {
+    double limit = peaks[std::min(peaks.size() - 1, size_t(quantile * double(peaks.size())))];
+    space.max_memory_fraction = limit / capacity;
+    std::vector<Candidate> batch;
+    for (const auto& k : checked) batch.push_back(k.candidate);
+    check_candidates(batch, model, topology, space, costs, 2, nullptr);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Candidate& c = batch[i];
+      const MemoryReport& full = checked[i].full;
+      INFO(c.plan.name << " at " << space.max_memory_fraction << " of the device");
+      bool full_fits = full.peak_bytes_max + full.reserved_bytes <= space.max_memory_fraction * capacity;
+      REQUIRE(full_fits == c.kept());
+      if (!c.kept()) {
+        CHECK(c.pruned == "does not fit in memory");
+        CHECK(c.peak_bytes_max <= full.peak_bytes_max * (1 + 1e-12));
+        ++too_big;
+      } else {
+        ++fit;
+      }
+      walked += c.walked_stages;
+      for (const auto& b : c.stage_bounds) {
+        double exact = full.ranks[size_t(b.stage)].peak_bytes;
+        CHECK(b.lower_bytes <= exact * (1 + 1e-12));
+        CHECK(b.upper_bytes >= exact * (1 - 1e-12));
+      }
+      if (c.kept()) {
+        resolve_peak(c, model, topology);
+        CHECK(c.peak_exact);
+        CHECK(c.peak_bytes_max == Approx(full.peak_bytes_max).epsilon(1e-12));
+        QuickEstimate e = quick_estimate(lower_program(model, topology, memory_path_plan(c.plan)),
+                                         c.plan, c.plan.num_microbatches(), topology, costs);
+        CHECK(c.estimate.step_time_s == Approx(e.step_time_s).epsilon(1e-9));
+        CHECK(c.estimate.critical_stage == e.critical_stage);
+        ProgramStats stats = program_stats(checked[i].program);
+        CHECK(c.estimate.comm_bytes_per_rank_max.size() == stats.comm_bytes_per_rank_max.size());
+        for (const auto& [kind, bytes] : stats.comm_bytes_per_rank_max) {
+          INFO(kind);
+          CHECK(c.estimate.comm_bytes_per_rank_max[kind] == Approx(bytes).epsilon(1e-12));
+        }
+      }
+    }
+  }
+  CHECK(fit > 0);
+  CHECK(too_big > 0);
+  return walked;
+}
+
+}  // namespace
+
+TEST_CASE("every pruned plan carries a true reason", "[search]") {
   ModelConfig model = tiny();
   Topology topology = cpu(2);
   SearchSpace space;
@@ -87,39 +171,58 @@ TEST_CASE("every pruned plan carries a true reason; memory path agrees with memo
       CHECK(std::string(e.what()) == c.pruned_detail);
     }
   }
-  // First pass at full capacity, to find a memory limit some plans meet and some do not.
-  auto all = candidates;
+  // Memory reasons: `memory` on the whole program says it does not fit.
+  space.max_memory_fraction = 0.001;
   auto costs = cost_model(topology);
-  check_candidates(all, model, topology, space, costs, 2, nullptr);
-  std::vector<double> peaks;
-  for (const auto& c : all) {
-    if (c.kept()) peaks.push_back(c.peak_bytes_max);
-  }
-  REQUIRE(peaks.size() > 10);
-  std::sort(peaks.begin(), peaks.end());
-  space.max_memory_fraction = peaks[peaks.size() / 2] / topology.node.device.memory_bytes;
   check_candidates(candidates, model, topology, space, costs, 2, nullptr);
-  int64_t fit = 0, too_big = 0, capped = 0;
+  int64_t memory = 0;
   for (const auto& c : candidates) {
-    if (!c.kept() && c.pruned != "does not fit in memory") continue;
-    // The memory path's verdict against `memory` on the whole program.
+    if (c.pruned != "does not fit in memory") continue;
+    ++memory;
     MemoryReport full = memory_report(lower_program(model, topology, c.plan), topology);
-    INFO(c.plan.name);
-    CHECK(full.peak_bytes_max == Approx(c.peak_bytes_max).epsilon(1e-12));
-    bool full_fits = full.peak_bytes_max + full.reserved_bytes <=
-                     space.max_memory_fraction * full.capacity_bytes;
-    CHECK(full_fits == c.kept());
-    if (c.kept()) {
-      ++fit;
-      CHECK(c.estimate.step_time_s > 0);
-    } else {
-      ++too_big;
-    }
-    capped += memory_path_plan(c.plan).num_microbatches() < c.plan.num_microbatches();
+    INFO(c.plan.name << ": " << c.pruned_detail);
+    CHECK(full.peak_bytes_max + full.reserved_bytes > space.max_memory_fraction * full.capacity_bytes);
+    CHECK(c.peak_bytes_max <= full.peak_bytes_max);
   }
-  CHECK(fit > 0);
-  CHECK(too_big > 0);
-  CHECK(capped > 0);  // the cap was exercised
+  CHECK(memory > 0);
+}
+
+TEST_CASE("the cheap path agrees with memory and quick_estimate: tiny (Llama-style) on 4 cores",
+          "[search]") {
+  SearchSpace space;
+  space.global_batch_size = 32;
+  space.include_gpipe = true;
+  CHECK(check_cheap_path(tiny(), cpu(2), space, 1) > 0);
+}
+
+TEST_CASE("the cheap path agrees with memory and quick_estimate: GPT-2 on 8 A100, flash, no dropout",
+          "[search]") {
+  ModelConfig model = load_model(source_path("plans/models/gpt2-124m.json"));
+  Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
+  SearchSpace space;
+  space.global_batch_size = 16;
+  space.attention_impl = AttentionImpl::flash;
+  space.dropout = 0;
+  check_cheap_path(model, topology, space, 3);
+  space.attention_impl = AttentionImpl::materialized;
+  space.dropout = 0.1;
+  check_cheap_path(model, topology, space, 3);
+}
+
+TEST_CASE("Spearman rank correlation and Amdahl's serial fraction", "[search]") {
+  // Ranks (1, 2, 3, 4, 5) against (2, 1, 4, 3, 5): Σd² = 4, ρ = 1 − 6·4/(5·24) = 0.8.
+  CHECK(spearman_rank_correlation({1, 2, 3, 4, 5}, {20, 10, 40, 30, 50}) == Approx(0.8));
+  CHECK(spearman_rank_correlation({1, 2, 3}, {3, 2, 1}) == Approx(-1));
+  // Ties get average ranks: x ranks (1.5, 1.5, 3), y (1, 2, 3): ρ = 0.866.
+  CHECK(spearman_rank_correlation({1, 1, 2}, {1, 2, 3}) == Approx(std::sqrt(3.0) / 2));
+  CHECK(std::isnan(spearman_rank_correlation({1}, {1})));
+  // Points made with f = 0.1: 1/S = f + (1 − f)·x at x = 1, 1/2, 1/4, 1/8.
+  std::vector<std::pair<double, double>> xy;
+  for (double x : {1.0, 0.5, 0.25, 0.125}) xy.push_back({x, 0.1 + 0.9 * x});
+  CHECK(amdahl_serial_fraction(xy) == Approx(0.1));
+  // Perfect scaling: f = 0.
+  CHECK(amdahl_serial_fraction({{1, 1}, {0.5, 0.5}}) == Approx(0).margin(1e-12));
+  CHECK(std::isnan(amdahl_serial_fraction({{1, 1}})));
 }
 
 TEST_CASE("search ranks by the evaluator it is given", "[search]") {
@@ -144,10 +247,11 @@ TEST_CASE("search ranks by the evaluator it is given", "[search]") {
     CHECK(!ranked[i].step_time_s);
     if (i > 12) CHECK(ranked[i - 1].estimate.step_time_s <= ranked[i].estimate.step_time_s);
   }
-  // Every returned plan lowers and fits.
+  // Every returned plan lowers, keeps the program's invariants and fits.
   for (const auto& c : ranked) {
-    MemoryReport memory = memory_report(lower_program(model, topology, c.plan), topology);
-    CHECK(memory.fits);
+    StepProgram program = lower_program(model, topology, c.plan);
+    CHECK(check_program(program).empty());
+    CHECK(memory_report(program, topology).fits);
   }
 }
 
@@ -189,6 +293,17 @@ TEST_CASE("stepcast plan end to end on the tiny model", "[search][cli]") {
   CHECK(plans["plans"][1]["step_time_source"] == "simulate");
   CHECK(plans["plans"][0]["step_time_s"].get<double>() <= plans["plans"][1]["step_time_s"].get<double>());
   REQUIRE(plans.at("top").size() == 3);
+  // Pruned candidates are listed with their reason; the counts add up.
+  REQUIRE(plans.at("pruned").size() > 0);
+  int64_t counted = 0;
+  for (const auto& [reason, n] : plans.at("pruned_counts").items()) counted += n.get<int64_t>();
+  CHECK(counted == int64_t(plans["pruned"].size()));
+  for (const auto& p : plans["pruned"]) {
+    CHECK(!p.at("reason").get<std::string>().empty());
+    CHECK(!p.at("detail").get<std::string>().empty());
+  }
+  CHECK(std::filesystem::exists(out + "/report.md"));
+  CHECK(std::filesystem::exists(out + "/report.html"));
   for (const auto& t : plans["top"]) {
     std::string file = out + "/" + t.at("plan_file").get<std::string>();
     auto sim = run_stepcast("simulate" + model_arg("tiny") + topology_arg("localhost-cpu") +
@@ -206,6 +321,9 @@ TEST_CASE("stepcast plan refuses what no plan can do", "[search][cli]") {
   INFO(batch.output);
   CHECK(batch.exit_code == 2);
   CHECK(batch.output.find("no plan is valid for --global-batch-size 7") != std::string::npos);
+  // The nearest batch sizes some plan accepts, computed: 6 (below) and 8 (above), both even.
+  CHECK(batch.output.find("--global-batch-size 6") != std::string::npos);
+  CHECK(batch.output.find("--global-batch-size 8") != std::string::npos);
   auto big = run_stepcast("plan" + model_arg("gpt3-175b") + topology_arg("localhost-cpu") +
                           " --global-batch-size 8");
   INFO(big.output);
@@ -217,4 +335,97 @@ TEST_CASE("stepcast plan refuses what no plan can do", "[search][cli]") {
   CHECK(tight.exit_code == 2);
   CHECK(tight.output.find("no plan fits") != std::string::npos);
   CHECK(tight.output.find("Checked changes") != std::string::npos);
+  // What would fit, computed: the search again on more nodes.
+  CHECK(tight.output.find("valid: --nodes 2 (2× the nodes):") != std::string::npos);
+}
+
+TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[search][cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan-memory").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("plan" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                        " --nodes 2 --global-batch-size 16 --objective memory --top 4 --evaluate 0"
+                        " --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json plans = load_json_file(out + "/plans.json");
+  REQUIRE(plans.at("top").size() == 4);
+  double previous = 0;
+  for (const auto& t : plans["top"]) {
+    double peak = t.at("peak_bytes_max").get<double>();
+    CHECK(peak >= previous);
+    previous = peak;
+  }
+  // No plan that fits has a smaller peak than the first: its lower bound is not below it.
+  double first = plans["top"][0]["peak_bytes_max"].get<double>();
+  for (const auto& p : plans["plans"]) {
+    double low = p.contains("peak_bytes_max") ? p["peak_bytes_max"].get<double>()
+                                              : p.at("peak_bytes_lower_bound").get<double>();
+    CHECK(low >= first);
+  }
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("compare-strategies" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                        " --nodes 2 --global-batch-size 16 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json s = load_json_file(out + "/strategies.json");
+  REQUIRE(s.at("strategies").size() == 7);
+  std::vector<std::string> names;
+  for (const auto& row : s["strategies"]) names.push_back(row.at("strategy").get<std::string>());
+  CHECK(names.front() == "pure DP");
+  CHECK(names.back() == "best 3D");
+  for (const auto& row : s["strategies"]) {
+    INFO(row.dump());
+    REQUIRE(row.at("simulated").get<bool>());  // every strategy has a valid plan on 4 cores
+    CHECK(row.at("step_time_s").get<double>() > 0);
+    CHECK(row.at("peak_bytes").get<double>() > row.at("memory_weights_bytes").get<double>());
+  }
+  // ZeRO-3 shards weights over the 4 ranks: fewer weight bytes than pure DP.
+  CHECK(s["strategies"][3]["memory_weights_bytes"].get<double>() <
+        s["strategies"][0]["memory_weights_bytes"].get<double>());
+  CHECK(std::filesystem::exists(out + "/report.html"));
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-scale").string();
+  std::filesystem::remove_all(out);
+  auto strong = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                             " --plan " + source_path("plans/tiny-cpu.json") +
+                             " --nodes 1,2,4 --out " + out);
+  INFO(strong.output);
+  REQUIRE(strong.exit_code == 0);
+  Json s = load_json_file(out + "/scale.json");
+  REQUIRE(s.at("points").size() == 3);
+  CHECK(s["points"][0]["speedup"].get<double>() == Approx(1));
+  CHECK(s["points"][0]["efficiency"].get<double>() == Approx(1));
+  // 4 nodes: dp 8 with micro batch 2 does not divide the batch of 8: a point with its reason.
+  REQUIRE(s["points"][2].contains("error"));
+  CHECK(s["points"][2]["error"].get<std::string>().find("global_batch_size") != std::string::npos);
+  for (const auto& p : s["points"]) {
+    if (p.contains("error")) continue;
+    // Strong scaling: the global batch stays.
+    CHECK(p.at("global_batch_size") == s["points"][0]["global_batch_size"]);
+    CHECK(p.at("efficiency").get<double>() ==
+          Approx(p.at("speedup").get<double>() * 2.0 / p.at("devices").get<double>()));
+  }
+  CHECK(s.contains("amdahl_serial_fraction"));
+  CHECK(strong.output.find("Amdahl serial fraction") != std::string::npos);
+  auto weak = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                           " --plan " + source_path("plans/tiny-cpu.json") +
+                           " --nodes 1,2 --weak --out " + out);
+  INFO(weak.output);
+  REQUIRE(weak.exit_code == 0);
+  Json w = load_json_file(out + "/scale.json");
+  CHECK(w["points"][1]["global_batch_size"].get<int64_t>() ==
+        2 * w["points"][0]["global_batch_size"].get<int64_t>());
+  auto bad = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                          " --plan " + source_path("plans/tiny-cpu.json") + " --nodes 1,x");
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("not a node count") != std::string::npos);
+  std::filesystem::remove_all(out);
 }

@@ -1,0 +1,82 @@
+// Child-process simulations; see child_simulate.hpp.
+#include "child_simulate.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "inputs.hpp"
+
+namespace stepcast::cli {
+
+ChildSimulator::ChildSimulator(const ModelConfig& model, std::optional<std::string> profile)
+    : model_(model), profile_(std::move(profile)) {
+  // A fresh folder per instance: several may live at once in one process (validate --sweep
+  // published runs one per model on two threads).
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     ("stepcast-children-" + std::to_string(getpid()) + "-XXXXXX"))
+                        .string();
+  if (!mkdtemp(dir.data())) throw std::runtime_error("cannot create a folder like " + dir);
+  dir_ = dir;
+}
+
+ChildSimulator::~ChildSimulator() {
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
+                                   const Topology& topology) {
+  std::filesystem::path dir;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dir = dir_ / std::to_string(next_++);
+  }
+  std::filesystem::create_directories(dir);
+  std::string plan_file = (dir / "plan.json").string();
+  std::ofstream(plan_file) << plan_to_json(plan).dump(2);
+  std::ostringstream cmd;
+  // /proc/PID/exe still runs this binary if a rebuild replaced the file meanwhile.
+  cmd << "/proc/" << getpid() << "/exe simulate --model " << shell_quote(model_.file)
+      << " --topology " << shell_quote(topology.file) << " --nodes " << topology.num_nodes
+      << " --plan " << shell_quote(plan_file) << " --mode fast --no-scaling --out "
+      << shell_quote((dir / "out").string());
+  if (profile_) cmd << " --profile " << shell_quote(*profile_);
+  cmd << " >" << shell_quote((dir / "log").string()) << " 2>&1";
+  if (std::system(cmd.str().c_str()) != 0) {
+    std::ifstream log(dir / "log");
+    std::stringstream text;
+    text << log.rdbuf();
+    throw std::runtime_error("simulate failed: " + text.str());
+  }
+  Json p = load_json_file((dir / "out" / "prediction.json").string());
+  Simulated s;
+  s.step_time_s = p.at("step_time_s").get<double>();
+  s.tokens_per_s = p.at("tokens_per_s").get<double>();
+  s.mfu = p.at("mfu").get<double>();
+  const Json& b = p.at("breakdown_s");
+  s.compute_s = b.at("compute").get<double>();
+  s.exposed_comm_s = b.at("exposed_comm").get<double>();
+  s.bubble_s = b.at("bubble").get<double>();
+  s.optimizer_s = b.at("optimizer").get<double>();
+  s.memory = p.at("memory");
+  s.fits = s.memory.at("fits").get<bool>();
+  s.peak_bytes_max = s.memory.at("peak_bytes_max").get<double>();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::lock_guard<std::mutex> lock(mutex_);
+  results_[key] = s;
+  return s;
+}
+
+std::optional<Simulated> ChildSimulator::result(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = results_.find(key);
+  if (it == results_.end()) return std::nullopt;
+  return it->second;
+}
+
+}  // namespace stepcast::cli

@@ -1,0 +1,55 @@
+// Simulations in child processes for the commands that compare many plans (plan,
+// compare-strategies, scale): each runs `stepcast simulate --mode fast --no-scaling` through
+// /proc/self/exe, since a process holds one SimGrid engine (../shared/SIMGRID-NOTES.md). Safe to
+// call from several threads: one child each, results kept by a key the caller chooses.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "json_input.hpp"
+#include "model.hpp"
+#include "plan.hpp"
+#include "topology.hpp"
+
+namespace stepcast::cli {
+
+// What the commands read back from prediction.json.
+struct Simulated {
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double compute_s = 0;        // breakdown_s of the critical rank
+  double exposed_comm_s = 0;
+  double bubble_s = 0;
+  double optimizer_s = 0;
+  bool fits = false;
+  double peak_bytes_max = 0;
+  Json memory;                 // prediction.json's "memory" (ranks by class, fits)
+};
+
+class ChildSimulator {
+ public:
+  ChildSimulator(const ModelConfig& model, std::optional<std::string> profile);
+  ~ChildSimulator();
+  ChildSimulator(const ChildSimulator&) = delete;
+  ChildSimulator& operator=(const ChildSimulator&) = delete;
+
+  // Simulates `plan` on `topology` (its file with --nodes num_nodes); throws std::runtime_error
+  // with the child's output when it fails. The result is also kept under `key`.
+  Simulated simulate(const std::string& key, const Plan& plan, const Topology& topology);
+  std::optional<Simulated> result(const std::string& key) const;
+
+ private:
+  const ModelConfig& model_;
+  std::optional<std::string> profile_;
+  std::filesystem::path dir_;
+  mutable std::mutex mutex_;
+  int64_t next_ = 0;
+  std::map<std::string, Simulated> results_;
+};
+
+}  // namespace stepcast::cli

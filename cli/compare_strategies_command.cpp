@@ -1,0 +1,266 @@
+// `stepcast compare-strategies`: the same model, cluster and batch under each sharding strategy
+// — pure data parallelism, ZeRO-1, -2, -3, tensor parallelism (tp = devices per node),
+// pipeline parallelism — and the best 3D plan: for each, the best plan of that shape by the
+// quick estimate among those that fit (else the one with the smallest peak), simulated in a
+// child process; memory per GPU by class, step time, exposed communication and volume.
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <thread>
+
+#include "child_simulate.hpp"
+#include "commands.hpp"
+#include "errors.hpp"
+#include "inputs.hpp"
+#include "planner_common.hpp"
+#include "planner_report.hpp"
+#include "search.hpp"
+#include "summary.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+struct Strategy {
+  std::string name;
+  std::function<bool(const Plan&)> member;
+};
+
+std::vector<Strategy> strategies(const Topology& topology) {
+  int64_t node = topology.node.devices_per_node;
+  auto pure = [](int zero) {
+    return [zero](const Plan& p) { return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == zero; };
+  };
+  return {
+      {"pure DP", pure(0)},
+      {"ZeRO-1", pure(1)},
+      {"ZeRO-2", pure(2)},
+      {"ZeRO-3", pure(3)},
+      {"TP (tp " + std::to_string(node) + ") + DP",
+       [node](const Plan& p) { return p.tp_size == node && p.pp_size == 1 && p.zero_stage == 0; }},
+      {"PP + DP", [](const Plan& p) { return p.tp_size == 1 && p.pp_size > 1 && p.zero_stage == 0; }},
+      {"best 3D", [](const Plan&) { return true; }},
+  };
+}
+
+}  // namespace
+
+int run_compare_strategies(int argc, char** argv) {
+  po::options_description options("stepcast compare-strategies options");
+  options.add_options()
+      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
+      ("nodes", po::value<int>(), "override the topology's num_nodes")
+      ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")
+      ("max-memory-fraction", po::value<double>()->default_value(1.0),
+       "a plan fits when peak + reserved ≤ this fraction of the device's memory")
+      ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
+      ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
+      ("profile", po::value<std::string>(), "device profile for the estimate and the simulations")
+      ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
+      ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html");
+  auto vm = parse_command_line(
+      argc, argv, options,
+      "usage: stepcast compare-strategies --model M --topology T --global-batch-size B [--nodes N]\n"
+      "                                   [--max-memory-fraction F] [--profile F] [--out DIR]\n"
+      "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
+      "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
+      "rest) and the best 3D plan. Each strategy's row is its best plan by the quick estimate\n"
+      "among those that fit (else the one with the smallest peak), simulated (--mode fast):\n"
+      "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
+      "per rank, and whether it fits.");
+  if (!vm) return 0;
+  std::optional<int> nodes;
+  if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
+  ModelConfig model = load_model((*vm)["model"].as<std::string>());
+  Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
+  SearchSpace space;
+  space.global_batch_size = (*vm)["global-batch-size"].as<int64_t>();
+  space.max_memory_fraction = (*vm)["max-memory-fraction"].as<double>();
+  space.dropout = (*vm)["dropout"].as<double>();
+  std::string attention = (*vm)["attention"].as<std::string>();
+  if (attention != "materialized" && attention != "flash") {
+    throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");
+  }
+  space.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  int jobs = (*vm)["jobs"].as<int>();
+  if (space.global_batch_size < 1 || jobs < 1 ||
+      !(space.max_memory_fraction > 0 && space.max_memory_fraction <= 1)) {
+    throw InputError("command line: valid: --global-batch-size >= 1, --jobs >= 1, "
+                     "--max-memory-fraction in (0, 1]");
+  }
+  check_cluster_memory(model, topology);
+  std::optional<std::string> profile_file;
+  if (vm->count("profile")) profile_file = (*vm)["profile"].as<std::string>();
+  DeviceProfile profile = profile_file ? load_profile(*profile_file) : roofline_profile(topology);
+  check_profile_matches(profile, topology);
+  std::cout << "stepcast compare-strategies: " << model.name << " on " << topology.name << " ("
+            << topology.num_devices() << " devices), global batch " << space.global_batch_size
+            << "\n";
+
+  std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
+  int64_t valid = 0;
+  for (const auto& c : candidates) valid += c.kept();
+  if (valid == 0) refuse_no_valid_plan(candidates, model, topology, space);
+  ComputeCostModel cost_model(topology.node.device, candidates.front().plan.param_dtype, profile,
+                              topology.file);
+  check_candidates(candidates, model, topology, space, cost_model, jobs,
+                   progress_printer("memory and estimate"));
+
+  StrategyReport report;
+  report.title = "stepcast compare-strategies: " + model.name + " on " +
+                 std::to_string(topology.num_devices()) + " × " + topology.node.device.name +
+                 ", global batch " + std::to_string(space.global_batch_size);
+  report.capacity_bytes = space.max_memory_fraction * topology.node.device.memory_bytes;
+  std::vector<Candidate*> chosen;
+  ProbeCache probes(model, topology);
+  for (const Strategy& s : strategies(topology)) {
+    StrategyRow row;
+    row.strategy = s.name;
+    Candidate* best = nullptr;
+    Candidate* smallest = nullptr;
+    std::map<std::string, int64_t> reasons;
+    for (auto& c : candidates) {
+      if (!s.member(c.plan)) continue;
+      if (c.kept()) {
+        if (!best || c.estimate.step_time_s < best->estimate.step_time_s) best = &c;
+      } else if (c.pruned == "does not fit in memory") {
+        if (!smallest || c.peak_bytes_max < smallest->peak_bytes_max) smallest = &c;
+      } else {
+        ++reasons[c.pruned];
+      }
+    }
+    Candidate* pick = best ? best : smallest;
+    if (pick) {
+      row.plan = pick->plan.name;
+      row.fits = pick->kept();
+      if (!row.fits) {
+        row.note = "smallest peak of the strategy; " + pick->pruned_detail;
+        pick->estimate = probe_estimate(pick->plan, model, topology, probes.get(pick->plan), cost_model);
+      }
+      for (const auto& [kind, b] : pick->estimate.comm_bytes_per_rank_max) row.comm_volume_bytes += b;
+    } else {
+      row.note = "no valid plan";
+      int64_t most = 0;
+      for (const auto& [reason, n] : reasons) {
+        if (n > most) most = n, row.note = "no valid plan: " + reason;
+      }
+    }
+    chosen.push_back(pick);
+    report.rows.push_back(row);
+  }
+  // Simulate each distinct chosen plan, `jobs` at a time.
+  ChildSimulator simulator(model, profile_file);
+  std::vector<Candidate*> distinct;
+  for (Candidate* c : chosen) {
+    if (c && std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
+  }
+  std::atomic<size_t> next{0};
+  std::map<std::string, std::string> errors;
+  std::mutex errors_mutex;
+  auto worker = [&] {
+    for (size_t i = next++; i < distinct.size(); i = next++) {
+      try {
+        simulator.simulate(distinct[i]->plan.name, distinct[i]->plan, topology);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(errors_mutex);
+        errors[distinct[i]->plan.name] = e.what();
+      }
+      std::cerr << "\rsimulate --mode fast: " << i + 1 << "/" << distinct.size() << std::flush;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 1; j < jobs; ++j) threads.emplace_back(worker);
+  worker();
+  for (auto& t : threads) t.join();
+  std::cerr << "\n";
+  for (size_t i = 0; i < report.rows.size(); ++i) {
+    StrategyRow& row = report.rows[i];
+    if (!chosen[i]) continue;
+    auto sim = simulator.result(row.plan);
+    if (!sim) {
+      row.note += (row.note.empty() ? "" : "; ") + std::string("simulation failed");
+      row.peak_bytes = chosen[i]->peak_bytes_max;
+      continue;
+    }
+    row.simulated = true;
+    row.step_time_s = sim->step_time_s;
+    row.exposed_comm_s = sim->exposed_comm_s;
+    row.bubble_s = sim->bubble_s;
+    row.mfu = sim->mfu;
+    const Json* peak_rank = nullptr;
+    for (const auto& r : sim->memory.at("ranks")) {
+      if (!peak_rank || r.at("peak_bytes").get<double>() > peak_rank->at("peak_bytes").get<double>()) {
+        peak_rank = &r;
+      }
+    }
+    if (peak_rank) {
+      row.weights_bytes = peak_rank->at("memory_weights_bytes").get<double>();
+      row.grads_bytes = peak_rank->at("memory_grads_bytes").get<double>();
+      row.optimizer_bytes = peak_rank->at("memory_optimizer_bytes").get<double>();
+      row.activations_bytes = peak_rank->at("memory_activations_bytes").get<double>();
+      row.workspace_bytes = peak_rank->at("memory_workspace_bytes").get<double>();
+      row.comm_bytes = peak_rank->at("memory_comm_bytes").get<double>();
+      row.runtime_bytes = peak_rank->at("memory_runtime_bytes").get<double>();
+      row.peak_bytes = peak_rank->at("peak_bytes").get<double>();
+    }
+  }
+  for (const auto& [name, e] : errors) std::cerr << "warning: simulating " << name << " failed: " << e << "\n";
+
+  std::cout << "\n" << std::left << std::setw(18) << "strategy" << std::setw(40) << "plan"
+            << std::right << std::setw(5) << "fits" << std::setw(10) << "weights" << std::setw(10)
+            << "grads" << std::setw(10) << "optim" << std::setw(10) << "activ" << std::setw(10)
+            << "ws+comm" << std::setw(10) << "peak" << std::setw(9) << "step s" << std::setw(9)
+            << "exp.comm" << std::setw(9) << "bubble" << std::setw(11) << "comm/rank" << "\n";
+  for (const auto& row : report.rows) {
+    std::cout << std::left << std::setw(18) << row.strategy << std::setw(40)
+              << (row.plan.empty() ? "-" : row.plan) << std::right;
+    if (row.plan.empty()) {
+      std::cout << "  " << row.note << "\n";
+      continue;
+    }
+    std::cout << std::setw(5) << (row.fits ? "yes" : "no");
+    for (double b : {row.weights_bytes, row.grads_bytes, row.optimizer_bytes, row.activations_bytes,
+                     row.workspace_bytes + row.comm_bytes, row.peak_bytes}) {
+      std::cout << std::setw(10) << format_bytes(b);
+    }
+    if (row.simulated) {
+      std::cout << std::setw(9) << fixed(row.step_time_s, 3) << std::setw(9)
+                << fixed(row.exposed_comm_s, 3) << std::setw(9) << fixed(row.bubble_s, 3);
+    } else {
+      std::cout << std::setw(27) << "(not simulated)";
+    }
+    std::cout << std::setw(11) << format_bytes(row.comm_volume_bytes) << "\n";
+  }
+  std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
+            << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
+  if (vm->count("out")) {
+    std::string dir = (*vm)["out"].as<std::string>();
+    Json out;
+    out["schema_version"] = 1;
+    out["command"] = "compare-strategies";
+    out["inputs"] = {{"model_file", model.file}, {"topology_file", topology.file},
+                     {"num_nodes", topology.num_nodes}, {"global_batch_size", space.global_batch_size},
+                     {"max_memory_fraction", space.max_memory_fraction}, {"profile", profile.name}};
+    Json rows = Json::array();
+    for (const auto& r : report.rows) {
+      rows.push_back({{"strategy", r.strategy}, {"plan", r.plan}, {"fits", r.fits}, {"note", r.note},
+                      {"simulated", r.simulated},
+                      {"memory_weights_bytes", r.weights_bytes}, {"memory_grads_bytes", r.grads_bytes},
+                      {"memory_optimizer_bytes", r.optimizer_bytes},
+                      {"memory_activations_bytes", r.activations_bytes},
+                      {"memory_workspace_bytes", r.workspace_bytes}, {"memory_comm_bytes", r.comm_bytes},
+                      {"memory_runtime_bytes", r.runtime_bytes}, {"peak_bytes", r.peak_bytes},
+                      {"step_time_s", r.step_time_s}, {"exposed_comm_s", r.exposed_comm_s},
+                      {"bubble_s", r.bubble_s}, {"comm_bytes_per_rank", r.comm_volume_bytes},
+                      {"mfu", r.mfu}});
+    }
+    out["strategies"] = rows;
+    write_output_file(dir, "strategies.json", out.dump(2) + "\n");
+    write_strategy_report(dir, report);
+    std::cout << "wrote " << dir << "/strategies.json, report.md, report.html\n";
+  }
+  return 0;
+}
+
+}  // namespace stepcast::cli

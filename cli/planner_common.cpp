@@ -1,0 +1,152 @@
+// Shared pieces of the planner's commands; see planner_common.hpp.
+#include "planner_common.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "errors.hpp"
+#include "summary.hpp"
+
+namespace stepcast::cli {
+
+Progress progress_printer(const std::string& what) {
+  auto last = std::make_shared<int64_t>(-1);
+  return [what, last](int64_t done, int64_t total) {
+    int64_t percent = total == 0 ? 100 : done * 100 / total;
+    if (percent / 10 != *last / 10 || done == total) {
+      *last = percent;
+      std::cerr << "\r" << what << ": " << done << "/" << total << " (" << percent << "%)"
+                << (done == total ? "\n" : "") << std::flush;
+    }
+  };
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
+}
+
+void check_cluster_memory(const ModelConfig& model, const Topology& topology) {
+  double params = double(parameter_count(model));
+  double need = 16.0 * params;  // bf16 weights and grads, fp32 master and Adam moments
+  double have = double(topology.num_devices()) * topology.node.device.memory_bytes;
+  if (need > have) {
+    int64_t nodes_needed = int64_t(std::ceil(need / (topology.node.device.memory_bytes *
+                                                     double(topology.node.devices_per_node))));
+    throw InputError(model.file + ": the model's " + fixed(params / 1e9, 2) +
+                     "e9 parameters need at least 16 bytes each (" + format_bytes(need) +
+                     ") of model state, more than the cluster's " +
+                     std::to_string(topology.num_devices()) + " devices hold together (" +
+                     format_bytes(have) + "); valid: --nodes " + std::to_string(nodes_needed) +
+                     " or more, or a smaller model");
+  }
+}
+
+void refuse_no_valid_plan(const std::vector<Candidate>& candidates, const ModelConfig& model,
+                          const Topology& topology, const SearchSpace& space) {
+  auto counts = pruned_counts(candidates);
+  std::ostringstream why;
+  why << "no plan is valid for --global-batch-size " << space.global_batch_size << ":";
+  for (const auto& [reason, n] : counts) why << "\n  " << n << " × " << reason;
+  // Nearest batch sizes some candidate accepts: each refused candidate's batch step
+  // (micro_batch_size · dp_size, times pp_size for the interleaved schedule), validated.
+  const int64_t b = space.global_batch_size;
+  int64_t below = 0, above = 0;
+  std::string below_plan, above_plan;
+  for (const auto& c : candidates) {
+    if (c.pruned.rfind("global_batch_size", 0) != 0) continue;
+    int64_t step = c.plan.micro_batch_size * c.plan.dp_size;
+    if (c.plan.schedule == ScheduleKind::interleaved_1f1b) step *= c.plan.pp_size;
+    for (int64_t gbs : {b / step * step, (b / step + 1) * step}) {
+      if (gbs < 1 || gbs == b) continue;
+      if (gbs < b && gbs <= below) continue;
+      if (gbs > b && above != 0 && gbs >= above) continue;
+      Plan p = c.plan;
+      p.global_batch_size = gbs;
+      p.layers_per_stage.clear();
+      p.grad_bucket_bytes = 0;
+      try {
+        validate_plan(p, model, topology);
+      } catch (const InputError&) {
+        continue;
+      }
+      if (gbs < b) below = gbs, below_plan = c.plan.name;
+      else above = gbs, above_plan = c.plan.name;
+    }
+  }
+  if (below || above) {
+    why << "\nvalid: a global batch size some plan divides into micro_batch_size · dp_size "
+           "(· pp_size when interleaved), e.g.";
+    if (below) why << " --global-batch-size " << below << " (" << below_plan << ")";
+    if (below && above) why << " or";
+    if (above) why << " --global-batch-size " << above << " (" << above_plan << ")";
+  }
+  throw InputError(why.str());
+}
+
+void refuse_no_fit(const std::vector<Candidate>& candidates, const ModelConfig& model,
+                   const Topology& topology, const SearchSpace& space) {
+  const Candidate* nearest = nullptr;
+  for (const auto& c : candidates) {
+    if (c.pruned == "does not fit in memory" &&
+        (!nearest || c.peak_bytes_max < nearest->peak_bytes_max)) {
+      nearest = &c;
+    }
+  }
+  std::ostringstream why;
+  why << "no plan fits in " << fixed(space.max_memory_fraction, 2) << " of "
+      << format_bytes(topology.node.device.memory_bytes) << " per device";
+  if (nearest) {
+    why << "; the smallest peak is plan " << nearest->plan.name << " at "
+        << (nearest->peak_is_lower_bound ? "at least " : "") << format_bytes(nearest->peak_bytes_max)
+        << ". Checked changes to it:";
+    for (const auto& s : suggest_fits(nearest->plan, model, topology, space)) {
+      why << "\n  " << s.change << ": "
+          << (s.fits ? "fits (peak " + format_bytes(s.peak_bytes_max) + ")"
+                     : "does not fit" + (s.note.empty() ? "" : " (" + s.note + ")"));
+    }
+  }
+  // More nodes: the whole search again (it is cheap) on 2, 4, ... 64 times the nodes.
+  for (int64_t factor = 2; factor <= 64; factor *= 2) {
+    Topology bigger = topology;
+    bigger.num_nodes = topology.num_nodes * factor;
+    std::vector<Candidate> more = enumerate_candidates(model, bigger, space);
+    ComputeCostModel costs(bigger.node.device, more.front().plan.param_dtype,
+                           roofline_profile(bigger), bigger.file);
+    check_candidates(more, model, bigger, space, costs, 2, nullptr);
+    const Candidate* fastest = nullptr;
+    int64_t fit = 0;
+    for (const auto& c : more) {
+      if (!c.kept()) continue;
+      ++fit;
+      if (!fastest || c.estimate.step_time_s < fastest->estimate.step_time_s) fastest = &c;
+    }
+    if (fastest) {
+      why << "\nvalid: --nodes " << bigger.num_nodes << " (" << factor << "× the nodes): " << fit
+          << " plans fit at this batch size, the fastest by the quick estimate "
+          << fastest->plan.name << " (at most " << format_bytes(fastest->peak_upper_bytes)
+          << " per device)";
+      break;
+    }
+    if (factor == 64) why << "\nno plan fits on up to 64× the nodes either";
+  }
+  throw InputError(why.str());
+}
+
+double tokens_per_step(const ModelConfig& model, const Plan& plan) {
+  return double(plan.global_batch_size) * double(model.seq_length);
+}
+
+double model_flops_utilization(const ModelConfig& model, const Topology& topology, const Plan& plan,
+                               double step_time_s) {
+  double peak = topology.node.device.peak_for(plan.param_dtype, topology.file);
+  return model_flops_per_token(model) * tokens_per_step(model, plan) / step_time_s /
+         (double(plan.world_size()) * peak);
+}
+
+}  // namespace stepcast::cli

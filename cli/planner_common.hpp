@@ -1,0 +1,41 @@
+// What the planner's commands (plan, compare-strategies, scale) share: progress lines, the
+// search's refusals (no valid plan for the batch, no plan that fits, a model larger than the
+// cluster) computed from the candidates, and number formatting.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+#include "search.hpp"
+#include "topology.hpp"
+
+namespace stepcast::cli {
+
+// "\rWHAT: done/total (p%)" on stderr, every 10%.
+Progress progress_printer(const std::string& what);
+
+std::string fixed(double value, int digits);
+
+// Throws InputError when the model's 16 bytes per parameter exceed the whole cluster's memory,
+// naming the nodes that would hold it.
+void check_cluster_memory(const ModelConfig& model, const Topology& topology);
+
+// Throws InputError when no candidate passed validation: the counts per reason and, when the
+// batch size is the reason, the nearest batch sizes below and above that some plan accepts
+// (each validated).
+void refuse_no_valid_plan(const std::vector<Candidate>& candidates, const ModelConfig& model,
+                          const Topology& topology, const SearchSpace& space);
+
+// Throws InputError when no candidate fits: the plan with the smallest peak and which of the
+// changes of suggest_fits make it fit, each checked.
+void refuse_no_fit(const std::vector<Candidate>& candidates, const ModelConfig& model,
+                   const Topology& topology, const SearchSpace& space);
+
+// Tokens per step and MFU of a plan at `step_time_s`.
+double tokens_per_step(const ModelConfig& model, const Plan& plan);
+double model_flops_utilization(const ModelConfig& model, const Topology& topology, const Plan& plan,
+                               double step_time_s);
+
+}  // namespace stepcast::cli

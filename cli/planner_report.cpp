@@ -1,0 +1,209 @@
+// The planner's reports; see planner_report.hpp. Markdown tables mirror the HTML tables; the
+// HTML adds the charts.
+#include "planner_report.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "html.hpp"
+#include "inputs.hpp"
+#include "planner_common.hpp"
+#include "summary.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+constexpr double kGiB = double(int64_t{1} << 30);
+
+std::string markdown_table(const std::vector<std::string>& headers,
+                           const std::vector<std::vector<std::string>>& rows) {
+  std::ostringstream out;
+  out << "|";
+  for (const auto& h : headers) out << " " << h << " |";
+  out << "\n|";
+  for (size_t i = 0; i < headers.size(); ++i) out << (i == 0 ? " --- |" : " ---: |");
+  out << "\n";
+  for (const auto& r : rows) {
+    out << "|";
+    for (const auto& cell : r) out << " " << cell << " |";
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string gib(double bytes) { return fixed(bytes / kGiB, 2); }
+
+void write_both(const std::string& dir, const std::string& title, const std::string& markdown,
+                const std::string& html_body) {
+  write_output_file(dir, "report.md", "# " + title + "\n\n" + markdown);
+  write_output_file(dir, "report.html", html::page(title, html::heading(title, 1) + html_body));
+}
+
+}  // namespace
+
+void write_plan_report(const std::string& dir, const PlanReport& r) {
+  std::vector<std::string> headers = {"#", "plan", "step s", "source", "estimate s", "tokens/s",
+                                      "MFU", "peak GiB", "headroom GiB", "tp GiB", "dp GiB",
+                                      "pp GiB", "other GiB"};
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& row : r.rows) {
+    rows.push_back({std::to_string(row.rank), row.name, fixed(row.step_time_s, 3),
+                    row.simulated ? "simulate" : "estimate", fixed(row.estimate_s, 3),
+                    fixed(row.tokens_per_s, 0), fixed(row.mfu, 3), gib(row.peak_bytes),
+                    gib(row.headroom_bytes), gib(row.comm_tp_bytes), gib(row.comm_dp_bytes),
+                    gib(row.comm_pp_bytes), gib(row.comm_other_bytes)});
+  }
+  std::vector<std::vector<std::string>> pruned;
+  for (const auto& [reason, n] : r.pruned_counts) pruned.push_back({reason, std::to_string(n)});
+  std::ostringstream summary;
+  summary << r.candidates << " candidates, " << r.all_names.size() << " fit, objective "
+          << r.objective << ", searched in " << fixed(r.wall_s, 1)
+          << " s. Communication columns are bytes one rank sends per step (largest over stages).";
+  std::ostringstream md;
+  md << summary.str() << "\n\n## Best plans\n\n" << markdown_table(headers, rows)
+     << "\n## Pruned\n\n" << markdown_table({"reason", "plans"}, pruned);
+  std::ostringstream body;
+  body << html::paragraph(summary.str()) << html::heading("Best plans")
+       << html::table(headers, rows);
+  std::vector<html::Series> breakdown_series = {{"simulated or estimated step s", {}},
+                                                {"quick estimate s", {}}};
+  std::vector<std::string> categories;
+  for (const auto& row : r.rows) {
+    categories.push_back(std::to_string(row.rank));
+    breakdown_series[0].values.push_back(row.step_time_s);
+    breakdown_series[1].values.push_back(row.estimate_s);
+  }
+  html::ChartOptions bars;
+  bars.title = "Step time of the best plans (by rank)";
+  bars.x_label = "rank";
+  bars.y_label = "step time (s)";
+  body << html::grouped_bars(bars, categories, breakdown_series);
+  std::vector<html::Point> points;
+  for (size_t i = 0; i < r.all_names.size(); ++i) {
+    points.push_back({r.all_peaks_bytes[i] / kGiB, r.all_estimates_s[i],
+                      i < 5 ? r.all_names[i] : std::string()});
+  }
+  html::ChartOptions scatter;
+  scatter.title = "Every plan that fits: peak memory against quick estimate";
+  scatter.x_label = "peak per device (GiB; upper bound where not walked)";
+  scatter.y_label = "estimated step time (s)";
+  scatter.log_y = true;
+  body << html::scatter_chart(scatter, points) << html::heading("Pruned")
+       << html::table({"reason", "plans"}, pruned);
+  write_both(dir, r.title, md.str(), body.str());
+}
+
+void write_strategy_report(const std::string& dir, const StrategyReport& r) {
+  std::vector<std::string> headers = {"strategy", "plan", "fits", "weights GiB", "grads GiB",
+                                      "optimizer GiB", "activations GiB", "workspace+comm GiB",
+                                      "runtime GiB", "peak GiB", "step s", "exposed comm s",
+                                      "bubble s", "comm GiB/rank", "MFU", "note"};
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> categories;
+  std::vector<html::Series> memory = {{"weights", {}}, {"grads", {}}, {"optimizer", {}},
+                                      {"activations", {}}, {"workspace+comm", {}}, {"runtime", {}}};
+  std::vector<html::Series> time = {{"step", {}}, {"exposed comm", {}}, {"bubble", {}}};
+  for (const auto& s : r.rows) {
+    bool has = !s.plan.empty();
+    auto cell = [&](double v, int digits) { return has && s.simulated ? fixed(v, digits) : std::string("-"); };
+    auto mem = [&](double v) { return has ? gib(v) : std::string("-"); };
+    rows.push_back({s.strategy, has ? s.plan : "-", has ? (s.fits ? "yes" : "no") : "-",
+                    mem(s.weights_bytes), mem(s.grads_bytes), mem(s.optimizer_bytes),
+                    mem(s.activations_bytes), mem(s.workspace_bytes + s.comm_bytes),
+                    mem(s.runtime_bytes), mem(s.peak_bytes), cell(s.step_time_s, 3),
+                    cell(s.exposed_comm_s, 3), cell(s.bubble_s, 3),
+                    has ? gib(s.comm_volume_bytes) : "-", cell(s.mfu, 3), s.note});
+    if (!has) continue;
+    categories.push_back(s.strategy);
+    memory[0].values.push_back(s.weights_bytes / kGiB);
+    memory[1].values.push_back(s.grads_bytes / kGiB);
+    memory[2].values.push_back(s.optimizer_bytes / kGiB);
+    memory[3].values.push_back(s.activations_bytes / kGiB);
+    memory[4].values.push_back((s.workspace_bytes + s.comm_bytes) / kGiB);
+    memory[5].values.push_back(s.runtime_bytes / kGiB);
+    time[0].values.push_back(s.simulated ? s.step_time_s : std::nan(""));
+    time[1].values.push_back(s.simulated ? s.exposed_comm_s : std::nan(""));
+    time[2].values.push_back(s.simulated ? s.bubble_s : std::nan(""));
+  }
+  std::string note = "Memory per GPU by class at the peak rank (stepcast memory); step time, exposed "
+                     "communication and bubble from simulate --mode fast on the critical rank; "
+                     "allowed per device " + gib(r.capacity_bytes) + " GiB.";
+  std::ostringstream md;
+  md << note << "\n\n" << markdown_table(headers, rows);
+  html::ChartOptions m;
+  m.title = "Memory per GPU by class";
+  m.x_label = "strategy";
+  m.y_label = "GiB";
+  html::ChartOptions t;
+  t.title = "Simulated step time, exposed communication and bubble";
+  t.x_label = "strategy";
+  t.y_label = "seconds";
+  std::ostringstream body;
+  body << html::paragraph(note) << html::table(headers, rows)
+       << html::stacked_bars(m, categories, memory) << html::grouped_bars(t, categories, time);
+  write_both(dir, r.title, md.str(), body.str());
+}
+
+void write_scale_report(const std::string& dir, const ScaleReport& r) {
+  std::vector<std::string> headers = {"nodes", "devices", "plan", "global batch", "step s",
+                                      "tokens/s", "speedup", "efficiency", "compute s",
+                                      "exposed comm s", "bubble s", "optimizer s", "note"};
+  std::vector<std::vector<std::string>> rows;
+  html::Line speedup{"speedup", {}, {}}, ideal{"ideal", {}, {}, true}, efficiency{"efficiency", {}, {}};
+  std::vector<std::string> categories;
+  std::vector<html::Series> terms = {{"compute", {}}, {"exposed comm", {}}, {"bubble", {}},
+                                     {"optimizer", {}}};
+  double base_devices = 0;
+  for (const auto& p : r.points) {
+    if (p.error.empty() && base_devices == 0) base_devices = double(p.devices);
+  }
+  for (const auto& p : r.points) {
+    bool ok = p.error.empty();
+    auto cell = [&](double v, int digits) { return ok ? fixed(v, digits) : std::string("-"); };
+    rows.push_back({std::to_string(p.nodes), std::to_string(p.devices), p.plan,
+                    std::to_string(p.global_batch_size), cell(p.step_time_s, 3),
+                    cell(p.tokens_per_s, 0), cell(p.speedup, 3), cell(p.efficiency, 3),
+                    cell(p.compute_s, 3), cell(p.exposed_comm_s, 3), cell(p.bubble_s, 3),
+                    cell(p.optimizer_s, 3), ok ? (p.fits ? "" : "does not fit in memory") : p.error});
+    if (!ok) continue;
+    speedup.x.push_back(double(p.devices));
+    speedup.y.push_back(p.speedup);
+    ideal.x.push_back(double(p.devices));
+    ideal.y.push_back(double(p.devices) / base_devices);
+    efficiency.x.push_back(double(p.devices));
+    efficiency.y.push_back(p.efficiency);
+    categories.push_back(std::to_string(p.devices));
+    terms[0].values.push_back(p.compute_s);
+    terms[1].values.push_back(p.exposed_comm_s);
+    terms[2].values.push_back(p.bubble_s);
+    terms[3].values.push_back(p.optimizer_s);
+  }
+  std::string note = std::string(r.weak ? "Weak" : "Strong") +
+                     " scaling: " + (r.weak ? "the global batch grows with dp_size" : "the global batch is fixed") +
+                     "; speedup and efficiency against the smallest run (throughput ratio; "
+                     "efficiency = speedup × smallest devices / devices). Amdahl serial fraction "
+                     "(least squares on 1/speedup): " +
+                     (r.serial_fraction_valid ? fixed(r.serial_fraction, 4) : std::string("n/a")) + ".";
+  std::ostringstream md;
+  md << note << "\n\n" << markdown_table(headers, rows);
+  html::ChartOptions s;
+  s.title = "Speedup against the smallest run";
+  s.x_label = "devices";
+  s.y_label = "speedup";
+  s.log_x = true;
+  html::ChartOptions e = s;
+  e.title = "Scaling efficiency";
+  e.y_label = "efficiency";
+  html::ChartOptions b;
+  b.title = "Step time by term (critical rank)";
+  b.x_label = "devices";
+  b.y_label = "seconds";
+  std::ostringstream body;
+  body << html::paragraph(note) << html::table(headers, rows)
+       << html::line_chart(s, {speedup, ideal}) << html::line_chart(e, {efficiency})
+       << html::stacked_bars(b, categories, terms);
+  write_both(dir, r.title, md.str(), body.str());
+}
+
+}  // namespace stepcast::cli

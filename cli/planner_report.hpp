@@ -1,0 +1,88 @@
+// Reports of the planner's commands (plan, compare-strategies, scale): the figures the command
+// printed, as DIR/report.md (for review) and DIR/report.html (for people: tables and inline SVG
+// charts through reports/html.hpp, one self-contained file).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace stepcast::cli {
+
+struct PlanReportRow {
+  int64_t rank = 0;
+  std::string name;
+  std::string plan_file;
+  double step_time_s = 0;
+  bool simulated = false;
+  double estimate_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double peak_bytes = 0;
+  double headroom_bytes = 0;
+  double comm_tp_bytes = 0, comm_dp_bytes = 0, comm_pp_bytes = 0, comm_other_bytes = 0;
+};
+
+struct PlanReport {
+  std::string title;
+  std::string objective;
+  int64_t candidates = 0;
+  std::map<std::string, int64_t> pruned_counts;
+  std::vector<PlanReportRow> rows;
+  // Every plan that fits, in ranked order: quick estimate and peak (upper bound where not exact).
+  std::vector<std::string> all_names;
+  std::vector<double> all_estimates_s;
+  std::vector<double> all_peaks_bytes;
+  double capacity_bytes = 0;  // allowed per device
+  double wall_s = 0;
+};
+
+struct StrategyRow {
+  std::string strategy;  // "pure DP", "ZeRO-1", ...
+  std::string plan;      // plan name, empty when no plan of the strategy is valid
+  std::string note;      // why not valid / why it does not fit
+  bool fits = false;
+  bool simulated = false;
+  double weights_bytes = 0, grads_bytes = 0, optimizer_bytes = 0, activations_bytes = 0,
+         workspace_bytes = 0, comm_bytes = 0, runtime_bytes = 0, peak_bytes = 0;
+  double step_time_s = 0;
+  double exposed_comm_s = 0;
+  double bubble_s = 0;
+  double comm_volume_bytes = 0;  // per rank per step, all group kinds
+  double mfu = 0;
+};
+
+struct StrategyReport {
+  std::string title;
+  double capacity_bytes = 0;
+  std::vector<StrategyRow> rows;
+};
+
+struct ScalePoint {
+  int64_t nodes = 0;
+  int64_t devices = 0;
+  std::string plan;
+  int64_t global_batch_size = 0;
+  std::string error;  // not simulated: why
+  bool fits = true;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double speedup = 0;
+  double efficiency = 0;
+  double compute_s = 0, exposed_comm_s = 0, bubble_s = 0, optimizer_s = 0;
+};
+
+struct ScaleReport {
+  std::string title;
+  bool weak = false;
+  std::vector<ScalePoint> points;
+  double serial_fraction = 0;  // Amdahl's f, least squares (scale_command.cpp)
+  bool serial_fraction_valid = false;
+};
+
+void write_plan_report(const std::string& dir, const PlanReport& report);
+void write_strategy_report(const std::string& dir, const StrategyReport& report);
+void write_scale_report(const std::string& dir, const ScaleReport& report);
+
+}  // namespace stepcast::cli

@@ -1,0 +1,544 @@
+// The planner's probes, memory bounds and probe estimate; see search_probe.hpp. The parameter
+// groups, buckets and gathers below follow plans/lower.cpp's RoleLowering step by step (tests
+// compare every figure with the lowered program).
+#include "search_probe.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "collective.hpp"
+#include "lower.hpp"
+#include "lower_context.hpp"
+#include "memory.hpp"
+#include "schedule.hpp"
+#include "search.hpp"
+
+namespace stepcast {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A one-node topology big enough for `world` ranks (as layer_activation_bytes builds): memory
+// does not depend on where ranks sit.
+Topology one_node(int64_t world) {
+  Topology t;
+  t.name = "probe";
+  t.num_nodes = 1;
+  t.node.devices_per_node = int(world);
+  t.node.intra_node.bandwidth_bytes_per_s = 1;
+  t.fabric.nics_per_node = 1;
+  t.fabric.nic_bandwidth_bytes_per_s = 1;
+  t.fabric.switch_radix = 2;
+  return t;
+}
+
+// One layer's forward then backward on a role of its own: the transient level's maximum.
+double layer_peak_bytes(const ModelConfig& model, const Plan& plan) {
+  Topology topology = one_node(plan.world_size());
+  LowerContext ctx(model, topology, plan);
+  Role role;
+  RoleBuilder rb(role);
+  OpEmitter e(ctx, rb, 0);
+  rb.alloc("weights.L0", BufferClass::weights, ctx.act, {ctx.layer_params_local()}, Phase::forward,
+           true);
+  rb.alloc("grads.L0", BufferClass::grads, ctx.grad, {ctx.layer_params_local()}, Phase::forward,
+           true);
+  std::vector<int64_t> local = {ctx.s_local, ctx.b, ctx.h};
+  rb.alloc("x_in", BufferClass::activations, ctx.act, local, Phase::forward);
+  std::string out = emit_layer_forward(e, OpSite{Phase::forward, 0, 0, 0}, "x_in",
+                                       {"weights.L0", ""}, KeepMode::per_plan);
+  rb.free(out, Phase::forward);  // the next layer's input: freed by that layer's backward
+  rb.alloc("g", BufferClass::activations, ctx.act, local, Phase::backward);
+  emit_layer_backward(e, OpSite{Phase::backward, 0, 0, 0}, "x_in", "g", {"weights.L0", "grads.L0"});
+  double level = 0, peak = 0;
+  for (const Op& op : role.ops) {
+    if (op.persistent) continue;
+    if (op.kind == OpKind::alloc) level += op.bytes;
+    if (op.kind == OpKind::free) level -= op.bytes;
+    peak = std::max(peak, level);
+  }
+  return peak;
+}
+
+LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const Plan& plan) {
+  LayerProbe probe;
+  Plan one = plan;
+  one.pp_size = 1;
+  one.dp_size = 1;
+  probe.kept_bytes = layer_activation_bytes(model, one);
+  probe.layer_peak_bytes = layer_peak_bytes(model, one);
+  // Two stages of one layer each, one microbatch, no data parallelism: stage 0 holds the
+  // embedding and layer 0, stage 1 layer 1 and the loss.
+  ModelConfig two = model;
+  two.num_hidden_layers = 2;
+  Plan p = plan;
+  p.pp_size = 2;
+  p.dp_size = 1;
+  p.zero_stage = 0;
+  p.schedule = ScheduleKind::one_f_one_b;
+  p.virtual_pp_size = 1;
+  p.global_batch_size = p.micro_batch_size;
+  p.overlap_grad_reduce = false;
+  p.overlap_param_gather = false;
+  p.layers_per_stage = {1, 1};
+  Topology big = topology;
+  int64_t per_node = topology.node.devices_per_node;
+  big.num_nodes = std::max<int64_t>(topology.num_nodes, ceil_div(p.world_size(), per_node));
+  StepProgram program = lower_program(two, big, p);
+  for (const Role& role : program.roles) {
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::alloc && op.buffer.rfind("comm.send.", 0) == 0) probe.send_staging = true;
+      if (op.microbatch != 0) continue;
+      if (!is_compute(op.kind) && !is_collective(op.kind)) continue;
+      if (op.layer >= 0) {
+        if (role.pp_stage == 0) probe.layer_ops.push_back(op);
+      } else if (role.pp_stage == 0) {
+        probe.embedding_ops.push_back(op);
+      } else {
+        probe.loss_ops.push_back(op);
+      }
+    }
+  }
+  return probe;
+}
+
+// A stage's parameter groups, as RoleLowering::collect_param_groups makes them.
+struct Group {
+  int64_t elements = 0;  // per tp rank, before ZeRO
+  int64_t sp_replicated = 0;
+  int64_t chunk = 0;
+  enum Kind { embedding, position, layer, final_norm, output } kind = layer;
+};
+
+struct StageLayout {
+  std::vector<Group> groups;  // in lowering order
+  std::vector<int64_t> chunk_layers;
+  bool has_first = false, has_last = false;
+  int64_t first_chunk = -1, last_chunk = -1;
+};
+
+StageLayout stage_layout(const LowerContext& c, int64_t stage) {
+  const Plan& plan = c.plan;
+  StageLayout s;
+  for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
+    int64_t vs = c.virtual_stage(stage, chunk);
+    int64_t n = plan.layers_per_stage[size_t(vs)];
+    s.chunk_layers.push_back(n);
+    if (vs == 0) {
+      s.has_first = true;
+      s.first_chunk = chunk;
+      s.groups.push_back({c.vocab_local * c.h, 0, chunk, Group::embedding});
+      if (c.model.position == PositionKind::learned) {
+        int64_t e = c.model.max_position_embeddings * c.h;
+        s.groups.push_back({e, e, chunk, Group::position});
+      }
+    }
+    for (int64_t l = 0; l < n; ++l) {
+      s.groups.push_back({c.layer_params_local(), c.layer_sp_replicated(), chunk, Group::layer});
+    }
+    if (vs == c.num_virtual_stages - 1) {
+      s.has_last = true;
+      s.last_chunk = chunk;
+      s.groups.push_back({c.norm_params(), c.norm_params(), chunk, Group::final_norm});
+      if (!(c.model.tie_word_embeddings && plan.pp_size == 1)) {
+        s.groups.push_back({c.vocab_local * c.h, 0, chunk, Group::output});
+      }
+    }
+  }
+  return s;
+}
+
+double persistent_bytes(const LowerContext& c, const StageLayout& s) {
+  const Plan& plan = c.plan;
+  double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
+  double states = act < 4 ? 3 : 2;
+  double total = 0;
+  for (const Group& g : s.groups) {
+    int64_t w = plan.zero_stage >= 3 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+    int64_t gr = plan.zero_stage >= 2 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+    int64_t o = plan.zero_stage >= 1 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+    total += double(w) * act + double(gr) * grad + double(o) * states * wide;
+  }
+  return total;
+}
+
+}  // namespace
+
+const LayerProbe& ProbeCache::get(const Plan& plan) {
+  auto key = std::make_tuple(plan.tp_size, plan.sequence_parallel, plan.micro_batch_size,
+                             int(plan.recompute), int(plan.attention_impl), plan.dropout);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = probes_.find(key);
+    if (it != probes_.end()) return *it->second;
+  }
+  auto probe = std::make_unique<LayerProbe>(build_probe(model_, topology_, plan));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto& slot = probes_[key];
+  if (!slot) slot = std::move(probe);
+  return *slot;
+}
+
+std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const ModelConfig& model,
+                                                   const Topology& topology,
+                                                   const LayerProbe& probe) {
+  Plan plan = memory_path_plan(real_plan);
+  LowerContext c(model, topology, plan);
+  const double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
+  const double sbh = double(c.s) * c.b * c.h, local = double(c.s_local) * c.b * c.h;
+  const double logits = double(c.s) * c.b * c.vocab_local;
+  const double runtime = topology.node.device.runtime_allowance_bytes;
+  // Every buffer the embedding and the loss allocate for one microbatch (forward and backward),
+  // and what they keep from forward to backward beyond the layers' kept activations.
+  const double embedding_all = act * (2 * sbh + 3 * local) + local;
+  const double embedding_kept = local * (act + 1);
+  const double loss_all = logits * (2 * act + wide) + 3 * sbh * act + 3 * local * act +
+                          3.0 * c.s * c.b * wide * double(c.t + 1);
+  const double loss_kept = 2 * local * act + logits * wide;
+  ScheduleShape shape{plan.pp_size, plan.virtual_pp_size, plan.num_microbatches()};
+  std::vector<StageMemoryBounds> out;
+  for (int64_t stage = 0; stage < plan.pp_size; ++stage) {
+    StageLayout s = stage_layout(c, stage);
+    StageMemoryBounds b;
+    b.stage = stage;
+    b.persistent_bytes = persistent_bytes(c, s);
+    // Layers whose forward ran and backward did not, at most; passes likewise (the capped
+    // schedule has the whole step's most in flight). Sends issued so far on the whole step's
+    // schedule: their staging copies may all be live until its end.
+    int64_t layers = 0, most_layers = 0, passes = 0, most_passes = 0;
+    for (const PassAction& a : schedule_actions(plan.schedule, shape, stage)) {
+      int64_t n = s.chunk_layers[size_t(a.chunk)];
+      layers += a.forward ? n : -n;
+      passes += a.forward ? 1 : -1;
+      most_layers = std::max(most_layers, layers);
+      most_passes = std::max(most_passes, passes);
+    }
+    double staging_lower = 0, staging_upper = 0;
+    if (plan.pp_size > 1) {
+      ScheduleShape whole{plan.pp_size, plan.virtual_pp_size, real_plan.num_microbatches()};
+      int64_t k = 0, sends = 0;
+      double best_lower = 0, best_upper = 0;
+      for (const PassAction& a : schedule_actions(plan.schedule, whole, stage)) {
+        int64_t vs = c.virtual_stage(stage, a.chunk);
+        int64_t before = k;
+        k += (a.forward ? 1 : -1) * s.chunk_layers[size_t(a.chunk)];
+        // Right after a forward's last layer, before its own send: its layers' activations and
+        // every earlier send's copy are live.
+        if (a.forward) best_lower = std::max(best_lower, double(k) * probe.kept_bytes + double(sends) * local * act);
+        bool sends_now = a.forward ? vs != c.num_virtual_stages - 1 : vs != 0;
+        sends += sends_now;
+        best_upper = std::max(best_upper, double(std::max(before, k)) * probe.kept_bytes +
+                                              double(sends) * local * act);
+      }
+      staging_lower = probe.send_staging ? best_lower - double(most_layers) * probe.kept_bytes : 0;
+      staging_upper = probe.send_staging ? best_upper - double(most_layers) * probe.kept_bytes : 0;
+    }
+    double kept = double(most_layers) * probe.kept_bytes;
+    b.lower_bytes = b.persistent_bytes + kept + std::max(0.0, staging_lower) + runtime;
+    double extra = probe.layer_peak_bytes + 3 * local * act + 64;
+    if (s.has_first) extra += double(most_passes) * embedding_kept + embedding_all;
+    if (s.has_last) extra += double(most_passes) * loss_kept + loss_all;
+    double all_groups = 0, largest = 0, edge = 0, largest_layer = 0;
+    for (const Group& g : s.groups) {
+      all_groups += double(g.elements);
+      largest = std::max(largest, double(g.elements));
+      if (g.kind == Group::layer) largest_layer = std::max(largest_layer, double(g.elements));
+      else edge += double(g.elements);
+    }
+    if (plan.zero_stage >= 3) extra += (2 * largest_layer + edge) * act;  // gathered weights
+    if (plan.zero_stage >= 2) {  // full gradients waiting for their bucket's reduce_scatter
+      double waiting = all_groups;
+      if (plan.overlap_grad_reduce && plan.dp_size > 1) {
+        waiting = std::min(all_groups, plan.grad_bucket_bytes / grad + 2 * largest);
+      }
+      extra += waiting * grad;
+    }
+    // Communication staging (comm class): every pipeline send's copy, live to the step's end, and
+    // on a host topology one collective's scratch at a time, at most twice its payload (tree).
+    if (plan.pp_size > 1) {
+      extra += 2.0 * double(plan.num_microbatches() * plan.virtual_pp_size) * local * act;
+    }
+    if (topology.node.intra_node.kind == IntraNodeKind::shared_memory) {
+      double payload = std::max({all_groups * std::max({act, grad, wide}), sbh * act, logits * wide});
+      extra += 2 * payload + 64;
+    }
+    // Communication buffers: send staging copies (above, with the kept activations), and a
+    // collective's scratch on shared-memory hosts, at most about its whole message.
+    extra += std::max(0.0, staging_upper - std::max(0.0, staging_lower));
+    if (topology.node.intra_node.kind == IntraNodeKind::shared_memory) {
+      double replicated = 0;
+      for (const Group& g : s.groups) replicated += double(g.sp_replicated);
+      extra += 2 * (plan.grad_bucket_bytes + largest * std::max(act, grad) + replicated * grad +
+                    sbh * act + 3.0 * c.s * c.b * wide * double(c.t)) + 256;
+    }
+    b.upper_bytes = b.lower_bytes + extra;
+    out.push_back(b);
+  }
+  return out;
+}
+
+namespace {
+
+double op_collective_s(const Op& op, const GroupShape& shape, const LinkFigures& links) {
+  if (op.algorithm == Algorithm::none || shape.size <= 1) return 0;
+  return collective_time_s(op.kind, op.algorithm, op.bytes, shape, links);
+}
+
+// A collective lowering would emit on `shape`: its algorithm as lowering chooses it.
+double new_collective_s(OpKind kind, double bytes, const GroupShape& shape,
+                        const LinkFigures& links) {
+  if (shape.size <= 1) return 0;
+  return collective_time_s(kind, choose_algorithm(kind, bytes, shape, links), bytes, shape, links);
+}
+
+// Compute and tp-collective seconds of a probe's op list (microbatch 0).
+StageTimes op_list_times(const std::vector<Op>& ops, const GroupShape& tp,
+                         const ComputeCostModel& cost_model, const LinkFigures& links,
+                         double* tp_bytes) {
+  StageTimes t;
+  *tp_bytes = 0;
+  for (const Op& op : ops) {
+    if (is_collective(op.kind)) *tp_bytes += op.bytes;
+    if (is_compute(op.kind)) {
+      double s = cost_model.op_time_s(op);
+      t.compute_mb_s += s;
+      if (op.phase == Phase::backward) t.backward_mb_s += s;
+    } else if (is_collective(op.kind)) {
+      t.tp_mb_s += op_collective_s(op, tp, links);
+    }
+  }
+  return t;
+}
+
+void add_times(StageTimes& t, const StageTimes& part, double times) {
+  t.compute_mb_s += part.compute_mb_s * times;
+  t.backward_mb_s += part.backward_mb_s * times;
+  t.tp_mb_s += part.tp_mb_s * times;
+}
+
+}  // namespace
+
+QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
+                             const Topology& topology, const LayerProbe& probe,
+                             const ComputeCostModel& cost_model) {
+  // The program quick_estimate reads is memory_path_plan's: its microbatch count decides which
+  // reductions count as the step's.
+  Plan plan = memory_path_plan(real_plan);
+  LowerContext c(model, topology, plan);
+  const LinkFigures& links = c.links;
+  const int64_t per_node = topology.node.devices_per_node;
+  const double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
+  const double local_bytes = double(c.s_local) * c.b * c.h * act;
+  const int64_t m_lowered = plan.num_microbatches();
+  const double bucket_bytes = plan.grad_bucket_bytes;
+  const double gather_bucket_bytes = plan.grad_bucket_bytes / grad * act;
+  // Every tp group has the same shape (tp divides the devices of a node).
+  const GroupShape tp_shape = group_shape(c.grid, GroupKind::tp, 0, per_node);
+  double layer_tp_bytes = 0, embedding_tp_bytes = 0, loss_tp_bytes = 0;
+  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cost_model, links, &layer_tp_bytes);
+  const StageTimes embedding =
+      op_list_times(probe.embedding_ops, tp_shape, cost_model, links, &embedding_tp_bytes);
+  const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cost_model, links, &loss_tp_bytes);
+  const double m_real = double(real_plan.num_microbatches());
+  std::map<std::string, double> comm_max;
+  std::vector<StageTimes> stages;
+  for (int64_t stage = 0; stage < plan.pp_size; ++stage) {
+    StageLayout s = stage_layout(c, stage);
+    int64_t rank = c.grid.rank(RankCoord{0, 0, stage});
+    auto shape = [&](GroupKind kind) {
+      if (kind != GroupKind::world) return group_shape(c.grid, kind, rank, per_node);
+      GroupShape world;  // every rank: as group_shape counts it, without listing 16,384 ranks
+      world.size = plan.world_size();
+      world.nodes = ceil_div(world.size, per_node);
+      world.members_per_node = world.size / world.nodes;
+      return world;
+    };
+    GroupShape tp = shape(GroupKind::tp), dp = shape(GroupKind::dp);
+    StageTimes t;
+    t.stage = stage;
+    int64_t layers = 0;
+    for (int64_t n : s.chunk_layers) layers += n;
+    add_times(t, layer, double(layers));
+    if (s.has_first) add_times(t, embedding, 1);
+    if (s.has_last) add_times(t, loss, 1);
+    // Bytes this stage's rank sends per step, by group kind.
+    std::map<std::string, double> comm;
+    auto count = [&](const char* kind, double bytes) {
+      if (bytes > 0) comm[kind] += bytes;
+    };
+    if (tp_shape.size > 1) {
+      count("tp", m_real * (double(layers) * layer_tp_bytes + (s.has_first ? embedding_tp_bytes : 0) +
+                            (s.has_last ? loss_tp_bytes : 0)));
+    }
+    // Pipeline sends of microbatch 0: forward out of every chunk but the last virtual stage,
+    // backward out of every chunk but the first.
+    auto send_s = [&](int64_t peer) {
+      bool same_node = rank / per_node == peer / per_node;
+      double bw = same_node ? links.intra_bandwidth_bytes_per_s : links.inter_bandwidth_bytes_per_s;
+      double lat = same_node ? links.intra_latency_s : links.inter_latency_s;
+      return lat + local_bytes / bw;
+    };
+    if (plan.pp_size > 1) {
+      for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
+        if (chunk != s.last_chunk) {
+          t.pp_mb_s += send_s(c.grid.pp_next(rank));
+          count("pp", m_real * local_bytes);
+        }
+        if (chunk != s.first_chunk) {
+          t.pp_mb_s += send_s(c.grid.pp_prev(rank));
+          count("pp", m_real * local_bytes);
+        }
+      }
+    }
+    // Gradient buckets of one backward pass per chunk, in the order lowering fills them.
+    double reduction_s = 0, reduction_bytes = 0;
+    int64_t reduction_ops = 0;
+    if (plan.dp_size > 1) {
+      OpKind kind = plan.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
+      for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
+        // Lowering's order: output and final_norm, the layers last to first, position and
+        // embedding.
+        std::vector<const Group*> order;
+        for (auto kind_first : {Group::output, Group::final_norm}) {
+          for (const Group& g : s.groups) {
+            if (g.chunk == chunk && g.kind == kind_first) order.push_back(&g);
+          }
+        }
+        for (auto it = s.groups.rbegin(); it != s.groups.rend(); ++it) {
+          if (it->chunk == chunk && it->kind == Group::layer) order.push_back(&*it);
+        }
+        for (auto kind_first : {Group::position, Group::embedding}) {
+          for (const Group& g : s.groups) {
+            if (g.chunk == chunk && g.kind == kind_first) order.push_back(&g);
+          }
+        }
+        double bytes = 0;
+        for (const Group* g : order) {
+          bytes += double(g->elements) * grad;
+          if (bytes >= bucket_bytes) {
+            reduction_s += new_collective_s(kind, bytes, dp, links);
+            ++reduction_ops;
+            reduction_bytes += bytes;
+            bytes = 0;
+          }
+        }
+        if (bytes > 0) {
+          reduction_s += new_collective_s(kind, bytes, dp, links);
+          ++reduction_ops;
+          reduction_bytes += bytes;
+        }
+      }
+    }
+    double gathers_s = 0;
+    int64_t gather_ops = 0;
+    if (plan.dp_size > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2)) {
+      double bytes = 0;
+      for (const Group& g : s.groups) {
+        bytes += double(g.elements) * act;
+        if (bytes >= gather_bucket_bytes) {
+          gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
+          ++gather_ops;
+          count("dp", bytes);
+          bytes = 0;
+        }
+      }
+      if (bytes > 0) {
+        gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
+        ++gather_ops;
+        count("dp", bytes);
+      }
+    }
+    double zero3_s = 0;
+    if (plan.dp_size > 1 && plan.zero_stage >= 3) {
+      // Every group's full weights gathered before each use: layers in forward and backward,
+      // the embedding in both, the position table in forward, the loss's groups in both.
+      for (const Group& g : s.groups) {
+        double once = new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
+        int uses = g.kind == Group::position ? 1 : 2;
+        zero3_s += once * uses;
+        count("dp", m_real * uses * double(g.elements) * act);
+      }
+      if (c.model.tie_word_embeddings && plan.pp_size == 1) {
+        // The output layer reads the embedding's gathered weights, forward and backward.
+        for (const Group& g : s.groups) {
+          if (g.kind == Group::embedding) {
+            zero3_s += 2 * new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
+            count("dp", m_real * 2 * double(g.elements) * act);
+          }
+        }
+      }
+    }
+    count("dp", plan.zero_stage >= 2 ? m_real * reduction_bytes : reduction_bytes);
+    if (plan.zero_stage >= 2 && plan.dp_size == 1) {
+      // The full gradient is copied into the shard after every pass.
+      for (const Group& g : s.groups) {
+        Op op;
+        op.kind = OpKind::optimizer_step;
+        op.phase = Phase::backward;
+        op.name = "grad_accumulate";
+        op.flops = double(g.elements);
+        double sec = cost_model.op_time_s(op);
+        t.compute_mb_s += sec;
+        t.backward_mb_s += sec;
+      }
+    }
+    if (m_lowered == 1) {
+      // One microbatch: its reductions are the step's (quick_estimate's reading).
+      t.dp_step_s = gathers_s + reduction_s + zero3_s;
+      t.dp_step_ops = gather_ops + 1;
+    } else if (plan.zero_stage >= 2) {
+      t.dp_mb_s = reduction_s + zero3_s;
+      t.dp_step_s = gathers_s;
+      t.dp_step_ops = gather_ops;
+    } else {
+      t.dp_step_s = gathers_s + reduction_s;
+      t.dp_step_ops = gather_ops + reduction_ops;
+    }
+    // Step level: gradient norm and AdamW on the optimizer shard, and their collectives.
+    double shard = 0;
+    for (const Group& g : s.groups) {
+      shard += double(plan.zero_stage >= 1 ? ceil_div(g.elements, plan.dp_size) : g.elements);
+    }
+    double states = act < 4 ? 3 : 2;
+    Op norm;
+    norm.kind = OpKind::optimizer_step;
+    norm.phase = Phase::optimizer;
+    norm.name = "grad_norm";
+    norm.flops = 2 * shard;
+    norm.bytes = wide;
+    Op adamw = norm;
+    adamw.name = "adamw";
+    adamw.flops = 14 * shard;
+    adamw.bytes = (grad + 2 * states * 4.0 + act) * shard;
+    t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
+    GroupKind norm_group = plan.zero_stage == 0 ? GroupKind::model : GroupKind::world;
+    GroupShape norm_shape = shape(norm_group);
+    t.step_level_s += new_collective_s(OpKind::all_reduce, wide, norm_shape, links);
+    if (norm_shape.size > 1) count(to_string(norm_group), wide);
+    if (c.model.tie_word_embeddings && plan.pp_size > 1 && (s.has_first || s.has_last)) {
+      for (const Group& g : s.groups) {
+        if (g.kind != Group::embedding && g.kind != Group::output) continue;
+        int64_t elements = plan.zero_stage >= 2 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+        GroupShape embedding_shape = shape(GroupKind::embedding);
+        t.step_level_s += new_collective_s(OpKind::all_reduce, double(elements) * grad,
+                                           embedding_shape, links);
+        if (embedding_shape.size > 1) count("embedding", double(elements) * grad);
+        break;
+      }
+    }
+    if (plan.sequence_parallel) {
+      double replicated = 0;
+      for (const Group& g : s.groups) replicated += double(g.sp_replicated);
+      t.step_level_s += new_collective_s(OpKind::all_reduce, replicated * grad, tp, links);
+      count("tp", replicated * grad);
+    }
+    for (const auto& [kind, bytes] : comm) comm_max[kind] = std::max(comm_max[kind], bytes);
+    stages.push_back(t);
+  }
+  QuickEstimate estimate = combine_stage_times(stages, real_plan, real_plan.num_microbatches());
+  estimate.comm_bytes_per_rank_max = comm_max;
+  return estimate;
+}
+
+}  // namespace stepcast
