@@ -10,5 +10,8 @@ int run_run(int argc, char** argv);
 int run_compare(int argc, char** argv);
 int run_profile(int argc, char** argv);
 int run_plan(int argc, char** argv);
+int run_compare_strategies(int argc, char** argv);
+int run_scale(int argc, char** argv);
+int run_validate(int argc, char** argv);
 
 }  // namespace stepcast::cli

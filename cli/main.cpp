@@ -1,5 +1,6 @@
 // stepcast's command-line front end: dispatches to a subcommand and turns errors into messages
 // and exit codes (2: bad input, 3: internal error — a bug to report, 1: anything else).
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -29,9 +30,15 @@ const std::vector<Command> kCommands = {
      "train the plan for real under mpirun (CPU backend) and measure it"},
     {"plan", stepcast::cli::run_plan,
      "search every plan, prune what cannot run, rank and re-simulate the best"},
+    {"compare-strategies", stepcast::cli::run_compare_strategies,
+     "pure DP, ZeRO-1/2/3, TP, PP and the best 3D plan side by side"},
+    {"scale", stepcast::cli::run_scale,
+     "strong or weak scaling of a plan over node counts: speedup, efficiency, Amdahl"},
     {"compare", stepcast::cli::run_compare, "join a prediction and a measurement op by op: the errors"},
     {"profile", stepcast::cli::run_profile,
      "measure this machine's kernels and links under mpirun: a device profile"},
+    {"validate", stepcast::cli::run_validate,
+     "run a sweep end to end (simulate, run, compare): report.md and report.html"},
 };
 
 void print_help() {
@@ -39,7 +46,9 @@ void print_help() {
             << "): plan, predict and run distributed transformer training\n\n"
             << "usage: stepcast <command> [options]   (stepcast <command> --help for its options)\n\n"
             << "commands:\n";
-  for (const auto& c : kCommands) std::cout << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.summary << "\n";
+  size_t width = 0;
+  for (const auto& c : kCommands) width = std::max(width, std::strlen(c.name) + 2);
+  for (const auto& c : kCommands) std::cout << "  " << c.name << std::string(width - std::strlen(c.name), ' ') << c.summary << "\n";
   std::cout << "\ninputs: --model plans/models/*.json, --topology topologies/*.json, --plan plans/*.json;\n"
             << "--nodes N overrides the topology's node count. Exit codes: 0 ok, 2 bad input,\n"
             << "3 internal error.\n";

@@ -103,27 +103,47 @@ struct Frame {
   double left = 78, right = 16, top = 52, bottom = 58;
   std::ostringstream svg;
 
-  explicit Frame(const ChartOptions& o) : options(o) {
+  // Legend entries wrap onto rows inside the chart's width; the plot starts below them.
+  std::vector<std::string> legend_names;
+  std::vector<std::pair<double, double>> legend_xy;
+
+  Frame(const ChartOptions& o, const std::vector<std::string>& names = {})
+      : options(o), legend_names(names) {
+    double x = left, y = 30;
+    for (const auto& name : names) {
+      double width = 24 + 6.5 * static_cast<double>(name.size());
+      if (x > left && x + width > o.width_px - right) {
+        x = left;
+        y += 15;
+      }
+      legend_xy.emplace_back(x, y);
+      x += width;
+    }
+    top = names.empty() ? 40 : y + 22;
+    // A title wider than the chart is set smaller rather than clipped.
+    double title_px = 8.6 * static_cast<double>(o.title.size());
+    double title_font = std::max(9.0, std::min(15.0, 15.0 * (o.width_px - 8) / std::max(1.0, title_px)));
     svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" width=\"" << o.width_px
         << "\" height=\"" << o.height_px << "\" viewBox=\"0 0 " << o.width_px << ' '
         << o.height_px << "\" role=\"img\" aria-label=\"" << escape(o.title) << "\">\n";
     svg << "<rect x=\"0\" y=\"0\" width=\"" << o.width_px << "\" height=\"" << o.height_px
         << "\" fill=\"#fff\"/>\n";
     svg << "<text x=\"" << o.width_px / 2 << "\" y=\"20\" text-anchor=\"middle\" "
-        << "font-size=\"15\" font-weight=\"bold\">" << escape(o.title) << "</text>\n";
+        << "font-size=\"" << number(title_font) << "\" font-weight=\"bold\">" << escape(o.title)
+        << "</text>\n";
   }
   double plot_left() const { return left; }
   double plot_right() const { return options.width_px - right; }
   double plot_top() const { return top; }
   double plot_bottom() const { return options.height_px - bottom; }
 
-  void legend(const std::vector<std::string>& names) {
-    double x = left;
-    for (size_t i = 0; i < names.size(); ++i) {
-      svg << "<rect class=\"legend\" x=\"" << number(x) << "\" y=\"30\" width=\"10\" height=\"10\" fill=\""
-          << color(i) << "\"/><text x=\"" << number(x + 14) << "\" y=\"39\" font-size=\"11\">"
-          << escape(names[i]) << "</text>\n";
-      x += 24 + 6.5 * static_cast<double>(names[i].size());
+  void legend() {
+    for (size_t i = 0; i < legend_names.size(); ++i) {
+      auto [x, y] = legend_xy[i];
+      svg << "<rect class=\"legend\" x=\"" << number(x) << "\" y=\"" << number(y)
+          << "\" width=\"10\" height=\"10\" fill=\"" << color(i) << "\"/><text x=\""
+          << number(x + 14) << "\" y=\"" << number(y + 9) << "\" font-size=\"11\">"
+          << escape(legend_names[i]) << "</text>\n";
     }
   }
 
@@ -208,7 +228,7 @@ std::string page(const std::string& title, const std::string& body_html) {
       << "td.num{text-align:right;font-variant-numeric:tabular-nums}\n"
       << "svg.chart{display:block;margin:12px 0;border:1px solid #ddd}\n"
       << "p.note{color:#555;font-size:13px}\n"
-      << "</style>\n</head>\n<body>\n<h1>" << escape(title) << "</h1>\n"
+      << "</style>\n</head>\n<body>\n"
       << body_html << "\n</body>\n</html>\n";
   return out.str();
 }
@@ -334,7 +354,10 @@ std::string scatter_chart(const ChartOptions& options, const std::vector<Point>&
     frame.svg << "<circle class=\"point\" cx=\"" << number(px) << "\" cy=\"" << number(py)
               << "\" r=\"4\" fill=\"" << color(1) << "\"><title>" << escape(p.label) << " ("
               << format_tick(p.x) << ", " << format_tick(p.y) << ")</title></circle>\n";
-    if (!p.label.empty() && points.size() <= 40)
+    // Many points crowd their labels: then only those outside the band are named (all of them
+    // keep their tooltip).
+    bool outside = band_fraction > 0 && std::fabs(p.y / p.x - 1) > band_fraction;
+    if (!p.label.empty() && (points.size() <= 12 || outside))
       frame.svg << "<text x=\"" << number(px + 6) << "\" y=\"" << number(py - 5)
                 << "\" font-size=\"9\" fill=\"#555\">" << escape(p.label) << "</text>\n";
   }
@@ -345,11 +368,11 @@ std::string scatter_chart(const ChartOptions& options, const std::vector<Point>&
 }
 
 std::string line_chart(const ChartOptions& options, const std::vector<Line>& lines) {
-  Frame frame(options);
-  std::vector<double> xs, ys;
   std::vector<std::string> names;
+  for (const auto& line : lines) names.push_back(line.name);
+  Frame frame(options, names);
+  std::vector<double> xs, ys;
   for (const auto& line : lines) {
-    names.push_back(line.name);
     for (size_t i = 0; i < std::min(line.x.size(), line.y.size()); ++i) {
       xs.push_back(line.x[i]);
       ys.push_back(line.y[i]);
@@ -363,7 +386,7 @@ std::string line_chart(const ChartOptions& options, const std::vector<Line>& lin
   y_axis.px_high = frame.plot_top();
   frame.x_axis_ticks(x_axis);
   frame.y_axis_ticks(y_axis);
-  frame.legend(names);
+  frame.legend();
   size_t drawn = 0;
   for (size_t l = 0; l < lines.size(); ++l) {
     std::ostringstream path;
@@ -394,7 +417,9 @@ namespace {
 
 std::string bars(const ChartOptions& options, const std::vector<std::string>& categories,
                  const std::vector<Series>& series, bool stacked) {
-  Frame frame(options);
+  std::vector<std::string> names;
+  for (const auto& s : series) names.push_back(s.name);
+  Frame frame(options, names);
   if (categories.size() > 6) frame.bottom = 96;
   std::vector<double> values{0};
   size_t missing = 0, clipped = 0;
@@ -421,9 +446,7 @@ std::string bars(const ChartOptions& options, const std::vector<std::string>& ca
   slots.px_low = frame.plot_left();
   slots.px_high = frame.plot_right();
   frame.y_axis_ticks(y_axis);
-  std::vector<std::string> names;
-  for (const auto& s : series) names.push_back(s.name);
-  frame.legend(names);
+  frame.legend();
   double slot_px = slots.map(1) - slots.map(0);
   double zero_px = y_axis.map(0);
   size_t drawn = 0;

@@ -11,7 +11,8 @@ namespace stepcast::html {
 
 std::string escape(const std::string& text);
 
-// A complete HTML5 document with the project's inline style sheet; body_html is inserted as is.
+// A complete HTML5 document with the project's inline style sheet; body_html is inserted as is
+// (the page adds no heading of its own: start the body with heading(title, 1)).
 std::string page(const std::string& title, const std::string& body_html);
 
 // <h2>/<p> helpers so callers do not assemble tags by hand.

@@ -12,6 +12,7 @@ packages=(
   catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev
+  chromium                  # the validate report's test in a real headless browser
 )
 
 missing=()

@@ -1,0 +1,379 @@
+// `stepcast validate --sweep S`: runs a sweep end to end — for each point, `simulate` in a child
+// process, the executor launched R times through scripts/mpirun with one rank per core, compare of
+// the prediction with the median run — and writes validate.json, report.md and report.html. A point
+// that fails is recorded with its message and the sweep goes on. `--sweep published` predicts
+// published multi-GPU results instead (cli/validate_published.cpp).
+#include <sys/wait.h>
+
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "errors.hpp"
+#include "inputs.hpp"
+#include "plan.hpp"
+#include "profile.hpp"
+#include "profiler.hpp"
+#include "validate_published.hpp"
+#include "validate_report.hpp"
+#include "validate_sweep.hpp"
+#include "version.hpp"
+
+namespace stepcast::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kUsage =
+    "usage: stepcast validate --sweep S [--out DIR] [--repeats R] [--profile F]\n"
+    "       stepcast validate --sweep published [--out DIR] [--rows A,B,...]\n"
+    "Runs a sweep end to end: for each point, simulate (with the sweep's device profile, or one\n"
+    "measured first with `stepcast profile`), run the executor R times under scripts/mpirun\n"
+    "--bind-to core (one rank per core, one BLAS thread), and compare the prediction with the\n"
+    "median run. Prints a line per point and writes DIR/validate.json, DIR/report.md and\n"
+    "DIR/report.html; each point's outputs are in DIR/points/NAME/. A point whose runs' spread,\n"
+    "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
+    "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
+    "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
+    "results in ../shared/data/ from the datasheet profiles.";
+
+// This executable's folder's parent holds scripts/ (build/stepcast, build-*/stepcast); else the
+// working directory (run from the repository root).
+std::string repository_file(const std::string& relative) {
+  fs::path exe = fs::read_symlink("/proc/self/exe");
+  fs::path candidate = exe.parent_path().parent_path() / relative;
+  if (fs::exists(candidate)) return candidate.string();
+  if (fs::exists(relative)) return fs::absolute(relative).string();
+  throw std::runtime_error("cannot find " + relative + " next to " + exe.string() +
+                           " or in the working directory: run stepcast from its repository");
+}
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::ostringstream out;
+  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
+  return out.str();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct ChildResult {
+  int exit_code = 0;  // -1: killed by a signal
+  std::string log;    // the log file
+};
+
+// Runs `command` through /bin/sh with stdout and stderr into `log`. An interrupt (Ctrl-C reaches
+// the child; system() ignores it here) stops the sweep rather than failing one point.
+ChildResult run_child(const std::string& command, const std::string& log) {
+  int status = std::system((command + " >" + shell_quote(log) + " 2>&1").c_str());
+  if ((WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) ||
+      (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGINT)) {
+    throw std::runtime_error("interrupted (" + command.substr(0, command.find(' ')) + ")");
+  }
+  ChildResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.log = log;
+  return r;
+}
+
+// What went wrong, from a failed child's log: its error lines (or, when none say "error", its last
+// lines), with the exit status and where the whole log is.
+std::string failure_message(const std::string& what, const ChildResult& child) {
+  std::vector<std::string> lines, errors;
+  std::istringstream text(read_text(child.log));
+  for (std::string line; std::getline(text, line);) {
+    if (line.empty()) continue;
+    lines.push_back(line);
+    std::string lower = line;
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (lower.find("error") != std::string::npos || lower.find("killing") != std::string::npos ||
+        lower.find("exited on signal") != std::string::npos) {
+      errors.push_back(line);
+    }
+  }
+  const std::vector<std::string>& shown = errors.empty() ? lines : errors;
+  std::ostringstream out;
+  out << what << " exited with "
+      << (child.exit_code < 0 ? "a signal" : "code " + std::to_string(child.exit_code));
+  size_t first = shown.size() > 6 ? shown.size() - 6 : 0;
+  for (size_t i = first; i < shown.size(); ++i) out << (i == first ? ": " : "\n") << shown[i];
+  out << " (log: " << child.log << ")";
+  return out.str();
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << s << " s";
+  return out.str();
+}
+
+struct Tools {
+  std::string stepcast;  // this executable
+  std::string mpirun;    // scripts/mpirun
+};
+
+// Measures this machine's profile into DIR/profile.json with `ranks` ranks bound to cores.
+std::string measure_profile(const Tools& tools, const std::string& dir, int64_t ranks, bool quick) {
+  std::string file = dir + "/profile.json";
+  std::cout << "measuring this machine's profile (" << ranks << " ranks" << (quick ? ", quick" : "")
+            << ") ... " << std::flush;
+  auto start = std::chrono::steady_clock::now();
+  ChildResult r = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(ranks) +
+                                " --bind-to core " + shell_quote(tools.stepcast) +
+                                " profile --backend cpu" + (quick ? " --quick" : "") + " --out " +
+                                shell_quote(file),
+                            dir + "/profile.log");
+  if (r.exit_code != 0) {
+    std::cout << "failed\n";
+    throw std::runtime_error(failure_message("stepcast profile", r));
+  }
+  std::cout << "done in "
+            << seconds_text(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                                .count())
+            << ": " << file << "\n";
+  return file;
+}
+
+ValidatePoint failed_point(const SweepPoint& point, const std::string& stage,
+                           const std::string& message) {
+  ValidatePoint p;
+  p.name = point.name;
+  p.ranks = point.ranks;
+  p.steps = point.steps;
+  p.plan = plan_to_json(point.plan);
+  p.failed_stage = stage;
+  p.failure = message;
+  return p;
+}
+
+StepResult read_step_result(const std::string& file) {
+  return step_result_from_json(load_json_file(file), file);
+}
+
+// After simulate: the executor `repeats` times, then compare with the median run. The first run
+// that fails ends the point; a file a child wrote that does not read back fails its stage.
+ValidatePoint run_and_compare(const Tools& tools, const SweepPoint& point, const std::string& inputs,
+                              const std::string& prediction_file, int64_t repeats,
+                              const std::string& dir) {
+  std::string stage = "run";
+  try {
+    std::vector<StepResult> measurements;
+    std::vector<std::string> measurement_files;
+    for (int64_t k = 1; k <= repeats; ++k) {
+      std::string run_dir = dir + "/run-" + std::to_string(k);
+      ChildResult run = run_child(shell_quote(tools.mpirun) + " -np " +
+                                      std::to_string(point.ranks) + " --bind-to core " +
+                                      shell_quote(tools.stepcast) + " run" + inputs +
+                                      " --backend cpu --steps " + std::to_string(point.steps) +
+                                      " --quiet --out " + shell_quote(run_dir),
+                                  run_dir + ".log");
+      if (run.exit_code != 0) {
+        std::string what = "run " + std::to_string(k) + "/" + std::to_string(repeats) +
+                           ": mpirun stepcast run";
+        ValidatePoint p = failed_point(point, "run", failure_message(what, run));
+        p.predicted_step_time_s = read_step_result(prediction_file).step_time_s;
+        return p;
+      }
+      measurement_files.push_back(run_dir + "/measurement.json");
+      measurements.push_back(read_step_result(measurement_files.back()));
+    }
+    stage = "compare";
+    ValidatePoint p = evaluate_point(point, read_step_result(prediction_file), prediction_file,
+                                     measurements, measurement_files);
+    if (p.compare) {
+      write_output_file(dir, "compare.json", compare_to_json(*p.compare).dump(2) + "\n");
+      std::ostringstream markdown;
+      write_compare_markdown(markdown, *p.compare);
+      write_output_file(dir, "compare.md", markdown.str());
+    }
+    return p;
+  } catch (const InputError& e) {
+    return failed_point(point, stage, e.what());
+  }
+}
+
+// Simulates, runs and compares one point in `dir` (emptied first).
+ValidatePoint run_point(const Tools& tools, const Sweep& sweep, const SweepPoint& point,
+                        const std::string& profile_file, int64_t repeats, const std::string& dir) {
+  auto start = std::chrono::steady_clock::now();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string plan_file = point.plan_file;
+  if (plan_file.empty()) {  // inline: the plan as the sweep resolved it
+    plan_file = dir + "/plan.json";
+    std::ofstream(plan_file) << point.plan_json.dump(2) << "\n";
+  }
+  std::string inputs = " --model " + shell_quote(point.model_file) + " --topology " +
+                       shell_quote(sweep.topology_file) + " --plan " + shell_quote(plan_file);
+  std::string profile_arg = profile_file.empty() ? "" : " --profile " + shell_quote(profile_file);
+  ChildResult sim = run_child(shell_quote(tools.stepcast) + " simulate" + inputs + profile_arg +
+                                  " --no-scaling --out " + shell_quote(dir + "/prediction"),
+                              dir + "/simulate.log");
+  ValidatePoint result =
+      sim.exit_code != 0
+          ? failed_point(point, "simulate", failure_message("stepcast simulate", sim))
+          : run_and_compare(tools, point, inputs, dir + "/prediction/prediction.json", repeats, dir);
+  result.dir = dir;
+  result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace
+
+int run_validate(int argc, char** argv) {
+  po::options_description options("stepcast validate options");
+  options.add_options()
+      ("sweep", po::value<std::string>()->required(),
+       "sweep file (sweeps/*.json), or `published`")
+      ("out", po::value<std::string>(),
+       "output folder (default out/validate/NAME, NAME the sweep's name)")
+      ("repeats", po::value<int64_t>(),
+       "executor runs per point (default: the sweep's `repeats`, else 3)")
+      ("profile", po::value<std::string>(),
+       "device profile for the predictions, instead of the sweep's `profile`")
+      ("rows", po::value<std::string>(),
+       "with --sweep published: only these rows, comma-separated (e.g. megatron-1.7b,nccl-149-dgx-a100)");
+  auto vm = parse_command_line(argc, argv, options, kUsage);
+  if (!vm) return 0;
+  std::string sweep_arg = (*vm)["sweep"].as<std::string>();
+  if (sweep_arg == "published") {
+    for (const char* option : {"repeats", "profile"}) {
+      if (vm->count(option)) {
+        throw InputError(std::string("command line: --") + option +
+                         " does not apply to --sweep published (datasheet profiles, no runs)");
+      }
+    }
+    std::string out = vm->count("out") ? (*vm)["out"].as<std::string>() : "out/validate/published";
+    PublishedOptions published;
+    if (vm->count("rows")) {
+      std::stringstream list((*vm)["rows"].as<std::string>());
+      for (std::string name; std::getline(list, name, ',');) {
+        if (!name.empty()) published.rows.push_back(name);
+      }
+    }
+    return validate_published(out, published);
+  }
+  if (vm->count("rows")) throw InputError("command line: --rows applies to --sweep published only");
+  auto wall_start = std::chrono::steady_clock::now();
+
+  // Everything that can be wrong with the input is found before anything runs.
+  Sweep sweep = load_sweep(sweep_arg);
+  MachineInfo machine = describe_machine();
+  check_sweep_fits_cores(sweep, machine.cores);
+  int64_t repeats = sweep.repeats.value_or(3);
+  if (vm->count("repeats")) {
+    repeats = (*vm)["repeats"].as<int64_t>();
+    if (repeats < 1) throw InputError("command line: --repeats " + std::to_string(repeats) + ": valid: 1 or more");
+  }
+  std::string out = vm->count("out") ? (*vm)["out"].as<std::string>() : "out/validate/" + sweep.name;
+  std::string profile_source = to_string(sweep.profile_source);
+  std::string profile_file = sweep.profile_file;
+  if (vm->count("profile")) {
+    profile_source = "file";
+    profile_file = (*vm)["profile"].as<std::string>();
+  }
+  std::vector<std::string> warnings;
+  auto check_profile = [&](const std::string& file) {
+    DeviceProfile profile = load_profile(file);
+    check_profile_matches(profile, sweep.topology);
+    if (profile.backend == "cpu") warnings = machine_differences(profile, machine, library_versions());
+    for (const std::string& w : warnings) {
+      std::cerr << "warning: profile " << file << " was measured on another machine type: " << w
+                << "; its figures may not hold here\n";
+    }
+    return profile;
+  };
+  DeviceProfile profile;
+  if (profile_source == "file") profile = check_profile(profile_file);
+  if (profile_source == "roofline") profile = roofline_profile(sweep.topology);
+  Tools tools{fs::read_symlink("/proc/self/exe").string(), repository_file("scripts/mpirun")};
+
+  std::cout << "stepcast validate: sweep " << sweep.name << " (" << sweep.points.size()
+            << " points, " << repeats << (repeats == 1 ? " run" : " runs") << " each) on "
+            << machine.hostname << " (" << machine.cpu_model << ", " << machine.cores
+            << " cores); output " << out << "\n";
+  fs::create_directories(out);
+  if (profile_source == "measure" || profile_source == "measure-quick") {
+    profile_file = measure_profile(tools, out, sweep.max_ranks(),
+                                   sweep.profile_source == SweepProfileSource::measure_quick);
+    profile = check_profile(profile_file);
+  }
+
+  ValidateReport report;
+  report.sweep_name = sweep.name;
+  report.sweep_file = sweep.file;
+  report.sweep_notes = sweep.notes;
+  report.topology_file = sweep.topology_file;
+  report.machine = machine;
+  report.stepcast_version = stepcast_version();
+  report.git_commit = stepcast_git_commit();
+  report.date_utc = utc_now();
+  report.command_line = "stepcast validate";
+  for (int i = 1; i < argc; ++i) report.command_line += " " + std::string(argv[i]);
+  report.profile_source = profile_source;
+  report.profile_file = profile_file;
+  report.profile_name = profile.name;
+  report.profile_warnings = warnings;
+  report.repeats = repeats;
+  for (size_t i = 0; i < sweep.points.size(); ++i) {
+    const SweepPoint& point = sweep.points[i];
+    std::cout << "[" << i + 1 << "/" << sweep.points.size() << "] " << point.name << " ("
+              << point.ranks << (point.ranks == 1 ? " rank" : " ranks") << ", "
+              << describe_plan(plan_to_json(point.plan)) << "): " << std::flush;
+    ValidatePoint result =
+        run_point(tools, sweep, point, profile_file, repeats, out + "/points/" + point.name);
+    std::cout << describe_point_result(result) << " [" << seconds_text(result.wall_s) << "]"
+              << std::endl;
+    report.points.push_back(std::move(result));
+  }
+  report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+
+  ValidateSummary summary = summarize_validate(report);
+  write_output_file(out, "validate.json", validate_to_json(report).dump(2) + "\n");
+  std::ostringstream markdown, page;
+  write_validate_markdown(markdown, report);
+  write_output_file(out, "report.md", markdown.str());
+  write_validate_html(page, report);
+  write_output_file(out, "report.html", page.str());
+
+  auto pct = [](const std::optional<double>& v) {
+    std::ostringstream s;
+    if (v) s << std::showpos << std::fixed << std::setprecision(1) << *v * 100 << "%";
+    else s << "n/a";
+    return s.str();
+  };
+  std::cout << "summary: " << summary.ran << " of " << summary.points << " points ran ("
+            << summary.failed << " failed, " << summary.flagged << " flagged noisy); step-time "
+            << "error over the unflagged: median |e| "
+            << (summary.median_abs_step_time_error
+                    ? pct(summary.median_abs_step_time_error).substr(1)
+                    : std::string("n/a"))
+            << ", largest "
+            << (summary.max_abs_step_time_error
+                    ? pct(summary.max_abs_step_time_error->value) + " (" +
+                          summary.max_abs_step_time_error->point + ")"
+                    : std::string("n/a"))
+            << "; largest peak-memory error "
+            << (summary.max_abs_memory_error ? pct(summary.max_abs_memory_error->value) + " (" +
+                                                   summary.max_abs_memory_error->point + ")"
+                                             : std::string("n/a"))
+            << "\nwrote " << out << "/validate.json, " << out << "/report.md and " << out
+            << "/report.html in " << seconds_text(report.wall_s) << "\n";
+  return summary.failed > 0 ? 1 : 0;
+}
+
+}  // namespace stepcast::cli

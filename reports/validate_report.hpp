@@ -1,0 +1,140 @@
+// The results of `stepcast validate` as data, the figures derived from them, and the report
+// writers (validate.json, report.md, report.html). No I/O besides the writers' streams; running the
+// sweep (child processes) is the command line's job.
+// Per point: the measured step time is the median of the repeats' step times, the spread is
+// (max − min) / median of them, and a point whose spread exceeds kValidateSpreadFlag is flagged
+// (too noisy to judge the prediction by). Errors are predicted − measured over measured.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "compare.hpp"
+#include "profile.hpp"
+#include "step_result.hpp"
+#include "validate_sweep.hpp"
+
+namespace stepcast {
+
+inline constexpr double kValidateSpreadFlag = 0.025;  // (max − min) / median of the repeats
+inline constexpr double kValidateBand = 0.05;          // the ±band drawn around predicted = measured
+
+struct ValidatePoint {
+  std::string name;
+  int64_t ranks = 0;
+  int64_t steps = 0;
+  Json plan;                     // plan_to_json of the resolved plan
+  std::string dir;               // the point's folder under --out
+  // A point fails at one stage (simulate, run, compare); the sweep goes on without it.
+  std::string failed_stage;      // empty: the point ran
+  std::string failure;           // the message: the exit status and the command's own error lines
+  std::optional<double> predicted_step_time_s;
+  std::vector<double> measured_step_times_s;  // each repeat's step time (its median timed step)
+  int64_t compared_repeat = -1;  // 0-based repeat whose measurement was compared op by op
+  std::optional<CompareResult> compare;
+  double wall_s = 0;
+
+  bool ok() const { return failed_stage.empty(); }
+  std::optional<double> measured_step_time_s() const;  // median of the repeats
+  std::optional<double> spread() const;                // (max − min) / median
+  bool flagged() const;                                // spread > kValidateSpreadFlag
+  std::optional<double> step_time_error() const;       // predicted vs the median, relative
+  // The measured high-water mark against the predicted peak without the runtime allowance, as
+  // compare reports it (relative).
+  std::optional<double> memory_error() const;
+};
+
+// A figure over the sweep's points, with the point it comes from.
+struct PointFigure {
+  std::string point;
+  double value = 0;
+};
+
+// Σ durations of one op kind over the points that ran.
+struct KindErrorSum {
+  std::string kind;
+  int64_t points = 0;
+  int64_t count = 0;
+  double predicted_s = 0;
+  double measured_s = 0;
+  std::optional<double> relative() const;
+};
+
+// One op of one point; the sweep's worst are those with the largest |error| as a share of the
+// point's measured step time.
+struct PointOp {
+  std::string point;
+  OpCompare op;
+  double share_of_step = 0;  // |error_s| / measured step time
+};
+
+struct ValidateSummary {
+  int64_t points = 0;
+  int64_t ran = 0;
+  int64_t failed = 0;
+  int64_t flagged = 0;
+  // |step-time error| over the points that ran and are not flagged.
+  std::optional<double> median_abs_step_time_error;
+  std::optional<PointFigure> max_abs_step_time_error;  // signed value of the largest
+  // |memory error| over every point that ran.
+  std::optional<PointFigure> max_abs_memory_error;
+  std::vector<KindErrorSum> by_kind;   // largest measured first
+  std::vector<PointOp> worst_ops;      // at most kValidateWorstOps
+};
+
+inline constexpr size_t kValidateWorstOps = 10;
+
+struct ValidateReport {
+  std::string sweep_name;
+  std::string sweep_file;
+  std::string sweep_notes;
+  std::string topology_file;
+  MachineInfo machine;
+  std::string stepcast_version;
+  std::string git_commit;
+  std::string date_utc;          // ISO 8601
+  std::string command_line;
+  // The profile the predictions used.
+  // "measure", "measure-quick" (measured by this validate), "file" or "roofline" (none)
+  std::string profile_source;
+  std::string profile_file;
+  std::string profile_name;
+  std::vector<std::string> profile_warnings;  // fields where it differs from this machine
+  int64_t repeats = 0;
+  std::vector<ValidatePoint> points;
+  double wall_s = 0;
+};
+
+// The figures of a point from its prediction and its repeats' measurements: the step-time
+// statistics, and compare (reports/compare.hpp) of the prediction with the median repeat. A pair
+// compare refuses (different programs, ...) makes the point failed at stage "compare" with
+// compare's message. The file names only label messages.
+ValidatePoint evaluate_point(const SweepPoint& point, const StepResult& prediction,
+                             const std::string& prediction_file,
+                             const std::vector<StepResult>& measurements,
+                             const std::vector<std::string>& measurement_files);
+
+ValidateSummary summarize_validate(const ValidateReport& report);
+
+// The predicted memory entry with the largest peak (the one the measured maximum is compared
+// with), nullptr when there is none; and one class's predicted bytes in it (0 when absent).
+const RankMemoryCompare* largest_peak_entry(const CompareResult& compare);
+double predicted_bytes(const RankMemoryCompare& entry, const std::string& key);
+
+// "out/v/profile.json (cpu-host; measured by this validate, measure-quick)"
+std::string describe_profile(const ValidateReport& report);
+
+// "tp 1 · pp 1 · dp 2, ZeRO 1, 1f1b, micro batch 2 of 8, recompute none"
+std::string describe_plan(const Json& plan);
+
+Json validate_to_json(const ValidateReport& report);
+void write_validate_markdown(std::ostream& out, const ValidateReport& report);
+void write_validate_html(std::ostream& out, const ValidateReport& report);
+// One line per point, for progress: "predicted 1.23 ms, measured 1.30 ms (3 repeats, spread
+// 0.8%), error -5.4%, memory error +0.2%" or "FAILED at run: ...".
+std::string describe_point_result(const ValidatePoint& point);
+
+}  // namespace stepcast

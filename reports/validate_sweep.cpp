@@ -1,0 +1,226 @@
+// Reading and checking validate sweep files; see validate_sweep.hpp.
+#include "validate_sweep.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <set>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+namespace {
+
+const char* const kNameValid = "letters, digits, '.', '_' and '-' (it names a folder)";
+
+bool is_safe_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+         });
+}
+
+std::string read_name(ObjectReader& reader, const std::string& key) {
+  std::string name = reader.get_string(key);
+  if (!is_safe_name(name)) reader.fail(key, "not usable as a folder name", kNameValid);
+  return name;
+}
+
+// A path of the sweep file, relative to the file's folder unless absolute.
+std::string resolve(const std::string& sweep_file, const std::string& path) {
+  std::filesystem::path p(path);
+  if (p.is_absolute()) return path;
+  std::filesystem::path base = std::filesystem::path(sweep_file).parent_path();
+  return (base / p).lexically_normal().string();
+}
+
+// A key whose value is a path (string) to a file that must exist.
+std::string read_path(ObjectReader& reader, const std::string& key, const std::string& what) {
+  std::string value = reader.get_string(key);
+  std::string path = resolve(reader.file(), value);
+  if (!std::filesystem::is_regular_file(path)) {
+    reader.fail(key, "no such file (" + path + ")",
+                "a path to " + what + ", absolute or relative to the sweep file's folder");
+  }
+  return path;
+}
+
+// What `defaults` holds; every field optional.
+struct PointDefaults {
+  std::optional<std::string> model_file;
+  std::optional<Json> plan;              // a plan object (a plan file's contents, or inline)
+  std::optional<std::string> plan_file;  // when `plan` came from a file
+  std::optional<int64_t> steps;
+};
+
+// "plan": a path to a plan file, or an object of plan keys (merged over `base` when there is one).
+void read_plan(ObjectReader& reader, const Json& object, const PointDefaults* base,
+               std::optional<Json>& plan, std::optional<std::string>& plan_file) {
+  const std::string valid =
+      "a path to a plan file (plans/*.json), or an object of plan keys that override the "
+      "defaults' plan";
+  reader.accept("plan");
+  const Json& value = object.at("plan");
+  if (value.is_string()) {
+    std::string path = read_path(reader, "plan", "a plan file (plans/*.json)");
+    plan = load_json_file(path);
+    plan_file = path;
+  } else if (value.is_object()) {
+    Json merged = base && base->plan ? *base->plan : Json::object();
+    for (auto it = value.begin(); it != value.end(); ++it) merged[it.key()] = it.value();
+    plan = merged;
+    plan_file.reset();
+  } else {
+    reader.fail("plan", "wrong type", valid);
+  }
+}
+
+PointDefaults read_defaults(ObjectReader& reader, const Json& object) {
+  PointDefaults d;
+  if (reader.has("model")) d.model_file = read_path(reader, "model", "a model file (plans/models/*.json)");
+  if (reader.has("plan")) read_plan(reader, object, nullptr, d.plan, d.plan_file);
+  if (reader.has("steps")) d.steps = reader.get_int("steps", kSweepMinSteps);
+  reader.accept("notes");
+  reader.finish();
+  return d;
+}
+
+SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefaults& defaults,
+                      const Topology& topology) {
+  SweepPoint p;
+  p.name = read_name(reader, "name");
+  reader.accept("notes");
+  if (reader.has("model")) {
+    p.model_file = read_path(reader, "model", "a model file (plans/models/*.json)");
+  } else if (defaults.model_file) {
+    reader.accept("model");
+    p.model_file = *defaults.model_file;
+  } else {
+    reader.fail("model", "missing required key (and no defaults.model)",
+                "a path to a model file (plans/models/*.json)");
+  }
+  std::optional<Json> plan = defaults.plan;
+  std::optional<std::string> plan_file = defaults.plan_file;
+  if (reader.has("plan")) {
+    read_plan(reader, object, &defaults, plan, plan_file);
+  } else if (!plan) {
+    reader.fail("plan", "missing required key (and no defaults.plan)",
+                "a path to a plan file, or an object of plan keys");
+  }
+  if (reader.has("steps") || !defaults.steps) {
+    p.steps = reader.get_int("steps", kSweepMinSteps);
+  } else {
+    reader.accept("steps");
+    p.steps = *defaults.steps;
+  }
+  p.ranks = reader.get_int("ranks", 1);
+  reader.finish();
+
+  // The plan, as simulate and run will read it: named after the point when inline.
+  p.plan_json = *plan;
+  p.plan_file = plan_file.value_or("");
+  if (!p.plan_json.contains("name")) p.plan_json["name"] = p.name;
+  std::string plan_label = plan_file ? *plan_file
+                                     : reader.file() + " (" + reader.key_path("plan") + ")";
+  p.model = load_model(p.model_file);
+  p.plan = parse_plan(p.plan_json, plan_label);
+  validate_plan(p.plan, p.model, topology);
+  if (p.plan.world_size() != p.ranks) {
+    reader.fail("ranks",
+                "the plan needs tp_size · pp_size · dp_size = " + std::to_string(p.plan.tp_size) +
+                    " · " + std::to_string(p.plan.pp_size) + " · " +
+                    std::to_string(p.plan.dp_size) + " = " +
+                    std::to_string(p.plan.world_size()) + " ranks",
+                std::to_string(p.plan.world_size()));
+  }
+  return p;
+}
+
+}  // namespace
+
+int64_t Sweep::max_ranks() const {
+  int64_t most = 0;
+  for (const SweepPoint& p : points) most = std::max(most, p.ranks);
+  return most;
+}
+
+const char* to_string(SweepProfileSource source) {
+  switch (source) {
+    case SweepProfileSource::measure: return "measure";
+    case SweepProfileSource::measure_quick: return "measure-quick";
+    case SweepProfileSource::file: return "file";
+    case SweepProfileSource::roofline: return "roofline";
+  }
+  return "?";
+}
+
+Sweep parse_sweep(const Json& json, const std::string& file) {
+  ObjectReader reader(json, file);
+  Sweep s;
+  s.file = file;
+  s.name = read_name(reader, "name");
+  s.notes = reader.get_string_or("notes", "");
+  s.topology_file = read_path(reader, "topology", "a topology file (topologies/*.json)");
+  s.topology = load_topology(s.topology_file);
+  if (reader.has("profile")) {
+    const Json& value = json.at("profile");
+    if (value == "measure") {
+      reader.accept("profile");
+    } else if (value == "measure-quick") {
+      reader.accept("profile");
+      s.profile_source = SweepProfileSource::measure_quick;
+    } else if (value == "roofline") {
+      reader.accept("profile");
+      s.profile_source = SweepProfileSource::roofline;
+    } else {
+      s.profile_source = SweepProfileSource::file;
+      s.profile_file = read_path(reader, "profile",
+                                 "a device profile; \"measure\" or \"measure-quick\" to "
+                                 "measure this machine first; or \"roofline\" for the "
+                                 "topology's datasheet peaks");
+    }
+  } else {
+    reader.accept("profile");
+  }
+  if (reader.has("repeats")) s.repeats = reader.get_int("repeats", 1);
+  PointDefaults defaults;
+  if (reader.has("defaults")) {
+    ObjectReader d = reader.get_object("defaults");
+    defaults = read_defaults(d, json.at("defaults"));
+  }
+  reader.accept("points");
+  const std::string points_valid = "a non-empty list of points {name, model, plan, ranks, steps}";
+  if (!reader.has("points")) reader.fail("points", "missing required key", points_valid);
+  const Json& points = json.at("points");
+  if (!points.is_array() || points.empty()) reader.fail("points", "must be a non-empty list", points_valid);
+  reader.finish();
+
+  std::set<std::string> names;
+  for (size_t i = 0; i < points.size(); ++i) {
+    ObjectReader point(points[i], file, "points[" + std::to_string(i) + "].");
+    s.points.push_back(read_point(point, points[i], defaults, s.topology));
+    if (!names.insert(s.points.back().name).second) {
+      point.fail("name", "duplicate: another point has this name", "a name unique in the sweep");
+    }
+  }
+  return s;
+}
+
+Sweep load_sweep(const std::string& path) { return parse_sweep(load_json_file(path), path); }
+
+void check_sweep_fits_cores(const Sweep& sweep, int64_t cores) {
+  for (size_t i = 0; i < sweep.points.size(); ++i) {
+    const SweepPoint& p = sweep.points[i];
+    if (p.ranks > cores) {
+      throw_input_error(sweep.file, "points[" + std::to_string(i) + "].ranks",
+                        std::to_string(p.ranks),
+                        "point '" + p.name + "' needs more ranks than this machine's " +
+                            std::to_string(cores) +
+                            " cores (timing runs bind one rank per core, --bind-to core)",
+                        "at most " + std::to_string(cores));
+    }
+  }
+}
+
+}  // namespace stepcast

@@ -1,0 +1,376 @@
+// `stepcast validate`: the sweep file is read strictly (file, key, value, what is valid); the
+// per-point statistics (median of runs, spread, flag, errors) and the summary match hand-computed
+// figures on synthetic results; a pair of different programs fails its point with compare's
+// message; the writers carry every figure. End to end (tagged [validate]): the CI sweep runs with
+// memory within 2% and step time within a loose 30%; a point needing more ranks than the cores is
+// refused before anything runs; a failing executor run is recorded and the sweep goes on; a
+// profile of another machine type warns naming the fields.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "errors.hpp"
+#include "validate_fixtures.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+using Catch::Contains;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder under the test's temporary directory.
+std::string fresh_dir(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() /
+                 ("stepcast-validate-" + std::to_string(::getpid())) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+// A sweep of the tiny model on localhost-cpu with absolute paths, `points` as given.
+Json tiny_sweep(const Json& points) {
+  return {{"name", "t"},
+          {"topology", source_path("topologies/localhost-cpu.json")},
+          {"profile", "roofline"},
+          {"defaults",
+           {{"model", source_path("plans/models/tiny.json")},
+            {"plan", {{"micro_batch_size", 2}, {"global_batch_size", 8}, {"dtype", "fp32"},
+                      {"dropout", 0.0}}},
+            {"steps", 5}}},
+          {"points", points}};
+}
+
+std::string refusal(const Json& sweep) {
+  try {
+    parse_sweep(sweep, "s.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs a shell command line (stdout and stderr together).
+CommandResult shell(const std::string& command) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  CommandResult r;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
+  int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+int64_t online_cores() { return int64_t(sysconf(_SC_NPROCESSORS_ONLN)); }
+
+}  // namespace
+
+TEST_CASE("validate: the shipped CI sweep reads, relative paths from its folder", "[validate]") {
+  Sweep s = load_sweep(source_path("sweeps/ci.json"));
+  CHECK(s.name == "ci");
+  CHECK(s.profile_source == SweepProfileSource::measure_quick);
+  REQUIRE(s.points.size() == 3);
+  CHECK(s.points[0].plan_file == source_path("plans/tiny-cpu.json"));
+  CHECK(s.points[1].plan_file.empty());  // inline: merged over the defaults' plan
+  CHECK(s.points[1].plan.tp_size == 2);
+  CHECK(s.points[1].plan.global_batch_size == 4);
+  CHECK(s.points[1].plan.micro_batch_size == 2);
+  CHECK(s.points[1].plan.name == "tp2");
+  CHECK(s.points[2].plan.pp_size == 2);
+  CHECK(s.points[2].steps == 6);
+  CHECK(s.max_ranks() == 2);
+  CHECK(fs::path(s.topology_file).is_absolute() == fs::path(s.file).is_absolute());
+  CHECK(s.topology.name == "localhost-cpu");
+}
+
+TEST_CASE("validate: sweep files are read strictly", "[validate]") {
+  Json ok = tiny_sweep({{{"name", "dp2"}, {"plan", {{"dp_size", 2}}}, {"ranks", 2}}});
+  REQUIRE(refusal(ok).empty());
+  Sweep s = parse_sweep(ok, "s.json");
+  CHECK(s.profile_source == SweepProfileSource::roofline);
+  CHECK(s.points[0].steps == 5);
+
+  SECTION("an unknown key names the closest") {
+    Json j = ok;
+    j["point"] = j["points"];
+    CHECK_THAT(refusal(j), Contains("s.json: key 'point': unknown key") && Contains("'points'"));
+    j = ok;
+    j["points"][0]["rank"] = 2;
+    CHECK_THAT(refusal(j), Contains("key 'points[0].rank': unknown key"));
+  }
+  SECTION("ranks must be what the plan needs") {
+    Json j = ok;
+    j["points"][0]["ranks"] = 1;
+    CHECK_THAT(refusal(j), Contains("key 'points[0].ranks' = 1") &&
+                               Contains("tp_size · pp_size · dp_size = 1 · 1 · 2 = 2") &&
+                               Contains("valid: 2"));
+  }
+  SECTION("an inline plan is checked as a plan file, located in the sweep") {
+    Json j = ok;
+    j["points"][0]["plan"] = {{"tp_sise", 2}};
+    CHECK_THAT(refusal(j), Contains("s.json (points[0].plan): key 'tp_sise': unknown key"));
+    j["points"][0]["plan"] = {{"tp_size", 3}};
+    CHECK_THAT(refusal(j), Contains("(points[0].plan): key 'tp_size' = 3"));
+    j["points"][0]["plan"] = 7;
+    CHECK_THAT(refusal(j), Contains("key 'points[0].plan' = 7: wrong type"));
+  }
+  SECTION("missing and bad values") {
+    Json j = ok;
+    j.erase("points");
+    CHECK_THAT(refusal(j), Contains("key 'points': missing required key"));
+    j["points"] = Json::array();
+    CHECK_THAT(refusal(j), Contains("key 'points' = []: must be a non-empty list"));
+    j = ok;
+    j["defaults"]["steps"] = 2;
+    CHECK_THAT(refusal(j), Contains("key 'defaults.steps' = 2: out of range; valid: an integer >= 3"));
+    j = ok;
+    j["points"][0]["name"] = "a/b";
+    CHECK_THAT(refusal(j), Contains("key 'points[0].name' = \"a/b\": not usable as a folder name"));
+    j = ok;
+    j["points"].push_back(j["points"][0]);
+    CHECK_THAT(refusal(j), Contains("key 'points[1].name' = \"dp2\": duplicate"));
+    j = ok;
+    j["profile"] = "measured";
+    CHECK_THAT(refusal(j), Contains("key 'profile' = \"measured\": no such file") &&
+                               Contains("\"measure\""));
+    j = ok;
+    j["defaults"].erase("model");
+    CHECK_THAT(refusal(j), Contains("key 'points[0].model': missing required key (and no defaults.model)"));
+  }
+  SECTION("more ranks than the topology's devices: the plan's own error") {
+    Json j = ok;
+    j["points"][0]["plan"] = {{"dp_size", 4}};
+    j["points"][0]["ranks"] = 4;
+    CHECK_THAT(refusal(j), Contains("key 'dp_size' = 4"));
+  }
+}
+
+TEST_CASE("validate: a point needing more ranks than the cores is refused", "[validate]") {
+  Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));
+  topology["node"]["devices_per_node"] = 64;
+  std::string topology_file = write_temp_file("localhost-64.json", topology.dump());
+  Json j = tiny_sweep({{{"name", "dp1"}, {"plan", Json::object()}, {"ranks", 1}},
+                       {{"name", "dp8"}, {"plan", {{"dp_size", 8}, {"global_batch_size", 16}}},
+                        {"ranks", 8}}});
+  j["topology"] = topology_file;
+  Sweep s = parse_sweep(j, "s.json");
+  CHECK_NOTHROW(check_sweep_fits_cores(s, 8));
+  CHECK_THROWS_WITH(check_sweep_fits_cores(s, 2),
+                    Contains("s.json: key 'points[1].ranks' = 8: point 'dp8' needs more ranks "
+                             "than this machine's 2 cores") &&
+                        Contains("valid: at most 2"));
+
+  // The command refuses it before running anything: exit 2, one message, no output.
+  int64_t too_many = online_cores() + 1;
+  j["points"][1] = {{"name", "too-many"}, {"plan", {{"dp_size", too_many}}}, {"ranks", too_many}};
+  j["points"][1]["plan"]["global_batch_size"] = 2 * too_many;
+  std::string file = write_temp_file("too-many-ranks.json", j.dump());
+  std::string out = fresh_dir("too-many");
+  CommandResult r = run_stepcast("validate --sweep " + file + " --out " + out + "/v");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Contains("key 'points[1].ranks' = " + std::to_string(too_many)) &&
+                           Contains("cores"));
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK_FALSE(fs::exists(out + "/v"));
+}
+
+TEST_CASE("validate: a point's median, spread, flag and errors", "[validate]") {
+  TinyProgram t = tiny_program();
+  ValidatePoint p = tiny_validate_point(t, "p", 0.0105, {0.0110, 0.0100, 0.0102}, 1.02);
+  REQUIRE(p.ok());
+  CHECK(*p.measured_step_time_s() == Approx(0.0102));
+  CHECK(*p.spread() == Approx(0.0010 / 0.0102));
+  CHECK(p.flagged());  // 9.8% > 2.5%
+  CHECK(*p.step_time_error() == Approx(0.0003 / 0.0102));
+  CHECK(p.compared_repeat == 2);  // the run at the median
+  REQUIRE(p.compare);
+  CHECK(p.compare->step_time_s.measured == 0.0102);
+  CHECK(*p.memory_error() == Approx(1 / 1.02 - 1));
+  // Op kinds: gemms predicted 10% slower than measured, other compute ops 20% faster.
+  const OpGroupCompare* gemm = nullptr;
+  for (const auto& g : p.compare->by_kind) {
+    if (g.kind == "gemm") gemm = &g;
+  }
+  REQUIRE(gemm);
+  CHECK(*gemm->relative() == Approx(0.1));
+
+  ValidatePoint even = tiny_validate_point(t, "even", 0.01, {0.0100, 0.0101});
+  CHECK(*even.measured_step_time_s() == Approx(0.01005));
+  CHECK(*even.spread() == Approx(0.0001 / 0.01005));
+  CHECK_FALSE(even.flagged());  // 1.0%
+  CHECK(even.compared_repeat == 0);
+
+  SECTION("a prediction and a measurement of different programs fail the point at compare") {
+    TinyProgram other = tiny_program(0.1);
+    StepResult prediction = tiny_result(t, "simulator", 0.01, 1e-4, 5e-5);
+    std::vector<StepResult> runs = {tiny_result(other, "executor", 0.01, 1e-4, 5e-5)};
+    ValidatePoint q = evaluate_point(tiny_point(t, "q"), prediction, "q/prediction.json", runs,
+                                     {"q/run-1/measurement.json"});
+    CHECK_FALSE(q.ok());
+    CHECK(q.failed_stage == "compare");
+    CHECK_THAT(q.failure, Contains("q/prediction.json and q/run-1/measurement.json are of "
+                                   "different programs") &&
+                              Contains("inputs.plan.dropout: prediction 0.0, measurement 0.1"));
+    CHECK_FALSE(q.step_time_error());
+    CHECK_THAT(describe_point_result(q), Contains("FAILED at compare"));
+  }
+}
+
+TEST_CASE("validate: the summary over points that ran and are not flagged", "[validate]") {
+  ValidateReport r = synthetic_report();
+  ValidateSummary s = summarize_validate(r);
+  CHECK(s.points == 4);
+  CHECK(s.ran == 3);
+  CHECK(s.failed == 1);
+  CHECK(s.flagged == 1);
+  REQUIRE(s.median_abs_step_time_error);
+  CHECK(*s.median_abs_step_time_error == Approx(0.055));  // |+3%| and |−8%|; noisy left out
+  REQUIRE(s.max_abs_step_time_error);
+  CHECK(s.max_abs_step_time_error->point == "minus8");
+  CHECK(s.max_abs_step_time_error->value == Approx(-0.08));
+  REQUIRE(s.max_abs_memory_error);
+  CHECK(s.max_abs_memory_error->point == "plus3");
+  CHECK(s.max_abs_memory_error->value == Approx(1 / 1.01 - 1));
+  REQUIRE_FALSE(s.by_kind.empty());
+  for (const KindErrorSum& k : s.by_kind) CHECK(k.points == 3);
+  CHECK(s.worst_ops.size() == kValidateWorstOps);
+  for (size_t i = 1; i < s.worst_ops.size(); ++i) {
+    CHECK(s.worst_ops[i - 1].share_of_step >= s.worst_ops[i].share_of_step);
+  }
+}
+
+TEST_CASE("validate: validate.json, report.md and report.html carry the figures", "[validate]") {
+  ValidateReport r = synthetic_report();
+  Json j = validate_to_json(r);
+  CHECK(j["machine"]["cpu_model"] == "Test CPU");
+  CHECK(j["git_commit"] == "0123456789ab");
+  CHECK(j["summary"]["median_abs_step_time_error"].get<double>() == Approx(0.055));
+  REQUIRE(j["points"].size() == 4);
+  CHECK(j["points"][0]["measured_step_time_s"].get<double>() == Approx(0.0100));
+  CHECK(j["points"][2]["flagged"] == true);
+  CHECK(j["points"][3]["status"] == "failed");
+  CHECK(j["points"][3]["failure"]["stage"] == "run");
+  CHECK_THAT(j["points"][3]["failure"]["message"].get<std::string>(), Contains("rank 1"));
+  CHECK(j["points"][0]["compare"]["step_time_s"]["measured_s"].get<double>() == Approx(0.0100));
+
+  std::ostringstream md;
+  write_validate_markdown(md, r);
+  std::string m = md.str();
+  for (const char* text :
+       {"test-host (Test CPU, 2 cores)", "`0123456789ab`", "2026-11-30T17:00:00Z",
+        "out/validate/synthetic/profile.json", "| plus3 | 2 | tp 1 · pp 1 · dp 2, ZeRO 1",
+        "| +3.0% |", "| -8.0% |", "| noisy |", "FAILED (run)", "rank 1 <killed>",
+        "(unflagged) | 5.5% |", "## Breakdown", "## Memory",
+        "## Error by op kind", "| gemm |", "## Worst ops"}) {
+    INFO(text);
+    CHECK_THAT(m, Contains(text));
+  }
+
+  std::ostringstream page;
+  write_validate_html(page, r);
+  std::string h = page.str();
+  size_t svgs = 0;
+  for (size_t i = 0; (i = h.find("<svg", i)) != std::string::npos; ++i) ++svgs;
+  CHECK(svgs == 5);  // step time, breakdown, memory, time by kind, error by kind
+  CHECK_THAT(h, Contains("&lt;with&gt; characters &amp; to escape"));
+  CHECK_THAT(h, !Contains("<with>"));
+  CHECK_THAT(h, Contains("rank 1 &lt;killed&gt;"));
+  CHECK_THAT(h, !Contains("<script"));
+}
+
+// Hidden from the default run ([.validate-ci]): ctest runs it alone (RUN_SERIAL), as
+// `validate_ci_sweep`, so no other test shares the cores while it times the runs.
+TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
+  std::string out = fresh_dir("ci");
+  auto start = std::chrono::steady_clock::now();
+  CommandResult r = run_stepcast("validate --sweep " + source_path("sweeps/ci.json") +
+                                 " --repeats 1 --out " + out);
+  double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(r.output);
+  std::printf("%s", r.output.c_str());
+  WARN("validate of sweeps/ci.json (1 run per point) took " << wall_s << " s");
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("measuring this machine's profile"));
+  CHECK_THAT(r.output, Contains("[1/3] dp2-zero1 (2 ranks") && Contains("[3/3] pp2-1f1b"));
+  Json v = load_json_file(out + "/validate.json");
+  REQUIRE(v["points"].size() == 3);
+  for (const Json& p : v["points"]) {
+    INFO(p["name"] << ": " << p.value("failure", Json()).dump());
+    REQUIRE(p["status"] == "ok");
+    // Memory is the program's buffers, measured independently: within 2%.
+    CHECK(std::abs(p["memory_error"].get<double>()) <= 0.02);
+    // Step time on a noisy CI machine, one short run: reported, bounded loosely.
+    CHECK(std::abs(p["step_time_error"].get<double>()) <= 0.30);
+    CHECK(p["compare"]["ops"]["joined"].get<int64_t>() > 100);
+    CHECK(fs::exists(out + "/points/" + p["name"].get<std::string>() + "/compare.md"));
+  }
+  CHECK(v["profile"]["source"] == "measure-quick");
+  CHECK(fs::exists(out + "/profile.json"));
+  CHECK_THAT(read_text(out + "/report.md"), Contains("| dp2-zero1 |"));
+  CHECK_THAT(read_text(out + "/report.html"), Contains("<svg"));
+}
+
+TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", "[validate]") {
+  // STEPCAST_TEST_DIE kills rank 1 as step 2 begins: the 2-rank point fails, the 1-rank runs.
+  Json j = tiny_sweep({{{"name", "two-ranks"}, {"plan", {{"dp_size", 2}}}, {"ranks", 2}},
+                       {{"name", "one-rank"}, {"plan", Json::object()}, {"ranks", 1}}});
+  std::string file = write_temp_file("dies.json", j.dump());
+  std::string out = fresh_dir("dies");
+  CommandResult r = shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_BINARY) +
+                          " validate --sweep " + file + " --repeats 1 --out " + out);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Contains("[1/2] two-ranks") && Contains("FAILED at run"));
+  CHECK_THAT(r.output, Contains("[2/2] one-rank") && Contains("1 failed"));
+  Json v = load_json_file(out + "/validate.json");
+  REQUIRE(v["points"].size() == 2);
+  CHECK(v["points"][0]["status"] == "failed");
+  CHECK(v["points"][0]["failure"]["stage"] == "run");
+  CHECK_THAT(v["points"][0]["failure"]["message"].get<std::string>(),
+             Contains("run 1/1") && Contains("exited with code"));
+  CHECK(v["points"][1]["status"] == "ok");
+  CHECK(v["summary"]["failed"] == 1);
+  std::string md = read_text(out + "/report.md");
+  CHECK_THAT(md, Contains("FAILED (run)") && Contains("### Failed points"));
+  CHECK(fs::exists(out + "/report.html"));
+}
+
+TEST_CASE("validate: a profile from another machine type warns, naming the fields", "[validate]") {
+  std::string out = fresh_dir("other-machine");
+  CommandResult measured = shell(source_path("scripts/mpirun") + " -np 1 " + STEPCAST_BINARY +
+                                 " profile --backend cpu --quick --out " + out + "/profile.json");
+  INFO(measured.output);
+  REQUIRE(measured.exit_code == 0);
+  Json profile = load_json_file(out + "/profile.json");
+  profile["machine"]["cpu_model"] = "Imaginary CPU 9000";
+  profile["machine"]["cores"] = 512;
+  std::ofstream(out + "/other.json") << profile.dump();
+  Json j = tiny_sweep({{{"name", "one-rank"}, {"plan", Json::object()}, {"ranks", 1}}});
+  j["profile"] = out + "/other.json";
+  std::string file = write_temp_file("other-machine.json", j.dump());
+  CommandResult r = run_stepcast("validate --sweep " + file + " --repeats 1 --out " + out + "/v");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("warning") && Contains("machine.cpu_model") &&
+                           Contains("Imaginary CPU 9000"));
+  CHECK_THAT(read_text(out + "/v/report.md"),
+             Contains("**warning**") && Contains("machine.cpu_model"));
+  Json v = load_json_file(out + "/v/validate.json");
+  CHECK(v["profile"]["warnings"].size() == 2);
+}

@@ -1,0 +1,108 @@
+// `stepcast validate --sweep published` on one small Table 1 row and one nccl-tests row: the
+// command runs, and its figures and errors agree with closed forms computed here from the paper's
+// eq. 3, the shipped profile and topology (not from the command's own functions).
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "json_input.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("validate --sweep published: a Table 1 row and an nccl-tests row, errors as defined",
+          "[validate][published]") {
+  std::string out = (std::filesystem::temp_directory_path() /
+                     ("stepcast-published-test-" + std::to_string(::getpid())))
+                        .string();
+  CommandResult r = run_stepcast("validate --sweep published --rows megatron-1.7b,nccl-149-dgx-a100 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("megatron-1.7b") != std::string::npos);  // a progress line per row
+  CHECK(r.output.find("nccl-149-dgx-a100") != std::string::npos);
+  Json j = load_json_file(out + "/published.json");
+
+  // Table 1, 1.7B: 24 layers, h 2304, batch 512, 32 GPUs, 137 TFLOP/s per GPU (SC'21, eq. 3).
+  REQUIRE(j.at("megatron").size() == 1);
+  const Json& m = j.at("megatron")[0];
+  CHECK(m.at("name") == "megatron-1.7b");
+  REQUIRE(m.at("ok").get<bool>());
+  const double B = 512, s = 2048, l = 24, h = 2304, V = 51200, gpus = 32;
+  const double flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+  CHECK(m.at("flops_per_iteration").get<double>() == Approx(flops).epsilon(1e-12));
+  double published_time = m.at("published").at("iteration_time_s").get<double>();
+  CHECK(published_time == Approx(flops / (137e12 * gpus)).epsilon(1e-12));
+  CHECK(published_time == Approx(3.53).margin(0.005));  // reference-figures.md's derived time
+  double t = m.at("predicted").at("iteration_time_s").get<double>();
+  double tflops = m.at("predicted").at("tflops_per_gpu").get<double>();
+  CHECK(t > 0);
+  CHECK(tflops == Approx(flops / (t * gpus) / 1e12).epsilon(1e-12));
+  double megatron_error = m.at("error").get<double>();
+  CHECK(megatron_error == Approx((tflops - 137) / 137).epsilon(1e-12));
+  CHECK(m.at("iteration_time_error").get<double>() ==
+        Approx((t - published_time) / published_time).epsilon(1e-12));
+  CHECK(m.at("plan").at("tp_size") == 1);
+  CHECK(m.at("plan").at("dp_size") == 32);
+  CHECK(m.at("plan").at("recompute") == "full");
+  CHECK(j.at("megatron_mean_abs_error").get<double>() == Approx(std::abs(megatron_error)));
+
+  // nccl-tests #149: 8 A100 in one node, 8 GiB all_reduce: the ring over NVSwitch, 2(n−1) steps of
+  // S/n at the profile's share of the link rate, busbw = S / t · 2(n−1)/n.
+  REQUIRE(j.at("nccl").size() == 1);
+  const Json& c = j.at("nccl")[0];
+  CHECK(c.at("name") == "nccl-149-dgx-a100");
+  CHECK(c.at("predicted").at("algorithm") == "ring");
+  Json topology = load_json_file(source_path("topologies/dgx-a100-80gb.json"));
+  Json profile = load_json_file(source_path("profiles/a100-sxm4-80gb.json"));
+  const double S = 8.0 * 1024 * 1024 * 1024, n = 8;
+  double bandwidth = topology.at("node").at("intra_node").at("bandwidth_bytes_per_s").get<double>() *
+                     profile.at("links").at("intra_node_bus_fraction").get<double>();
+  double latency = topology.at("node").at("intra_node").at("latency_s").get<double>();
+  double time = 2 * (n - 1) * latency + 2 * (n - 1) * (S / n) / bandwidth;
+  double busbw = S / time * 2 * (n - 1) / n;
+  CHECK(c.at("predicted").at("busbw_bytes_per_s").get<double>() == Approx(busbw).epsilon(1e-9));
+  double nccl_error = c.at("error").get<double>();
+  CHECK(nccl_error == Approx((busbw - 230e9) / 230e9).epsilon(1e-9));
+  CHECK(j.at("nccl_mean_abs_error").get<double>() == Approx(std::abs(nccl_error)));
+  CHECK(j.at("mean_abs_error").get<double>() ==
+        Approx((std::abs(megatron_error) + std::abs(nccl_error)) / 2));
+
+  // Where and with what it was made, and the two other reports.
+  CHECK(!j.at("git_commit").get<std::string>().empty());
+  CHECK(j.at("machine").at("cores").get<int64_t>() > 0);
+  CHECK(j.at("profiles").size() == 1);  // both rows use the A100 profile
+  std::string md = read_text(out + "/published.md");
+  CHECK(md.find("| megatron-1.7b |") != std::string::npos);
+  CHECK(md.find("| nccl-149-dgx-a100 |") != std::string::npos);
+  CHECK(md.find("Mean absolute error") != std::string::npos);
+  std::string html = read_text(out + "/published.html");
+  CHECK(html.find("<svg") != std::string::npos);
+  CHECK(html.find("megatron-1.7b") != std::string::npos);
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("validate --sweep published: an unknown row is refused naming the valid ones",
+          "[validate][published]") {
+  CommandResult r = run_stepcast("validate --sweep published --rows megatron-2b --out /tmp/never");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("unknown row 'megatron-2b'") != std::string::npos);
+  CHECK(r.output.find("megatron-1.7b") != std::string::npos);
+  CHECK(!std::filesystem::exists("/tmp/never/published.json"));
+}
