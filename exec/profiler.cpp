@@ -245,26 +245,54 @@ class Profiler {
     });
   }
 
+  // Elements of the GEMM operand pool: 4× this core's L2 on the CPU backend, none on others.
+  int64_t gemm_operand_pool_elements(Backend<T, G, W>& backend) const {
+    if (std::string(backend.name()) != "cpu") return 0;
+    long l2_bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2_bytes <= 0) l2_bytes = 1 << 20;  // not reported: a common size
+    return 4 * int64_t(l2_bytes) / int64_t(sizeof(T));
+  }
+
   void measure_gemms(Backend<T, G, W>& backend, MeasuredTables& t) {
     std::vector<int64_t> axis = options_.quick ? grid_.gemm_axis_quick : grid_.gemm_axis;
     int64_t largest = axis.back() * axis.back();
-    T* a = buffer(backend, largest);
-    T* b = buffer(backend, largest);
-    T* c = buffer(backend, largest);
-    G* cg = buffer<G>(backend, largest);  // weight gradients accumulate in G
+    // In a training step a GEMM's operands were last touched several ops ago: on a CPU they come
+    // from the shared cache, not the core's own. So successive calls of a point rotate through
+    // operand copies spanning a pool of 4× the core's L2 (each of a, b, c), rather than hitting
+    // the same hot lines; the GPU backend keeps one copy (its operands are not cache-resident
+    // at the profiled sizes either way).
+    const int64_t pool = gemm_operand_pool_elements(backend);
+    T* a = buffer(backend, largest + pool);
+    T* b = buffer(backend, largest + pool);
+    T* c = buffer(backend, largest + pool);
+    G* cg = buffer<G>(backend, largest + pool);  // weight gradients accumulate in G
     std::vector<TimedPoint> points;
     std::vector<GemmPoint> shapes;
     for (const std::string variant : {"forward", "dgrad", "wgrad"}) {
       for (int64_t m : axis) {
         for (int64_t n : axis) {
           for (int64_t k : axis) {
+            // Operand copies `stride` elements apart (the point's largest operand, whole cache
+            // lines), as many as the pool holds.
+            const int64_t stride = (std::max({m * k, n * k, m * n}) + 15) / 16 * 16;
+            const int64_t slots = std::max<int64_t>(1, pool / stride);
+            auto at = [stride, slots](int64_t call) { return (call % slots) * stride; };
             // The program's (m, n, k) of each variant mapped onto the linear layer's kernels.
             if (variant == "forward") {
-              points.push_back({[&, m, n, k] { backend.linear_forward(a, b, nullptr, c, m, k, n); }});
+              points.push_back({[&, m, n, k, at, call = int64_t(0)]() mutable {
+                int64_t o = at(call++);
+                backend.linear_forward(a + o, b + o, nullptr, c + o, m, k, n);
+              }});
             } else if (variant == "dgrad") {
-              points.push_back({[&, m, n, k] { backend.linear_backward_data(a, b, c, m, n, k, false); }});
+              points.push_back({[&, m, n, k, at, call = int64_t(0)]() mutable {
+                int64_t o = at(call++);
+                backend.linear_backward_data(a + o, b + o, c + o, m, n, k, false);
+              }});
             } else {
-              points.push_back({[&, m, n, k] { backend.linear_backward_weight(a, b, cg, nullptr, k, m, n); }});
+              points.push_back({[&, m, n, k, at, call = int64_t(0)]() mutable {
+                int64_t o = at(call++);
+                backend.linear_backward_weight(a + o, b + o, cg + o, nullptr, k, m, n);
+              }});
             }
             shapes.push_back({variant, m, n, k, 0});
           }
