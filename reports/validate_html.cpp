@@ -199,7 +199,8 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
   }
   body << html::table({"point", "op", "rank", "id", "predicted", "measured", "error", "of step"},
                       rows);
-  out << html::page("stepcast validate: " + r.sweep_name, body.str());
+  const std::string title = "stepcast validate: " + r.sweep_name;
+  out << html::page(title, html::heading(title, 1) + body.str());
 }
 
 }  // namespace stepcast
