@@ -74,15 +74,7 @@ int run_compare_strategies(int argc, char** argv) {
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model((*vm)["model"].as<std::string>());
   Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
-  SearchSpace space;
-  space.global_batch_size = (*vm)["global-batch-size"].as<int64_t>();
-  space.max_memory_fraction = (*vm)["max-memory-fraction"].as<double>();
-  space.dropout = (*vm)["dropout"].as<double>();
-  std::string attention = (*vm)["attention"].as<std::string>();
-  if (attention != "materialized" && attention != "flash") {
-    throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");
-  }
-  space.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  SearchSpace space = search_space_from(*vm);
   int jobs = (*vm)["jobs"].as<int>();
   if (space.global_batch_size < 1 || jobs < 1 ||
       !(space.max_memory_fraction > 0 && space.max_memory_fraction <= 1)) {

@@ -1,9 +1,12 @@
 // Shared input loading and output envelope for the commands; see inputs.hpp.
 #include "inputs.hpp"
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "errors.hpp"
 #include "version.hpp"
@@ -85,6 +88,15 @@ void write_output_file(const std::string& dir, const std::string& name, const st
   }
   std::filesystem::rename(tmp, path, ec);
   if (ec) throw InputError("--out " + dir + ": cannot rename " + tmp + ": " + ec.message());
+}
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::ostringstream out;
+  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
+  return out.str();
 }
 
 }  // namespace stepcast::cli

@@ -32,6 +32,9 @@ std::optional<po::variables_map> parse_command_line(int argc, char** argv,
 Json output_envelope(const std::string& command, const Inputs& inputs);
 // `s` quoted for /bin/sh (child processes: re-simulations).
 std::string shell_quote(const std::string& s);
+
+// Now as ISO 8601 UTC ("2026-11-30T18:42:59Z"), for reports.
+std::string utc_now();
 // Creates DIR and writes DIR/NAME; InputError if it cannot.
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text);
 

@@ -127,16 +127,7 @@ int run_plan(int argc, char** argv) {
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model((*vm)["model"].as<std::string>());
   Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
-  SearchSpace space;
-  space.global_batch_size = (*vm)["global-batch-size"].as<int64_t>();
-  space.include_gpipe = (*vm)["include-gpipe"].as<bool>();
-  space.max_memory_fraction = (*vm)["max-memory-fraction"].as<double>();
-  space.dropout = (*vm)["dropout"].as<double>();
-  std::string attention = (*vm)["attention"].as<std::string>();
-  if (attention != "materialized" && attention != "flash") {
-    throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");
-  }
-  space.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  SearchSpace space = search_space_from(*vm);
   int64_t top = (*vm)["top"].as<int64_t>();
   int64_t evaluate_count = 2 * top;
   if (vm->count("evaluate")) {
@@ -309,7 +300,7 @@ int run_plan(int argc, char** argv) {
                      {"global_batch_size", space.global_batch_size},
                      {"objective", objective_name},
                      {"max_memory_fraction", space.max_memory_fraction},
-                     {"attention_impl", attention},
+                     {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
                      {"profile", profile.name}};
     out["top"] = top_json;

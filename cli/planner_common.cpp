@@ -149,4 +149,18 @@ double model_flops_utilization(const ModelConfig& model, const Topology& topolog
          (double(plan.world_size()) * peak);
 }
 
+SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
+  SearchSpace space;
+  space.global_batch_size = vm["global-batch-size"].as<int64_t>();
+  if (vm.count("include-gpipe")) space.include_gpipe = vm["include-gpipe"].as<bool>();
+  space.max_memory_fraction = vm["max-memory-fraction"].as<double>();
+  space.dropout = vm["dropout"].as<double>();
+  std::string attention = vm["attention"].as<std::string>();
+  if (attention != "materialized" && attention != "flash") {
+    throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");
+  }
+  space.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  return space;
+}
+
 }  // namespace stepcast::cli

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/program_options.hpp>
+
 #include "model.hpp"
 #include "search.hpp"
 #include "topology.hpp"
@@ -17,6 +19,11 @@ namespace stepcast::cli {
 Progress progress_printer(const std::string& what);
 
 std::string fixed(double value, int digits);
+
+// The search space of the command line's --global-batch-size, --max-memory-fraction, --dropout,
+// --attention (materialized | flash, else InputError) and, where the command has it,
+// --include-gpipe.
+SearchSpace search_space_from(const boost::program_options::variables_map& vm);
 
 // Throws InputError when the model's 16 bytes per parameter exceed the whole cluster's memory,
 // naming the nodes that would hold it.

@@ -55,14 +55,6 @@ std::string repository_file(const std::string& relative) {
                            " or in the working directory: run stepcast from its repository");
 }
 
-std::string utc_now() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  std::ostringstream out;
-  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
-  return out.str();
-}
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -241,14 +241,6 @@ std::string percent(double fraction) {
   return out.str();
 }
 
-std::string utc_now() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  std::ostringstream out;
-  out << std::put_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
-  return out.str();
-}
 
 std::string plan_summary(const MegatronRow& row) {
   std::ostringstream out;

@@ -643,21 +643,54 @@ double host_memory_bytes() {
   return 0;
 }
 
+Json apply_measured_fits(DeviceProfile& p, const MeasuredTables& tables, int64_t intra_group,
+                         const std::string& collectives_from, const std::string& p2p_from) {
+  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
+  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
+  std::vector<LinkSample> memory_samples;
+  for (const MemoryPoint& m : tables.memory) {
+    if (m.family != "copy") memory_samples.push_back({1.0, m.bytes, m.time_s});
+  }
+  std::optional<LinkFit> memory = fit_link(memory_samples);
+  std::optional<LinkFit> links = ring ? ring : p2p;
+  if (links) {
+    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
+    p.intra_node_latency_s = links->latency_s;
+  }
+  if (memory) {
+    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
+    p.kernel_overhead_s = memory->latency_s;
+  }
+  return {{"collectives", fit_to_json(ring, collectives_from)},
+          {"p2p", fit_to_json(p2p, p2p_from)},
+          {"memory", fit_to_json(memory, "every memory-bound point")},
+          {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")}};
+}
+
+RankPlacement place_this_rank() {
+  RankPlacement p;
+  MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p.size);
+  MPI_Comm node_comm;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL,
+                                &node_comm),
+            "MPI_Comm_split_type", p.rank);
+  int node_rank = 0;
+  MPI_Comm_size(node_comm, &p.ranks_per_node);
+  MPI_Comm_rank(node_comm, &node_rank);
+  MPI_Comm_free(&node_comm);
+  int leader = node_rank == 0 ? 1 : 0;
+  check_mpi(MPI_Allreduce(&leader, &p.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce",
+            p.rank);
+  return p;
+}
+
 DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   STEPCAST_CHECK(options.dtype == Dtype::fp32 || options.dtype == Dtype::fp64,
                  "the CPU backend computes in fp32 or fp64");
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm node_comm;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
-            "MPI_Comm_split_type", rank);
-  int ranks_per_node = 0, node_rank = 0;
-  MPI_Comm_size(node_comm, &ranks_per_node);
-  MPI_Comm_rank(node_comm, &node_rank);
-  MPI_Comm_free(&node_comm);
-  int leader = node_rank == 0 ? 1 : 0, nodes = 0;
-  check_mpi(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", rank);
+  const RankPlacement placement = place_this_rank();
+  const int rank = placement.rank, size = placement.size;
+  const int ranks_per_node = placement.ranks_per_node, nodes = placement.nodes;
 
   double start = MPI_Wtime();
   MeasuredTables tables;
@@ -692,28 +725,10 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
   // the simulator's intra-node flows carry), else from the ping-pong.
   int64_t intra_group = nodes == 1 ? size : 2;
-  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
-  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
-  std::vector<LinkSample> memory_samples;
-  // Kernels only: the staging copy is a plain memcpy, far faster per byte than any of them.
-  for (const MemoryPoint& m : tables.memory) {
-    if (m.family != "copy") memory_samples.push_back({1.0, m.bytes, m.time_s});
-  }
-  std::optional<LinkFit> memory = fit_link(memory_samples);
-  std::optional<LinkFit> links = ring ? ring : p2p;
-  if (links) {
-    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
-    p.intra_node_latency_s = links->latency_s;
-  }
-  if (memory) {
-    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
-    p.kernel_overhead_s = memory->latency_s;
-  }
-  tables.fits = {{"collectives", fit_to_json(ring, "ring and tree collectives of " +
-                                                       std::to_string(intra_group) + " ranks in a node")},
-                 {"p2p", fit_to_json(p2p, "send/recv ping-pong, one way")},
-                 {"memory", fit_to_json(memory, "every memory-bound point")},
-                 {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")}};
+  tables.fits = apply_measured_fits(
+      p, tables, intra_group,
+      "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
+      "send/recv ping-pong, one way");
   tables.method = {{"ranks", size},
                    {"ranks_per_node", ranks_per_node},
                    {"nodes", nodes},

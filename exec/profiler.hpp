@@ -57,6 +57,23 @@ MeasuredTables measure_tables(const ProfileOptions& options, int rank, int size,
                               int ranks_per_node, const BackendFactory<T, G, W>& factory,
                               const ProfileGrid& grid);
 
+// Where this MPI process sits: ranks in the world and on its node, and how many nodes there are
+// (collective over MPI_COMM_WORLD).
+struct RankPlacement {
+  int rank = 0;
+  int size = 1;
+  int ranks_per_node = 1;
+  int nodes = 1;
+};
+RankPlacement place_this_rank();
+
+// Applies the α-β fits of the measured points to `profile`: the intra-node link from the
+// collectives of `intra_group` ranks in a node (else from the ping-pong), memory bandwidth and
+// kernel overhead from every memory-bound kernel (not the staging copy, a plain memcpy far
+// faster per byte). Returns the fits as measured.fits records them.
+Json apply_measured_fits(DeviceProfile& profile, const MeasuredTables& tables, int64_t intra_group,
+                         const std::string& collectives_from, const std::string& p2p_from);
+
 // This host: hostname, /proc/cpuinfo's model name, online logical CPUs.
 MachineInfo describe_machine();
 // openblas (openblas_get_config) and mpi (MPI_Get_library_version, first line).

@@ -297,10 +297,13 @@ std::string scatter_chart(const ChartOptions& options, const std::vector<Point>&
   Frame frame(options);
   std::vector<double> xs, ys;
   size_t dropped = 0;
+  // A point is drawn when both values are finite (and positive on a log axis).
+  auto drawable = [&options](const Point& p) {
+    return std::isfinite(p.x) && std::isfinite(p.y) && (!options.log_x || p.x > 0) &&
+           (!options.log_y || p.y > 0);
+  };
   for (const auto& p : points) {
-    bool ok = std::isfinite(p.x) && std::isfinite(p.y) && (!options.log_x || p.x > 0) &&
-              (!options.log_y || p.y > 0);
-    if (!ok) { ++dropped; continue; }
+    if (!drawable(p)) { ++dropped; continue; }
     xs.push_back(p.x);
     ys.push_back(p.y);
   }
@@ -347,9 +350,7 @@ std::string scatter_chart(const ChartOptions& options, const std::vector<Point>&
               << "\" stroke=\"#4e79a7\" stroke-dasharray=\"4 3\"/>\n";
   }
   for (const auto& p : points) {
-    bool ok = std::isfinite(p.x) && std::isfinite(p.y) && (!options.log_x || p.x > 0) &&
-              (!options.log_y || p.y > 0);
-    if (!ok) continue;
+    if (!drawable(p)) continue;
     double px = x_axis.map(p.x), py = y_axis.map(p.y);
     frame.svg << "<circle class=\"point\" cx=\"" << number(px) << "\" cy=\"" << number(py)
               << "\" r=\"4\" fill=\"" << color(1) << "\"><title>" << escape(p.label) << " ("

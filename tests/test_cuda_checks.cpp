@@ -137,9 +137,10 @@ TEST_CASE("cuda checks: run --backend cuda with no GPU visible says so and fails
   INFO(output);
   CHECK(r.exit_code == 2);
 #ifdef STEPCAST_HAVE_CUDA
-  // Both ranks stop, each naming itself; no crash, no hang.
-  CHECK(contains(output, "rank 0: error: no GPU visible (CUDA_VISIBLE_DEVICES \"\")"));
-  CHECK(contains(output, "rank 1: error: no GPU visible"));
+  // The job stops, a rank naming itself; no crash, no hang. (Which ranks get to print before
+  // mpirun ends the others is a race, so one is required, not both.)
+  CHECK((contains(output, "rank 0: error: no GPU visible (CUDA_VISIBLE_DEVICES \"\")") ||
+         contains(output, "rank 1: error: no GPU visible (CUDA_VISIBLE_DEVICES \"\")")));
   CHECK_FALSE(contains(output, "internal error"));
 #else
   CHECK(contains(output, "built without CUDA"));

@@ -15,6 +15,7 @@
 #include "cuda_kernels.hpp"
 #include "errors.hpp"
 #include "mpi_collectives.hpp"
+#include "profiler.hpp"
 #include "version.hpp"
 
 namespace stepcast {
@@ -105,30 +106,12 @@ FlashRate time_flash(int rank, int64_t d, const ProfileOptions& options) {
   return {d, flops / fwd, 2.5 * flops / bwd};
 }
 
-Json fit_json(const std::optional<LinkFit>& fit, const std::string& from) {
-  if (!fit) return nullptr;
-  return {{"from", from},
-          {"latency_s", fit->latency_s},
-          {"bandwidth_bytes_per_s", fit->bandwidth_bytes_per_s},
-          {"max_relative_error", fit->max_relative_error},
-          {"samples", fit->samples}};
-}
-
 }  // namespace
 
 DeviceProfile measure_cuda_profile(const ProfileOptions& options) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  MPI_Comm node_comm;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node_comm),
-            "MPI_Comm_split_type", rank);
-  int ranks_per_node = 0, node_rank = 0;
-  MPI_Comm_size(node_comm, &ranks_per_node);
-  MPI_Comm_rank(node_comm, &node_rank);
-  MPI_Comm_free(&node_comm);
-  int leader = node_rank == 0 ? 1 : 0, nodes = 0;
-  check_mpi(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", rank);
+  const RankPlacement placement = place_this_rank();
+  const int rank = placement.rank, size = placement.size;
+  const int ranks_per_node = placement.ranks_per_node, nodes = placement.nodes;
   const int device = select_cuda_device();
   STEPCAST_CHECK(options.dtype == Dtype::bf16, "the CUDA profile measures bf16");
 
@@ -182,31 +165,16 @@ DeviceProfile measure_cuda_profile(const ProfileOptions& options) {
   }
   if (rank != 0) return p;
 
-  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, nodes == 1 ? size : 2));
-  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
-  std::vector<LinkSample> memory_samples;
-  for (const MemoryPoint& m : tables.memory) memory_samples.push_back({1.0, m.bytes, m.time_s});
-  std::optional<LinkFit> memory = fit_link(memory_samples);
-  std::optional<LinkFit> links = ring ? ring : p2p;
-  if (links) {
-    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
-    p.intra_node_latency_s = links->latency_s;
-  }
-  if (memory) {
-    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
-    p.kernel_overhead_s = memory->latency_s;
-  }
   Json flash_json = Json::array();
   for (const FlashRate& f : flash) {
     flash_json.push_back({{"head_dim", f.d},
                           {"forward_flops_per_s", f.forward_flops_per_s},
                           {"backward_flops_per_s", f.backward_flops_per_s}});
   }
-  tables.fits = {{"collectives", fit_json(ring, "NCCL collectives of the ranks in a node")},
-                 {"p2p", fit_json(p2p, "NCCL send/recv ping-pong, one way")},
-                 {"memory", fit_json(memory, "every memory-bound point")},
-                 {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")},
-                 {"flash_attention", flash_json}};
+  tables.fits = apply_measured_fits(p, tables, nodes == 1 ? size : 2,
+                                    "NCCL collectives of the ranks in a node",
+                                    "NCCL send/recv ping-pong, one way");
+  tables.fits["flash_attention"] = flash_json;
   tables.method = {{"ranks", size},
                    {"ranks_per_node", ranks_per_node},
                    {"nodes", nodes},
