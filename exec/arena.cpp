@@ -159,10 +159,13 @@ ArenaPlan plan_arena(const Role& role, int64_t alignment) {
   return best;
 }
 
-void Arena::create(const Role& role, const ArenaPlan& plan, char* memory) {
-  plan_ = plan;
+void Arena::place(char* memory) {
   base_ = memory;
   STEPCAST_CHECK(base_ != nullptr, "the arena needs memory");
+}
+
+void Arena::index(const Role& role, const ArenaPlan& plan) {
+  plan_ = plan;
   bytes_.assign(role.ops.size(), 0);
   for (const Op& op : role.ops) {
     if (op.kind != OpKind::alloc) continue;

@@ -25,9 +25,15 @@ ArenaPlan plan_arena(const Role& role, int64_t alignment = 64);
 class Arena {
  public:
   Arena() = default;
-  // Lays the buffers out in `memory` (plan.extent_bytes, owned by the caller: the backend
-  // allocates it) and indexes them by name.
-  void create(const Role& role, const ArenaPlan& plan, char* memory);
+  // Indexes the buffers by name (host bookkeeping, no buffer memory)...
+  void index(const Role& role, const ArenaPlan& plan);
+  // ...and lays them out in `memory` (extent_bytes(), owned by the caller: the backend
+  // allocates it).
+  void place(char* memory);
+  void create(const Role& role, const ArenaPlan& plan, char* memory) {
+    index(role, plan);
+    place(memory);
+  }
   // Address of the buffer the op `alloc_op` created.
   char* at(int32_t alloc_op) const { return base_ + plan_.offset_of_op[alloc_op]; }
   // The alloc op that made `name` most recently at or before op `now` (names are reused across
