@@ -618,27 +618,27 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
   }
 
   // Table 1 rows: model and plan files kept under OUT_DIR/inputs, simulations in child processes.
-  std::vector<const MegatronRow*> todo;
+  std::vector<const MegatronRow*> rows_to_run;
   for (const MegatronRow& row : megatron_table1()) {
-    if (selected(options, row.name)) todo.push_back(&row);
+    if (selected(options, row.name)) rows_to_run.push_back(&row);
   }
   fs::path inputs = fs::path(out_dir) / "inputs";
-  for (const MegatronRow* row : todo) {
+  for (const MegatronRow* row : rows_to_run) {
     write_output_file(inputs.string(), row->name + ".model.json", megatron_model_json(*row).dump(2) + "\n");
     write_output_file(inputs.string(), row->name + ".plan.json", megatron_plan_json(*row).dump(2) + "\n");
   }
-  if (!todo.empty()) profiles_used.insert(a100_profile);
-  std::vector<MegatronResult> results(todo.size());
+  if (!rows_to_run.empty()) profiles_used.insert(a100_profile);
+  std::vector<MegatronResult> results(rows_to_run.size());
   std::atomic<size_t> next{0};
   std::mutex print;
   size_t done = 0;
   auto worker = [&] {
-    for (size_t i = next++; i < todo.size(); i = next++) {
-      results[i] = simulate_row(*todo[i], inputs, repo, a100_profile);
+    for (size_t i = next++; i < rows_to_run.size(); i = next++) {
+      results[i] = simulate_row(*rows_to_run[i], inputs, repo, a100_profile);
       std::lock_guard<std::mutex> lock(print);
       const MegatronResult& r = results[i];
       ++done;
-      std::cout << "[" << done << "/" << todo.size() << "] " << std::left << std::setw(16)
+      std::cout << "[" << done << "/" << rows_to_run.size() << "] " << std::left << std::setw(16)
                 << r.row->name << std::right;
       if (r.ok) {
         std::cout << " predicted " << std::setw(6) << fixed(r.tflops_per_gpu, 1)
@@ -652,7 +652,7 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
     }
   };
   std::vector<std::thread> threads;
-  for (int j = 0; j < std::min<int>(options.jobs, int(todo.size())); ++j) threads.emplace_back(worker);
+  for (int j = 0; j < std::min<int>(options.jobs, int(rows_to_run.size())); ++j) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   report.megatron = std::move(results);
   for (const std::string& p : profiles_used) report.profiles.push_back(profile_record(p, repo));

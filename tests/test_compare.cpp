@@ -312,16 +312,10 @@ TEST_CASE("compare: end to end on `simulate` and `run` of the shipped default", 
   REQUIRE(sim.exit_code == 0);
   std::string run = source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run" + inputs +
                     " --corpus " + source_path("data/corpus/shakespeare.txt") +
-                    " --steps 3 --quiet --out " + b + " 2>&1";
-  FILE* pipe = popen(run.c_str(), "r");
-  std::string run_output;
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) run_output.append(buffer, got);
-  int status = pclose(pipe);
-  INFO(run_output);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
+                    " --steps 3 --quiet --out " + b;
+  CommandResult ran = run_shell(run);
+  INFO(ran.output);
+  REQUIRE(ran.exit_code == 0);
 
   CommandResult cmp =
       run_stepcast("compare " + a + "/prediction.json " + b + "/measurement.json --out " + c);

@@ -33,14 +33,11 @@ Run run(const std::string& model, const Json& plan, const std::string& backend, 
       << source_path("plans/models/" + model + ".json") << " --plan " << file << " --topology "
       << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend
-      << " --steps " << steps << " --quiet --out " << out << " 2>&1";
+      << " --steps " << steps << " --quiet --out " << out;
   Run r;
-  FILE* pipe = popen(cmd.str().c_str(), "r");
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, got);
-  int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CommandResult ran = run_shell(cmd.str());
+  r.output = ran.output;
+  r.exit_code = ran.exit_code;
   if (r.exit_code == 0) r.measurement = load_json_file(out + "/measurement.json");
   return r;
 }

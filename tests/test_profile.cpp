@@ -21,6 +21,7 @@
 #include "test_support.hpp"
 
 using namespace stepcast;
+using namespace stepcast::test;
 using Catch::Matchers::Contains;
 using test::source_path;
 
@@ -85,22 +86,6 @@ DeviceProfile synthetic_profile() {
 
 double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
 
-struct Command {
-  int exit_code = 0;
-  std::string output;
-};
-
-Command shell(const std::string& command) {
-  Command result;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, got);
-  int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 // `mpirun -np 2 stepcast profile --quick` once for every test that needs it.
 struct QuickProfile {
@@ -112,7 +97,7 @@ const QuickProfile& quick_profile() {
     QuickProfile r;
     r.profile = test::write_temp_file("quick-profile.json", "");
     r.topology = test::write_temp_file("quick-topology.json", "");
-    Command c = shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY +
+    CommandResult c = run_shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY +
                       " profile --backend cpu --quick --out " + r.profile + " --topology-out " +
                       r.topology);
     r.exit_code = c.exit_code;

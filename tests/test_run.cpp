@@ -41,14 +41,11 @@ RunResult run_plan(const std::string& model, const Json& plan, int steps,
       << " run --model " << source_path("plans/models/" + model + ".json") << " --plan " << dir
       << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
-      << " --quiet --out " << out << " " << extra << " 2>&1";
+      << " --quiet --out " << out << " " << extra;
   RunResult result;
-  FILE* pipe = popen(cmd.str().c_str(), "r");
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, got);
-  int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  CommandResult ran = run_shell(cmd.str());
+  result.output = ran.output;
+  result.exit_code = ran.exit_code;
   if (result.exit_code == 0) result.measurement = load_json_file(out + "/measurement.json");
   return result;
 }
@@ -243,34 +240,14 @@ TEST_CASE("run: a rank count that does not match the plan is refused", "[run]") 
   std::string file = write_temp_file("mismatch.plan.json", plan(1, 1, 2, 0, "1f1b", "none", false, false, 2, false).dump());
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("plans/models/tiny.json") << " --plan " << file << " --steps 1 2>&1";
-  FILE* pipe = popen(cmd.str().c_str(), "r");
-  std::string output;
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, got);
-  int status = pclose(pipe);
-  CHECK(WEXITSTATUS(status) != 0);
+      << source_path("plans/models/tiny.json") << " --plan " << file << " --steps 1";
+  CommandResult r = run_shell(cmd.str());
+  const std::string& output = r.output;
+  CHECK(r.exit_code != 0);
   CHECK_THAT(output, Catch::Contains("needs 2 ranks"));
 }
 
 namespace {
-
-struct Shell {
-  int exit_code;
-  std::string output;
-};
-
-Shell shell(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  Shell s{0, ""};
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) s.output.append(buffer, got);
-  int status = pclose(pipe);
-  s.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return s;
-}
 
 std::string run_command_line(const std::string& plan_file, const std::string& extra) {
   return source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
@@ -288,11 +265,11 @@ TEST_CASE("run: resuming a checkpoint continues the loss curve bit for bit", "[r
   std::string file = write_temp_file("resume.plan.json", p.dump());
   std::string dir = file + ".dir";
   std::filesystem::remove_all(dir);
-  Shell full = shell(run_command_line(file, "--steps 10 --out " + dir + "/full"));
+  CommandResult full = run_shell(run_command_line(file, "--steps 10 --out " + dir + "/full"));
   REQUIRE(full.exit_code == 0);
-  Shell first = shell(run_command_line(file, "--steps 5 --checkpoint-dir " + dir + "/ck --checkpoint-every 5"));
+  CommandResult first = run_shell(run_command_line(file, "--steps 5 --checkpoint-dir " + dir + "/ck --checkpoint-every 5"));
   REQUIRE(first.exit_code == 0);
-  Shell resumed = shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck --out " + dir + "/resumed"));
+  CommandResult resumed = run_shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck --out " + dir + "/resumed"));
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   auto a = load_json_file(dir + "/full/measurement.json").at("losses").get<std::vector<double>>();
@@ -304,14 +281,14 @@ TEST_CASE("run: resuming a checkpoint continues the loss curve bit for bit", "[r
     Json other = p;
     other["dropout"] = 0.0;
     std::string other_file = write_temp_file("resume-other.plan.json", other.dump());
-    Shell refused = shell(run_command_line(other_file, "--steps 10 --resume " + dir + "/ck"));
+    CommandResult refused = run_shell(run_command_line(other_file, "--steps 10 --resume " + dir + "/ck"));
     CHECK(refused.exit_code == 2);
     CHECK_THAT(refused.output, Catch::Contains("not of this program"));
   }
   SECTION("a truncated checkpoint is refused") {
     std::string rank_file = dir + "/ck/step-00000005/rank-00001.bin";
     std::filesystem::resize_file(rank_file, std::filesystem::file_size(rank_file) / 2);
-    Shell refused = shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck"));
+    CommandResult refused = run_shell(run_command_line(file, "--steps 10 --resume " + dir + "/ck"));
     CHECK(refused.exit_code == 2);
     CHECK_THAT(refused.output, Catch::Contains("truncated"));
   }
@@ -322,7 +299,7 @@ TEST_CASE("run: a hung rank is caught by the watchdog, which names the op and th
   p["global_batch_size"] = 4;
   std::string file = write_temp_file("hang.plan.json", p.dump());
   // Rank 1 sleeps before its op 20 (inside its first forward pass); rank 0 waits on it.
-  Shell r = shell("STEPCAST_TEST_HANG=1:20 timeout 120 " +
+  CommandResult r = run_shell("STEPCAST_TEST_HANG=1:20 timeout 120 " +
                   run_command_line(file, "--steps 3 --watchdog-s 3"));
   INFO(r.output);
   CHECK(r.exit_code != 0);
@@ -337,7 +314,7 @@ TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint 
   std::string file = write_temp_file("die.plan.json", p.dump());
   std::string dir = file + ".ck";
   std::filesystem::remove_all(dir);
-  Shell r = shell("STEPCAST_TEST_DIE=1:5 timeout 120 " +
+  CommandResult r = run_shell("STEPCAST_TEST_DIE=1:5 timeout 120 " +
                   run_command_line(file, "--steps 10 --checkpoint-dir " + dir + " --checkpoint-every 2"));
   INFO(r.output);
   CHECK(r.exit_code != 0);
@@ -345,7 +322,7 @@ TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint 
   CHECK_THAT(r.output, Catch::Contains("rank 1"));  // the launcher names the rank that died
   // The checkpoint after step 4 is complete and resumes.
   CHECK(std::filesystem::exists(dir + "/step-00000004/manifest.json"));
-  Shell resumed = shell(run_command_line(file, "--steps 6 --resume " + dir));
+  CommandResult resumed = run_shell(run_command_line(file, "--steps 6 --resume " + dir));
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
 }
@@ -353,7 +330,7 @@ TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint 
 TEST_CASE("run: the CPU backend refuses a GPU topology, whose program has no host staging", "[run]") {
   Json p = plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false);
   std::string file = write_temp_file("gpu-topology.plan.json", p.dump());
-  Shell r = shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
+  CommandResult r = run_shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
                   source_path("plans/models/tiny.json") + " --plan " + file + " --topology " +
                   source_path("topologies/dgx-a100-80gb.json") + " --steps 2 --quiet");
   INFO(r.output);

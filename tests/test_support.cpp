@@ -12,10 +12,10 @@
 
 namespace stepcast::test {
 
-CommandResult run_stepcast(const std::string& args) {
-  std::string command = std::string(STEPCAST_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed: " + command);
+CommandResult run_shell(const std::string& command) {
+  std::string line = command + " 2>&1";
+  FILE* pipe = popen(line.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + line);
   CommandResult result;
   std::array<char, 4096> buffer{};
   size_t n;
@@ -23,6 +23,10 @@ CommandResult run_stepcast(const std::string& args) {
   int status = pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+CommandResult run_stepcast(const std::string& args) {
+  return run_shell(std::string(STEPCAST_BINARY) + " " + args);
 }
 
 std::string write_temp_file(const std::string& name, const std::string& text) {

@@ -25,6 +25,8 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
+// Runs a shell command line; its exit code and output (stdout and stderr together).
+CommandResult run_shell(const std::string& command);
 // Runs `build/stepcast ARGS` through the shell and captures its output.
 CommandResult run_stepcast(const std::string& args);
 

@@ -64,17 +64,6 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-// Runs a shell command line (stdout and stderr together).
-CommandResult shell(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  CommandResult r;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) r.output.append(buffer, n);
-  int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
 
 int64_t online_cores() { return int64_t(sysconf(_SC_NPROCESSORS_ONLN)); }
 
@@ -336,7 +325,7 @@ TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", 
                        {{"name", "one-rank"}, {"plan", Json::object()}, {"ranks", 1}}});
   std::string file = write_temp_file("dies.json", j.dump());
   std::string out = fresh_dir("dies");
-  CommandResult r = shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_BINARY) +
+  CommandResult r = run_shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_BINARY) +
                           " validate --sweep " + file + " --repeats 1 --out " + out);
   INFO(r.output);
   CHECK(r.exit_code == 1);
@@ -357,7 +346,7 @@ TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", 
 
 TEST_CASE("validate: a profile from another machine type warns, naming the fields", "[validate]") {
   std::string out = fresh_dir("other-machine");
-  CommandResult measured = shell(source_path("scripts/mpirun") + " -np 1 " + STEPCAST_BINARY +
+  CommandResult measured = run_shell(source_path("scripts/mpirun") + " -np 1 " + STEPCAST_BINARY +
                                  " profile --backend cpu --quick --out " + out + "/profile.json");
   INFO(measured.output);
   REQUIRE(measured.exit_code == 0);
