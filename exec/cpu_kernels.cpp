@@ -188,6 +188,13 @@ template <class T>
 void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, int64_t s,
                          int64_t b, int64_t h, const Dropout& dropout, int64_t s0,
                          const int64_t* sample_index) {
+  if (dropout.p == 0) {
+    const int64_t n = s * b * h;
+    for (int64_t i = 0; i < n; ++i) out[i] = (residual ? residual[i] : T(0)) + x[i];
+    if (mask) std::fill(mask, mask + n, uint8_t(1));
+    return;
+  }
+  STEPCAST_CHECK(mask && sample_index, "dropout_add_forward: dropout needs a mask and sample indices");
   const T scale = T(keep_scale(dropout.p));
   for (int64_t bi = 0; bi < b; ++bi) {
     uint64_t key = sample_key(dropout.seed, dropout.site, dropout.step, dropout.layer,

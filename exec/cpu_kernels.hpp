@@ -77,6 +77,7 @@ bool dropout_keep(uint64_t seed, DropoutSite site, int64_t step, int64_t layer, 
 // out[s,b,h] = residual + dropout(x), mask[s,b,h] = keep (uint8). residual may be null (plain
 // dropout, e.g. after the embedding); out may alias x or residual. s0 is the global position of
 // local row 0 (the sequence-parallel offset); sample_index[b] are the global sample indices.
+// With p = 0 it is the residual add alone: mask and sample_index may be null (nothing drawn).
 template <class T>
 void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, int64_t s,
                          int64_t b, int64_t h, const Dropout& dropout, int64_t s0,

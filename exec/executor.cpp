@@ -91,11 +91,12 @@ class Interpreter {
                                  model.num_key_value_heads / t_, model.head_dim()};
     scale_ = 1.0 / std::sqrt(double(model.head_dim()));
     source_ = make_token_source(model.vocab_size, s_, options.corpus_path, options.seed);
-    // Token ids and targets of every microbatch, [s][b] as the kernels want: allocated once.
-    int64_t m = program.num_microbatches;
-    tokens_.assign(size_t(m * s_ * b_), 0);
-    targets_.assign(size_t(m * s_ * b_), 0);
-    sample_index_.assign(size_t(m * b_), 0);
+    // The data loader's host staging for one microbatch (sample-major as the source writes it,
+    // then [s][b] as the kernels read it); the microbatch's buffers are the program's.
+    batch_tokens_.assign(size_t(b_ * s_), 0);
+    batch_targets_.assign(size_t(b_ * s_), 0);
+    staged_.assign(size_t(b_ * s_), 0);
+    batch_samples_.assign(size_t(b_), 0);
     // Parameter groups present on this role, from its persistent allocs.
     for (const Op& op : role_.ops) {
       if (op.kind == OpKind::alloc && op.persistent && op.buffer.rfind("weights.", 0) == 0) {
@@ -130,31 +131,11 @@ class Interpreter {
     if (!arena_indexed_) index_arena();
     arena_memory_ = backend_.allocate(arena_.extent_bytes());
     arena_.place(arena_memory_);
-    // Data and scratch the kernels read, in backend memory, allocated once.
-    int64_t m = p_.num_microbatches;
-    int64_t tokens = s_ * b_;
-    aux_tokens_bytes_ = int64_t(sizeof(int32_t)) * m * tokens;
-    int64_t index_bytes = int64_t(sizeof(int64_t)) * m * b_;
-    int64_t scratch = int64_t(sizeof(W)) * tokens * 4;  // loss [N] and stats [3, N]
-    int64_t masks = s_local_ * b_ * h_;
-    aux_memory_ = backend_.allocate(2 * aux_tokens_bytes_ + index_bytes + scratch + masks);
-    char* at = aux_memory_;
-    tokens_dev_ = reinterpret_cast<int32_t*>(at);
-    at += aux_tokens_bytes_;
-    targets_dev_ = reinterpret_cast<int32_t*>(at);
-    at += aux_tokens_bytes_;
-    samples_dev_ = reinterpret_cast<int64_t*>(at);
-    at += index_bytes;
-    loss_scratch_ = reinterpret_cast<W*>(at);
-    ce_stats_ = loss_scratch_ + tokens;
-    at += scratch;
-    mask_scratch_ = reinterpret_cast<uint8_t*>(at);
     initialize_parameters();
   }
 
   ~Interpreter() {
     if (arena_memory_) backend_.release(arena_memory_);
-    if (aux_memory_) backend_.release(aux_memory_);
   }
 
   // One training step; returns the loss on this rank's share (summed), the caller reduces it.
@@ -166,7 +147,6 @@ class Interpreter {
       std::fflush(stderr);
       std::raise(SIGKILL);
     }
-    load_data();
     loss_sum_ = 0;
     zero_persistent_grads();
     for (const Op& op : role_.ops) {
@@ -374,27 +354,31 @@ class Interpreter {
     return alloc.shape.size() == 2 ? alloc.shape[1] : 2;
   }
 
-  void load_data() {
-    std::vector<int32_t> tokens(static_cast<size_t>(b_ * s_)), targets(static_cast<size_t>(b_ * s_));
-    std::vector<int64_t> index(static_cast<size_t>(b_));
-    for (int64_t mb = 0; mb < p_.num_microbatches; ++mb) {
-      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(), mb, s_,
-                      tokens.data(), targets.data(), index.data());
-      for (int64_t bi = 0; bi < b_; ++bi) {
-        sample_index_[size_t(mb * b_ + bi)] = index[size_t(bi)];
-        for (int64_t si = 0; si < s_; ++si) {
-          tokens_[size_t(mb * s_ * b_ + si * b_ + bi)] = tokens[size_t(bi * s_ + si)];
-          targets_[size_t(mb * s_ * b_ + si * b_ + bi)] = targets[size_t(bi * s_ + si)];
-        }
-      }
+  // The alloc of a data buffer hands over this step's microbatch: the token source fills the
+  // staging, which is uploaded into the program's buffer.
+  void load_data(const Op& alloc, DataBuffer what) {
+    fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(),
+                    data_buffer_microbatch(alloc.buffer), s_, batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
+    char* dst = arena_.at(alloc.id);
+    if (what == DataBuffer::samples) {
+      STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(batch_samples_.size() * sizeof(int64_t)),
+                     "samples buffer " + alloc.buffer + " is not [micro_batch_size] int64");
+      backend_.upload(dst, batch_samples_.data(), arena_.bytes_of(alloc.id));
+      return;
     }
-    backend_.upload(tokens_dev_, tokens_.data(), aux_tokens_bytes_);
-    backend_.upload(targets_dev_, targets_.data(), aux_tokens_bytes_);
-    backend_.upload(samples_dev_, sample_index_.data(), int64_t(sample_index_.size() * sizeof(int64_t)));
+    const std::vector<int32_t>& from = what == DataBuffer::tokens ? batch_tokens_ : batch_targets_;
+    for (int64_t bi = 0; bi < b_; ++bi) {
+      for (int64_t si = 0; si < s_; ++si) staged_[size_t(si * b_ + bi)] = from[size_t(bi * s_ + si)];
+    }
+    STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(staged_.size() * sizeof(int32_t)),
+                   "data buffer " + alloc.buffer + " is not [seq_length, micro_batch_size] int32");
+    backend_.upload(dst, staged_.data(), arena_.bytes_of(alloc.id));
   }
-  const int32_t* tokens(int32_t mb) const { return tokens_dev_ + size_t(mb) * size_t(s_ * b_); }
-  const int32_t* targets(int32_t mb) const { return targets_dev_ + size_t(mb) * size_t(s_ * b_); }
-  const int64_t* samples(int32_t mb) const { return samples_dev_ + size_t(mb) * size_t(b_); }
+  // Sample indices in the step, read by the dropout masks (none without dropout).
+  const int64_t* samples(const Op& op) {
+    if (plan_.dropout == 0) return nullptr;
+    return buf<int64_t>(data_buffer_name(op.microbatch, DataBuffer::samples), op);
+  }
   int64_t s0() const { return plan_.sequence_parallel ? coord_.tp * s_local_ : 0; }
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
@@ -406,6 +390,9 @@ class Interpreter {
       case OpKind::alloc:
         // Persistent buffers (weights, grads, optimizer state) live across steps.
         if (zero_[op.id] && !op.persistent) backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
+        if (DataBuffer what = data_buffer_kind(op.buffer); what != DataBuffer::none) {
+          load_data(op, what);
+        }
         return;
       case OpKind::free:
         return;
@@ -546,10 +533,10 @@ class Interpreter {
     int64_t v0 = coord_.tp * vocab_local_;
     bool backward = op.phase == Phase::backward;
     if (op.name == "word" && !backward) {
-      backend_.embedding_forward(tokens(op.microbatch), slice(in(op, 0), op, "embedding.weight"),
+      backend_.embedding_forward(buf<int32_t>(in(op, 1), op), slice(in(op, 0), op, "embedding.weight"),
                              buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
     } else if (op.name == "word") {
-      backend_.embedding_backward(tokens(op.microbatch), buf(in(op, 0), op),
+      backend_.embedding_backward(buf<int32_t>(in(op, 3), op), buf(in(op, 0), op),
                               slice<G>(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
                               vocab_local_);
     } else if (!backward) {  // position_dropout forward: inputs [x, (position)] → [out, (mask)]
@@ -562,7 +549,7 @@ class Interpreter {
       if (plan_.dropout > 0) {
         backend_.dropout_add_forward(x, nullptr, x, mask(out(op, 1), op), s_local_, b_, h_,
                                     dropout(op, cpu::DropoutSite::embedding), s0(),
-                                    samples(op.microbatch));
+                                    samples(op));
       }
     } else {  // backward: inputs [g, (mask)] → [(grads.position), d]
       T* g = buf(in(op, 0), op);
@@ -667,12 +654,12 @@ class Interpreter {
       } else if (op.name == "dropout") {
         backend_.attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
                                        mask(out(op, 1), op), shape_, drop, head0(),
-                                       samples(op.microbatch));
+                                       samples(op));
       } else if (op.name == "value") {
         backend_.attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
       } else {  // flash: [qkv] → [ctx, lse]
         backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf<W>(out(op, 1), op),
-                                     shape_, scale_, drop_ptr, head0(), samples(op.microbatch));
+                                     shape_, scale_, drop_ptr, head0(), samples(op));
       }
       return;
     }
@@ -691,7 +678,7 @@ class Interpreter {
     } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
       backend_.flash_attention_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf<W>(in(op, 2), op),
                                     buf(in(op, 3), op), buf(out(op, 0), op), shape_, scale_,
-                                    drop_ptr, head0(), samples(op.microbatch));
+                                    drop_ptr, head0(), samples(op));
     }
   }
 
@@ -723,9 +710,9 @@ class Interpreter {
       cpu::Dropout drop = dropout(op, attention_branch ? cpu::DropoutSite::attention_residual
                                                        : cpu::DropoutSite::mlp_residual);
       if (plan_.dropout == 0) drop.p = 0;
-      uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : scratch_mask(local);
+      uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : nullptr;  // none: no dropout
       backend_.dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
-                               drop, s0(), samples(op.microbatch));
+                               drop, s0(), samples(op));
     } else if (op.name == "dropout_add") {  // [g, mask, wg] → [d, (wg)]
       T* d = buf(out(op, 0), op);
       backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
@@ -735,11 +722,6 @@ class Interpreter {
     } else {
       STEPCAST_CHECK(false, "unknown activation op " + op.name);
     }
-  }
-
-  uint8_t* scratch_mask(int64_t n) {
-    STEPCAST_CHECK(n <= s_local_ * b_ * h_, "mask scratch too small");
-    return mask_scratch_;
   }
 
   // Row-parallel bias gradient from the local tokens of a residual branch: the mlp branch's
@@ -754,30 +736,33 @@ class Interpreter {
   void loss(const Op& op) {
     int64_t tokens = s_ * b_;
     int64_t v0 = coord_.tp * vocab_local_;
-    if (op.name == "cross_entropy_stats") {
-      backend_.cross_entropy_stats(buf(in(op, 0), op), targets(op.microbatch), buf<W>(out(op, 0), op),
-                               tokens, v0, vocab_local_);
+    const int32_t* targets = buf<int32_t>(in(op, 1), op);
+    if (op.name == "cross_entropy_stats") {  // [logits, targets] → [stats]
+      backend_.cross_entropy_stats(buf(in(op, 0), op), targets, buf<W>(out(op, 0), op), tokens, v0,
+                                   vocab_local_);
       return;
     }
-    if (op.phase == Phase::backward) {  // [softmax] → [d_logits]
+    if (op.phase == Phase::backward) {  // [softmax, targets] → [d_logits]
       double scale = 1.0 / double(plan_.global_batch_size * s_);
-      backend_.cross_entropy_backward(buf<W>(in(op, 0), op), targets(op.microbatch), buf(out(op, 0), op),
-                                  tokens, v0, vocab_local_, scale);
+      backend_.cross_entropy_backward(buf<W>(in(op, 0), op), targets, buf(out(op, 0), op), tokens,
+                                      v0, vocab_local_, scale);
       return;
     }
-    // [logits, (stats_all)] → [softmax]
+    // [logits, targets, (stats_all)] → [softmax, token_loss, (stats: one tp rank)]
     const T* logits = buf(in(op, 0), op);
     const W* stats_all = nullptr;
-    if (op.inputs.size() > 1) {
-      stats_all = buf<W>(in(op, 1), op);
+    if (op.inputs.size() > 2) {
+      stats_all = buf<W>(in(op, 2), op);
     } else {
-      backend_.cross_entropy_stats(logits, targets(op.microbatch), ce_stats_, tokens, v0, vocab_local_);
-      stats_all = ce_stats_;
+      W* stats = buf<W>(out(op, 2), op);
+      backend_.cross_entropy_stats(logits, targets, stats, tokens, v0, vocab_local_);
+      stats_all = stats;
     }
-    backend_.cross_entropy_forward(logits, stats_all, t_, buf<W>(out(op, 0), op), loss_scratch_,
-                                   tokens, vocab_local_);
+    W* token_loss = buf<W>(out(op, 1), op);
+    backend_.cross_entropy_forward(logits, stats_all, t_, buf<W>(out(op, 0), op), token_loss, tokens,
+                                   vocab_local_);
     // Each tp rank computes the same per-token loss: count it once.
-    if (coord_.tp == 0) loss_sum_ += backend_.sum(loss_scratch_, tokens);
+    if (coord_.tp == 0) loss_sum_ += backend_.sum(token_loss, tokens);
   }
 
   // ---- optimizer ----
@@ -866,21 +851,13 @@ class Interpreter {
   Backend<T, G, W>& backend_;
   Arena arena_;
   char* arena_memory_ = nullptr;
-  char* aux_memory_ = nullptr;  // token ids, targets, sample indices, loss scratch, mask scratch
   int64_t t_, s_, b_, h_, s_local_, vocab_local_;
   cpu::AttentionShape shape_;
   double scale_;
   std::unique_ptr<TokenSource> source_;
   bool arena_indexed_ = false;
-  std::vector<int32_t> tokens_, targets_;  // host copies, uploaded every step
-  std::vector<int64_t> sample_index_;
-  int64_t aux_tokens_bytes_ = 0;
-  int32_t* tokens_dev_ = nullptr;
-  int32_t* targets_dev_ = nullptr;
-  int64_t* samples_dev_ = nullptr;
-  W* loss_scratch_ = nullptr;
-  W* ce_stats_ = nullptr;
-  uint8_t* mask_scratch_ = nullptr;
+  std::vector<int32_t> batch_tokens_, batch_targets_, staged_;  // one microbatch, host staging
+  std::vector<int64_t> batch_samples_;
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;

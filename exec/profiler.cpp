@@ -351,6 +351,7 @@ class Profiler {
     for (size_t i = 0; i < host_mask.size(); ++i) host_mask[i] = (i * 2654435761u >> 7) % 10 != 0;
     uint8_t* mask = copy_of(backend, host_mask);
     const cpu::Dropout dropout{0.1, 1, 1, 0, cpu::DropoutSite::attention_residual};
+    const cpu::Dropout no_dropout{0.0, 1, 1, 0, cpu::DropoutSite::attention_residual};
     const int64_t* sample_index = copy_of(backend, std::vector<int64_t>{0});
     auto with_rows = [](cpu::AttentionShape shape, int64_t elements) {
       shape.s = elements / (shape.b * shape.qkv_width());
@@ -400,6 +401,12 @@ class Profiler {
          [&](int64_t e) {
            backend.dropout_add_forward(in[0], in[1], out[0], mask, e / h, 1, h, dropout, 0,
                                        sample_index);
+         }},
+        // The same without dropout: the residual add, no mask, nothing drawn.
+        {"residual_add", 3 * s, h,
+         [&](int64_t e) {
+           backend.dropout_add_forward(in[0], in[1], out[0], nullptr, e / h, 1, h, no_dropout, 0,
+                                       nullptr);
          }},
         {"gelu_forward", 2 * s, 1, [&](int64_t e) { backend.gelu_forward(in[0], out[0], e); }},
         // The gradient norm's sum of squares: each element read once.

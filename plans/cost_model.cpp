@@ -192,9 +192,11 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       if (op.name == "swiglu" || op.name == "gelu" || op.name == "rotary") {
         return op.name + phase_suffix(op.phase);
       }
-      // Its backward is the masked scale of every dropout.
+      // Its backward is the masked scale of every dropout; without dropout (no mask output) the
+      // forward is the residual add alone.
       if (op.name == "dropout_add") {
-        return op.phase == Phase::backward ? "dropout_backward" : "dropout_add_forward";
+        if (op.phase == Phase::backward) return "dropout_backward";
+        return op.outputs.size() > 1 ? "dropout_add_forward" : "residual_add";
       }
       return "";
     case OpKind::loss:

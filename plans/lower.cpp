@@ -391,6 +391,10 @@ class RoleLowering {
     int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
     OpSite at{Phase::forward, -1, mb, int32_t(chunk)};
     std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+    if (c_.dropout && chunk == 0) {  // the masks of every chunk of this microbatch read them
+      rb_.alloc(data_buffer_name(mb, DataBuffer::samples), BufferClass::activations, Dtype::int64,
+                {c_.b}, Phase::forward);
+    }
     std::string x;
     if (vs == 0) {
       x = emit_embedding_forward(at);
@@ -460,6 +464,7 @@ class RoleLowering {
              send_staging(mb, chunk, "backward", local, Phase::backward));
       rb_.free(g, Phase::backward);
     }
+    if (c_.dropout && chunk == 0) rb_.free(data_buffer_name(mb, DataBuffer::samples), Phase::backward);
     if (reduce_now) {
       flush_bucket();
       for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
@@ -478,7 +483,9 @@ class RoleLowering {
     // Vocab-parallel lookup of the microbatch's token ids (from the sample mapping): each tp
     // rank fills the rows of its vocabulary shard, zeros elsewhere; the reduction completes it.
     std::string ew = weights_for(group("embedding"), at, nullptr);
-    e_.compute(at, OpKind::embedding, "word", 0, {ew}, {word});
+    std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
+    rb_.alloc(ids, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
+    e_.compute(at, OpKind::embedding, "word", 0, {ew, ids}, {word});
     release_weights(ew, at.phase);
     std::string reduced = word;
     double bytes = act_bytes(full);
@@ -540,8 +547,10 @@ class RoleLowering {
     }
     std::string eg = grads_for(group("embedding"), at.microbatch);
     std::string ew = weights_for(group("embedding"), at, nullptr);
-    e_.compute(at, OpKind::embedding, "word", 0, {d_full, ew, eg}, {eg});
+    std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
+    e_.compute(at, OpKind::embedding, "word", 0, {d_full, ew, eg, ids}, {eg});
     rb_.free(d_full, at.phase);
+    rb_.free(ids, at.phase);
     release_weights(ew, at.phase);
   }
 
@@ -553,6 +562,8 @@ class RoleLowering {
     std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
     std::vector<int64_t> full = {c_.s, c_.b, c_.h};
     std::vector<int64_t> logits_shape = {c_.s, c_.b, c_.vocab_local};
+    std::string targets = data_buffer_name(at.microbatch, DataBuffer::targets);
+    rb_.alloc(targets, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
     rb_.alloc(p + "lnf", BufferClass::activations, c_.act, local, at.phase);
     std::string nw = weights_for(group("final_norm"), at, nullptr);
     e_.compute(at, OpKind::norm, "final_norm", 8.0 * c_.s_local * c_.b * c_.h, {x, nw},
@@ -565,11 +576,13 @@ class RoleLowering {
     release_weights(ow, at.phase);
     if (lnf != p + "lnf") rb_.free(lnf, at.phase);
     double tokens = double(c_.s) * c_.b;
-    std::vector<std::string> loss_inputs = {p + "logits"};
+    // [logits, targets, (stats_all)] → [softmax, per-token loss, (stats: one tp rank)]
+    std::vector<std::string> loss_inputs = {p + "logits", targets};
+    std::vector<std::string> loss_outputs = {p + "softmax", p + "token_loss"};
+    rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
     if (c_.t > 1) {
-      rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
       e_.compute(at, OpKind::loss, "cross_entropy_stats", 3.0 * tokens * c_.vocab_local,
-                 {p + "logits"}, {p + "stats"});
+                 {p + "logits", targets}, {p + "stats"});
       rb_.alloc(p + "stats_all", BufferClass::workspace, c_.wide, {c_.t, 3, c_.s, c_.b},
                 at.phase);
       e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, "tp_cross_entropy",
@@ -577,12 +590,16 @@ class RoleLowering {
                     {p + "stats_all"});
       rb_.free(p + "stats", at.phase);
       loss_inputs.push_back(p + "stats_all");
+    } else {
+      loss_outputs.push_back(p + "stats");
     }
     rb_.alloc(p + "softmax", BufferClass::activations, c_.wide, logits_shape, at.phase);
+    rb_.alloc(p + "token_loss", BufferClass::workspace, c_.wide, {c_.s, c_.b}, at.phase);
     e_.compute(at, OpKind::loss, "cross_entropy", 5.0 * tokens * c_.vocab_local, loss_inputs,
-               {p + "softmax"});
+               loss_outputs);
     rb_.free(p + "logits", at.phase);
-    if (c_.t > 1) rb_.free(p + "stats_all", at.phase);
+    rb_.free(p + "token_loss", at.phase);
+    rb_.free(c_.t > 1 ? p + "stats_all" : p + "stats", at.phase);
     loss_input_[at.microbatch] = x;
   }
 
@@ -593,9 +610,11 @@ class RoleLowering {
     double tokens = double(c_.s) * c_.b;
     rb_.alloc(p + "d_logits", BufferClass::workspace, c_.act, {c_.s, c_.b, c_.vocab_local},
               at.phase);
+    std::string targets = data_buffer_name(at.microbatch, DataBuffer::targets);
     e_.compute(at, OpKind::loss, "cross_entropy", 2.0 * tokens * c_.vocab_local,
-               {p + "softmax"}, {p + "d_logits"});
+               {p + "softmax", targets}, {p + "d_logits"});
     rb_.free(p + "softmax", at.phase);
+    rb_.free(targets, at.phase);
     rb_.alloc(p + "d_lnf_full", BufferClass::workspace, c_.act, full, at.phase);
     std::string ow = weights_for(output_group(), at, nullptr);
     e_.gemm(at, "logits", "dgrad", c_.s * c_.b, c_.h, c_.vocab_local, {p + "d_logits", ow},

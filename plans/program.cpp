@@ -83,6 +83,39 @@ bool is_p2p(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; 
 const char* comm_scratch_prefix() { return "comm."; }
 bool is_comm_scratch(const std::string& buffer) { return buffer.rfind(comm_scratch_prefix(), 0) == 0; }
 
+namespace {
+const char* data_suffix(DataBuffer what) {
+  switch (what) {
+    case DataBuffer::tokens: return ".data.tokens";
+    case DataBuffer::targets: return ".data.targets";
+    case DataBuffer::samples: return ".data.samples";
+    case DataBuffer::none: break;
+  }
+  fail_invariant(__FILE__, __LINE__, "no name for DataBuffer::none");
+}
+}  // namespace
+
+std::string data_buffer_name(int32_t microbatch, DataBuffer what) {
+  return "mb" + std::to_string(microbatch) + data_suffix(what);
+}
+
+DataBuffer data_buffer_kind(const std::string& buffer) {
+  if (buffer.rfind("mb", 0) != 0) return DataBuffer::none;
+  for (DataBuffer what : {DataBuffer::tokens, DataBuffer::targets, DataBuffer::samples}) {
+    std::string tail = data_suffix(what);
+    if (buffer.size() > tail.size() &&
+        buffer.compare(buffer.size() - tail.size(), tail.size(), tail) == 0) {
+      return what;
+    }
+  }
+  return DataBuffer::none;
+}
+
+int32_t data_buffer_microbatch(const std::string& buffer) {
+  STEPCAST_CHECK(data_buffer_kind(buffer) != DataBuffer::none, buffer + " is not a data buffer");
+  return int32_t(std::stol(buffer.substr(2, buffer.find('.') - 2)));
+}
+
 const Role& StepProgram::role_of_rank(int64_t rank) const {
   int64_t stage = grid().coord(rank).pp;
   STEPCAST_CHECK(stage < int64_t(roles.size()), "rank outside the program's roles");

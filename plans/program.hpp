@@ -43,6 +43,16 @@ bool is_p2p(OpKind kind);
 const char* comm_scratch_prefix();  // "comm."
 bool is_comm_scratch(const std::string& buffer);
 
+// The data a microbatch reads, as buffers of the program: its token ids [s, b] int32 (on the
+// ranks of the first virtual stage: embedding forward and backward read them), its targets
+// [s, b] int32 (on the last: the loss reads them) and, with dropout, its samples' indices in the
+// step [b] int64 (on every rank: the masks are keyed on them). Named "mb<K>.data.<what>"; an
+// executor fills each at its alloc, as a data loader hands over a batch.
+enum class DataBuffer { none, tokens, targets, samples };
+std::string data_buffer_name(int32_t microbatch, DataBuffer what);
+DataBuffer data_buffer_kind(const std::string& buffer);
+int32_t data_buffer_microbatch(const std::string& buffer);  // K of "mb<K>.data.…"
+
 // One op. Fields that do not apply to a kind keep their defaults and are omitted from JSON.
 struct Op {
   int32_t id = 0;

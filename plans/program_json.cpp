@@ -285,7 +285,14 @@ StepProgram read_program_json(const std::string& path) {
           op.buffer = jo.at("buffer");
           op.buffer_class = parse_enum(jo.at("class"), BufferClass::comm, path, "class");
           if (op.kind == OpKind::alloc) {
-            op.dtype = *parse_dtype(jo.at("dtype").get<std::string>());
+            std::string dtype = jo.at("dtype").get<std::string>();
+            std::optional<Dtype> parsed = parse_buffer_dtype(dtype);
+            if (!parsed) {
+              throw InputError(path + ": key 'dtype' = \"" + dtype +
+                               "\": unknown value (valid: fp64, fp32, tf32, bf16, fp16, fp8, "
+                               "int32, int64)");
+            }
+            op.dtype = *parsed;
             op.shape = jo.at("shape").get<std::vector<int64_t>>();
             op.persistent = jo.value("persistent", false);
           }

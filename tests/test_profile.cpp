@@ -350,7 +350,7 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
   CHECK(p.backend == "cpu");
   CHECK(p.device == "cpu-core");
   CHECK(p.measured->gemm.size() == 3 * 27);
-  CHECK(p.measured->memory.size() == 20 * 3);  // 18 kernel families, grad_norm, copy
+  CHECK(p.measured->memory.size() == 21 * 3);  // 19 kernel families, grad_norm, copy
   CHECK(p.execution_in_order);
   CHECK(p.execution_staged_sends);
   CHECK_FALSE(p.measured->collectives.empty());
@@ -500,6 +500,8 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   op.name = "dropout_add";
   CHECK(memory_family(op) == "dropout_backward");
   op.phase = Phase::recompute;
+  CHECK(memory_family(op) == "residual_add");  // no mask output: no dropout
+  op.outputs = {"x_mid", "mask1"};
   CHECK(memory_family(op) == "dropout_add_forward");
   op.kind = OpKind::norm;
   op.name = "input_norm";

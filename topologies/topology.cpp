@@ -155,6 +155,8 @@ const char* to_string(Dtype dtype) {
     case Dtype::bf16: return "bf16";
     case Dtype::fp16: return "fp16";
     case Dtype::fp8: return "fp8";
+    case Dtype::int32: return "int32";
+    case Dtype::int64: return "int64";
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -167,6 +169,8 @@ int dtype_bytes(Dtype dtype) {
     case Dtype::bf16: return 2;
     case Dtype::fp16: return 2;
     case Dtype::fp8: return 1;
+    case Dtype::int32: return 4;
+    case Dtype::int64: return 8;
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -176,6 +180,13 @@ std::optional<Dtype> parse_dtype(const std::string& name) {
     if (name == to_string(dtype)) return dtype;
   }
   return std::nullopt;
+}
+
+std::optional<Dtype> parse_buffer_dtype(const std::string& name) {
+  for (Dtype dtype : {Dtype::int32, Dtype::int64}) {
+    if (name == to_string(dtype)) return dtype;
+  }
+  return parse_dtype(name);
 }
 
 const char* to_string(IntraNodeKind kind) {

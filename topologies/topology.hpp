@@ -12,12 +12,16 @@
 
 namespace stepcast {
 
-enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8 };
+// Number formats of compute (fp64 … fp8) and, for a program's data buffers only, of the token
+// ids and sample indices a step reads (int32, int64).
+enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64 };
 const char* to_string(Dtype dtype);
 // Bytes per element; tf32 is stored as 4 bytes.
 int dtype_bytes(Dtype dtype);
-// Parses "bf16", ...; nullopt for anything else.
+// Parses a compute dtype, "bf16", ...; nullopt for anything else (the integer ones included).
 std::optional<Dtype> parse_dtype(const std::string& name);
+// Parses the dtype of a program buffer: a compute dtype or int32 / int64.
+std::optional<Dtype> parse_buffer_dtype(const std::string& name);
 
 struct DeviceSpec {
   std::string name;                               // e.g. "A100-SXM4-80GB"

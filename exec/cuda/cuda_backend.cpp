@@ -55,6 +55,8 @@ ncclDataType_t nccl_type(Dtype dtype) {
     case Dtype::bf16: return ncclBfloat16;
     case Dtype::fp16: return ncclFloat16;
     case Dtype::fp64: return ncclFloat64;
+    case Dtype::int32: return ncclInt32;
+    case Dtype::int64: return ncclInt64;
     default: return ncclFloat32;
   }
 }

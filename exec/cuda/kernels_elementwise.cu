@@ -103,7 +103,7 @@ __global__ void dropout_add_kernel(const T* x, const T* residual, T* out, uint8_
       keep = keep_from(absorb(absorb(absorb(key, s0 + si), j), 0), p);
     }
     float base = residual ? load(residual[i]) : 0.f;
-    mask[i] = keep ? 1 : 0;
+    if (mask) mask[i] = keep ? 1 : 0;  // null only with p = 0 (the residual add alone)
     out[i] = store<T>(base + (keep ? load(x[i]) * scale : 0.f));
   }
 }
