@@ -3,7 +3,7 @@
 # issue: at most 30 s on a 2-core machine) and Llama-3 405B on 16,384 H100 (global batch 2048,
 # sequence 8192; at most 120 s), each as the search alone (--evaluate 0: enumerate, memory
 # verdicts, quick estimate) and with the default re-simulation of the best (2·top = 10 plans,
-# `simulate --mode fast` in child processes, two at a time). Prints wall time, peak memory, the
+# `simulate --mode approx` in child processes, two at a time). Prints wall time, peak memory, the
 # candidate counts and the top plans. Limits are printed, not asserted: the cores are shared.
 # BENCH_PLAN_EVALUATE overrides the number of re-simulated plans in the second run of each case.
 set -euo pipefail

@@ -12,8 +12,9 @@
 
 namespace stepcast::cli {
 
-ChildSimulator::ChildSimulator(const ModelConfig& model, std::optional<std::string> profile)
-    : model_(model), profile_(std::move(profile)) {
+ChildSimulator::ChildSimulator(const ModelConfig& model, std::optional<std::string> profile,
+                               std::string mode)
+    : model_(model), profile_(std::move(profile)), mode_(std::move(mode)) {
   // A fresh folder per instance: several may live at once in one process (validate --sweep
   // published runs one per model on two threads).
   std::string dir = (std::filesystem::temp_directory_path() /
@@ -42,7 +43,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   // /proc/PID/exe still runs this binary if a rebuild replaced the file meanwhile.
   cmd << "/proc/" << getpid() << "/exe simulate --model " << shell_quote(model_.file)
       << " --topology " << shell_quote(topology.file) << " --nodes " << topology.num_nodes
-      << " --plan " << shell_quote(plan_file) << " --mode fast --no-scaling --out "
+      << " --plan " << shell_quote(plan_file) << " --mode " << mode_ << " --no-scaling --no-records --out "
       << shell_quote((dir / "out").string());
   if (profile_) cmd << " --profile " << shell_quote(*profile_);
   cmd << " >" << shell_quote((dir / "log").string()) << " 2>&1";

@@ -1,7 +1,7 @@
 // Simulations in child processes for the commands that compare many plans (plan,
-// compare-strategies, scale): each runs `stepcast simulate --mode fast --no-scaling` through
-// /proc/self/exe, since a process holds one SimGrid engine (../shared/SIMGRID-NOTES.md). Safe to
-// call from several threads: one child each, results kept by a key the caller chooses.
+// compare-strategies, scale): each runs `stepcast simulate --mode MODE --no-scaling --no-records`
+// through /proc/self/exe, since a process holds one SimGrid engine (../shared/SIMGRID-NOTES.md).
+// Safe to call from several threads: one child each, results kept by a key the caller chooses.
 #pragma once
 
 #include <filesystem>
@@ -33,7 +33,10 @@ struct Simulated {
 
 class ChildSimulator {
  public:
-  ChildSimulator(const ModelConfig& model, std::optional<std::string> profile);
+  // mode: simulate's --mode, "fast" or "approx".
+  ChildSimulator(const ModelConfig& model, std::optional<std::string> profile,
+                 std::string mode = "fast");
+  const std::string& mode() const { return mode_; }
   ~ChildSimulator();
   ChildSimulator(const ChildSimulator&) = delete;
   ChildSimulator& operator=(const ChildSimulator&) = delete;
@@ -46,6 +49,7 @@ class ChildSimulator {
  private:
   const ModelConfig& model_;
   std::optional<std::string> profile_;
+  std::string mode_;
   std::filesystem::path dir_;
   mutable std::mutex mutex_;
   int64_t next_ = 0;

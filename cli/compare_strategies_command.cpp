@@ -59,14 +59,16 @@ int run_compare_strategies(int argc, char** argv) {
       ("profile", po::value<std::string>(), "device profile for the estimate and the simulations")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html");
+  add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast compare-strategies --model M --topology T --global-batch-size B [--nodes N]\n"
-      "                                   [--max-memory-fraction F] [--profile F] [--out DIR]\n"
+      "                                   [--max-memory-fraction F] [--profile F]\n"
+      "                                   [--sim-mode approx|fast] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
       "rest) and the best 3D plan. Each strategy's row is its best plan by the quick estimate\n"
-      "among those that fit (else the one with the smallest peak), simulated (--mode fast):\n"
+      "among those that fit (else the one with the smallest peak), simulated (--mode approx):\n"
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits.");
   if (!vm) return 0;
@@ -100,6 +102,7 @@ int run_compare_strategies(int argc, char** argv) {
                    progress_printer("memory and estimate"));
 
   StrategyReport report;
+  report.sim_mode = sim_mode_from(*vm);
   report.title = "stepcast compare-strategies: " + model.name + " on " +
                  std::to_string(topology.num_devices()) + " × " + topology.node.device.name +
                  ", global batch " + std::to_string(space.global_batch_size);
@@ -142,7 +145,8 @@ int run_compare_strategies(int argc, char** argv) {
     report.rows.push_back(row);
   }
   // Simulate each distinct chosen plan, `jobs` at a time.
-  ChildSimulator simulator(model, profile_file);
+  const std::string sim_mode = sim_mode_from(*vm);
+  ChildSimulator simulator(model, profile_file, sim_mode);
   std::vector<Candidate*> distinct;
   for (Candidate* c : chosen) {
     if (c && std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
@@ -158,7 +162,7 @@ int run_compare_strategies(int argc, char** argv) {
         std::lock_guard<std::mutex> lock(errors_mutex);
         errors[distinct[i]->plan.name] = e.what();
       }
-      std::cerr << "\rsimulate --mode fast: " << i + 1 << "/" << distinct.size() << std::flush;
+      std::cerr << "\rsimulate --mode " << sim_mode << ": " << i + 1 << "/" << distinct.size() << std::flush;
     }
   };
   std::vector<std::thread> threads;
@@ -228,12 +232,10 @@ int run_compare_strategies(int argc, char** argv) {
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
-    Json out;
-    out["schema_version"] = 1;
-    out["command"] = "compare-strategies";
-    out["inputs"] = {{"model_file", model.file}, {"topology_file", topology.file},
-                     {"num_nodes", topology.num_nodes}, {"global_batch_size", space.global_batch_size},
-                     {"max_memory_fraction", space.max_memory_fraction}, {"profile", profile.name}};
+    Json out = planner_envelope("compare-strategies", model, topology, report.sim_mode,
+                                {{"global_batch_size", space.global_batch_size},
+                                 {"max_memory_fraction", space.max_memory_fraction},
+                                 {"profile", profile.name}});
     Json rows = Json::array();
     for (const auto& r : report.rows) {
       rows.push_back({{"strategy", r.strategy}, {"plan", r.plan}, {"fits", r.fits}, {"note", r.note},

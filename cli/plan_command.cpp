@@ -1,5 +1,5 @@
 // `stepcast plan`: searches every plan of a model on a cluster (plans/search.hpp), re-times the
-// most promising with `simulate --mode fast` in child processes (one SimGrid engine per process,
+// most promising with `simulate --mode approx` in child processes (one SimGrid engine per process,
 // two at a time) and writes the best as plan files, with Megatron-LM's arguments, plans.json
 // (every candidate, pruned ones with their reason) and a report (Markdown and HTML).
 #include <chrono>
@@ -109,17 +109,19 @@ int run_plan(int argc, char** argv) {
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
        "DIR/report.md, DIR/report.html");
+  add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast plan --model M --topology T --global-batch-size B [--nodes N] [--top K]\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
       "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
-      "                     [--profile F] [--jobs J] [--out DIR]\n"
+      "                     [--profile F] [--jobs J] [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, micro batch, schedule and virtual stages,\n"
       "recompute, sequence parallelism) using every device, prunes what cannot run with the\n"
       "reason (counts per reason), ranks the rest with a quick estimate and re-simulates the\n"
-      "best E (simulate --mode fast, in child processes). Memory verdicts are `stepcast\n"
+      "best E (simulate --mode approx, or --sim-mode fast, in child processes). Memory\n"
+      "verdicts are `stepcast\n"
       "memory`'s: decided from per-stage bounds, walking the stages near the limit.");
   if (!vm) return 0;
   auto wall_start = std::chrono::steady_clock::now();
@@ -143,6 +145,7 @@ int run_plan(int argc, char** argv) {
   int64_t evaluate_stride = (*vm)["evaluate-stride"].as<int64_t>();
   double budget_s = (*vm)["simulate-budget-s"].as<double>();
   int jobs = (*vm)["jobs"].as<int>();
+  const std::string sim_mode = sim_mode_from(*vm);
   std::string objective_name = (*vm)["objective"].as<std::string>();
   if (objective_name != "time" && objective_name != "memory") {
     throw InputError("command line: --objective '" + objective_name + "': valid: time, memory");
@@ -201,7 +204,7 @@ int run_plan(int argc, char** argv) {
     resolve_smallest_peaks(candidates, std::max(top, evaluate_count), model, topology, jobs);
   }
   auto search_end = std::chrono::steady_clock::now();
-  ChildSimulator simulator(model, profile_file);
+  ChildSimulator simulator(model, profile_file, sim_mode);
   const std::string over_budget = "not simulated: over --simulate-budget-s";
   Evaluator evaluate = [&](const Plan& plan) {
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -210,7 +213,7 @@ int run_plan(int argc, char** argv) {
   };
   std::vector<Candidate> ranked =
       search(std::move(candidates), evaluate, evaluate_count, jobs,
-             progress_printer("simulate --mode fast"), objective, evaluate_stride);
+             progress_printer("simulate --mode " + sim_mode), objective, evaluate_stride);
   auto simulate_end = std::chrono::steady_clock::now();
   print_estimate_quality(ranked);
   int64_t shown = std::min<int64_t>(top, int64_t(ranked.size()));
@@ -292,17 +295,13 @@ int run_plan(int argc, char** argv) {
             << " s (enumerate, memory, estimate); " << simulated << " re-simulated in "
             << fixed(simulate_s, 1) << " s; " << fixed(wall_s, 1) << " s in all\n";
   if (!out_dir.empty()) {
-    Json out;
-    out["schema_version"] = 1;
-    out["command"] = "plan";
-    out["inputs"] = {{"model_file", model.file}, {"topology_file", topology.file},
-                     {"num_nodes", topology.num_nodes},
-                     {"global_batch_size", space.global_batch_size},
+    Json out = planner_envelope("plan", model, topology, sim_mode,
+                    {{"global_batch_size", space.global_batch_size},
                      {"objective", objective_name},
                      {"max_memory_fraction", space.max_memory_fraction},
                      {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
-                     {"profile", profile.name}};
+                     {"profile", profile.name}});
     out["top"] = top_json;
     Json all = Json::array();
     for (const auto& c : ranked) all.push_back(candidate_json(c));
@@ -317,6 +316,7 @@ int run_plan(int argc, char** argv) {
     out["wall_s"] = wall_s;
     write_output_file(out_dir, "plans.json", out.dump(1) + "\n");
     PlanReport report;
+    report.sim_mode = sim_mode;
     report.title = "stepcast plan: " + model.name + " on " + std::to_string(topology.num_devices()) +
                    " × " + topology.node.device.name + ", global batch " +
                    std::to_string(space.global_batch_size);

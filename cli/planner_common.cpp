@@ -10,6 +10,7 @@
 
 #include "errors.hpp"
 #include "summary.hpp"
+#include "version.hpp"
 
 namespace stepcast::cli {
 
@@ -147,6 +148,39 @@ double model_flops_utilization(const ModelConfig& model, const Topology& topolog
   double peak = topology.node.device.peak_for(plan.param_dtype, topology.file);
   return model_flops_per_token(model) * tokens_per_step(model, plan) / step_time_s /
          (double(plan.world_size()) * peak);
+}
+
+Json planner_envelope(const std::string& command, const ModelConfig& model,
+                      const Topology& topology, const std::string& sim_mode, Json inputs) {
+  Json out;
+  out["schema_version"] = 1;
+  out["command"] = command;
+  out["stepcast_version"] = stepcast_version();
+  out["git_commit"] = stepcast_git_commit();
+  out["simulate_mode"] = sim_mode;
+  inputs["model_file"] = model.file;
+  inputs["topology_file"] = topology.file;
+  inputs["num_nodes"] = topology.num_nodes;
+  inputs["model"] = model_to_json(model);
+  inputs["topology"] = topology_to_json(topology);
+  out["inputs"] = std::move(inputs);
+  return out;
+}
+
+void add_sim_mode_option(boost::program_options::options_description& options) {
+  options.add_options()(
+      "sim-mode", boost::program_options::value<std::string>()->default_value("approx"),
+      "how plans are simulated: approx (simulate --mode approx: tensor parallelism folded also "
+      "beside dp/pp groups in a node, seconds per plan) or fast (exact folds only; minutes for "
+      "tp 4 on 8-device nodes at 1,024 devices)");
+}
+
+std::string sim_mode_from(const boost::program_options::variables_map& vm) {
+  std::string mode = vm["sim-mode"].as<std::string>();
+  if (mode != "approx" && mode != "fast") {
+    throw InputError("command line: --sim-mode '" + mode + "': valid: approx, fast");
+  }
+  return mode;
 }
 
 SearchSpace search_space_from(const boost::program_options::variables_map& vm) {

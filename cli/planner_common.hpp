@@ -25,6 +25,17 @@ std::string fixed(double value, int digits);
 // --include-gpipe.
 SearchSpace search_space_from(const boost::program_options::variables_map& vm);
 
+// The head of plan.json, strategies.json and scale.json, as simulate's prediction has it:
+// schema_version, command, stepcast_version, git_commit, simulate_mode, and inputs (the files,
+// the model and topology as read, and `inputs` besides).
+Json planner_envelope(const std::string& command, const ModelConfig& model,
+                      const Topology& topology, const std::string& sim_mode, Json inputs);
+
+// --sim-mode of plan, compare-strategies and scale: how their child simulations run, simulate's
+// "approx" (default: tensor parallelism folded even beside other groups in the node) or "fast".
+void add_sim_mode_option(boost::program_options::options_description& options);
+std::string sim_mode_from(const boost::program_options::variables_map& vm);  // InputError if bad
+
 // Throws InputError when the model's 16 bytes per parameter exceed the whole cluster's memory,
 // naming the nodes that would hold it.
 void check_cluster_memory(const ModelConfig& model, const Topology& topology);

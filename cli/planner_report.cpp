@@ -49,7 +49,7 @@ void write_plan_report(const std::string& dir, const PlanReport& r) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& row : r.rows) {
     rows.push_back({std::to_string(row.rank), row.name, fixed(row.step_time_s, 3),
-                    row.simulated ? "simulate" : "estimate", fixed(row.estimate_s, 3),
+                    row.simulated ? "simulate " + r.sim_mode : "estimate", fixed(row.estimate_s, 3),
                     fixed(row.tokens_per_s, 0), fixed(row.mfu, 3), gib(row.peak_bytes),
                     gib(row.headroom_bytes), gib(row.comm_tp_bytes), gib(row.comm_dp_bytes),
                     gib(row.comm_pp_bytes), gib(row.comm_other_bytes)});
@@ -127,7 +127,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
     time[2].values.push_back(s.simulated ? s.bubble_s : std::nan(""));
   }
   std::string note = "Memory per GPU by class at the peak rank (stepcast memory); step time, exposed "
-                     "communication and bubble from simulate --mode fast on the critical rank; "
+                     "communication and bubble from simulate --mode " + r.sim_mode + " on the critical rank; "
                      "allowed per device " + gib(r.capacity_bytes) + " GiB.";
   std::ostringstream md;
   md << note << "\n\n" << markdown_table(headers, rows);

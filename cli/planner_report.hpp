@@ -36,6 +36,7 @@ struct PlanReport {
   std::vector<double> all_peaks_bytes;
   double capacity_bytes = 0;  // allowed per device
   double wall_s = 0;
+  std::string sim_mode = "approx";  // simulate's --mode of the re-simulations
 };
 
 struct StrategyRow {
@@ -55,6 +56,7 @@ struct StrategyRow {
 
 struct StrategyReport {
   std::string title;
+  std::string sim_mode = "approx";
   double capacity_bytes = 0;
   std::vector<StrategyRow> rows;
 };
@@ -75,6 +77,7 @@ struct ScalePoint {
 
 struct ScaleReport {
   std::string title;
+  std::string sim_mode = "approx";
   bool weak = false;
   std::vector<ScalePoint> points;
   double serial_fraction = 0;  // Amdahl's f, least squares (scale_command.cpp)

@@ -1,6 +1,6 @@
 // `stepcast scale`: one plan over several node counts. Strong scaling keeps the global batch
 // and grows dp_size with the devices; --weak keeps the batch per dp rank (the global batch
-// grows with dp_size). Each point is simulated (--mode fast) in a child process. Speedup is
+// grows with dp_size). Each point is simulated (--sim-mode, approx by default) in a child process. Speedup is
 // the throughput ratio against the smallest run, efficiency = speedup · devices₀ / devices.
 // Amdahl's serial fraction f is the least-squares fit of 1/speedup = f + (1 − f)·x with
 // x = devices₀ / devices: f = Σ(1 − x)(1/S − x) / Σ(1 − x)² (closed form of the 1-parameter
@@ -61,10 +61,11 @@ int run_scale(int argc, char** argv) {
       ("profile", po::value<std::string>(), "device profile for the simulations")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html");
+  add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast scale --model M --topology T --plan P --nodes 1,2,4,... [--weak]\n"
-      "                      [--profile F] [--jobs J] [--out DIR]\n"
+      "                      [--profile F] [--jobs J] [--sim-mode approx|fast] [--out DIR]\n"
       "Simulates the plan on each node count (dp_size = devices / (tp_size · pp_size)): strong\n"
       "scaling at the plan's global batch, or weak scaling (--weak) at its batch per dp rank.\n"
       "Prints step time, speedup and efficiency against the smallest run, the Amdahl serial\n"
@@ -88,6 +89,7 @@ int run_scale(int argc, char** argv) {
   if (vm->count("profile")) profile_file = (*vm)["profile"].as<std::string>();
 
   ScaleReport report;
+  report.sim_mode = sim_mode_from(*vm);
   report.weak = weak;
   report.title = std::string("stepcast scale (") + (weak ? "weak" : "strong") + "): " + model.name +
                  ", plan " + base.name;
@@ -127,7 +129,7 @@ int run_scale(int argc, char** argv) {
   std::cout << "stepcast scale: " << model.name << ", plan " << base.name << " (tp " << base.tp_size
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
             << report.points.size() << " node counts\n";
-  ChildSimulator simulator(model, profile_file);
+  ChildSimulator simulator(model, profile_file, sim_mode_from(*vm));
   std::atomic<size_t> next{0}, done{0};
   std::mutex mutex;
   auto worker = [&] {
@@ -147,7 +149,7 @@ int run_scale(int argc, char** argv) {
         p.error = e.what();
       }
       std::lock_guard<std::mutex> lock(mutex);
-      std::cerr << "\rsimulate --mode fast: " << ++done << " points" << std::flush;
+      std::cerr << "\rsimulate --mode " << report.sim_mode << ": " << ++done << " points" << std::flush;
     }
   };
   std::vector<std::thread> threads;
@@ -222,11 +224,11 @@ int run_scale(int argc, char** argv) {
   }
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
-    Json out;
-    out["schema_version"] = 1;
-    out["command"] = "scale";
-    out["inputs"] = {{"model_file", model.file}, {"topology_file", topology_file},
-                     {"plan_file", base.file}, {"weak", weak}, {"nodes", node_counts}};
+    // The topology as read at the smallest node count; inputs.nodes lists them all.
+    Json out = planner_envelope("scale", model, load_topology(topology_file, int(node_counts.front())),
+                                report.sim_mode,
+                                {{"plan_file", base.file}, {"plan", plan_to_json(base)},
+                                 {"weak", weak}, {"nodes", node_counts}});
     Json points = Json::array();
     for (const auto& p : report.points) {
       Json j = {{"nodes", p.nodes}, {"devices", p.devices}, {"plan", p.plan},

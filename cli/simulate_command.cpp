@@ -68,22 +68,30 @@ int run_simulate(int argc, char** argv) {
       ("profile", po::value<std::string>(),
        "device profile (profiles/*.json or from `stepcast profile`); default: the roofline on the "
        "topology's datasheet peaks")
-      ("mode", po::value<std::string>()->default_value("fast"), "fast or full (see --help)")
+      ("mode", po::value<std::string>()->default_value("fast"), "fast, full or approx (see --help)")
       ("out", po::value<std::string>(), "write DIR/prediction.json and DIR/trace.json")
-      ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)");
+      ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)")
+      ("no-records", po::bool_switch(),
+       "with --out: prediction.json without per-op records, and no trace.json (the figures only; "
+       "`compare` needs the records)");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N] [--profile F]\n"
-      "                         [--mode fast|full] [--out DIR] [--no-scaling]\n"
+      "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
+      "                         [--no-records]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
       "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
       "--mode full simulates every rank and every ring step (up to 256 devices, 8 microbatches);\n"
-      "--mode fast (default) folds what is exact to fold and scales to 16,384 devices.");
+      "--mode fast (default) folds what is exact to fold and scales to 16,384 devices;\n"
+      "--mode approx is fast, and also costs tensor-parallel collectives analytically where\n"
+      "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
+      "is then not simulated: on the fast side, by up to a few percent (README); the planner\n"
+      "re-simulates with it.");
   if (!vm) return 0;
   std::string mode_name = (*vm)["mode"].as<std::string>();
-  if (mode_name != "fast" && mode_name != "full") {
-    throw InputError("command line: --mode '" + mode_name + "': valid: fast, full");
+  if (mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
+    throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");
   }
   Inputs in = load_inputs(*vm);
   DeviceProfile profile = vm->count("profile") ? load_profile((*vm)["profile"].as<std::string>())
@@ -108,8 +116,11 @@ int run_simulate(int argc, char** argv) {
               << " + reserved " << format_bytes(memory.reserved_bytes) << " > "
               << format_bytes(memory.capacity_bytes) << "); simulating anyway, fits: false\n";
   }
+  const bool records = !(*vm)["no-records"].as<bool>();
   SimulateOptions sim_options;
-  sim_options.mode = mode_name == "full" ? SimMode::full : SimMode::fast;
+  sim_options.mode = mode_name == "full"     ? SimMode::full
+                     : mode_name == "approx" ? SimMode::approx
+                                             : SimMode::fast;
   SimulationOutput sim = simulate_program(program, in.topology, profile, sim_options);
   double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -126,7 +137,7 @@ int run_simulate(int argc, char** argv) {
   result.mfu = model_flops / sim.step_time_s / (double(program.world_size()) * peak);
   result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.world_size()) * peak);
   result.memory = memory_to_json(memory);
-  result.ops = sim.records;
+  if (records) result.ops = sim.records;
   result.program_sha256 = program.program_sha256;
   Json envelope = output_envelope("simulate", in);
   result.inputs = envelope["inputs"];
@@ -136,7 +147,8 @@ int run_simulate(int argc, char** argv) {
                   {"simulated_ranks", sim.simulated_ranks.size()},
                   {"detail_ranks", sim.detail_ranks},
                   {"activities", sim.activities},
-                  {"simulation_wall_s", wall_s}};
+                  {"simulation_wall_s", wall_s},
+                  {"op_records", records ? "kept" : "omitted (--no-records)"}};
   if (!(*vm)["no-scaling"].as<bool>()) {
     if (in.plan.dp_size == 1) {
       result.scaling_efficiency = 1.0;
@@ -162,10 +174,14 @@ int run_simulate(int argc, char** argv) {
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
     write_output_file(dir, "prediction.json", step_result_to_json(result).dump() + "\n");
-    std::ostringstream trace;
-    write_chrome_trace(trace, program, sim.records);
-    write_output_file(dir, "trace.json", trace.str());
-    std::cout << "wrote " << dir << "/prediction.json and " << dir << "/trace.json\n";
+    if (records) {
+      std::ostringstream trace;
+      write_chrome_trace(trace, program, sim.records);
+      write_output_file(dir, "trace.json", trace.str());
+      std::cout << "wrote " << dir << "/prediction.json and " << dir << "/trace.json\n";
+    } else {
+      std::cout << "wrote " << dir << "/prediction.json (no per-op records)\n";
+    }
   }
   return 0;
 }

@@ -511,8 +511,10 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
     GroupShape shape = group_shape(grid, other, 0, per_node);
     if (shape.size > 1 && shape.members_per_node > 1) nvlink_to_itself = false;
   }
-  const bool fold_tp =
-      !full && options.fold_tp && program.tp_size > 1 && tp_in_node && nvlink_to_itself;
+  const bool shared_node_fold = options.mode == SimMode::approx || options.fold_tp_shared_node;
+  const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node &&
+                       (nvlink_to_itself || shared_node_fold);
+  const bool fold_tp_approximate = fold_tp && !nvlink_to_itself;
   // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
   // that sharing, so fold only where every device has its own NIC.
   const bool own_nic = topology.fabric.nics_per_node >= per_node;
@@ -751,7 +753,10 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   if (full) {
     mode << "full: every rank and ring step simulated";
   } else {
-    mode << "fast:" << (fold_tp ? " fold_tp" : "") << (fold_rails ? " fold_rail_groups" : "")
+    mode << (options.mode == SimMode::approx ? "approx:" : "fast:")
+         << (fold_tp_approximate ? " fold_tp (shared node: NVLink contention not simulated)"
+                                 : fold_tp ? " fold_tp" : "")
+         << (fold_rails ? " fold_rail_groups" : "")
          << (plan.phase_flows ? " phase_flows" : "") << (plan.merge_compute ? " merge_compute" : "");
   }
   out.mode_description = mode.str();

@@ -280,6 +280,17 @@ TEST_CASE("Megatron-LM arguments of a plan", "[search]") {
   CHECK(megatron_arguments(plan, model).notes.size() == 1);
 }
 
+// The head every planner output shares with simulate's prediction.
+static void check_envelope(const Json& out, const std::string& command) {
+  CHECK(out.at("schema_version") == 1);
+  CHECK(out.at("command") == command);
+  CHECK(!out.at("stepcast_version").get<std::string>().empty());
+  CHECK(!out.at("git_commit").get<std::string>().empty());
+  CHECK(out.at("simulate_mode") == "approx");
+  CHECK(out.at("inputs").at("model").at("hidden_size") == 64);
+  CHECK(out.at("inputs").at("topology").contains("node"));
+}
+
 TEST_CASE("stepcast plan end to end on the tiny model", "[search][cli]") {
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan").string();
   std::filesystem::remove_all(out);
@@ -288,6 +299,7 @@ TEST_CASE("stepcast plan end to end on the tiny model", "[search][cli]") {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   Json plans = load_json_file(out + "/plans.json");
+  check_envelope(plans, "plan");
   REQUIRE(plans.at("plans").size() >= 3);
   CHECK(plans["plans"][0]["step_time_source"] == "simulate");
   CHECK(plans["plans"][1]["step_time_source"] == "simulate");
@@ -337,6 +349,13 @@ TEST_CASE("stepcast plan refuses what no plan can do", "[search][cli]") {
   CHECK(tight.output.find("Checked changes") != std::string::npos);
   // What would fit, computed: the search again on more nodes.
   CHECK(tight.output.find("valid: --nodes 2 (2× the nodes):") != std::string::npos);
+  for (const char* command : {"plan", "compare-strategies"}) {
+    auto mode = run_stepcast(std::string(command) + model_arg("tiny") +
+                             topology_arg("localhost-cpu") + " --global-batch-size 8 --sim-mode full");
+    INFO(mode.output);
+    CHECK(mode.exit_code == 2);
+    CHECK(mode.output.find("--sim-mode 'full': valid: approx, fast") != std::string::npos);
+  }
 }
 
 TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[search][cli]") {
@@ -373,6 +392,7 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   Json s = load_json_file(out + "/strategies.json");
+  check_envelope(s, "compare-strategies");
   REQUIRE(s.at("strategies").size() == 7);
   std::vector<std::string> names;
   for (const auto& row : s["strategies"]) names.push_back(row.at("strategy").get<std::string>());
@@ -400,6 +420,7 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   INFO(strong.output);
   REQUIRE(strong.exit_code == 0);
   Json s = load_json_file(out + "/scale.json");
+  check_envelope(s, "scale");
   REQUIRE(s.at("points").size() == 3);
   CHECK(s["points"][0]["speedup"].get<double>() == Approx(1));
   CHECK(s["points"][0]["efficiency"].get<double>() == Approx(1));
