@@ -52,6 +52,18 @@ double resident_bytes(const char* field) {
   return 0;
 }
 
+// The process's anonymous memory, exactly: smaps_rollup walks the page tables. (VmRSS and VmHWM
+// in /proc/self/status come from per-CPU counters that may lag by tens of pages: on this
+// machine's kernel a 4 MiB step's high-water mark varied by 0–110 KB from run to run.)
+double exact_anonymous_bytes() {
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  std::string line;
+  while (std::getline(rollup, line)) {
+    if (line.rfind("Anonymous:", 0) == 0) return std::stod(line.substr(10)) * 1024.0;
+  }
+  STEPCAST_CHECK(false, "no Anonymous: line in /proc/self/smaps_rollup");
+}
+
 // VmHWM := VmRSS (Linux ≥ 4.0: "5" to clear_refs resets the resident high-water mark).
 void reset_peak_resident_bytes() {
   std::ofstream clear("/proc/self/clear_refs");
@@ -942,6 +954,8 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   if (host_memory) malloc_trim(0);
   double rss_before = resident_bytes("VmRSS:");
   double mapped_before = resident_bytes("RssFile:") + resident_bytes("RssShmem:");
+  double anonymous_before = host_memory ? exact_anonymous_bytes() : 0;
+  double anon_before = resident_bytes("RssAnon:"), file_before = resident_bytes("RssFile:"), shm_before = resident_bytes("RssShmem:");
   interpreter.create_arena();
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
@@ -1001,15 +1015,24 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
     }
   }
   output.heap_growth_after_first_step_bytes = heap_after_first;
+  if (std::getenv("DBG_RSS")) std::fprintf(stderr, "rank %d: HWM-RSS %.0f, anon +%.0f, file +%.0f, shm +%.0f, HWM-before %.0f\n", rank, resident_bytes("VmHWM:") - resident_bytes("VmRSS:"), resident_bytes("RssAnon:") - anon_before, resident_bytes("RssFile:") - file_before, resident_bytes("RssShmem:") - shm_before, resident_bytes("VmHWM:") - rss_before);
   // A device backend measures its own memory; on the host it is the process's high-water mark.
   // (On the host, less the file-backed and shared pages first faulted in during the steps —
   // code of paths the warm-up did not take, MPI segments — which no allocation made.)
+  // The measured peak on the host: the anonymous pages the steps added, counted exactly at their
+  // end — every page a step touches stays resident (the arena is never returned; our code
+  // allocates nothing in a step, the heap figure above checks it), so the end holds the peak.
+  // The kernel's high-water mark is reported beside it: it also sees pages freed again within a
+  // step, but through the approximate counters.
   double mapped_growth =
       resident_bytes("RssFile:") + resident_bytes("RssShmem:") - mapped_before;
-  output.measured_peak_bytes = backend->device_peak_bytes() >= 0
-                                   ? backend->device_peak_bytes()
-                                   : resident_bytes("VmHWM:") - rss_before -
-                                         std::max(0.0, mapped_growth);
+  if (backend->device_peak_bytes() >= 0) {
+    output.measured_peak_bytes = backend->device_peak_bytes();
+  } else {
+    output.measured_peak_bytes = exact_anonymous_bytes() - anonymous_before;
+    output.resident_high_water_bytes =
+        resident_bytes("VmHWM:") - rss_before - std::max(0.0, mapped_growth);
+  }
 
   // Gather per-op records and measured memory on rank 0.
   int local_n = int(records.size());
@@ -1033,8 +1056,11 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   std::vector<double> all(static_cast<size_t>(rank == 0 ? total : 0));
   MPI_Gatherv(flat.data(), int(flat.size()), MPI_DOUBLE, all.data(), counts5.data(), displs.data(),
               MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  std::vector<double> peaks(static_cast<size_t>(size)), growth(static_cast<size_t>(size));
+  std::vector<double> peaks(static_cast<size_t>(size)), growth(static_cast<size_t>(size)),
+      high_water(static_cast<size_t>(size));
   MPI_Gather(&output.measured_peak_bytes, 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  MPI_Gather(&output.resident_high_water_bytes, 1, MPI_DOUBLE, high_water.data(), 1, MPI_DOUBLE, 0,
+             MPI_COMM_WORLD);
   MPI_Gather(&output.heap_growth_after_first_step_bytes, 1, MPI_DOUBLE, growth.data(), 1,
              MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (rank != 0) return output;
@@ -1080,6 +1106,9 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   for (int rk = 0; rk < size; ++rk) {
     measured.push_back({{"rank", rk}, {"measured_peak_bytes", peaks[size_t(rk)]},
                         {"heap_growth_after_first_step_bytes", growth[size_t(rk)]}});
+    if (high_water[size_t(rk)] >= 0) {
+      measured.back()["resident_high_water_bytes"] = high_water[size_t(rk)];
+    }
     measured_max = std::max(measured_max, peaks[size_t(rk)]);
   }
   r.memory["measured"] = measured;
@@ -1124,8 +1153,9 @@ template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const
 
 namespace {
 
-// The measured peak on the host is the kernel's count of the process's resident memory (VmHWM,
-// VmRSS), not the arena's bookkeeping: it sees every byte a step touches, in the arena or not.
+// The measured peak on the host is the kernel's count of the process's anonymous memory
+// (smaps_rollup, exact), not the arena's bookkeeping: it sees every page a step touches, in the
+// arena or not.
 // What is not the step's — code pages faulted in, OpenBLAS's packing buffers, MPI's shared-memory
 // segments and request pools — is left out by running one throwaway step first, on a throwaway
 // backend and arena that are then destroyed: the baseline is the process after it (heap
@@ -1139,7 +1169,20 @@ void warm_up_host_memory(const StepProgram& program, const ModelConfig& model, c
   warm_up.disable_test_hooks();
   warm_up.create_arena();
   MPI_Barrier(MPI_COMM_WORLD);
-  warm_up.step(0, nullptr, backend->now_s());
+  // As a measured step goes, instrumented, with the reductions and the formatting of the step's
+  // line that follow it: the code pages of these paths (and MPI's reduction operators) are then
+  // resident in the baseline, not faulted in — and perhaps dropped again — during the steps.
+  std::vector<OpRecord> records;
+  records.reserve(program.role_of_rank(rank).ops.size());
+  double start = backend->now_s();
+  double loss = warm_up.step(0, &records, start);
+  double time = backend->now_s() - start, max_time = 0, loss_sum = 0;
+  MPI_Allreduce(&time, &max_time, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(&loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  std::ostringstream line;
+  line << "step 1/1  loss " << loss_sum << "  step time " << max_time << " s  grad norm "
+       << warm_up.last_grad_norm_ << "  (warm-up)\n";
+  (void)mallinfo2();
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

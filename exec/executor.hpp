@@ -53,6 +53,7 @@ struct RunOutput {
   StepResult result;                     // filled on rank 0
   double measured_peak_bytes = 0;        // this rank
   double heap_growth_after_first_step_bytes = 0;  // this rank: malloc'd bytes outside the arena
+  double resident_high_water_bytes = -1;  // host: VmHWM over the steps − baseline (-1: a device)
 };
 
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
