@@ -132,7 +132,7 @@ int run_run(int argc, char** argv) {
               << format_bytes(r.memory["measured_peak_bytes_max"].get<double>()) << " (model "
               << format_bytes(r.memory["peak_bytes_max"].get<double>()) << ")\n";
     // Memory: the model's bytes by class (the arena allocates exactly these buffers) next to the
-    // measured high-water mark, which comes from the process, not from our bookkeeping.
+    // measured peak, which comes from the process's pages, not from our bookkeeping.
     const Json& rank0 = r.memory["ranks"][0];
     std::cout << "memory of rank 0, predicted by class:";
     for (const char* c : {"weights", "grads", "optimizer", "activations", "workspace", "comm"}) {
@@ -144,7 +144,7 @@ int run_run(int argc, char** argv) {
               << format_bytes(rank0["memory_runtime_bytes"].get<double>()) << "\n"
               << "memory of rank 0, measured: " << format_bytes(r.memory["measured"][0]["measured_peak_bytes"].get<double>())
               << (backend == "cuda" ? " (the device allocator's high-water mark)\n"
-                                    : " above the level before the arena (process high-water mark)\n");
+                                    : " above the level before the arena (the process's anonymous pages)\n");
     if (r.memory.contains("device_rank0")) {
       const Json& d = r.memory["device_rank0"];
       std::cout << "device of rank 0: " << d["device"].get<std::string>() << ", used at most "

@@ -946,8 +946,8 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   std::vector<OpRecord> records(program.role_of_rank(rank).ops.size());
   records.clear();
   // ---- measured memory, host backends (see warm_up_host_memory; a device backend reports its
-  // allocator's peak): measured = VmHWM over the steps − VmRSS here, after the warm-up step and
-  // before the arena. The peak counts from after the arena is allocated and the parameters are
+  // allocator's peak): measured = anonymous memory after the steps − here, after the warm-up
+  // step and before the arena (VmHWM over the steps − VmRSS here beside it). The peak counts from after the arena is allocated and the parameters are
   // initialised (their transient host copies are not step memory).
   const bool host_memory = backend->device_peak_bytes() < 0;
   interpreter.index_arena();
@@ -955,7 +955,6 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   double rss_before = resident_bytes("VmRSS:");
   double mapped_before = resident_bytes("RssFile:") + resident_bytes("RssShmem:");
   double anonymous_before = host_memory ? exact_anonymous_bytes() : 0;
-  double anon_before = resident_bytes("RssAnon:"), file_before = resident_bytes("RssFile:"), shm_before = resident_bytes("RssShmem:");
   interpreter.create_arena();
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
@@ -1015,10 +1014,8 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
     }
   }
   output.heap_growth_after_first_step_bytes = heap_after_first;
-  if (std::getenv("DBG_RSS")) std::fprintf(stderr, "rank %d: HWM-RSS %.0f, anon +%.0f, file +%.0f, shm +%.0f, HWM-before %.0f\n", rank, resident_bytes("VmHWM:") - resident_bytes("VmRSS:"), resident_bytes("RssAnon:") - anon_before, resident_bytes("RssFile:") - file_before, resident_bytes("RssShmem:") - shm_before, resident_bytes("VmHWM:") - rss_before);
-  // A device backend measures its own memory; on the host it is the process's high-water mark.
-  // (On the host, less the file-backed and shared pages first faulted in during the steps —
-  // code of paths the warm-up did not take, MPI segments — which no allocation made.)
+  // A device backend measures its own memory. (The host's high-water mark leaves out the
+  // file-backed and shared pages first faulted in during the steps, which no allocation made.)
   // The measured peak on the host: the anonymous pages the steps added, counted exactly at their
   // end — every page a step touches stays resident (the arena is never returned; our code
   // allocates nothing in a step, the heap figure above checks it), so the end holds the peak.

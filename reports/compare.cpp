@@ -26,9 +26,9 @@ const char* const kMemoryKeys[] = {"memory_weights_bytes",   "memory_grads_bytes
                                    "memory_workspace_bytes", "memory_comm_bytes",
                                    "memory_runtime_bytes",   "peak_bytes"};
 const char* const kMeasuredPeakNote =
-    "measured_peak_bytes is the process's resident high-water mark over the steps above its "
-    "level before the arena was allocated (after a throwaway warm-up step, so without the "
-    "runtime allowance): it is compared with peak_bytes - memory_runtime_bytes";
+    "measured_peak_bytes is the process's anonymous memory after the steps (pages the steps "
+    "touched stay resident) above its level before the arena was allocated (after a throwaway "
+    "warm-up step, so without the runtime allowance): it is compared with peak_bytes - memory_runtime_bytes";
 
 const Json& field(const Json& json, const std::string& key, const std::string& file,
                   const std::string& prefix, bool (Json::*is_type)() const, const char* type) {
@@ -544,7 +544,7 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
   }
   if (c.measured_peak_max) {
     const MeasuredPeakCompare& p = *c.measured_peak_max;
-    out << (markdown ? "\n" : "  ") << "measured high-water mark "
+    out << (markdown ? "\n" : "  ") << "measured peak "
         << format_bytes(p.measured_peak_bytes)
         << " vs predicted peak without the runtime allowance "
         << format_bytes(p.predicted_arena_peak_bytes) << ": error " << signed_bytes(p.error_bytes())

@@ -131,8 +131,8 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
   body << html::paragraph(
       "Measured = median of the runs' step times; spread = (max − min) / median of them, flagged "
       "above " + percent(kValidateSpreadFlag, false) +
-      "; errors are (predicted − measured) / measured. Memory: the measured process high-water "
-      "mark against the predicted program buffers at the peak, as stepcast compare.");
+      "; errors are (predicted − measured) / measured. Memory: the measured process peak "
+      "(anonymous pages) against the predicted program buffers at the peak, as stepcast compare.");
 
   body << html::heading("Summary");
   body << html::table(
@@ -179,7 +179,7 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
                     mib(p.compare->measured_peak_max->measured_peak_bytes),
                     percent(p.memory_error())});
   }
-  body << html::table({"point", "predicted peak − runtime", "measured high-water mark", "error"},
+  body << html::table({"point", "predicted peak − runtime", "measured peak", "error"},
                       rows);
 
   body << html::heading("Error by op kind") << kind_chart(s);

@@ -289,8 +289,8 @@ Json validate_to_json(const ValidateReport& r) {
                                      "timed steps)"},
             {"spread", "(max - min) / median of the repeats' step times"},
             {"step_time_error", "(predicted - measured) / measured"},
-            {"memory_error", "(predicted peak_bytes - memory_runtime_bytes - measured high-water "
-                             "mark) / measured, as compare"}}},
+            {"memory_error", "(predicted peak_bytes - memory_runtime_bytes - measured peak) "
+                             "/ measured, as compare"}}},
           {"summary", {{"points", s.points},
                        {"ran", s.ran},
                        {"failed", s.failed},
@@ -350,7 +350,7 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
          "flagged above "
       << percent(kValidateSpreadFlag, false)
       << "; errors are (predicted − measured) / measured. Memory: the measured process "
-         "high-water mark against the predicted program buffers at the peak (peak_bytes − "
+         "peak (anonymous pages the steps added) against the predicted program buffers at the peak (peak_bytes − "
          "memory_runtime_bytes), as `stepcast compare`.\n\n";
 
   out << "## Summary\n\n"
@@ -402,7 +402,7 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
 
   out << "\n## Memory (rank with the largest predicted peak)\n\n";
   md_header(out, {"point", "weights", "grads", "optimizer", "activations", "workspace", "comm",
-                  "predicted peak − runtime", "measured high-water mark", "error"});
+                  "predicted peak − runtime", "measured peak", "error"});
   for (const ValidatePoint& p : r.points) {
     if (!p.compare) continue;
     const RankMemoryCompare* rm = largest_peak_entry(*p.compare);

@@ -67,6 +67,6 @@ measured_mem=$(num "$out/measurement.json" measured_peak_bytes_max)
 echo "plan $plan, profile $out/profile.json"
 awk -v p="$predicted" -v m="$measured" -v pm="$predicted_mem" -v rm="$runtime_mem" -v mm="$measured_mem" 'BEGIN {
   printf "step time   predicted %.6f s   measured %.6f s   error %+.1f%%\n", p, m, 100 * (p - m) / m
-  printf "peak memory predicted %.2f MiB (program buffers; + %.0f MiB runtime allowance)   measured %.2f MiB (high-water mark above the level before the arena)   error %+.1f%%\n", (pm - rm) / 1048576, rm / 1048576, mm / 1048576, 100 * ((pm - rm) - mm) / mm
+  printf "peak memory predicted %.2f MiB (program buffers; + %.0f MiB runtime allowance)   measured %.2f MiB (anonymous pages the steps added above the level before the arena)   error %+.1f%%\n", (pm - rm) / 1048576, rm / 1048576, mm / 1048576, 100 * ((pm - rm) - mm) / mm
 }'
 echo "outputs: $out/ (compare.md: the whole comparison); the loop took $((SECONDS - start)) s"

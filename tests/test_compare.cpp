@@ -223,7 +223,7 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   CHECK(rm.classes.back().name == "peak_bytes");
   CHECK(rm.classes.back().error() == Approx(0.25 * rm.classes[3].measured));
   CHECK(c.peak_bytes_max.error() == Approx(rm.classes.back().error()));
-  // The measured high-water mark (0.8 of the arena peak) against peak − runtime of the
+  // The measured peak (0.8 of the arena peak) against peak − runtime of the
   // prediction, which is 25% of the activations above the arena peak.
   REQUIRE(c.measured_peak_max);
   double runtime = rm.classes[6].predicted;
