@@ -201,6 +201,16 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       return "";
     case OpKind::loss:
       return op.name == "cross_entropy" ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
+    case OpKind::embedding:
+      // After the lookup: dropout of the embedding (forward [x, (position)] → [out, (mask)],
+      // backward [g, (mask)] → [(position grads), d]), a copy where there is no dropout.
+      if (op.name == "position_dropout") {
+        bool backward = op.phase == Phase::backward;
+        bool masked = backward ? op.inputs.size() > 1 : op.outputs.size() > 1;
+        if (!masked) return "copy";
+        return backward ? "dropout_backward" : "dropout_add_forward";
+      }
+      return "";
     case OpKind::attention:
       if (op.name == "softmax") return std::string("softmax") + phase_suffix(op.phase);
       if (op.name == "dropout") {

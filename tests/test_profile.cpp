@@ -503,6 +503,19 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   CHECK(memory_family(op) == "residual_add");  // no mask output: no dropout
   op.outputs = {"x_mid", "mask1"};
   CHECK(memory_family(op) == "dropout_add_forward");
+  op.kind = OpKind::embedding;  // the embedding's dropout: its mask decides, as dropout_add's
+  op.name = "position_dropout";
+  op.phase = Phase::forward;
+  op.outputs = {"out", "mask"};
+  CHECK(memory_family(op) == "dropout_add_forward");
+  op.outputs = {"out"};
+  CHECK(memory_family(op) == "copy");
+  op.phase = Phase::backward;
+  op.inputs = {"g", "mask"};
+  CHECK(memory_family(op) == "dropout_backward");
+  op.inputs = {"g"};
+  CHECK(memory_family(op) == "copy");
+  op.phase = Phase::recompute;
   op.kind = OpKind::norm;
   op.name = "input_norm";
   CHECK(memory_family(op) == "norm_forward");
