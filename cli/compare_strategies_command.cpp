@@ -204,10 +204,10 @@ int run_compare_strategies(int argc, char** argv) {
   for (const auto& [name, e] : errors) std::cerr << "warning: simulating " << name << " failed: " << e << "\n";
 
   std::cout << "\n" << std::left << std::setw(18) << "strategy" << std::setw(40) << "plan"
-            << std::right << std::setw(5) << "fits" << std::setw(10) << "weights" << std::setw(10)
-            << "grads" << std::setw(10) << "optim" << std::setw(10) << "activ" << std::setw(10)
-            << "ws+comm" << std::setw(10) << "peak" << std::setw(9) << "step s" << std::setw(9)
-            << "exp.comm" << std::setw(9) << "bubble" << std::setw(11) << "comm/rank" << "\n";
+            << std::right << std::setw(5) << "fits" << std::setw(11) << "weights" << std::setw(11)
+            << "grads" << std::setw(11) << "optim" << std::setw(11) << "activ" << std::setw(11)
+            << "ws+comm" << std::setw(11) << "peak" << std::setw(9) << "step s" << std::setw(9)
+            << "exp.comm" << std::setw(9) << "bubble" << std::setw(12) << "comm/rank" << "\n";
   for (const auto& row : report.rows) {
     std::cout << std::left << std::setw(18) << row.strategy << std::setw(40)
               << (row.plan.empty() ? "-" : row.plan) << std::right;
@@ -218,7 +218,7 @@ int run_compare_strategies(int argc, char** argv) {
     std::cout << std::setw(5) << (row.fits ? "yes" : "no");
     for (double b : {row.weights_bytes, row.grads_bytes, row.optimizer_bytes, row.activations_bytes,
                      row.workspace_bytes + row.comm_bytes, row.peak_bytes}) {
-      std::cout << std::setw(10) << format_bytes(b);
+      std::cout << std::setw(11) << format_bytes(b);
     }
     if (row.simulated) {
       std::cout << std::setw(9) << fixed(row.step_time_s, 3) << std::setw(9)
@@ -226,7 +226,7 @@ int run_compare_strategies(int argc, char** argv) {
     } else {
       std::cout << std::setw(27) << "(not simulated)";
     }
-    std::cout << std::setw(11) << format_bytes(row.comm_volume_bytes) << "\n";
+    std::cout << std::setw(12) << format_bytes(row.comm_volume_bytes) << "\n";
   }
   std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
