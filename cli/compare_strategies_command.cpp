@@ -145,7 +145,7 @@ int run_compare_strategies(int argc, char** argv) {
     report.rows.push_back(row);
   }
   // Simulate each distinct chosen plan, `jobs` at a time.
-  const std::string sim_mode = sim_mode_from(*vm);
+  const std::string& sim_mode = report.sim_mode;
   ChildSimulator simulator(model, profile_file, sim_mode);
   std::vector<Candidate*> distinct;
   for (Candidate* c : chosen) {

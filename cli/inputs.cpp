@@ -50,12 +50,17 @@ std::optional<po::variables_map> parse_command_line(int argc, char** argv,
   return vm;
 }
 
-Json output_envelope(const std::string& command, const Inputs& inputs) {
+Json envelope_head(const std::string& command) {
   Json out;
   out["schema_version"] = 1;
   out["command"] = command;
   out["stepcast_version"] = stepcast_version();
   out["git_commit"] = stepcast_git_commit();
+  return out;
+}
+
+Json output_envelope(const std::string& command, const Inputs& inputs) {
+  Json out = envelope_head(command);
   out["inputs"] = {{"model_file", inputs.model.file},
                    {"topology_file", inputs.topology.file},
                    {"plan_file", inputs.plan.file},

@@ -28,7 +28,9 @@ Inputs load_inputs(const po::variables_map& vm);
 std::optional<po::variables_map> parse_command_line(int argc, char** argv,
                                                     const po::options_description& options,
                                                     const std::string& usage);
-// {schema_version, command, stepcast_version, git_commit, inputs{...}}.
+// {schema_version, command, stepcast_version, git_commit}: the head of every output file.
+Json envelope_head(const std::string& command);
+// envelope_head and inputs{files, model, topology, plan as read}.
 Json output_envelope(const std::string& command, const Inputs& inputs);
 // `s` quoted for /bin/sh (child processes: re-simulations).
 std::string shell_quote(const std::string& s);

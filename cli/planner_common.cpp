@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "inputs.hpp"
 #include "summary.hpp"
-#include "version.hpp"
 
 namespace stepcast::cli {
 
@@ -152,11 +152,7 @@ double model_flops_utilization(const ModelConfig& model, const Topology& topolog
 
 Json planner_envelope(const std::string& command, const ModelConfig& model,
                       const Topology& topology, const std::string& sim_mode, Json inputs) {
-  Json out;
-  out["schema_version"] = 1;
-  out["command"] = command;
-  out["stepcast_version"] = stepcast_version();
-  out["git_commit"] = stepcast_git_commit();
+  Json out = envelope_head(command);
   out["simulate_mode"] = sim_mode;
   inputs["model_file"] = model.file;
   inputs["topology_file"] = topology.file;

@@ -129,7 +129,7 @@ int run_scale(int argc, char** argv) {
   std::cout << "stepcast scale: " << model.name << ", plan " << base.name << " (tp " << base.tp_size
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
             << report.points.size() << " node counts\n";
-  ChildSimulator simulator(model, profile_file, sim_mode_from(*vm));
+  ChildSimulator simulator(model, profile_file, report.sim_mode);
   std::atomic<size_t> next{0}, done{0};
   std::mutex mutex;
   auto worker = [&] {

@@ -367,10 +367,16 @@ class Interpreter {
   }
 
   // The alloc of a data buffer hands over this step's microbatch: the token source fills the
-  // staging, which is uploaded into the program's buffer.
+  // staging (once per microbatch: its tokens, targets and samples may all live on one rank),
+  // which is uploaded into the program's buffer.
   void load_data(const Op& alloc, DataBuffer what) {
-    fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(),
-                    data_buffer_microbatch(alloc.buffer), s_, batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
+    int32_t mb = data_buffer_microbatch(alloc.buffer);
+    if (staged_step_ != step_ || staged_microbatch_ != mb) {
+      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(), mb, s_,
+                      batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
+      staged_step_ = step_;
+      staged_microbatch_ = mb;
+    }
     char* dst = arena_.at(alloc.id);
     if (what == DataBuffer::samples) {
       STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(batch_samples_.size() * sizeof(int64_t)),
@@ -870,6 +876,8 @@ class Interpreter {
   bool arena_indexed_ = false;
   std::vector<int32_t> batch_tokens_, batch_targets_, staged_;  // one microbatch, host staging
   std::vector<int64_t> batch_samples_;
+  int64_t staged_step_ = -1;  // the microbatch the staging holds
+  int32_t staged_microbatch_ = -1;
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
