@@ -12,9 +12,9 @@
 
 namespace stepcast::cli {
 
-ChildSimulator::ChildSimulator(const ModelConfig& model, std::optional<std::string> profile,
+ChildSimulator::ChildSimulator(const ModelConfig& model, std::string profile_arguments,
                                std::string mode)
-    : model_(model), profile_(std::move(profile)), mode_(std::move(mode)) {
+    : model_(model), profile_arguments_(std::move(profile_arguments)), mode_(std::move(mode)) {
   // A fresh folder per instance: several may live at once in one process (validate --sweep
   // published runs one per model on two threads).
   std::string dir = (std::filesystem::temp_directory_path() /
@@ -45,7 +45,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
       << " --topology " << shell_quote(topology.file) << " --nodes " << topology.num_nodes
       << " --plan " << shell_quote(plan_file) << " --mode " << mode_ << " --no-scaling --no-records --out "
       << shell_quote((dir / "out").string());
-  if (profile_) cmd << " --profile " << shell_quote(*profile_);
+  cmd << profile_arguments_;
   cmd << " >" << shell_quote((dir / "log").string()) << " 2>&1";
   if (std::system(cmd.str().c_str()) != 0) {
     std::ifstream log(dir / "log");

@@ -33,9 +33,9 @@ struct Simulated {
 
 class ChildSimulator {
  public:
-  // mode: simulate's --mode, "fast" or "approx".
-  ChildSimulator(const ModelConfig& model, std::optional<std::string> profile,
-                 std::string mode = "fast");
+  // profile_arguments: " --profile ARG [...]" (child_profile_arguments); mode: simulate's
+  // --mode, "fast" or "approx".
+  ChildSimulator(const ModelConfig& model, std::string profile_arguments, std::string mode = "fast");
   const std::string& mode() const { return mode_; }
   ~ChildSimulator();
   ChildSimulator(const ChildSimulator&) = delete;
@@ -48,7 +48,7 @@ class ChildSimulator {
 
  private:
   const ModelConfig& model_;
-  std::optional<std::string> profile_;
+  std::string profile_arguments_;
   std::string mode_;
   std::filesystem::path dir_;
   mutable std::mutex mutex_;

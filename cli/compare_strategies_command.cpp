@@ -56,14 +56,15 @@ int run_compare_strategies(int argc, char** argv) {
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
-      ("profile", po::value<std::string>(), "device profile for the estimate and the simulations")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html");
+  add_profile_options(options, "for the estimate and the simulations");
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast compare-strategies --model M --topology T --global-batch-size B [--nodes N]\n"
-      "                                   [--max-memory-fraction F] [--profile F]\n"
+      "                                   [--max-memory-fraction F] [--profile F|roofline]\n"
+      "                                   [--allow-profile-mismatch]\n"
       "                                   [--sim-mode approx|fast] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
@@ -84,13 +85,11 @@ int run_compare_strategies(int argc, char** argv) {
                      "--max-memory-fraction in (0, 1]");
   }
   check_cluster_memory(model, topology);
-  std::optional<std::string> profile_file;
-  if (vm->count("profile")) profile_file = (*vm)["profile"].as<std::string>();
-  DeviceProfile profile = profile_file ? load_profile(*profile_file) : roofline_profile(topology);
-  check_profile_matches(profile, topology);
+  ProfileChoice profile_choice = profile_from(*vm, topology);
+  const DeviceProfile& profile = profile_choice.profile;
   std::cout << "stepcast compare-strategies: " << model.name << " on " << topology.name << " ("
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
-            << "\n";
+            << ", profile " << profile_choice.describe() << "\n";
 
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
   int64_t valid = 0;
@@ -146,7 +145,7 @@ int run_compare_strategies(int argc, char** argv) {
   }
   // Simulate each distinct chosen plan, `jobs` at a time.
   const std::string& sim_mode = report.sim_mode;
-  ChildSimulator simulator(model, profile_file, sim_mode);
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), sim_mode);
   std::vector<Candidate*> distinct;
   for (Candidate* c : chosen) {
     if (c && std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
@@ -235,7 +234,7 @@ int run_compare_strategies(int argc, char** argv) {
     Json out = planner_envelope("compare-strategies", model, topology, report.sim_mode,
                                 {{"global_batch_size", space.global_batch_size},
                                  {"max_memory_fraction", space.max_memory_fraction},
-                                 {"profile", profile.name}});
+                                 {"profile", profile_json(profile_choice)}});
     Json rows = Json::array();
     for (const auto& r : report.rows) {
       rows.push_back({{"strategy", r.strategy}, {"plan", r.plan}, {"fits", r.fits}, {"note", r.note},

@@ -31,6 +31,42 @@ Inputs load_inputs(const po::variables_map& vm) {
   return in;
 }
 
+void add_profile_options(po::options_description& options, const std::string& what) {
+  options.add_options()
+      ("profile", po::value<std::string>(),
+       ("device profile " + what + ": a profiles/*.json file or one `stepcast profile` wrote, or "
+        "'roofline' for the datasheet peaks alone; default: the profile the topology names "
+        "(its 'profile' key)").c_str())
+      ("allow-profile-mismatch", po::bool_switch(),
+       "accept a profile measured on another device than the topology's");
+}
+
+ProfileChoice profile_from(const po::variables_map& vm, const Topology& topology) {
+  std::optional<std::string> option;
+  if (vm.count("profile")) option = vm["profile"].as<std::string>();
+  bool allow = vm.count("allow-profile-mismatch") && vm["allow-profile-mismatch"].as<bool>();
+  ProfileChoice choice = choose_profile(option, topology, allow);
+  if (!choice.warning.empty()) std::cerr << "warning: " << choice.warning << "\n";
+  if (allow && !choice.profile.is_roofline && choice.profile.device != topology.node.device.name) {
+    std::cerr << "warning: costing device \"" << topology.node.device.name << "\" with profile "
+              << choice.profile.file << " of device \"" << choice.profile.device
+              << "\" (--allow-profile-mismatch)\n";
+  }
+  return choice;
+}
+
+Json profile_json(const ProfileChoice& choice) {
+  return {{"name", choice.profile.name}, {"file", choice.profile.file}, {"origin", choice.origin}};
+}
+
+std::string child_profile_arguments(const ProfileChoice& choice, const po::variables_map& vm) {
+  std::string out = " --profile " + shell_quote(choice.argument);
+  if (vm.count("allow-profile-mismatch") && vm["allow-profile-mismatch"].as<bool>()) {
+    out += " --allow-profile-mismatch";
+  }
+  return out;
+}
+
 std::optional<po::variables_map> parse_command_line(int argc, char** argv,
                                                     const po::options_description& options,
                                                     const std::string& usage) {

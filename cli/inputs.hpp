@@ -8,6 +8,7 @@
 
 #include "model.hpp"
 #include "plan.hpp"
+#include "profile.hpp"
 #include "topology.hpp"
 
 namespace stepcast::cli {
@@ -24,6 +25,15 @@ struct Inputs {
 void add_input_options(po::options_description& options);
 // Loads and validates them; InputError on anything wrong.
 Inputs load_inputs(const po::variables_map& vm);
+// Adds --profile and --allow-profile-mismatch; `what` says what the profile costs.
+void add_profile_options(po::options_description& options, const std::string& what);
+// The profile of --profile FILE|roofline, else the topology's (choose_profile); prints the
+// choice's warning, if any, to stderr.
+ProfileChoice profile_from(const po::variables_map& vm, const Topology& topology);
+// {name, file, origin} of the choice, for output files.
+Json profile_json(const ProfileChoice& choice);
+// " --profile ARG [--allow-profile-mismatch]" for a child process of a command given `vm`.
+std::string child_profile_arguments(const ProfileChoice& choice, const po::variables_map& vm);
 // Parses argv for a command; prints its --help and returns nullopt when asked.
 std::optional<po::variables_map> parse_command_line(int argc, char** argv,
                                                     const po::options_description& options,

@@ -104,11 +104,11 @@ int run_plan(int argc, char** argv) {
       ("attention", po::value<std::string>()->default_value("materialized"),
        "attention_impl of every candidate: materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
-      ("profile", po::value<std::string>(), "device profile for the estimate and the simulations")
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations")
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
        "DIR/report.md, DIR/report.html");
+  add_profile_options(options, "for the estimate and the simulations");
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
@@ -116,7 +116,8 @@ int run_plan(int argc, char** argv) {
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
       "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
-      "                     [--profile F] [--jobs J] [--sim-mode approx|fast] [--out DIR]\n"
+      "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
+      "                     [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, micro batch, schedule and virtual stages,\n"
       "recompute, sequence parallelism) using every device, prunes what cannot run with the\n"
       "reason (counts per reason), ranks the rest with a quick estimate and re-simulates the\n"
@@ -164,15 +165,13 @@ int run_plan(int argc, char** argv) {
                      "and --simulate-budget-s >= 0");
   }
   check_cluster_memory(model, topology);
-  std::optional<std::string> profile_file;
-  if (vm->count("profile")) profile_file = (*vm)["profile"].as<std::string>();
-  DeviceProfile profile = profile_file ? load_profile(*profile_file) : roofline_profile(topology);
-  check_profile_matches(profile, topology);
+  ProfileChoice profile_choice = profile_from(*vm, topology);
+  const DeviceProfile& profile = profile_choice.profile;
 
   std::cout << "stepcast plan: " << model.name << " on " << topology.name << " ("
             << topology.num_nodes << " nodes × " << topology.node.devices_per_node << " = "
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
-            << ", profile " << profile.name << "\n";
+            << ", profile " << profile_choice.describe() << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
   int64_t valid = 0;
   for (const auto& c : candidates) valid += c.kept();
@@ -204,7 +203,7 @@ int run_plan(int argc, char** argv) {
     resolve_smallest_peaks(candidates, std::max(top, evaluate_count), model, topology, jobs);
   }
   auto search_end = std::chrono::steady_clock::now();
-  ChildSimulator simulator(model, profile_file, sim_mode);
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), sim_mode);
   const std::string over_budget = "not simulated: over --simulate-budget-s";
   Evaluator evaluate = [&](const Plan& plan) {
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -301,7 +300,7 @@ int run_plan(int argc, char** argv) {
                      {"max_memory_fraction", space.max_memory_fraction},
                      {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
-                     {"profile", profile.name}});
+                     {"profile", profile_json(profile_choice)}});
     out["top"] = top_json;
     Json all = Json::array();
     for (const auto& c : ranked) all.push_back(candidate_json(c));

@@ -22,6 +22,8 @@
 
 namespace stepcast::cli {
 
+namespace fs = std::filesystem;
+
 namespace {
 
 void write_file(const std::string& path, const std::string& text) {
@@ -158,6 +160,9 @@ int run_profile(int argc, char** argv) {
       int ranks_per_node = t.method["ranks_per_node"].get<int>();
       Json topology = measured_cpu_topology(profile, t.method["nodes"].get<int>(), ranks_per_node,
                                             host_memory_bytes());
+      // It names the profile just written, so commands given this topology cost with it.
+      fs::path folder = fs::absolute(fs::path(path)).parent_path();
+      topology["profile"] = fs::absolute(fs::path(out)).lexically_relative(folder).string();
       parse_topology(topology, path);  // what we write must load
       write_file(path, topology.dump(2) + "\n");
       std::cout << "wrote " << path << "\n";

@@ -58,14 +58,15 @@ int run_scale(int argc, char** argv) {
       ("plan", po::value<std::string>()->required(), "plan JSON: tp_size, pp_size, micro batch, ... (dp_size follows the devices)")
       ("nodes", po::value<std::string>()->required(), "node counts, e.g. 1,2,4,8")
       ("weak", po::bool_switch(), "weak scaling: keep the batch per dp rank (default: strong, keep the global batch)")
-      ("profile", po::value<std::string>(), "device profile for the simulations")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html");
+  add_profile_options(options, "for the simulations");
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast scale --model M --topology T --plan P --nodes 1,2,4,... [--weak]\n"
-      "                      [--profile F] [--jobs J] [--sim-mode approx|fast] [--out DIR]\n"
+      "                      [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
+      "                      [--sim-mode approx|fast] [--out DIR]\n"
       "Simulates the plan on each node count (dp_size = devices / (tp_size · pp_size)): strong\n"
       "scaling at the plan's global batch, or weak scaling (--weak) at its batch per dp rank.\n"
       "Prints step time, speedup and efficiency against the smallest run, the Amdahl serial\n"
@@ -85,8 +86,7 @@ int run_scale(int argc, char** argv) {
                           std::to_string(base.dp_size) + " does not divide it",
                       "a multiple of dp_size");
   }
-  std::optional<std::string> profile_file;
-  if (vm->count("profile")) profile_file = (*vm)["profile"].as<std::string>();
+  ProfileChoice profile_choice = profile_from(*vm, load_topology(topology_file));
 
   ScaleReport report;
   report.sim_mode = sim_mode_from(*vm);
@@ -128,8 +128,8 @@ int run_scale(int argc, char** argv) {
   }
   std::cout << "stepcast scale: " << model.name << ", plan " << base.name << " (tp " << base.tp_size
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
-            << report.points.size() << " node counts\n";
-  ChildSimulator simulator(model, profile_file, report.sim_mode);
+            << report.points.size() << " node counts, profile " << profile_choice.describe() << "\n";
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), report.sim_mode);
   std::atomic<size_t> next{0}, done{0};
   std::mutex mutex;
   auto worker = [&] {
@@ -228,7 +228,8 @@ int run_scale(int argc, char** argv) {
     Json out = planner_envelope("scale", model, load_topology(topology_file, int(node_counts.front())),
                                 report.sim_mode,
                                 {{"plan_file", base.file}, {"plan", plan_to_json(base)},
-                                 {"weak", weak}, {"nodes", node_counts}});
+                                 {"weak", weak}, {"nodes", node_counts},
+                                 {"profile", profile_json(profile_choice)}});
     Json points = Json::array();
     for (const auto& p : report.points) {
       Json j = {{"nodes", p.nodes}, {"devices", p.devices}, {"plan", p.plan},

@@ -27,7 +27,8 @@ namespace {
 
 // tokens/s per device of the same plan at dp_size 1 and global_batch_size / dp_size, simulated
 // in a child process (one SimGrid engine per process).
-double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_map& vm) {
+double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_map& vm,
+                                         const ProfileChoice& profile) {
   Json plan = plan_to_json(in.plan);
   plan["dp_size"] = 1;
   plan["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
@@ -42,7 +43,7 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
       << " simulate --model " << shell_quote(in.model.file) << " --topology "
       << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
       << shell_quote(plan_file) << " --no-scaling --out " << shell_quote((dir / "out").string());
-  if (vm.count("profile")) cmd << " --profile " << shell_quote(vm["profile"].as<std::string>());
+  cmd << child_profile_arguments(profile, vm);
   cmd << " --mode " << vm["mode"].as<std::string>() << " >" << shell_quote((dir / "log").string())
       << " 2>&1";
   int status = std::system(cmd.str().c_str());
@@ -64,10 +65,8 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
 int run_simulate(int argc, char** argv) {
   po::options_description options("stepcast simulate options");
   add_input_options(options);
+  add_profile_options(options, "that costs each op");
   options.add_options()
-      ("profile", po::value<std::string>(),
-       "device profile (profiles/*.json or from `stepcast profile`); default: the roofline on the "
-       "topology's datasheet peaks")
       ("mode", po::value<std::string>()->default_value("fast"), "fast, full or approx (see --help)")
       ("out", po::value<std::string>(), "write DIR/prediction.json and DIR/trace.json")
       ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)")
@@ -76,7 +75,8 @@ int run_simulate(int argc, char** argv) {
        "`compare` needs the records)");
   auto vm = parse_command_line(
       argc, argv, options,
-      "usage: stepcast simulate --model M --topology T --plan P [--nodes N] [--profile F]\n"
+      "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
+      "                         [--profile F|roofline] [--allow-profile-mismatch]\n"
       "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
       "                         [--no-records]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
@@ -94,9 +94,8 @@ int run_simulate(int argc, char** argv) {
     throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");
   }
   Inputs in = load_inputs(*vm);
-  DeviceProfile profile = vm->count("profile") ? load_profile((*vm)["profile"].as<std::string>())
-                                               : roofline_profile(in.topology);
-  check_profile_matches(profile, in.topology);
+  ProfileChoice profile_choice = profile_from(*vm, in.topology);
+  const DeviceProfile& profile = profile_choice.profile;
   // A measured CPU profile describes the machine it ran on: say where this machine differs.
   if (profile.backend == "cpu") {
     std::vector<std::string> differences =
@@ -118,6 +117,7 @@ int run_simulate(int argc, char** argv) {
   }
   const bool records = !(*vm)["no-records"].as<bool>();
   SimulateOptions sim_options;
+  sim_options.allow_profile_mismatch = (*vm)["allow-profile-mismatch"].as<bool>();
   sim_options.mode = mode_name == "full"     ? SimMode::full
                      : mode_name == "approx" ? SimMode::approx
                                              : SimMode::fast;
@@ -142,6 +142,8 @@ int run_simulate(int argc, char** argv) {
   Json envelope = output_envelope("simulate", in);
   result.inputs = envelope["inputs"];
   result.inputs["profile"] = profile_to_json(profile);
+  result.inputs["profile_file"] = profile.file;
+  result.inputs["profile_origin"] = profile_choice.origin;
   result.extra = {{"mode", mode_name},
                   {"mode_detail", sim.mode_description},
                   {"simulated_ranks", sim.simulated_ranks.size()},
@@ -154,13 +156,13 @@ int run_simulate(int argc, char** argv) {
       result.scaling_efficiency = 1.0;
     } else {
       double per_device = result.tokens_per_s / double(program.world_size());
-      result.scaling_efficiency = per_device / reference_tokens_per_s_per_device(in, *vm);
+      result.scaling_efficiency = per_device / reference_tokens_per_s_per_device(in, *vm, profile_choice);
     }
   }
 
   std::cout << "stepcast simulate: " << in.model.name << " on " << in.topology.name << " ("
             << program.world_size() << " devices), plan " << in.plan.name << ", mode "
-            << sim.mode_description << ", profile " << profile.name << "\n";
+            << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
             << "): compute " << result.breakdown.compute_s << ", exposed comm "
             << result.breakdown.exposed_comm_s << ", bubble " << result.breakdown.bubble_s

@@ -291,7 +291,10 @@ int run_validate(int argc, char** argv) {
   };
   DeviceProfile profile;
   if (profile_source == "file") profile = check_profile(profile_file);
-  if (profile_source == "roofline") profile = roofline_profile(sweep.topology);
+  if (profile_source == "roofline") {
+    profile = roofline_profile(sweep.topology);
+    profile_file = "roofline";  // simulate's --profile roofline, not the topology's profile
+  }
   Tools tools{fs::read_symlink("/proc/self/exe").string(), repository_file("scripts/mpirun")};
 
   std::cout << "stepcast validate: sweep " << sweep.name << " (" << sweep.points.size()

@@ -272,7 +272,7 @@ MegatronResult simulate_row(const MegatronRow& row, const fs::path& inputs, cons
         load_topology((repo / "topologies" / "dgx-a100-80gb.json").string(), int(r.nodes));
     Plan plan = load_plan((inputs / (row.name + ".plan.json")).string());
     validate_plan(plan, model, topology);
-    ChildSimulator child(model, profile_file);
+    ChildSimulator child(model, " --profile " + shell_quote(profile_file));
     Simulated s = child.simulate(row.name, plan, topology);
     r.step_time_s = s.step_time_s;
     r.tflops_per_gpu = megatron_iteration_flops(row) / (r.step_time_s * double(row.gpus)) / 1e12;

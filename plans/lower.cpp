@@ -825,6 +825,7 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   StepProgram program;
   program.model = model_to_json(model);
   program.topology = topology_to_json(topology);
+  program.topology.erase("profile");  // the program does not depend on what costs it
   program.plan = plan_to_json(plan);
   program.tp_size = plan.tp_size;
   program.dp_size = plan.dp_size;

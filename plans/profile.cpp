@@ -3,6 +3,7 @@
 #include "profile.hpp"
 
 #include <cmath>
+#include <filesystem>
 
 #include "collective.hpp"
 #include "errors.hpp"
@@ -278,7 +279,7 @@ Json profile_to_json(const DeviceProfile& p) {
 DeviceProfile roofline_profile(const Topology& topology) {
   DeviceProfile p;
   p.name = "roofline";
-  p.file = "(no --profile)";
+  p.file = "roofline";
   p.device = topology.node.device.name;
   p.backend = "datasheet";
   p.is_roofline = true;
@@ -290,7 +291,8 @@ bool topology_device_is_cpu(const Topology& topology) {
          topology.node.intra_node.kind == IntraNodeKind::shared_memory;
 }
 
-void check_profile_matches(const DeviceProfile& profile, const Topology& topology) {
+void check_profile_matches(const DeviceProfile& profile, const Topology& topology,
+                           bool allow_mismatch) {
   if (profile.is_roofline) return;
   const std::string& device = topology.node.device.name;
   bool cpu_topology = topology_device_is_cpu(topology);
@@ -302,11 +304,55 @@ void check_profile_matches(const DeviceProfile& profile, const Topology& topolog
                       std::string("a profile of backend ") + (cpu_topology ? "cpu" : "cuda") +
                           " measured on \"" + device + "\"");
   }
-  if (profile.device == device) return;
+  if (profile.device == device || allow_mismatch) return;
   throw_input_error(profile.file, "device", "\"" + profile.device + "\"",
                     "is another device than topology " + topology.file + "'s node.device.name \"" +
                         device + "\"",
-                    "a profile of \"" + device + "\"");
+                    "a profile of \"" + device + "\", or --allow-profile-mismatch to cost this "
+                    "device with another's figures");
+}
+
+std::string ProfileChoice::describe() const {
+  if (profile.is_roofline) {
+    return origin == "roofline" ? "roofline (--profile roofline)"
+                                : "roofline (the topology names no profile that exists)";
+  }
+  return profile.file + " (" + profile.name + (origin == "topology" ? ", the topology's)" : ")");
+}
+
+ProfileChoice choose_profile(const std::optional<std::string>& option, const Topology& topology,
+                             bool allow_mismatch) {
+  ProfileChoice choice;
+  if (option && *option == "roofline") {
+    choice.profile = roofline_profile(topology);
+    choice.argument = "roofline";
+    choice.origin = "roofline";
+    return choice;
+  }
+  if (option) {
+    choice.profile = load_profile(*option);
+    choice.argument = *option;
+    choice.origin = "--profile";
+  } else if (topology.profile_file.empty()) {
+    choice.warning = "topology " + topology.file + " names no device profile (key 'profile'); " +
+                     "costing with the roofline on its datasheet peaks";
+  } else if (!std::filesystem::is_regular_file(topology.profile_file)) {
+    choice.warning = "topology " + topology.file + " names device profile " + topology.profile_file +
+                     " (key 'profile' = \"" + topology.profile + "\"), which does not exist; " +
+                     "costing with the roofline on its datasheet peaks";
+  } else {
+    choice.profile = load_profile(topology.profile_file);
+    choice.argument = topology.profile_file;
+    choice.origin = "topology";
+  }
+  if (choice.argument.empty()) {
+    choice.profile = roofline_profile(topology);
+    choice.argument = "roofline";
+    choice.origin = "none";
+    return choice;
+  }
+  check_profile_matches(choice.profile, topology, allow_mismatch);
+  return choice;
 }
 
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile) {

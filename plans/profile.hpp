@@ -126,8 +126,25 @@ Json profile_to_json(const DeviceProfile& profile);
 // The pure roofline: every fraction 1, no fixed costs.
 DeviceProfile roofline_profile(const Topology& topology);
 // Refuses (InputError) a profile of another device than the topology's, or of a CPU backend
-// on a GPU topology (and the reverse); the message names both.
-void check_profile_matches(const DeviceProfile& profile, const Topology& topology);
+// on a GPU topology (and the reverse); the message names both. `allow_mismatch`
+// (--allow-profile-mismatch) lets another device's profile of the same backend kind through.
+void check_profile_matches(const DeviceProfile& profile, const Topology& topology,
+                           bool allow_mismatch = false);
+
+// The profile a command costs with: `--profile FILE`, `--profile roofline` (the datasheet peaks,
+// for what-if studies), or, without --profile, the one the topology names (its "profile" key).
+// A topology that names none, or names a file that does not exist, gets the roofline and a
+// warning naming what is missing.
+struct ProfileChoice {
+  DeviceProfile profile;
+  std::string argument;  // to hand child processes as --profile: the file, or "roofline"
+  std::string origin;    // "--profile", "topology", "roofline" (asked for), "none" (fallback)
+  std::string warning;   // for the command to print; empty when none
+  // "profiles/a100-sxm4-80gb.json (a100-sxm4-80gb, from the topology)": for summaries
+  std::string describe() const;
+};
+ProfileChoice choose_profile(const std::optional<std::string>& option, const Topology& topology,
+                             bool allow_mismatch = false);
 // Whether the topology's device is a CPU core ("cpu…" name or shared-memory intra-node fabric).
 bool topology_device_is_cpu(const Topology& topology);
 // The topology with link bandwidths scaled by the profile's achievable bus fractions, or, where

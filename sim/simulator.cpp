@@ -488,7 +488,7 @@ bool group_spans_folded_ranks(GroupKind kind) {
 
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology_in,
                                   const DeviceProfile& profile, const SimulateOptions& options) {
-  check_profile_matches(profile, topology_in);
+  check_profile_matches(profile, topology_in, options.allow_profile_mismatch);
   const bool full = options.mode == SimMode::full;
   if (full && (program.world_size() > kFullModeMaxDevices ||
                program.num_microbatches > kFullModeMaxMicrobatches)) {

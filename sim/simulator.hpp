@@ -55,6 +55,9 @@ struct SimulateOptions {
   // Ranks whose per-op records are kept (empty: the first rank of each pipeline stage, and in
   // full mode every rank of a program with at most 64 ranks).
   std::vector<int64_t> detail_ranks;
+  // A profile of another device than the topology's is refused unless this is set
+  // (--allow-profile-mismatch).
+  bool allow_profile_mismatch = false;
 };
 
 // Limits of full mode (the reference scale).

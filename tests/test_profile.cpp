@@ -382,10 +382,18 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
       "simulate" + tiny_simulate(source_path("topologies/localhost-cpu.json"), q.profile));
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
-  CHECK_THAT(ok.output, Contains("profile cpu-"));
+  CHECK_THAT(ok.output, Contains("(cpu-"));
   CHECK_THAT(ok.output, !Contains("another machine"));
   test::CommandResult own = test::run_stepcast("simulate" + tiny_simulate(q.topology, q.profile));
   CHECK(own.exit_code == 0);
+  // The written topology names the profile, so a simulation given no --profile costs with it.
+  CHECK(std::filesystem::equivalent(written.profile_file, q.profile));
+  test::CommandResult by_topology = test::run_stepcast(
+      "simulate" + test::model_arg("tiny") + " --topology " + q.topology + test::plan_arg("tiny-cpu") +
+      " --no-scaling");
+  INFO(by_topology.output);
+  CHECK(by_topology.exit_code == 0);
+  CHECK_THAT(by_topology.output, Contains("the topology's") && !Contains("warning"));
 
   test::CommandResult refused = test::run_stepcast(
       "simulate" + tiny_simulate(source_path("topologies/dgx-a100-80gb.json"), q.profile));

@@ -473,7 +473,8 @@ TEST_CASE("simulate: trace.json is a Chrome trace of the detail ranks", "[simula
 }
 
 TEST_CASE("simulate: bad input reaches the user as exit code 2 and one message", "[simulate]") {
-  const std::string tiny = model_arg("tiny") + topology_arg("localhost-cpu");
+  // --profile roofline: the CPU topology names no profile, which would add a warning line.
+  const std::string tiny = model_arg("tiny") + topology_arg("localhost-cpu") + " --profile roofline";
   SECTION("more devices than the topology, suggesting --nodes") {
     std::string plan = test::write_temp_file(
         "simulate-dp4.json", R"({"micro_batch_size": 2, "dp_size": 4, "dtype": "fp32"})");

@@ -1,9 +1,11 @@
 // Loading, validating and writing back topology files; see topology.hpp for the data.
-// Every key is required except "notes" and the dtypes under peak_flops_per_s (at least one).
+// Every key is required except "notes", "profile" and the dtypes under peak_flops_per_s (at
+// least one).
 // Nothing here knows about SimGrid: the platform is built from the returned struct in sim/.
 #include "topology.hpp"
 
 #include <climits>
+#include <filesystem>
 #include <iomanip>
 #include <sstream>
 #include <vector>
@@ -225,6 +227,16 @@ Topology parse_topology(const Json& json, const std::string& file,
   topology.file = file;
   topology.name = get_name(reader, "name");
   reader.get_string_or("notes", "");  // sources, for people; not used by stepcast
+  topology.profile = reader.get_string_or("profile", "");
+  if (reader.has("profile") && topology.profile.empty()) {
+    reader.fail("profile", "is empty", "a path to a device profile, relative to this file's folder");
+  }
+  if (!topology.profile.empty()) {
+    std::filesystem::path path(topology.profile);
+    topology.profile_file =
+        path.is_absolute() ? path.string()
+                           : (std::filesystem::path(file).parent_path() / path).lexically_normal().string();
+  }
   topology.num_nodes = get_count(reader, "num_nodes", 1);
   topology.node = read_node(reader);
   topology.fabric = read_fabric(reader, topology.node.devices_per_node);
@@ -249,7 +261,7 @@ Json topology_to_json(const Topology& topology) {
   for (const auto& [dtype, peak] : device.peak_flops_per_s) peaks[to_string(dtype)] = peak;
   const IntraNodeFabric& intra = topology.node.intra_node;
   const InterNodeFabric& fabric = topology.fabric;
-  return Json{
+  Json json{
       {"name", topology.name},
       {"num_nodes", topology.num_nodes},
       {"node",
@@ -273,6 +285,8 @@ Json topology_to_json(const Topology& topology) {
         {"switch_latency_s", fabric.switch_latency_s},
         {"oversubscription", fabric.oversubscription},
         {"switch_radix", fabric.switch_radix}}}};
+  if (!topology.profile.empty()) json["profile"] = topology.profile;
+  return json;
 }
 
 }  // namespace stepcast

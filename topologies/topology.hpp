@@ -65,6 +65,12 @@ struct InterNodeFabric {
 struct Topology {
   std::string name;
   std::string file;    // where it was loaded from (for messages)
+  // The device profile the topology names ("profile": a path relative to the topology file's
+  // folder), used when a command gets no --profile; profile_file is that path resolved. Both
+  // empty when the topology names none. Not part of a program: the program does not depend on
+  // which profile costs it.
+  std::string profile;
+  std::string profile_file;
   int num_nodes = 0;
   NodeSpec node;
   InterNodeFabric fabric;
