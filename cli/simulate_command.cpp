@@ -43,7 +43,8 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
       << " simulate --model " << shell_quote(in.model.file) << " --topology "
       << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
       << shell_quote(plan_file) << " --no-scaling --out " << shell_quote((dir / "out").string());
-  cmd << child_profile_arguments(profile, vm);
+  cmd << child_profile_arguments(profile, vm) << " --seed " << vm["seed"].as<uint64_t>()
+      << " --variability " << vm["variability"].as<std::string>();
   cmd << " --mode " << vm["mode"].as<std::string>() << " >" << shell_quote((dir / "log").string())
       << " 2>&1";
   int status = std::system(cmd.str().c_str());
@@ -70,6 +71,11 @@ int run_simulate(int argc, char** argv) {
       ("mode", po::value<std::string>()->default_value("fast"), "fast, full or approx (see --help)")
       ("out", po::value<std::string>(), "write DIR/prediction.json and DIR/trace.json")
       ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)")
+      ("seed", po::value<uint64_t>()->default_value(1),
+       "seed of the run-to-run variability draws (the profile's `variability`): the same seed, "
+       "the same prediction")
+      ("variability", po::value<std::string>()->default_value("on"),
+       "on: draw the profile's device and op variability; off: the nominal step")
       ("no-records", po::bool_switch(),
        "with --out: prediction.json without per-op records, and no trace.json (the figures only; "
        "`compare` needs the records)");
@@ -78,7 +84,7 @@ int run_simulate(int argc, char** argv) {
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
       "                         [--profile F|roofline] [--allow-profile-mismatch]\n"
       "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
-      "                         [--no-records]\n"
+      "                         [--no-records] [--seed N] [--variability on|off]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
       "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
@@ -92,6 +98,10 @@ int run_simulate(int argc, char** argv) {
   std::string mode_name = (*vm)["mode"].as<std::string>();
   if (mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
     throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");
+  }
+  std::string variability = (*vm)["variability"].as<std::string>();
+  if (variability != "on" && variability != "off") {
+    throw InputError("command line: --variability '" + variability + "': valid: on, off");
   }
   Inputs in = load_inputs(*vm);
   ProfileChoice profile_choice = profile_from(*vm, in.topology);
@@ -118,6 +128,8 @@ int run_simulate(int argc, char** argv) {
   const bool records = !(*vm)["no-records"].as<bool>();
   SimulateOptions sim_options;
   sim_options.allow_profile_mismatch = (*vm)["allow-profile-mismatch"].as<bool>();
+  sim_options.variability = variability == "on";
+  sim_options.seed = (*vm)["seed"].as<uint64_t>();
   sim_options.mode = mode_name == "full"     ? SimMode::full
                      : mode_name == "approx" ? SimMode::approx
                                              : SimMode::fast;
@@ -150,7 +162,16 @@ int run_simulate(int argc, char** argv) {
                   {"detail_ranks", sim.detail_ranks},
                   {"activities", sim.activities},
                   {"simulation_wall_s", wall_s},
-                  {"op_records", records ? "kept" : "omitted (--no-records)"}};
+                  {"op_records", records ? "kept" : "omitted (--no-records)"},
+                  {"variability",
+                   {{"applied", sim.variability},
+                    {"seed", sim_options.seed},
+                    {"device_speed_cv", profile.variability.device_speed_cv},
+                    {"op_time_cv", profile.variability.op_time_cv}}},
+                  {"measured_collective_corrections",
+                   {{"collectives", sim.corrected_collectives},
+                    {"factor_min", sim.correction_min},
+                    {"factor_max", sim.correction_max}}}};
   if (!(*vm)["no-scaling"].as<bool>()) {
     if (in.plan.dp_size == 1) {
       result.scaling_efficiency = 1.0;
@@ -166,7 +187,15 @@ int run_simulate(int argc, char** argv) {
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
             << "): compute " << result.breakdown.compute_s << ", exposed comm "
             << result.breakdown.exposed_comm_s << ", bubble " << result.breakdown.bubble_s
-            << ", optimizer " << result.breakdown.optimizer_s << "\n";
+            << ", optimizer " << result.breakdown.optimizer_s;
+  if (sim.variability) {
+    std::cout << ", variability " << result.breakdown.variability_s << " (seed " << sim_options.seed << ")";
+  }
+  std::cout << "\n";
+  if (sim.corrected_collectives > 0) {
+    std::cout << "measured collective tables corrected " << sim.corrected_collectives
+              << " collectives (factor " << sim.correction_min << " to " << sim.correction_max << ")\n";
+  }
   std::cout << "tokens/s " << result.tokens_per_s << ", MFU " << result.mfu << ", HFU "
             << result.hfu << ", peak memory " << format_bytes(memory.peak_bytes_max)
             << (memory.fits ? " (fits)" : " (DOES NOT FIT)");

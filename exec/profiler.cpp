@@ -294,7 +294,7 @@ class Profiler {
                 backend.linear_backward_weight(a + o, b + o, cg + o, nullptr, k, m, n);
               }});
             }
-            shapes.push_back({variant, m, n, k, 0});
+            shapes.push_back({variant, m, n, k, 0, "", 1});
           }
         }
       }
@@ -463,11 +463,14 @@ class Profiler {
     std::vector<TimedPoint> points;
     std::vector<MemoryPoint> rows;
     for (const Family& f : families) {
+      int64_t previous = 0;
       for (double target : size_targets) {
         int64_t whole_rows = std::max<int64_t>(1, std::llround(target / f.bytes_per_element / double(f.row)));
         int64_t elements = whole_rows * f.row;
+        if (elements <= previous) continue;  // small targets of a wide row: one point, not two
+        previous = elements;
         points.push_back({[&f, elements] { f.body(elements); }});
-        rows.push_back({f.name, double(elements) * f.bytes_per_element, 0});
+        rows.push_back({f.name, double(elements) * f.bytes_per_element, 0, ""});
       }
     }
     std::vector<double> seconds = time("memory-bound", points);
@@ -564,7 +567,7 @@ class Profiler {
       bytes_sent.push_back(double(count) * double(sizeof(T)));
     }
     std::vector<double> seconds = time("send/recv ping-pong", points);
-    for (size_t i = 0; i < points.size(); ++i) t.p2p.push_back({bytes_sent[i], seconds[i] / 2});
+    for (size_t i = 0; i < points.size(); ++i) t.p2p.push_back({bytes_sent[i], seconds[i] / 2, ""});
     std::ostringstream line;
     line.precision(3);
     line << "send/recv ping-pong: " << t.p2p.front().time_s * 1e6 << " us at "

@@ -162,6 +162,39 @@ double CollectiveTable::time_s(double bytes) const {
   return std::exp(interpolate_line(log_bytes_, log_time_, q));
 }
 
+double AttentionRateTable::flops_per_s(const std::string& pass, int64_t seq, int64_t head_dim) const {
+  STEPCAST_CHECK(!points_.empty(), "rate of an empty attention table");
+  std::string wanted = pass;
+  bool have_pass = std::any_of(points_.begin(), points_.end(),
+                               [&](const AttentionPoint& p) { return p.pass == wanted; });
+  if (!have_pass) wanted = "forward_backward";
+  if (!std::any_of(points_.begin(), points_.end(), [&](const AttentionPoint& p) { return p.pass == wanted; })) {
+    wanted = points_.front().pass;
+  }
+  // The nearest head dimension, causal points where there are any.
+  double best = std::numeric_limits<double>::infinity();
+  int64_t dim = 0;
+  bool causal = false;
+  for (const AttentionPoint& p : points_) {
+    if (p.pass != wanted) continue;
+    double d = std::abs(std::log2(double(p.head_dim) / double(std::max<int64_t>(1, head_dim)))) +
+               (p.causal ? 0.0 : 0.01);
+    if (d < best) {
+      best = d;
+      dim = p.head_dim;
+      causal = p.causal;
+    }
+  }
+  std::vector<double> xs, ys;
+  for (const AttentionPoint& p : points_) {
+    if (p.pass == wanted && p.head_dim == dim && p.causal == causal) {
+      xs.push_back(std::log(double(p.seq)));
+      ys.push_back(std::log(p.flops_per_s));
+    }
+  }
+  return std::exp(interpolate_line(xs, ys, std::log(double(std::max<int64_t>(1, seq)))));
+}
+
 std::vector<AttentionGemm> attention_gemms(const Op& op) {
   if (op.kind != OpKind::attention || (op.name != "score" && op.name != "value")) return {};
   const int64_t s = op.m, d = op.k, count = std::max<int64_t>(1, op.batch);
@@ -277,9 +310,15 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
   auto fp32 = device.peak_flops_per_s.find(Dtype::fp32);
   vector_peak_ = fp32 != device.peak_flops_per_s.end() ? fp32->second : matrix_peak_;
   if (profile.memory_bandwidth_bytes_per_s) bandwidth_ = *profile.memory_bandwidth_bytes_per_s;
-  if (profile.measured && profile.measured->dtype == dtype) {
+  auto sixteen_bit = [](Dtype d) { return d == Dtype::bf16 || d == Dtype::fp16; };
+  if (profile.measured && (profile.measured->dtype == dtype ||
+                           (sixteen_bit(profile.measured->dtype) && sixteen_bit(dtype)))) {
     std::map<std::string, std::vector<GemmPoint>> gemm;
-    for (const GemmPoint& p : profile.measured->gemm) gemm[p.variant].push_back(p);
+    for (const GemmPoint& p : profile.measured->gemm) {
+      // Interpolated only where they form a table of single GEMMs; batched points and fitted
+      // evidence are checked against the model instead (validate --sweep published).
+      if (profile.measured->gemm_use == "table" && p.count == 1) gemm[p.variant].push_back(p);
+    }
     for (const auto& [variant, points] : gemm) gemm_tables_.emplace(variant, GemmRateTable(points));
     std::map<std::string, std::vector<MemoryPoint>> memory;
     for (const MemoryPoint& p : profile.measured->memory) memory[p.family].push_back(p);
@@ -289,6 +328,7 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
     }
     for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
+    attention_table_ = AttentionRateTable(profile.measured->attention);
   }
 }
 
@@ -353,6 +393,24 @@ double ComputeCostModel::datasheet_wave_efficiency(const Op& op) const {
   return weighted > 0 ? flops / weighted : 1;
 }
 
+double ComputeCostModel::shape_efficiency(const Op& op) const {
+  if (gemm_.output_half <= 0 && gemm_.k_half <= 0) return 1;
+  std::vector<AttentionGemm> parts = attention_gemms(op);
+  if (parts.empty()) {
+    double one = 2.0 * double(op.m) * double(op.n) * double(op.k);
+    double count = one > 0 ? std::max(1.0, std::round(op.flops / one)) : 1;
+    return gemm_.shape_efficiency(double(op.m), double(op.n), double(op.k), count);
+  }
+  // Flop-weighted over the op's GEMMs, as for the wave efficiency.
+  double flops = 0, weighted = 0;
+  for (const AttentionGemm& g : parts) {
+    double f = 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.count);
+    flops += f;
+    weighted += f / gemm_.shape_efficiency(double(g.m), double(g.n), double(g.k), double(g.count));
+  }
+  return weighted > 0 ? flops / weighted : 1;
+}
+
 double ComputeCostModel::op_time_s(const Op& op) const {
   STEPCAST_CHECK(is_compute(op.kind), "op_time_s of a non-compute op");
   double memory_time = op.bytes / bandwidth_;
@@ -362,9 +420,14 @@ double ComputeCostModel::op_time_s(const Op& op) const {
     if (!gemm_tables_.empty()) return measured_matrix_time_s(op);
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);
     if (profile_.gemm_tiling) compute_time /= datasheet_wave_efficiency(op);
+    compute_time /= shape_efficiency(op);
     return std::max(compute_time, memory_time) + gemm_.overhead_s;
   }
   if (op.kind == OpKind::attention && op.name == "flash") {
+    if (!attention_table_.empty()) {
+      const char* pass = op.phase == Phase::backward ? "backward" : "forward";
+      return op.flops / 2 / attention_table_.flops_per_s(pass, op.m, op.k);
+    }
     double fraction = op.phase == Phase::backward ? profile_.flash_backward_peak_fraction
                                                   : profile_.flash_forward_peak_fraction;
     return op.flops / (matrix_peak_ * fraction) + profile_.kernel_overhead_s;

@@ -2,11 +2,15 @@
 // bandwidth, scaled by the profile's achievable fractions, plus the profile's fixed cost per
 // kernel. Pure functions: the simulator charges these times, SimGrid only orders them.
 //   gemm, attention score/value:  max(F / (peak·gemm_fraction), B / (bw·memory_fraction)) + gemm overhead
-//   attention flash:              F / (peak·flash_fraction) + kernel overhead
+//   attention flash:              F / (peak·flash_fraction) + kernel overhead, or with measured
+//                                 attention points (AttentionRateTable) F/2 / rate: the models are
+//                                 causal, the kernel skips the masked half and the published
+//                                 rates count that half alone
 //   everything else:              max(F / vector_peak, B / (bw·memory_fraction)) + kernel overhead
 // where vector_peak is the device's fp32 peak (elementwise work runs on the vector units). A
 // datasheet profile with `gemm_tiling` divides the GEMM term by gemm_wave_efficiency (the tile
-// slots of the op's waves that hold output), since its fraction comes from whole-wave shapes.
+// slots of the op's waves that hold output), since its fraction comes from whole-wave shapes; one
+// with a GEMM shape model (GemmEfficiency::output_half, k_half) by its shape_efficiency.
 //
 // A measured profile (profile.hpp's MeasuredTables, of the plan's dtype) replaces these where it
 // has points:
@@ -80,12 +84,28 @@ class BandwidthTable {
 // slower than a larger message's takes that message's time (time never falls with bytes).
 class CollectiveTable {
  public:
+  CollectiveTable() = default;
   explicit CollectiveTable(const std::vector<CollectivePoint>& points);
   double time_s(double bytes) const;
   bool empty() const { return log_bytes_.empty(); }
 
  private:
   std::vector<double> log_bytes_, log_time_;
+};
+
+// Fused attention throughput from measured points (profile.hpp's AttentionPoint): for a pass,
+// the points of the nearest head dimension (in log), causal ones first, log(rate) piecewise
+// linear in log(seq) and clamped to the measured sequences. A pass without points uses the
+// forward_backward points (the two passes at one rate: their sum is what was measured).
+class AttentionRateTable {
+ public:
+  explicit AttentionRateTable(const std::vector<AttentionPoint>& points) : points_(points) {}
+  bool empty() const { return points_.empty(); }
+  // FlashAttention-convention flop/s (causal halved) of `pass` at (seq, head_dim).
+  double flops_per_s(const std::string& pass, int64_t seq, int64_t head_dim) const;
+
+ private:
+  std::vector<AttentionPoint> points_;
 };
 
 // One GEMM an attention op is made of: `variant`'s table at (m, n, k), `count` times.
@@ -150,6 +170,8 @@ class ComputeCostModel {
   double measured_matrix_time_s(const Op& op) const;
   // gemm_wave_efficiency of a matrix op under the profile's gemm_tiling (attention: its GEMMs).
   double datasheet_wave_efficiency(const Op& op) const;
+  // The profile's GEMM shape model for a matrix op (attention: its GEMMs), in (0, 1].
+  double shape_efficiency(const Op& op) const;
   double gemm_time_s(const std::string& variant, int64_t m, int64_t n, int64_t k) const;
   std::string norm_type_;
   double matrix_peak_, vector_peak_, bandwidth_;
@@ -158,6 +180,7 @@ class ComputeCostModel {
   Dtype dtype_;
   std::map<std::string, GemmRateTable> gemm_tables_;     // by variant; empty: no measured GEMMs
   std::map<std::string, BandwidthTable> memory_tables_;  // by family
+  AttentionRateTable attention_table_{{}};
   // by (kind, algorithm, group size) of the profile's collective points
   std::map<std::tuple<std::string, std::string, int64_t>, CollectiveTable> collective_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.

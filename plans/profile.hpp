@@ -1,11 +1,17 @@
-// A device profile: how close one backend on one device comes to the topology's peak rates —
-// GEMM fraction of peak and fixed cost per kernel, fused attention's fraction of peak, memory-bound
-// kernels' fraction of bandwidth, and the bus-bandwidth fraction collectives reach on each link.
-// Shipped datasheet profiles (profiles/*.json) are built from component figures only; `stepcast
-// profile` (exec/profiler.hpp) writes measured ones in the same format plus optional measured
-// tables (GEMM time by shape, memory-bound kernel time by bytes, collective and point-to-point
-// time by message size), the machine and the library versions; cost_model.hpp interpolates them.
-// Times in seconds, sizes in bytes, rates in flop/s and bytes/s.
+// A device profile: how close one backend on one device comes to the topology's peak rates.
+// Two layers:
+//  - the model figures the cost model (cost_model.hpp) always has: GEMM fraction of peak (with
+//    an optional shape model), fused attention's fraction, memory-bound kernels' fraction of
+//    bandwidth and fixed cost per kernel, and the bus-bandwidth fraction collectives reach on
+//    each link; and run-to-run variability (scale effects);
+//  - measured tables (GEMM time by shape, memory-bound kernel time by bytes, fused attention
+//    throughput by sequence and head dimension, collective and point-to-point time by message
+//    size and span), which replace the model where they have points. `stepcast profile`
+//    (exec/profiler.hpp) writes them from this machine; shipped GPU profiles hold published
+//    component measurements, each point naming its entry in `sources`, never an end-to-end
+//    training result.
+// Times in seconds, sizes in bytes, rates in flop/s and bytes/s. Loading is strict: unknown keys,
+// unsorted or duplicate points and non-positive times are refused with the file and key.
 #pragma once
 
 #include <map>
@@ -21,6 +27,15 @@ namespace stepcast {
 struct GemmEfficiency {
   double peak_fraction = 1;  // of the device's dense peak for the dtype, for large GEMMs
   double overhead_s = 0;     // fixed time per GEMM (launch, ramp-up and tail)
+  // Shape model (0: none): the rate falls as O/(O + output_half) with the GEMM's output elements
+  // O = m·n·count (too few tiles to fill the device) and as k/(k + k_half) with its depth (a
+  // short main loop next to the tile's prologue and epilogue); fitted to the profile's published
+  // GEMM points (measured.gemm_use "fit").
+  double output_half = 0;
+  double k_half = 0;
+  // The efficiency of (m, n, k) for `count` GEMMs of that shape, in (0, 1]: the factor on
+  // peak_fraction.
+  double shape_efficiency(double m, double n, double k, double count = 1) const;
 };
 
 // A GPU's GEMMs run as output tiles of tile_m × tile_n (either orientation), one tile per SM at a
@@ -40,7 +55,9 @@ struct GemmPoint {
   std::string variant;  // "forward", "dgrad", "wgrad"
   int64_t m = 0, n = 0, k = 0;
   double time_s = 0;
-  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+  std::string source;   // key of DeviceProfile::sources; empty: measured by `stepcast profile`
+  int64_t count = 1;    // GEMMs of this shape in one call (a batched GEMM)
+  double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
 
 // A memory-bound kernel family (memory_family() in cost_model.hpp names them) at one size;
@@ -49,34 +66,67 @@ struct MemoryPoint {
   std::string family;
   double bytes = 0;
   double time_s = 0;
+  std::string source;
 };
 
 // nccl-tests' columns: `bytes` is the per-rank buffer, algbw = bytes / time,
 // busbw = algbw · bus_bandwidth_factor(kind, group_size).
 struct CollectivePoint {
-  std::string kind;       // all_reduce, reduce_scatter, all_gather
-  std::string algorithm;  // ring, tree (the program's algorithms over MPI point-to-point), mpi
+  std::string kind;       // all_reduce, reduce_scatter, all_gather, all_to_all
+  // ring, tree (the program's algorithms over MPI point-to-point), mpi, nccl (whatever NCCL
+  // chose: ring, tree, NVLS)
+  std::string algorithm;
   int64_t group_size = 0;
   double bytes = 0;
   double time_s = 0;
   double algbw_bytes_per_s = 0;
   double busbw_bytes_per_s = 0;
+  std::string source;
+  int64_t nodes = 1;      // nodes the group spans (group_size / nodes members on each)
 };
 
 // One-way time of a message between two ranks of a node: half a ping-pong round trip.
 struct P2pPoint {
   double bytes = 0;
   double time_s = 0;
+  std::string source;
+};
+
+// Fused (flash) attention throughput at one shape, in FlashAttention's convention: flops
+// 4·b·heads·s²·d forward, 2.5× that backward, halved when causal; forward_backward is the two
+// together (3.5× forward).
+struct AttentionPoint {
+  std::string pass;  // "forward", "backward", "forward_backward"
+  int64_t seq = 0, head_dim = 0;
+  bool causal = true;
+  double flops_per_s = 0;
+  std::string source;
+};
+
+// Run-to-run variation: each device's compute runs at a speed factor drawn once per device
+// (silicon, cooling, power: its spread over devices), and each compute op's duration varies
+// around its cost (its spread over repetitions). Coefficients of variation (standard deviation /
+// mean) of normal distributions; zero: none.
+struct Variability {
+  double device_speed_cv = 0;
+  double op_time_cv = 0;
 };
 
 struct MeasuredTables {
-  Dtype dtype = Dtype::fp32;  // of every GEMM and memory-bound point
+  // Of every GEMM and memory-bound point; bf16 and fp16 tables serve both (same width, same
+  // tensor-core rate on the GPUs profiled).
+  Dtype dtype = Dtype::fp32;
+  // "table": the GEMM points are interpolated (GemmRateTable; they form a grid); "fit": they are
+  // published evidence the GEMM shape model (gemm.<dtype>) was fitted to, checked against it by
+  // `validate --sweep published`, not interpolated.
+  std::string gemm_use = "table";
   Json method = Json::object();  // how it was measured (repetitions, sample time, ranks): for people
   Json fits = Json::object();    // the α-β fits behind `links` (fit_link below): for people
   std::vector<GemmPoint> gemm;
   std::vector<MemoryPoint> memory;
   std::vector<CollectivePoint> collectives;
   std::vector<P2pPoint> p2p;
+  std::vector<AttentionPoint> attention;
 };
 
 // Where a profile was measured. Fields that define the machine type: cpu_model, cores.
@@ -115,6 +165,11 @@ struct DeviceProfile {
   std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
   std::optional<MeasuredTables> measured;
   std::optional<GemmTiling> gemm_tiling;  // datasheet GPU profiles: GEMM wave quantization
+  Variability variability;
+  std::string variability_notes;
+  // Where the published figures come from: key → citation (repository, path and commit; paper and
+  // table; issue and author). Every point's `source` names a key here.
+  std::map<std::string, std::string> sources;
 
   GemmEfficiency gemm_for(Dtype dtype) const;
 };

@@ -28,7 +28,10 @@ struct Breakdown {
   double exposed_comm_s = 0;  // collectives on the compute stream, waiting on a collective
   double bubble_s = 0;        // waiting on a pipeline receive (or for the step to reach the rank)
   double optimizer_s = 0;     // optimizer_step ops
-  double total() const { return compute_s + exposed_comm_s + bubble_s + optimizer_s; }
+  // The simulator's run-to-run variation on this rank's compute (above its nominal cost), taken
+  // out of compute_s; the executor's measurements have none (it is in their compute).
+  double variability_s = 0;
+  double total() const { return compute_s + exposed_comm_s + bubble_s + optimizer_s + variability_s; }
 };
 
 // Attributes [step_start_s, step_end_s] of one rank: its compute-stream ops by kind; the time its

@@ -13,10 +13,12 @@
 #include <unordered_map>
 
 #include "collective.hpp"
+#include "collective_cost.hpp"
 #include "collective_steps.hpp"
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "platform.hpp"
+#include "variability.hpp"
 
 namespace sg4 = simgrid::s4u;
 
@@ -50,9 +52,21 @@ struct Plan {
   std::vector<std::vector<char>> sync_only;
   // per role, per op: a staged send's copy before it is posted (in_order with staged sends)
   std::vector<std::vector<double>> staging_s;
+  // per role, per op: scale on the bytes a simulated collective's flows carry (the measured
+  // correction where it is below 1)
+  std::vector<std::vector<double>> flow_scale;
+  // per role, per op: a collective of the folded tensor-parallel group (ends a compute segment)
+  std::vector<std::vector<char>> tp_sync;
   bool phase_flows = false;
   bool merge_compute = false;
   bool in_order = false;  // the profile's execution.in_order: one queue, one op at a time
+  // Variability: null when off. Per slot: the device factor and the rank its draws are keyed by
+  // (the tp group's first member where tp is folded, so the group's members draw alike), and
+  // the members a segment's deviation is the slowest of.
+  const VariabilityDraws* draws = nullptr;
+  std::vector<double> slot_factor;
+  std::vector<int64_t> slot_draw_rank;
+  int64_t segment_members = 1;
 };
 
 struct RankState {
@@ -175,6 +189,7 @@ class RankActor {
   struct Running {
     int32_t op = -1;
     std::vector<int32_t> run;      // merged compute ops (first = op)
+    std::vector<double> durations;  // of each op of `run`, with variability
     std::vector<CollectiveStep> steps;
     size_t step = 0;
     int outstanding = 0;
@@ -277,9 +292,7 @@ class RankActor {
   void start_compute(size_t stream) {
     Running& run = running_[stream];
     auto& queue = queue_[stream];
-    const auto& cost = plan().op_cost_s[role_index_];
     run.run.push_back(run.op);
-    double duration = cost[run.op];
     if (plan().merge_compute) {
       // Extend the run while the next op of this stream is compute-like and its inputs are
       // ready now or produced inside the run.
@@ -297,9 +310,9 @@ class RankActor {
         if (plan().feeds_other_stream[role_index_][run.run.back()]) break;
         run.run.push_back(next.id);
         in_run.insert(next.id);
-        if (next.kind != OpKind::alloc && next.kind != OpKind::free) duration += cost[next.id];
       }
     }
+    double duration = run_durations(run);
     if (duration <= 0) {
       complete_run(stream);
       return;
@@ -307,15 +320,51 @@ class RankActor {
     add(delay_on(stream, duration), stream);
   }
 
-  // Finishes every op of the current run, splitting its time in proportion to their cost.
+  // The duration of each op of a run: its cost, and with variability its device factor, and
+  // each segment's deviation added to the segment's last compute op. A segment ends at a folded
+  // tensor-parallel collective and at the end of the run.
+  double run_durations(Running& run) {
+    const auto& cost = plan().op_cost_s[role_index_];
+    run.durations.assign(run.run.size(), 0);
+    const VariabilityDraws* draws = plan().draws;
+    double total = 0, squares = 0;
+    int64_t last_compute = -1;
+    auto close_segment = [&] {
+      if (!draws || last_compute < 0 || squares <= 0) return;
+      double deviation = draws->segment_deviation_s(plan().slot_draw_rank[slot_], segment_++,
+                                                    squares, plan().segment_members);
+      double& d = run.durations[size_t(last_compute)];
+      deviation = std::max(deviation, -d);  // an op never takes less than no time
+      d += deviation;
+      total += deviation;
+      squares = 0;
+      last_compute = -1;
+    };
+    for (size_t i = 0; i < run.run.size(); ++i) {
+      const Op& op = role_->ops[run.run[i]];
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+      double d = cost[op.id];
+      if (draws && is_compute(op.kind)) {
+        d *= plan().slot_factor[slot_];
+        squares += d * d;
+        last_compute = int64_t(i);
+      } else if (draws && plan().tp_sync[role_index_][op.id]) {
+        close_segment();
+      }
+      run.durations[i] = d;
+      total += d;
+    }
+    close_segment();
+    return total;
+  }
+
+  // Finishes every op of the current run, each taking its duration.
   void complete_run(size_t stream) {
     Running& run = running_[stream];
-    const auto& cost = plan().op_cost_s[role_index_];
     double t = run.run_start;
-    for (int32_t id : run.run) {
-      const Op& op = role_->ops[id];
-      double d = (op.kind == OpKind::alloc || op.kind == OpKind::free) ? 0 : cost[id];
-      finish(id, t, t + d);
+    for (size_t i = 0; i < run.run.size(); ++i) {
+      double d = i < run.durations.size() ? run.durations[i] : 0;
+      finish(run.run[i], t, t + d);
       t += d;
     }
     head_[stream] += run.run.size();
@@ -338,8 +387,8 @@ class RankActor {
     auto [it, inserted] = s_.collective_issue.emplace(key, now());
     if (!inserted) it->second = std::max(it->second, now());
     s_.state[slot_].collective_key[op.id] = key;
-    run.steps = collective_steps(op.kind, op.algorithm, op.bytes, group->layout, member,
-                                 plan().phase_flows);
+    run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
+                                 group->layout, member, plan().phase_flows);
     run.step = 0;
     run.run = {op.id};
     if (!start_step(stream)) after_steps(stream);
@@ -474,6 +523,7 @@ class RankActor {
   std::unordered_map<int32_t, double> posted_at_;
   std::deque<int*> slots_;
   std::map<std::pair<int, size_t>, int64_t> sequence_;
+  int64_t segment_ = 0;  // segments drawn so far (the draw index)
 };
 
 }  // namespace
@@ -582,11 +632,23 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
                             ? program.model.value("norm_type", std::string("rmsnorm"))
                             : std::string("rmsnorm"));
   LinkFigures links = link_figures(topology);
+  // Measured collective tables correct the α-β model where the streams run concurrently (GPU
+  // profiles); an in-order profile's measured collectives take their measured time (below).
+  const CollectiveCostModel collective_cost(plan.in_order ? DeviceProfile{} : profile, links);
+  SimulationOutput out;
+  auto note_correction = [&](double r) {
+    if (r == 1) return;
+    if (out.corrected_collectives++ == 0) out.correction_min = out.correction_max = r;
+    out.correction_min = std::min(out.correction_min, r);
+    out.correction_max = std::max(out.correction_max, r);
+  };
   plan.op_cost_s.resize(program.roles.size());
   plan.analytic.resize(program.roles.size());
   plan.sync_only.resize(program.roles.size());
   plan.staging_s.resize(program.roles.size());
   plan.feeds_other_stream.resize(program.roles.size());
+  plan.flow_scale.resize(program.roles.size());
+  plan.tp_sync.resize(program.roles.size());
   for (const Role& role : program.roles) {
     auto& feeds = plan.feeds_other_stream[role.index];
     feeds.assign(role.ops.size(), 0);
@@ -614,6 +676,8 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
     analytic.assign(role.ops.size(), 0);
     sync_only.assign(role.ops.size(), 0);
     staging.assign(role.ops.size(), 0);
+    plan.flow_scale[role.index].assign(role.ops.size(), 1.0);
+    plan.tp_sync[role.index].assign(role.ops.size(), 0);
     int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
     for (const Op& op : role.ops) {
       std::optional<double> measured;
@@ -624,8 +688,11 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
         staging[op.id] = cost.staging_copy_time_s(op.bytes);
       } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {
         analytic[op.id] = 1;
+        plan.tp_sync[role.index][op.id] = 1;
+        double r = measured ? 1 : collective_cost.correction(op.kind, op.bytes, tp_shape);
+        note_correction(r);
         costs[op.id] = measured ? *measured
-                                : collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
+                                : r * collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
       } else if (measured) {
         // Flows of no bytes make the members wait for each other; the measured time, less
         // the latency those flows take, follows.
@@ -647,6 +714,38 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
         double t_folded = collective_time_s(op.kind, op.algorithm, op.bytes, folded, links);
         costs[op.id] = std::max(0.0, t_whole - t_folded);
       }
+      // The measured correction of a collective simulated with flows, for its whole group.
+      if (is_collective(op.kind) && !analytic[op.id] && !sync_only[op.id] && collective_cost.has_tables()) {
+        GroupShape whole = group_shape(grid, op.group, first, per_node);
+        double r = collective_cost.correction(op.kind, op.bytes, whole);
+        note_correction(r);
+        if (r < 1) {
+          plan.flow_scale[role.index][op.id] = r;
+        } else {
+          costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
+        }
+      }
+    }
+  }
+
+  // Variability: draws keyed by the tp group's first rank where tp is folded (its members are
+  // one), which is also the slowest of their device factors.
+  VariabilityDraws draws(profile.variability, options.seed);
+  if (options.variability && draws.enabled()) {
+    out.variability = true;
+    plan.draws = &draws;
+    plan.segment_members = fold_tp ? program.tp_size : 1;
+    for (int64_t rank : plan.ranks) {
+      double factor = draws.device_factor(rank);
+      int64_t key = rank;
+      if (fold_tp) {
+        std::vector<int64_t> members = grid.group(GroupKind::tp, rank);
+        key = *std::min_element(members.begin(), members.end());
+        factor = 0;
+        for (int64_t m : members) factor = std::max(factor, draws.device_factor(m));
+      }
+      plan.slot_factor.push_back(factor);
+      plan.slot_draw_rank.push_back(key);
     }
   }
 
@@ -710,22 +809,28 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
     }
   }
 
-  SimulationOutput out;
   out.simulated_ranks = plan.ranks;
   out.activities = shared->activities;
   double step_end = 0;
   for (const RankState& st : shared->state) step_end = std::max(step_end, st.last_end);
   out.step_time_s = step_end;
-  double critical_end = -1;
+  // The critical rank: the one that ends the step; among ranks that end together, a detail
+  // rank (the first of its stage), else the lowest. Its records are kept whatever the detail set.
+  size_t critical_slot = 0;
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    double end = shared->state[slot].last_end, best = shared->state[critical_slot].last_end;
+    bool tie = std::abs(end - best) <= 1e-12 * std::max(1.0, best);
+    if ((!tie && end > best) || (tie && plan.detail[slot] && !plan.detail[critical_slot])) {
+      critical_slot = slot;
+    }
+  }
+  plan.detail[critical_slot] = 1;
+  out.critical_rank = plan.ranks[critical_slot];
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     if (!plan.detail[slot]) continue;
     int64_t rank = plan.ranks[slot];
     out.detail_ranks.push_back(rank);
     const RankState& st = shared->state[slot];
-    if (st.last_end > critical_end) {
-      critical_end = st.last_end;
-      out.critical_rank = rank;
-    }
     const Role& role = program.role_of_rank(rank);
     for (const Op& op : role.ops) {
       OpRecord rec{rank, op.id, st.start[op.id], st.end[op.id], st.start[op.id]};
@@ -749,6 +854,17 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
     if (r.rank == out.critical_rank) critical[r.id] = r;
   }
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
+  if (plan.draws) {
+    // The critical rank's compute above its nominal cost: its own share of the variation.
+    const auto& nominal = plan.op_cost_s[critical_role.index];
+    double above = 0;
+    for (const Op& op : critical_role.ops) {
+      if (!is_compute(op.kind) || op.kind == OpKind::optimizer_step) continue;
+      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id];
+    }
+    out.breakdown.variability_s = above;
+    out.breakdown.compute_s -= above;
+  }
   std::ostringstream mode;
   if (full) {
     mode << "full: every rank and ring step simulated";

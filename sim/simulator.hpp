@@ -22,6 +22,15 @@
 // collectives: approximate, and on the fast side (README: how far, measured). It lets the
 // planner re-simulate tp 4 on 8-device nodes in seconds instead of minutes.
 //
+// Costs. Compute ops: cost_model.hpp. Collectives: flows on the platform carrying the α-β model's
+// bytes; where the profile has measured collective tables (collective_cost.hpp) the measured
+// correction r at the op's size applies: r > 1 adds (r − 1) · the modelled time after the flows
+// (protocol and launch time that occupies no link), r < 1 scales the flows' bytes by r (NVLink
+// SHARP, trees); analytic collectives cost r · the model. Variability (variability.hpp):
+// compute ops take their device's speed factor, and each segment of compute between two
+// synchronisations of a folded group its drawn deviation; the breakdown reports the critical
+// rank's share as `variability`.
+//
 // Execution. A profile whose execution is in_order (the CPU backend's: profile.hpp) runs each
 // rank's ops on one queue in list order, one at a time, as the backend's single thread does: a
 // collective or a receive blocks it; a send costs its staging copy (staged_sends) and is posted,
@@ -58,6 +67,10 @@ struct SimulateOptions {
   // A profile of another device than the topology's is refused unless this is set
   // (--allow-profile-mismatch).
   bool allow_profile_mismatch = false;
+  // The profile's run-to-run variability (variability.hpp): drawn from `seed`; off gives the
+  // nominal step.
+  bool variability = true;
+  uint64_t seed = 1;
 };
 
 // Limits of full mode (the reference scale).
@@ -73,6 +86,10 @@ struct SimulationOutput {
   std::vector<int64_t> detail_ranks;
   int64_t activities = 0;              // SimGrid activities started
   std::string mode_description;
+  bool variability = false;            // drawn (the profile has some and it was not turned off)
+  // Collectives whose time the profile's measured tables corrected, and the range of the factor.
+  int64_t corrected_collectives = 0;
+  double correction_min = 1, correction_max = 1;
 };
 
 // Throws InputError for a full-mode request above its limits (suggesting fast mode).

@@ -43,7 +43,7 @@ std::vector<GemmPoint> synthetic_grid(const std::string& variant,
   std::vector<GemmPoint> points;
   for (int64_t m : kAxis) {
     for (int64_t n : kAxis) {
-      for (int64_t k : kAxis) points.push_back({variant, m, n, k, time_s(double(m), double(n), double(k))});
+      for (int64_t k : kAxis) points.push_back({variant, m, n, k, time_s(double(m), double(n), double(k)), "", 1});
     }
   }
   return points;
@@ -75,11 +75,11 @@ DeviceProfile synthetic_profile() {
   t.method = {{"ranks", 2}};
   t.gemm = synthetic_grid("forward", synthetic_gemm_time_s);
   for (double bytes : {16384.0, 65536.0, 262144.0, 1048576.0}) {
-    t.memory.push_back({"norm_forward", bytes, 1e-6 + bytes / 10e9});
+    t.memory.push_back({"norm_forward", bytes, 1e-6 + bytes / 10e9, ""});
   }
-  t.collectives.push_back({"all_reduce", "ring", 2, 1048576, 4e-4, 2.6e9, 2.6e9});
-  t.p2p.push_back({8, 1e-6});
-  t.p2p.push_back({1048576, 3e-4});
+  t.collectives.push_back({"all_reduce", "ring", 2, 1048576, 4e-4, 2.62144e9, 2.62144e9, "", 1});
+  t.p2p.push_back({8, 1e-6, ""});
+  t.p2p.push_back({1048576, 3e-4, ""});
   p.measured = t;
   return p;
 }
@@ -157,7 +157,7 @@ TEST_CASE("profile: leave-one-out predicts each point of a smooth profile within
   // predicted by the clamped bandwidth of their one neighbour (an extrapolation, not checked).
   std::vector<MemoryPoint> memory;
   for (double bytes = 16384; bytes <= 64 << 20; bytes *= 4) {
-    memory.push_back({"adamw", bytes, 0.2e-6 + bytes / 8e9});
+    memory.push_back({"adamw", bytes, 0.2e-6 + bytes / 8e9, ""});
   }
   std::vector<LeaveOneOut> memory_loo = memory_leave_one_out(memory);
   REQUIRE(memory_loo.size() == memory.size());
@@ -168,7 +168,7 @@ TEST_CASE("profile: leave-one-out predicts each point of a smooth profile within
 }
 
 TEST_CASE("profile: memory-bound bandwidth is log-log between sizes and clamped outside", "[profile]") {
-  BandwidthTable table({{"swiglu_forward", 1000, 1e-6}, {"swiglu_forward", 100000, 2e-5}});
+  BandwidthTable table({{"swiglu_forward", 1000, 1e-6, ""}, {"swiglu_forward", 100000, 2e-5, ""}});
   CHECK(table.time_s(1000) == Approx(1e-6).epsilon(1e-12));
   CHECK(table.time_s(100000) == Approx(2e-5).epsilon(1e-12));
   // Midway in log(bytes): bandwidth is the geometric mean of 1e9 and 5e9.
@@ -244,7 +244,7 @@ TEST_CASE("profile: GEMM wave quantization on an A100 (108 SMs, 256x128 tiles)",
 
 TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") {
   std::vector<P2pPoint> p2p;
-  for (double bytes = 8; bytes <= 32 << 20; bytes *= 4) p2p.push_back({bytes, 1.5e-6 + bytes / 4e9});
+  for (double bytes = 8; bytes <= 32 << 20; bytes *= 4) p2p.push_back({bytes, 1.5e-6 + bytes / 4e9, ""});
   std::optional<LinkFit> fit = fit_link(p2p_link_samples(p2p));
   REQUIRE(fit);
   CHECK(fit->latency_s == Approx(1.5e-6).epsilon(1e-9));
@@ -253,9 +253,9 @@ TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") 
   // Ring collectives of 4: all_reduce 2(n−1) steps of S/n, reduce_scatter n−1.
   std::vector<CollectivePoint> ring;
   for (double bytes = 4096; bytes <= 64 << 20; bytes *= 4) {
-    ring.push_back({"all_reduce", "ring", 4, bytes, 6 * (1e-6 + bytes / 4 / 2e9), 0, 0});
-    ring.push_back({"reduce_scatter", "ring", 4, bytes, 3 * (1e-6 + bytes / 4 / 2e9), 0, 0});
-    ring.push_back({"all_reduce", "mpi", 4, bytes, 1.0, 0, 0});  // not a modelled algorithm
+    ring.push_back({"all_reduce", "ring", 4, bytes, 6 * (1e-6 + bytes / 4 / 2e9), 0, 0, "", 1});
+    ring.push_back({"reduce_scatter", "ring", 4, bytes, 3 * (1e-6 + bytes / 4 / 2e9), 0, 0, "", 1});
+    ring.push_back({"all_reduce", "mpi", 4, bytes, 1.0, 0, 0, "", 1});  // not a modelled algorithm
   }
   fit = fit_link(collective_link_samples(ring, 4));
   REQUIRE(fit);
@@ -414,15 +414,15 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
 
 TEST_CASE("profile: collective tables interpolate time log-log, latency below, bandwidth above",
           "[profile]") {
-  std::vector<CollectivePoint> points = {{"all_reduce", "ring", 2, 1024, 10e-6, 0, 0},
-                                         {"all_reduce", "ring", 2, 1048576, 400e-6, 0, 0}};
+  std::vector<CollectivePoint> points = {{"all_reduce", "ring", 2, 1024, 10e-6, 0, 0, "", 1},
+                                         {"all_reduce", "ring", 2, 1048576, 400e-6, 0, 0, "", 1}};
   CollectiveTable table(points);
   CHECK(table.time_s(1024) == Approx(10e-6).epsilon(1e-12));
   CHECK(table.time_s(32768) == Approx(std::sqrt(10e-6 * 400e-6)).epsilon(1e-9));  // halfway in log
   CHECK(table.time_s(4) == Approx(10e-6).epsilon(1e-12));                 // latency-bound
   CHECK(table.time_s(4.0 * 1048576) == Approx(4 * 400e-6).epsilon(1e-9));  // the largest's bandwidth
   // A point slower than a larger message's (load while it was measured) takes the larger's time.
-  points.push_back({"all_reduce", "ring", 2, 32768, 900e-6, 0, 0});
+  points.push_back({"all_reduce", "ring", 2, 32768, 900e-6, 0, 0, "", 1});
   CollectiveTable bumpy(points);
   CHECK(bumpy.time_s(32768) == Approx(400e-6).epsilon(1e-9));
   CHECK(bumpy.time_s(1024) == Approx(10e-6).epsilon(1e-12));
@@ -483,7 +483,7 @@ TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads",
   // Lowering counts its 4-byte result; the kernel reads the shard's 1e6 fp32 gradients.
   DeviceProfile profile = synthetic_profile();
   for (double bytes : {65536.0, 1048576.0, 16777216.0}) {
-    profile.measured->memory.push_back({"grad_norm", bytes, bytes / 20e9});
+    profile.measured->memory.push_back({"grad_norm", bytes, bytes / 20e9, ""});
   }
   Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
   ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
@@ -531,7 +531,7 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   // A LayerNorm model takes the layernorm table where the profile has one.
   DeviceProfile profile = synthetic_profile();
   for (double bytes : {16384.0, 1048576.0}) {
-    profile.measured->memory.push_back({"layernorm_forward", bytes, bytes / 2e9});
+    profile.measured->memory.push_back({"layernorm_forward", bytes, bytes / 2e9, ""});
   }
   Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
   ComputeCostModel layer(topology.node.device, Dtype::fp32, profile, topology.file, "layernorm");

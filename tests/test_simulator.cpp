@@ -309,8 +309,8 @@ struct MeasuredCollectiveCase {
     profile = in_order_profile(topology);
     MeasuredTables tables;
     tables.dtype = Dtype::fp32;
-    tables.collectives.push_back({"all_reduce", "ring", 2, 1e3, 10e-6, 0, 0});
-    tables.collectives.push_back({"all_reduce", "ring", 2, 1e6, 1e-3, 0, 0});
+    tables.collectives.push_back({"all_reduce", "ring", 2, 1e3, 10e-6, 0, 0, "", 1});
+    tables.collectives.push_back({"all_reduce", "ring", 2, 1e6, 1e-3, 0, 0, "", 1});
     profile.measured = tables;
     push_op(program.roles[0], compute_op(1e-3));
     push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, 1e5, Stream::comm));

@@ -1,0 +1,98 @@
+// The measured correction of collective times; see collective_cost.hpp.
+#include "collective_cost.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+namespace {
+
+std::optional<OpKind> kind_of(const std::string& name) {
+  if (name == "all_reduce") return OpKind::all_reduce;
+  if (name == "reduce_scatter") return OpKind::reduce_scatter;
+  if (name == "all_gather") return OpKind::all_gather;
+  if (name == "all_to_all") return OpKind::all_to_all;
+  return std::nullopt;
+}
+
+// How far two group shapes are apart: inside a node against across nodes first, then nodes and
+// members per node in log.
+double span_distance(const GroupShape& a, const GroupShape& b) {
+  double cross = (a.nodes > 1) != (b.nodes > 1) ? 100.0 : 0.0;
+  return cross + std::abs(std::log2(double(a.nodes) / double(b.nodes))) +
+         std::abs(std::log2(double(a.members_per_node) / double(b.members_per_node)));
+}
+
+}  // namespace
+
+CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const LinkFigures& links)
+    : links_(links) {
+  if (!profile.measured) return;
+  std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<CollectivePoint>> grouped;
+  for (const CollectivePoint& c : profile.measured->collectives) {
+    if (c.algorithm != "nccl" || !kind_of(c.kind)) continue;
+    grouped[{c.kind, c.group_size, c.nodes}].push_back(c);
+  }
+  for (const auto& [key, points] : grouped) {
+    MeasuredCollective m;
+    m.kind = *kind_of(std::get<0>(key));
+    m.shape.size = std::get<1>(key);
+    m.shape.nodes = std::get<2>(key);
+    m.shape.members_per_node = m.shape.size / m.shape.nodes;
+    m.table = CollectiveTable(points);
+    m.min_bytes = points.front().bytes;
+    m.max_bytes = points.front().bytes;
+    for (const CollectivePoint& p : points) {
+      m.min_bytes = std::min(m.min_bytes, p.bytes);
+      m.max_bytes = std::max(m.max_bytes, p.bytes);
+    }
+    m.source = points.front().source;
+    tables_.push_back(std::move(m));
+  }
+}
+
+const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const GroupShape& shape) const {
+  auto best_of = [&](OpKind wanted) -> const MeasuredCollective* {
+    const MeasuredCollective* best = nullptr;
+    double best_distance = std::numeric_limits<double>::infinity();
+    for (const MeasuredCollective& m : tables_) {
+      if (m.kind != wanted) continue;
+      double d = span_distance(m.shape, shape);
+      if (d < best_distance) {
+        best_distance = d;
+        best = &m;
+      }
+    }
+    return best;
+  };
+  const MeasuredCollective* found = best_of(kind);
+  // reduce_scatter and all_gather are the two halves of a ring all_reduce: its correction at the
+  // same per-rank size stands in where they were not measured.
+  if (!found && (kind == OpKind::reduce_scatter || kind == OpKind::all_gather)) {
+    found = best_of(OpKind::all_reduce);
+  }
+  return found;
+}
+
+double CollectiveCostModel::correction(OpKind kind, double bytes, const GroupShape& shape) const {
+  if (shape.size <= 1) return 1;
+  const MeasuredCollective* m = table_for(kind, shape);
+  if (!m) return 1;
+  double s = std::clamp(bytes, m->min_bytes, m->max_bytes);
+  OpKind modelled = m->kind;
+  Algorithm algorithm = choose_algorithm(modelled, s, m->shape, links_);
+  double model = collective_time_s(modelled, algorithm, s, m->shape, links_);
+  STEPCAST_CHECK(model > 0, "a measured collective table on a group of one");
+  return m->table.time_s(s) / model;
+}
+
+double CollectiveCostModel::time_s(OpKind kind, Algorithm algorithm, double bytes,
+                                   const GroupShape& shape) const {
+  return correction(kind, bytes, shape) * collective_time_s(kind, algorithm, bytes, shape, links_);
+}
+
+}  // namespace stepcast

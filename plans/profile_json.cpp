@@ -1,0 +1,427 @@
+// Device profiles as files: strict loading (every key checked, points sorted and unique, sources
+// named) and writing back (profile_to_json(parse_profile(j)) keeps what j says).
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "collective.hpp"
+#include "errors.hpp"
+#include "profile.hpp"
+
+namespace stepcast {
+
+namespace {
+
+const std::vector<std::string> kGemmVariants = {"forward", "dgrad", "wgrad"};
+const std::vector<std::string> kCollectiveKinds = {"all_reduce", "reduce_scatter", "all_gather",
+                                                   "all_to_all"};
+const std::vector<std::string> kCollectiveAlgorithms = {"ring", "tree", "mpi", "nccl"};
+const std::vector<std::string> kAttentionPasses = {"forward", "backward", "forward_backward"};
+const std::vector<std::string> kTableDtypes = {"fp64", "fp32", "tf32", "bf16", "fp16", "fp8"};
+
+// The array at `key` of `parent`, each element handed to `read_one` with an ObjectReader
+// prefixed "KEY[i].".
+template <class F>
+void read_points(ObjectReader& reader, const Json& parent, const std::string& key, F read_one) {
+  reader.accept(key);
+  if (!parent.contains(key)) return;
+  const Json& list = parent.at(key);
+  if (!list.is_array()) reader.fail(key, "must be a JSON array", "[{...}, ...]");
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_object()) reader.fail(key, "element " + std::to_string(i) + " is not an object", "{...}");
+    ObjectReader point(list[i], reader.file(), reader.key_path(key) + "[" + std::to_string(i) + "].");
+    read_one(point, i);
+    point.finish();
+  }
+}
+
+// Points of one table must come in increasing order of their size, each size once: `Order`
+// keeps the last size seen per table.
+template <class Key, class Size>
+class Order {
+ public:
+  Order(const ObjectReader& reader, std::string key, std::string size_name)
+      : reader_(reader), key_(std::move(key)), size_name_(std::move(size_name)) {}
+  void check(size_t index, const Key& table, const Size& size) {
+    auto it = last_.find(table);
+    if (it != last_.end() && !(it->second < size)) {
+      reader_.fail(key_ + "[" + std::to_string(index) + "]",
+                   it->second == size ? "duplicates an earlier point of its table"
+                                      : "is out of order in its table",
+                   "each table's points once, in increasing " + size_name_);
+    }
+    last_[table] = size;
+  }
+
+ private:
+  const ObjectReader& reader_;
+  std::string key_, size_name_;
+  std::map<Key, Size> last_;
+};
+
+std::optional<double> optional_number(ObjectReader& reader, const std::string& key, bool exclusive) {
+  if (!reader.has(key)) {
+    reader.accept(key);
+    return std::nullopt;
+  }
+  return reader.get_number(key, 0, exclusive);
+}
+
+// A point's time: `time_s`, or derived from a rate key (`rate_key` = work / time). With both,
+// they must agree to 0.1%. Neither: refused, naming the keys.
+double point_time(ObjectReader& p, const std::string& rate_key, double work) {
+  std::optional<double> time = optional_number(p, "time_s", true);
+  std::optional<double> rate = optional_number(p, rate_key, true);
+  if (!time && !rate) {
+    p.fail("time_s", "missing: the point has neither time_s nor " + rate_key,
+           "time_s in seconds (or " + rate_key + ")");
+  }
+  if (time && rate && std::abs(work / *time - *rate) > 1e-3 * *rate) {
+    std::ostringstream why;
+    why.precision(6);
+    why << "disagrees with " << rate_key << " = " << *rate << " (work / time_s = " << work / *time << ")";
+    p.fail("time_s", why.str(), "one of the two, or both consistent");
+  }
+  return time ? *time : work / *rate;
+}
+
+std::string read_source(ObjectReader& p, const std::map<std::string, std::string>& sources) {
+  std::string source = p.get_string_or("source", "");
+  if (!source.empty() && !sources.count(source)) {
+    std::vector<std::string> keys;
+    for (const auto& [k, v] : sources) keys.push_back(k);
+    p.fail("source", "names no entry of the profile's \"sources\"",
+           keys.empty() ? "a key of \"sources\" (the profile has none)" : "one of: " + [&] {
+             std::string list;
+             for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+             return list;
+           }());
+  }
+  return source;
+}
+
+MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
+                              const std::map<std::string, std::string>& sources) {
+  MeasuredTables t;
+  t.dtype = *parse_dtype(reader.get_enum("dtype", kTableDtypes));
+  t.gemm_use = reader.get_enum_or("gemm_use", {"table", "fit"}, "table");
+  if (reader.has("method")) t.method = json.at("method");
+  if (reader.has("fits")) t.fits = json.at("fits");
+  reader.accept("method");
+  reader.accept("fits");
+  Order<std::tuple<std::string, int64_t>, std::tuple<int64_t, int64_t, int64_t>> gemm_order(
+      reader, "gemm_points", "(m, n, k)");
+  read_points(reader, json, "gemm_points", [&](ObjectReader& p, size_t i) {
+    GemmPoint g;
+    g.variant = p.get_enum("variant", kGemmVariants);
+    g.m = p.get_int("m", 1);
+    g.n = p.get_int("n", 1);
+    g.k = p.get_int("k", 1);
+    g.count = p.get_int_or("count", 1, 1);
+    g.time_s = point_time(p, "flops_per_s", g.flops());
+    g.source = read_source(p, sources);
+    gemm_order.check(i, {g.variant, g.count}, {g.m, g.n, g.k});
+    t.gemm.push_back(g);
+  });
+  Order<std::string, double> memory_order(reader, "memory_points", "bytes");
+  read_points(reader, json, "memory_points", [&](ObjectReader& p, size_t i) {
+    MemoryPoint m;
+    m.family = p.get_string("family");
+    m.bytes = p.get_number("bytes", 0, true);
+    m.time_s = point_time(p, "bandwidth_bytes_per_s", m.bytes);
+    m.source = read_source(p, sources);
+    memory_order.check(i, m.family, m.bytes);
+    t.memory.push_back(m);
+  });
+  Order<std::tuple<std::string, std::string, int64_t, int64_t>, double> collective_order(
+      reader, "collective_points", "bytes");
+  read_points(reader, json, "collective_points", [&](ObjectReader& p, size_t i) {
+    CollectivePoint c;
+    c.kind = p.get_enum("kind", kCollectiveKinds);
+    c.algorithm = p.get_enum("algorithm", kCollectiveAlgorithms);
+    c.group_size = p.get_int("group_size", 2);
+    c.nodes = p.get_int_or("nodes", 1, 1);
+    if (c.group_size % c.nodes != 0) {
+      p.fail("nodes", "does not divide group_size " + std::to_string(c.group_size),
+             "the nodes the group spans, each with group_size / nodes members");
+    }
+    c.bytes = p.get_number("bytes", 0, true);
+    c.time_s = point_time(p, "algbw_bytes_per_s", c.bytes);
+    OpKind kind = c.kind == "all_reduce"       ? OpKind::all_reduce
+                  : c.kind == "reduce_scatter" ? OpKind::reduce_scatter
+                  : c.kind == "all_gather"     ? OpKind::all_gather
+                                               : OpKind::all_to_all;
+    c.algbw_bytes_per_s = c.bytes / c.time_s;
+    c.busbw_bytes_per_s = c.algbw_bytes_per_s * bus_bandwidth_factor(kind, c.group_size);
+    std::optional<double> busbw = optional_number(p, "busbw_bytes_per_s", true);
+    if (busbw && std::abs(*busbw - c.busbw_bytes_per_s) > 2e-3 * c.busbw_bytes_per_s) {
+      std::ostringstream why;
+      why.precision(6);
+      why << "disagrees with bytes / time_s · the bus factor of " << c.kind << " on "
+          << c.group_size << " ranks (" << c.busbw_bytes_per_s << ")";
+      p.fail("busbw_bytes_per_s", why.str(), "nccl-tests' busbw, or no busbw");
+    }
+    c.source = read_source(p, sources);
+    collective_order.check(i, {c.kind, c.algorithm, c.group_size, c.nodes}, c.bytes);
+    t.collectives.push_back(c);
+  });
+  Order<int, double> p2p_order(reader, "p2p_points", "bytes");
+  read_points(reader, json, "p2p_points", [&](ObjectReader& p, size_t i) {
+    P2pPoint q;
+    q.bytes = p.get_number("bytes", 0, true);
+    q.time_s = point_time(p, "bandwidth_bytes_per_s", q.bytes);
+    q.source = read_source(p, sources);
+    p2p_order.check(i, 0, q.bytes);
+    t.p2p.push_back(q);
+  });
+  Order<std::tuple<std::string, int64_t, bool>, int64_t> attention_order(reader, "attention_points",
+                                                                         "seq");
+  read_points(reader, json, "attention_points", [&](ObjectReader& p, size_t i) {
+    AttentionPoint a;
+    a.pass = p.get_enum("pass", kAttentionPasses);
+    a.seq = p.get_int("seq", 1);
+    a.head_dim = p.get_int("head_dim", 1);
+    a.causal = p.get_bool_or("causal", true);
+    a.flops_per_s = p.get_number("flops_per_s", 0, true);
+    a.source = read_source(p, sources);
+    attention_order.check(i, {a.pass, a.head_dim, a.causal}, a.seq);
+    t.attention.push_back(a);
+  });
+  reader.finish();
+  if (t.gemm_use == "fit" && t.gemm.empty()) {
+    reader.fail("gemm_use", "is \"fit\" but there are no gemm_points", "\"table\", or GEMM points");
+  }
+  return t;
+}
+
+void put_source(Json& point, const std::string& source) {
+  if (!source.empty()) point["source"] = source;
+}
+
+Json measured_to_json(const MeasuredTables& t) {
+  Json gemm = Json::array(), memory = Json::array(), collectives = Json::array(), p2p = Json::array(),
+       attention = Json::array();
+  for (const GemmPoint& g : t.gemm) {
+    Json j = {{"variant", g.variant}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s},
+              {"flops_per_s", g.flops() / g.time_s}};
+    if (g.count != 1) j["count"] = g.count;
+    put_source(j, g.source);
+    gemm.push_back(j);
+  }
+  for (const MemoryPoint& m : t.memory) {
+    Json j = {{"family", m.family}, {"bytes", m.bytes}, {"time_s", m.time_s},
+              {"bandwidth_bytes_per_s", m.bytes / m.time_s}};
+    put_source(j, m.source);
+    memory.push_back(j);
+  }
+  for (const CollectivePoint& c : t.collectives) {
+    Json j = {{"kind", c.kind}, {"algorithm", c.algorithm}, {"group_size", c.group_size},
+              {"bytes", c.bytes}, {"time_s", c.time_s}, {"algbw_bytes_per_s", c.algbw_bytes_per_s},
+              {"busbw_bytes_per_s", c.busbw_bytes_per_s}};
+    if (c.nodes != 1) j["nodes"] = c.nodes;
+    put_source(j, c.source);
+    collectives.push_back(j);
+  }
+  for (const P2pPoint& q : t.p2p) {
+    Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
+    put_source(j, q.source);
+    p2p.push_back(j);
+  }
+  for (const AttentionPoint& a : t.attention) {
+    Json j = {{"pass", a.pass}, {"seq", a.seq}, {"head_dim", a.head_dim}, {"causal", a.causal},
+              {"flops_per_s", a.flops_per_s}};
+    put_source(j, a.source);
+    attention.push_back(j);
+  }
+  Json out = {{"dtype", to_string(t.dtype)}, {"method", t.method},         {"fits", t.fits},
+              {"gemm_points", gemm},         {"memory_points", memory},    {"collective_points", collectives},
+              {"p2p_points", p2p}};
+  if (t.gemm_use != "table") out["gemm_use"] = t.gemm_use;
+  if (!t.attention.empty()) out["attention_points"] = attention;
+  return out;
+}
+
+}  // namespace
+
+DeviceProfile parse_profile(const Json& json, const std::string& file) {
+  ObjectReader reader(json, file);
+  DeviceProfile p;
+  p.file = file;
+  p.name = reader.get_string("name");
+  p.notes = reader.get_string_or("notes", "");
+  p.device = reader.get_string("device");
+  p.backend = reader.get_enum("backend", {"datasheet", "cpu", "cuda"});
+  p.is_roofline = reader.get_bool_or("roofline", false);
+  if (reader.has("sources")) {
+    reader.accept("sources");
+    const Json& sources = json.at("sources");
+    if (!sources.is_object()) reader.fail("sources", "must be a JSON object", "{\"KEY\": \"citation\"}");
+    for (const auto& [key, citation] : sources.items()) {
+      if (!citation.is_string() || citation.get<std::string>().empty()) {
+        reader.fail("sources." + key, "must be a non-empty string", "the citation: where the figures come from");
+      }
+      p.sources[key] = citation.get<std::string>();
+    }
+  } else {
+    reader.accept("sources");
+  }
+  ObjectReader gemm = reader.get_object("gemm");
+  for (const char* name : {"fp64", "fp32", "tf32", "bf16", "fp16", "fp8"}) {
+    if (!gemm.has(name)) {
+      gemm.accept(name);
+      continue;
+    }
+    ObjectReader g = gemm.get_object(name);
+    GemmEfficiency e;
+    e.peak_fraction = g.get_number_in("peak_fraction", 1e-3, 1.0, 1.0);
+    e.overhead_s = g.get_number("overhead_s", 0, false);
+    e.output_half = g.get_number_or("output_half", 0, false, 0);
+    e.k_half = g.get_number_or("k_half", 0, false, 0);
+    g.accept("notes");
+    g.finish();
+    p.gemm[*parse_dtype(name)] = e;
+  }
+  gemm.finish();
+  if (p.gemm.empty() && !p.is_roofline) reader.fail("gemm", "has no dtype", "figures for at least one dtype");
+  if (reader.has("gemm_tiling")) {
+    ObjectReader t = reader.get_object("gemm_tiling");
+    GemmTiling tiling;
+    tiling.sm_count = t.get_int("sm_count", 1);
+    tiling.tile_m = t.get_int("tile_m", 1);
+    tiling.tile_n = t.get_int("tile_n", 1);
+    t.accept("notes");
+    t.finish();
+    p.gemm_tiling = tiling;
+  } else {
+    reader.accept("gemm_tiling");
+  }
+  ObjectReader flash = reader.get_object("flash_attention");
+  p.flash_forward_peak_fraction = flash.get_number_in("forward_peak_fraction", 1e-3, 1.0, 1.0);
+  p.flash_backward_peak_fraction = flash.get_number_in("backward_peak_fraction", 1e-3, 1.0, 1.0);
+  flash.accept("notes");
+  flash.finish();
+  ObjectReader memory = reader.get_object("memory");
+  p.memory_bandwidth_fraction = memory.get_number_in("bandwidth_fraction", 1e-3, 1.0, 1.0);
+  p.kernel_overhead_s = memory.get_number("kernel_overhead_s", 0, false);
+  p.memory_bandwidth_bytes_per_s = optional_number(memory, "bandwidth_bytes_per_s", true);
+  memory.accept("notes");
+  memory.finish();
+  ObjectReader links = reader.get_object("links");
+  p.intra_node_bus_fraction = links.get_number_in("intra_node_bus_fraction", 1e-3, 1.0, 1.0);
+  p.inter_node_bus_fraction = links.get_number_in("inter_node_bus_fraction", 1e-3, 1.0, 1.0);
+  p.intra_node_bandwidth_bytes_per_s = optional_number(links, "intra_node_bandwidth_bytes_per_s", true);
+  p.intra_node_latency_s = optional_number(links, "intra_node_latency_s", false);
+  links.accept("notes");
+  links.finish();
+  if (reader.has("variability")) {
+    ObjectReader v = reader.get_object("variability");
+    p.variability.device_speed_cv = v.get_number_in("device_speed_cv", 0, 0.5, 0);
+    p.variability.op_time_cv = v.get_number_in("op_time_cv", 0, 0.5, 0);
+    p.variability_notes = v.get_string_or("notes", "");
+    v.finish();
+  } else {
+    reader.accept("variability");
+  }
+  if (reader.has("execution")) {
+    ObjectReader e = reader.get_object("execution");
+    p.execution_in_order = e.get_bool_or("in_order", false);
+    p.execution_staged_sends = e.get_bool_or("staged_sends", false);
+    e.accept("notes");
+    e.finish();
+    if (p.execution_staged_sends && !p.execution_in_order) {
+      reader.fail("execution", "staged_sends needs in_order", "\"in_order\": true, or no staged_sends");
+    }
+  } else {
+    reader.accept("execution");
+  }
+  if (reader.has("machine")) {
+    ObjectReader m = reader.get_object("machine");
+    MachineInfo info;
+    info.hostname = m.get_string_or("hostname", "");
+    info.cpu_model = m.get_string_or("cpu_model", "");
+    info.cores = m.get_int_or("cores", 0, 0);
+    m.finish();
+    p.machine = info;
+  } else {
+    reader.accept("machine");
+  }
+  if (reader.has("libraries")) {
+    reader.accept("libraries");
+    const Json& libraries = json.at("libraries");
+    if (!libraries.is_object()) reader.fail("libraries", "must be a JSON object", "{\"name\": \"version\"}");
+    for (const auto& [name, version] : libraries.items()) {
+      if (!version.is_string()) reader.fail("libraries", "versions must be strings", "{\"name\": \"version\"}");
+      p.libraries[name] = version.get<std::string>();
+    }
+  } else {
+    reader.accept("libraries");
+  }
+  if (reader.has("measured")) {
+    ObjectReader measured = reader.get_object("measured");
+    p.measured = parse_measured(measured, json.at("measured"), p.sources);
+  } else {
+    reader.accept("measured");
+  }
+  reader.finish();
+  return p;
+}
+
+DeviceProfile load_profile(const std::string& path) {
+  return parse_profile(load_json_file(path), path);
+}
+
+Json profile_to_json(const DeviceProfile& p) {
+  Json gemm = Json::object();
+  for (const auto& [dtype, e] : p.gemm) {
+    Json g = {{"peak_fraction", e.peak_fraction}, {"overhead_s", e.overhead_s}};
+    if (e.output_half > 0) g["output_half"] = e.output_half;
+    if (e.k_half > 0) g["k_half"] = e.k_half;
+    gemm[to_string(dtype)] = g;
+  }
+  Json json = {{"name", p.name},
+               {"device", p.device},
+               {"backend", p.backend},
+               {"roofline", p.is_roofline},
+               {"gemm", gemm},
+               {"flash_attention",
+                {{"forward_peak_fraction", p.flash_forward_peak_fraction},
+                 {"backward_peak_fraction", p.flash_backward_peak_fraction}}},
+               {"memory",
+                {{"bandwidth_fraction", p.memory_bandwidth_fraction},
+                 {"kernel_overhead_s", p.kernel_overhead_s}}},
+               {"links",
+                {{"intra_node_bus_fraction", p.intra_node_bus_fraction},
+                 {"inter_node_bus_fraction", p.inter_node_bus_fraction}}}};
+  // Optional parts only where present, so older profiles print as they always did.
+  if (!p.notes.empty()) json["notes"] = p.notes;
+  if (!p.sources.empty()) json["sources"] = p.sources;
+  if (p.memory_bandwidth_bytes_per_s) json["memory"]["bandwidth_bytes_per_s"] = *p.memory_bandwidth_bytes_per_s;
+  if (p.intra_node_bandwidth_bytes_per_s) {
+    json["links"]["intra_node_bandwidth_bytes_per_s"] = *p.intra_node_bandwidth_bytes_per_s;
+  }
+  if (p.intra_node_latency_s) json["links"]["intra_node_latency_s"] = *p.intra_node_latency_s;
+  if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0) {
+    json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},
+                           {"op_time_cv", p.variability.op_time_cv}};
+    if (!p.variability_notes.empty()) json["variability"]["notes"] = p.variability_notes;
+  }
+  if (p.execution_in_order) {
+    json["execution"] = {{"in_order", true}, {"staged_sends", p.execution_staged_sends}};
+  }
+  if (p.machine) {
+    json["machine"] = {{"hostname", p.machine->hostname},
+                       {"cpu_model", p.machine->cpu_model},
+                       {"cores", p.machine->cores}};
+  }
+  if (!p.libraries.empty()) json["libraries"] = p.libraries;
+  if (p.gemm_tiling) {
+    json["gemm_tiling"] = {{"sm_count", p.gemm_tiling->sm_count},
+                           {"tile_m", p.gemm_tiling->tile_m},
+                           {"tile_n", p.gemm_tiling->tile_n}};
+  }
+  if (p.measured) json["measured"] = measured_to_json(*p.measured);
+  return json;
+}
+
+}  // namespace stepcast

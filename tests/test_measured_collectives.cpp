@@ -1,0 +1,124 @@
+// Measured collective tables correct the α-β model (plans/collective_cost.hpp): a collective of a
+// measured group's shape takes its measured time, folded (analytic) or as flows; another shape
+// takes the model corrected at the same size; without tables nothing changes. Each simulating
+// TEST_CASE runs one SimGrid engine.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "collective_cost.hpp"
+#include "profile.hpp"
+#include "sim_fixtures.hpp"
+#include "simulator.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+namespace {
+
+// A GPU-like profile (concurrent streams) on the test device, with nccl all_reduce tables.
+DeviceProfile profile_with_tables(const Topology& t, std::vector<CollectivePoint> points) {
+  DeviceProfile p = roofline_profile(t);
+  p.is_roofline = false;
+  p.name = "measured-collectives";
+  p.gemm[Dtype::fp32] = GemmEfficiency{};
+  MeasuredTables tables;
+  tables.dtype = Dtype::fp32;
+  tables.collectives = std::move(points);
+  p.measured = tables;
+  return p;
+}
+
+CollectivePoint nccl_point(int64_t group, int64_t nodes, double bytes, double time_s) {
+  return {"all_reduce", "nccl", group, bytes, time_s, bytes / time_s, 0, "", nodes};
+}
+
+// Log-log interpolation between two points, as CollectiveTable does.
+double log_log(double b0, double t0, double b1, double t1, double b) {
+  double x = std::log(b / b0) / std::log(b1 / b0);
+  return std::exp(std::log(t0) + x * std::log(t1 / t0));
+}
+
+}  // namespace
+
+TEST_CASE("collective cost: the measured group's own shape takes its measured time", "[collective]") {
+  Topology t = parse_test_topology(star_topology_json(2, 8, 100e9, 2e-6, 8, 25e9, 3e-6));
+  LinkFigures links = link_figures(t);
+  DeviceProfile p = profile_with_tables(
+      t, {nccl_point(8, 1, 1e6, 80e-6), nccl_point(8, 1, 1e8, 3e-3), nccl_point(16, 2, 1e6, 300e-6),
+          nccl_point(16, 2, 1e8, 9e-3)});
+  CollectiveCostModel model(p, links);
+  REQUIRE(model.has_tables());
+  GroupShape node{8, 1, 8};
+  for (double bytes : {1e6, 1e7, 1e8}) {
+    Algorithm a = choose_algorithm(OpKind::all_reduce, bytes, node, links);
+    CHECK(model.time_s(OpKind::all_reduce, a, bytes, node) ==
+          Approx(log_log(1e6, 80e-6, 1e8, 3e-3, bytes)).epsilon(1e-9));
+  }
+  // Two nodes: the 2-node table, not the in-node one.
+  GroupShape two{16, 2, 8};
+  Algorithm a = choose_algorithm(OpKind::all_reduce, 1e7, two, links);
+  CHECK(model.time_s(OpKind::all_reduce, a, 1e7, two) == Approx(log_log(1e6, 300e-6, 1e8, 9e-3, 1e7)).epsilon(1e-9));
+  CHECK(model.table_for(OpKind::all_reduce, two)->shape.nodes == 2);
+  // Four nodes: the 2-node table's correction on the 4-node model.
+  GroupShape four{32, 4, 8};
+  double r2 = model.correction(OpKind::all_reduce, 1e7, two);
+  CHECK(model.correction(OpKind::all_reduce, 1e7, four) == Approx(r2));
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e7, four) ==
+        Approx(r2 * collective_time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e7, four, links)));
+  // Outside the measured sizes the correction of the nearest measured size.
+  CHECK(model.correction(OpKind::all_reduce, 1e10, node) == Approx(model.correction(OpKind::all_reduce, 1e8, node)));
+  CHECK(model.correction(OpKind::all_reduce, 10, node) == Approx(model.correction(OpKind::all_reduce, 1e6, node)));
+  // reduce_scatter and all_gather borrow the all_reduce correction; a group of one has none.
+  CHECK(model.correction(OpKind::reduce_scatter, 1e7, node) == Approx(model.correction(OpKind::all_reduce, 1e7, node)));
+  CHECK(model.correction(OpKind::all_reduce, 1e7, GroupShape{1, 1, 1}) == 1);
+  // Without tables, r = 1; the CPU backend's ring/tree tables are not nccl tables.
+  CollectiveCostModel none(roofline_profile(t), links);
+  CHECK_FALSE(none.has_tables());
+  CHECK(none.correction(OpKind::all_reduce, 1e7, node) == 1);
+}
+
+TEST_CASE("sim: a measured table sets a folded tensor-parallel all_reduce's time (fast)", "[sim]") {
+  const int n = 8;
+  Topology t = parse_test_topology(star_topology_json(1, n, 100e9, 2e-6, n, 25e9, 1e-6));
+  DeviceProfile p = profile_with_tables(t, {nccl_point(n, 1, 1e6, 80e-6), nccl_point(n, 1, 1e8, 3e-3)});
+  StepProgram program = empty_program(n, 1, 1, n);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::tp, Algorithm::ring, 1e7, Stream::compute));
+  SimulateOptions o;
+  o.mode = SimMode::fast;
+  SimulationOutput out = simulate_program(program, t, p, o);
+  CHECK(out.simulated_ranks.size() == 1);
+  CHECK(out.step_time_s == Approx(log_log(1e6, 80e-6, 1e8, 3e-3, 1e7)).epsilon(1e-9));
+  CHECK(out.corrected_collectives == 1);
+}
+
+TEST_CASE("sim: a measured table slower than the links delays a dp all_reduce's flows (full)", "[sim]") {
+  // dp 4 across 4 nodes, one member each: the flows take the α-β time, the rest follows.
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
+  const double bytes = 64e6;
+  double alpha_beta = 2.0 * 3 / 4 * bytes / 25e9 + 2.0 * 3 * (2 * 3e-6);
+  double measured = 1.5 * alpha_beta;
+  DeviceProfile p = profile_with_tables(t, {nccl_point(4, 4, bytes / 2, measured / 2), nccl_point(4, 4, bytes, measured)});
+  StepProgram program = empty_program(1, 4, 1, 1);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  SimulationOutput out = simulate_program(program, t, p, o);
+  CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
+}
+
+TEST_CASE("sim: a measured table faster than the links shrinks a dp all_reduce's flows (full)", "[sim]") {
+  // No latency, so the flows' time is all bandwidth and scales exactly with their bytes.
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 0, 1, 25e9, 0));
+  const double bytes = 64e6;
+  double alpha_beta = 2.0 * 3 / 4 * bytes / 25e9;
+  double measured = 0.8 * alpha_beta;  // e.g. in-network reduction
+  DeviceProfile p = profile_with_tables(t, {nccl_point(4, 4, bytes / 2, measured / 2), nccl_point(4, 4, bytes, measured)});
+  StepProgram program = empty_program(1, 4, 1, 1);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  SimulationOutput out = simulate_program(program, t, p, o);
+  CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
+  CHECK(out.correction_min == Approx(0.8).epsilon(1e-6));
+}
