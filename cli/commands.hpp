@@ -1,6 +1,8 @@
 // The subcommands. Each takes the arguments after its name and returns the process exit code.
 #pragma once
 
+#include <string>
+
 namespace stepcast::cli {
 
 int run_memory(int argc, char** argv);
@@ -9,9 +11,12 @@ int run_simulate(int argc, char** argv);
 int run_run(int argc, char** argv);
 int run_compare(int argc, char** argv);
 int run_profile(int argc, char** argv);
+// `profile import|fit|check` (tool), argv from the tool's name on.
+int run_profile_tool(const std::string& tool, int argc, char** argv);
 int run_plan(int argc, char** argv);
 int run_compare_strategies(int argc, char** argv);
 int run_scale(int argc, char** argv);
 int run_validate(int argc, char** argv);
+int run_calibrate(int argc, char** argv);
 
 }  // namespace stepcast::cli

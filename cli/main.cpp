@@ -39,6 +39,8 @@ const std::vector<Command> kCommands = {
      "measure this machine's kernels and links under mpirun: a device profile"},
     {"validate", stepcast::cli::run_validate,
      "run a sweep end to end (simulate, run, compare): report.md and report.html"},
+    {"calibrate", stepcast::cli::run_calibrate,
+     "fit a profile's GEMM, memory, link, overhead and jitter figures to measured runs"},
 };
 
 void print_help() {

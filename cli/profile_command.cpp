@@ -56,6 +56,10 @@ std::string summarise(const std::vector<LeaveOneOut>& loo) {
 }  // namespace
 
 int run_profile(int argc, char** argv) {
+  if (argc > 1 && (std::string(argv[1]) == "import" || std::string(argv[1]) == "fit" ||
+                   std::string(argv[1]) == "check")) {
+    return run_profile_tool(argv[1], argc - 1, argv + 1);
+  }
   po::options_description options("stepcast profile options");
   options.add_options()
       ("backend", po::value<std::string>()->required(),
@@ -79,7 +83,9 @@ int run_profile(int argc, char** argv) {
       "shapes, memory-bound kernel bandwidth (norms, activations, softmax, AdamW) by size,\n"
       "collective time and bus bandwidth (all_reduce, reduce_scatter, all_gather; nccl-tests'\n"
       "algbw and busbw) by message and group size, and send/recv latency and bandwidth. Each\n"
-      "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.");
+      "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
+      "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
+      "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
   if (!vm) return 0;
   std::string backend = (*vm)["backend"].as<std::string>();
   if (backend != "cpu" && backend != "cuda") {

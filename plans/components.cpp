@@ -1,0 +1,206 @@
+// Component checks and the GEMM shape fit; see components.hpp.
+#include "components.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "collective.hpp"
+#include "errors.hpp"
+#include "minimize.hpp"
+
+namespace stepcast {
+
+namespace {
+
+std::string gemm_label(const GemmPoint& g) {
+  std::ostringstream out;
+  out << g.variant << " " << g.m << "x" << g.n << "x" << g.k;
+  if (g.count != 1) out << " x" << g.count;
+  return out.str();
+}
+
+std::string bytes_label(double bytes) {
+  std::ostringstream out;
+  out << int64_t(bytes) << " B";
+  return out.str();
+}
+
+// Each point of a table predicted by the others: `table_of(others)` builds the table, `predict`
+// asks it at the point.
+template <class Point, class Key, class Build, class Predict, class Label>
+void leave_one_out(const std::vector<Point>& points, Key key, Build build, Predict predict, Label label,
+                   const std::string& family, std::vector<ComponentCheck>& out) {
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<Point> others;
+    for (size_t j = 0; j < points.size(); ++j) {
+      if (j != i && key(points[j]) == key(points[i])) others.push_back(points[j]);
+    }
+    if (others.empty()) continue;
+    ComponentCheck c;
+    c.family = family;
+    c.what = label(points[i]);
+    c.source = points[i].source;
+    c.method = "leave-one-out";
+    c.measured_s = points[i].time_s;
+    c.predicted_s = predict(build(others), points[i]);
+    out.push_back(c);
+  }
+}
+
+// Attention points carry a rate; as times, of the FlashAttention flops of one head at the point
+// (the ratio is what matters).
+double attention_time_s(const AttentionPoint& a, double flops_per_s) {
+  double flops = 4.0 * double(a.seq) * double(a.seq) * double(a.head_dim) * (a.causal ? 0.5 : 1.0);
+  if (a.pass == "backward") flops *= 2.5;
+  if (a.pass == "forward_backward") flops *= 3.5;
+  return flops / flops_per_s;
+}
+
+ComputeCostModel cost_model_for(const DeviceProfile& profile, const Topology& topology, Dtype dtype) {
+  return ComputeCostModel(topology.node.device, dtype, profile, topology.file);
+}
+
+}  // namespace
+
+Op gemm_point_op(const GemmPoint& point, Dtype dtype) {
+  Op op;
+  op.kind = OpKind::gemm;
+  op.name = "gemm_point";
+  op.grad = point.variant == "forward" ? "" : point.variant;
+  op.m = point.m;
+  op.n = point.n;
+  op.k = point.k;
+  op.flops = point.flops();
+  double e = dtype_bytes(dtype);
+  op.bytes = double(point.count) * (double(point.m) * double(point.k) + double(point.k) * double(point.n) +
+                                    double(point.m) * double(point.n)) * e;
+  return op;
+}
+
+std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const Topology& topology) {
+  std::vector<ComponentCheck> out;
+  if (!profile.measured) return out;
+  const MeasuredTables& t = *profile.measured;
+  // GEMMs.
+  if (t.gemm_use == "fit") {
+    ComputeCostModel model = cost_model_for(profile, topology, t.dtype);
+    for (const GemmPoint& g : t.gemm) {
+      ComponentCheck c{"gemm", gemm_label(g), g.source, "model", g.time_s,
+                       model.op_time_s(gemm_point_op(g, t.dtype))};
+      out.push_back(c);
+    }
+  } else {
+    std::vector<GemmPoint> single;
+    for (const GemmPoint& g : t.gemm) {
+      if (g.count == 1) single.push_back(g);
+    }
+    leave_one_out(
+        single, [](const GemmPoint& g) { return g.variant; },
+        [](const std::vector<GemmPoint>& others) { return GemmRateTable(others); },
+        [](const GemmRateTable& table, const GemmPoint& g) {
+          return g.flops() / table.flops_per_s(double(g.m), double(g.n), double(g.k));
+        },
+        gemm_label, "gemm", out);
+  }
+  // Memory-bound kernels.
+  leave_one_out(
+      t.memory, [](const MemoryPoint& m) { return m.family; },
+      [](const std::vector<MemoryPoint>& others) { return BandwidthTable(others); },
+      [](const BandwidthTable& table, const MemoryPoint& m) { return table.time_s(m.bytes); },
+      [](const MemoryPoint& m) { return m.family + " " + bytes_label(m.bytes); }, "memory", out);
+  // Fused attention: as times of one head (attention_time_s).
+  struct TimedAttention {
+    AttentionPoint point;
+    double time_s;
+    std::string source;
+  };
+  std::vector<TimedAttention> attention;
+  for (const AttentionPoint& a : t.attention) attention.push_back({a, attention_time_s(a, a.flops_per_s), a.source});
+  leave_one_out(
+      attention,
+      [](const TimedAttention& a) { return std::make_tuple(a.point.pass, a.point.head_dim, a.point.causal); },
+      [](const std::vector<TimedAttention>& others) {
+        std::vector<AttentionPoint> points;
+        for (const auto& o : others) points.push_back(o.point);
+        return AttentionRateTable(points);
+      },
+      [](const AttentionRateTable& table, const TimedAttention& a) {
+        return attention_time_s(a.point, table.flops_per_s(a.point.pass, a.point.seq, a.point.head_dim));
+      },
+      [](const TimedAttention& a) {
+        std::ostringstream out;
+        out << a.point.pass << (a.point.causal ? " causal" : "") << " s " << a.point.seq << " d "
+            << a.point.head_dim;
+        return out.str();
+      },
+      "attention", out);
+  // Collectives.
+  leave_one_out(
+      t.collectives,
+      [](const CollectivePoint& c) { return std::make_tuple(c.kind, c.algorithm, c.group_size, c.nodes); },
+      [](const std::vector<CollectivePoint>& others) { return CollectiveTable(others); },
+      [](const CollectiveTable& table, const CollectivePoint& c) { return table.time_s(c.bytes); },
+      [](const CollectivePoint& c) {
+        std::ostringstream out;
+        out << c.kind << " " << c.algorithm << " " << c.group_size << " ranks";
+        if (c.nodes > 1) out << " on " << c.nodes << " nodes";
+        out << " " << bytes_label(c.bytes);
+        return out.str();
+      },
+      "collective", out);
+  return out;
+}
+
+GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype) {
+  if (!profile.measured || profile.measured->gemm_use != "fit" || profile.measured->gemm.empty()) {
+    throw InputError(profile.file + ": key 'measured.gemm_use': no GEMM points to fit; valid: "
+                     "\"fit\" with measured.gemm_points");
+  }
+  GemmEfficiency start = profile.gemm_for(dtype);
+  const std::vector<GemmPoint>& points = profile.measured->gemm;
+  // Parameters: logit(peak_fraction), log(output_half), log(k_half).
+  auto unpack = [&](const std::vector<double>& x) {
+    GemmEfficiency e = start;
+    e.peak_fraction = 1.0 / (1.0 + std::exp(-x[0]));
+    e.output_half = std::exp(x[1]);
+    e.k_half = std::exp(x[2]);
+    return e;
+  };
+  auto profile_with = [&](const GemmEfficiency& e) {
+    DeviceProfile p = profile;
+    p.gemm[dtype] = e;
+    p.gemm_tiling.reset();  // the shape model replaces wave quantization
+    return p;
+  };
+  auto cost = [&](const std::vector<double>& x) {
+    DeviceProfile p = profile_with(unpack(x));
+    ComputeCostModel model = cost_model_for(p, topology, dtype);
+    double sum = 0;
+    for (const GemmPoint& g : points) {
+      double r = std::log(model.op_time_s(gemm_point_op(g, dtype)) / g.time_s);
+      sum += r * r;
+    }
+    return sum / double(points.size());
+  };
+  double f0 = std::clamp(start.peak_fraction, 0.05, 0.99);
+  std::vector<double> x0 = {std::log(f0 / (1 - f0)), std::log(std::max(start.output_half, 1e5)),
+                            std::log(std::max(start.k_half, 64.0))};
+  MinimizeResult best = minimize_nelder_mead(cost, x0, 0.5, 1e-12);
+  // A second start from the optimum escapes a collapsed simplex.
+  best = minimize_nelder_mead(cost, best.x, 0.2, 1e-12);
+  GemmShapeFit fit;
+  fit.efficiency = unpack(best.x);
+  fit.rms_log_error = std::sqrt(best.value);
+  DeviceProfile fitted = profile_with(fit.efficiency);
+  ComputeCostModel model = cost_model_for(fitted, topology, dtype);
+  for (const GemmPoint& g : points) {
+    fit.points.push_back({"gemm", gemm_label(g), g.source, "model", g.time_s,
+                          model.op_time_s(gemm_point_op(g, dtype))});
+  }
+  return fit;
+}
+
+}  // namespace stepcast

@@ -1,0 +1,48 @@
+// A profile's component figures checked against the cost model that uses them, and the GEMM
+// shape model fitted to its published GEMM points.
+//  - GEMM points the shape model was fitted to (measured.gemm_use "fit"): predicted by the model;
+//  - table points (GEMMs of a grid, memory-bound kernels, fused attention, collectives): each
+//    predicted from its table without it (leave-one-out), so a reader sees how well the table
+//    holds between the sizes it measured.
+// Errors are (predicted − measured) / measured. Pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cost_model.hpp"
+#include "profile.hpp"
+#include "topology.hpp"
+
+namespace stepcast {
+
+struct ComponentCheck {
+  std::string family;  // "gemm", "attention", "memory", "collective"
+  std::string what;    // "forward 2048x3072x12288", "norm_forward 8388608 B", ...
+  std::string source;  // key of the profile's sources; empty: measured by `stepcast profile`
+  std::string method;  // "model" or "leave-one-out"
+  double measured_s = 0;
+  double predicted_s = 0;
+  double relative_error() const { return (predicted_s - measured_s) / measured_s; }
+};
+
+// Every component point of `profile` (of its measured tables' dtype) predicted as above, on the
+// topology's device.
+std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const Topology& topology);
+
+// The program op a GEMM point stands for (a gemm op of its variant; `count` GEMMs in its flops),
+// with bytes as lowering counts them in `dtype`.
+Op gemm_point_op(const GemmPoint& point, Dtype dtype);
+
+// Least squares in log time of the GEMM shape model (GemmEfficiency: peak_fraction, output_half,
+// k_half; overhead_s kept) to the profile's GEMM points of gemm_use "fit", for `dtype` (and the
+// other 16-bit dtype where the profile has its figures). Returns the fitted efficiency and the
+// points' errors under it.
+struct GemmShapeFit {
+  GemmEfficiency efficiency;
+  std::vector<ComponentCheck> points;
+  double rms_log_error = 0;
+};
+GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype);
+
+}  // namespace stepcast
