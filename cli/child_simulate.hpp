@@ -26,6 +26,7 @@ struct Simulated {
   double exposed_comm_s = 0;
   double bubble_s = 0;
   double optimizer_s = 0;
+  double variability_s = 0;    // the critical rank's share of run-to-run variation
   bool fits = false;
   double peak_bytes_max = 0;
   Json memory;                 // prediction.json's "memory" (ranks by class, fits)

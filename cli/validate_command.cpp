@@ -33,7 +33,8 @@ namespace {
 
 const char* const kUsage =
     "usage: stepcast validate --sweep S [--out DIR] [--repeats R] [--profile F]\n"
-    "       stepcast validate --sweep published [--out DIR] [--rows A,B,...]\n"
+    "       stepcast validate --sweep published [--out DIR] [--rows A,B,...] [--profile-dir D]\n"
+    "                                           [--baseline PUBLISHED_JSON]\n"
     "Runs a sweep end to end: for each point, simulate (with the sweep's device profile, or one\n"
     "measured first with `stepcast profile`), run the executor R times under scripts/mpirun\n"
     "--bind-to core (one rank per core, one BLAS thread), and compare the prediction with the\n"
@@ -42,7 +43,9 @@ const char* const kUsage =
     "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
-    "results in ../shared/data/ from the datasheet profiles.";
+    "results in ../shared/data/ from the shipped profiles (made of component measurements, never\n"
+    "of these results), and checks every component figure of those profiles against the cost\n"
+    "model (a section per profile and family).";
 
 // This executable's folder's parent holds scripts/ (build/stepcast, build-*/stepcast); else the
 // working directory (run from the repository root).
@@ -237,6 +240,10 @@ int run_validate(int argc, char** argv) {
        "executor runs per point (default: the sweep's `repeats`, else 3)")
       ("profile", po::value<std::string>(),
        "device profile for the predictions, instead of the sweep's `profile`")
+      ("profile-dir", po::value<std::string>(),
+       "with --sweep published: the profiles from this folder instead of profiles/ (ablations)")
+      ("baseline", po::value<std::string>(),
+       "with --sweep published: an earlier published.json; each Table 1 row shows it beside now")
       ("rows", po::value<std::string>(),
        "with --sweep published: only these rows, comma-separated (e.g. megatron-1.7b,nccl-149-dgx-a100)");
   auto vm = parse_command_line(argc, argv, options, kUsage);
@@ -251,6 +258,8 @@ int run_validate(int argc, char** argv) {
     }
     std::string out = vm->count("out") ? (*vm)["out"].as<std::string>() : "out/validate/published";
     PublishedOptions published;
+    if (vm->count("profile-dir")) published.profile_dir = (*vm)["profile-dir"].as<std::string>();
+    if (vm->count("baseline")) published.baseline = (*vm)["baseline"].as<std::string>();
     if (vm->count("rows")) {
       std::stringstream list((*vm)["rows"].as<std::string>());
       for (std::string name; std::getline(list, name, ',');) {
@@ -259,7 +268,11 @@ int run_validate(int argc, char** argv) {
     }
     return validate_published(out, published);
   }
-  if (vm->count("rows")) throw InputError("command line: --rows applies to --sweep published only");
+  for (const char* option : {"rows", "profile-dir", "baseline"}) {
+    if (vm->count(option)) {
+      throw InputError(std::string("command line: --") + option + " applies to --sweep published only");
+    }
+  }
   auto wall_start = std::chrono::steady_clock::now();
 
   // Everything that can be wrong with the input is found before anything runs.

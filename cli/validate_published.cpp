@@ -4,7 +4,10 @@
 // datasheet profile.
 #include "validate_published.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -20,6 +23,8 @@
 
 #include "child_simulate.hpp"
 #include "collective.hpp"
+#include "collective_cost.hpp"
+#include "components.hpp"
 #include "errors.hpp"
 #include "html.hpp"
 #include "inputs.hpp"
@@ -137,16 +142,17 @@ const std::vector<NcclRow>& nccl_table() {
       {"nccl-212-h100-ring", "8x H100, ring algorithm (NCCL_ALGO=Ring)",
        "nccl-tests #212, NVIDIA maintainer (PRIMARY)", "dgx-h100", "h100-sxm", 1, 0, 0, 8 * GiB,
        largest, 370 * GB,
-       "the figure profiles/h100-sxm.json cites for its intra-node fraction (not independent)"},
+       "NCCL_ALGO=Ring forced: the profile's measured table is NCCL's own choice (NVLink SHARP), "
+       "and its intra-node fraction cites this figure"},
       {"nccl-212-h100-nvls", "8x H100 with NVLink SHARP (NVLS), all_reduce",
        "nccl-tests #212, NVIDIA maintainer (PRIMARY)", "dgx-h100", "h100-sxm", 1, 0, 0, 8 * GiB,
-       largest, 480 * GB, "NVLink SHARP (in-switch reduction) is not modelled; ring shown"},
+       largest, 480 * GB, ""},
       {"nccl-290-h100", "8x H100, 1 node, all_reduce (expected)",
        "nccl-tests #290, NVIDIA maintainer (PRIMARY)", "dgx-h100", "h100-sxm", 1, 0, 0, 8 * GiB,
-       largest, 476 * GB, "NVLink SHARP (in-switch reduction) is not modelled; ring shown"},
+       largest, 476 * GB, ""},
       {"nccl-272-h200", "8x H200, 1 node, NCCL 2.20.3, all_reduce (peak)",
        "nccl-tests #272, user (PRIMARY)", "h200-1gpu", "h200-sxm", 1, 8, 0, 8 * GiB, largest,
-       475 * GB, "NVLink SHARP (in-switch reduction) is not modelled; ring shown"},
+       475 * GB, ""},
   };
   return rows;
 }
@@ -169,8 +175,16 @@ NcclPrediction predict_nccl(const NcclRow& row, const Topology& topology,
   shape.size = shape.nodes * shape.members_per_node;
   NcclPrediction p;
   Algorithm algorithm = choose_algorithm(OpKind::all_reduce, row.bytes, shape, links);
+  CollectiveCostModel model(profile, nccl_row_topology(row, topology));
+  double r = model.correction(OpKind::all_reduce, algorithm, row.bytes, shape);
   p.algorithm = to_string(algorithm);
-  p.time_s = collective_time_s(OpKind::all_reduce, algorithm, row.bytes, shape, links);
+  if (const MeasuredCollective* table = model.table_for(OpKind::all_reduce, shape)) {
+    std::ostringstream label;
+    label << p.algorithm << " × " << std::setprecision(3) << r << " (" << table->shape.size << " ranks on "
+          << table->shape.nodes << (table->shape.nodes == 1 ? " node" : " nodes") << ", " << table->source << ")";
+    p.algorithm = label.str();
+  }
+  p.time_s = model.time_s(OpKind::all_reduce, algorithm, row.bytes, shape);
   p.algbw_bytes_per_s = row.bytes / p.time_s;
   p.busbw_bytes_per_s = p.algbw_bytes_per_s * bus_bandwidth_factor(OpKind::all_reduce, shape.size);
   return p;
@@ -279,7 +293,8 @@ MegatronResult simulate_row(const MegatronRow& row, const fs::path& inputs, cons
     r.breakdown = {{"compute", s.compute_s},
                    {"exposed_comm", s.exposed_comm_s},
                    {"bubble", s.bubble_s},
-                   {"optimizer", s.optimizer_s}};
+                   {"optimizer", s.optimizer_s},
+                   {"variability", s.variability_s}};
     r.mfu = s.mfu;
     r.fits = s.fits;
     r.peak_bytes_max = s.peak_bytes_max;
@@ -321,9 +336,31 @@ Json profile_record(const std::string& path, const fs::path& repo) {
           {"backend", p.backend}, {"profile", profile_to_json(p)}};
 }
 
+// One profile's component figures predicted by the cost model (components.hpp).
+struct ComponentSection {
+  std::string profile_file;  // relative to the repository
+  std::string topology_file;
+  std::vector<ComponentCheck> checks;
+  // family → (points, median |error|, largest |error|)
+  std::map<std::string, std::tuple<size_t, double, double>> summary() const {
+    std::map<std::string, std::vector<double>> errors;
+    for (const ComponentCheck& c : checks) errors[c.family].push_back(std::abs(c.relative_error()));
+    std::map<std::string, std::tuple<size_t, double, double>> out;
+    for (auto& [family, e] : errors) {
+      std::sort(e.begin(), e.end());
+      double median = e.size() % 2 ? e[e.size() / 2] : 0.5 * (e[e.size() / 2 - 1] + e[e.size() / 2]);
+      out[family] = {e.size(), median, e.back()};
+    }
+    return out;
+  }
+};
+
 struct Report {
   std::vector<MegatronResult> megatron;
   std::vector<NcclResult> nccl;
+  std::vector<ComponentSection> components;
+  Json baseline;  // name → {error, breakdown_s} of an earlier report; null when none
+  std::string baseline_file;
   Json profiles = Json::array();
   MachineInfo machine;
   std::string created_utc;
@@ -431,6 +468,24 @@ Json report_json(const Report& report) {
   }
   out["nccl"] = nccl;
   out["nccl_mean_abs_error"] = report.nccl_mean();
+  Json sections = Json::array();
+  for (const ComponentSection& c : report.components) {
+    Json summary = Json::object();
+    for (const auto& [family, s] : c.summary()) {
+      summary[family] = {{"points", std::get<0>(s)}, {"median_abs_error", std::get<1>(s)},
+                         {"largest_abs_error", std::get<2>(s)}};
+    }
+    Json points = Json::array();
+    for (const ComponentCheck& k : c.checks) {
+      points.push_back({{"family", k.family}, {"what", k.what}, {"source", k.source}, {"method", k.method},
+                        {"measured_s", k.measured_s}, {"predicted_s", k.predicted_s},
+                        {"error", k.relative_error()}});
+    }
+    sections.push_back({{"profile", c.profile_file}, {"topology", c.topology_file}, {"summary", summary},
+                        {"points", points}});
+  }
+  out["components"] = sections;
+  if (!report.baseline_file.empty()) out["baseline"] = report.baseline_file;
   out["mean_abs_error"] = report.overall_mean();
   out["wall_s"] = report.wall_s;
   // JSON has no NaN: a mean over no rows is null.
@@ -465,20 +520,21 @@ std::string report_markdown(const Report& report) {
      << "published iteration time is eq. 3 / (published TFLOP/s × GPUs).\n\n"
      << "Plan rule: " << megatron_plan_rule() << "\n\n"
      << "| row | config | plan | predicted TFLOP/s/GPU | predicted iteration s | published "
-        "TFLOP/s/GPU | published iteration s | error | compute / exposed comm / bubble / optimizer s "
-        "| fits |\n"
+        "TFLOP/s/GPU | published iteration s | error | compute / exposed comm / bubble / optimizer / "
+        "variability s | fits |\n"
      << "|---|---|---|---:|---:|---:|---:|---:|---|---|\n";
+  auto parts = [](const Json& b) {
+    return fixed(breakdown_value(b, "compute"), 2) + " / " + fixed(breakdown_value(b, "exposed_comm"), 2) +
+           " / " + fixed(breakdown_value(b, "bubble"), 2) + " / " + fixed(breakdown_value(b, "optimizer"), 2) +
+           " / " + fixed(breakdown_value(b, "variability"), 2);
+  };
   for (const auto& r : report.megatron) {
     const MegatronRow& row = *r.row;
     md << "| " << row.name << " | " << row_config(row) << " | " << plan_summary(row) << " | ";
     if (r.ok) {
       md << fixed(r.tflops_per_gpu, 1) << " | " << fixed(r.step_time_s, 2) << " | "
          << fixed(row.published_tflops_per_gpu, 0) << " | " << fixed(r.published_time_s(), 2)
-         << " | " << percent(r.error()) << " | "
-         << fixed(breakdown_value(r.breakdown, "compute"), 2) << " / "
-         << fixed(breakdown_value(r.breakdown, "exposed_comm"), 2) << " / "
-         << fixed(breakdown_value(r.breakdown, "bubble"), 2) << " / "
-         << fixed(breakdown_value(r.breakdown, "optimizer"), 2) << " | "
+         << " | " << percent(r.error()) << " | " << parts(r.breakdown) << " | "
          << (r.fits ? "yes" : "NO") << " |\n";
     } else {
       md << "failed | | " << fixed(row.published_tflops_per_gpu, 0) << " | "
@@ -486,10 +542,22 @@ std::string report_markdown(const Report& report) {
          << " | |\n";
     }
   }
-  md << "\nMean absolute error over the Table 1 rows: **" << fixed(100 * report.megatron_mean(), 1)
-     << "%**.\n\n## nccl-tests all_reduce bus bandwidth\n\n"
-     << "Predicted by the collective cost model (`plans/collective.hpp`: the algorithm lowering "
-     << "would choose and its α-β time) on the topology after the profile's link fractions; "
+  md << "\nMean absolute error over the Table 1 rows: **" << fixed(100 * report.megatron_mean(), 1) << "%**.\n";
+  if (!report.baseline.is_null()) {
+    md << "\n### Before and after\n\nBefore: `" << report.baseline_file << "`. Breakdown parts in seconds: "
+       << "compute / exposed comm / bubble / optimizer / variability.\n\n"
+       << "| row | error before | error now | breakdown before | breakdown now |\n|---|---:|---:|---|---|\n";
+    for (const auto& r : report.megatron) {
+      if (!r.ok || !report.baseline.contains(r.row->name)) continue;
+      const Json& b = report.baseline.at(r.row->name);
+      md << "| " << r.row->name << " | " << percent(b.at("error").get<double>()) << " | " << percent(r.error())
+         << " | " << parts(b.at("breakdown_s")) << " | " << parts(r.breakdown) << " |\n";
+    }
+  }
+  md << "\n## nccl-tests all_reduce bus bandwidth\n\n"
+     << "Predicted by the collective cost model (`plans/collective_cost.hpp`: the algorithm lowering "
+     << "would choose and its α-β time on the topology after the profile's link fractions, times the "
+     << "correction of the profile's measured table nearest in span, named in the algorithm column); "
      << "busbw = algbw · 2(n−1)/n (nccl-tests).\n\n"
      << "| row | system | source | message | algorithm | predicted busbw GB/s | published GB/s | "
         "error | in mean |\n"
@@ -505,6 +573,27 @@ std::string report_markdown(const Report& report) {
   md << "\nMean absolute error over the nccl-tests rows in the mean: **"
      << fixed(100 * report.nccl_mean(), 1) << "%**. Over every row in a mean: **"
      << fixed(100 * report.overall_mean(), 1) << "%**.\n";
+  md << "\n## Component figures of the profiles\n\nEvery published component figure a profile holds, "
+     << "predicted by the cost model that uses it (`plans/components.hpp`): GEMM points the shape model was "
+     << "fitted to, by the model; table points (GEMM grids, memory-bound kernels, fused attention, "
+     << "collectives), each by its table without it (leave-one-out). Error = (predicted − measured) / "
+     << "measured time; sources are the keys of the profile's `sources`.\n";
+  for (const ComponentSection& c : report.components) {
+    md << "\n### `" << c.profile_file << "` (on `" << c.topology_file << "`)\n\n"
+       << "| family | points | median abs error | largest abs error |\n|---|---:|---:|---:|\n";
+    for (const auto& [family, t] : c.summary()) {
+      md << "| " << family << " | " << std::get<0>(t) << " | " << fixed(100 * std::get<1>(t), 1) << "% | "
+         << fixed(100 * std::get<2>(t), 1) << "% |\n";
+    }
+    md << "\n<details><summary>every point</summary>\n\n| family | figure | source | method | measured us | "
+          "predicted us | error |\n|---|---|---|---|---:|---:|---:|\n";
+    for (const ComponentCheck& k : c.checks) {
+      md << "| " << k.family << " | " << md_cell(k.what) << " | " << k.source << " | " << k.method << " | "
+         << fixed(k.measured_s * 1e6, 2) << " | " << fixed(k.predicted_s * 1e6, 2) << " | "
+         << percent(k.relative_error()) << " |\n";
+    }
+    md << "\n</details>\n";
+  }
   return md.str();
 }
 
@@ -578,6 +667,18 @@ std::string report_html(const Report& report) {
   busbw.x_label = "published GB/s";
   busbw.y_label = "predicted GB/s";
   body << scatter_chart(busbw, nccl_points, 0.10);
+  std::vector<std::vector<std::string>> component_rows;
+  for (const ComponentSection& c : report.components) {
+    for (const auto& [family, t] : c.summary()) {
+      component_rows.push_back({c.profile_file, family, std::to_string(std::get<0>(t)),
+                                fixed(100 * std::get<1>(t), 1) + "%", fixed(100 * std::get<2>(t), 1) + "%"});
+    }
+  }
+  body << heading("Component figures of the profiles")
+       << paragraph("Each published component figure a profile holds, predicted by the cost model that uses "
+                    "it: fitted GEMM points by the model, table points by their table without them "
+                    "(leave-one-out). published.md lists every point with its source.")
+       << table({"profile", "family", "points", "median abs error", "largest abs error"}, component_rows);
   return page("stepcast: published results", body.str());
 }
 
@@ -592,8 +693,25 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
   if (options.jobs < 1) throw InputError("command line: --jobs must be >= 1");
   auto wall_start = std::chrono::steady_clock::now();
   fs::path repo = repository_root();
-  std::string a100_profile = (repo / "profiles" / "a100-sxm4-80gb.json").string();
+  fs::path profiles = options.profile_dir.empty() ? repo / "profiles" : fs::path(options.profile_dir);
+  std::string a100_profile = (profiles / "a100-sxm4-80gb.json").string();
   Report report;
+  if (!options.baseline.empty()) {
+    Json before = load_json_file(options.baseline);
+    if (!before.contains("megatron") || !before["megatron"].is_array()) {
+      throw InputError(options.baseline + ": key 'megatron': missing; valid: a published.json of "
+                       "`stepcast validate --sweep published`");
+    }
+    report.baseline = Json::object();
+    report.baseline_file = options.baseline;
+    for (const Json& row : before["megatron"]) {
+      if (row.value("ok", false) && row.contains("predicted")) {
+        report.baseline[row.at("name").get<std::string>()] = {{"error", row.at("error")},
+                                                              {"breakdown_s", row.at("predicted").at("breakdown_s")}};
+      }
+    }
+  }
+  std::map<std::string, std::string> topology_of_profile;
   report.created_utc = utc_now();
   report.machine = describe_machine();
 
@@ -602,7 +720,8 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
   for (const NcclRow& row : nccl_table()) {
     if (!selected(options, row.name)) continue;
     std::string topology_file = (repo / "topologies" / (row.topology + ".json")).string();
-    std::string profile_file = (repo / "profiles" / (row.profile + ".json")).string();
+    std::string profile_file = (profiles / (row.profile + ".json")).string();
+    topology_of_profile[profile_file] = topology_file;
     Topology topology = load_topology(topology_file);
     DeviceProfile profile = load_profile(profile_file);
     check_profile_matches(profile, topology);
@@ -627,7 +746,10 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
     write_output_file(inputs.string(), row->name + ".model.json", megatron_model_json(*row).dump(2) + "\n");
     write_output_file(inputs.string(), row->name + ".plan.json", megatron_plan_json(*row).dump(2) + "\n");
   }
-  if (!rows_to_run.empty()) profiles_used.insert(a100_profile);
+  if (!rows_to_run.empty()) {
+    profiles_used.insert(a100_profile);
+    topology_of_profile[a100_profile] = (repo / "topologies" / "dgx-a100-80gb.json").string();
+  }
   std::vector<MegatronResult> results(rows_to_run.size());
   std::atomic<size_t> next{0};
   std::mutex print;
@@ -655,7 +777,21 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
   for (int j = 0; j < std::min<int>(options.jobs, int(rows_to_run.size())); ++j) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   report.megatron = std::move(results);
-  for (const std::string& p : profiles_used) report.profiles.push_back(profile_record(p, repo));
+  for (const std::string& p : profiles_used) {
+    report.profiles.push_back(profile_record(p, repo));
+    ComponentSection section;
+    section.profile_file = fs::relative(p, repo).string();
+    section.topology_file = fs::relative(topology_of_profile.at(p), repo).string();
+    section.checks = check_components(load_profile(p), load_topology(topology_of_profile.at(p)));
+    if (!section.checks.empty()) {
+      for (const auto& [family, t] : section.summary()) {
+        std::cout << "components " << section.profile_file << " " << family << ": " << std::get<0>(t)
+                  << " points, median |error| " << fixed(100 * std::get<1>(t), 1) << "%, largest "
+                  << fixed(100 * std::get<2>(t), 1) << "%\n";
+      }
+      report.components.push_back(std::move(section));
+    }
+  }
   report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
 
   write_output_file(out_dir, "published.json", report_json(report).dump(2) + "\n");

@@ -3,8 +3,9 @@
 // Megatron-LM SC'21 Table 1 (TFLOP/s per GPU) and nccl-tests bus bandwidths, both transcribed in
 // ../shared/data/reference-figures.md. Table 1 rows are simulated in child processes
 // (`stepcast simulate`, one SimGrid engine per process); nccl-tests rows come from the collective
-// cost model (plans/collective.hpp) on the matching topology and profile. Errors are
-// (predicted − published) / published; means are of their absolute values.
+// cost model (plans/collective_cost.hpp) on the matching topology and profile. A component section
+// per profile predicts every published component figure the profile holds (components.hpp).
+// Errors are (predicted − published) / published; means are of their absolute values.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +73,8 @@ struct NcclPrediction {
   double busbw_bytes_per_s = 0;
 };
 // The collective cost model on the row's system: choose_algorithm and collective_time_s on the
-// topology after the profile's link fractions, busbw = bytes / time · 2(n−1)/n.
+// topology after the profile's link fractions, corrected by the profile's measured tables
+// (collective_cost.hpp; the table and factor named in `algorithm`), busbw = bytes / time · 2(n−1)/n.
 NcclPrediction predict_nccl(const NcclRow& row, const Topology& topology,
                             const DeviceProfile& profile);
 // The row's system: the topology with the row's nodes, devices and NICs per node.
@@ -84,6 +86,11 @@ double mean_absolute(const std::vector<double>& errors);  // NaN when empty
 struct PublishedOptions {
   std::vector<std::string> rows;  // row names to run (Megatron and nccl); empty: all
   int jobs = 2;                    // concurrent child simulations
+  // Profiles from this folder instead of the repository's profiles/ (an ablation: the same
+  // profiles with a component taken out); empty: profiles/.
+  std::string profile_dir;
+  // An earlier published.json: each Table 1 row shows its error and breakdown there beside now.
+  std::string baseline;
 };
 
 // Writes OUT_DIR/published.md, published.json and published.html; prints a line per row.

@@ -104,6 +104,20 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
   return 0;
 }
 
+double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
+  const int64_t n = shape.size;
+  if (n <= 1) return 0;
+  const double volume = bus_bandwidth_factor(kind == OpKind::all_to_all ? OpKind::all_gather : kind, n) * bytes;
+  const double steps = ring_steps(kind, n);
+  if (shape.nodes <= 1) return steps * links.intra_latency_s + volume / links.intra_bandwidth_bytes_per_s;
+  const double k = double(shape.members_per_node);
+  const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
+  const double inter = volume / (k * links.inter_bandwidth_bytes_per_s);
+  const double crossings = kind == OpKind::all_reduce ? 2.0 * double(shape.nodes - 1) : double(shape.nodes - 1);
+  const double latency = (steps - crossings) * links.intra_latency_s + crossings * links.inter_latency_s;
+  return std::max(intra, inter) + latency;
+}
+
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
                            const LinkFigures& links) {
   if (shape.size <= 1) return Algorithm::none;

@@ -45,6 +45,15 @@ LinkFigures link_figures(const Topology& topology);
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
                          const LinkFigures& links);
 
+// NCCL's ring as its tuner models it, to transfer a measured table between systems and group
+// shapes (collective_cost.hpp): every rank moves V = busbw factor · S (2(n−1)/n·S for
+// all_reduce, (n−1)/n·S for reduce_scatter, all_gather and all_to_all) through its NVLink, and
+// across nodes the rings (NCCL's channels) leave each node through all of the group's k members'
+// NICs, V / k each; the two pipeline, so the time is the larger plus the ring's latency
+// (intra-node steps at the NVLink latency, the N crossings at the network's). One member per
+// node: the plain ring over the NICs.
+double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links);
+
 // The algorithm with the smallest modelled time among those the kind supports (all_reduce: ring,
 // tree, hierarchical; reduce_scatter and all_gather: ring, hierarchical; others: ring). Ties go to
 // the earlier in that list. A group of one member gets Algorithm::none.

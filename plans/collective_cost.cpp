@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "errors.hpp"
+#include "profile.hpp"
 
 namespace stepcast {
 
@@ -29,9 +30,23 @@ double span_distance(const GroupShape& a, const GroupShape& b) {
 
 }  // namespace
 
-CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const LinkFigures& links)
-    : links_(links) {
+CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Topology& topology)
+    : links_(link_figures(apply_link_fractions(topology, profile))) {
+  measured_links_ = links_;
   if (!profile.measured) return;
+  if (profile.measured->system) {
+    const MeasuredSystem& m = *profile.measured->system;
+    Topology system = topology;
+    system.node.devices_per_node = int(m.devices_per_node);
+    system.node.intra_node.bandwidth_bytes_per_s = m.intra_node_bandwidth_bytes_per_s;
+    system.node.intra_node.latency_s = m.intra_node_latency_s;
+    system.fabric.nics_per_node = int(m.nics_per_node);
+    system.fabric.nic_bandwidth_bytes_per_s = m.nic_bandwidth_bytes_per_s;
+    system.fabric.nic_latency_s = m.nic_latency_s;
+    system.fabric.switch_latency_s = m.switch_latency_s;
+    system.fabric.oversubscription = m.oversubscription;
+    measured_links_ = link_figures(apply_link_fractions(system, profile));
+  }
   std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<CollectivePoint>> grouped;
   for (const CollectivePoint& c : profile.measured->collectives) {
     if (c.algorithm != "nccl" || !kind_of(c.kind)) continue;
@@ -78,21 +93,22 @@ const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const Grou
   return found;
 }
 
-double CollectiveCostModel::correction(OpKind kind, double bytes, const GroupShape& shape) const {
-  if (shape.size <= 1) return 1;
-  const MeasuredCollective* m = table_for(kind, shape);
-  if (!m) return 1;
-  double s = std::clamp(bytes, m->min_bytes, m->max_bytes);
-  OpKind modelled = m->kind;
-  Algorithm algorithm = choose_algorithm(modelled, s, m->shape, links_);
-  double model = collective_time_s(modelled, algorithm, s, m->shape, links_);
-  STEPCAST_CHECK(model > 0, "a measured collective table on a group of one");
-  return m->table.time_s(s) / model;
-}
-
 double CollectiveCostModel::time_s(OpKind kind, Algorithm algorithm, double bytes,
                                    const GroupShape& shape) const {
-  return correction(kind, bytes, shape) * collective_time_s(kind, algorithm, bytes, shape, links_);
+  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
+  if (!m) return collective_time_s(kind, algorithm, bytes, shape, links_);
+  double s = std::clamp(bytes, m->min_bytes, m->max_bytes);
+  double measured_model = nccl_ring_time_s(m->kind, s, m->shape, measured_links_);
+  STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");
+  double r = m->table.time_s(s) / measured_model;
+  return r * nccl_ring_time_s(kind, bytes, shape, links_);
+}
+
+double CollectiveCostModel::correction(OpKind kind, Algorithm algorithm, double bytes,
+                                       const GroupShape& shape) const {
+  if (shape.size <= 1) return 1;
+  double model = collective_time_s(kind, algorithm, bytes, shape, links_);
+  return model > 0 ? time_s(kind, algorithm, bytes, shape) / model : 1;
 }
 
 }  // namespace stepcast

@@ -1,12 +1,15 @@
 // Collective times from a device profile's measured collective tables (nccl-tests rows: NCCL
-// picks its own algorithm and protocol per size). The α-β model of collective.hpp gives a
-// collective's shape dependence (group size, nodes spanned, ring steps and latency); the tables
-// give what the model leaves out at each message size (protocol switches, the channels NCCL uses
+// picks its own algorithm and protocol per size). NCCL's ring model (collective.hpp's
+// nccl_ring_time_s) gives a collective's dependence on group size, nodes spanned and links; the
+// tables give what it leaves out at each message size (protocol switches, the channels NCCL uses
 // for mid-size messages, its launch latency, NVLink SHARP): the correction
-//   r(S) = measured time / modelled time, both for the measured group's shape, at size S,
-// taken from the measured table closest in span (same kind; inside a node or across nodes; nodes
-// and members per node nearest in log), with S clamped to the sizes it measured. A collective
-// then costs r(S) · its own modelled time. Where the profile has no table for the kind (nor, for
+//   r(S) = measured time / NCCL ring model, for the measured group's shape on the links of the
+//          system the tables were measured on (MeasuredSystem; the predicted topology's where the
+//          profile does not say), at size S clamped to the sizes measured,
+// from the measured table closest in span (same kind; inside a node or across nodes; nodes and
+// members per node nearest in log). A collective then takes r(S) · the NCCL ring model of its own
+// shape on the predicted topology's links: time_s. The simulator's flows carry the α-β model of
+// the algorithm lowering chose (collective_time_s); correction() is time_s over that. Where the profile has no table for the kind (nor, for
 // reduce_scatter and all_gather, an all_reduce table), r = 1.
 // Pure functions of their inputs; the simulator applies them (sim/simulator.hpp).
 #pragma once
@@ -33,14 +36,15 @@ struct MeasuredCollective {
 
 class CollectiveCostModel {
  public:
-  // `links`: the topology's link figures after the profile's fractions (what the simulator's
-  // platform is built from). Tables are the profile's collective points of algorithm "nccl".
-  CollectiveCostModel(const DeviceProfile& profile, const LinkFigures& links);
+  // `topology`: the system predicted, before the profile's link fractions (the constructor
+  // applies them). Tables are the profile's collective points of algorithm "nccl".
+  CollectiveCostModel(const DeviceProfile& profile, const Topology& topology);
 
-  // r(S) for `kind` over `shape` (1 without a table).
-  double correction(OpKind kind, double bytes, const GroupShape& shape) const;
-  // The corrected time of a collective of `algorithm` (as lowering chose it).
+  // The measured time of a collective (without a table: the α-β model of `algorithm`, the
+  // algorithm lowering chose).
   double time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
+  // time_s over the α-β model of `algorithm` (1 without a table).
+  double correction(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
   // The table r(S) comes from; nullptr when none.
   const MeasuredCollective* table_for(OpKind kind, const GroupShape& shape) const;
   bool has_tables() const { return !tables_.empty(); }
@@ -48,6 +52,7 @@ class CollectiveCostModel {
 
  private:
   LinkFigures links_;
+  LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
 };
 

@@ -175,15 +175,19 @@ GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& 
     p.gemm_tiling.reset();  // the shape model replaces wave quantization
     return p;
   };
+  // Each source weighs as one: a sweep of many shapes from one machine counts as much as one
+  // careful measurement from another (machines of one model differ by several percent).
+  std::map<std::string, double> per_source;
+  for (const GemmPoint& g : points) per_source[g.source] += 1;
   auto cost = [&](const std::vector<double>& x) {
     DeviceProfile p = profile_with(unpack(x));
     ComputeCostModel model = cost_model_for(p, topology, dtype);
     double sum = 0;
     for (const GemmPoint& g : points) {
       double r = std::log(model.op_time_s(gemm_point_op(g, dtype)) / g.time_s);
-      sum += r * r;
+      sum += r * r / per_source[g.source];
     }
-    return sum / double(points.size());
+    return sum / double(per_source.size());
   };
   double f0 = std::clamp(start.peak_fraction, 0.05, 0.99);
   std::vector<double> x0 = {std::log(f0 / (1 - f0)), std::log(std::max(start.output_half, 1e5)),

@@ -35,9 +35,9 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
 Op gemm_point_op(const GemmPoint& point, Dtype dtype);
 
 // Least squares in log time of the GEMM shape model (GemmEfficiency: peak_fraction, output_half,
-// k_half; overhead_s kept) to the profile's GEMM points of gemm_use "fit", for `dtype` (and the
-// other 16-bit dtype where the profile has its figures). Returns the fitted efficiency and the
-// points' errors under it.
+// k_half; overhead_s kept) to the profile's GEMM points of gemm_use "fit", for `dtype`, each
+// source weighing as one (its points share its weight). Returns the fitted efficiency and the
+// points' errors under it; rms_log_error is that weighted root mean square.
 struct GemmShapeFit {
   GemmEfficiency efficiency;
   std::vector<ComponentCheck> points;

@@ -112,6 +112,21 @@ struct Variability {
   double op_time_cv = 0;
 };
 
+// The system a profile's collective tables were measured on (a node's devices and links), so
+// that their correction of the α-β model is taken against that system's links, not those of the
+// topology a prediction runs on (collective_cost.hpp).
+struct MeasuredSystem {
+  int64_t devices_per_node = 0;
+  double intra_node_bandwidth_bytes_per_s = 0;  // per device, per direction (datasheet)
+  double intra_node_latency_s = 0;
+  int64_t nics_per_node = 0;
+  double nic_bandwidth_bytes_per_s = 0;  // per NIC (datasheet)
+  double nic_latency_s = 0;
+  double switch_latency_s = 0;
+  double oversubscription = 1;  // of the fabric it was measured on
+  std::string notes;
+};
+
 struct MeasuredTables {
   // Of every GEMM and memory-bound point; bf16 and fp16 tables serve both (same width, same
   // tensor-core rate on the GPUs profiled).
@@ -127,6 +142,7 @@ struct MeasuredTables {
   std::vector<CollectivePoint> collectives;
   std::vector<P2pPoint> p2p;
   std::vector<AttentionPoint> attention;
+  std::optional<MeasuredSystem> system;  // of the collective tables; none: the prediction's
 };
 
 // Where a profile was measured. Fields that define the machine type: cpu_model, cores.

@@ -137,7 +137,8 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
     // The row's shape tells the collective: count = size / type (all_reduce, sendrecv) or
     // size / type / ranks (all_gather, reduce_scatter, alltoall).
     double per_element = size / count / double(type_bytes(words[type_at], file, line_no));
-    if (!detected.empty() && !ranks.empty()) {
+    if (!ranks.empty() && (detected == "all_reduce" || detected == "sendrecv" || detected == "all_gather" ||
+                           detected == "reduce_scatter" || detected == "all_to_all")) {
       bool gathered = detected == "all_gather" || detected == "reduce_scatter" || detected == "all_to_all";
       double want = gathered ? double(ranks.size()) : 1.0;
       if (std::abs(per_element - want) > 0.01 * want && size >= 4096) {

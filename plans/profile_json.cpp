@@ -188,6 +188,24 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     attention_order.check(i, {a.pass, a.head_dim, a.causal}, a.seq);
     t.attention.push_back(a);
   });
+  if (reader.has("system")) {
+    ObjectReader y = reader.get_object("system");
+    MeasuredSystem m;
+    m.devices_per_node = y.get_int("devices_per_node", 1);
+    m.intra_node_bandwidth_bytes_per_s = y.get_number("intra_node_bandwidth_bytes_per_s", 0, true);
+    m.intra_node_latency_s = y.get_number("intra_node_latency_s", 0, false);
+    m.nics_per_node = y.get_int("nics_per_node", 1);
+    m.nic_bandwidth_bytes_per_s = y.get_number("nic_bandwidth_bytes_per_s", 0, true);
+    m.nic_latency_s = y.get_number("nic_latency_s", 0, false);
+    m.switch_latency_s = y.get_number("switch_latency_s", 0, false);
+    m.oversubscription = y.get_number_or("oversubscription", 1, false, 1);
+    if (m.oversubscription < 1) y.fail("oversubscription", "is below 1", "a ratio >= 1 (1: non-blocking)");
+    m.notes = y.get_string_or("notes", "");
+    y.finish();
+    t.system = m;
+  } else {
+    reader.accept("system");
+  }
   reader.finish();
   if (t.gemm_use == "fit" && t.gemm.empty()) {
     reader.fail("gemm_use", "is \"fit\" but there are no gemm_points", "\"table\", or GEMM points");
@@ -238,6 +256,18 @@ Json measured_to_json(const MeasuredTables& t) {
               {"gemm_points", gemm},         {"memory_points", memory},    {"collective_points", collectives},
               {"p2p_points", p2p}};
   if (t.gemm_use != "table") out["gemm_use"] = t.gemm_use;
+  if (t.system) {
+    const MeasuredSystem& m = *t.system;
+    out["system"] = {{"devices_per_node", m.devices_per_node},
+                     {"intra_node_bandwidth_bytes_per_s", m.intra_node_bandwidth_bytes_per_s},
+                     {"intra_node_latency_s", m.intra_node_latency_s},
+                     {"nics_per_node", m.nics_per_node},
+                     {"nic_bandwidth_bytes_per_s", m.nic_bandwidth_bytes_per_s},
+                     {"nic_latency_s", m.nic_latency_s},
+                     {"switch_latency_s", m.switch_latency_s},
+                     {"oversubscription", m.oversubscription}};
+    if (!m.notes.empty()) out["system"]["notes"] = m.notes;
+  }
   if (!t.attention.empty()) out["attention_points"] = attention;
   return out;
 }

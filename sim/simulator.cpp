@@ -634,7 +634,7 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   LinkFigures links = link_figures(topology);
   // Measured collective tables correct the α-β model where the streams run concurrently (GPU
   // profiles); an in-order profile's measured collectives take their measured time (below).
-  const CollectiveCostModel collective_cost(plan.in_order ? DeviceProfile{} : profile, links);
+  const CollectiveCostModel collective_cost(plan.in_order ? DeviceProfile{} : profile, topology_in);
   SimulationOutput out;
   auto note_correction = [&](double r) {
     if (r == 1) return;
@@ -689,7 +689,7 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
       } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {
         analytic[op.id] = 1;
         plan.tp_sync[role.index][op.id] = 1;
-        double r = measured ? 1 : collective_cost.correction(op.kind, op.bytes, tp_shape);
+        double r = measured ? 1 : collective_cost.correction(op.kind, op.algorithm, op.bytes, tp_shape);
         note_correction(r);
         costs[op.id] = measured ? *measured
                                 : r * collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
@@ -717,7 +717,7 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
       // The measured correction of a collective simulated with flows, for its whole group.
       if (is_collective(op.kind) && !analytic[op.id] && !sync_only[op.id] && collective_cost.has_tables()) {
         GroupShape whole = group_shape(grid, op.group, first, per_node);
-        double r = collective_cost.correction(op.kind, op.bytes, whole);
+        double r = collective_cost.correction(op.kind, op.algorithm, op.bytes, whole);
         note_correction(r);
         if (r < 1) {
           plan.flow_scale[role.index][op.id] = r;

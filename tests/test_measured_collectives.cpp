@@ -47,35 +47,64 @@ TEST_CASE("collective cost: the measured group's own shape takes its measured ti
   DeviceProfile p = profile_with_tables(
       t, {nccl_point(8, 1, 1e6, 80e-6), nccl_point(8, 1, 1e8, 3e-3), nccl_point(16, 2, 1e6, 300e-6),
           nccl_point(16, 2, 1e8, 9e-3)});
-  CollectiveCostModel model(p, links);
+  CollectiveCostModel model(p, t);
   REQUIRE(model.has_tables());
   GroupShape node{8, 1, 8};
   for (double bytes : {1e6, 1e7, 1e8}) {
     Algorithm a = choose_algorithm(OpKind::all_reduce, bytes, node, links);
     CHECK(model.time_s(OpKind::all_reduce, a, bytes, node) ==
           Approx(log_log(1e6, 80e-6, 1e8, 3e-3, bytes)).epsilon(1e-9));
+    CHECK(model.correction(OpKind::all_reduce, a, bytes, node) ==
+          Approx(log_log(1e6, 80e-6, 1e8, 3e-3, bytes) / collective_time_s(OpKind::all_reduce, a, bytes, node, links)));
   }
   // Two nodes: the 2-node table, not the in-node one.
   GroupShape two{16, 2, 8};
-  Algorithm a = choose_algorithm(OpKind::all_reduce, 1e7, two, links);
-  CHECK(model.time_s(OpKind::all_reduce, a, 1e7, two) == Approx(log_log(1e6, 300e-6, 1e8, 9e-3, 1e7)).epsilon(1e-9));
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e7, two) ==
+        Approx(log_log(1e6, 300e-6, 1e8, 9e-3, 1e7)).epsilon(1e-9));
   CHECK(model.table_for(OpKind::all_reduce, two)->shape.nodes == 2);
-  // Four nodes: the 2-node table's correction on the 4-node model.
+  // Four nodes: the 2-node table's ratio to NCCL's ring model, on the 4-node ring model.
   GroupShape four{32, 4, 8};
-  double r2 = model.correction(OpKind::all_reduce, 1e7, two);
-  CHECK(model.correction(OpKind::all_reduce, 1e7, four) == Approx(r2));
+  double r2 = log_log(1e6, 300e-6, 1e8, 9e-3, 1e7) / nccl_ring_time_s(OpKind::all_reduce, 1e7, two, links);
   CHECK(model.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e7, four) ==
-        Approx(r2 * collective_time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e7, four, links)));
-  // Outside the measured sizes the correction of the nearest measured size.
-  CHECK(model.correction(OpKind::all_reduce, 1e10, node) == Approx(model.correction(OpKind::all_reduce, 1e8, node)));
-  CHECK(model.correction(OpKind::all_reduce, 10, node) == Approx(model.correction(OpKind::all_reduce, 1e6, node)));
-  // reduce_scatter and all_gather borrow the all_reduce correction; a group of one has none.
-  CHECK(model.correction(OpKind::reduce_scatter, 1e7, node) == Approx(model.correction(OpKind::all_reduce, 1e7, node)));
-  CHECK(model.correction(OpKind::all_reduce, 1e7, GroupShape{1, 1, 1}) == 1);
-  // Without tables, r = 1; the CPU backend's ring/tree tables are not nccl tables.
-  CollectiveCostModel none(roofline_profile(t), links);
+        Approx(r2 * nccl_ring_time_s(OpKind::all_reduce, 1e7, four, links)));
+  // Outside the measured sizes the ratio of the nearest measured size.
+  double r_max = 3e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e8, node, links);
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e10, node) ==
+        Approx(r_max * nccl_ring_time_s(OpKind::all_reduce, 1e10, node, links)));
+  // reduce_scatter borrows the all_reduce ratio; a group of one takes no time.
+  double r7 = log_log(1e6, 80e-6, 1e8, 3e-3, 1e7) / nccl_ring_time_s(OpKind::all_reduce, 1e7, node, links);
+  CHECK(model.time_s(OpKind::reduce_scatter, Algorithm::ring, 1e7, node) ==
+        Approx(r7 * nccl_ring_time_s(OpKind::reduce_scatter, 1e7, node, links)));
+  CHECK(model.correction(OpKind::all_reduce, Algorithm::ring, 1e7, GroupShape{1, 1, 1}) == 1);
+  // Without tables the α-β model; the CPU backend's ring/tree tables are not nccl tables.
+  CollectiveCostModel none(roofline_profile(t), t);
   CHECK_FALSE(none.has_tables());
-  CHECK(none.correction(OpKind::all_reduce, 1e7, node) == 1);
+  CHECK(none.correction(OpKind::all_reduce, Algorithm::ring, 1e7, node) == 1);
+}
+
+TEST_CASE("collective cost: a table measured on another system transfers by NCCL's ring model", "[collective]") {
+  // Measured on nodes with 8 NICs; predicted on nodes with 4: twice the network time where the
+  // network bounds the ring.
+  Topology four_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 4, 25e9, 3e-6));
+  Topology eight_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  DeviceProfile p = profile_with_tables(four_nics, {nccl_point(16, 2, 1e8, 6e-3), nccl_point(16, 2, 1e9, 50e-3)});
+  MeasuredSystem system;
+  system.devices_per_node = 8;
+  system.intra_node_bandwidth_bytes_per_s = 300e9;
+  system.intra_node_latency_s = 2e-6;
+  system.nics_per_node = 8;
+  system.nic_bandwidth_bytes_per_s = 25e9;
+  system.nic_latency_s = 3e-6;
+  p.measured->system = system;
+  CollectiveCostModel model(p, four_nics);
+  GroupShape two{16, 2, 8};
+  double r = 50e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e9, two, link_figures(eight_nics));
+  double predicted = model.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e9, two);
+  CHECK(predicted == Approx(r * nccl_ring_time_s(OpKind::all_reduce, 1e9, two, link_figures(four_nics))));
+  CHECK(predicted / 50e-3 == Approx(2.0).epsilon(0.01));  // the NICs bound both
+  // On the measured system itself, the measured time.
+  CollectiveCostModel same(p, eight_nics);
+  CHECK(same.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e9, two) == Approx(50e-3));
 }
 
 TEST_CASE("sim: a measured table sets a folded tensor-parallel all_reduce's time (fast)", "[sim]") {

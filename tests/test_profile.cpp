@@ -219,12 +219,27 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   ComputeCostModel roofline(dgx.node.device, Dtype::bf16, sheet, dgx.file);
   gemm.grad = "";
   double peak = dgx.node.device.peak_for(Dtype::bf16, dgx.file);
-  // The A100 sheet's GEMM fraction is measured on whole-wave shapes; its gemm_tiling scales it.
-  REQUIRE(sheet.gemm_tiling);
-  double wave = gemm_wave_efficiency(*sheet.gemm_tiling, gemm.m, gemm.n, 1);
+  // The A100 profile's GEMMs: peak · peak_fraction · the shape model (fitted to its GEMM points).
+  const GemmEfficiency& e = sheet.gemm.at(Dtype::bf16);
+  REQUIRE(e.output_half > 0);
+  REQUIRE(e.k_half > 0);
+  double shape = e.shape_efficiency(double(gemm.m), double(gemm.n), double(gemm.k));
+  CHECK(shape == Approx(double(gemm.m) * double(gemm.n) / (double(gemm.m) * double(gemm.n) + e.output_half) *
+                        double(gemm.k) / (double(gemm.k) + e.k_half)));
   CHECK(roofline.op_time_s(gemm) ==
+        Approx(std::max(gemm.flops / (peak * e.peak_fraction * shape),
+                        gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * sheet.memory_bandwidth_fraction)) +
+               e.overhead_s));
+  // A sheet with gemm_tiling instead divides its fraction by the op's wave efficiency.
+  DeviceProfile tiled = sheet;
+  tiled.gemm[Dtype::bf16] = GemmEfficiency{0.859, 6e-6};
+  tiled.gemm_tiling = GemmTiling{108, 256, 128};
+  ComputeCostModel waves(dgx.node.device, Dtype::bf16, tiled, dgx.file);
+  double wave = gemm_wave_efficiency(*tiled.gemm_tiling, gemm.m, gemm.n, 1);
+  CHECK(waves.op_time_s(gemm) ==
         Approx(std::max(gemm.flops / (peak * 0.859 * wave),
-                        gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * 0.85)) + 6e-6));
+                        gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * sheet.memory_bandwidth_fraction)) +
+               6e-6));
 }
 
 TEST_CASE("profile: GEMM wave quantization on an A100 (108 SMs, 256x128 tiles)", "[profile]") {
@@ -281,15 +296,28 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
   Json unordered = json;
   unordered["execution"] = {{"staged_sends", true}};
   CHECK_THROWS_WITH(parse_profile(unordered, "bad.json"), Contains("staged_sends needs in_order"));
+  // Shipped GPU profiles: published component points, every one naming a source it lists.
   for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm"}) {
+    INFO(name);
     DeviceProfile sheet = load_profile(source_path(std::string("profiles/") + name + ".json"));
-    CHECK_FALSE(sheet.measured);
+    REQUIRE(sheet.measured);
+    CHECK(sheet.measured->system);
     CHECK_FALSE(sheet.intra_node_bandwidth_bytes_per_s);
     Json j = profile_to_json(sheet);
     CHECK(profile_to_json(parse_profile(j, "x.json")) == j);
-    CHECK_FALSE(j.contains("measured"));
     CHECK_FALSE(j.contains("execution"));  // GPU backends: streams run concurrently
     CHECK_FALSE(sheet.execution_in_order);
+    CHECK(sheet.variability.device_speed_cv > 0);
+    const MeasuredTables& t = *sheet.measured;
+    CHECK(!t.gemm.empty());
+    CHECK(!t.memory.empty());
+    CHECK(!t.collectives.empty());
+    CHECK(!t.attention.empty());
+    auto cited = [&](const std::string& source) { return !source.empty() && sheet.sources.count(source) == 1; };
+    for (const auto& g : t.gemm) CHECK(cited(g.source));
+    for (const auto& m : t.memory) CHECK(cited(m.source));
+    for (const auto& c : t.collectives) CHECK(cited(c.source));
+    for (const auto& a : t.attention) CHECK(cited(a.source));
   }
   Json bad = json;
   bad["measured"]["gemm_points"][0]["varient"] = "forward";
