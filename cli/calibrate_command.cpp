@@ -33,14 +33,6 @@ struct Run {
   double measured_s = 0;
 };
 
-std::string read_text(const std::string& path) {
-  if (fs::is_directory(path)) throw InputError(path + ": is a directory; valid: a file");
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 void write_json(const fs::path& path, const Json& json) {
   std::ofstream out(path);
@@ -83,7 +75,7 @@ Run run_from_measurement(const std::string& file, const fs::path& dir) {
 
 Run run_from_megatron(const std::string& file, const std::string& model_file, const std::string& topology_file,
                       const fs::path& dir) {
-  MegatronLog log = parse_megatron_log(read_text(file), file);
+  MegatronLog log = parse_megatron_log(read_text_file(file), file);
   Json model = load_json_file(model_file);
   if (log.seq_length) model["seq_length"] = *log.seq_length;
   Topology topology = load_topology(topology_file);

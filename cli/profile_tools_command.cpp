@@ -18,13 +18,6 @@ namespace stepcast::cli {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot be read (missing or not a file)");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::string percent(double x) {
   std::ostringstream out;
@@ -111,7 +104,7 @@ int run_import(int argc, char** argv) {
         kind = arg.substr(0, colon);
         file = arg.substr(colon + 1);
       }
-      logs.push_back(parse_nccl_tests_log(read_text(file), file, kind));
+      logs.push_back(parse_nccl_tests_log(read_text_file(file), file, kind));
       const NcclTestsLog& l = logs.back();
       std::cout << file << ": " << l.collective << ", " << l.ranks << " ranks on " << l.nodes
                 << (l.nodes == 1 ? " node" : " nodes") << ", " << l.points.size() << " sizes"
@@ -124,7 +117,7 @@ int run_import(int argc, char** argv) {
   std::optional<GemmCsv> gemm;
   if (vm->count("gemm-csv")) {
     std::string file = (*vm)["gemm-csv"].as<std::string>();
-    gemm = parse_gemm_csv(read_text(file), file);
+    gemm = parse_gemm_csv(read_text_file(file), file);
     std::cout << file << ": " << gemm->points.size() << " GEMM points (" << to_string(gemm->dtype) << "), "
               << (gemm->grid ? "a grid: interpolated" : "not a grid: fit the shape model with `profile fit`")
               << "\n";
@@ -145,10 +138,13 @@ int run_fit(int argc, char** argv) {
       ("profile", po::value<std::string>()->required(), "the profile whose GEMM points to fit")
       ("topology", po::value<std::string>()->required(), "the topology of its device (peaks)")
       ("dtype", po::value<std::string>()->default_value("bf16"), "the dtype whose GEMM figures to fit")
+      ("min-outputs", po::value<double>()->default_value(1048576),
+       "fit only points of at least this many output elements (m·n·count); smaller ones are one "
+       "launch and a few tiles, outside the model's form (their errors are still printed)")
       ("out", po::value<std::string>()->required(), "write the fitted profile to FILE");
   auto vm = parse_command_line(
       argc, argv, options,
-      "usage: stepcast profile fit --profile P --topology T [--dtype bf16] --out F\n"
+      "usage: stepcast profile fit --profile P --topology T [--dtype bf16] [--min-outputs N] --out F\n"
       "Fits the GEMM shape model (peak_fraction, output_half, k_half: cost_model.hpp) to the\n"
       "profile's GEMM points (measured.gemm_use \"fit\"), least squares in log time, and prints\n"
       "every point's error under it. The other 16-bit dtype takes the same figures.");
@@ -158,7 +154,9 @@ int run_fit(int argc, char** argv) {
   check_profile_matches(profile, topology);
   std::optional<Dtype> dtype = parse_dtype((*vm)["dtype"].as<std::string>());
   if (!dtype) throw InputError("command line: --dtype '" + (*vm)["dtype"].as<std::string>() + "': valid: bf16, fp16, ...");
-  GemmShapeFit fit = fit_gemm_shape_model(profile, topology, *dtype);
+  double min_outputs = (*vm)["min-outputs"].as<double>();
+  if (!(min_outputs >= 0)) throw InputError("command line: --min-outputs: valid: a number >= 0");
+  GemmShapeFit fit = fit_gemm_shape_model(profile, topology, *dtype, min_outputs);
   print_checks(fit.points, true);
   std::cout << std::setprecision(4) << "fitted " << to_string(*dtype) << ": peak_fraction "
             << fit.efficiency.peak_fraction << ", output_half " << fit.efficiency.output_half << ", k_half "

@@ -544,7 +544,7 @@ std::string report_markdown(const Report& report) {
   }
   md << "\nMean absolute error over the Table 1 rows: **" << fixed(100 * report.megatron_mean(), 1) << "%**.\n";
   if (!report.baseline.is_null()) {
-    md << "\n### Before and after\n\nBefore: `" << report.baseline_file << "`. Breakdown parts in seconds: "
+    md << "\n### Before and after\n\nBefore: " << report.baseline_file << ". Breakdown parts in seconds: "
        << "compute / exposed comm / bubble / optimizer / variability.\n\n"
        << "| row | error before | error now | breakdown before | breakdown now |\n|---|---:|---:|---|---|\n";
     for (const auto& r : report.megatron) {
@@ -703,7 +703,8 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
                        "`stepcast validate --sweep published`");
     }
     report.baseline = Json::object();
-    report.baseline_file = options.baseline;
+    report.baseline_file = options.baseline + " (stepcast git " + before.value("git_commit", std::string("?")) +
+                           ", made " + before.value("created_utc", std::string("?")) + ")";
     for (const Json& row : before["megatron"]) {
       if (row.value("ok", false) && row.contains("predicted")) {
         report.baseline[row.at("name").get<std::string>()] = {{"error", row.at("error")},

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -56,12 +57,17 @@ Json parse_json_text(const std::string& text, const std::string& file) {
   }
 }
 
-Json load_json_file(const std::string& path) {
+std::string read_text_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw InputError(path + ": is a directory; valid: a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open file");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  Json json = parse_json_text(buffer.str(), path);
+  return buffer.str();
+}
+
+Json load_json_file(const std::string& path) {
+  Json json = parse_json_text(read_text_file(path), path);
   if (!json.is_object()) throw InputError(path + ": top level must be a JSON object");
   return json;
 }

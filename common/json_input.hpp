@@ -15,6 +15,8 @@ namespace stepcast {
 
 using Json = nlohmann::json;
 
+// The whole of a text file; InputError naming it when it is missing, unreadable or a directory.
+std::string read_text_file(const std::string& path);
 // Parses FILE; malformed JSON throws InputError with line and column.
 Json load_json_file(const std::string& path);
 // Same for text already in memory; `file` only names it in messages.

@@ -88,7 +88,8 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
   if (t.gemm_use == "fit") {
     ComputeCostModel model = cost_model_for(profile, topology, t.dtype);
     for (const GemmPoint& g : t.gemm) {
-      ComponentCheck c{"gemm", gemm_label(g), g.source, "model", g.time_s,
+      bool in_fit = double(g.m) * double(g.n) * double(g.count) >= 1048576;
+      ComponentCheck c{"gemm", gemm_label(g), g.source, in_fit ? "model" : "model (outside the fit)", g.time_s,
                        model.op_time_s(gemm_point_op(g, t.dtype))};
       out.push_back(c);
     }
@@ -154,13 +155,23 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
   return out;
 }
 
-GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype) {
+GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype,
+                                  double min_outputs) {
   if (!profile.measured || profile.measured->gemm_use != "fit" || profile.measured->gemm.empty()) {
     throw InputError(profile.file + ": key 'measured.gemm_use': no GEMM points to fit; valid: "
                      "\"fit\" with measured.gemm_points");
   }
   GemmEfficiency start = profile.gemm_for(dtype);
-  const std::vector<GemmPoint>& points = profile.measured->gemm;
+  const std::vector<GemmPoint>& all = profile.measured->gemm;
+  std::vector<GemmPoint> points;
+  for (const GemmPoint& g : all) {
+    if (double(g.m) * double(g.n) * double(g.count) >= min_outputs) points.push_back(g);
+  }
+  if (points.size() < 3) {
+    throw InputError(profile.file + ": key 'measured.gemm_points': " + std::to_string(points.size()) +
+                     " points of at least " + std::to_string(int64_t(min_outputs)) +
+                     " outputs; valid: three or more to fit three parameters");
+  }
   // Parameters: logit(peak_fraction), log(output_half), log(k_half).
   auto unpack = [&](const std::vector<double>& x) {
     GemmEfficiency e = start;
@@ -200,9 +211,10 @@ GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& 
   fit.rms_log_error = std::sqrt(best.value);
   DeviceProfile fitted = profile_with(fit.efficiency);
   ComputeCostModel model = cost_model_for(fitted, topology, dtype);
-  for (const GemmPoint& g : points) {
-    fit.points.push_back({"gemm", gemm_label(g), g.source, "model", g.time_s,
-                          model.op_time_s(gemm_point_op(g, dtype))});
+  for (const GemmPoint& g : all) {
+    bool in_fit = double(g.m) * double(g.n) * double(g.count) >= min_outputs;
+    fit.points.push_back({"gemm", gemm_label(g), g.source, in_fit ? "model" : "model (outside the fit)",
+                          g.time_s, model.op_time_s(gemm_point_op(g, dtype))});
   }
   return fit;
 }

@@ -43,6 +43,10 @@ struct GemmShapeFit {
   std::vector<ComponentCheck> points;
   double rms_log_error = 0;
 };
-GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype);
+// Points of fewer than `min_outputs` output elements (m·n·count) stay out of the fit (their errors
+// are still reported): below about a million outputs a GEMM is a handful of tiles, bound by one
+// launch and one tile's latency, which the shape model's form does not describe.
+GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype,
+                                  double min_outputs = 1048576);
 
 }  // namespace stepcast
