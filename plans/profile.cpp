@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "collective.hpp"
 #include "errors.hpp"
@@ -41,6 +42,49 @@ bool topology_device_is_cpu(const Topology& topology) {
          topology.node.intra_node.kind == IntraNodeKind::shared_memory;
 }
 
+namespace {
+
+// A GPU profile's measured points cannot beat the device's datasheet: a GEMM or attention rate
+// above the dense peak of its dtype, or a memory-bound kernel above the HBM bandwidth, is a
+// wrong point (a time off by its unit, a typo), refused before it gives an MFU above 1. (A CPU
+// topology's peaks are estimates its measured profile may pass.)
+void check_points_within_peaks(const DeviceProfile& profile, const Topology& topology) {
+  if (profile.backend == "cpu" || !profile.measured) return;
+  const DeviceSpec& device = topology.node.device;
+  const MeasuredTables& t = *profile.measured;
+  auto peak = device.peak_flops_per_s.find(t.dtype);
+  auto refuse = [&](const std::string& key, double value, const std::string& what, double limit) {
+    std::ostringstream why, valid;
+    why << "implies " << what << " " << value << ", above the device's " << limit << " (topology "
+        << topology.file << ")";
+    valid << "a measured time (in seconds) at most the datasheet allows";
+    throw_input_error(profile.file, key, "", why.str(), valid.str());
+  };
+  if (peak != device.peak_flops_per_s.end()) {
+    for (size_t i = 0; i < t.gemm.size(); ++i) {
+      double rate = t.gemm[i].flops() / t.gemm[i].time_s;
+      if (rate > peak->second * 1.02) {
+        refuse("measured.gemm_points[" + std::to_string(i) + "].time_s", rate, "flop/s", peak->second);
+      }
+    }
+    for (size_t i = 0; i < t.attention.size(); ++i) {
+      if (t.attention[i].flops_per_s > peak->second * 1.02) {
+        refuse("measured.attention_points[" + std::to_string(i) + "].flops_per_s", t.attention[i].flops_per_s,
+               "flop/s", peak->second);
+      }
+    }
+  }
+  for (size_t i = 0; i < t.memory.size(); ++i) {
+    double bandwidth = t.memory[i].bytes / t.memory[i].time_s;
+    if (bandwidth > device.memory_bandwidth_bytes_per_s * 1.05) {
+      refuse("measured.memory_points[" + std::to_string(i) + "].time_s", bandwidth, "bytes/s",
+             device.memory_bandwidth_bytes_per_s);
+    }
+  }
+}
+
+}  // namespace
+
 void check_profile_matches(const DeviceProfile& profile, const Topology& topology,
                            bool allow_mismatch) {
   if (profile.is_roofline) return;
@@ -54,6 +98,9 @@ void check_profile_matches(const DeviceProfile& profile, const Topology& topolog
                       std::string("a profile of backend ") + (cpu_topology ? "cpu" : "cuda") +
                           " measured on \"" + device + "\"");
   }
+  // Against the datasheet of the device it was measured on (another device's, under
+  // --allow-profile-mismatch, is no bound on it).
+  if (profile.device == device) check_points_within_peaks(profile, topology);
   if (profile.device == device || allow_mismatch) return;
   throw_input_error(profile.file, "device", "\"" + profile.device + "\"",
                     "is another device than topology " + topology.file + "'s node.device.name \"" +
