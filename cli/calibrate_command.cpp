@@ -135,6 +135,7 @@ int run_calibrate(int argc, char** argv) {
       "run's error before and after, and its leave-one-out error (the run predicted by the fit to\n"
       "the others). Writes DIR/profile.json (the calibrated profile) and DIR/calibrate.json.");
   if (!vm) return 0;
+  claim_out_option(*vm, "calibrate");
   std::vector<CalibrationParam> params = parse_calibration_params((*vm)["params"].as<std::string>());
   int jobs = (*vm)["jobs"].as<int>();
   std::string mode = (*vm)["sim-mode"].as<std::string>();

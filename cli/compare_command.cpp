@@ -53,6 +53,7 @@ int run_compare(int argc, char** argv) {
                                  "measurement (") +
                      kUsage + ")");
   }
+  claim_out_option(vm, "compare");
   std::string prediction_file = vm["prediction"].as<std::string>();
   std::string measurement_file = vm["measurement"].as<std::string>();
   StepResult prediction = step_result_from_json(load_json_file(prediction_file), prediction_file);

@@ -73,6 +73,7 @@ int run_compare_strategies(int argc, char** argv) {
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits.");
   if (!vm) return 0;
+  claim_out_option(*vm, "compare-strategies");
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model((*vm)["model"].as<std::string>());

@@ -1,6 +1,16 @@
 // Shared input loading and output envelope for the commands; see inputs.hpp.
 #include "inputs.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -83,6 +93,14 @@ std::optional<po::variables_map> parse_command_line(int argc, char** argv,
   } catch (const po::error& e) {
     throw InputError(std::string("command line: ") + e.what() + " (see --help)");
   }
+  // No option takes nan or inf (boost reads them as numbers).
+  for (const auto& [name, value] : vm) {
+    const double* number = boost::any_cast<double>(&value.value());
+    if (number && !std::isfinite(*number)) {
+      throw InputError("command line: --" + name + " " + std::to_string(*number) +
+                       ": valid: a finite number (see --help)");
+    }
+  }
   return vm;
 }
 
@@ -115,20 +133,81 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+namespace {
+
+// A name in `dir` unique to this process and call.
+std::string temporary_name(const std::string& dir, const std::string& name) {
+  static std::mt19937_64 random{std::random_device{}()};
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".%ld.%016llx.tmp", long(::getpid()),
+                (unsigned long long)random());
+  return dir + "/." + name + suffix;
+}
+
+}  // namespace
+
+void claim_output_dir(const std::string& dir, const std::string& command, const std::string& option) {
+  static std::map<std::string, int> claimed;  // folder → lock descriptor, held until exit
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw InputError(option + " " + dir + ": cannot create the folder: " + ec.message());
+  std::string key = std::filesystem::weakly_canonical(dir, ec).string();
+  if (claimed.count(key)) return;
+  // Writable: a file can be created in it (a lock file alone may be writable in a read-only
+  // folder).
+  std::string probe = temporary_name(dir, "write-probe");
+  int probe_fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (probe_fd < 0) {
+    throw InputError(option + " " + dir + ": cannot write in it: " + std::strerror(errno) +
+                     "; valid: a folder this user can write (checked before any work)");
+  }
+  ::close(probe_fd);
+  ::unlink(probe.c_str());
+  std::string lock = dir + "/.stepcast.lock";
+  int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(option + " " + dir + ": cannot open " + lock + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {0};
+    ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    std::string note = n > 0 ? std::string(holder, size_t(n)) : "";
+    note = note.substr(0, note.find('\n'));
+    std::string who = note.empty() ? "another process" : printable_excerpt(note, 120);
+    throw InputError(option + " " + dir + ": another stepcast command (" + who +
+                     ") is writing this folder; valid: another --out, or the same once it ends");
+  }
+  std::string me = "stepcast " + command + ", pid " + std::to_string(long(::getpid())) + "\n";
+  // The note only words another command's refusal: the lock holds without it.
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, me.data(), me.size(), 0);
+  claimed[key] = fd;
+}
+
+void claim_out_option(const po::variables_map& vm, const std::string& command) {
+  if (vm.count("out")) claim_output_dir(vm["out"].as<std::string>(), command);
+}
+
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError("--out " + dir + ": cannot create directory: " + ec.message());
   std::string path = dir + "/" + name;
-  std::string tmp = path + ".tmp";
+  std::string tmp = temporary_name(dir, name);
   {
     std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw InputError("--out " + dir + ": cannot write " + path);
+    if (!out) throw InputError("--out " + dir + ": cannot write " + path + ": " + std::strerror(errno));
     out << text;
-    if (!out) throw InputError("--out " + dir + ": write failed for " + path);
+    out.close();
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      throw InputError("--out " + dir + ": write failed for " + path);
+    }
   }
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw InputError("--out " + dir + ": cannot rename " + tmp + ": " + ec.message());
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw InputError("--out " + dir + ": cannot rename " + tmp + ": " + ec.message());
+  }
 }
 
 std::string utc_now() {

@@ -47,7 +47,16 @@ std::string shell_quote(const std::string& s);
 
 // Now as ISO 8601 UTC ("2026-11-30T18:42:59Z"), for reports.
 std::string utc_now();
-// Creates DIR and writes DIR/NAME; InputError if it cannot.
+// Creates DIR, checks that it is writable and takes DIR/.stepcast.lock for this process until it
+// exits: a second command writing the same folder meanwhile is refused (InputError naming the
+// first), so two commands never mix their files. Called before any work, so a folder that cannot
+// be written fails at once. `command` names this one in the lock, `option` the folder in errors.
+void claim_output_dir(const std::string& dir, const std::string& command,
+                      const std::string& option = "--out");
+// claim_output_dir of --out, when given.
+void claim_out_option(const po::variables_map& vm, const std::string& command);
+// Creates DIR and writes DIR/NAME atomically (a temporary name of this process, renamed);
+// InputError if it cannot.
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text);
 
 }  // namespace stepcast::cli

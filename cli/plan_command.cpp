@@ -125,6 +125,7 @@ int run_plan(int argc, char** argv) {
       "verdicts are `stepcast\n"
       "memory`'s: decided from per-stage bounds, walking the stages near the limit.");
   if (!vm) return 0;
+  claim_out_option(*vm, "plan");
   auto wall_start = std::chrono::steady_clock::now();
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();

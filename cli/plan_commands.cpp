@@ -45,6 +45,7 @@ int run_memory(int argc, char** argv) {
       "runtime allowance) at each rank's peak, from the alloc/free walk of the lowered step,\n"
       "and whether the plan fits the device's memory. Ranks that are alike are listed once.");
   if (!vm) return 0;
+  claim_out_option(*vm, "memory");
   Inputs in = load_inputs(*vm);
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   MemoryReport report = memory_report(program, in.topology);
@@ -79,6 +80,7 @@ int run_lower(int argc, char** argv) {
       "Lowers the plan into the StepProgram (one op list per pipeline stage) that the simulator\n"
       "and the executor interpret, writes DIR/program.json and prints its summary.");
   if (!vm) return 0;
+  claim_out_option(*vm, "lower");
   Inputs in = load_inputs(*vm);
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   MemoryReport report = memory_report(program, in.topology);

@@ -87,6 +87,19 @@ int run_run(int argc, char** argv) {
     throw InputError("command line: --collectives '" + collectives + "': valid: program, mpi");
   }
   if ((*vm)["steps"].as<int64_t>() < 1) throw InputError("command line: --steps must be >= 1");
+  if (!((*vm)["lr"].as<double>() > 0)) {
+    throw InputError("command line: --lr " + std::to_string((*vm)["lr"].as<double>()) +
+                     ": valid: a learning rate > 0");
+  }
+  if (!((*vm)["watchdog-s"].as<double>() > 0)) {
+    throw InputError("command line: --watchdog-s " + std::to_string((*vm)["watchdog-s"].as<double>()) +
+                     ": valid: seconds > 0 a rank may wait on a peer before the job is aborted");
+  }
+  if ((*vm)["checkpoint-every"].as<int64_t>() < 0) {
+    throw InputError("command line: --checkpoint-every " +
+                     std::to_string((*vm)["checkpoint-every"].as<int64_t>()) +
+                     ": valid: K >= 1 (a checkpoint every K steps), or 0 for none");
+  }
   if ((*vm)["topology"].defaulted()) {
     std::string path = repository_path((*vm)["topology"].as<std::string>());
     vm->at("topology").value() = boost::any(path);
@@ -106,16 +119,36 @@ int run_run(int argc, char** argv) {
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
-  return with_mpi("run", argc, argv, [&](int rank, int size) {
+  return with_mpi(
+      "run", argc, argv,
+      [&](int rank, int size) {
     if (size != in.plan.world_size()) {
       throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +
                        " ranks (tp_size · pp_size · dp_size), mpirun started " +
                        std::to_string(size) + ": run mpirun -np " +
                        std::to_string(in.plan.world_size()));
     }
+    // The output folder before any step: one that cannot be written fails now, not after
+    // training.
+    on_rank0_then_agree(
+        rank, "checking the output folders",
+        [&] {
+          claim_out_option(*vm, "run");
+          if (!run_options.checkpoint_dir.empty()) {
+            claim_output_dir(run_options.checkpoint_dir, "run", "--checkpoint-dir");
+          }
+        },
+        run_options.watchdog_s);
     StepProgram program = lower_program(in.model, in.topology, in.plan);
     hash_program(program);
     if (rank == 0) {
+      MemoryReport memory = memory_report(program, in.topology);
+      if (!memory.fits) {
+        write_stderr_line("stepcast run: warning: the plan does not fit " + in.topology.file +
+                          "'s device memory (needs " + format_bytes(memory.peak_bytes_max) + " of " +
+                          format_bytes(memory.capacity_bytes) +
+                          ", see `stepcast memory`); running it anyway on this machine\n");
+      }
       std::cout << "stepcast run: " << in.model.name << ", plan " << in.plan.name << ", " << size
                 << " ranks, backend " << backend << " (" << to_string(in.plan.param_dtype)
                 << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
@@ -161,7 +194,8 @@ int run_run(int argc, char** argv) {
       std::cout << "wrote " << dir << "/measurement.json and " << dir << "/trace.json\n";
     }
     return 0;
-  });
+      },
+      run_options.watchdog_s);
 }
 
 }  // namespace stepcast::cli

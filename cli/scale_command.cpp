@@ -73,6 +73,7 @@ int run_scale(int argc, char** argv) {
       "fraction that fits them (least squares), and the terms of the step that grow (exposed\n"
       "communication, bubble).");
   if (!vm) return 0;
+  claim_out_option(*vm, "scale");
   ModelConfig model = load_model((*vm)["model"].as<std::string>());
   std::string topology_file = (*vm)["topology"].as<std::string>();
   Plan base = load_plan((*vm)["plan"].as<std::string>());

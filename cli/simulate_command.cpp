@@ -95,6 +95,7 @@ int run_simulate(int argc, char** argv) {
       "is then not simulated: on the fast side, by up to a few percent (README); the planner\n"
       "re-simulates with it.");
   if (!vm) return 0;
+  claim_out_option(*vm, "simulate");
   std::string mode_name = (*vm)["mode"].as<std::string>();
   if (mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
     throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");

@@ -257,6 +257,7 @@ int run_validate(int argc, char** argv) {
       }
     }
     std::string out = vm->count("out") ? (*vm)["out"].as<std::string>() : "out/validate/published";
+    claim_output_dir(out, "validate");
     PublishedOptions published;
     if (vm->count("profile-dir")) published.profile_dir = (*vm)["profile-dir"].as<std::string>();
     if (vm->count("baseline")) published.baseline = (*vm)["baseline"].as<std::string>();
@@ -285,6 +286,7 @@ int run_validate(int argc, char** argv) {
     if (repeats < 1) throw InputError("command line: --repeats " + std::to_string(repeats) + ": valid: 1 or more");
   }
   std::string out = vm->count("out") ? (*vm)["out"].as<std::string>() : "out/validate/" + sweep.name;
+  claim_output_dir(out, "validate");
   std::string profile_source = to_string(sweep.profile_source);
   std::string profile_file = sweep.profile_file;
   if (vm->count("profile")) {

@@ -24,6 +24,13 @@ inline constexpr int kInputErrorExitCode = 2;
 
 [[noreturn]] void fail_invariant(const char* file, int line, const std::string& what);
 
+// At most `max` bytes of `text` for a message, control and non-ASCII bytes shown as '?'.
+std::string printable_excerpt(const std::string& text, size_t max = 80);
+
+// Writes `line` (ending in a newline) to stderr in one write(2): lines of processes sharing the
+// stream (MPI ranks) never interleave.
+void write_stderr_line(const std::string& line);
+
 }  // namespace stepcast
 
 // Checks an internal invariant; on failure aborts the command with file:line (a bug in stepcast).

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "errors.hpp"
 
@@ -36,8 +38,57 @@ void line_column(const std::string& text, size_t byte, size_t& line, size_t& col
 }  // namespace
 
 Json parse_json_text(const std::string& text, const std::string& file) {
+  // While parsing: objects deeper than kMaxJsonDepth are refused (no input needs them, and a deep
+  // enough one would exhaust the stack of anything that walks it), and so is a key that appears
+  // twice in one object (the reader would otherwise keep the last, silently).
+  struct Container {
+    bool object = false;
+    std::set<std::string> keys;
+  };
+  std::vector<Container> open;    // the containers being read, innermost last
+  std::vector<std::string> path;  // the keys leading to the current value
+  auto where = [&] {
+    std::string out;
+    for (const std::string& k : path) out += (out.empty() ? "" : ".") + k;
+    return out.empty() ? std::string("(top level)") : out;
+  };
+  // A value of an object ends: its key leaves the path.
+  auto end_value = [&] {
+    if (!open.empty() && open.back().object && !path.empty()) path.pop_back();
+  };
+  Json::parser_callback_t callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth > kMaxJsonDepth) {
+      throw InputError(file + ": nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels under '" +
+                       where() + "'; valid: a stepcast input (a few levels)");
+    }
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        open.push_back({true, {}});
+        break;
+      case Json::parse_event_t::array_start:
+        open.push_back({false, {}});
+        break;
+      case Json::parse_event_t::key: {
+        std::string key = parsed.get<std::string>();
+        path.push_back(key);
+        if (!open.empty() && !open.back().keys.insert(key).second) {
+          throw InputError(file + ": key '" + where() + "' appears twice in one object; valid: each key once");
+        }
+        break;
+      }
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        open.pop_back();
+        end_value();
+        break;
+      case Json::parse_event_t::value:
+        end_value();
+        break;
+    }
+    return true;
+  };
   try {
-    return Json::parse(text);
+    return Json::parse(text, callback);
   } catch (const Json::parse_error& e) {
     size_t line = 0, column = 0;
     // e.byte is one past the offending character.
@@ -54,6 +105,12 @@ Json parse_json_text(const std::string& text, const std::string& file) {
     std::ostringstream out;
     out << file << ":" << line << ":" << column << ": malformed JSON: " << what;
     throw InputError(out.str());
+  } catch (const Json::exception& e) {
+    // Number overflow (1e400) and the like: nlohmann's own words, with the file.
+    std::string what = e.what();
+    auto bracket = what.find("] ");
+    if (bracket != std::string::npos) what = what.substr(bracket + 2);
+    throw InputError(file + ": malformed JSON: " + what + "; valid: numbers a double holds (about ±1.8e308)");
   }
 }
 
@@ -179,6 +236,13 @@ double ObjectReader::get_number_in(const std::string& key, double lo, double hi,
   return value;
 }
 
+double ObjectReader::get_number_between(const std::string& key, double lo, double hi) {
+  std::ostringstream valid;
+  valid << "a number in [" << lo << ", " << hi << "]";
+  if (!has(key)) fail(key, "missing required key", valid.str());
+  return get_number_in(key, lo, hi, 0);
+}
+
 bool ObjectReader::get_bool_or(const std::string& key, bool default_value) {
   const Json* v = lookup(key);
   if (!v) return default_value;
@@ -190,7 +254,16 @@ std::string ObjectReader::get_string(const std::string& key) {
   const Json* v = lookup(key);
   if (!v) fail(key, "missing required key", "a string");
   if (!v->is_string()) fail(key, "wrong type", "a string");
-  return v->get<std::string>();
+  std::string value = v->get<std::string>();
+  // Names reach terminals and reports: no control characters (notes may hold line breaks).
+  for (unsigned char c : value) {
+    bool allowed_in_notes = c == '\n' || c == '\t';
+    if ((c < 0x20 || c == 0x7f) && !(key == "notes" && allowed_in_notes)) {
+      fail(key, "holds a control character (code " + std::to_string(int(c)) + ")",
+           "printable text");
+    }
+  }
+  return value;
 }
 
 std::string ObjectReader::get_string_or(const std::string& key, const std::string& default_value) {

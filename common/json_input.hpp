@@ -17,7 +17,10 @@ using Json = nlohmann::json;
 
 // The whole of a text file; InputError naming it when it is missing, unreadable or a directory.
 std::string read_text_file(const std::string& path);
-// Parses FILE; malformed JSON throws InputError with line and column.
+// Deepest nesting an input may have (stepcast's inputs need a handful of levels).
+inline constexpr int kMaxJsonDepth = 64;
+// Parses FILE; malformed JSON throws InputError with line and column, as do nesting deeper than
+// kMaxJsonDepth, a key twice in one object, and numbers out of a double's range.
 Json load_json_file(const std::string& path);
 // Same for text already in memory; `file` only names it in messages.
 Json parse_json_text(const std::string& text, const std::string& file);
@@ -44,6 +47,8 @@ class ObjectReader {
   double get_number_or(const std::string& key, double min_value, bool min_exclusive,
                        double default_value);
   double get_number_in(const std::string& key, double lo, double hi, double default_value);
+  // A required number in [lo, hi] (finite).
+  double get_number_between(const std::string& key, double lo, double hi);
 
   bool get_bool_or(const std::string& key, bool default_value);
   std::string get_string(const std::string& key);

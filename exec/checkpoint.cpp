@@ -1,13 +1,14 @@
-// Checkpoint file I/O; see checkpoint.hpp and executor.hpp.
+// Checkpoint files; see checkpoint.hpp.
 #include "checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "errors.hpp"
@@ -17,27 +18,87 @@ namespace stepcast {
 
 namespace {
 
-constexpr const char* kMagic = "STEPCAST-CHECKPOINT 1\n";
+constexpr const char* kMagic = "STEPCAST-CHECKPOINT 2\n";
+constexpr const char* kMagicV1 = "STEPCAST-CHECKPOINT 1\n";
+constexpr int64_t kManifestSchema = 2;
+
+// A name unique to this process and call, next to `path`: writers never share a temporary.
+std::string temporary_name(const std::string& path) {
+  static std::mt19937_64 random{std::random_device{}()};
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, ".%ld.%016llx.tmp", long(::getpid()),
+                (unsigned long long)random());
+  return path + suffix;
+}
 
 void write_fsync_rename(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw InputError(path + ": cannot write checkpoint file: " + std::strerror(errno));
+  std::string tmp = temporary_name(path);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError(path + ": cannot write: " + std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
+      std::string why = n < 0 ? std::strerror(errno) : "no progress";
       ::close(fd);
-      throw InputError(path + ": write failed: " + std::strerror(errno));
+      ::unlink(tmp.c_str());
+      throw InputError(path + ": write failed: " + why);
     }
     done += size_t(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    throw InputError(path + ": fsync failed: " + std::strerror(errno));
+    std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw InputError(path + ": fsync failed: " + why);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw InputError(path + ": rename failed: " + std::strerror(errno));
+    std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw InputError(path + ": rename failed: " + why);
   }
+}
+
+std::string read_binary_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open checkpoint file: " + std::strerror(errno));
+  std::stringstream all;
+  all << in.rdbuf();
+  return all.str();
+}
+
+// A line of `text` at `at` ("KEY VALUE\n" or "VALUE\n"); advances `at`.
+std::string take_line(const std::string& text, size_t& at, const std::string& path,
+                      const std::string& what) {
+  size_t eol = text.find('\n', at);
+  if (eol == std::string::npos) throw InputError(path + ": truncated (in " + what + ")");
+  std::string line = text.substr(at, eol - at);
+  at = eol + 1;
+  return line;
+}
+
+// A count written by this code: decimal digits only, at most 18 of them.
+int64_t parse_count(const std::string& digits, const std::string& path, const std::string& what) {
+  if (digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    throw InputError(path + ": " + what + " '" + printable_excerpt(digits, 40) +
+                     "' is not a count: the file is damaged");
+  }
+  return std::stoll(digits);
+}
+
+int64_t take_field(const std::string& text, size_t& at, const std::string& path,
+                   const std::string& key) {
+  std::string line = take_line(text, at, path, "its header");
+  if (line.rfind(key + " ", 0) != 0) {
+    throw InputError(path + ": header line '" + printable_excerpt(line, 60) + "' where '" + key +
+                     " N' belongs: the file is damaged");
+  }
+  return parse_count(line.substr(key.size() + 1), path, key);
+}
+
+bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
 }  // namespace
@@ -48,47 +109,186 @@ std::string rank_file_name(int64_t rank) {
   return name;
 }
 
+std::string step_dir_name(int64_t steps_done) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", (long long)steps_done);
+  return name;
+}
+
 void write_file_atomically(const std::string& path, const std::string& text) {
   write_fsync_rename(path, text);
 }
 
-std::pair<int64_t, std::string> write_rank_checkpoint(const std::string& step_dir, int64_t rank,
+std::pair<int64_t, std::string> write_rank_checkpoint(const std::string& step_dir,
+                                                      const CheckpointIdentity& identity,
                                                       const StateBuffers& buffers) {
   std::string text = kMagic;
+  text += "rank " + std::to_string(identity.rank) + "\n";
+  text += "world_size " + std::to_string(identity.world_size) + "\n";
+  text += "steps_done " + std::to_string(identity.steps_done) + "\n";
+  text += "program " + identity.program_sha256 + "\n";
   for (const auto& [name, data] : buffers) {
     text += name + "\n" + std::to_string(data.second) + "\n";
     text.append(data.first, size_t(data.second));
   }
-  write_fsync_rename(step_dir + "/" + rank_file_name(rank), text);
+  write_fsync_rename(step_dir + "/" + rank_file_name(identity.rank), text);
   return {int64_t(text.size()), sha256_hex(text)};
 }
 
-void read_rank_checkpoint(const std::string& step_dir, int64_t rank, const StateBuffers& buffers) {
-  std::string path = step_dir + "/" + rank_file_name(rank);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open checkpoint file");
-  std::stringstream all;
-  all << in.rdbuf();
-  std::string text = all.str();
+void read_rank_checkpoint(const std::string& step_dir, const CheckpointFile& entry,
+                          const CheckpointIdentity& expected, const StateBuffers& buffers) {
+  std::string path = step_dir + "/" + entry.file;
+  std::string text = read_binary_file(path);
+  if (int64_t(text.size()) != entry.bytes) {
+    throw InputError(path + ": " + std::to_string(text.size()) + " bytes where the manifest says " +
+                     std::to_string(entry.bytes) + ": truncated or replaced");
+  }
+  if (sha256_hex(text) != entry.sha256) {
+    throw InputError(path + ": SHA-256 differs from the manifest: the file was altered");
+  }
+  if (text.rfind(kMagicV1, 0) == 0) {
+    throw InputError(path + ": a checkpoint of an older stepcast (format 1, no identity): "
+                            "valid: a checkpoint written by this version");
+  }
   if (text.rfind(kMagic, 0) != 0) throw InputError(path + ": not a stepcast checkpoint file");
   size_t at = std::strlen(kMagic);
+  CheckpointIdentity found;
+  found.rank = take_field(text, at, path, "rank");
+  found.world_size = take_field(text, at, path, "world_size");
+  found.steps_done = take_field(text, at, path, "steps_done");
+  std::string program = take_line(text, at, path, "its header");
+  if (program.rfind("program ", 0) != 0) throw InputError(path + ": no program line: the file is damaged");
+  found.program_sha256 = program.substr(8);
+  auto mismatch = [&](const std::string& what, const std::string& got, const std::string& want) {
+    throw InputError(path + ": holds " + what + " " + got + " where the manifest and this run have " +
+                     want + ": not this checkpoint's file");
+  };
+  if (found.rank != expected.rank) mismatch("rank", std::to_string(found.rank), std::to_string(expected.rank));
+  if (found.world_size != expected.world_size) {
+    mismatch("world size", std::to_string(found.world_size), std::to_string(expected.world_size));
+  }
+  if (found.steps_done != expected.steps_done) {
+    mismatch("the state after step", std::to_string(found.steps_done),
+             std::to_string(expected.steps_done));
+  }
+  if (found.program_sha256 != expected.program_sha256) {
+    mismatch("program", printable_excerpt(found.program_sha256, 12), expected.program_sha256.substr(0, 12));
+  }
   for (const auto& [name, data] : buffers) {
-    size_t eol = text.find('\n', at);
-    size_t eol2 = eol == std::string::npos ? eol : text.find('\n', eol + 1);
-    if (eol2 == std::string::npos) throw InputError(path + ": truncated (before buffer " + name + ")");
-    std::string got = text.substr(at, eol - at);
-    int64_t bytes = std::stoll(text.substr(eol + 1, eol2 - eol - 1));
+    std::string got = take_line(text, at, path, "buffer " + name);
+    int64_t bytes = parse_count(take_line(text, at, path, "buffer " + name), path, "the size of " + got);
     if (got != name || bytes != data.second) {
-      throw InputError(path + ": holds buffer '" + got + "' of " + std::to_string(bytes) +
+      throw InputError(path + ": holds buffer '" + printable_excerpt(got) + "' of " + std::to_string(bytes) +
                        " bytes where this program has '" + name + "' of " +
                        std::to_string(data.second) + ": a checkpoint of another plan");
     }
-    at = eol2 + 1;
-    if (text.size() < at + size_t(bytes)) throw InputError(path + ": truncated in buffer " + name);
+    if (text.size() - at < size_t(bytes)) throw InputError(path + ": truncated in buffer " + name);
     std::memcpy(data.first, text.data() + at, size_t(bytes));
     at += size_t(bytes);
   }
   if (at != text.size()) throw InputError(path + ": has trailing bytes: not this program's checkpoint");
+}
+
+namespace {
+
+Json manifest_json(const CheckpointManifest& m) {
+  Json files = Json::array();
+  for (const CheckpointFile& f : m.files) {
+    files.push_back({{"rank", f.rank}, {"file", f.file}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  }
+  return {{"kind", "stepcast.checkpoint"},
+          {"schema_version", kManifestSchema},
+          {"plan", m.plan},
+          {"program_sha256", m.program_sha256},
+          {"steps_done", m.steps_done},
+          {"world_size", m.world_size},
+          {"files", files}};
+}
+
+}  // namespace
+
+std::string checkpoint_manifest_text(CheckpointManifest& manifest) {
+  Json j = manifest_json(manifest);
+  manifest.manifest_sha256 = sha256_hex(j.dump());
+  j["manifest_sha256"] = manifest.manifest_sha256;
+  return j.dump(2) + "\n";
+}
+
+CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& file) {
+  Json j = parse_json_text(text, file);
+  if (!j.is_object()) throw_input_error(file, "(top level)", "", "not a JSON object", "a checkpoint manifest");
+  ObjectReader r(j, file);
+  r.get_enum("kind", {"stepcast.checkpoint"});
+  int64_t schema = r.get_int("schema_version", 1);
+  if (schema != kManifestSchema) {
+    r.fail("schema_version", "format " + std::to_string(schema) + " (an older stepcast: its manifest names no hash of itself)",
+           std::to_string(kManifestSchema) + ": a checkpoint written by this version");
+  }
+  CheckpointManifest m;
+  m.plan = r.get_string("plan");
+  m.program_sha256 = r.get_string("program_sha256");
+  if (!is_sha256_hex(m.program_sha256)) r.fail("program_sha256", "not a SHA-256", "64 hex digits");
+  m.steps_done = r.get_int("steps_done", 1);
+  m.world_size = r.get_int("world_size", 1);
+  if (m.world_size > (int64_t(1) << 24)) r.fail("world_size", "out of range", "1 … 16777216");
+  m.manifest_sha256 = r.get_string("manifest_sha256");
+  if (!j.contains("files") || !j["files"].is_array()) {
+    r.fail("files", "missing or not a list", "one entry per rank, ranks 0 … world_size − 1");
+  }
+  r.accept("files");
+  r.finish();
+  const Json& files = j["files"];
+  if (int64_t(files.size()) != m.world_size) {
+    r.fail("files", "names " + std::to_string(files.size()) + " files for " +
+                        std::to_string(m.world_size) + " ranks",
+           "one entry per rank");
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::string prefix = "files[" + std::to_string(i) + "].";
+    if (!files[i].is_object()) r.fail("files[" + std::to_string(i) + "]", "not an object", "{rank, file, bytes, sha256}");
+    ObjectReader f(files[i], file, prefix);
+    CheckpointFile entry;
+    entry.rank = f.get_int("rank", 0);
+    if (entry.rank != int64_t(i)) f.fail("rank", "rank " + std::to_string(entry.rank) + " in place " + std::to_string(i), "ranks 0 … world_size − 1 in order");
+    entry.file = f.get_string("file");
+    if (entry.file != rank_file_name(entry.rank)) {
+      f.fail("file", "\"" + printable_excerpt(entry.file) + "\" for rank " + std::to_string(entry.rank),
+             "\"" + rank_file_name(entry.rank) + "\"");
+    }
+    entry.bytes = f.get_int("bytes", 1);
+    entry.sha256 = f.get_string("sha256");
+    if (!is_sha256_hex(entry.sha256)) f.fail("sha256", "not a SHA-256", "64 lowercase hex digits");
+    f.finish();
+    m.files.push_back(entry);
+  }
+  Json content = j;
+  content.erase("manifest_sha256");
+  if (sha256_hex(content.dump()) != m.manifest_sha256) {
+    r.fail("manifest_sha256", "does not match the manifest's content: the manifest was edited",
+           "a manifest as stepcast wrote it");
+  }
+  return m;
+}
+
+std::string checkpoint_latest_text(const CheckpointLatest& latest) {
+  return latest.step_dir + " " + latest.manifest_sha256 + "\n";
+}
+
+CheckpointLatest parse_checkpoint_latest(const std::string& text, const std::string& file) {
+  std::istringstream in(text);
+  CheckpointLatest out;
+  std::string rest;
+  in >> out.step_dir >> out.manifest_sha256;
+  std::getline(in, rest);
+  bool step_ok = out.step_dir.size() == 13 && out.step_dir.rfind("step-", 0) == 0 &&
+                 out.step_dir.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (!step_ok || !is_sha256_hex(out.manifest_sha256) || !rest.empty() ||
+      (text.size() != out.step_dir.size() + 1 + 64 + 1)) {
+    throw InputError(file + ": '" + printable_excerpt(text) +
+                     "': not a checkpoint pointer; valid: \"step-NNNNNNNN <manifest SHA-256>\" "
+                     "as stepcast writes it");
+  }
+  return out;
 }
 
 }  // namespace stepcast

@@ -891,43 +891,65 @@ class Interpreter {
   int64_t die_step_ = -1;
 };
 
-std::string step_dir_name(int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", (long long)step);
-  return name;
+// Test hook for the fault tests: STEPCAST_TEST_STOP=RANK:POINT stops rank RANK (SIGSTOP, as a
+// debugger or a frozen node would) at POINT: "checkpoint" (before it writes its checkpoint file)
+// or "gather" (before the per-op records go to rank 0, the last exchange of a run).
+void test_stop_point(int rank, const char* point) {
+  const char* stop = std::getenv("STEPCAST_TEST_STOP");
+  if (!stop) return;
+  long long r = -1;
+  char name[32] = {0};
+  if (std::sscanf(stop, "%lld:%31s", &r, name) == 2 && r == rank && std::strcmp(name, point) == 0) {
+    write_stderr_line("stepcast run: rank " + std::to_string(rank) + ": STEPCAST_TEST_STOP: stopping at " +
+                      point + "\n");
+    std::raise(SIGSTOP);
+  }
 }
 
-// Every rank writes its file; rank 0 writes the manifest once all are on disk, then `latest`.
+// Every rank writes its file; rank 0 writes the manifest once every file is on disk, then
+// `latest`. A rank that cannot write (a full or read-only disk) stops every rank, each with one
+// line; every wait is under the watchdog.
 template <class T, class G, class W>
 void save_checkpoint(Interpreter<T, G, W>& interpreter, const StepProgram& program, const Plan& plan,
-                     const std::string& dir, int64_t steps_done, int rank, int size) {
+                     const std::string& dir, int64_t steps_done, ControlChannel& control) {
   std::string step_dir = dir + "/" + step_dir_name(steps_done);
-  if (rank == 0) std::filesystem::create_directories(step_dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  auto [bytes, hash] = write_rank_checkpoint(step_dir, rank, interpreter.download_state());
-  std::vector<char> hashes(size_t(size) * 64);
-  std::vector<int64_t> sizes(static_cast<size_t>(size));
-  MPI_Gather(hash.data(), 64, MPI_CHAR, hashes.data(), 64, MPI_CHAR, 0, MPI_COMM_WORLD);
-  MPI_Gather(&bytes, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  if (rank == 0) {
-    Json files = Json::array();
-    for (int r = 0; r < size; ++r) {
-      files.push_back({{"rank", r},
-                       {"file", rank_file_name(r)},
-                       {"bytes", sizes[size_t(r)]},
-                       {"sha256", std::string(hashes.data() + size_t(r) * 64, 64)}});
+  const std::string what = "the checkpoint after step " + std::to_string(steps_done);
+  control.agree("creating " + what, [&] {
+    if (control.rank() != 0) return;
+    std::error_code error;
+    std::filesystem::create_directories(step_dir, error);
+    if (error) throw InputError(step_dir + ": cannot create the checkpoint directory: " + error.message());
+  });
+  CheckpointIdentity identity{control.rank(), control.size(), steps_done, program.program_sha256};
+  std::pair<int64_t, std::string> written;
+  test_stop_point(control.rank(), "checkpoint");
+  control.agree("writing " + what, [&] {
+    written = write_rank_checkpoint(step_dir, identity, interpreter.download_state());
+  });
+  // Each rank's size and hash to rank 0 (a hash as 8 numbers of 32 bits, exact in a double).
+  std::vector<double> mine{double(written.first)};
+  for (size_t i = 0; i < 64; i += 8) mine.push_back(double(std::stoul(written.second.substr(i, 8), nullptr, 16)));
+  std::vector<std::vector<double>> all = control.gather(mine, "gathering the hashes of " + what);
+  control.agree("the manifest of " + what, [&] {
+    if (control.rank() != 0) return;
+    CheckpointManifest manifest;
+    manifest.plan = plan.name;
+    manifest.program_sha256 = program.program_sha256;
+    manifest.steps_done = steps_done;
+    manifest.world_size = control.size();
+    for (int r = 0; r < control.size(); ++r) {
+      const std::vector<double>& v = all[size_t(r)];
+      char hex[65];
+      for (size_t i = 0; i < 8; ++i) {
+        std::snprintf(hex + 8 * i, 9, "%08lx", static_cast<unsigned long>(v.at(i + 1)));
+      }
+      manifest.files.push_back({r, rank_file_name(r), int64_t(v.at(0)), std::string(hex, 64)});
     }
-    Json manifest = {{"kind", "stepcast.checkpoint"},
-                     {"schema_version", 1},
-                     {"plan", plan.name},
-                     {"program_sha256", program.program_sha256},
-                     {"steps_done", steps_done},
-                     {"world_size", size},
-                     {"files", files}};
-    write_file_atomically(step_dir + "/manifest.json", manifest.dump(2) + "\n");
-    write_file_atomically(dir + "/latest", step_dir_name(steps_done) + "\n");
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+    std::string text = checkpoint_manifest_text(manifest);
+    write_file_atomically(step_dir + "/manifest.json", text);
+    write_file_atomically(dir + "/latest",
+                          checkpoint_latest_text({step_dir_name(steps_done), manifest.manifest_sha256}));
+  });
 }
 
 double median(std::vector<double> v) {
@@ -949,6 +971,7 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   RunOutput output;
   Backend<T, G, W>* backend = &backend_ref;
   Interpreter<T, G, W> interpreter(program, model, plan, options, rank, *backend);
+  ControlChannel control(options.watchdog_s);  // before the memory baseline: not step memory
   // Per-op records of the instrumented step: measurement machinery, faulted in before the
   // memory baseline (no allocation inside the step).
   std::vector<OpRecord> records(program.role_of_rank(rank).ops.size());
@@ -966,8 +989,15 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   interpreter.create_arena();
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
-    CheckpointInfo info = find_checkpoint(options.resume_dir, program.program_sha256);
-    read_rank_checkpoint(info.path, rank, interpreter.state_buffers());
+    CheckpointInfo info;
+    // Every rank verifies the pointer and the manifest, and its own file; if anything fails on
+    // any rank, every rank refuses the checkpoint.
+    control.agree("reading the checkpoint in " + options.resume_dir, [&] {
+      info = find_checkpoint(options.resume_dir, program.program_sha256, size);
+      CheckpointIdentity identity{rank, size, info.step, program.program_sha256};
+      read_rank_checkpoint(info.path, info.manifest.files.at(size_t(rank)), identity,
+                           interpreter.state_buffers());
+    });
     interpreter.upload_state();
     first_step = info.step;
     if (rank == 0 && !options.quiet) {
@@ -993,7 +1023,7 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
     reset_peak_resident_bytes();  // the peak from here on: the steps
   }
   for (int64_t k = 0; k < steps; ++k) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    control.barrier("the start of step " + std::to_string(first_step + k + 1));
     double heap_before = double(mallinfo2().uordblks);
     double start = backend->now_s();
     double local_loss =
@@ -1002,9 +1032,9 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
     // Heap bytes the step left allocated (our code allocates nothing after step 1; what remains
     // is the MPI library's own request and buffer pools).
     if (k >= 1) heap_after_first += double(mallinfo2().uordblks) - heap_before;
-    double step_time = 0, loss_sum = 0;
-    MPI_Allreduce(&local_time, &step_time, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&local_loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const std::string after = "the end of step " + std::to_string(first_step + k + 1);
+    double step_time = control.max(local_time, after);
+    double loss_sum = control.sum(local_loss, after);
     double loss = loss_sum / tokens_per_step;
     output.losses.push_back(loss);
     output.step_times_s.push_back(step_time);
@@ -1017,7 +1047,7 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
     }
     int64_t done = first_step + k + 1;
     if (options.checkpoint_every > 0 && done % options.checkpoint_every == 0) {
-      save_checkpoint(interpreter, program, plan, options.checkpoint_dir, done, rank, size);
+      save_checkpoint(interpreter, program, plan, options.checkpoint_dir, done, control);
       if (rank == 0 && !options.quiet) std::cout << "checkpoint after step " << done << "\n";
     }
   }
@@ -1039,35 +1069,24 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
         resident_bytes("VmHWM:") - rss_before - std::max(0.0, mapped_growth);
   }
 
-  // Gather per-op records and measured memory on rank 0.
-  int local_n = int(records.size());
-  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
-  MPI_Gather(&local_n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  std::vector<double> flat(records.size() * 5);
-  for (size_t i = 0; i < records.size(); ++i) {
-    flat[i * 5 + 0] = double(records[i].rank);
-    flat[i * 5 + 1] = double(records[i].id);
-    flat[i * 5 + 2] = records[i].start_s;
-    flat[i * 5 + 3] = records[i].end_s;
-    flat[i * 5 + 4] = records[i].ready_s;
+  // Per-op records and measured memory to rank 0.
+  std::vector<double> mine;
+  mine.reserve(3 + records.size() * 5);
+  mine.push_back(output.measured_peak_bytes);
+  mine.push_back(output.resident_high_water_bytes);
+  mine.push_back(output.heap_growth_after_first_step_bytes);
+  for (const OpRecord& o : records) {
+    for (double v : {double(o.rank), double(o.id), o.start_s, o.end_s, o.ready_s}) mine.push_back(v);
   }
-  std::vector<int> counts5(static_cast<size_t>(size));
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    counts5[size_t(r)] = counts[size_t(r)] * 5;
-    displs[size_t(r)] = total;
-    total += counts5[size_t(r)];
+  test_stop_point(rank, "gather");
+  std::vector<std::vector<double>> gathered = control.gather(mine, "gathering the per-op records");
+  std::vector<double> peaks, growth, high_water, all;
+  for (const std::vector<double>& v : gathered) {
+    peaks.push_back(v.at(0));
+    high_water.push_back(v.at(1));
+    growth.push_back(v.at(2));
+    all.insert(all.end(), v.begin() + 3, v.end());
   }
-  std::vector<double> all(static_cast<size_t>(rank == 0 ? total : 0));
-  MPI_Gatherv(flat.data(), int(flat.size()), MPI_DOUBLE, all.data(), counts5.data(), displs.data(),
-              MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  std::vector<double> peaks(static_cast<size_t>(size)), growth(static_cast<size_t>(size)),
-      high_water(static_cast<size_t>(size));
-  MPI_Gather(&output.measured_peak_bytes, 1, MPI_DOUBLE, peaks.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  MPI_Gather(&output.resident_high_water_bytes, 1, MPI_DOUBLE, high_water.data(), 1, MPI_DOUBLE, 0,
-             MPI_COMM_WORLD);
-  MPI_Gather(&output.heap_growth_after_first_step_bytes, 1, MPI_DOUBLE, growth.data(), 1,
-             MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (rank != 0) return output;
 
   StepResult& r = output.result;
@@ -1173,22 +1192,23 @@ void warm_up_host_memory(const StepProgram& program, const ModelConfig& model, c
   Interpreter<T, T, T> warm_up(program, model, plan, options, rank, *backend);
   warm_up.disable_test_hooks();
   warm_up.create_arena();
-  MPI_Barrier(MPI_COMM_WORLD);
+  ControlChannel control(options.watchdog_s);
+  control.barrier("the warm-up step");
   // As a measured step goes, instrumented, with the reductions and the formatting of the step's
-  // line that follow it: the code pages of these paths (and MPI's reduction operators) are then
-  // resident in the baseline, not faulted in — and perhaps dropped again — during the steps.
+  // line that follow it: the code pages of these paths are then resident in the baseline, not
+  // faulted in — and perhaps dropped again — during the steps.
   std::vector<OpRecord> records;
   records.reserve(program.role_of_rank(rank).ops.size());
   double start = backend->now_s();
   double loss = warm_up.step(0, &records, start);
-  double time = backend->now_s() - start, max_time = 0, loss_sum = 0;
-  MPI_Allreduce(&time, &max_time, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Allreduce(&loss, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  double time = backend->now_s() - start;
+  double max_time = control.max(time, "the end of the warm-up step");
+  double loss_sum = control.sum(loss, "the end of the warm-up step");
   std::ostringstream line;
   line << "step 1/1  loss " << loss_sum << "  step time " << max_time << " s  grad norm "
        << warm_up.last_grad_norm_ << "  (warm-up)\n";
   (void)mallinfo2();
-  MPI_Barrier(MPI_COMM_WORLD);
+  control.barrier("the warm-up step");
 }
 
 template <class T>
@@ -1204,36 +1224,40 @@ RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Pl
 
 }  // namespace
 
-CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256) {
-  std::ifstream latest(dir + "/latest");
-  std::string name;
-  if (!latest || !std::getline(latest, name) || name.empty()) {
+CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256,
+                               int64_t world_size) {
+  std::string latest_file = dir + "/latest";
+  if (!std::filesystem::is_regular_file(latest_file)) {
     throw InputError(dir + ": no complete checkpoint (no 'latest' file)");
   }
-  std::string step_dir = dir + "/" + name;
-  Json manifest = load_json_file(step_dir + "/manifest.json");
-  if (manifest.value("program_sha256", "") != program_sha256) {
-    throw InputError(step_dir + "/manifest.json: key 'program_sha256' = \"" +
-                     manifest.value("program_sha256", "") + "\": a checkpoint of plan '" +
-                     manifest.value("plan", "?") + "', not of this program (" + program_sha256 +
-                     "); valid: a checkpoint of the same model, topology and plan");
+  CheckpointLatest latest = parse_checkpoint_latest(read_text_file(latest_file), latest_file);
+  CheckpointInfo info;
+  info.path = dir + "/" + latest.step_dir;
+  std::string manifest_file = info.path + "/manifest.json";
+  info.manifest = parse_checkpoint_manifest(read_text_file(manifest_file), manifest_file);
+  const CheckpointManifest& m = info.manifest;
+  if (m.manifest_sha256 != latest.manifest_sha256) {
+    throw InputError(manifest_file + ": its hash " + m.manifest_sha256.substr(0, 12) + " is not the one " +
+                     latest_file + " names (" + latest.manifest_sha256.substr(0, 12) +
+                     "): the manifest was replaced");
   }
-  for (const Json& f : manifest.at("files")) {
-    std::string path = step_dir + "/" + f.at("file").get<std::string>();
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(path + ": missing");
-    std::stringstream all;
-    all << in.rdbuf();
-    std::string text = all.str();
-    if (int64_t(text.size()) != f.at("bytes").get<int64_t>()) {
-      throw InputError(path + ": " + std::to_string(text.size()) + " bytes where the manifest says " +
-                       std::to_string(f.at("bytes").get<int64_t>()) + ": truncated");
-    }
-    if (sha256_hex(text) != f.at("sha256").get<std::string>()) {
-      throw InputError(path + ": SHA-256 differs from the manifest: the file was altered");
-    }
+  if (step_dir_name(m.steps_done) != latest.step_dir) {
+    throw_input_error(manifest_file, "steps_done", std::to_string(m.steps_done),
+                      "is not the step of its directory " + latest.step_dir,
+                      "the manifest stepcast wrote there");
   }
-  return {step_dir, manifest.at("steps_done").get<int64_t>()};
+  if (m.program_sha256 != program_sha256) {
+    throw_input_error(manifest_file, "program_sha256", "\"" + m.program_sha256 + "\"",
+                      "a checkpoint of plan '" + m.plan + "', not of this program (" + program_sha256 + ")",
+                      "a checkpoint of the same model, topology and plan");
+  }
+  if (m.world_size != world_size) {
+    throw_input_error(manifest_file, "world_size", std::to_string(m.world_size),
+                      "this run has " + std::to_string(world_size) + " ranks",
+                      "a checkpoint of the same plan");
+  }
+  info.step = m.steps_done;
+  return info;
 }
 
 RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,

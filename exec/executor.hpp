@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "checkpoint.hpp"
 #include "model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
@@ -33,18 +34,20 @@ struct RunOptions {
   std::string resume_dir;         // continue from the latest complete checkpoint in here
 };
 
-// Checkpoints: DIR/step-NNNNNNNN/ holds rank-RRRRR.bin per rank (its weights and optimizer
-// state; the data position and dropout masks follow from the step number) and manifest.json,
-// written last by rank 0 once every rank's file is on disk (write, fsync, rename), naming the
-// plan, program_sha256, the step and each file's size and SHA-256. DIR/latest names the newest
-// complete one. A checkpoint of another program, or a truncated or altered file, is refused.
+// Checkpoints (format and what is verified: checkpoint.hpp): DIR/step-NNNNNNNN/ holds one file
+// per rank (its weights and optimizer state; the data position and dropout masks follow from the
+// step number) and manifest.json, written by rank 0 once every rank's file is on disk; DIR/latest
+// names the newest complete one and its manifest's hash.
 struct CheckpointInfo {
   std::string path;     // the step directory
   int64_t step = 0;     // steps completed
+  CheckpointManifest manifest;
 };
-// The newest complete checkpoint in `dir` (InputError when there is none or it is damaged;
-// `program_sha256` must match).
-CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256);
+// The newest complete checkpoint in `dir`, its pointer and manifest verified (InputError when
+// there is none or it does not verify; `program_sha256` and `world_size` must match). Each
+// rank's file is verified when that rank reads it.
+CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256,
+                               int64_t world_size);
 
 struct RunOutput {
   std::vector<double> losses;            // one per step run (after a resume: from there)

@@ -77,8 +77,9 @@ Plan parse_plan(const Json& json, const std::string& file) {
   plan.tp_size = reader.get_int_or("tp_size", 1, 1);
   plan.pp_size = reader.get_int_or("pp_size", 1, 1);
   plan.dp_size = reader.get_int_or("dp_size", 1, 1);
-  plan.zero_stage = static_cast<int>(reader.get_int_or("zero_stage", 0, 0));
-  if (plan.zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
+  int64_t zero_stage = reader.get_int_or("zero_stage", 0, 0);  // checked before it narrows
+  if (zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
+  plan.zero_stage = static_cast<int>(zero_stage);
   plan.micro_batch_size = reader.get_int("micro_batch_size", 1);
   // Megatron: global_batch_size defaults to micro_batch_size · data-parallel size.
   int64_t samples_per_step = saturating_product(plan.micro_batch_size, plan.dp_size);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <limits>
 #include <sstream>
 
 #include "errors.hpp"
@@ -229,11 +230,10 @@ GroupKind parse_group(const Json& v, const std::string& file) {
 }  // namespace
 
 StepProgram read_program_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string text = buffer.str();
+  return parse_program_json_text(read_text_file(path), path);
+}
+
+StepProgram parse_program_json_text(const std::string& text, const std::string& path) {
   const std::string marker = ",\"program_sha256\":\"";
   size_t at = text.rfind(marker);
   if (at == std::string::npos) {
@@ -268,18 +268,29 @@ StepProgram read_program_json(const std::string& path) {
       role.index = jr.at("index");
       role.pp_stage = jr.at("pp_stage");
       role.chunks_virtual_stages = jr.at("chunk_virtual_stages").get<std::vector<int64_t>>();
+      auto int32_of = [&](const Json& v, const char* key) {
+        int64_t x = v.get<int64_t>();
+        if (!v.is_number_integer() || x < -1 || x > std::numeric_limits<int32_t>::max()) {
+          throw InputError(path + ": key '" + key + "' = " + v.dump() + ": out of range; valid: an integer in [-1, 2^31 - 1]");
+        }
+        return int32_t(x);
+      };
       for (const Json& jo : jr.at("ops")) {
         Op op;
-        op.id = jo.at("id");
+        op.id = int32_of(jo.at("id"), "id");
+        if (op.id != int32_t(role.ops.size())) {
+          throw InputError(path + ": key 'id' = " + std::to_string(op.id) + ": out of order; valid: " +
+                           std::to_string(role.ops.size()) + " (an op's id is its index in its role)");
+        }
         op.kind = parse_enum(jo.at("kind"), OpKind::free, path, "kind");
         op.stream = parse_enum(jo.at("stream"), Stream::p2p, path, "stream");
         op.phase = parse_enum(jo.at("phase"), Phase::optimizer, path, "phase");
         op.name = jo.value("name", "");
         op.grad = jo.value("grad", "");
-        op.layer = jo.value("layer", -1);
-        op.microbatch = jo.value("microbatch", -1);
-        op.chunk = jo.value("chunk", -1);
-        op.deps = jo.at("deps").get<std::vector<int32_t>>();
+        op.layer = int32_of(jo.value("layer", Json(-1)), "layer");
+        op.microbatch = int32_of(jo.value("microbatch", Json(-1)), "microbatch");
+        op.chunk = int32_of(jo.value("chunk", Json(-1)), "chunk");
+        for (const Json& d : jo.at("deps")) op.deps.push_back(int32_of(d, "deps"));
         op.bytes = jo.at("bytes");
         if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
           op.buffer = jo.at("buffer");

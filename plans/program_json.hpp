@@ -18,5 +18,7 @@ void hash_program(StepProgram& program);
 // Reads a program.json written by write_program_json; checks its hash (InputError if the file
 // was altered or truncated).
 StepProgram read_program_json(const std::string& path);
+// The same for text in memory; `path` only names it in messages.
+StepProgram parse_program_json_text(const std::string& text, const std::string& path);
 
 }  // namespace stepcast

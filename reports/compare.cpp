@@ -2,6 +2,7 @@
 #include "compare.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -141,7 +142,30 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
   r.mfu = number(json, "mfu", file);
   r.hfu = number(json, "hfu", file);
   r.memory = field(json, "memory", file, "", &Json::is_object, "object");
-  field(r.memory, "ranks", file, "memory.", &Json::is_array, "array");
+  // Every entry as compare reads it: {rank, stage, ranks: [[first, last], ...], memory_*_bytes}.
+  const Json& ranks = field(r.memory, "ranks", file, "memory.", &Json::is_array, "array");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::string at = "memory.ranks[" + std::to_string(i) + "].";
+    if (!ranks[i].is_object()) {
+      throw_input_error(file, "memory.ranks[" + std::to_string(i) + "]", ranks[i].dump(), "has the wrong type",
+                        "an object {rank, stage, ranks, memory_*_bytes, peak_bytes}");
+    }
+    integer(ranks[i], "rank", file, at);
+    integer(ranks[i], "stage", file, at);
+    for (const Json& range : field(ranks[i], "ranks", file, at, &Json::is_array, "array")) {
+      if (!range.is_array() || range.size() != 2 || !range[0].is_number_integer() || !range[1].is_number_integer()) {
+        throw_input_error(file, at + "ranks", range.dump(), "has the wrong type", "[first, last] rank pairs");
+      }
+    }
+    for (const char* key : kMemoryKeys) number(ranks[i], key, file, at);
+  }
+  if (r.memory.contains("measured")) {
+    for (const Json& m : field(r.memory, "measured", file, "memory.", &Json::is_array, "array")) {
+      if (!m.is_object()) throw_input_error(file, "memory.measured[]", m.dump(), "has the wrong type", "an object");
+      integer(m, "rank", file, "memory.measured[].");
+      number(m, "measured_peak_bytes", file, "memory.measured[].");
+    }
+  }
   if (json.contains("scaling_efficiency") && json["scaling_efficiency"].is_number()) {
     r.scaling_efficiency = json["scaling_efficiency"].get<double>();
   }
@@ -149,7 +173,11 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
       field(json, "program_sha256", file, "", &Json::is_string, "string").get<std::string>();
   r.inputs = field(json, "inputs", file, "", &Json::is_object, "object");
   for (const Json& o : field(json, "ops", file, "", &Json::is_array, "array")) {
-    r.ops.push_back({integer(o, "rank", file, "ops[]."), int32_t(integer(o, "id", file, "ops[].")),
+    int64_t id = integer(o, "id", file, "ops[].");
+    if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+      throw_input_error(file, "ops[].id", std::to_string(id), "out of range", "an op id in [0, 2^31 - 1]");
+    }
+    r.ops.push_back({integer(o, "rank", file, "ops[]."), int32_t(id),
                      number(o, "start_s", file, "ops[]."), number(o, "end_s", file, "ops[]."),
                      number(o, "ready_s", file, "ops[].")});
   }

@@ -530,6 +530,9 @@ class RankActor {
 
 namespace {
 
+// Longer than any training step: a cost beyond it comes from an implausible figure.
+constexpr double kMaxOpTimeS = 1e7;
+
 bool group_spans_folded_ranks(GroupKind kind) {
   return kind == GroupKind::model || kind == GroupKind::world;
 }
@@ -724,6 +727,17 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
         } else {
           costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
         }
+      }
+      // A figure that makes one op last longer than a training run ever does (a peak of 1e-300
+      // flop/s) would stall SimGrid's clock: refused here, naming what it came from.
+      if (!(costs[op.id] >= 0 && costs[op.id] < kMaxOpTimeS)) {
+        std::ostringstream why;
+        why << "op " << op.id << " (" << to_string(op.kind) << " " << op.name << ") of rank "
+            << first << " would take " << costs[op.id] << " s";
+        throw_input_error(topology.file, "node", "", why.str(),
+                          "peaks, bandwidths and latencies (and the profile " + profile.file +
+                              ") that give every op less than " + std::to_string(int64_t(kMaxOpTimeS)) +
+                              " s");
       }
     }
   }

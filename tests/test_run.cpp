@@ -309,7 +309,7 @@ TEST_CASE("run: a hung rank is caught by the watchdog, which names the op and th
   CHECK(r.exit_code != 0);
   CHECK(r.exit_code != 124);  // the watchdog ended it, not the test's timeout
   CHECK_THAT(r.output, Catch::Contains("watchdog"));
-  CHECK_THAT(r.output, Catch::Contains("waiting for rank(s) 1"));
+  CHECK_THAT(r.output, Catch::Contains("waiting for rank 1;"));
 }
 
 TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint survives", "[run]") {
