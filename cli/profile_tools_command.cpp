@@ -27,9 +27,7 @@ std::string percent(double x) {
 
 // Median and largest |error| by family, and the table of checks when `rows`.
 void print_checks(const std::vector<ComponentCheck>& checks, bool rows) {
-  std::map<std::string, std::vector<double>> by_family;
   for (const ComponentCheck& c : checks) {
-    by_family[c.family].push_back(std::abs(c.relative_error()));
     if (rows) {
       std::cout << "  " << std::left << std::setw(10) << c.family << std::setw(44) << c.what << std::right
                 << std::setw(12) << c.measured_s * 1e6 << " us " << std::setw(12) << c.predicted_s * 1e6
@@ -37,11 +35,10 @@ void print_checks(const std::vector<ComponentCheck>& checks, bool rows) {
                 << (c.source.empty() ? "" : "  [" + c.source + "]") << "\n";
     }
   }
-  for (auto& [family, errors] : by_family) {
-    std::sort(errors.begin(), errors.end());
-    std::cout << family << ": " << errors.size() << " points, median |error| " << std::fixed
-              << std::setprecision(1) << 100 * errors[errors.size() / 2] << "%, largest "
-              << 100 * errors.back() << "%\n"
+  for (const auto& [family, e] : errors_by_family(checks)) {
+    std::cout << family << ": " << e.points << " points, median |error| " << std::fixed
+              << std::setprecision(1) << 100 * e.median_abs_error << "%, largest "
+              << 100 * e.largest_abs_error << "%\n"
               << std::defaultfloat;
   }
 }

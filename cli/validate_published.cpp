@@ -341,18 +341,7 @@ struct ComponentSection {
   std::string profile_file;  // relative to the repository
   std::string topology_file;
   std::vector<ComponentCheck> checks;
-  // family → (points, median |error|, largest |error|)
-  std::map<std::string, std::tuple<size_t, double, double>> summary() const {
-    std::map<std::string, std::vector<double>> errors;
-    for (const ComponentCheck& c : checks) errors[c.family].push_back(std::abs(c.relative_error()));
-    std::map<std::string, std::tuple<size_t, double, double>> out;
-    for (auto& [family, e] : errors) {
-      std::sort(e.begin(), e.end());
-      double median = e.size() % 2 ? e[e.size() / 2] : 0.5 * (e[e.size() / 2 - 1] + e[e.size() / 2]);
-      out[family] = {e.size(), median, e.back()};
-    }
-    return out;
-  }
+  std::map<std::string, FamilyErrors> summary() const { return errors_by_family(checks); }
 };
 
 struct Report {
@@ -472,8 +461,8 @@ Json report_json(const Report& report) {
   for (const ComponentSection& c : report.components) {
     Json summary = Json::object();
     for (const auto& [family, s] : c.summary()) {
-      summary[family] = {{"points", std::get<0>(s)}, {"median_abs_error", std::get<1>(s)},
-                         {"largest_abs_error", std::get<2>(s)}};
+      summary[family] = {{"points", s.points}, {"median_abs_error", s.median_abs_error},
+                         {"largest_abs_error", s.largest_abs_error}};
     }
     Json points = Json::array();
     for (const ComponentCheck& k : c.checks) {
@@ -582,8 +571,8 @@ std::string report_markdown(const Report& report) {
     md << "\n### `" << c.profile_file << "` (on `" << c.topology_file << "`)\n\n"
        << "| family | points | median abs error | largest abs error |\n|---|---:|---:|---:|\n";
     for (const auto& [family, t] : c.summary()) {
-      md << "| " << family << " | " << std::get<0>(t) << " | " << fixed(100 * std::get<1>(t), 1) << "% | "
-         << fixed(100 * std::get<2>(t), 1) << "% |\n";
+      md << "| " << family << " | " << t.points << " | " << fixed(100 * t.median_abs_error, 1) << "% | "
+         << fixed(100 * t.largest_abs_error, 1) << "% |\n";
     }
     md << "\n<details><summary>every point</summary>\n\n| family | figure | source | method | measured us | "
           "predicted us | error |\n|---|---|---|---|---:|---:|---:|\n";
@@ -670,8 +659,8 @@ std::string report_html(const Report& report) {
   std::vector<std::vector<std::string>> component_rows;
   for (const ComponentSection& c : report.components) {
     for (const auto& [family, t] : c.summary()) {
-      component_rows.push_back({c.profile_file, family, std::to_string(std::get<0>(t)),
-                                fixed(100 * std::get<1>(t), 1) + "%", fixed(100 * std::get<2>(t), 1) + "%"});
+      component_rows.push_back({c.profile_file, family, std::to_string(t.points),
+                                fixed(100 * t.median_abs_error, 1) + "%", fixed(100 * t.largest_abs_error, 1) + "%"});
     }
   }
   body << heading("Component figures of the profiles")
@@ -786,9 +775,9 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
     section.checks = check_components(load_profile(p), load_topology(topology_of_profile.at(p)));
     if (!section.checks.empty()) {
       for (const auto& [family, t] : section.summary()) {
-        std::cout << "components " << section.profile_file << " " << family << ": " << std::get<0>(t)
-                  << " points, median |error| " << fixed(100 * std::get<1>(t), 1) << "%, largest "
-                  << fixed(100 * std::get<2>(t), 1) << "%\n";
+        std::cout << "components " << section.profile_file << " " << family << ": " << t.points
+                  << " points, median |error| " << fixed(100 * t.median_abs_error, 1) << "%, largest "
+                  << fixed(100 * t.largest_abs_error, 1) << "%\n";
       }
       report.components.push_back(std::move(section));
     }

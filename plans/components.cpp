@@ -65,6 +65,19 @@ ComputeCostModel cost_model_for(const DeviceProfile& profile, const Topology& to
 
 }  // namespace
 
+std::map<std::string, FamilyErrors> errors_by_family(const std::vector<ComponentCheck>& checks) {
+  std::map<std::string, std::vector<double>> errors;
+  for (const ComponentCheck& c : checks) errors[c.family].push_back(std::abs(c.relative_error()));
+  std::map<std::string, FamilyErrors> out;
+  for (auto& [family, e] : errors) {
+    std::sort(e.begin(), e.end());
+    size_t n = e.size();
+    double median = n % 2 ? e[n / 2] : 0.5 * (e[n / 2 - 1] + e[n / 2]);
+    out[family] = {n, median, e.back()};
+  }
+  return out;
+}
+
 Op gemm_point_op(const GemmPoint& point, Dtype dtype) {
   Op op;
   op.kind = OpKind::gemm;

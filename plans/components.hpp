@@ -7,6 +7,7 @@
 // Errors are (predicted − measured) / measured. Pure functions.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,15 @@ struct ComponentCheck {
 // Every component point of `profile` (of its measured tables' dtype) predicted as above, on the
 // topology's device.
 std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const Topology& topology);
+
+// |relative error| by family: how many points, the median (the mean of the middle two for an
+// even count) and the largest. `profile check` and `validate --sweep published` print these.
+struct FamilyErrors {
+  size_t points = 0;
+  double median_abs_error = 0;
+  double largest_abs_error = 0;
+};
+std::map<std::string, FamilyErrors> errors_by_family(const std::vector<ComponentCheck>& checks);
 
 // The program op a GEMM point stands for (a gemm op of its variant; `count` GEMMs in its flops),
 // with bytes as lowering counts them in `dtype`.
