@@ -2,6 +2,7 @@
 // and exit codes (2: bad input, 3: internal error — a bug to report, 1: anything else).
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -70,23 +71,27 @@ int main(int argc, char** argv) {
               << stepcast::stepcast_git_commit() << ")\n";
     return 0;
   }
+  // Each message is written whole in one write: ranks of an MPI job share the stream.
+  const std::string head = "stepcast " + stepcast::printable_excerpt(name, 40) + ": ";
   try {
     for (const auto& c : kCommands) {
       if (name == c.name) return c.run(argc - 1, argv + 1);
     }
     std::vector<std::string> names;
     for (const auto& c : kCommands) names.push_back(c.name);
-    std::cerr << "stepcast: unknown command '" << name << "' (closest: '"
-              << stepcast::closest_name(name, names) << "'); see stepcast --help\n";
+    stepcast::write_stderr_line("stepcast: unknown command '" + stepcast::printable_excerpt(name, 40) +
+                                "' (closest: '" + stepcast::closest_name(name, names) +
+                                "'); see stepcast --help\n");
     return stepcast::kInputErrorExitCode;
   } catch (const stepcast::InputError& e) {
-    std::cerr << "stepcast " << name << ": error: " << e.what() << "\n";
+    stepcast::write_stderr_line(head + "error: " + e.what() + "\n");
     return stepcast::kInputErrorExitCode;
-  } catch (const std::logic_error& e) {
-    std::cerr << "stepcast " << name << ": internal error (please report): " << e.what() << "\n";
+  } catch (const std::bad_alloc&) {
+    stepcast::write_stderr_line(head + "out of memory\n");
     return 3;
   } catch (const std::exception& e) {
-    std::cerr << "stepcast " << name << ": error: " << e.what() << "\n";
-    return 1;
+    // Anything but an InputError is a bug of stepcast: input is checked before it is used.
+    stepcast::write_stderr_line(head + "internal error (please report): " + e.what() + "\n");
+    return 3;
   }
 }

@@ -55,6 +55,7 @@ struct StepResult {
   std::string program_sha256;
   Json inputs;                     // fully resolved model, topology, plan, profile
   Json extra = Json::object();     // source-specific figures (mode, wall time, losses, ...)
+  std::string file;                // the file it was read from (messages), empty when made here
 };
 
 Json step_result_to_json(const StepResult& result);

@@ -125,6 +125,7 @@ std::string OpGroupCompare::label() const {
 StepResult step_result_from_json(const Json& json, const std::string& file) {
   if (!json.is_object()) throw InputError(file + ": not a StepResult (not a JSON object)");
   StepResult r;
+  r.file = file;
   if (integer(json, "schema_version", file) != StepResult::kSchemaVersion) {
     throw_input_error(file, "schema_version", json.at("schema_version").dump(), "unsupported",
                       std::to_string(StepResult::kSchemaVersion));
@@ -276,47 +277,50 @@ namespace {
 
 // Memory by class, rank entry by rank entry (both sides list the same entries), and the measured
 // high-water marks.
+// Where a StepResult came from, for messages: its file, or its role when made in memory.
+std::string label(const StepResult& r, const char* role) { return r.file.empty() ? role : r.file; }
+
 void compare_memory(const StepResult& prediction, const StepResult& measurement, CompareResult& c) {
   const Json& p_ranks = prediction.memory.at("ranks");
   const Json& m_ranks = measurement.memory.at("ranks");
   double arena_peak_max = 0;
   for (const Json& pe : p_ranks) {
     RankMemoryCompare rm;
-    rm.rank = integer(pe, "rank", "prediction", "memory.ranks[].");
-    rm.stage = integer(pe, "stage", "prediction", "memory.ranks[].");
+    rm.rank = integer(pe, "rank", label(prediction, "prediction"), "memory.ranks[].");
+    rm.stage = integer(pe, "stage", label(prediction, "prediction"), "memory.ranks[].");
     for (const Json& range : pe.at("ranks")) rm.ranks.emplace_back(range.at(0), range.at(1));
     const Json* me = memory_entry_of_rank(m_ranks, rm.rank);
     if (!me) {
       throw_input_error(
-          "measurement", "memory.ranks", "",
+          label(measurement, "measurement"), "memory.ranks", "",
           "has no entry for rank " + std::to_string(rm.rank) + ", which the prediction lists",
           "the memory of the same program");
     }
     for (const char* key : kMemoryKeys) {
-      rm.classes.push_back({key, number(pe, key, "prediction", "memory.ranks[]."),
-                            number(*me, key, "measurement", "memory.ranks[].")});
+      rm.classes.push_back({key, number(pe, key, label(prediction, "prediction"), "memory.ranks[]."),
+                            number(*me, key, label(measurement, "measurement"), "memory.ranks[].")});
     }
     arena_peak_max = std::max(arena_peak_max, pe.at("peak_bytes").get<double>() -
                                                   pe.at("memory_runtime_bytes").get<double>());
     c.memory_ranks.push_back(std::move(rm));
   }
   c.peak_bytes_max = {"peak_bytes_max",
-                      number(prediction.memory, "peak_bytes_max", "prediction", "memory."),
-                      number(measurement.memory, "peak_bytes_max", "measurement", "memory.")};
+                      number(prediction.memory, "peak_bytes_max", label(prediction, "prediction"), "memory."),
+                      number(measurement.memory, "peak_bytes_max", label(measurement, "measurement"), "memory.")};
   if (measurement.memory.contains("measured_peak_bytes_max")) {
     c.measured_peak_max = MeasuredPeakCompare{
         -1, arena_peak_max,
-        number(measurement.memory, "measured_peak_bytes_max", "measurement", "memory.")};
+        number(measurement.memory, "measured_peak_bytes_max", label(measurement, "measurement"), "memory.")};
   }
   for (const Json& mp : measurement.memory.value("measured", Json::array())) {
     MeasuredPeakCompare rank_peak;
-    rank_peak.rank = integer(mp, "rank", "measurement", "memory.measured[].");
+    rank_peak.rank = integer(mp, "rank", label(measurement, "measurement"), "memory.measured[].");
     rank_peak.measured_peak_bytes =
-        number(mp, "measured_peak_bytes", "measurement", "memory.measured[].");
+        number(mp, "measured_peak_bytes", label(measurement, "measurement"), "memory.measured[].");
     const Json* pe = memory_entry_of_rank(p_ranks, rank_peak.rank);
     if (!pe) continue;  // a rank the prediction's memory does not list: nothing to compare with
     rank_peak.predicted_arena_peak_bytes =
-        number(*pe, "peak_bytes", "prediction") - number(*pe, "memory_runtime_bytes", "prediction");
+        number(*pe, "peak_bytes", label(prediction, "prediction")) - number(*pe, "memory_runtime_bytes", label(prediction, "prediction"));
     c.measured_peak_ranks.push_back(rank_peak);
   }
 }
@@ -324,7 +328,7 @@ void compare_memory(const StepResult& prediction, const StepResult& measurement,
 // The op join on (rank, id) and its aggregations.
 void compare_ops(const StepResult& prediction, const StepResult& measurement,
                  const StepProgram& program, CompareResult& c) {
-  auto check_record = [&](const OpRecord& r, const char* side) {
+  auto check_record = [&](const OpRecord& r, const std::string& side) {
     if (r.rank < 0 || r.rank >= program.world_size() || r.id < 0 ||
         r.id >= int32_t(program.role_of_rank(r.rank).ops.size())) {
       throw_input_error(
@@ -336,7 +340,7 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
   std::map<std::pair<int64_t, int32_t>, const OpRecord*> predicted;
   std::set<int64_t> p_ranks, m_ranks;
   for (const OpRecord& r : prediction.ops) {
-    check_record(r, "prediction");
+    check_record(r, label(prediction, "prediction"));
     predicted[{r.rank, r.id}] = &r;
     p_ranks.insert(r.rank);
   }
@@ -347,7 +351,7 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
   std::map<std::string, OpGroupCompare> kinds, names, collectives, finest;
   std::vector<OpCompare> ops;
   for (const OpRecord& mr : measurement.ops) {
-    check_record(mr, "measurement");
+    check_record(mr, label(measurement, "measurement"));
     m_ranks.insert(mr.rank);
     auto it = predicted.find({mr.rank, mr.id});
     if (it == predicted.end()) {
@@ -398,7 +402,7 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
 
 CompareResult compare_results(const StepResult& prediction, const StepResult& measurement,
                               const StepProgram& program) {
-  check_comparable(prediction, measurement, "prediction", "measurement");
+  check_comparable(prediction, measurement, label(prediction, "prediction"), label(measurement, "measurement"));
   if (program.program_sha256 != prediction.program_sha256) {
     throw InputError("the program given (program_sha256 " + program.program_sha256 +
                      ") is not the one the pair ran (" + prediction.program_sha256 + ")");
