@@ -56,11 +56,14 @@ int run_run(int argc, char** argv) {
       ("lr", po::value<double>()->default_value(1e-3), "AdamW learning rate")
       ("seed", po::value<uint64_t>()->default_value(1234), "initialisation, data and dropout seed")
       ("quiet", po::bool_switch(), "no per-step lines")
-      ("checkpoint-dir", po::value<std::string>(), "write checkpoints into DIR")
-      ("checkpoint-every", po::value<int64_t>()->default_value(0), "checkpoint every K steps")
-      ("resume", po::value<std::string>(), "continue from the latest complete checkpoint in DIR")
+      ("checkpoint-dir", po::value<std::string>(),
+       "write checkpoints into DIR (checked writable, and taken for this run, before step 1)")
+      ("checkpoint-every", po::value<int64_t>()->default_value(0), "checkpoint every K steps (0: never)")
+      ("resume", po::value<std::string>(),
+       "continue from the latest checkpoint in DIR; refused by every rank unless all of it verifies")
       ("watchdog-s", po::value<double>()->default_value(300),
-       "abort the job when a rank waits longer than this on a peer (a hung rank)");
+       "abort the job (exit 4), naming the rank, when a rank waits longer than this on a peer: "
+       "in any transfer, collective, barrier or gather, checkpoints included");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu|cuda\n"
