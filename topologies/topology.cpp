@@ -70,18 +70,26 @@ FabricKind parse_fabric_kind(const std::string& name) {
   fail_invariant(__FILE__, __LINE__, "fabric kind not checked by get_enum: " + name);
 }
 
+// What a described machine can be: far outside these a figure is a typo or a unit slip, and
+// the simulator's clock (doubles in seconds) would overflow or stall on it. A core of a small CPU
+// does ~1e9 flop/s, the largest accelerators ~1e16; links and memories from kB/s to PB/s.
+constexpr double kMinPeak = 1e6, kMaxPeak = 1e18;
+constexpr double kMinBytes = 1e6, kMaxBytes = 1e15;
+constexpr double kMinBandwidth = 1e3, kMaxBandwidth = 1e15;
+constexpr double kMaxLatency = 1.0;
+
 std::map<Dtype, double> read_peaks(ObjectReader& device) {
   ObjectReader peaks = device.get_object("peak_flops_per_s");
   // All dtype names are valid keys, so a misspelt one is answered with the closest dtype.
   peaks.accept_any_of(dtype_names());
   std::map<Dtype, double> out;
   for (Dtype dtype : kAllDtypes) {
-    if (peaks.has(to_string(dtype))) out[dtype] = peaks.get_number(to_string(dtype), 0, true);
+    if (peaks.has(to_string(dtype))) out[dtype] = peaks.get_number_between(to_string(dtype), kMinPeak, kMaxPeak);
   }
   peaks.finish();
   if (out.empty()) {
     device.fail("peak_flops_per_s", "no dtype given",
-                "an object with at least one of " + join(dtype_names()) + ", each > 0");
+                "an object with at least one of " + join(dtype_names()) + ", each in [1e6, 1e18] flop/s");
   }
   return out;
 }
@@ -91,10 +99,11 @@ DeviceSpec read_device(ObjectReader& node) {
   DeviceSpec device;
   device.name = get_name(reader, "name");
   device.peak_flops_per_s = read_peaks(reader);
-  device.memory_bytes = reader.get_number("memory_bytes", 0, true);
-  device.memory_bandwidth_bytes_per_s = reader.get_number("memory_bandwidth_bytes_per_s", 0, true);
-  device.runtime_allowance_bytes = reader.get_number("runtime_allowance_bytes", 0, false);
-  device.memory_reserved_bytes = reader.get_number("memory_reserved_bytes", 0, false);
+  device.memory_bytes = reader.get_number_between("memory_bytes", kMinBytes, kMaxBytes);
+  device.memory_bandwidth_bytes_per_s =
+      reader.get_number_between("memory_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  device.runtime_allowance_bytes = reader.get_number_between("runtime_allowance_bytes", 0, kMaxBytes);
+  device.memory_reserved_bytes = reader.get_number_between("memory_reserved_bytes", 0, kMaxBytes);
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
@@ -111,8 +120,9 @@ IntraNodeFabric read_intra_node(ObjectReader& node) {
   ObjectReader reader = node.get_object("intra_node");
   IntraNodeFabric fabric;
   fabric.kind = parse_intra_node_kind(reader.get_enum("kind", kIntraNodeKinds));
-  fabric.bandwidth_bytes_per_s = reader.get_number("bandwidth_bytes_per_s", 0, true);
-  fabric.latency_s = reader.get_number("latency_s", 0, false);
+  fabric.bandwidth_bytes_per_s =
+      reader.get_number_between("bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  fabric.latency_s = reader.get_number_between("latency_s", 0, kMaxLatency);
   reader.finish();
   return fabric;
 }
@@ -132,10 +142,11 @@ InterNodeFabric read_fabric(ObjectReader& top, int devices_per_node) {
   InterNodeFabric fabric;
   fabric.kind = parse_fabric_kind(reader.get_enum("kind", kFabricKinds));
   fabric.nics_per_node = get_count(reader, "nics_per_node", 1);
-  fabric.nic_bandwidth_bytes_per_s = reader.get_number("nic_bandwidth_bytes_per_s", 0, true);
-  fabric.nic_latency_s = reader.get_number("nic_latency_s", 0, false);
-  fabric.switch_latency_s = reader.get_number("switch_latency_s", 0, false);
-  fabric.oversubscription = reader.get_number("oversubscription", 1, false);
+  fabric.nic_bandwidth_bytes_per_s =
+      reader.get_number_between("nic_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  fabric.nic_latency_s = reader.get_number_between("nic_latency_s", 0, kMaxLatency);
+  fabric.switch_latency_s = reader.get_number_between("switch_latency_s", 0, kMaxLatency);
+  fabric.oversubscription = reader.get_number_between("oversubscription", 1, 1000);
   fabric.switch_radix = get_count(reader, "switch_radix", 2);
   reader.finish();
   // A rail joins device i of every node through NIC i, so there is one NIC per device.
