@@ -115,7 +115,8 @@ Json parse_json_text(const std::string& text, const std::string& file) {
 }
 
 std::string read_text_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) throw InputError(path + ": is a directory; valid: a file");
+  std::error_code ec;  // a name the system refuses (too long, ...) is not an error of its own here
+  if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory; valid: a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open file");
   std::stringstream buffer;

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <regex>
+#include <optional>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "errors.hpp"
 
@@ -25,15 +27,55 @@ bool parse_int(const std::string& s, int64_t& out) {
   }
 }
 
+// "  tensor_model_parallel_size ...... 8" (Megatron's arguments block): the name and the value.
+std::optional<std::pair<std::string, std::string>> argument_line(const std::string& line) {
+  size_t begin = line.find_first_not_of(" \t");
+  if (begin == std::string::npos) return std::nullopt;
+  size_t end = line.find_first_not_of("abcdefghijklmnopqrstuvwxyz_0123456789", begin);
+  if (end == begin || end == std::string::npos || line[end] != ' ') return std::nullopt;
+  size_t dots_end = line.find_first_not_of('.', end + 1);
+  if (dots_end == std::string::npos || dots_end - (end + 1) < 2 || line[dots_end] != ' ') return std::nullopt;
+  size_t value_begin = dots_end + 1, value_end = line.find_last_not_of(" \t\r");
+  std::string value = value_end == std::string::npos || value_end < value_begin
+                          ? std::string()
+                          : line.substr(value_begin, value_end + 1 - value_begin);
+  return std::make_pair(line.substr(begin, end - begin), value);
+}
+
+// "--tensor-model-parallel-size 8 --sequence-parallel --lr=1e-4": each flag (dashes as
+// underscores) and its value ("True" for a flag without one). A value is the next word, or what
+// follows '=', unless it starts with '-'.
+std::vector<std::pair<std::string, std::string>> launch_flags(const std::string& line) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<std::string> words;
+  std::istringstream in(line);
+  for (std::string word; in >> word;) words.push_back(word);
+  auto is_name = [](const std::string& s) {
+    return !s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos &&
+           s[0] != '-';
+  };
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i].rfind("--", 0) != 0) continue;
+    std::string name = words[i].substr(2), value;
+    if (size_t equals = name.find('='); equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    } else if (i + 1 < words.size() && words[i + 1][0] != '-') {
+      value = words[++i];
+    }
+    if (!is_name(name)) continue;
+    std::replace(name.begin(), name.end(), '-', '_');
+    out.emplace_back(name, value.empty() || value[0] == '-' ? "True" : value);
+  }
+  return out;
+}
+
 }  // namespace
 
 MegatronLog parse_megatron_log(const std::string& text, const std::string& file) {
   MegatronLog log;
   log.file = file;
   std::map<std::string, std::string> args;  // Megatron's argument names (underscores)
-  static const std::regex arg_line(R"(^\s*([a-z_0-9]+) \.{2,} (.*?)\s*$)");
-  static const std::regex flag(R"(--([a-z0-9][a-z0-9-]*)(?:[= ]([^\s-][^\s]*))?)");
-  static const std::regex iteration(R"(elapsed time per iteration \(ms\):\s*([0-9.eE+-]+))");
   std::istringstream in(text);
   bool in_args = false;
   int line_no = 0;
@@ -43,32 +85,32 @@ MegatronLog parse_megatron_log(const std::string& text, const std::string& file)
       in_args = line.find("end of arguments") == std::string::npos;
       continue;
     }
-    std::smatch m;
-    if (in_args && std::regex_match(line, m, arg_line)) {
-      args[m[1]] = m[2];
-      continue;
+    if (in_args) {
+      if (std::optional<std::pair<std::string, std::string>> arg = argument_line(line)) {
+        args[arg->first] = arg->second;
+        continue;
+      }
     }
-    if (std::regex_search(line, m, iteration)) {
+    static const std::string iteration = "elapsed time per iteration (ms):";
+    if (size_t at = line.find(iteration); at != std::string::npos) {
+      at = std::min(line.find_first_not_of(" \t", at + iteration.size()), line.size());
+      std::string number = line.substr(at, std::min(line.find_first_not_of("0123456789.eE+-", at), line.size()) - at);
       double ms = 0;
       try {
-        ms = std::stod(m[1]);
+        ms = std::stod(number);
       } catch (const std::exception&) {
         ms = -1;
       }
       if (!(ms > 0) || !std::isfinite(ms)) {
         throw InputError(file + ":" + std::to_string(line_no) + ": elapsed time per iteration '" +
-                         m[1].str() + "'; valid: a positive number of milliseconds");
+                         printable_excerpt(number) + "'; valid: a positive number of milliseconds");
       }
       log.iteration_times_s.push_back(ms / 1e3);
       continue;
     }
     // A launch line: --tensor-model-parallel-size 8 --sequence-parallel ...
     if (line.find("pretrain") != std::string::npos || line.rfind("--", line.find_first_not_of(" \t")) == 0) {
-      for (auto it = std::sregex_iterator(line.begin(), line.end(), flag); it != std::sregex_iterator(); ++it) {
-        std::string name = (*it)[1];
-        std::replace(name.begin(), name.end(), '-', '_');
-        args.emplace(name, (*it)[2].matched ? (*it)[2].str() : "True");
-      }
+      for (const auto& [name, value] : launch_flags(line)) args.emplace(name, value);
     }
   }
   if (log.iteration_times_s.empty()) {
@@ -95,9 +137,10 @@ MegatronLog parse_megatron_log(const std::string& text, const std::string& file)
   };
   int64_t tp = integer("tensor_model_parallel_size", 1), pp = integer("pipeline_model_parallel_size", 1);
   log.world_size = integer("world_size", std::nullopt);
-  if (log.world_size % (tp * pp) != 0) {
+  if (tp > log.world_size || pp > log.world_size / tp || log.world_size % (tp * pp) != 0) {
     throw InputError(file + ": world_size " + std::to_string(log.world_size) + " is not a multiple of "
-                     "tensor × pipeline parallel size " + std::to_string(tp * pp) + "; valid: a consistent log");
+                     "tensor parallel size " + std::to_string(tp) + " × pipeline parallel size " +
+                     std::to_string(pp) + "; valid: a consistent log");
   }
   Json plan = {{"name", "megatron-log"},
                {"tp_size", tp},

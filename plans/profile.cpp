@@ -133,7 +133,7 @@ ProfileChoice choose_profile(const std::optional<std::string>& option, const Top
   } else if (topology.profile_file.empty()) {
     choice.warning = "topology " + topology.file + " names no device profile (key 'profile'); " +
                      "costing with the roofline on its datasheet peaks";
-  } else if (!std::filesystem::is_regular_file(topology.profile_file)) {
+  } else if (std::error_code ec; !std::filesystem::is_regular_file(topology.profile_file, ec)) {
     choice.warning = "topology " + topology.file + " names device profile " + topology.profile_file +
                      " (key 'profile' = \"" + topology.profile + "\"), which does not exist; " +
                      "costing with the roofline on its datasheet peaks";

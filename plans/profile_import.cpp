@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <regex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -39,7 +40,84 @@ bool parse_number(const std::string& s, double& out) {
   }
 }
 
-// "all_reduce_perf" → "all_reduce"; "alltoall" → "all_to_all".
+// "12: # Rank ..." (srun --label) → "# Rank ...".
+std::string without_srun_prefix(const std::string& line) {
+  size_t at = line.find_first_not_of(" \t");
+  if (at == std::string::npos) return line;
+  size_t digits_end = line.find_first_not_of("0123456789", at);
+  if (digits_end == at || digits_end == std::string::npos || line[digits_end] != ':') return line;
+  if (digits_end + 1 >= line.size() || !std::isspace(static_cast<unsigned char>(line[digits_end + 1]))) return line;
+  return line.substr(digits_end + 2);
+}
+
+bool is_word_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The collective of an nccl-tests binary named on the line ("./build/all_reduce_perf -b 8 ..."
+// → "all_reduce"), or "".
+std::string perf_binary_in(const std::string& line) {
+  static const std::set<std::string> binaries = {"all_reduce", "all_gather", "reduce_scatter", "alltoall",
+                                                 "sendrecv",   "broadcast",  "reduce",         "gather",
+                                                 "scatter",    "hypercube"};
+  for (size_t at = line.find("_perf"); at != std::string::npos; at = line.find("_perf", at + 1)) {
+    size_t begin = at;
+    while (begin > 0 && is_word_char(line[begin - 1])) --begin;
+    std::string word = line.substr(begin, at - begin);
+    if (binaries.count(word)) return word;
+  }
+  return "";
+}
+
+std::string digits_at(const std::string& line, size_t at) {
+  size_t end = std::min(line.find_first_not_of("0123456789", at), line.size());
+  return at < line.size() ? line.substr(at, end - at) : std::string();
+}
+
+// "2.28.3" at `at`, or "" when the text there is not three dotted numbers.
+std::string dotted_version_at(const std::string& line, size_t at) {
+  std::string out;
+  for (int part = 0; part < 3; ++part) {
+    std::string digits = digits_at(line, at);
+    if (digits.empty()) return "";
+    out += digits;
+    at += digits.size();
+    if (part < 2) {
+      if (at >= line.size() || line[at] != '.') return "";
+      out += '.';
+      ++at;
+    }
+  }
+  return out;
+}
+
+// Digits only, within [low, high].
+bool parse_bounded(const std::string& digits, int64_t low, int64_t high, int64_t& out) {
+  if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  out = std::stoll(digits);
+  return out >= low && out <= high;
+}
+
+// "#  Rank  0 Group  0 Pid  1234 on node-1 device  0 [0x07] NVIDIA A100-SXM4-80GB": the rank
+// (its digits, unchecked) and the host (the word after the last "on" that precedes "device").
+struct RankLine {
+  std::string rank, host;
+};
+std::optional<RankLine> rank_line_of(const std::string& line) {
+  size_t hash = line.find('#');
+  if (hash == std::string::npos) return std::nullopt;
+  std::vector<std::string> words = split_ws(line.substr(hash + 1));
+  if (words.size() < 5 || words[0] != "Rank" || words[1].find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  std::optional<RankLine> out;
+  for (size_t i = 2; i + 2 < words.size(); ++i) {
+    if (words[i] == "on" && words[i + 2].rfind("device", 0) == 0) out = RankLine{words[1], words[i + 1]};
+  }
+  return out;
+}
+
+// "all_reduce" → "all_reduce"; "alltoall" → "all_to_all".
 std::string collective_of_binary(const std::string& name) {
   if (name == "alltoall") return "all_to_all";
   return name;
@@ -61,11 +139,6 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
                                   const std::string& expected) {
   NcclTestsLog log;
   log.file = file;
-  static const std::regex srun_prefix(R"(^\s*\d+:\s)");
-  static const std::regex binary(R"(\b(all_reduce|all_gather|reduce_scatter|alltoall|sendrecv|broadcast|reduce|gather|scatter|hypercube)_perf)");
-  static const std::regex rank_line(R"(#\s*Rank\s+(\d+)\s.*\bon\s+(\S+)\s+device)");
-  static const std::regex version_header(R"(nccl-library=(\d+))");
-  static const std::regex version_line(R"(NCCL version (\d+\.\d+\.\d+))");
   std::istringstream in(text);
   std::string detected;
   std::set<int64_t> ranks;
@@ -76,23 +149,32 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
   int line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
-    line = std::regex_replace(line, srun_prefix, "");
-    std::smatch m;
-    if (detected.empty() && std::regex_search(line, m, binary)) detected = collective_of_binary(m[1]);
-    if (std::regex_search(line, m, version_header)) {
-      int code = std::stoi(m[1]);
+    line = without_srun_prefix(line);
+    if (detected.empty()) detected = collective_of_binary(perf_binary_in(line));
+    if (size_t at = line.find("nccl-library="); at != std::string::npos) {
+      std::string digits = digits_at(line, at + 13);
+      int64_t code = 0;
+      // NCCL_VERSION_CODE: major·10000 + minor·100 + patch (2.28.3 is 22803).
+      if (!parse_bounded(digits, 1, 9999999, code)) {
+        fail_at(file, line_no, "nccl-library='" + printable_excerpt(digits) + "'",
+                "NCCL's version code, e.g. 22803 for 2.28.3");
+      }
       log.nccl_version = std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
                          std::to_string(code % 100);
-    } else if (log.nccl_version.empty() && std::regex_search(line, m, version_line)) {
-      log.nccl_version = m[1];
+    } else if (size_t at = line.find("NCCL version "); log.nccl_version.empty() && at != std::string::npos) {
+      std::string version = dotted_version_at(line, at + 13);
+      if (!version.empty()) log.nccl_version = version;
     }
-    if (std::regex_search(line, m, rank_line)) {
-      int64_t r = std::stoll(m[1]);
+    if (std::optional<RankLine> rank = rank_line_of(line)) {
+      int64_t r = 0;
+      if (!parse_bounded(rank->rank, 0, 9999999, r)) {
+        fail_at(file, line_no, "rank '" + printable_excerpt(rank->rank) + "'", "a rank number below 10,000,000");
+      }
       if (!ranks.insert(r).second) {
         fail_at(file, line_no, "rank " + std::to_string(r) + " is listed twice (a launch where every "
                 "process ran alone, e.g. a non-MPI build under mpirun)", "one line per rank");
       }
-      hosts.insert(m[2]);
+      hosts.insert(rank->host);
       continue;
     }
     if (line.find("Avg bus bandwidth") != std::string::npos) {
@@ -106,6 +188,12 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
         std::find(words.begin(), words.end(), "count") != words.end() &&
         std::find(words.begin(), words.end(), "busbw") != words.end()) {
       if (words.front() == "#") words.erase(words.begin());
+      for (const char* needed : {"time", "type"}) {
+        if (std::find(words.begin(), words.end(), needed) == words.end()) {
+          fail_at(file, line_no, std::string("a table header without the '") + needed + "' column",
+                  "nccl-tests' header '# size count type redop root time algbw busbw ...'");
+        }
+      }
       columns = words;
       header_line = line_no;
       continue;
@@ -117,7 +205,8 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
       return size_t(std::find(columns.begin(), columns.end(), name) - columns.begin());
     };
     size_t time_at = index_of("time"), count_at = index_of("count"), type_at = index_of("type");
-    if (words.size() < time_at + 3) {
+    // The row reads size, count, type and the out-of-place time, algbw and busbw.
+    if (words.size() < std::max({count_at, type_at, time_at + 2}) + 1) {
       fail_at(file, line_no, "a row cut short (" + std::to_string(words.size()) + " columns, the header at line " +
                   std::to_string(header_line) + " has " + std::to_string(columns.size()) + ")",
               "a complete nccl-tests log");

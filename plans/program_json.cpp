@@ -255,25 +255,38 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.model = j.at("model");
     p.topology = j.at("topology");
     p.plan = j.at("plan");
+    // Integers checked before they are converted (a double such as 1e300 does not fit).
+    constexpr int64_t kLarge = int64_t(1) << 62;
+    auto integer = [&](const Json& v, const std::string& key, int64_t lo, int64_t hi) {
+      bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi));
+      int64_t x = fits ? v.get<int64_t>() : 0;
+      if (!fits || x < lo || x > hi) {
+        throw InputError(path + ": key '" + key + "' = " + printable_excerpt(v.dump()) +
+                         ": out of range; valid: an integer in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
+      }
+      return x;
+    };
+    auto integers = [&](const Json& v, const std::string& key, int64_t lo, int64_t hi) {
+      std::vector<int64_t> out;
+      for (const Json& x : v.get_ref<const Json::array_t&>()) out.push_back(integer(x, key, lo, hi));
+      return out;
+    };
     const Json& g = j.at("grid");
-    p.tp_size = g.at("tp_size");
-    p.dp_size = g.at("dp_size");
-    p.pp_size = g.at("pp_size");
+    p.tp_size = integer(g.at("tp_size"), "tp_size", 1, 1 << 24);
+    p.dp_size = integer(g.at("dp_size"), "dp_size", 1, 1 << 24);
+    p.pp_size = integer(g.at("pp_size"), "pp_size", 1, 1 << 24);
     p.order = g.at("order");
-    p.devices_per_node = g.at("devices_per_node");
-    p.num_microbatches = j.at("num_microbatches");
-    p.tokens_per_step = j.at("tokens_per_step");
+    p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);
+    p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);
+    p.tokens_per_step = integer(j.at("tokens_per_step"), "tokens_per_step", 0, kLarge);
     for (const Json& jr : j.at("roles")) {
       Role role;
-      role.index = jr.at("index");
-      role.pp_stage = jr.at("pp_stage");
-      role.chunks_virtual_stages = jr.at("chunk_virtual_stages").get<std::vector<int64_t>>();
+      role.index = int32_t(integer(jr.at("index"), "index", 0, 1 << 24));
+      role.pp_stage = integer(jr.at("pp_stage"), "pp_stage", 0, 1 << 24);
+      role.chunks_virtual_stages = integers(jr.at("chunk_virtual_stages"), "chunk_virtual_stages", 0, kLarge);
       auto int32_of = [&](const Json& v, const char* key) {
-        int64_t x = v.get<int64_t>();
-        if (!v.is_number_integer() || x < -1 || x > std::numeric_limits<int32_t>::max()) {
-          throw InputError(path + ": key '" + key + "' = " + v.dump() + ": out of range; valid: an integer in [-1, 2^31 - 1]");
-        }
-        return int32_t(x);
+        return int32_t(integer(v, key, -1, std::numeric_limits<int32_t>::max()));
       };
       for (const Json& jo : jr.at("ops")) {
         Op op;
@@ -304,16 +317,16 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
                                "int32, int64)");
             }
             op.dtype = *parsed;
-            op.shape = jo.at("shape").get<std::vector<int64_t>>();
+            op.shape = integers(jo.at("shape"), "shape", 0, kLarge);
             op.persistent = jo.value("persistent", false);
           }
         } else {
           op.inputs = jo.at("inputs").get<std::vector<std::string>>();
           op.outputs = jo.at("outputs").get<std::vector<std::string>>();
-          op.batch = jo.value("batch", int64_t{0});
-          op.m = jo.value("m", int64_t{0});
-          op.n = jo.value("n", int64_t{0});
-          op.k = jo.value("k", int64_t{0});
+          op.batch = integer(jo.value("batch", Json(0)), "batch", 0, kLarge);
+          op.m = integer(jo.value("m", Json(0)), "m", 0, kLarge);
+          op.n = integer(jo.value("n", Json(0)), "n", 0, kLarge);
+          op.k = integer(jo.value("k", Json(0)), "k", 0, kLarge);
           op.flops = jo.value("flops", 0.0);
           if (is_collective(op.kind)) {
             op.group = parse_group(jo.at("group"), path);
@@ -321,7 +334,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           }
           if (is_p2p(op.kind)) {
             op.peer = parse_enum(jo.at("peer"), Peer::pp_prev, path, "peer");
-            op.tag = jo.at("tag");
+            op.tag = integer(jo.at("tag"), "tag", -1, kLarge);
           }
         }
         role.ops.push_back(std::move(op));

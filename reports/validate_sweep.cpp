@@ -39,8 +39,10 @@ std::string resolve(const std::string& sweep_file, const std::string& path) {
 std::string read_path(ObjectReader& reader, const std::string& key, const std::string& what) {
   std::string value = reader.get_string(key);
   std::string path = resolve(reader.file(), value);
-  if (!std::filesystem::is_regular_file(path)) {
-    reader.fail(key, "no such file (" + path + ")",
+  std::error_code ec;  // a name too long for the system: no such file either
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    bool missing = !ec || ec == std::errc::no_such_file_or_directory;
+    reader.fail(key, (missing ? std::string("no such file") : ec.message()) + " (" + path + ")",
                 "a path to " + what + ", absolute or relative to the sweep file's folder");
   }
   return path;

@@ -13,6 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   chromium                  # the validate report's test in a real headless browser
+  clang libclang-rt-dev     # libFuzzer for the loaders' fuzz targets (issue 19, scripts/fuzz.sh)
 )
 
 missing=()
