@@ -10,13 +10,13 @@
 #include <iostream>
 #include <mutex>
 #include <sstream>
-#include <thread>
 
 #include "calibrate.hpp"
 #include "child_simulate.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "units.hpp"
 
 namespace stepcast::cli {
 
@@ -192,26 +192,20 @@ int run_calibrate(int argc, char** argv) {
       }
     }
     std::vector<std::vector<double>> result(settings.size(), std::vector<double>(runs.size(), std::nan("")));
-    std::atomic<size_t> next{0};
     std::mutex mutex;
     std::string failure;
-    auto worker = [&] {
-      for (size_t i = next++; i < tasks.size(); i = next++) {
-        const Task& t = tasks[i];
-        try {
-          ChildSimulator child(runs[t.run].model, " --profile " + shell_quote(profile_files[t.setting]), mode);
-          double step = child.simulate("run", runs[t.run].plan, runs[t.run].topology).step_time_s;
-          std::lock_guard<std::mutex> lock(mutex);
-          result[t.setting][t.run] = step;
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mutex);
-          failure = e.what();
-        }
+    parallel_for(int64_t(tasks.size()), jobs, [&](int64_t i) {
+      const Task& t = tasks[size_t(i)];
+      try {
+        ChildSimulator child(runs[t.run].model, " --profile " + shell_quote(profile_files[t.setting]), mode);
+        double step = child.simulate("run", runs[t.run].plan, runs[t.run].topology).step_time_s;
+        std::lock_guard<std::mutex> lock(mutex);
+        result[t.setting][t.run] = step;
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        failure = e.what();
       }
-    };
-    std::vector<std::thread> threads;
-    for (int j = 0; j < std::min<int>(jobs, int(tasks.size())); ++j) threads.emplace_back(worker);
-    for (auto& th : threads) th.join();
+    });
     if (!failure.empty()) throw std::runtime_error("a simulation failed: " + failure);
     simulations += int64_t(tasks.size());
     for (const std::string& f : profile_files) fs::remove(f);

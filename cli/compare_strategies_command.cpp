@@ -6,7 +6,6 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
-#include <thread>
 
 #include "child_simulate.hpp"
 #include "commands.hpp"
@@ -16,6 +15,7 @@
 #include "planner_report.hpp"
 #include "search.hpp"
 #include "summary.hpp"
+#include "units.hpp"
 
 namespace stepcast::cli {
 
@@ -151,24 +151,22 @@ int run_compare_strategies(int argc, char** argv) {
   for (Candidate* c : chosen) {
     if (c && std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
   }
-  std::atomic<size_t> next{0};
   std::map<std::string, std::string> errors;
   std::mutex errors_mutex;
-  auto worker = [&] {
-    for (size_t i = next++; i < distinct.size(); i = next++) {
-      try {
-        simulator.simulate(distinct[i]->plan.name, distinct[i]->plan, topology);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(errors_mutex);
-        errors[distinct[i]->plan.name] = e.what();
-      }
-      std::cerr << "\rsimulate --mode " << sim_mode << ": " << i + 1 << "/" << distinct.size() << std::flush;
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int j = 1; j < jobs; ++j) threads.emplace_back(worker);
-  worker();
-  for (auto& t : threads) t.join();
+  parallel_for(
+      int64_t(distinct.size()), jobs,
+      [&](int64_t i) {
+        const Plan& plan = distinct[size_t(i)]->plan;
+        try {
+          simulator.simulate(plan.name, plan, topology);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(errors_mutex);
+          errors[plan.name] = e.what();
+        }
+      },
+      [&](int64_t done, int64_t total) {
+        std::cerr << "\rsimulate --mode " << sim_mode << ": " << done << "/" << total << std::flush;
+      });
   std::cerr << "\n";
   for (size_t i = 0; i < report.rows.size(); ++i) {
     StrategyRow& row = report.rows[i];

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "errors.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast::cli {
 
@@ -27,7 +28,7 @@ bool wait_at_most(MPI_Request& request, double limit_s) {
   auto start = std::chrono::steady_clock::now();
   while (true) {
     int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    STEPCAST_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return true;
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > limit_s) return false;
@@ -49,7 +50,7 @@ void on_rank0_then_agree(int rank, const std::string& what, const std::function<
   }
   int failed = error ? 1 : 0;
   MPI_Request request;
-  MPI_Ibcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD, &request);
+  STEPCAST_MPI(MPI_Ibcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD, &request));
   if (!wait_at_most(request, wait_s)) {
     char line[256];
     std::snprintf(line, sizeof line, "rank %d: no answer from rank 0 for %.0f s in %s; aborting the job\n",
@@ -64,9 +65,12 @@ void on_rank0_then_agree(int rank, const std::string& what, const std::function<
 int with_mpi(const std::string& command, int argc, char** argv,
              const std::function<int(int rank, int size)>& body, double wait_s) {
   MPI_Init(&argc, &argv);
+  // Errors return to the caller (STEPCAST_MPI names the call and the rank, then aborts) instead
+  // of MPI's default abort that names neither; communicators made from the world inherit it.
+  STEPCAST_MPI(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
   const std::string head = "stepcast " + command + ": rank " + std::to_string(rank) + ": ";
   int code = 0;
   try {
@@ -80,7 +84,7 @@ int with_mpi(const std::string& command, int argc, char** argv,
   }
   int worst = 0;
   MPI_Request request;
-  MPI_Iallreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &request);
+  STEPCAST_MPI(MPI_Iallreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &request));
   const double limit = code != 0 ? kErrorGraceS : wait_s;
   if (!wait_at_most(request, limit)) {
     if (code == 0) {

@@ -9,12 +9,12 @@
 #include "inputs.hpp"
 #include "planner_common.hpp"
 #include "summary.hpp"
+#include "units.hpp"
 
 namespace stepcast::cli {
 
 namespace {
 
-constexpr double kGiB = double(int64_t{1} << 30);
 
 std::string markdown_table(const std::vector<std::string>& headers,
                            const std::vector<std::vector<std::string>>& rows) {
@@ -32,7 +32,7 @@ std::string markdown_table(const std::vector<std::string>& headers,
   return out.str();
 }
 
-std::string gib(double bytes) { return fixed(bytes / kGiB, 2); }
+std::string gib_cell(double bytes) { return fixed(bytes / kGiB, 2); }
 
 void write_both(const std::string& dir, const std::string& title, const std::string& markdown,
                 const std::string& html_body) {
@@ -50,9 +50,9 @@ void write_plan_report(const std::string& dir, const PlanReport& r) {
   for (const auto& row : r.rows) {
     rows.push_back({std::to_string(row.rank), row.name, fixed(row.step_time_s, 3),
                     row.simulated ? "simulate " + r.sim_mode : "estimate", fixed(row.estimate_s, 3),
-                    fixed(row.tokens_per_s, 0), fixed(row.mfu, 3), gib(row.peak_bytes),
-                    gib(row.headroom_bytes), gib(row.comm_tp_bytes), gib(row.comm_dp_bytes),
-                    gib(row.comm_pp_bytes), gib(row.comm_other_bytes)});
+                    fixed(row.tokens_per_s, 0), fixed(row.mfu, 3), gib_cell(row.peak_bytes),
+                    gib_cell(row.headroom_bytes), gib_cell(row.comm_tp_bytes), gib_cell(row.comm_dp_bytes),
+                    gib_cell(row.comm_pp_bytes), gib_cell(row.comm_other_bytes)});
   }
   std::vector<std::vector<std::string>> pruned;
   for (const auto& [reason, n] : r.pruned_counts) pruned.push_back({reason, std::to_string(n)});
@@ -107,13 +107,13 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   for (const auto& s : r.rows) {
     bool has = !s.plan.empty();
     auto cell = [&](double v, int digits) { return has && s.simulated ? fixed(v, digits) : std::string("-"); };
-    auto mem = [&](double v) { return has ? gib(v) : std::string("-"); };
+    auto mem = [&](double v) { return has ? gib_cell(v) : std::string("-"); };
     rows.push_back({s.strategy, has ? s.plan : "-", has ? (s.fits ? "yes" : "no") : "-",
                     mem(s.weights_bytes), mem(s.grads_bytes), mem(s.optimizer_bytes),
                     mem(s.activations_bytes), mem(s.workspace_bytes + s.comm_bytes),
                     mem(s.runtime_bytes), mem(s.peak_bytes), cell(s.step_time_s, 3),
                     cell(s.exposed_comm_s, 3), cell(s.bubble_s, 3),
-                    has ? gib(s.comm_volume_bytes) : "-", cell(s.mfu, 3), s.note});
+                    has ? gib_cell(s.comm_volume_bytes) : "-", cell(s.mfu, 3), s.note});
     if (!has) continue;
     categories.push_back(s.strategy);
     memory[0].values.push_back(s.weights_bytes / kGiB);
@@ -128,7 +128,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   }
   std::string note = "Memory per GPU by class at the peak rank (stepcast memory); step time, exposed "
                      "communication and bubble from simulate --mode " + r.sim_mode + " on the critical rank; "
-                     "allowed per device " + gib(r.capacity_bytes) + " GiB.";
+                     "allowed per device " + gib_cell(r.capacity_bytes) + " GiB.";
   std::ostringstream md;
   md << note << "\n\n" << markdown_table(headers, rows);
   html::ChartOptions m;

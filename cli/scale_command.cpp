@@ -5,13 +5,10 @@
 // Amdahl's serial fraction f is the least-squares fit of 1/speedup = f + (1 − f)·x with
 // x = devices₀ / devices: f = Σ(1 − x)(1/S − x) / Σ(1 − x)² (closed form of the 1-parameter
 // linear fit; f < 0 means superlinear points).
-#include <atomic>
 #include <cmath>
 #include <iomanip>
 #include <iostream>
-#include <mutex>
 #include <sstream>
-#include <thread>
 
 #include "child_simulate.hpp"
 #include "commands.hpp"
@@ -21,6 +18,7 @@
 #include "planner_report.hpp"
 #include "search.hpp"
 #include "summary.hpp"
+#include "units.hpp"
 
 namespace stepcast::cli {
 
@@ -31,16 +29,20 @@ std::vector<int64_t> parse_node_list(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
+    long long v = 0;
+    bool ok = false;
     try {
       size_t used = 0;
-      long long v = std::stoll(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
+      v = std::stoll(item, &used);
+      ok = used == item.size() && v >= 1;
+    } catch (const std::exception&) {  // not a number, or beyond a long long
+    }
+    if (!ok) {
       throw InputError("command line: --nodes '" + text + "': '" + item +
                        "' is not a node count; valid: a comma-separated list of integers >= 1, "
                        "e.g. 1,2,4,8");
     }
+    out.push_back(v);
   }
   if (out.empty()) throw InputError("command line: --nodes is empty; valid: e.g. 1,2,4,8");
   std::sort(out.begin(), out.end());
@@ -131,32 +133,27 @@ int run_scale(int argc, char** argv) {
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
             << report.points.size() << " node counts, profile " << profile_choice.describe() << "\n";
   ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), report.sim_mode);
-  std::atomic<size_t> next{0}, done{0};
-  std::mutex mutex;
-  auto worker = [&] {
-    for (size_t i = next++; i < plans.size(); i = next++) {
-      ScalePoint& p = report.points[i];
-      if (!p.error.empty()) continue;
-      try {
-        Simulated s = simulator.simulate(p.plan, plans[i], topologies[i]);
-        p.step_time_s = s.step_time_s;
-        p.tokens_per_s = s.tokens_per_s;
-        p.fits = s.fits;
-        p.compute_s = s.compute_s;
-        p.exposed_comm_s = s.exposed_comm_s;
-        p.bubble_s = s.bubble_s;
-        p.optimizer_s = s.optimizer_s;
-      } catch (const std::exception& e) {
-        p.error = e.what();
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      std::cerr << "\rsimulate --mode " << report.sim_mode << ": " << ++done << " points" << std::flush;
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int j = 1; j < jobs; ++j) threads.emplace_back(worker);
-  worker();
-  for (auto& t : threads) t.join();
+  parallel_for(
+      int64_t(plans.size()), jobs,
+      [&](int64_t i) {
+        ScalePoint& p = report.points[size_t(i)];
+        if (!p.error.empty()) return;
+        try {
+          Simulated s = simulator.simulate(p.plan, plans[size_t(i)], topologies[size_t(i)]);
+          p.step_time_s = s.step_time_s;
+          p.tokens_per_s = s.tokens_per_s;
+          p.fits = s.fits;
+          p.compute_s = s.compute_s;
+          p.exposed_comm_s = s.exposed_comm_s;
+          p.bubble_s = s.bubble_s;
+          p.optimizer_s = s.optimizer_s;
+        } catch (const std::exception& e) {
+          p.error = e.what();
+        }
+      },
+      [&](int64_t done, int64_t) {
+        std::cerr << "\rsimulate --mode " << report.sim_mode << ": " << done << " points" << std::flush;
+      });
   std::cerr << "\n";
 
   const ScalePoint* first = nullptr;

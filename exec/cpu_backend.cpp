@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "errors.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast {
 
@@ -212,15 +213,13 @@ class CpuBackend final : public Backend<T> {
   // `data` must stay untouched until finish_sends (the executor sends from a staging copy).
   void send(const T* data, int64_t n, int peer, int64_t tag) override {
     MPI_Request request;
-    check_mpi(MPI_Isend(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request),
-              "MPI_Isend", rank_);
+    STEPCAST_MPI(MPI_Isend(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request));
     pending_.push_back(request);
     pending_peers_.push_back(peer);
   }
   void recv(T* data, int64_t n, int peer, int64_t tag) override {
     std::vector<MPI_Request> request(1);
-    check_mpi(MPI_Irecv(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request[0]),
-              "MPI_Irecv", rank_);
+    STEPCAST_MPI(MPI_Irecv(data, int(n), mpi_type<T>(), peer, int(tag), MPI_COMM_WORLD, &request[0]));
     watchdog_.wait_all(request, {peer});
   }
   void finish_sends() override {

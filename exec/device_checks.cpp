@@ -1,5 +1,6 @@
 // The pure checks and messages of device_checks.hpp.
 #include "device_checks.hpp"
+#include "units.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -8,13 +9,6 @@
 namespace stepcast {
 
 namespace {
-
-std::string gib(double bytes) {
-  std::ostringstream out;
-  out.precision(3);
-  out << std::fixed << bytes / double(1ull << 30) << " GiB";
-  return out.str();
-}
 
 std::optional<int> parse_int(const char* text) {
   if (text == nullptr || *text == '\0') return std::nullopt;
@@ -69,14 +63,14 @@ std::string gpu_assignment_problem(int local_rank, int local_size, int visible_g
 std::string out_of_memory_message(const OutOfMemory& oom) {
   std::ostringstream out;
   out << "out of GPU memory allocating " << oom.what << " ("
-      << gib(oom.bytes) << ", " << std::llround(oom.bytes) << " bytes";
+      << gib(oom.bytes, 3) << ", " << std::llround(oom.bytes) << " bytes";
   if (!oom.class_bytes.empty()) {
     out << ":";
-    for (const auto& [name, bytes] : oom.class_bytes) out << " " << name << " " << gib(bytes);
+    for (const auto& [name, bytes] : oom.class_bytes) out << " " << name << " " << gib(bytes, 3);
   }
-  out << "); the device had " << gib(oom.free_bytes) << " free of " << gib(oom.total_bytes);
+  out << "); the device had " << gib(oom.free_bytes, 3) << " free of " << gib(oom.total_bytes, 3);
   if (oom.predicted_peak_bytes > 0) {
-    out << "; the plan's predicted peak on this rank is " << gib(oom.predicted_peak_bytes);
+    out << "; the plan's predicted peak on this rank is " << gib(oom.predicted_peak_bytes, 3);
   }
   out << "; valid: a plan whose peak fits (stepcast memory; ZeRO, recompute, a smaller micro "
          "batch, flash attention) or a GPU with more memory";

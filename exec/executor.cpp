@@ -28,6 +28,7 @@
 #include "backend.hpp"
 #include "checkpoint.hpp"
 #include "cpu_backend.hpp"
+#include "mpi_check.hpp"
 #include "sha256.hpp"
 #include "watchdog.hpp"
 #include "cpu_kernels.hpp"
@@ -966,8 +967,8 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
                            const Topology& topology, const RunOptions& options,
                            Backend<T, G, W>& backend_ref) {
   int rank = 0, size = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
   RunOutput output;
   Backend<T, G, W>* backend = &backend_ref;
   Interpreter<T, G, W> interpreter(program, model, plan, options, rank, *backend);
@@ -1215,7 +1216,7 @@ template <class T>
 RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Plan& plan,
                   const Topology& topology, const RunOptions& options) {
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   warm_up_host_memory<T>(program, model, plan, options, rank);
   std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
       program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);

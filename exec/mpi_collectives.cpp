@@ -6,27 +6,9 @@
 #include <cstdlib>
 
 #include "errors.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast {
-
-void check_mpi(int code, const char* call, int rank) {
-  if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, text, &length);
-  std::fprintf(stderr, "stepcast run: rank %d: %s failed: %s\n", rank, call, text);
-  MPI_Abort(MPI_COMM_WORLD, 3);
-}
-
-namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-}  // namespace
 
 template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
@@ -45,15 +27,15 @@ GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_n
     int color = member ? int(*std::min_element(members.begin(), members.end())) : MPI_UNDEFINED;
     int key = member ? int(std::find(members.begin(), members.end(), rank) - members.begin()) : 0;
     MPI_Comm comm = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split", int(rank));
+    STEPCAST_MPI(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm));
     comms_[kind] = comm;
     MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     if (member) {
       int node = int(rank / devices_per_node);
-      check_mpi(MPI_Comm_split(comm, node, key, &local), "MPI_Comm_split", int(rank));
+      STEPCAST_MPI(MPI_Comm_split(comm, node, key, &local));
       int local_index = 0;
-      MPI_Comm_rank(local, &local_index);
-      check_mpi(MPI_Comm_split(comm, local_index, key, &cross), "MPI_Comm_split", int(rank));
+      STEPCAST_MPI(MPI_Comm_rank(local, &local_index));
+      STEPCAST_MPI(MPI_Comm_split(comm, local_index, key, &cross));
     } else {
       // Collective over MPI_COMM_WORLD's split: non-members take part with MPI_UNDEFINED.
     }
@@ -65,20 +47,20 @@ GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_n
 GroupComms::~GroupComms() {
   for (auto* m : {&comms_, &local_, &cross_}) {
     for (auto& [kind, comm] : *m) {
-      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+      if (comm != MPI_COMM_NULL) STEPCAST_MPI(MPI_Comm_free(&comm));
     }
   }
 }
 
 int GroupComms::size(GroupKind kind) const {
   int n = 0;
-  MPI_Comm_size(comm(kind), &n);
+  STEPCAST_MPI(MPI_Comm_size(comm(kind), &n));
   return n;
 }
 
 int GroupComms::index(GroupKind kind) const {
   int i = 0;
-  MPI_Comm_rank(comm(kind), &i);
+  STEPCAST_MPI(MPI_Comm_rank(comm(kind), &i));
   return i;
 }
 
@@ -89,14 +71,12 @@ void Collectives<T>::exchange(MPI_Comm comm, const T* send, int64_t send_count, 
   std::vector<int> peers;
   if (recv) {
     requests.emplace_back();
-    check_mpi(MPI_Irecv(recv, int(recv_count), mpi_type<T>(), from, tag, comm, &requests.back()),
-              "MPI_Irecv", world_rank());
+    STEPCAST_MPI(MPI_Irecv(recv, int(recv_count), mpi_type<T>(), from, tag, comm, &requests.back()));
     peers.push_back(world_rank_of(comm, from));
   }
   if (send) {
     requests.emplace_back();
-    check_mpi(MPI_Isend(send, int(send_count), mpi_type<T>(), to, tag, comm, &requests.back()),
-              "MPI_Isend", world_rank());
+    STEPCAST_MPI(MPI_Isend(send, int(send_count), mpi_type<T>(), to, tag, comm, &requests.back()));
     peers.push_back(world_rank_of(comm, to));
   }
   watchdog_.wait_all(requests, peers);
@@ -167,7 +147,7 @@ template <class T>
 void Collectives<T>::ring_step(MPI_Comm comm, std::vector<Span<T>>& buffers, int64_t send_chunk,
                                int to, int64_t recv_chunk, int from, int tag, bool add) {
   int n = 0;
-  MPI_Comm_size(comm, &n);
+  STEPCAST_MPI(MPI_Comm_size(comm, &n));
   int64_t segment = work_count_ / 2;
   T* send = work_;
   T* recv = work_ + segment;
@@ -185,8 +165,8 @@ void Collectives<T>::ring_step(MPI_Comm comm, std::vector<Span<T>>& buffers, int
 template <class T>
 void Collectives<T>::ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& buffers) {
   int n = 0, me = 0;
-  MPI_Comm_size(comm, &n);
-  MPI_Comm_rank(comm, &me);
+  STEPCAST_MPI(MPI_Comm_size(comm, &n));
+  STEPCAST_MPI(MPI_Comm_rank(comm, &me));
   int next = (me + 1) % n, prev = (me + n - 1) % n;
   // Step k: send chunk (me−k−1), receive chunk (me−k−2) and add; member me ends with chunk me.
   for (int k = 0; k < n - 1; ++k) {
@@ -199,8 +179,8 @@ void Collectives<T>::ring_reduce_scatter(MPI_Comm comm, std::vector<Span<T>>& bu
 template <class T>
 void Collectives<T>::ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffers) {
   int n = 0, me = 0;
-  MPI_Comm_size(comm, &n);
-  MPI_Comm_rank(comm, &me);
+  STEPCAST_MPI(MPI_Comm_size(comm, &n));
+  STEPCAST_MPI(MPI_Comm_rank(comm, &me));
   int next = (me + 1) % n, prev = (me + n - 1) % n;
   for (int k = 0; k < n - 1; ++k) {
     int64_t send_chunk = ((me - k) % n + n) % n;
@@ -212,8 +192,8 @@ void Collectives<T>::ring_all_gather(MPI_Comm comm, std::vector<Span<T>>& buffer
 template <class T>
 void Collectives<T>::tree_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers) {
   int n = 0, me = 0;
-  MPI_Comm_size(comm, &n);
-  MPI_Comm_rank(comm, &me);
+  STEPCAST_MPI(MPI_Comm_size(comm, &n));
+  STEPCAST_MPI(MPI_Comm_rank(comm, &me));
   int depth = 0;
   while ((1 << depth) < n) ++depth;
   int64_t segment = work_count_ / 2;
@@ -251,8 +231,7 @@ void Collectives<T>::mpi_all_reduce(MPI_Comm comm, std::vector<Span<T>>& buffers
   for (int64_t at = 0; at < total; at += work_count_) {
     int64_t m = std::min(work_count_, total - at);
     pack(buffers, 1, 0, at, m, work_);
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, work_, int(m), mpi_type<T>(), MPI_SUM, comm),
-              "MPI_Allreduce", world_rank());
+    STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, work_, int(m), mpi_type<T>(), MPI_SUM, comm));
     unpack(buffers, 1, 0, at, m, work_, false);
   }
 }
@@ -277,8 +256,8 @@ void Collectives<T>::all_reduce(GroupKind group, Algorithm algorithm, std::vecto
       // Reduce-scatter inside the node, all_reduce of my chunk across nodes, all_gather inside.
       MPI_Comm local = comms_.local(group), cross = comms_.cross(group);
       int k = 0, local_index = 0;
-      MPI_Comm_size(local, &k);
-      MPI_Comm_rank(local, &local_index);
+      STEPCAST_MPI(MPI_Comm_size(local, &k));
+      STEPCAST_MPI(MPI_Comm_rank(local, &local_index));
       ring_reduce_scatter(local, buffers);
       std::vector<Span<T>> mine;
       for (auto& b : buffers) {

@@ -19,6 +19,7 @@
 #include "program.hpp"
 #include "rank_grid.hpp"
 #include "watchdog.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast {
 
@@ -107,8 +108,5 @@ class Collectives {
 // The MPI datatype of float and double.
 template <class T>
 MPI_Datatype mpi_type();
-
-// MPI errors abort with the rank and the call (the executor's MPI calls go through this).
-void check_mpi(int code, const char* call, int rank);
 
 }  // namespace stepcast

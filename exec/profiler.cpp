@@ -31,7 +31,9 @@
 #include "collective.hpp"
 #include "cpu_backend.hpp"
 #include "errors.hpp"
+#include "mpi_check.hpp"
 #include "version.hpp"
+#include "units.hpp"
 
 namespace stepcast {
 
@@ -40,13 +42,6 @@ namespace {
 constexpr double kWatchdogS = 600;
 constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
 constexpr int64_t kMaxCalls = 1000000;  // per sample
-
-double median(std::vector<double> v) {
-  STEPCAST_CHECK(!v.empty(), "median of nothing");
-  std::sort(v.begin(), v.end());
-  size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
 
 std::string format_rate(double value, const char* unit) {
   std::ostringstream out;
@@ -91,7 +86,7 @@ class PointTimer {
     const size_t n = points.size(), reps = size_t(options_.repetitions);
     std::vector<int64_t> counts(n, 1);
     for (size_t i = 0; i < n; ++i) {
-      check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+      STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
       points[i].body();
       sync_();
       // Doubling rounds of back-to-back calls until one lasts an eighth of a sample on every
@@ -103,8 +98,7 @@ class PointTimer {
         sync_();
         double elapsed = MPI_Wtime() - start;
         int enough = !points[i].active || elapsed >= options_.min_sample_s / 8 || calls >= kMaxCalls;
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD),
-                  "MPI_Allreduce", rank_);
+        STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
         if (!enough) continue;
         if (points[i].active) {
           double per_call = std::max(elapsed / double(calls), 1e-9);
@@ -114,13 +108,12 @@ class PointTimer {
         break;
       }
     }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(n), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD),
-              "MPI_Allreduce", rank_);
+    STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(n), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     std::vector<double> samples(n * reps);  // [point][pass]
     for (size_t pass = 0; pass < reps; ++pass) {
       for (size_t i = 0; i < n; ++i) {
         sync_();
-        check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier", rank_);
+        STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
         double start = MPI_Wtime();
         for (int64_t c = 0; c < counts[i]; ++c) points[i].body();
         sync_();
@@ -130,9 +123,8 @@ class PointTimer {
       if (after_pass) after_pass(int(pass) + 1);
     }
     std::vector<double> all(samples.size() * size_t(size_));  // [rank][point][pass]
-    check_mpi(MPI_Allgather(samples.data(), int(samples.size()), MPI_DOUBLE, all.data(),
-                            int(samples.size()), MPI_DOUBLE, MPI_COMM_WORLD),
-              "MPI_Allgather", rank_);
+    STEPCAST_MPI(MPI_Allgather(samples.data(), int(samples.size()), MPI_DOUBLE, all.data(),
+                            int(samples.size()), MPI_DOUBLE, MPI_COMM_WORLD));
     std::vector<double> out(n);
     for (size_t i = 0; i < n; ++i) {
       std::vector<double> mine;
@@ -699,19 +691,17 @@ Json apply_measured_fits(DeviceProfile& p, const MeasuredTables& tables, int64_t
 
 RankPlacement place_this_rank() {
   RankPlacement p;
-  MPI_Comm_rank(MPI_COMM_WORLD, &p.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &p.size);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &p.rank));
+  STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &p.size));
   MPI_Comm node_comm;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL,
-                                &node_comm),
-            "MPI_Comm_split_type", p.rank);
+  STEPCAST_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL,
+                                &node_comm));
   int node_rank = 0;
-  MPI_Comm_size(node_comm, &p.ranks_per_node);
-  MPI_Comm_rank(node_comm, &node_rank);
-  MPI_Comm_free(&node_comm);
+  STEPCAST_MPI(MPI_Comm_size(node_comm, &p.ranks_per_node));
+  STEPCAST_MPI(MPI_Comm_rank(node_comm, &node_rank));
+  STEPCAST_MPI(MPI_Comm_free(&node_comm));
   int leader = node_rank == 0 ? 1 : 0;
-  check_mpi(MPI_Allreduce(&leader, &p.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce",
-            p.rank);
+  STEPCAST_MPI(MPI_Allreduce(&leader, &p.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   return p;
 }
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "errors.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast {
 
@@ -19,12 +20,12 @@ constexpr int kControlTag = 7;
 
 int world_rank_of(MPI_Comm comm, int index) {
   MPI_Group group, world;
-  MPI_Comm_group(comm, &group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  STEPCAST_MPI(MPI_Comm_group(comm, &group));
+  STEPCAST_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
   int out = MPI_UNDEFINED;
-  MPI_Group_translate_ranks(group, 1, &index, world, &out);
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
+  STEPCAST_MPI(MPI_Group_translate_ranks(group, 1, &index, world, &out));
+  STEPCAST_MPI(MPI_Group_free(&group));
+  STEPCAST_MPI(MPI_Group_free(&world));
   return out;
 }
 
@@ -35,7 +36,7 @@ void Watchdog::wait_all(std::vector<MPI_Request>& requests, const std::vector<in
   int done = 0;
   int spins = 0;
   while (true) {
-    MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE);
+    STEPCAST_MPI(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
     if (done) return;
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited > limit) break;
@@ -47,11 +48,11 @@ void Watchdog::wait_all(std::vector<MPI_Request>& requests, const std::vector<in
     }
   }
   int me = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &me));
   std::vector<int> missing;
   for (size_t i = 0; i < peers.size() && i < requests.size(); ++i) {
     int flag = 0;
-    MPI_Test(&requests[i], &flag, MPI_STATUS_IGNORE);
+    STEPCAST_MPI(MPI_Test(&requests[i], &flag, MPI_STATUS_IGNORE));
     if (!flag) missing.push_back(peers[i]);
   }
   std::sort(missing.begin(), missing.end());
@@ -69,13 +70,13 @@ void Watchdog::wait_all(std::vector<MPI_Request>& requests, const std::vector<in
 }
 
 ControlChannel::ControlChannel(double timeout_s) : watchdog_(timeout_s) {
-  MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  STEPCAST_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  STEPCAST_MPI(MPI_Comm_rank(comm_, &rank_));
+  STEPCAST_MPI(MPI_Comm_size(comm_, &size_));
 }
 
 ControlChannel::~ControlChannel() {
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (comm_ != MPI_COMM_NULL) STEPCAST_MPI(MPI_Comm_free(&comm_));
 }
 
 std::vector<std::vector<double>> ControlChannel::gather(const std::vector<double>& values,
@@ -84,8 +85,8 @@ std::vector<std::vector<double>> ControlChannel::gather(const std::vector<double
   if (rank_ != 0) {
     int count = int(values.size());
     std::vector<MPI_Request> requests(2);
-    MPI_Isend(&count, 1, MPI_INT, 0, kControlTag, comm_, &requests[0]);
-    MPI_Isend(values.data(), count, MPI_DOUBLE, 0, kControlTag + 1, comm_, &requests[1]);
+    STEPCAST_MPI(MPI_Isend(&count, 1, MPI_INT, 0, kControlTag, comm_, &requests[0]));
+    STEPCAST_MPI(MPI_Isend(values.data(), count, MPI_DOUBLE, 0, kControlTag + 1, comm_, &requests[1]));
     watchdog_.wait_all(requests, {0, 0}, 2);
     return {};
   }
@@ -96,7 +97,7 @@ std::vector<std::vector<double>> ControlChannel::gather(const std::vector<double
   std::vector<int> peers;
   for (int r = 1; r < size_; ++r) {
     requests.emplace_back();
-    MPI_Irecv(&counts[size_t(r)], 1, MPI_INT, r, kControlTag, comm_, &requests.back());
+    STEPCAST_MPI(MPI_Irecv(&counts[size_t(r)], 1, MPI_INT, r, kControlTag, comm_, &requests.back()));
     peers.push_back(r);
   }
   watchdog_.wait_all(requests, peers);
@@ -105,8 +106,8 @@ std::vector<std::vector<double>> ControlChannel::gather(const std::vector<double
   for (int r = 1; r < size_; ++r) {
     out[size_t(r)].resize(size_t(counts[size_t(r)]));
     requests.emplace_back();
-    MPI_Irecv(out[size_t(r)].data(), counts[size_t(r)], MPI_DOUBLE, r, kControlTag + 1, comm_,
-              &requests.back());
+    STEPCAST_MPI(MPI_Irecv(out[size_t(r)].data(), counts[size_t(r)], MPI_DOUBLE, r, kControlTag + 1, comm_,
+              &requests.back()));
     peers.push_back(r);
   }
   watchdog_.wait_all(requests, peers);
@@ -120,15 +121,15 @@ void ControlChannel::broadcast(std::vector<double>& values, const std::string& w
   if (rank_ == 0) {
     for (int r = 1; r < size_; ++r) {
       requests.emplace_back();
-      MPI_Isend(values.data(), int(values.size()), MPI_DOUBLE, r, kControlTag + 2, comm_,
-                &requests.back());
+      STEPCAST_MPI(MPI_Isend(values.data(), int(values.size()), MPI_DOUBLE, r, kControlTag + 2, comm_,
+                &requests.back()));
       peers.push_back(r);
     }
     watchdog_.wait_all(requests, peers);
   } else {
     requests.emplace_back();
-    MPI_Irecv(values.data(), int(values.size()), MPI_DOUBLE, 0, kControlTag + 2, comm_,
-              &requests.back());
+    STEPCAST_MPI(MPI_Irecv(values.data(), int(values.size()), MPI_DOUBLE, 0, kControlTag + 2, comm_,
+              &requests.back()));
     watchdog_.wait_all(requests, {0}, 2);
   }
 }

@@ -145,10 +145,10 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
         return attention_time_s(a.point, table.flops_per_s(a.point.pass, a.point.seq, a.point.head_dim));
       },
       [](const TimedAttention& a) {
-        std::ostringstream out;
-        out << a.point.pass << (a.point.causal ? " causal" : "") << " s " << a.point.seq << " d "
-            << a.point.head_dim;
-        return out.str();
+        std::ostringstream label;
+        label << a.point.pass << (a.point.causal ? " causal" : "") << " s " << a.point.seq << " d "
+              << a.point.head_dim;
+        return label.str();
       },
       "attention", out);
   // Collectives.
@@ -158,11 +158,11 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
       [](const std::vector<CollectivePoint>& others) { return CollectiveTable(others); },
       [](const CollectiveTable& table, const CollectivePoint& c) { return table.time_s(c.bytes); },
       [](const CollectivePoint& c) {
-        std::ostringstream out;
-        out << c.kind << " " << c.algorithm << " " << c.group_size << " ranks";
-        if (c.nodes > 1) out << " on " << c.nodes << " nodes";
-        out << " " << bytes_label(c.bytes);
-        return out.str();
+        std::ostringstream label;
+        label << c.kind << " " << c.algorithm << " " << c.group_size << " ranks";
+        if (c.nodes > 1) label << " on " << c.nodes << " nodes";
+        label << " " << bytes_label(c.bytes);
+        return label.str();
       },
       "collective", out);
   return out;

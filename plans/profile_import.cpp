@@ -161,8 +161,8 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
       }
       log.nccl_version = std::to_string(code / 10000) + "." + std::to_string(code / 100 % 100) + "." +
                          std::to_string(code % 100);
-    } else if (size_t at = line.find("NCCL version "); log.nccl_version.empty() && at != std::string::npos) {
-      std::string version = dotted_version_at(line, at + 13);
+    } else if (size_t named = line.find("NCCL version "); log.nccl_version.empty() && named != std::string::npos) {
+      std::string version = dotted_version_at(line, named + 13);
       if (!version.empty()) log.nccl_version = version;
     }
     if (std::optional<RankLine> rank = rank_line_of(line)) {

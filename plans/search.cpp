@@ -2,17 +2,15 @@
 #include "search.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
-#include <mutex>
 #include <numeric>
 #include <sstream>
-#include <thread>
 
 #include "errors.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
+#include "units.hpp"
 
 namespace stepcast {
 
@@ -62,42 +60,6 @@ std::string reason_category(const std::string& message, const std::string& model
 Dtype search_dtype(const Topology& topology) {
   const auto& peaks = topology.node.device.peak_flops_per_s;
   return peaks.count(Dtype::bf16) ? Dtype::bf16 : Dtype::fp32;
-}
-
-std::string gib(double bytes) {
-  std::ostringstream out;
-  out.precision(3);
-  out << bytes / double(int64_t{1} << 30) << " GiB";
-  return out.str();
-}
-
-// Runs work(i) for i in [0, n) on `jobs` threads, calling progress after each.
-void parallel_for(int64_t n, int jobs, const std::function<void(int64_t)>& work,
-                  const Progress& progress) {
-  std::atomic<int64_t> next{0}, done{0};
-  std::mutex progress_mutex;
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  auto worker = [&] {
-    for (int64_t i = next++; i < n; i = next++) {
-      try {
-        work(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-      }
-      int64_t d = ++done;
-      if (progress) {
-        std::lock_guard<std::mutex> lock(progress_mutex);
-        progress(d, n);
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int j = 1; j < std::max(1, jobs); ++j) threads.emplace_back(worker);
-  worker();
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 
 #include "cuda_kernels.hpp"
 #include "errors.hpp"
+#include "mpi_check.hpp"
 #include "mpi_collectives.hpp"
 
 namespace stepcast {
@@ -638,10 +639,10 @@ class CudaBackend final : public Backend<T, G, float> {
   void create_communicators() {
     for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     int size = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
     ncclUniqueId id{};
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, "NCCL bootstrap");
-    check_mpi(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast", rank_);
+    STEPCAST_MPI(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
     check_nccl(ncclCommInitRank(&world_, size, id, rank_), "ncclCommInitRank", rank_, "NCCL bootstrap");
     for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
                            GroupKind::model, GroupKind::world}) {
@@ -649,14 +650,14 @@ class CudaBackend final : public Backend<T, G, float> {
       int color = NCCL_SPLIT_NOCOLOR, key = 0;
       if (mpi != MPI_COMM_NULL) {
         MPI_Group group, world_group;
-        MPI_Comm_group(mpi, &group);
-        MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+        STEPCAST_MPI(MPI_Comm_group(mpi, &group));
+        STEPCAST_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
         int first = 0, first_world = 0;
-        MPI_Group_translate_ranks(group, 1, &first, world_group, &first_world);
-        MPI_Group_free(&group);
-        MPI_Group_free(&world_group);
+        STEPCAST_MPI(MPI_Group_translate_ranks(group, 1, &first, world_group, &first_world));
+        STEPCAST_MPI(MPI_Group_free(&group));
+        STEPCAST_MPI(MPI_Group_free(&world_group));
         color = first_world;
-        MPI_Comm_rank(mpi, &key);
+        STEPCAST_MPI(MPI_Comm_rank(mpi, &key));
       }
       ncclComm_t comm = nullptr;
       check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit", rank_,

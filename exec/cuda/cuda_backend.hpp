@@ -22,10 +22,10 @@ namespace stepcast {
 // into out_of_memory_message with the plan's figures).
 class DeviceOutOfMemory : public std::runtime_error {
  public:
-  DeviceOutOfMemory(int rank, double bytes, double free_bytes, double total_bytes)
-      : std::runtime_error("rank " + std::to_string(rank) + ": out of GPU memory allocating " +
-                           std::to_string(int64_t(bytes)) + " bytes"),
-        rank(rank), bytes(bytes), free_bytes(free_bytes), total_bytes(total_bytes) {}
+  DeviceOutOfMemory(int on_rank, double requested, double free, double total)
+      : std::runtime_error("rank " + std::to_string(on_rank) + ": out of GPU memory allocating " +
+                           std::to_string(int64_t(requested)) + " bytes"),
+        rank(on_rank), bytes(requested), free_bytes(free), total_bytes(total) {}
   int rank;
   double bytes, free_bytes, total_bytes;
 };

@@ -11,6 +11,7 @@
 #include "cuda_kernels.hpp"
 #include "errors.hpp"
 #include "memory.hpp"
+#include "mpi_check.hpp"
 
 namespace stepcast {
 
@@ -40,7 +41,7 @@ template <class T, class G>
 RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const Plan& plan,
                     const Topology& topology, const RunOptions& options, int device) {
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   CudaBackendOptions backend_options;
   backend_options.device = device;
   backend_options.watchdog_s = options.watchdog_s;

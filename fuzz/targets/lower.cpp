@@ -59,10 +59,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Plan plan;
   };
   auto in = fuzz::accepted([&] {
-    Inputs in{parse_model(*model_json, file + " (model)"), parse_topology(*topology_json, file + " (topology)"),
-              parse_plan(*plan_json, file + " (plan)")};
-    validate_plan(in.plan, in.model, in.topology);
-    return in;
+    Inputs read{parse_model(*model_json, file + " (model)"), parse_topology(*topology_json, file + " (topology)"),
+                parse_plan(*plan_json, file + " (plan)")};
+    validate_plan(read.plan, read.model, read.topology);
+    return read;
   });
   if (!in || !small_enough(in->model, in->plan)) return 0;
 
