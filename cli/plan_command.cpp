@@ -136,13 +136,18 @@ int run_plan(int argc, char** argv) {
   int64_t evaluate_count = 2 * top;
   if (vm->count("evaluate")) {
     std::string text = (*vm)["evaluate"].as<std::string>();
-    try {
-      size_t used = 0;
-      evaluate_count = text == "all" ? std::numeric_limits<int64_t>::max() : std::stoll(text, &used);
-      if (text != "all" && used != text.size()) throw std::invalid_argument(text);
-    } catch (const std::exception&) {
-      throw InputError("command line: --evaluate '" + text + "': valid: a count >= 0 or 'all'");
+    bool ok = text == "all";
+    if (ok) {
+      evaluate_count = std::numeric_limits<int64_t>::max();
+    } else {
+      try {
+        size_t used = 0;
+        evaluate_count = std::stoll(text, &used);
+        ok = used == text.size();
+      } catch (const std::exception&) {  // not a number, or beyond a long long
+      }
     }
+    if (!ok) throw InputError("command line: --evaluate '" + text + "': valid: a count >= 0 or 'all'");
   }
   int64_t evaluate_stride = (*vm)["evaluate-stride"].as<int64_t>();
   double budget_s = (*vm)["simulate-budget-s"].as<double>();

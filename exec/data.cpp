@@ -14,7 +14,7 @@ namespace {
 
 void check_seq_length(int64_t seq_length, int64_t max_seq_length) {
   if (seq_length < 1 || seq_length > max_seq_length) {
-    throw std::invalid_argument("seq_length " + std::to_string(seq_length) +
+    throw InputError("seq_length " + std::to_string(seq_length) +
                                 "; valid: 1.." + std::to_string(max_seq_length));
   }
 }
@@ -26,7 +26,7 @@ void check_seq_length(int64_t seq_length, int64_t max_seq_length) {
 ByteCorpus::ByteCorpus(const std::string& path, int64_t max_seq_length)
     : path_(path), max_seq_length_(max_seq_length) {
   if (max_seq_length < 1) {
-    throw std::invalid_argument("ByteCorpus " + path + ": max_seq_length " +
+    throw InputError("ByteCorpus " + path + ": max_seq_length " +
                                 std::to_string(max_seq_length) + "; valid: >= 1");
   }
   std::ifstream in(path, std::ios::binary);
@@ -80,7 +80,7 @@ uint64_t splitmix64_at(uint64_t seed, uint64_t position) {
 SyntheticTokens::SyntheticTokens(int32_t vocab_size, uint64_t seed)
     : vocab_size_(vocab_size), seed_(seed) {
   if (vocab_size < 1) {
-    throw std::invalid_argument("SyntheticTokens: vocab_size " + std::to_string(vocab_size) +
+    throw InputError("SyntheticTokens: vocab_size " + std::to_string(vocab_size) +
                                 "; valid: >= 1");
   }
 }
@@ -94,7 +94,7 @@ void SyntheticTokens::fill(int64_t global_sample_index, int64_t seq_length, int3
                            int32_t* targets) const {
   STEPCAST_CHECK(global_sample_index >= 0, "negative global sample index");
   if (seq_length < 1) {
-    throw std::invalid_argument("seq_length " + std::to_string(seq_length) + "; valid: >= 1");
+    throw InputError("seq_length " + std::to_string(seq_length) + "; valid: >= 1");
   }
   // Positions wrap modulo 2^64 for absurd indices, which keeps the stream well defined.
   const uint64_t start =
@@ -113,7 +113,7 @@ void SyntheticTokens::fill(int64_t global_sample_index, int64_t seq_length, int3
 std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t seq_length,
                                                const std::string& corpus_path, uint64_t seed) {
   if (model_vocab_size < 1 || model_vocab_size > INT32_MAX) {
-    throw std::invalid_argument("make_token_source: vocab_size " +
+    throw InputError("make_token_source: vocab_size " +
                                 std::to_string(model_vocab_size) + "; valid: 1..2^31-1");
   }
   if (model_vocab_size == 256) return std::make_unique<ByteCorpus>(corpus_path, seq_length);
@@ -135,15 +135,15 @@ void fill_microbatch(const TokenSource& source, int64_t step, int64_t global_bat
   };
   if (step < 0 || global_batch_size < 1 || micro_batch_size < 1 || dp_size < 1 ||
       seq_length < 1) {
-    throw std::invalid_argument(where() + ": step must be >= 0 and sizes >= 1");
+    throw InputError(where() + ": step must be >= 0 and sizes >= 1");
   }
   if (global_batch_size % (micro_batch_size * dp_size) != 0) {
-    throw std::invalid_argument(
+    throw InputError(
         where() + ": global_batch_size must be a multiple of micro_batch_size * dp_size");
   }
   const int64_t num_microbatches = global_batch_size / (micro_batch_size * dp_size);
   if (dp_rank < 0 || dp_rank >= dp_size || microbatch < 0 || microbatch >= num_microbatches) {
-    throw std::invalid_argument(where() + ": valid dp_rank 0.." + std::to_string(dp_size - 1) +
+    throw InputError(where() + ": valid dp_rank 0.." + std::to_string(dp_size - 1) +
                                 ", microbatch 0.." + std::to_string(num_microbatches - 1));
   }
   // plans/schedule.hpp's mapping, written out (schedule.cpp is not called): slot j·dp_size + d

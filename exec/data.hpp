@@ -39,7 +39,7 @@ class ByteCorpus final : public TokenSource {
  public:
   // Reads the whole file. Throws InputError naming `path` when it cannot be read, holds fewer
   // than max_seq_length + 2 bytes or 2 GiB or more. fill() accepts seq_length in
-  // [1, max_seq_length] (std::invalid_argument otherwise).
+  // [1, max_seq_length] (InputError otherwise).
   ByteCorpus(const std::string& path, int64_t max_seq_length);
 
   int32_t vocab_size() const override { return 256; }
@@ -64,7 +64,7 @@ class ByteCorpus final : public TokenSource {
 // vocabulary; there is nothing to learn beyond that, but the loss starts at ln(vocab_size).
 class SyntheticTokens final : public TokenSource {
  public:
-  // Throws std::invalid_argument for vocab_size < 1.
+  // Throws InputError for vocab_size < 1.
   SyntheticTokens(int32_t vocab_size, uint64_t seed);
 
   int32_t vocab_size() const override { return vocab_size_; }
@@ -86,7 +86,7 @@ uint64_t splitmix64_at(uint64_t seed, uint64_t position);
 // the corpus at corpus_path (seed unused); any other vocabulary gets SyntheticTokens(vocab, seed)
 // and corpus_path is not read. seq_length is the longest sequence that will be asked for (the
 // corpus must hold seq_length + 2 bytes). Throws InputError from ByteCorpus, and
-// std::invalid_argument for model_vocab_size outside [1, 2^31 − 1].
+// InputError for model_vocab_size outside [1, 2^31 − 1].
 std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t seq_length,
                                                const std::string& corpus_path, uint64_t seed);
 
@@ -97,7 +97,7 @@ std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t
 // arithmetic is written out in data.cpp, not a call into schedule.cpp; tests/test_data.cpp checks
 // the two agree. Row b of tokens/targets ([micro_batch_size][seq_length]) is that sample, and
 // sample_index_out[b] (may be null) receives its index s within the step.
-// Throws std::invalid_argument unless step >= 0, sizes >= 1, global_batch_size is a multiple of
+// Throws InputError unless step >= 0, sizes >= 1, global_batch_size is a multiple of
 // micro_batch_size·dp_size, 0 <= dp_rank < dp_size and 0 <= microbatch < num_microbatches
 // (= global_batch_size / (micro_batch_size·dp_size)).
 void fill_microbatch(const TokenSource& source, int64_t step, int64_t global_batch_size,

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <array>
-#include <stdexcept>
+
+#include "errors.hpp"
 
 namespace stepcast {
 
@@ -29,7 +30,7 @@ std::array<std::string, 3> parse_order(const std::string& order) {
   for (size_t i = 0; i < 3; ++i) {
     size_t end = order.find('-', start);
     if ((i < 2) != (end != std::string::npos)) {
-      throw std::invalid_argument("rank order '" + order +
+      throw InputError("rank order '" + order +
                                   "': expected three names joined by '-'; valid: a permutation "
                                   "of tp, dp, pp such as \"tp-dp-pp\"");
     }
@@ -39,7 +40,7 @@ std::array<std::string, 3> parse_order(const std::string& order) {
   auto sorted = names;
   std::sort(sorted.begin(), sorted.end());
   if (sorted != std::array<std::string, 3>{"dp", "pp", "tp"}) {
-    throw std::invalid_argument("rank order '" + order +
+    throw InputError("rank order '" + order +
                                 "': not a permutation of tp, dp, pp; valid: e.g. \"tp-dp-pp\", "
                                 "\"tp-pp-dp\"");
   }
@@ -51,7 +52,7 @@ std::array<std::string, 3> parse_order(const std::string& order) {
 RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order)
     : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size) {
   if (tp_size < 1 || dp_size < 1 || pp_size < 1) {
-    throw std::invalid_argument("rank grid sizes tp=" + std::to_string(tp_size) +
+    throw InputError("rank grid sizes tp=" + std::to_string(tp_size) +
                                 " dp=" + std::to_string(dp_size) + " pp=" +
                                 std::to_string(pp_size) + ": every size must be >= 1");
   }
@@ -72,7 +73,7 @@ RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std:
 
 RankCoord RankGrid::coord(int64_t rank) const {
   if (rank < 0 || rank >= world_size()) {
-    throw std::invalid_argument("rank " + std::to_string(rank) + " outside [0, " +
+    throw InputError("rank " + std::to_string(rank) + " outside [0, " +
                                 std::to_string(world_size()) + ")");
   }
   return RankCoord{(rank / stride_tp_) % tp_size_, (rank / stride_dp_) % dp_size_,
@@ -82,7 +83,7 @@ RankCoord RankGrid::coord(int64_t rank) const {
 int64_t RankGrid::rank(const RankCoord& c) const {
   if (c.tp < 0 || c.tp >= tp_size_ || c.dp < 0 || c.dp >= dp_size_ || c.pp < 0 ||
       c.pp >= pp_size_) {
-    throw std::invalid_argument("rank coordinate (tp " + std::to_string(c.tp) + ", dp " +
+    throw InputError("rank coordinate (tp " + std::to_string(c.tp) + ", dp " +
                                 std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
                                 ") outside the grid");
   }

@@ -22,7 +22,7 @@ struct RankCoord {
 class RankGrid {
  public:
   // `order` is a permutation of "tp", "dp", "pp" joined by '-', innermost first.
-  // Throws std::invalid_argument for a bad order (plans validate it first).
+  // Throws InputError for a bad order (plans validate it first).
   RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order);
 
   int64_t world_size() const { return tp_size_ * dp_size_ * pp_size_; }

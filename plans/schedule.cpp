@@ -4,8 +4,9 @@
 #include "schedule.hpp"
 
 #include <algorithm>
-#include <stdexcept>
 #include <string>
+
+#include "errors.hpp"
 
 namespace stepcast {
 
@@ -19,19 +20,19 @@ std::string describe(const ScheduleShape& shape) {
 
 void check_shape(ScheduleKind kind, const ScheduleShape& shape, int64_t stage) {
   if (shape.pp_size < 1 || shape.virtual_pp_size < 1 || shape.num_microbatches < 1) {
-    throw std::invalid_argument("schedule shape (" + describe(shape) +
+    throw InputError("schedule shape (" + describe(shape) +
                                 "): every size must be >= 1");
   }
   if (stage < 0 || stage >= shape.pp_size) {
-    throw std::invalid_argument("pipeline stage " + std::to_string(stage) + " outside [0, " +
+    throw InputError("pipeline stage " + std::to_string(stage) + " outside [0, " +
                                 std::to_string(shape.pp_size) + ")");
   }
   if (kind != ScheduleKind::interleaved_1f1b && shape.virtual_pp_size != 1) {
-    throw std::invalid_argument("schedule shape (" + describe(shape) +
+    throw InputError("schedule shape (" + describe(shape) +
                                 "): virtual_pp_size > 1 needs the interleaved_1f1b schedule");
   }
   if (kind == ScheduleKind::interleaved_1f1b && shape.num_microbatches % shape.pp_size != 0) {
-    throw std::invalid_argument("schedule shape (" + describe(shape) +
+    throw InputError("schedule shape (" + describe(shape) +
                                 "): interleaved_1f1b needs num_microbatches divisible by pp_size");
   }
 }
@@ -106,7 +107,7 @@ double ideal_bubble_fraction(ScheduleKind kind, const ScheduleShape& shape) {
 
 SampleSlot sample_slot(int64_t sample_index, int64_t micro_batch_size, int64_t dp_size) {
   if (sample_index < 0 || micro_batch_size < 1 || dp_size < 1) {
-    throw std::invalid_argument("sample_slot: sample_index " + std::to_string(sample_index) +
+    throw InputError("sample_slot: sample_index " + std::to_string(sample_index) +
                                 ", micro_batch_size " + std::to_string(micro_batch_size) +
                                 ", dp_size " + std::to_string(dp_size) +
                                 ": index must be >= 0 and sizes >= 1");
@@ -124,7 +125,7 @@ int64_t global_sample_index(int64_t step, int64_t global_batch_size, const Sampl
 std::vector<int64_t> default_layers_per_stage(int64_t num_layers, int64_t num_virtual_stages) {
   const int64_t S = num_virtual_stages, L = num_layers;
   if (S < 1 || L < S) {
-    throw std::invalid_argument("default_layers_per_stage: num_layers " + std::to_string(L) +
+    throw InputError("default_layers_per_stage: num_layers " + std::to_string(L) +
                                 " on " + std::to_string(S) +
                                 " virtual stages; valid: num_layers >= virtual stages >= 1");
   }

@@ -31,7 +31,7 @@ struct ScheduleShape {
 // interleaved_1f1b: Megatron's classic interleaved schedule, where the k-th forward runs chunk
 // (k/pp) % v on microbatch (k/(pp·v))·pp + k % pp and the k-th backward the same microbatch on
 // chunk v-1-(k/pp) % v. Every stage runs its forwards (and its backwards) in the same order.
-// Throws std::invalid_argument for sizes < 1, a stage outside [0, pp_size), virtual_pp_size > 1
+// Throws InputError for sizes < 1, a stage outside [0, pp_size), virtual_pp_size > 1
 // without interleaved_1f1b, or interleaved_1f1b with num_microbatches % pp_size != 0 (plans
 // are checked by validate_plan first).
 std::vector<PassAction> schedule_actions(ScheduleKind kind, const ScheduleShape& shape,
@@ -67,7 +67,7 @@ int64_t global_sample_index(int64_t step, int64_t global_batch_size, const Sampl
 // of stage p is virtual stage c·pp_size + p). When L % S != 0, every virtual stage gets ceil(L/S)
 // and the surplus is taken one layer at a time from the first, last, second, second-to-last...
 // virtual stages (Llama 3: 126 layers on 16 stages → first and last hold 7, the rest 8).
-// Throws std::invalid_argument when L < S (a virtual stage would be empty).
+// Throws InputError when L < S (a virtual stage would be empty).
 std::vector<int64_t> default_layers_per_stage(int64_t num_layers, int64_t num_virtual_stages);
 
 }  // namespace stepcast

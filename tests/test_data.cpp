@@ -130,7 +130,7 @@ TEST_CASE("ByteCorpus names the path when the file is missing or too short", "[d
 
   const ByteCorpus corpus(short_path, 4);
   std::vector<int32_t> buffer(8);
-  CHECK_THROWS_AS(corpus.fill(0, 5, buffer.data(), buffer.data()), std::invalid_argument);
+  CHECK_THROWS_AS(corpus.fill(0, 5, buffer.data(), buffer.data()), InputError);
 }
 
 TEST_CASE("SyntheticTokens is deterministic, in range and shifted by one", "[data]") {
@@ -157,7 +157,7 @@ TEST_CASE("SyntheticTokens is deterministic, in range and shifted by one", "[dat
   // The first outputs of SplitMix64 seeded with 0 (the reference implementation's values).
   CHECK(splitmix64_at(0, 0) == 0xE220A8397B1DCDAFull);
   CHECK(splitmix64_at(0, 1) == 0x6E789E6AA1B965F4ull);
-  CHECK_THROWS_AS(SyntheticTokens(0, 1), std::invalid_argument);
+  CHECK_THROWS_AS(SyntheticTokens(0, 1), InputError);
 }
 
 TEST_CASE("SyntheticTokens is roughly uniform over the vocabulary", "[data]") {
@@ -199,7 +199,7 @@ TEST_CASE("make_token_source picks the corpus for vocab 256 and synthetic otherw
   CHECK(sample_of(*gpt2, 3, 4).tokens == sample_of(SyntheticTokens(50257, 99), 3, 4).tokens);
 
   CHECK_THROWS_AS(make_token_source(256, 4, "/nonexistent/corpus.txt", 99), InputError);
-  CHECK_THROWS_AS(make_token_source(0, 4, path, 99), std::invalid_argument);
+  CHECK_THROWS_AS(make_token_source(0, 4, path, 99), InputError);
 }
 
 TEST_CASE("fill_microbatch covers a step once and matches the single-rank batch", "[data]") {
@@ -269,11 +269,11 @@ TEST_CASE("fill_microbatch rejects shapes that do not divide the batch", "[data]
     fill_microbatch(source, step, gbs, b, dp, d, j, 4, tokens.data(), targets.data(), nullptr);
   };
   CHECK_NOTHROW(fill(0, 8, 2, 2, 1, 1));
-  CHECK_THROWS_AS(fill(0, 8, 3, 1, 0, 0), std::invalid_argument);   // 8 % 3 != 0
-  CHECK_THROWS_AS(fill(0, 8, 2, 2, 2, 0), std::invalid_argument);   // dp_rank == dp_size
-  CHECK_THROWS_AS(fill(0, 8, 2, 2, 0, 2), std::invalid_argument);   // microbatch == m
-  CHECK_THROWS_AS(fill(-1, 8, 2, 2, 0, 0), std::invalid_argument);  // negative step
-  CHECK_THROWS_AS(fill(0, 8, 0, 2, 0, 0), std::invalid_argument);   // empty microbatch
+  CHECK_THROWS_AS(fill(0, 8, 3, 1, 0, 0), InputError);   // 8 % 3 != 0
+  CHECK_THROWS_AS(fill(0, 8, 2, 2, 2, 0), InputError);   // dp_rank == dp_size
+  CHECK_THROWS_AS(fill(0, 8, 2, 2, 0, 2), InputError);   // microbatch == m
+  CHECK_THROWS_AS(fill(-1, 8, 2, 2, 0, 0), InputError);  // negative step
+  CHECK_THROWS_AS(fill(0, 8, 0, 2, 0, 0), InputError);   // empty microbatch
 }
 
 TEST_CASE("to_sequence_major transposes [b][s] into [s][b]", "[data]") {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.hpp"
 #include "rank_grid.hpp"
 
 using namespace stepcast;
@@ -140,14 +141,14 @@ TEST_CASE("invalid orders, sizes and ranks throw", "[rank_grid]") {
   for (const std::string order : {"", "tp-dp", "tp-dp-dp", "tp-dp-pp-ep", "tp_dp_pp", "tp-dp-pp-",
                                   "-tp-dp", "TP-DP-PP", "tp-dp-ep"}) {
     INFO(order);
-    CHECK_THROWS_AS(RankGrid(2, 2, 2, order), std::invalid_argument);
+    CHECK_THROWS_AS(RankGrid(2, 2, 2, order), InputError);
   }
-  CHECK_THROWS_AS(RankGrid(0, 2, 2, "tp-dp-pp"), std::invalid_argument);
+  CHECK_THROWS_AS(RankGrid(0, 2, 2, "tp-dp-pp"), InputError);
   RankGrid grid(2, 2, 2, "tp-dp-pp");
-  CHECK_THROWS_AS(grid.coord(8), std::invalid_argument);
-  CHECK_THROWS_AS(grid.coord(-1), std::invalid_argument);
-  CHECK_THROWS_AS(grid.rank(RankCoord{2, 0, 0}), std::invalid_argument);
-  CHECK_THROWS_AS(grid.group(GroupKind::tp, 8), std::invalid_argument);
+  CHECK_THROWS_AS(grid.coord(8), InputError);
+  CHECK_THROWS_AS(grid.coord(-1), InputError);
+  CHECK_THROWS_AS(grid.rank(RankCoord{2, 0, 0}), InputError);
+  CHECK_THROWS_AS(grid.group(GroupKind::tp, 8), InputError);
 }
 
 TEST_CASE("group kinds print as their JSON names", "[rank_grid]") {

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "errors.hpp"
 #include "schedule.hpp"
 
 using namespace stepcast;
@@ -270,13 +271,13 @@ TEST_CASE("ideal bubble fractions", "[schedule]") {
 
 TEST_CASE("bad schedule shapes throw", "[schedule]") {
   CHECK_THROWS_AS(schedule_actions(ScheduleKind::interleaved_1f1b, {4, 2, 6}, 0),
-                  std::invalid_argument);
+                  InputError);
   CHECK_THROWS_AS(schedule_actions(ScheduleKind::one_f_one_b, {4, 2, 8}, 0),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(schedule_actions(ScheduleKind::gpipe, {4, 1, 8}, 4), std::invalid_argument);
-  CHECK_THROWS_AS(schedule_actions(ScheduleKind::gpipe, {4, 1, 0}, 0), std::invalid_argument);
+                  InputError);
+  CHECK_THROWS_AS(schedule_actions(ScheduleKind::gpipe, {4, 1, 8}, 4), InputError);
+  CHECK_THROWS_AS(schedule_actions(ScheduleKind::gpipe, {4, 1, 0}, 0), InputError);
   CHECK_THROWS_AS(warmup_forwards(ScheduleKind::one_f_one_b, {0, 1, 1}, 0),
-                  std::invalid_argument);
+                  InputError);
 }
 
 TEST_CASE("sample mapping is a bijection over a step", "[schedule]") {
@@ -314,8 +315,8 @@ TEST_CASE("sample mapping examples", "[schedule]") {
   CHECK(slot.offset == 0);
   // Step 3 of global_batch_size 32: dp rank 1, microbatch 2, offset 1 → 3·32 + (2·4+1)·2 + 1.
   CHECK(global_sample_index(3, 32, SampleSlot{1, 2, 1}, 2, 4) == 115);
-  CHECK_THROWS_AS(sample_slot(-1, 2, 4), std::invalid_argument);
-  CHECK_THROWS_AS(sample_slot(0, 0, 4), std::invalid_argument);
+  CHECK_THROWS_AS(sample_slot(-1, 2, 4), InputError);
+  CHECK_THROWS_AS(sample_slot(0, 0, 4), InputError);
 }
 
 TEST_CASE("default layers per stage", "[schedule]") {
@@ -342,6 +343,6 @@ TEST_CASE("default layers per stage", "[schedule]") {
       CHECK(sum == L);
     }
   }
-  CHECK_THROWS_AS(default_layers_per_stage(3, 4), std::invalid_argument);
-  CHECK_THROWS_AS(default_layers_per_stage(4, 0), std::invalid_argument);
+  CHECK_THROWS_AS(default_layers_per_stage(3, 4), InputError);
+  CHECK_THROWS_AS(default_layers_per_stage(4, 0), InputError);
 }
