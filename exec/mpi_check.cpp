@@ -18,8 +18,8 @@ void check_mpi(int code, const char* call) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // unchecked: already on the way out
   std::string what(call);
   what = what.substr(0, what.find('('));
-  write_stderr_line("stepcast: rank " + std::to_string(rank) + ": " + what + " failed: " +
-                    std::string(text, size_t(length)) + "\n");
+  write_stderr_line("stepcast: rank " + std::to_string(rank) + ": " + what +
+                    " failed: " + std::string(text, size_t(length)) + "\n");
   MPI_Abort(MPI_COMM_WORLD, 3);
 }
 

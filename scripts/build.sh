@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures and builds stepcast in build/ (Release, -Wall -Wextra -Werror). Used by main.sh,
+# Configures and builds stepcast in build/ (Release, -Wall -Wextra -Wshadow -Werror). Used by main.sh,
 # test.sh and the bench scripts; BUILD_DIR overrides the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -30,8 +30,8 @@ std::vector<std::string> lines_matching(const std::regex& rule, const std::vecto
         bool ok = false;
         for (const std::regex& a : allowed) ok = ok || std::regex_search(line, a);
         if (!ok) {
-          out.push_back(fs::relative(entry.path(), STEPCAST_SOURCE_DIR).string() + ":" + std::to_string(number) +
-                        ": " + line);
+          out.push_back(fs::relative(entry.path(), STEPCAST_SOURCE_DIR).string() + ":" + std::to_string(number) + ": " +
+                        line);
         }
       }
     }
