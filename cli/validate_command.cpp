@@ -244,6 +244,8 @@ int run_validate(int argc, char** argv) {
        "with --sweep published: the profiles from this folder instead of profiles/ (ablations)")
       ("baseline", po::value<std::string>(),
        "with --sweep published: an earlier published.json; each Table 1 row shows it beside now")
+      ("figures", po::value<std::string>(),
+       "with --sweep published: the published figures from this file instead of data/published.json")
       ("rows", po::value<std::string>(),
        "with --sweep published: only these rows, comma-separated (e.g. megatron-1.7b,nccl-149-dgx-a100)");
   auto vm = parse_command_line(argc, argv, options, kUsage);
@@ -261,6 +263,7 @@ int run_validate(int argc, char** argv) {
     PublishedOptions published;
     if (vm->count("profile-dir")) published.profile_dir = (*vm)["profile-dir"].as<std::string>();
     if (vm->count("baseline")) published.baseline = (*vm)["baseline"].as<std::string>();
+    if (vm->count("figures")) published.figures_file = (*vm)["figures"].as<std::string>();
     if (vm->count("rows")) {
       std::stringstream list((*vm)["rows"].as<std::string>());
       for (std::string name; std::getline(list, name, ',');) {
@@ -269,7 +272,7 @@ int run_validate(int argc, char** argv) {
     }
     return validate_published(out, published);
   }
-  for (const char* option : {"rows", "profile-dir", "baseline"}) {
+  for (const char* option : {"rows", "profile-dir", "baseline", "figures"}) {
     if (vm->count(option)) {
       throw InputError(std::string("command line: --") + option + " applies to --sweep published only");
     }

@@ -126,3 +126,60 @@ TEST_CASE("validate --sweep published: an unknown row is refused naming the vali
   CHECK(r.output.find("megatron-1.7b") != std::string::npos);
   CHECK(!std::filesystem::exists("/tmp/never/published.json"));
 }
+
+TEST_CASE("validate --sweep published: a damaged figures file is refused naming the file, key and value",
+          "[validate][published]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("stepcast-figures-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const Json shipped = load_json_file(source_path("data/published.json"));
+  auto refused = [&](const std::string& name, const std::string& text) {
+    std::string file = (dir / name).string();
+    std::ofstream(file) << text;
+    CommandResult r = run_stepcast("validate --sweep published --rows nccl-149-dgx-a100 --figures " + file +
+                                   " --out " + (dir / "out").string());
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(file) != std::string::npos);
+    CHECK(r.output.find("internal error") == std::string::npos);
+    CHECK(!fs::exists(dir / "out" / "published.json"));
+    return r.output;
+  };
+
+  Json wrong_type = shipped;
+  wrong_type["megatron_sc21_table1"]["rows"][0]["tflops_per_gpu"] = "137";
+  std::string out = refused("wrong-type.json", wrong_type.dump(2));
+  CHECK(out.find("key 'megatron_sc21_table1.rows[0].tflops_per_gpu' = \"137\"") != std::string::npos);
+  CHECK(out.find("valid: a number > 0") != std::string::npos);
+
+  Json zero = shipped;
+  zero["nccl_tests_all_reduce"]["rows"][1]["busbw_bytes_per_s"] = 0;
+  out = refused("zero.json", zero.dump(2));
+  CHECK(out.find("key 'nccl_tests_all_reduce.rows[1].busbw_bytes_per_s' = 0: out of range") != std::string::npos);
+
+  Json misspelt = shipped;
+  misspelt["nccl_tests_all_reduce"]["rows"][0]["excluded_because"] = "a typo of 'excluded'";
+  out = refused("misspelt.json", misspelt.dump(2));
+  CHECK(out.find("key 'nccl_tests_all_reduce.rows[0].excluded_because': unknown key") != std::string::npos);
+  CHECK(out.find("did you mean 'excluded'") != std::string::npos);
+
+  Json twice = shipped;
+  twice["nccl_tests_all_reduce"]["rows"][2]["name"] = "megatron-1.7b";
+  out = refused("twice.json", twice.dump(2));
+  CHECK(out.find("key 'nccl_tests_all_reduce.rows[2].name' = \"megatron-1.7b\": duplicate") != std::string::npos);
+
+  Json indivisible = shipped;
+  indivisible["megatron_sc21_table1"]["rows"][1]["gpus"] = 63;
+  out = refused("indivisible.json", indivisible.dump(2));
+  CHECK(out.find("key 'megatron_sc21_table1.rows[1].gpus' = 63: not a multiple of tp_size") != std::string::npos);
+
+  Json version = shipped;
+  version["format_version"] = 2;
+  out = refused("version.json", version.dump(2));
+  CHECK(out.find("key 'format_version' = 2") != std::string::npos);
+
+  std::string text = shipped.dump(2);
+  out = refused("truncated.json", text.substr(0, text.size() / 2));
+  CHECK(out.find("malformed JSON") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,471 @@
+// The SimGrid actors: one per simulated rank, running its role's ops in stream order (compute,
+// comm, p2p as activity chains inside the actor, joined by wait_any) on the costs and groups of
+// a SimPlan, and recording each op's times in a SimOutcome; see rank_actor.hpp.
+#include "rank_actor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <set>
+#include <sstream>
+
+#include "collective.hpp"
+#include "errors.hpp"
+
+namespace sg4 = simgrid::s4u;
+
+namespace stepcast::sim_detail {
+
+double SimHosts::latency(sg4::Host* a, sg4::Host* b) {
+  auto key = std::make_pair(a, b);
+  auto it = route_latency.find(key);
+  if (it != route_latency.end()) return it->second;
+  std::vector<sg4::Link*> links;
+  double lat = 0;
+  a->route_to(b, links, &lat);
+  route_latency[key] = lat;
+  return lat;
+}
+
+namespace {
+
+std::string mailbox_name(int64_t from, int64_t to, size_t stream) {
+  std::string name = std::to_string(from);
+  name += '>';
+  name += std::to_string(to);
+  name += '#';
+  name += char('0' + stream);
+  return name;
+}
+
+int dummy_payload = 0;
+
+class RankActor {
+ public:
+  RankActor(const SimPlan& plan, SimHosts& hosts, SimOutcome& outcome, size_t slot)
+      : plan_(plan), hosts_(hosts), out_(outcome), slot_(slot) {}
+
+  void operator()() {
+    const SimPlan& plan = plan_;
+    int64_t rank = plan.ranks[slot_];
+    const Role& role = plan.program->role_of_rank(rank);
+    role_ = &role;
+    role_index_ = size_t(role.index);
+    RankState& st = out_.state[slot_];
+    size_t n = role.ops.size();
+    st.start.assign(n, 0);
+    st.end.assign(n, 0);
+    st.done.assign(n, 0);
+    // Memory ops take no time and are not ordered by their stream: an alloc is ready at once,
+    // a free once its users finished (their times are filled in after the run).
+    size_t remaining = n;
+    // In order: every op on one queue in list order (stream 0 stands for the backend's thread).
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+        st.done[op.id] = 1;
+        --remaining;
+      } else {
+        queue_[plan.in_order ? 0 : size_t(op.stream)].push_back(op.id);
+      }
+    }
+    while (true) {
+      for (size_t stream = 0; stream < kStreams; ++stream) remaining -= start_ready(stream);
+      if (remaining == 0) {
+        // In order: sends posted and not yet received are waited for at the step's end.
+        while (!pending_.empty()) {
+          ssize_t index = sg4::Activity::wait_any(pending_);
+          pending_.erase(pending_.begin() + index);
+          pending_stream_.erase(pending_stream_.begin() + index);
+          pending_posted_op_.erase(pending_posted_op_.begin() + index);
+          st.last_end = std::max(st.last_end, now());
+        }
+        break;
+      }
+      if (pending_.empty()) {
+        std::ostringstream out;
+        out << "rank " << rank << " is stuck with " << remaining << " ops left";
+        for (size_t stream = 0; stream < kStreams; ++stream) {
+          if (head_[stream] < queue_[stream].size()) {
+            const Op& op = role.ops[queue_[stream][head_[stream]]];
+            out << "; " << to_string(op.stream) << " waits at op " << op.id << " ("
+                << to_string(op.kind) << " " << op.name << ")";
+          }
+        }
+        out_.errors.push_back(out.str());
+        return;
+      }
+      ssize_t index = sg4::Activity::wait_any(pending_);
+      size_t stream = pending_stream_[size_t(index)];
+      int32_t posted = pending_posted_op_[size_t(index)];
+      pending_.erase(pending_.begin() + index);
+      pending_stream_.erase(pending_stream_.begin() + index);
+      pending_posted_op_.erase(pending_posted_op_.begin() + index);
+      if (posted >= 0) {
+        // A pipeline send or receive: posted in stream order, completing on its own.
+        if (plan.in_order) {
+          // A send whose op ended when it was posted: its transfer ends the step at the latest.
+          st.last_end = std::max(st.last_end, now());
+          continue;
+        }
+        finish(posted, posted_at_[posted], now());
+        remaining -= 1;
+        continue;
+      }
+      remaining -= on_activity_done(stream);
+    }
+  }
+
+ private:
+  struct Running {
+    int32_t op = -1;
+    std::vector<int32_t> run;      // merged compute ops (first = op)
+    std::vector<double> durations;  // of each op of `run`, with variability
+    std::vector<CollectiveStep> steps;
+    size_t step = 0;
+    int outstanding = 0;
+    bool delaying = false;
+    bool folded_delay = false;  // the current step's folded latency is running
+    bool staging = false;       // a staged send's copy is running
+    double run_start = 0;
+  };
+
+  const SimPlan& plan() const { return plan_; }
+  bool deps_done(const Op& op) const {
+    const RankState& st = out_.state[slot_];
+    for (int32_t d : op.deps) {
+      if (!st.done[d]) return false;
+    }
+    return true;
+  }
+  double now() const { return sg4::Engine::get_clock(); }
+
+  // An execution of `seconds` on this rank's delay host for `stream`. Not Host::exec_async: in
+  // SimGrid 3.32 it runs on the calling actor's host whatever host it is called on, so a delay
+  // on one stream would share the device host's speed with the compute of another.
+  sg4::ExecPtr delay_on(size_t stream, double seconds) {
+    sg4::ExecPtr exec = sg4::this_actor::exec_init(seconds);
+    exec->set_host(hosts_.delay[slot_][stream]);
+    exec->start();
+    return exec;
+  }
+
+  void add(sg4::ActivityPtr activity, size_t stream, int32_t posted_op = -1) {
+    pending_.push_back(std::move(activity));
+    pending_stream_.push_back(stream);
+    pending_posted_op_.push_back(posted_op);
+    ++out_.activities;
+  }
+
+  void finish(int32_t id, double start, double end) {
+    RankState& st = out_.state[slot_];
+    st.start[id] = start;
+    st.end[id] = end;
+    st.done[id] = 1;
+    st.last_end = std::max(st.last_end, end);
+  }
+
+  // Starts what can start on `stream`; returns how many ops completed at once (memory ops).
+  size_t start_ready(size_t stream) {
+    size_t completed = 0;
+    Running& run = running_[stream];
+    auto& queue = queue_[stream];
+    while (run.op < 0 && head_[stream] < queue.size()) {
+      const Op& op = role_->ops[queue[head_[stream]]];
+      if (!deps_done(op)) break;
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+        finish(op.id, now(), now());
+        ++head_[stream];
+        ++completed;
+        continue;
+      }
+      run = Running{};
+      run.op = op.id;
+      run.run_start = now();
+      if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
+        start_compute(stream);
+      } else if (is_collective(op.kind)) {
+        start_collective(stream, op);
+      } else if (plan().in_order && op.kind == OpKind::send) {
+        // In order: copy to the staging buffer (when staged), then post; the op ends when
+        // posted, the thread moves on and the transfer completes on its own.
+        double copy_s = plan().staging_s[role_index_][op.id];
+        if (copy_s > 0) {
+          run.staging = true;
+          add(delay_on(stream, copy_s), stream);
+          break;
+        }
+        start_p2p(stream, op, true);
+        finish(op.id, now(), now());
+        run.op = -1;
+        ++head_[stream];
+        ++completed;
+        continue;
+      } else if (plan().in_order && op.kind == OpKind::recv) {
+        // In order: the receive blocks the thread until its data arrived.
+        start_p2p(stream, op, false);
+        break;
+      } else if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+        // Posted like MPI's Isend/Irecv: the stream moves on, the op completes when its
+        // transfer does (matched in posting order per pair of ranks).
+        start_p2p(stream, op, true);
+        run.op = -1;
+        ++head_[stream];
+        continue;
+      }
+      if (run.op >= 0) break;  // started an activity
+      ++completed;             // finished at once (zero time)
+      ++head_[stream];
+    }
+    return completed;
+  }
+
+  void start_compute(size_t stream) {
+    Running& run = running_[stream];
+    auto& queue = queue_[stream];
+    run.run.push_back(run.op);
+    if (plan().merge_compute) {
+      // Extend the run while the next op of this stream is compute-like and its inputs are
+      // ready now or produced inside the run.
+      std::set<int32_t> in_run = {run.op};
+      for (size_t i = head_[stream] + 1; i < queue.size(); ++i) {
+        const Op& next = role_->ops[queue[i]];
+        bool compute_like = is_compute(next.kind) || plan().analytic[role_index_][next.id] ||
+                            next.kind == OpKind::alloc || next.kind == OpKind::free;
+        if (!compute_like) break;
+        bool ready = true;
+        for (int32_t d : next.deps) {
+          ready = ready && (out_.state[slot_].done[d] || in_run.count(d));
+        }
+        if (!ready) break;
+        if (plan().feeds_other_stream[role_index_][run.run.back()]) break;
+        run.run.push_back(next.id);
+        in_run.insert(next.id);
+      }
+    }
+    double duration = run_durations(run);
+    if (duration <= 0) {
+      complete_run(stream);
+      return;
+    }
+    add(delay_on(stream, duration), stream);
+  }
+
+  // The duration of each op of a run: its cost, and with variability its device factor, and
+  // each segment's deviation added to the segment's last compute op. A segment ends at a folded
+  // tensor-parallel collective and at the end of the run.
+  double run_durations(Running& run) {
+    const auto& cost = plan().op_cost_s[role_index_];
+    run.durations.assign(run.run.size(), 0);
+    const VariabilityDraws* draws = plan().draws;
+    double total = 0, squares = 0;
+    int64_t last_compute = -1;
+    auto close_segment = [&] {
+      if (!draws || last_compute < 0 || squares <= 0) return;
+      double deviation = draws->segment_deviation_s(plan().slot_draw_rank[slot_], segment_++,
+                                                    squares, plan().segment_members);
+      double& d = run.durations[size_t(last_compute)];
+      deviation = std::max(deviation, -d);  // an op never takes less than no time
+      d += deviation;
+      total += deviation;
+      squares = 0;
+      last_compute = -1;
+    };
+    for (size_t i = 0; i < run.run.size(); ++i) {
+      const Op& op = role_->ops[run.run[i]];
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+      double d = cost[op.id];
+      if (draws && is_compute(op.kind)) {
+        d *= plan().slot_factor[slot_];
+        squares += d * d;
+        last_compute = int64_t(i);
+      } else if (draws && plan().tp_sync[role_index_][op.id]) {
+        close_segment();
+      }
+      run.durations[i] = d;
+      total += d;
+    }
+    close_segment();
+    return total;
+  }
+
+  // Finishes every op of the current run, each taking its duration.
+  void complete_run(size_t stream) {
+    Running& run = running_[stream];
+    double t = run.run_start;
+    for (size_t i = 0; i < run.run.size(); ++i) {
+      double d = i < run.durations.size() ? run.durations[i] : 0;
+      finish(run.run[i], t, t + d);
+      t += d;
+    }
+    head_[stream] += run.run.size();
+    run.op = -1;
+  }
+
+  std::shared_ptr<SimGroup> group_of(const Op& op) const {
+    return plan().groups[slot_].at(op.group);
+  }
+
+  void start_collective(size_t stream, const Op& op) {
+    Running& run = running_[stream];
+    auto group = group_of(op);
+    int64_t rank = plan().ranks[slot_];
+    int64_t member = 0;
+    while (group->members[member] != rank) ++member;
+    // Ready time bookkeeping: the instance is (group kind, first member, stream, sequence).
+    int64_t sequence = sequence_[{int(op.group), size_t(op.stream)}]++;
+    auto key = std::make_tuple(int(op.group), group->members.front(), int(op.stream), sequence);
+    auto [it, inserted] = out_.collective_issue.emplace(key, now());
+    if (!inserted) it->second = std::max(it->second, now());
+    out_.state[slot_].collective_key[op.id] = key;
+    run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
+                                 group->layout, member, plan().phase_flows);
+    run.step = 0;
+    run.run = {op.id};
+    if (!start_step(stream)) after_steps(stream);
+  }
+
+  // Starts the current step's flows; false when no steps are left.
+  bool start_step(size_t stream) {
+    Running& run = running_[stream];
+    if (run.step >= run.steps.size()) return false;
+    const CollectiveStep& step = run.steps[run.step];
+    const Op& op = role_->ops[run.op];
+    auto group = group_of(op);
+    int64_t me = plan().ranks[slot_];
+    const bool sync_only = plan().sync_only[role_index_][op.id];
+    // Mailboxes by the op's own stream: in order, one queue carries every stream's ops, and a
+    // posted pipeline send must not match a collective's receive.
+    const size_t box_stream = size_t(op.stream);
+    for (const Transfer& t : step.sends) {
+      int64_t peer = group->members[t.peer];
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, box_stream));
+      add(box->put_async(&dummy_payload, sync_only ? 0 : uint64_t(std::llround(t.bytes))), stream);
+      ++run.outstanding;
+    }
+    for (const Transfer& t : step.recvs) {
+      int64_t peer = group->members[t.peer];
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, box_stream));
+      slots_.push_back(nullptr);
+      add(box->get_async<int>(&slots_.back()), stream);
+      ++run.outstanding;
+    }
+    return true;
+  }
+
+  // All steps done: the folded members' latency correction, then the op ends.
+  void after_steps(size_t stream) {
+    Running& run = running_[stream];
+    double correction = plan().op_cost_s[role_index_][run.op];
+    if (correction > 0 && !run.delaying) {
+      run.delaying = true;
+      add(delay_on(stream, correction), stream);
+      return;
+    }
+    finish(run.op, run.run_start, now());
+    ++head_[stream];
+    run.op = -1;
+  }
+
+  // `posted`: the op completes on its own when its transfer does (else it is the stream's
+  // running op and blocks it).
+  void start_p2p(size_t stream, const Op& op, bool posted) {
+    int64_t me = plan().ranks[slot_];
+    const StepProgram& p = *plan().program;
+    int64_t stage = p.grid().coord(me).pp;
+    int64_t peer_stage = op.peer == Peer::pp_next ? (stage + 1) % p.pp_size
+                                                  : (stage + p.pp_size - 1) % p.pp_size;
+    RankCoord c = p.grid().coord(me);
+    c.pp = peer_stage;
+    int64_t peer = p.grid().rank(c);
+    posted_at_[op.id] = now();
+    if (op.kind == OpKind::send) {
+      out_.send_start[{me, peer, op.tag}] = now();
+      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, size_t(op.stream)));
+      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream,
+          posted ? op.id : -1);
+    } else {
+      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, size_t(op.stream)));
+      slots_.push_back(nullptr);
+      add(box->get_async<int>(&slots_.back()), stream, posted ? op.id : -1);
+      out_.state[slot_].recv_peer[op.id] = peer;
+    }
+  }
+
+  // Returns the number of ops completed.
+  size_t on_activity_done(size_t stream) {
+    Running& run = running_[stream];
+    STEPCAST_CHECK(run.op >= 0, "an activity finished on an idle stream");
+    const Op& op = role_->ops[run.op];
+    if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
+      size_t count = run.run.size();
+      complete_run(stream);
+      return count;
+    }
+    if (op.kind == OpKind::send) {  // in order: the staging copy ended; post the send
+      start_p2p(stream, op, true);
+      finish(op.id, run.run_start, now());
+      run.staging = false;
+      run.op = -1;
+      ++head_[stream];
+      return 1;
+    }
+    if (op.kind == OpKind::recv) {  // in order: the blocking receive ended
+      finish(op.id, run.run_start, now());
+      run.op = -1;
+      ++head_[stream];
+      return 1;
+    }
+    if (run.delaying) {
+      after_steps(stream);
+      return 1;
+    }
+    if (--run.outstanding > 0) return 0;
+    {
+      const CollectiveStep& step = run.steps[run.step];
+      if (step.folded_latency_steps > 0 && !run.folded_delay) {
+        // Latency of the folded ring steps, per the route to the first send's peer.
+        auto group = group_of(op);
+        int64_t peer = group->members[step.sends.front().peer];
+        double lat = hosts_.latency(hosts_.host[slot_], hosts_.host[plan_.slot_of_rank.at(peer)]);
+        run.folded_delay = true;
+        run.outstanding = 1;
+        add(delay_on(stream, double(step.folded_latency_steps) * lat), stream);
+        return 0;
+      }
+      run.folded_delay = false;
+      ++run.step;
+      if (start_step(stream)) return 0;
+      after_steps(stream);
+      return run.op < 0 ? 1 : 0;
+    }
+  }
+
+  const SimPlan& plan_;
+  SimHosts& hosts_;
+  SimOutcome& out_;
+  size_t slot_;
+  const Role* role_ = nullptr;
+  size_t role_index_ = 0;
+  std::array<std::vector<int32_t>, kStreams> queue_;
+  std::array<size_t, kStreams> head_{};
+  std::array<Running, kStreams> running_;
+  std::vector<sg4::ActivityPtr> pending_;
+  std::vector<size_t> pending_stream_;
+  std::vector<int32_t> pending_posted_op_;  // pipeline op of each pending activity, or -1
+  std::unordered_map<int32_t, double> posted_at_;
+  std::deque<int*> slots_;
+  std::map<std::pair<int, size_t>, int64_t> sequence_;
+  int64_t segment_ = 0;  // segments drawn so far (the draw index)
+};
+
+}  // namespace
+
+void create_rank_actors(const SimPlan& plan, SimHosts& hosts, SimOutcome& outcome) {
+  outcome.state.resize(plan.ranks.size());
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    sg4::Actor::create("rank" + std::to_string(plan.ranks[slot]), hosts.host[slot],
+                       RankActor(plan, hosts, outcome, slot));
+  }
+}
+
+}  // namespace stepcast::sim_detail

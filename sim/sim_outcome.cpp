@@ -1,0 +1,120 @@
+// Reading a finished simulation back: the SimOutcome its actors left, as a SimulationOutput
+// (step time, critical rank, op records of the detail ranks, breakdown); see sim_plan.hpp.
+#include "sim_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "errors.hpp"
+
+namespace stepcast::sim_detail {
+
+void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& out) {
+  const StepProgram& program = *plan.program;
+  std::vector<char> detail = plan.detail;  // the critical rank joins it below
+  // SimGrid ends a run whose actors all wait on each other; find who was left waiting.
+  for (size_t slot = 0; slot < plan.ranks.size() && outcome.errors.size() < 8; ++slot) {
+    const RankState& st = outcome.state[slot];
+    const Role& role = program.role_of_rank(plan.ranks[slot]);
+    std::string stuck;
+    for (Stream stream : {Stream::compute, Stream::comm, Stream::p2p}) {
+      for (const Op& op : role.ops) {
+        if (op.stream != stream || st.done.empty() || st.done[op.id]) continue;
+        stuck += std::string(stuck.empty() ? "" : "; ") + to_string(stream) + " at op " +
+                 std::to_string(op.id) + " (" + to_string(op.kind) + " " + op.name + ")";
+        break;
+      }
+    }
+    if (!stuck.empty()) {
+      outcome.errors.push_back("rank " + std::to_string(plan.ranks[slot]) + " never finished: " + stuck);
+    }
+  }
+  if (!outcome.errors.empty()) {
+    std::string all;
+    for (const auto& e : outcome.errors) all += "\n  " + e;
+    STEPCAST_CHECK(false, "simulation did not finish:" + all);
+  }
+
+  // Memory ops happen when their deps finished.
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    RankState& st = outcome.state[slot];
+    const Role& role = program.role_of_rank(plan.ranks[slot]);
+    for (const Op& op : role.ops) {
+      if (op.kind != OpKind::alloc && op.kind != OpKind::free) continue;
+      double t = 0;
+      for (int32_t d : op.deps) t = std::max(t, st.end[d]);
+      st.start[op.id] = st.end[op.id] = t;
+    }
+  }
+
+  out.simulated_ranks = plan.ranks;
+  out.activities = outcome.activities;
+  double step_end = 0;
+  for (const RankState& st : outcome.state) step_end = std::max(step_end, st.last_end);
+  out.step_time_s = step_end;
+  // The critical rank: the one that ends the step; among ranks that end together, a detail
+  // rank (the first of its stage), else the lowest. Its records are kept whatever the detail set.
+  size_t critical_slot = 0;
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    double end = outcome.state[slot].last_end, best = outcome.state[critical_slot].last_end;
+    bool tie = std::abs(end - best) <= 1e-12 * std::max(1.0, best);
+    if ((!tie && end > best) || (tie && detail[slot] && !detail[critical_slot])) {
+      critical_slot = slot;
+    }
+  }
+  detail[critical_slot] = 1;
+  out.critical_rank = plan.ranks[critical_slot];
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    if (!detail[slot]) continue;
+    int64_t rank = plan.ranks[slot];
+    out.detail_ranks.push_back(rank);
+    const RankState& st = outcome.state[slot];
+    const Role& role = program.role_of_rank(rank);
+    for (const Op& op : role.ops) {
+      OpRecord rec{rank, op.id, st.start[op.id], st.end[op.id], st.start[op.id]};
+      if (op.kind == OpKind::recv) {
+        auto peer = st.recv_peer.find(op.id);
+        if (peer != st.recv_peer.end()) {
+          auto sent = outcome.send_start.find({peer->second, rank, op.tag});
+          if (sent != outcome.send_start.end()) rec.ready_s = sent->second;
+        }
+      } else if (is_collective(op.kind)) {
+        auto key = st.collective_key.find(op.id);
+        if (key != st.collective_key.end()) rec.ready_s = outcome.collective_issue.at(key->second);
+      }
+      out.records.push_back(rec);
+    }
+  }
+  // Breakdown of the critical rank.
+  const Role& critical_role = program.role_of_rank(out.critical_rank);
+  std::vector<OpRecord> critical(critical_role.ops.size());
+  for (const OpRecord& r : out.records) {
+    if (r.rank == out.critical_rank) critical[r.id] = r;
+  }
+  out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
+  if (plan.draws) {
+    // The critical rank's compute above its nominal cost: its own share of the variation.
+    const auto& nominal = plan.op_cost_s[critical_role.index];
+    double above = 0;
+    for (const Op& op : critical_role.ops) {
+      if (!is_compute(op.kind) || op.kind == OpKind::optimizer_step) continue;
+      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id];
+    }
+    out.breakdown.variability_s = above;
+    out.breakdown.compute_s -= above;
+  }
+  std::ostringstream mode;
+  if (plan.full) {
+    mode << "full: every rank and ring step simulated";
+  } else {
+    mode << (plan.mode == SimMode::approx ? "approx:" : "fast:")
+         << (plan.fold_tp_approximate ? " fold_tp (shared node: NVLink contention not simulated)"
+                                      : plan.fold_tp ? " fold_tp" : "")
+         << (plan.fold_rails ? " fold_rail_groups" : "")
+         << (plan.phase_flows ? " phase_flows" : "") << (plan.merge_compute ? " merge_compute" : "");
+  }
+  out.mode_description = mode.str();
+}
+
+}  // namespace stepcast::sim_detail

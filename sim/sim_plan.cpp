@@ -1,0 +1,259 @@
+// Setting a simulation up before SimGrid starts: which ranks are simulated, their groups, the
+// reductions of fast mode and every op's cost; see sim_plan.hpp and simulator.hpp (the modes).
+#include "sim_plan.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <sstream>
+
+#include "collective.hpp"
+#include "collective_cost.hpp"
+#include "cost_model.hpp"
+#include "errors.hpp"
+
+namespace stepcast::sim_detail {
+
+namespace {
+
+// Longer than any training step: a cost beyond it comes from an implausible figure.
+constexpr double kMaxOpTimeS = 1e7;
+
+bool group_spans_folded_ranks(GroupKind kind) {
+  return kind == GroupKind::model || kind == GroupKind::world;
+}
+
+}  // namespace
+
+SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
+                        const DeviceProfile& profile, const SimulateOptions& options,
+                        const VariabilityDraws& draws, SimulationOutput& out) {
+  check_profile_matches(profile, topology_in, options.allow_profile_mismatch);
+  const bool full = options.mode == SimMode::full;
+  if (full && (program.world_size() > kFullModeMaxDevices ||
+               program.num_microbatches > kFullModeMaxMicrobatches)) {
+    std::ostringstream why;
+    why << "the plan has " << program.world_size() << " devices and " << program.num_microbatches
+        << " microbatches; full mode simulates at most " << kFullModeMaxDevices << " devices and "
+        << kFullModeMaxMicrobatches << " microbatches";
+    throw_input_error("--mode", "mode", "\"full\"", why.str(), "--mode fast for this plan");
+  }
+  Topology topology = apply_link_fractions(topology_in, profile);
+  RankGrid grid = program.grid();
+  const int64_t per_node = topology.node.devices_per_node;
+  GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
+  bool tp_in_node = tp_shape.nodes == 1 && per_node % program.tp_size == 0;
+  // Costing tp collectives analytically is exact only when nothing else uses the node's NVLink
+  // at the same time: every other group (dp, pp, embedding) must have one member per node, so its
+  // traffic leaves through the NICs.
+  bool nvlink_to_itself = true;
+  for (GroupKind other : {GroupKind::dp, GroupKind::pp, GroupKind::embedding}) {
+    GroupShape shape = group_shape(grid, other, 0, per_node);
+    if (shape.size > 1 && shape.members_per_node > 1) nvlink_to_itself = false;
+  }
+  const bool shared_node_fold = options.mode == SimMode::approx || options.fold_tp_shared_node;
+  const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node &&
+                       (nvlink_to_itself || shared_node_fold);
+  const bool fold_tp_approximate = fold_tp && !nvlink_to_itself;
+  // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
+  // that sharing, so fold only where every device has its own NIC.
+  const bool own_nic = topology.fabric.nics_per_node >= per_node;
+  const bool fold_rails = fold_tp && options.fold_rail_groups && own_nic;
+  double divisor = 1;
+  if (fold_rails && topology.fabric.kind == FabricKind::fat_tree) divisor = double(program.tp_size);
+
+  SimPlan plan;
+  plan.program = &program;
+  plan.mode = options.mode;
+  plan.full = full;
+  plan.fold_tp = fold_tp;
+  plan.fold_tp_approximate = fold_tp_approximate;
+  plan.fold_rails = fold_rails;
+  plan.shared_link_divisor = divisor;
+  plan.phase_flows = !full && options.phase_flows;
+  plan.merge_compute = !full && options.merge_compute;
+  plan.in_order = profile.execution_in_order;
+  for (int64_t r = 0; r < program.world_size(); ++r) {
+    if (fold_rails && grid.coord(r).tp != 0) continue;
+    plan.slot_of_rank[r] = plan.ranks.size();
+    plan.ranks.push_back(r);
+  }
+  std::set<int64_t> detail(options.detail_ranks.begin(), options.detail_ranks.end());
+  if (detail.empty()) {
+    for (int64_t p = 0; p < program.pp_size; ++p) detail.insert(grid.rank(RankCoord{0, 0, p}));
+    if (full && program.world_size() <= 64) {
+      for (int64_t r = 0; r < program.world_size(); ++r) detail.insert(r);
+    }
+  }
+  plan.detail.assign(plan.ranks.size(), 0);
+  for (int64_t r : detail) {
+    auto it = plan.slot_of_rank.find(r);
+    if (it == plan.slot_of_rank.end()) {
+      throw InputError("detail rank " + std::to_string(r) + " is not simulated in this mode " +
+                       "(fast mode folds tensor-parallel ranks: use tp index 0)");
+    }
+    plan.detail[it->second] = 1;
+  }
+
+  // Groups, shared by their members.
+  std::map<std::pair<int, int64_t>, std::shared_ptr<SimGroup>> groups;
+  plan.groups.resize(plan.ranks.size());
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    int64_t rank = plan.ranks[slot];
+    std::set<GroupKind> kinds;
+    for (const Op& op : program.role_of_rank(rank).ops) {
+      if (is_collective(op.kind)) kinds.insert(op.group);
+    }
+    for (GroupKind kind : kinds) {
+      std::vector<int64_t> members;
+      for (int64_t m : grid.group(kind, rank)) {
+        if (plan.slot_of_rank.count(m)) members.push_back(m);
+      }
+      auto key = std::make_pair(int(kind), members.front());
+      auto& g = groups[key];
+      if (!g) {
+        g = std::make_shared<SimGroup>();
+        g->members = members;
+        for (int64_t m : members) g->layout.node_of.push_back(m / per_node);
+      }
+      plan.groups[slot][kind] = g;
+    }
+  }
+
+  // Costs per role.
+  Dtype dtype = *parse_dtype(program.plan.at("param_dtype").get<std::string>());
+  ComputeCostModel cost(topology.node.device, dtype, profile, topology.file,
+                        program.model.is_object()
+                            ? program.model.value("norm_type", std::string("rmsnorm"))
+                            : std::string("rmsnorm"));
+  LinkFigures links = link_figures(topology);
+  // Measured collective tables correct the α-β model where the streams run concurrently (GPU
+  // profiles); an in-order profile's measured collectives take their measured time (below).
+  const CollectiveCostModel collective_cost(plan.in_order ? DeviceProfile{} : profile, topology_in);
+  auto note_correction = [&](double r) {
+    if (r == 1) return;
+    if (out.corrected_collectives++ == 0) out.correction_min = out.correction_max = r;
+    out.correction_min = std::min(out.correction_min, r);
+    out.correction_max = std::max(out.correction_max, r);
+  };
+  plan.op_cost_s.resize(program.roles.size());
+  plan.analytic.resize(program.roles.size());
+  plan.sync_only.resize(program.roles.size());
+  plan.staging_s.resize(program.roles.size());
+  plan.feeds_other_stream.resize(program.roles.size());
+  plan.flow_scale.resize(program.roles.size());
+  plan.tp_sync.resize(program.roles.size());
+  for (const Role& role : program.roles) {
+    auto& feeds = plan.feeds_other_stream[role.index];
+    feeds.assign(role.ops.size(), 0);
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+      for (int32_t d : op.deps) {
+        if (role.ops[d].stream != op.stream) feeds[d] = 1;
+      }
+    }
+  }
+  // In order, a rank has one collective in flight at a time, as when the profile measured it:
+  // a group inside one node takes the measured time of its kind, algorithm and size.
+  auto measured_in_order_time_s = [&](const Op& op, int64_t first) -> std::optional<double> {
+    if (!plan.in_order) return std::nullopt;
+    GroupShape shape = group_shape(grid, op.group, first, per_node);
+    if (shape.nodes != 1) return std::nullopt;
+    return cost.measured_collective_time_s(op.kind, op.algorithm, shape.size, op.bytes);
+  };
+  for (const Role& role : program.roles) {
+    auto& costs = plan.op_cost_s[role.index];
+    auto& analytic = plan.analytic[role.index];
+    auto& sync_only = plan.sync_only[role.index];
+    auto& staging = plan.staging_s[role.index];
+    costs.assign(role.ops.size(), 0);
+    analytic.assign(role.ops.size(), 0);
+    sync_only.assign(role.ops.size(), 0);
+    staging.assign(role.ops.size(), 0);
+    plan.flow_scale[role.index].assign(role.ops.size(), 1.0);
+    plan.tp_sync[role.index].assign(role.ops.size(), 0);
+    int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
+    for (const Op& op : role.ops) {
+      std::optional<double> measured;
+      if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first);
+      if (is_compute(op.kind)) {
+        costs[op.id] = cost.op_time_s(op);
+      } else if (op.kind == OpKind::send && plan.in_order && profile.execution_staged_sends) {
+        staging[op.id] = cost.staging_copy_time_s(op.bytes);
+      } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {
+        analytic[op.id] = 1;
+        plan.tp_sync[role.index][op.id] = 1;
+        double r = measured ? 1 : collective_cost.correction(op.kind, op.algorithm, op.bytes, tp_shape);
+        note_correction(r);
+        costs[op.id] = measured ? *measured
+                                : r * collective_time_s(op.kind, op.algorithm, op.bytes, tp_shape, links);
+      } else if (measured) {
+        // Flows of no bytes make the members wait for each other; the measured time, less
+        // the latency those flows take, follows.
+        sync_only[op.id] = 1;
+        GroupShape shape = group_shape(grid, op.group, first, per_node);
+        double sync_s = collective_time_s(op.kind, op.algorithm, 0.0, shape, links);
+        costs[op.id] = std::max(0.0, *measured - sync_s);
+      } else if (is_collective(op.kind) && fold_rails && group_spans_folded_ranks(op.group)) {
+        GroupShape whole = group_shape(grid, op.group, first, per_node);
+        std::vector<int64_t> kept;
+        for (int64_t m : grid.group(op.group, first)) {
+          if (grid.coord(m).tp == 0) kept.push_back(m);
+        }
+        std::set<int64_t> nodes;
+        for (int64_t m : kept) nodes.insert(m / per_node);
+        GroupShape folded{int64_t(kept.size()), int64_t(nodes.size()),
+                          int64_t(kept.size()) / std::max<int64_t>(1, int64_t(nodes.size()))};
+        double t_whole = collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
+        double t_folded = collective_time_s(op.kind, op.algorithm, op.bytes, folded, links);
+        costs[op.id] = std::max(0.0, t_whole - t_folded);
+      }
+      // The measured correction of a collective simulated with flows, for its whole group.
+      if (is_collective(op.kind) && !analytic[op.id] && !sync_only[op.id] && collective_cost.has_tables()) {
+        GroupShape whole = group_shape(grid, op.group, first, per_node);
+        double r = collective_cost.correction(op.kind, op.algorithm, op.bytes, whole);
+        note_correction(r);
+        if (r < 1) {
+          plan.flow_scale[role.index][op.id] = r;
+        } else {
+          costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
+        }
+      }
+      // A figure that makes one op last longer than a training run ever does (a peak of 1e-300
+      // flop/s) would stall SimGrid's clock: refused here, naming what it came from.
+      if (!(costs[op.id] >= 0 && costs[op.id] < kMaxOpTimeS)) {
+        std::ostringstream why;
+        why << "op " << op.id << " (" << to_string(op.kind) << " " << op.name << ") of rank "
+            << first << " would take " << costs[op.id] << " s";
+        throw_input_error(topology.file, "node", "", why.str(),
+                          "peaks, bandwidths and latencies (and the profile " + profile.file +
+                              ") that give every op less than " + std::to_string(int64_t(kMaxOpTimeS)) +
+                              " s");
+      }
+    }
+  }
+
+  // Variability: draws keyed by the tp group's first rank where tp is folded (its members are
+  // one), which is also the slowest of their device factors.
+  if (options.variability && draws.enabled()) {
+    out.variability = true;
+    plan.draws = &draws;
+    plan.segment_members = fold_tp ? program.tp_size : 1;
+    for (int64_t rank : plan.ranks) {
+      double factor = draws.device_factor(rank);
+      int64_t key = rank;
+      if (fold_tp) {
+        std::vector<int64_t> members = grid.group(GroupKind::tp, rank);
+        key = *std::min_element(members.begin(), members.end());
+        factor = 0;
+        for (int64_t m : members) factor = std::max(factor, draws.device_factor(m));
+      }
+      plan.slot_factor.push_back(factor);
+      plan.slot_draw_rank.push_back(key);
+    }
+  }
+  plan.topology = topology;
+  return plan;
+}
+
+}  // namespace stepcast::sim_detail

@@ -1,0 +1,105 @@
+// What a simulation decides before SimGrid starts (SimPlan: the ranks simulated, their groups,
+// every op's cost, the folds of fast mode, the variability draws) and what its actors leave
+// behind (SimOutcome: each op's start and end, ready-time bookkeeping), turned into the
+// SimulationOutput after the run. No SimGrid here: simulator.cpp owns the engine, rank_actor.cpp
+// the actors. Times in seconds of simulated time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "collective_steps.hpp"
+#include "profile.hpp"
+#include "program.hpp"
+#include "simulator.hpp"
+#include "topology.hpp"
+#include "variability.hpp"
+
+namespace stepcast::sim_detail {
+
+// A group as the simulation sees it: its simulated members and where they sit.
+struct SimGroup {
+  std::vector<int64_t> members;  // ranks, in group order
+  GroupLayout layout;
+};
+
+constexpr size_t kStreams = 3;
+
+struct SimPlan {
+  const StepProgram* program = nullptr;
+  Topology topology;                                 // after the profile's link fractions
+  std::vector<int64_t> ranks;                        // simulated ranks
+  std::unordered_map<int64_t, size_t> slot_of_rank;  // rank → index in ranks
+  std::vector<char> detail;                          // per slot: keep records
+  // groups[slot][GroupKind] → group shared with the other members
+  std::vector<std::map<GroupKind, std::shared_ptr<SimGroup>>> groups;
+  // per role, per op: compute time, analytic collective time, or for a simulated collective the
+  // latency its folded members would add
+  std::vector<std::vector<double>> op_cost_s;
+  std::vector<std::vector<char>> analytic;           // per role, per op: collective costed analytically
+  // per role, per op: an op of another stream waits for it, so a merged run must end with it
+  std::vector<std::vector<char>> feeds_other_stream;
+  // per role, per op: a simulated collective whose flows only synchronise its members (no
+  // bytes); its measured time, less the flows' latency, follows as op_cost_s
+  std::vector<std::vector<char>> sync_only;
+  // per role, per op: a staged send's copy before it is posted (in_order with staged sends)
+  std::vector<std::vector<double>> staging_s;
+  // per role, per op: scale on the bytes a simulated collective's flows carry (the measured
+  // correction where it is below 1)
+  std::vector<std::vector<double>> flow_scale;
+  // per role, per op: a collective of the folded tensor-parallel group (ends a compute segment)
+  std::vector<std::vector<char>> tp_sync;
+  bool phase_flows = false;
+  bool merge_compute = false;
+  bool in_order = false;  // the profile's execution.in_order: one queue, one op at a time
+  // Variability: null when off. Per slot: the device factor and the rank its draws are keyed by
+  // (the tp group's first member where tp is folded, so the group's members draw alike), and
+  // the members a segment's deviation is the slowest of.
+  const VariabilityDraws* draws = nullptr;
+  std::vector<double> slot_factor;
+  std::vector<int64_t> slot_draw_rank;
+  int64_t segment_members = 1;
+  // The reductions chosen (simulator.hpp), for the platform and the mode description.
+  SimMode mode = SimMode::fast;
+  bool full = false;
+  bool fold_tp = false;
+  bool fold_tp_approximate = false;  // folded although another group shares the node's NVLink
+  bool fold_rails = false;
+  double shared_link_divisor = 1;
+};
+
+// One simulated rank's op times, as its actor records them.
+struct RankState {
+  std::vector<double> start, end;
+  std::vector<char> done;
+  double last_end = 0;
+  std::unordered_map<int32_t, std::tuple<int, int64_t, int, int64_t>> collective_key;
+  std::unordered_map<int32_t, int64_t> recv_peer;
+};
+
+// What the actors leave behind.
+struct SimOutcome {
+  std::vector<RankState> state;  // per slot
+  std::map<std::tuple<int, int64_t, int, int64_t>, double> collective_issue;  // max start per instance
+  std::map<std::tuple<int64_t, int64_t, int64_t>, double> send_start;        // (src, dst, tag)
+  int64_t activities = 0;
+  std::vector<std::string> errors;
+};
+
+// Checks the request (profile against topology, full mode's limits, detail ranks), chooses the
+// reductions, and costs every op; InputError for a request or a figure it cannot simulate.
+// `draws` must outlive the plan; `out` gets the variability flag and the measured corrections.
+SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
+                        const DeviceProfile& profile, const SimulateOptions& options,
+                        const VariabilityDraws& draws, SimulationOutput& out);
+
+// After the run: names ranks that never finished (an invariant failure), times memory ops,
+// finds the critical rank, and fills `out`'s step time, records, breakdown and mode.
+void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& out);
+
+}  // namespace stepcast::sim_detail
