@@ -5,7 +5,6 @@
 #include "validate_published.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
@@ -13,12 +12,12 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 
 #include "child_simulate.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
 #include "published_report.hpp"
+#include "units.hpp"
 
 namespace stepcast::cli {
 
@@ -172,31 +171,26 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
     topology_of_profile[a100_profile] = (repo / "topologies" / "dgx-a100-80gb.json").string();
   }
   std::vector<MegatronResult> results(rows_to_run.size());
-  std::atomic<size_t> next{0};
   std::mutex print;
   size_t done = 0;
-  auto worker = [&] {
-    for (size_t i = next++; i < rows_to_run.size(); i = next++) {
-      results[i] = simulate_row(*rows_to_run[i], inputs, repo, a100_profile);
-      std::lock_guard<std::mutex> lock(print);
-      const MegatronResult& r = results[i];
-      ++done;
-      std::cout << "[" << done << "/" << rows_to_run.size() << "] " << std::left << std::setw(16)
-                << r.row->name << std::right;
-      if (r.ok) {
-        std::cout << " predicted " << std::setw(6) << fixed_or_na(r.tflops_per_gpu, 1)
-                  << " TFLOP/s/GPU (" << fixed_or_na(r.step_time_s, 2) << " s), published "
-                  << fixed_or_na(r.row->published_tflops_per_gpu, 0) << " (" << fixed_or_na(r.published_time_s(), 2)
-                  << " s), error " << signed_percent(r.error()) << "  [" << fixed_or_na(r.wall_s, 0) << " s]\n";
-      } else {
-        std::cout << " FAILED: " << r.failure.substr(0, 300) << "\n";
-      }
-      std::cout.flush();
+  parallel_for(int64_t(rows_to_run.size()), options.jobs, [&](int64_t index) {
+    size_t i = size_t(index);
+    results[i] = simulate_row(*rows_to_run[i], inputs, repo, a100_profile);
+    std::lock_guard<std::mutex> lock(print);
+    const MegatronResult& r = results[i];
+    ++done;
+    std::cout << "[" << done << "/" << rows_to_run.size() << "] " << std::left << std::setw(16)
+              << r.row->name << std::right;
+    if (r.ok) {
+      std::cout << " predicted " << std::setw(6) << fixed_or_na(r.tflops_per_gpu, 1)
+                << " TFLOP/s/GPU (" << fixed_or_na(r.step_time_s, 2) << " s), published "
+                << fixed_or_na(r.row->published_tflops_per_gpu, 0) << " (" << fixed_or_na(r.published_time_s(), 2)
+                << " s), error " << signed_percent(r.error()) << "  [" << fixed_or_na(r.wall_s, 0) << " s]\n";
+    } else {
+      std::cout << " FAILED: " << r.failure.substr(0, 300) << "\n";
     }
-  };
-  std::vector<std::thread> threads;
-  for (int j = 0; j < std::min<int>(options.jobs, int(rows_to_run.size())); ++j) threads.emplace_back(worker);
-  for (auto& t : threads) t.join();
+    std::cout.flush();
+  });
   report.megatron = std::move(results);
   for (const std::string& p : profiles_used) {
     report.profiles.push_back(profile_record(p, repo));

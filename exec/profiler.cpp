@@ -1,5 +1,6 @@
-// The CPU measurements of profiler.hpp. Every rank runs the same list of points at the same
-// time (a barrier before each sample), as ranks compete for caches and memory bandwidth in a
+// The measured tables of profiler.hpp (measure_tables); point_timer.cpp times them,
+// cpu_profile.cpp makes the CPU backend's profile of them, machine_info.cpp says where. Every
+// rank runs the same list of points at the same time (a barrier before each sample), as ranks compete for caches and memory bandwidth in a
 // training step; PointTimer says how a point is timed (interleaved passes, median of every
 // rank's samples). Default: 5 samples of at least 1 ms per point and rank — not the ~50 ms a
 // lone benchmark would take, so that ~2,400 points fit in well under a minute on two cores.
@@ -16,32 +17,23 @@
 // 4 KiB, 1 MiB).
 #include "profiler.hpp"
 
-#include <cblas.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <sstream>
 
 #include "collective.hpp"
-#include "cpu_backend.hpp"
 #include "errors.hpp"
 #include "mpi_check.hpp"
-#include "version.hpp"
-#include "units.hpp"
+#include "point_timer.hpp"
 
 namespace stepcast {
 
 namespace {
-
-constexpr double kWatchdogS = 600;
-constexpr double kNotMeasured = std::numeric_limits<double>::quiet_NaN();
-constexpr int64_t kMaxCalls = 1000000;  // per sample
 
 std::string format_rate(double value, const char* unit) {
   std::ostringstream out;
@@ -59,91 +51,6 @@ std::string format_bytes_short(double bytes) {
   else out << bytes << " B";
   return out.str();
 }
-
-// One point to time: `body` makes one call. `active` false: this rank has no part in it (no
-// partner for a ping-pong): it sizes nothing and adds no samples.
-struct TimedPoint {
-  std::function<void()> body;
-  bool active = true;
-};
-
-// Times a list of points, every rank the same list in the same order. A sizing pass makes one
-// untimed call of each point and sets its count (the largest over ranks needed for a sample to
-// last min_sample_s); then `repetitions` passes take one sample of every
-// point each, a barrier before each sample. Passes rather than back-to-back samples: a burst of
-// load from elsewhere on the machine then lands on one sample of many points, which the median
-// discards, instead of on every sample of a few. Returns seconds per call of each point, the
-// median over every rank's samples (the same on all ranks).
-class PointTimer {
- public:
-  // `sync` waits for the work the bodies queued (a GPU backend's streams; nothing on the CPU)
-  // before the clock is read.
-  PointTimer(const ProfileOptions& options, int rank, int size, std::function<void()> sync)
-      : options_(options), rank_(rank), size_(size), sync_(std::move(sync)) {}
-
-  std::vector<double> seconds_per_call(const std::vector<TimedPoint>& points,
-                                       const std::function<void(int pass)>& after_pass) {
-    const size_t n = points.size(), reps = size_t(options_.repetitions);
-    std::vector<int64_t> counts(n, 1);
-    for (size_t i = 0; i < n; ++i) {
-      STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
-      points[i].body();
-      sync_();
-      // Doubling rounds of back-to-back calls until one lasts an eighth of a sample on every
-      // rank (agreed each round: a collective's body must be called alike everywhere), so a
-      // slow first call after the previous point is amortised rather than sizing the count.
-      for (int64_t calls = 1;; calls *= 2) {
-        double start = MPI_Wtime();
-        for (int64_t c = 0; c < calls; ++c) points[i].body();
-        sync_();
-        double elapsed = MPI_Wtime() - start;
-        int enough = !points[i].active || elapsed >= options_.min_sample_s / 8 || calls >= kMaxCalls;
-        STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-        if (!enough) continue;
-        if (points[i].active) {
-          double per_call = std::max(elapsed / double(calls), 1e-9);
-          counts[i] = std::clamp<int64_t>(int64_t(std::ceil(options_.min_sample_s / per_call)), 1,
-                                          kMaxCalls);
-        }
-        break;
-      }
-    }
-    STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, counts.data(), int(n), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
-    std::vector<double> samples(n * reps);  // [point][pass]
-    for (size_t pass = 0; pass < reps; ++pass) {
-      for (size_t i = 0; i < n; ++i) {
-        sync_();
-        STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
-        double start = MPI_Wtime();
-        for (int64_t c = 0; c < counts[i]; ++c) points[i].body();
-        sync_();
-        samples[i * reps + pass] =
-            points[i].active ? (MPI_Wtime() - start) / double(counts[i]) : kNotMeasured;
-      }
-      if (after_pass) after_pass(int(pass) + 1);
-    }
-    std::vector<double> all(samples.size() * size_t(size_));  // [rank][point][pass]
-    STEPCAST_MPI(MPI_Allgather(samples.data(), int(samples.size()), MPI_DOUBLE, all.data(),
-                            int(samples.size()), MPI_DOUBLE, MPI_COMM_WORLD));
-    std::vector<double> out(n);
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<double> mine;
-      for (size_t r = 0; r < size_t(size_); ++r) {
-        for (size_t pass = 0; pass < reps; ++pass) {
-          double v = all[(r * n + i) * reps + pass];
-          if (!std::isnan(v)) mine.push_back(v);
-        }
-      }
-      out[i] = median(mine);
-    }
-    return out;
-  }
-
- private:
-  const ProfileOptions& options_;
-  int rank_, size_;
-  std::function<void()> sync_;
-};
 
 template <class T, class G, class W>
 class Profiler {
@@ -578,34 +485,7 @@ class Profiler {
   std::vector<std::pair<Backend<T, G, W>*, char*>> owned_;
 };
 
-Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
-  if (!fit) return nullptr;
-  return {{"from", from},
-          {"latency_s", fit->latency_s},
-          {"bandwidth_bytes_per_s", fit->bandwidth_bytes_per_s},
-          {"max_relative_error", fit->max_relative_error},
-          {"samples", fit->samples}};
-}
-
-std::string read_first_line(const std::string& text) {
-  auto end = text.find('\n');
-  std::string line = end == std::string::npos ? text : text.substr(0, end);
-  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
-  return line;
-}
-
 }  // namespace
-
-ProfileGrid cpu_profile_grid() {
-  ProfileGrid grid;
-  grid.gemm_axis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
-  grid.gemm_axis_quick = {20, 80, 320};
-  grid.memory_max_bytes = 16.0 * (1 << 20);
-  grid.collective_max_bytes = 64.0 * (1 << 20);
-  grid.collective_algorithm = "ring";
-  grid.mpi_collectives = true;
-  return grid;
-}
 
 template <class T, class G, class W>
 MeasuredTables measure_tables(const ProfileOptions& options, int rank, int size,
@@ -623,207 +503,5 @@ template MeasuredTables measure_tables<double, double, double>(
 template MeasuredTables measure_tables<bf16, float, float>(const ProfileOptions&, int, int, int,
                                                            const BackendFactory<bf16, float, float>&,
                                                            const ProfileGrid&);
-
-MachineInfo describe_machine() {
-  MachineInfo info;
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) == 0) info.hostname = host;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      if (colon != std::string::npos) {
-        info.cpu_model = line.substr(colon + 1);
-        info.cpu_model.erase(0, info.cpu_model.find_first_not_of(" \t"));
-      }
-      break;
-    }
-  }
-  info.cores = sysconf(_SC_NPROCESSORS_ONLN);
-  return info;
-}
-
-std::map<std::string, std::string> library_versions() {
-  std::map<std::string, std::string> out;
-  if (const char* config = openblas_get_config()) out["openblas"] = read_first_line(config);
-  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int length = 0;
-  if (MPI_Get_library_version(version, &length) == MPI_SUCCESS) {
-    out["mpi"] = read_first_line(std::string(version, strnlen(version, sizeof version)));
-  }
-  return out;
-}
-
-double host_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  double value = 0;
-  while (meminfo >> key >> value >> unit) {
-    if (key == "MemTotal:") return value * 1024;  // kB in /proc/meminfo are KiB
-  }
-  return 0;
-}
-
-Json apply_measured_fits(DeviceProfile& p, const MeasuredTables& tables, int64_t intra_group,
-                         const std::string& collectives_from, const std::string& p2p_from) {
-  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
-  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
-  std::vector<LinkSample> memory_samples;
-  for (const MemoryPoint& m : tables.memory) {
-    if (m.family != "copy") memory_samples.push_back({1.0, m.bytes, m.time_s});
-  }
-  std::optional<LinkFit> memory = fit_link(memory_samples);
-  std::optional<LinkFit> links = ring ? ring : p2p;
-  if (links) {
-    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
-    p.intra_node_latency_s = links->latency_s;
-  }
-  if (memory) {
-    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
-    p.kernel_overhead_s = memory->latency_s;
-  }
-  return {{"collectives", fit_to_json(ring, collectives_from)},
-          {"p2p", fit_to_json(p2p, p2p_from)},
-          {"memory", fit_to_json(memory, "every memory-bound point")},
-          {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")}};
-}
-
-RankPlacement place_this_rank() {
-  RankPlacement p;
-  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &p.rank));
-  STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &p.size));
-  MPI_Comm node_comm;
-  STEPCAST_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, p.rank, MPI_INFO_NULL,
-                                &node_comm));
-  int node_rank = 0;
-  STEPCAST_MPI(MPI_Comm_size(node_comm, &p.ranks_per_node));
-  STEPCAST_MPI(MPI_Comm_rank(node_comm, &node_rank));
-  STEPCAST_MPI(MPI_Comm_free(&node_comm));
-  int leader = node_rank == 0 ? 1 : 0;
-  STEPCAST_MPI(MPI_Allreduce(&leader, &p.nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-  return p;
-}
-
-DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
-  STEPCAST_CHECK(options.dtype == Dtype::fp32 || options.dtype == Dtype::fp64,
-                 "the CPU backend computes in fp32 or fp64");
-  const RankPlacement placement = place_this_rank();
-  const int rank = placement.rank, size = placement.size;
-  const int ranks_per_node = placement.ranks_per_node, nodes = placement.nodes;
-
-  double start = MPI_Wtime();
-  MeasuredTables tables;
-  auto factory = [&](auto tag) {
-    using T = decltype(tag);
-    return BackendFactory<T, T, T>([rank, ranks_per_node](const RankGrid& grid, bool use_mpi) {
-      return make_cpu_backend<T>(grid, rank, ranks_per_node, use_mpi, kWatchdogS);
-    });
-  };
-  const ProfileGrid grid = cpu_profile_grid();
-  if (options.dtype == Dtype::fp32) {
-    tables = measure_tables<float, float, float>(options, rank, size, ranks_per_node, factory(float{}), grid);
-  } else {
-    tables = measure_tables<double, double, double>(options, rank, size, ranks_per_node, factory(double{}), grid);
-  }
-  double wall_s = MPI_Wtime() - start;
-
-  MachineInfo machine = describe_machine();
-  DeviceProfile p;
-  p.name = "cpu-" + machine.hostname;
-  p.device = "cpu-core";
-  p.backend = "cpu";
-  p.machine = machine;
-  p.libraries = library_versions();
-  p.gemm[options.dtype] = GemmEfficiency{1.0, 0.0};
-  // How the CPU backend runs a step (exec/executor.cpp): ops in list order on one thread, sends
-  // posted from staging copies.
-  p.execution_in_order = true;
-  p.execution_staged_sends = true;
-  if (rank != 0) return p;
-
-  // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
-  // the simulator's intra-node flows carry), else from the ping-pong.
-  int64_t intra_group = nodes == 1 ? size : 2;
-  tables.fits = apply_measured_fits(
-      p, tables, intra_group,
-      "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
-      "send/recv ping-pong, one way");
-  tables.method = {{"ranks", size},
-                   {"ranks_per_node", ranks_per_node},
-                   {"nodes", nodes},
-                   {"quick", options.quick},
-                   {"repetitions", options.repetitions},
-                   {"min_sample_s", options.min_sample_s},
-                   {"statistic", "median over every rank's samples; a sample is the mean of back-to-back calls"},
-                   {"all_ranks_busy", true},
-                   {"wall_s", wall_s},
-                   {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
-  p.measured = std::move(tables);
-  p.notes =
-      "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) +
-      " MPI ranks busy at once (" + std::to_string(ranks_per_node) + " per node). measured holds "
-      "the points; cost_model.hpp interpolates them (GEMM: log rate multilinear in log2 m, n, k; "
-      "memory-bound: log bandwidth linear in log bytes; both clamped at the grid's edges). "
-      "links.intra_node_* are the α-β fit of measured.fits.applied_to_links and replace the "
-      "topology's intra-node figures; memory.bandwidth_bytes_per_s and kernel_overhead_s are the "
-      "α-β fit of every memory-bound point, used for memory-bound ops without a table. The "
-      "fractions are 1: the measured figures are absolute. execution says how the CPU backend runs "
-      "a step: in list order on one thread (no stream overlaps another), sends posted from staging "
-      "copies (the copy family). Flash attention and the inter-node "
-      "fabric are not measured (fractions 1 of the topology's figures).";
-  return p;
-}
-
-Json measured_cpu_topology(const DeviceProfile& profile, int nodes, int ranks_per_node,
-                           double host_memory) {
-  STEPCAST_CHECK(profile.measured.has_value(), "a topology from a profile without measurements");
-  const MeasuredTables& t = *profile.measured;
-  double peak = 0;
-  for (const GemmPoint& g : t.gemm) peak = std::max(peak, g.flops() / g.time_s);
-  double bandwidth = profile.memory_bandwidth_bytes_per_s.value_or(0);
-  double link = profile.intra_node_bandwidth_bytes_per_s.value_or(0);
-  if (!(peak > 0) || !(bandwidth > 0) || !(link > 0)) {
-    throw InputError("the profile lacks GEMM, memory-bound or link measurements needed for a "
-                     "topology (run profile with at least 2 ranks)");
-  }
-  std::string host = profile.machine ? profile.machine->hostname : "localhost";
-  std::ostringstream notes;
-  notes << "Written by `stepcast profile --topology-out` on " << host << " ("
-        << (profile.machine ? profile.machine->cpu_model : "?") << ") from profile " << profile.name
-        << ": one MPI rank per core, each core a device. peak_flops_per_s." << to_string(t.dtype)
-        << " is the fastest measured GEMM (all ranks busy); memory_bandwidth_bytes_per_s is one "
-           "rank's bandwidth from the α-β fit of the memory-bound kernels; memory_bytes is "
-           "/proc/meminfo's MemTotal divided by the ranks per node; runtime_allowance_bytes "
-           "256 MiB is an allowance for the MPI runtime and OpenBLAS buffers, as in "
-           "localhost-cpu.json. intra_node bandwidth and latency are the profile's link fit ("
-        << (t.fits.contains("applied_to_links") ? t.fits["applied_to_links"].dump() : "\"?\"")
-        << "). The fabric is a placeholder (10 Gb/s NIC), unused within one node.";
-  double per_device_memory = std::floor(host_memory / std::max(1, ranks_per_node));
-  return {{"name", host + "-cpu-measured"},
-          {"notes", notes.str()},
-          {"num_nodes", nodes},
-          {"node",
-           {{"devices_per_node", ranks_per_node},
-            {"device",
-             {{"name", profile.device},
-              {"peak_flops_per_s", {{to_string(t.dtype), peak}}},
-              {"memory_bytes", per_device_memory},
-              {"memory_bandwidth_bytes_per_s", bandwidth},
-              {"runtime_allowance_bytes", 268435456},
-              {"memory_reserved_bytes", 0}}},
-            {"intra_node",
-             {{"kind", "shared_memory"},
-              {"bandwidth_bytes_per_s", link},
-              {"latency_s", profile.intra_node_latency_s.value_or(0)}}}}},
-          {"fabric",
-           {{"kind", "fat_tree"},
-            {"nics_per_node", 1},
-            {"nic_bandwidth_bytes_per_s", 1.25e9},
-            {"nic_latency_s", 1e-5},
-            {"switch_latency_s", 1e-6},
-            {"oversubscription", 1},
-            {"switch_radix", 48}}}};
-}
 
 }  // namespace stepcast

@@ -13,6 +13,7 @@
 #include "plan.hpp"
 #include "summary.hpp"
 #include "validate_format.hpp"
+#include "units.hpp"
 
 namespace stepcast {
 
@@ -21,12 +22,6 @@ using validate_format::percent;
 using validate_format::seconds;
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

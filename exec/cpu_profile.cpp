@@ -1,0 +1,189 @@
+// The CPU backend's profile (profiler.hpp): its grid, the measured tables made a DeviceProfile
+// with the α-β fits of links and memory, and a topology written from a measured profile.
+#include "profiler.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+#include "collective.hpp"
+#include "cpu_backend.hpp"
+#include "errors.hpp"
+#include "version.hpp"
+
+namespace stepcast {
+
+namespace {
+
+constexpr double kWatchdogS = 600;
+
+Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
+  if (!fit) return nullptr;
+  return {{"from", from},
+          {"latency_s", fit->latency_s},
+          {"bandwidth_bytes_per_s", fit->bandwidth_bytes_per_s},
+          {"max_relative_error", fit->max_relative_error},
+          {"samples", fit->samples}};
+}
+
+}  // namespace
+
+ProfileGrid cpu_profile_grid() {
+  ProfileGrid grid;
+  grid.gemm_axis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
+  grid.gemm_axis_quick = {20, 80, 320};
+  grid.memory_max_bytes = 16.0 * (1 << 20);
+  grid.collective_max_bytes = 64.0 * (1 << 20);
+  grid.collective_algorithm = "ring";
+  grid.mpi_collectives = true;
+  return grid;
+}
+
+Json apply_measured_fits(DeviceProfile& p, const MeasuredTables& tables, int64_t intra_group,
+                         const std::string& collectives_from, const std::string& p2p_from) {
+  std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
+  std::optional<LinkFit> ring = fit_link(collective_link_samples(tables.collectives, intra_group));
+  std::vector<LinkSample> memory_samples;
+  for (const MemoryPoint& m : tables.memory) {
+    if (m.family != "copy") memory_samples.push_back({1.0, m.bytes, m.time_s});
+  }
+  std::optional<LinkFit> memory = fit_link(memory_samples);
+  std::optional<LinkFit> links = ring ? ring : p2p;
+  if (links) {
+    p.intra_node_bandwidth_bytes_per_s = links->bandwidth_bytes_per_s;
+    p.intra_node_latency_s = links->latency_s;
+  }
+  if (memory) {
+    p.memory_bandwidth_bytes_per_s = memory->bandwidth_bytes_per_s;
+    p.kernel_overhead_s = memory->latency_s;
+  }
+  return {{"collectives", fit_to_json(ring, collectives_from)},
+          {"p2p", fit_to_json(p2p, p2p_from)},
+          {"memory", fit_to_json(memory, "every memory-bound point")},
+          {"applied_to_links", ring ? "collectives" : (p2p ? "p2p" : "none")}};
+}
+
+DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
+  STEPCAST_CHECK(options.dtype == Dtype::fp32 || options.dtype == Dtype::fp64,
+                 "the CPU backend computes in fp32 or fp64");
+  const RankPlacement placement = place_this_rank();
+  const int rank = placement.rank, size = placement.size;
+  const int ranks_per_node = placement.ranks_per_node, nodes = placement.nodes;
+
+  double start = MPI_Wtime();
+  MeasuredTables tables;
+  auto factory = [&](auto tag) {
+    using T = decltype(tag);
+    return BackendFactory<T, T, T>([rank, ranks_per_node](const RankGrid& grid, bool use_mpi) {
+      return make_cpu_backend<T>(grid, rank, ranks_per_node, use_mpi, kWatchdogS);
+    });
+  };
+  const ProfileGrid grid = cpu_profile_grid();
+  if (options.dtype == Dtype::fp32) {
+    tables = measure_tables<float, float, float>(options, rank, size, ranks_per_node, factory(float{}), grid);
+  } else {
+    tables = measure_tables<double, double, double>(options, rank, size, ranks_per_node, factory(double{}), grid);
+  }
+  double wall_s = MPI_Wtime() - start;
+
+  MachineInfo machine = describe_machine();
+  DeviceProfile p;
+  p.name = "cpu-" + machine.hostname;
+  p.device = "cpu-core";
+  p.backend = "cpu";
+  p.machine = machine;
+  p.libraries = library_versions();
+  p.gemm[options.dtype] = GemmEfficiency{1.0, 0.0};
+  // How the CPU backend runs a step (exec/executor.cpp): ops in list order on one thread, sends
+  // posted from staging copies.
+  p.execution_in_order = true;
+  p.execution_staged_sends = true;
+  if (rank != 0) return p;
+
+  // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
+  // the simulator's intra-node flows carry), else from the ping-pong.
+  int64_t intra_group = nodes == 1 ? size : 2;
+  tables.fits = apply_measured_fits(p, tables, intra_group,
+                                    "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
+                                    "send/recv ping-pong, one way");
+  tables.method = {{"ranks", size},
+                   {"ranks_per_node", ranks_per_node},
+                   {"nodes", nodes},
+                   {"quick", options.quick},
+                   {"repetitions", options.repetitions},
+                   {"min_sample_s", options.min_sample_s},
+                   {"statistic", "median over every rank's samples; a sample is the mean of back-to-back calls"},
+                   {"all_ranks_busy", true},
+                   {"wall_s", wall_s},
+                   {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
+  p.measured = std::move(tables);
+  p.notes = "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) + " MPI ranks busy at once (" +
+            std::to_string(ranks_per_node) +
+            " per node). measured holds "
+            "the points; cost_model.hpp interpolates them (GEMM: log rate multilinear in log2 m, n, k; "
+            "memory-bound: log bandwidth linear in log bytes; both clamped at the grid's edges). "
+            "links.intra_node_* are the α-β fit of measured.fits.applied_to_links and replace the "
+            "topology's intra-node figures; memory.bandwidth_bytes_per_s and kernel_overhead_s are the "
+            "α-β fit of every memory-bound point, used for memory-bound ops without a table. The "
+            "fractions are 1: the measured figures are absolute. execution says how the CPU backend runs "
+            "a step: in list order on one thread (no stream overlaps another), sends posted from staging "
+            "copies (the copy family). Flash attention and the inter-node "
+            "fabric are not measured (fractions 1 of the topology's figures).";
+  return p;
+}
+
+Json measured_cpu_topology(const DeviceProfile& profile, int nodes, int ranks_per_node, double host_memory) {
+  STEPCAST_CHECK(profile.measured.has_value(), "a topology from a profile without measurements");
+  const MeasuredTables& t = *profile.measured;
+  double peak = 0;
+  for (const GemmPoint& g : t.gemm) peak = std::max(peak, g.flops() / g.time_s);
+  double bandwidth = profile.memory_bandwidth_bytes_per_s.value_or(0);
+  double link = profile.intra_node_bandwidth_bytes_per_s.value_or(0);
+  if (!(peak > 0) || !(bandwidth > 0) || !(link > 0)) {
+    throw InputError(
+        "the profile lacks GEMM, memory-bound or link measurements needed for a "
+        "topology (run profile with at least 2 ranks)");
+  }
+  std::string host = profile.machine ? profile.machine->hostname : "localhost";
+  std::ostringstream notes;
+  notes << "Written by `stepcast profile --topology-out` on " << host << " ("
+        << (profile.machine ? profile.machine->cpu_model : "?") << ") from profile " << profile.name
+        << ": one MPI rank per core, each core a device. peak_flops_per_s." << to_string(t.dtype)
+        << " is the fastest measured GEMM (all ranks busy); memory_bandwidth_bytes_per_s is one "
+           "rank's bandwidth from the α-β fit of the memory-bound kernels; memory_bytes is "
+           "/proc/meminfo's MemTotal divided by the ranks per node; runtime_allowance_bytes "
+           "256 MiB is an allowance for the MPI runtime and OpenBLAS buffers, as in "
+           "localhost-cpu.json. intra_node bandwidth and latency are the profile's link fit ("
+        << (t.fits.contains("applied_to_links") ? t.fits["applied_to_links"].dump() : "\"?\"")
+        << "). The fabric is a placeholder (10 Gb/s NIC), unused within one node.";
+  double per_device_memory = std::floor(host_memory / std::max(1, ranks_per_node));
+  return {{"name", host + "-cpu-measured"},
+          {"notes", notes.str()},
+          {"num_nodes", nodes},
+          {"node",
+           {{"devices_per_node", ranks_per_node},
+            {"device",
+             {{"name", profile.device},
+              {"peak_flops_per_s", {{to_string(t.dtype), peak}}},
+              {"memory_bytes", per_device_memory},
+              {"memory_bandwidth_bytes_per_s", bandwidth},
+              {"runtime_allowance_bytes", 268435456},
+              {"memory_reserved_bytes", 0}}},
+            {"intra_node",
+             {{"kind", "shared_memory"},
+              {"bandwidth_bytes_per_s", link},
+              {"latency_s", profile.intra_node_latency_s.value_or(0)}}}}},
+          {"fabric",
+           {{"kind", "fat_tree"},
+            {"nics_per_node", 1},
+            {"nic_bandwidth_bytes_per_s", 1.25e9},
+            {"nic_latency_s", 1e-5},
+            {"switch_latency_s", 1e-6},
+            {"oversubscription", 1},
+            {"switch_radix", 48}}}};
+}
+
+}  // namespace stepcast
