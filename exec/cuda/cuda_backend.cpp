@@ -1,4 +1,7 @@
-// The CUDA backend of cuda_backend.hpp.
+// The CUDA backend of cuda_backend.hpp: the streams and events that order compute against
+// communication, the kernel launches, GEMMs through cached cuBLASLt plans (cuda_gemm.hpp), the
+// collectives and pipeline transfers on NCCL communicators (cuda_nccl.hpp), device memory through
+// cuda_memory.hpp. A failed call stops the job (cuda_failure.hpp).
 #include "cuda_backend.hpp"
 
 #include <cublasLt.h>
@@ -11,13 +14,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iostream>
 #include <map>
 #include <thread>
-#include <tuple>
 #include <vector>
 
+#include "cuda_failure.hpp"
+#include "cuda_gemm.hpp"
 #include "cuda_kernels.hpp"
+#include "cuda_memory.hpp"
+#include "cuda_nccl.hpp"
 #include "errors.hpp"
 #include "mpi_check.hpp"
 #include "mpi_collectives.hpp"
@@ -26,86 +31,27 @@ namespace stepcast {
 
 namespace {
 
-// A failure in the middle of a run: the message once, from this rank, then the whole job stops.
-[[noreturn]] void fail_job(const std::string& message) {
-  std::cerr << "stepcast: " << message << "\n" << std::flush;
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) MPI_Abort(MPI_COMM_WORLD, 3);
-  std::abort();
-}
-
-void check_cuda(cudaError_t code, const char* call, int rank, const std::string& during) {
-  if (code == cudaSuccess) return;
-  fail_job(device_failure_message(rank, call, cudaGetErrorName(code), cudaGetErrorString(code),
-                                  during));
-}
-void check_cublas(cublasStatus_t code, const char* call, int rank, const std::string& during) {
-  if (code == CUBLAS_STATUS_SUCCESS) return;
-  fail_job(device_failure_message(rank, call, "cublasStatus " + std::to_string(int(code)), "",
-                                  during));
-}
-void check_nccl(ncclResult_t code, const char* call, int rank, const std::string& during) {
-  if (code == ncclSuccess || code == ncclInProgress) return;
-  fail_job(device_failure_message(rank, call, "ncclResult " + std::to_string(int(code)),
-                                  ncclGetErrorString(code), during));
-}
-
-ncclDataType_t nccl_type(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::bf16: return ncclBfloat16;
-    case Dtype::fp16: return ncclFloat16;
-    case Dtype::fp64: return ncclFloat64;
-    case Dtype::int32: return ncclInt32;
-    case Dtype::int64: return ncclInt64;
-    default: return ncclFloat32;
-  }
-}
-template <class X>
-cudaDataType_t cuda_type() {
-  return std::is_same_v<X, bf16> ? CUDA_R_16BF : CUDA_R_32F;
-}
-
-// One cuBLASLt GEMM shape in column-major terms, with the pointers' alignments (a parameter
-// slice of the arena may be aligned to its element size only; the heuristic must know), and its
-// chosen algorithm.
-struct GemmKey {
-  bool trans_a, trans_b;
-  int64_t m, n, k, lda, ldb, ldc;
-  cudaDataType_t ab, c;
-  uint32_t align_a, align_b, align_c;
-  bool operator<(const GemmKey& o) const {
-    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, align_a, align_b, align_c) <
-           std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.ab, o.c, o.align_a,
-                    o.align_b, o.align_c);
-  }
-};
-// The largest power of two (at most 256) dividing the address.
-uint32_t alignment_of(const void* p) {
-  auto address = reinterpret_cast<uintptr_t>(p);
-  uint32_t a = 256;
-  while (a > 1 && address % a != 0) a /= 2;
-  return a;
-}
-struct GemmPlan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-};
+using cuda::alignment_of;
+using cuda::check_cublas;
+using cuda::check_cuda;
+using cuda::check_nccl;
+using cuda::cuda_type;
+using cuda::destroy_gemm_plan;
+using cuda::fail_job;
+using cuda::GemmKey;
+using cuda::GemmPlan;
+using cuda::nccl_type;
+using cuda::plan_gemm;
 
 template <class T, class G>
 class CudaBackend final : public Backend<T, G, float> {
  public:
   CudaBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
               const CudaBackendOptions& options)
-      : rank_(int(rank)), options_(options), comms_(grid, rank, devices_per_node) {
+      : rank_(int(rank)), options_(options), comms_(grid, rank, devices_per_node), memory_(rank_) {
     check_call(cudaSetDevice(options.device), "cudaSetDevice");
     check_call(cudaFree(nullptr), "cudaFree(0) (context creation)");
-    size_t free = 0, total = 0;
-    check_call(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
-    total_bytes_ = double(total);
-    used_before_ = double(total - free);
-    free_min_ = double(free);
+    memory_.record_baseline(current_);
     cudaDeviceProp prop{};
     check_call(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
     device_name_ = prop.name;
@@ -115,24 +61,14 @@ class CudaBackend final : public Backend<T, G, float> {
     cublas(cublasLtCreate(&lt_), "cublasLtCreate");
     workspace_ = raw_alloc(options.workspace_bytes, "the cuBLASLt workspace");
     result_ = static_cast<double*>(raw_alloc(sizeof(double), "a reduction result"));
-    create_communicators();
+    for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    nccl_.create(comms_, rank_);
   }
 
   ~CudaBackend() override {
     cudaDeviceSynchronize();
-    for (auto& [key, plan] : gemms_) {
-      cublasLtMatmulDescDestroy(plan.desc);
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-    }
-    for (auto& [kind, comm] : nccl_) {
-      if (comm) ncclCommDestroy(comm);
-    }
-    for (ncclComm_t comm : p2p_) {
-      if (comm) ncclCommDestroy(comm);
-    }
-    if (world_) ncclCommDestroy(world_);
+    for (auto& [key, plan] : gemms_) destroy_gemm_plan(plan);
+    nccl_.destroy();
     for (auto& [key, staging] : send_staging_) {
       cudaFree(staging.data);
       if (staging.done) cudaEventDestroy(staging.done);
@@ -152,22 +88,8 @@ class CudaBackend final : public Backend<T, G, float> {
   const char* name() const override { return "cuda"; }
 
   // ---- memory ----
-  char* allocate(int64_t bytes) override {
-    char* p = static_cast<char*>(raw_alloc(std::max<int64_t>(bytes, 256), nullptr));
-    check_call(cudaMemset(p, 0, size_t(std::max<int64_t>(bytes, 256))), "cudaMemset");
-    allocated_[p] = std::max<int64_t>(bytes, 256);
-    allocated_bytes_ += double(allocated_[p]);
-    allocated_high_ = std::max(allocated_high_, allocated_bytes_);
-    return p;
-  }
-  void release(char* memory) override {
-    auto it = allocated_.find(memory);
-    if (it != allocated_.end()) {
-      allocated_bytes_ -= double(it->second);
-      allocated_.erase(it);
-    }
-    check_call(cudaFree(memory), "cudaFree");
-  }
+  char* allocate(int64_t bytes) override { return memory_.allocate(bytes, current_); }
+  void release(char* memory) override { memory_.release(memory, current_); }
   void zero(void* memory, int64_t bytes) override {
     check_call(cudaMemsetAsync(memory, 0, size_t(bytes), stream()), "cudaMemsetAsync");
   }
@@ -336,7 +258,7 @@ class CudaBackend final : public Backend<T, G, float> {
 
   // ---- collectives: NCCL on the communication stream, after compute, before compute ----
   void all_reduce(GroupKind group, Algorithm, Dtype dtype, std::vector<Span<void>> buffers) override {
-    ncclComm_t comm = communicator(group);
+    ncclComm_t comm = nccl_.communicator(group);
     begin_comm(comm_);
     check_nccl(ncclGroupStart(), "ncclGroupStart", rank_, current_);
     for (const auto& b : buffers) {
@@ -351,7 +273,7 @@ class CudaBackend final : public Backend<T, G, float> {
   // Chunk index(group) of every buffer: in place when the chunks are equal, else through a
   // staging buffer of n·chunk elements.
   void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
-    ncclComm_t comm = communicator(group);
+    ncclComm_t comm = nccl_.communicator(group);
     const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
     begin_comm(comm_);
     for (const auto& b : buffers) {
@@ -380,7 +302,7 @@ class CudaBackend final : public Backend<T, G, float> {
     count_algorithm("reduce_scatter");
   }
   void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
-    ncclComm_t comm = communicator(group);
+    ncclComm_t comm = nccl_.communicator(group);
     const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
     begin_comm(comm_);
     for (const auto& b : buffers) {
@@ -433,7 +355,7 @@ class CudaBackend final : public Backend<T, G, float> {
     }
     copy(staging.data, data, bytes);
     begin_comm(p2p_streams_[dir]);
-    check_nccl(ncclSend(staging.data, size_t(n), nccl_type(dtype_of<T>()), peer, p2p_[dir],
+    check_nccl(ncclSend(staging.data, size_t(n), nccl_type(dtype_of<T>()), peer, nccl_.p2p(dir),
                         p2p_streams_[dir]),
                "ncclSend", rank_, current_);
     check_call(cudaEventRecord(staging.done, p2p_streams_[dir]), "cudaEventRecord");
@@ -441,7 +363,7 @@ class CudaBackend final : public Backend<T, G, float> {
   void recv(T* data, int64_t n, int peer, int64_t) override {
     const int dir = peer < rank_ ? 0 : 1;
     begin_comm(p2p_streams_[dir]);
-    check_nccl(ncclRecv(data, size_t(n), nccl_type(dtype_of<T>()), peer, p2p_[dir], p2p_streams_[dir]),
+    check_nccl(ncclRecv(data, size_t(n), nccl_type(dtype_of<T>()), peer, nccl_.p2p(dir), p2p_streams_[dir]),
                "ncclRecv", rank_, current_);
     end_comm(p2p_streams_[dir]);
   }
@@ -472,29 +394,29 @@ class CudaBackend final : public Backend<T, G, float> {
     wait_stream(compute_);
     wait_stream(comm_);
     for (cudaStream_t s : p2p_streams_) wait_stream(s);
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) free_min_ = std::min(free_min_, double(free));
+    memory_.sample_free();
   }
   double now_s() override { return MPI_Wtime(); }
   void set_current(const std::string& what) override { current_ = what; }
 
   Json device_memory() const override {
-    double used_high = total_bytes_ - free_min_ - used_before_;
+    double used_high = memory_.used_high_water_bytes();
+    double allocated_high = memory_.allocator_high_water_bytes();
     return {{"device", device_name_},
             {"device_ordinal", options_.device},
-            {"total_bytes", total_bytes_},
-            {"used_before_backend_bytes", used_before_},
+            {"total_bytes", memory_.total_bytes()},
+            {"used_before_backend_bytes", memory_.used_before_bytes()},
             {"used_high_water_bytes", used_high},
-            {"allocator_high_water_bytes", allocated_high_},
+            {"allocator_high_water_bytes", allocated_high},
             {"cublaslt_workspace_bytes", double(options_.workspace_bytes)},
             {"nccl_staging_bytes", double(staging_capacity_) + staging_bytes_},
-            {"runtime_bytes", used_high - allocated_high_},
+            {"runtime_bytes", used_high - allocated_high},
             {"method", "allocator: bytes this backend holds from cudaMalloc for the program "
                        "(arena and scratch), high-water mark; used: cudaMemGetInfo's total − "
                        "free at every synchronisation, minimum free, less the level once the "
                        "context existed"}};
   }
-  double device_peak_bytes() const override { return allocated_high_; }
+  double device_peak_bytes() const override { return memory_.allocator_high_water_bytes(); }
 
  private:
   // Kernels and copies go to the compute stream, or to the communication stream inside an
@@ -504,26 +426,7 @@ class CudaBackend final : public Backend<T, G, float> {
   void check_call(cudaError_t code, const char* call) const { check_cuda(code, call, rank_, current_); }
   void cublas(cublasStatus_t code, const char* call) const { check_cublas(code, call, rank_, current_); }
 
-  void* raw_alloc(int64_t bytes, const char* what) {
-    void* p = nullptr;
-    cudaError_t code = cudaMalloc(&p, size_t(bytes));
-    if (code == cudaErrorMemoryAllocation) {
-      cudaGetLastError();  // clear it
-      size_t free = 0, total = 0;
-      cudaMemGetInfo(&free, &total);
-      if (what) {
-        OutOfMemory oom;
-        oom.what = what;
-        oom.bytes = double(bytes);
-        oom.free_bytes = double(free);
-        oom.total_bytes = double(total);
-        throw InputError(out_of_memory_message(oom));
-      }
-      throw DeviceOutOfMemory(rank_, double(bytes), double(free), double(total));
-    }
-    check_call(code, "cudaMalloc");
-    return p;
-  }
+  void* raw_alloc(int64_t bytes, const char* what) { return memory_.raw_alloc(bytes, what, current_); }
 
   // Waits for a stream, polling so that an NCCL error (on any communicator) or a hang longer
   // than the watchdog stops the job with a message instead of blocking forever.
@@ -533,10 +436,10 @@ class CudaBackend final : public Backend<T, G, float> {
       cudaError_t state = cudaStreamQuery(stream);
       if (state == cudaSuccess) return;
       if (state != cudaErrorNotReady) check_call(state, "cudaStreamQuery");
-      check_async_errors();
+      nccl_.check_async_errors(rank_, current_);
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > options_.watchdog_s) {
-        abort_communicators();
+        nccl_.abort_communicators();
         fail_job("rank " + std::to_string(rank_) + ": waited " + std::to_string(int(waited)) +
                  " s for the GPU in " + (current_.empty() ? "the step" : current_) +
                  " (a peer that stopped, or a hang in NCCL); aborting the job");
@@ -544,36 +447,6 @@ class CudaBackend final : public Backend<T, G, float> {
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  void check_async_errors() {
-    auto check = [&](ncclComm_t comm) {
-      if (!comm) return;
-      ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess &&
-          async != ncclInProgress) {
-        std::string detail = ncclGetErrorString(async);
-        if (const char* last = ncclGetLastError(comm)) detail += std::string("; ") + last;
-        abort_communicators();
-        fail_job(device_failure_message(rank_, "NCCL", "ncclResult " + std::to_string(int(async)),
-                                        detail, current_));
-      }
-    };
-    check(world_);
-    for (auto& [kind, comm] : nccl_) check(comm);
-    for (ncclComm_t comm : p2p_) check(comm);
-  }
-  void abort_communicators() {
-    for (auto& [kind, comm] : nccl_) {
-      if (comm) ncclCommAbort(comm);
-      comm = nullptr;
-    }
-    for (ncclComm_t& comm : p2p_) {
-      if (comm) ncclCommAbort(comm);
-      comm = nullptr;
-    }
-    if (world_) ncclCommAbort(world_);
-    world_ = nullptr;
-  }
-
   double read_result() {
     double value = 0;
     check_call(cudaMemcpyAsync(&value, result_, sizeof value, cudaMemcpyDeviceToHost, compute_), "cudaMemcpyAsync");
@@ -626,108 +499,20 @@ class CudaBackend final : public Backend<T, G, float> {
     ++algorithms_[kind + "/nccl:" + (algo && *algo ? algo : "auto")];
   }
 
-  ncclComm_t communicator(GroupKind kind) const {
-    auto it = nccl_.find(kind);
-    STEPCAST_CHECK(it != nccl_.end() && it->second != nullptr,
-                   std::string("no NCCL communicator for group ") + to_string(kind));
-    return it->second;
-  }
-
-  // World from a unique id broadcast over MPI; one split per group kind (color: the group's
-  // first world rank; key: the index in the group, so NCCL ranks equal group indices); two
-  // duplicates of world for the two pipeline directions.
-  void create_communicators() {
-    for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    int size = 0;
-    STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
-    ncclUniqueId id{};
-    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank_, "NCCL bootstrap");
-    STEPCAST_MPI(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
-    check_nccl(ncclCommInitRank(&world_, size, id, rank_), "ncclCommInitRank", rank_, "NCCL bootstrap");
-    for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
-                           GroupKind::model, GroupKind::world}) {
-      MPI_Comm mpi = comms_.comm(kind);
-      int color = NCCL_SPLIT_NOCOLOR, key = 0;
-      if (mpi != MPI_COMM_NULL) {
-        MPI_Group group, world_group;
-        STEPCAST_MPI(MPI_Comm_group(mpi, &group));
-        STEPCAST_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-        int first = 0, first_world = 0;
-        STEPCAST_MPI(MPI_Group_translate_ranks(group, 1, &first, world_group, &first_world));
-        STEPCAST_MPI(MPI_Group_free(&group));
-        STEPCAST_MPI(MPI_Group_free(&world_group));
-        color = first_world;
-        STEPCAST_MPI(MPI_Comm_rank(mpi, &key));
-      }
-      ncclComm_t comm = nullptr;
-      check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit", rank_,
-                 std::string("NCCL communicator for group ") + to_string(kind));
-      nccl_[kind] = comm;
-    }
-    for (ncclComm_t& comm : p2p_) {
-      check_nccl(ncclCommSplit(world_, 0, rank_, &comm, nullptr), "ncclCommSplit", rank_,
-                 "NCCL pipeline communicators");
-    }
-  }
-
   template <class C>
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
               const T* b, int64_t ldb, C* c, int64_t ldc, float beta) {
     GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, cuda_type<T>(), cuda_type<C>(),
                 alignment_of(a), alignment_of(b), alignment_of(c)};
     auto it = gemms_.find(key);
-    if (it == gemms_.end()) it = gemms_.emplace(key, plan_gemm(key)).first;
+    if (it == gemms_.end()) {
+      it = gemms_.emplace(key, plan_gemm(lt_, key, options_.workspace_bytes, rank_, current_)).first;
+    }
     const GemmPlan& p = it->second;
     float alpha = 1.f;
     cublas(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo,
                           workspace_, size_t(options_.workspace_bytes), stream()),
            "cublasLtMatmul");
-  }
-  GemmPlan plan_gemm(const GemmKey& key) {
-    GemmPlan p;
-    // fp32 operands: strict fp32 (no TF32) so the fp32 path matches the CPU to 1e-5.
-    cublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
-    cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
-    // Stored shapes (column-major): A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
-    cublas(cublasLtMatrixLayoutCreate(&p.a, key.ab, uint64_t(key.trans_a ? key.k : key.m),
-                                      uint64_t(key.trans_a ? key.m : key.k), key.lda),
-           "cublasLtMatrixLayoutCreate");
-    cublas(cublasLtMatrixLayoutCreate(&p.b, key.ab, uint64_t(key.trans_b ? key.n : key.k),
-                                      uint64_t(key.trans_b ? key.k : key.n), key.ldb),
-           "cublasLtMatrixLayoutCreate");
-    cublas(cublasLtMatrixLayoutCreate(&p.c, key.c, uint64_t(key.m), uint64_t(key.n), key.ldc),
-           "cublasLtMatrixLayoutCreate");
-    cublasLtMatmulPreference_t pref = nullptr;
-    cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    uint64_t workspace = uint64_t(options_.workspace_bytes);
-    cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                &workspace, sizeof workspace),
-           "cublasLtMatmulPreferenceSetAttribute");
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
-    for (const auto& [attribute, bytes] : alignments) {
-      cublas(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes),
-             "cublasLtMatmulPreferenceSetAttribute (alignment)");
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    cublas(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
-           "cublasLtMatmulAlgoGetHeuristic");
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) {
-      fail_job(device_failure_message(rank_, "cublasLtMatmulAlgoGetHeuristic", "no algorithm",
-                                      "m " + std::to_string(key.m) + " n " + std::to_string(key.n) +
-                                          " k " + std::to_string(key.k),
-                                      current_));
-    }
-    p.algo = result.algo;
-    return p;
   }
 
   struct Staging {
@@ -739,6 +524,7 @@ class CudaBackend final : public Backend<T, G, float> {
   int rank_;
   CudaBackendOptions options_;
   GroupComms comms_;
+  cuda::DeviceMemory memory_;
   std::string current_;
   std::string device_name_;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
@@ -754,16 +540,11 @@ class CudaBackend final : public Backend<T, G, float> {
   int64_t staging_capacity_ = 0;
   double staging_bytes_ = 0;
   std::map<std::pair<int, int64_t>, Staging> send_staging_;
-  ncclComm_t world_ = nullptr;
-  std::map<GroupKind, ncclComm_t> nccl_;
-  ncclComm_t p2p_[2] = {nullptr, nullptr};
+  cuda::NcclCommunicators nccl_;
   std::map<GemmKey, GemmPlan> gemms_;
   bool async_ = false;                          // inside begin_async … end_async
   std::map<int32_t, cudaEvent_t> op_events_;    // the end of each asynchronous collective
   std::map<std::string, int64_t> algorithms_;
-  std::map<char*, int64_t> allocated_;
-  double allocated_bytes_ = 0, allocated_high_ = 0;
-  double total_bytes_ = 0, used_before_ = 0, free_min_ = 0;
 };
 
 }  // namespace

@@ -1,0 +1,75 @@
+// cuBLASLt GEMM plans (cuda_gemm.hpp).
+#include "cuda_gemm.hpp"
+
+#include <utility>
+
+#include "cuda_failure.hpp"
+#include "device_checks.hpp"
+
+namespace stepcast::cuda {
+
+uint32_t alignment_of(const void* p) {
+  auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_bytes, int rank,
+                   const std::string& during) {
+  auto cublas = [&](cublasStatus_t code, const char* call) { check_cublas(code, call, rank, during); };
+  GemmPlan p;
+  // fp32 operands: strict fp32 (no TF32) so the fp32 path matches the CPU to 1e-5.
+  cublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+         "cublasLtMatmulDescSetAttribute");
+  cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+         "cublasLtMatmulDescSetAttribute");
+  // Stored shapes (column-major): A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
+  cublas(cublasLtMatrixLayoutCreate(&p.a, key.ab, uint64_t(key.trans_a ? key.k : key.m),
+                                    uint64_t(key.trans_a ? key.m : key.k), key.lda),
+         "cublasLtMatrixLayoutCreate");
+  cublas(cublasLtMatrixLayoutCreate(&p.b, key.ab, uint64_t(key.trans_b ? key.n : key.k),
+                                    uint64_t(key.trans_b ? key.k : key.n), key.ldb),
+         "cublasLtMatrixLayoutCreate");
+  cublas(cublasLtMatrixLayoutCreate(&p.c, key.c, uint64_t(key.m), uint64_t(key.n), key.ldc),
+         "cublasLtMatrixLayoutCreate");
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  uint64_t workspace = uint64_t(workspace_bytes);
+  cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                              sizeof workspace),
+         "cublasLtMatmulPreferenceSetAttribute");
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+  for (const auto& [attribute, bytes] : alignments) {
+    cublas(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes),
+           "cublasLtMatmulPreferenceSetAttribute (alignment)");
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublas(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+         "cublasLtMatmulAlgoGetHeuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) {
+    fail_job(device_failure_message(
+        rank, "cublasLtMatmulAlgoGetHeuristic", "no algorithm",
+        "m " + std::to_string(key.m) + " n " + std::to_string(key.n) + " k " + std::to_string(key.k), during));
+  }
+  p.algo = result.algo;
+  return p;
+}
+
+void destroy_gemm_plan(const GemmPlan& plan) {
+  cublasLtMatmulDescDestroy(plan.desc);
+  cublasLtMatrixLayoutDestroy(plan.a);
+  cublasLtMatrixLayoutDestroy(plan.b);
+  cublasLtMatrixLayoutDestroy(plan.c);
+}
+
+}  // namespace stepcast::cuda

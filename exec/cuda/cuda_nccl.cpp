@@ -1,0 +1,111 @@
+// The CUDA backend's NCCL communicators (cuda_nccl.hpp).
+#include "cuda_nccl.hpp"
+
+#include <mpi.h>
+
+#include "cuda_failure.hpp"
+#include "device_checks.hpp"
+#include "errors.hpp"
+#include "mpi_check.hpp"
+
+namespace stepcast::cuda {
+
+ncclDataType_t nccl_type(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::bf16:
+      return ncclBfloat16;
+    case Dtype::fp16:
+      return ncclFloat16;
+    case Dtype::fp64:
+      return ncclFloat64;
+    case Dtype::int32:
+      return ncclInt32;
+    case Dtype::int64:
+      return ncclInt64;
+    default:
+      return ncclFloat32;
+  }
+}
+
+// World from a unique id broadcast over MPI; one split per group kind (color: the group's
+// first world rank; key: the index in the group, so NCCL ranks equal group indices); two
+// duplicates of world for the two pipeline directions.
+void NcclCommunicators::create(const GroupComms& comms, int rank) {
+  int size = 0;
+  STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  ncclUniqueId id{};
+  if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank, "NCCL bootstrap");
+  STEPCAST_MPI(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
+  check_nccl(ncclCommInitRank(&world_, size, id, rank), "ncclCommInitRank", rank, "NCCL bootstrap");
+  for (GroupKind kind :
+       {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world}) {
+    MPI_Comm mpi = comms.comm(kind);
+    int color = NCCL_SPLIT_NOCOLOR, key = 0;
+    if (mpi != MPI_COMM_NULL) {
+      MPI_Group group, world_group;
+      STEPCAST_MPI(MPI_Comm_group(mpi, &group));
+      STEPCAST_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+      int first = 0, first_world = 0;
+      STEPCAST_MPI(MPI_Group_translate_ranks(group, 1, &first, world_group, &first_world));
+      STEPCAST_MPI(MPI_Group_free(&group));
+      STEPCAST_MPI(MPI_Group_free(&world_group));
+      color = first_world;
+      STEPCAST_MPI(MPI_Comm_rank(mpi, &key));
+    }
+    ncclComm_t comm = nullptr;
+    check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit", rank,
+               std::string("NCCL communicator for group ") + to_string(kind));
+    groups_[kind] = comm;
+  }
+  for (ncclComm_t& comm : p2p_) {
+    check_nccl(ncclCommSplit(world_, 0, rank, &comm, nullptr), "ncclCommSplit", rank, "NCCL pipeline communicators");
+  }
+}
+
+void NcclCommunicators::destroy() {
+  for (auto& [kind, comm] : groups_) {
+    if (comm) ncclCommDestroy(comm);
+  }
+  for (ncclComm_t comm : p2p_) {
+    if (comm) ncclCommDestroy(comm);
+  }
+  if (world_) ncclCommDestroy(world_);
+}
+
+ncclComm_t NcclCommunicators::communicator(GroupKind kind) const {
+  auto it = groups_.find(kind);
+  STEPCAST_CHECK(it != groups_.end() && it->second != nullptr,
+                 std::string("no NCCL communicator for group ") + to_string(kind));
+  return it->second;
+}
+
+void NcclCommunicators::check_async_errors(int rank, const std::string& during) {
+  auto check = [&](ncclComm_t comm) {
+    if (!comm) return;
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      std::string detail = ncclGetErrorString(async);
+      if (const char* last = ncclGetLastError(comm)) detail += std::string("; ") + last;
+      abort_communicators();
+      fail_job(device_failure_message(rank, "NCCL", "ncclResult " + std::to_string(int(async)), detail, during));
+    }
+  };
+  check(world_);
+  for (auto& [kind, comm] : groups_) check(comm);
+  for (ncclComm_t comm : p2p_) check(comm);
+}
+
+void NcclCommunicators::abort_communicators() {
+  for (auto& [kind, comm] : groups_) {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  for (ncclComm_t& comm : p2p_) {
+    if (comm) ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  if (world_) ncclCommAbort(world_);
+  world_ = nullptr;
+}
+
+}  // namespace stepcast::cuda
