@@ -169,7 +169,7 @@ class Interpreter {
       }
       if (trace_ops_) {
         std::fprintf(stderr, "rank %lld step %lld op %d %s %s tag %lld\n", (long long)rank_,
-                     (long long)step_index, op.id, to_string(op.kind), op.name.c_str(),
+                     (long long)step_index, op.id, to_string(op.kind), to_string(op.name),
                      (long long)op.tag);
       }
       if (op.id == hang_op_) {
@@ -179,7 +179,7 @@ class Interpreter {
       }
       if (op.kind != OpKind::alloc && op.kind != OpKind::free) {
         backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
-                             op.name + ")");
+                             to_string(op.name) + ")");
       }
       // Collectives of the communication stream run on while later ops that do not depend on
       // them proceed (a GPU backend; the CPU's calls are no-ops).
@@ -294,7 +294,7 @@ class Interpreter {
         auto it = written.find(name);
         if (it == written.end() || it->second) continue;
         it->second = true;
-        bool accumulates = reads(op, name) || op.grad == "wgrad" || op.kind == OpKind::norm ||
+        bool accumulates = reads(op, name) || op.grad == Grad::wgrad || op.kind == OpKind::norm ||
                            op.kind == OpKind::embedding;
         if (accumulates) zero_[last_alloc[name]] = 1;
       }
@@ -472,7 +472,8 @@ class Interpreter {
   Dtype dtype_of_all(const std::vector<std::string>& names, const Op& op) const {
     Dtype first = dtype(names.at(0), op);
     for (const auto& n : names) {
-      STEPCAST_CHECK(dtype(n, op) == first, "collective " + op.name + " mixes dtypes");
+      STEPCAST_CHECK(dtype(n, op) == first,
+                     std::string("collective ") + to_string(op.name) + " mixes dtypes");
     }
     return first;
   }
@@ -487,7 +488,7 @@ class Interpreter {
       backend_.set_collective_scratch(arena_.at(scratch), arena_.bytes_of(scratch));
     }
     if (op.kind == OpKind::all_reduce) {
-      if (op.name == "sp_replicated_grads") {
+      if (op.name == OpName::sp_replicated_grads) {
         // Only the replicated part of each buffer (trailing elements of layers, whole groups
         // of replicated tensors); grads are full here (the CPU backend refuses SP with ZeRO ≥ 2).
         std::vector<Span<void>> parts;
@@ -504,7 +505,7 @@ class Interpreter {
       return;
     }
     if (op.kind == OpKind::reduce_scatter) {
-      if (op.name == "grad_bucket") {
+      if (op.name == OpName::grad_bucket) {
         if (plan_.zero_stage >= 2) {
           // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
           std::vector<Span<void>> full;
@@ -530,7 +531,7 @@ class Interpreter {
       return;
     }
     // all_gather
-    if (op.name == "param_gather") {
+    if (op.name == OpName::param_gather) {
       backend_.all_gather(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
       return;
     }
@@ -539,7 +540,7 @@ class Interpreter {
     char* part = arena_.buffer(in(op, 0), op.id);
     char* full = arena_.buffer(out(op, 0), op.id);
     int64_t n = count(out(op, 0), op), e = element_bytes(out(op, 0), op);
-    bool zero3 = op.name == "zero3_param_gather";
+    bool zero3 = op.name == OpName::zero3_param_gather;
     auto [first, last] = zero3 ? chunk_range(n, dp(), dp_rank())
                                : chunk_range(n, backend_.group_size(op.group),
                                              backend_.group_index(op.group));
@@ -550,10 +551,10 @@ class Interpreter {
   void embedding(const Op& op) {
     int64_t v0 = coord_.tp * vocab_local_;
     bool backward = op.phase == Phase::backward;
-    if (op.name == "word" && !backward) {
+    if (op.name == OpName::word && !backward) {
       backend_.embedding_forward(buf<int32_t>(in(op, 1), op), slice(in(op, 0), op, "embedding.weight"),
                              buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
-    } else if (op.name == "word") {
+    } else if (op.name == OpName::word) {
       backend_.embedding_backward(buf<int32_t>(in(op, 3), op), buf(in(op, 0), op),
                               slice<G>(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
                               vocab_local_);
@@ -583,7 +584,13 @@ class Interpreter {
   }
 
   std::string norm_prefix(const Op& op) const {
-    return op.name == "input_norm" ? "ln1" : op.name == "post_attn_norm" ? "ln2" : "final_norm";
+    switch (op.name) {
+      case OpName::input_norm: return "ln1";
+      case OpName::post_attn_norm: return "ln2";
+      case OpName::final_norm: return "final_norm";
+      default: break;
+    }
+    fail_invariant(__FILE__, __LINE__, std::string("unknown norm ") + to_string(op.name));
   }
 
   void norm(const Op& op) {
@@ -621,25 +628,28 @@ class Interpreter {
     int64_t qkv = shape_.qkv_width(), heads = shape_.heads * shape_.d;
     int64_t f = model_.intermediate_size / t_;
     bool b = model_.use_bias;
-    if (op.name == "qkv") return {"qkv.weight", b ? "qkv.bias" : "", h_, qkv};
-    if (op.name == "attn_out") return {"attn_out.weight", "", heads, h_};
-    if (op.name == "mlp_up") return {"mlp_up.weight", b ? "mlp_up.bias" : "", h_, f};
-    if (op.name == "mlp_gate") return {"mlp_gate.weight", b ? "mlp_gate.bias" : "", h_, f};
-    if (op.name == "mlp_down") return {"mlp_down.weight", "", f, h_};
-    STEPCAST_CHECK(op.name == "logits", "unknown gemm " + op.name);
-    return {"embedding.weight", "", h_, vocab_local_};
+    switch (op.name) {
+      case OpName::qkv: return {"qkv.weight", b ? "qkv.bias" : "", h_, qkv};
+      case OpName::attn_out: return {"attn_out.weight", "", heads, h_};
+      case OpName::mlp_up: return {"mlp_up.weight", b ? "mlp_up.bias" : "", h_, f};
+      case OpName::mlp_gate: return {"mlp_gate.weight", b ? "mlp_gate.bias" : "", h_, f};
+      case OpName::mlp_down: return {"mlp_down.weight", "", f, h_};
+      case OpName::logits: return {"embedding.weight", "", h_, vocab_local_};
+      default: break;
+    }
+    fail_invariant(__FILE__, __LINE__, std::string("unknown gemm ") + to_string(op.name));
   }
 
   void gemm(const Op& op) {
     Linear l = linear(op);
     int64_t tokens = s_ * b_;
-    if (op.grad.empty()) {  // [x, w] → [y]
+    if (op.grad == Grad::none) {  // [x, w] → [y]
       T* w = slice(in(op, 1), op, l.tensor);
       T* bias = l.bias.empty() ? nullptr : slice(in(op, 1), op, l.bias);
       T* y = buf(out(op, 0), op);
       backend_.linear_forward(buf(in(op, 0), op), w, bias, y, tokens, l.in, l.out);
-      if (op.name == "logits") mask_padded_vocab(y, tokens);
-    } else if (op.grad == "dgrad") {  // [dy, w (, dx)] → [dx]
+      if (op.name == OpName::logits) mask_padded_vocab(y, tokens);
+    } else if (op.grad == Grad::dgrad) {  // [dy, w (, dx)] → [dx]
       backend_.linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
                                 buf(out(op, 0), op), tokens, l.in, l.out, reads(op, out(op, 0)));
     } else {  // wgrad: [x, dy] → [grads]
@@ -665,15 +675,15 @@ class Interpreter {
     cpu::Dropout drop = dropout(op, cpu::DropoutSite::attention_probs);
     const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
     if (!backward) {
-      if (op.name == "score") {
+      if (op.name == OpName::score) {
         backend_.attention_score_forward(buf(in(op, 0), op), buf(out(op, 0), op), shape_, scale_);
-      } else if (op.name == "softmax") {
+      } else if (op.name == OpName::softmax) {
         backend_.softmax_forward(buf(in(op, 0), op), buf(out(op, 0), op), square / shape_.s, shape_.s);
-      } else if (op.name == "dropout") {
+      } else if (op.name == OpName::dropout) {
         backend_.attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
                                        mask(out(op, 1), op), shape_, drop, head0(),
                                        samples(op));
-      } else if (op.name == "value") {
+      } else if (op.name == OpName::value) {
         backend_.attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
       } else {  // flash: [qkv] → [ctx, lse]
         backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf<W>(out(op, 1), op),
@@ -681,16 +691,16 @@ class Interpreter {
       }
       return;
     }
-    if (op.name == "value") {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
+    if (op.name == OpName::value) {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
       backend_.attention_value_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                                     buf(out(op, 0), op), buf(out(op, 1), op), shape_);
-    } else if (op.name == "dropout") {
+    } else if (op.name == OpName::dropout) {
       backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), buf(out(op, 0), op), square,
                             plan_.dropout);
-    } else if (op.name == "softmax") {
+    } else if (op.name == OpName::softmax) {
       backend_.softmax_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                             square / shape_.s, shape_.s);
-    } else if (op.name == "score") {  // [d_scores, qkv, d_qkv] → [d_qkv]
+    } else if (op.name == OpName::score) {  // [d_scores, qkv, d_qkv] → [d_qkv]
       backend_.attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                                     shape_, scale_);
     } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
@@ -704,20 +714,20 @@ class Interpreter {
     bool backward = op.phase == Phase::backward;
     int64_t wide = s_ * b_ * (model_.intermediate_size / t_);
     int64_t local = s_local_ * b_ * h_;
-    if (op.name == "rotary") {
+    if (op.name == OpName::rotary) {
       if (backward) backend_.rotary_backward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
       else backend_.rotary_forward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
-    } else if (op.name == "gelu") {
+    } else if (op.name == OpName::gelu) {
       if (backward) backend_.gelu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
       else backend_.gelu_forward(buf(in(op, 0), op), buf(out(op, 0), op), wide);
-    } else if (op.name == "swiglu") {
+    } else if (op.name == OpName::swiglu) {
       if (backward) {
         backend_.swiglu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                              buf(out(op, 0), op), buf(out(op, 1), op), wide);
       } else {
         backend_.swiglu_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
       }
-    } else if (op.name == "dropout_add" && !backward) {
+    } else if (op.name == OpName::dropout_add && !backward) {
       // [branch, residual, w] → [out, (mask)]: the row-parallel bias first.
       bool attention_branch = ends_with(out(op, 0), "x_mid");
       T* branch = buf(in(op, 0), op);
@@ -731,22 +741,23 @@ class Interpreter {
       uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : nullptr;  // none: no dropout
       backend_.dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
                                drop, s0(), samples(op));
-    } else if (op.name == "dropout_add") {  // [g, mask, wg] → [d, (wg)]
+    } else if (op.name == OpName::dropout_add) {  // [g, mask, wg] → [d, (wg)]
       T* d = buf(out(op, 0), op);
       backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
       if (model_.use_bias) add_bias_grad(op, d, in(op, 2));
-    } else if (op.name == "mlp_bias_grad" || op.name == "attn_bias_grad") {  // [g, wg] → [wg]
+    } else if (op.name == OpName::mlp_bias_grad || op.name == OpName::attn_bias_grad) {
+      // [g, wg] → [wg]
       add_bias_grad(op, buf(in(op, 0), op), in(op, 1));
     } else {
-      STEPCAST_CHECK(false, "unknown activation op " + op.name);
+      STEPCAST_CHECK(false, std::string("unknown activation op ") + to_string(op.name));
     }
   }
 
   // Row-parallel bias gradient from the local tokens of a residual branch: the mlp branch's
   // dropout reads mask2, the attention branch's mask1; without dropout the op's name says.
   void add_bias_grad(const Op& op, const T* d, const std::string& grads) {
-    bool mlp = op.name == "mlp_bias_grad" ||
-               (op.name == "dropout_add" && ends_with(op.inputs.at(1), "mask2"));
+    bool mlp = op.name == OpName::mlp_bias_grad ||
+               (op.name == OpName::dropout_add && ends_with(op.inputs.at(1), "mask2"));
     G* db = slice<G>(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
     backend_.sum_rows(d, db, s_local_ * b_, h_);
   }
@@ -755,7 +766,7 @@ class Interpreter {
     int64_t tokens = s_ * b_;
     int64_t v0 = coord_.tp * vocab_local_;
     const int32_t* targets = buf<int32_t>(in(op, 1), op);
-    if (op.name == "cross_entropy_stats") {  // [logits, targets] → [stats]
+    if (op.name == OpName::cross_entropy_stats) {  // [logits, targets] → [stats]
       backend_.cross_entropy_stats(buf(in(op, 0), op), targets, buf<W>(out(op, 0), op), tokens, v0,
                                    vocab_local_);
       return;
@@ -791,14 +802,14 @@ class Interpreter {
   }
 
   void optimizer(const Op& op) {
-    if (op.name == "grad_accumulate") {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
+    if (op.name == OpName::grad_accumulate) {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
       G* full = buf<G>(in(op, 0), op);
       G* shard = buf<G>(out(op, 0), op);
       int64_t n = count(out(op, 0), op);
       backend_.add(shard, full, n);
       return;
     }
-    if (op.name == "grad_norm") {
+    if (op.name == OpName::grad_norm) {
       double sum = 0;
       for (const auto& name : op.inputs) {
         std::string group = group_of_buffer(name);
@@ -816,7 +827,8 @@ class Interpreter {
       backend_.upload(buf<W>(out(op, 0), op), &value, sizeof(W));
       return;
     }
-    STEPCAST_CHECK(op.name == "adamw", "unknown optimizer op " + op.name);
+    STEPCAST_CHECK(op.name == OpName::adamw,
+                   std::string("unknown optimizer op ") + to_string(op.name));
     W norm_sq = 0;
     backend_.download(&norm_sq, buf<W>("grad_norm_sq", op), sizeof(W));
     double norm = std::sqrt(double(norm_sq));

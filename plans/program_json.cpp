@@ -96,8 +96,8 @@ void put_op(std::string& s, const Op& op) {
   put_string(s, to_string(op.stream));
   put_key(s, "phase");
   put_string(s, to_string(op.phase));
-  if (!op.name.empty()) { put_key(s, "name"); put_string(s, op.name); }
-  if (!op.grad.empty()) { put_key(s, "grad"); put_string(s, op.grad); }
+  if (op.name != OpName::none) { put_key(s, "name"); put_string(s, to_string(op.name)); }
+  if (op.grad != Grad::none) { put_key(s, "grad"); put_string(s, to_string(op.grad)); }
   if (op.layer >= 0) { put_key(s, "layer"); put_number(s, op.layer); }
   if (op.microbatch >= 0) { put_key(s, "microbatch"); put_number(s, op.microbatch); }
   if (op.chunk >= 0) { put_key(s, "chunk"); put_number(s, op.chunk); }
@@ -227,6 +227,24 @@ GroupKind parse_group(const Json& v, const std::string& file) {
   throw InputError(file + ": key 'group' = \"" + text + "\": unknown value");
 }
 
+OpName parse_name(const Json& op, const std::string& file) {
+  if (!op.contains("name")) return OpName::none;
+  std::string text = op.at("name").get<std::string>();
+  std::optional<OpName> name = parse_op_name(text);
+  if (!name) {
+    throw_input_error(file, "name", Json(text).dump(), "unknown op name", valid_op_names());
+  }
+  return *name;
+}
+
+Grad parse_op_grad(const Json& op, const std::string& file) {
+  if (!op.contains("grad")) return Grad::none;
+  std::string text = op.at("grad").get<std::string>();
+  std::optional<Grad> grad = parse_grad(text);
+  if (!grad) throw_input_error(file, "grad", Json(text).dump(), "unknown gradient", "dgrad, wgrad");
+  return *grad;
+}
+
 }  // namespace
 
 StepProgram read_program_json(const std::string& path) {
@@ -285,8 +303,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         op.kind = parse_enum(jo.at("kind"), OpKind::free, path, "kind");
         op.stream = parse_enum(jo.at("stream"), Stream::p2p, path, "stream");
         op.phase = parse_enum(jo.at("phase"), Phase::optimizer, path, "phase");
-        op.name = jo.value("name", "");
-        op.grad = jo.value("grad", "");
+        op.name = parse_name(jo, path);
+        op.grad = parse_op_grad(jo, path);
         op.layer = int32_of(jo.value("layer", Json(-1)), "layer");
         op.microbatch = int32_of(jo.value("microbatch", Json(-1)), "microbatch");
         op.chunk = int32_of(jo.value("chunk", Json(-1)), "chunk");

@@ -476,7 +476,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         Op op;
         op.kind = OpKind::optimizer_step;
         op.phase = Phase::backward;
-        op.name = "grad_accumulate";
+        op.name = OpName::grad_accumulate;
         op.flops = double(g.elements);
         double sec = cost_model.op_time_s(op);
         t.compute_mb_s += sec;
@@ -504,11 +504,11 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     Op norm;
     norm.kind = OpKind::optimizer_step;
     norm.phase = Phase::optimizer;
-    norm.name = "grad_norm";
+    norm.name = OpName::grad_norm;
     norm.flops = 2 * shard;
     norm.bytes = wide;
     Op adamw = norm;
-    adamw.name = "adamw";
+    adamw.name = OpName::adamw;
     adamw.flops = 14 * shard;
     adamw.bytes = (grad + 2 * states * 4.0 + act) * shard;
     t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
