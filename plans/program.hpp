@@ -125,7 +125,7 @@ struct Role {
 };
 
 struct StepProgram {
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // 2: operands by slot, with dtype and shape
   Json model;      // resolved inputs
   Json topology;
   Json plan;
