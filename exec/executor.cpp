@@ -38,6 +38,7 @@
 #include "mpi_collectives.hpp"
 #include "param_layout.hpp"
 #include "program_stats.hpp"
+#include "shard_layout.hpp"
 
 namespace stepcast {
 
@@ -92,7 +93,7 @@ class Interpreter {
               const RunOptions& options, int64_t rank, Backend<T, G, W>& backend)
       : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
         grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
-        backend_(backend) {
+        shards_(plan.zero_stage, plan.dp_size), backend_(backend) {
     t_ = plan.tp_size;
     s_ = model.seq_length;
     b_ = plan.micro_batch_size;
@@ -309,12 +310,13 @@ class Interpreter {
     }
   }
 
-  // ---- ZeRO shards ----
-  int64_t dp() const { return plan_.dp_size; }
+  // ---- ZeRO shards (shard_layout.hpp) ----
   int64_t dp_rank() const { return coord_.dp; }
-  std::pair<int64_t, int64_t> own_range(int64_t elements) const {
-    return plan_.zero_stage == 0 ? std::make_pair(int64_t(0), elements)
-                                 : chunk_range(elements, dp(), dp_rank());
+  // The elements of a group this rank updates, and where element `e` of the group sits in the
+  // rank's `state` buffer (at e − first of what the buffer holds).
+  ShardRange owned(int64_t elements) const { return shards_.owned(elements, dp_rank()); }
+  int64_t held_first(ShardedState state, int64_t elements) const {
+    return shards_.held(state, elements, dp_rank()).first;
   }
 
   void initialize_parameters() {
@@ -325,9 +327,8 @@ class Interpreter {
       std::string group = group_of_buffer(op.buffer);
       const GroupLayout& layout = layouts_.at(group);
       // Which elements of the full local buffer this buffer holds.
-      int64_t first = 0, last = layout.elements;
-      bool sharded = weights ? plan_.zero_stage >= 3 : plan_.zero_stage >= 1;
-      if (sharded) std::tie(first, last) = chunk_range(layout.elements, dp(), dp_rank());
+      auto [first, last] = shards_.held(weights ? ShardedState::weights : ShardedState::optimizer,
+                                        layout.elements, dp_rank());
       // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
       // starts at the weights' values, in W, so the T weights are its rounding.
       int64_t states = optimizer_states(op);
@@ -372,7 +373,7 @@ class Interpreter {
   void load_data(const Op& alloc, DataBuffer what) {
     int32_t mb = data_buffer_microbatch(alloc.buffer);
     if (staged_step_ != step_ || staged_microbatch_ != mb) {
-      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(), mb, s_,
+      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_,
                       batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
       staged_step_ = step_;
       staged_microbatch_ = mb;
@@ -506,7 +507,7 @@ class Interpreter {
     }
     if (op.kind == OpKind::reduce_scatter) {
       if (op.name == OpName::grad_bucket) {
-        if (plan_.zero_stage >= 2) {
+        if (shards_.sharded(ShardedState::grads)) {
           // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
           std::vector<Span<void>> full;
           for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf<G>(in(op, i), op), count(in(op, i), op)});
@@ -514,7 +515,7 @@ class Interpreter {
           for (size_t i = 0; i < op.inputs.size(); i += 2) {
             G* f = buf<G>(in(op, i), op);
             G* shard = buf<G>(in(op, i + 1), op);
-            auto [first, last] = chunk_range(count(in(op, i), op), dp(), dp_rank());
+            auto [first, last] = shards_.slice(count(in(op, i), op), dp_rank());
             backend_.add(shard, f + first, last - first);
           }
           return;
@@ -541,9 +542,13 @@ class Interpreter {
     char* full = arena_.buffer(out(op, 0), op.id);
     int64_t n = count(out(op, 0), op), e = element_bytes(out(op, 0), op);
     bool zero3 = op.name == OpName::zero3_param_gather;
-    auto [first, last] = zero3 ? chunk_range(n, dp(), dp_rank())
-                               : chunk_range(n, backend_.group_size(op.group),
-                                             backend_.group_index(op.group));
+    // zero3: this rank's weight slice; otherwise its chunk of the group (sequence, statistics).
+    ShardRange part_range = zero3 ? shards_.slice(n, dp_rank()) : ShardRange{};
+    if (!zero3) {
+      std::tie(part_range.first, part_range.last) =
+          chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+    }
+    auto [first, last] = part_range;
     backend_.copy(full + first * e, part, (last - first) * e);
     backend_.all_gather(op.group, dtype(out(op, 0), op), {{full, n}});
   }
@@ -814,8 +819,8 @@ class Interpreter {
       for (const auto& name : op.inputs) {
         std::string group = group_of_buffer(name);
         const GroupLayout& layout = layouts_.at(group);
-        auto [first, last] = own_range(layout.elements);
-        int64_t base = plan_.zero_stage >= 2 ? first : 0;  // shard buffers start at `first`
+        auto [first, last] = owned(layout.elements);
+        int64_t base = held_first(ShardedState::grads, layout.elements);
         const G* g = buf<G>(name, op);
         for (const TensorSlice& tensor : layout.tensors) {
           if (!counted_in_norm(group, tensor)) continue;
@@ -837,16 +842,15 @@ class Interpreter {
     cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
     for (const auto& group : groups_) {
       const GroupLayout& layout = layouts_.at(group);
-      auto [first, last] = own_range(layout.elements);
-      int64_t n_own = last - first;
-      T* w = buf("weights." + group, op) + (plan_.zero_stage >= 3 ? 0 : first);
-      G* g = buf<G>("grads." + group, op) + (plan_.zero_stage >= 2 ? 0 : first);
+      auto [first, last] = owned(layout.elements);
+      T* w = buf("weights." + group, op) + (first - held_first(ShardedState::weights, layout.elements));
+      G* g = buf<G>("grads." + group, op) + (first - held_first(ShardedState::grads, layout.elements));
       const std::string state_name = "optimizer." + group;
       W* state = buf<W>(state_name, op);
       // [m | v (| master)], each state_n long.
       int64_t states = optimizer_states(role_.ops[size_t(arena_.alloc_of(state_name, op.id))]);
       int64_t state_n = count(state_name, op) / states;
-      int64_t at = plan_.zero_stage >= 1 ? 0 : first;
+      int64_t at = first - held_first(ShardedState::optimizer, layout.elements);
       W* m = state + at;
       W* v = state + state_n + at;
       W* master = states == 3 ? state + 2 * state_n + at : nullptr;
@@ -858,7 +862,6 @@ class Interpreter {
         backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a,
                             config, step_ + 1, clip);
       }
-      (void)n_own;
     }
   }
 
@@ -878,6 +881,7 @@ class Interpreter {
   RankGrid grid_;
   RankCoord coord_;
   const Role& role_;
+  ShardLayout shards_;
   Backend<T, G, W>& backend_;
   Arena arena_;
   char* arena_memory_ = nullptr;

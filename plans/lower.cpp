@@ -20,7 +20,7 @@ int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size) {
 
 LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
     : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order),
-      links(link_figures(topo)) {
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_size) {
   s = m.seq_length;
   b = p.micro_batch_size;
   h = m.hidden_size;
@@ -209,8 +209,6 @@ struct ParamGroup {
   bool tied_copy = false;     // output layer that is the last stage's copy of the embedding
 };
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 std::string layer_group_name(int64_t layer) {
   std::string name = "L";  // appended, not "L" + ...: GCC 12 warns falsely (-Wrestrict) on that
   name += std::to_string(layer);
@@ -293,13 +291,13 @@ class RoleLowering {
 
   // Elements of a group held by this rank for weights, gradients and optimizer state.
   int64_t weight_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 3 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::weights, g.elements);
   }
   int64_t grad_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 2 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::grads, g.elements);
   }
   int64_t optimizer_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 1 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::optimizer, g.elements);
   }
   // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
   // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
@@ -327,7 +325,7 @@ class RoleLowering {
   // overlap_param_gather); other stages read the persistent buffer.
   std::string weights_for(const ParamGroup& g, const OpSite& at,
                           const ParamGroup* prefetch_next) {
-    if (plan_.zero_stage < 3) return "weights." + g.name;
+    if (!c_.shards.sharded(ShardedState::weights)) return "weights." + g.name;
     auto gather = [&](const ParamGroup& target) {
       std::string full = "wfull." + target.name + ".mb" + std::to_string(at.microbatch) + "." +
                          to_string(at.phase);
@@ -350,7 +348,7 @@ class RoleLowering {
   // ZeRO-2/3: a group's full gradient for one microbatch lives in a transient buffer until its
   // bucket is reduce_scattered into the persistent shard.
   std::string grads_for(const ParamGroup& g, int32_t microbatch) {
-    if (plan_.zero_stage < 2) return "grads." + g.name;
+    if (!c_.shards.sharded(ShardedState::grads)) return "grads." + g.name;
     std::string full = "gradfull." + g.name + ".mb" + std::to_string(microbatch);
     if (!rb_.is_live(full)) {
       rb_.alloc(full, BufferClass::comm, c_.grad, {g.elements}, Phase::backward);

@@ -11,6 +11,7 @@
 #include "plan.hpp"
 #include "program.hpp"
 #include "role_builder.hpp"
+#include "shard_layout.hpp"
 
 namespace stepcast {
 
@@ -22,6 +23,7 @@ struct LowerContext {
   const Plan& plan;
   RankGrid grid;
   LinkFigures links;
+  ShardLayout shards;  // what a rank keeps of each parameter group under the plan's ZeRO stage
 
   int64_t s, b, h, t, d, f;
   int64_t s_local;      // sequence length a rank holds between tensor-parallel regions (s/t under SP)
