@@ -37,6 +37,7 @@
 #include "memory.hpp"
 #include "mpi_collectives.hpp"
 #include "param_layout.hpp"
+#include "program_inputs.hpp"
 #include "program_stats.hpp"
 #include "shard_layout.hpp"
 
@@ -975,12 +976,11 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
-
+// run_with_backend on inputs already read from the program.
 template <class T, class G, class W>
-RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                           const Topology& topology, const RunOptions& options,
-                           Backend<T, G, W>& backend_ref) {
+RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                         const Topology& topology, const RunOptions& options,
+                         Backend<T, G, W>& backend_ref) {
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -1175,20 +1175,22 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   return output;
 }
 
-template RunOutput run_with_backend<float, float, float>(const StepProgram&, const ModelConfig&,
-                                                         const Plan&, const Topology&,
-                                                         const RunOptions&, Backend<float>&);
-template RunOutput run_with_backend<double, double, double>(const StepProgram&,
-                                                            const ModelConfig&, const Plan&,
-                                                            const Topology&, const RunOptions&,
+}  // namespace
+
+template <class T, class G, class W>
+RunOutput run_with_backend(const StepProgram& program, const RunOptions& options,
+                           Backend<T, G, W>& backend) {
+  ProgramInputs in = program_inputs(program);
+  return run_on_backend(program, in.model, in.plan, in.topology, options, backend);
+}
+
+template RunOutput run_with_backend<float, float, float>(const StepProgram&, const RunOptions&,
+                                                         Backend<float>&);
+template RunOutput run_with_backend<double, double, double>(const StepProgram&, const RunOptions&,
                                                             Backend<double>&);
-template RunOutput run_with_backend<bf16, float, float>(const StepProgram&, const ModelConfig&,
-                                                        const Plan&, const Topology&,
-                                                        const RunOptions&,
+template RunOutput run_with_backend<bf16, float, float>(const StepProgram&, const RunOptions&,
                                                         Backend<bf16, float, float>&);
-template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const ModelConfig&,
-                                                       const Plan&, const Topology&,
-                                                       const RunOptions&,
+template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const RunOptions&,
                                                        Backend<bf16, bf16, float>&);
 
 namespace {
@@ -1235,7 +1237,7 @@ RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Pl
   warm_up_host_memory<T>(program, model, plan, options, rank);
   std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
       program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
-  return run_with_backend<T, T, T>(program, model, plan, topology, options, *backend);
+  return run_on_backend<T, T, T>(program, model, plan, topology, options, *backend);
 }
 
 }  // namespace
@@ -1276,8 +1278,7 @@ CheckpointInfo find_checkpoint(const std::string& dir, const std::string& progra
   return info;
 }
 
-RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                      const Topology& topology, const RunOptions& options) {
+void check_cpu_backend(const Plan& plan, const Topology& topology) {
   if (plan.param_dtype != Dtype::fp32 && plan.param_dtype != Dtype::fp64) {
     throw_input_error(plan.file, "dtype", std::string("\"") + to_string(plan.param_dtype) + "\"",
                       "the CPU backend computes in fp32 or fp64", "\"fp32\" or \"fp64\"");
@@ -1300,8 +1301,15 @@ RunOutput run_program(const StepProgram& program, const ModelConfig& model, cons
                      "\": the CPU backend runs on a host topology (\"shared_memory\", e.g. "
                      "topologies/localhost-cpu.json)");
   }
-  if (plan.param_dtype == Dtype::fp64) return run_cpu<double>(program, model, plan, topology, options);
-  return run_cpu<float>(program, model, plan, topology, options);
+}
+
+RunOutput run_program(const StepProgram& program, const RunOptions& options) {
+  ProgramInputs in = program_inputs(program);
+  check_cpu_backend(in.plan, in.topology);
+  if (in.plan.param_dtype == Dtype::fp64) {
+    return run_cpu<double>(program, in.model, in.plan, in.topology, options);
+  }
+  return run_cpu<float>(program, in.model, in.plan, in.topology, options);
 }
 
 }  // namespace stepcast

@@ -10,6 +10,7 @@
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
 #include "program_check.hpp"
+#include "program_inputs.hpp"
 #include "program_json.hpp"
 #include "sha256.hpp"
 
@@ -164,4 +165,24 @@ TEST_CASE("an operand whose slot, dtype or shape disagrees with the program is r
   refused("\"dtype\":\"fp32\",\"shape\":[", "\"dtype\":\"bf16\",\"shape\":[", "not its alloc's dtype");
   refused("\"dtype\":\"fp32\",\"shape\":[", "\"dtype\":\"fp32\",\"shape\":[7,", "not its alloc's shape");
   refused("\"name\":\"qkv\"", "\"name\":\"qkv_fused\"", "unknown op name");
+}
+
+TEST_CASE("a program carries the inputs that built it: lowering them again gives the same program",
+          "[program_json]") {
+  for (size_t i : {size_t(5), size_t(22), size_t(41)}) {
+    PlanCase c = lowering_cases()[i];
+    INFO(c.label());
+    ModelConfig model = load_model(source_path(c.model_file));
+    Topology topology = test_topology();
+    Plan plan = make_plan(c.plan_json, model, topology);
+    StepProgram program = lower_program(model, topology, plan);
+    hash_program(program);
+    ProgramInputs in = program_inputs(program);
+    CHECK(model_to_json(in.model) == model_to_json(model));
+    CHECK(plan_to_json(in.plan) == plan_to_json(plan));
+    CHECK(in.topology.node.intra_node.kind == topology.node.intra_node.kind);
+    StepProgram again = lower_program(in.model, in.topology, in.plan);
+    hash_program(again);
+    CHECK(again.program_sha256 == program.program_sha256);
+  }
 }
