@@ -157,8 +157,10 @@ int run_run(int argc, char** argv) {
                 << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
                 << program.program_sha256.substr(0, 12) << "\n";
     }
-    RunOutput output = cuda ? cuda->run_program(program, in.model, in.plan, in.topology, run_options)
-                            : run_program(program, in.model, in.plan, in.topology, run_options);
+    // What the backend cannot run, named in the input files; the run reads only the program.
+    if (cuda) cuda->check_plan(in.model, in.plan);
+    else check_cpu_backend(in.plan, in.topology);
+    RunOutput output = cuda ? cuda->run_program(program, run_options) : run_program(program, run_options);
     if (rank != 0) return 0;
     StepResult& r = output.result;
     r.inputs = output_envelope("run", in)["inputs"];

@@ -13,13 +13,16 @@ namespace stepcast {
 
 struct CudaPlugin {
   int abi_version;  // kCudaPluginAbi of the library
-  RunOutput (*run_program)(const StepProgram&, const ModelConfig&, const Plan&, const Topology&,
-                           const RunOptions&);
+  // InputError naming the plan file for what the CUDA backend cannot run (the command line
+  // calls it before run_program).
+  void (*check_plan)(const ModelConfig&, const Plan&);
+  // Everything it runs comes from the program (executor.hpp's run_program).
+  RunOutput (*run_program)(const StepProgram&, const RunOptions&);
   DeviceProfile (*measure_profile)(const ProfileOptions&);
 };
 
 // Bumped whenever CudaPlugin or the types it passes change.
-inline constexpr int kCudaPluginAbi = 1;
+inline constexpr int kCudaPluginAbi = 2;  // 2: check_plan; run_program takes the program only
 
 // The library's file name, next to the `stepcast` executable.
 inline constexpr const char* kCudaPluginFile = "libstepcast_cuda.so";

@@ -38,7 +38,9 @@
 #include "memory.hpp"
 #include "mpi_collectives.hpp"
 #include "param_layout.hpp"
+#include "program_inputs.hpp"
 #include "program_stats.hpp"
+#include "shard_layout.hpp"
 
 namespace stepcast {
 
@@ -93,7 +95,7 @@ class Interpreter {
               const RunOptions& options, int64_t rank, Backend<T, G, W>& backend)
       : p_(program), model_(model), plan_(plan), options_(options), rank_(rank),
         grid_(program.grid()), coord_(grid_.coord(rank)), role_(program.role_of_rank(rank)),
-        backend_(backend) {
+        shards_(plan.zero_stage, plan.dp_size), backend_(backend) {
     t_ = plan.tp_size;
     s_ = model.seq_length;
     b_ = plan.micro_batch_size;
@@ -170,7 +172,7 @@ class Interpreter {
       }
       if (trace_ops_) {
         std::fprintf(stderr, "rank %lld step %lld op %d %s %s tag %lld\n", (long long)rank_,
-                     (long long)step_index, op.id, to_string(op.kind), op.name.c_str(),
+                     (long long)step_index, op.id, to_string(op.kind), to_string(op.name),
                      (long long)op.tag);
       }
       if (op.id == hang_op_) {
@@ -180,7 +182,7 @@ class Interpreter {
       }
       if (op.kind != OpKind::alloc && op.kind != OpKind::free) {
         backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
-                             op.name + ")");
+                             to_string(op.name) + ")");
       }
       // Collectives of the communication stream run on while later ops that do not depend on
       // them proceed (a GPU backend; the CPU's calls are no-ops).
@@ -295,7 +297,7 @@ class Interpreter {
         auto it = written.find(name);
         if (it == written.end() || it->second) continue;
         it->second = true;
-        bool accumulates = reads(op, name) || op.grad == "wgrad" || op.kind == OpKind::norm ||
+        bool accumulates = reads(op, name) || op.grad == Grad::wgrad || op.kind == OpKind::norm ||
                            op.kind == OpKind::embedding;
         if (accumulates) zero_[last_alloc[name]] = 1;
       }
@@ -310,12 +312,13 @@ class Interpreter {
     }
   }
 
-  // ---- ZeRO shards ----
-  int64_t dp() const { return plan_.dp_size; }
+  // ---- ZeRO shards (shard_layout.hpp) ----
   int64_t dp_rank() const { return coord_.dp; }
-  std::pair<int64_t, int64_t> own_range(int64_t elements) const {
-    return plan_.zero_stage == 0 ? std::make_pair(int64_t(0), elements)
-                                 : chunk_range(elements, dp(), dp_rank());
+  // The elements of a group this rank updates, and where element `e` of the group sits in the
+  // rank's `state` buffer (at e − first of what the buffer holds).
+  ShardRange owned(int64_t elements) const { return shards_.owned(elements, dp_rank()); }
+  int64_t held_first(ShardedState state, int64_t elements) const {
+    return shards_.held(state, elements, dp_rank()).first;
   }
 
   void initialize_parameters() {
@@ -326,9 +329,8 @@ class Interpreter {
       std::string group = group_of_buffer(op.buffer);
       const GroupLayout& layout = layouts_.at(group);
       // Which elements of the full local buffer this buffer holds.
-      int64_t first = 0, last = layout.elements;
-      bool sharded = weights ? plan_.zero_stage >= 3 : plan_.zero_stage >= 1;
-      if (sharded) std::tie(first, last) = chunk_range(layout.elements, dp(), dp_rank());
+      auto [first, last] = shards_.held(weights ? ShardedState::weights : ShardedState::optimizer,
+                                        layout.elements, dp_rank());
       // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
       // starts at the weights' values, in W, so the T weights are its rounding.
       int64_t states = optimizer_states(op);
@@ -373,7 +375,7 @@ class Interpreter {
   void load_data(const Op& alloc, DataBuffer what) {
     int32_t mb = data_buffer_microbatch(alloc.buffer);
     if (staged_step_ != step_ || staged_microbatch_ != mb) {
-      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, dp(), dp_rank(), mb, s_,
+      fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_,
                       batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
       staged_step_ = step_;
       staged_microbatch_ = mb;
@@ -473,7 +475,8 @@ class Interpreter {
   Dtype dtype_of_all(const std::vector<std::string>& names, const Op& op) const {
     Dtype first = dtype(names.at(0), op);
     for (const auto& n : names) {
-      STEPCAST_CHECK(dtype(n, op) == first, "collective " + op.name + " mixes dtypes");
+      STEPCAST_CHECK(dtype(n, op) == first,
+                     std::string("collective ") + to_string(op.name) + " mixes dtypes");
     }
     return first;
   }
@@ -488,7 +491,7 @@ class Interpreter {
       backend_.set_collective_scratch(arena_.at(scratch), arena_.bytes_of(scratch));
     }
     if (op.kind == OpKind::all_reduce) {
-      if (op.name == "sp_replicated_grads") {
+      if (op.name == OpName::sp_replicated_grads) {
         // Only the replicated part of each buffer (trailing elements of layers, whole groups
         // of replicated tensors); grads are full here (the CPU backend refuses SP with ZeRO ≥ 2).
         std::vector<Span<void>> parts;
@@ -505,8 +508,8 @@ class Interpreter {
       return;
     }
     if (op.kind == OpKind::reduce_scatter) {
-      if (op.name == "grad_bucket") {
-        if (plan_.zero_stage >= 2) {
+      if (op.name == OpName::grad_bucket) {
+        if (shards_.sharded(ShardedState::grads)) {
           // inputs: (gradfull, shard) pairs; the reduced chunk is added into the shard.
           std::vector<Span<void>> full;
           for (size_t i = 0; i < op.inputs.size(); i += 2) full.push_back({buf<G>(in(op, i), op), count(in(op, i), op)});
@@ -514,7 +517,7 @@ class Interpreter {
           for (size_t i = 0; i < op.inputs.size(); i += 2) {
             G* f = buf<G>(in(op, i), op);
             G* shard = buf<G>(in(op, i + 1), op);
-            auto [first, last] = chunk_range(count(in(op, i), op), dp(), dp_rank());
+            auto [first, last] = shards_.slice(count(in(op, i), op), dp_rank());
             backend_.add(shard, f + first, last - first);
           }
           return;
@@ -531,7 +534,7 @@ class Interpreter {
       return;
     }
     // all_gather
-    if (op.name == "param_gather") {
+    if (op.name == OpName::param_gather) {
       backend_.all_gather(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
       return;
     }
@@ -540,10 +543,14 @@ class Interpreter {
     char* part = arena_.buffer(in(op, 0), op.id);
     char* full = arena_.buffer(out(op, 0), op.id);
     int64_t n = count(out(op, 0), op), e = element_bytes(out(op, 0), op);
-    bool zero3 = op.name == "zero3_param_gather";
-    auto [first, last] = zero3 ? chunk_range(n, dp(), dp_rank())
-                               : chunk_range(n, backend_.group_size(op.group),
-                                             backend_.group_index(op.group));
+    bool zero3 = op.name == OpName::zero3_param_gather;
+    // zero3: this rank's weight slice; otherwise its chunk of the group (sequence, statistics).
+    ShardRange part_range = zero3 ? shards_.slice(n, dp_rank()) : ShardRange{};
+    if (!zero3) {
+      std::tie(part_range.first, part_range.last) =
+          chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+    }
+    auto [first, last] = part_range;
     backend_.copy(full + first * e, part, (last - first) * e);
     backend_.all_gather(op.group, dtype(out(op, 0), op), {{full, n}});
   }
@@ -551,10 +558,10 @@ class Interpreter {
   void embedding(const Op& op) {
     int64_t v0 = coord_.tp * vocab_local_;
     bool backward = op.phase == Phase::backward;
-    if (op.name == "word" && !backward) {
+    if (op.name == OpName::word && !backward) {
       backend_.embedding_forward(buf<int32_t>(in(op, 1), op), slice(in(op, 0), op, "embedding.weight"),
                              buf(out(op, 0), op), s_, b_, h_, v0, vocab_local_);
-    } else if (op.name == "word") {
+    } else if (op.name == OpName::word) {
       backend_.embedding_backward(buf<int32_t>(in(op, 3), op), buf(in(op, 0), op),
                               slice<G>(out(op, 0), op, "embedding.weight"), s_, b_, h_, v0,
                               vocab_local_);
@@ -584,7 +591,13 @@ class Interpreter {
   }
 
   std::string norm_prefix(const Op& op) const {
-    return op.name == "input_norm" ? "ln1" : op.name == "post_attn_norm" ? "ln2" : "final_norm";
+    switch (op.name) {
+      case OpName::input_norm: return "ln1";
+      case OpName::post_attn_norm: return "ln2";
+      case OpName::final_norm: return "final_norm";
+      default: break;
+    }
+    fail_invariant(__FILE__, __LINE__, std::string("unknown norm ") + to_string(op.name));
   }
 
   void norm(const Op& op) {
@@ -622,25 +635,28 @@ class Interpreter {
     int64_t qkv = shape_.qkv_width(), heads = shape_.heads * shape_.d;
     int64_t f = model_.intermediate_size / t_;
     bool b = model_.use_bias;
-    if (op.name == "qkv") return {"qkv.weight", b ? "qkv.bias" : "", h_, qkv};
-    if (op.name == "attn_out") return {"attn_out.weight", "", heads, h_};
-    if (op.name == "mlp_up") return {"mlp_up.weight", b ? "mlp_up.bias" : "", h_, f};
-    if (op.name == "mlp_gate") return {"mlp_gate.weight", b ? "mlp_gate.bias" : "", h_, f};
-    if (op.name == "mlp_down") return {"mlp_down.weight", "", f, h_};
-    STEPCAST_CHECK(op.name == "logits", "unknown gemm " + op.name);
-    return {"embedding.weight", "", h_, vocab_local_};
+    switch (op.name) {
+      case OpName::qkv: return {"qkv.weight", b ? "qkv.bias" : "", h_, qkv};
+      case OpName::attn_out: return {"attn_out.weight", "", heads, h_};
+      case OpName::mlp_up: return {"mlp_up.weight", b ? "mlp_up.bias" : "", h_, f};
+      case OpName::mlp_gate: return {"mlp_gate.weight", b ? "mlp_gate.bias" : "", h_, f};
+      case OpName::mlp_down: return {"mlp_down.weight", "", f, h_};
+      case OpName::logits: return {"embedding.weight", "", h_, vocab_local_};
+      default: break;
+    }
+    fail_invariant(__FILE__, __LINE__, std::string("unknown gemm ") + to_string(op.name));
   }
 
   void gemm(const Op& op) {
     Linear l = linear(op);
     int64_t tokens = s_ * b_;
-    if (op.grad.empty()) {  // [x, w] → [y]
+    if (op.grad == Grad::none) {  // [x, w] → [y]
       T* w = slice(in(op, 1), op, l.tensor);
       T* bias = l.bias.empty() ? nullptr : slice(in(op, 1), op, l.bias);
       T* y = buf(out(op, 0), op);
       backend_.linear_forward(buf(in(op, 0), op), w, bias, y, tokens, l.in, l.out);
-      if (op.name == "logits") mask_padded_vocab(y, tokens);
-    } else if (op.grad == "dgrad") {  // [dy, w (, dx)] → [dx]
+      if (op.name == OpName::logits) mask_padded_vocab(y, tokens);
+    } else if (op.grad == Grad::dgrad) {  // [dy, w (, dx)] → [dx]
       backend_.linear_backward_data(buf(in(op, 0), op), slice(in(op, 1), op, l.tensor),
                                 buf(out(op, 0), op), tokens, l.in, l.out, reads(op, out(op, 0)));
     } else {  // wgrad: [x, dy] → [grads]
@@ -666,15 +682,15 @@ class Interpreter {
     cpu::Dropout drop = dropout(op, cpu::DropoutSite::attention_probs);
     const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
     if (!backward) {
-      if (op.name == "score") {
+      if (op.name == OpName::score) {
         backend_.attention_score_forward(buf(in(op, 0), op), buf(out(op, 0), op), shape_, scale_);
-      } else if (op.name == "softmax") {
+      } else if (op.name == OpName::softmax) {
         backend_.softmax_forward(buf(in(op, 0), op), buf(out(op, 0), op), square / shape_.s, shape_.s);
-      } else if (op.name == "dropout") {
+      } else if (op.name == OpName::dropout) {
         backend_.attention_dropout_forward(buf(in(op, 0), op), buf(out(op, 0), op),
                                        mask(out(op, 1), op), shape_, drop, head0(),
                                        samples(op));
-      } else if (op.name == "value") {
+      } else if (op.name == OpName::value) {
         backend_.attention_value_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), shape_);
       } else {  // flash: [qkv] → [ctx, lse]
         backend_.flash_attention_forward(buf(in(op, 0), op), buf(out(op, 0), op), buf<W>(out(op, 1), op),
@@ -682,16 +698,16 @@ class Interpreter {
       }
       return;
     }
-    if (op.name == "value") {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
+    if (op.name == OpName::value) {  // [d_ctx, probs_used, qkv] → [d_probs_used, d_qkv]
       backend_.attention_value_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                                     buf(out(op, 0), op), buf(out(op, 1), op), shape_);
-    } else if (op.name == "dropout") {
+    } else if (op.name == OpName::dropout) {
       backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), buf(out(op, 0), op), square,
                             plan_.dropout);
-    } else if (op.name == "softmax") {
+    } else if (op.name == OpName::softmax) {
       backend_.softmax_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                             square / shape_.s, shape_.s);
-    } else if (op.name == "score") {  // [d_scores, qkv, d_qkv] → [d_qkv]
+    } else if (op.name == OpName::score) {  // [d_scores, qkv, d_qkv] → [d_qkv]
       backend_.attention_score_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op),
                                     shape_, scale_);
     } else {  // flash: [qkv, ctx, lse, d_ctx] → [d_qkv]
@@ -705,20 +721,20 @@ class Interpreter {
     bool backward = op.phase == Phase::backward;
     int64_t wide = s_ * b_ * (model_.intermediate_size / t_);
     int64_t local = s_local_ * b_ * h_;
-    if (op.name == "rotary") {
+    if (op.name == OpName::rotary) {
       if (backward) backend_.rotary_backward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
       else backend_.rotary_forward(buf(out(op, 0), op), shape_, model_.rope_theta, 0);
-    } else if (op.name == "gelu") {
+    } else if (op.name == OpName::gelu) {
       if (backward) backend_.gelu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
       else backend_.gelu_forward(buf(in(op, 0), op), buf(out(op, 0), op), wide);
-    } else if (op.name == "swiglu") {
+    } else if (op.name == OpName::swiglu) {
       if (backward) {
         backend_.swiglu_backward(buf(in(op, 0), op), buf(in(op, 1), op), buf(in(op, 2), op),
                              buf(out(op, 0), op), buf(out(op, 1), op), wide);
       } else {
         backend_.swiglu_forward(buf(in(op, 0), op), buf(in(op, 1), op), buf(out(op, 0), op), wide);
       }
-    } else if (op.name == "dropout_add" && !backward) {
+    } else if (op.name == OpName::dropout_add && !backward) {
       // [branch, residual, w] → [out, (mask)]: the row-parallel bias first.
       bool attention_branch = ends_with(out(op, 0), "x_mid");
       T* branch = buf(in(op, 0), op);
@@ -732,22 +748,23 @@ class Interpreter {
       uint8_t* m = op.outputs.size() > 1 ? mask(out(op, 1), op) : nullptr;  // none: no dropout
       backend_.dropout_add_forward(branch, buf(in(op, 1), op), buf(out(op, 0), op), m, s_local_, b_, h_,
                                drop, s0(), samples(op));
-    } else if (op.name == "dropout_add") {  // [g, mask, wg] → [d, (wg)]
+    } else if (op.name == OpName::dropout_add) {  // [g, mask, wg] → [d, (wg)]
       T* d = buf(out(op, 0), op);
       backend_.dropout_backward(buf(in(op, 0), op), mask(in(op, 1), op), d, local, plan_.dropout);
       if (model_.use_bias) add_bias_grad(op, d, in(op, 2));
-    } else if (op.name == "mlp_bias_grad" || op.name == "attn_bias_grad") {  // [g, wg] → [wg]
+    } else if (op.name == OpName::mlp_bias_grad || op.name == OpName::attn_bias_grad) {
+      // [g, wg] → [wg]
       add_bias_grad(op, buf(in(op, 0), op), in(op, 1));
     } else {
-      STEPCAST_CHECK(false, "unknown activation op " + op.name);
+      STEPCAST_CHECK(false, std::string("unknown activation op ") + to_string(op.name));
     }
   }
 
   // Row-parallel bias gradient from the local tokens of a residual branch: the mlp branch's
   // dropout reads mask2, the attention branch's mask1; without dropout the op's name says.
   void add_bias_grad(const Op& op, const T* d, const std::string& grads) {
-    bool mlp = op.name == "mlp_bias_grad" ||
-               (op.name == "dropout_add" && ends_with(op.inputs.at(1), "mask2"));
+    bool mlp = op.name == OpName::mlp_bias_grad ||
+               (op.name == OpName::dropout_add && ends_with(op.inputs.at(1), "mask2"));
     G* db = slice<G>(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
     backend_.sum_rows(d, db, s_local_ * b_, h_);
   }
@@ -756,7 +773,7 @@ class Interpreter {
     int64_t tokens = s_ * b_;
     int64_t v0 = coord_.tp * vocab_local_;
     const int32_t* targets = buf<int32_t>(in(op, 1), op);
-    if (op.name == "cross_entropy_stats") {  // [logits, targets] → [stats]
+    if (op.name == OpName::cross_entropy_stats) {  // [logits, targets] → [stats]
       backend_.cross_entropy_stats(buf(in(op, 0), op), targets, buf<W>(out(op, 0), op), tokens, v0,
                                    vocab_local_);
       return;
@@ -792,20 +809,20 @@ class Interpreter {
   }
 
   void optimizer(const Op& op) {
-    if (op.name == "grad_accumulate") {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
+    if (op.name == OpName::grad_accumulate) {  // dp 1, ZeRO ≥ 2: the full gradient is the shard
       G* full = buf<G>(in(op, 0), op);
       G* shard = buf<G>(out(op, 0), op);
       int64_t n = count(out(op, 0), op);
       backend_.add(shard, full, n);
       return;
     }
-    if (op.name == "grad_norm") {
+    if (op.name == OpName::grad_norm) {
       double sum = 0;
       for (const auto& name : op.inputs) {
         std::string group = group_of_buffer(name);
         const GroupLayout& layout = layouts_.at(group);
-        auto [first, last] = own_range(layout.elements);
-        int64_t base = plan_.zero_stage >= 2 ? first : 0;  // shard buffers start at `first`
+        auto [first, last] = owned(layout.elements);
+        int64_t base = held_first(ShardedState::grads, layout.elements);
         const G* g = buf<G>(name, op);
         for (const TensorSlice& tensor : layout.tensors) {
           if (!counted_in_norm(group, tensor)) continue;
@@ -817,7 +834,8 @@ class Interpreter {
       backend_.upload(buf<W>(out(op, 0), op), &value, sizeof(W));
       return;
     }
-    STEPCAST_CHECK(op.name == "adamw", "unknown optimizer op " + op.name);
+    STEPCAST_CHECK(op.name == OpName::adamw,
+                   std::string("unknown optimizer op ") + to_string(op.name));
     W norm_sq = 0;
     backend_.download(&norm_sq, buf<W>("grad_norm_sq", op), sizeof(W));
     double norm = std::sqrt(double(norm_sq));
@@ -826,16 +844,15 @@ class Interpreter {
     cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
     for (const auto& group : groups_) {
       const GroupLayout& layout = layouts_.at(group);
-      auto [first, last] = own_range(layout.elements);
-      int64_t n_own = last - first;
-      T* w = buf("weights." + group, op) + (plan_.zero_stage >= 3 ? 0 : first);
-      G* g = buf<G>("grads." + group, op) + (plan_.zero_stage >= 2 ? 0 : first);
+      auto [first, last] = owned(layout.elements);
+      T* w = buf("weights." + group, op) + (first - held_first(ShardedState::weights, layout.elements));
+      G* g = buf<G>("grads." + group, op) + (first - held_first(ShardedState::grads, layout.elements));
       const std::string state_name = "optimizer." + group;
       W* state = buf<W>(state_name, op);
       // [m | v (| master)], each state_n long.
       int64_t states = optimizer_states(role_.ops[size_t(arena_.alloc_of(state_name, op.id))]);
       int64_t state_n = count(state_name, op) / states;
-      int64_t at = plan_.zero_stage >= 1 ? 0 : first;
+      int64_t at = first - held_first(ShardedState::optimizer, layout.elements);
       W* m = state + at;
       W* v = state + state_n + at;
       W* master = states == 3 ? state + 2 * state_n + at : nullptr;
@@ -847,7 +864,6 @@ class Interpreter {
         backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a,
                             config, step_ + 1, clip);
       }
-      (void)n_own;
     }
   }
 
@@ -867,6 +883,7 @@ class Interpreter {
   RankGrid grid_;
   RankCoord coord_;
   const Role& role_;
+  ShardLayout shards_;
   Backend<T, G, W>& backend_;
   Arena arena_;
   char* arena_memory_ = nullptr;
@@ -960,12 +977,11 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
-
+// run_with_backend on inputs already read from the program.
 template <class T, class G, class W>
-RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                           const Topology& topology, const RunOptions& options,
-                           Backend<T, G, W>& backend_ref) {
+RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                         const Topology& topology, const RunOptions& options,
+                         Backend<T, G, W>& backend_ref) {
   int rank = 0, size = 0;
   STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   STEPCAST_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
@@ -1160,20 +1176,22 @@ RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model,
   return output;
 }
 
-template RunOutput run_with_backend<float, float, float>(const StepProgram&, const ModelConfig&,
-                                                         const Plan&, const Topology&,
-                                                         const RunOptions&, Backend<float>&);
-template RunOutput run_with_backend<double, double, double>(const StepProgram&,
-                                                            const ModelConfig&, const Plan&,
-                                                            const Topology&, const RunOptions&,
+}  // namespace
+
+template <class T, class G, class W>
+RunOutput run_with_backend(const StepProgram& program, const RunOptions& options,
+                           Backend<T, G, W>& backend) {
+  ProgramInputs in = program_inputs(program);
+  return run_on_backend(program, in.model, in.plan, in.topology, options, backend);
+}
+
+template RunOutput run_with_backend<float, float, float>(const StepProgram&, const RunOptions&,
+                                                         Backend<float>&);
+template RunOutput run_with_backend<double, double, double>(const StepProgram&, const RunOptions&,
                                                             Backend<double>&);
-template RunOutput run_with_backend<bf16, float, float>(const StepProgram&, const ModelConfig&,
-                                                        const Plan&, const Topology&,
-                                                        const RunOptions&,
+template RunOutput run_with_backend<bf16, float, float>(const StepProgram&, const RunOptions&,
                                                         Backend<bf16, float, float>&);
-template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const ModelConfig&,
-                                                       const Plan&, const Topology&,
-                                                       const RunOptions&,
+template RunOutput run_with_backend<bf16, bf16, float>(const StepProgram&, const RunOptions&,
                                                        Backend<bf16, bf16, float>&);
 
 namespace {
@@ -1220,7 +1238,7 @@ RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Pl
   warm_up_host_memory<T>(program, model, plan, options, rank);
   std::unique_ptr<Backend<T>> backend = make_cpu_backend<T>(
       program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
-  return run_with_backend<T, T, T>(program, model, plan, topology, options, *backend);
+  return run_on_backend<T, T, T>(program, model, plan, topology, options, *backend);
 }
 
 }  // namespace
@@ -1261,8 +1279,7 @@ CheckpointInfo find_checkpoint(const std::string& dir, const std::string& progra
   return info;
 }
 
-RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                      const Topology& topology, const RunOptions& options) {
+void check_cpu_backend(const Plan& plan, const Topology& topology) {
   if (plan.param_dtype != Dtype::fp32 && plan.param_dtype != Dtype::fp64) {
     throw_input_error(plan.file, "dtype", std::string("\"") + to_string(plan.param_dtype) + "\"",
                       "the CPU backend computes in fp32 or fp64", "\"fp32\" or \"fp64\"");
@@ -1285,8 +1302,15 @@ RunOutput run_program(const StepProgram& program, const ModelConfig& model, cons
                      "\": the CPU backend runs on a host topology (\"shared_memory\", e.g. "
                      "topologies/localhost-cpu.json)");
   }
-  if (plan.param_dtype == Dtype::fp64) return run_cpu<double>(program, model, plan, topology, options);
-  return run_cpu<float>(program, model, plan, topology, options);
+}
+
+RunOutput run_program(const StepProgram& program, const RunOptions& options) {
+  ProgramInputs in = program_inputs(program);
+  check_cpu_backend(in.plan, in.topology);
+  if (in.plan.param_dtype == Dtype::fp64) {
+    return run_cpu<double>(program, in.model, in.plan, in.topology, options);
+  }
+  return run_cpu<float>(program, in.model, in.plan, in.topology, options);
 }
 
 }  // namespace stepcast

@@ -59,17 +59,20 @@ struct RunOutput {
   double resident_high_water_bytes = -1;  // host: VmHWM over the steps − baseline (-1: a device)
 };
 
+// InputError naming the plan's or the topology's file for what the CPU backend cannot run:
+// 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
+// gradients, a topology that is not a host. The command line calls it before run_program.
+void check_cpu_backend(const Plan& plan, const Topology& topology);
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
-// caller). Throws InputError for plans the CPU backend cannot run (16-bit dtypes, ...).
-RunOutput run_program(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                      const Topology& topology, const RunOptions& options);
+// caller). Everything it runs comes from the program: its ops and the resolved inputs it
+// carries (program_inputs.hpp); check_cpu_backend is applied to those again.
+RunOutput run_program(const StepProgram& program, const RunOptions& options);
 
 // The same run on a backend the caller made (the CUDA backend lives in its own library, which
 // calls this). Instantiated for <float>, <double>, <bf16, float, float>, <bf16, bf16, float>;
 // the caller checks the plan against what the backend supports.
 template <class T, class G, class W>
-RunOutput run_with_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                           const Topology& topology, const RunOptions& options,
+RunOutput run_with_backend(const StepProgram& program, const RunOptions& options,
                            Backend<T, G, W>& backend);
 
 }  // namespace stepcast

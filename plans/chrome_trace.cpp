@@ -37,7 +37,7 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     if (op.microbatch >= 0) args["microbatch"] = op.microbatch;
     if (op.chunk >= 0) args["chunk"] = op.chunk;
     if (is_compute(op.kind)) args["flops"] = op.flops;
-    if (!op.grad.empty()) args["grad"] = op.grad;
+    if (op.grad != Grad::none) args["grad"] = to_string(op.grad);
     if (is_collective(op.kind)) {
       args["group"] = to_string(op.group);
       args["algorithm"] = to_string(op.algorithm);
@@ -48,8 +48,8 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     }
     if (r.ready_s != r.start_s) args["ready_us"] = r.ready_s * 1e6;
     std::string name = to_string(op.kind);
-    if (!op.name.empty()) name += " " + op.name;
-    if (!op.grad.empty()) name += " " + op.grad;
+    if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
+    if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
     out << "{\"name\":" << Json(name).dump() << ",\"cat\":\"" << to_string(op.kind)
         << "\",\"ph\":\"X\",\"pid\":" << r.rank << ",\"tid\":" << int(op.stream)
         << ",\"ts\":" << Json(r.start_s * 1e6).dump() << ",\"dur\":"

@@ -81,8 +81,7 @@ std::map<std::string, FamilyErrors> errors_by_family(const std::vector<Component
 Op gemm_point_op(const GemmPoint& point, Dtype dtype) {
   Op op;
   op.kind = OpKind::gemm;
-  op.name = "gemm_point";
-  op.grad = point.variant == "forward" ? "" : point.variant;
+  op.grad = parse_grad(point.variant).value_or(Grad::none);  // "forward": none
   op.m = point.m;
   op.n = point.n;
   op.k = point.k;

@@ -196,12 +196,14 @@ double AttentionRateTable::flops_per_s(const std::string& pass, int64_t seq, int
 }
 
 std::vector<AttentionGemm> attention_gemms(const Op& op) {
-  if (op.kind != OpKind::attention || (op.name != "score" && op.name != "value")) return {};
+  if (op.kind != OpKind::attention || (op.name != OpName::score && op.name != OpName::value)) {
+    return {};
+  }
   const int64_t s = op.m, d = op.k, count = std::max<int64_t>(1, op.batch);
   const bool backward = op.phase == Phase::backward;
-  if (op.name == "score" && !backward) return {{"forward", s, s, d, count}};
-  if (op.name == "value" && !backward) return {{"dgrad", s, d, s, count}};
-  if (op.name == "value") return {{"forward", s, s, d, count}, {"wgrad", d, s, s, count}};
+  if (op.name == OpName::score && !backward) return {{"forward", s, s, d, count}};
+  if (op.name == OpName::value && !backward) return {{"dgrad", s, d, s, count}};
+  if (op.name == OpName::value) return {{"forward", s, s, d, count}, {"wgrad", d, s, s, count}};
   return {{"dgrad", s, d, s, count}, {"wgrad", d, s, s, count}};
 }
 
@@ -222,22 +224,22 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
     case OpKind::norm:
       return std::string(norm_type == "layernorm" ? "layernorm" : "norm") + phase_suffix(op.phase);
     case OpKind::activation:
-      if (op.name == "swiglu" || op.name == "gelu" || op.name == "rotary") {
-        return op.name + phase_suffix(op.phase);
+      if (op.name == OpName::swiglu || op.name == OpName::gelu || op.name == OpName::rotary) {
+        return to_string(op.name) + std::string(phase_suffix(op.phase));
       }
       // Its backward is the masked scale of every dropout; without dropout (no mask output) the
       // forward is the residual add alone.
-      if (op.name == "dropout_add") {
+      if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";
         return op.outputs.size() > 1 ? "dropout_add_forward" : "residual_add";
       }
       return "";
     case OpKind::loss:
-      return op.name == "cross_entropy" ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
+      return op.name == OpName::cross_entropy ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
     case OpKind::embedding:
       // After the lookup: dropout of the embedding (forward [x, (position)] → [out, (mask)],
       // backward [g, (mask)] → [(position grads), d]), a copy where there is no dropout.
-      if (op.name == "position_dropout") {
+      if (op.name == OpName::position_dropout) {
         bool backward = op.phase == Phase::backward;
         bool masked = backward ? op.inputs.size() > 1 : op.outputs.size() > 1;
         if (!masked) return "copy";
@@ -245,21 +247,21 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       }
       return "";
     case OpKind::attention:
-      if (op.name == "softmax") return std::string("softmax") + phase_suffix(op.phase);
-      if (op.name == "dropout") {
+      if (op.name == OpName::softmax) return std::string("softmax") + phase_suffix(op.phase);
+      if (op.name == OpName::dropout) {
         return op.phase == Phase::backward ? "dropout_backward" : "attention_dropout_forward";
       }
       return "";
     case OpKind::optimizer_step:
-      if (op.name == "grad_norm") return "grad_norm";
-      return op.name == "adamw" ? "adamw" : "";
+      if (op.name == OpName::grad_norm || op.name == OpName::adamw) return to_string(op.name);
+      return "";
     default:
       return "";
   }
 }
 
 std::string gemm_variant(const Op& op) {
-  if (op.kind == OpKind::gemm && !op.grad.empty()) return op.grad;
+  if (op.kind == OpKind::gemm && op.grad != Grad::none) return to_string(op.grad);
   return "forward";
 }
 
@@ -415,7 +417,7 @@ double ComputeCostModel::op_time_s(const Op& op) const {
   STEPCAST_CHECK(is_compute(op.kind), "op_time_s of a non-compute op");
   double memory_time = op.bytes / bandwidth_;
   bool matrix = op.kind == OpKind::gemm ||
-                (op.kind == OpKind::attention && (op.name == "score" || op.name == "value"));
+                (op.kind == OpKind::attention && (op.name == OpName::score || op.name == OpName::value));
   if (matrix) {
     if (!gemm_tables_.empty()) return measured_matrix_time_s(op);
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);
@@ -423,7 +425,7 @@ double ComputeCostModel::op_time_s(const Op& op) const {
     compute_time /= shape_efficiency(op);
     return std::max(compute_time, memory_time) + gemm_.overhead_s;
   }
-  if (op.kind == OpKind::attention && op.name == "flash") {
+  if (op.kind == OpKind::attention && op.name == OpName::flash) {
     if (!attention_table_.empty()) {
       const char* pass = op.phase == Phase::backward ? "backward" : "forward";
       return op.flops / 2 / attention_table_.flops_per_s(pass, op.m, op.k);
@@ -436,7 +438,7 @@ double ComputeCostModel::op_time_s(const Op& op) const {
   // A profile from before the LayerNorm families: the RMSNorm ones.
   if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
   auto table = memory_tables_.find(family);
-  if (table != memory_tables_.end() && op.name == "grad_norm") {
+  if (table != memory_tables_.end() && op.name == OpName::grad_norm) {
     // Lowering counts its 4-byte result; the kernel reads every gradient element of the shard
     // once (2 flops each), gradients in fp32 (fp64 under fp64).
     return table->second.time_s(op.flops / 2 * std::max(4, dtype_bytes(dtype_)));

@@ -20,7 +20,7 @@ int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size) {
 
 LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
     : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order),
-      links(link_figures(topo)) {
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_size) {
   s = m.seq_length;
   b = p.micro_batch_size;
   h = m.hidden_size;
@@ -72,7 +72,7 @@ double OpEmitter::buffer_bytes(const std::vector<std::string>& names) const {
   return total;
 }
 
-int32_t OpEmitter::gemm(const OpSite& at, const std::string& name, const std::string& grad,
+int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
                         int64_t m, int64_t n, int64_t k, std::vector<std::string> inputs,
                         std::vector<std::string> outputs) {
   Op op;
@@ -90,14 +90,14 @@ int32_t OpEmitter::gemm(const OpSite& at, const std::string& name, const std::st
   op.k = k;
   op.flops = 2.0 * double(m) * double(n) * double(k);
   // Operands in the activation dtype; a weight gradient is accumulated in the gradient dtype.
-  double out_bytes = grad == "wgrad" ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
+  double out_bytes = grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   op.bytes = (double(m) * k + double(k) * n) * dtype_bytes(ctx_.act) + double(m) * n * out_bytes;
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
   return rb_.emit(std::move(op));
 }
 
-int32_t OpEmitter::compute(const OpSite& at, OpKind kind, const std::string& name, double flops,
+int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
                            std::vector<std::string> inputs, std::vector<std::string> outputs,
                            const std::vector<int32_t>& extra_deps) {
   Op op;
@@ -127,7 +127,7 @@ int32_t OpEmitter::compute(const OpSite& at, OpKind kind, const std::string& nam
   return rb_.emit(std::move(op), extra_deps);
 }
 
-int32_t OpEmitter::attention(const OpSite& at, const std::string& name, double flops,
+int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
                              std::vector<std::string> inputs, std::vector<std::string> outputs) {
   int32_t id = compute(at, OpKind::attention, name, flops, std::move(inputs), std::move(outputs));
   Op& op = const_cast<Op&>(rb_.role().ops[id]);
@@ -143,7 +143,7 @@ int64_t OpEmitter::group_size(GroupKind group) const {
 }
 
 int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
-                              const std::string& name, double bytes,
+                              OpName name, double bytes,
                               std::vector<std::string> inputs, std::vector<std::string> outputs,
                               const std::vector<int32_t>& extra_deps) {
   GroupShape shape = group_shape(ctx_.grid, group, first_rank_, ctx_.topology.node.devices_per_node);
@@ -168,7 +168,7 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
     const std::string& payload = outputs.empty() ? inputs.at(0) : outputs.at(0);
     Dtype dtype = rb_.live_dtype(payload);
     int64_t elements = int64_t(bytes / dtype_bytes(dtype) + 0.5);
-    scratch = comm_scratch_prefix() + name + "." + std::to_string(rb_.last_op() + 2);  // op id
+    scratch = comm_scratch_prefix() + std::string(to_string(name)) + "." + std::to_string(rb_.last_op() + 2);  // op id
     rb_.alloc(scratch, BufferClass::comm, dtype,
               {collective_scratch_elements(kind, op.algorithm, shape, elements)}, at.phase);
     outputs.push_back(scratch);
@@ -186,7 +186,7 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   op.kind = kind;
   op.stream = Stream::p2p;
   op.phase = at.phase;
-  op.name = kind == OpKind::send ? "send" : "recv";
+  op.name = kind == OpKind::send ? OpName::send : OpName::recv;
   op.microbatch = at.microbatch;
   op.chunk = at.chunk;
   op.peer = peer;
@@ -208,8 +208,6 @@ struct ParamGroup {
   int64_t chunk = 0;
   bool tied_copy = false;     // output layer that is the last stage's copy of the embedding
 };
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string layer_group_name(int64_t layer) {
   std::string name = "L";  // appended, not "L" + ...: GCC 12 warns falsely (-Wrestrict) on that
@@ -293,13 +291,13 @@ class RoleLowering {
 
   // Elements of a group held by this rank for weights, gradients and optimizer state.
   int64_t weight_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 3 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::weights, g.elements);
   }
   int64_t grad_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 2 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::grads, g.elements);
   }
   int64_t optimizer_elements(const ParamGroup& g) const {
-    return plan_.zero_stage >= 1 ? ceil_div(g.elements, plan_.dp_size) : g.elements;
+    return c_.shards.buffer_elements(ShardedState::optimizer, g.elements);
   }
   // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
   // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
@@ -327,13 +325,13 @@ class RoleLowering {
   // overlap_param_gather); other stages read the persistent buffer.
   std::string weights_for(const ParamGroup& g, const OpSite& at,
                           const ParamGroup* prefetch_next) {
-    if (plan_.zero_stage < 3) return "weights." + g.name;
+    if (!c_.shards.sharded(ShardedState::weights)) return "weights." + g.name;
     auto gather = [&](const ParamGroup& target) {
       std::string full = "wfull." + target.name + ".mb" + std::to_string(at.microbatch) + "." +
                          to_string(at.phase);
       if (rb_.is_live(full)) return full;
       rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
-      e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, "zero3_param_gather",
+      e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::zero3_param_gather,
                     double(target.elements) * dtype_bytes(c_.act), {"weights." + target.name},
                     {full});
       return full;
@@ -350,7 +348,7 @@ class RoleLowering {
   // ZeRO-2/3: a group's full gradient for one microbatch lives in a transient buffer until its
   // bucket is reduce_scattered into the persistent shard.
   std::string grads_for(const ParamGroup& g, int32_t microbatch) {
-    if (plan_.zero_stage < 2) return "grads." + g.name;
+    if (!c_.shards.sharded(ShardedState::grads)) return "grads." + g.name;
     std::string full = "gradfull." + g.name + ".mb" + std::to_string(microbatch);
     if (!rb_.is_live(full)) {
       rb_.alloc(full, BufferClass::comm, c_.grad, {g.elements}, Phase::backward);
@@ -485,18 +483,18 @@ class RoleLowering {
     std::string ew = weights_for(group("embedding"), at, nullptr);
     std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
     rb_.alloc(ids, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
-    e_.compute(at, OpKind::embedding, "word", 0, {ew, ids}, {word});
+    e_.compute(at, OpKind::embedding, OpName::word, 0, {ew, ids}, {word});
     release_weights(ew, at.phase);
     std::string reduced = word;
     double bytes = act_bytes(full);
     if (plan_.sequence_parallel) {
       reduced = prefix + "word_rs";
       rb_.alloc(reduced, BufferClass::workspace, c_.act, local, at.phase);
-      e_.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, "tp_embedding",
+      e_.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, OpName::tp_embedding,
                     bytes, {word}, {reduced});
       rb_.free(word, at.phase);
     } else {
-      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, "tp_embedding", bytes,
+      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, OpName::tp_embedding, bytes,
                     {word}, {word});
     }
     std::string out = prefix + "out";
@@ -512,7 +510,7 @@ class RoleLowering {
       pw = weights_for(group("position"), at, nullptr);
       inputs.push_back(pw);
     }
-    e_.compute(at, OpKind::embedding, "position_dropout", 3.0 * c_.s_local * c_.b * c_.h, inputs,
+    e_.compute(at, OpKind::embedding, OpName::position_dropout, 3.0 * c_.s_local * c_.b * c_.h, inputs,
                outputs);
     rb_.free(reduced, at.phase);
     if (!pw.empty()) release_weights(pw, at.phase);
@@ -532,7 +530,7 @@ class RoleLowering {
       d = prefix + "d_out";
       rb_.alloc(d, BufferClass::workspace, c_.act, local, at.phase);
       outputs.push_back(d);
-      e_.compute(at, OpKind::embedding, "position_dropout", 3.0 * c_.s_local * c_.b * c_.h,
+      e_.compute(at, OpKind::embedding, OpName::position_dropout, 3.0 * c_.s_local * c_.b * c_.h,
                  inputs, outputs);
       if (c_.dropout) rb_.free(prefix + "mask", at.phase);
       rb_.free(g, at.phase);
@@ -541,14 +539,14 @@ class RoleLowering {
     if (plan_.sequence_parallel) {
       d_full = prefix + "d_full";
       rb_.alloc(d_full, BufferClass::workspace, c_.act, full, at.phase);
-      e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, "sp_embedding",
+      e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_embedding,
                     act_bytes(full), {d}, {d_full});
       rb_.free(d, at.phase);
     }
     std::string eg = grads_for(group("embedding"), at.microbatch);
     std::string ew = weights_for(group("embedding"), at, nullptr);
     std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
-    e_.compute(at, OpKind::embedding, "word", 0, {d_full, ew, eg, ids}, {eg});
+    e_.compute(at, OpKind::embedding, OpName::word, 0, {d_full, ew, eg, ids}, {eg});
     rb_.free(d_full, at.phase);
     rb_.free(ids, at.phase);
     release_weights(ew, at.phase);
@@ -566,13 +564,13 @@ class RoleLowering {
     rb_.alloc(targets, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
     rb_.alloc(p + "lnf", BufferClass::activations, c_.act, local, at.phase);
     std::string nw = weights_for(group("final_norm"), at, nullptr);
-    e_.compute(at, OpKind::norm, "final_norm", 8.0 * c_.s_local * c_.b * c_.h, {x, nw},
+    e_.compute(at, OpKind::norm, OpName::final_norm, 8.0 * c_.s_local * c_.b * c_.h, {x, nw},
                {p + "lnf"});
     release_weights(nw, at.phase);
-    std::string lnf = gather_sequence(at, p + "lnf", p + "lnf_full", "sp_final_norm");
+    std::string lnf = gather_sequence(at, p + "lnf", p + "lnf_full", OpName::sp_final_norm);
     rb_.alloc(p + "logits", BufferClass::workspace, c_.act, logits_shape, at.phase);
     std::string ow = weights_for(output_group(), at, nullptr);
-    e_.gemm(at, "logits", "", c_.s * c_.b, c_.vocab_local, c_.h, {lnf, ow}, {p + "logits"});
+    e_.gemm(at, OpName::logits, Grad::none, c_.s * c_.b, c_.vocab_local, c_.h, {lnf, ow}, {p + "logits"});
     release_weights(ow, at.phase);
     if (lnf != p + "lnf") rb_.free(lnf, at.phase);
     double tokens = double(c_.s) * c_.b;
@@ -581,11 +579,11 @@ class RoleLowering {
     std::vector<std::string> loss_outputs = {p + "softmax", p + "token_loss"};
     rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
     if (c_.t > 1) {
-      e_.compute(at, OpKind::loss, "cross_entropy_stats", 3.0 * tokens * c_.vocab_local,
+      e_.compute(at, OpKind::loss, OpName::cross_entropy_stats, 3.0 * tokens * c_.vocab_local,
                  {p + "logits", targets}, {p + "stats"});
       rb_.alloc(p + "stats_all", BufferClass::workspace, c_.wide, {c_.t, 3, c_.s, c_.b},
                 at.phase);
-      e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, "tp_cross_entropy",
+      e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::tp_cross_entropy,
                     double(c_.t) * 3 * tokens * dtype_bytes(c_.wide), {p + "stats"},
                     {p + "stats_all"});
       rb_.free(p + "stats", at.phase);
@@ -595,7 +593,7 @@ class RoleLowering {
     }
     rb_.alloc(p + "softmax", BufferClass::activations, c_.wide, logits_shape, at.phase);
     rb_.alloc(p + "token_loss", BufferClass::workspace, c_.wide, {c_.s, c_.b}, at.phase);
-    e_.compute(at, OpKind::loss, "cross_entropy", 5.0 * tokens * c_.vocab_local, loss_inputs,
+    e_.compute(at, OpKind::loss, OpName::cross_entropy, 5.0 * tokens * c_.vocab_local, loss_inputs,
                loss_outputs);
     rb_.free(p + "logits", at.phase);
     rb_.free(p + "token_loss", at.phase);
@@ -611,18 +609,18 @@ class RoleLowering {
     rb_.alloc(p + "d_logits", BufferClass::workspace, c_.act, {c_.s, c_.b, c_.vocab_local},
               at.phase);
     std::string targets = data_buffer_name(at.microbatch, DataBuffer::targets);
-    e_.compute(at, OpKind::loss, "cross_entropy", 2.0 * tokens * c_.vocab_local,
+    e_.compute(at, OpKind::loss, OpName::cross_entropy, 2.0 * tokens * c_.vocab_local,
                {p + "softmax", targets}, {p + "d_logits"});
     rb_.free(p + "softmax", at.phase);
     rb_.free(targets, at.phase);
     rb_.alloc(p + "d_lnf_full", BufferClass::workspace, c_.act, full, at.phase);
     std::string ow = weights_for(output_group(), at, nullptr);
-    e_.gemm(at, "logits", "dgrad", c_.s * c_.b, c_.h, c_.vocab_local, {p + "d_logits", ow},
+    e_.gemm(at, OpName::logits, Grad::dgrad, c_.s * c_.b, c_.h, c_.vocab_local, {p + "d_logits", ow},
             {p + "d_lnf_full"});
     release_weights(ow, at.phase);
-    std::string lnf = gather_sequence(at, p + "lnf", p + "lnf_full", "sp_final_norm");
+    std::string lnf = gather_sequence(at, p + "lnf", p + "lnf_full", OpName::sp_final_norm);
     std::string og = output_grads(at.microbatch);
-    e_.gemm(at, "logits", "wgrad", c_.h, c_.vocab_local, c_.s * c_.b, {lnf, p + "d_logits"},
+    e_.gemm(at, OpName::logits, Grad::wgrad, c_.h, c_.vocab_local, c_.s * c_.b, {lnf, p + "d_logits"},
             {og});
     rb_.free(p + "d_logits", at.phase);
     if (lnf != p + "lnf") rb_.free(lnf, at.phase);
@@ -632,18 +630,18 @@ class RoleLowering {
     if (plan_.sequence_parallel) {
       d_lnf = p + "d_lnf";
       rb_.alloc(d_lnf, BufferClass::workspace, c_.act, local, at.phase);
-      e_.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, "tp_logits",
+      e_.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, OpName::tp_logits,
                     bytes, {p + "d_lnf_full"}, {d_lnf});
       rb_.free(p + "d_lnf_full", at.phase);
     } else {
-      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, "tp_logits", bytes,
+      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, OpName::tp_logits, bytes,
                     {d_lnf}, {d_lnf});
     }
     rb_.alloc(g, BufferClass::activations, c_.act, local, at.phase);
     std::string x = loss_input_.at(at.microbatch);
     std::string ng = grads_for(group("final_norm"), at.microbatch);
     std::string nw = weights_for(group("final_norm"), at, nullptr);
-    e_.compute(at, OpKind::norm, "final_norm", 10.0 * c_.s_local * c_.b * c_.h,
+    e_.compute(at, OpKind::norm, OpName::final_norm, 10.0 * c_.s_local * c_.b * c_.h,
                {x, d_lnf, nw, ng}, {g, ng});
     release_weights(nw, at.phase);
     rb_.free(d_lnf, at.phase);
@@ -652,7 +650,7 @@ class RoleLowering {
   }
 
   std::string gather_sequence(const OpSite& at, const std::string& local_name,
-                              const std::string& full_name, const std::string& what) {
+                              const std::string& full_name, OpName what) {
     if (!plan_.sequence_parallel) return local_name;
     rb_.alloc(full_name, BufferClass::workspace, c_.act, {c_.s, c_.b, c_.h}, at.phase);
     e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, what,
@@ -686,7 +684,7 @@ class RoleLowering {
     for (auto& [g, mb] : pending_full_) {
       std::string full = grads_for(*g, mb);
       OpSite at{Phase::backward, -1, mb, int32_t(g->chunk)};
-      e_.compute(at, OpKind::optimizer_step, "grad_accumulate", double(g->elements),
+      e_.compute(at, OpKind::optimizer_step, OpName::grad_accumulate, double(g->elements),
                  {full, "grads." + g->name}, {"grads." + g->name});
       rb_.free(full, Phase::backward);
     }
@@ -717,7 +715,7 @@ class RoleLowering {
       outputs.push_back("grads." + g->name);
     }
     OpKind kind = plan_.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
-    e_.collective(at, kind, GroupKind::dp, Stream::comm, "grad_bucket", bucket.bytes, inputs,
+    e_.collective(at, kind, GroupKind::dp, Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
                   outputs, extra_deps);
     if (plan_.zero_stage >= 2) {
       for (const ParamGroup* g : bucket.groups) rb_.free(grads_for(*g, bucket.microbatch), Phase::backward);
@@ -728,13 +726,13 @@ class RoleLowering {
     // Deferred per-pass ZeRO-2/3 buckets are emitted at the end of each pass in order.
     OpSite at{Phase::optimizer, -1, -1, -1};
     if (c_.model.tie_word_embeddings && plan_.pp_size > 1) {
-      const char* name = group_index_.count("embedding") ? "embedding"
+      const char* group_name = group_index_.count("embedding") ? "embedding"
                          : group_index_.count("output")  ? "output"
                                                          : nullptr;
-      if (name) {
-        const ParamGroup& g = group(name);
+      if (group_name) {
+        const ParamGroup& g = group(group_name);
         e_.collective(at, OpKind::all_reduce, GroupKind::embedding, Stream::comm,
-                      "tied_embedding_grads", double(grad_elements(g)) * dtype_bytes(c_.grad),
+                      OpName::tied_embedding_grads, double(grad_elements(g)) * dtype_bytes(c_.grad),
                       {"grads." + g.name}, {"grads." + g.name});
       }
     }
@@ -746,7 +744,7 @@ class RoleLowering {
         names.push_back("grads." + g.name);
         elements += double(g.sp_replicated);
       }
-      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, "sp_replicated_grads",
+      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, OpName::sp_replicated_grads,
                     elements * dtype_bytes(c_.grad), names, names);
     }
   }
@@ -763,11 +761,11 @@ class RoleLowering {
     }
     rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
     std::vector<std::string> norm_out = {"grad_norm_sq"};
-    e_.compute(at, OpKind::optimizer_step, "grad_norm", 2 * shard_elements, grads, norm_out);
+    e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
     // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
     // model's tp × pp ranks; sharded gradients are summed over every rank.
     GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : GroupKind::world;
-    e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, "grad_norm",
+    e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, OpName::grad_norm,
                   dtype_bytes(c_.wide), norm_out, norm_out);
     std::vector<std::string> inputs = grads;
     inputs.insert(inputs.end(), states.begin(), states.end());
@@ -775,7 +773,7 @@ class RoleLowering {
     std::vector<std::string> outputs = states;
     outputs.insert(outputs.end(), weights.begin(), weights.end());
     // AdamW with clipping: read gradient, moments, master weight; write moments, master, weight.
-    int32_t id = e_.compute(at, OpKind::optimizer_step, "adamw", 14 * shard_elements, inputs,
+    int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
                             outputs);
     double per_param = dtype_bytes(c_.grad) + 2 * optimizer_states() * 4.0 + dtype_bytes(c_.act);
     const_cast<Op&>(rb_.role().ops[id]).bytes = per_param * shard_elements;
@@ -788,7 +786,7 @@ class RoleLowering {
     double bytes = 0;
     auto flush = [&]() {
       if (names.empty()) return;
-      e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, "param_gather", bytes,
+      e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::param_gather, bytes,
                     names, names);
       names.clear();
       bytes = 0;

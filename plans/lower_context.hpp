@@ -11,6 +11,7 @@
 #include "plan.hpp"
 #include "program.hpp"
 #include "role_builder.hpp"
+#include "shard_layout.hpp"
 
 namespace stepcast {
 
@@ -22,6 +23,7 @@ struct LowerContext {
   const Plan& plan;
   RankGrid grid;
   LinkFigures links;
+  ShardLayout shards;  // what a rank keeps of each parameter group under the plan's ZeRO stage
 
   int64_t s, b, h, t, d, f;
   int64_t s_local;      // sequence length a rank holds between tensor-parallel regions (s/t under SP)
@@ -60,19 +62,19 @@ class OpEmitter {
   OpEmitter(const LowerContext& ctx, RoleBuilder& rb, int64_t first_rank)
       : ctx_(ctx), rb_(rb), first_rank_(first_rank) {}
 
-  int32_t gemm(const OpSite& at, const std::string& name, const std::string& grad, int64_t m,
+  int32_t gemm(const OpSite& at, OpName name, Grad grad, int64_t m,
                int64_t n, int64_t k, std::vector<std::string> inputs,
                std::vector<std::string> outputs);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
-  int32_t compute(const OpSite& at, OpKind kind, const std::string& name, double flops,
+  int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
                   std::vector<std::string> inputs, std::vector<std::string> outputs,
                   const std::vector<int32_t>& extra_deps = {});
-  int32_t attention(const OpSite& at, const std::string& name, double flops,
+  int32_t attention(const OpSite& at, OpName name, double flops,
                     std::vector<std::string> inputs, std::vector<std::string> outputs);
   // Collective on `group`; `bytes` is the full buffer per rank. No op when the group has one
   // member (returns -1).
   int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
-                     const std::string& name, double bytes, std::vector<std::string> inputs,
+                     OpName name, double bytes, std::vector<std::string> inputs,
                      std::vector<std::string> outputs, const std::vector<int32_t>& extra_deps = {});
   // A send with `staging` copies `buffer` into that comm buffer and sends from it.
   int32_t p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,

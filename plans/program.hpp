@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,25 @@ enum class Stream { compute, comm, p2p };
 enum class Phase { forward, backward, recompute, optimizer };
 enum class Algorithm { none, ring, tree, hierarchical };
 enum class Peer { none, pp_next, pp_prev };
+// What an op computes within its kind; values equal their JSON strings ("" for none: alloc and
+// free). The operands of each (kind, name, grad, pass) are its signature (op_signature.hpp).
+enum class OpName {
+  none,
+  word, position_dropout,                                               // embedding
+  input_norm, post_attn_norm, final_norm,                               // norm
+  qkv, attn_out, mlp_up, mlp_gate, mlp_down, logits,                    // gemm
+  score, softmax, dropout, value, flash,                                // attention
+  rotary, gelu, swiglu, dropout_add, mlp_bias_grad, attn_bias_grad,     // activation
+  cross_entropy_stats, cross_entropy,                                   // loss
+  grad_accumulate, grad_norm, adamw,                                    // optimizer_step
+  // collectives: what they reduce or gather (grad_norm also names its all_reduce)
+  tp_embedding, tp_attn_out, tp_mlp_down, tp_mlp_up, tp_qkv, tp_logits, tp_cross_entropy,
+  sp_embedding, sp_ln1, sp_ln2, sp_d_attn, sp_d_mlp, sp_final_norm,
+  grad_bucket, tied_embedding_grads, sp_replicated_grads, param_gather, zero3_param_gather,
+  send, recv  // pipeline; keep last (parse_op_name walks up to it)
+};
+// The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).
+enum class Grad { none, dgrad, wgrad };
 // Memory classes of `stepcast memory` (memory_<class>_bytes).
 enum class BufferClass { weights, grads, optimizer, activations, workspace, comm };
 
@@ -35,6 +56,13 @@ const char* to_string(Phase phase);
 const char* to_string(Algorithm algorithm);
 const char* to_string(Peer peer);
 const char* to_string(BufferClass buffer_class);
+const char* to_string(OpName name);  // op_signature.cpp, beside the table
+const char* to_string(Grad grad);
+std::optional<OpName> parse_op_name(const std::string& text);  // nullopt for "" and unknown text
+std::optional<Grad> parse_grad(const std::string& text);        // nullopt for "" and unknown text
+std::string valid_op_names();  // "word, position_dropout, ..." for messages
+std::ostream& operator<<(std::ostream& out, OpName name);
+std::ostream& operator<<(std::ostream& out, Grad grad);
 bool is_compute(OpKind kind);
 bool is_collective(OpKind kind);
 bool is_p2p(OpKind kind);
@@ -59,19 +87,15 @@ struct Op {
   OpKind kind = OpKind::gemm;
   Stream stream = Stream::compute;
   Phase phase = Phase::forward;
-  // What the op computes within its kind: gemm qkv|attn_out|mlp_up|mlp_gate|mlp_down|logits;
-  // attention score|softmax|dropout|value|flash; activation gelu|swiglu|dropout_add;
-  // norm input_norm|post_attn_norm|final_norm; optimizer_step grad_norm|adamw;
-  // collectives: what is reduced (e.g. "tp_attn_out", "grad_bucket").
-  std::string name;
-  // gemm (backward only): "dgrad" or "wgrad".
-  std::string grad;
+  OpName name = OpName::none;
+  Grad grad = Grad::none;  // gemm in backward only
   int32_t layer = -1;       // global layer index; -1 for embedding, loss, optimizer
   int32_t microbatch = -1;
   int32_t chunk = -1;       // model chunk (virtual stage index on this pipeline stage)
   std::vector<int32_t> deps;          // ids of ops in the same role that must finish first
-  std::vector<std::string> inputs;    // buffers read
-  std::vector<std::string> outputs;   // buffers written
+  // Buffers read and written, in the order of the slots of the op's signature.
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
   // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim.
   int64_t batch = 0, m = 0, n = 0, k = 0;
   double flops = 0;                   // floating-point operations executed
@@ -101,7 +125,7 @@ struct Role {
 };
 
 struct StepProgram {
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;  // 2: operands by slot, with dtype and shape
   Json model;      // resolved inputs
   Json topology;
   Json plan;

@@ -1,6 +1,8 @@
 // The StepProgram invariants of program_check.hpp.
 #include "program_check.hpp"
 
+#include "op_signature.hpp"
+
 #include <deque>
 #include <map>
 #include <set>
@@ -14,18 +16,75 @@ namespace {
 std::string where(const Role& role, const Op& op) {
   std::ostringstream out;
   out << "role " << role.index << " op " << op.id << " (" << to_string(op.kind);
-  if (!op.name.empty()) out << " " << op.name;
+  if (op.name != OpName::none) out << " " << op.name;
   if (!op.buffer.empty()) out << " " << op.buffer;
   out << ")";
   return out.str();
 }
 
-void check_buffers(const Role& role, std::vector<std::string>& errors) {
-  struct Live {
-    int32_t alloc_op;
-    bool persistent;
-    std::vector<int32_t> users;
+struct Live {
+  int32_t alloc_op;
+  bool persistent;
+  std::vector<int32_t> users;
+};
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The op's operands against its signature: their count, and the dtype and element count of
+// every live buffer against its slot's rules.
+void check_operands(const Role& role, const Op& op,
+                    const std::unordered_map<std::string, Live>& live,
+                    std::vector<std::string>& errors) {
+  const OpSignature* signature = find_signature(op);
+  if (!signature) {
+    errors.push_back(where(role, op) + ": no signature for (" + to_string(op.kind) + ", '" +
+                     to_string(op.name) + "', '" + to_string(op.grad) + "', " +
+                     to_string(op.phase) + ")");
+    return;
+  }
+  SlotBinding binding = bind_slots(*signature, op);
+  if (!binding.error.empty()) {
+    errors.push_back(where(role, op) + ": " + binding.error);
+    return;
+  }
+  auto alloc_of = [&](const std::string& name) -> const Op* {
+    auto it = live.find(name);
+    return it == live.end() ? nullptr : &role.ops[size_t(it->second.alloc_op)];
   };
+  const Op* first = op.inputs.empty() ? nullptr : alloc_of(op.inputs[0]);
+  auto check_side = [&](const std::vector<std::string>& names,
+                        const std::vector<const Slot*>& slots, const char* side) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Slot& slot = *slots[i];
+      const Op* alloc = alloc_of(names[i]);
+      if (!alloc) continue;  // reported by check_buffers
+      std::string what = where(role, op) + ": " + side + " slot '" + slot.name + "' (buffer '" +
+                         names[i] + "')";
+      if (!dtype_fits(slot.dtype, alloc->dtype, first ? first->dtype : alloc->dtype)) {
+        errors.push_back(what + " is " + to_string(alloc->dtype) + "; its slot takes " +
+                         to_string(slot.dtype));
+      }
+      std::optional<int64_t> want = expected_elements(slot.shape, op);
+      if (want && elements(alloc->shape) != *want) {
+        errors.push_back(what + " holds " + std::to_string(elements(alloc->shape)) +
+                         " elements; its slot takes " + to_string(slot.shape) + " = " +
+                         std::to_string(*want));
+      }
+      if ((slot.role == SlotRole::comm_scratch) != is_comm_scratch(names[i])) {
+        errors.push_back(what + (is_comm_scratch(names[i]) ? " is" : " is not") +
+                         " comm scratch; its slot's role is " + to_string(slot.role));
+      }
+    }
+  };
+  check_side(op.inputs, binding.inputs, "input");
+  check_side(op.outputs, binding.outputs, "output");
+}
+
+void check_buffers(const Role& role, std::vector<std::string>& errors) {
   std::unordered_map<std::string, Live> live;
   for (size_t i = 0; i < role.ops.size(); ++i) {
     const Op& op = role.ops[i];
@@ -73,6 +132,7 @@ void check_buffers(const Role& role, std::vector<std::string>& errors) {
         }
       }
     }
+    check_operands(role, op, live, errors);
   }
   for (const auto& [name, state] : live) {
     if (!state.persistent) {

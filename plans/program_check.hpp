@@ -5,6 +5,8 @@
 //  - every buffer an op reads or writes is live (allocated before, not yet freed); transient
 //    buffers are freed by the end of the step, persistent ones never; a free follows (through
 //    its deps) every op that used the buffer since its allocation;
+//  - every op has a signature (op_signature.hpp) its operands fit: their count, and the dtype and
+//    element count (from the op's batch, m, n, k) of each buffer against its slot's rules;
 //  - every send has the matching recv on the peer's role (same tag and bytes), and the sends from
 //    a stage to a neighbour are in the same order as that neighbour's receives (MPI's
 //    non-overtaking matching needs nothing else);

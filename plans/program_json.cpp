@@ -5,11 +5,13 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
-#include <map>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <unordered_map>
 
 #include "errors.hpp"
+#include "op_signature.hpp"
 #include "sha256.hpp"
 #include "version.hpp"
 
@@ -78,16 +80,35 @@ void put_int_list(std::string& s, const std::vector<T>& v) {
   s += ']';
 }
 
-void put_string_list(std::string& s, const std::vector<std::string>& v) {
+// The alloc op of each live buffer of a role, as its ops are walked in order.
+using LiveAllocs = std::unordered_map<std::string, const Op*>;
+
+void track_alloc(LiveAllocs& live, const Op& op) {
+  if (op.kind == OpKind::alloc) live[op.buffer] = &op;
+}
+
+// Operands by slot: [{"slot":NAME,"buffer":NAME,"dtype":DTYPE,"shape":[...]}, ...].
+void put_operands(std::string& s, const std::vector<std::string>& buffers,
+                  const std::vector<const Slot*>& slots, const LiveAllocs& live) {
   s += '[';
-  for (size_t i = 0; i < v.size(); ++i) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
     if (i) s += ',';
-    put_string(s, v[i]);
+    auto it = live.find(buffers[i]);
+    STEPCAST_CHECK(it != live.end(), "program.json: operand '" + buffers[i] + "' is not allocated");
+    s += "{\"slot\":";
+    put_string(s, slots[i]->name);
+    put_key(s, "buffer");
+    put_string(s, buffers[i]);
+    put_key(s, "dtype");
+    put_string(s, to_string(it->second->dtype));
+    put_key(s, "shape");
+    put_int_list(s, it->second->shape);
+    s += '}';
   }
   s += ']';
 }
 
-void put_op(std::string& s, const Op& op) {
+void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
   s += "{\"id\":";
   put_number(s, op.id);
   put_key(s, "kind");
@@ -96,8 +117,8 @@ void put_op(std::string& s, const Op& op) {
   put_string(s, to_string(op.stream));
   put_key(s, "phase");
   put_string(s, to_string(op.phase));
-  if (!op.name.empty()) { put_key(s, "name"); put_string(s, op.name); }
-  if (!op.grad.empty()) { put_key(s, "grad"); put_string(s, op.grad); }
+  if (op.name != OpName::none) { put_key(s, "name"); put_string(s, to_string(op.name)); }
+  if (op.grad != Grad::none) { put_key(s, "grad"); put_string(s, to_string(op.grad)); }
   if (op.layer >= 0) { put_key(s, "layer"); put_number(s, op.layer); }
   if (op.microbatch >= 0) { put_key(s, "microbatch"); put_number(s, op.microbatch); }
   if (op.chunk >= 0) { put_key(s, "chunk"); put_number(s, op.chunk); }
@@ -120,10 +141,19 @@ void put_op(std::string& s, const Op& op) {
     s += '}';
     return;
   }
+  SlotBinding binding;
+  if (!op.inputs.empty() || !op.outputs.empty()) {
+    const OpSignature* signature = find_signature(op);
+    STEPCAST_CHECK(signature, std::string("program.json: no signature for op ") +
+                                  std::to_string(op.id) + " (" + to_string(op.kind) + " " +
+                                  to_string(op.name) + ")");
+    binding = bind_slots(*signature, op);
+    STEPCAST_CHECK(binding.error.empty(), "program.json: op " + std::to_string(op.id) + ": " + binding.error);
+  }
   put_key(s, "inputs");
-  put_string_list(s, op.inputs);
+  put_operands(s, op.inputs, binding.inputs, live);
   put_key(s, "outputs");
-  put_string_list(s, op.outputs);
+  put_operands(s, op.outputs, binding.outputs, live);
   if (op.batch > 0) {
     put_key(s, "batch"); put_number(s, double(op.batch));
     put_key(s, "m"); put_number(s, double(op.m));
@@ -186,10 +216,12 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     put_int_list(s, role.chunks_virtual_stages);
     s += ",\"ops\":[\n";
     sink.put(s);
+    LiveAllocs live;
     for (size_t i = 0; i < role.ops.size(); ++i) {
       s.clear();
       if (i) s += ",\n";
-      put_op(s, role.ops[i]);
+      track_alloc(live, role.ops[i]);
+      put_op(s, role.ops[i], live);
       sink.put(s);
     }
     sink.put("]}");
@@ -227,6 +259,86 @@ GroupKind parse_group(const Json& v, const std::string& file) {
   throw InputError(file + ": key 'group' = \"" + text + "\": unknown value");
 }
 
+OpName parse_name(const Json& op, const std::string& file) {
+  if (!op.contains("name")) return OpName::none;
+  std::string text = op.at("name").get<std::string>();
+  std::optional<OpName> name = parse_op_name(text);
+  if (!name) {
+    throw_input_error(file, "name", Json(text).dump(), "unknown op name", valid_op_names());
+  }
+  return *name;
+}
+
+// An op's operands (version 2: by slot, with dtype and shape) as buffer names.
+std::vector<std::string> parse_operands(const Json& list, const char* key, const std::string& file) {
+  std::vector<std::string> buffers;
+  if (!list.is_array()) throw_input_error(file, key, printable_excerpt(list.dump()), "not a list", "a list of operands");
+  for (const Json& o : list) {
+    if (!o.is_object() || !o.contains("buffer") || !o.at("buffer").is_string()) {
+      throw_input_error(file, key, printable_excerpt(o.dump()), "not an operand",
+                        "{\"slot\": NAME, \"buffer\": NAME, \"dtype\": DTYPE, \"shape\": [...]}");
+    }
+    buffers.push_back(o.at("buffer").get<std::string>());
+  }
+  return buffers;
+}
+
+// Every operand must be the buffer of the slot its signature gives it, live, with the dtype and
+// shape of its alloc.
+void check_operands(const Json& jo, const Op& op, const LiveAllocs& live, const std::string& file) {
+  if (op.inputs.empty() && op.outputs.empty()) return;
+  const OpSignature* signature = find_signature(op);
+  std::string what = "op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
+                     to_string(op.name) + ")";
+  if (!signature) {
+    throw_input_error(file, "name", Json(to_string(op.name)).dump(),
+                      what + " has no signature in phase " + to_string(op.phase) + " with grad '" +
+                          to_string(op.grad) + "'",
+                      "an op of stepcast's signature table (op_signature.cpp)");
+  }
+  SlotBinding binding = bind_slots(*signature, op);
+  if (!binding.error.empty()) {
+    throw_input_error(file, "inputs", printable_excerpt(jo.at("inputs").dump()), what + ": " + binding.error, "the operands of its signature");
+  }
+  auto check = [&](const char* key, const std::vector<std::string>& buffers,
+                   const std::vector<const Slot*>& slots) {
+    const Json& list = jo.at(key);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const Json& o = list[i];
+      std::string at = std::string(key) + "[" + std::to_string(i) + "]";
+      std::string slot = o.value("slot", "");
+      if (slot != slots[i]->name) {
+        throw_input_error(file, at + ".slot", Json(slot).dump(), what + ": not the slot of this operand",
+                          Json(slots[i]->name).dump());
+      }
+      auto it = live.find(buffers[i]);
+      if (it == live.end()) {
+        throw_input_error(file, at + ".buffer", Json(buffers[i]).dump(),
+                          what + ": the buffer is not allocated here", "a live buffer of the role");
+      }
+      std::string dtype = o.value("dtype", "");
+      if (dtype != to_string(it->second->dtype)) {
+        throw_input_error(file, at + ".dtype", Json(dtype).dump(), what + ": not its alloc's dtype",
+                          Json(to_string(it->second->dtype)).dump());
+      }
+      if (!o.contains("shape") || o.at("shape") != Json(it->second->shape)) {
+        throw_input_error(file, at + ".shape", printable_excerpt(o.value("shape", Json()).dump()),
+                          what + ": not its alloc's shape", Json(it->second->shape).dump());
+      }
+    }
+  };
+  check("inputs", op.inputs, binding.inputs);
+  check("outputs", op.outputs, binding.outputs);
+}
+
+Grad parse_op_grad(const Json& op, const std::string& file) {
+  if (!op.contains("grad")) return Grad::none;
+  std::string text = op.at("grad").get<std::string>();
+  std::optional<Grad> grad = parse_grad(text);
+  if (!grad) throw_input_error(file, "grad", Json(text).dump(), "unknown gradient", "dgrad, wgrad");
+  return *grad;
+}
+
 }  // namespace
 
 StepProgram read_program_json(const std::string& path) {
@@ -248,9 +360,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
   Json j = parse_json_text(text, path);
   try {
     StepProgram p;
-    if (j.at("schema_version").get<int>() != StepProgram::kSchemaVersion) {
-      throw InputError(path + ": key 'schema_version' = " + j.at("schema_version").dump() +
-                       ": unsupported; valid: " + std::to_string(StepProgram::kSchemaVersion));
+    const Json& version = j.at("schema_version");
+    if (version != Json(StepProgram::kSchemaVersion)) {
+      std::string why = version == Json(1)
+          ? "a program.json of an older stepcast (version 1: operands without slots and shapes)"
+          : "not a program.json version this stepcast reads";
+      throw InputError(path + ": key 'schema_version' = " + printable_excerpt(version.dump()) + ": " + why +
+                       "; valid: " + std::to_string(StepProgram::kSchemaVersion) +
+                       ". Regenerate it: stepcast lower --model M --topology T --plan P --out DIR");
     }
     p.model = j.at("model");
     p.topology = j.at("topology");
@@ -298,8 +415,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         op.kind = parse_enum(jo.at("kind"), OpKind::free, path, "kind");
         op.stream = parse_enum(jo.at("stream"), Stream::p2p, path, "stream");
         op.phase = parse_enum(jo.at("phase"), Phase::optimizer, path, "phase");
-        op.name = jo.value("name", "");
-        op.grad = jo.value("grad", "");
+        op.name = parse_name(jo, path);
+        op.grad = parse_op_grad(jo, path);
         op.layer = int32_of(jo.value("layer", Json(-1)), "layer");
         op.microbatch = int32_of(jo.value("microbatch", Json(-1)), "microbatch");
         op.chunk = int32_of(jo.value("chunk", Json(-1)), "chunk");
@@ -321,8 +438,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
             op.persistent = jo.value("persistent", false);
           }
         } else {
-          op.inputs = jo.at("inputs").get<std::vector<std::string>>();
-          op.outputs = jo.at("outputs").get<std::vector<std::string>>();
+          op.inputs = parse_operands(jo.at("inputs"), "inputs", path);
+          op.outputs = parse_operands(jo.at("outputs"), "outputs", path);
           op.batch = integer(jo.value("batch", Json(0)), "batch", 0, kLarge);
           op.m = integer(jo.value("m", Json(0)), "m", 0, kLarge);
           op.n = integer(jo.value("n", Json(0)), "n", 0, kLarge);
@@ -338,6 +455,15 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           }
         }
         role.ops.push_back(std::move(op));
+      }
+      // Operands are checked against allocs that point into role.ops: now that it is whole.
+      LiveAllocs allocs;
+      const Json& ops = jr.at("ops");
+      for (size_t i = 0; i < role.ops.size(); ++i) {
+        track_alloc(allocs, role.ops[i]);
+        if (role.ops[i].kind != OpKind::alloc && role.ops[i].kind != OpKind::free) {
+          check_operands(ops[i], role.ops[i], allocs, path);
+        }
       }
       p.roles.push_back(std::move(role));
     }

@@ -20,7 +20,7 @@ ProgramStats program_stats(const StepProgram& program) {
         // Matrix products only: GEMMs and the attention score and value products.
         bool forward_work = op.kind == OpKind::gemm ||
                             (op.kind == OpKind::attention &&
-                             (op.name == "score" || op.name == "value" || op.name == "flash"));
+                             (op.name == OpName::score || op.name == OpName::value || op.name == OpName::flash));
         if (forward_work && op.phase == Phase::forward) stats.forward_flops_per_step += op.flops * ranks;
         if (forward_work) stats.matrix_flops_per_step += op.flops * ranks;
         if (op.phase == Phase::recompute) stats.recompute_flops_per_step += op.flops * ranks;

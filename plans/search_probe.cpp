@@ -150,14 +150,13 @@ StageLayout stage_layout(const LowerContext& c, int64_t stage) {
 }
 
 double persistent_bytes(const LowerContext& c, const StageLayout& s) {
-  const Plan& plan = c.plan;
   double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
   double states = act < 4 ? 3 : 2;
   double total = 0;
   for (const Group& g : s.groups) {
-    int64_t w = plan.zero_stage >= 3 ? ceil_div(g.elements, plan.dp_size) : g.elements;
-    int64_t gr = plan.zero_stage >= 2 ? ceil_div(g.elements, plan.dp_size) : g.elements;
-    int64_t o = plan.zero_stage >= 1 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+    int64_t w = c.shards.buffer_elements(ShardedState::weights, g.elements);
+    int64_t gr = c.shards.buffer_elements(ShardedState::grads, g.elements);
+    int64_t o = c.shards.buffer_elements(ShardedState::optimizer, g.elements);
     total += double(w) * act + double(gr) * grad + double(o) * states * wide;
   }
   return total;
@@ -476,7 +475,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         Op op;
         op.kind = OpKind::optimizer_step;
         op.phase = Phase::backward;
-        op.name = "grad_accumulate";
+        op.name = OpName::grad_accumulate;
         op.flops = double(g.elements);
         double sec = cost_model.op_time_s(op);
         t.compute_mb_s += sec;
@@ -498,17 +497,17 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     // Step level: gradient norm and AdamW on the optimizer shard, and their collectives.
     double shard = 0;
     for (const Group& g : s.groups) {
-      shard += double(plan.zero_stage >= 1 ? ceil_div(g.elements, plan.dp_size) : g.elements);
+      shard += double(c.shards.buffer_elements(ShardedState::optimizer, g.elements));
     }
     double states = act < 4 ? 3 : 2;
     Op norm;
     norm.kind = OpKind::optimizer_step;
     norm.phase = Phase::optimizer;
-    norm.name = "grad_norm";
+    norm.name = OpName::grad_norm;
     norm.flops = 2 * shard;
     norm.bytes = wide;
     Op adamw = norm;
-    adamw.name = "adamw";
+    adamw.name = OpName::adamw;
     adamw.flops = 14 * shard;
     adamw.bytes = (grad + 2 * states * 4.0 + act) * shard;
     t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
@@ -519,7 +518,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     if (c.model.tie_word_embeddings && plan.pp_size > 1 && (s.has_first || s.has_last)) {
       for (const Group& g : s.groups) {
         if (g.kind != Group::embedding && g.kind != Group::output) continue;
-        int64_t elements = plan.zero_stage >= 2 ? ceil_div(g.elements, plan.dp_size) : g.elements;
+        int64_t elements = c.shards.buffer_elements(ShardedState::grads, g.elements);
         GroupShape embedding_shape = shape(GroupKind::embedding);
         t.step_level_s += new_collective_s(OpKind::all_reduce, double(elements) * grad,
                                            embedding_shape, links);

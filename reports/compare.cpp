@@ -157,7 +157,7 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
     key.kind = to_string(op.kind);
     add_to_group(kinds, key, p_s, m_s);
     if (is_compute(op.kind)) {
-      key.name = op.grad.empty() ? op.name : op.name + "/" + op.grad;
+      key.name = op.grad == Grad::none ? to_string(op.name) : to_string(op.name) + std::string("/") + to_string(op.grad);
       add_to_group(names, key, p_s, m_s);
     } else if (is_collective(op.kind)) {
       key.group = to_string(op.group);

@@ -88,7 +88,7 @@ class RankActor {
           if (head_[stream] < queue_[stream].size()) {
             const Op& op = role.ops[queue_[stream][head_[stream]]];
             out << "; " << to_string(op.stream) << " waits at op " << op.id << " ("
-                << to_string(op.kind) << " " << op.name << ")";
+                << to_string(op.kind) << " " << to_string(op.name) << ")";
           }
         }
         out_.errors.push_back(out.str());

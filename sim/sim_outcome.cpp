@@ -22,7 +22,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
       for (const Op& op : role.ops) {
         if (op.stream != stream || st.done.empty() || st.done[op.id]) continue;
         stuck += std::string(stuck.empty() ? "" : "; ") + to_string(stream) + " at op " +
-                 std::to_string(op.id) + " (" + to_string(op.kind) + " " + op.name + ")";
+                 std::to_string(op.id) + " (" + to_string(op.kind) + " " + to_string(op.name) + ")";
         break;
       }
     }

@@ -223,7 +223,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       // flop/s) would stall SimGrid's clock: refused here, naming what it came from.
       if (!(costs[op.id] >= 0 && costs[op.id] < kMaxOpTimeS)) {
         std::ostringstream why;
-        why << "op " << op.id << " (" << to_string(op.kind) << " " << op.name << ") of rank "
+        why << "op " << op.id << " (" << to_string(op.kind) << " " << to_string(op.name) << ") of rank "
             << first << " would take " << costs[op.id] << " s";
         throw_input_error(topology.file, "node", "", why.str(),
                           "peaks, bandwidths and latencies (and the profile " + profile.file +

@@ -83,7 +83,6 @@ inline Op collective_op(OpKind kind, GroupKind group, Algorithm algorithm, doubl
 inline Op compute_op(double seconds, std::vector<int32_t> deps = {}) {
   Op op;
   op.kind = OpKind::activation;
-  op.name = "uniform";
   op.flops = seconds * 1e12;
   op.deps = std::move(deps);
   return op;

@@ -194,7 +194,7 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   // Off-grid and smooth: within a few percent of the synthetic truth.
   CHECK(relative(model.op_time_s(gemm), synthetic_gemm_time_s(128, 64, 256)) < 0.05);
   // A dgrad without its own table falls back to the forward one.
-  gemm.grad = "dgrad";
+  gemm.grad = Grad::dgrad;
   CHECK(model.op_time_s(gemm) == Approx(gemm.flops / table.flops_per_s(128, 64, 256)).epsilon(1e-12));
 
   Op norm;
@@ -207,7 +207,7 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   // No table: the roofline on the measured bandwidth plus the measured fixed cost.
   Op rotary;
   rotary.kind = OpKind::activation;
-  rotary.name = "rotary";
+  rotary.name = OpName::rotary;
   rotary.phase = Phase::backward;
   rotary.bytes = 8e6;
   CHECK(memory_family(rotary) == "rotary_backward");
@@ -217,7 +217,7 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   DeviceProfile sheet = load_profile(source_path("profiles/a100-sxm4-80gb.json"));
   Topology dgx = load_topology(source_path("topologies/dgx-a100-80gb.json"));
   ComputeCostModel roofline(dgx.node.device, Dtype::bf16, sheet, dgx.file);
-  gemm.grad = "";
+  gemm.grad = Grad::none;
   double peak = dgx.node.device.peak_for(Dtype::bf16, dgx.file);
   // The A100 profile's GEMMs: peak · peak_fraction · the shape model (fitted to its GEMM points).
   const GemmEfficiency& e = sheet.gemm.at(Dtype::bf16);
@@ -492,18 +492,18 @@ TEST_CASE("profile: attention score and value cost the GEMMs they are made of", 
   op.n = 64;
   op.k = 16;
   op.flops = 2.0 * 8 * 64 * 64 * 16;
-  op.name = "score";
+  op.name = OpName::score;
   CHECK(model.op_time_s(op) == Approx(8 * time(forward, 64, 64, 16)).epsilon(1e-12));
-  op.name = "value";
+  op.name = OpName::value;
   CHECK(model.op_time_s(op) == Approx(8 * time(dgrad, 64, 16, 64)).epsilon(1e-12));
   op.phase = Phase::backward;
   op.flops *= 2;
   CHECK(model.op_time_s(op) ==
         Approx(8 * (time(forward, 64, 64, 16) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
-  op.name = "score";
+  op.name = OpName::score;
   CHECK(model.op_time_s(op) ==
         Approx(8 * (time(dgrad, 64, 16, 64) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
-  op.name = "softmax";
+  op.name = OpName::softmax;
   CHECK(attention_gemms(op).empty());
 }
 
@@ -517,7 +517,7 @@ TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads",
   ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
   Op norm;
   norm.kind = OpKind::optimizer_step;
-  norm.name = "grad_norm";
+  norm.name = OpName::grad_norm;
   norm.phase = Phase::optimizer;
   norm.flops = 2e6;
   norm.bytes = 4;
@@ -528,19 +528,19 @@ TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads",
 TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[profile]") {
   Op op;
   op.kind = OpKind::attention;
-  op.name = "dropout";
+  op.name = OpName::dropout;
   CHECK(memory_family(op) == "attention_dropout_forward");
   op.phase = Phase::backward;
   CHECK(memory_family(op) == "dropout_backward");
   op.kind = OpKind::activation;
-  op.name = "dropout_add";
+  op.name = OpName::dropout_add;
   CHECK(memory_family(op) == "dropout_backward");
   op.phase = Phase::recompute;
   CHECK(memory_family(op) == "residual_add");  // no mask output: no dropout
   op.outputs = {"x_mid", "mask1"};
   CHECK(memory_family(op) == "dropout_add_forward");
   op.kind = OpKind::embedding;  // the embedding's dropout: its mask decides, as dropout_add's
-  op.name = "position_dropout";
+  op.name = OpName::position_dropout;
   op.phase = Phase::forward;
   op.outputs = {"out", "mask"};
   CHECK(memory_family(op) == "dropout_add_forward");
@@ -553,7 +553,7 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   CHECK(memory_family(op) == "copy");
   op.phase = Phase::recompute;
   op.kind = OpKind::norm;
-  op.name = "input_norm";
+  op.name = OpName::input_norm;
   CHECK(memory_family(op) == "norm_forward");
   CHECK(memory_family(op, "layernorm") == "layernorm_forward");
   // A LayerNorm model takes the layernorm table where the profile has one.

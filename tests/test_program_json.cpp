@@ -6,9 +6,11 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "json_input.hpp"
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
 #include "program_check.hpp"
+#include "program_inputs.hpp"
 #include "program_json.hpp"
 #include "sha256.hpp"
 
@@ -81,4 +83,106 @@ TEST_CASE("an altered or truncated program.json is refused", "[program_json]") {
   std::string truncated_path = write_temp_file("truncated.json", text.substr(0, text.size() / 2));
   CHECK_THROWS_WITH(read_program_json(truncated_path), Catch::Contains("truncated"));
   CHECK_THROWS_AS(read_program_json("/nonexistent/program.json"), InputError);
+}
+
+namespace {
+
+// The text with its program_sha256 recomputed: a program edited and hashed again.
+std::string rehash(std::string text) {
+  const std::string marker = ",\"program_sha256\":\"";
+  size_t at = text.rfind(marker);
+  REQUIRE(at != std::string::npos);
+  text.replace(at + marker.size(), 64, sha256_hex(std::string_view(text).substr(0, at)));
+  return text;
+}
+
+int64_t elements(const Json& shape) {
+  int64_t n = 1;
+  for (const Json& d : shape) n *= d.get<int64_t>();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("program.json carries every operand by slot, with its dtype and shape", "[program_json]") {
+  StepProgram written;
+  std::string path = write_case(lowering_cases()[9], written);
+  Json j = load_json_file(path);
+  CHECK(j.at("schema_version") == 2);
+  int64_t gemms = 0;
+  for (const Json& op : j.at("roles")[0].at("ops")) {
+    for (const char* side : {"inputs", "outputs"}) {
+      if (!op.contains(side)) continue;
+      for (const Json& operand : op.at(side)) {
+        CHECK(operand.at("slot").is_string());
+        CHECK(operand.at("buffer").is_string());
+        CHECK(operand.at("dtype").is_string());
+        CHECK(operand.at("shape").is_array());
+      }
+    }
+    if (op.at("kind") != "gemm") continue;
+    // x[m, k] · w → y[m, n]; dgrad d_y[m, k] → d_x[m, n]; wgrad x[k, m], d_y[k, n] → dw.
+    int64_t m = op.at("m"), n = op.at("n"), k = op.at("k");
+    const Json& in0 = op.at("inputs")[0];
+    std::string grad = op.value("grad", "");
+    CHECK(in0.at("slot") == (grad == "dgrad" ? "d_y" : "x"));
+    CHECK(elements(in0.at("shape")) == (grad == "wgrad" ? k * m : m * k));
+    CHECK(op.at("inputs")[1].at("slot") == (grad == "wgrad" ? "d_y" : "w"));
+    if (grad != "wgrad") CHECK(elements(op.at("outputs")[0].at("shape")) == m * n);
+    ++gemms;
+  }
+  CHECK(gemms > 0);
+}
+
+TEST_CASE("a program.json of format version 1 is refused, saying how to regenerate it",
+          "[program_json]") {
+  StepProgram written;
+  std::string text = read_text(write_case(lowering_cases()[9], written));
+  const std::string head = "{\"schema_version\":2,";
+  REQUIRE(text.rfind(head, 0) == 0);
+  text.replace(0, head.size(), "{\"schema_version\":1,");
+  std::string path = write_temp_file("v1.json", rehash(text));
+  CHECK_THROWS_AS(read_program_json(path), InputError);
+  CHECK_THROWS_WITH(read_program_json(path), Catch::Contains("key 'schema_version' = 1") &&
+                                                 Catch::Contains("older stepcast") &&
+                                                 Catch::Contains("stepcast lower --model"));
+}
+
+TEST_CASE("an operand whose slot, dtype or shape disagrees with the program is refused",
+          "[program_json]") {
+  StepProgram written;
+  std::string text = read_text(write_case(lowering_cases()[9], written));
+  auto refused = [&](const std::string& from, const std::string& to, const std::string& says) {
+    std::string edited = text;
+    size_t at = edited.find(from);
+    REQUIRE(at != std::string::npos);
+    edited.replace(at, from.size(), to);
+    std::string path = write_temp_file("edited.json", rehash(edited));
+    CHECK_THROWS_AS(read_program_json(path), InputError);
+    CHECK_THROWS_WITH(read_program_json(path), Catch::Contains(says));
+  };
+  refused("{\"slot\":\"d_y\"", "{\"slot\":\"x\"", "not the slot of this operand");
+  refused("\"dtype\":\"fp32\",\"shape\":[", "\"dtype\":\"bf16\",\"shape\":[", "not its alloc's dtype");
+  refused("\"dtype\":\"fp32\",\"shape\":[", "\"dtype\":\"fp32\",\"shape\":[7,", "not its alloc's shape");
+  refused("\"name\":\"qkv\"", "\"name\":\"qkv_fused\"", "unknown op name");
+}
+
+TEST_CASE("a program carries the inputs that built it: lowering them again gives the same program",
+          "[program_json]") {
+  for (size_t i : {size_t(5), size_t(22), size_t(41)}) {
+    PlanCase c = lowering_cases()[i];
+    INFO(c.label());
+    ModelConfig model = load_model(source_path(c.model_file));
+    Topology topology = test_topology();
+    Plan plan = make_plan(c.plan_json, model, topology);
+    StepProgram program = lower_program(model, topology, plan);
+    hash_program(program);
+    ProgramInputs in = program_inputs(program);
+    CHECK(model_to_json(in.model) == model_to_json(model));
+    CHECK(plan_to_json(in.plan) == plan_to_json(plan));
+    CHECK(in.topology.node.intra_node.kind == topology.node.intra_node.kind);
+    StepProgram again = lower_program(in.model, in.topology, in.plan);
+    hash_program(again);
+    CHECK(again.program_sha256 == program.program_sha256);
+  }
 }

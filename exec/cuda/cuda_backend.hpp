@@ -47,11 +47,12 @@ std::unique_ptr<Backend<T, G, float>> make_cuda_backend(const RankGrid& grid, in
 // visible GPUs (InputError with gpu_assignment_problem's message).
 int select_cuda_device();
 
-// `stepcast run --backend cuda`: bf16 plans with fp32 (or bf16) gradients, and fp32 plans.
-// InputError for what this backend cannot run; out of memory names the class, bytes and the
-// plan's predicted peak.
-RunOutput run_program_cuda(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                           const Topology& topology, const RunOptions& options);
+// What `stepcast run --backend cuda` runs: bf16 plans with fp32 (or bf16) gradients, and fp32
+// plans; InputError naming the plan file for anything else.
+void check_cuda_plan(const ModelConfig& model, const Plan& plan);
+// The run, from the program alone (its inputs checked again); out of memory names the class,
+// bytes and the plan's predicted peak.
+RunOutput run_program_cuda(const StepProgram& program, const RunOptions& options);
 
 // `stepcast profile --backend cuda`: GEMMs through cuBLASLt (bf16 in, fp32 accumulate), the
 // memory-bound kernels, NCCL collectives (with more than one rank) and send/recv, every rank

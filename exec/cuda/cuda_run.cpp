@@ -12,6 +12,7 @@
 #include "errors.hpp"
 #include "memory.hpp"
 #include "mpi_check.hpp"
+#include "program_inputs.hpp"
 
 namespace stepcast {
 
@@ -38,8 +39,8 @@ int select_cuda_device() {
 namespace {
 
 template <class T, class G>
-RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                    const Topology& topology, const RunOptions& options, int device) {
+RunOutput run_typed(const StepProgram& program, const Topology& topology, const RunOptions& options,
+                    int device) {
   int rank = 0;
   STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   CudaBackendOptions backend_options;
@@ -47,7 +48,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
   backend_options.watchdog_s = options.watchdog_s;
   auto backend = make_cuda_backend<T, G>(program.grid(), rank, program.devices_per_node, backend_options);
   try {
-    return run_with_backend<T, G, float>(program, model, plan, topology, options, *backend);
+    return run_with_backend<T, G, float>(program, options, *backend);
   } catch (const DeviceOutOfMemory& e) {
     // The arena (every buffer of the program, planned once) or the interpreter's scratch.
     const Role& role = program.role_of_rank(rank);
@@ -75,8 +76,7 @@ RunOutput run_typed(const StepProgram& program, const ModelConfig& model, const 
 
 }  // namespace
 
-RunOutput run_program_cuda(const StepProgram& program, const ModelConfig& model, const Plan& plan,
-                           const Topology& topology, const RunOptions& options) {
+void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
   if (plan.param_dtype != Dtype::bf16 && plan.param_dtype != Dtype::fp32) {
     throw_input_error(plan.file, "dtype", std::string("\"") + to_string(plan.param_dtype) + "\"",
                       "the CUDA backend computes in bf16 (fp32 master weights) or fp32",
@@ -102,14 +102,19 @@ RunOutput run_program_cuda(const StepProgram& program, const ModelConfig& model,
                       "the executor does not combine sequence_parallel with sharded gradients",
                       "0 or 1 with sequence_parallel");
   }
+}
+
+RunOutput run_program_cuda(const StepProgram& program, const RunOptions& options) {
+  ProgramInputs in = program_inputs(program);
+  check_cuda_plan(in.model, in.plan);
   int device = select_cuda_device();
-  if (plan.param_dtype == Dtype::fp32) {
-    return run_typed<float, float>(program, model, plan, topology, options, device);
+  if (in.plan.param_dtype == Dtype::fp32) {
+    return run_typed<float, float>(program, in.topology, options, device);
   }
-  if (plan.grad_dtype == Dtype::bf16) {
-    return run_typed<bf16, bf16>(program, model, plan, topology, options, device);
+  if (in.plan.grad_dtype == Dtype::bf16) {
+    return run_typed<bf16, bf16>(program, in.topology, options, device);
   }
-  return run_typed<bf16, float>(program, model, plan, topology, options, device);
+  return run_typed<bf16, float>(program, in.topology, options, device);
 }
 
 }  // namespace stepcast

@@ -1,0 +1,411 @@
+// The signature table of op_signature.hpp, the names of OpName and Grad, and the binding of an
+// op's operands to slots. To add an op: a value in OpName (program.hpp), its name below, and its
+// row in the table.
+#include "op_signature.hpp"
+
+#include <ostream>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+const char* to_string(OpName name) {
+  switch (name) {
+    case OpName::none: return "";
+    case OpName::word: return "word";
+    case OpName::position_dropout: return "position_dropout";
+    case OpName::input_norm: return "input_norm";
+    case OpName::post_attn_norm: return "post_attn_norm";
+    case OpName::final_norm: return "final_norm";
+    case OpName::qkv: return "qkv";
+    case OpName::attn_out: return "attn_out";
+    case OpName::mlp_up: return "mlp_up";
+    case OpName::mlp_gate: return "mlp_gate";
+    case OpName::mlp_down: return "mlp_down";
+    case OpName::logits: return "logits";
+    case OpName::score: return "score";
+    case OpName::softmax: return "softmax";
+    case OpName::dropout: return "dropout";
+    case OpName::value: return "value";
+    case OpName::flash: return "flash";
+    case OpName::rotary: return "rotary";
+    case OpName::gelu: return "gelu";
+    case OpName::swiglu: return "swiglu";
+    case OpName::dropout_add: return "dropout_add";
+    case OpName::mlp_bias_grad: return "mlp_bias_grad";
+    case OpName::attn_bias_grad: return "attn_bias_grad";
+    case OpName::cross_entropy_stats: return "cross_entropy_stats";
+    case OpName::cross_entropy: return "cross_entropy";
+    case OpName::grad_accumulate: return "grad_accumulate";
+    case OpName::grad_norm: return "grad_norm";
+    case OpName::adamw: return "adamw";
+    case OpName::tp_embedding: return "tp_embedding";
+    case OpName::tp_attn_out: return "tp_attn_out";
+    case OpName::tp_mlp_down: return "tp_mlp_down";
+    case OpName::tp_mlp_up: return "tp_mlp_up";
+    case OpName::tp_qkv: return "tp_qkv";
+    case OpName::tp_logits: return "tp_logits";
+    case OpName::tp_cross_entropy: return "tp_cross_entropy";
+    case OpName::sp_embedding: return "sp_embedding";
+    case OpName::sp_ln1: return "sp_ln1";
+    case OpName::sp_ln2: return "sp_ln2";
+    case OpName::sp_d_attn: return "sp_d_attn";
+    case OpName::sp_d_mlp: return "sp_d_mlp";
+    case OpName::sp_final_norm: return "sp_final_norm";
+    case OpName::grad_bucket: return "grad_bucket";
+    case OpName::tied_embedding_grads: return "tied_embedding_grads";
+    case OpName::sp_replicated_grads: return "sp_replicated_grads";
+    case OpName::param_gather: return "param_gather";
+    case OpName::zero3_param_gather: return "zero3_param_gather";
+    case OpName::send: return "send";
+    case OpName::recv: return "recv";
+  }
+  return "?";
+}
+
+const char* to_string(Grad grad) {
+  switch (grad) {
+    case Grad::none: return "";
+    case Grad::dgrad: return "dgrad";
+    case Grad::wgrad: return "wgrad";
+  }
+  return "?";
+}
+
+std::optional<OpName> parse_op_name(const std::string& text) {
+  for (int i = 1; i <= int(OpName::recv); ++i) {
+    if (text == to_string(OpName(i))) return OpName(i);
+  }
+  return std::nullopt;
+}
+
+std::optional<Grad> parse_grad(const std::string& text) {
+  if (text == "dgrad") return Grad::dgrad;
+  if (text == "wgrad") return Grad::wgrad;
+  return std::nullopt;
+}
+
+std::string valid_op_names() {
+  std::string valid;
+  for (int i = 1; i <= int(OpName::recv); ++i) {
+    if (i > 1) valid += ", ";
+    valid += to_string(OpName(i));
+  }
+  return valid;
+}
+
+std::ostream& operator<<(std::ostream& out, OpName name) { return out << to_string(name); }
+std::ostream& operator<<(std::ostream& out, Grad grad) { return out << to_string(grad); }
+
+const char* to_string(SlotRole role) {
+  switch (role) {
+    case SlotRole::activation: return "activation";
+    case SlotRole::weights: return "weights";
+    case SlotRole::grads: return "grads";
+    case SlotRole::optimizer_state: return "optimizer_state";
+    case SlotRole::statistics: return "statistics";
+    case SlotRole::mask: return "mask";
+    case SlotRole::data: return "data";
+    case SlotRole::comm_scratch: return "comm_scratch";
+  }
+  return "?";
+}
+
+const char* to_string(DtypeRule rule) {
+  switch (rule) {
+    case DtypeRule::any: return "any";
+    case DtypeRule::floating: return "floating";
+    case DtypeRule::wide: return "fp32 or fp64";
+    case DtypeRule::int32: return "int32";
+    case DtypeRule::int64: return "int64";
+    case DtypeRule::mask: return "fp8";
+    case DtypeRule::same_as_first: return "the first input's";
+  }
+  return "?";
+}
+
+const char* to_string(ShapeRule rule) {
+  switch (rule) {
+    case ShapeRule::any: return "any";
+    case ShapeRule::m_k: return "m·k";
+    case ShapeRule::m_n: return "m·n";
+    case ShapeRule::k_m: return "k·m";
+    case ShapeRule::k_n: return "k·n";
+    case ShapeRule::batch_m_n: return "batch·m·n";
+    case ShapeRule::batch_m_k: return "batch·m·k";
+    case ShapeRule::batch_m: return "batch·m";
+    case ShapeRule::one: return "1";
+  }
+  return "?";
+}
+
+namespace {
+
+using R = SlotRole;
+using C = SlotCount;
+using D = DtypeRule;
+using S = ShapeRule;
+using N = OpName;
+
+// Slot shorthands.
+Slot act(const char* name, D dtype = D::floating, S shape = S::any) {
+  return {name, R::activation, C::one, dtype, shape};
+}
+Slot optional_act(const char* name, S shape = S::any) {
+  return {name, R::activation, C::optional, D::floating, shape};
+}
+Slot weights(const char* name = "w") { return {name, R::weights, C::one, D::floating, S::any}; }
+Slot grads(const char* name = "dw") { return {name, R::grads, C::one, D::floating, S::any}; }
+Slot mask(const char* name = "mask", S shape = S::any) { return {name, R::mask, C::one, D::mask, shape}; }
+Slot stats(const char* name, S shape = S::any) { return {name, R::statistics, C::one, D::wide, shape}; }
+Slot tokens(const char* name) { return {name, R::data, C::one, D::int32, S::any}; }
+Slot scratch() { return {"scratch", R::comm_scratch, C::optional, D::same_as_first, S::any}; }
+
+// A collective reading `in` and writing `out` (one buffer each), with the host staging.
+OpSignature collective(OpKind kind, std::vector<OpName> names, const char* in, const char* out) {
+  return {kind, std::move(names), Grad::none, Pass::any,
+          {{in, R::activation, C::one, D::same_as_first, S::any}},
+          {{out, R::activation, C::one, D::same_as_first, S::any}, scratch()}};
+}
+// A collective over whole parameter groups (one buffer each, reduced or gathered in place).
+OpSignature group_collective(OpKind kind, std::vector<OpName> names, R role, const char* slot) {
+  return {kind, std::move(names), Grad::none, Pass::any,
+          {{slot, role, C::repeated, D::same_as_first, S::any}},
+          {{slot, role, C::repeated, D::same_as_first, S::any}, scratch()}};
+}
+
+std::vector<OpSignature> make_table() {
+  const std::vector<OpName> gemms = {N::qkv, N::attn_out, N::mlp_up, N::mlp_gate, N::mlp_down, N::logits};
+  const std::vector<OpName> norms = {N::input_norm, N::post_attn_norm, N::final_norm};
+  return {
+      // ---- embedding ----
+      {OpKind::embedding, {N::word}, Grad::none, Pass::forward,
+       {weights(), tokens("tokens")}, {act("y")}},
+      {OpKind::embedding, {N::word}, Grad::none, Pass::backward,
+       {act("d_y"), weights(), grads("dw"), tokens("tokens")}, {grads("dw")}},
+      {OpKind::embedding, {N::position_dropout}, Grad::none, Pass::forward,
+       {act("x"), {"position", R::weights, C::optional, D::floating, S::any}},
+       {act("y", D::same_as_first), {"mask", R::mask, C::optional, D::mask, S::any}}},
+      {OpKind::embedding, {N::position_dropout}, Grad::none, Pass::backward,
+       {act("d_y"), {"mask", R::mask, C::optional, D::mask, S::any}},
+       {{"d_position", R::grads, C::optional, D::floating, S::any}, act("d_x", D::same_as_first)}},
+      // ---- norms: the backward adds dx into the residual gradient stream d_x ----
+      {OpKind::norm, norms, Grad::none, Pass::forward, {act("x"), weights()}, {act("y", D::same_as_first)}},
+      {OpKind::norm, norms, Grad::none, Pass::backward,
+       {act("x"), act("d_y"), weights(), act("d_x")}, {act("d_x"), grads()}},
+      // ---- gemm: forward y[m, n] = x[m, k] · w; dgrad d_x[m, n] = d_y[m, k] · w (added into
+      // d_x when it is also read); wgrad dw += x[k, m]ᵀ · d_y[k, n] ----
+      {OpKind::gemm, gemms, Grad::none, Pass::forward,
+       {act("x", D::floating, S::m_k), weights()}, {act("y", D::same_as_first, S::m_n)}},
+      {OpKind::gemm, gemms, Grad::dgrad, Pass::backward,
+       {act("d_y", D::floating, S::m_k), weights(), optional_act("d_x", S::m_n)},
+       {act("d_x", D::same_as_first, S::m_n)}},
+      {OpKind::gemm, gemms, Grad::wgrad, Pass::backward,
+       {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n)}, {grads()}},
+      // ---- attention core: batch = b·heads, m = n = s, k = head_dim ----
+      {OpKind::attention, {N::score}, Grad::none, Pass::forward,
+       {act("qkv")}, {act("scores", D::same_as_first, S::batch_m_n)}},
+      {OpKind::attention, {N::softmax}, Grad::none, Pass::forward,
+       {act("scores", D::floating, S::batch_m_n)}, {act("probs", D::same_as_first, S::batch_m_n)}},
+      {OpKind::attention, {N::dropout}, Grad::none, Pass::forward,
+       {act("probs", D::floating, S::batch_m_n)},
+       {act("probs_drop", D::same_as_first, S::batch_m_n), mask("mask", S::batch_m_n)}},
+      {OpKind::attention, {N::value}, Grad::none, Pass::forward,
+       {act("probs", D::floating, S::batch_m_n), act("qkv")}, {act("ctx", D::same_as_first, S::batch_m_k)}},
+      {OpKind::attention, {N::flash}, Grad::none, Pass::forward,
+       {act("qkv")}, {act("ctx", D::same_as_first, S::batch_m_k), stats("lse", S::batch_m)}},
+      {OpKind::attention, {N::value}, Grad::none, Pass::backward,
+       {act("d_ctx", D::floating, S::batch_m_k), act("probs", D::floating, S::batch_m_n), act("qkv")},
+       {act("d_probs", D::same_as_first, S::batch_m_n), act("d_qkv", D::same_as_first)}},
+      {OpKind::attention, {N::dropout}, Grad::none, Pass::backward,
+       {act("d_y", D::floating, S::batch_m_n), mask("mask", S::batch_m_n)},
+       {act("d_x", D::same_as_first, S::batch_m_n)}},
+      {OpKind::attention, {N::softmax}, Grad::none, Pass::backward,
+       {act("d_probs", D::floating, S::batch_m_n), act("probs", D::floating, S::batch_m_n)},
+       {act("d_scores", D::same_as_first, S::batch_m_n)}},
+      {OpKind::attention, {N::score}, Grad::none, Pass::backward,
+       {act("d_scores", D::floating, S::batch_m_n), act("qkv"), act("d_qkv")},
+       {act("d_qkv", D::same_as_first)}},
+      {OpKind::attention, {N::flash}, Grad::none, Pass::backward,
+       {act("qkv"), act("ctx", D::floating, S::batch_m_k), stats("lse", S::batch_m),
+        act("d_ctx", D::floating, S::batch_m_k)},
+       {act("d_qkv", D::same_as_first)}},
+      // ---- activations ----
+      {OpKind::activation, {N::rotary}, Grad::none, Pass::any, {act("qkv")}, {act("qkv", D::same_as_first)}},
+      {OpKind::activation, {N::gelu}, Grad::none, Pass::forward, {act("x")}, {act("y", D::same_as_first)}},
+      {OpKind::activation, {N::gelu}, Grad::none, Pass::backward,
+       {act("x"), act("d_y")}, {act("d_x", D::same_as_first)}},
+      {OpKind::activation, {N::swiglu}, Grad::none, Pass::forward,
+       {act("gate"), act("up")}, {act("y", D::same_as_first)}},
+      {OpKind::activation, {N::swiglu}, Grad::none, Pass::backward,
+       {act("gate"), act("up"), act("d_y")},
+       {act("d_gate", D::same_as_first), act("d_up", D::same_as_first)}},
+      // The residual branch: its row-parallel bias (in w), dropout, and the residual add.
+      {OpKind::activation, {N::dropout_add}, Grad::none, Pass::forward,
+       {act("branch"), act("residual"), weights()},
+       {act("y", D::same_as_first), {"mask", R::mask, C::optional, D::mask, S::any}}},
+      {OpKind::activation, {N::dropout_add}, Grad::none, Pass::backward,
+       {act("d_y"), mask(), grads("dw")},
+       {act("d_x", D::same_as_first), {"dw", R::grads, C::optional, D::floating, S::any}}},
+      {OpKind::activation, {N::mlp_bias_grad, N::attn_bias_grad}, Grad::none, Pass::backward,
+       {act("d_y"), grads("dw")}, {grads("dw")}},
+      // ---- loss: per-token (max, sum of exp, target logit) statistics over the vocabulary ----
+      {OpKind::loss, {N::cross_entropy_stats}, Grad::none, Pass::forward,
+       {act("logits"), tokens("targets")}, {stats("stats")}},
+      {OpKind::loss, {N::cross_entropy}, Grad::none, Pass::forward,
+       {act("logits"), tokens("targets"), {"stats_all", R::statistics, C::optional, D::wide, S::any}},
+       {stats("softmax"), stats("token_loss"), {"stats", R::statistics, C::optional, D::wide, S::any}}},
+      {OpKind::loss, {N::cross_entropy}, Grad::none, Pass::backward,
+       {stats("softmax"), tokens("targets")}, {act("d_logits")}},
+      // ---- optimizer ----
+      {OpKind::optimizer_step, {N::grad_accumulate}, Grad::none, Pass::backward,
+       {grads("full"), grads("shard")}, {grads("shard")}},
+      {OpKind::optimizer_step, {N::grad_norm}, Grad::none, Pass::optimizer,
+       {{"grads", R::grads, C::repeated, D::floating, S::any}}, {stats("norm_sq", S::one)}},
+      {OpKind::optimizer_step, {N::adamw}, Grad::none, Pass::optimizer,
+       {{"grads", R::grads, C::repeated, D::floating, S::any},
+        {"states", R::optimizer_state, C::repeated, D::wide, S::any}, stats("norm_sq", S::one)},
+       {{"states", R::optimizer_state, C::repeated, D::wide, S::any},
+        {"weights", R::weights, C::repeated, D::floating, S::any}}},
+      // ---- collectives ----
+      collective(OpKind::all_reduce, {N::tp_embedding, N::tp_attn_out, N::tp_mlp_down, N::tp_mlp_up,
+                                      N::tp_qkv, N::tp_logits}, "x", "x"),
+      collective(OpKind::reduce_scatter, {N::tp_embedding, N::tp_attn_out, N::tp_mlp_down,
+                                          N::tp_mlp_up, N::tp_qkv, N::tp_logits}, "x", "y"),
+      collective(OpKind::all_gather, {N::sp_embedding, N::sp_ln1, N::sp_ln2, N::sp_d_attn,
+                                      N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy}, "x", "y"),
+      {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
+       {{"shard", R::weights, C::one, D::floating, S::any}},
+       {{"full", R::weights, C::one, D::same_as_first, S::any}, scratch()}},
+      {OpKind::all_reduce, {N::grad_norm}, Grad::none, Pass::optimizer,
+       {{"norm_sq", R::statistics, C::one, D::wide, S::one}},
+       {{"norm_sq", R::statistics, C::one, D::wide, S::one}, scratch()}},
+      // ZeRO-0 all_reduces whole gradients; ZeRO-1 reduce_scatters them; ZeRO-2/3 read
+      // (full gradient, shard) pairs and write the shards.
+      group_collective(OpKind::all_reduce, {N::grad_bucket, N::tied_embedding_grads,
+                                            N::sp_replicated_grads}, R::grads, "grads"),
+      group_collective(OpKind::reduce_scatter, {N::grad_bucket}, R::grads, "grads"),
+      group_collective(OpKind::all_gather, {N::param_gather}, R::weights, "weights"),
+      // ---- pipeline ----
+      {OpKind::send, {N::send}, Grad::none, Pass::any,
+       {act("x")}, {{"staging", R::comm_scratch, C::optional, D::same_as_first, S::any}}},
+      {OpKind::recv, {N::recv}, Grad::none, Pass::any, {}, {act("x")}},
+  };
+}
+
+bool pass_covers(Pass pass, Phase phase) {
+  switch (pass) {
+    case Pass::forward: return phase == Phase::forward || phase == Phase::recompute;
+    case Pass::backward: return phase == Phase::backward;
+    case Pass::optimizer: return phase == Phase::optimizer;
+    case Pass::any: return true;
+  }
+  return false;
+}
+
+// Binds `buffers` to `slots` (see SlotCount); returns the error, empty when they fit.
+std::string bind_side(const std::vector<Slot>& slots, const std::vector<std::string>& buffers,
+                      std::vector<const Slot*>& bound, const char* side) {
+  bound.clear();
+  size_t n = buffers.size();
+  const Slot* scratch_slot = nullptr;
+  size_t last = slots.size();
+  if (!slots.empty() && slots.back().role == R::comm_scratch) {
+    scratch_slot = &slots.back();
+    --last;
+    if (n > 0 && is_comm_scratch(buffers.back())) --n;
+    else scratch_slot = nullptr;
+  }
+  size_t ones = 0, optionals = 0, repeated = 0;
+  for (size_t i = 0; i < last; ++i) {
+    ones += slots[i].count == C::one;
+    optionals += slots[i].count == C::optional;
+    repeated += slots[i].count == C::repeated;
+  }
+  auto mismatch = [&](const std::string& want) {
+    return std::string(side) + ": " + std::to_string(buffers.size()) + " buffers; the signature takes " + want;
+  };
+  size_t times = 0, present = 0;
+  if (repeated > 0) {
+    if (n <= ones || (n - ones) % repeated != 0) {
+      return mismatch(std::to_string(ones) + " + a positive multiple of " + std::to_string(repeated));
+    }
+    times = (n - ones) / repeated;
+  } else {
+    if (n < ones || n > ones + optionals) {
+      return mismatch(optionals ? std::to_string(ones) + " to " + std::to_string(ones + optionals)
+                                : std::to_string(ones));
+    }
+    present = n - ones;
+  }
+  for (size_t i = 0; i < last; ++i) {
+    const Slot& slot = slots[i];
+    if (slot.count == C::one) {
+      bound.push_back(&slot);
+    } else if (slot.count == C::optional) {
+      if (present > 0) {
+        bound.push_back(&slot);
+        --present;
+      }
+    } else {
+      for (size_t t = 0; t < times; ++t) bound.push_back(&slot);
+    }
+  }
+  if (scratch_slot) bound.push_back(scratch_slot);
+  STEPCAST_CHECK(bound.size() == buffers.size(), "slot binding lost a buffer");
+  return "";
+}
+
+}  // namespace
+
+const std::vector<OpSignature>& op_signatures() {
+  static const std::vector<OpSignature> table = make_table();  // immutable once built
+  return table;
+}
+
+const OpSignature* find_signature(const Op& op) {
+  for (const OpSignature& s : op_signatures()) {
+    if (s.kind != op.kind || s.grad != op.grad || !pass_covers(s.pass, op.phase)) continue;
+    for (OpName name : s.names) {
+      if (name == op.name) return &s;
+    }
+  }
+  return nullptr;
+}
+
+SlotBinding bind_slots(const OpSignature& signature, const Op& op) {
+  SlotBinding b;
+  b.error = bind_side(signature.inputs, op.inputs, b.inputs, "inputs");
+  if (b.error.empty()) b.error = bind_side(signature.outputs, op.outputs, b.outputs, "outputs");
+  return b;
+}
+
+std::optional<int64_t> expected_elements(ShapeRule rule, const Op& op) {
+  switch (rule) {
+    case ShapeRule::any: return std::nullopt;
+    case ShapeRule::m_k: return op.m * op.k;
+    case ShapeRule::m_n: return op.m * op.n;
+    case ShapeRule::k_m: return op.k * op.m;
+    case ShapeRule::k_n: return op.k * op.n;
+    case ShapeRule::batch_m_n: return op.batch * op.m * op.n;
+    case ShapeRule::batch_m_k: return op.batch * op.m * op.k;
+    case ShapeRule::batch_m: return op.batch * op.m;
+    case ShapeRule::one: return 1;
+  }
+  return std::nullopt;
+}
+
+bool dtype_fits(DtypeRule rule, Dtype dtype, Dtype first) {
+  switch (rule) {
+    case DtypeRule::any: return true;
+    case DtypeRule::floating: return dtype != Dtype::int32 && dtype != Dtype::int64;
+    case DtypeRule::wide: return dtype == Dtype::fp32 || dtype == Dtype::fp64;
+    case DtypeRule::int32: return dtype == Dtype::int32;
+    case DtypeRule::int64: return dtype == Dtype::int64;
+    case DtypeRule::mask: return dtype == Dtype::fp8;
+    case DtypeRule::same_as_first: return dtype == first;
+  }
+  return false;
+}
+
+}  // namespace stepcast
