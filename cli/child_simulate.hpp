@@ -1,6 +1,6 @@
 // Simulations in child processes for the commands that compare many plans (plan,
 // compare-strategies, scale): each runs `stepcast simulate --mode MODE --no-scaling --no-records`
-// through /proc/self/exe, since a process holds one SimGrid engine (../shared/SIMGRID-NOTES.md).
+// through /proc/self/exe, since a process holds one SimGrid engine (SimGrid keeps one engine per process).
 // Safe to call from several threads: one child each, results kept by a key the caller chooses.
 #pragma once
 

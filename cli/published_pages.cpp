@@ -41,7 +41,7 @@ std::string md_cell(std::string s) {
 std::string published_report_markdown(const PublishedReport& report) {
   std::ostringstream md;
   md << "# Published multi-GPU results: predicted against published\n\n"
-     << "`stepcast validate --sweep published`: rows from `../shared/data/reference-figures.md`, "
+     << "`stepcast validate --sweep published`: rows from `data/published.json` (each with its published source), "
      << "predicted from the shipped datasheet profiles, never fitted to these results. "
      << "Error = (predicted − published) / published; means are of absolute errors.\n\n"
      << "Made on " << report.created_utc << ", stepcast " << stepcast_version() << " (git "
@@ -143,7 +143,7 @@ std::string published_report_html(const PublishedReport& report) {
                     stepcast_version() + " (git " + stepcast_git_commit() + "), machine " +
                     report.machine.hostname + " (" + report.machine.cpu_model + ", " +
                     std::to_string(report.machine.cores) + " cores). Rows from "
-                    "../shared/data/reference-figures.md, predicted from the shipped datasheet "
+                    "data/published.json (each row with its published source), predicted from the shipped datasheet "
                     "profiles, never fitted to them. Error = (predicted - published) / published.");
   std::vector<Point> points;
   std::vector<std::vector<std::string>> rows;

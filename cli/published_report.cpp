@@ -60,7 +60,7 @@ Json published_report_json(const PublishedReport& report) {
   out["machine"] = {{"hostname", report.machine.hostname},
                     {"cpu_model", report.machine.cpu_model},
                     {"cores", report.machine.cores}};
-  out["source"] = "../shared/data/reference-figures.md";
+  out["source"] = "data/published.json (each row names its published source)";
   out["profiles"] = report.profiles;
   out["error_definition"] = "(predicted - published) / published; means of absolute values";
   out["megatron_plan_rule"] = megatron_plan_rule();

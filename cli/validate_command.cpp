@@ -43,7 +43,7 @@ const char* const kUsage =
     "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
-    "results in ../shared/data/ from the shipped profiles (made of component measurements, never\n"
+    "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
     "model (a section per profile and family).";
 

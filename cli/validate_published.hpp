@@ -1,8 +1,8 @@
 // `stepcast validate --sweep published`: predicts published multi-GPU results from the shipped
 // datasheet profiles (profiles/*.json), never fitted to them, and reports each row's error:
 // Megatron-LM SC'21 Table 1 (TFLOP/s per GPU) and nccl-tests bus bandwidths, both read at run time
-// from data/published.json (published_figures.hpp), transcribed from
-// ../shared/data/reference-figures.md. Table 1 rows are simulated in child processes
+// from data/published.json (published_figures.hpp), each figure with its source. Table 1
+// rows are simulated in child processes
 // (`stepcast simulate`, one SimGrid engine per process); nccl-tests rows come from the collective
 // cost model (published_rows.hpp) on the matching topology and profile. A component section
 // per profile predicts every published component figure the profile holds (components.hpp).

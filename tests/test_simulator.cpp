@@ -1,5 +1,5 @@
 // The simulator against closed forms. Each TEST_CASE runs one SimGrid engine; ctest runs each
-// case in its own process (one engine per process, see ../shared/SIMGRID-NOTES.md).
+// case in its own process (SimGrid keeps one engine per process).
 #include <catch2/catch.hpp>
 
 #include <cmath>
