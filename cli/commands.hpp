@@ -5,6 +5,10 @@
 
 namespace stepcast::cli {
 
+// The whole command line (argv[1] the subcommand): what the executable's main runs, and the
+// tests' fault-injecting build of it (tests/fault_main.cpp).
+int stepcast_main(int argc, char** argv);
+
 int run_memory(int argc, char** argv);
 int run_lower(int argc, char** argv);
 int run_simulate(int argc, char** argv);

@@ -1,4 +1,4 @@
-// stepcast's command-line front end: dispatches to a subcommand and turns errors into messages
+// stepcast's command-line front end (stepcast_main; the executable's main is stepcast.cpp): dispatches to a subcommand and turns errors into messages
 // and exit codes (2: bad input, 3: internal error — a bug to report, 1: anything else).
 #include <algorithm>
 #include <cstring>
@@ -59,7 +59,7 @@ void print_help() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int stepcast::cli::stepcast_main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     print_help();

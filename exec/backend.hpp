@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "bf16.hpp"
-#include "cpu_kernels.hpp"
-#include "mpi_collectives.hpp"
+#include "kernel_args.hpp"
 #include "program.hpp"
+#include "span.hpp"
 
 namespace stepcast {
 
@@ -33,6 +33,12 @@ constexpr Dtype dtype_of() {
                 "a storage type of the executor");
   return std::is_same_v<X, float> ? Dtype::fp32 : std::is_same_v<X, double> ? Dtype::fp64 : Dtype::bf16;
 }
+
+// Points of a run outside its steps, for decorators (backend hooks below).
+enum class RunPoint {
+  checkpoint_write,  // before this rank writes its checkpoint file
+  records_gather,    // before the per-op records go to rank 0 (the last exchange of a run)
+};
 
 template <class T, class G = T, class W = T>
 class Backend {
@@ -158,6 +164,13 @@ class Backend {
   virtual void begin_async(int32_t /*op_id*/) {}
   virtual void end_async(int32_t /*op_id*/) {}
   virtual void wait_async(int32_t /*op_id*/) {}
+
+  // ---- progress, for decorators (forwarding_backend.hpp: tracing, the tests' faults) ----
+  // A step begins (step_index counts from 0 over the training, a resume included); an op of the
+  // program is about to run (every op, allocs and frees too); the run reaches `point`.
+  virtual void begin_step(int64_t /*step_index*/) {}
+  virtual void begin_op(const Op& /*op*/) {}
+  virtual void reached(RunPoint /*point*/) {}
 
   // ---- measured memory ----
   // The device's own figures for measurement.json (CUDA: cudaMemGetInfo and the allocator's

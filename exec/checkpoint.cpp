@@ -1,6 +1,8 @@
 // Checkpoint files; see checkpoint.hpp.
 #include "checkpoint.hpp"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,7 +22,7 @@ namespace {
 
 constexpr const char* kMagic = "STEPCAST-CHECKPOINT 2\n";
 constexpr const char* kMagicV1 = "STEPCAST-CHECKPOINT 1\n";
-constexpr int64_t kManifestSchema = 2;
+constexpr int64_t kManifestSchema = 3;  // 3: the shard layout
 
 // A name unique to this process and call, next to `path`: writers never share a temporary.
 std::string temporary_name(const std::string& path) {
@@ -200,12 +202,23 @@ Json manifest_json(const CheckpointManifest& m) {
           {"schema_version", kManifestSchema},
           {"plan", m.plan},
           {"program_sha256", m.program_sha256},
+          {"shard_layout",
+           {{"tp_size", m.layout.tp_size},
+            {"pp_size", m.layout.pp_size},
+            {"dp_size", m.layout.dp_size},
+            {"zero_stage", m.layout.zero_stage},
+            {"order", m.layout.order}}},
           {"steps_done", m.steps_done},
           {"world_size", m.world_size},
           {"files", files}};
 }
 
 }  // namespace
+
+std::string to_string(const CheckpointShardLayout& layout) {
+  return "tp " + std::to_string(layout.tp_size) + " × pp " + std::to_string(layout.pp_size) + " × dp " +
+         std::to_string(layout.dp_size) + " (" + layout.order + "), ZeRO-" + std::to_string(layout.zero_stage);
+}
 
 std::string checkpoint_manifest_text(CheckpointManifest& manifest) {
   Json j = manifest_json(manifest);
@@ -221,13 +234,40 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   r.get_enum("kind", {"stepcast.checkpoint"});
   int64_t schema = r.get_int("schema_version", 1);
   if (schema != kManifestSchema) {
-    r.fail("schema_version", "format " + std::to_string(schema) + " (an older stepcast: its manifest names no hash of itself)",
+    r.fail("schema_version", "format " + std::to_string(schema) + " (another stepcast's: format 3 adds the shard layout)",
            std::to_string(kManifestSchema) + ": a checkpoint written by this version");
   }
   CheckpointManifest m;
   m.plan = r.get_string("plan");
   m.program_sha256 = r.get_string("program_sha256");
   if (!is_sha256_hex(m.program_sha256)) r.fail("program_sha256", "not a SHA-256", "64 hex digits");
+  if (!j.contains("shard_layout") || !j["shard_layout"].is_object()) {
+    r.fail("shard_layout", "missing or not an object", "{tp_size, pp_size, dp_size, zero_stage, order}");
+  }
+  r.accept("shard_layout");
+  {
+    ObjectReader l(j["shard_layout"], file, "shard_layout.");
+    m.layout.tp_size = l.get_int("tp_size", 1);
+    m.layout.pp_size = l.get_int("pp_size", 1);
+    m.layout.dp_size = l.get_int("dp_size", 1);
+    for (const char* key : {"tp_size", "pp_size", "dp_size"}) {
+      if (l.get_int(key, 1) > (int64_t(1) << 24)) l.fail(key, "out of range", "1 … 16777216");
+    }
+    m.layout.zero_stage = l.get_int("zero_stage", 0);
+    if (m.layout.zero_stage > 3) l.fail("zero_stage", std::to_string(m.layout.zero_stage), "0, 1, 2 or 3");
+    m.layout.order = l.get_string("order");
+    std::vector<std::string> axes;
+    for (size_t at = 0; at <= m.layout.order.size();) {
+      size_t dash = std::min(m.layout.order.find('-', at), m.layout.order.size());
+      axes.push_back(m.layout.order.substr(at, dash - at));
+      at = dash + 1;
+    }
+    std::sort(axes.begin(), axes.end());
+    if (axes != std::vector<std::string>{"dp", "pp", "tp"}) {
+      l.fail("order", "\"" + printable_excerpt(m.layout.order) + "\"", "a permutation of tp, dp, pp joined by '-'");
+    }
+    l.finish();
+  }
   m.steps_done = r.get_int("steps_done", 1);
   m.world_size = r.get_int("world_size", 1);
   if (m.world_size > (int64_t(1) << 24)) r.fail("world_size", "out of range", "1 … 16777216");

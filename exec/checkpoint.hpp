@@ -39,9 +39,23 @@ struct CheckpointFile {
   std::string sha256;     // 64 lowercase hex digits
 };
 
+// How the state is cut over the ranks (the rank grid's sizes and which ZeRO stage shards what,
+// shard_layout.hpp): with the program's hash, what decides whether a checkpoint fits a run.
+struct CheckpointShardLayout {
+  int64_t tp_size = 1, pp_size = 1, dp_size = 1;
+  int64_t zero_stage = 0;
+  std::string order = "tp-dp-pp";
+  bool operator==(const CheckpointShardLayout& o) const {
+    return tp_size == o.tp_size && pp_size == o.pp_size && dp_size == o.dp_size && zero_stage == o.zero_stage &&
+           order == o.order;
+  }
+};
+std::string to_string(const CheckpointShardLayout& layout);  // "tp 2 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1"
+
 struct CheckpointManifest {
   std::string plan;
   std::string program_sha256;
+  CheckpointShardLayout layout;
   int64_t steps_done = 0;
   int64_t world_size = 0;
   std::vector<CheckpointFile> files;

@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu_kernels.hpp"
 #include "errors.hpp"
 #include "mpi_check.hpp"
+#include "mpi_collectives.hpp"
 
 namespace stepcast {
 

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "kernel_args.hpp"
+
 namespace stepcast::cpu {
 
 // ---- GEMM and linear layers ----------------------------------------------------------------
@@ -43,27 +45,7 @@ template <class T>
 void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens, int64_t in,
                             int64_t out);
 
-// ---- Dropout masks --------------------------------------------------------------------------
-
-// Where a mask is drawn; the value is part of the hash, so it must never change.
-enum class DropoutSite : uint64_t {
-  embedding = 1,           // after word (+ learned position) embedding, [s, b, h]
-  attention_probs = 2,     // on the attention probabilities, [b, heads, s, s]
-  attention_residual = 3,  // attention output before the residual add, [s, b, h]
-  mlp_residual = 4,        // MLP output before the residual add, [s, b, h]
-};
-
-// One dropout application: the mask stream and the drop probability p ∈ [0, 1).
-// `step` is the training iteration, `layer` the GLOBAL layer index (any fixed value, e.g. -1,
-// for the embedding site). The same stream and coordinates give the same mask on every rank,
-// in every plan, and again under activation recompute: no RNG state to carry.
-struct Dropout {
-  double p;
-  uint64_t seed;
-  int64_t step;
-  int64_t layer;
-  DropoutSite site;
-};
+// ---- Dropout masks (Dropout, DropoutSite: kernel_args.hpp) -----------------------------------
 
 // THE mask definition. A counter-based hash: SplitMix64's finalizer `mix` absorbs, in order,
 // seed, site, step, layer, sample, i, j, k (h ← mix(h + γ + word), γ = 0x9E3779B97F4A7C15,
@@ -129,10 +111,6 @@ void rmsnorm_backward(const T* x, const T* w, const T* dy, T* dx, T* dw, int64_t
 // [q heads…, k heads…, v heads…]; ctx is [s, b, heads·d]; scores/probs are [b, heads, s, s];
 // lse is [b, heads, s]. GQA: local head i reads kv head i / (heads / kv_heads).
 // head0 is the global index of local head 0 (tp_rank·heads); it keys attention dropout.
-struct AttentionShape {
-  int64_t s, b, heads, kv_heads, d;
-  int64_t qkv_width() const { return (heads + 2 * kv_heads) * d; }
-};
 
 // Rotary embedding (GPT-NeoX / Llama rotate_half over the whole head dim), in place on the q and
 // k heads of qkv; position of row s_index is s0 + s_index; frequency i: theta^(−2i/d).
@@ -225,9 +203,6 @@ double grad_norm_sq(const T* g, int64_t n);
 // Megatron's clip: min(1, max_norm / (total_norm + 1e-6)).
 double clip_coefficient(double total_norm, double max_norm);
 
-struct AdamW {
-  double lr, beta1, beta2, eps, weight_decay;
-};
 // One AdamW step (apex/Megatron adam_w_mode) for step = 1, 2, …, with g = grad·clip_coef:
 // m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; u = (m/(1−β1^step)) / (√(v/(1−β2^step)) + eps);
 // param −= lr·(u + weight_decay·param). Master weights and moments are T (the CPU keeps no

@@ -42,6 +42,20 @@ ProfileGrid cpu_profile_grid() {
   return grid;
 }
 
+Json profile_method(const RankPlacement& placement, const ProfileOptions& options, const std::string& statistic,
+                    double wall_s) {
+  return {{"ranks", placement.size},
+          {"ranks_per_node", placement.ranks_per_node},
+          {"nodes", placement.nodes},
+          {"quick", options.quick},
+          {"repetitions", options.repetitions},
+          {"min_sample_s", options.min_sample_s},
+          {"statistic", statistic},
+          {"all_ranks_busy", true},
+          {"wall_s", wall_s},
+          {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
+}
+
 Json apply_measured_fits(DeviceProfile& p, const MeasuredTables& tables, int64_t intra_group,
                          const std::string& collectives_from, const std::string& p2p_from) {
   std::optional<LinkFit> p2p = fit_link(p2p_link_samples(tables.p2p));
@@ -109,16 +123,9 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   tables.fits = apply_measured_fits(p, tables, intra_group,
                                     "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
                                     "send/recv ping-pong, one way");
-  tables.method = {{"ranks", size},
-                   {"ranks_per_node", ranks_per_node},
-                   {"nodes", nodes},
-                   {"quick", options.quick},
-                   {"repetitions", options.repetitions},
-                   {"min_sample_s", options.min_sample_s},
-                   {"statistic", "median over every rank's samples; a sample is the mean of back-to-back calls"},
-                   {"all_ranks_busy", true},
-                   {"wall_s", wall_s},
-                   {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
+  tables.method = profile_method(placement, options,
+                                 "median over every rank's samples; a sample is the mean of back-to-back calls",
+                                 wall_s);
   p.measured = std::move(tables);
   p.notes = "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) + " MPI ranks busy at once (" +
             std::to_string(ranks_per_node) +

@@ -1,17 +1,18 @@
 // The executor: runs a StepProgram for real on a backend (the CPU one here: OpenBLAS kernels in
 // fp32 or fp64, MPI for every collective and pipeline transfer; exec/cuda/ the CUDA one), one MPI
-// rank per program rank. It walks
-// its role's ops in list order and looks buffers up by name in one arena; it decides neither the
-// schedule nor the dataflow. Measurement: step time (median after warm-up) from timed steps,
-// per-op records from a separate instrumented step, memory measured from the process.
+// rank per program rank. Its interpreter (interpreter.hpp) walks its role's ops in list order and
+// looks buffers up by name in one arena; it decides neither the schedule nor the dataflow.
+// Measurement: step time (median after warm-up) from timed steps, per-op records from a separate
+// instrumented step, memory measured from the process.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend.hpp"
-#include "checkpoint.hpp"
+#include "checkpoint_run.hpp"
 #include "model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
@@ -34,21 +35,6 @@ struct RunOptions {
   std::string resume_dir;         // continue from the latest complete checkpoint in here
 };
 
-// Checkpoints (format and what is verified: checkpoint.hpp): DIR/step-NNNNNNNN/ holds one file
-// per rank (its weights and optimizer state; the data position and dropout masks follow from the
-// step number) and manifest.json, written by rank 0 once every rank's file is on disk; DIR/latest
-// names the newest complete one and its manifest's hash.
-struct CheckpointInfo {
-  std::string path;     // the step directory
-  int64_t step = 0;     // steps completed
-  CheckpointManifest manifest;
-};
-// The newest complete checkpoint in `dir`, its pointer and manifest verified (InputError when
-// there is none or it does not verify; `program_sha256` and `world_size` must match). Each
-// rank's file is verified when that rank reads it.
-CheckpointInfo find_checkpoint(const std::string& dir, const std::string& program_sha256,
-                               int64_t world_size);
-
 struct RunOutput {
   std::vector<double> losses;            // one per step run (after a resume: from there)
   int64_t first_step = 0;                // index of the first step run (0, or the resumed step)
@@ -67,6 +53,16 @@ void check_cpu_backend(const Plan& plan, const Topology& topology);
 // caller). Everything it runs comes from the program: its ops and the resolved inputs it
 // carries (program_inputs.hpp); check_cpu_backend is applied to those again.
 RunOutput run_program(const StepProgram& program, const RunOptions& options);
+
+// A decorator the tests put around the backend a CPU run makes (tests/fault_backend.hpp: fault
+// injection through the backend's progress hooks); none by default. The throwaway backend of
+// the memory warm-up step is never wrapped.
+struct BackendWrapper {
+  virtual ~BackendWrapper() = default;
+  virtual std::unique_ptr<Backend<float>> wrap(std::unique_ptr<Backend<float>> backend) const = 0;
+  virtual std::unique_ptr<Backend<double>> wrap(std::unique_ptr<Backend<double>> backend) const = 0;
+};
+void set_backend_wrapper(const BackendWrapper* wrapper);  // null: none
 
 // The same run on a backend the caller made (the CUDA backend lives in its own library, which
 // calls this). Instantiated for <float>, <double>, <bf16, float, float>, <bf16, bf16, float>;

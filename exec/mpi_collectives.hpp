@@ -18,16 +18,11 @@
 
 #include "program.hpp"
 #include "rank_grid.hpp"
+#include "span.hpp"
 #include "watchdog.hpp"
 #include "mpi_check.hpp"
 
 namespace stepcast {
-
-template <class T>
-struct Span {
-  T* data;
-  int64_t count;
-};
 
 class GroupComms {
  public:

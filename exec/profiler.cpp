@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "collective.hpp"
+#include "cpu_kernels.hpp"
 #include "errors.hpp"
 #include "mpi_check.hpp"
 #include "point_timer.hpp"

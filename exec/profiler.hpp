@@ -74,6 +74,11 @@ RankPlacement place_this_rank();
 Json apply_measured_fits(DeviceProfile& profile, const MeasuredTables& tables, int64_t intra_group,
                          const std::string& collectives_from, const std::string& p2p_from);
 
+// measured.method of a profile: how it was measured (placement, options, `statistic`, wall time,
+// stepcast's version); a backend adds its own keys.
+Json profile_method(const RankPlacement& placement, const ProfileOptions& options, const std::string& statistic,
+                    double wall_s);
+
 // This host: hostname, /proc/cpuinfo's model name, online logical CPUs.
 MachineInfo describe_machine();
 // openblas (openblas_get_config) and mpi (MPI_Get_library_version, first line).

@@ -3,6 +3,7 @@
 // row in the table.
 #include "op_signature.hpp"
 
+#include <cstring>
 #include <ostream>
 
 #include "errors.hpp"
@@ -379,6 +380,52 @@ SlotBinding bind_slots(const OpSignature& signature, const Op& op) {
   if (b.error.empty()) b.error = bind_side(signature.outputs, op.outputs, b.outputs, "outputs");
   return b;
 }
+
+Operands::Operands(const Op& op) : op_(&op) {
+  if (op.kind == OpKind::alloc || op.kind == OpKind::free) return;
+  const OpSignature* signature = find_signature(op);
+  STEPCAST_CHECK(signature != nullptr, "op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " +
+                                           to_string(op.name) + ") has no signature");
+  SlotBinding binding = bind_slots(*signature, op);
+  STEPCAST_CHECK(binding.error.empty(), "op " + std::to_string(op.id) + ": " + binding.error);
+  for (const Slot* slot : binding.inputs) inputs_.push_back(slot->name);
+  for (const Slot* slot : binding.outputs) outputs_.push_back(slot->name);
+}
+
+namespace {
+std::vector<size_t> slot_positions(const std::vector<const char*>& names, const char* slot) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (std::strcmp(names[i], slot) == 0) at.push_back(i);
+  }
+  return at;
+}
+const std::string& one_buffer(const Op* op, const std::vector<const char*>& names,
+                              const std::vector<std::string>& buffers, const char* slot, const char* side) {
+  std::vector<size_t> at = slot_positions(names, slot);
+  STEPCAST_CHECK(!at.empty(), "op " + std::to_string(op->id) + " has no " + side + " in slot '" + slot + "'");
+  return buffers[at.front()];
+}
+std::vector<std::string> all_buffers(const std::vector<const char*>& names,
+                                     const std::vector<std::string>& buffers, const char* slot) {
+  std::vector<std::string> out;
+  for (size_t i : slot_positions(names, slot)) out.push_back(buffers[i]);
+  return out;
+}
+}  // namespace
+
+const std::string& Operands::in(const char* slot) const {
+  STEPCAST_CHECK(op_ != nullptr, std::string("no op for input slot '") + slot + "'");
+  return one_buffer(op_, inputs_, op_->inputs, slot, "input");
+}
+const std::string& Operands::out(const char* slot) const {
+  STEPCAST_CHECK(op_ != nullptr, std::string("no op for output slot '") + slot + "'");
+  return one_buffer(op_, outputs_, op_->outputs, slot, "output");
+}
+bool Operands::has_in(const char* slot) const { return !slot_positions(inputs_, slot).empty(); }
+bool Operands::has_out(const char* slot) const { return !slot_positions(outputs_, slot).empty(); }
+std::vector<std::string> Operands::ins(const char* slot) const { return all_buffers(inputs_, op_->inputs, slot); }
+std::vector<std::string> Operands::outs(const char* slot) const { return all_buffers(outputs_, op_->outputs, slot); }
 
 std::optional<int64_t> expected_elements(ShapeRule rule, const Op& op) {
   switch (rule) {

@@ -73,6 +73,25 @@ struct SlotBinding {
 };
 SlotBinding bind_slots(const OpSignature& signature, const Op& op);
 
+// An op's buffers by the slot names of its signature: what an interpreter reads, instead of
+// positions. alloc and free have no operands. A slot may be named on both sides (a buffer read
+// and accumulated into); in() and out() look at one side each.
+class Operands {
+ public:
+  Operands() = default;
+  explicit Operands(const Op& op);  // an internal error (STEPCAST_CHECK) when the op does not fit
+  const std::string& in(const char* slot) const;   // the slot's (first) buffer; it must be there
+  const std::string& out(const char* slot) const;
+  bool has_in(const char* slot) const;             // an optional slot that is filled
+  bool has_out(const char* slot) const;
+  std::vector<std::string> ins(const char* slot) const;  // every buffer of a repeated slot
+  std::vector<std::string> outs(const char* slot) const;
+
+ private:
+  const Op* op_ = nullptr;
+  std::vector<const char*> inputs_, outputs_;  // the slot name of each operand
+};
+
 // Elements a shape rule asks of a buffer of `op`; nullopt for ShapeRule::any.
 std::optional<int64_t> expected_elements(ShapeRule rule, const Op& op);
 // Whether `dtype` satisfies `rule` (same_as_first compares with `first`).

@@ -1,5 +1,6 @@
 // Number formatting shared by the validate report writers (Markdown, HTML, progress lines):
-// seconds with a unit chosen by magnitude, signed percentages, "n/a" for missing figures.
+// seconds with a unit chosen by magnitude, signed percentages, "n/a" for missing figures; the
+// memory classes the writers list.
 #pragma once
 
 #include <cmath>
@@ -28,6 +29,12 @@ inline std::string percent(std::optional<double> v, bool sign = true) {
   std::snprintf(buf, sizeof buf, sign ? "%+.1f%%" : "%.1f%%", *v * 100);
   return buf;
 }
+
+// The memory classes of a validate row: the row keys of the predicted bytes and their names.
+inline constexpr const char* kClassKeys[] = {"memory_weights_bytes",   "memory_grads_bytes",
+                                             "memory_optimizer_bytes", "memory_activations_bytes",
+                                             "memory_workspace_bytes", "memory_comm_bytes"};
+inline constexpr const char* kClassNames[] = {"weights", "grads", "optimizer", "activations", "workspace", "comm"};
 
 inline std::string mib(double bytes) {
   char buf[32];

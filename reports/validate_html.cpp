@@ -12,17 +12,13 @@
 
 namespace stepcast {
 
+using validate_format::kClassKeys;
+using validate_format::kClassNames;
 using validate_format::mib;
 using validate_format::percent;
 using validate_format::seconds;
 
 namespace {
-
-const char* const kClassKeys[] = {"memory_weights_bytes",   "memory_grads_bytes",
-                                  "memory_optimizer_bytes", "memory_activations_bytes",
-                                  "memory_workspace_bytes", "memory_comm_bytes"};
-const char* const kClassNames[] = {"weights", "grads", "optimizer", "activations", "workspace",
-                                   "comm"};
 
 std::string step_time_chart(const ValidateReport& r) {
   std::vector<html::Point> points;

@@ -11,15 +11,12 @@
 
 namespace stepcast {
 
+using validate_format::kClassKeys;
 using validate_format::mib;
 using validate_format::percent;
 using validate_format::seconds;
 
 namespace {
-
-const char* const kClassKeys[] = {"memory_weights_bytes",     "memory_grads_bytes",
-                                  "memory_optimizer_bytes",   "memory_activations_bytes",
-                                  "memory_workspace_bytes",   "memory_comm_bytes"};
 
 void md_row(std::ostream& out, const std::vector<std::string>& cells) {
   out << "|";

@@ -6,7 +6,8 @@
 //   stepcast_bad_inputs TABLE --all     runs every case and prints the summary (cases, exit codes)
 //   stepcast_bad_inputs TABLE --show N  runs case N and prints its output whatever the result
 //
-// Placeholders in `setup`, `command` and `expect`: {stepcast} the binary, {mpirun} the repository's
+// Placeholders in `setup`, `command` and `expect`: {stepcast} the binary ({stepcast_with_faults}
+// the fault tests' build of it), {mpirun} the repository's
 // mpirun wrapper, {src} the repository, {tmp} the case's own empty folder, {NAME} the path of the
 // case's file NAME. In file text, {deep:N} stands for N '[' then N ']', {byte:HH} for the byte
 // 0xHH and {src} for the repository.
@@ -63,6 +64,7 @@ Outcome run_case(const Json& c, const std::string& table_dir) {
   std::filesystem::remove_all(tmp);
   std::filesystem::create_directories(tmp);
   std::map<std::string, std::string> vars = {{"{stepcast}", STEPCAST_BINARY},
+                                             {"{stepcast_with_faults}", STEPCAST_FAULT_BINARY},
                                              {"{mpirun}", source_path("scripts/mpirun")},
                                              {"{src}", STEPCAST_SOURCE_DIR},
                                              {"{tmp}", tmp}};

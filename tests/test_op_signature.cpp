@@ -121,6 +121,45 @@ TEST_CASE("slots bind by count: optional slots in order, repeated slots, comm sc
   CHECK(!bind_slots(*find_signature(broken), broken).error.empty());
 }
 
+TEST_CASE("an interpreter reads operands by slot name, not by position", "[program]") {
+  StepProgram p = tiny_program(tp2_plan());
+  Op* dgrad = find(p, OpKind::gemm, OpName::mlp_down, Grad::dgrad);
+  REQUIRE(dgrad);
+  Operands operands(*dgrad);
+  CHECK(operands.in("d_y") == dgrad->inputs[0]);
+  CHECK(operands.in("w") == dgrad->inputs[1]);
+  CHECK(operands.out("d_x") == dgrad->outputs[0]);
+  CHECK_FALSE(operands.has_in("d_x"));  // the optional accumulate-into input is absent here
+  CHECK(operands.has_out("d_x"));
+  CHECK_THROWS_AS(operands.in("x"), std::logic_error);  // no such slot on this side
+  // A slot named on both sides: the norm backward reads d_x and writes it.
+  Op* norm = nullptr;
+  for (Op& op : p.roles[0].ops) {
+    if (op.kind == OpKind::norm && op.phase == Phase::backward) norm = &op;
+  }
+  REQUIRE(norm);
+  Operands n(*norm);
+  CHECK(n.in("d_x") == norm->inputs[3]);
+  CHECK(n.out("d_x") == norm->outputs[0]);
+  CHECK(n.out("dw") == norm->outputs[1]);
+  // Repeated slots give every buffer, in order.
+  Op* adamw = find(p, OpKind::optimizer_step, OpName::adamw);
+  REQUIRE(adamw);
+  Operands a(*adamw);
+  size_t groups = (adamw->inputs.size() - 1) / 2;
+  std::vector<std::string> grads = a.ins("grads");
+  REQUIRE(grads.size() == groups);
+  CHECK(grads.front() == adamw->inputs.front());
+  CHECK(a.outs("weights").size() == groups);
+  CHECK(a.in("norm_sq") == adamw->inputs.back());
+  // An op that does not fit its signature is refused when its operands are read.
+  Op broken = *adamw;
+  broken.inputs.erase(broken.inputs.begin());
+  CHECK_THROWS_AS(Operands(broken), std::logic_error);
+  // alloc and free have no operands.
+  CHECK_FALSE(Operands(p.roles[0].ops.front()).has_in("x"));
+}
+
 TEST_CASE("the checker refuses operands that break their signature", "[program]") {
   SECTION("a missing operand") {
     StepProgram p = tiny_program(tp2_plan());

@@ -304,7 +304,7 @@ TEST_CASE("run: a hung rank is caught by the watchdog, which names the op and th
   std::string file = write_temp_file("hang.plan.json", p.dump());
   // Rank 1 sleeps before its op 20 (inside its first forward pass); rank 0 waits on it.
   CommandResult r = run_shell("STEPCAST_TEST_HANG=1:20 timeout 120 " +
-                  run_command_line(file, "--steps 3 --watchdog-s 3"));
+                              with_faults(run_command_line(file, "--steps 3 --watchdog-s 3")));
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK(r.exit_code != 124);  // the watchdog ended it, not the test's timeout
@@ -319,7 +319,8 @@ TEST_CASE("run: a rank that dies ends the job, and the last complete checkpoint 
   std::string dir = file + ".ck";
   std::filesystem::remove_all(dir);
   CommandResult r = run_shell("STEPCAST_TEST_DIE=1:5 timeout 120 " +
-                  run_command_line(file, "--steps 10 --checkpoint-dir " + dir + " --checkpoint-every 2"));
+                              with_faults(run_command_line(file, "--steps 10 --checkpoint-dir " + dir +
+                                                                    " --checkpoint-every 2")));
   INFO(r.output);
   CHECK(r.exit_code != 0);
   CHECK(r.exit_code != 124);

@@ -181,7 +181,7 @@ TEST_CASE("run: a checkpoint verifies completely or every rank refuses it", "[ru
     Json edited = manifest;
     edited["schema_version"] = 1;
     resign(dir, "step-00000004", edited);
-    check_refused_by_every_rank(timed_shell(resume), "an older stepcast");
+    check_refused_by_every_rank(timed_shell(resume), "another stepcast");
   }
 }
 
@@ -236,8 +236,8 @@ TEST_CASE("run: a rank stopped in a checkpoint or in the last exchange is caught
   for (const char* point : {"checkpoint", "gather"}) {
     std::filesystem::remove_all(dir);
     Timed t = timed_shell(std::string("STEPCAST_TEST_STOP=1:") + point + " " +
-                          run_line(plan_file, "--steps 4 --watchdog-s 3 --checkpoint-dir " + dir +
-                                                  " --checkpoint-every 2"));
+                          with_faults(run_line(plan_file, "--steps 4 --watchdog-s 3 --checkpoint-dir " + dir +
+                                                              " --checkpoint-every 2")));
     INFO(point << ": " << t.result.output << " (" << t.seconds << " s)");
     CHECK(t.result.exit_code != 0);
     CHECK(t.result.exit_code != 124);  // the watchdog ended it, not the test's timeout

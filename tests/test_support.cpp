@@ -29,6 +29,15 @@ CommandResult run_stepcast(const std::string& args) {
   return run_shell(std::string(STEPCAST_BINARY) + " " + args);
 }
 
+std::string with_faults(const std::string& command) {
+  std::string out = command;
+  const std::string binary = STEPCAST_BINARY;
+  for (size_t at = out.find(binary); at != std::string::npos; at = out.find(binary, at + 1)) {
+    out.replace(at, binary.size(), STEPCAST_FAULT_BINARY);
+  }
+  return out;
+}
+
 std::string write_temp_file(const std::string& name, const std::string& text) {
   auto dir = std::filesystem::temp_directory_path() /
              ("stepcast-test-" + std::to_string(getpid()));

@@ -30,6 +30,10 @@ CommandResult run_shell(const std::string& command);
 // Runs `build/stepcast ARGS` through the shell and captures its output.
 CommandResult run_stepcast(const std::string& args);
 
+// `command` with the stepcast binary replaced by the fault tests' build of it
+// (stepcast-with-faults, fault_main.cpp: faults from STEPCAST_TEST_HANG, _DIE, _STOP).
+std::string with_faults(const std::string& command);
+
 // Writes `text` to a fresh temporary file named `name` and returns its path.
 std::string write_temp_file(const std::string& name, const std::string& text);
 

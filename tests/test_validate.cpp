@@ -318,12 +318,12 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
 }
 
 TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", "[validate]") {
-  // STEPCAST_TEST_DIE kills rank 1 as step 2 begins: the 2-rank point fails, the 1-rank runs.
+  // STEPCAST_TEST_DIE (stepcast-with-faults) kills rank 1 as step 2 begins: the 2-rank point fails, the 1-rank runs.
   Json j = tiny_sweep({{{"name", "two-ranks"}, {"plan", {{"dp_size", 2}}}, {"ranks", 2}},
                        {{"name", "one-rank"}, {"plan", Json::object()}, {"ranks", 1}}});
   std::string file = write_temp_file("dies.json", j.dump());
   std::string out = fresh_dir("dies");
-  CommandResult r = run_shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_BINARY) +
+  CommandResult r = run_shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_FAULT_BINARY) +
                           " validate --sweep " + file + " --repeats 1 --out " + out);
   INFO(r.output);
   CHECK(r.exit_code == 1);

@@ -175,18 +175,12 @@ DeviceProfile measure_cuda_profile(const ProfileOptions& options) {
                                     "NCCL collectives of the ranks in a node",
                                     "NCCL send/recv ping-pong, one way");
   tables.fits["flash_attention"] = flash_json;
-  tables.method = {{"ranks", size},
-                   {"ranks_per_node", ranks_per_node},
-                   {"nodes", nodes},
-                   {"quick", options.quick},
-                   {"repetitions", options.repetitions},
-                   {"min_sample_s", options.min_sample_s},
-                   {"statistic", "median over every rank's samples; a sample is the mean of back-to-back calls, the streams synchronised before the clock is read"},
-                   {"all_ranks_busy", true},
-                   {"wall_s", wall_s},
-                   {"gpu", prop.name},
-                   {"peak_flops_per_s_for_flash_fractions", options.peak_flops_per_s},
-                   {"stepcast", std::string(stepcast_version()) + " (git " + stepcast_git_commit() + ")"}};
+  tables.method = profile_method(placement, options,
+                                 "median over every rank's samples; a sample is the mean of back-to-back calls, "
+                                 "the streams synchronised before the clock is read",
+                                 wall_s);
+  tables.method["gpu"] = prop.name;
+  tables.method["peak_flops_per_s_for_flash_fractions"] = options.peak_flops_per_s;
   p.measured = std::move(tables);
   p.notes =
       "Measured by `stepcast profile --backend cuda` on " + std::string(prop.name) + " with " +

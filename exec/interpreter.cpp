@@ -1,0 +1,333 @@
+// The interpreter (interpreter.hpp): construction, the step loop, buffers, the parameters' initial
+// values, the data a microbatch reads, and the dispatch of each op to its family.
+#include "interpreter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "errors.hpp"
+#include "lower.hpp"
+
+namespace stepcast {
+
+std::string group_of_buffer(const std::string& name) {
+  size_t dot = name.find('.');
+  std::string rest = name.substr(dot + 1);
+  size_t next = rest.find('.');
+  return next == std::string::npos ? rest : rest.substr(0, next);
+}
+
+template <class T, class G, class W>
+Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                                  const RunOptions& options, int64_t rank, Backend<T, G, W>& backend)
+    : p_(program),
+      model_(model),
+      plan_(plan),
+      options_(options),
+      rank_(rank),
+      grid_(program.grid()),
+      coord_(grid_.coord(rank)),
+      role_(program.role_of_rank(rank)),
+      shards_(plan.zero_stage, plan.dp_size),
+      backend_(backend) {
+  t_ = plan.tp_size;
+  s_ = model.seq_length;
+  b_ = plan.micro_batch_size;
+  h_ = model.hidden_size;
+  s_local_ = plan.sequence_parallel ? s_ / t_ : s_;
+  vocab_local_ = padded_vocab_size(model, t_) / t_;
+  kv_heads_local_ = model.num_key_value_heads / t_;
+  scale_ = 1.0 / std::sqrt(double(model.head_dim()));
+  source_ = make_token_source(model.vocab_size, s_, options.corpus_path, options.seed);
+  // The data loader's host staging for one microbatch (sample-major as the source writes it,
+  // then [s][b] as the kernels read it); the microbatch's buffers are the program's.
+  batch_tokens_.assign(size_t(b_ * s_), 0);
+  batch_targets_.assign(size_t(b_ * s_), 0);
+  staged_.assign(size_t(b_ * s_), 0);
+  batch_samples_.assign(size_t(b_), 0);
+  // Every op's operands by slot; op ids are their indices in the role.
+  operands_.reserve(role_.ops.size());
+  for (size_t i = 0; i < role_.ops.size(); ++i) {
+    STEPCAST_CHECK(role_.ops[i].id == int32_t(i), "op ids of a role are their positions");
+    operands_.emplace_back(role_.ops[i]);
+  }
+  // Parameter groups present on this role, from its persistent allocs.
+  for (const Op& op : role_.ops) {
+    if (op.kind == OpKind::alloc && op.persistent && op.buffer.rfind("weights.", 0) == 0) {
+      groups_.push_back(op.buffer.substr(8));
+    }
+  }
+  for (const auto& g : groups_) layouts_[g] = param_group_layout(model, t_, g);
+  zero_.assign(role_.ops.size(), 0);
+  pending_async_.assign(role_.ops.size(), 0);
+  mark_buffers_to_zero();
+  trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
+}
+
+template <class T, class G, class W>
+Interpreter<T, G, W>::~Interpreter() {
+  if (arena_memory_) backend_.release(arena_memory_);
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::index_arena() {
+  arena_.index(role_, plan_arena(role_));
+  arena_indexed_ = true;
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::create_arena() {
+  if (!arena_indexed_) index_arena();
+  arena_memory_ = backend_.allocate(arena_.extent_bytes());
+  arena_.place(arena_memory_);
+  initialize_parameters();
+}
+
+template <class T, class G, class W>
+double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* records, double step_start) {
+  step_ = step_index;
+  backend_.begin_step(step_index);
+  loss_sum_ = 0;
+  zero_persistent_grads();
+  for (const Op& op : role_.ops) {
+    double start = 0;
+    if (records) {
+      backend_.synchronize();
+      start = backend_.now_s() - step_start;
+    }
+    if (trace_ops_) {
+      std::fprintf(stderr, "rank %lld step %lld op %d %s %s tag %lld\n", (long long)rank_, (long long)step_index, op.id,
+                   to_string(op.kind), to_string(op.name), (long long)op.tag);
+    }
+    backend_.begin_op(op);
+    if (op.kind != OpKind::alloc && op.kind != OpKind::free) {
+      backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " + to_string(op.name) + ")");
+    }
+    // Collectives of the communication stream run on while later ops that do not depend on
+    // them proceed (a GPU backend; the CPU's calls are no-ops).
+    for (int32_t d : op.deps) {
+      if (pending_async_[size_t(d)]) {
+        backend_.wait_async(d);
+        pending_async_[size_t(d)] = 0;
+      }
+    }
+    const bool async = op.stream == Stream::comm && is_collective(op.kind);
+    if (async) backend_.begin_async(op.id);
+    execute(op);
+    if (async) {
+      backend_.end_async(op.id);
+      pending_async_[size_t(op.id)] = 1;
+    }
+    if (records) {
+      backend_.synchronize();
+      double end = backend_.now_s() - step_start;
+      records->push_back({rank_, op.id, start, end, start});
+    }
+  }
+  backend_.finish_sends();
+  backend_.synchronize();
+  std::fill(pending_async_.begin(), pending_async_.end(), 0);
+  return loss_sum_;
+}
+
+template <class T, class G, class W>
+StateBuffers Interpreter<T, G, W>::state_buffers() {
+  StateBuffers out;
+  for_each_state_buffer([&](const Op& op, size_t i) {
+    if (host_state_.size() <= i) host_state_.emplace_back(size_t(arena_.bytes_of(op.id)));
+    out.push_back({op.buffer, {host_state_[i].data(), arena_.bytes_of(op.id)}});
+  });
+  return out;
+}
+
+template <class T, class G, class W>
+StateBuffers Interpreter<T, G, W>::download_state() {
+  StateBuffers state = state_buffers();
+  for_each_state_buffer([&](const Op& op, size_t i) {
+    backend_.download(state[i].second.first, arena_.at(op.id), state[i].second.second);
+  });
+  return state;
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::upload_state() {
+  StateBuffers state = state_buffers();
+  for_each_state_buffer([&](const Op& op, size_t i) {
+    backend_.upload(arena_.at(op.id), state[i].second.first, state[i].second.second);
+  });
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::check_element_size(const std::string& name, const Op& op, int bytes) const {
+  STEPCAST_CHECK(dtype_bytes(dtype(name, op)) == bytes, "buffer " + name + " is " + to_string(dtype(name, op)) +
+                                                            ", read as " + std::to_string(bytes) + "-byte elements");
+}
+
+template <class T, class G, class W>
+bool Interpreter<T, G, W>::reads(const Op& op, const std::string& name) const {
+  return std::find(op.inputs.begin(), op.inputs.end(), name) != op.inputs.end();
+}
+
+// Buffers whose first writer accumulates into them (+=) are zeroed when allocated.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::mark_buffers_to_zero() {
+  std::map<std::string, int32_t> last_alloc;
+  std::map<std::string, bool> written;
+  for (const Op& op : role_.ops) {
+    if (op.kind == OpKind::alloc) {
+      last_alloc[op.buffer] = op.id;
+      written[op.buffer] = false;
+      if (op.buffer_class == BufferClass::grads ||
+          (op.buffer_class == BufferClass::comm && !is_comm_scratch(op.buffer))) {
+        zero_[size_t(op.id)] = 1;  // (staging is overwritten before it is read)
+      }
+      continue;
+    }
+    for (const auto& name : op.outputs) {
+      auto it = written.find(name);
+      if (it == written.end() || it->second) continue;
+      it->second = true;
+      bool accumulates =
+          reads(op, name) || op.grad == Grad::wgrad || op.kind == OpKind::norm || op.kind == OpKind::embedding;
+      if (accumulates) zero_[size_t(last_alloc[name])] = 1;
+    }
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::zero_persistent_grads() {
+  for (const Op& op : role_.ops) {
+    if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads) {
+      backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
+    }
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::initialize_parameters() {
+  for (const Op& op : role_.ops) {
+    if (op.kind != OpKind::alloc || !op.persistent) continue;
+    if (op.buffer.rfind("weights.", 0) != 0 && op.buffer.rfind("optimizer.", 0) != 0) continue;
+    bool weights = op.buffer.rfind("weights.", 0) == 0;
+    std::string group = group_of_buffer(op.buffer);
+    const GroupLayout& layout = layouts_.at(group);
+    // Which elements of the full local buffer this buffer holds.
+    auto [first, last] =
+        shards_.held(weights ? ShardedState::weights : ShardedState::optimizer, layout.elements, dp_rank());
+    // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
+    // starts at the weights' values, in W, so the T weights are its rounding.
+    int64_t states = optimizer_states(op);
+    if (!weights && states < 3) continue;
+    if (weights) {
+      upload_initial_values<T>(arena_.at(op.id), group, layout, first, last);
+    } else {
+      int64_t state_n = arena_.bytes_of(op.id) / int64_t(sizeof(W)) / states;
+      upload_initial_values<W>(arena_.at(op.id) + 2 * state_n * int64_t(sizeof(W)), group, layout, first, last);
+    }
+  }
+}
+
+// Elements [first, last) of a group's initial parameters, as X, into backend memory at dst
+// (one host buffer of X at a time: the host's high-water mark is part of the measured peak).
+template <class T, class G, class W>
+template <class X>
+void Interpreter<T, G, W>::upload_initial_values(char* dst, const std::string& group, const GroupLayout& layout,
+                                                 int64_t first, int64_t last) {
+  std::vector<X> host(size_t(last - first));
+  for (const TensorSlice& tensor : layout.tensors) {
+    for (int64_t e = std::max(first, tensor.offset); e < std::min(last, tensor.offset + tensor.elements()); ++e) {
+      int64_t local = e - tensor.offset;
+      host[size_t(e - first)] = X(initial_parameter(model_, t_, coord_.tp, group, tensor, local / tensor.cols,
+                                                    local % tensor.cols, options_.seed));
+    }
+  }
+  backend_.upload(dst, host.data(), int64_t(host.size() * sizeof(X)));
+}
+
+// Adam's two moments, plus the master weights when the weights are 16-bit (lowering's shape
+// {elements, states} of the optimizer buffer).
+template <class T, class G, class W>
+int64_t Interpreter<T, G, W>::optimizer_states(const Op& alloc) {
+  return alloc.shape.size() == 2 ? alloc.shape[1] : 2;
+}
+
+// The alloc of a data buffer hands over this step's microbatch: the token source fills the
+// staging (once per microbatch: its tokens, targets and samples may all live on one rank),
+// which is uploaded into the program's buffer.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::load_data(const Op& alloc, DataBuffer what) {
+  int32_t mb = data_buffer_microbatch(alloc.buffer);
+  if (staged_step_ != step_ || staged_microbatch_ != mb) {
+    fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_,
+                    batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
+    staged_step_ = step_;
+    staged_microbatch_ = mb;
+  }
+  char* dst = arena_.at(alloc.id);
+  if (what == DataBuffer::samples) {
+    STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(batch_samples_.size() * sizeof(int64_t)),
+                   "samples buffer " + alloc.buffer + " is not [micro_batch_size] int64");
+    backend_.upload(dst, batch_samples_.data(), arena_.bytes_of(alloc.id));
+    return;
+  }
+  const std::vector<int32_t>& from = what == DataBuffer::tokens ? batch_tokens_ : batch_targets_;
+  for (int64_t bi = 0; bi < b_; ++bi) {
+    for (int64_t si = 0; si < s_; ++si) staged_[size_t(si * b_ + bi)] = from[size_t(bi * s_ + si)];
+  }
+  STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(staged_.size() * sizeof(int32_t)),
+                 "data buffer " + alloc.buffer + " is not [seq_length, micro_batch_size] int32");
+  backend_.upload(dst, staged_.data(), arena_.bytes_of(alloc.id));
+}
+
+// Sample indices in the step, read by the dropout masks (none without dropout).
+template <class T, class G, class W>
+const int64_t* Interpreter<T, G, W>::samples(const Op& op) {
+  if (plan_.dropout == 0) return nullptr;
+  return buf<int64_t>(data_buffer_name(op.microbatch, DataBuffer::samples), op);
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::execute(const Op& op) {
+  switch (op.kind) {
+    case OpKind::alloc:
+      // Persistent buffers (weights, grads, optimizer state) live across steps.
+      if (zero_[size_t(op.id)] && !op.persistent) backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
+      if (DataBuffer what = data_buffer_kind(op.buffer); what != DataBuffer::none) load_data(op, what);
+      return;
+    case OpKind::free:
+      return;
+    case OpKind::send:
+    case OpKind::recv:
+      return p2p(op);
+    case OpKind::all_reduce:
+    case OpKind::reduce_scatter:
+    case OpKind::all_gather:
+      return collective(op);
+    case OpKind::all_to_all:
+    case OpKind::broadcast:
+      STEPCAST_CHECK(false, "the executor has no all_to_all or broadcast (not lowered yet)");
+      return;
+    case OpKind::embedding:
+      return embedding(op);
+    case OpKind::norm:
+      return norm(op);
+    case OpKind::gemm:
+      return gemm(op);
+    case OpKind::attention:
+      return attention(op);
+    case OpKind::activation:
+      return activation(op);
+    case OpKind::loss:
+      return loss(op);
+    case OpKind::optimizer_step:
+      return optimizer(op);
+  }
+}
+
+#define STEPCAST_INSTANTIATE(T, G, W) template class Interpreter<T, G, W>;
+STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE)
+#undef STEPCAST_INSTANTIATE
+
+}  // namespace stepcast

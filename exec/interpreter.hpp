@@ -1,0 +1,195 @@
+// The interpreter of one rank's role: it walks the role's ops in list order and runs each on a
+// backend, on buffers the arena holds under the names the program gives them, reading every
+// operand by its slot (op_signature.hpp) and every GEMM and attention shape from the op. The
+// rest of the local problem (hidden size, local vocabulary and heads, the sequence slice) comes
+// from the program's resolved inputs, and ZeRO slices from shard_layout.hpp, as the lowering
+// used them. It decides neither the schedule nor the dataflow.
+//
+// The member functions live in interpreter.cpp (buffers, data, dispatch, parameters),
+// interpreter_layers.cpp (embedding, norm, GEMM, attention, activations, loss) and
+// interpreter_comm.cpp (pipeline transfers, collectives, optimizer); each instantiates the four
+// storage-type combinations of backend.hpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arena.hpp"
+#include "backend.hpp"
+#include "checkpoint.hpp"
+#include "data.hpp"
+#include "executor.hpp"
+#include "model.hpp"
+#include "op_signature.hpp"
+#include "param_layout.hpp"
+#include "plan.hpp"
+#include "program.hpp"
+#include "rank_grid.hpp"
+#include "shard_layout.hpp"
+
+// Applies X(T, G, W) to the four storage-type combinations (backend.hpp) each interpreter file
+// instantiates.
+#define STEPCAST_FOR_EACH_STORAGE(X) \
+  X(float, float, float)             \
+  X(double, double, double)          \
+  X(bf16, float, float)              \
+  X(bf16, bf16, float)
+
+namespace stepcast {
+
+// The parameter group of a group buffer: "weights.L3" → "L3"; "wfull.L3.mb0.forward" → "L3";
+// "gradfull.L3.mb0" → "L3".
+std::string group_of_buffer(const std::string& name);
+
+template <class T, class G = T, class W = T>
+class Interpreter {
+ public:
+  Interpreter(const StepProgram& program, const ModelConfig& model, const Plan& plan, const RunOptions& options,
+              int64_t rank, Backend<T, G, W>& backend);
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  // The arena's layout and its index of buffer names: host bookkeeping that grows with the
+  // program (a few hundred bytes per buffer), not the step's memory; made before the measured
+  // baseline.
+  void index_arena();
+  // The arena in backend memory, and the parameters' initial values in it.
+  void create_arena();
+
+  // One training step; returns the loss on this rank's share (summed), the caller reduces it.
+  // With `records`, every op is timed (the backend synchronised around it).
+  double step(int64_t step_index, std::vector<OpRecord>* records, double step_start);
+
+  std::map<std::string, int64_t> algorithms_used() const { return backend_.algorithms_used(); }
+  double last_grad_norm() const { return last_grad_norm_; }
+
+  // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order,
+  // as host mirrors (download_state fills them; upload_state writes them back).
+  StateBuffers state_buffers();
+  StateBuffers download_state();
+  void upload_state();
+
+ private:
+  template <class F>
+  void for_each_state_buffer(F&& f) {
+    size_t i = 0;
+    for (const Op& op : role_.ops) {
+      if (op.kind != OpKind::alloc || !op.persistent) continue;
+      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
+      f(op, i++);
+    }
+  }
+
+  // ---- buffers (interpreter.cpp) ----
+  // As X: T unless the buffer's class says G or W (the program's alloc dtype, checked).
+  template <class X = T>
+  X* buf(const std::string& name, const Op& op) {
+    check_element_size(name, op, int(sizeof(X)));
+    return reinterpret_cast<X*>(arena_.buffer(name, op.id));
+  }
+  void check_element_size(const std::string& name, const Op& op, int bytes) const;
+  uint8_t* mask(const std::string& name, const Op& op) {
+    return reinterpret_cast<uint8_t*>(arena_.buffer(name, op.id));
+  }
+  Dtype dtype(const std::string& name, const Op& op) const {
+    return role_.ops[size_t(arena_.alloc_of(name, op.id))].dtype;
+  }
+  int64_t element_bytes(const std::string& name, const Op& op) const { return dtype_bytes(dtype(name, op)); }
+  // Elements of the buffer, in its own dtype.
+  int64_t count(const std::string& name, const Op& op) const {
+    return arena_.bytes_of(arena_.alloc_of(name, op.id)) / element_bytes(name, op);
+  }
+  // The op's operands by slot.
+  const Operands& operands(const Op& op) const { return operands_[size_t(op.id)]; }
+  const std::string& in(const Op& op, const char* slot) const { return operands(op).in(slot); }
+  const std::string& out(const Op& op, const char* slot) const { return operands(op).out(slot); }
+  bool reads(const Op& op, const std::string& name) const;
+  // A tensor of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
+  template <class X = T>
+  X* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
+    return buf<X>(buffer, op) + layouts_.at(group_of_buffer(buffer)).at(tensor).offset;
+  }
+  void mark_buffers_to_zero();
+  void zero_persistent_grads();
+
+  // ---- ZeRO shards (shard_layout.hpp) ----
+  int64_t dp_rank() const { return coord_.dp; }
+  // The elements of a group this rank updates, and where element `e` of the group sits in the
+  // rank's `state` buffer (at e − first of what the buffer holds).
+  ShardRange owned(int64_t elements) const { return shards_.owned(elements, dp_rank()); }
+  int64_t held_first(ShardedState state, int64_t elements) const {
+    return shards_.held(state, elements, dp_rank()).first;
+  }
+
+  // ---- parameters and data (interpreter.cpp) ----
+  void initialize_parameters();
+  template <class X>
+  void upload_initial_values(char* dst, const std::string& group, const GroupLayout& layout, int64_t first,
+                             int64_t last);
+  static int64_t optimizer_states(const Op& alloc);
+  void load_data(const Op& alloc, DataBuffer what);
+  const int64_t* samples(const Op& op);
+  int64_t s0() const { return plan_.sequence_parallel ? coord_.tp * s_local_ : 0; }
+  cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
+    return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
+  }
+  void execute(const Op& op);
+
+  // ---- layers (interpreter_layers.cpp) ----
+  void embedding(const Op& op);
+  void norm(const Op& op);
+  void gemm(const Op& op);
+  void mask_padded_vocab(T* logits, int64_t tokens);
+  cpu::AttentionShape attention_shape(const Op& op) const;
+  void attention(const Op& op);
+  void activation(const Op& op);
+  void add_bias_grad(const Op& op, const T* d, const std::string& grads);
+  void loss(const Op& op);
+
+  // ---- communication and optimizer (interpreter_comm.cpp) ----
+  void p2p(const Op& op);
+  std::vector<Span<void>> spans(const std::vector<std::string>& names, const Op& op);
+  Dtype dtype_of_all(const std::vector<std::string>& names, const Op& op) const;
+  void collective(const Op& op);
+  bool counted_in_norm(const std::string& group, const TensorSlice& tensor) const;
+  void optimizer(const Op& op);
+
+  const StepProgram& p_;
+  const ModelConfig& model_;
+  const Plan& plan_;
+  const RunOptions& options_;
+  int64_t rank_;
+  RankGrid grid_;
+  RankCoord coord_;
+  const Role& role_;
+  ShardLayout shards_;
+  Backend<T, G, W>& backend_;
+  Arena arena_;
+  char* arena_memory_ = nullptr;
+  bool arena_indexed_ = false;
+  std::vector<Operands> operands_;  // per op id
+  // The local problem: tp size, sequence, micro batch, hidden, sequence slice, vocabulary shard.
+  int64_t t_, s_, b_, h_, s_local_, vocab_local_;
+  int64_t kv_heads_local_;
+  double scale_;  // 1/√head_dim
+  std::unique_ptr<TokenSource> source_;
+  std::vector<int32_t> batch_tokens_, batch_targets_, staged_;  // one microbatch, host staging
+  std::vector<int64_t> batch_samples_;
+  int64_t staged_step_ = -1;  // the microbatch the staging holds
+  int32_t staged_microbatch_ = -1;
+  std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
+  std::vector<std::string> groups_;
+  std::map<std::string, GroupLayout> layouts_;
+  std::vector<char> zero_;
+  std::vector<char> pending_async_;  // per op: an async collective not yet waited for
+  int64_t step_ = 0;
+  double loss_sum_ = 0;
+  double last_grad_norm_ = 0;
+  bool trace_ops_ = false;  // STEPCAST_TRACE_OPS: print every op before it runs (debugging hangs)
+};
+
+}  // namespace stepcast

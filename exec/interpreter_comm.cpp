@@ -1,0 +1,215 @@
+// The interpreter's communication and optimizer ops (interpreter.hpp): pipeline transfers,
+// collectives (tensor, sequence and data parallel, ZeRO's gathers and reduce-scatters) and the
+// optimizer (gradient accumulation into shards, the gradient norm, AdamW), reading operands by
+// slot and ZeRO slices from shard_layout.hpp.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "cpu_kernels.hpp"  // clip_coefficient, a host function
+#include "errors.hpp"
+#include "interpreter.hpp"
+#include "mpi_collectives.hpp"
+
+namespace stepcast {
+
+// Pipeline transfers: the backend posts sends without waiting (and completes them at the end
+// of the step); receives block, watched.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::p2p(const Op& op) {
+  int64_t stage = coord_.pp;
+  RankCoord peer = coord_;
+  peer.pp = op.peer == Peer::pp_next ? (stage + 1) % plan_.pp_size : (stage + plan_.pp_size - 1) % plan_.pp_size;
+  int peer_rank = int(grid_.rank(peer));
+  if (op.kind == OpKind::recv) {  // [] → [x]
+    const std::string& x = out(op, "x");
+    backend_.recv(buf(x, op), count(x, op), peer_rank, op.tag);
+    return;
+  }
+  // [x] → [(staging)]. The send goes from the program's staging copy (comm class, live to the end
+  // of the step, when finish_sends completes it), so the tensor's memory may be reused at once.
+  // Without one (GPU topologies) it goes from the tensor itself.
+  const std::string& x = in(op, "x");
+  if (!operands(op).has_out("staging")) {
+    backend_.send(buf(x, op), count(x, op), peer_rank, op.tag);
+    return;
+  }
+  const std::string& staging = out(op, "staging");
+  backend_.copy(buf(staging, op), buf(x, op), count(x, op) * element_bytes(x, op));
+  backend_.send(buf(staging, op), count(x, op), peer_rank, op.tag);
+}
+
+// The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.
+template <class T, class G, class W>
+std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::string>& names, const Op& op) {
+  std::vector<Span<void>> out;
+  for (const auto& n : names) {
+    if (!is_comm_scratch(n)) out.push_back({arena_.buffer(n, op.id), count(n, op)});
+  }
+  return out;
+}
+
+template <class T, class G, class W>
+Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>& names, const Op& op) const {
+  Dtype first = dtype(names.at(0), op);
+  for (const auto& n : names) {
+    STEPCAST_CHECK(dtype(n, op) == first, std::string("collective ") + to_string(op.name) + " mixes dtypes");
+  }
+  return first;
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::collective(const Op& op) {
+  // Host backends pack and receive chunks in the program's scratch for this op (comm class).
+  if (operands(op).has_out("scratch")) {
+    int32_t scratch = arena_.alloc_of(out(op, "scratch"), op.id);
+    backend_.set_collective_scratch(arena_.at(scratch), arena_.bytes_of(scratch));
+  }
+  if (op.kind == OpKind::all_reduce) {
+    if (op.name == OpName::sp_replicated_grads) {
+      // [grads…] → [grads…]: only the replicated part of each buffer (trailing elements of
+      // layers, whole groups of replicated tensors); grads are full here (the CPU backend
+      // refuses SP with ZeRO ≥ 2).
+      std::vector<Span<void>> parts;
+      for (const auto& name : operands(op).ins("grads")) {
+        for (const TensorSlice& tensor : layouts_.at(group_of_buffer(name)).tensors) {
+          if (tensor.replicated) parts.push_back({buf<G>(name, op) + tensor.offset, tensor.elements()});
+        }
+      }
+      backend_.all_reduce(op.group, op.algorithm, dtype_of<G>(), parts);
+      return;
+    }
+    // [x] → [x], [norm_sq] → [norm_sq] or [grads…] → [grads…], reduced in place.
+    backend_.all_reduce(op.group, op.algorithm, dtype_of_all(op.outputs, op), spans(op.outputs, op));
+    return;
+  }
+  if (op.kind == OpKind::reduce_scatter) {
+    if (op.name == OpName::grad_bucket) {
+      if (shards_.sharded(ShardedState::grads)) {
+        // [grads…] as (full gradient, shard) pairs; the reduced chunk is added into the shard.
+        std::vector<std::string> grads = operands(op).ins("grads");
+        std::vector<Span<void>> full;
+        for (size_t i = 0; i < grads.size(); i += 2) full.push_back({buf<G>(grads[i], op), count(grads[i], op)});
+        backend_.reduce_scatter(op.group, dtype_of<G>(), full);
+        for (size_t i = 0; i < grads.size(); i += 2) {
+          G* f = buf<G>(grads[i], op);
+          G* shard = buf<G>(grads[i + 1], op);
+          auto [first, last] = shards_.slice(count(grads[i], op), dp_rank());
+          backend_.add(shard, f + first, last - first);
+        }
+        return;
+      }
+      backend_.reduce_scatter(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
+      return;
+    }
+    // Sequence-parallel reduce_scatter [x] → [y]: a [s, b, h] partial sum → this rank's s/t rows.
+    const std::string& x = in(op, "x");
+    char* full = arena_.buffer(x, op.id);
+    int64_t n = count(x, op), e = element_bytes(x, op);
+    backend_.reduce_scatter(op.group, dtype(x, op), {{full, n}});
+    auto [first, last] = chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+    backend_.copy(arena_.buffer(out(op, "y"), op.id), full + first * e, (last - first) * e);
+    return;
+  }
+  // all_gather
+  if (op.name == OpName::param_gather) {  // [weights…] → [weights…], in place
+    backend_.all_gather(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
+    return;
+  }
+  // zero3_param_gather [shard] → [full]: this rank's weight slice; the sequence-parallel gathers
+  // and the loss statistics [x] → [y]: its chunk of the group. The part goes to its place in the
+  // full buffer, which is then gathered in place.
+  bool zero3 = op.name == OpName::zero3_param_gather;
+  const std::string& part_name = in(op, zero3 ? "shard" : "x");
+  const std::string& full_name = out(op, zero3 ? "full" : "y");
+  char* part = arena_.buffer(part_name, op.id);
+  char* full = arena_.buffer(full_name, op.id);
+  int64_t n = count(full_name, op), e = element_bytes(full_name, op);
+  ShardRange part_range = zero3 ? shards_.slice(n, dp_rank()) : ShardRange{};
+  if (!zero3) {
+    std::tie(part_range.first, part_range.last) =
+        chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
+  }
+  auto [first, last] = part_range;
+  backend_.copy(full + first * e, part, (last - first) * e);
+  backend_.all_gather(op.group, dtype(full_name, op), {{full, n}});
+}
+
+template <class T, class G, class W>
+bool Interpreter<T, G, W>::counted_in_norm(const std::string& group, const TensorSlice& tensor) const {
+  if (tensor.replicated && coord_.tp != 0) return false;              // tp duplicates counted once
+  if (group == "output" && model_.tie_word_embeddings) return false;  // the embedding's copy
+  return true;
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::optimizer(const Op& op) {
+  if (op.name == OpName::grad_accumulate) {  // [full, shard] → [shard]: dp 1, ZeRO ≥ 2
+    const std::string& shard = out(op, "shard");
+    backend_.add(buf<G>(shard, op), buf<G>(in(op, "full"), op), count(shard, op));
+    return;
+  }
+  if (op.name == OpName::grad_norm) {  // [grads…] → [norm_sq]: Σ g² over what this rank owns
+    double sum = 0;
+    for (const auto& name : operands(op).ins("grads")) {
+      std::string group = group_of_buffer(name);
+      const GroupLayout& layout = layouts_.at(group);
+      auto [first, last] = owned(layout.elements);
+      int64_t base = held_first(ShardedState::grads, layout.elements);
+      const G* g = buf<G>(name, op);
+      for (const TensorSlice& tensor : layout.tensors) {
+        if (!counted_in_norm(group, tensor)) continue;
+        int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
+        if (a < z) sum += backend_.grad_norm_sq(g + (a - base), z - a);
+      }
+    }
+    W value = W(sum);
+    backend_.upload(buf<W>(out(op, "norm_sq"), op), &value, sizeof(W));
+    return;
+  }
+  // [grads…, states…, norm_sq] → [states…, weights…]: group i's gradient, state and weights.
+  STEPCAST_CHECK(op.name == OpName::adamw, std::string("unknown optimizer op ") + to_string(op.name));
+  W norm_sq = 0;
+  backend_.download(&norm_sq, buf<W>(in(op, "norm_sq"), op), sizeof(W));
+  double norm = std::sqrt(double(norm_sq));
+  last_grad_norm_ = norm;
+  double clip = cpu::clip_coefficient(norm, options_.max_grad_norm);
+  cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
+  const std::vector<std::string> grads = operands(op).ins("grads");
+  const std::vector<std::string> states = operands(op).outs("states");
+  const std::vector<std::string> weights = operands(op).outs("weights");
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const GroupLayout& layout = layouts_.at(group_of_buffer(grads[i]));
+    auto [first, last] = owned(layout.elements);
+    T* w = buf(weights.at(i), op) + (first - held_first(ShardedState::weights, layout.elements));
+    G* g = buf<G>(grads[i], op) + (first - held_first(ShardedState::grads, layout.elements));
+    W* state = buf<W>(states.at(i), op);
+    // [m | v (| master)], each state_n long.
+    int64_t n_states = optimizer_states(role_.ops[size_t(arena_.alloc_of(states[i], op.id))]);
+    int64_t state_n = count(states[i], op) / n_states;
+    int64_t at = first - held_first(ShardedState::optimizer, layout.elements);
+    W* m = state + at;
+    W* v = state + state_n + at;
+    W* master = n_states == 3 ? state + 2 * state_n + at : nullptr;
+    for (const TensorSlice& tensor : layout.tensors) {
+      int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
+      if (a >= z) continue;
+      config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
+      int64_t o = a - first;
+      backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
+    }
+  }
+}
+
+#define STEPCAST_INSTANTIATE_COMM(T, G, W)                                                                  \
+  template void Interpreter<T, G, W>::p2p(const Op&);                                                       \
+  template std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::string>&, const Op&); \
+  template Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>&, const Op&) const;      \
+  template void Interpreter<T, G, W>::collective(const Op&);                                                \
+  template bool Interpreter<T, G, W>::counted_in_norm(const std::string&, const TensorSlice&) const;        \
+  template void Interpreter<T, G, W>::optimizer(const Op&);
+STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_COMM)
+#undef STEPCAST_INSTANTIATE_COMM
+
+}  // namespace stepcast

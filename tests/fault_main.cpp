@@ -1,0 +1,114 @@
+// `stepcast-with-faults`: the stepcast command line with a fault-injecting decorator around the
+// backend of every CPU run, for the fault tests (test_run.cpp, test_run_faults.cpp,
+// test_validate.cpp, bad_inputs.json). Faults are set in the environment, which mpirun passes on
+// to every rank and `validate` to the runs it launches (it runs this same executable):
+//   STEPCAST_TEST_HANG=RANK:OP     rank RANK sleeps before op OP of its first step (a hung rank);
+//   STEPCAST_TEST_DIE=RANK:STEP    rank RANK is killed (SIGKILL) as step STEP (0-based) begins;
+//   STEPCAST_TEST_STOP=RANK:POINT  rank RANK stops (SIGSTOP, as a debugger or a frozen node would)
+//                                  at POINT: "checkpoint" (before it writes its checkpoint file)
+//                                  or "gather" (before the per-op records go to rank 0).
+// Production code has none of this: the executor only calls the backend's progress hooks.
+#include <mpi.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "commands.hpp"
+#include "executor.hpp"
+#include "forwarding_backend.hpp"
+
+namespace {
+
+using namespace stepcast;
+
+struct Faults {
+  long long hang_rank = -1, hang_op = -1;
+  long long die_rank = -1, die_step = -1;
+  long long stop_rank = -1;
+  std::string stop_point;
+};
+
+Faults faults_from_environment() {
+  Faults f;
+  if (const char* hang = std::getenv("STEPCAST_TEST_HANG")) std::sscanf(hang, "%lld:%lld", &f.hang_rank, &f.hang_op);
+  if (const char* die = std::getenv("STEPCAST_TEST_DIE")) std::sscanf(die, "%lld:%lld", &f.die_rank, &f.die_step);
+  if (const char* stop = std::getenv("STEPCAST_TEST_STOP")) {
+    char point[32] = {0};
+    if (std::sscanf(stop, "%lld:%31s", &f.stop_rank, point) == 2) f.stop_point = point;
+  }
+  return f;
+}
+
+void say(long long rank, const std::string& what) {
+  std::fprintf(stderr, "stepcast run: rank %lld: %s\n", rank, what.c_str());
+  std::fflush(stderr);
+}
+
+template <class T>
+class FaultBackend : public ForwardingBackend<T> {
+ public:
+  FaultBackend(std::unique_ptr<Backend<T>> inner, Faults faults, long long rank)
+      : ForwardingBackend<T>(std::move(inner)), faults_(std::move(faults)), rank_(rank) {}
+
+  void begin_step(int64_t step_index) override {
+    if (rank_ == faults_.die_rank && step_index == faults_.die_step) {
+      say(rank_, "STEPCAST_TEST_DIE: killing this rank");
+      std::raise(SIGKILL);
+    }
+    first_step_ = steps_++ == 0;
+    this->inner().begin_step(step_index);
+  }
+  void begin_op(const Op& op) override {
+    if (first_step_ && rank_ == faults_.hang_rank && op.id == faults_.hang_op) {
+      say(rank_, "STEPCAST_TEST_HANG: sleeping in op " + std::to_string(op.id));
+      std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    this->inner().begin_op(op);
+  }
+  void reached(RunPoint point) override {
+    const char* name = point == RunPoint::checkpoint_write ? "checkpoint" : "gather";
+    if (rank_ == faults_.stop_rank && faults_.stop_point == name) {
+      say(rank_, std::string("STEPCAST_TEST_STOP: stopping at ") + name);
+      std::raise(SIGSTOP);
+    }
+    this->inner().reached(point);
+  }
+
+ private:
+  Faults faults_;
+  long long rank_;
+  int64_t steps_ = 0;
+  bool first_step_ = false;
+};
+
+class FaultWrapper : public BackendWrapper {
+ public:
+  std::unique_ptr<Backend<float>> wrap(std::unique_ptr<Backend<float>> backend) const override {
+    return make(std::move(backend));
+  }
+  std::unique_ptr<Backend<double>> wrap(std::unique_ptr<Backend<double>> backend) const override {
+    return make(std::move(backend));
+  }
+
+ private:
+  template <class T>
+  static std::unique_ptr<Backend<T>> make(std::unique_ptr<Backend<T>> backend) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);  // unchecked: the run has initialised MPI before it makes a backend
+    return std::make_unique<FaultBackend<T>>(std::move(backend), faults_from_environment(), rank);
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  static const FaultWrapper wrapper;
+  set_backend_wrapper(&wrapper);
+  return stepcast::cli::stepcast_main(argc, argv);
+}
