@@ -181,8 +181,16 @@ int run_run(int argc, char** argv) {
     std::cout << "; peak " << format_bytes(program_peak) << " + runtime allowance "
               << format_bytes(rank0["memory_runtime_bytes"].get<double>()) << "\n"
               << "memory of rank 0, measured: " << format_bytes(r.memory["measured"][0]["measured_peak_bytes"].get<double>())
-              << (backend == "cuda" ? " (the device allocator's high-water mark)\n"
-                                    : " above the level before the arena (the process's anonymous pages)\n");
+              << (backend == "cuda" ? " (the device allocator's high-water mark)"
+                                    : " above the level before the arena (the process's anonymous pages)");
+    // The arena holds the program's buffers at planned offsets; where the placement cannot pack
+    // them into the live peak, the difference is memory the program's walk does not count.
+    double extent = r.memory["measured"][0]["arena_extent_bytes"].get<double>();
+    if (extent > program_peak) {
+      std::cout << "; the arena's placement takes " << format_bytes(extent) << ", "
+                << format_bytes(extent - program_peak) << " over the program's peak (buffers it could not pack)";
+    }
+    std::cout << "\n";
     if (r.memory.contains("device_rank0")) {
       const Json& d = r.memory["device_rank0"];
       std::cout << "device of rank 0: " << d["device"].get<std::string>() << ", used at most "

@@ -75,8 +75,10 @@ ArenaPlan plan_first_fit(const Role& role, int64_t alignment) {
 // size (TFLite's and ggml's "greedy by size"), of size × lifetime or of lifetime, each at the
 // offset of the tightest gap among the buffers placed already whose lifetimes overlap its own.
 enum class Order { size, size_lifetime, lifetime };
+// Where in the gaps a buffer goes: the tightest gap that holds it, or the lowest.
+enum class Fit { tightest, lowest };
 
-ArenaPlan plan_greedy(const Role& role, int64_t alignment, Order by) {
+ArenaPlan plan_greedy(const Role& role, int64_t alignment, Order by, Fit fit) {
   struct Lifetime {
     int32_t op;
     int64_t first, last;  // op indices: alloc, and free (or the role's end)
@@ -126,7 +128,7 @@ ArenaPlan plan_greedy(const Role& role, int64_t alignment, Order by) {
     int64_t best = -1, best_gap = 0, at = 0;
     for (size_t j : overlapping) {
       int64_t gap = buffers[j].offset - at;
-      if (gap >= me.size && (best < 0 || gap < best_gap)) {
+      if (gap >= me.size && (best < 0 || (fit == Fit::tightest && gap < best_gap))) {
         best = at;
         best_gap = gap;
       }
@@ -149,12 +151,15 @@ ArenaPlan plan_greedy(const Role& role, int64_t alignment, Order by) {
 
 // The smallest of the layouts. No one order wins everywhere: on the tiny model's plans by size
 // is exact but for ZeRO-3 (2.5% over the live peak, by lifetime 0.3%), by lifetime is 1.6% over
-// on tp2.
+// on tp2. A ZeRO-3 plan of a 384-wide, 8,192-token model (dp 2) stays 1.4% over the live peak
+// (by size, lowest fit; 1.7% tightest): its gathered weights of different sizes do not pack.
 ArenaPlan plan_arena(const Role& role, int64_t alignment) {
   ArenaPlan best = plan_first_fit(role, alignment);
   for (Order by : {Order::size, Order::size_lifetime, Order::lifetime}) {
-    ArenaPlan plan = plan_greedy(role, alignment, by);
-    if (plan.extent_bytes < best.extent_bytes) best = std::move(plan);
+    for (Fit fit : {Fit::tightest, Fit::lowest}) {
+      ArenaPlan plan = plan_greedy(role, alignment, by, fit);
+      if (plan.extent_bytes < best.extent_bytes) best = std::move(plan);
+    }
   }
   return best;
 }

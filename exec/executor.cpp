@@ -141,21 +141,23 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
 
   // Per-op records and measured memory to rank 0.
   std::vector<double> mine;
-  mine.reserve(3 + records.size() * 5);
+  mine.reserve(4 + records.size() * 5);
   mine.push_back(output.measured_peak_bytes);
   mine.push_back(output.resident_high_water_bytes);
   mine.push_back(output.heap_growth_after_first_step_bytes);
+  mine.push_back(double(interpreter.arena_extent_bytes()));
   for (const OpRecord& o : records) {
     for (double v : {double(o.rank), double(o.id), o.start_s, o.end_s, o.ready_s}) mine.push_back(v);
   }
   backend->reached(RunPoint::records_gather);
   std::vector<std::vector<double>> gathered = control.gather(mine, "gathering the per-op records");
-  std::vector<double> peaks, growth, high_water, all;
+  std::vector<double> peaks, growth, high_water, extents, all;
   for (const std::vector<double>& v : gathered) {
     peaks.push_back(v.at(0));
     high_water.push_back(v.at(1));
     growth.push_back(v.at(2));
-    all.insert(all.end(), v.begin() + 3, v.end());
+    extents.push_back(v.at(3));
+    all.insert(all.end(), v.begin() + 4, v.end());
   }
   if (rank != 0) return output;
 
@@ -200,7 +202,8 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
   for (int rk = 0; rk < size; ++rk) {
     measured.push_back({{"rank", rk},
                         {"measured_peak_bytes", peaks[size_t(rk)]},
-                        {"heap_growth_after_first_step_bytes", growth[size_t(rk)]}});
+                        {"heap_growth_after_first_step_bytes", growth[size_t(rk)]},
+                        {"arena_extent_bytes", extents[size_t(rk)]}});
     if (high_water[size_t(rk)] >= 0) {
       measured.back()["resident_high_water_bytes"] = high_water[size_t(rk)];
     }

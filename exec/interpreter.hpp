@@ -66,6 +66,8 @@ class Interpreter {
 
   std::map<std::string, int64_t> algorithms_used() const { return backend_.algorithms_used(); }
   double last_grad_norm() const { return last_grad_norm_; }
+  // The arena's size as placed: the program's live peak plus what the placement could not pack.
+  int64_t arena_extent_bytes() const { return arena_.extent_bytes(); }
 
   // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order,
   // as host mirrors (download_state fills them; upload_state writes them back).

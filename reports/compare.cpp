@@ -104,6 +104,10 @@ void compare_memory(const StepResult& prediction, const StepResult& measurement,
     rank_peak.rank = integer(mp, "rank", label(measurement, "measurement"), "memory.measured[].");
     rank_peak.measured_peak_bytes =
         number(mp, "measured_peak_bytes", label(measurement, "measurement"), "memory.measured[].");
+    if (mp.contains("arena_extent_bytes")) {
+      rank_peak.arena_extent_bytes =
+          number(mp, "arena_extent_bytes", label(measurement, "measurement"), "memory.measured[].");
+    }
     const Json* pe = memory_entry_of_rank(p_ranks, rank_peak.rank);
     if (!pe) continue;  // a rank the prediction's memory does not list: nothing to compare with
     rank_peak.predicted_arena_peak_bytes =

@@ -26,6 +26,7 @@ Json peak_json(const MeasuredPeakCompare& p) {
             {"error_bytes", p.error_bytes()},
             {"relative_error", optional_json(p.relative())}};
   if (p.rank >= 0) j["rank"] = p.rank;
+  if (p.arena_extent_bytes >= 0) j["arena_extent_bytes"] = p.arena_extent_bytes;
   return j;
 }
 

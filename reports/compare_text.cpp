@@ -138,14 +138,17 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
         << (markdown ? "\n" : "  (") << kMeasuredPeakNote << (markdown ? ".\n" : ")\n");
     if (markdown && !c.measured_peak_ranks.empty()) {
       out << "\n";
-      header(out, {"rank", "predicted peak − runtime", "measured peak", "error", "relative"}, true);
+      header(out, {"rank", "predicted peak − runtime", "measured peak", "error", "relative", "arena as placed"},
+             true);
       for (const auto& r : c.measured_peak_ranks) {
         row(out,
             {std::to_string(r.rank), format_bytes(r.predicted_arena_peak_bytes),
-             format_bytes(r.measured_peak_bytes), signed_bytes(r.error_bytes()),
-             percent(r.relative())},
+             format_bytes(r.measured_peak_bytes), signed_bytes(r.error_bytes()), percent(r.relative()),
+             r.arena_extent_bytes < 0 ? "n/a" : format_bytes(r.arena_extent_bytes)},
             true);
       }
+      out << "\n(The arena as placed: the program's buffers at the executor's offsets; above the predicted "
+             "peak by what the placement could not pack.)\n";
     }
   }
 
