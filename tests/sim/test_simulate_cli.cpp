@@ -398,7 +398,7 @@ void check_golden(const std::string& name, const std::string& args) {
   }
   if (!std::filesystem::exists(path)) {
     FAIL(path << " is missing; write it with STEPCAST_UPDATE_GOLDEN=1 "
-                 "build/tests/stepcast_tests \"[golden]\"");
+                 "build/tests/stepcast_tests_sim \"[golden]\"");
   }
   Json golden = read_json(path);
   for (auto it = actual.begin(); it != actual.end(); ++it) {
