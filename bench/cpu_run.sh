@@ -19,7 +19,7 @@ topology=topologies/localhost-cpu.json
 
 # The model: gpt2-124m.json as shipped but for seq_length 256.
 model=$out/gpt2-124m-s256.json
-sed 's/"seq_length": *[0-9]*/"seq_length": 256/' plans/models/gpt2-124m.json >"$model"
+sed 's/"seq_length": *[0-9]*/"seq_length": 256/' models/gpt2-124m.json >"$model"
 grep -q '"seq_length": 256' "$model" || { echo "cpu_run.sh: no seq_length in gpt2-124m.json"; exit 1; }
 seq=256
 

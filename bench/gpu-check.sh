@@ -114,9 +114,9 @@ grep -E "tests passed|tests failed|Skipped|Failed" "$OUT_DIR/gpu-tests.log" | ta
 WORK="$OUT_DIR/work"
 mkdir -p "$WORK"
 # name  model-file  micro-batch   (sequence 1024; one microbatch per step, bf16, flash)
-RUNS=("gpt2-124m plans/models/gpt2-124m.json 16"
-      "gpt2-350m plans/models/gpt2-350m.json 8"
-      "gpt3-1.3b plans/models/gpt3-1.3b.json 8")
+RUNS=("gpt2-124m models/gpt2-124m.json 16"
+      "gpt2-350m models/gpt2-350m.json 8"
+      "gpt3-1.3b models/gpt3-1.3b.json 8")
 for spec in "${RUNS[@]}"; do
   read -r name model mbs <<<"$spec"
   python3 - "$model" "$WORK/$name.model.json" "$WORK/$name.plan.json" "$mbs" <<'PY'

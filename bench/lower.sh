@@ -19,6 +19,6 @@ run() {
   size=$(du -m "$out/$label/program.json" | cut -f1)
   printf "%-28s %8s %10s %10d %12s %8s\n" "$label" "$devices" "$wall" $((rss_kb / 1024)) "$size" "$ops"
 }
-run gpt3-175b-a100-1024 plans/models/gpt3-175b.json topologies/dgx-a100-80gb.json plans/gpt3-175b-a100-1024.json
-run llama3-405b-h100-16384 plans/models/llama3-405b.json topologies/dgx-h100.json plans/llama3-405b-h100-16384.json
+run gpt3-175b-a100-1024 models/gpt3-175b.json topologies/dgx-a100-80gb.json examples/gpt3-175b-a100-1024.json
+run llama3-405b-h100-16384 models/llama3-405b.json topologies/dgx-h100.json examples/llama3-405b-h100-16384.json
 echo "limits: wall_s <= 5, peak_MB <= 1024 (issue 2)"

@@ -25,11 +25,11 @@ run() {
   grep -E "candidates, |plans fit|^memory:|^searched|Spearman" "$out/$label.log" | sed 's/^/   /'
   sed -n '/^plan  /,/^searched/p' "$out/$label.log" | grep -v '^searched' | sed 's/^/   /'
 }
-gpt3=(--model plans/models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json --global-batch-size 1536)
-llama=(--model plans/models/llama3-405b.json --topology topologies/dgx-h100.json --global-batch-size 2048)
+gpt3=(--model models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json --global-batch-size 1536)
+llama=(--model models/llama3-405b.json --topology topologies/dgx-h100.json --global-batch-size 2048)
 run gpt3-175b-a100-1024-search 30 "${gpt3[@]}" --evaluate 0
 run gpt3-175b-a100-1024-evaluate-$evaluate 30 "${gpt3[@]}" --evaluate "$evaluate"
-# Llama 3 trains with flash attention and no dropout (plans/llama3-405b-h100-16384.json); the
+# Llama 3 trains with flash attention and no dropout (examples/llama3-405b-h100-16384.json); the
 # search's defaults (materialized attention, dropout 0.1) are searched too, for comparison.
 run llama3-405b-h100-16384-search 120 "${llama[@]}" --attention flash --dropout 0 --evaluate 0
 run llama3-405b-h100-16384-evaluate-$evaluate 120 "${llama[@]}" --attention flash --dropout 0 --evaluate "$evaluate"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quick estimate against `simulate` on GPT-3 13B on 64 A100 (8 DGX nodes), global batch 512
-# as plans/gpt3-13b-a100-64.json: re-simulates the estimate's best BENCH_QUALITY_TOP plans (default
+# as examples/gpt3-13b-a100-64.json: re-simulates the estimate's best BENCH_QUALITY_TOP plans (default
 # 20) and every BENCH_QUALITY_STRIDE-th plan after them (default 1: every plan that fits; 25 gives
 # a sample of about 160 over the whole ranking in about a tenth of the time; every plan, 3,999,
 # took 37 min on the 2-core machine), then prints whether
@@ -16,7 +16,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
-"$bin" plan --model plans/models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json --nodes 8 \
+"$bin" plan --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json --nodes 8 \
   --global-batch-size 512 --evaluate "$top" --evaluate-stride "$stride" --top 10 --out "$out" \
   >"$out/log" 2>"$out/err" || { cat "$out/err"; exit 1; }
 grep -E "candidates, |plans fit|^searched" "$out/log"

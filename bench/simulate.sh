@@ -36,11 +36,11 @@ headline() {
 
 echo "== fast mode on the headline plans (--no-scaling)"
 printf "%-24s %8s %8s %10s %8s %9s %11s\n" case wall_s limit_s activities peak_MB limit_MB sim_ranks
-headline gpt3-175b-a100-1024 10 2048 --model plans/models/gpt3-175b.json \
-  --topology topologies/dgx-a100-80gb.json --plan plans/gpt3-175b-a100-1024.json \
+headline gpt3-175b-a100-1024 10 2048 --model models/gpt3-175b.json \
+  --topology topologies/dgx-a100-80gb.json --plan examples/gpt3-175b-a100-1024.json \
   --profile profiles/a100-sxm4-80gb.json
-headline llama3-405b-h100-16384 30 - --model plans/models/llama3-405b.json \
-  --topology topologies/dgx-h100.json --plan plans/llama3-405b-h100-16384.json \
+headline llama3-405b-h100-16384 30 - --model models/llama3-405b.json \
+  --topology topologies/dgx-h100.json --plan examples/llama3-405b-h100-16384.json \
   --profile profiles/h100-sxm.json
 
 echo
@@ -52,8 +52,8 @@ done
 
 echo
 echo "== with scaling efficiency (adds the dp_size 1 reference run, in a child process)"
-simulate scaling --model plans/models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json \
-  --plan plans/gpt3-175b-a100-1024.json --profile profiles/a100-sxm4-80gb.json
+simulate scaling --model models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json \
+  --plan examples/gpt3-175b-a100-1024.json --profile profiles/a100-sxm4-80gb.json
 read -r wall kb <"$out/scaling.time"
 efficiency=$(grep -o 'scaling efficiency [0-9.e+-]*' "$out/scaling.log" | awk '{ print $3 }')
 echo "gpt3-175b-a100-1024: scaling efficiency $efficiency, wall $wall s in all (both runs)"
@@ -69,9 +69,9 @@ for dp in 1 2 4 8 16 32 64 128 256; do
   sed -e "s/\"dp_size\": *[0-9]*/\"dp_size\": $dp/" \
     -e "s/\"global_batch_size\": *[0-9]*/\"global_batch_size\": $((16 * dp))/" \
     -e "s/\"name\": *\"[^\"]*\"/\"name\": \"gpt3-175b-dp$dp\"/" \
-    plans/gpt3-175b-a100-1024.json >"$plan"
+    examples/gpt3-175b-a100-1024.json >"$plan"
   label="sweep-$dp"
-  simulate "$label" --model plans/models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json \
+  simulate "$label" --model models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json \
     --nodes $((devices / 8)) --plan "$plan" --profile profiles/a100-sxm4-80gb.json --no-scaling
   read -r wall kb <"$out/$label.time"
   growth=-

@@ -116,7 +116,7 @@ int run_calibrate(int argc, char** argv) {
        "measurement.json files of `stepcast run`")
       ("megatron-log", po::value<std::vector<std::string>>()->multitoken(),
        "Megatron-LM training logs (arguments and 'elapsed time per iteration (ms)' lines)")
-      ("model", po::value<std::string>(), "the model the Megatron-LM logs trained (plans/models/*.json)")
+      ("model", po::value<std::string>(), "the model the Megatron-LM logs trained (models/*.json)")
       ("params", po::value<std::string>()->default_value("gemm,memory,links"),
        "what to fit: any of gemm, memory, links, overhead, jitter")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")

@@ -48,7 +48,7 @@ std::vector<Strategy> strategies(const Topology& topology) {
 int run_compare_strategies(int argc, char** argv) {
   po::options_description options("stepcast compare-strategies options");
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
       ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")

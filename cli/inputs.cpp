@@ -25,9 +25,9 @@ namespace stepcast::cli {
 
 void add_input_options(po::options_description& options) {
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
-      ("plan", po::value<std::string>()->required(), "parallelization plan JSON (plans/*.json)")
+      ("plan", po::value<std::string>()->required(), "parallelization plan JSON (examples/*.json)")
       ("nodes", po::value<int>(), "override the topology's num_nodes");
 }
 

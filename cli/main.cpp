@@ -52,7 +52,7 @@ void print_help() {
   size_t width = 0;
   for (const auto& c : kCommands) width = std::max(width, std::strlen(c.name) + 2);
   for (const auto& c : kCommands) std::cout << "  " << c.name << std::string(width - std::strlen(c.name), ' ') << c.summary << "\n";
-  std::cout << "\ninputs: --model plans/models/*.json, --topology topologies/*.json, --plan plans/*.json;\n"
+  std::cout << "\ninputs: --model models/*.json, --topology topologies/*.json, --plan examples/*.json;\n"
             << "--nodes N overrides the topology's node count. Exit codes: 0 ok, 2 bad input,\n"
             << "3 internal error.\n";
 }

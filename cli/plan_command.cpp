@@ -84,7 +84,7 @@ void print_estimate_quality(const std::vector<Candidate>& ranked) {
 int run_plan(int argc, char** argv) {
   po::options_description options("stepcast plan options");
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
       ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")

@@ -55,7 +55,7 @@ std::vector<int64_t> parse_node_list(const std::string& text) {
 int run_scale(int argc, char** argv) {
   po::options_description options("stepcast scale options");
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (plans/models/*.json)")
+      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
       ("plan", po::value<std::string>()->required(), "plan JSON: tp_size, pp_size, micro batch, ... (dp_size follows the devices)")
       ("nodes", po::value<std::string>()->required(), "node counts, e.g. 1,2,4,8")

@@ -94,7 +94,7 @@ std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t
 // plans/schedule.hpp (sample_slot / global_sample_index): sample s of the step (0 <= s <
 // global_batch_size) has global index step·global_batch_size + s, and microbatch j of dp rank d
 // holds the step's samples (j·dp_size + d)·micro_batch_size + [0, micro_batch_size). The index
-// arithmetic is written out in data.cpp, not a call into schedule.cpp; tests/test_data.cpp checks
+// arithmetic is written out in data.cpp, not a call into schedule.cpp; tests/exec/test_data.cpp checks
 // the two agree. Row b of tokens/targets ([micro_batch_size][seq_length]) is that sample, and
 // sample_index_out[b] (may be null) receives its index s within the step.
 // Throws InputError unless step >= 0, sizes >= 1, global_batch_size is a multiple of

@@ -11,16 +11,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # Shipped files, as they are.
-cp plans/models/*.json "$corpus/model/"
-cp plans/*.json "$corpus/plan/"
+cp models/*.json "$corpus/model/"
+cp examples/*.json "$corpus/plan/"
 cp topologies/*.json "$corpus/topology/"
 cp profiles/*.json "$corpus/profile/"
 cp sweeps/*.json "$corpus/sweep/"
 
 # One-layer and two-layer variants of the tiny model, and plans small enough for quick seeds.
 without_notes() { grep -v '^ *"notes":' "$1"; }
-without_notes plans/models/tiny.json | sed 's/"num_hidden_layers": 4/"num_hidden_layers": 1/' >"$work/tiny-1l.json"
-without_notes plans/models/tiny.json | sed 's/"num_hidden_layers": 4/"num_hidden_layers": 2/' >"$work/tiny-2l.json"
+without_notes models/tiny.json | sed 's/"num_hidden_layers": 4/"num_hidden_layers": 1/' >"$work/tiny-1l.json"
+without_notes models/tiny.json | sed 's/"num_hidden_layers": 4/"num_hidden_layers": 2/' >"$work/tiny-2l.json"
 plan() { echo "{\"name\": \"$1\", \"micro_batch_size\": 1, \"dtype\": \"fp32\", \"dropout\": 0.0, $2}" >"$work/$1.json"; }
 plan single '"global_batch_size": 1'
 plan tp2-sp '"tp_size": 2, "global_batch_size": 1, "sequence_parallel": true'
@@ -54,9 +54,9 @@ document() {  # NAME MODEL TOPOLOGY PLAN-FILE-OR-TEXT
   printf '{"model": %s,\n"topology": %s,\n"plan": %s}\n' "$(without_notes "$2")" \
     "$(without_notes "$3")" "$plan_text" >"$corpus/lower/$1.json"
 }
-tiny=plans/models/tiny.json h100=topologies/dgx-h100.json
-document tiny-cpu $tiny $cpu plans/tiny-cpu.json
-document tiny-cpu-3d $tiny $h100 plans/tiny-cpu-3d.json
+tiny=models/tiny.json h100=topologies/dgx-h100.json
+document tiny-cpu $tiny $cpu examples/tiny-cpu.json
+document tiny-cpu-3d $tiny $h100 examples/tiny-cpu-3d.json
 document tiny-1l-single "$work/tiny-1l.json" $cpu "$work/single.json"
 document tiny-interleaved $tiny $h100 '{"tp_size": 2, "pp_size": 2, "dp_size": 2, "schedule": "interleaved_1f1b",
   "virtual_pp_size": 2, "micro_batch_size": 1, "global_batch_size": 8, "sequence_parallel": true,
@@ -64,9 +64,9 @@ document tiny-interleaved $tiny $h100 '{"tp_size": 2, "pp_size": 2, "dp_size": 2
   "overlap_param_gather": true, "dtype": "bf16"}'
 document tiny-gpipe-zero3 $tiny $h100 '{"pp_size": 4, "dp_size": 2, "schedule": "gpipe", "micro_batch_size": 1,
   "global_batch_size": 4, "recompute": "full", "zero_stage": 3, "dtype": "bf16", "grad_dtype": "bf16"}'
-document tiny-gpt-zero2 plans/models/tiny-gpt.json topologies/dgx-a100-80gb.json '{"tp_size": 2, "pp_size": 2,
+document tiny-gpt-zero2 models/tiny-gpt.json topologies/dgx-a100-80gb.json '{"tp_size": 2, "pp_size": 2,
   "dp_size": 2, "zero_stage": 2, "order": "dp-tp-pp", "layers_per_stage": [1, 3], "micro_batch_size": 2,
   "global_batch_size": 8, "dtype": "fp16", "grad_bucket_bytes": 65536, "overlap_grad_reduce": true}'
-document gpt2-124m-h200 plans/models/gpt2-124m.json topologies/h200-1gpu.json '{"micro_batch_size": 1,
+document gpt2-124m-h200 models/gpt2-124m.json topologies/h200-1gpu.json '{"micro_batch_size": 1,
   "global_batch_size": 2, "attention_impl": "flash", "dtype": "bf16"}'
 echo "make_seeds: wrote $(find "$corpus" -type f | wc -l) seeds, $(du -sh "$corpus" | cut -f1)"

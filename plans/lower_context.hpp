@@ -1,5 +1,6 @@
-// Shapes and helpers shared by the lowering files (lower.cpp drives the step; lower_layer.cpp
-// emits the ops of a transformer layer, the embedding and the loss). Internal to plans/.
+// Shapes and helpers shared by the lowering files (lower_context.cpp implements them; lower.cpp
+// assembles the program from one RoleLowering per stage, lower_role.hpp; lower_layer.cpp emits the
+// ops of a transformer layer). Internal to plans/.
 // Symbols as in the papers: s sequence, b micro batch, h hidden, t tp_size, a heads, d head_dim.
 #pragma once
 

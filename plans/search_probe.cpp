@@ -1,5 +1,5 @@
 // The planner's probes, memory bounds and probe estimate; see search_probe.hpp. The parameter
-// groups, buckets and gathers below follow plans/lower.cpp's RoleLowering step by step (tests
+// groups, buckets and gathers below follow plans/lower_role.hpp's RoleLowering step by step (tests
 // compare every figure with the lowered program).
 #include "search_probe.hpp"
 

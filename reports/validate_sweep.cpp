@@ -60,12 +60,12 @@ struct PointDefaults {
 void read_plan(ObjectReader& reader, const Json& object, const PointDefaults* base,
                std::optional<Json>& plan, std::optional<std::string>& plan_file) {
   const std::string valid =
-      "a path to a plan file (plans/*.json), or an object of plan keys that override the "
+      "a path to a plan file (examples/*.json), or an object of plan keys that override the "
       "defaults' plan";
   reader.accept("plan");
   const Json& value = object.at("plan");
   if (value.is_string()) {
-    std::string path = read_path(reader, "plan", "a plan file (plans/*.json)");
+    std::string path = read_path(reader, "plan", "a plan file (examples/*.json)");
     plan = load_json_file(path);
     plan_file = path;
   } else if (value.is_object()) {
@@ -80,7 +80,7 @@ void read_plan(ObjectReader& reader, const Json& object, const PointDefaults* ba
 
 PointDefaults read_defaults(ObjectReader& reader, const Json& object) {
   PointDefaults d;
-  if (reader.has("model")) d.model_file = read_path(reader, "model", "a model file (plans/models/*.json)");
+  if (reader.has("model")) d.model_file = read_path(reader, "model", "a model file (models/*.json)");
   if (reader.has("plan")) read_plan(reader, object, nullptr, d.plan, d.plan_file);
   if (reader.has("steps")) d.steps = reader.get_int("steps", kSweepMinSteps);
   reader.accept("notes");
@@ -94,13 +94,13 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
   p.name = read_name(reader, "name");
   reader.accept("notes");
   if (reader.has("model")) {
-    p.model_file = read_path(reader, "model", "a model file (plans/models/*.json)");
+    p.model_file = read_path(reader, "model", "a model file (models/*.json)");
   } else if (defaults.model_file) {
     reader.accept("model");
     p.model_file = *defaults.model_file;
   } else {
     reader.fail("model", "missing required key (and no defaults.model)",
-                "a path to a model file (plans/models/*.json)");
+                "a path to a model file (models/*.json)");
   }
   std::optional<Json> plan = defaults.plan;
   std::optional<std::string> plan_file = defaults.plan_file;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README): installs what is missing, builds, then closes the loop on the shipped
 # default — the tiny model on this machine's two cores (topologies/localhost-cpu.json): the
-# planner's best plan (or plans/tiny-cpu.json when that one cannot run on the CPU backend), a quick
+# planner's best plan (or examples/tiny-cpu.json when that one cannot run on the CPU backend), a quick
 # profile of this machine, memory and lowering, the simulator's prediction with that profile, the
 # real run on the CPU under MPI, and compare: predicted against measured. Outputs go to out/main/.
 set -euo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
 stepcast=${BUILD_DIR:-build}/stepcast
-model=plans/models/tiny.json
+model=models/tiny.json
 topology=topologies/localhost-cpu.json
 out=out/main
 ranks=2
@@ -29,7 +29,7 @@ if scripts/mpirun -np "$ranks" "$stepcast" run --model "$model" --topology "$top
   plan=$top
   echo "using the planner's top plan: $plan"
 else
-  plan=plans/tiny-cpu.json
+  plan=examples/tiny-cpu.json
   echo "the planner's top plan $top does not run on the CPU backend:"
   grep -m1 -i error "$out/plan-check.log" || tail -1 "$out/plan-check.log"
   echo "using the shipped default instead: $plan"

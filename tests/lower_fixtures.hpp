@@ -32,7 +32,7 @@ inline Topology test_topology() {
 
 inline std::vector<PlanCase> lowering_cases() {
   std::vector<PlanCase> cases;
-  const char* models[] = {"plans/models/tiny.json", "plans/models/tiny-gpt.json"};
+  const char* models[] = {"models/tiny.json", "models/tiny-gpt.json"};
   const char* recomputes[] = {"none", "selective", "full"};
   const char* attentions[] = {"materialized", "flash"};
   int index = 0;

@@ -9,15 +9,15 @@ inline std::string source_path(const std::string& relative) {
   return std::string(STEPCAST_SOURCE_DIR) + "/" + relative;
 }
 
-// " --model <repo>/plans/models/NAME.json" and the like, for command lines.
+// " --model <repo>/models/NAME.json" and the like, for command lines.
 inline std::string model_arg(const std::string& name) {
-  return " --model " + source_path("plans/models/" + name + ".json");
+  return " --model " + source_path("models/" + name + ".json");
 }
 inline std::string topology_arg(const std::string& name) {
   return " --topology " + source_path("topologies/" + name + ".json");
 }
 inline std::string plan_arg(const std::string& name) {
-  return " --plan " + source_path("plans/" + name + ".json");
+  return " --plan " + source_path("examples/" + name + ".json");
 }
 
 struct CommandResult {

@@ -28,9 +28,9 @@ struct TinyProgram {
 // tiny-cpu, with the plan's dropout replaced when `dropout` >= 0 (another program).
 inline TinyProgram tiny_program(double dropout = -1) {
   TinyProgram t;
-  t.model = load_model(source_path("plans/models/tiny.json"));
+  t.model = load_model(source_path("models/tiny.json"));
   t.topology = load_topology(source_path("topologies/localhost-cpu.json"));
-  t.plan = load_plan(source_path("plans/tiny-cpu.json"));
+  t.plan = load_plan(source_path("examples/tiny-cpu.json"));
   if (dropout >= 0) t.plan.dropout = dropout;
   validate_plan(t.plan, t.model, t.topology);
   t.program = lower_program(t.model, t.topology, t.plan);

@@ -22,9 +22,9 @@ struct Machine {
 
 std::vector<Machine> load_machines() {
   std::vector<Machine> out;
-  for (auto [model, topology] : {std::pair{"plans/models/tiny.json", "topologies/localhost-cpu.json"},
-                                 std::pair{"plans/models/gpt3-175b.json", "topologies/dgx-a100-80gb.json"},
-                                 std::pair{"plans/models/llama3-405b.json", "topologies/dgx-h100.json"}}) {
+  for (auto [model, topology] : {std::pair{"models/tiny.json", "topologies/localhost-cpu.json"},
+                                 std::pair{"models/gpt3-175b.json", "topologies/dgx-a100-80gb.json"},
+                                 std::pair{"models/llama3-405b.json", "topologies/dgx-h100.json"}}) {
     out.push_back({load_model(fuzz::source_path(model)), load_json_file(fuzz::source_path(topology)),
                    fuzz::source_path(topology)});
   }

@@ -225,7 +225,7 @@ TEST_CASE("lower without --out is bad input", "[cli]") {
 
 TEST_CASE("a plan that does not fit: memory says so, lower refuses unless --allow-oom", "[cli]") {
   SECTION("Llama 3 405B without recompute needs about 80 GiB of 80 GB") {
-    Json plan = read_json(source_path("plans/llama3-405b-h100-16384.json"));
+    Json plan = read_json(source_path("examples/llama3-405b-h100-16384.json"));
     plan["recompute"] = "none";
     std::string path = test::write_temp_file("llama3-405b-no-recompute.json", plan.dump(2));
     CommandResult result = run_stepcast("memory" + model_arg("llama3-405b") +

@@ -33,7 +33,7 @@ std::string two_rank_plan_file(const std::string& name) {
 
 std::string run_line(const std::string& plan_file, const std::string& extra) {
   return "timeout 120 " + source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY +
-         " run --model " + source_path("plans/models/tiny.json") + " --plan " + plan_file +
+         " run --model " + source_path("models/tiny.json") + " --plan " + plan_file +
          " --topology " + source_path("topologies/localhost-cpu.json") + " --corpus " +
          source_path("data/corpus/shakespeare.txt") + " --quiet " + extra;
 }

@@ -22,7 +22,7 @@ namespace {
 const std::string kFile = "plan-under-test.json";
 
 ModelConfig shipped_model(const std::string& name) {
-  return load_model(test::source_path("plans/models/" + name + ".json"));
+  return load_model(test::source_path("models/" + name + ".json"));
 }
 
 Topology shipped_topology(const std::string& name, std::optional<int> nodes = std::nullopt) {
@@ -139,13 +139,13 @@ TEST_CASE("validate_plan resolves layers_per_stage, one entry per virtual stage"
     CHECK(plan.layers_per_stage == std::vector<int64_t>{4});
   }
   SECTION("GPT-3 175B as in SC'21: pp 8 × 3 model chunks of 4 layers") {
-    Plan plan = load_plan(test::source_path("plans/gpt3-175b-a100-1024.json"));
+    Plan plan = load_plan(test::source_path("examples/gpt3-175b-a100-1024.json"));
     validate_plan(plan, shipped_model("gpt3-175b"), shipped_topology("dgx-a100-80gb"));
     CHECK(plan.layers_per_stage == std::vector<int64_t>(24, 4));
     CHECK(plan.num_microbatches() == 96);
   }
   SECTION("Llama 3 405B: 126 layers on 16 stages, the first and last hold 7") {
-    Plan plan = load_plan(test::source_path("plans/llama3-405b-h100-16384.json"));
+    Plan plan = load_plan(test::source_path("examples/llama3-405b-h100-16384.json"));
     validate_plan(plan, shipped_model("llama3-405b"), shipped_topology("dgx-h100"));
     std::vector<int64_t> expected(16, 8);
     expected.front() = expected.back() = 7;
@@ -161,7 +161,7 @@ TEST_CASE("validate_plan resolves layers_per_stage, one entry per virtual stage"
 TEST_CASE("plan_to_json writes the resolved plan, which reads back unchanged", "[plan]") {
   ModelConfig model = shipped_model("gpt3-175b");
   Topology topology = shipped_topology("dgx-a100-80gb");
-  Plan plan = load_plan(test::source_path("plans/gpt3-175b-a100-1024.json"));
+  Plan plan = load_plan(test::source_path("examples/gpt3-175b-a100-1024.json"));
   validate_plan(plan, model, topology);
   Json written = plan_to_json(plan);
   CHECK(written["grad_bucket_bytes"] == 4e7 * 4);
@@ -360,7 +360,7 @@ TEST_CASE("plans that contradict the model or topology are rejected by validate_
     CHECK_THAT(validate_error(plan_with({{"tp_size", 2}, {"dp_size", 5}}), tiny, node),
                Contains("--nodes 2"));
     // GPT-3 175B's 1,024 devices on 64 of the 128 DGX nodes.
-    Plan gpt3 = load_plan(test::source_path("plans/gpt3-175b-a100-1024.json"));
+    Plan gpt3 = load_plan(test::source_path("examples/gpt3-175b-a100-1024.json"));
     message = input_error_of([&] {
       validate_plan(gpt3, shipped_model("gpt3-175b"), shipped_topology("dgx-a100-80gb", 64));
     });
@@ -376,7 +376,7 @@ TEST_CASE("plans that contradict the model or topology are rejected by validate_
   }
   SECTION("fewer devices than the topology has are allowed") {
     CHECK_NOTHROW(parse_and_validate(plan_with({{"dp_size", 2}}), tiny, node));
-    Plan plan = load_plan(test::source_path("plans/gpt3-1.3b-h200-1.json"));
+    Plan plan = load_plan(test::source_path("examples/gpt3-1.3b-h200-1.json"));
     CHECK_NOTHROW(
         validate_plan(plan, shipped_model("gpt3-1.3b"), shipped_topology("dgx-a100-80gb")));
   }
@@ -473,7 +473,7 @@ TEST_CASE("every shipped plan is valid on its model and topology", "[plan]") {
       {"gpt3-1.3b-h200-1", "gpt3-1.3b", "h200-1gpu"}};
   for (const auto& s : shipped) {
     INFO(s.plan);
-    Plan plan = load_plan(test::source_path(std::string("plans/") + s.plan + ".json"));
+    Plan plan = load_plan(test::source_path(std::string("examples/") + s.plan + ".json"));
     std::optional<int> nodes;
     if (std::string(s.plan) == "tiny-cpu-3d") nodes = 4;  // 8 ranks on 2-core nodes
     CHECK_NOTHROW(validate_plan(plan, shipped_model(s.model), shipped_topology(s.topology, nodes)));

@@ -32,7 +32,7 @@ const std::vector<Published> kShipped = {
     {"llama3-70b", 70.6e9, 0.01},  {"llama3-405b", 405e9, 0.01}};
 
 ModelConfig load_shipped(const std::string& name) {
-  return stepcast::load_model(stepcast::test::source_path("plans/models/" + name + ".json"));
+  return stepcast::load_model(stepcast::test::source_path("models/" + name + ".json"));
 }
 
 // A valid config to break one key at a time.

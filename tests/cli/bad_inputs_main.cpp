@@ -1,4 +1,4 @@
-// The bad-input table (tests/bad_inputs.json) run case by case: each case writes its input files
+// The bad-input table (tests/cli/bad_inputs.json) run case by case: each case writes its input files
 // (a shipped file with text replaced, or text of its own), runs one stepcast command line and
 // checks the exit code, the message fragments it must print and the ones it must not (a crash,
 // an uncaught exception, an internal error). ctest runs one test per case ("bad input: NAME");

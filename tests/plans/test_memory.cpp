@@ -37,7 +37,7 @@ TEST_CASE("ZeRO model-state figures for 7.5B parameters on 64 GPUs", "[memory]")
 namespace {
 
 // GPT-3 175B shapes with the activation settings Korthikanti et al. assume.
-ModelConfig gpt3() { return load_model(source_path("plans/models/gpt3-175b.json")); }
+ModelConfig gpt3() { return load_model(source_path("models/gpt3-175b.json")); }
 
 Plan korthikanti_plan(int tp, bool sp, const char* recompute) {
   Json j = {{"tp_size", tp}, {"micro_batch_size", 1}, {"dtype", "bf16"}, {"dropout", 0.1},
@@ -81,7 +81,7 @@ TEST_CASE("flash attention keeps no s×s tensors", "[memory]") {
 }
 
 TEST_CASE("activations at the peak hold the schedule's in-flight microbatches", "[memory]") {
-  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  ModelConfig model = load_model(source_path("models/tiny-gpt.json"));
   Topology topology = test_topology();
   struct Case {
     const char* schedule;
@@ -146,7 +146,7 @@ TEST_CASE("memory report: independent walk, classes and model states agree", "[m
 }
 
 TEST_CASE("persistent model states follow ZeRO's formula", "[memory]") {
-  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  ModelConfig model = load_model(source_path("models/tiny-gpt.json"));
   Topology topology = test_topology();
   for (int zero = 0; zero <= 3; ++zero) {
     Json j = {{"dp_size", 4}, {"zero_stage", zero}, {"micro_batch_size", 1},
@@ -222,7 +222,7 @@ TEST_CASE("on a host, lowering gives every collective a comm scratch and every s
   // GPUs: NCCL works in place, no scratch, and the program holds no send staging (a 175B
   // pipeline would hold every microbatch's copy to the end of the step).
   Topology dgx = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
-  ModelConfig tiny = load_model(source_path("plans/models/tiny.json"));
+  ModelConfig tiny = load_model(source_path("models/tiny.json"));
   Json j = {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 2}, {"zero_stage", 1},
             {"micro_batch_size", 1}, {"global_batch_size", 8}, {"dtype", "bf16"}};
   StepProgram gpu = lower_program(tiny, dgx, make_plan(j, tiny, dgx));

@@ -57,7 +57,7 @@ TEST_CASE("forward GEMM and attention flops sum to the model-flops formula", "[l
 }
 
 TEST_CASE("recompute adds exactly the recomputed forward work", "[lower]") {
-  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  ModelConfig model = load_model(source_path("models/tiny-gpt.json"));
   Topology topology = test_topology();
   Json base = {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 1}, {"micro_batch_size", 1},
                {"global_batch_size", 4}, {"dtype", "fp32"}};
@@ -93,7 +93,7 @@ TEST_CASE("lowering is deterministic and the hash tracks the inputs", "[lower]")
 }
 
 TEST_CASE("pipeline ranks send and receive each microbatch once per boundary", "[lower]") {
-  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   Json j = {{"pp_size", 4}, {"micro_batch_size", 1}, {"global_batch_size", 8}, {"dtype", "fp32"}};
   StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
@@ -111,7 +111,7 @@ TEST_CASE("pipeline ranks send and receive each microbatch once per boundary", "
 
 TEST_CASE("collective algorithms follow the group's placement", "[lower]") {
   // tp 2 inside a 2-device node, dp 16 across nodes with one member per node.
-  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   Json j = {{"tp_size", 2}, {"dp_size", 16}, {"micro_batch_size", 1}, {"global_batch_size", 16},
             {"dtype", "fp32"}, {"grad_bucket_bytes", 1e9}};
@@ -129,7 +129,7 @@ TEST_CASE("collective algorithms follow the group's placement", "[lower]") {
 namespace {
 
 StepProgram small_pipeline() {
-  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  ModelConfig model = load_model(source_path("models/tiny-gpt.json"));
   Topology topology = test_topology();
   Json j = {{"pp_size", 2}, {"dp_size", 2}, {"tp_size", 2}, {"micro_batch_size", 1},
             {"global_batch_size", 8}, {"dtype", "fp32"}, {"zero_stage", 1}};
@@ -202,7 +202,7 @@ TEST_CASE("the checker catches a deadlock", "[lower]") {
 }
 
 TEST_CASE("ready times come from the matching send and the last member of a collective", "[lower]") {
-  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   Json j = {{"pp_size", 2}, {"dp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 4},
             {"dtype", "fp32"}};

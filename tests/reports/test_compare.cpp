@@ -56,9 +56,9 @@ StepResult round_trip(const StepResult& r) {
 }
 
 Pair make_pair() {
-  ModelConfig model = load_model(source_path("plans/models/tiny.json"));
+  ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
-  Plan plan = load_plan(source_path("plans/tiny-cpu.json"));
+  Plan plan = load_plan(source_path("examples/tiny-cpu.json"));
   validate_plan(plan, model, topology);
   Pair p;
   p.program = lower_program(model, topology, plan);
@@ -304,9 +304,9 @@ TEST_CASE("compare: end to end on `simulate` and `run` of the shipped default", 
       std::filesystem::temp_directory_path() / ("stepcast-compare-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::string a = (dir / "A").string(), b = (dir / "B").string(), c = (dir / "C").string();
-  std::string inputs = " --model " + source_path("plans/models/tiny.json") + " --topology " +
+  std::string inputs = " --model " + source_path("models/tiny.json") + " --topology " +
                        source_path("topologies/localhost-cpu.json") + " --plan " +
-                       source_path("plans/tiny-cpu.json");
+                       source_path("examples/tiny-cpu.json");
   CommandResult sim = run_stepcast("simulate" + inputs + " --no-scaling --out " + a);
   INFO(sim.output);
   REQUIRE(sim.exit_code == 0);

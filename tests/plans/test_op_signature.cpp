@@ -15,7 +15,7 @@ using namespace stepcast::test;
 namespace {
 
 StepProgram tiny_program(const Json& plan_json) {
-  ModelConfig model = load_model(source_path("plans/models/tiny-gpt.json"));
+  ModelConfig model = load_model(source_path("models/tiny-gpt.json"));
   Topology topology = test_topology();
   return lower_program(model, topology, make_plan(plan_json, model, topology));
 }

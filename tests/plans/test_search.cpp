@@ -25,7 +25,7 @@ using namespace stepcast::test;
 
 namespace {
 
-ModelConfig tiny() { return load_model(source_path("plans/models/tiny.json")); }
+ModelConfig tiny() { return load_model(source_path("models/tiny.json")); }
 Topology cpu(int nodes) { return load_topology(source_path("topologies/localhost-cpu.json"), nodes); }
 
 ComputeCostModel cost_model(const Topology& topology) {
@@ -197,7 +197,7 @@ TEST_CASE("the cheap path agrees with memory and quick_estimate: tiny (Llama-sty
 
 TEST_CASE("the cheap path agrees with memory and quick_estimate: GPT-2 on 8 A100, flash, no dropout",
           "[search]") {
-  ModelConfig model = load_model(source_path("plans/models/gpt2-124m.json"));
+  ModelConfig model = load_model(source_path("models/gpt2-124m.json"));
   Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
   SearchSpace space;
   space.global_batch_size = 16;
@@ -256,7 +256,7 @@ TEST_CASE("search ranks by the evaluator it is given", "[search]") {
 }
 
 TEST_CASE("Megatron-LM arguments of a plan", "[search]") {
-  ModelConfig model = load_model(source_path("plans/models/gpt3-175b.json"));
+  ModelConfig model = load_model(source_path("models/gpt3-175b.json"));
   Plan plan;
   plan.tp_size = 8;
   plan.pp_size = 8;
@@ -415,7 +415,7 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-scale").string();
   std::filesystem::remove_all(out);
   auto strong = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
-                             " --plan " + source_path("plans/tiny-cpu.json") +
+                             " --plan " + source_path("examples/tiny-cpu.json") +
                              " --nodes 1,2,4 --out " + out);
   INFO(strong.output);
   REQUIRE(strong.exit_code == 0);
@@ -437,7 +437,7 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   CHECK(s.contains("amdahl_serial_fraction"));
   CHECK(strong.output.find("Amdahl serial fraction") != std::string::npos);
   auto weak = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
-                           " --plan " + source_path("plans/tiny-cpu.json") +
+                           " --plan " + source_path("examples/tiny-cpu.json") +
                            " --nodes 1,2 --weak --out " + out);
   INFO(weak.output);
   REQUIRE(weak.exit_code == 0);
@@ -445,7 +445,7 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   CHECK(w["points"][1]["global_batch_size"].get<int64_t>() ==
         2 * w["points"][0]["global_batch_size"].get<int64_t>());
   auto bad = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
-                          " --plan " + source_path("plans/tiny-cpu.json") + " --nodes 1,x");
+                          " --plan " + source_path("examples/tiny-cpu.json") + " --nodes 1,x");
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("not a node count") != std::string::npos);
   std::filesystem::remove_all(out);

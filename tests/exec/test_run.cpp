@@ -38,7 +38,7 @@ RunResult run_plan(const std::string& model, const Json& plan, int steps,
   int64_t nodes = (n + 1) / 2;  // localhost-cpu has 2 "devices" per node; oversubscribed here
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np " << n << " " << STEPCAST_BINARY
-      << " run --model " << source_path("plans/models/" + model + ".json") << " --plan " << dir
+      << " run --model " << source_path("models/" + model + ".json") << " --plan " << dir
       << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
       << " --quiet --out " << out << " " << extra;
@@ -250,7 +250,7 @@ TEST_CASE("run: a rank count that does not match the plan is refused", "[run]") 
   std::string file = write_temp_file("mismatch.plan.json", plan(1, 1, 2, 0, "1f1b", "none", false, false, 2, false).dump());
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("plans/models/tiny.json") << " --plan " << file << " --steps 1";
+      << source_path("models/tiny.json") << " --plan " << file << " --steps 1";
   CommandResult r = run_shell(cmd.str());
   const std::string& output = r.output;
   CHECK(r.exit_code != 0);
@@ -261,7 +261,7 @@ namespace {
 
 std::string run_command_line(const std::string& plan_file, const std::string& extra) {
   return source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
-         source_path("plans/models/tiny.json") + " --plan " + plan_file + " --topology " +
+         source_path("models/tiny.json") + " --plan " + plan_file + " --topology " +
          source_path("topologies/localhost-cpu.json") + " --corpus " +
          source_path("data/corpus/shakespeare.txt") + " --quiet " + extra;
 }
@@ -342,7 +342,7 @@ TEST_CASE("run: the CPU backend refuses a GPU topology, whose program has no hos
   Json p = plan(1, 2, 1, 0, "1f1b", "none", false, false, 1, false);
   std::string file = write_temp_file("gpu-topology.plan.json", p.dump());
   CommandResult r = run_shell(source_path("scripts/mpirun") + " -np 2 " + STEPCAST_BINARY + " run --model " +
-                  source_path("plans/models/tiny.json") + " --plan " + file + " --topology " +
+                  source_path("models/tiny.json") + " --plan " + file + " --topology " +
                   source_path("topologies/dgx-a100-80gb.json") + " --steps 2 --quiet");
   INFO(r.output);
   CHECK(r.exit_code != 0);

@@ -30,7 +30,7 @@ Run run(const std::string& model, const Json& plan, const std::string& backend, 
   std::filesystem::remove_all(out);
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("plans/models/" + model + ".json") << " --plan " << file << " --topology "
+      << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
       << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend
       << " --steps " << steps << " --quiet --out " << out;

@@ -41,7 +41,7 @@ Json tiny_sweep(const Json& points) {
           {"topology", source_path("topologies/localhost-cpu.json")},
           {"profile", "roofline"},
           {"defaults",
-           {{"model", source_path("plans/models/tiny.json")},
+           {{"model", source_path("models/tiny.json")},
             {"plan", {{"micro_batch_size", 2}, {"global_batch_size", 8}, {"dtype", "fp32"},
                       {"dropout", 0.0}}},
             {"steps", 5}}},
@@ -74,7 +74,7 @@ TEST_CASE("validate: the shipped CI sweep reads, relative paths from its folder"
   CHECK(s.name == "ci");
   CHECK(s.profile_source == SweepProfileSource::measure_quick);
   REQUIRE(s.points.size() == 3);
-  CHECK(s.points[0].plan_file == source_path("plans/tiny-cpu.json"));
+  CHECK(s.points[0].plan_file == source_path("examples/tiny-cpu.json"));
   CHECK(s.points[1].plan_file.empty());  // inline: merged over the defaults' plan
   CHECK(s.points[1].plan.tp_size == 2);
   CHECK(s.points[1].plan.global_batch_size == 4);

@@ -187,7 +187,7 @@ TEST_CASE("simulate: fast and full mode agree within 1%", "[simulate]") {
         {"overlap_param_gather", true}},
        "a100-sxm4-80gb"},
       {"tiny tiny-cpu-3d (shipped)", "tiny", source_path("topologies/localhost-cpu.json"), 4,
-       read_json(source_path("plans/tiny-cpu-3d.json")), ""},
+       read_json(source_path("examples/tiny-cpu-3d.json")), ""},
       // Pipeline and data-parallel traffic at once across the oversubscribed uplinks.
       {"oversubscribed gpt3-1.3b tp8 pp2 dp2", "gpt3-1.3b", oversubscribed, 0,
        {{"name", "oversubscribed-tp8-pp2-dp2"}, {"tp_size", 8}, {"pp_size", 2}, {"dp_size", 2},
@@ -398,7 +398,7 @@ void check_golden(const std::string& name, const std::string& args) {
   }
   if (!std::filesystem::exists(path)) {
     FAIL(path << " is missing; write it with STEPCAST_UPDATE_GOLDEN=1 "
-                 "build/tests/stepcast_tests \"[golden]\"");
+                 "build/tests/stepcast_tests_sim \"[golden]\"");
   }
   Json golden = read_json(path);
   for (auto it = actual.begin(); it != actual.end(); ++it) {
@@ -413,17 +413,17 @@ void check_golden(const std::string& name, const std::string& args) {
 TEST_CASE("simulate: golden predictions reproduce exactly", "[simulate][golden]") {
   SECTION("tiny-cpu, fast") {
     check_golden("tiny-cpu-fast",
-                 " --model plans/models/tiny.json --topology topologies/localhost-cpu.json"
-                 " --plan plans/tiny-cpu.json --mode fast --no-scaling");
+                 " --model models/tiny.json --topology topologies/localhost-cpu.json"
+                 " --plan examples/tiny-cpu.json --mode fast --no-scaling");
   }
   SECTION("tiny-cpu, full") {
     check_golden("tiny-cpu-full",
-                 " --model plans/models/tiny.json --topology topologies/localhost-cpu.json"
-                 " --plan plans/tiny-cpu.json --mode full --no-scaling");
+                 " --model models/tiny.json --topology topologies/localhost-cpu.json"
+                 " --plan examples/tiny-cpu.json --mode full --no-scaling");
   }
   SECTION("tiny-gpt, pp 2 on a DGX A100, fast") {
     check_golden("tiny-gpt-pp2-dgx-a100",
-                 " --model plans/models/tiny-gpt.json --topology topologies/dgx-a100-80gb.json"
+                 " --model models/tiny-gpt.json --topology topologies/dgx-a100-80gb.json"
                  " --nodes 1 --plan tests/golden/tiny-gpt-pp2.plan.json"
                  " --profile profiles/a100-sxm4-80gb.json --mode fast --no-scaling");
   }

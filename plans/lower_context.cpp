@@ -1,0 +1,194 @@
+// LowerContext (the shapes of a lowering) and OpEmitter (one op of each kind into a role, with
+// its bytes, flops and collective algorithm): shared by the lowering files (lower_context.hpp).
+#include "lower_context.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "errors.hpp"
+#include "lower.hpp"
+
+namespace stepcast {
+
+LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
+    : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order),
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_size) {
+  s = m.seq_length;
+  b = p.micro_batch_size;
+  h = m.hidden_size;
+  t = p.tp_size;
+  d = m.head_dim();
+  f = m.intermediate_size;
+  s_local = p.sequence_parallel ? s / t : s;
+  heads_local = m.num_attention_heads / t;
+  kv_local = m.num_key_value_heads / t;
+  qkv_width = (heads_local + 2 * kv_local) * d;
+  f_local = f / t;
+  vocab_padded = padded_vocab_size(m, t);
+  vocab_local = vocab_padded / t;
+  act = p.activation_dtype();
+  grad = p.grad_dtype;
+  wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
+  dropout = p.dropout > 0;
+  num_virtual_stages = p.pp_size * p.virtual_pp_size;
+}
+
+int64_t LowerContext::norm_params() const {
+  return model.norm == NormKind::layernorm ? 2 * h : h;
+}
+
+int64_t LowerContext::layer_params_local() const {
+  int64_t gated = model.mlp == MlpKind::swiglu ? 2 : 1;
+  int64_t column = h * qkv_width + gated * h * f_local;                  // qkv, mlp_up (+gate)
+  int64_t row = heads_local * d * h + f_local * h;                       // attn_out, mlp_down
+  int64_t column_bias = model.use_bias ? qkv_width + gated * f_local : 0;
+  return column + row + column_bias + layer_sp_replicated();
+}
+
+int64_t LowerContext::layer_sp_replicated() const {
+  int64_t row_bias = model.use_bias ? 2 * h : 0;  // attn_out and mlp_down biases
+  return 2 * norm_params() + row_bias;
+}
+
+int64_t LowerContext::first_layer(int64_t vs) const {
+  int64_t first = 0;
+  for (int64_t i = 0; i < vs; ++i) first += plan.layers_per_stage[i];
+  return first;
+}
+
+// ---- OpEmitter ----
+
+double OpEmitter::buffer_bytes(const std::vector<std::string>& names) const {
+  double total = 0;
+  for (const auto& n : names) total += rb_.live_bytes(n);
+  return total;
+}
+
+int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
+                        int64_t m, int64_t n, int64_t k, std::vector<std::string> inputs,
+                        std::vector<std::string> outputs) {
+  Op op;
+  op.kind = OpKind::gemm;
+  op.stream = Stream::compute;
+  op.phase = at.phase;
+  op.name = name;
+  op.grad = grad;
+  op.layer = at.layer;
+  op.microbatch = at.microbatch;
+  op.chunk = at.chunk;
+  op.batch = 1;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  op.flops = 2.0 * double(m) * double(n) * double(k);
+  // Operands in the activation dtype; a weight gradient is accumulated in the gradient dtype.
+  double out_bytes = grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
+  op.bytes = (double(m) * k + double(k) * n) * dtype_bytes(ctx_.act) + double(m) * n * out_bytes;
+  op.inputs = std::move(inputs);
+  op.outputs = std::move(outputs);
+  return rb_.emit(std::move(op));
+}
+
+int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
+                           std::vector<std::string> inputs, std::vector<std::string> outputs,
+                           const std::vector<int32_t>& extra_deps) {
+  Op op;
+  op.kind = kind;
+  op.stream = Stream::compute;
+  op.phase = at.phase;
+  op.name = name;
+  op.layer = at.layer;
+  op.microbatch = at.microbatch;
+  op.chunk = at.chunk;
+  op.flops = flops;
+  // Bytes moved: activation buffers read and written; parameter buffers count only where the
+  // op is the optimizer (see emit_optimizer), not for a norm reading a whole layer's weights.
+  std::vector<std::string> moved;
+  for (const auto& v : {std::cref(inputs), std::cref(outputs)}) {
+    for (const auto& n : v.get()) {
+      if (n.rfind("weights.", 0) == 0 || n.rfind("grads.", 0) == 0 || n.rfind("wfull.", 0) == 0 ||
+          n.rfind("gradfull.", 0) == 0) {
+        continue;
+      }
+      moved.push_back(n);
+    }
+  }
+  op.bytes = buffer_bytes(moved);
+  op.inputs = std::move(inputs);
+  op.outputs = std::move(outputs);
+  return rb_.emit(std::move(op), extra_deps);
+}
+
+int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
+                             std::vector<std::string> inputs, std::vector<std::string> outputs) {
+  int32_t id = compute(at, OpKind::attention, name, flops, std::move(inputs), std::move(outputs));
+  Op& op = const_cast<Op&>(rb_.role().ops[id]);
+  op.batch = ctx_.b * ctx_.heads_local;
+  op.m = ctx_.s;
+  op.n = ctx_.s;
+  op.k = ctx_.d;
+  return id;
+}
+
+int64_t OpEmitter::group_size(GroupKind group) const {
+  return int64_t(ctx_.grid.group(group, first_rank_).size());
+}
+
+int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
+                              OpName name, double bytes,
+                              std::vector<std::string> inputs, std::vector<std::string> outputs,
+                              const std::vector<int32_t>& extra_deps) {
+  GroupShape shape = group_shape(ctx_.grid, group, first_rank_, ctx_.topology.node.devices_per_node);
+  if (shape.size <= 1) return -1;
+  Op op;
+  op.kind = kind;
+  op.stream = stream;
+  op.phase = at.phase;
+  op.name = name;
+  op.layer = at.layer;
+  op.microbatch = at.microbatch;
+  op.chunk = at.chunk;
+  op.group = group;
+  op.bytes = bytes;
+  op.algorithm = choose_algorithm(kind, bytes, shape, ctx_.links);
+  // On a host (ranks on CPU cores sharing memory), the scratch the CPU backend packs and
+  // receives chunks in: a comm buffer of the program, live around the op alone, written by it
+  // (its last output; see is_comm_scratch), so `memory` and the simulator count it and the
+  // executor takes it from the arena. NCCL works in place; its buffers are runtime memory.
+  std::string scratch;
+  if (ctx_.topology.node.intra_node.kind == IntraNodeKind::shared_memory) {
+    const std::string& payload = outputs.empty() ? inputs.at(0) : outputs.at(0);
+    Dtype dtype = rb_.live_dtype(payload);
+    int64_t elements = int64_t(bytes / dtype_bytes(dtype) + 0.5);
+    scratch = comm_scratch_prefix() + std::string(to_string(name)) + "." + std::to_string(rb_.last_op() + 2);  // op id
+    rb_.alloc(scratch, BufferClass::comm, dtype,
+              {collective_scratch_elements(kind, op.algorithm, shape, elements)}, at.phase);
+    outputs.push_back(scratch);
+  }
+  op.inputs = std::move(inputs);
+  op.outputs = std::move(outputs);
+  int32_t id = rb_.emit(std::move(op), extra_deps);
+  if (!scratch.empty()) rb_.free(scratch, at.phase);
+  return id;
+}
+
+int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
+                       const std::string& buffer, const std::string& staging) {
+  Op op;
+  op.kind = kind;
+  op.stream = Stream::p2p;
+  op.phase = at.phase;
+  op.name = kind == OpKind::send ? OpName::send : OpName::recv;
+  op.microbatch = at.microbatch;
+  op.chunk = at.chunk;
+  op.peer = peer;
+  op.tag = tag;
+  op.bytes = bytes;
+  if (kind == OpKind::send) op.inputs = {buffer};
+  else op.outputs = {buffer};
+  if (!staging.empty()) op.outputs = {staging};  // a send writes its staging copy
+  return rb_.emit(std::move(op));
+}
+
+}  // namespace stepcast

@@ -1,0 +1,143 @@
+// A role's data-parallel gradient reduction in buckets (all_reduce, or reduce_scatter under ZeRO),
+// the tied-embedding and sequence-parallel gradient all_reduces, the optimizer step (gradient
+// norm, AdamW) and the ZeRO-1/2 parameter gathers.
+#include "lower_role.hpp"
+
+namespace stepcast {
+
+void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk) {
+  if (plan_.dp_size == 1) {
+    if (plan_.zero_stage >= 2) pending_full_.push_back({&g, mb});
+    return;
+  }
+  if (current_.groups.empty()) {
+    current_.microbatch = mb;
+    current_.chunk = chunk;
+  }
+  current_.groups.push_back(&g);
+  current_.bytes += double(g.elements) * dtype_bytes(c_.grad);
+  if (current_.bytes >= plan_.grad_bucket_bytes) flush_bucket();
+}
+
+void RoleLowering::flush_bucket() {
+  // dp_size == 1 with ZeRO-2/3: the full gradient is the shard; copy it in (no communication).
+  for (auto& [g, mb] : pending_full_) {
+    std::string full = grads_for(*g, mb);
+    OpSite at{Phase::backward, -1, mb, int32_t(g->chunk)};
+    e_.compute(at, OpKind::optimizer_step, OpName::grad_accumulate, double(g->elements),
+               {full, "grads." + g->name}, {"grads." + g->name});
+    rb_.free(full, Phase::backward);
+  }
+  pending_full_.clear();
+  if (current_.groups.empty()) return;
+  bool overlap = plan_.overlap_grad_reduce;
+  if (overlap || plan_.zero_stage >= 2) {
+    // ZeRO-2/3 reduce after every microbatch (that is what frees the full gradient); without
+    // overlap the reduction still waits for the whole pass of this microbatch.
+    if (overlap) emit_bucket(current_, {});
+    else deferred_pass_buckets_.push_back(current_);
+  } else {
+    deferred_buckets_.push_back(current_);
+  }
+  current_ = Bucket{};
+}
+
+void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps) {
+  OpSite at{Phase::backward, -1, bucket.microbatch, int32_t(bucket.chunk)};
+  std::vector<std::string> inputs, outputs;
+  for (const ParamGroup* g : bucket.groups) {
+    if (plan_.zero_stage >= 2) {
+      inputs.push_back(grads_for(*g, bucket.microbatch));
+      inputs.push_back("grads." + g->name);  // the shard accumulates across microbatches
+    } else {
+      inputs.push_back("grads." + g->name);
+    }
+    outputs.push_back("grads." + g->name);
+  }
+  OpKind kind = plan_.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
+  e_.collective(at, kind, GroupKind::dp, Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
+                outputs, extra_deps);
+  if (plan_.zero_stage >= 2) {
+    for (const ParamGroup* g : bucket.groups) rb_.free(grads_for(*g, bucket.microbatch), Phase::backward);
+  }
+}
+
+void RoleLowering::emit_finalize_grads() {
+  // Deferred per-pass ZeRO-2/3 buckets are emitted at the end of each pass in order.
+  OpSite at{Phase::optimizer, -1, -1, -1};
+  if (c_.model.tie_word_embeddings && plan_.pp_size > 1) {
+    const char* group_name = group_index_.count("embedding") ? "embedding"
+                       : group_index_.count("output")  ? "output"
+                                                       : nullptr;
+    if (group_name) {
+      const ParamGroup& g = group(group_name);
+      e_.collective(at, OpKind::all_reduce, GroupKind::embedding, Stream::comm,
+                    OpName::tied_embedding_grads, double(grad_elements(g)) * dtype_bytes(c_.grad),
+                    {"grads." + g.name}, {"grads." + g.name});
+    }
+  }
+  if (plan_.sequence_parallel) {
+    std::vector<std::string> names;
+    double elements = 0;
+    for (const auto& g : groups_) {
+      if (g.sp_replicated == 0) continue;
+      names.push_back("grads." + g.name);
+      elements += double(g.sp_replicated);
+    }
+    e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, OpName::sp_replicated_grads,
+                  elements * dtype_bytes(c_.grad), names, names);
+  }
+}
+
+void RoleLowering::emit_optimizer() {
+  OpSite at{Phase::optimizer, -1, -1, -1};
+  std::vector<std::string> grads, states, weights;
+  double shard_elements = 0;
+  for (const auto& g : groups_) {
+    grads.push_back("grads." + g.name);
+    states.push_back("optimizer." + g.name);
+    weights.push_back("weights." + g.name);
+    shard_elements += double(optimizer_elements(g));
+  }
+  rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
+  std::vector<std::string> norm_out = {"grad_norm_sq"};
+  e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
+  // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
+  // model's tp × pp ranks; sharded gradients are summed over every rank.
+  GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : GroupKind::world;
+  e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, OpName::grad_norm,
+                dtype_bytes(c_.wide), norm_out, norm_out);
+  std::vector<std::string> inputs = grads;
+  inputs.insert(inputs.end(), states.begin(), states.end());
+  inputs.push_back("grad_norm_sq");
+  std::vector<std::string> outputs = states;
+  outputs.insert(outputs.end(), weights.begin(), weights.end());
+  // AdamW with clipping: read gradient, moments, master weight; write moments, master, weight.
+  int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
+                          outputs);
+  double per_param = dtype_bytes(c_.grad) + 2 * optimizer_states() * 4.0 + dtype_bytes(c_.act);
+  const_cast<Op&>(rb_.role().ops[id]).bytes = per_param * shard_elements;
+  rb_.free("grad_norm_sq", Phase::optimizer);
+}
+
+void RoleLowering::emit_param_gathers(Phase phase) {
+  OpSite at{phase, -1, -1, -1};
+  std::vector<std::string> names;
+  double bytes = 0;
+  auto flush = [&]() {
+    if (names.empty()) return;
+    e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::param_gather, bytes,
+                  names, names);
+    names.clear();
+    bytes = 0;
+  };
+  double bucket_bytes = plan_.grad_bucket_bytes / dtype_bytes(c_.grad) * dtype_bytes(c_.act);
+  for (const auto& g : groups_) {
+    names.push_back("weights." + g.name);
+    bytes += double(g.elements) * dtype_bytes(c_.act);
+    if (bytes >= bucket_bytes) flush();
+  }
+  flush();
+}
+
+}  // namespace stepcast

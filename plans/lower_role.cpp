@@ -1,0 +1,211 @@
+// The lowering of one pipeline stage's role: its parameter groups and persistent buffers
+// (weights, gradients, optimizer state, sharded by ZeRO stage), then the schedule's forward and
+// backward chunk passes with their pipeline sends and receives (lower_role.hpp lists the rest).
+#include "lower_role.hpp"
+
+#include <map>
+
+#include "errors.hpp"
+#include "schedule.hpp"
+
+namespace stepcast {
+
+void RoleLowering::lower() {
+  collect_param_groups();
+  alloc_persistent();
+  if (plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
+    // Parameters updated by the previous step's optimizer are gathered as this step starts,
+    // overlapping the forward pass (Megatron's overlap_param_gather).
+    emit_param_gathers(Phase::forward);
+  }
+  ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, plan_.num_microbatches()};
+  std::vector<PassAction> actions = schedule_actions(plan_.schedule, shape, role_.pp_stage);
+  std::map<int64_t, size_t> last_backward;  // chunk → index of its last backward action
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (!actions[i].forward) last_backward[actions[i].chunk] = i;
+  }
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PassAction& a = actions[i];
+    if (a.forward) emit_chunk_forward(a.microbatch, a.chunk);
+    else emit_chunk_backward(a.microbatch, a.chunk, last_backward[a.chunk] == i);
+  }
+  // After the whole backward pass (no overlap): on its last timed op, not on a free.
+  for (auto& bucket : deferred_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
+  deferred_buckets_.clear();
+  emit_finalize_grads();
+  emit_optimizer();
+  if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
+    emit_param_gathers(Phase::optimizer);
+  }
+  rb_.free_all(send_staging_, Phase::optimizer);  // the step's sends are complete here
+}
+
+void RoleLowering::collect_param_groups() {
+  const ModelConfig& m = c_.model;
+  for (int64_t chunk = 0; chunk < plan_.virtual_pp_size; ++chunk) {
+    int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+    role_.chunks_virtual_stages.push_back(vs);
+    if (vs == 0) {
+      groups_.push_back({"embedding", c_.vocab_local * c_.h, 0, chunk, false});
+      if (m.position == PositionKind::learned) {
+        groups_.push_back({"position", m.max_position_embeddings * c_.h,
+                           m.max_position_embeddings * c_.h, chunk, false});
+      }
+    }
+    int64_t first = c_.first_layer(vs);
+    for (int64_t l = first; l < first + plan_.layers_per_stage[vs]; ++l) {
+      groups_.push_back({layer_group_name(l), c_.layer_params_local(),
+                         c_.layer_sp_replicated(), chunk, false});
+    }
+    if (vs == c_.num_virtual_stages - 1) {
+      groups_.push_back({"final_norm", c_.norm_params(), c_.norm_params(), chunk, false});
+      bool shares_embedding = m.tie_word_embeddings && plan_.pp_size == 1;
+      if (!shares_embedding) {
+        groups_.push_back({"output", c_.vocab_local * c_.h, 0, chunk, m.tie_word_embeddings});
+      }
+    }
+  }
+  for (const auto& g : groups_) group_index_[g.name] = &g;
+}
+
+void RoleLowering::alloc_persistent() {
+  for (const auto& g : groups_) {
+    rb_.alloc("weights." + g.name, BufferClass::weights, c_.act, {weight_elements(g)},
+              Phase::forward, true);
+    rb_.alloc("grads." + g.name, BufferClass::grads, c_.grad, {grad_elements(g)},
+              Phase::forward, true);
+    rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
+              {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
+  }
+}
+
+std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next) {
+  if (!c_.shards.sharded(ShardedState::weights)) return "weights." + g.name;
+  auto gather = [&](const ParamGroup& target) {
+    std::string full = "wfull." + target.name + ".mb" + std::to_string(at.microbatch) + "." +
+                       to_string(at.phase);
+    if (rb_.is_live(full)) return full;
+    rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
+    e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::zero3_param_gather,
+                  double(target.elements) * dtype_bytes(c_.act), {"weights." + target.name},
+                  {full});
+    return full;
+  };
+  std::string full = gather(g);
+  if (plan_.overlap_param_gather && prefetch_next) gather(*prefetch_next);
+  return full;
+}
+
+std::string RoleLowering::grads_for(const ParamGroup& g, int32_t microbatch) {
+  if (!c_.shards.sharded(ShardedState::grads)) return "grads." + g.name;
+  std::string full = "gradfull." + g.name + ".mb" + std::to_string(microbatch);
+  if (!rb_.is_live(full)) {
+    rb_.alloc(full, BufferClass::comm, c_.grad, {g.elements}, Phase::backward);
+  }
+  return full;
+}
+
+std::string RoleLowering::send_staging(int32_t mb, int64_t chunk, const char* pass, std::vector<int64_t> shape,
+                                       Phase phase) {
+  if (c_.topology.node.intra_node.kind != IntraNodeKind::shared_memory) return "";
+  std::string name = comm_scratch_prefix() + std::string("send.") + tag_name(pass, mb, chunk);
+  rb_.alloc(name, BufferClass::comm, c_.act, std::move(shape), phase);
+  send_staging_.push_back(name);
+  return name;
+}
+
+std::vector<const ParamGroup*> RoleLowering::layer_groups(int64_t vs) const {
+  std::vector<const ParamGroup*> out;
+  int64_t first = c_.first_layer(vs);
+  for (int64_t l = first; l < first + plan_.layers_per_stage[vs]; ++l) {
+    out.push_back(&group(layer_group_name(l)));
+  }
+  return out;
+}
+
+void RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  OpSite at{Phase::forward, -1, mb, int32_t(chunk)};
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  if (c_.dropout && chunk == 0) {  // the masks of every chunk of this microbatch read them
+    rb_.alloc(data_buffer_name(mb, DataBuffer::samples), BufferClass::activations, Dtype::int64,
+              {c_.b}, Phase::forward);
+  }
+  std::string x;
+  if (vs == 0) {
+    x = emit_embedding_forward(at);
+  } else {
+    x = tag_name("in", mb, chunk);
+    rb_.alloc(x, BufferClass::activations, c_.act, local, Phase::forward);
+    e_.p2p(at, OpKind::recv, Peer::pp_prev, p2p_tag(mb, vs - 1, false), act_bytes(local), x);
+  }
+  chunk_input_[{mb, chunk}] = x;
+  auto layers = layer_groups(vs);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    OpSite lat = at;
+    lat.layer = int32_t(std::stoi(layers[i]->name.substr(1)));
+    const ParamGroup* next = i + 1 < layers.size() ? layers[i + 1] : nullptr;
+    std::string w = weights_for(*layers[i], lat, next);
+    x = emit_layer_forward(e_, lat, x, {w, ""}, KeepMode::per_plan);
+    release_weights(w, Phase::forward);
+  }
+  if (vs == c_.num_virtual_stages - 1) {
+    emit_loss_forward(at, x);
+  } else {
+    e_.p2p(at, OpKind::send, Peer::pp_next, p2p_tag(mb, vs, false), act_bytes(local), x,
+           send_staging(mb, chunk, "forward", local, Phase::forward));
+    rb_.free(x, Phase::forward);
+  }
+}
+
+void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  OpSite at{Phase::backward, -1, mb, int32_t(chunk)};
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  bool reduce_now = plan_.zero_stage >= 2 || last_for_chunk;
+  std::string g = tag_name("grad", mb, chunk);
+  if (vs == c_.num_virtual_stages - 1) {
+    emit_loss_backward(at, g);
+    if (reduce_now) {
+      for (const char* name : {"output", "final_norm"}) {
+        if (group_index_.count(name)) grads_ready(group(name), mb, chunk);
+      }
+    }
+  } else {
+    rb_.alloc(g, BufferClass::activations, c_.act, local, Phase::backward);
+    e_.p2p(at, OpKind::recv, Peer::pp_next, p2p_tag(mb, vs + 1, true), act_bytes(local), g);
+  }
+  auto layers = layer_groups(vs);
+  for (size_t i = layers.size(); i-- > 0;) {
+    const ParamGroup& pg = *layers[i];
+    OpSite lat = at;
+    lat.layer = int32_t(std::stoi(pg.name.substr(1)));
+    const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
+    std::string w = weights_for(pg, lat, next);
+    std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
+    emit_layer_backward(e_, lat, x_in, g, {w, grads_for(pg, mb)});
+    release_weights(w, Phase::backward);
+    if (reduce_now) grads_ready(pg, mb, chunk);
+  }
+  chunk_input_.erase({mb, chunk});
+  if (vs == 0) {
+    emit_embedding_backward(at, g);
+    if (reduce_now) {
+      for (const char* name : {"position", "embedding"}) {
+        if (group_index_.count(name)) grads_ready(group(name), mb, chunk);
+      }
+    }
+  } else {
+    e_.p2p(at, OpKind::send, Peer::pp_prev, p2p_tag(mb, vs, true), act_bytes(local), g,
+           send_staging(mb, chunk, "backward", local, Phase::backward));
+    rb_.free(g, Phase::backward);
+  }
+  if (c_.dropout && chunk == 0) rb_.free(data_buffer_name(mb, DataBuffer::samples), Phase::backward);
+  if (reduce_now) {
+    flush_bucket();
+    for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
+    deferred_pass_buckets_.clear();
+  }
+}
+
+}  // namespace stepcast

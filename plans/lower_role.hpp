@@ -1,0 +1,148 @@
+// The lowering of one pipeline stage's role (RoleLowering), internal to plans/: lower_role.cpp
+// drives the step (parameter groups, persistent buffers, the schedule's chunk passes and their
+// pipeline sends and receives), lower_embedding_loss.cpp emits the embedding and the loss,
+// lower_grads.cpp the data-parallel gradient reduction in buckets, the optimizer step and the
+// parameter gathers. Layer internals are in lower_layer.cpp.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lower_context.hpp"
+
+namespace stepcast {
+
+// Parameters that live together: one layer, the embeddings, the final norm, the output layer.
+struct ParamGroup {
+  std::string name;           // "L12", "embedding", "position", "final_norm", "output"
+  int64_t elements = 0;       // per tensor-parallel rank, before ZeRO sharding
+  int64_t sp_replicated = 0;  // elements whose gradients need a tp all_reduce under SP
+  int64_t chunk = 0;
+  bool tied_copy = false;     // output layer that is the last stage's copy of the embedding
+};
+
+inline std::string layer_group_name(int64_t layer) {
+  std::string name = "L";  // appended, not "L" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  name += std::to_string(layer);
+  return name;
+}
+
+class RoleLowering {
+ public:
+  RoleLowering(const LowerContext& ctx, Role& role)
+      : c_(ctx), plan_(ctx.plan), role_(role), rb_(role),
+        e_(ctx, rb_, ctx.grid.rank(RankCoord{0, 0, role.pp_stage})) {}
+
+  void lower();
+
+ private:
+  struct Bucket {
+    std::vector<const ParamGroup*> groups;
+    int32_t microbatch = -1;
+    int64_t chunk = 0;
+    double bytes = 0;
+  };
+
+  void collect_param_groups();
+
+  const ParamGroup& group(const std::string& name) const { return *group_index_.at(name); }
+
+  // Elements of a group held by this rank for weights, gradients and optimizer state.
+  int64_t weight_elements(const ParamGroup& g) const {
+    return c_.shards.buffer_elements(ShardedState::weights, g.elements);
+  }
+  int64_t grad_elements(const ParamGroup& g) const {
+    return c_.shards.buffer_elements(ShardedState::grads, g.elements);
+  }
+  int64_t optimizer_elements(const ParamGroup& g) const {
+    return c_.shards.buffer_elements(ShardedState::optimizer, g.elements);
+  }
+  // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
+  // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
+  int64_t optimizer_states() const { return dtype_bytes(c_.act) < 4 ? 3 : 2; }
+  Dtype optimizer_dtype() const { return c_.wide; }
+
+  void alloc_persistent();
+
+  double act_bytes(const std::vector<int64_t>& shape) const {
+    double n = 1;
+    for (auto v : shape) n *= double(v);
+    return n * dtype_bytes(c_.act);
+  }
+
+  // ZeRO-3: gather a group's full weights before use (prefetching the next with
+  // overlap_param_gather); other stages read the persistent buffer.
+  std::string weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next);
+
+  void release_weights(const std::string& name, Phase phase) {
+    if (name.rfind("wfull.", 0) == 0) rb_.free(name, phase);
+  }
+
+  // ZeRO-2/3: a group's full gradient for one microbatch lives in a transient buffer until its
+  // bucket is reduce_scattered into the persistent shard.
+  std::string grads_for(const ParamGroup& g, int32_t microbatch);
+
+  // A send's staging copy (comm class): the tensor it sends may be freed and reused at once,
+  // while the send completes only when the peer receives. It lives to the end of the step, where
+  // the executor completes every send, so no rank waits for a peer before freeing memory.
+  // Only on a host topology, where the CPU backend needs it. On GPUs the CUDA backend copies into
+  // staging of its own on its p2p stream (runtime memory, not the program's; see README).
+  std::string send_staging(int32_t mb, int64_t chunk, const char* pass, std::vector<int64_t> shape,
+                           Phase phase);
+
+  std::string tag_name(const char* what, int32_t mb, int64_t chunk) const {
+    return "mb" + std::to_string(mb) + ".c" + std::to_string(chunk) + "." + what;
+  }
+  int64_t p2p_tag(int32_t mb, int64_t sender_vs, bool backward) const {
+    return (int64_t(mb) * c_.num_virtual_stages + sender_vs) * 2 + (backward ? 1 : 0);
+  }
+  std::vector<const ParamGroup*> layer_groups(int64_t vs) const;
+
+  void emit_chunk_forward(int32_t mb, int64_t chunk);
+  void emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk);
+
+  // ---- embedding and loss (lower_embedding_loss.cpp) ----
+
+  std::string emit_embedding_forward(const OpSite& at);
+  void emit_embedding_backward(const OpSite& at, const std::string& g);
+  // Final norm, logits (vocab-parallel) and cross-entropy. The tp ranks exchange per-token
+  // (max, sum of exp, target logit) of their vocabulary shard with one all_gather, so the
+  // loss needs no MAX reduction.
+  void emit_loss_forward(const OpSite& at, const std::string& x);
+  void emit_loss_backward(const OpSite& at, const std::string& g);
+  std::string gather_sequence(const OpSite& at, const std::string& local_name,
+                              const std::string& full_name, OpName what);
+
+  const ParamGroup& output_group() const {
+    return group(group_index_.count("output") ? "output" : "embedding");
+  }
+  std::string output_grads(int32_t mb) { return grads_for(output_group(), mb); }
+
+  // ---- data-parallel gradient reduction, optimizer (lower_grads.cpp) ----
+
+  void grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk);
+  void flush_bucket();
+  void emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps);
+  void emit_finalize_grads();
+  void emit_optimizer();
+  void emit_param_gathers(Phase phase);
+
+  const LowerContext& c_;
+  const Plan& plan_;
+  Role& role_;
+  RoleBuilder rb_;
+  OpEmitter e_;
+  std::vector<ParamGroup> groups_;
+  std::map<std::string, const ParamGroup*> group_index_;
+  std::map<std::pair<int32_t, int64_t>, std::string> chunk_input_;
+  std::vector<std::string> send_staging_;  // freed at the end of the step
+  std::map<int32_t, std::string> loss_input_;
+  Bucket current_;
+  std::vector<Bucket> deferred_buckets_;
+  std::vector<Bucket> deferred_pass_buckets_;
+  std::vector<std::pair<const ParamGroup*, int32_t>> pending_full_;
+};
+
+}  // namespace stepcast
