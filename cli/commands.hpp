@@ -6,7 +6,7 @@
 namespace stepcast::cli {
 
 // The whole command line (argv[1] the subcommand): what the executable's main runs, and the
-// tests' fault-injecting build of it (tests/fault_main.cpp).
+// tests' fault-injecting build of it (tests/exec/fault_main.cpp).
 int stepcast_main(int argc, char** argv);
 
 int run_memory(int argc, char** argv);

@@ -54,7 +54,7 @@ void check_cpu_backend(const Plan& plan, const Topology& topology);
 // carries (program_inputs.hpp); check_cpu_backend is applied to those again.
 RunOutput run_program(const StepProgram& program, const RunOptions& options);
 
-// A decorator the tests put around the backend a CPU run makes (tests/fault_backend.hpp: fault
+// A decorator the tests put around the backend a CPU run makes (tests/exec/fault_main.cpp: fault
 // injection through the backend's progress hooks); none by default. The throwaway backend of
 // the memory warm-up step is never wrapped.
 struct BackendWrapper {

@@ -1,5 +1,5 @@
 // A backend that hands every call to another one: the base of decorators, which override only
-// what they watch or change (the tests' fault injection, tests/fault_backend.hpp). It owns the
+// what they watch or change (the tests' fault injection, tests/exec/fault_main.cpp). It owns the
 // backend it wraps.
 #pragma once
 

@@ -31,7 +31,7 @@ CommandResult run_shell(const std::string& command);
 CommandResult run_stepcast(const std::string& args);
 
 // `command` with the stepcast binary replaced by the fault tests' build of it
-// (stepcast-with-faults, fault_main.cpp: faults from STEPCAST_TEST_HANG, _DIE, _STOP).
+// (stepcast-with-faults, exec/fault_main.cpp: faults from STEPCAST_TEST_HANG, _DIE, _STOP).
 std::string with_faults(const std::string& command);
 
 // Writes `text` to a fresh temporary file named `name` and returns its path.
