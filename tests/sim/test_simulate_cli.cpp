@@ -307,6 +307,34 @@ TEST_CASE("simulate: doubling every link's bandwidth halves a communication-boun
   }
 }
 
+TEST_CASE("simulate: Blackwell systems, DGX B200 and a GB200 NVL72 rack as one NVLink domain", "[simulate]") {
+  // GPT-3 1.3B, tp 8, on one node, both on the datasheet roofline (the B200 has no measured
+  // profile yet): every B200 figure is faster — peaks 2.27x, HBM 2.39x, NVLink 5 2x, latencies
+  // the same — so the same plan's step is shorter, and by no more than the largest of those
+  // ratios (0.418 of the DGX H100's). A 72-GPU NVL72 rack holds tp 8 x dp 9 in one node.
+  std::string plan = write_json("gpt-1.3b-tp8.json", {{"name", "gpt-1.3b-tp8"},
+                                                      {"tp_size", 8},
+                                                      {"micro_batch_size", 1},
+                                                      {"global_batch_size", 8}});
+  std::string args = model_arg("gpt3-1.3b") + " --plan " + plan + " --no-scaling --nodes 1 --profile roofline";
+  Json h100 = simulate(args + topology_arg("dgx-h100"), "bw-h100");
+  Json b200 = simulate(args + topology_arg("dgx-b200"), "bw-b200");
+  double th = h100["step_time_s"], tb = b200["step_time_s"];
+  std::printf("GPT-3 1.3B tp 8: DGX H100 %.4g s, DGX B200 %.4g s (ratio %.3f)\n", th, tb, tb / th);
+  CHECK(tb >= 0.418 * th);
+  CHECK(tb < th);
+  std::string wide = write_json("gpt-1.3b-tp8-dp9.json", {{"name", "gpt-1.3b-tp8-dp9"},
+                                                         {"tp_size", 8},
+                                                         {"dp_size", 9},
+                                                         {"micro_batch_size", 1},
+                                                         {"global_batch_size", 72}});
+  Json rack = simulate(model_arg("gpt3-1.3b") + " --plan " + wide + " --no-scaling --nodes 1" +
+                           topology_arg("gb200-nvl72"),
+                       "bw-nvl72");
+  CHECK(rack["step_time_s"].get<double>() > 0);
+  CHECK(rack["memory"]["fits"].get<bool>());
+}
+
 TEST_CASE("simulate: prediction.json's memory is `stepcast memory`'s", "[simulate]") {
   struct Case {
     std::string name, inputs;

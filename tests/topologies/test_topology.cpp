@@ -65,6 +65,8 @@ TEST_CASE("shipped topologies load with their device counts", "[topology]") {
   const Expected cases[] = {{"topologies/dgx-a100-80gb.json", 1024, 8},
                             {"topologies/dgx-h100.json", 16384, 8},
                             {"topologies/h200-1gpu.json", 1, 1},
+                            {"topologies/dgx-b200.json", 32, 8},
+                            {"topologies/gb200-nvl72.json", 2304, 72},
                             {"topologies/localhost-cpu.json", 2, 2}};
   for (const auto& c : cases) {
     INFO(c.file);
@@ -152,8 +154,8 @@ TEST_CASE("dtype names, sizes and enum strings", "[topology]") {
 }
 
 TEST_CASE("topology_to_json writes back a file that loads to the same topology", "[topology]") {
-  for (const char* file : {"topologies/dgx-a100-80gb.json", "topologies/dgx-h100.json",
-                           "topologies/h200-1gpu.json", "topologies/localhost-cpu.json"}) {
+  for (const char* file : {"topologies/dgx-a100-80gb.json", "topologies/dgx-h100.json", "topologies/h200-1gpu.json",
+                           "topologies/dgx-b200.json", "topologies/gb200-nvl72.json", "topologies/localhost-cpu.json"}) {
     INFO(file);
     Topology topology = load_topology(test::source_path(file));
     Json written = topology_to_json(topology);
