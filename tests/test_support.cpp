@@ -29,6 +29,15 @@ CommandResult run_stepcast(const std::string& args) {
   return run_shell(std::string(STEPCAST_BINARY) + " " + args);
 }
 
+std::string fresh_dir(const std::string& name) {
+  auto temp = std::filesystem::path(write_temp_file(name + ".anchor", "")).parent_path();
+  auto dir = temp / name;
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+Json read_json(const std::string& path) { return parse_json_text(read_text_file(path), path); }
+
 std::string with_faults(const std::string& command) {
   std::string out = command;
   const std::string binary = STEPCAST_BINARY;

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "json_input.hpp"
+
 namespace stepcast::test {
 
 inline std::string source_path(const std::string& relative) {
@@ -33,6 +35,11 @@ CommandResult run_stepcast(const std::string& args);
 // `command` with the stepcast binary replaced by the fault tests' build of it
 // (stepcast-with-faults, exec/fault_main.cpp: faults from STEPCAST_TEST_HANG, _DIE, _STOP).
 std::string with_faults(const std::string& command);
+
+// An empty directory for --out (not created), under the test's temporary directory.
+std::string fresh_dir(const std::string& name);
+// A JSON file, parsed strictly (InputError when it is missing or malformed).
+Json read_json(const std::string& path);
 
 // Writes `text` to a fresh temporary file named `name` and returns its path.
 std::string write_temp_file(const std::string& name, const std::string& text);

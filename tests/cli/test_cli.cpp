@@ -16,6 +16,8 @@
 using namespace stepcast;
 using Catch::Matchers::Contains;
 using test::CommandResult;
+using test::fresh_dir;
+using test::read_json;
 using test::run_stepcast;
 using test::source_path;
 
@@ -30,22 +32,6 @@ const std::string kTinyInputs =
     model_arg("tiny") + topology_arg("localhost-cpu") + plan_arg("tiny-cpu");
 const std::string kGpt3Inputs =
     model_arg("gpt3-175b") + topology_arg("dgx-a100-80gb") + plan_arg("gpt3-175b-a100-1024");
-
-// An empty directory for --out, under the test's temporary directory.
-std::string fresh_dir(const std::string& name) {
-  auto temp = std::filesystem::path(test::write_temp_file(name + ".anchor", "")).parent_path();
-  auto dir = temp / name;
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
-
-Json read_json(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_json_text(text.str(), path);
-}
 
 // The hash `lower` prints on its "program_sha256 HEX" line; empty when there is none.
 std::string printed_sha256(const std::string& output) {

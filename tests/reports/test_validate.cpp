@@ -27,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // A fresh folder under the test's temporary directory.
-std::string fresh_dir(const std::string& name) {
+std::string created_dir(const std::string& name) {
   fs::path dir = fs::temp_directory_path() /
                  ("stepcast-validate-" + std::to_string(::getpid())) / name;
   fs::remove_all(dir);
@@ -169,7 +169,7 @@ TEST_CASE("validate: a point needing more ranks than the cores is refused", "[va
   j["points"][1] = {{"name", "too-many"}, {"plan", {{"dp_size", too_many}}}, {"ranks", too_many}};
   j["points"][1]["plan"]["global_batch_size"] = 2 * too_many;
   std::string file = write_temp_file("too-many-ranks.json", j.dump());
-  std::string out = fresh_dir("too-many");
+  std::string out = created_dir("too-many");
   CommandResult r = run_stepcast("validate --sweep " + file + " --out " + out + "/v");
   INFO(r.output);
   CHECK(r.exit_code == 2);
@@ -286,7 +286,7 @@ TEST_CASE("validate: validate.json, report.md and report.html carry the figures"
 // Hidden from the default run ([.validate-ci]): ctest runs it alone (RUN_SERIAL), as
 // `validate_ci_sweep`, so no other test shares the cores while it times the runs.
 TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
-  std::string out = fresh_dir("ci");
+  std::string out = created_dir("ci");
   auto start = std::chrono::steady_clock::now();
   CommandResult r = run_stepcast("validate --sweep " + source_path("sweeps/ci.json") +
                                  " --repeats 1 --out " + out);
@@ -322,7 +322,7 @@ TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", 
   Json j = tiny_sweep({{{"name", "two-ranks"}, {"plan", {{"dp_size", 2}}}, {"ranks", 2}},
                        {{"name", "one-rank"}, {"plan", Json::object()}, {"ranks", 1}}});
   std::string file = write_temp_file("dies.json", j.dump());
-  std::string out = fresh_dir("dies");
+  std::string out = created_dir("dies");
   CommandResult r = run_shell("STEPCAST_TEST_DIE=1:2 timeout 300 " + std::string(STEPCAST_FAULT_BINARY) +
                           " validate --sweep " + file + " --repeats 1 --out " + out);
   INFO(r.output);
@@ -343,7 +343,7 @@ TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", 
 }
 
 TEST_CASE("validate: a profile from another machine type warns, naming the fields", "[validate]") {
-  std::string out = fresh_dir("other-machine");
+  std::string out = created_dir("other-machine");
   CommandResult measured = run_shell(source_path("scripts/mpirun") + " -np 1 " + STEPCAST_BINARY +
                                  " profile --backend cpu --quick --out " + out + "/profile.json");
   INFO(measured.output);

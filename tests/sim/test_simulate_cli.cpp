@@ -23,6 +23,8 @@
 using namespace stepcast;
 using Catch::Matchers::Contains;
 using test::CommandResult;
+using test::fresh_dir;
+using test::read_json;
 using test::run_stepcast;
 using test::source_path;
 
@@ -33,22 +35,6 @@ using test::plan_arg;
 using test::topology_arg;
 std::string profile_arg(const std::string& name) {
   return " --profile " + source_path("profiles/" + name + ".json");
-}
-
-// An empty directory for --out, under the test's temporary directory.
-std::string fresh_dir(const std::string& name) {
-  auto temp = std::filesystem::path(test::write_temp_file(name + ".anchor", "")).parent_path();
-  auto dir = temp / name;
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
-
-Json read_json(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_json_text(text.str(), path);
 }
 
 std::string write_json(const std::string& name, const Json& json) {
