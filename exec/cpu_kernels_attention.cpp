@@ -120,7 +120,7 @@ void attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask, con
   check_attention(sh);
   const T scale = T(keep_scale(dropout.p));
   for (int64_t bi = 0; bi < sh.b; ++bi) {
-    uint64_t key = sample_key(dropout.seed, dropout.site, dropout.step, dropout.layer, sample_index[bi]);
+    uint64_t key = sample_key(&dropout, sample_index, bi);
     for (int64_t hd = 0; hd < sh.heads; ++hd) {
       uint64_t key_h = absorb(key, head0 + hd);
       int64_t base = (bi * sh.heads + hd) * sh.s * sh.s;
@@ -202,8 +202,7 @@ void flash_attention_forward(const T* qkv, T* ctx, T* lse, const AttentionShape&
   const double drop_scale = dropout ? keep_scale(dropout->p) : 1.0;
   std::vector<double> acc(sh.d), block(kBlock);
   for (int64_t bi = 0; bi < sh.b; ++bi) {
-    uint64_t key =
-        dropout ? sample_key(dropout->seed, dropout->site, dropout->step, dropout->layer, sample_index[bi]) : 0;
+    uint64_t key = sample_key(dropout, sample_index, bi);
     for (int64_t hd = 0; hd < sh.heads; ++hd) {
       uint64_t key_h = absorb(key, head0 + hd);
       const T* q = qkv + hv.q(sh, bi, hd);
@@ -252,8 +251,7 @@ void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T*
   std::fill(d_qkv, d_qkv + sh.s * sh.b * sh.qkv_width(), T(0));
   std::vector<double> dq(sh.d);
   for (int64_t bi = 0; bi < sh.b; ++bi) {
-    uint64_t key =
-        dropout ? sample_key(dropout->seed, dropout->site, dropout->step, dropout->layer, sample_index[bi]) : 0;
+    uint64_t key = sample_key(dropout, sample_index, bi);
     for (int64_t hd = 0; hd < sh.heads; ++hd) {
       uint64_t key_h = absorb(key, head0 + hd);
       const T* q = qkv + hv.q(sh, bi, hd);

@@ -34,6 +34,11 @@ inline uint64_t sample_key(uint64_t seed, DropoutSite site, int64_t step, int64_
   h = absorb(h, layer);
   return absorb(h, sample);
 }
+// The same for sample `bi` of a micro batch under `dropout`; 0 without dropout (null).
+inline uint64_t sample_key(const Dropout* dropout, const int64_t* sample_index, int64_t bi) {
+  if (!dropout) return 0;
+  return sample_key(dropout->seed, dropout->site, dropout->step, dropout->layer, sample_index[bi]);
+}
 
 inline bool keep_from(uint64_t h, double p) { return double(h >> 11) * 0x1.0p-53 >= p; }
 

@@ -29,7 +29,7 @@ void dropout_add_forward(const T* x, const T* residual, T* out, uint8_t* mask, i
   STEPCAST_CHECK(mask && sample_index, "dropout_add_forward: dropout needs a mask and sample indices");
   const T scale = T(keep_scale(dropout.p));
   for (int64_t bi = 0; bi < b; ++bi) {
-    uint64_t key = sample_key(dropout.seed, dropout.site, dropout.step, dropout.layer, sample_index[bi]);
+    uint64_t key = sample_key(&dropout, sample_index, bi);
     for (int64_t si = 0; si < s; ++si) {
       uint64_t key_s = absorb(key, s0 + si);
       int64_t row = (si * b + bi) * h;
