@@ -47,11 +47,30 @@ MegatronRow read_megatron_row(ObjectReader& r, const MegatronRow& common) {
   row.gpus = r.get_int("gpus", 1);
   row.batch = r.get_int("global_batch_size", 1);
   row.published_tflops_per_gpu = r.get_number("tflops_per_gpu", 0, true);
+  row.micro_batch = r.get_int("micro_batch_size", 1);
+  row.layers_per_virtual_stage = r.get_int_or("layers_per_virtual_stage", 1, 0);
+  row.ddp_impl = r.get_string("ddp_impl");
   r.finish();
   if (row.gpus % (row.tp * row.pp) != 0) {
     r.fail("gpus", "not a multiple of tp_size · pp_size = " + std::to_string(row.tp * row.pp) +
                        " (dp = gpus / (tp_size · pp_size))",
            "a multiple of " + std::to_string(row.tp * row.pp));
+  }
+  if (row.ddp_impl != "torch" && row.ddp_impl != "local") {
+    r.fail("ddp_impl", "not a Megatron-LM --DDP-impl", "\"torch\" or \"local\"");
+  }
+  int64_t samples_per_replica = row.batch / row.dp();
+  if (samples_per_replica % row.micro_batch != 0) {
+    r.fail("micro_batch_size", "does not divide global_batch_size / dp = " +
+                                   std::to_string(samples_per_replica) + " samples per replica",
+           "a divisor of " + std::to_string(samples_per_replica));
+  }
+  if (row.layers_per_virtual_stage > 0 &&
+      (row.pp == 1 || (row.layers / row.pp) % row.layers_per_virtual_stage != 0)) {
+    r.fail("layers_per_virtual_stage",
+           row.pp == 1 ? "set on a row without a pipeline (pp_size 1)"
+                       : "does not divide the " + std::to_string(row.layers / row.pp) + " layers of a stage",
+           "absent, or a divisor of num_layers / pp_size on a pipelined row");
   }
   return row;
 }
@@ -91,6 +110,7 @@ PublishedFigures parse_published_figures(const Json& json, const std::string& fi
   ObjectReader table = top.get_object("megatron_sc21_table1");
   const Json& table_json = json.at("megatron_sc21_table1");
   figures.megatron_source = table.get_string("source");
+  figures.megatron_launch_source = table.get_string("launch_source");
   MegatronRow common;
   common.vocab_size = table.get_int("vocab_size", 1);
   common.seq_length = table.get_int("seq_length", 1);

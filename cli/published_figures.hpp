@@ -20,6 +20,10 @@ struct MegatronRow {
   int64_t heads = 0, hidden = 0, layers = 0;
   int64_t tp = 1, pp = 1, gpus = 1, batch = 1;
   double published_tflops_per_gpu = 0;  // TFLOP/s per GPU, eq. 3's FLOPs (recompute counted)
+  // How the authors launched the row (examples/sc21/run_table_1.sh): MBS, the layers of one
+  // virtual pipeline stage (0: the script sets none, plain 1F1B), --DDP-impl.
+  int64_t micro_batch = 1, layers_per_virtual_stage = 0;
+  std::string ddp_impl;  // "torch" (all-reduce in buckets during the last backward) or "local"
   // The table's common settings (§5.1) and hardware (§5), the same for every row.
   int64_t vocab_size = 0, seq_length = 0, gpus_per_node = 0;
   int64_t dp() const { return gpus / (tp * pp); }  // DERIVED: the paper does not print it
@@ -47,6 +51,7 @@ struct NcclRow {
 struct PublishedFigures {
   std::string file;
   std::string megatron_source;  // the table's citation
+  std::string megatron_launch_source;  // where each row's micro batch, DDP and virtual stages come from
   std::vector<MegatronRow> megatron;
   std::string nccl_source;  // the table's summary; every row cites its own source too
   std::vector<NcclRow> nccl;

@@ -15,8 +15,10 @@ std::string plan_summary(const MegatronRow& row) {
   std::ostringstream out;
   out << "tp " << row.tp << " pp " << row.pp << " dp " << row.dp();
   int64_t v = megatron_virtual_pp_size(row);
-  if (row.pp > 1) out << ", interleaved v " << v;
-  out << ", mb 1, " << row.batch / row.dp() << " microbatches, full recompute";
+  if (v > 1) out << ", interleaved v " << v;
+  else if (row.pp > 1) out << ", 1F1B";
+  out << ", mb " << row.micro_batch << ", " << row.batch / row.dp() / row.micro_batch
+      << " microbatches, " << row.ddp_impl << " DDP, full recompute";
   return out.str();
 }
 

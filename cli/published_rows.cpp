@@ -54,34 +54,34 @@ Json megatron_model_json(const MegatronRow& row) {
 }
 
 int64_t megatron_virtual_pp_size(const MegatronRow& row) {
-  if (row.pp == 1) return 1;
-  int64_t layers_per_stage = row.layers / row.pp;
-  return layers_per_stage % 2 == 0 ? 2 : layers_per_stage;
+  if (row.layers_per_virtual_stage == 0) return 1;
+  return row.layers / row.pp / row.layers_per_virtual_stage;
 }
 
 std::string megatron_plan_rule() {
-  return "TP and PP as Table 1; dp = GPUs / (TP·PP); micro batch 1 (Table 1 does not state it; "
-         "1 is the one size that divides every row's batch into a multiple of PP microbatches, as "
-         "the interleaved schedule needs); interleaved 1F1B with 2 model chunks per stage "
-         "(one layer per chunk where a stage's layers are odd: 76.1B, 529.6B), 1F1B without a "
-         "pipeline; "
-         "full recompute; fp16 weights, activations and gradients (Megatron-LM's --fp16 with its "
-         "local DDP, 2021); ZeRO 0; the data-parallel all-reduce after the backward pass; "
-         "materialized attention (no FlashAttention in 2021); dropout 0.1; no sequence "
-         "parallelism (introduced after SC'21).";
+  return "TP and PP as Table 1; dp = GPUs / (TP·PP); micro batch, virtual pipeline stages and "
+         "DDP as the authors' launch script gives them per row (Megatron-LM examples/sc21/"
+         "run_table_1.sh): the interleaved 1F1B schedule where it sets "
+         "--num-layers-per-virtual-pipeline-stage, plain 1F1B otherwise; --DDP-impl torch (1.7B to "
+         "18.4B): the data-parallel all-reduce in PyTorch DDP's 25 MiB buckets during the last "
+         "microbatch's backward pass (no_sync on the others), --DDP-impl local: after the backward "
+         "pass; full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
+         "(--fp16); ZeRO 0; materialized attention (no FlashAttention in 2021); dropout 0.1; no "
+         "sequence parallelism (introduced after SC'21).";
 }
 
 Json megatron_plan_json(const MegatronRow& row) {
   int64_t v = megatron_virtual_pp_size(row);
-  return {{"name", row.name + "-sc21"},
+  bool torch_ddp = row.ddp_impl == "torch";
+  Json plan = {{"name", row.name + "-sc21"},
           {"notes", "Plan rule of `stepcast validate --sweep published`: " + megatron_plan_rule()},
           {"tp_size", row.tp},
           {"pp_size", row.pp},
           {"dp_size", row.dp()},
           {"zero_stage", 0},
-          {"micro_batch_size", 1},
+          {"micro_batch_size", row.micro_batch},
           {"global_batch_size", row.batch},
-          {"schedule", row.pp > 1 ? "interleaved_1f1b" : "1f1b"},
+          {"schedule", v > 1 ? "interleaved_1f1b" : "1f1b"},
           {"virtual_pp_size", v},
           {"recompute", "full"},
           {"sequence_parallel", false},
@@ -89,8 +89,11 @@ Json megatron_plan_json(const MegatronRow& row) {
           {"grad_dtype", "fp16"},
           {"attention_impl", "materialized"},
           {"dropout", 0.1},
-          {"overlap_grad_reduce", false},
+          {"overlap_grad_reduce", torch_ddp},
           {"overlap_param_gather", false}};
+  // PyTorch DDP's bucket_cap_mb default (25 MiB), which Megatron-LM 2021 did not change.
+  if (torch_ddp) plan["grad_bucket_bytes"] = 25 << 20;
+  return plan;
 }
 
 Topology nccl_row_topology(const NcclRow& row, const Topology& shipped) {

@@ -50,6 +50,12 @@ TEST_CASE("validate --sweep published: a Table 1 row and an nccl-tests row, erro
   double published_time = m.at("published").at("iteration_time_s").get<double>();
   CHECK(published_time == Approx(flops / (137e12 * gpus)).epsilon(1e-12));
   CHECK(published_time == Approx(3.53).margin(0.005));  // reference-figures.md's derived time
+  // The plan is the authors' launch (examples/sc21/run_table_1.sh): MBS 16, torch DDP.
+  Json plan = load_json_file(out + "/inputs/megatron-1.7b.plan.json");
+  CHECK(plan.at("micro_batch_size") == 16);
+  CHECK(plan.at("dp_size") == 32);
+  CHECK(plan.at("overlap_grad_reduce") == true);
+  CHECK(plan.at("grad_bucket_bytes") == 25 << 20);
   double t = m.at("predicted").at("iteration_time_s").get<double>();
   double tflops = m.at("predicted").at("tflops_per_gpu").get<double>();
   CHECK(t > 0);
@@ -172,6 +178,35 @@ TEST_CASE("validate --sweep published: a damaged figures file is refused naming 
   indivisible["megatron_sc21_table1"]["rows"][1]["gpus"] = 63;
   out = refused("indivisible.json", indivisible.dump(2));
   CHECK(out.find("key 'megatron_sc21_table1.rows[1].gpus' = 63: not a multiple of tp_size") != std::string::npos);
+
+  // The authors' launch settings of a row: DDP, micro batch, virtual stages.
+  Json ddp = shipped;
+  ddp["megatron_sc21_table1"]["rows"][0]["ddp_impl"] = "fsdp";
+  out = refused("ddp.json", ddp.dump(2));
+  CHECK(out.find("key 'megatron_sc21_table1.rows[0].ddp_impl' = \"fsdp\": not a Megatron-LM --DDP-impl") !=
+        std::string::npos);
+  CHECK(out.find("valid: \"torch\" or \"local\"") != std::string::npos);
+
+  Json micro = shipped;  // 1.7B: 512 samples over dp 32 = 16 per replica
+  micro["megatron_sc21_table1"]["rows"][0]["micro_batch_size"] = 3;
+  out = refused("micro.json", micro.dump(2));
+  CHECK(out.find("key 'megatron_sc21_table1.rows[0].micro_batch_size' = 3: does not divide "
+                 "global_batch_size / dp = 16") != std::string::npos);
+
+  Json no_micro = shipped;
+  no_micro["megatron_sc21_table1"]["rows"][0].erase("micro_batch_size");
+  out = refused("no-micro.json", no_micro.dump(2));
+  CHECK(out.find("megatron_sc21_table1.rows[0].micro_batch_size") != std::string::npos);
+
+  Json virtual_stage = shipped;  // 76.1B: 60 layers over pp 4 = 15 per stage
+  virtual_stage["megatron_sc21_table1"]["rows"][5]["layers_per_virtual_stage"] = 4;
+  out = refused("virtual.json", virtual_stage.dump(2));
+  CHECK(out.find("key 'megatron_sc21_table1.rows[5].layers_per_virtual_stage' = 4: does not divide the "
+                 "15 layers of a stage") != std::string::npos);
+  virtual_stage["megatron_sc21_table1"]["rows"][0]["layers_per_virtual_stage"] = 1;
+  virtual_stage["megatron_sc21_table1"]["rows"][5]["layers_per_virtual_stage"] = 5;
+  out = refused("virtual-no-pipeline.json", virtual_stage.dump(2));
+  CHECK(out.find("rows[0].layers_per_virtual_stage' = 1: set on a row without a pipeline") != std::string::npos);
 
   Json version = shipped;
   version["format_version"] = 2;
