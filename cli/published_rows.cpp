@@ -65,7 +65,9 @@ std::string megatron_plan_rule() {
          "--num-layers-per-virtual-pipeline-stage, plain 1F1B otherwise; --DDP-impl torch (1.7B to "
          "18.4B): the data-parallel all-reduce in PyTorch DDP's 25 MiB buckets during the last "
          "microbatch's backward pass (no_sync on the others), --DDP-impl local: after the backward "
-         "pass; full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
+         "pass; pipeline sends and receives block the next compute under 1F1B (2021's "
+         "batch_isend_irecv followed by torch.cuda.synchronize), overlapped under the interleaved "
+         "schedule (2021 blocked there too; stepcast cannot order that yet); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
          "(--fp16); ZeRO 0; materialized attention (no FlashAttention in 2021); dropout 0.1; no "
          "sequence parallelism (introduced after SC'21).";
 }
@@ -90,7 +92,8 @@ Json megatron_plan_json(const MegatronRow& row) {
           {"attention_impl", "materialized"},
           {"dropout", 0.1},
           {"overlap_grad_reduce", torch_ddp},
-          {"overlap_param_gather", false}};
+          {"overlap_param_gather", false},
+          {"overlap_p2p_comm", v > 1}};
   // PyTorch DDP's bucket_cap_mb default (25 MiB), which Megatron-LM 2021 did not change.
   if (torch_ddp) plan["grad_bucket_bytes"] = 25 << 20;
   return plan;

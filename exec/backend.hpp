@@ -145,7 +145,9 @@ class Backend {
   virtual int group_index(GroupKind group) const = 0;
   virtual void send(const T* data, int64_t n, int peer, int64_t tag) = 0;  // returns at once
   virtual void recv(T* data, int64_t n, int peer, int64_t tag) = 0;        // blocks (watched)
-  virtual void finish_sends() = 0;                                          // end of step
+  // Completes every posted send: at the end of a step, and before an op the program makes wait
+  // for a send (a plan without overlap_p2p_comm).
+  virtual void finish_sends() = 0;
   // The next collective's staging scratch, from the program's arena (comm class): a host
   // backend packs and receives chunks there instead of memory of its own. Others ignore it.
   virtual void set_collective_scratch(void* /*scratch*/, int64_t /*bytes*/) {}

@@ -226,7 +226,7 @@ class CpuBackend final : public Backend<T> {
   }
   void finish_sends() override {
     if (pending_.empty()) return;
-    watchdog_.set_current("the end of the step (pipeline sends)");
+    watchdog_.set_current("the posted pipeline sends");
     watchdog_.wait_all(pending_, pending_peers_);
     pending_.clear();
     pending_peers_.clear();

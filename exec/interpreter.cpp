@@ -106,11 +106,17 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
       backend_.set_current("op " + std::to_string(op.id) + " (" + to_string(op.kind) + " " + to_string(op.name) + ")");
     }
     // Collectives of the communication stream run on while later ops that do not depend on
-    // them proceed (a GPU backend; the CPU's calls are no-ops).
+    // them proceed (a GPU backend; the CPU's calls are no-ops). An op that depends on a pipeline
+    // send (a plan without overlap_p2p_comm) waits until the posted sends are done.
+    const bool memory_op = op.kind == OpKind::alloc || op.kind == OpKind::free;
     for (int32_t d : op.deps) {
-      if (pending_async_[size_t(d)]) {
+      if (pending_async_[size_t(d)] == kAsyncCollective) {
         backend_.wait_async(d);
         pending_async_[size_t(d)] = 0;
+      } else if (pending_async_[size_t(d)] == kPostedSend && !memory_op) {
+        backend_.finish_sends();
+        for (int32_t s : posted_sends_) pending_async_[size_t(s)] = 0;
+        posted_sends_.clear();
       }
     }
     const bool async = op.stream == Stream::comm && is_collective(op.kind);
@@ -118,7 +124,10 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
     execute(op);
     if (async) {
       backend_.end_async(op.id);
-      pending_async_[size_t(op.id)] = 1;
+      pending_async_[size_t(op.id)] = kAsyncCollective;
+    } else if (op.kind == OpKind::send) {
+      pending_async_[size_t(op.id)] = kPostedSend;
+      posted_sends_.push_back(op.id);
     }
     if (records) {
       backend_.synchronize();
@@ -129,6 +138,7 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
   backend_.finish_sends();
   backend_.synchronize();
   std::fill(pending_async_.begin(), pending_async_.end(), 0);
+  posted_sends_.clear();
   return loss_sum_;
 }
 

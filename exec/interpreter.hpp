@@ -187,7 +187,11 @@ class Interpreter {
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
   std::vector<char> zero_;
-  std::vector<char> pending_async_;  // per op: an async collective not yet waited for
+  // per op: kAsyncCollective, a collective of the comm stream not yet waited for; kPostedSend, a
+  // pipeline send posted and not yet completed (posted_sends_ lists them)
+  std::vector<char> pending_async_;
+  std::vector<int32_t> posted_sends_;
+  static constexpr char kAsyncCollective = 1, kPostedSend = 2;
   int64_t step_ = 0;
   double loss_sum_ = 0;
   double last_grad_norm_ = 0;

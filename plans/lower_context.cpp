@@ -87,7 +87,7 @@ int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
   op.bytes = (double(m) * k + double(k) * n) * dtype_bytes(ctx_.act) + double(m) * n * out_bytes;
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
-  return rb_.emit(std::move(op));
+  return rb_.emit(std::move(op), waits_for_p2p({}));
 }
 
 int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
@@ -117,7 +117,13 @@ int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double fl
   op.bytes = buffer_bytes(moved);
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
-  return rb_.emit(std::move(op), extra_deps);
+  return rb_.emit(std::move(op), waits_for_p2p(extra_deps));
+}
+
+std::vector<int32_t> OpEmitter::waits_for_p2p(std::vector<int32_t> extra) {
+  extra.insert(extra.end(), unwaited_p2p_.begin(), unwaited_p2p_.end());
+  unwaited_p2p_.clear();
+  return extra;
 }
 
 int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
@@ -168,7 +174,7 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
   }
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
-  int32_t id = rb_.emit(std::move(op), extra_deps);
+  int32_t id = rb_.emit(std::move(op), stream == Stream::compute ? waits_for_p2p(extra_deps) : extra_deps);
   if (!scratch.empty()) rb_.free(scratch, at.phase);
   return id;
 }
@@ -188,7 +194,9 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   if (kind == OpKind::send) op.inputs = {buffer};
   else op.outputs = {buffer};
   if (!staging.empty()) op.outputs = {staging};  // a send writes its staging copy
-  return rb_.emit(std::move(op));
+  int32_t id = rb_.emit(std::move(op));
+  if (!ctx_.plan.overlap_p2p_comm) unwaited_p2p_.push_back(id);
+  return id;
 }
 
 }  // namespace stepcast

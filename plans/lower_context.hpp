@@ -94,9 +94,13 @@ class OpEmitter {
 
  private:
   double buffer_bytes(const std::vector<std::string>& names) const;
+  // A compute-stream op's dependencies: `extra`, and the sends and receives it must wait for
+  // when the plan does not overlap pipeline transfers (taken once: the next such op waits).
+  std::vector<int32_t> waits_for_p2p(std::vector<int32_t> extra);
   const LowerContext& ctx_;
   RoleBuilder& rb_;
   int64_t first_rank_;
+  std::vector<int32_t> unwaited_p2p_;  // transfers posted since the last compute-stream op
 };
 
 // What a layer's forward pass keeps for backward.

@@ -117,6 +117,7 @@ Plan parse_plan(const Json& json, const std::string& file) {
   plan.dropout = reader.get_number_in("dropout", 0.0, 0.99, 0.1);
   plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
+  plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
   plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
   if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
   plan.order = reader.get_string_or("order", "tp-dp-pp");
@@ -163,6 +164,16 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   if (plan.schedule == ScheduleKind::interleaved_1f1b && plan.pp_size < 2) {
     fail("pp_size", plan.pp_size, "schedule \"interleaved_1f1b\" needs a pipeline",
          "pp_size >= 2, or schedule \"1f1b\"");
+  }
+  if (plan.schedule == ScheduleKind::interleaved_1f1b && !plan.overlap_p2p_comm) {
+    // The lowering posts each receive just before the pass that reads it; Megatron's blocking
+    // interleaved schedule posts a pass's four transfers as one batch, which the program cannot
+    // order yet: waiting on sends there would deadlock (program_check finds it).
+    throw_input_error(f, "overlap_p2p_comm", "false",
+                      "blocking pipeline transfers are not supported with schedule "
+                      "\"interleaved_1f1b\" yet",
+                      "true (Megatron-LM's default for the interleaved schedule), or schedule "
+                      "\"1f1b\" / \"gpipe\"");
   }
   int64_t virtual_stages = saturating_product(plan.pp_size, plan.virtual_pp_size);
   if (virtual_stages > model.num_hidden_layers) {
@@ -272,6 +283,7 @@ Json plan_to_json(const Plan& plan) {
   out["dropout"] = plan.dropout;
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
   out["overlap_param_gather"] = plan.overlap_param_gather;
+  out["overlap_p2p_comm"] = plan.overlap_p2p_comm;
   out["grad_bucket_bytes"] = plan.grad_bucket_bytes;
   out["layers_per_stage"] = plan.layers_per_stage;
   out["order"] = plan.order;

@@ -40,6 +40,10 @@ struct Plan {
   double dropout = 0.1;                  // hidden and attention dropout probability
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
+  // Pipeline sends and receives run beside compute (true), or a stage's next compute waits until
+  // its sends and receives are done, as Megatron-LM's batched p2p does (false). Megatron's rule is
+  // the default: overlapped with the interleaved schedule only (--no-overlap-p2p-communication).
+  bool overlap_p2p_comm = false;
   double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
   std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
   std::string order = "tp-dp-pp";        // rank grid order, innermost first
@@ -48,6 +52,11 @@ struct Plan {
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
   Dtype activation_dtype() const { return param_dtype; }
 };
+
+// Megatron-LM's: pipeline transfers overlap compute under the interleaved schedule only.
+inline bool default_overlap_p2p_comm(ScheduleKind schedule) {
+  return schedule == ScheduleKind::interleaved_1f1b;
+}
 
 // Reads a plan file (no cross-checks: those need the model and topology).
 Plan load_plan(const std::string& path);

@@ -225,19 +225,23 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
 }
 
 // Executes all roles with unit-less progress: an op runs once its deps are done and it heads
-// its stream; sends complete when posted; a receive when its send has run; a collective of a
-// group spanning stages when every member stage has reached it.
+// its stream; a send is posted when it runs and completes when its receive runs (an op that
+// waits for it, in a plan without overlap_p2p_comm, waits until then; a free goes on once it is
+// posted); a receive runs when its send has been posted; a collective of a group spanning
+// stages when every member stage has reached it.
 void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool list_order) {
   size_t n = p.roles.size();
   std::vector<std::vector<char>> done(n);
+  std::vector<std::vector<char>> posted(n);  // per role, per op: a send posted
   std::vector<std::array<std::deque<int32_t>, 3>> queues(n);
   for (size_t r = 0; r < n; ++r) {
     done[r].assign(p.roles[r].ops.size(), 0);
+    posted[r].assign(p.roles[r].ops.size(), 0);
     for (const Op& op : p.roles[r].ops) {
       queues[r][list_order ? 0 : size_t(op.stream)].push_back(op.id);
     }
   }
-  std::set<std::tuple<int64_t, int64_t, int64_t>> sends_done;  // (from, to, tag)
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<size_t, int32_t>> sends_posted;  // (from, to, tag) → op
   std::map<std::pair<GroupKind, size_t>, std::set<size_t>> arrived;  // (group, index) → stages
   std::vector<std::map<GroupKind, size_t>> issued(n);
   bool progress = true;
@@ -248,12 +252,15 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
       for (auto& queue : queues[r]) {
         while (!queue.empty()) {
           const Op& op = role.ops[queue.front()];
+          const bool memory_op = op.kind == OpKind::alloc || op.kind == OpKind::free;
           bool ready = true;
-          for (int32_t d : op.deps) ready = ready && done[r][d];
+          for (int32_t d : op.deps) ready = ready && (done[r][d] || (memory_op && posted[r][d]));
           if (!ready) break;
           if (op.kind == OpKind::recv) {
             int64_t from = peer_stage(p, role.pp_stage, op.peer);
-            if (!sends_done.count({from, role.pp_stage, op.tag})) break;
+            auto sent = sends_posted.find({from, role.pp_stage, op.tag});
+            if (sent == sends_posted.end()) break;
+            done[sent->second.first][sent->second.second] = 1;  // the send completes with it
           }
           bool spans = op.group == GroupKind::embedding || op.group == GroupKind::world ||
                        op.group == GroupKind::model || op.group == GroupKind::pp;
@@ -266,9 +273,11 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
             ++issued[r][op.group];
           }
           if (op.kind == OpKind::send) {
-            sends_done.insert({role.pp_stage, peer_stage(p, role.pp_stage, op.peer), op.tag});
+            sends_posted[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer), op.tag}] = {r, op.id};
+            posted[r][op.id] = 1;
+          } else {
+            done[r][op.id] = 1;
           }
-          done[r][op.id] = 1;
           queue.pop_front();
           progress = true;
         }

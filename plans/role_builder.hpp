@@ -32,12 +32,13 @@ class RoleBuilder {
   double live_bytes(const std::string& name) const;
   Dtype live_dtype(const std::string& name) const;  // of a live buffer
   int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
-  // The last op that takes time (not alloc/free): a dependency on a free orders nothing, since
-  // interpreters treat memory ops as done once their users are (last_op() when there is none).
+  // The last compute-side op (not alloc/free, not a pipeline transfer): a dependency on a free
+  // orders nothing, since interpreters treat memory ops as done once their users are, and one on
+  // a send would wait for the peer to receive it (last_op() when there is none).
   int32_t last_timed_op() const {
     for (int32_t i = last_op(); i >= 0; --i) {
       OpKind k = role_.ops[size_t(i)].kind;
-      if (k != OpKind::alloc && k != OpKind::free) return i;
+      if (k != OpKind::alloc && k != OpKind::free && k != OpKind::send && k != OpKind::recv) return i;
     }
     return last_op();
   }

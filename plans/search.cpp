@@ -113,6 +113,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.grad_dtype = Dtype::fp32;
                 p.overlap_grad_reduce = dp > 1;
                 p.overlap_param_gather = zero >= 1 && dp > 1;
+                p.overlap_p2p_comm = default_overlap_p2p_comm(schedule);
                 p.attention_impl = space.attention_impl;
                 p.dropout = space.dropout;
                 p.name = plan_name(p);
@@ -401,6 +402,10 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
   }
   if (plan.overlap_grad_reduce) a.push_back("--overlap-grad-reduce");
   if (plan.overlap_param_gather) a.push_back("--overlap-param-gather");
+  if (plan.pp_size > 1 && plan.overlap_p2p_comm != default_overlap_p2p_comm(plan.schedule)) {
+    out.notes.push_back("overlap_p2p_comm: Megatron-LM overlaps pipeline transfers with the "
+                        "interleaved schedule only; this plan's overlap has no flag");
+  }
   if (plan.param_dtype == Dtype::bf16) a.push_back("--bf16");
   if (plan.attention_impl == AttentionImpl::flash) a.push_back("--use-flash-attn");
   if (plan.dropout != 0.1) {
@@ -425,6 +430,7 @@ std::vector<FitSuggestion> suggest_fits(const Plan& plan, const ModelConfig& mod
     edit(v);
     v.plan.overlap_param_gather = v.plan.zero_stage >= 1 && v.plan.dp_size > 1;
     v.plan.overlap_grad_reduce = v.plan.dp_size > 1;
+    v.plan.overlap_p2p_comm = default_overlap_p2p_comm(v.plan.schedule);
     v.plan.name = plan_name(v.plan);
     variants.push_back(std::move(v));
   };

@@ -102,7 +102,7 @@ class RankActor {
       pending_posted_op_.erase(pending_posted_op_.begin() + index);
       if (posted >= 0) {
         // A pipeline send or receive: posted in stream order, completing on its own.
-        if (plan.in_order) {
+        if (plan.in_order && st.done[posted]) {
           // A send whose op ended when it was posted: its transfer ends the step at the latest.
           st.last_end = std::max(st.last_end, now());
           continue;
@@ -138,6 +138,9 @@ class RankActor {
     return true;
   }
   double now() const { return sg4::Engine::get_clock(); }
+  // In order, a send ends when posted unless a later op waits for it (a plan without
+  // overlap_p2p_comm): then, like a posted receive, it ends when its transfer does.
+  bool waited(const Op& op) const { return plan().feeds_other_stream[role_index_][op.id] != 0; }
 
   // An execution of `seconds` on this rank's delay host for `stream`. Not Host::exec_async: in
   // SimGrid 3.32 it runs on the calling actor's host whatever host it is called on, so a delay
@@ -195,10 +198,12 @@ class RankActor {
           break;
         }
         start_p2p(stream, op, true);
-        finish(op.id, now(), now());
         run.op = -1;
         ++head_[stream];
-        ++completed;
+        if (!waited(op)) {
+          finish(op.id, now(), now());
+          ++completed;
+        }
         continue;
       } else if (plan().in_order && op.kind == OpKind::recv) {
         // In order: the receive blocks the thread until its data arrived.
@@ -403,10 +408,14 @@ class RankActor {
     }
     if (op.kind == OpKind::send) {  // in order: the staging copy ended; post the send
       start_p2p(stream, op, true);
-      finish(op.id, run.run_start, now());
       run.staging = false;
       run.op = -1;
       ++head_[stream];
+      if (waited(op)) {
+        posted_at_[op.id] = run.run_start;  // the op ends with its transfer
+        return 0;
+      }
+      finish(op.id, run.run_start, now());
       return 1;
     }
     if (op.kind == OpKind::recv) {  // in order: the blocking receive ended

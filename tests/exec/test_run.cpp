@@ -71,6 +71,8 @@ Json plan(int tp, int pp, int dp, int zero, const char* schedule, const char* re
   if (overlap) {
     p["overlap_grad_reduce"] = true;
     if (zero > 0) p["overlap_param_gather"] = true;
+    // Pipeline transfers overlapped under 1F1B and GPipe too (blocking is their default).
+    if (pp > 1 && std::string(schedule) != "interleaved_1f1b") p["overlap_p2p_comm"] = true;
   }
   return p;
 }

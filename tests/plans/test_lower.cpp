@@ -1,7 +1,9 @@
 // The StepProgram's invariants on many plans, and the checker itself on broken programs.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
@@ -107,6 +109,73 @@ TEST_CASE("pipeline ranks send and receive each microbatch once per boundary", "
     CHECK(sends == 8 * boundaries);
     CHECK(recvs == 8 * boundaries);
   }
+}
+
+TEST_CASE("without overlap_p2p_comm a stage's next compute waits for its pipeline transfers", "[lower]") {
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  // Megatron's rule is the default: blocking under 1F1B, overlapped under the interleaved schedule.
+  Json one_f_one_b = {{"pp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 4}, {"dtype", "fp32"}};
+  Json interleaved = one_f_one_b;
+  interleaved["schedule"] = "interleaved_1f1b";
+  interleaved["virtual_pp_size"] = 2;
+  CHECK_FALSE(make_plan(one_f_one_b, model, topology).overlap_p2p_comm);
+  CHECK(make_plan(interleaved, model, topology).overlap_p2p_comm);
+  CHECK(plan_to_json(make_plan(interleaved, model, topology)).at("overlap_p2p_comm") == true);
+
+  // Per role: how many transfers a later compute-stream op (not a free) lists as a dependency,
+  // and whether each such op is the first compute-stream op after the transfer.
+  auto waited = [&](const Json& j) {
+    StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+    INFO(j.dump());
+    CHECK(check_program(p).empty());
+    CHECK(check_list_order_progress(p).empty());  // an in-order executor runs it without deadlock
+    int transfers = 0, waited_for = 0, sends_waited = 0;
+    for (const Role& role : p.roles) {
+      for (const Op& op : role.ops) {
+        if (op.kind != OpKind::send && op.kind != OpKind::recv) continue;
+        ++transfers;
+        const Op* next = nullptr;  // the first compute-stream op after the transfer
+        for (size_t i = size_t(op.id) + 1; i < role.ops.size() && !next; ++i) {
+          const Op& o = role.ops[i];
+          if (o.stream == Stream::compute && o.kind != OpKind::alloc && o.kind != OpKind::free) next = &o;
+        }
+        bool any = false;
+        for (const Op& o : role.ops) {
+          if (o.kind == OpKind::free || o.id <= op.id) continue;
+          if (std::find(o.deps.begin(), o.deps.end(), op.id) == o.deps.end()) continue;
+          if (op.kind == OpKind::send) {
+            CHECK(&o == next);  // a send is waited for by that op only
+            ++sends_waited;
+          }
+          any = any || &o == next;
+        }
+        waited_for += any;
+      }
+    }
+    return std::make_tuple(transfers, waited_for, sends_waited);
+  };
+  auto [transfers, blocking, sends_blocking] = waited(one_f_one_b);
+  CHECK(transfers == 2 * 2 * 4);  // 2 stages, a send and a receive per microbatch and pass
+  CHECK(blocking == transfers);
+  CHECK(sends_blocking == transfers / 2);
+  Json overlapped = one_f_one_b;
+  overlapped["overlap_p2p_comm"] = true;
+  auto [transfers_overlapped, unused, sends_overlapped] = waited(overlapped);
+  CHECK(transfers_overlapped == transfers);
+  CHECK(sends_overlapped == 0);  // only frees wait for a send
+  (void)unused;
+  // GPipe blocks too; the interleaved schedule cannot yet (refused: it would deadlock).
+  Json gpipe = one_f_one_b;
+  gpipe["schedule"] = "gpipe";
+  auto [transfers_gpipe, waited_gpipe, sends_gpipe] = waited(gpipe);
+  CHECK(waited_gpipe == transfers_gpipe);
+  CHECK(sends_gpipe == transfers_gpipe / 2);
+  Json interleaved_blocking = interleaved;
+  interleaved_blocking["overlap_p2p_comm"] = false;
+  CHECK_THROWS_WITH(make_plan(interleaved_blocking, model, topology),
+                    Catch::Contains("key 'overlap_p2p_comm' = false: blocking pipeline transfers are not "
+                                    "supported with schedule \"interleaved_1f1b\" yet"));
 }
 
 TEST_CASE("collective algorithms follow the group's placement", "[lower]") {

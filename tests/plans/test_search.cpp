@@ -262,6 +262,7 @@ TEST_CASE("Megatron-LM arguments of a plan", "[search]") {
   plan.pp_size = 8;
   plan.schedule = ScheduleKind::interleaved_1f1b;
   plan.virtual_pp_size = 3;
+  plan.overlap_p2p_comm = true;  // parse_plan's default for the schedule
   plan.micro_batch_size = 1;
   plan.global_batch_size = 1536;
   plan.sequence_parallel = true;
@@ -278,6 +279,13 @@ TEST_CASE("Megatron-LM arguments of a plan", "[search]") {
   CHECK(args.notes.empty());
   plan.zero_stage = 3;
   CHECK(megatron_arguments(plan, model).notes.size() == 1);
+  // 1F1B with overlapped pipeline transfers: Megatron-LM has no flag for it.
+  plan.zero_stage = 1;
+  plan.schedule = ScheduleKind::one_f_one_b;
+  plan.virtual_pp_size = 1;
+  auto overlapped = megatron_arguments(plan, model);
+  REQUIRE(overlapped.notes.size() == 1);
+  CHECK_THAT(overlapped.notes[0], Catch::Contains("overlap_p2p_comm"));
 }
 
 // The head every planner output shares with simulate's prediction.

@@ -383,3 +383,68 @@ TEST_CASE("sim: in order a staged send costs its copy and the receive waits for 
   }
   CHECK(checked == 2);
 }
+
+namespace {
+
+// Stage 0 sends 8 MB and then computes 1 ms; stage 1 computes 2 ms before it posts the receive,
+// then computes 1 ms. When stage 0's compute waits for its send (a plan without
+// overlap_p2p_comm), it starts when the transfer ends, after stage 1 posted the receive at 2 ms;
+// otherwise at once. Either way the receive completes at 2 ms + the transfer.
+void check_blocking_send(bool in_order, bool blocking) {
+  Topology t = free_p2p_topology(2);
+  StepProgram p = empty_program(1, 1, 2, 2);
+  Op send;
+  send.kind = OpKind::send;
+  send.stream = Stream::p2p;
+  send.peer = Peer::pp_next;
+  send.tag = 1;
+  send.bytes = 8e6;
+  int32_t sent = push_op(p.roles[0], send);
+  push_op(p.roles[0], compute_op(1e-3, blocking ? std::vector<int32_t>{sent} : std::vector<int32_t>{}));
+  int32_t first = push_op(p.roles[1], compute_op(2e-3));
+  Op recv = send;
+  recv.kind = OpKind::recv;
+  recv.peer = Peer::pp_prev;
+  recv.deps = {first};
+  int32_t got = push_op(p.roles[1], recv);
+  push_op(p.roles[1], compute_op(1e-3, {got}));
+  DeviceProfile profile = in_order_profile(t);
+  profile.execution_in_order = in_order;
+  SimulationOutput out = run_with(p, t, profile, SimMode::full);
+  const double transfer = 8e6 / 1e15;
+  int checked = 0;
+  for (const OpRecord& r : out.records) {
+    if (r.rank == 0 && r.id == 1) {
+      CHECK(r.start_s == Approx(blocking ? 2e-3 + transfer : 0.0).margin(1e-9));
+      ++checked;
+    }
+    if (r.rank == 0 && r.id == 0 && blocking) {  // the waited send ends with its transfer
+      CHECK(r.end_s == Approx(2e-3 + transfer).margin(1e-9));
+      ++checked;
+    }
+    if (r.rank == 1 && r.id == 2) {
+      CHECK(r.start_s == Approx(2e-3 + transfer).margin(1e-9));
+      ++checked;
+    }
+  }
+  CHECK(checked == (blocking ? 3 : 2));
+  CHECK(out.step_time_s == Approx(3e-3 + transfer).margin(1e-9));  // stage 1's, either way
+}
+
+}  // namespace
+
+TEST_CASE("sim: a compute op that waits for a send starts when the transfer ends (in order)", "[sim]") {
+  check_blocking_send(true, true);
+}
+
+TEST_CASE("sim: a compute op that does not wait for a send starts at once (in order)", "[sim]") {
+  check_blocking_send(true, false);
+}
+
+TEST_CASE("sim: a compute op that waits for a send starts when the transfer ends (streams)", "[sim]") {
+  check_blocking_send(false, true);
+}
+
+TEST_CASE("sim: a compute op that does not wait for a send starts at once (streams)", "[sim]") {
+  check_blocking_send(false, false);
+}
