@@ -242,6 +242,17 @@ TEST_CASE("collective steps move the ring's bytes and the tree's rounds", "[sim_
 namespace {
 
 // The roofline profile with the CPU backend's execution: one thread, ops in list order.
+// Stage 0's send to stage 1 (kind send) or stage 1's receive from stage 0 (recv), tag 1.
+Op pipeline_op(OpKind kind, double bytes) {
+  Op op;
+  op.kind = kind;
+  op.stream = Stream::p2p;
+  op.peer = kind == OpKind::send ? Peer::pp_next : Peer::pp_prev;
+  op.tag = 1;
+  op.bytes = bytes;
+  return op;
+}
+
 DeviceProfile in_order_profile(const Topology& t, bool staged_sends = false) {
   DeviceProfile p = roofline_profile(t);
   p.execution_in_order = true;
@@ -353,17 +364,10 @@ TEST_CASE("sim: in order a staged send costs its copy and the receive waits for 
   // 1e12 B/s: 16 us) comes first on stage 0 and delays stage 1's receive: 1 ms without it.
   Topology t = free_p2p_topology(2);
   StepProgram p = empty_program(1, 1, 2, 2);
-  Op send;
-  send.kind = OpKind::send;
-  send.stream = Stream::p2p;
-  send.peer = Peer::pp_next;
-  send.tag = 1;
-  send.bytes = 8e6;
+  Op send = pipeline_op(OpKind::send, 8e6);
   push_op(p.roles[0], send);
   push_op(p.roles[0], compute_op(1e-3));
-  Op recv = send;
-  recv.kind = OpKind::recv;
-  recv.peer = Peer::pp_prev;
+  Op recv = pipeline_op(OpKind::recv, 8e6);
   int32_t got = push_op(p.roles[1], recv);
   push_op(p.roles[1], compute_op(1e-3, {got}));
   const double copy = 2 * 8e6 / 1e12;
@@ -393,18 +397,11 @@ namespace {
 void check_blocking_send(bool in_order, bool blocking) {
   Topology t = free_p2p_topology(2);
   StepProgram p = empty_program(1, 1, 2, 2);
-  Op send;
-  send.kind = OpKind::send;
-  send.stream = Stream::p2p;
-  send.peer = Peer::pp_next;
-  send.tag = 1;
-  send.bytes = 8e6;
+  Op send = pipeline_op(OpKind::send, 8e6);
   int32_t sent = push_op(p.roles[0], send);
   push_op(p.roles[0], compute_op(1e-3, blocking ? std::vector<int32_t>{sent} : std::vector<int32_t>{}));
   int32_t first = push_op(p.roles[1], compute_op(2e-3));
-  Op recv = send;
-  recv.kind = OpKind::recv;
-  recv.peer = Peer::pp_prev;
+  Op recv = pipeline_op(OpKind::recv, 8e6);
   recv.deps = {first};
   int32_t got = push_op(p.roles[1], recv);
   push_op(p.roles[1], compute_op(1e-3, {got}));
