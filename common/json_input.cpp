@@ -35,60 +35,77 @@ void line_column(const std::string& text, size_t byte, size_t& line, size_t& col
   }
 }
 
-}  // namespace
+// The strict checks of parse_json_text, as a SAX pass that builds nothing: objects deeper than
+// kMaxJsonDepth are refused (no input needs them, and a deep enough one would exhaust the stack
+// of anything that walks it), and so is a key that appears twice in one object (the reader would
+// otherwise keep the last, silently). (nlohmann's parser with a callback does the same checks
+// but rescans a container's elements at the end of each child: quadratic in an array of
+// objects, minutes for a 100 MB prediction.json.)
+class StrictnessCheck {
+ public:
+  explicit StrictnessCheck(const std::string& file) : file_(file) {}
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(Json::number_integer_t) { return value(); }
+  bool number_unsigned(Json::number_unsigned_t) { return value(); }
+  bool number_float(Json::number_float_t, const std::string&) { return value(); }
+  bool string(std::string&) { return value(); }
+  bool binary(Json::binary_t&) { return value(); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& key) {
+    path_.push_back(key);
+    if (!open_.back().keys.insert(key).second) {
+      throw InputError(file_ + ": key '" + where() + "' appears twice in one object; valid: each key once");
+    }
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    throw e;  // its own type: parse_json_text words each kind
+  }
 
-Json parse_json_text(const std::string& text, const std::string& file) {
-  // While parsing: objects deeper than kMaxJsonDepth are refused (no input needs them, and a deep
-  // enough one would exhaust the stack of anything that walks it), and so is a key that appears
-  // twice in one object (the reader would otherwise keep the last, silently).
+ private:
   struct Container {
     bool object = false;
     std::set<std::string> keys;
   };
-  std::vector<Container> open;    // the containers being read, innermost last
-  std::vector<std::string> path;  // the keys leading to the current value
-  auto where = [&] {
+  std::string where() const {
     std::string out;
-    for (const std::string& k : path) out += (out.empty() ? "" : ".") + k;
+    for (const std::string& k : path_) out += (out.empty() ? "" : ".") + k;
     return out.empty() ? std::string("(top level)") : out;
-  };
+  }
   // A value of an object ends: its key leaves the path.
-  auto end_value = [&] {
-    if (!open.empty() && open.back().object && !path.empty()) path.pop_back();
-  };
-  Json::parser_callback_t callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth > kMaxJsonDepth) {
-      throw InputError(file + ": nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels under '" +
+  bool value() {
+    if (!open_.empty() && open_.back().object && !path_.empty()) path_.pop_back();
+    return true;
+  }
+  bool open(bool object) {
+    if (open_.size() >= size_t(kMaxJsonDepth)) {
+      throw InputError(file_ + ": nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels under '" +
                        where() + "'; valid: a stepcast input (a few levels)");
     }
-    switch (event) {
-      case Json::parse_event_t::object_start:
-        open.push_back({true, {}});
-        break;
-      case Json::parse_event_t::array_start:
-        open.push_back({false, {}});
-        break;
-      case Json::parse_event_t::key: {
-        std::string key = parsed.get<std::string>();
-        path.push_back(key);
-        if (!open.empty() && !open.back().keys.insert(key).second) {
-          throw InputError(file + ": key '" + where() + "' appears twice in one object; valid: each key once");
-        }
-        break;
-      }
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        open.pop_back();
-        end_value();
-        break;
-      case Json::parse_event_t::value:
-        end_value();
-        break;
-    }
+    open_.push_back({object, {}});
     return true;
-  };
+  }
+  bool close() {
+    open_.pop_back();
+    return value();
+  }
+  const std::string& file_;
+  std::vector<Container> open_;    // the containers being read, innermost last
+  std::vector<std::string> path_;  // the keys leading to the current value
+};
+
+}  // namespace
+
+Json parse_json_text(const std::string& text, const std::string& file) {
   try {
-    return Json::parse(text, callback);
+    StrictnessCheck check(file);
+    Json::sax_parse(text, &check);
+    return Json::parse(text);
   } catch (const Json::parse_error& e) {
     size_t line = 0, column = 0;
     // e.byte is one past the offending character.
