@@ -42,7 +42,8 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
   cmd << shell_quote(std::filesystem::read_symlink("/proc/self/exe").string())
       << " simulate --model " << shell_quote(in.model.file) << " --topology "
       << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
-      << shell_quote(plan_file) << " --no-scaling --out " << shell_quote((dir / "out").string());
+      << shell_quote(plan_file) << " --no-scaling --no-records --out "  // its tokens/s only
+      << shell_quote((dir / "out").string());
   cmd << child_profile_arguments(profile, vm) << " --seed " << vm["seed"].as<uint64_t>()
       << " --variability " << vm["variability"].as<std::string>();
   cmd << " --mode " << vm["mode"].as<std::string>() << " >" << shell_quote((dir / "log").string())
