@@ -65,18 +65,24 @@ double OpEmitter::buffer_bytes(const std::vector<std::string>& names) const {
   return total;
 }
 
-int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
-                        int64_t m, int64_t n, int64_t k, std::vector<std::string> inputs,
-                        std::vector<std::string> outputs) {
+// An op of `kind` on `stream` at the site `at` (phase, layer, microbatch, chunk), named `name`.
+Op OpEmitter::op_at(const OpSite& at, OpKind kind, Stream stream, OpName name) {
   Op op;
-  op.kind = OpKind::gemm;
-  op.stream = Stream::compute;
+  op.kind = kind;
+  op.stream = stream;
   op.phase = at.phase;
   op.name = name;
-  op.grad = grad;
   op.layer = at.layer;
   op.microbatch = at.microbatch;
   op.chunk = at.chunk;
+  return op;
+}
+
+int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
+                        int64_t m, int64_t n, int64_t k, std::vector<std::string> inputs,
+                        std::vector<std::string> outputs) {
+  Op op = op_at(at, OpKind::gemm, Stream::compute, name);
+  op.grad = grad;
   op.batch = 1;
   op.m = m;
   op.n = n;
@@ -93,14 +99,7 @@ int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
 int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
                            std::vector<std::string> inputs, std::vector<std::string> outputs,
                            const std::vector<int32_t>& extra_deps) {
-  Op op;
-  op.kind = kind;
-  op.stream = Stream::compute;
-  op.phase = at.phase;
-  op.name = name;
-  op.layer = at.layer;
-  op.microbatch = at.microbatch;
-  op.chunk = at.chunk;
+  Op op = op_at(at, kind, Stream::compute, name);
   op.flops = flops;
   // Bytes moved: activation buffers read and written; parameter buffers count only where the
   // op is the optimizer (see emit_optimizer), not for a norm reading a whole layer's weights.
@@ -147,14 +146,7 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
                               const std::vector<int32_t>& extra_deps) {
   GroupShape shape = group_shape(ctx_.grid, group, first_rank_, ctx_.topology.node.devices_per_node);
   if (shape.size <= 1) return -1;
-  Op op;
-  op.kind = kind;
-  op.stream = stream;
-  op.phase = at.phase;
-  op.name = name;
-  op.layer = at.layer;
-  op.microbatch = at.microbatch;
-  op.chunk = at.chunk;
+  Op op = op_at(at, kind, stream, name);
   op.group = group;
   op.bytes = bytes;
   op.algorithm = choose_algorithm(kind, bytes, shape, ctx_.links);
@@ -181,13 +173,7 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
 
 int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
                        const std::string& buffer, const std::string& staging) {
-  Op op;
-  op.kind = kind;
-  op.stream = Stream::p2p;
-  op.phase = at.phase;
-  op.name = kind == OpKind::send ? OpName::send : OpName::recv;
-  op.microbatch = at.microbatch;
-  op.chunk = at.chunk;
+  Op op = op_at(at, kind, Stream::p2p, kind == OpKind::send ? OpName::send : OpName::recv);
   op.peer = peer;
   op.tag = tag;
   op.bytes = bytes;

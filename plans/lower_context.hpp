@@ -94,6 +94,7 @@ class OpEmitter {
 
  private:
   double buffer_bytes(const std::vector<std::string>& names) const;
+  static Op op_at(const OpSite& at, OpKind kind, Stream stream, OpName name);
   // A compute-stream op's dependencies: `extra`, and the sends and receives it must wait for
   // when the plan does not overlap pipeline transfers (taken once: the next such op waits).
   std::vector<int32_t> waits_for_p2p(std::vector<int32_t> extra);

@@ -13,6 +13,14 @@
 
 namespace stepcast::test {
 
+// Whether one of check_program's errors contains `text`.
+inline bool any_error_contains(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors) {
+    if (e.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
 struct PlanCase {
   std::string model_file;
   Json plan_json;

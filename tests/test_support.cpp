@@ -56,4 +56,13 @@ std::string write_temp_file(const std::string& name, const std::string& text) {
   return path.string();
 }
 
+RunResult run_measured(const std::string& command, const std::string& out) {
+  RunResult result;
+  CommandResult ran = run_shell(command);
+  result.output = ran.output;
+  result.exit_code = ran.exit_code;
+  if (result.exit_code == 0) result.measurement = load_json_file(out + "/measurement.json");
+  return result;
+}
+
 }  // namespace stepcast::test

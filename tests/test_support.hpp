@@ -27,6 +27,15 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
+// A `stepcast run` command line's result and, when it succeeded, the measurement.json it wrote
+// in `out` (run_measured).
+struct RunResult {
+  int exit_code = 0;
+  std::string output;
+  Json measurement;
+};
+RunResult run_measured(const std::string& command, const std::string& out);
+
 // Runs a shell command line; its exit code and output (stdout and stderr together).
 CommandResult run_shell(const std::string& command);
 // Runs `build/stepcast ARGS` through the shell and captures its output.

@@ -17,13 +17,7 @@ using namespace stepcast::test;
 
 namespace {
 
-struct Run {
-  int exit_code = 0;
-  std::string output;
-  Json measurement;
-};
-
-Run run(const std::string& model, const Json& plan, const std::string& backend, int steps) {
+RunResult run(const std::string& model, const Json& plan, const std::string& backend, int steps) {
   static int counter = 0;
   std::string file = write_temp_file("gpu-run-" + std::to_string(++counter) + ".plan.json", plan.dump());
   std::string out = file + ".out";
@@ -34,12 +28,7 @@ Run run(const std::string& model, const Json& plan, const std::string& backend, 
       << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend
       << " --steps " << steps << " --quiet --out " << out;
-  Run r;
-  CommandResult ran = run_shell(cmd.str());
-  r.output = ran.output;
-  r.exit_code = ran.exit_code;
-  if (r.exit_code == 0) r.measurement = load_json_file(out + "/measurement.json");
-  return r;
+  return run_measured(cmd.str(), out);
 }
 
 Json one_gpu_plan(int zero, const char* recompute, bool flash, int micro_batch, double dropout,
@@ -83,8 +72,8 @@ TEST_CASE("cuda run: one-GPU plans of the tiny models give the CPU loss curve in
                         Case{"tiny", 0, "none", true, 2, 0.0, "bf16"}}) {
     INFO(c.model << " zero " << c.zero << " recompute " << c.recompute << (c.flash ? " flash" : " materialized")
                  << " micro batch " << c.micro_batch << " dropout " << c.dropout << " grads " << c.grad_dtype);
-    Run cpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
-    Run gpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda", 20);
+    RunResult cpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
+    RunResult gpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda", 20);
     INFO(cpu.output << gpu.output);
     REQUIRE(cpu.exit_code == 0);
     REQUIRE(gpu.exit_code == 0);
@@ -98,8 +87,8 @@ TEST_CASE("cuda run: one-GPU plans of the tiny models give the CPU loss curve in
 
 TEST_CASE("cuda run: an fp32 plan on the GPU gives the CPU fp32 curve within 1e-3", "[gpu]") {
   Json plan = one_gpu_plan(1, "selective", true, 2, 0.1, "fp32", "fp32");
-  Run cpu = run("tiny", plan, "cpu", 20);
-  Run gpu = run("tiny", plan, "cuda", 20);
+  RunResult cpu = run("tiny", plan, "cpu", 20);
+  RunResult gpu = run("tiny", plan, "cuda", 20);
   INFO(cpu.output << gpu.output);
   REQUIRE(cpu.exit_code == 0);
   REQUIRE(gpu.exit_code == 0);
@@ -108,7 +97,7 @@ TEST_CASE("cuda run: an fp32 plan on the GPU gives the CPU fp32 curve within 1e-
 }
 
 TEST_CASE("cuda run: measurement.json has per-op records and the device's memory", "[gpu]") {
-  Run gpu = run("tiny-gpt", one_gpu_plan(1, "none", true, 2, 0.0, "bf16", "fp32"), "cuda", 4);
+  RunResult gpu = run("tiny-gpt", one_gpu_plan(1, "none", true, 2, 0.0, "bf16", "fp32"), "cuda", 4);
   INFO(gpu.output);
   REQUIRE(gpu.exit_code == 0);
   const Json& m = gpu.measurement;

@@ -18,12 +18,6 @@ using namespace stepcast::test;
 
 namespace {
 
-struct RunResult {
-  int exit_code = 0;
-  std::string output;
-  Json measurement;
-};
-
 int64_t ranks_of(const Json& plan) {
   return plan.value("tp_size", 1) * plan.value("pp_size", 1) * plan.value("dp_size", 1);
 }
@@ -42,12 +36,7 @@ RunResult run_plan(const std::string& model, const Json& plan, int steps,
       << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
       << " --quiet --out " << out << " " << extra;
-  RunResult result;
-  CommandResult ran = run_shell(cmd.str());
-  result.output = ran.output;
-  result.exit_code = ran.exit_code;
-  if (result.exit_code == 0) result.measurement = load_json_file(out + "/measurement.json");
-  return result;
+  return run_measured(cmd.str(), out);
 }
 
 std::vector<double> losses(const RunResult& r) {

@@ -214,13 +214,6 @@ Op* find_op(StepProgram& p, int role, OpKind kind, int nth = 0) {
   return nullptr;
 }
 
-bool any_error_contains(const std::vector<std::string>& errors, const std::string& text) {
-  for (const auto& e : errors) {
-    if (e.find(text) != std::string::npos) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("the checker catches a mismatched tag", "[lower]") {

@@ -33,13 +33,6 @@ Op* find(StepProgram& p, OpKind kind, OpName name, Grad grad = Grad::none) {
   return nullptr;
 }
 
-bool any_error_contains(const std::vector<std::string>& errors, const std::string& text) {
-  for (const auto& e : errors) {
-    if (e.find(text) != std::string::npos) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 TEST_CASE("op names and gradients keep their JSON strings", "[program]") {

@@ -121,18 +121,28 @@ TEST_CASE("sim: a measured table sets a folded tensor-parallel all_reduce's time
   CHECK(out.corrected_collectives == 1);
 }
 
+namespace {
+
+// One ring all_reduce of `bytes` over dp 4 (one member per node of `t`), simulated in full
+// mode with a profile whose measured table takes `measured` seconds at `bytes` (and half at half).
+SimulationOutput dp_all_reduce_measured(const Topology& t, double bytes, double measured) {
+  DeviceProfile p = profile_with_tables(t, {nccl_point(4, 4, bytes / 2, measured / 2), nccl_point(4, 4, bytes, measured)});
+  StepProgram program = empty_program(1, 4, 1, 1);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  return simulate_program(program, t, p, o);
+}
+
+}  // namespace
+
 TEST_CASE("sim: a measured table slower than the links delays a dp all_reduce's flows (full)", "[sim]") {
   // dp 4 across 4 nodes, one member each: the flows take the α-β time, the rest follows.
   Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
   const double bytes = 64e6;
   double alpha_beta = 2.0 * 3 / 4 * bytes / 25e9 + 2.0 * 3 * (2 * 3e-6);
   double measured = 1.5 * alpha_beta;
-  DeviceProfile p = profile_with_tables(t, {nccl_point(4, 4, bytes / 2, measured / 2), nccl_point(4, 4, bytes, measured)});
-  StepProgram program = empty_program(1, 4, 1, 1);
-  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
-  SimulateOptions o;
-  o.mode = SimMode::full;
-  SimulationOutput out = simulate_program(program, t, p, o);
+  SimulationOutput out = dp_all_reduce_measured(t, bytes, measured);
   CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
 }
 
@@ -142,12 +152,7 @@ TEST_CASE("sim: a measured table faster than the links shrinks a dp all_reduce's
   const double bytes = 64e6;
   double alpha_beta = 2.0 * 3 / 4 * bytes / 25e9;
   double measured = 0.8 * alpha_beta;  // e.g. in-network reduction
-  DeviceProfile p = profile_with_tables(t, {nccl_point(4, 4, bytes / 2, measured / 2), nccl_point(4, 4, bytes, measured)});
-  StepProgram program = empty_program(1, 4, 1, 1);
-  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
-  SimulateOptions o;
-  o.mode = SimMode::full;
-  SimulationOutput out = simulate_program(program, t, p, o);
+  SimulationOutput out = dp_all_reduce_measured(t, bytes, measured);
   CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
   CHECK(out.correction_min == Approx(0.8).epsilon(1e-6));
 }
