@@ -29,13 +29,19 @@ struct Strategy {
 std::vector<Strategy> strategies(const Topology& topology) {
   int64_t node = topology.node.devices_per_node;
   auto pure = [](int zero) {
-    return [zero](const Plan& p) { return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == zero; };
+    return [zero](const Plan& p) {
+      return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == zero && p.num_distributed_optimizer_instances == 1;
+    };
   };
   return {
       {"pure DP", pure(0)},
       {"ZeRO-1", pure(1)},
       {"ZeRO-2", pure(2)},
       {"ZeRO-3", pure(3)},
+      {"HSDP (ZeRO-3 shards in a node)",
+       [](const Plan& p) {
+         return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == 3 && p.num_distributed_optimizer_instances > 1;
+       }},
       {"TP (tp " + std::to_string(node) + ") + DP",
        [node](const Plan& p) { return p.tp_size == node && p.pp_size == 1 && p.zero_stage == 0; }},
       {"PP + DP", [](const Plan& p) { return p.tp_size == 1 && p.pp_size > 1 && p.zero_stage == 0; }},

@@ -118,9 +118,10 @@ int run_plan(int argc, char** argv) {
       "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
-      "Enumerates every plan (tp, pp, dp, ZeRO stage, micro batch, schedule and virtual stages,\n"
-      "recompute, sequence parallelism) using every device, prunes what cannot run with the\n"
-      "reason (counts per reason), ranks the rest with a quick estimate and re-simulates the\n"
+      "Enumerates every plan (tp, pp, dp, ZeRO stage, hybrid sharding in a node, micro batch,\n"
+      "schedule and virtual stages, recompute, sequence parallelism) using every device, prunes\n"
+      "what cannot run with the reason (counts per reason), ranks the rest with a quick\n"
+      "estimate and re-simulates the\n"
       "best E (simulate --mode approx, or --sim-mode fast, in child processes). Memory\n"
       "verdicts are `stepcast\n"
       "memory`'s: decided from per-stage bounds, walking the stages near the limit.");
@@ -247,7 +248,7 @@ int run_plan(int argc, char** argv) {
     row.headroom_bytes = allowed - c.peak_bytes_max - c.reserved_bytes;
     for (const auto& [kind, b] : c.estimate.comm_bytes_per_rank_max) {
       if (kind == "tp") row.comm_tp_bytes = b;
-      else if (kind == "dp") row.comm_dp_bytes = b;
+      else if (kind == "dp" || kind == "dp_shard" || kind == "dp_replica") row.comm_dp_bytes += b;
       else if (kind == "pp") row.comm_pp_bytes = b;
       else row.comm_other_bytes += b;
     }

@@ -114,6 +114,18 @@ int run_scale(int argc, char** argv) {
                           "node counts whose devices tp_size · pp_size divides");
       }
       plan.dp_size = p.devices / model_ranks;
+      // Hybrid sharding keeps its shard group (inside a node) and scales the replicas.
+      if (base.num_distributed_optimizer_instances > 1) {
+        int64_t shard = base.dp_shard_size();
+        plan.num_distributed_optimizer_instances = plan.dp_size % shard == 0 ? std::max<int64_t>(1, plan.dp_size / shard) : 0;
+        if (plan.num_distributed_optimizer_instances == 0) {
+          throw_input_error(base.file, "num_distributed_optimizer_instances",
+                            std::to_string(base.num_distributed_optimizer_instances),
+                            "keeps shard groups of " + std::to_string(shard) + " dp ranks, which do not divide dp_size = " +
+                                std::to_string(plan.dp_size) + " on " + std::to_string(n) + " nodes",
+                            "node counts whose dp_size is a multiple of " + std::to_string(shard));
+        }
+      }
       if (weak) plan.global_batch_size = base.global_batch_size / base.dp_size * plan.dp_size;
       plan.grad_bucket_bytes = 0;  // Megatron's default for the new dp_size, unless the file set it
       if (base.grad_bucket_bytes > 0) plan.grad_bucket_bytes = base.grad_bucket_bytes;

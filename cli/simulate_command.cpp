@@ -31,6 +31,7 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
                                          const ProfileChoice& profile) {
   Json plan = plan_to_json(in.plan);
   plan["dp_size"] = 1;
+  plan["num_distributed_optimizer_instances"] = 1;  // one replica: nothing to shard it across
   plan["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
   plan["name"] = in.plan.name + "-dp1";
   auto dir = std::filesystem::temp_directory_path() /

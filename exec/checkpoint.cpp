@@ -22,7 +22,7 @@ namespace {
 
 constexpr const char* kMagic = "STEPCAST-CHECKPOINT 2\n";
 constexpr const char* kMagicV1 = "STEPCAST-CHECKPOINT 1\n";
-constexpr int64_t kManifestSchema = 3;  // 3: the shard layout
+constexpr int64_t kManifestSchema = 4;  // 3: the shard layout; 4: its dp_shard_size
 
 // A name unique to this process and call, next to `path`: writers never share a temporary.
 std::string temporary_name(const std::string& path) {
@@ -207,6 +207,7 @@ Json manifest_json(const CheckpointManifest& m) {
             {"pp_size", m.layout.pp_size},
             {"dp_size", m.layout.dp_size},
             {"zero_stage", m.layout.zero_stage},
+            {"dp_shard_size", m.layout.dp_shard_size},
             {"order", m.layout.order}}},
           {"steps_done", m.steps_done},
           {"world_size", m.world_size},
@@ -217,7 +218,9 @@ Json manifest_json(const CheckpointManifest& m) {
 
 std::string to_string(const CheckpointShardLayout& layout) {
   return "tp " + std::to_string(layout.tp_size) + " × pp " + std::to_string(layout.pp_size) + " × dp " +
-         std::to_string(layout.dp_size) + " (" + layout.order + "), ZeRO-" + std::to_string(layout.zero_stage);
+         std::to_string(layout.dp_size) + " (" + layout.order + "), ZeRO-" + std::to_string(layout.zero_stage) +
+         (layout.dp_shard_size != layout.dp_size ? ", shards over " + std::to_string(layout.dp_shard_size) + " of dp"
+                                                 : "");
 }
 
 std::string checkpoint_manifest_text(CheckpointManifest& manifest) {
@@ -234,7 +237,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   r.get_enum("kind", {"stepcast.checkpoint"});
   int64_t schema = r.get_int("schema_version", 1);
   if (schema != kManifestSchema) {
-    r.fail("schema_version", "format " + std::to_string(schema) + " (another stepcast's: format 3 adds the shard layout)",
+    r.fail("schema_version", "format " + std::to_string(schema) + " (another stepcast's: format 3 adds the shard layout, 4 its dp_shard_size)",
            std::to_string(kManifestSchema) + ": a checkpoint written by this version");
   }
   CheckpointManifest m;
@@ -242,7 +245,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   m.program_sha256 = r.get_string("program_sha256");
   if (!is_sha256_hex(m.program_sha256)) r.fail("program_sha256", "not a SHA-256", "64 hex digits");
   if (!j.contains("shard_layout") || !j["shard_layout"].is_object()) {
-    r.fail("shard_layout", "missing or not an object", "{tp_size, pp_size, dp_size, zero_stage, order}");
+    r.fail("shard_layout", "missing or not an object", "{tp_size, pp_size, dp_size, zero_stage, dp_shard_size, order}");
   }
   r.accept("shard_layout");
   {
@@ -255,6 +258,10 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
     }
     m.layout.zero_stage = l.get_int("zero_stage", 0);
     if (m.layout.zero_stage > 3) l.fail("zero_stage", std::to_string(m.layout.zero_stage), "0, 1, 2 or 3");
+    m.layout.dp_shard_size = l.get_int("dp_shard_size", 1);
+    if (m.layout.dp_size % m.layout.dp_shard_size != 0) {
+      l.fail("dp_shard_size", std::to_string(m.layout.dp_shard_size), "a divisor of dp_size = " + std::to_string(m.layout.dp_size));
+    }
     m.layout.order = l.get_string("order");
     std::vector<std::string> axes;
     for (size_t at = 0; at <= m.layout.order.size();) {

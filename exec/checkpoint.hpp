@@ -44,13 +44,15 @@ struct CheckpointFile {
 struct CheckpointShardLayout {
   int64_t tp_size = 1, pp_size = 1, dp_size = 1;
   int64_t zero_stage = 0;
+  int64_t dp_shard_size = 1;  // the ranks a shard spreads over: dp_size, or less under hybrid sharding
   std::string order = "tp-dp-pp";
   bool operator==(const CheckpointShardLayout& o) const {
     return tp_size == o.tp_size && pp_size == o.pp_size && dp_size == o.dp_size && zero_stage == o.zero_stage &&
-           order == o.order;
+           dp_shard_size == o.dp_shard_size && order == o.order;
   }
 };
-std::string to_string(const CheckpointShardLayout& layout);  // "tp 2 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1"
+// "tp 2 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1", with ", shards over 2 of dp" under hybrid sharding
+std::string to_string(const CheckpointShardLayout& layout);
 
 struct CheckpointManifest {
   std::string plan;

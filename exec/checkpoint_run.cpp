@@ -11,7 +11,7 @@
 namespace stepcast {
 
 CheckpointShardLayout checkpoint_shard_layout(const StepProgram& program, const Plan& plan) {
-  return {program.tp_size, program.pp_size, program.dp_size, plan.zero_stage, program.order};
+  return {program.tp_size, program.pp_size, program.dp_size, plan.zero_stage, program.grid().dp_shard_size(), program.order};
 }
 
 void save_checkpoint(const StepProgram& program, const Plan& plan, const std::string& dir, int64_t steps_done,

@@ -30,7 +30,7 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
       grid_(program.grid()),
       coord_(grid_.coord(rank)),
       role_(program.role_of_rank(rank)),
-      shards_(plan.zero_stage, plan.dp_size),
+      shards_(plan.zero_stage, plan.dp_size, program.dp_shard_size),
       backend_(backend) {
   t_ = plan.tp_size;
   s_ = model.seq_length;

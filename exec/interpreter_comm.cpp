@@ -80,6 +80,17 @@ void Interpreter<T, G, W>::collective(const Op& op) {
       backend_.all_reduce(op.group, op.algorithm, dtype_of<G>(), parts);
       return;
     }
+    if (op.name == OpName::replica_grads && !shards_.sharded(ShardedState::grads)) {
+      // [grads…] → [grads…], ZeRO-1 under hybrid sharding: the gradients are full buffers, and
+      // only this rank's slice holds the reduce_scatter's result; that slice is all-reduced.
+      std::vector<Span<void>> parts;
+      for (const auto& name : operands(op).ins("grads")) {
+        auto [first, last] = owned(count(name, op));
+        parts.push_back({buf<G>(name, op) + first, last - first});
+      }
+      backend_.all_reduce(op.group, op.algorithm, dtype_of<G>(), parts);
+      return;
+    }
     // [x] → [x], [norm_sq] → [norm_sq] or [grads…] → [grads…], reduced in place.
     backend_.all_reduce(op.group, op.algorithm, dtype_of_all(op.outputs, op), spans(op.outputs, op));
     return;

@@ -16,8 +16,7 @@ template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 
 GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_node) {
-  for (GroupKind kind : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
-                         GroupKind::model, GroupKind::world}) {
+  for (GroupKind kind : all_group_kinds()) {
     std::vector<int64_t> members = grid.group(kind, rank);
     bool member = std::find(members.begin(), members.end(), rank) != members.end();
     if (kind == GroupKind::embedding) {

@@ -164,7 +164,13 @@ MegatronLog parse_megatron_log(const std::string& text, const std::string& file)
                                                                        : "");
   if (granularity == "full" || granularity == "selective") plan["recompute"] = granularity;
   if (get("sequence_parallel") && truthy(*get("sequence_parallel"))) plan["sequence_parallel"] = true;
-  if (get("use_distributed_optimizer") && truthy(*get("use_distributed_optimizer"))) plan["zero_stage"] = 1;
+  if (get("use_distributed_optimizer") && truthy(*get("use_distributed_optimizer"))) {
+    plan["zero_stage"] = 1;
+    // Printed by every Megatron-LM that has partial distributed optimizers (1 when unused).
+    if (get("num_distributed_optimizer_instances")) {
+      plan["num_distributed_optimizer_instances"] = integer("num_distributed_optimizer_instances", std::nullopt);
+    }
+  }
   if (get("bf16") && truthy(*get("bf16"))) plan["dtype"] = "bf16";
   if (get("fp16") && truthy(*get("fp16"))) plan["dtype"] = "fp16";
   if ((get("use_flash_attn") && truthy(*get("use_flash_attn"))) ||

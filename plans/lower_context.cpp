@@ -12,8 +12,8 @@
 namespace stepcast {
 
 LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
-    : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order),
-      links(link_figures(topo)), shards(p.zero_stage, p.dp_size) {
+    : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size()),
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_size, p.dp_shard_size()) {
   s = m.seq_length;
   b = p.micro_batch_size;
   h = m.hidden_size;

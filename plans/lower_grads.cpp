@@ -5,7 +5,7 @@
 
 namespace stepcast {
 
-void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk) {
+void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
   if (plan_.dp_size == 1) {
     if (plan_.zero_stage >= 2) pending_full_.push_back({&g, mb});
     return;
@@ -13,6 +13,7 @@ void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk) {
   if (current_.groups.empty()) {
     current_.microbatch = mb;
     current_.chunk = chunk;
+    current_.last_pass = last_pass;
   }
   current_.groups.push_back(&g);
   current_.bytes += double(g.elements) * dtype_bytes(c_.grad);
@@ -55,11 +56,27 @@ void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>&
     outputs.push_back("grads." + g->name);
   }
   OpKind kind = plan_.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
-  e_.collective(at, kind, GroupKind::dp, Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
+  e_.collective(at, kind, shard_group(), Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
                 outputs, extra_deps);
   if (plan_.zero_stage >= 2) {
     for (const ParamGroup* g : bucket.groups) rb_.free(grads_for(*g, bucket.microbatch), Phase::backward);
   }
+  if (hybrid() && bucket.last_pass) emit_replica_reduction(bucket);
+}
+
+void RoleLowering::emit_replica_reduction(const Bucket& bucket) {
+  // Megatron's order (param_and_grad_buffer.py, start_grad_sync): the bucket's reduce_scatter
+  // inside the instance, then the shard's all_reduce across instances, on the same stream. Under
+  // ZeRO-2/3 the shards accumulate every pass and are all-reduced after the last one only.
+  OpSite at{Phase::backward, -1, bucket.microbatch, int32_t(bucket.chunk)};
+  std::vector<std::string> names;
+  double bytes = 0;
+  for (const ParamGroup* g : bucket.groups) {
+    names.push_back("grads." + g->name);
+    bytes += double(c_.shards.buffer_elements(ShardedState::optimizer, g->elements)) * dtype_bytes(c_.grad);
+  }
+  e_.collective(at, OpKind::all_reduce, GroupKind::dp_replica, Stream::comm, OpName::replica_grads, bytes,
+                names, names);
 }
 
 void RoleLowering::emit_finalize_grads() {
@@ -104,7 +121,8 @@ void RoleLowering::emit_optimizer() {
   e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
   // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
   // model's tp × pp ranks; sharded gradients are summed over every rank.
-  GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : GroupKind::world;
+  // Under hybrid sharding the replicas hold the same shards: one optimizer instance counts them.
+  GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : hybrid() ? GroupKind::instance : GroupKind::world;
   e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, OpName::grad_norm,
                 dtype_bytes(c_.wide), norm_out, norm_out);
   std::vector<std::string> inputs = grads;
@@ -126,7 +144,7 @@ void RoleLowering::emit_param_gathers(Phase phase) {
   double bytes = 0;
   auto flush = [&]() {
     if (names.empty()) return;
-    e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::param_gather, bytes,
+    e_.collective(at, OpKind::all_gather, shard_group(), Stream::comm, OpName::param_gather, bytes,
                   names, names);
     names.clear();
     bytes = 0;

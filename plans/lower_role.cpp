@@ -86,7 +86,7 @@ std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, con
                        to_string(at.phase);
     if (rb_.is_live(full)) return full;
     rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
-    e_.collective(at, OpKind::all_gather, GroupKind::dp, Stream::comm, OpName::zero3_param_gather,
+    e_.collective(at, OpKind::all_gather, shard_group(), Stream::comm, OpName::zero3_param_gather,
                   double(target.elements) * dtype_bytes(c_.act), {"weights." + target.name},
                   {full});
     return full;
@@ -168,7 +168,7 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     emit_loss_backward(at, g);
     if (reduce_now) {
       for (const char* name : {"output", "final_norm"}) {
-        if (group_index_.count(name)) grads_ready(group(name), mb, chunk);
+        if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);
       }
     }
   } else {
@@ -185,14 +185,14 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
     emit_layer_backward(e_, lat, x_in, g, {w, grads_for(pg, mb)});
     release_weights(w, Phase::backward);
-    if (reduce_now) grads_ready(pg, mb, chunk);
+    if (reduce_now) grads_ready(pg, mb, chunk, last_for_chunk);
   }
   chunk_input_.erase({mb, chunk});
   if (vs == 0) {
     emit_embedding_backward(at, g);
     if (reduce_now) {
       for (const char* name : {"position", "embedding"}) {
-        if (group_index_.count(name)) grads_ready(group(name), mb, chunk);
+        if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);
       }
     }
   } else {

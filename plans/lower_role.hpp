@@ -43,6 +43,7 @@ class RoleLowering {
     int32_t microbatch = -1;
     int64_t chunk = 0;
     double bytes = 0;
+    bool last_pass = false;  // the chunk's last backward pass of the step: its gradients are final
   };
 
   void collect_param_groups();
@@ -95,6 +96,9 @@ class RoleLowering {
   std::string tag_name(const char* what, int32_t mb, int64_t chunk) const {
     return "mb" + std::to_string(mb) + ".c" + std::to_string(chunk) + "." + what;
   }
+  // Hybrid sharding: ZeRO shards over dp_shard and the replicas all-reduce; else over all of dp.
+  bool hybrid() const { return plan_.num_distributed_optimizer_instances > 1; }
+  GroupKind shard_group() const { return hybrid() ? GroupKind::dp_shard : GroupKind::dp; }
   int64_t p2p_tag(int32_t mb, int64_t sender_vs, bool backward) const {
     return (int64_t(mb) * c_.num_virtual_stages + sender_vs) * 2 + (backward ? 1 : 0);
   }
@@ -122,9 +126,11 @@ class RoleLowering {
 
   // ---- data-parallel gradient reduction, optimizer (lower_grads.cpp) ----
 
-  void grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk);
+  void grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass);
   void flush_bucket();
   void emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps);
+  // Hybrid sharding: the shards of a bucket's final reduction, all-reduced across the replicas.
+  void emit_replica_reduction(const Bucket& bucket);
   void emit_finalize_grads();
   void emit_optimizer();
   void emit_param_gathers(Phase phase);

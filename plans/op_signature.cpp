@@ -58,6 +58,7 @@ const char* to_string(OpName name) {
     case OpName::sp_replicated_grads: return "sp_replicated_grads";
     case OpName::param_gather: return "param_gather";
     case OpName::zero3_param_gather: return "zero3_param_gather";
+    case OpName::replica_grads: return "replica_grads";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
   }
@@ -283,8 +284,10 @@ std::vector<OpSignature> make_table() {
        {{"norm_sq", R::statistics, C::one, D::wide, S::one}, scratch()}},
       // ZeRO-0 all_reduces whole gradients; ZeRO-1 reduce_scatters them; ZeRO-2/3 read
       // (full gradient, shard) pairs and write the shards.
+      // replica_grads (hybrid sharding) all-reduces the shards a bucket's reduce_scatter left:
+      // whole shard buffers under ZeRO-2/3, each rank's slice of the full ones under ZeRO-1.
       group_collective(OpKind::all_reduce, {N::grad_bucket, N::tied_embedding_grads,
-                                            N::sp_replicated_grads}, R::grads, "grads"),
+                                            N::sp_replicated_grads, N::replica_grads}, R::grads, "grads"),
       group_collective(OpKind::reduce_scatter, {N::grad_bucket}, R::grads, "grads"),
       group_collective(OpKind::all_gather, {N::param_gather}, R::weights, "weights"),
       // ---- pipeline ----

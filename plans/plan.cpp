@@ -80,6 +80,7 @@ Plan parse_plan(const Json& json, const std::string& file) {
   int64_t zero_stage = reader.get_int_or("zero_stage", 0, 0);  // checked before it narrows
   if (zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
   plan.zero_stage = static_cast<int>(zero_stage);
+  plan.num_distributed_optimizer_instances = reader.get_int_or("num_distributed_optimizer_instances", 1, 1);
   plan.micro_batch_size = reader.get_int("micro_batch_size", 1);
   // Megatron: global_batch_size defaults to micro_batch_size · data-parallel size.
   int64_t samples_per_step = saturating_product(plan.micro_batch_size, plan.dp_size);
@@ -226,6 +227,21 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
                       "false, or zero_stage >= 1");
   }
+  if (plan.num_distributed_optimizer_instances > 1) {
+    int64_t instances = plan.num_distributed_optimizer_instances;
+    if (plan.zero_stage == 0) {
+      fail("num_distributed_optimizer_instances", instances,
+           "needs sharded optimizer state (the plan has zero_stage = 0, every dp rank a full replica)",
+           "1, or zero_stage >= 1");
+    }
+    if (plan.dp_size % instances != 0 || plan.dp_size / instances < 2) {
+      fail("num_distributed_optimizer_instances", instances,
+           "must divide dp_size = " + std::to_string(plan.dp_size) +
+               " and leave at least 2 ranks per shard group (dp_size / instances)",
+           "1, or a divisor of " + std::to_string(plan.dp_size) + " no larger than " +
+               std::to_string(plan.dp_size / 2));
+    }
+  }
   if (plan.layers_per_stage.empty()) {
     plan.layers_per_stage = default_layers_per_stage(model.num_hidden_layers, virtual_stages);
   } else {
@@ -271,6 +287,7 @@ Json plan_to_json(const Plan& plan) {
   out["pp_size"] = plan.pp_size;
   out["dp_size"] = plan.dp_size;
   out["zero_stage"] = plan.zero_stage;
+  out["num_distributed_optimizer_instances"] = plan.num_distributed_optimizer_instances;
   out["micro_batch_size"] = plan.micro_batch_size;
   out["global_batch_size"] = plan.global_batch_size;
   out["schedule"] = to_string(plan.schedule);

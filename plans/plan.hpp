@@ -28,6 +28,10 @@ struct Plan {
   int64_t pp_size = 1;
   int64_t dp_size = 1;
   int zero_stage = 0;
+  // Hybrid sharding (HSDP; Megatron's --num-distributed-optimizer-instances): ZeRO shards over
+  // blocks of dp_size / instances consecutive dp ranks, and the blocks hold replicas whose
+  // gradient shards are all-reduced across them. 1: shards over the whole dp group.
+  int64_t num_distributed_optimizer_instances = 1;
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
@@ -49,6 +53,8 @@ struct Plan {
   std::string order = "tp-dp-pp";        // rank grid order, innermost first
 
   int64_t world_size() const { return tp_size * pp_size * dp_size; }
+  // The ranks a ZeRO shard is spread over (the dp_shard group of rank_grid.hpp).
+  int64_t dp_shard_size() const { return dp_size / num_distributed_optimizer_instances; }
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
   Dtype activation_dtype() const { return param_dtype; }
 };

@@ -43,6 +43,7 @@ enum class OpName {
   tp_embedding, tp_attn_out, tp_mlp_down, tp_mlp_up, tp_qkv, tp_logits, tp_cross_entropy,
   sp_embedding, sp_ln1, sp_ln2, sp_d_attn, sp_d_mlp, sp_final_norm,
   grad_bucket, tied_embedding_grads, sp_replicated_grads, param_gather, zero3_param_gather,
+  replica_grads,  // hybrid sharding: a bucket's reduced shards all-reduced across the replicas
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).
@@ -130,6 +131,7 @@ struct StepProgram {
   Json topology;
   Json plan;
   int64_t tp_size = 1, dp_size = 1, pp_size = 1;
+  int64_t dp_shard_size = 0;  // ranks a ZeRO shard spreads over: dp_size (also written 0) unless hybrid
   std::string order = "tp-dp-pp";
   int64_t devices_per_node = 1;
   int64_t num_microbatches = 1;
@@ -139,7 +141,7 @@ struct StepProgram {
 
   int64_t world_size() const { return tp_size * dp_size * pp_size; }
   const Role& role_of_rank(int64_t rank) const;
-  RankGrid grid() const { return RankGrid(tp_size, dp_size, pp_size, order); }
+  RankGrid grid() const { return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size); }
 };
 
 }  // namespace stepcast

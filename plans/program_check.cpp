@@ -197,7 +197,7 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
     }
   }
   // Groups spanning several stages: all member stages must issue identical sequences.
-  for (GroupKind kind : {GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world}) {
+  for (GroupKind kind : {GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world, GroupKind::instance}) {
     std::vector<int64_t> members = grid.group(kind, 0);
     std::set<int64_t> stages;
     for (int64_t r : members) stages.insert(grid.coord(r).pp);
@@ -263,7 +263,7 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
             done[sent->second.first][sent->second.second] = 1;  // the send completes with it
           }
           bool spans = op.group == GroupKind::embedding || op.group == GroupKind::world ||
-                       op.group == GroupKind::model || op.group == GroupKind::pp;
+                       op.group == GroupKind::model || op.group == GroupKind::pp || op.group == GroupKind::instance;
           if (is_collective(op.kind) && spans && p.pp_size > 1) {
             size_t index = issued[r][op.group];
             auto key = std::make_pair(op.group, index);

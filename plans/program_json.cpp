@@ -193,6 +193,8 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   put_number(s, double(program.dp_size));
   put_key(s, "pp_size");
   put_number(s, double(program.pp_size));
+  put_key(s, "dp_shard_size");
+  put_number(s, double(program.dp_shard_size == 0 ? program.dp_size : program.dp_shard_size));
   put_key(s, "order");
   put_string(s, program.order);
   put_key(s, "devices_per_node");
@@ -252,8 +254,7 @@ E parse_enum(const Json& v, E last, const std::string& file, const std::string& 
 
 GroupKind parse_group(const Json& v, const std::string& file) {
   std::string text = v.get<std::string>();
-  for (GroupKind k : {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding,
-                      GroupKind::model, GroupKind::world}) {
+  for (GroupKind k : all_group_kinds()) {
     if (text == to_string(k)) return k;
   }
   throw InputError(file + ": key 'group' = \"" + text + "\": unknown value");
@@ -393,6 +394,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.tp_size = integer(g.at("tp_size"), "tp_size", 1, 1 << 24);
     p.dp_size = integer(g.at("dp_size"), "dp_size", 1, 1 << 24);
     p.pp_size = integer(g.at("pp_size"), "pp_size", 1, 1 << 24);
+    // Absent in programs written before hybrid sharding existed: they shard over the whole dp.
+    p.dp_shard_size = g.contains("dp_shard_size") ? integer(g.at("dp_shard_size"), "dp_shard_size", 1, 1 << 24)
+                                                  : p.dp_size;
+    if (p.dp_size % p.dp_shard_size != 0) {
+      throw InputError(path + ": key 'grid.dp_shard_size' = " + std::to_string(p.dp_shard_size) +
+                       ": does not divide grid.dp_size = " + std::to_string(p.dp_size) +
+                       "; valid: a divisor of dp_size");
+    }
     p.order = g.at("order");
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);
     p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);

@@ -40,7 +40,11 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       }
     } else if (is_collective(op.kind)) {
       double s = collective_s(op, grid, rank, topology, links);
-      if (op.group == GroupKind::dp) {
+      if (op.group == GroupKind::dp_replica) {
+        // Hybrid sharding's all_reduce across replicas: once per bucket per step.
+        t.dp_step_s += s;
+        ++t.dp_step_ops;
+      } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard) {
         if (op.microbatch == 0) t.dp_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }

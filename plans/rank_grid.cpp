@@ -17,8 +17,18 @@ const char* to_string(GroupKind kind) {
     case GroupKind::embedding: return "embedding";
     case GroupKind::model: return "model";
     case GroupKind::world: return "world";
+    case GroupKind::dp_shard: return "dp_shard";
+    case GroupKind::dp_replica: return "dp_replica";
+    case GroupKind::instance: return "instance";
   }
   return "?";
+}
+
+const std::vector<GroupKind>& all_group_kinds() {
+  static const std::vector<GroupKind> kinds = {
+      GroupKind::tp,    GroupKind::dp,       GroupKind::pp,         GroupKind::embedding, GroupKind::model,
+      GroupKind::world, GroupKind::dp_shard, GroupKind::dp_replica, GroupKind::instance};
+  return kinds;
 }
 
 namespace {
@@ -49,12 +59,18 @@ std::array<std::string, 3> parse_order(const std::string& order) {
 
 }  // namespace
 
-RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order)
-    : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size) {
+RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
+                   int64_t dp_shard_size)
+    : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size),
+      dp_shard_size_(dp_shard_size == 0 ? dp_size : dp_shard_size) {
   if (tp_size < 1 || dp_size < 1 || pp_size < 1) {
     throw InputError("rank grid sizes tp=" + std::to_string(tp_size) +
                                 " dp=" + std::to_string(dp_size) + " pp=" +
                                 std::to_string(pp_size) + ": every size must be >= 1");
+  }
+  if (dp_shard_size_ < 1 || dp_size % dp_shard_size_ != 0) {
+    throw InputError("rank grid dp_shard_size=" + std::to_string(dp_shard_size) + " with dp=" +
+                     std::to_string(dp_size) + ": the shard group size must divide dp");
   }
   int64_t stride = 1;
   for (const std::string& name : parse_order(order)) {
@@ -119,6 +135,24 @@ std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
     case GroupKind::world:
       for (int64_t i = 0; i < world_size(); ++i) ranks.push_back(i);
       break;
+    case GroupKind::dp_shard: {
+      int64_t block = c.dp / dp_shard_size_ * dp_shard_size_;
+      for (c.dp = block; c.dp < block + dp_shard_size_; ++c.dp) ranks.push_back(rank(c));
+      break;
+    }
+    case GroupKind::dp_replica:
+      for (c.dp %= dp_shard_size_; c.dp < dp_size_; c.dp += dp_shard_size_) ranks.push_back(rank(c));
+      break;
+    case GroupKind::instance: {
+      // Ordered by (pp, dp, tp): a rank's position is its place in the instance.
+      int64_t block = c.dp / dp_shard_size_ * dp_shard_size_;
+      for (c.pp = 0; c.pp < pp_size_; ++c.pp) {
+        for (c.dp = block; c.dp < block + dp_shard_size_; ++c.dp) {
+          for (c.tp = 0; c.tp < tp_size_; ++c.tp) ranks.push_back(rank(c));
+        }
+      }
+      break;
+    }
   }
   return ranks;
 }

@@ -10,8 +10,17 @@
 namespace stepcast {
 
 // model: the tp × pp ranks holding one model replica (same dp coordinate).
-enum class GroupKind { tp, dp, pp, embedding, model, world };
+// Hybrid sharding (the plan's num_distributed_optimizer_instances > 1, Megatron's partial data
+// parallel groups) cuts each dp group into blocks of dp_shard_size consecutive dp coordinates:
+// dp_shard is a rank's block (Megatron's intra-partial dp group: ZeRO shards over it), dp_replica
+// the ranks at the same place of every block (inter-instance group: the shards' all-reduce),
+// instance every rank of the same block index (tp × pp × dp_shard: one optimizer instance, the
+// gradient norm's group). Without hybrid sharding dp_shard is dp, dp_replica one rank, instance
+// the world.
+enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance };
 const char* to_string(GroupKind kind);
+// Every kind, in declaration order (for parsers and communicator setup).
+const std::vector<GroupKind>& all_group_kinds();
 
 struct RankCoord {
   int64_t tp = 0;
@@ -23,7 +32,9 @@ class RankGrid {
  public:
   // `order` is a permutation of "tp", "dp", "pp" joined by '-', innermost first.
   // Throws InputError for a bad order (plans validate it first).
-  RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order);
+  // `dp_shard_size` divides dp_size (0: dp_size, no hybrid sharding).
+  RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
+           int64_t dp_shard_size = 0);
 
   int64_t world_size() const { return tp_size_ * dp_size_ * pp_size_; }
   RankCoord coord(int64_t rank) const;
@@ -43,9 +54,10 @@ class RankGrid {
   int64_t tp_size() const { return tp_size_; }
   int64_t dp_size() const { return dp_size_; }
   int64_t pp_size() const { return pp_size_; }
+  int64_t dp_shard_size() const { return dp_shard_size_; }
 
  private:
-  int64_t tp_size_, dp_size_, pp_size_;
+  int64_t tp_size_, dp_size_, pp_size_, dp_shard_size_;
   int64_t stride_tp_, stride_dp_, stride_pp_;
 };
 

@@ -73,6 +73,7 @@ std::string plan_name(const Plan& plan) {
   if (plan.recompute != RecomputeKind::none) out << "-" << to_string(plan.recompute);
   if (plan.sequence_parallel) out << "-sp";
   if (plan.attention_impl == AttentionImpl::flash) out << "-flash";
+  if (plan.num_distributed_optimizer_instances > 1) out << "-shard" << plan.dp_shard_size();
   return out.str();
 }
 
@@ -90,8 +91,16 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
         for (int64_t v : space.virtual_pp_sizes) schedules.push_back({ScheduleKind::interleaved_1f1b, v});
         if (space.include_gpipe) schedules.push_back({ScheduleKind::gpipe, 1});
       }
+      // Shards kept inside a node: dp_shard_size = the dp ranks a node holds.
+      const int64_t node_shard = topology.node.devices_per_node / tp;
+      std::vector<int64_t> instance_counts{1};
+      if (space.hybrid_sharding && node_shard >= 2 && dp > node_shard && dp % node_shard == 0) {
+        instance_counts.push_back(dp / node_shard);
+      }
       for (int64_t mbs : space.micro_batch_sizes) {
         for (int zero : space.zero_stages) {
+         for (int64_t instances : instance_counts) {
+          if (zero == 0 && instances > 1) continue;
           for (auto [schedule, vpp] : schedules) {
             for (RecomputeKind recompute :
                  {RecomputeKind::none, RecomputeKind::selective, RecomputeKind::full}) {
@@ -103,6 +112,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.pp_size = pp;
                 p.dp_size = dp;
                 p.zero_stage = zero;
+                p.num_distributed_optimizer_instances = instances;
                 p.micro_batch_size = mbs;
                 p.global_batch_size = space.global_batch_size;
                 p.schedule = schedule;
@@ -128,6 +138,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
               }
             }
           }
+         }
         }
       }
     }
@@ -399,6 +410,11 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
     out.notes.push_back("ZeRO stage " + std::to_string(plan.zero_stage) +
                         " has no Megatron-LM flag (--use-distributed-optimizer is stage 1); use "
                         "DeepSpeed or Megatron's FSDP for it");
+  }
+  if (plan.num_distributed_optimizer_instances > 1) {
+    // Megatron-LM's partial distributed optimizer (parallel_state.py: intra- and inter-instance
+    // data-parallel groups); with Megatron-FSDP the same flag selects HSDP.
+    a.push_back("--num-distributed-optimizer-instances " + std::to_string(plan.num_distributed_optimizer_instances));
   }
   if (plan.overlap_grad_reduce) a.push_back("--overlap-grad-reduce");
   if (plan.overlap_param_gather) a.push_back("--overlap-param-gather");

@@ -27,10 +27,13 @@ namespace stepcast {
 // devices / tp. Fixed choices, not searched: dtype bf16 (fp32 where the device has no bf16
 // peak), dropout 0.1, materialized attention, overlap_grad_reduce when dp > 1,
 // overlap_param_gather when zero_stage ≥ 1 and dp > 1, Megatron's default buckets and layer split.
+// Hybrid sharding: a ZeRO plan whose dp group leaves the node is also tried with its shards kept
+// inside a node (dp_shard_size = devices_per_node / tp, replicas across nodes), as HSDP does.
 struct SearchSpace {
   int64_t global_batch_size = 0;
   std::vector<int64_t> micro_batch_sizes{1, 2, 4, 8};
   std::vector<int> zero_stages{0, 1, 2, 3};
+  bool hybrid_sharding = true;
   std::vector<int64_t> virtual_pp_sizes{2, 3, 4};  // interleaved_1f1b variants when pp > 1
   bool include_gpipe = false;
   AttentionImpl attention_impl = AttentionImpl::materialized;

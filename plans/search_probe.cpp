@@ -66,6 +66,7 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
   Plan one = plan;
   one.pp_size = 1;
   one.dp_size = 1;
+  one.num_distributed_optimizer_instances = 1;
   probe.kept_bytes = layer_activation_bytes(model, one);
   probe.layer_peak_bytes = layer_peak_bytes(model, one);
   // Two stages of one layer each, one microbatch, no data parallelism: stage 0 holds the
@@ -76,6 +77,7 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
   p.pp_size = 2;
   p.dp_size = 1;
   p.zero_stage = 0;
+  p.num_distributed_optimizer_instances = 1;
   p.schedule = ScheduleKind::one_f_one_b;
   p.virtual_pp_size = 1;
   p.global_batch_size = p.micro_batch_size;
@@ -353,7 +355,10 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       world.members_per_node = world.size / world.nodes;
       return world;
     };
-    GroupShape tp = shape(GroupKind::tp), dp = shape(GroupKind::dp);
+    // ZeRO's reductions and gathers run over the shard group (all of dp without hybrid sharding);
+    // hybrid sharding adds the shards' all_reduce across the replicas.
+    const bool hybrid = plan.num_distributed_optimizer_instances > 1;
+    GroupShape tp = shape(GroupKind::tp), dp = shape(hybrid ? GroupKind::dp_shard : GroupKind::dp);
     StageTimes t;
     t.stage = stage;
     int64_t layers = 0;
@@ -366,6 +371,16 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     auto count = [&](const char* kind, double bytes) {
       if (bytes > 0) comm[kind] += bytes;
     };
+    GroupShape replicas = shape(GroupKind::dp_replica);
+    double replica_s = 0;
+    int64_t replica_ops = 0;
+    auto replica_reduction = [&](double bucket_shard_bytes) {
+      if (!hybrid) return;
+      replica_s += new_collective_s(OpKind::all_reduce, bucket_shard_bytes, replicas, links);
+      ++replica_ops;
+      count("dp_replica", bucket_shard_bytes);
+    };
+    const char* dp_key = hybrid ? "dp_shard" : "dp";
     if (tp_shape.size > 1) {
       count("tp", m_real * (double(layers) * layer_tp_bytes + (s.has_first ? embedding_tp_bytes : 0) +
                             (s.has_last ? loss_tp_bytes : 0)));
@@ -412,20 +427,23 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
             if (g.chunk == chunk && g.kind == kind_first) order.push_back(&g);
           }
         }
-        double bytes = 0;
+        double bytes = 0, shard_bytes = 0;
         for (const Group* g : order) {
           bytes += double(g->elements) * grad;
+          shard_bytes += double(c.shards.buffer_elements(ShardedState::optimizer, g->elements)) * grad;
           if (bytes >= bucket_bytes) {
             reduction_s += new_collective_s(kind, bytes, dp, links);
             ++reduction_ops;
             reduction_bytes += bytes;
-            bytes = 0;
+            replica_reduction(shard_bytes);
+            bytes = shard_bytes = 0;
           }
         }
         if (bytes > 0) {
           reduction_s += new_collective_s(kind, bytes, dp, links);
           ++reduction_ops;
           reduction_bytes += bytes;
+          replica_reduction(shard_bytes);
         }
       }
     }
@@ -438,14 +456,14 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         if (bytes >= gather_bucket_bytes) {
           gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
           ++gather_ops;
-          count("dp", bytes);
+          count(dp_key, bytes);
           bytes = 0;
         }
       }
       if (bytes > 0) {
         gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
         ++gather_ops;
-        count("dp", bytes);
+        count(dp_key, bytes);
       }
     }
     double zero3_s = 0;
@@ -456,19 +474,19 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         double once = new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
         int uses = g.kind == Group::position ? 1 : 2;
         zero3_s += once * uses;
-        count("dp", m_real * uses * double(g.elements) * act);
+        count(dp_key, m_real * uses * double(g.elements) * act);
       }
       if (c.model.tie_word_embeddings && plan.pp_size == 1) {
         // The output layer reads the embedding's gathered weights, forward and backward.
         for (const Group& g : s.groups) {
           if (g.kind == Group::embedding) {
             zero3_s += 2 * new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
-            count("dp", m_real * 2 * double(g.elements) * act);
+            count(dp_key, m_real * 2 * double(g.elements) * act);
           }
         }
       }
     }
-    count("dp", plan.zero_stage >= 2 ? m_real * reduction_bytes : reduction_bytes);
+    count(dp_key, plan.zero_stage >= 2 ? m_real * reduction_bytes : reduction_bytes);
     if (plan.zero_stage >= 2 && plan.dp_size == 1) {
       // The full gradient is copied into the shard after every pass.
       for (const Group& g : s.groups) {
@@ -494,6 +512,9 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       t.dp_step_s = gathers_s + reduction_s;
       t.dp_step_ops = gather_ops + reduction_ops;
     }
+    // The replicas' all_reduces: once per bucket per step (quick_estimate's reading).
+    t.dp_step_s += replica_s;
+    t.dp_step_ops += replica_ops;
     // Step level: gradient norm and AdamW on the optimizer shard, and their collectives.
     double shard = 0;
     for (const Group& g : s.groups) {
@@ -511,7 +532,9 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     adamw.flops = 14 * shard;
     adamw.bytes = (grad + 2 * states * 4.0 + act) * shard;
     t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
-    GroupKind norm_group = plan.zero_stage == 0 ? GroupKind::model : GroupKind::world;
+    GroupKind norm_group = plan.zero_stage == 0 ? GroupKind::model
+                           : hybrid               ? GroupKind::instance
+                                                  : GroupKind::world;
     GroupShape norm_shape = shape(norm_group);
     t.step_level_s += new_collective_s(OpKind::all_reduce, wide, norm_shape, links);
     if (norm_shape.size > 1) count(to_string(norm_group), wide);

@@ -7,10 +7,11 @@
 
 namespace stepcast {
 
-ShardLayout::ShardLayout(int64_t zero_stage, int64_t dp_size)
-    : zero_stage_(zero_stage), dp_size_(dp_size) {
+ShardLayout::ShardLayout(int64_t zero_stage, int64_t dp_size, int64_t shard_size)
+    : zero_stage_(zero_stage), dp_size_(dp_size), shard_size_(shard_size == 0 ? dp_size : shard_size) {
   STEPCAST_CHECK(zero_stage >= 0 && zero_stage <= 3, "ZeRO stage outside 0–3");
   STEPCAST_CHECK(dp_size >= 1, "dp_size below 1");
+  STEPCAST_CHECK(shard_size_ >= 1 && dp_size % shard_size_ == 0, "shard group size does not divide dp_size");
 }
 
 bool ShardLayout::sharded(ShardedState state) const {
@@ -23,13 +24,13 @@ bool ShardLayout::sharded(ShardedState state) const {
 }
 
 int64_t ShardLayout::buffer_elements(ShardedState state, int64_t group_elements) const {
-  return sharded(state) ? (group_elements + dp_size_ - 1) / dp_size_ : group_elements;
+  return sharded(state) ? (group_elements + shard_size_ - 1) / shard_size_ : group_elements;
 }
 
 ShardRange ShardLayout::slice(int64_t group_elements, int64_t dp_rank) const {
   STEPCAST_CHECK(dp_rank >= 0 && dp_rank < dp_size_, "dp rank outside the group");
-  int64_t size = (group_elements + dp_size_ - 1) / dp_size_;
-  int64_t first = std::min(group_elements, dp_rank * size);
+  int64_t size = (group_elements + shard_size_ - 1) / shard_size_;
+  int64_t first = std::min(group_elements, dp_rank % shard_size_ * size);
   return {first, std::min(group_elements, first + size)};
 }
 

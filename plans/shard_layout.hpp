@@ -1,5 +1,6 @@
 // Which part of a parameter group a rank holds: its weights, gradients and optimizer state under
-// ZeRO stage 0–3 over the data-parallel ranks. Tensor parallelism has already split the group
+// ZeRO stage 0–3 over the data-parallel ranks, or over blocks of shard_size consecutive dp ranks
+// under hybrid sharding (rank_grid.hpp's dp_shard group; the blocks hold identical replicas). Tensor parallelism has already split the group
 // (`elements` are per tp rank, see param_layout.hpp); context and expert parallelism would add
 // their own split here. Pure arithmetic in elements, used by the lowering (buffer sizes), the
 // planner's memory probe and the executor (the slice each rank updates).
@@ -22,15 +23,17 @@ struct ShardRange {
 
 class ShardLayout {
  public:
-  ShardLayout(int64_t zero_stage, int64_t dp_size);
+  // shard_size divides dp_size (0: dp_size).
+  ShardLayout(int64_t zero_stage, int64_t dp_size, int64_t shard_size = 0);
 
-  // Whether a rank holds a 1/dp slice of `state` (ZeRO-1 the optimizer state, ZeRO-2 also the
+  // Whether a rank holds a 1/shard_size slice of `state` (ZeRO-1 the optimizer state, ZeRO-2 also the
   // gradients, ZeRO-3 also the weights) or all of it.
   bool sharded(ShardedState state) const;
   // Elements of the persistent buffer a rank allocates for `state`: the group, or its slice
   // rounded up (every rank allocates the same size; the last slice may hold fewer elements).
   int64_t buffer_elements(ShardedState state, int64_t group_elements) const;
-  // The slice of dp rank `dp_rank`: chunk dp_rank of ceil(elements / dp_size) elements.
+  // The slice of dp rank `dp_rank`: chunk dp_rank mod shard_size of ceil(elements / shard_size)
+  // elements.
   ShardRange slice(int64_t group_elements, int64_t dp_rank) const;
   // The elements of the group a rank's `state` buffer holds: its slice when sharded, else all.
   ShardRange held(ShardedState state, int64_t group_elements, int64_t dp_rank) const;
@@ -41,10 +44,12 @@ class ShardLayout {
 
   int64_t zero_stage() const { return zero_stage_; }
   int64_t dp_size() const { return dp_size_; }
+  int64_t shard_size() const { return shard_size_; }
 
  private:
   int64_t zero_stage_;
   int64_t dp_size_;
+  int64_t shard_size_;
 };
 
 }  // namespace stepcast

@@ -20,7 +20,7 @@ namespace {
 constexpr double kMaxOpTimeS = 1e7;
 
 bool group_spans_folded_ranks(GroupKind kind) {
-  return kind == GroupKind::model || kind == GroupKind::world;
+  return kind == GroupKind::model || kind == GroupKind::world || kind == GroupKind::instance;
 }
 
 }  // namespace

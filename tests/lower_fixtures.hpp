@@ -70,6 +70,25 @@ inline std::vector<PlanCase> lowering_cases() {
       }
     }
   }
+  // Hybrid sharding: dp 4 as 2 replicas of 2-rank shard groups, every ZeRO stage that shards.
+  for (int tp : {1, 2}) {
+    for (int pp : {1, 2, 4}) {
+      for (int zero = 1; zero <= 3; ++zero) {
+        ++index;
+        Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", 4}, {"zero_stage", zero},
+                     {"num_distributed_optimizer_instances", 2}, {"micro_batch_size", 1},
+                     {"global_batch_size", 4 * pp * (1 + index % 2)}, {"dtype", "fp32"}};
+        if (pp == 2 && index % 2 == 0) {
+          plan["schedule"] = "interleaved_1f1b";
+          plan["virtual_pp_size"] = 2;
+        }
+        plan["attention_impl"] = attentions[index % 2];
+        if (index % 3 != 0) plan["overlap_grad_reduce"] = true;
+        if (index % 2 == 1) plan["overlap_param_gather"] = true;
+        cases.push_back({models[index % 2], plan});
+      }
+    }
+  }
   return cases;
 }
 

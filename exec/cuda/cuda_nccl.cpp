@@ -37,8 +37,7 @@ void NcclCommunicators::create(const GroupComms& comms, int rank) {
   if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", rank, "NCCL bootstrap");
   STEPCAST_MPI(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, MPI_COMM_WORLD));
   check_nccl(ncclCommInitRank(&world_, size, id, rank), "ncclCommInitRank", rank, "NCCL bootstrap");
-  for (GroupKind kind :
-       {GroupKind::tp, GroupKind::dp, GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world}) {
+  for (GroupKind kind : all_group_kinds()) {
     MPI_Comm mpi = comms.comm(kind);
     int color = NCCL_SPLIT_NOCOLOR, key = 0;
     if (mpi != MPI_COMM_NULL) {

@@ -21,7 +21,7 @@ CheckpointManifest two_rank_manifest() {
   CheckpointManifest m;
   m.plan = "dp2-zero1";
   m.program_sha256 = std::string(64, 'a');
-  m.layout = {1, 1, 2, 1, "tp-dp-pp"};
+  m.layout = {1, 1, 2, 1, 2, "tp-dp-pp"};
   m.steps_done = 4;
   m.world_size = 2;
   for (int r = 0; r < 2; ++r) m.files.push_back({r, rank_file_name(r), 100, std::string(64, 'b')});
@@ -64,8 +64,10 @@ TEST_CASE("checkpoint manifests carry the shard layout and read it back strictly
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["dp_size"] = 0; })),
              Contains("key 'shard_layout.dp_size'"));
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["extra"] = 1; })), Contains("shard_layout.extra"));
-  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["schema_version"] = 2; })),
-             Contains("key 'schema_version' = 2") && Contains("adds the shard layout"));
+  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["schema_version"] = 3; })),
+             Contains("key 'schema_version' = 3") && Contains("4 its dp_shard_size"));
+  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["dp_shard_size"] = 3; })),
+             Contains("key 'shard_layout.dp_shard_size'") && Contains("a divisor of dp_size = 2"));
 }
 
 TEST_CASE("a checkpoint of another shard layout is refused before its program hash", "[checkpoint]") {
@@ -87,6 +89,15 @@ TEST_CASE("a checkpoint of another shard layout is refused before its program ha
   } catch (const InputError& e) {
     CHECK_THAT(e.what(), Contains("key 'shard_layout' = tp 1 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1") &&
                              Contains("cuts it as tp 1 × pp 1 × dp 2 (tp-dp-pp), ZeRO-3"));
+  }
+  // Hybrid sharding: the same grid and stage, shards over fewer ranks (replicas across the rest).
+  CheckpointShardLayout hybrid = m.layout;
+  hybrid.dp_shard_size = 1;
+  try {
+    find_checkpoint(dir, std::string(64, 'c'), hybrid, 2);
+    FAIL("accepted a checkpoint of another shard group");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Contains("cuts it as tp 1 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1, shards over 1 of dp"));
   }
   // The same layout, another program: refused on the hash.
   try {

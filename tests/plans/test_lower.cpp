@@ -193,6 +193,68 @@ TEST_CASE("collective algorithms follow the group's placement", "[lower]") {
   CHECK(algorithm_of.count("dp") == 1);
 }
 
+TEST_CASE("hybrid sharding: reduce_scatter in the shard group, then the shards all-reduced across replicas",
+          "[lower]") {
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  for (int zero : {1, 2, 3}) {
+    INFO("ZeRO-" << zero);
+    // dp 4 as 2 instances of 2 ranks; 3 microbatches; small buckets so there are several.
+    Json j = {{"dp_size", 4}, {"zero_stage", zero}, {"num_distributed_optimizer_instances", 2},
+              {"micro_batch_size", 1}, {"global_batch_size", 12}, {"dtype", "fp32"},
+              {"overlap_grad_reduce", true}, {"grad_bucket_bytes", 20000}};
+    Plan plan = make_plan(j, model, topology);
+    StepProgram p = lower_program(model, topology, plan);
+    REQUIRE(check_program(p).empty());
+    CHECK(p.dp_shard_size == 2);
+    const Role& role = p.roles[0];
+    const int32_t last_mb = int32_t(plan.num_microbatches() - 1);
+    int64_t last_pass_buckets = 0, replica_ops = 0;
+    double replica_bytes = 0, shard_elements = 0;
+    GroupKind norm_group = GroupKind::world;
+    for (const Op& op : role.ops) {
+      if (op.name == OpName::grad_bucket) {
+        CHECK(op.kind == OpKind::reduce_scatter);
+        CHECK(op.group == GroupKind::dp_shard);
+        if (op.microbatch == last_mb) ++last_pass_buckets;
+      }
+      if (op.name == OpName::replica_grads) {
+        CHECK(op.kind == OpKind::all_reduce);
+        CHECK(op.group == GroupKind::dp_replica);
+        CHECK(op.microbatch == last_mb);  // after the gradients are final, once per step
+        ++replica_ops;
+        replica_bytes += op.bytes;
+      }
+      if (op.name == OpName::param_gather || op.name == OpName::zero3_param_gather) {
+        CHECK(op.group == GroupKind::dp_shard);
+      }
+      if (op.kind == OpKind::all_reduce && op.name == OpName::grad_norm) norm_group = op.group;
+      if (op.kind == OpKind::alloc && op.persistent && op.buffer.rfind("optimizer.", 0) == 0) {
+        shard_elements += op.bytes / 4 / 2;  // [elements, m and v] in fp32 (no master copy)
+      }
+    }
+    // One all_reduce per bucket of the last pass, carrying every shard once.
+    CHECK(replica_ops == last_pass_buckets);
+    CHECK(replica_ops > 1);
+    CHECK(replica_bytes == Approx(shard_elements * 4).epsilon(1e-12));
+    CHECK(norm_group == GroupKind::instance);
+    // The shards are those of dp 2 without replicas.
+    Json two = j;
+    two["dp_size"] = 2;
+    two["num_distributed_optimizer_instances"] = 1;
+    two["global_batch_size"] = 6;
+    StepProgram q = lower_program(model, topology, make_plan(two, model, topology));
+    auto persistent = [](const StepProgram& program) {
+      std::map<std::string, double> bytes;
+      for (const Op& op : program.roles[0].ops) {
+        if (op.kind == OpKind::alloc && op.persistent) bytes[op.buffer] = op.bytes;
+      }
+      return bytes;
+    };
+    CHECK(persistent(p) == persistent(q));
+  }
+}
+
 // ---- the checker must catch broken programs ----
 
 namespace {

@@ -158,3 +158,40 @@ TEST_CASE("group kinds print as their JSON names", "[rank_grid]") {
   CHECK(std::string(to_string(GroupKind::embedding)) == "embedding");
   CHECK(std::string(to_string(GroupKind::world)) == "world");
 }
+
+TEST_CASE("hybrid sharding: dp blocks of dp_shard_size, replicas across them (Megatron's partial dp groups)",
+          "[rank_grid]") {
+  // tp 2, dp 8 in shard blocks of 4, pp 1: rank = tp + 2·dp. Megatron's intra-partial groups are
+  // consecutive slices of each dp group (parallel_state.py), the inter-instance groups the ranks at
+  // the same place of every slice.
+  RankGrid grid(2, 8, 1, "tp-dp-pp", 4);
+  CHECK(grid.dp_shard_size() == 4);
+  CHECK(grid.all_groups(GroupKind::dp_shard) ==
+        Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}});
+  CHECK(grid.group(GroupKind::dp_shard, 13) == std::vector<int64_t>{9, 11, 13, 15});
+  CHECK(grid.all_groups(GroupKind::dp_replica) ==
+        Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
+  // One optimizer instance: every tp and pp rank of one dp block (the gradient norm's group).
+  CHECK(grid.all_groups(GroupKind::instance) == Groups{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}});
+  // Without hybrid sharding: dp_shard is dp, a replica group is one rank, an instance the world.
+  RankGrid plain(2, 8, 2, "tp-dp-pp");
+  for (int64_t r = 0; r < plain.world_size(); ++r) {
+    CHECK(plain.group(GroupKind::dp_shard, r) == plain.group(GroupKind::dp, r));
+    CHECK(plain.group(GroupKind::dp_replica, r) == std::vector<int64_t>{r});
+    CHECK(plain.group(GroupKind::instance, r).size() == size_t(plain.world_size()));
+  }
+  // Every order: the shard and replica groups partition each dp group, crossing once.
+  for (const std::string& order : kOrders) {
+    RankGrid g(2, 6, 2, order, 3);
+    for (int64_t r = 0; r < g.world_size(); ++r) {
+      INFO(order << " rank " << r);
+      auto shard = g.group(GroupKind::dp_shard, r), replica = g.group(GroupKind::dp_replica, r);
+      CHECK(shard.size() == 3);
+      CHECK(replica.size() == 2);
+      for (int64_t m : shard) CHECK(g.coord(m).dp / 3 == g.coord(r).dp / 3);
+      for (int64_t m : replica) CHECK(g.coord(m).dp % 3 == g.coord(r).dp % 3);
+      CHECK(g.group(GroupKind::instance, r).size() == 12);
+    }
+  }
+  CHECK_THROWS_AS(RankGrid(1, 6, 1, "tp-dp-pp", 4), InputError);
+}

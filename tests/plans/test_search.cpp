@@ -39,11 +39,13 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   // Triples (tp, pp, dp): (1,1,4) (1,2,2) (1,4,1) (2,1,2) (2,2,1).
   // Per triple: 4 micro batches × 4 ZeRO stages × schedules (1 at pp 1; 1f1b + vpp 2,3,4 = 4
   // otherwise) × 3 recompute × sequence parallel (2 when tp > 1):
-  //   48 + 192 + 192 + 96 + 384 = 912.
+  //   48 + 192 + 192 + 96 + 384 = 912,
+  // plus hybrid sharding where dp leaves the node: (1,1,4) with shards of 2 (one node's cores),
+  // ZeRO 1–3: 4 × 3 × 3 = 36 → 948.
   SearchSpace space;
   space.global_batch_size = 32;
   auto candidates = enumerate_candidates(tiny(), cpu(2), space);
-  CHECK(candidates.size() == 912);
+  CHECK(candidates.size() == 948);
   std::set<std::tuple<int64_t, int64_t, int64_t>> triples;
   std::map<std::tuple<int64_t, int64_t>, int64_t> kept_by_tp_pp;
   for (const auto& c : candidates) {
@@ -52,8 +54,8 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   }
   CHECK(triples == std::set<std::tuple<int64_t, int64_t, int64_t>>{
                        {1, 1, 4}, {1, 2, 2}, {1, 4, 1}, {2, 1, 2}, {2, 2, 1}});
-  // (1,1,4): mbs·4 divides 32 for every mbs: all 48 valid.
-  CHECK(kept_by_tp_pp[{1, 1}] == 48);
+  // (1,1,4): mbs·4 divides 32 for every mbs: all 48 + 36 valid.
+  CHECK(kept_by_tp_pp[{1, 1}] == 84);
   // (1,4,1): 4 layers on 4 stages leave no room for virtual stages: 1f1b only, m = 32/mbs:
   // 4 mbs × 4 zero × 3 recompute = 48.
   CHECK(kept_by_tp_pp[{1, 4}] == 48);
@@ -67,7 +69,7 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   for (const auto& [reason, n] : counts) pruned += n;
   int64_t kept = 0;
   for (const auto& c : candidates) kept += c.kept();
-  CHECK(pruned + kept == 912);
+  CHECK(pruned + kept == 948);
 }
 
 namespace {
@@ -288,6 +290,34 @@ TEST_CASE("Megatron-LM arguments of a plan", "[search]") {
   CHECK_THAT(overlapped.notes[0], Catch::Contains("overlap_p2p_comm"));
 }
 
+TEST_CASE("hybrid sharding: searched where dp leaves the node, named, exported to Megatron-LM", "[search]") {
+  // 4 devices on 2 nodes of 2: dp 4 (tp 1) also tried with its shards inside a node.
+  SearchSpace space;
+  space.global_batch_size = 32;
+  auto candidates = enumerate_candidates(tiny(), cpu(2), space);
+  int64_t hybrid = 0;
+  for (const Candidate& c : candidates) {
+    if (c.plan.num_distributed_optimizer_instances == 1) continue;
+    ++hybrid;
+    INFO(c.plan.name);
+    CHECK(c.plan.zero_stage >= 1);
+    CHECK(c.plan.tp_size * c.plan.dp_shard_size() == 2);  // one node's devices
+    CHECK_THAT(c.plan.name, Catch::EndsWith("-shard" + std::to_string(c.plan.dp_shard_size())));
+  }
+  CHECK(hybrid > 0);
+  space.hybrid_sharding = false;
+  for (const Candidate& c : enumerate_candidates(tiny(), cpu(2), space)) {
+    CHECK(c.plan.num_distributed_optimizer_instances == 1);
+  }
+  Plan plan;
+  plan.dp_size = 8;
+  plan.zero_stage = 1;
+  plan.num_distributed_optimizer_instances = 4;
+  auto args = megatron_arguments(plan, tiny()).arguments;
+  CHECK(std::find(args.begin(), args.end(), "--num-distributed-optimizer-instances 4") != args.end());
+  CHECK(std::find(args.begin(), args.end(), "--use-distributed-optimizer") != args.end());
+}
+
 // The head every planner output shares with simulate's prediction.
 static void check_envelope(const Json& out, const std::string& command) {
   CHECK(out.at("schema_version") == 1);
@@ -401,7 +431,7 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   REQUIRE(r.exit_code == 0);
   Json s = load_json_file(out + "/strategies.json");
   check_envelope(s, "compare-strategies");
-  REQUIRE(s.at("strategies").size() == 7);
+  REQUIRE(s.at("strategies").size() == 8);
   std::vector<std::string> names;
   for (const auto& row : s["strategies"]) names.push_back(row.at("strategy").get<std::string>());
   CHECK(names.front() == "pure DP");
@@ -412,8 +442,14 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
     CHECK(row.at("step_time_s").get<double>() > 0);
     CHECK(row.at("peak_bytes").get<double>() > row.at("memory_weights_bytes").get<double>());
   }
-  // ZeRO-3 shards weights over the 4 ranks: fewer weight bytes than pure DP.
+  // ZeRO-3 shards weights over the 4 ranks: fewer weight bytes than pure DP; HSDP over the 2 of
+  // a node: between the two.
   CHECK(s["strategies"][3]["memory_weights_bytes"].get<double>() <
+        s["strategies"][0]["memory_weights_bytes"].get<double>());
+  CHECK(s["strategies"][4]["strategy"] == "HSDP (ZeRO-3 shards in a node)");
+  CHECK(s["strategies"][4]["memory_weights_bytes"].get<double>() >
+        s["strategies"][3]["memory_weights_bytes"].get<double>());
+  CHECK(s["strategies"][4]["memory_weights_bytes"].get<double>() <
         s["strategies"][0]["memory_weights_bytes"].get<double>());
   CHECK(std::filesystem::exists(out + "/report.html"));
   std::filesystem::remove_all(out);

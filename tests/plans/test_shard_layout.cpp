@@ -64,3 +64,17 @@ TEST_CASE("model states per rank follow ZeRO's 2Ψ + 2Ψ + 12Ψ", "[shard_layout
   CHECK(bytes(2) == 2 * psi + 14 * psi / dp);
   CHECK(bytes(3) == 16 * psi / dp);
 }
+
+TEST_CASE("hybrid sharding: slices over the shard group, the same on every replica", "[shard_layout]") {
+  // dp 4 as 2 replicas of a 2-rank shard group: dp ranks 0 and 2 hold the first half, 1 and 3
+  // the second; buffers are half the group.
+  ShardLayout layout(1, 4, 2);
+  CHECK(layout.shard_size() == 2);
+  CHECK(layout.buffer_elements(ShardedState::optimizer, 10) == 5);
+  CHECK(layout.slice(10, 0) == ShardRange{0, 5});
+  CHECK(layout.slice(10, 1) == ShardRange{5, 10});
+  CHECK(layout.slice(10, 2) == layout.slice(10, 0));
+  CHECK(layout.slice(10, 3) == layout.slice(10, 1));
+  CHECK(ShardLayout(3, 8, 4).buffer_elements(ShardedState::weights, 100) == 25);
+  CHECK(ShardLayout(3, 8).buffer_elements(ShardedState::weights, 100) == 13);
+}

@@ -128,6 +128,21 @@ TEST_CASE("sim: two all_reduces sharing one NIC take twice as long as one", "[si
   (void)own;
 }
 
+TEST_CASE("sim: hybrid sharding reduce_scatters inside the node, then all-reduces the shard across nodes",
+          "[sim]") {
+  // dp 4 on 2 nodes of 2, shard groups {0,1} and {2,3} (one per node), replica groups {0,2} and
+  // {1,3} (across nodes, one NIC each). Latencies 0: the reduce_scatter of S in a group of 2 takes
+  // S/2 / B_node, the all_reduce of the S/2 shard across 2 replicas 2·(1/2)·(S/2) / B_nic.
+  const double S = 100e6, b_node = 100e9, b_nic = 10e9;
+  StepProgram p = empty_program(1, 4, 1, 2);
+  p.dp_shard_size = 2;
+  push_op(p.roles[0], collective_op(OpKind::reduce_scatter, GroupKind::dp_shard, Algorithm::ring, S, Stream::comm));
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp_replica, Algorithm::ring, S / 2, Stream::comm));
+  Topology t = parse_test_topology(star_topology_json(2, 2, b_node, 0, 2, b_nic, 0));
+  SimulationOutput out = run(p, t, SimMode::full);
+  CHECK(out.step_time_s == Approx(S / 2 / b_node + S / 2 / b_nic).epsilon(1e-6));
+}
+
 TEST_CASE("sim: 1F1B with uniform costs and free communication takes 2(m+p-1) slots", "[sim]") {
   const int64_t p = 4, m = 8;
   const double slot = 1e-3;
