@@ -80,6 +80,15 @@ TEST_CASE("calibrate: the Megatron-LM log reader", "[calibrate]") {
   CHECK(flags.plan["attention_impl"] == "flash");
   CHECK(flags.step_time_s == Approx(0.8));
 
+  // The partial distributed optimizer (hybrid sharding) as Megatron-LM prints it.
+  std::string partial = megatron_log({1, 1, 1, 16}, 8, 1.0);
+  partial.replace(partial.find("False"), 5, "True");
+  partial.insert(partial.find("  pipeline_model_parallel_size"),
+                 "  num_distributed_optimizer_instances ............. 2\n");
+  MegatronLog hybrid = parse_megatron_log(partial, "hybrid.log");
+  CHECK(hybrid.plan["zero_stage"] == 1);
+  CHECK(hybrid.plan["num_distributed_optimizer_instances"] == 2);
+
   CHECK_THROWS_WITH(parse_megatron_log("------------------------ arguments ------------------------\n"
                                        "  world_size ............ 8\n",
                                        "empty.log"),

@@ -488,6 +488,20 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   Json w = load_json_file(out + "/scale.json");
   CHECK(w["points"][1]["global_batch_size"].get<int64_t>() ==
         2 * w["points"][0]["global_batch_size"].get<int64_t>());
+  // Hybrid sharding keeps its shard group of 2 (a node) and scales the replicas: dp 2, 4, 6 on
+  // 1, 2, 3 nodes run with 1, 2, 3 instances.
+  Json hybrid_plan = load_json_file(source_path("examples/tiny-cpu.json"));
+  hybrid_plan["dp_size"] = 4;
+  hybrid_plan["micro_batch_size"] = 1;
+  hybrid_plan["num_distributed_optimizer_instances"] = 2;
+  std::string hybrid_file = write_temp_file("scale-hybrid.json", hybrid_plan.dump());
+  auto hybrid = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") + " --plan " +
+                             hybrid_file + " --nodes 1,2,3 --weak --out " + out);
+  INFO(hybrid.output);
+  REQUIRE(hybrid.exit_code == 0);
+  Json h = load_json_file(out + "/scale.json");
+  REQUIRE(h.at("points").size() == 3);
+  for (const auto& p : h["points"]) CHECK_FALSE(p.contains("error"));
   auto bad = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
                           " --plan " + source_path("examples/tiny-cpu.json") + " --nodes 1,x");
   CHECK(bad.exit_code == 2);
