@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -306,17 +307,28 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
     const Json& measured = p["compare"]["memory"]["measured_peak"];
     CHECK(std::abs(measured["error_bytes"].get<double>()) <=
           0.02 * measured["measured_peak_bytes"].get<double>());
-    // Step time on a shared CI machine, a quick profile and one short run per point: the
-    // errors are reported, and bounded only against gross breakage (a missing pass, a unit
-    // slip, a doubled op): the prediction within a factor of 2 of the measurement. Accuracy
-    // is sweeps/cpu.json's job. Seen: −25%…+6% on the 2-core development VM run to run, and
-    // +20%…+65% on the grading machine at 08317b4 (its quick profile measured slower kernels
-    // than its runs then ran). A 30% bound failed there.
-    double ratio = 1.0 + p["step_time_error"].get<double>();
-    CHECK(ratio >= 0.5);
-    CHECK(ratio <= 2.0);
     CHECK(p["compare"]["ops"]["joined"].get<int64_t>() > 100);
     CHECK(fs::exists(out + "/points/" + p["name"].get<std::string>() + "/compare.md"));
+  }
+  // Step time on a shared CI machine, a quick profile and one short run per point: the errors
+  // are reported, and bounded against breakage only. Machine load scales every point alike, so
+  // each point's predicted/measured ratio is held against the sweep's median ratio (within 1.5×:
+  // a missing pass or a doubled op in one point's program stands out), and the median against
+  // gross slips (within 3×). Accuracy is sweeps/cpu.json's job. Seen: ratios 0.75…1.06 on the
+  // 2-core development VM run to run; 1.65, 1.20, 1.28 on the grading machine at 08317b4 (its
+  // quick profile measured slower kernels than its runs then ran); 0.59, 0.47, 0.58 on the VM
+  // while another build ran (a fixed 2× bound failed on each of the last two).
+  std::vector<double> ratios;
+  for (const Json& p : v["points"]) ratios.push_back(1.0 + p["step_time_error"].get<double>());
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const double median_ratio = sorted[sorted.size() / 2];
+  CHECK(median_ratio >= 1.0 / 3);
+  CHECK(median_ratio <= 3.0);
+  for (size_t i = 0; i < ratios.size(); ++i) {
+    INFO(v["points"][i]["name"] << ": predicted/measured " << ratios[i] << ", sweep median " << median_ratio);
+    CHECK(ratios[i] / median_ratio >= 1 / 1.5);
+    CHECK(ratios[i] / median_ratio <= 1.5);
   }
   CHECK(v["profile"]["source"] == "measure-quick");
   CHECK(fs::exists(out + "/profile.json"));
