@@ -111,4 +111,20 @@ double CollectiveCostModel::correction(OpKind kind, Algorithm algorithm, double 
   return model > 0 ? time_s(kind, algorithm, bytes, shape) / model : 1;
 }
 
+CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, const Topology& topology) {
+  if (!profile.execution_in_order || !profile.measured) return CollectiveCostModel(profile, topology);
+  DeviceProfile fractions_only = profile;
+  fractions_only.measured->collectives.clear();
+  return CollectiveCostModel(fractions_only, topology);
+}
+
+double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
+                                OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) {
+  if (algorithm == Algorithm::none || shape.size <= 1) return 0;
+  if (compute.profile().execution_in_order && shape.nodes == 1) {
+    if (auto measured = compute.measured_collective_time_s(kind, algorithm, shape.size, bytes)) return *measured;
+  }
+  return collectives.time_s(kind, algorithm, bytes, shape);
+}
+
 }  // namespace stepcast

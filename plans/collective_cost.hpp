@@ -56,4 +56,16 @@ class CollectiveCostModel {
   std::vector<MeasuredCollective> tables_;
 };
 
+// The collective model the simulator uses for `profile`: a profile that runs in order (the CPU's)
+// keeps its link fractions but not its measured tables as corrections — its collectives inside a
+// node take their measured time instead (uncontended_collective_s, the simulator's in-order path).
+CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, const Topology& topology);
+
+// A collective's time as the simulator costs it when nothing else contends: where the profile
+// runs in order and measured this group inside a node, that measured time (sim_plan.cpp's
+// measured_in_order_time_s); otherwise time_s (the link fractions and the measured tables'
+// correction). 0 for a group of one or an op without an algorithm. The planner's estimates.
+double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
+                                OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape);
+
 }  // namespace stepcast

@@ -158,6 +158,7 @@ class ComputeCostModel {
                    const std::string& topology_file, const std::string& norm_type = "rmsnorm");
   double op_time_s(const Op& op) const;
   double matrix_peak_flops_per_s() const { return matrix_peak_; }
+  const DeviceProfile& profile() const { return profile_; }
   // The measured time of a collective of `group_size` ranks inside one node; nullopt where the
   // profile has no table for (kind, algorithm, group_size).
   std::optional<double> measured_collective_time_s(OpKind kind, Algorithm algorithm,

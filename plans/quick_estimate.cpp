@@ -4,22 +4,16 @@
 #include <algorithm>
 
 #include "collective.hpp"
+#include "collective_cost.hpp"
 #include "schedule.hpp"
 
 namespace stepcast {
 
 namespace {
 
-double collective_s(const Op& op, const RankGrid& grid, int64_t rank, const Topology& topology,
-                    const LinkFigures& links) {
-  if (op.algorithm == Algorithm::none) return 0;
-  GroupShape shape = group_shape(grid, op.group, rank, topology.node.devices_per_node);
-  if (shape.size <= 1) return 0;
-  return collective_time_s(op.kind, op.algorithm, op.bytes, shape, links);
-}
-
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
-                       const ComputeCostModel& cost_model, const LinkFigures& links) {
+                       const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
+  const LinkFigures& links = collectives.links();  // the profile's link fractions applied
   RankGrid grid = program.grid();
   int64_t rank = grid.rank(RankCoord{0, 0, role.pp_stage});
   int64_t per_node = topology.node.devices_per_node;
@@ -39,7 +33,8 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
         t.step_level_s += s;
       }
     } else if (is_collective(op.kind)) {
-      double s = collective_s(op, grid, rank, topology, links);
+      GroupShape shape = group_shape(grid, op.group, rank, per_node);
+      double s = uncontended_collective_s(cost_model, collectives, op.kind, op.algorithm, op.bytes, shape);
       if (op.group == GroupKind::dp_replica) {
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;
@@ -109,10 +104,10 @@ QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const P
 QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
                              int64_t num_microbatches, const Topology& topology,
                              const ComputeCostModel& cost_model) {
-  LinkFigures links = link_figures(topology);
+  CollectiveCostModel collectives = simulator_collective_model(cost_model.profile(), topology);
   std::vector<StageTimes> stages;
   for (const Role& role : program.roles) {
-    stages.push_back(stage_times(role, program, topology, cost_model, links));
+    stages.push_back(stage_times(role, program, topology, cost_model, collectives));
   }
   return combine_stage_times(stages, plan, num_microbatches);
 }

@@ -2,12 +2,15 @@
 // simulation, no contention. It ranks candidates; `simulate` re-times the most promising.
 // Formula (seconds), with m = num_microbatches, p = pp_size, v = virtual_pp_size:
 //   t_mb(stage)  = Σ cost-model time of the stage's compute ops of microbatch 0 (forward,
-//                  backward, recompute, every chunk) + Σ α-β time of its tp collectives of
+//                  backward, recompute, every chunk) + Σ time of its tp collectives of
 //                  microbatch 0 (exposed: they sit between the GEMMs that need them)
 //                  + pipeline sends of microbatch 0 (bytes / link bandwidth + latency)
+//                  (collective times as the simulator costs them without contention:
+//                  collective_cost.hpp's uncontended_collective_s — the profile's link fractions
+//                  and measured tables; links with the link fractions)
 //                  + dp collectives of microbatch 0 (ZeRO-3 gathers: counted as exposed)
 //   pipeline     = max_stage t_mb · m / (1 − f),  f = ideal_bubble_fraction(schedule, p, v, m)
-//   dp_exposed   = Σ α-β time of the step-level dp collectives (gradient reduction, parameter
+//   dp_exposed   = Σ time of the step-level dp collectives (gradient reduction, parameter
 //                  gather); with overlap_grad_reduce only what one microbatch's backward cannot
 //                  hide: max(dp / buckets, dp − backward of one microbatch)
 //   optimizer    = Σ cost-model time of the step-level compute ops (grad norm, AdamW)

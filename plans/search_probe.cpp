@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "collective.hpp"
+#include "collective_cost.hpp"
 #include "lower.hpp"
 #include "lower_context.hpp"
 #include "memory.hpp"
@@ -281,21 +282,26 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const 
 
 namespace {
 
-double op_collective_s(const Op& op, const GroupShape& shape, const LinkFigures& links) {
-  if (op.algorithm == Algorithm::none || shape.size <= 1) return 0;
-  return collective_time_s(op.kind, op.algorithm, op.bytes, shape, links);
-}
+// How quick_estimate costs collectives (uncontended_collective_s) and the links it sends on.
+struct CollectiveCosts {
+  const ComputeCostModel& compute;
+  CollectiveCostModel collectives;
+  LinkFigures lowering_links;  // the figures lowering chooses algorithms with
 
-// A collective lowering would emit on `shape`: its algorithm as lowering chooses it.
-double new_collective_s(OpKind kind, double bytes, const GroupShape& shape,
-                        const LinkFigures& links) {
-  if (shape.size <= 1) return 0;
-  return collective_time_s(kind, choose_algorithm(kind, bytes, shape, links), bytes, shape, links);
-}
+  double op_s(const Op& op, const GroupShape& shape) const {
+    return uncontended_collective_s(compute, collectives, op.kind, op.algorithm, op.bytes, shape);
+  }
+  // A collective lowering would emit on `shape`: its algorithm as lowering chooses it.
+  double new_s(OpKind kind, double bytes, const GroupShape& shape) const {
+    if (shape.size <= 1) return 0;
+    Algorithm algorithm = choose_algorithm(kind, bytes, shape, lowering_links);
+    return uncontended_collective_s(compute, collectives, kind, algorithm, bytes, shape);
+  }
+};
 
 // Compute and tp-collective seconds of a probe's op list (microbatch 0).
 StageTimes op_list_times(const std::vector<Op>& ops, const GroupShape& tp,
-                         const ComputeCostModel& cost_model, const LinkFigures& links,
+                         const ComputeCostModel& cost_model, const CollectiveCosts& collective,
                          double* tp_bytes) {
   StageTimes t;
   *tp_bytes = 0;
@@ -306,7 +312,7 @@ StageTimes op_list_times(const std::vector<Op>& ops, const GroupShape& tp,
       t.compute_mb_s += s;
       if (op.phase == Phase::backward) t.backward_mb_s += s;
     } else if (is_collective(op.kind)) {
-      t.tp_mb_s += op_collective_s(op, tp, links);
+      t.tp_mb_s += collective.op_s(op, tp);
     }
   }
   return t;
@@ -327,7 +333,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   // reductions count as the step's.
   Plan plan = memory_path_plan(real_plan);
   LowerContext c(model, topology, plan);
-  const LinkFigures& links = c.links;
+  const CollectiveCosts collective{cost_model, simulator_collective_model(cost_model.profile(), topology), c.links};
+  const LinkFigures& links = collective.collectives.links();  // sends: with the link fractions
   const int64_t per_node = topology.node.devices_per_node;
   const double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
   const double local_bytes = double(c.s_local) * c.b * c.h * act;
@@ -337,10 +344,10 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   // Every tp group has the same shape (tp divides the devices of a node).
   const GroupShape tp_shape = group_shape(c.grid, GroupKind::tp, 0, per_node);
   double layer_tp_bytes = 0, embedding_tp_bytes = 0, loss_tp_bytes = 0;
-  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cost_model, links, &layer_tp_bytes);
+  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cost_model, collective, &layer_tp_bytes);
   const StageTimes embedding =
-      op_list_times(probe.embedding_ops, tp_shape, cost_model, links, &embedding_tp_bytes);
-  const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cost_model, links, &loss_tp_bytes);
+      op_list_times(probe.embedding_ops, tp_shape, cost_model, collective, &embedding_tp_bytes);
+  const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cost_model, collective, &loss_tp_bytes);
   const double m_real = double(real_plan.num_microbatches());
   std::map<std::string, double> comm_max;
   std::vector<StageTimes> stages;
@@ -376,7 +383,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     int64_t replica_ops = 0;
     auto replica_reduction = [&](double bucket_shard_bytes) {
       if (!hybrid) return;
-      replica_s += new_collective_s(OpKind::all_reduce, bucket_shard_bytes, replicas, links);
+      replica_s += collective.new_s(OpKind::all_reduce, bucket_shard_bytes, replicas);
       ++replica_ops;
       count("dp_replica", bucket_shard_bytes);
     };
@@ -432,7 +439,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
           bytes += double(g->elements) * grad;
           shard_bytes += double(c.shards.buffer_elements(ShardedState::optimizer, g->elements)) * grad;
           if (bytes >= bucket_bytes) {
-            reduction_s += new_collective_s(kind, bytes, dp, links);
+            reduction_s += collective.new_s(kind, bytes, dp);
             ++reduction_ops;
             reduction_bytes += bytes;
             replica_reduction(shard_bytes);
@@ -440,7 +447,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
           }
         }
         if (bytes > 0) {
-          reduction_s += new_collective_s(kind, bytes, dp, links);
+          reduction_s += collective.new_s(kind, bytes, dp);
           ++reduction_ops;
           reduction_bytes += bytes;
           replica_reduction(shard_bytes);
@@ -454,14 +461,14 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       for (const Group& g : s.groups) {
         bytes += double(g.elements) * act;
         if (bytes >= gather_bucket_bytes) {
-          gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
+          gathers_s += collective.new_s(OpKind::all_gather, bytes, dp);
           ++gather_ops;
           count(dp_key, bytes);
           bytes = 0;
         }
       }
       if (bytes > 0) {
-        gathers_s += new_collective_s(OpKind::all_gather, bytes, dp, links);
+        gathers_s += collective.new_s(OpKind::all_gather, bytes, dp);
         ++gather_ops;
         count(dp_key, bytes);
       }
@@ -471,7 +478,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       // Every group's full weights gathered before each use: layers in forward and backward,
       // the embedding in both, the position table in forward, the loss's groups in both.
       for (const Group& g : s.groups) {
-        double once = new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
+        double once = collective.new_s(OpKind::all_gather, double(g.elements) * act, dp);
         int uses = g.kind == Group::position ? 1 : 2;
         zero3_s += once * uses;
         count(dp_key, m_real * uses * double(g.elements) * act);
@@ -480,7 +487,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         // The output layer reads the embedding's gathered weights, forward and backward.
         for (const Group& g : s.groups) {
           if (g.kind == Group::embedding) {
-            zero3_s += 2 * new_collective_s(OpKind::all_gather, double(g.elements) * act, dp, links);
+            zero3_s += 2 * collective.new_s(OpKind::all_gather, double(g.elements) * act, dp);
             count(dp_key, m_real * 2 * double(g.elements) * act);
           }
         }
@@ -536,15 +543,15 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
                            : hybrid               ? GroupKind::instance
                                                   : GroupKind::world;
     GroupShape norm_shape = shape(norm_group);
-    t.step_level_s += new_collective_s(OpKind::all_reduce, wide, norm_shape, links);
+    t.step_level_s += collective.new_s(OpKind::all_reduce, wide, norm_shape);
     if (norm_shape.size > 1) count(to_string(norm_group), wide);
     if (c.model.tie_word_embeddings && plan.pp_size > 1 && (s.has_first || s.has_last)) {
       for (const Group& g : s.groups) {
         if (g.kind != Group::embedding && g.kind != Group::output) continue;
         int64_t elements = c.shards.buffer_elements(ShardedState::grads, g.elements);
         GroupShape embedding_shape = shape(GroupKind::embedding);
-        t.step_level_s += new_collective_s(OpKind::all_reduce, double(elements) * grad,
-                                           embedding_shape, links);
+        t.step_level_s += collective.new_s(OpKind::all_reduce, double(elements) * grad,
+                                           embedding_shape);
         if (embedding_shape.size > 1) count("embedding", double(elements) * grad);
         break;
       }
@@ -552,7 +559,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     if (plan.sequence_parallel) {
       double replicated = 0;
       for (const Group& g : s.groups) replicated += double(g.sp_replicated);
-      t.step_level_s += new_collective_s(OpKind::all_reduce, replicated * grad, tp, links);
+      t.step_level_s += collective.new_s(OpKind::all_reduce, replicated * grad, tp);
       count("tp", replicated * grad);
     }
     for (const auto& [kind, bytes] : comm) comm_max[kind] = std::max(comm_max[kind], bytes);

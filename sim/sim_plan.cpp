@@ -129,7 +129,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   LinkFigures links = link_figures(topology);
   // Measured collective tables correct the α-β model where the streams run concurrently (GPU
   // profiles); an in-order profile's measured collectives take their measured time (below).
-  const CollectiveCostModel collective_cost(plan.in_order ? DeviceProfile{} : profile, topology_in);
+  const CollectiveCostModel collective_cost = simulator_collective_model(profile, topology_in);
   auto note_correction = [&](double r) {
     if (r == 1) return;
     if (out.corrected_collectives++ == 0) out.correction_min = out.correction_max = r;
