@@ -8,6 +8,7 @@ packages=(
   time                      # bench/: wall time and peak memory of a command
   libsimgrid-dev            # the simulator (issue 3)
   nlohmann-json3-dev
+  libssl-dev                # SHA-256 of programs and checkpoints (OpenSSL's libcrypto)
   libboost-program-options-dev
   catch2
   libopenmpi-dev openmpi-bin
