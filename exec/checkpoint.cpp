@@ -12,6 +12,8 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "errors.hpp"
 #include "sha256.hpp"
@@ -33,21 +35,27 @@ std::string temporary_name(const std::string& path) {
   return path + suffix;
 }
 
-void write_fsync_rename(const std::string& path, const std::string& text) {
+// Writes `pieces` one after the other to a temporary beside `path`, fsyncs it and renames it
+// over `path`; hashes what it writes when `hash` is given (nothing is copied or held twice).
+void write_fsync_rename(const std::string& path, const std::vector<std::string_view>& pieces,
+                        Sha256* hash = nullptr) {
   std::string tmp = temporary_name(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) throw InputError(path + ": cannot write: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      std::string why = n < 0 ? std::strerror(errno) : "no progress";
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw InputError(path + ": write failed: " + why);
+  for (std::string_view piece : pieces) {
+    if (hash) hash->update(piece);
+    size_t done = 0;
+    while (done < piece.size()) {
+      ssize_t n = ::write(fd, piece.data() + done, piece.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        std::string why = n < 0 ? std::strerror(errno) : "no progress";
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw InputError(path + ": write failed: " + why);
+      }
+      done += size_t(n);
     }
-    done += size_t(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     std::string why = std::strerror(errno);
@@ -61,22 +69,24 @@ void write_fsync_rename(const std::string& path, const std::string& text) {
   }
 }
 
-std::string read_binary_file(const std::string& path) {
+constexpr size_t kChunk = size_t(4) << 20;  // what a checkpoint file is read and hashed in
+
+// Size and SHA-256 of a file, read in chunks.
+std::pair<int64_t, std::string> hash_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open checkpoint file: " + std::strerror(errno));
-  std::stringstream all;
-  all << in.rdbuf();
-  return all.str();
-}
-
-// A line of `text` at `at` ("KEY VALUE\n" or "VALUE\n"); advances `at`.
-std::string take_line(const std::string& text, size_t& at, const std::string& path,
-                      const std::string& what) {
-  size_t eol = text.find('\n', at);
-  if (eol == std::string::npos) throw InputError(path + ": truncated (in " + what + ")");
-  std::string line = text.substr(at, eol - at);
-  at = eol + 1;
-  return line;
+  Sha256 hash;
+  std::string chunk(kChunk, '\0');
+  int64_t bytes = 0;
+  while (in) {
+    in.read(chunk.data(), std::streamsize(chunk.size()));
+    std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    hash.update(std::string_view(chunk.data(), size_t(n)));
+    bytes += n;
+  }
+  if (in.bad()) throw InputError(path + ": read failed: " + std::strerror(errno));
+  return {bytes, hash.hex_digest()};
 }
 
 // A count written by this code: decimal digits only, at most 18 of them.
@@ -89,15 +99,46 @@ int64_t parse_count(const std::string& digits, const std::string& path, const st
   return std::stoll(digits);
 }
 
-int64_t take_field(const std::string& text, size_t& at, const std::string& path,
-                   const std::string& key) {
-  std::string line = take_line(text, at, path, "its header");
-  if (line.rfind(key + " ", 0) != 0) {
-    throw InputError(path + ": header line '" + printable_excerpt(line, 60) + "' where '" + key +
-                     " N' belongs: the file is damaged");
+// A rank file read front to back: header lines, then each buffer's bytes straight into place.
+class RankFileReader {
+ public:
+  explicit RankFileReader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+    if (!in_) throw InputError(path + ": cannot open checkpoint file: " + std::strerror(errno));
   }
-  return parse_count(line.substr(key.size() + 1), path, key);
-}
+  // The next line ("KEY VALUE" or "VALUE"), at most kMaxLine bytes.
+  std::string line(const std::string& what) {
+    std::string out;
+    for (char c; in_.get(c);) {
+      if (c == '\n') return out;
+      if (out.size() >= kMaxLine) throw InputError(path_ + ": a line longer than any this code writes (in " + what + ")");
+      out.push_back(c);
+    }
+    throw InputError(path_ + ": truncated (in " + what + ")");
+  }
+  int64_t field(const std::string& key) {
+    std::string text = line("its header");
+    if (text.rfind(key + " ", 0) != 0) {
+      throw InputError(path_ + ": header line '" + printable_excerpt(text, 60) + "' where '" + key +
+                       " N' belongs: the file is damaged");
+    }
+    return parse_count(text.substr(key.size() + 1), path_, key);
+  }
+  void bytes(char* out, int64_t n, const std::string& what) {
+    for (int64_t done = 0; done < n;) {
+      std::streamsize want = std::streamsize(std::min<int64_t>(n - done, int64_t(kChunk)));
+      in_.read(out + done, want);
+      if (in_.gcount() != want) throw InputError(path_ + ": truncated in " + what);
+      done += want;
+    }
+  }
+  bool at_end() { return in_.peek() == std::ifstream::traits_type::eof(); }
+
+ private:
+  static constexpr size_t kMaxLine = 4096;
+  std::string path_;
+  std::ifstream in_;
+};
+
 
 bool is_sha256_hex(const std::string& s) {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -118,47 +159,57 @@ std::string step_dir_name(int64_t steps_done) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
-  write_fsync_rename(path, text);
+  write_fsync_rename(path, {text});
 }
 
 std::pair<int64_t, std::string> write_rank_checkpoint(const std::string& step_dir,
                                                       const CheckpointIdentity& identity,
                                                       const StateBuffers& buffers) {
-  std::string text = kMagic;
-  text += "rank " + std::to_string(identity.rank) + "\n";
-  text += "world_size " + std::to_string(identity.world_size) + "\n";
-  text += "steps_done " + std::to_string(identity.steps_done) + "\n";
-  text += "program " + identity.program_sha256 + "\n";
+  // The header and each buffer's name and size as text, the buffers' bytes as they are: written
+  // and hashed in place, never copied into one string.
+  std::vector<std::string> lines;
+  lines.push_back(std::string(kMagic) + "rank " + std::to_string(identity.rank) + "\n" + "world_size " +
+                  std::to_string(identity.world_size) + "\n" + "steps_done " +
+                  std::to_string(identity.steps_done) + "\n" + "program " + identity.program_sha256 + "\n");
+  for (const auto& [name, data] : buffers) lines.push_back(name + "\n" + std::to_string(data.second) + "\n");
+  std::vector<std::string_view> pieces = {lines[0]};
+  int64_t bytes = int64_t(lines[0].size());
+  size_t i = 1;
   for (const auto& [name, data] : buffers) {
-    text += name + "\n" + std::to_string(data.second) + "\n";
-    text.append(data.first, size_t(data.second));
+    pieces.push_back(lines[i]);
+    pieces.push_back(std::string_view(data.first, size_t(data.second)));
+    bytes += int64_t(lines[i++].size()) + data.second;
   }
-  write_fsync_rename(step_dir + "/" + rank_file_name(identity.rank), text);
-  return {int64_t(text.size()), sha256_hex(text)};
+  Sha256 hash;
+  write_fsync_rename(step_dir + "/" + rank_file_name(identity.rank), pieces, &hash);
+  return {bytes, hash.hex_digest()};
 }
 
 void read_rank_checkpoint(const std::string& step_dir, const CheckpointFile& entry,
                           const CheckpointIdentity& expected, const StateBuffers& buffers) {
   std::string path = step_dir + "/" + entry.file;
-  std::string text = read_binary_file(path);
-  if (int64_t(text.size()) != entry.bytes) {
-    throw InputError(path + ": " + std::to_string(text.size()) + " bytes where the manifest says " +
+  // First the whole file against the manifest (read in chunks), so that nothing of an altered
+  // file reaches the state; then read again, each buffer straight into place.
+  auto [size, sha256] = hash_file(path);
+  if (size != entry.bytes) {
+    throw InputError(path + ": " + std::to_string(size) + " bytes where the manifest says " +
                      std::to_string(entry.bytes) + ": truncated or replaced");
   }
-  if (sha256_hex(text) != entry.sha256) {
+  if (sha256 != entry.sha256) {
     throw InputError(path + ": SHA-256 differs from the manifest: the file was altered");
   }
-  if (text.rfind(kMagicV1, 0) == 0) {
+  RankFileReader file(path);
+  std::string magic = file.line("its header") + "\n";
+  if (magic == kMagicV1) {
     throw InputError(path + ": a checkpoint of an older stepcast (format 1, no identity): "
                             "valid: a checkpoint written by this version");
   }
-  if (text.rfind(kMagic, 0) != 0) throw InputError(path + ": not a stepcast checkpoint file");
-  size_t at = std::strlen(kMagic);
+  if (magic != kMagic) throw InputError(path + ": not a stepcast checkpoint file");
   CheckpointIdentity found;
-  found.rank = take_field(text, at, path, "rank");
-  found.world_size = take_field(text, at, path, "world_size");
-  found.steps_done = take_field(text, at, path, "steps_done");
-  std::string program = take_line(text, at, path, "its header");
+  found.rank = file.field("rank");
+  found.world_size = file.field("world_size");
+  found.steps_done = file.field("steps_done");
+  std::string program = file.line("its header");
   if (program.rfind("program ", 0) != 0) throw InputError(path + ": no program line: the file is damaged");
   found.program_sha256 = program.substr(8);
   auto mismatch = [&](const std::string& what, const std::string& got, const std::string& want) {
@@ -177,18 +228,16 @@ void read_rank_checkpoint(const std::string& step_dir, const CheckpointFile& ent
     mismatch("program", printable_excerpt(found.program_sha256, 12), expected.program_sha256.substr(0, 12));
   }
   for (const auto& [name, data] : buffers) {
-    std::string got = take_line(text, at, path, "buffer " + name);
-    int64_t bytes = parse_count(take_line(text, at, path, "buffer " + name), path, "the size of " + got);
+    std::string got = file.line("buffer " + name);
+    int64_t bytes = parse_count(file.line("buffer " + name), path, "the size of " + got);
     if (got != name || bytes != data.second) {
       throw InputError(path + ": holds buffer '" + printable_excerpt(got) + "' of " + std::to_string(bytes) +
                        " bytes where this program has '" + name + "' of " +
                        std::to_string(data.second) + ": a checkpoint of another plan");
     }
-    if (text.size() - at < size_t(bytes)) throw InputError(path + ": truncated in buffer " + name);
-    std::memcpy(data.first, text.data() + at, size_t(bytes));
-    at += size_t(bytes);
+    file.bytes(data.first, bytes, "buffer " + name);
   }
-  if (at != text.size()) throw InputError(path + ": has trailing bytes: not this program's checkpoint");
+  if (!file.at_end()) throw InputError(path + ": has trailing bytes: not this program's checkpoint");
 }
 
 namespace {
