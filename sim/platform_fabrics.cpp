@@ -38,8 +38,7 @@ class DragonflyBuilder : public FabricBuilder {
     for (const auto& [g, routers] : groups_) {
       for (size_t a = 0; a < routers.size(); ++a) {
         for (size_t b = a + 1; b < routers.size(); ++b) {
-          const std::string name = "group" + std::to_string(g) + "-local" + std::to_string(a) + "-" +
-                                   std::to_string(b);
+          const std::string name = "group" + std::to_string(g) + "-local" + std::to_string(a) + "-" + std::to_string(b);
           sg4::Link* local = duplex_link(zone_, name, local_bw, local_latency_s);
           zone_->add_route(routers[a], routers[b], nullptr, nullptr, {up(local)}, true);
         }
@@ -56,9 +55,8 @@ class DragonflyBuilder : public FabricBuilder {
         sg4::Link* end_i = duplex_link(zone_, name + "-end" + std::to_string(i->first), global_bw, 0);
         sg4::Link* global = duplex_link(zone_, name, global_bw, global_latency_s);
         sg4::Link* end_j = duplex_link(zone_, name + "-end" + std::to_string(j->first), global_bw, 0);
-        zone_->add_route(i->second[global_router(i->first, j->first)],
-                         j->second[global_router(j->first, i->first)], nullptr, nullptr,
-                         {up(end_i), up(global), up(end_j)}, true);
+        zone_->add_route(i->second[global_router(i->first, j->first)], j->second[global_router(j->first, i->first)],
+                         nullptr, nullptr, {up(end_i), up(global), up(end_j)}, true);
       }
     }
   }
@@ -75,8 +73,7 @@ class DragonflyBuilder : public FabricBuilder {
     auto [it, inserted] = groups_.try_emplace(g);
     if (inserted) {
       for (int r = 0; r < shape_.routers_per_group; ++r) {
-        it->second.push_back(
-            zone_->create_router("group" + std::to_string(g) + "-router" + std::to_string(r)));
+        it->second.push_back(zone_->create_router("group" + std::to_string(g) + "-router" + std::to_string(r)));
       }
     }
     return it->second;
@@ -103,8 +100,7 @@ class TorusBuilder : public FabricBuilder {
     routers_.reserve(size_t(nodes_) * layers);
     for (int64_t node = 0; node < nodes_; ++node) {
       for (size_t k = 0; k < layers; ++k) {
-        routers_.push_back(
-            zone_->create_router("node" + std::to_string(node) + "-torus-d" + std::to_string(k)));
+        routers_.push_back(zone_->create_router("node" + std::to_string(node) + "-torus-d" + std::to_string(k)));
       }
     }
   }
@@ -122,8 +118,8 @@ class TorusBuilder : public FabricBuilder {
         const int64_t coord = (node / stride) % size;
         if (size == 1 || (size == 2 && coord == 1)) continue;
         const int64_t next = coord + 1 < size ? node + stride : node - (size - 1) * stride;
-        sg4::Link* link = duplex_link(
-            zone_, "torus" + std::to_string(node) + "-d" + std::to_string(k), bw, torus_.link_latency_s);
+        sg4::Link* link =
+            duplex_link(zone_, "torus" + std::to_string(node) + "-d" + std::to_string(k), bw, torus_.link_latency_s);
         zone_->add_route(router(node, k), router(next, k), nullptr, nullptr, {up(link)}, true);
       }
       stride *= size;
@@ -137,15 +133,13 @@ class TorusBuilder : public FabricBuilder {
     // then loops for ever on the predecessors it wrote.
     for (int64_t node = 0; node < nodes_; ++node) {
       for (size_t k = 0; k + 1 < torus_.dimensions.size(); ++k) {
-        sg4::Link* turn =
-            zone_->create_link("node" + std::to_string(node) + "-turn" + std::to_string(k),
-                               torus_.link_bandwidth_bytes_per_s)
-                ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
-                ->set_latency(0);
-        zone_->add_route(router(node, k), router(node, k + 1), nullptr, nullptr,
-                         {sg4::LinkInRoute(turn)}, false);
-        zone_->add_route(router(node, k + 1), router(node, k), nullptr, nullptr,
-                         {sg4::LinkInRoute(turn)}, false);
+        sg4::Link* turn = zone_
+                              ->create_link("node" + std::to_string(node) + "-turn" + std::to_string(k),
+                                            torus_.link_bandwidth_bytes_per_s)
+                              ->set_sharing_policy(sg4::Link::SharingPolicy::FATPIPE)
+                              ->set_latency(0);
+        zone_->add_route(router(node, k), router(node, k + 1), nullptr, nullptr, {sg4::LinkInRoute(turn)}, false);
+        zone_->add_route(router(node, k + 1), router(node, k), nullptr, nullptr, {sg4::LinkInRoute(turn)}, false);
       }
     }
   }

@@ -40,8 +40,7 @@ inline simgrid::s4u::Link* duplex_link(simgrid::s4u::NetZone* zone, const std::s
 
 // Dragonfly and torus (platform_fabrics.cpp). `shared_link_divisor` divides the capacity of the
 // router-to-router links, which the rails fast mode folds would share.
-std::unique_ptr<FabricBuilder> make_dragonfly_builder(simgrid::s4u::NetZone* zone,
-                                                      const Topology& topology,
+std::unique_ptr<FabricBuilder> make_dragonfly_builder(simgrid::s4u::NetZone* zone, const Topology& topology,
                                                       double shared_link_divisor);
 std::unique_ptr<FabricBuilder> make_torus_builder(simgrid::s4u::NetZone* zone, const Topology& topology,
                                                   double shared_link_divisor);

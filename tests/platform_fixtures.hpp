@@ -6,8 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -128,8 +128,8 @@ inline std::vector<double> time_flows(simgrid::s4u::Engine& engine, const Platfo
 // Ring all-reduce expanded step by step: 2(n−1) steps, in each rank r sends bytes/n to rank r+1
 // and waits for its own receive from rank r−1. Adds the ranks' actors (mailboxes named after
 // `ring`, so that several rings may run at once); `last_end_s` gets the time the last one ends.
-inline void add_ring_all_reduce(const std::vector<simgrid::s4u::Host*>& ranks, uint64_t bytes,
-                                const std::string& ring, double& last_end_s) {
+inline void add_ring_all_reduce(const std::vector<simgrid::s4u::Host*>& ranks, uint64_t bytes, const std::string& ring,
+                                double& last_end_s) {
   const size_t n = ranks.size();
   const uint64_t chunk_bytes = bytes / n;
   static int payload = 0;  // mailboxes carry a pointer; nothing is read from it
@@ -148,8 +148,8 @@ inline void add_ring_all_reduce(const std::vector<simgrid::s4u::Host*>& ranks, u
 }
 
 // One ring all-reduce over `ranks`; returns when the last rank finishes.
-inline double time_ring_all_reduce(simgrid::s4u::Engine& engine,
-                                   const std::vector<simgrid::s4u::Host*>& ranks, uint64_t bytes) {
+inline double time_ring_all_reduce(simgrid::s4u::Engine& engine, const std::vector<simgrid::s4u::Host*>& ranks,
+                                   uint64_t bytes) {
   double last_end_s = 0;
   add_ring_all_reduce(ranks, bytes, "ring", last_end_s);
   engine.run();

@@ -26,8 +26,7 @@ namespace {
 
 // star_topology_json's nodes (intra-node 100 GB/s, 1 us) with the fabric of another kind: `nics`
 // NICs of `nic_bw` and `nic_latency` per node and `kind_keys`.
-Topology fabric_topology(int nodes, int per_node, int nics, double nic_bw, double nic_latency,
-                         const Json& kind_keys) {
+Topology fabric_topology(int nodes, int per_node, int nics, double nic_bw, double nic_latency, const Json& kind_keys) {
   Json json = star_topology_json(nodes, per_node, 100e9, 1e-6, nics, nic_bw, nic_latency);
   for (const char* key : {"switch_latency_s", "oversubscription", "switch_radix"}) json["fabric"].erase(key);
   json["fabric"].update(kind_keys);
@@ -78,13 +77,11 @@ using Names = std::vector<std::string>;
 
 }  // namespace
 
-TEST_CASE("torus: routes are dimension-ordered, the shorter way round, k hops in 2·nic + k·hop",
-          "[sim]") {
+TEST_CASE("torus: routes are dimension-ordered, the shorter way round, k hops in 2·nic + k·hop", "[sim]") {
   // 4 x 4 x 4 nodes of one device; node = x + 4y + 16z. Routers exist for every node, hosts only
   // for the listed devices.
   const double nic_latency = 1e-6, hop_latency = 1e-7, nic_bw = 25e9, link_bw = 10e9;
-  const Topology topology =
-      fabric_topology(64, 1, 1, nic_bw, nic_latency, torus_keys({4, 4, 4}, link_bw, hop_latency));
+  const Topology topology = fabric_topology(64, 1, 1, nic_bw, nic_latency, torus_keys({4, 4, 4}, link_bw, hop_latency));
   const uint64_t bytes = 1'000'000'000;
   Json result = simulate_in_child([&](sg4::Engine& engine) {
     Platform platform = build_platform(engine, topology, {{0, 3, 21, 63}, 1});
@@ -99,17 +96,14 @@ TEST_CASE("torus: routes are dimension-ordered, the shorter way round, k hops in
   // (0,0,0) → (1,1,1): x, then y, then z, 3 hops.
   CHECK(links_matching(result.at("to21"), torus) == Names{"torus0-d0_UP", "torus1-d1_UP", "torus5-d2_UP"});
   CHECK(links_matching(result.at("to21"), "node\\d+-turn\\d") == Names{"node1-turn0", "node5-turn1"});
-  CHECK(result.at("to21").at("latency_s").get<double>() ==
-        Approx(2 * nic_latency + 3 * hop_latency).epsilon(1e-12));
+  CHECK(result.at("to21").at("latency_s").get<double>() == Approx(2 * nic_latency + 3 * hop_latency).epsilon(1e-12));
   // Back: x first again, so not the same links reversed.
-  CHECK(links_matching(result.at("from21"), torus) ==
-        Names{"torus20-d0_DOWN", "torus16-d1_DOWN", "torus0-d2_DOWN"});
+  CHECK(links_matching(result.at("from21"), torus) == Names{"torus20-d0_DOWN", "torus16-d1_DOWN", "torus0-d2_DOWN"});
   // (3,0,0) is one hop away over the wraparound link (node 3's link to its +x neighbour, node 0,
   // taken backwards), (3,3,3) three.
   CHECK(links_matching(result.at("to3"), torus) == Names{"torus3-d0_DOWN"});
   CHECK(result.at("to3").at("latency_s").get<double>() == Approx(2 * nic_latency + hop_latency).epsilon(1e-12));
-  CHECK(links_matching(result.at("to63"), torus) ==
-        Names{"torus3-d0_DOWN", "torus15-d1_DOWN", "torus63-d2_DOWN"});
+  CHECK(links_matching(result.at("to63"), torus) == Names{"torus3-d0_DOWN", "torus15-d1_DOWN", "torus63-d2_DOWN"});
   CHECK_FALSE(crosses(result.at("to63"), "nvlink"));
   // The torus link (10 GB/s) is slower than the NIC (25 GB/s).
   CHECK(result.at("end_s")[0].get<double>() ==
@@ -120,8 +114,7 @@ TEST_CASE("torus: two flows sharing a torus link take twice as long as one", "[s
   // 8 x 2 nodes of one device: 0 → 2 and 1 → 3 both cross link 1 → 2; 3 → 5 shares nothing with
   // 0 → 2. A ring of two (y) has one link between its nodes.
   const double nic_latency = 1e-6, hop_latency = 2e-7, link_bw = 10e9;
-  const Topology topology =
-      fabric_topology(16, 1, 1, 25e9, nic_latency, torus_keys({8, 2}, link_bw, hop_latency));
+  const Topology topology = fabric_topology(16, 1, 1, 25e9, nic_latency, torus_keys({8, 2}, link_bw, hop_latency));
   const uint64_t bytes = 500'000'000;
   const double latency = 2 * nic_latency + 2 * hop_latency;
   auto run = [&](const std::vector<Flow>& flows) {
@@ -141,8 +134,7 @@ TEST_CASE("torus: two flows sharing a torus link take twice as long as one", "[s
   CHECK(links_matching(alone.at("y"), R"(torus\d+-d\d_(UP|DOWN))") == Names{"torus0-d1_UP"});
 }
 
-TEST_CASE("dragonfly: one global link between groups, none inside one; latency of the hops",
-          "[sim]") {
+TEST_CASE("dragonfly: one global link between groups, none inside one; latency of the hops", "[sim]") {
   // 3 groups of 2 routers of 2 nodes: node n on router n / 2, of group n / 4. Group 0 holds its
   // link to group 1 on router 0 and to group 2 on router 1; group 1 its link to group 0 on router 1.
   DragonflySpec d;
@@ -153,12 +145,9 @@ TEST_CASE("dragonfly: one global link between groups, none inside one; latency o
   const uint64_t bytes = 500'000'000;
   Json result = simulate_in_child([&](sg4::Engine& engine) {
     Platform platform = build_platform(engine, topology, {device_range(0, 12), 1});
-    return Json{{"same_router", route_of(platform, 0, 1)},
-                {"same_group", route_of(platform, 0, 2)},
-                {"global_only", route_of(platform, 0, 6)},
-                {"local_global_local", route_of(platform, 2, 4)},
-                {"back", route_of(platform, 4, 2)},
-                {"end_s", time_flows(engine, platform, {{2, 4, bytes}})}};
+    return Json{{"same_router", route_of(platform, 0, 1)}, {"same_group", route_of(platform, 0, 2)},
+                {"global_only", route_of(platform, 0, 6)}, {"local_global_local", route_of(platform, 2, 4)},
+                {"back", route_of(platform, 4, 2)},        {"end_s", time_flows(engine, platform, {{2, 4, bytes}})}};
   });
   INFO(result.dump());
   const std::string global = R"(global\d+-\d+_(UP|DOWN))", local = R"(group\d+-local\d+-\d+_(UP|DOWN))";
@@ -230,8 +219,7 @@ namespace {
 // `mode` in a child process; returns the step time.
 double dp_all_reduce_step_s(const Topology& topology, SimMode mode, double bytes) {
   StepProgram program = empty_program(2, topology.num_nodes, 1, 2);
-  push_op(program.roles[0],
-          collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
   Json result = json_from_child([&] {
     SimulateOptions options;
     options.mode = mode;
@@ -262,10 +250,10 @@ TEST_CASE("fast and full mode agree on a dp all_reduce on a torus and a dragonfl
     INFO(to_string(topology->fabric.kind));
     const double full_s = dp_all_reduce_step_s(*topology, SimMode::full, bytes);
     const double fast_s = dp_all_reduce_step_s(*topology, SimMode::fast, bytes);
-    const double model_s = collective_time_s(OpKind::all_reduce, Algorithm::ring, bytes, GroupShape{8, 8, 1},
-                                             link_figures(*topology));
-    INFO(std::setprecision(12) << "full " << full_s << " s, fast " << fast_s << " s, link_figures' ring "
-                               << model_s << " s");
+    const double model_s =
+        collective_time_s(OpKind::all_reduce, Algorithm::ring, bytes, GroupShape{8, 8, 1}, link_figures(*topology));
+    INFO(std::setprecision(12) << "full " << full_s << " s, fast " << fast_s << " s, link_figures' ring " << model_s
+                               << " s");
     CHECK(fast_s == Approx(full_s).epsilon(1e-6));
     CHECK(full_s == Approx(model_s).epsilon(1e-3));
     // The bandwidth term alone: each ring gets half of a 20 GB/s link.
