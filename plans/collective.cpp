@@ -21,15 +21,60 @@ GroupShape group_shape(const RankGrid& grid, GroupKind kind, int64_t rank,
   return shape;
 }
 
+namespace {
+
+// Mean dimension-order hop count between two distinct nodes of a torus: a ring of d nodes puts
+// floor(d²/4) hops between a node and all d of its ring (itself included); the dimensions add, and
+// leaving out the pairs of a node with itself scales by N / (N − 1).
+double torus_mean_hops(const std::vector<int>& dimensions) {
+  double hops = 0;
+  double nodes = 1;
+  for (int d : dimensions) {
+    hops += std::floor(double(d) * d / 4) / d;
+    nodes *= d;
+  }
+  return nodes > 1 ? hops * nodes / (nodes - 1) : 0;
+}
+
+}  // namespace
+
 LinkFigures link_figures(const Topology& topology) {
   LinkFigures links;
   links.intra_bandwidth_bytes_per_s = topology.node.intra_node.bandwidth_bytes_per_s;
   links.intra_latency_s = topology.node.intra_node.latency_s;
   const auto& fabric = topology.fabric;
-  double node_nic_bandwidth = fabric.nics_per_node * fabric.nic_bandwidth_bytes_per_s;
+  const double node_nic_bandwidth = fabric.nics_per_node * fabric.nic_bandwidth_bytes_per_s;
+  const double devices = topology.node.devices_per_node;
+  if (fabric.kind == FabricKind::torus) {
+    // A ring step leaves the node over at least one torus link, which the node's devices (each in
+    // its own rail-aligned ring) share; the latency is a hop count averaged over node pairs.
+    const TorusFabric& torus = fabric.torus;
+    links.inter_bandwidth_bytes_per_s = std::min(node_nic_bandwidth, torus.link_bandwidth_bytes_per_s) / devices;
+    links.inter_latency_s = 2 * fabric.nic_latency_s + torus_mean_hops(torus.dimensions) * torus.link_latency_s;
+    return links;
+  }
+  if (fabric.kind == FabricKind::dragonfly) {
+    // The longest minimal route: router, local link, router, global link, router, local link,
+    // router. A ring crossing routers and groups shares each local and global link it takes among
+    // the node's devices (one rail-aligned ring each); a dragonfly of one group or one router per
+    // group has no global or local hop.
+    const DragonflyFabric& d = fabric.dragonfly;
+    double bandwidth = node_nic_bandwidth;
+    double latency = 2 * fabric.nic_latency_s + fabric.switch_latency_s;
+    for (int end = 0; end < (d.groups > 1 ? 2 : 1) && d.routers_per_group > 1; ++end) {
+      bandwidth = std::min(bandwidth, d.local_link_bandwidth_bytes_per_s);
+      latency += d.local_link_latency_s + fabric.switch_latency_s;
+    }
+    if (d.groups > 1) {
+      bandwidth = std::min(bandwidth, d.global_link_bandwidth_bytes_per_s);
+      latency += d.global_link_latency_s + fabric.switch_latency_s;
+    }
+    links.inter_bandwidth_bytes_per_s = bandwidth / devices;
+    links.inter_latency_s = latency;
+    return links;
+  }
   // A device's share of the node's NICs, through a leaf that may be oversubscribed.
-  links.inter_bandwidth_bytes_per_s =
-      node_nic_bandwidth / topology.node.devices_per_node / fabric.oversubscription;
+  links.inter_bandwidth_bytes_per_s = node_nic_bandwidth / devices / fabric.oversubscription;
   // NIC at both ends plus the switches of a path up to the tree's top and down again. With
   // radix r a two-level tree connects r²/2 end points; deeper trees add two hops per level.
   int64_t endpoints = topology.num_nodes * std::max(1, fabric.nics_per_node);

@@ -25,8 +25,18 @@ GroupShape group_shape(const RankGrid& grid, GroupKind kind, int64_t rank,
                        int64_t devices_per_node);
 
 // Bandwidth (bytes/s per direction) and latency (s) of one step between two members: intra-node
-// when the group stays in a node, otherwise the NIC path (a device's share of the node's NICs,
-// derated by the fat tree's oversubscription) and its hops.
+// when the group stays in a node, otherwise the NIC path and its hops, by fabric kind:
+//  - fat_tree, rail_optimized: a device's share of the node's NICs, derated by the leaf's
+//    oversubscription; 2·nic_latency + (2·levels − 1)·switch_latency, the tree's top and back;
+//  - torus: a device's share of min(node's NICs, one torus link) (a ring step crosses at least
+//    one link, which the node's rail-aligned rings share); 2·nic_latency + h·link_latency with h
+//    the mean dimension-order hop count over node pairs (Σ floor(d²/4)/d · N/(N − 1)): a ring of
+//    neighbours pays less (1 hop a step), a pattern between far nodes more;
+//  - dragonfly: a device's share of min(node's NICs, local link, global link) (the links a ring
+//    over routers and groups crosses); latency of the longest minimal route, router – local –
+//    router – global – router – local – router: 2·nic_latency + 4·switch_latency +
+//    2·local_link_latency + global_link_latency (less where there is one group or one router
+//    per group). Routes inside a group are shorter: an upper bound on the latency term.
 struct LinkFigures {
   double intra_bandwidth_bytes_per_s = 0;
   double intra_latency_s = 0;

@@ -161,6 +161,10 @@ Topology apply_link_fractions(const Topology& topology, const DeviceProfile& pro
   }
   if (profile.intra_node_latency_s) t.node.intra_node.latency_s = *profile.intra_node_latency_s;
   t.fabric.nic_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  // The fabric's own links carry the same protocol as the NICs: the same fraction.
+  t.fabric.dragonfly.local_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  t.fabric.dragonfly.global_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  t.fabric.torus.link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
   return t;
 }
 

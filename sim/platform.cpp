@@ -1,33 +1,66 @@
-// Builds the SimGrid platform of a topology; see platform.hpp. Only this file and the simulator
-// proper touch SimGrid (3.32, S4U).
+// Builds the SimGrid platform of a topology; see platform.hpp. Only this file, platform_fabrics.cpp
+// and the simulator proper touch SimGrid (3.32, S4U).
 //
 // One Dijkstra zone holds every host and router, joined by explicit edges between neighbours,
 // each declared once as a symmetrical route (the reverse edge takes the other half of every
-// split-duplex link). Every link is split-duplex: the two directions never share bandwidth.
+// split-duplex link) unless said otherwise. Every link is split-duplex: the two directions never
+// share bandwidth.
 //
 //   device ─ nvlink ─ nvswitch-port ─ NVSwitch router of the node            (intra-node)
-//   device ─ pcie ─ nic ─ leaf-port ─ leaf router ─ uplink ─ spine router    (inter-node)
+//   device ─ pcie ─ nic ─ port ─ router of the fabric ─ …                    (inter-node)
 //
 //   link           one per  bandwidth, bytes/s per direction       latency, s
 //   nvlink         device   intra_node.bandwidth                   intra_node.latency / 2
 //   nvswitch-port  device   intra_node.bandwidth                   0
 //   pcie           device   nic_bandwidth                          0
 //   nic            NIC      nic_bandwidth                          nic_latency
-//   leaf-port      NIC      nic_bandwidth                          switch_latency / 2
+//   port           NIC      nic_bandwidth                          switch_latency / 2 (torus: 0)
+//
+// The fabric behind the ports, by kind (capacities of the router-to-router links are divided by
+// options.shared_link_divisor: fast mode folds identical rail-aligned groups into one):
+//
+// fat_tree, rail_optimized: the port (leaf-port) leads to a leaf router; leaves join one
+// non-blocking spine through their uplinks.
 //   uplink         leaf     NICs on the leaf · nic_bandwidth       (levels − 1) · switch_latency
 //                           / (oversubscription · shared_link_divisor)
-//
 // So device → NVSwitch → device takes intra_node.latency; device → leaf → device on another node
 // takes 2·nic_latency + switch_latency (one switch); a route across leaves takes 2·nic_latency +
 // (2·levels − 1)·switch_latency, link_figures' inter-node latency: the tree's upper levels are
 // folded into the uplinks and one non-blocking spine.
-//
 // Local device l uses local NIC l·nics_per_node / devices_per_node, so devices share a NIC when a
 // node has fewer NICs than devices. Leaves: a one-level tree is a single switch holding every NIC;
 // otherwise a leaf has switch_radix / 2 down ports, filled in NIC order (fat_tree, node-major) or
 // by rail (rail_optimized: NIC r of switch_radix / 2 consecutive nodes share a rail-r leaf).
 // Only listed devices get a host; leaves without one are left out, and so is the NVSwitch of a
 // node with fewer than two. Leaf membership and uplink capacity follow the real device indices.
+//
+// dragonfly: node n's NICs plug into router n / nodes_per_router (router-port); a group's routers
+// are joined all-to-all by local links, every two groups by one global link, held in group g by
+// router ((h − g − 1) mod groups) mod routers_per_group for the link to group h (g's links spread
+// round-robin over its routers).
+//   local          router pair  local_link_bandwidth              local_link_latency + switch_latency
+//   global         group pair   global_link_bandwidth             global_link_latency + switch_latency
+//   global-end     group pair   global_link_bandwidth, one each end 0
+// Minimal routing: a route between groups crosses exactly one global link, and a local link at
+// either end where the global link sits on another router: 2·nic_latency + (2 + hops)·
+// switch_latency + the links' latencies; inside a router 2·nic_latency + switch_latency.
+//
+// torus: node n has a router per dimension (the layers, see platform_fabrics.cpp); its NICs
+// enter at the first layer (one-way route host → router) and leave from the last (one-way route
+// router → host), and zero-latency fat-pipe turns lead from layer k to layer k + 1 (and back, a
+// detour no shortest path takes), so routes are dimension-ordered, the shorter way round each ring.
+//   torus          node, dimension  link_bandwidth               link_latency (router and cable)
+//   turn           node, dimension  link_bandwidth (fat pipe)    0
+// A route k hops long takes 2·nic_latency + k·link_latency.
+//
+// Why explicit links, not SimGrid's create_torus_zone / create_dragonfly_zone: a cluster zone puts
+// a leaf (a host or a nested zone) at every position, joins it to the fabric by one private link
+// and routes inside itself. A stepcast node is several device hosts behind an NVSwitch sharing
+// NICs, with hosts for the listed devices only, and fast mode divides the router links' capacity;
+// a nested zone per node would need gateways and recursive routing for that, and the dragonfly
+// zone places routers in chassis and its global (blue) links its own way (3.32 also segfaults on
+// some dragonfly parameters instead of refusing them). Explicit links keep one zone, the link
+// conventions above and routes whose every link a test can name.
 //
 // Why pcie and the ports exist: SimGrid's Dijkstra weighs a path by its number of links and
 // forbids an edge without links. Intra-node traffic must take the NVSwitch (4 links), not the NICs
@@ -48,12 +81,14 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "collective.hpp"
 #include "errors.hpp"
+#include "platform_fabrics.hpp"
 
 namespace stepcast {
 
@@ -140,20 +175,94 @@ bool is_latency(double value) { return std::isfinite(value) && value >= 0; }
 // What the loader guarantees and SimGrid would choke on (zero bandwidth, negative latency).
 void check_topology(const Topology& topology) {
   const std::string& file = topology.file;
+  const InterNodeFabric& fabric = topology.fabric;
   STEPCAST_CHECK(topology.num_nodes >= 1 && topology.node.devices_per_node >= 1,
                  file + ": no devices");
-  STEPCAST_CHECK(topology.fabric.nics_per_node >= 1, file + ": no NICs");
-  STEPCAST_CHECK(topology.fabric.switch_radix >= 2, file + ": switch_radix below 2");
+  STEPCAST_CHECK(fabric.nics_per_node >= 1, file + ": no NICs");
   STEPCAST_CHECK(is_rate(topology.node.intra_node.bandwidth_bytes_per_s) &&
-                     is_rate(topology.fabric.nic_bandwidth_bytes_per_s),
+                     is_rate(fabric.nic_bandwidth_bytes_per_s),
                  file + ": a bandwidth is not a positive number");
-  STEPCAST_CHECK(is_latency(topology.node.intra_node.latency_s) &&
-                     is_latency(topology.fabric.nic_latency_s) &&
-                     is_latency(topology.fabric.switch_latency_s),
+  STEPCAST_CHECK(is_latency(topology.node.intra_node.latency_s) && is_latency(fabric.nic_latency_s) &&
+                     is_latency(fabric.switch_latency_s),
                  file + ": a latency is negative or not a number");
-  STEPCAST_CHECK(std::isfinite(topology.fabric.oversubscription) &&
-                     topology.fabric.oversubscription >= 1,
-                 file + ": oversubscription below 1");
+  if (is_switch_tree(fabric.kind)) {
+    STEPCAST_CHECK(fabric.switch_radix >= 2, file + ": switch_radix below 2");
+    STEPCAST_CHECK(std::isfinite(fabric.oversubscription) && fabric.oversubscription >= 1,
+                   file + ": oversubscription below 1");
+  } else if (fabric.kind == FabricKind::dragonfly) {
+    const DragonflyFabric& d = fabric.dragonfly;
+    STEPCAST_CHECK(d.groups >= 1 && d.routers_per_group >= 1 && d.nodes_per_router >= 1 &&
+                       int64_t(d.groups) * d.routers_per_group * d.nodes_per_router == topology.num_nodes,
+                   file + ": the dragonfly's sizes do not place num_nodes nodes");
+    STEPCAST_CHECK(is_rate(d.local_link_bandwidth_bytes_per_s) && is_rate(d.global_link_bandwidth_bytes_per_s) &&
+                       is_latency(d.local_link_latency_s) && is_latency(d.global_link_latency_s),
+                   file + ": a dragonfly link figure is not a positive number");
+  } else {
+    const TorusFabric& torus = fabric.torus;
+    int64_t nodes = 1;
+    for (int size : torus.dimensions) nodes *= size >= 1 ? size : 0;
+    STEPCAST_CHECK((torus.dimensions.size() == 2 || torus.dimensions.size() == 3) &&
+                       nodes == topology.num_nodes,
+                   file + ": the torus's dimensions do not place num_nodes nodes");
+    STEPCAST_CHECK(is_rate(torus.link_bandwidth_bytes_per_s) && is_latency(torus.link_latency_s),
+                   file + ": a torus link figure is not a positive number");
+  }
+}
+
+// Leaves under one spine; see the layout at the top.
+class TreeBuilder : public platform_detail::FabricBuilder {
+ public:
+  TreeBuilder(sg4::NetZone* zone, const Topology& topology, double divisor)
+      : zone_(zone), fabric_(topology.fabric), divisor_(divisor) {
+    const int levels = fabric_levels(topology);
+    layout_ = leaf_layout(topology, levels);
+    uplink_latency_s_ = (levels - 1) * fabric_.switch_latency_s;
+    // The route across leaves must cost what the analytical model charges.
+    const double cross_leaf_latency_s =
+        2 * (fabric_.nic_latency_s + fabric_.switch_latency_s / 2) + 2 * uplink_latency_s_;
+    const double model_latency_s = link_figures(topology).inter_latency_s;
+    STEPCAST_CHECK(std::abs(cross_leaf_latency_s - model_latency_s) <= 1e-12 * model_latency_s,
+                   "cross-leaf latency " + std::to_string(cross_leaf_latency_s) +
+                       " s differs from link_figures' " + std::to_string(model_latency_s) + " s");
+  }
+
+  platform_detail::FabricPort attach(int64_t node, int64_t local_nic) override {
+    auto [leaf, new_leaf] = router_of_leaf_.try_emplace(layout_.leaf_of(node, local_nic), nullptr);
+    if (new_leaf) leaf->second = zone_->create_router("leaf" + std::to_string(leaf->first));
+    return {leaf->second, leaf->second, fabric_.switch_latency_s / 2, "-leaf-port"};
+  }
+
+  void connect() override {
+    if (router_of_leaf_.size() <= 1) return;
+    NetPoint* spine = zone_->create_router("spine");
+    for (const auto& [leaf, router] : router_of_leaf_) {
+      const int64_t nics = layout_.nics_on(leaf);
+      STEPCAST_CHECK(nics >= 1, "leaf " + std::to_string(leaf) + " holds no NIC");
+      const double capacity_bytes_per_s =
+          double(nics) * fabric_.nic_bandwidth_bytes_per_s / (fabric_.oversubscription * divisor_);
+      sg4::Link* uplink = platform_detail::duplex_link(zone_, "leaf" + std::to_string(leaf) + "-uplink",
+                                                       capacity_bytes_per_s, uplink_latency_s_);
+      zone_->add_route(router, spine, nullptr, nullptr, {sg4::LinkInRoute(uplink, Direction::UP)}, true);
+    }
+  }
+
+ private:
+  sg4::NetZone* zone_;
+  const InterNodeFabric& fabric_;
+  double divisor_;
+  LeafLayout layout_;
+  double uplink_latency_s_ = 0;
+  std::map<int64_t, NetPoint*> router_of_leaf_;  // ordered: uplinks are made in leaf order
+};
+
+std::unique_ptr<platform_detail::FabricBuilder> make_fabric_builder(sg4::NetZone* zone,
+                                                                    const Topology& topology,
+                                                                    double divisor) {
+  if (topology.fabric.kind == FabricKind::dragonfly)
+    return platform_detail::make_dragonfly_builder(zone, topology, divisor);
+  if (topology.fabric.kind == FabricKind::torus)
+    return platform_detail::make_torus_builder(zone, topology, divisor);
+  return std::make_unique<TreeBuilder>(zone, topology, divisor);
 }
 
 }  // namespace
@@ -182,31 +291,22 @@ Platform build_platform(sg4::Engine& engine, const Topology& topology,
   const IntraNodeFabric& intra = topology.node.intra_node;
   const InterNodeFabric& fabric = topology.fabric;
   const int64_t nics_per_node = fabric.nics_per_node;
-  const int levels = fabric_levels(topology);
-  const LeafLayout layout = leaf_layout(topology, levels);
-  const double uplink_latency_s = (levels - 1) * fabric.switch_latency_s;
-  // The route across leaves must cost what the analytical model charges.
-  const double cross_leaf_latency_s =
-      2 * (fabric.nic_latency_s + fabric.switch_latency_s / 2) + 2 * uplink_latency_s;
-  const double model_latency_s = link_figures(topology).inter_latency_s;
-  STEPCAST_CHECK(std::abs(cross_leaf_latency_s - model_latency_s) <= 1e-12 * model_latency_s,
-                 "cross-leaf latency " + std::to_string(cross_leaf_latency_s) +
-                     " s differs from link_figures' " + std::to_string(model_latency_s) + " s");
 
   sg4::NetZone* zone = sg4::create_dijkstra_zone("stepcast", /*cache=*/true);
+  std::unique_ptr<platform_detail::FabricBuilder> builder =
+      make_fabric_builder(zone, topology, options.shared_link_divisor);
   auto duplex = [zone](const std::string& name, double bandwidth_bytes_per_s, double latency_s) {
-    return zone->create_split_duplex_link(name, bandwidth_bytes_per_s)->set_latency(latency_s);
+    return platform_detail::duplex_link(zone, name, bandwidth_bytes_per_s, latency_s);
   };
   auto up = [](const sg4::Link* link) { return sg4::LinkInRoute(link, Direction::UP); };
+  auto down = [](const sg4::Link* link) { return sg4::LinkInRoute(link, Direction::DOWN); };
 
   struct Nic {
     sg4::Link* nic = nullptr;
-    sg4::Link* leaf_port = nullptr;
-    int64_t leaf = 0;
+    sg4::Link* port = nullptr;
   };
   std::map<int64_t, NetPoint*> nvswitch_of_node;
   std::map<int64_t, Nic> nic_of_index;
-  std::map<int64_t, NetPoint*> router_of_leaf;  // ordered: uplinks are made in leaf order
 
   Platform platform;
   platform.hosts.reserve(options.devices.size());
@@ -233,33 +333,27 @@ Platform build_platform(sg4::Engine& engine, const Topology& topology,
                       {up(nvlink), up(nvswitch_port)}, true);
     }
 
+    const platform_detail::FabricPort port = builder->attach(node, local_nic);
     auto [nic, new_nic] = nic_of_index.try_emplace(nic_index, Nic{});
     if (new_nic) {
       const std::string nic_name = "nic" + std::to_string(nic_index);
       nic->second.nic = duplex(nic_name, fabric.nic_bandwidth_bytes_per_s, fabric.nic_latency_s);
-      nic->second.leaf_port = duplex(nic_name + "-leaf-port", fabric.nic_bandwidth_bytes_per_s,
-                                     fabric.switch_latency_s / 2);
-      nic->second.leaf = layout.leaf_of(node, local_nic);
+      nic->second.port = duplex(nic_name + port.port_suffix, fabric.nic_bandwidth_bytes_per_s,
+                                port.port_latency_s);
     }
-    auto [leaf, new_leaf] = router_of_leaf.try_emplace(nic->second.leaf, nullptr);
-    if (new_leaf) leaf->second = zone->create_router("leaf" + std::to_string(leaf->first));
     sg4::Link* pcie = duplex(name + "-pcie", fabric.nic_bandwidth_bytes_per_s, 0);
-    zone->add_route(host->get_netpoint(), leaf->second, nullptr, nullptr,
-                    {up(pcie), up(nic->second.nic), up(nic->second.leaf_port)}, true);
-  }
-
-  if (router_of_leaf.size() > 1) {
-    NetPoint* spine = zone->create_router("spine");
-    for (const auto& [leaf, router] : router_of_leaf) {
-      const int64_t nics = layout.nics_on(leaf);
-      STEPCAST_CHECK(nics >= 1, "leaf " + std::to_string(leaf) + " holds no NIC");
-      const double capacity_bytes_per_s = double(nics) * fabric.nic_bandwidth_bytes_per_s /
-                                          (fabric.oversubscription * options.shared_link_divisor);
-      sg4::Link* uplink =
-          duplex("leaf" + std::to_string(leaf) + "-uplink", capacity_bytes_per_s, uplink_latency_s);
-      zone->add_route(router, spine, nullptr, nullptr, {up(uplink)}, true);
+    if (port.up == port.down) {
+      zone->add_route(host->get_netpoint(), port.up, nullptr, nullptr,
+                      {up(pcie), up(nic->second.nic), up(nic->second.port)}, true);
+    } else {
+      zone->add_route(host->get_netpoint(), port.up, nullptr, nullptr,
+                      {up(pcie), up(nic->second.nic), up(nic->second.port)}, false);
+      zone->add_route(port.down, host->get_netpoint(), nullptr, nullptr,
+                      {down(nic->second.port), down(nic->second.nic), down(pcie)}, false);
     }
   }
+  builder->connect();
+
   platform.delay_hosts.reserve(size_t(options.delay_hosts));
   for (int64_t i = 0; i < options.delay_hosts; ++i)
     platform.delay_hosts.push_back(zone->create_host("delay" + std::to_string(i), 1.0));

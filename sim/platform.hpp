@@ -1,6 +1,7 @@
 // The SimGrid platform of a topology: one host per simulated device, the NVSwitch of each node,
-// each device's NIC, the leaf switches and one non-blocking spine (layout and latencies at the
-// top of platform.cpp). Hosts run at 1 flop/s, so an execution of `amount` flops lasts `amount`
+// each device's NIC and the inter-node fabric's routers and links: leaf switches under one
+// non-blocking spine, a dragonfly's groups or a torus (layout and latencies at the top of
+// platform.cpp). Hosts run at 1 flop/s, so an execution of `amount` flops lasts `amount`
 // seconds: the cost model gives seconds, SimGrid only orders events and shares bandwidth.
 #pragma once
 
@@ -26,8 +27,8 @@ void configure_engine(simgrid::s4u::Engine& engine);
 struct PlatformOptions {
   // Global device indices (node·devices_per_node + local) that get a host.
   std::vector<int64_t> devices;
-  // Divides the capacity of links several NICs share (leaf uplinks): fast mode folds identical
-  // rail-aligned groups into one.
+  // Divides the capacity of links several NICs share (leaf uplinks, dragonfly and torus router
+  // links): fast mode folds identical rail-aligned groups into one.
   double shared_link_divisor = 1;
   // Extra hosts off the network, for executions and analytic delays that must not share a
   // device host's speed.

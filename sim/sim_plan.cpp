@@ -59,8 +59,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   // that sharing, so fold only where every device has its own NIC.
   const bool own_nic = topology.fabric.nics_per_node >= per_node;
   const bool fold_rails = fold_tp && options.fold_rail_groups && own_nic;
+  // The folded rails' flows take the same node-to-node paths: the links they would share (a fat
+  // tree's leaf uplinks, a torus's or a dragonfly's router links) get 1/tp of their capacity. A
+  // rail-optimised leaf holds one rail, so its uplink carries no folded rail's traffic.
   double divisor = 1;
-  if (fold_rails && topology.fabric.kind == FabricKind::fat_tree) divisor = double(program.tp_size);
+  if (fold_rails && topology.fabric.kind != FabricKind::rail_optimized) divisor = double(program.tp_size);
 
   SimPlan plan;
   plan.program = &program;

@@ -1,9 +1,10 @@
 // Loading, validating and writing back topology files; see topology.hpp for the data.
 // Every key is required except "notes", "profile" and the dtypes under peak_flops_per_s (at
-// least one).
+// least one); fabric's keys beyond kind and the NIC's are those of its kind.
 // Nothing here knows about SimGrid: the platform is built from the returned struct in sim/.
 #include "topology.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <iomanip>
@@ -20,7 +21,15 @@ constexpr Dtype kAllDtypes[] = {Dtype::fp64, Dtype::fp32, Dtype::tf32,
                                 Dtype::bf16, Dtype::fp16, Dtype::fp8};
 
 const std::vector<std::string> kIntraNodeKinds = {"nvswitch", "nvlink", "pcie", "shared_memory"};
-const std::vector<std::string> kFabricKinds = {"fat_tree", "rail_optimized"};
+const std::vector<std::string> kFabricKinds = {"fat_tree", "rail_optimized", "dragonfly", "torus"};
+// The keys of fabric beyond kind and the NIC's (nics_per_node, nic_bandwidth_bytes_per_s,
+// nic_latency_s), per kind: a key of another kind is refused by name.
+const std::vector<std::string> kTreeKeys = {"switch_latency_s", "oversubscription", "switch_radix"};
+const std::vector<std::string> kDragonflyKeys = {
+    "switch_latency_s", "groups", "routers_per_group", "nodes_per_router",
+    "local_link_bandwidth_bytes_per_s", "local_link_latency_s",
+    "global_link_bandwidth_bytes_per_s", "global_link_latency_s"};
+const std::vector<std::string> kTorusKeys = {"dimensions", "link_bandwidth_bytes_per_s", "link_latency_s"};
 
 std::vector<std::string> dtype_names() {
   std::vector<std::string> names;
@@ -67,6 +76,8 @@ IntraNodeKind parse_intra_node_kind(const std::string& name) {
 FabricKind parse_fabric_kind(const std::string& name) {
   if (name == "fat_tree") return FabricKind::fat_tree;
   if (name == "rail_optimized") return FabricKind::rail_optimized;
+  if (name == "dragonfly") return FabricKind::dragonfly;
+  if (name == "torus") return FabricKind::torus;
   fail_invariant(__FILE__, __LINE__, "fabric kind not checked by get_enum: " + name);
 }
 
@@ -137,6 +148,54 @@ NodeSpec read_node(ObjectReader& top) {
   return node;
 }
 
+const std::vector<std::string>& keys_of(FabricKind kind) {
+  if (kind == FabricKind::dragonfly) return kDragonflyKeys;
+  if (kind == FabricKind::torus) return kTorusKeys;
+  return kTreeKeys;
+}
+
+DragonflyFabric read_dragonfly(ObjectReader& reader) {
+  DragonflyFabric dragonfly;
+  // The simulator draws every global and local link: g(g-1)/2 + g·r(r-1)/2 of them. The bounds
+  // keep that buildable and are above built machines (a Cray XC group has 96 Aries routers).
+  auto bounded = [&reader](const std::string& key, int max_value) {
+    int value = get_count(reader, key, 1);
+    if (value > max_value) {
+      reader.fail(key, "out of range", "an integer in [1, " + std::to_string(max_value) + "]");
+    }
+    return value;
+  };
+  dragonfly.groups = bounded("groups", 1024);
+  dragonfly.routers_per_group = bounded("routers_per_group", 256);
+  dragonfly.nodes_per_router = get_count(reader, "nodes_per_router", 1);
+  dragonfly.local_link_bandwidth_bytes_per_s =
+      reader.get_number_between("local_link_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  dragonfly.local_link_latency_s = reader.get_number_between("local_link_latency_s", 0, kMaxLatency);
+  dragonfly.global_link_bandwidth_bytes_per_s =
+      reader.get_number_between("global_link_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  dragonfly.global_link_latency_s = reader.get_number_between("global_link_latency_s", 0, kMaxLatency);
+  return dragonfly;
+}
+
+TorusFabric read_torus(ObjectReader& reader) {
+  TorusFabric torus;
+  const std::string valid = "a list of 2 or 3 ring sizes, each an integer in [1, " +
+                            std::to_string(INT_MAX) + "], e.g. [4, 4, 4]";
+  // Elements that are not integers >= 1 are refused by get_int_list, naming the element.
+  for (int64_t size : reader.get_int_list("dimensions", 1)) {
+    if (size > INT_MAX) reader.fail("dimensions", "a ring size of " + std::to_string(size), valid);
+    torus.dimensions.push_back(static_cast<int>(size));
+  }
+  if (torus.dimensions.size() < 2 || torus.dimensions.size() > 3) {
+    const size_t count = torus.dimensions.size();
+    reader.fail("dimensions", std::to_string(count) + (count == 1 ? " dimension" : " dimensions"), valid);
+  }
+  torus.link_bandwidth_bytes_per_s =
+      reader.get_number_between("link_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
+  torus.link_latency_s = reader.get_number_between("link_latency_s", 0, kMaxLatency);
+  return torus;
+}
+
 InterNodeFabric read_fabric(ObjectReader& top, int devices_per_node) {
   ObjectReader reader = top.get_object("fabric");
   InterNodeFabric fabric;
@@ -145,9 +204,27 @@ InterNodeFabric read_fabric(ObjectReader& top, int devices_per_node) {
   fabric.nic_bandwidth_bytes_per_s =
       reader.get_number_between("nic_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
   fabric.nic_latency_s = reader.get_number_between("nic_latency_s", 0, kMaxLatency);
-  fabric.switch_latency_s = reader.get_number_between("switch_latency_s", 0, kMaxLatency);
-  fabric.oversubscription = reader.get_number_between("oversubscription", 1, 1000);
-  fabric.switch_radix = get_count(reader, "switch_radix", 2);
+  // A key of another kind (switch_radix in a torus) is a mix-up, not a typo: say so.
+  for (FabricKind kind : {FabricKind::fat_tree, FabricKind::dragonfly, FabricKind::torus}) {
+    for (const std::string& key : keys_of(kind)) {
+      const auto& own = keys_of(fabric.kind);
+      if (!reader.has(key) || std::find(own.begin(), own.end(), key) != own.end()) continue;
+      reader.fail(key, std::string("not a key of kind \"") + to_string(fabric.kind) + "\"",
+                  "the keys of \"" + std::string(to_string(fabric.kind)) +
+                      "\": kind, nics_per_node, nic_bandwidth_bytes_per_s, nic_latency_s, " +
+                      join(own));
+    }
+  }
+  if (is_switch_tree(fabric.kind)) {
+    fabric.switch_latency_s = reader.get_number_between("switch_latency_s", 0, kMaxLatency);
+    fabric.oversubscription = reader.get_number_between("oversubscription", 1, 1000);
+    fabric.switch_radix = get_count(reader, "switch_radix", 2);
+  } else if (fabric.kind == FabricKind::dragonfly) {
+    fabric.switch_latency_s = reader.get_number_between("switch_latency_s", 0, kMaxLatency);
+    fabric.dragonfly = read_dragonfly(reader);
+  } else {
+    fabric.torus = read_torus(reader);
+  }
   reader.finish();
   // A rail joins device i of every node through NIC i, so there is one NIC per device.
   if (fabric.kind == FabricKind::rail_optimized && fabric.nics_per_node != devices_per_node) {
@@ -156,6 +233,49 @@ InterNodeFabric read_fabric(ObjectReader& top, int devices_per_node) {
                     ") for kind \"rail_optimized\", or kind \"fat_tree\"");
   }
   return fabric;
+}
+
+std::string render_dimensions(const std::vector<int>& dimensions) {
+  std::string out = "[";
+  for (size_t i = 0; i < dimensions.size(); ++i) out += (i ? ", " : "") + std::to_string(dimensions[i]);
+  return out + "]";
+}
+
+// The dragonfly's and the torus's sizes must place exactly num_nodes nodes (after --nodes).
+void check_fabric_size(const Topology& topology, bool nodes_overridden) {
+  const InterNodeFabric& fabric = topology.fabric;
+  // Products are capped past INT_MAX (every size is an int, so nothing overflows on the way).
+  constexpr int64_t kTooMany = int64_t(INT_MAX) + 1;
+  auto nodes_text = [&](int64_t product) {
+    return (product >= kTooMany ? "more than " + std::to_string(INT_MAX) : std::to_string(product)) +
+           " nodes, not num_nodes = " + std::to_string(topology.num_nodes) +
+           (nodes_overridden ? " (set by --nodes)" : "");
+  };
+  const std::string valid_product = "whose product is num_nodes, " + std::to_string(topology.num_nodes);
+  if (fabric.kind == FabricKind::torus) {
+    int64_t product = 1;
+    std::string formula;
+    for (int size : fabric.torus.dimensions) {
+      product = std::min(product * size, kTooMany);
+      formula += (formula.empty() ? "" : " x ") + std::to_string(size);
+    }
+    if (product != topology.num_nodes) {
+      throw_input_error(topology.file, "fabric.dimensions", render_dimensions(fabric.torus.dimensions),
+                        "a torus of " + formula + " = " + nodes_text(product),
+                        "2 or 3 ring sizes " + valid_product);
+    }
+  } else if (fabric.kind == FabricKind::dragonfly) {
+    const DragonflyFabric& d = fabric.dragonfly;
+    const int64_t product =
+        std::min(std::min(int64_t(d.groups) * d.routers_per_group, kTooMany) * d.nodes_per_router, kTooMany);
+    if (product != topology.num_nodes) {
+      throw_input_error(topology.file, "fabric.groups", std::to_string(d.groups),
+                        "groups x routers_per_group x nodes_per_router = " + std::to_string(d.groups) +
+                            " x " + std::to_string(d.routers_per_group) + " x " +
+                            std::to_string(d.nodes_per_router) + " = " + nodes_text(product),
+                        "groups, routers_per_group and nodes_per_router " + valid_product);
+    }
+  }
 }
 
 }  // namespace
@@ -217,8 +337,14 @@ const char* to_string(FabricKind kind) {
   switch (kind) {
     case FabricKind::fat_tree: return "fat_tree";
     case FabricKind::rail_optimized: return "rail_optimized";
+    case FabricKind::dragonfly: return "dragonfly";
+    case FabricKind::torus: return "torus";
   }
   fail_invariant(__FILE__, __LINE__, "unknown FabricKind " + std::to_string(static_cast<int>(kind)));
+}
+
+bool is_switch_tree(FabricKind kind) {
+  return kind == FabricKind::fat_tree || kind == FabricKind::rail_optimized;
 }
 
 double DeviceSpec::peak_for(Dtype dtype, const std::string& topology_file) const {
@@ -259,6 +385,7 @@ Topology parse_topology(const Json& json, const std::string& file,
     }
     topology.num_nodes = *nodes_override;
   }
+  check_fabric_size(topology, nodes_override.has_value());
   return topology;
 }
 
@@ -292,10 +419,27 @@ Json topology_to_json(const Topology& topology) {
        {{"kind", to_string(fabric.kind)},
         {"nics_per_node", fabric.nics_per_node},
         {"nic_bandwidth_bytes_per_s", fabric.nic_bandwidth_bytes_per_s},
-        {"nic_latency_s", fabric.nic_latency_s},
-        {"switch_latency_s", fabric.switch_latency_s},
-        {"oversubscription", fabric.oversubscription},
-        {"switch_radix", fabric.switch_radix}}}};
+        {"nic_latency_s", fabric.nic_latency_s}}}};
+  Json& out = json["fabric"];
+  if (is_switch_tree(fabric.kind)) {
+    out["switch_latency_s"] = fabric.switch_latency_s;
+    out["oversubscription"] = fabric.oversubscription;
+    out["switch_radix"] = fabric.switch_radix;
+  } else if (fabric.kind == FabricKind::dragonfly) {
+    const DragonflyFabric& d = fabric.dragonfly;
+    out["switch_latency_s"] = fabric.switch_latency_s;
+    out["groups"] = d.groups;
+    out["routers_per_group"] = d.routers_per_group;
+    out["nodes_per_router"] = d.nodes_per_router;
+    out["local_link_bandwidth_bytes_per_s"] = d.local_link_bandwidth_bytes_per_s;
+    out["local_link_latency_s"] = d.local_link_latency_s;
+    out["global_link_bandwidth_bytes_per_s"] = d.global_link_bandwidth_bytes_per_s;
+    out["global_link_latency_s"] = d.global_link_latency_s;
+  } else {
+    out["dimensions"] = fabric.torus.dimensions;
+    out["link_bandwidth_bytes_per_s"] = fabric.torus.link_bandwidth_bytes_per_s;
+    out["link_latency_s"] = fabric.torus.link_latency_s;
+  }
   if (!topology.profile.empty()) json["profile"] = topology.profile;
   return json;
 }

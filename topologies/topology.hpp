@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "json_input.hpp"
 
@@ -49,17 +50,45 @@ struct NodeSpec {
   IntraNodeFabric intra_node;
 };
 
-enum class FabricKind { fat_tree, rail_optimized };
+// fat_tree and rail_optimized: switch trees (leaves of switch_radix / 2 NICs under a spine);
+// dragonfly: groups of routers joined all-to-all inside a group and by global links between
+// groups (Slingshot, Aries); torus: one router per node on a 2-D or 3-D torus with wraparound
+// links and dimension-order routing (TPU pods). sim/platform.cpp draws each.
+enum class FabricKind { fat_tree, rail_optimized, dragonfly, torus };
 const char* to_string(FabricKind kind);
+// fat_tree and rail_optimized: the kinds with switch_radix and oversubscription.
+bool is_switch_tree(FabricKind kind);
+
+// Node n sits on router n / nodes_per_router; router r is router r % routers_per_group of group
+// r / routers_per_group. groups · routers_per_group · nodes_per_router = num_nodes.
+struct DragonflyFabric {
+  int groups = 0;
+  int routers_per_group = 0;
+  int nodes_per_router = 0;
+  double local_link_bandwidth_bytes_per_s = 0;   // between two routers of a group, per direction
+  double local_link_latency_s = 0;               // cable; each router entered adds switch_latency
+  double global_link_bandwidth_bytes_per_s = 0;  // between two groups (all their cables), per direction
+  double global_link_latency_s = 0;
+};
+
+// Node n has coordinates x = n % d0, y = (n / d0) % d1, z = n / (d0·d1); the product of the
+// dimensions is num_nodes. Each node's router links to its two neighbours in every dimension.
+struct TorusFabric {
+  std::vector<int> dimensions;            // 2 or 3 ring sizes, each >= 1
+  double link_bandwidth_bytes_per_s = 0;  // one link between neighbours, per direction
+  double link_latency_s = 0;              // one hop: router and cable
+};
 
 struct InterNodeFabric {
   FabricKind kind = FabricKind::fat_tree;
   int nics_per_node = 0;
   double nic_bandwidth_bytes_per_s = 0;  // per NIC, per direction
   double nic_latency_s = 0;              // NIC + cable, one end
-  double switch_latency_s = 0;           // per switch traversed
-  double oversubscription = 1.0;         // downlink:uplink bandwidth at the leaf, >= 1
-  int switch_radix = 0;                  // ports per switch; sets the number of tree levels
+  double switch_latency_s = 0;           // per switch (tree) or router (dragonfly) traversed; 0 for torus
+  double oversubscription = 1.0;         // downlink:uplink bandwidth at the leaf, >= 1 (trees; 1 otherwise)
+  int switch_radix = 0;                  // ports per switch; sets the number of tree levels (trees; 0 otherwise)
+  DragonflyFabric dragonfly;             // kind dragonfly only
+  TorusFabric torus;                     // kind torus only
 };
 
 struct Topology {

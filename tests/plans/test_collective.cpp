@@ -57,3 +57,52 @@ TEST_CASE("group shapes follow the rank grid and the node size", "[collective]")
   GroupShape dp2 = group_shape(small_tp, GroupKind::dp, 0, 8);
   CHECK((dp2.size == 16 && dp2.nodes == 4 && dp2.members_per_node == 4));
 }
+
+TEST_CASE("link_figures on a torus: mean dimension-order hops, the slower of NICs and a link", "[collective]") {
+  Topology t;
+  t.num_nodes = 64;
+  t.node.devices_per_node = 4;
+  t.node.intra_node.bandwidth_bytes_per_s = 300e9;
+  t.fabric.kind = FabricKind::torus;
+  t.fabric.nics_per_node = 2;
+  t.fabric.nic_bandwidth_bytes_per_s = 50e9;
+  t.fabric.nic_latency_s = 1e-6;
+  t.fabric.torus = {{4, 4, 4}, 40e9, 1e-7};
+  // A ring of 4 puts 0, 1, 2, 1 hops from a node to the others: mean 1 per dimension over all 64
+  // destinations, 3 · 64/63 over the 63 others.
+  LinkFigures links = link_figures(t);
+  CHECK(links.inter_latency_s == Approx(2e-6 + 3.0 * 64 / 63 * 1e-7).epsilon(1e-12));
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(40e9 / 4).epsilon(1e-12));  // link < 2 NICs
+  t.fabric.torus.link_bandwidth_bytes_per_s = 400e9;
+  CHECK(link_figures(t).inter_bandwidth_bytes_per_s == Approx(100e9 / 4).epsilon(1e-12));
+  // 8 x 2: rings of 8 (0,1,2,3,4,3,2,1: mean 2) and of 2 (mean 1/2).
+  t.num_nodes = 16;
+  t.fabric.torus.dimensions = {8, 2};
+  CHECK(link_figures(t).inter_latency_s == Approx(2e-6 + 2.5 * 16 / 15 * 1e-7).epsilon(1e-12));
+}
+
+TEST_CASE("link_figures on a dragonfly: the longest minimal route, the slowest link on it", "[collective]") {
+  Topology t;
+  t.num_nodes = 32;
+  t.node.devices_per_node = 2;
+  t.node.intra_node.bandwidth_bytes_per_s = 300e9;
+  t.fabric.kind = FabricKind::dragonfly;
+  t.fabric.nics_per_node = 2;
+  t.fabric.nic_bandwidth_bytes_per_s = 25e9;
+  t.fabric.nic_latency_s = 1e-6;
+  t.fabric.switch_latency_s = 3e-7;
+  t.fabric.dragonfly = {4, 4, 2, 100e9, 2e-8, 30e9, 5e-7};
+  LinkFigures links = link_figures(t);
+  CHECK(links.inter_latency_s == Approx(2e-6 + 4 * 3e-7 + 2 * 2e-8 + 5e-7).epsilon(1e-12));
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(30e9 / 2).epsilon(1e-12));
+  // One group: router, local link, router.
+  t.fabric.dragonfly.groups = 1;
+  t.num_nodes = 8;
+  links = link_figures(t);
+  CHECK(links.inter_latency_s == Approx(2e-6 + 2 * 3e-7 + 2e-8).epsilon(1e-12));
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(50e9 / 2).epsilon(1e-12));
+  // One router per group: router, global link, router.
+  t.fabric.dragonfly = {4, 1, 8, 100e9, 2e-8, 30e9, 5e-7};
+  t.num_nodes = 32;
+  CHECK(link_figures(t).inter_latency_s == Approx(2e-6 + 2 * 3e-7 + 5e-7).epsilon(1e-12));
+}

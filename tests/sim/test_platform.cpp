@@ -3,13 +3,8 @@
 // build. SimGrid allows one simulation per process, so each simulation runs in a forked child that
 // sends back what it measured as JSON and the checks run in the test process: the [sim] cases may
 // run together in one process or one per process (as ctest runs them).
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdio>
-#include <functional>
 #include <iostream>
 #include <simgrid/s4u.hpp>
 #include <string>
@@ -18,132 +13,15 @@
 #include "collective.hpp"
 #include "json_input.hpp"
 #include "platform.hpp"
+#include "platform_fixtures.hpp"
 #include "test_support.hpp"
 #include "topology.hpp"
 
 using namespace stepcast;
+using namespace stepcast::test;
 namespace sg4 = simgrid::s4u;
 
 namespace {
-
-// Runs `simulate` in a child process on a fresh, configured engine without a platform and returns
-// the JSON it produced. Fails the test when the child does not finish cleanly.
-Json simulate_in_child(const std::function<Json(sg4::Engine&)>& simulate) {
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(fds[0]);
-    int exit_code = 0;
-    try {
-      int argc = 1;
-      char name[] = "stepcast_tests";
-      char* argv[] = {name, nullptr};
-      auto* engine = new sg4::Engine(&argc, argv);  // the child ends with _exit: no teardown
-      configure_engine(*engine);
-      std::string text = simulate(*engine).dump();
-      for (size_t done = 0; done < text.size();) {
-        ssize_t n = write(fds[1], text.data() + done, text.size() - done);
-        if (n <= 0) throw std::runtime_error("write to the test process failed");
-        done += size_t(n);
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "simulation failed: %s\n", e.what());
-      exit_code = 1;
-    }
-    close(fds[1]);
-    _exit(exit_code);
-  }
-  close(fds[1]);
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, size_t(n));
-  close(fds[0]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 0);
-  return Json::parse(text);
-}
-
-std::vector<int64_t> device_range(int64_t first, int64_t count) {
-  std::vector<int64_t> devices(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) devices[size_t(i)] = first + i;
-  return devices;
-}
-
-// The links (by name) and latency of the route from `src` to `dst`.
-Json route_of(const Platform& platform, int64_t src, int64_t dst) {
-  std::vector<sg4::Link*> links;
-  double latency_s = 0;
-  platform.host_of_device.at(src)->route_to(platform.host_of_device.at(dst), links, &latency_s);
-  Json names = Json::array();
-  for (const sg4::Link* link : links) names.push_back(link->get_name());
-  return {{"links", names}, {"latency_s", latency_s}};
-}
-
-// True when some link of `route` has `part` in its name.
-bool crosses(const Json& route, const std::string& part) {
-  for (const auto& name : route.at("links"))
-    if (name.get<std::string>().find(part) != std::string::npos) return true;
-  return false;
-}
-
-bool crosses_link(const Json& route, const std::string& name) {
-  for (const auto& link : route.at("links"))
-    if (link.get<std::string>() == name) return true;
-  return false;
-}
-
-struct Flow {
-  int64_t src = 0;
-  int64_t dst = 0;
-  uint64_t bytes = 0;
-};
-
-// Starts every flow at time 0 and returns the simulated time at which each one ends.
-std::vector<double> time_flows(sg4::Engine& engine, const Platform& platform,
-                               const std::vector<Flow>& flows) {
-  std::vector<double> end_s(flows.size(), -1);
-  for (size_t i = 0; i < flows.size(); ++i) {
-    sg4::Host* src = platform.host_of_device.at(flows[i].src);
-    sg4::Host* dst = platform.host_of_device.at(flows[i].dst);
-    sg4::Actor::create("flow" + std::to_string(i), src, [src, dst, &flows, &end_s, i] {
-      sg4::Comm::sendto(src, dst, flows[i].bytes);
-      end_s[i] = sg4::Engine::get_clock();
-    });
-  }
-  engine.run();
-  return end_s;
-}
-
-// Ring all-reduce expanded step by step: 2(n−1) steps, in each rank r sends bytes/n to rank r+1
-// and waits for its own receive from rank r−1. Returns when the last rank finishes.
-double time_ring_all_reduce(sg4::Engine& engine, const std::vector<sg4::Host*>& ranks,
-                            uint64_t bytes) {
-  const size_t n = ranks.size();
-  const uint64_t chunk_bytes = bytes / n;
-  double last_end_s = 0;
-  static int payload = 0;  // mailboxes carry a pointer; nothing is read from it
-  for (size_t r = 0; r < n; ++r) {
-    sg4::Actor::create("rank" + std::to_string(r), ranks[r], [r, n, chunk_bytes, &last_end_s] {
-      sg4::Mailbox* inbox = sg4::Mailbox::by_name("ring" + std::to_string(r));
-      sg4::Mailbox* next = sg4::Mailbox::by_name("ring" + std::to_string((r + 1) % n));
-      for (size_t step = 0; step < 2 * (n - 1); ++step) {
-        sg4::CommPtr send = next->put_async(&payload, chunk_bytes);
-        inbox->get<int>();
-        send->wait();
-      }
-      last_end_s = std::max(last_end_s, sg4::Engine::get_clock());
-    });
-  }
-  engine.run();
-  return last_end_s;
-}
 
 struct SmallTopology {
   int num_nodes = 8;

@@ -353,3 +353,158 @@ TEST_CASE("rail_optimized needs one NIC per device", "[topology]") {
   json["fabric"]["kind"] = "fat_tree";
   CHECK(parse_topology(json, kFile).fabric.nics_per_node == 1);
 }
+
+namespace {
+
+// The small topology on `nodes` nodes with the fabric of another kind (NIC keys kept).
+Json with_fabric(const Json& kind_keys, int nodes) {
+  Json json = small_topology();
+  json["num_nodes"] = nodes;
+  Json fabric = {{"nics_per_node", 2}, {"nic_bandwidth_bytes_per_s", 25e9}, {"nic_latency_s", 1e-6}};
+  fabric.update(kind_keys);
+  json["fabric"] = fabric;
+  return json;
+}
+
+Json torus_keys(const Json& dimensions) {
+  return {{"kind", "torus"},
+          {"dimensions", dimensions},
+          {"link_bandwidth_bytes_per_s", 50e9},
+          {"link_latency_s", 1e-7}};
+}
+
+Json dragonfly_keys(int groups, int routers_per_group, int nodes_per_router) {
+  return {{"kind", "dragonfly"},
+          {"switch_latency_s", 3e-7},
+          {"groups", groups},
+          {"routers_per_group", routers_per_group},
+          {"nodes_per_router", nodes_per_router},
+          {"local_link_bandwidth_bytes_per_s", 25e9},
+          {"local_link_latency_s", 2e-8},
+          {"global_link_bandwidth_bytes_per_s", 100e9},
+          {"global_link_latency_s", 5e-7}};
+}
+
+}  // namespace
+
+TEST_CASE("torus and dragonfly fabrics load and write back exactly", "[topology]") {
+  Topology torus = parse_topology(with_fabric(torus_keys({4, 4, 4}), 64), kFile);
+  CHECK(torus.fabric.kind == FabricKind::torus);
+  CHECK(torus.fabric.torus.dimensions == std::vector<int>{4, 4, 4});
+  CHECK(torus.fabric.torus.link_bandwidth_bytes_per_s == 50e9);
+  CHECK(torus.fabric.torus.link_latency_s == 1e-7);
+  CHECK_FALSE(is_switch_tree(torus.fabric.kind));
+
+  Topology dragonfly = parse_topology(with_fabric(dragonfly_keys(3, 4, 2), 24), kFile);
+  const DragonflyFabric& d = dragonfly.fabric.dragonfly;
+  CHECK(dragonfly.fabric.kind == FabricKind::dragonfly);
+  CHECK(d.groups == 3);
+  CHECK(d.routers_per_group == 4);
+  CHECK(d.nodes_per_router == 2);
+  CHECK(d.global_link_bandwidth_bytes_per_s == 100e9);
+  CHECK(dragonfly.fabric.switch_latency_s == 3e-7);
+
+  for (const Topology& topology : {torus, dragonfly}) {
+    INFO(to_string(topology.fabric.kind));
+    Json written = topology_to_json(topology);
+    Topology reread = parse_topology(written, "written.json");
+    CHECK(topology_to_json(reread) == written);
+    CHECK(written["fabric"]["kind"] == to_string(topology.fabric.kind));
+    // Only the kind's own keys are written: the tree's would be refused on reading.
+    CHECK_FALSE(written["fabric"].contains("switch_radix"));
+    CHECK_FALSE(written["fabric"].contains("oversubscription"));
+  }
+  CHECK(topology_to_json(torus)["fabric"]["dimensions"] == Json({4, 4, 4}));
+  CHECK(std::string(to_string(FabricKind::dragonfly)) == "dragonfly");
+  CHECK(std::string(to_string(FabricKind::torus)) == "torus");
+  // A 2-D torus and a one-group dragonfly are valid too.
+  CHECK(parse_topology(with_fabric(torus_keys({8, 2}), 16), kFile).fabric.torus.dimensions.size() == 2);
+  CHECK(parse_topology(with_fabric(dragonfly_keys(1, 2, 2), 4), kFile).num_nodes == 4);
+}
+
+TEST_CASE("a torus whose dimensions do not place num_nodes nodes is refused", "[topology]") {
+  std::string message = error_of(with_fabric(torus_keys({4, 4, 3}), 64));
+  CHECK_THAT(message, Contains(kFile));
+  CHECK_THAT(message, Contains("'fabric.dimensions'"));
+  CHECK_THAT(message, Contains("[4, 4, 3]"));
+  CHECK_THAT(message, Contains("4 x 4 x 3 = 48 nodes, not num_nodes = 64"));
+  CHECK_THAT(message, Contains("whose product is num_nodes, 64"));
+
+  // --nodes changes num_nodes, not the torus.
+  message = error_of(with_fabric(torus_keys({4, 4, 4}), 64), 32);
+  CHECK_THAT(message, Contains("'fabric.dimensions'"));
+  CHECK_THAT(message, Contains("not num_nodes = 32 (set by --nodes)"));
+  CHECK(parse_topology(with_fabric(torus_keys({4, 4, 4}), 8), kFile, 64).num_nodes == 64);
+
+  // Sizes whose product overflows an int are named as too many.
+  message = error_of(with_fabric(torus_keys({65536, 65536, 2}), 64));
+  CHECK_THAT(message, Contains("more than 2147483647"));
+}
+
+TEST_CASE("torus dimensions: 2 or 3 ring sizes, each at least 1", "[topology]") {
+  for (const Json& dimensions : {Json({64}), Json({2, 2, 2, 8}), Json::array()}) {
+    INFO(dimensions.dump());
+    std::string message = error_of(with_fabric(torus_keys(dimensions), 64));
+    CHECK_THAT(message, Contains("'fabric.dimensions'"));
+    CHECK_THAT(message, Contains("a list of 2 or 3 ring sizes"));
+  }
+  for (const Json& dimensions : {Json({8, 0, 8}), Json({-8, -8}), Json({8, 8.5}), Json("8x8")}) {
+    INFO(dimensions.dump());
+    std::string message = error_of(with_fabric(torus_keys(dimensions), 64));
+    CHECK_THAT(message, Contains("'fabric.dimensions'"));
+    CHECK_THAT(message, Contains("integers >= 1"));
+  }
+  CHECK_THAT(error_of(with_fabric(torus_keys({8, 3000000000}), 64)), Contains("a ring size of 3000000000"));
+}
+
+TEST_CASE("a dragonfly whose sizes do not place num_nodes nodes is refused", "[topology]") {
+  std::string message = error_of(with_fabric(dragonfly_keys(3, 4, 2), 32));
+  CHECK_THAT(message, Contains(kFile));
+  CHECK_THAT(message, Contains("'fabric.groups'"));
+  CHECK_THAT(message, Contains("3 x 4 x 2 = 24 nodes, not num_nodes = 32"));
+  CHECK_THAT(error_of(with_fabric(dragonfly_keys(3, 4, 2), 24), 25), Contains("set by --nodes"));
+
+  CHECK_THAT(error_of(with_fabric(dragonfly_keys(0, 4, 2), 24)), Contains("'fabric.groups'"));
+  CHECK_THAT(error_of(with_fabric(dragonfly_keys(3, -4, 2), 24)), Contains("'fabric.routers_per_group'"));
+  message = error_of(with_fabric(dragonfly_keys(2000, 1, 1), 2000));
+  CHECK_THAT(message, Contains("'fabric.groups'"));
+  CHECK_THAT(message, Contains("an integer in [1, 1024]"));
+}
+
+TEST_CASE("torus and dragonfly keys are required, and a key of another kind is named", "[topology]") {
+  for (const std::string key : {"dimensions", "link_bandwidth_bytes_per_s", "link_latency_s"}) {
+    Json keys = torus_keys({4, 4});
+    keys.erase(key);
+    std::string message = error_of(with_fabric(keys, 16));
+    CHECK_THAT(message, Contains("'fabric." + key + "'"));
+    CHECK_THAT(message, Contains("missing required key"));
+  }
+  for (const std::string key : {"switch_latency_s", "nodes_per_router", "global_link_bandwidth_bytes_per_s",
+                                "global_link_latency_s", "local_link_latency_s"}) {
+    Json keys = dragonfly_keys(2, 2, 2);
+    keys.erase(key);
+    std::string message = error_of(with_fabric(keys, 8));
+    CHECK_THAT(message, Contains("'fabric." + key + "'"));
+    CHECK_THAT(message, Contains("missing required key"));
+  }
+  Json keys = torus_keys({4, 4});
+  keys["switch_radix"] = 64;
+  std::string message = error_of(with_fabric(keys, 16));
+  CHECK_THAT(message, Contains("'fabric.switch_radix'"));
+  CHECK_THAT(message, Contains("not a key of kind \"torus\""));
+  CHECK_THAT(message, Contains("dimensions, link_bandwidth_bytes_per_s, link_latency_s"));
+
+  Json tree = small_topology();
+  tree["fabric"]["groups"] = 2;
+  CHECK_THAT(error_of(tree), Contains("not a key of kind \"rail_optimized\""));
+
+  keys = dragonfly_keys(2, 2, 2);
+  keys["global_link_bandwith_bytes_per_s"] = 1e9;
+  CHECK_THAT(error_of(with_fabric(keys, 8)), Contains("did you mean 'global_link_bandwidth_bytes_per_s'"));
+  keys = dragonfly_keys(2, 2, 2);
+  keys["global_link_bandwidth_bytes_per_s"] = 0;
+  CHECK_THAT(error_of(with_fabric(keys, 8)), Contains("'fabric.global_link_bandwidth_bytes_per_s'"));
+  keys = torus_keys({4, 4});
+  keys["link_latency_s"] = -1e-9;
+  CHECK_THAT(error_of(with_fabric(keys, 16)), Contains("a number in [0, 1]"));
+}
