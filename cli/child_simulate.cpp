@@ -42,6 +42,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   std::ostringstream cmd;
   // /proc/PID/exe still runs this binary if a rebuild replaced the file meanwhile.
   cmd << "/proc/" << getpid() << "/exe simulate --model " << shell_quote(model_.file)
+      << child_seq_length_argument(model_)
       << " --topology " << shell_quote(topology.file) << " --nodes " << topology.num_nodes
       << " --plan " << shell_quote(plan_file) << " --mode " << mode_ << " --no-scaling --no-records --out "
       << shell_quote((dir / "out").string());

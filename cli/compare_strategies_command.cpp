@@ -65,6 +65,7 @@ int run_compare_strategies(int argc, char** argv) {
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html");
   add_profile_options(options, "for the estimate and the simulations");
+  add_seq_length_option(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
@@ -82,7 +83,7 @@ int run_compare_strategies(int argc, char** argv) {
   claim_out_option(*vm, "compare-strategies");
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
-  ModelConfig model = load_model((*vm)["model"].as<std::string>());
+  ModelConfig model = load_model_option(*vm);
   Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
   SearchSpace space = search_space_from(*vm);
   int jobs = (*vm)["jobs"].as<int>();
@@ -94,7 +95,7 @@ int run_compare_strategies(int argc, char** argv) {
   check_cluster_memory(model, topology);
   ProfileChoice profile_choice = profile_from(*vm, topology);
   const DeviceProfile& profile = profile_choice.profile;
-  std::cout << "stepcast compare-strategies: " << model.name << " on " << topology.name << " ("
+  std::cout << "stepcast compare-strategies: " << model_label(model) << " on " << topology.name << " ("
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";
 

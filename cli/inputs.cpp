@@ -29,12 +29,44 @@ void add_input_options(po::options_description& options) {
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
       ("plan", po::value<std::string>()->required(), "parallelization plan JSON (examples/*.json)")
       ("nodes", po::value<int>(), "override the topology's num_nodes");
+  add_seq_length_option(options);
+}
+
+void add_seq_length_option(po::options_description& options) {
+  options.add_options()
+      ("seq-length", po::value<int64_t>(),
+       "train at N tokens per sequence (default: the model's seq_length, else its "
+       "max_position_embeddings; beyond those only with rotary positions and rope_scaling)");
+}
+
+ModelConfig load_model_option(const po::variables_map& vm) {
+  std::optional<int64_t> seq_length;
+  if (vm.count("seq-length")) seq_length = vm["seq-length"].as<int64_t>();
+  ModelConfig model = load_model(vm["model"].as<std::string>(), seq_length);
+  if (model.seq_length_from != "seq_length" && model.seq_length_from != "--seq-length") {
+    std::cerr << "note: " << model.file << ": training at " << model.seq_length << " tokens per sequence, its "
+              << model.seq_length_from << " (the config has no seq_length; --seq-length N to choose)\n";
+  }
+  if (!model.ignored_keys.empty()) {
+    std::cerr << "note: " << model.file << ": keys that change neither shapes nor FLOPs here, not modelled:";
+    for (const auto& key : model.ignored_keys) std::cerr << " " << key;
+    std::cerr << "\n";
+  }
+  return model;
+}
+
+std::string model_label(const ModelConfig& model) {
+  return model.name + " (sequence " + std::to_string(model.seq_length) + ")";
+}
+
+std::string child_seq_length_argument(const ModelConfig& model) {
+  return model.seq_length_from == "--seq-length" ? " --seq-length " + std::to_string(model.seq_length) : "";
 }
 
 Inputs load_inputs(const po::variables_map& vm) {
   std::optional<int> nodes;
   if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
-  Inputs in{load_model(vm["model"].as<std::string>()),
+  Inputs in{load_model_option(vm),
             load_topology(vm["topology"].as<std::string>(), nodes),
             load_plan(vm["plan"].as<std::string>())};
   validate_plan(in.plan, in.model, in.topology);

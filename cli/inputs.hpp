@@ -21,8 +21,17 @@ struct Inputs {
   Plan plan;
 };
 
-// Adds --model, --topology, --plan, --nodes to `options`.
+// Adds --model, --topology, --plan, --nodes, --seq-length to `options`.
 void add_input_options(po::options_description& options);
+// Adds --seq-length (for commands that take --model without add_input_options).
+void add_seq_length_option(po::options_description& options);
+// The model of --model, at --seq-length when given; prints where the sequence length came from
+// when it defaulted to the model's positions, and the config keys accepted but not modelled.
+ModelConfig load_model_option(const po::variables_map& vm);
+// "NAME (sequence N)": how every command's summary names the model.
+std::string model_label(const ModelConfig& model);
+// " --seq-length N" when the model's sequence length came from --seq-length: for child processes.
+std::string child_seq_length_argument(const ModelConfig& model);
 // Loads and validates them; InputError on anything wrong.
 Inputs load_inputs(const po::variables_map& vm);
 // Adds --profile and --allow-profile-mismatch; `what` says what the profile costs.

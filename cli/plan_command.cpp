@@ -109,6 +109,7 @@ int run_plan(int argc, char** argv) {
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
        "DIR/report.md, DIR/report.html");
   add_profile_options(options, "for the estimate and the simulations");
+  add_seq_length_option(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
@@ -130,7 +131,7 @@ int run_plan(int argc, char** argv) {
   auto wall_start = std::chrono::steady_clock::now();
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
-  ModelConfig model = load_model((*vm)["model"].as<std::string>());
+  ModelConfig model = load_model_option(*vm);
   Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
   SearchSpace space = search_space_from(*vm);
   int64_t top = (*vm)["top"].as<int64_t>();
@@ -175,7 +176,7 @@ int run_plan(int argc, char** argv) {
   ProfileChoice profile_choice = profile_from(*vm, topology);
   const DeviceProfile& profile = profile_choice.profile;
 
-  std::cout << "stepcast plan: " << model.name << " on " << topology.name << " ("
+  std::cout << "stepcast plan: " << model_label(model) << " on " << topology.name << " ("
             << topology.num_nodes << " nodes × " << topology.node.devices_per_node << " = "
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";

@@ -18,7 +18,7 @@ namespace stepcast::cli {
 namespace {
 
 void print_header(const std::string& command, const Inputs& in) {
-  std::cout << "stepcast " << command << ": " << in.model.name << " on " << in.topology.name
+  std::cout << "stepcast " << command << ": " << model_label(in.model) << " on " << in.topology.name
             << " (" << in.topology.num_nodes << " nodes × " << in.topology.node.devices_per_node
             << " = " << in.topology.num_devices() << " devices), plan " << in.plan.name << "\n";
   if (in.plan.world_size() < in.topology.num_devices()) {

@@ -64,6 +64,7 @@ int run_run(int argc, char** argv) {
       ("watchdog-s", po::value<double>()->default_value(300),
        "abort the job (exit 4), naming the rank, when a rank waits longer than this on a peer: "
        "in any transfer, collective, barrier or gather, checkpoints included");
+  add_seq_length_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu|cuda\n"
@@ -152,7 +153,7 @@ int run_run(int argc, char** argv) {
                           format_bytes(memory.capacity_bytes) +
                           ", see `stepcast memory`); running it anyway on this machine\n");
       }
-      std::cout << "stepcast run: " << in.model.name << ", plan " << in.plan.name << ", " << size
+      std::cout << "stepcast run: " << model_label(in.model) << ", plan " << in.plan.name << ", " << size
                 << " ranks, backend " << backend << " (" << to_string(in.plan.param_dtype)
                 << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
                 << program.program_sha256.substr(0, 12) << "\n";

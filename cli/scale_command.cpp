@@ -63,6 +63,7 @@ int run_scale(int argc, char** argv) {
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
       ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html");
   add_profile_options(options, "for the simulations");
+  add_seq_length_option(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
@@ -76,7 +77,7 @@ int run_scale(int argc, char** argv) {
       "communication, bubble).");
   if (!vm) return 0;
   claim_out_option(*vm, "scale");
-  ModelConfig model = load_model((*vm)["model"].as<std::string>());
+  ModelConfig model = load_model_option(*vm);
   std::string topology_file = (*vm)["topology"].as<std::string>();
   Plan base = load_plan((*vm)["plan"].as<std::string>());
   std::vector<int64_t> node_counts = parse_node_list((*vm)["nodes"].as<std::string>());
@@ -141,7 +142,7 @@ int run_scale(int argc, char** argv) {
     topologies.push_back(topology);
     plans.push_back(plan);
   }
-  std::cout << "stepcast scale: " << model.name << ", plan " << base.name << " (tp " << base.tp_size
+  std::cout << "stepcast scale: " << model_label(model) << ", plan " << base.name << " (tp " << base.tp_size
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
             << report.points.size() << " node counts, profile " << profile_choice.describe() << "\n";
   ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), report.sim_mode);

@@ -41,7 +41,8 @@ double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_m
   std::ofstream(plan_file) << plan.dump(2);
   std::ostringstream cmd;
   cmd << shell_quote(std::filesystem::read_symlink("/proc/self/exe").string())
-      << " simulate --model " << shell_quote(in.model.file) << " --topology "
+      << " simulate --model " << shell_quote(in.model.file) << child_seq_length_argument(in.model)
+      << " --topology "
       << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
       << shell_quote(plan_file) << " --no-scaling --no-records --out "  // its tokens/s only
       << shell_quote((dir / "out").string());
@@ -184,7 +185,7 @@ int run_simulate(int argc, char** argv) {
     }
   }
 
-  std::cout << "stepcast simulate: " << in.model.name << " on " << in.topology.name << " ("
+  std::cout << "stepcast simulate: " << model_label(in.model) << " on " << in.topology.name << " ("
             << program.world_size() << " devices), plan " << in.plan.name << ", mode "
             << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank

@@ -23,7 +23,10 @@ const std::vector<std::string> kReadKeys = {
     "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",
     "head_dim", "tie_word_embeddings", "hidden_act", "activation_function", "rms_norm_eps",
     "layer_norm_epsilon", "layer_norm_eps", "attention_bias", "mlp_bias",
-    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special", "norm_eps"};
+    "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special", "norm_eps",
+    // read to decide whether they matter (sliding windows, MoE, Qwen3's layer kinds)
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "num_local_experts",
+    "n_routed_experts", "num_experts", "num_experts_per_tok"};
 
 // HuggingFace keys accepted but not modelled: they change neither shapes nor GEMM FLOPs.
 const std::vector<std::string> kIgnoredKeys = {
@@ -33,7 +36,9 @@ const std::vector<std::string> kIgnoredKeys = {
     // initialisation and dropout are training hyper-parameters, not shape
     "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
     // rotary frequencies change values, not shapes
-    "rope_theta", "rope_scaling",
+    "rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings",
+    // Mistral, Qwen2/3 and Phi-3 configs: dropout and initialisation again
+    "hidden_dropout", "resid_dropout", "embd_dropout", "attention_probs_dropout_prob",
     // GPT-2: the multiple-choice head of GPT2DoubleHeadsModel, generation defaults, softmax scaling
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "task_specific_params", "predict_special_tokens",
@@ -243,7 +248,51 @@ double model_flops_per_token(const ModelConfig& model) {
   return 3.0 * forward;          // backward = 2 × forward
 }
 
-ModelConfig parse_model(const Json& json, const std::string& file) {
+namespace {
+
+// Trains at `seq_length` (--seq-length, named by `source` in errors).
+void set_seq_length(ModelConfig& model, int64_t seq_length, const std::string& source) {
+  auto refuse = [&](const std::string& why, const std::string& valid) {
+    throw_input_error(source, "seq_length", std::to_string(seq_length), why + " (" + model.file + ")", valid);
+  };
+  if (seq_length < 1 || seq_length > kMaxSize) refuse("out of range", "an integer in [1, 2^31)");
+  bool beyond = seq_length > model.max_position_embeddings;
+  if (beyond && model.position == PositionKind::learned) {
+    refuse("exceeds the learned position table (max_position_embeddings = " +
+               std::to_string(model.max_position_embeddings) + ")",
+           "at most " + std::to_string(model.max_position_embeddings));
+  }
+  if (beyond && !model.rope_scaling) {
+    refuse("exceeds max_position_embeddings = " + std::to_string(model.max_position_embeddings) +
+               " and the config has no rope_scaling",
+           "at most " + std::to_string(model.max_position_embeddings) + ", or a config with rope_scaling");
+  }
+  model.seq_length = seq_length;
+  model.seq_length_from = source;
+}
+
+// A sliding window changes attention's cost only when it is shorter than the sequence: accepted
+// (and listed as ignored) where it is not in use or at least seq_length long, refused otherwise.
+void check_sliding_window(ObjectReader& reader, const Json& json, ModelConfig& m) {
+  bool in_use = !json.contains("use_sliding_window") || reader.get_bool_or("use_sliding_window", false);
+  for (const char* key : {"use_sliding_window", "max_window_layers"}) {
+    if (json.contains(key)) m.ignored_keys.push_back(key);
+  }
+  if (!json.contains("sliding_window")) return;
+  m.ignored_keys.push_back("sliding_window");
+  if (json.at("sliding_window").is_null() || !in_use) return;
+  int64_t window = reader.get_int("sliding_window", 1);
+  if (window < m.seq_length) {
+    reader.fail("sliding_window",
+                "is shorter than the sequence (" + std::to_string(m.seq_length) +
+                    " tokens, from " + m.seq_length_from + "): sliding-window attention is not modelled",
+                "null, or at least the sequence length (or --seq-length " + std::to_string(window) + ")");
+  }
+}
+
+}  // namespace
+
+ModelConfig parse_model(const Json& json, const std::string& file, std::optional<int64_t> seq_override) {
   ObjectReader reader(json, file);
   // Typos first: a misspelt required key is reported as unknown with the closest name, rather
   // than as missing.
@@ -258,7 +307,17 @@ ModelConfig parse_model(const Json& json, const std::string& file) {
 
   std::optional<FamilyDefaults> family;
   if (reader.has("model_type")) {
-    if (reader.get_enum("model_type", {"gpt2", "llama"}) == "gpt2") {
+    // Gemma's GeGLU MLP and head widths other than hidden / heads are not modelled: refused by
+    // name rather than costed as something else.
+    for (const char* gemma : {"gemma", "gemma2", "gemma3", "gemma3_text"}) {
+      if (reader.has("model_type") && json.at("model_type") == gemma) {
+        reader.fail("model_type", "\"" + std::string(gemma) + "\": Gemma's GeGLU MLP is not modelled",
+                    "gpt2, llama, mistral, qwen2, qwen3, phi3");
+      }
+    }
+    // Mistral, Qwen2/3 and Phi-3 are Llama-shaped decoders (RMSNorm, SwiGLU, rotary, no
+    // biases on the linear layers; Qwen2's q/k/v biases, 3·h parameters a layer, are left out).
+    if (reader.get_enum("model_type", {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3"}) == "gpt2") {
       family = FamilyDefaults{NormKind::layernorm, MlpKind::gelu, PositionKind::learned, true,
                               true};
     } else {
@@ -304,6 +363,23 @@ ModelConfig parse_model(const Json& json, const std::string& file) {
   m.vocab_size = vocab.value;
   m.max_position_embeddings = positions.value;
   m.seq_length = seq_length ? seq_length->value : positions.value;
+  m.seq_length_from = seq_length ? "seq_length" : positions.key;
+  m.rope_scaling = json.contains("rope_scaling") && !json.at("rope_scaling").is_null();
+  if (seq_override) set_seq_length(m, *seq_override, "--seq-length");
+  for (const char* moe : {"num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok"}) {
+    if (json.contains(moe) && !json.at(moe).is_null()) {
+      reader.fail(moe, "a mixture of experts: not modelled yet", "a dense decoder's config (no expert keys)");
+    }
+  }
+  if (json.contains("layer_types")) {
+    for (const Json& kind : json.at("layer_types")) {
+      if (kind != "full_attention") {
+        reader.fail("layer_types", "has " + kind.dump() + " layers: only full attention is modelled",
+                    "every entry \"full_attention\"");
+      }
+    }
+    m.ignored_keys.push_back("layer_types");
+  }
   if (intermediate) {
     m.intermediate_size = intermediate->value;
   } else if (m.mlp == MlpKind::gelu) {
@@ -332,6 +408,10 @@ ModelConfig parse_model(const Json& json, const std::string& file) {
                     " (a learned position table has one row per position)",
                 "an integer in [1, " + std::to_string(m.max_position_embeddings) + "]");
   }
+  for (const std::string& key : kIgnoredKeys) {
+    if (json.contains(key) && key != "rope_theta") m.ignored_keys.push_back(key);
+  }
+  check_sliding_window(reader, json, m);
   double parameters = model_parameters<double>(m);
   if (parameters > kMaxParameters) {
     std::ostringstream why;
@@ -342,7 +422,11 @@ ModelConfig parse_model(const Json& json, const std::string& file) {
   return m;
 }
 
-ModelConfig load_model(const std::string& path) { return parse_model(load_json_file(path), path); }
+ModelConfig load_model(const std::string& path, std::optional<int64_t> seq_length) {
+  return parse_model(load_json_file(path), path, seq_length);
+}
+
+
 
 Json model_to_json(const ModelConfig& model) {
   return Json{{"name", model.name},

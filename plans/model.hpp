@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "json_input.hpp"
 
@@ -30,6 +32,14 @@ struct ModelConfig {
   int64_t vocab_size = 0;               // V
   int64_t max_position_embeddings = 0;
   int64_t seq_length = 0;               // s used for training
+  // Where seq_length came from: "seq_length" (the config), the positions key it defaulted to
+  // ("max_position_embeddings", "n_positions", ...), or "--seq-length" (set_seq_length).
+  std::string seq_length_from;
+  bool rope_scaling = false;            // the config scales rotary positions past max_positions
+  // Keys of the config that change neither shapes nor GEMM FLOPs at this sequence length,
+  // accepted and not modelled (tokenizer ids, dropout rates, a sliding window longer than the
+  // sequence, ...): listed to the user, never silently.
+  std::vector<std::string> ignored_keys;
   NormKind norm = NormKind::layernorm;
   MlpKind mlp = MlpKind::gelu;
   PositionKind position = PositionKind::learned;
@@ -51,8 +61,12 @@ double model_flops_per_token(const ModelConfig& model);
 
 // Loads a model config. Accepts HuggingFace names as they are (GPT-2's n_embd etc. too) and
 // stepcast's own keys (seq_length, norm_type, mlp_type, position_embedding_type, use_bias).
-ModelConfig load_model(const std::string& path);
-ModelConfig parse_model(const Json& json, const std::string& file);
+// `seq_length` (--seq-length) trains at that many tokens per sequence instead of the config's
+// seq_length or positions: refused beyond a learned position table, or beyond
+// max_position_embeddings of rotary positions unless the config scales them (rope_scaling).
+ModelConfig load_model(const std::string& path, std::optional<int64_t> seq_length = std::nullopt);
+ModelConfig parse_model(const Json& json, const std::string& file,
+                        std::optional<int64_t> seq_length = std::nullopt);
 Json model_to_json(const ModelConfig& model);
 
 }  // namespace stepcast

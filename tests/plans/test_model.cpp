@@ -1,6 +1,7 @@
 // Model configs: parameter counts against published figures and hand-counted worked examples,
 // model FLOPs against Korthikanti's eq. 7 (GPT) and a parameter-count identity (Llama), and every
 // way a config file can be wrong.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -14,7 +15,10 @@
 using Catch::Matchers::Contains;
 using stepcast::InputError;
 using stepcast::Json;
+using stepcast::MlpKind;
 using stepcast::ModelConfig;
+using stepcast::NormKind;
+using stepcast::PositionKind;
 
 namespace {
 
@@ -275,8 +279,8 @@ TEST_CASE("bad model configs are rejected with file, key and what is valid", "[m
     json["norm_type"] = "rms";
     CHECK_THROWS_WITH(parse(json), Contains("\"layernorm\", \"rmsnorm\""));
     json = base_config();
-    json["model_type"] = "mistral";
-    CHECK_THROWS_WITH(parse(json), Contains("'model_type'") && Contains("\"gpt2\", \"llama\""));
+    json["model_type"] = "falcon";
+    CHECK_THROWS_WITH(parse(json), Contains("'model_type'") && Contains("\"gpt2\", \"llama\", \"mistral\""));
     json = base_config();
     json["hidden_act"] = "relu";
     CHECK_THROWS_WITH(parse(json), Contains("'hidden_act'") && Contains("\"silu\""));
@@ -312,4 +316,74 @@ TEST_CASE("bad model configs are rejected with file, key and what is valid", "[m
     json["num_hidden_layers"] = int64_t{1} << 30;
     CHECK_THROWS_WITH(parse(json), Contains("parameters"));
   }
+}
+
+TEST_CASE("hub configs of Llama-shaped families: Mistral, Qwen2, Qwen3, Phi-3; Gemma and MoE refused by name",
+          "[model]") {
+  // Mistral 7B v0.1's shape: a 4,096-token sliding window over 32,768 positions.
+  Json mistral = base_config();
+  mistral["model_type"] = "mistral";
+  mistral["max_position_embeddings"] = 1024;
+  mistral["sliding_window"] = 256;
+  mistral["rope_theta"] = 10000.0;
+  mistral["attention_dropout"] = 0.0;
+  // Trained at its positions (1,024 tokens), the window is shorter: not modelled, refused.
+  CHECK_THROWS_WITH(parse(mistral), Contains("'sliding_window' = 256") && Contains("shorter than the sequence") &&
+                                        Contains("--seq-length 256"));
+  // At --seq-length 256 the window covers the sequence: accepted, and listed as not modelled.
+  ModelConfig m = stepcast::parse_model(mistral, "mistral.json", 256);
+  CHECK(m.seq_length == 256);
+  CHECK(m.seq_length_from == "--seq-length");
+  CHECK(m.mlp == MlpKind::swiglu);
+  CHECK(m.norm == NormKind::rmsnorm);
+  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "sliding_window") != m.ignored_keys.end());
+  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "attention_dropout") != m.ignored_keys.end());
+  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "rope_theta") == m.ignored_keys.end());  // read
+  mistral["sliding_window"] = nullptr;  // Mistral v0.3: no window
+  CHECK(parse(mistral).seq_length == 1024);
+  CHECK(parse(mistral).seq_length_from == "max_position_embeddings");
+
+  // Qwen2: the window is switched off (use_sliding_window false); max_window_layers is moot.
+  Json qwen2 = base_config();
+  qwen2["model_type"] = "qwen2";
+  qwen2["use_sliding_window"] = false;
+  qwen2["sliding_window"] = 64;
+  qwen2["max_window_layers"] = 2;
+  CHECK(parse(qwen2).seq_length == 256);
+  qwen2["use_sliding_window"] = true;
+  CHECK_THROWS_WITH(parse(qwen2), Contains("'sliding_window' = 64"));
+  // Qwen3: layer kinds, all full attention.
+  Json qwen3 = base_config();
+  qwen3["model_type"] = "qwen3";
+  qwen3["layer_types"] = {"full_attention", "full_attention"};
+  CHECK(parse(qwen3).num_hidden_layers == 2);
+  qwen3["layer_types"] = {"full_attention", "sliding_attention"};
+  CHECK_THROWS_WITH(parse(qwen3), Contains("'layer_types'") && Contains("sliding_attention"));
+  Json phi3 = base_config();
+  phi3["model_type"] = "phi3";
+  phi3["original_max_position_embeddings"] = 256;
+  CHECK(parse(phi3).position == PositionKind::rotary);
+
+  Json gemma = base_config();
+  gemma["model_type"] = "gemma2";
+  CHECK_THROWS_WITH(parse(gemma), Contains("'model_type' = \"gemma2\"") && Contains("GeGLU"));
+  Json mixtral = base_config();
+  mixtral["num_local_experts"] = 8;
+  CHECK_THROWS_WITH(parse(mixtral), Contains("'num_local_experts' = 8") && Contains("mixture of experts"));
+}
+
+TEST_CASE("a --seq-length stays within the positions, beyond them only for rotary positions with rope_scaling",
+          "[model]") {
+  Json llama = base_config();  // rotary, 256 positions
+  CHECK(stepcast::parse_model(llama, "l.json", 128).seq_length == 128);
+  CHECK_THROWS_WITH(stepcast::parse_model(llama, "l.json", 512),
+                    Contains("--seq-length") && Contains("'seq_length' = 512") && Contains("no rope_scaling"));
+  llama["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  CHECK(stepcast::parse_model(llama, "l.json", 512).seq_length == 512);
+  CHECK_THROWS_WITH(stepcast::parse_model(llama, "l.json", 0), Contains("'seq_length' = 0") && Contains("out of range"));
+  Json gpt2 = base_config();
+  gpt2["model_type"] = "gpt2";
+  gpt2.erase("num_key_value_heads");
+  gpt2.erase("intermediate_size");
+  CHECK_THROWS_WITH(stepcast::parse_model(gpt2, "g.json", 512), Contains("learned position table"));
 }
