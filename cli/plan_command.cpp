@@ -21,10 +21,11 @@ namespace stepcast::cli {
 
 namespace {
 
-Json candidate_json(const Candidate& c) {
+Json candidate_json(const Candidate& c, const ModelConfig& model) {
   Json j;
   j["name"] = c.plan.name;
   j["plan"] = plan_to_json(c.plan);
+  j["megatron_runnable"] = megatron_arguments(c.plan, model).runnable;
   j["estimate_step_time_s"] = c.estimate.step_time_s;
   j["estimate"] = {{"compute_s", c.estimate.compute_s},     {"tp_comm_s", c.estimate.tp_comm_s},
                    {"pp_comm_s", c.estimate.pp_comm_s},     {"bubble_s", c.estimate.bubble_s},
@@ -101,6 +102,9 @@ int run_plan(int argc, char** argv) {
       ("max-memory-fraction", po::value<double>()->default_value(1.0),
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("include-gpipe", po::bool_switch(), "also search the gpipe schedule")
+      ("megatron-runnable", po::bool_switch(),
+       "search only plans Megatron-LM can run as simulated (the others are pruned with the "
+       "reason their NN-NAME.megatron.txt would give)")
       ("attention", po::value<std::string>()->default_value("materialized"),
        "attention_impl of every candidate: materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
@@ -117,6 +121,7 @@ int run_plan(int argc, char** argv) {
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
       "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
+      "                     [--megatron-runnable]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, hybrid sharding in a node, micro batch,\n"
@@ -125,7 +130,10 @@ int run_plan(int argc, char** argv) {
       "estimate and re-simulates the\n"
       "best E (simulate --mode approx, or --sim-mode fast, in child processes). Memory\n"
       "verdicts are `stepcast\n"
-      "memory`'s: decided from per-stage bounds, walking the stages near the limit.");
+      "memory`'s: decided from per-stage bounds, walking the stages near the limit. Each plan\n"
+      "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
+      "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
+      "prunes those it cannot.");
   if (!vm) return 0;
   claim_out_option(*vm, "plan");
   auto wall_start = std::chrono::steady_clock::now();
@@ -134,6 +142,7 @@ int run_plan(int argc, char** argv) {
   ModelConfig model = load_model_option(*vm);
   Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
   SearchSpace space = search_space_from(*vm);
+  space.megatron_runnable_only = (*vm)["megatron-runnable"].as<bool>();
   int64_t top = (*vm)["top"].as<int64_t>();
   int64_t evaluate_count = 2 * top;
   if (vm->count("evaluate")) {
@@ -260,7 +269,7 @@ int run_plan(int argc, char** argv) {
               << "  " << format_bytes(row.comm_tp_bytes) << " / " << format_bytes(row.comm_dp_bytes)
               << " / " << format_bytes(row.comm_pp_bytes) << " / "
               << format_bytes(row.comm_other_bytes) << "\n";
-    Json j = candidate_json(c);
+    Json j = candidate_json(c, model);
     j["rank"] = i + 1;
     j["tokens_per_s"] = row.tokens_per_s;
     j["mfu"] = row.mfu;
@@ -274,6 +283,7 @@ int run_plan(int argc, char** argv) {
       write_output_file(out_dir, stem.str() + ".json", plan_to_json(c.plan).dump(2) + "\n");
       std::ostringstream args;
       args << "# Megatron-LM arguments for " << c.plan.name << "\n";
+      if (!megatron.runnable) args << "# NOT RUNNABLE as simulated: see the notes\n";
       for (const auto& n : megatron.notes) args << "# note: " << n << "\n";
       for (size_t k = 0; k < megatron.arguments.size(); ++k) {
         args << megatron.arguments[k] << (k + 1 < megatron.arguments.size() ? " \\\n" : "\n");
@@ -308,10 +318,11 @@ int run_plan(int argc, char** argv) {
                      {"max_memory_fraction", space.max_memory_fraction},
                      {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
+                     {"megatron_runnable_only", space.megatron_runnable_only},
                      {"profile", profile_json(profile_choice)}});
     out["top"] = top_json;
     Json all = Json::array();
-    for (const auto& c : ranked) all.push_back(candidate_json(c));
+    for (const auto& c : ranked) all.push_back(candidate_json(c, model));
     out["plans"] = all;
     Json pruned_all = Json::array();
     for (const auto& c : pruned) pruned_all.push_back(pruned_json(c));

@@ -77,6 +77,21 @@ std::string plan_name(const Plan& plan) {
   return out.str();
 }
 
+namespace {
+
+// Pruned with megatron_arguments' reasons (its notes that say why Megatron-LM cannot run it).
+void prune_unless_megatron_runnable(Candidate& c, const ModelConfig& model) {
+  MegatronArguments megatron = megatron_arguments(c.plan, model);
+  if (megatron.runnable) return;
+  c.pruned = "Megatron-LM cannot run it as simulated";
+  for (const auto& n : megatron.notes) {
+    if (n.rfind("Megatron-LM cannot run", 0) != 0) continue;
+    c.pruned_detail += (c.pruned_detail.empty() ? "" : "; ") + n;
+  }
+}
+
+}  // namespace
+
 std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topology& topology,
                                             const SearchSpace& space) {
   const int64_t devices = topology.num_devices();
@@ -134,6 +149,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                   c.pruned = reason_category(e.what(), model.file, topology.file);
                   c.pruned_detail = e.what();
                 }
+                if (c.kept() && space.megatron_runnable_only) prune_unless_megatron_runnable(c, model);
                 out.push_back(std::move(c));
               }
             }
@@ -384,51 +400,6 @@ std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candi
     if (!c.kept()) ++counts[c.pruned];
   }
   return counts;
-}
-
-MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model) {
-  MegatronArguments out;
-  auto& a = out.arguments;
-  a.push_back("--tensor-model-parallel-size " + std::to_string(plan.tp_size));
-  a.push_back("--pipeline-model-parallel-size " + std::to_string(plan.pp_size));
-  if (plan.schedule == ScheduleKind::interleaved_1f1b) {
-    int64_t per_chunk = model.num_hidden_layers / (plan.pp_size * plan.virtual_pp_size);
-    a.push_back("--num-layers-per-virtual-pipeline-stage " + std::to_string(per_chunk));
-    if (model.num_hidden_layers % (plan.pp_size * plan.virtual_pp_size) != 0) {
-      out.notes.push_back("layers do not split evenly over pp·vpp; Megatron-LM needs an even split");
-    }
-  }
-  a.push_back("--micro-batch-size " + std::to_string(plan.micro_batch_size));
-  a.push_back("--global-batch-size " + std::to_string(plan.global_batch_size));
-  if (plan.sequence_parallel) a.push_back("--sequence-parallel");
-  if (plan.recompute == RecomputeKind::selective) a.push_back("--recompute-granularity selective");
-  if (plan.recompute == RecomputeKind::full) {
-    a.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
-  }
-  if (plan.zero_stage >= 1) a.push_back("--use-distributed-optimizer");
-  if (plan.zero_stage >= 2) {
-    out.notes.push_back("ZeRO stage " + std::to_string(plan.zero_stage) +
-                        " has no Megatron-LM flag (--use-distributed-optimizer is stage 1); use "
-                        "DeepSpeed or Megatron's FSDP for it");
-  }
-  if (plan.num_distributed_optimizer_instances > 1) {
-    // Megatron-LM's partial distributed optimizer (parallel_state.py: intra- and inter-instance
-    // data-parallel groups); with Megatron-FSDP the same flag selects HSDP.
-    a.push_back("--num-distributed-optimizer-instances " + std::to_string(plan.num_distributed_optimizer_instances));
-  }
-  if (plan.overlap_grad_reduce) a.push_back("--overlap-grad-reduce");
-  if (plan.overlap_param_gather) a.push_back("--overlap-param-gather");
-  if (plan.pp_size > 1 && plan.overlap_p2p_comm != default_overlap_p2p_comm(plan.schedule)) {
-    out.notes.push_back("overlap_p2p_comm: Megatron-LM overlaps pipeline transfers with the "
-                        "interleaved schedule only; this plan's overlap has no flag");
-  }
-  if (plan.param_dtype == Dtype::bf16) a.push_back("--bf16");
-  if (plan.attention_impl == AttentionImpl::flash) a.push_back("--use-flash-attn");
-  if (plan.dropout != 0.1) {
-    a.push_back("--hidden-dropout " + std::to_string(plan.dropout));
-    a.push_back("--attention-dropout " + std::to_string(plan.dropout));
-  }
-  return out;
 }
 
 std::vector<FitSuggestion> suggest_fits(const Plan& plan, const ModelConfig& model,

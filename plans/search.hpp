@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cost_model.hpp"
+#include "megatron_export.hpp"
 #include "model.hpp"
 #include "plan.hpp"
 #include "quick_estimate.hpp"
@@ -39,6 +40,8 @@ struct SearchSpace {
   AttentionImpl attention_impl = AttentionImpl::materialized;
   double dropout = 0.1;
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity
+  // Prune what Megatron-LM cannot run as simulated (megatron_arguments' runnable is false).
+  bool megatron_runnable_only = false;
 };
 
 struct Candidate {
@@ -132,13 +135,6 @@ std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candi
 
 // "tp8-pp1-dp8-z1-mbs1-1f1b-selective-sp"
 std::string plan_name(const Plan& plan);
-
-// Megatron-LM's command-line arguments for the plan; notes for what Megatron-LM has no flag for.
-struct MegatronArguments {
-  std::vector<std::string> arguments;
-  std::vector<std::string> notes;
-};
-MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model);
 
 // What would make a plan fit: the plan with zero_stage 3, with full recompute, with
 // micro_batch_size 1, with flash attention, and on twice the nodes (dp doubled), each checked
