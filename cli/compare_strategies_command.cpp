@@ -84,7 +84,7 @@ int run_compare_strategies(int argc, char** argv) {
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model_option(*vm);
-  Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
+  Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   int jobs = (*vm)["jobs"].as<int>();
   if (space.global_batch_size < 1 || jobs < 1 ||

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <random>
 #include <ctime>
 #include <filesystem>
@@ -22,6 +23,50 @@
 #include "version.hpp"
 
 namespace stepcast::cli {
+
+namespace {
+
+// Where shipped inputs live: the repository of a build tree (build/stepcast: the executable's
+// folder's parent), an install (PREFIX/bin/stepcast: PREFIX/share/stepcast), the working directory.
+std::vector<std::filesystem::path> shipped_roots() {
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+  std::filesystem::path prefix = exe.parent_path().parent_path();
+  return {prefix, prefix / "share" / "stepcast", std::filesystem::current_path()};
+}
+
+}  // namespace
+
+std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(arg, ec) || arg.find('/') != std::string::npos || arg.size() < 1 ||
+      (arg.size() > 5 && arg.compare(arg.size() - 5, 5, ".json") == 0)) {
+    return arg;  // a path: the loader says what is wrong with it
+  }
+  std::set<std::string> names;
+  for (const fs::path& root : shipped_roots()) {
+    fs::path candidate = root / folder / (arg + ".json");
+    if (fs::is_regular_file(candidate, ec)) return candidate.string();
+    if (names.empty() && fs::is_directory(root / folder, ec)) {
+      for (const auto& entry : fs::directory_iterator(root / folder, ec)) {
+        if (entry.path().extension() == ".json") names.insert(entry.path().stem().string());
+      }
+    }
+  }
+  std::string valid = "a file path";
+  if (!names.empty()) {
+    valid += ", or a shipped name:";
+    for (const auto& n : names) valid += " " + n;
+  }
+  throw InputError("command line: --" + option + " '" + printable_excerpt(arg, 80) + "': no such file, and no shipped " +
+                   folder + "/" + printable_excerpt(arg, 80) + ".json; valid: " + valid);
+}
+
+std::string input_file(const po::variables_map& vm, const std::string& name) {
+  static const std::map<std::string, std::string> folders = {
+      {"model", "models"}, {"topology", "topologies"}, {"plan", "examples"}};
+  return resolve_input(vm[name].as<std::string>(), folders.at(name), name);
+}
 
 void add_input_options(po::options_description& options) {
   options.add_options()
@@ -42,7 +87,7 @@ void add_seq_length_option(po::options_description& options) {
 ModelConfig load_model_option(const po::variables_map& vm) {
   std::optional<int64_t> seq_length;
   if (vm.count("seq-length")) seq_length = vm["seq-length"].as<int64_t>();
-  ModelConfig model = load_model(vm["model"].as<std::string>(), seq_length);
+  ModelConfig model = load_model(input_file(vm, "model"), seq_length);
   if (model.seq_length_from != "seq_length" && model.seq_length_from != "--seq-length") {
     std::cerr << "note: " << model.file << ": training at " << model.seq_length << " tokens per sequence, its "
               << model.seq_length_from << " (the config has no seq_length; --seq-length N to choose)\n";
@@ -67,8 +112,8 @@ Inputs load_inputs(const po::variables_map& vm) {
   std::optional<int> nodes;
   if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
   Inputs in{load_model_option(vm),
-            load_topology(vm["topology"].as<std::string>(), nodes),
-            load_plan(vm["plan"].as<std::string>())};
+            load_topology(input_file(vm, "topology"), nodes),
+            load_plan(input_file(vm, "plan"))};
   validate_plan(in.plan, in.model, in.topology);
   return in;
 }

@@ -21,6 +21,14 @@ struct Inputs {
   Plan plan;
 };
 
+// The file an input option names: `arg` itself when it is a file or a path; a bare name
+// ("llama3-8b") is the shipped FOLDER/NAME.json of the repository this stepcast was built in
+// (build/stepcast), of an install (PREFIX/share/stepcast) or of the working directory, in that
+// order. InputError naming the option and the shipped names when there is none.
+std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option);
+// The value of option `name` (model, topology, plan) through resolve_input.
+std::string input_file(const po::variables_map& vm, const std::string& name);
+
 // Adds --model, --topology, --plan, --nodes, --seq-length to `options`.
 void add_input_options(po::options_description& options);
 // Adds --seq-length (for commands that take --model without add_input_options).

@@ -140,7 +140,7 @@ int run_plan(int argc, char** argv) {
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model_option(*vm);
-  Topology topology = load_topology((*vm)["topology"].as<std::string>(), nodes);
+  Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   space.megatron_runnable_only = (*vm)["megatron-runnable"].as<bool>();
   int64_t top = (*vm)["top"].as<int64_t>();

@@ -78,8 +78,8 @@ int run_scale(int argc, char** argv) {
   if (!vm) return 0;
   claim_out_option(*vm, "scale");
   ModelConfig model = load_model_option(*vm);
-  std::string topology_file = (*vm)["topology"].as<std::string>();
-  Plan base = load_plan((*vm)["plan"].as<std::string>());
+  std::string topology_file = input_file(*vm, "topology");
+  Plan base = load_plan(input_file(*vm, "plan"));
   std::vector<int64_t> node_counts = parse_node_list((*vm)["nodes"].as<std::string>());
   bool weak = (*vm)["weak"].as<bool>();
   int jobs = (*vm)["jobs"].as<int>();
