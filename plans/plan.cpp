@@ -66,9 +66,55 @@ Dtype read_dtype(ObjectReader& reader, const std::string& key, Dtype fallback) {
   return *parse_dtype(name);
 }
 
+// Megatron-LM's argument names (megatron/training/arguments.py, as its config prints them) for
+// stepcast's keys: accepted as aliases; given together with stepcast's key they must agree.
+const std::vector<std::pair<std::string, std::string>> kMegatronAliases = {
+    {"tensor_model_parallel_size", "tp_size"},
+    {"pipeline_model_parallel_size", "pp_size"},
+    {"data_parallel_size", "dp_size"},
+    {"virtual_pipeline_model_parallel_size", "virtual_pp_size"},
+    {"recompute_granularity", "recompute"},
+    {"hidden_dropout", "dropout"},
+};
+
+// The plan with Megatron's names mapped to stepcast's: the aliases above, and the switches
+// bf16 / fp16 (dtype) and use_distributed_optimizer (zero_stage 1 unless zero_stage says more).
+Json with_megatron_names(const Json& json, const std::string& file) {
+  if (!json.is_object()) return json;
+  Json out = json;
+  auto move = [&](const std::string& from, const std::string& to, const Json& value) {
+    if (out.contains(to) && out.at(to) != value) {
+      throw_input_error(file, from, value.dump(),
+                        "contradicts '" + to + "' = " + out.at(to).dump() + " (Megatron-LM's name for the same setting)",
+                        "one of the two keys, or the same value");
+    }
+    out.erase(from);
+    out[to] = value;
+  };
+  for (const auto& [megatron, key] : kMegatronAliases) {
+    if (json.contains(megatron)) move(megatron, key, json.at(megatron));
+  }
+  for (const char* flag : {"bf16", "fp16", "use_distributed_optimizer"}) {
+    if (!json.contains(flag)) continue;
+    const Json& value = json.at(flag);
+    if (!value.is_boolean()) {
+      throw_input_error(file, flag, value.dump(), "not a boolean (a Megatron-LM switch)", "true or false");
+    }
+    out.erase(flag);
+    if (!value.get<bool>()) continue;
+    if (std::string(flag) == "use_distributed_optimizer") {
+      if (!out.contains("zero_stage")) out["zero_stage"] = 1;
+    } else {
+      move(flag, "dtype", flag);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-Plan parse_plan(const Json& json, const std::string& file) {
+Plan parse_plan(const Json& json_in, const std::string& file) {
+  Json json = with_megatron_names(json_in, file);
   ObjectReader reader(json, file);
   Plan plan;
   plan.file = file;

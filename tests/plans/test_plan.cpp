@@ -479,3 +479,28 @@ TEST_CASE("every shipped plan is valid on its model and topology", "[plan]") {
     CHECK_NOTHROW(validate_plan(plan, shipped_model(s.model), shipped_topology(s.topology, nodes)));
   }
 }
+
+TEST_CASE("plans accept Megatron-LM's argument names as aliases", "[plan]") {
+  Json megatron = {{"tensor_model_parallel_size", 2}, {"pipeline_model_parallel_size", 2},
+                   {"data_parallel_size", 2}, {"use_distributed_optimizer", true}, {"bf16", true},
+                   {"recompute_granularity", "selective"}, {"hidden_dropout", 0.0},
+                   {"micro_batch_size", 1}, {"global_batch_size", 8}};
+  Json ours = {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 2}, {"zero_stage", 1}, {"dtype", "bf16"},
+               {"recompute", "selective"}, {"dropout", 0.0}, {"micro_batch_size", 1}, {"global_batch_size", 8}};
+  Json a = plan_to_json(parse(megatron)), b = plan_to_json(parse(ours));
+  a.erase("name");
+  b.erase("name");
+  CHECK(a == b);
+  // A stepcast ZeRO stage wins over the distributed optimizer's stage 1; false switches nothing.
+  megatron["zero_stage"] = 3;
+  megatron["fp16"] = false;
+  CHECK(parse(megatron).zero_stage == 3);
+  // The same setting twice must agree.
+  megatron["tp_size"] = 4;
+  CHECK_THROWS_WITH(parse(megatron), Contains(kFile) && Contains("'tensor_model_parallel_size' = 2") &&
+                                         Contains("contradicts 'tp_size' = 4"));
+  Json both = {{"bf16", true}, {"dtype", "fp32"}, {"micro_batch_size", 1}};
+  CHECK_THROWS_WITH(parse(both), Contains("'bf16'") && Contains("contradicts 'dtype'"));
+  Json not_bool = {{"bf16", "yes"}, {"micro_batch_size", 1}};
+  CHECK_THROWS_WITH(parse(not_bool), Contains("'bf16' = \"yes\"") && Contains("true or false"));
+}
