@@ -206,7 +206,19 @@ int run_plan(int argc, char** argv) {
     walked_candidates += c.walked_stages > 0;
   }
   std::cout << fitting << " plans fit; pruned:\n";
-  for (const auto& [reason, n] : counts) std::cout << "  " << std::setw(6) << n << "  " << reason << "\n";
+  // Each reason's category (numbers as N) with its first plan's own message as the example.
+  std::map<std::string, const Candidate*> example;
+  for (const auto& c : candidates) {
+    if (!c.kept() && !example.count(c.pruned)) example[c.pruned] = &c;
+  }
+  for (const auto& [reason, n] : counts) {
+    std::cout << "  " << std::setw(6) << n << "  " << reason << "\n";
+    const Candidate* e = example.at(reason);
+    if (e->pruned_detail != reason && !e->pruned_detail.empty()) {
+      bool named = e->pruned_detail.rfind("candidate ", 0) == 0;  // validation's messages name it
+      std::cout << "          e.g. " << (named ? "" : e->plan.name + ": ") << e->pruned_detail << "\n";
+    }
+  }
   std::cout << "memory: " << valid - walked_candidates << " verdicts from the bounds alone, "
             << walked_candidates << " after walking " << walked_stages << " stages\n";
   if (fitting == 0) refuse_no_fit(candidates, model, topology, space);
