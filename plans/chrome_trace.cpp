@@ -1,9 +1,27 @@
 // The Chrome trace writer; see chrome_trace.hpp. Timestamps in microseconds, as the format wants.
 #include "chrome_trace.hpp"
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 
 namespace stepcast {
+
+namespace {
+
+// The thread id of lane `lane` of `stream`: lane 0 is the stream's own id (0, 1, 2), further
+// lanes 10·(stream + 1) + lane, so that ops of one stream that overlap in time (pipeline
+// transfers posted together) sit on tracks of their own instead of mis-nesting on one.
+int lane_tid(Stream stream, int lane) { return lane == 0 ? int(stream) : 10 * (int(stream) + 1) + lane; }
+
+struct Placed {
+  const OpRecord* record;
+  const Op* op;
+  int tid;
+};
+
+}  // namespace
 
 void write_chrome_trace(std::ostream& out, const StepProgram& program,
                         const std::vector<OpRecord>& records) {
@@ -14,6 +32,34 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     if (!first) out << ",\n";
     first = false;
   };
+  auto ts = [](double seconds) { return Json(seconds * 1e6).dump(); };
+
+  // Lanes: per rank and stream, each op on the lowest lane free when it starts (greedy interval
+  // partitioning: as few tracks as the most ops running at once).
+  std::map<std::pair<int64_t, Stream>, std::vector<const OpRecord*>> by_track;
+  std::vector<Placed> placed;
+  for (const OpRecord& r : records) {
+    const Op& op = program.role_of_rank(r.rank).ops[r.id];
+    if (op.kind == OpKind::alloc || op.kind == OpKind::free || r.end_s <= r.start_s) continue;
+    by_track[{r.rank, op.stream}].push_back(&r);
+  }
+  std::map<std::pair<int64_t, int>, int> lanes_of;  // (rank, stream) → lanes used
+  std::map<std::pair<int64_t, int32_t>, int> tid_of;  // (rank, op id) → tid
+  for (auto& [track, ops] : by_track) {
+    std::stable_sort(ops.begin(), ops.end(), [](const OpRecord* a, const OpRecord* b) { return a->start_s < b->start_s; });
+    std::vector<double> lane_end;
+    for (const OpRecord* r : ops) {
+      size_t lane = 0;
+      while (lane < lane_end.size() && lane_end[lane] > r->start_s) ++lane;
+      if (lane == lane_end.size()) lane_end.push_back(0);
+      lane_end[lane] = r->end_s;
+      int tid = lane_tid(track.second, int(lane));
+      tid_of[{r->rank, r->id}] = tid;
+      placed.push_back({r, &program.role_of_rank(r->rank).ops[r->id], tid});
+    }
+    lanes_of[{track.first, int(track.second)}] = int(lane_end.size());
+  }
+
   std::set<int64_t> ranks;
   for (const OpRecord& r : records) ranks.insert(r.rank);
   for (int64_t rank : ranks) {
@@ -23,14 +69,18 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
         << ",\"args\":{\"name\":\"rank " << rank << " (tp " << c.tp << ", dp " << c.dp << ", pp "
         << c.pp << ")\"}}";
     for (Stream s : {Stream::compute, Stream::comm, Stream::p2p}) {
-      separator();
-      out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << int(s)
-          << ",\"args\":{\"name\":\"" << to_string(s) << "\"}}";
+      int lanes = std::max(1, lanes_of.count({rank, int(s)}) ? lanes_of[{rank, int(s)}] : 1);
+      for (int lane = 0; lane < lanes; ++lane) {
+        separator();
+        out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << lane_tid(s, lane)
+            << ",\"args\":{\"name\":\"" << to_string(s) << (lane ? " (" + std::to_string(lane + 1) + ")" : "")
+            << "\"}}";
+      }
     }
   }
-  for (const OpRecord& r : records) {
-    const Op& op = program.role_of_rank(r.rank).ops[r.id];
-    if (op.kind == OpKind::alloc || op.kind == OpKind::free || r.end_s <= r.start_s) continue;
+  for (const Placed& p : placed) {
+    const OpRecord& r = *p.record;
+    const Op& op = *p.op;
     separator();
     Json args = {{"id", op.id}, {"phase", to_string(op.phase)}, {"bytes", op.bytes}};
     if (op.layer >= 0) args["layer"] = op.layer;
@@ -50,10 +100,62 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     std::string name = to_string(op.kind);
     if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
     if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
-    out << "{\"name\":" << Json(name).dump() << ",\"cat\":\"" << to_string(op.kind)
-        << "\",\"ph\":\"X\",\"pid\":" << r.rank << ",\"tid\":" << int(op.stream)
-        << ",\"ts\":" << Json(r.start_s * 1e6).dump() << ",\"dur\":"
-        << Json((r.end_s - r.start_s) * 1e6).dump() << ",\"args\":" << args.dump() << "}";
+    out << "{\"name\":" << Json(name).dump() << ",\"cat\":\"" << to_string(op.kind) << "\",\"ph\":\"X\",\"pid\":"
+        << r.rank << ",\"tid\":" << p.tid << ",\"ts\":" << ts(r.start_s) << ",\"dur\":" << ts(r.end_s - r.start_s)
+        << ",\"args\":" << args.dump() << "}";
+  }
+
+  // Flow arrows from each send to its receive, where both ranks are in the records: the flow
+  // starts inside the send's slice and ends inside the receive's (Perfetto binds each end to the
+  // slice enclosing its time).
+  std::map<std::tuple<int64_t, int64_t, int64_t>, const Placed*> sends;  // (from, to, tag)
+  for (const Placed& p : placed) {
+    if (p.op->kind != OpKind::send) continue;
+    int64_t to = p.op->peer == Peer::pp_next ? grid.pp_next(p.record->rank) : grid.pp_prev(p.record->rank);
+    sends[{p.record->rank, to, p.op->tag}] = &p;
+  }
+  int64_t flow = 0;
+  for (const Placed& p : placed) {
+    if (p.op->kind != OpKind::recv) continue;
+    int64_t from = p.op->peer == Peer::pp_next ? grid.pp_next(p.record->rank) : grid.pp_prev(p.record->rank);
+    auto send = sends.find({from, p.record->rank, p.op->tag});
+    if (send == sends.end()) continue;
+    const OpRecord& s = *send->second->record;
+    const OpRecord& r = *p.record;
+    ++flow;
+    separator();
+    out << "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":" << flow << ",\"pid\":" << s.rank
+        << ",\"tid\":" << send->second->tid << ",\"ts\":" << ts((s.start_s + s.end_s) / 2) << "}";
+    separator();
+    out << "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":" << flow << ",\"pid\":"
+        << r.rank << ",\"tid\":" << p.tid << ",\"ts\":" << ts((r.start_s + r.end_s) / 2) << "}";
+  }
+
+  // A memory counter per rank: the program's memory walk (its alloc and free ops in list order,
+  // so the counter's peak is the program's), each change placed at its record's time and never
+  // before the previous one (an alloc without deps is recorded at 0).
+  std::map<int64_t, std::vector<const OpRecord*>> memory_ops;
+  for (const OpRecord& r : records) {
+    OpKind kind = program.role_of_rank(r.rank).ops[r.id].kind;
+    if (kind == OpKind::alloc || kind == OpKind::free) memory_ops[r.rank].push_back(&r);
+  }
+  for (auto& [rank, ops] : memory_ops) {
+    std::sort(ops.begin(), ops.end(), [](const OpRecord* a, const OpRecord* b) { return a->id < b->id; });
+    double level = 0, at = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = program.role_of_rank(rank).ops[ops[i]->id];
+      level += op.kind == OpKind::alloc ? op.bytes : -op.bytes;
+      at = std::max(at, ops[i]->start_s);
+      // One sample per instant: the level after the last change at that time.
+      if (i + 1 < ops.size() && std::max(at, ops[i + 1]->start_s) == at) {
+        // the next change lands at the same instant: sample after it, unless this is the peak
+        const Op& next = program.role_of_rank(rank).ops[ops[i + 1]->id];
+        if (next.kind == OpKind::alloc) continue;
+      }
+      separator();
+      out << "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":" << rank << ",\"ts\":" << ts(at)
+          << ",\"args\":{\"bytes\":" << Json(level).dump() << "}}";
+    }
   }
   out << "\n]}\n";
 }

@@ -484,6 +484,37 @@ TEST_CASE("simulate: trace.json is a Chrome trace of the detail ranks", "[simula
     CHECK(named.count(rank) == 1);
     CHECK(complete[rank] > 0);
   }
+  // No two events of one track overlap (Perfetto would mis-nest them): posted transfers that run
+  // at once get tracks of their own.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<double, double>>> tracks;
+  std::map<int64_t, int> flow_starts, flow_ends;
+  std::map<int64_t, double> memory_max;
+  for (const Json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") tracks[{e["pid"], e["tid"]}].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    if (e["ph"] == "s") ++flow_starts[e["id"]];
+    if (e["ph"] == "f") ++flow_ends[e["id"]];
+    if (e["ph"] == "C") memory_max[e["pid"]] = std::max(memory_max[e["pid"]], e["args"]["bytes"].get<double>());
+  }
+  for (auto& [track, spans] : tracks) {
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) CHECK(spans[i].first >= spans[i - 1].second - 1e-6);
+  }
+  // One arrow per pipeline transfer between recorded ranks (pp 2: every send has its receive).
+  CHECK(flow_starts.size() > 0);
+  CHECK(flow_starts == flow_ends);
+  for (const auto& [id, n] : flow_starts) CHECK(n == 1);
+  // A memory counter for every recorded rank that follows the program's memory walk: its peak
+  // is the program's peak for that rank.
+  for (const Json& entry : prediction["memory"]["ranks"]) {
+    double peak = entry["peak_bytes"].get<double>() - entry["memory_runtime_bytes"].get<double>();
+    for (const Json& range : entry["ranks"]) {
+      for (int64_t rank = range[0]; rank <= range[1].get<int64_t>(); ++rank) {
+        if (!memory_max.count(rank)) continue;
+        INFO("memory counter of rank " << rank);
+        CHECK(memory_max[rank] == Approx(peak).epsilon(1e-12));
+      }
+    }
+  }
 }
 
 TEST_CASE("simulate: bad input reaches the user as exit code 2 and one message", "[simulate]") {
