@@ -36,6 +36,15 @@ std::vector<std::filesystem::path> shipped_roots() {
 
 }  // namespace
 
+std::optional<std::string> shipped_path(const std::string& relative) {
+  std::error_code ec;
+  if (std::filesystem::exists(relative, ec)) return relative;
+  for (const std::filesystem::path& root : shipped_roots()) {
+    if (std::filesystem::exists(root / relative, ec)) return (root / relative).string();
+  }
+  return std::nullopt;
+}
+
 std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option) {
   namespace fs = std::filesystem;
   std::error_code ec;

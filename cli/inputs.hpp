@@ -26,6 +26,10 @@ struct Inputs {
 // (build/stepcast), of an install (PREFIX/share/stepcast) or of the working directory, in that
 // order. InputError naming the option and the shipped names when there is none.
 std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option);
+// A file shipped with stepcast, by its path in the repository ("scripts/mpirun",
+// "data/corpus/shakespeare.txt"): as given where it exists from the working directory, else under
+// the build tree's repository, else under PREFIX/share/stepcast; nullopt where none has it.
+std::optional<std::string> shipped_path(const std::string& relative);
 // The value of option `name` (model, topology, plan) through resolve_input.
 std::string input_file(const po::variables_map& vm, const std::string& name);
 

@@ -26,12 +26,9 @@ namespace {
 
 // A default input path relative to the repository: as given when it exists (run from the
 // repository root), else next to the build folder the binary sits in.
-std::string repository_path(const std::string& relative) {
-  if (std::filesystem::exists(relative)) return relative;
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
-  std::filesystem::path candidate = exe.parent_path().parent_path() / relative;
-  return std::filesystem::exists(candidate) ? candidate.string() : relative;
-}
+// A path as given, else the shipped file of that repository path (the default corpus, the
+// default topology) from a build tree or an install.
+std::string repository_path(const std::string& relative) { return shipped_path(relative).value_or(relative); }
 
 }  // namespace
 

@@ -47,17 +47,12 @@ const char* const kUsage =
     "of these results), and checks every component figure of those profiles against the cost\n"
     "model (a section per profile and family).";
 
-// This executable's folder's parent holds scripts/ (build/stepcast, build-*/stepcast); else the
-// working directory (run from the repository root).
+// scripts/mpirun of the build tree's repository or of the install (shipped_path).
 std::string repository_file(const std::string& relative) {
-  fs::path exe = fs::read_symlink("/proc/self/exe");
-  fs::path candidate = exe.parent_path().parent_path() / relative;
-  if (fs::exists(candidate)) return candidate.string();
-  if (fs::exists(relative)) return fs::absolute(relative).string();
-  throw std::runtime_error("cannot find " + relative + " next to " + exe.string() +
-                           " or in the working directory: run stepcast from its repository");
+  if (auto path = shipped_path(relative)) return fs::absolute(*path).string();
+  throw std::runtime_error("cannot find " + relative + " next to this stepcast, in its install's share/stepcast" +
+                           " or in the working directory: run stepcast from its repository or install");
 }
-
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -251,6 +246,7 @@ int run_validate(int argc, char** argv) {
   auto vm = parse_command_line(argc, argv, options, kUsage);
   if (!vm) return 0;
   std::string sweep_arg = (*vm)["sweep"].as<std::string>();
+  if (sweep_arg != "published") sweep_arg = resolve_input(sweep_arg, "sweeps", "sweep");  // "cpu": sweeps/cpu.json
   if (sweep_arg == "published") {
     for (const char* option : {"repeats", "profile"}) {
       if (vm->count(option)) {

@@ -10,7 +10,8 @@ trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for d in bin/stepcast share/stepcast/models/llama3-8b.json share/stepcast/topologies/dgx-h100.json \
          share/stepcast/profiles/h100-sxm.json share/stepcast/examples/tiny-cpu.json share/stepcast/sweeps/cpu.json \
-         share/stepcast/data/published.json share/stepcast/data/corpus/shakespeare.txt; do
+         share/stepcast/data/published.json share/stepcast/data/corpus/shakespeare.txt \
+         share/stepcast/scripts/mpirun; do
   [ -e "$prefix/$d" ] || { echo "install: $d missing under $prefix"; exit 1; }
 done
 cd /
@@ -22,4 +23,8 @@ bad=$("$prefix/bin/stepcast" simulate --model no-such-model --topology dgx-h100 
 rc=$?
 set -e
 [ $rc -eq 2 ] && echo "$bad" | grep -q "shipped name: .*llama3-8b" || { echo "install: rc $rc: $bad"; exit 1; }
+# validate from / with the installed launcher and the shipped sweep by name (one short run a point).
+out=$("$prefix/bin/stepcast" validate --sweep ci --repeats 1 --out "$prefix/validate" 2>&1) ||
+  { echo "install: validate failed: $out"; exit 1; }
+[ -f "$prefix/validate/validate.json" ] || { echo "install: no validate.json: $out"; exit 1; }
 echo "install: ok ($prefix)"
