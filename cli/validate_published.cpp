@@ -25,18 +25,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The folder holding topologies/, profiles/ and data/: the repository of a build tree
-// (build/stepcast, build-*/stepcast: the executable's folder's parent), an install
-// (PREFIX/bin/stepcast: PREFIX/share/stepcast), else the working directory.
+// The folder holding topologies/, profiles/ and data/: the build tree's repository, the install's
+// share/stepcast or the working directory (shipped_path).
 fs::path repository_root() {
-  fs::path exe = fs::read_symlink("/proc/self/exe");
-  fs::path prefix = exe.parent_path().parent_path();
-  for (fs::path candidate : {prefix, prefix / "share" / "stepcast", fs::current_path()}) {
-    if (fs::exists(candidate / "topologies" / "dgx-a100-80gb.json")) return candidate;
+  auto topology = shipped_path("topologies/dgx-a100-80gb.json");
+  if (!topology) {
+    throw std::runtime_error("cannot find topologies/dgx-a100-80gb.json next to this stepcast, in its install's "
+                             "share/stepcast or in the working directory: run stepcast from its repository or install");
   }
-  throw std::runtime_error("cannot find topologies/dgx-a100-80gb.json next to " + exe.string() +
-                           ", in " + (prefix / "share" / "stepcast").string() +
-                           " or in the working directory: run stepcast from its repository or install");
+  return fs::absolute(*topology).parent_path().parent_path();
 }
 
 // One Table 1 row: the model and plan files under `inputs`, simulated in a child process by
