@@ -118,12 +118,16 @@ CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, con
   return CollectiveCostModel(fractions_only, topology);
 }
 
+std::optional<double> in_order_measured_collective_s(const ComputeCostModel& compute, OpKind kind,
+                                                     Algorithm algorithm, double bytes, const GroupShape& shape) {
+  if (!compute.profile().execution_in_order || shape.nodes != 1) return std::nullopt;
+  return compute.measured_collective_time_s(kind, algorithm, shape.size, bytes);
+}
+
 double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
                                 OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) {
   if (algorithm == Algorithm::none || shape.size <= 1) return 0;
-  if (compute.profile().execution_in_order && shape.nodes == 1) {
-    if (auto measured = compute.measured_collective_time_s(kind, algorithm, shape.size, bytes)) return *measured;
-  }
+  if (auto measured = in_order_measured_collective_s(compute, kind, algorithm, bytes, shape)) return *measured;
   return collectives.time_s(kind, algorithm, bytes, shape);
 }
 

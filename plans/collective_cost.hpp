@@ -61,9 +61,15 @@ class CollectiveCostModel {
 // node take their measured time instead (uncontended_collective_s, the simulator's in-order path).
 CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, const Topology& topology);
 
+// In order (the profile runs one collective at a time, as when it measured them), a group inside
+// one node takes the measured time of its kind, algorithm and size; nullopt otherwise or where
+// the profile has no such table.
+std::optional<double> in_order_measured_collective_s(const ComputeCostModel& compute, OpKind kind,
+                                                     Algorithm algorithm, double bytes, const GroupShape& shape);
+
 // A collective's time as the simulator costs it when nothing else contends: where the profile
-// runs in order and measured this group inside a node, that measured time (sim_plan.cpp's
-// measured_in_order_time_s); otherwise time_s (the link fractions and the measured tables'
+// runs in order and measured this group inside a node, that measured time
+// (in_order_measured_collective_s); otherwise time_s (the link fractions and the measured tables'
 // correction). 0 for a group of one or an op without an algorithm. The planner's estimates.
 double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
                                 OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape);

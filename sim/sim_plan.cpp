@@ -156,13 +156,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       }
     }
   }
-  // In order, a rank has one collective in flight at a time, as when the profile measured it:
-  // a group inside one node takes the measured time of its kind, algorithm and size.
+  // In order, a rank has one collective in flight at a time, as when the profile measured it.
   auto measured_in_order_time_s = [&](const Op& op, int64_t first) -> std::optional<double> {
-    if (!plan.in_order) return std::nullopt;
-    GroupShape shape = group_shape(grid, op.group, first, per_node);
-    if (shape.nodes != 1) return std::nullopt;
-    return cost.measured_collective_time_s(op.kind, op.algorithm, shape.size, op.bytes);
+    if (!plan.in_order) return std::nullopt;  // (no group shapes to list then)
+    return in_order_measured_collective_s(cost, op.kind, op.algorithm, op.bytes,
+                                          group_shape(grid, op.group, first, per_node));
   };
   for (const Role& role : program.roles) {
     auto& costs = plan.op_cost_s[role.index];
