@@ -142,7 +142,11 @@ void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::strin
   auto acc = [&](int64_t j) { return n("dkv." + std::to_string(j)); };
   e.alloc(block(0), BufferClass::workspace, c.act, kv_shape, bwd);
   e.compute(at, OpKind::activation, OpName::cp_kv_pack, 0, {qkv}, {block(0)});
+  // Transfers on the ring are posted in the order their peer posts the matching ones (the
+  // simulator's mailboxes pair them in order): this step's accumulator, then the next block.
   for (int64_t j = 0; j < c.cp; ++j) {
+    e.alloc(acc(j), BufferClass::workspace, c.act, kv_shape, bwd);
+    if (j > 0) ring_recv(e, at, cp_tag(c, at, 3, j), bytes, acc(j));
     if (j + 1 < c.cp) {
       ring_send(e, at, cp_tag(c, at, 2, j), bytes, block(j));
       e.alloc(block(j + 1), BufferClass::workspace, c.act, kv_shape, bwd);
@@ -151,11 +155,8 @@ void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::strin
     std::vector<std::string> inputs = saved;
     inputs.push_back(block(j));
     if (j == 0) {  // this rank's own block starts its accumulator
-      e.alloc(acc(0), BufferClass::workspace, c.act, kv_shape, bwd);
       flash_block(e, at, c.s, 0, inputs, {d_qkv, acc(0)}, factor);
-    } else {  // the accumulator of block (own − j) arrives from cp_prev, one hop behind its K/V
-      e.alloc(acc(j), BufferClass::workspace, c.act, kv_shape, bwd);
-      ring_recv(e, at, cp_tag(c, at, 3, j), bytes, acc(j));
+    } else {  // the accumulator of block (own − j) arrived from cp_prev, one hop behind its K/V
       const std::string part = n("dkv_part");
       e.alloc(part, BufferClass::workspace, c.act, kv_shape, bwd);
       inputs.push_back(d_qkv);  // dQ accumulates over the blocks
