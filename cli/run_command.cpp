@@ -67,8 +67,9 @@ int run_run(int argc, char** argv) {
       "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu|cuda\n"
       "                                 [--steps S] [--out DIR] [--collectives program|mpi]\n"
       "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
-      "Trains the model with the plan's tensor, pipeline and data parallelism, one MPI rank per\n"
-      "program rank (N = tp_size · pp_size · dp_size), printing loss and step time per step.\n"
+      "Trains the model with the plan's tensor, context, pipeline and data parallelism, one MPI\n"
+      "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size), printing\n"
+      "loss and step time per step.\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
       "NCCL for every collective and transfer (NCCL_* variables apply); measured memory from\n"
@@ -120,12 +121,17 @@ int run_run(int argc, char** argv) {
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
+  if (in.plan.cp_size > 1 && (!run_options.checkpoint_dir.empty() || !run_options.resume_dir.empty())) {
+    throw InputError(in.plan.file + ": key 'context_parallel_size' = " + std::to_string(in.plan.cp_size) +
+                     ": checkpoints of context-parallel plans are not supported yet (their shard layout spans "
+                     "dp × cp); valid: context_parallel_size 1 with --checkpoint-dir / --resume, or no checkpoints");
+  }
   return with_mpi(
       "run", argc, argv,
       [&](int rank, int size) {
     if (size != in.plan.world_size()) {
       throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +
-                       " ranks (tp_size · pp_size · dp_size), mpirun started " +
+                       " ranks (tp_size · context_parallel_size · pp_size · dp_size), mpirun started " +
                        std::to_string(size) + ": run mpirun -np " +
                        std::to_string(in.plan.world_size()));
     }

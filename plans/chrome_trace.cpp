@@ -66,7 +66,8 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     RankCoord c = grid.coord(rank);
     separator();
     out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
-        << ",\"args\":{\"name\":\"rank " << rank << " (tp " << c.tp << ", dp " << c.dp << ", pp "
+        << ",\"args\":{\"name\":\"rank " << rank << " (tp " << c.tp
+        << (grid.cp_size() > 1 ? ", cp " + std::to_string(c.cp) : std::string()) << ", dp " << c.dp << ", pp "
         << c.pp << ")\"}}";
     for (Stream s : {Stream::compute, Stream::comm, Stream::p2p}) {
       int lanes = std::max(1, lanes_of.count({rank, int(s)}) ? lanes_of[{rank, int(s)}] : 1);

@@ -228,6 +228,10 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
   b.flag("--pipeline-model-parallel-size", plan.pp_size);  // model_parallel_config.py:83
   // Megatron keeps sequence parallelism only with tp > 1 (arguments.py:1433-1439).
   if (plan.sequence_parallel) b.flag("--sequence-parallel");  // model_parallel_config.py:94
+  if (plan.cp_size > 1) {
+    b.flag("--context-parallel-size", plan.cp_size);             // model_parallel_config.py:100
+    b.flag("--cp-comm-type", to_string(plan.cp_comm_type));      // arguments.py:3221 (p2p, allgather)
+  }
   // Ranks: tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp under --use-tp-pp-dp-mapping (initialize.py:395).
   if (plan.order == "tp-pp-dp") {
     b.flag("--use-tp-pp-dp-mapping");  // training/config/common_config.py:105

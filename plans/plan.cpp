@@ -37,7 +37,7 @@ const char* to_string(AttentionImpl kind) {
 const char* to_string(CpCommType kind) {
   switch (kind) {
     case CpCommType::p2p: return "p2p";
-    case CpCommType::all_gather: return "all_gather";
+    case CpCommType::all_gather: return "allgather";
     case CpCommType::a2a: return "a2a";
   }
   return "?";
@@ -45,7 +45,7 @@ const char* to_string(CpCommType kind) {
 
 namespace {
 
-const std::vector<std::string> kCpCommNames = {"p2p", "all_gather", "a2a"};
+const std::vector<std::string> kCpCommNames = {"p2p", "allgather", "a2a"};  // Megatron-LM's (arguments.py)
 const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b"};
 const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
 const std::vector<std::string> kAttentionNames = {"materialized", "flash"};
@@ -136,7 +136,9 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.dp_size = reader.get_int_or("dp_size", 1, 1);
   plan.cp_size = reader.get_int_or("context_parallel_size", 1, 1);
   std::string cp_comm = reader.get_enum_or("cp_comm_type", kCpCommNames, "p2p");
-  plan.cp_comm_type = cp_comm == "p2p" ? CpCommType::p2p : cp_comm == "all_gather" ? CpCommType::all_gather : CpCommType::a2a;
+  plan.cp_comm_type = cp_comm == "p2p"         ? CpCommType::p2p
+                      : cp_comm == "allgather" ? CpCommType::all_gather
+                                               : CpCommType::a2a;
   int64_t zero_stage = reader.get_int_or("zero_stage", 0, 0);  // checked before it narrows
   if (zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
   plan.zero_stage = static_cast<int>(zero_stage);
@@ -210,7 +212,7 @@ void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
   }
   if (plan.cp_comm_type == CpCommType::a2a) {
     throw_input_error(f, "cp_comm_type", "a2a", "(DeepSpeed-Ulysses all-to-all) is not supported yet",
-                      "\"p2p\" (Megatron-LM's default) or \"all_gather\"");
+                      "\"p2p\" (Megatron-LM's default) or \"allgather\"");
   }
   if (plan.attention_impl != AttentionImpl::flash) {
     // Megatron-LM runs context parallelism through Transformer Engine's fused attention only.

@@ -18,7 +18,7 @@ namespace stepcast {
 enum class RecomputeKind { none, selective, full };
 enum class AttentionImpl { materialized, flash };
 // How context-parallel ranks exchange keys and values (Megatron's --cp-comm-type): p2p, a ring
-// of K/V blocks overlapped with the attention blocks they feed; all_gather, K/V gathered before
+// of K/V blocks overlapped with the attention blocks they feed; allgather, K/V gathered before
 // attention and their gradients reduce-scattered after. (a2a, DeepSpeed-Ulysses, is refused.)
 enum class CpCommType { p2p, all_gather, a2a };
 const char* to_string(CpCommType kind);

@@ -66,7 +66,9 @@ Dtype search_dtype(const Topology& topology) {
 
 std::string plan_name(const Plan& plan) {
   std::ostringstream out;
-  out << "tp" << plan.tp_size << "-pp" << plan.pp_size << "-dp" << plan.dp_size << "-z"
+  out << "tp" << plan.tp_size;
+  if (plan.cp_size > 1) out << "-cp" << plan.cp_size;
+  out << "-pp" << plan.pp_size << "-dp" << plan.dp_size << "-z"
       << plan.zero_stage << "-mbs" << plan.micro_batch_size << "-";
   if (plan.schedule == ScheduleKind::interleaved_1f1b) out << "vpp" << plan.virtual_pp_size;
   else out << to_string(plan.schedule);
@@ -96,11 +98,18 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                                             const SearchSpace& space) {
   const int64_t devices = topology.num_devices();
   const Dtype dtype = search_dtype(topology);
+  std::vector<int64_t> cps = space.context_parallel_sizes;
+  if (cps.empty()) {
+    cps = {1};
+    if (space.attention_impl == AttentionImpl::flash && model.seq_length >= 16384) cps = {1, 2, 4, 8};
+  }
   std::vector<Candidate> out;
   for (int64_t tp : divisors(topology.node.devices_per_node)) {
     if (devices % tp != 0) continue;
-    for (int64_t pp : divisors(devices / tp)) {
-      int64_t dp = devices / (tp * pp);
+    for (int64_t cp : cps) {
+    if ((devices / tp) % cp != 0) continue;
+    for (int64_t pp : divisors(devices / (tp * cp))) {
+      int64_t dp = devices / (tp * cp * pp);
       std::vector<std::pair<ScheduleKind, int64_t>> schedules{{ScheduleKind::one_f_one_b, 1}};
       if (pp > 1) {
         for (int64_t v : space.virtual_pp_sizes) schedules.push_back({ScheduleKind::interleaved_1f1b, v});
@@ -124,6 +133,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 Candidate c;
                 Plan& p = c.plan;
                 p.tp_size = tp;
+                p.cp_size = cp;
                 p.pp_size = pp;
                 p.dp_size = dp;
                 p.zero_stage = zero;
@@ -136,8 +146,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.sequence_parallel = sp;
                 p.param_dtype = dtype;
                 p.grad_dtype = Dtype::fp32;
-                p.overlap_grad_reduce = dp > 1;
-                p.overlap_param_gather = zero >= 1 && dp > 1;
+                p.overlap_grad_reduce = dp * cp > 1;
+                p.overlap_param_gather = zero >= 1 && dp * cp > 1;
                 p.overlap_p2p_comm = default_overlap_p2p_comm(schedule);
                 p.attention_impl = space.attention_impl;
                 p.dropout = space.dropout;
@@ -157,6 +167,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
          }
         }
       }
+    }
     }
   }
   return out;

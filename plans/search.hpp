@@ -38,6 +38,9 @@ struct SearchSpace {
   std::vector<int64_t> virtual_pp_sizes{2, 3, 4};  // interleaved_1f1b variants when pp > 1
   bool include_gpipe = false;
   AttentionImpl attention_impl = AttentionImpl::materialized;
+  // Context-parallel sizes tried (p2p ring); empty: {1}, or {1, 2, 4, 8} with flash attention on
+  // sequences of 16,384 tokens and more (where Megatron-Bridge's long-context recipes use CP).
+  std::vector<int64_t> context_parallel_sizes;
   double dropout = 0.1;
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity
   // Prune what Megatron-LM cannot run as simulated (megatron_arguments' runnable is false).

@@ -365,7 +365,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     // ZeRO's reductions and gathers run over the shard group (all of dp without hybrid sharding);
     // hybrid sharding adds the shards' all_reduce across the replicas.
     const bool hybrid = plan.num_distributed_optimizer_instances > 1;
-    GroupShape tp = shape(GroupKind::tp), dp = shape(hybrid ? GroupKind::dp_shard : GroupKind::dp);
+    GroupShape tp = shape(GroupKind::tp),
+               dp = shape(hybrid ? GroupKind::dp_shard : plan.cp_size > 1 ? GroupKind::dp_cp : GroupKind::dp);
     StageTimes t;
     t.stage = stage;
     int64_t layers = 0;
@@ -415,7 +416,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     // Gradient buckets of one backward pass per chunk, in the order lowering fills them.
     double reduction_s = 0, reduction_bytes = 0;
     int64_t reduction_ops = 0;
-    if (plan.dp_size > 1) {
+    if (plan.dp_cp_size() > 1) {
       OpKind kind = plan.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
       for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
         // Lowering's order: output and final_norm, the layers last to first, position and
@@ -456,7 +457,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     }
     double gathers_s = 0;
     int64_t gather_ops = 0;
-    if (plan.dp_size > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2)) {
+    if (plan.dp_cp_size() > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2)) {
       double bytes = 0;
       for (const Group& g : s.groups) {
         bytes += double(g.elements) * act;
@@ -474,7 +475,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       }
     }
     double zero3_s = 0;
-    if (plan.dp_size > 1 && plan.zero_stage >= 3) {
+    if (plan.dp_cp_size() > 1 && plan.zero_stage >= 3) {
       // Every group's full weights gathered before each use: layers in forward and backward,
       // the embedding in both, the position table in forward, the loss's groups in both.
       for (const Group& g : s.groups) {
@@ -494,7 +495,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       }
     }
     count(dp_key, plan.zero_stage >= 2 ? m_real * reduction_bytes : reduction_bytes);
-    if (plan.zero_stage >= 2 && plan.dp_size == 1) {
+    if (plan.zero_stage >= 2 && plan.dp_cp_size() == 1) {
       // The full gradient is copied into the shard after every pass.
       for (const Group& g : s.groups) {
         Op op;

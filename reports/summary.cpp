@@ -63,8 +63,9 @@ void print_memory_report(std::ostream& out, const MemoryReport& report) {
 
 void print_program_summary(std::ostream& out, const StepProgram& program,
                            const ProgramStats& stats, double model_flops_per_step) {
-  out << "ranks " << stats.ranks << " (tp " << program.tp_size << ", pp " << program.pp_size
-      << ", dp " << program.dp_size << ", order " << program.order << "), roles "
+  out << "ranks " << stats.ranks << " (tp " << program.tp_size;
+  if (program.cp_size > 1) out << ", cp " << program.cp_size;
+  out << ", pp " << program.pp_size << ", dp " << program.dp_size << ", order " << program.order << "), roles "
       << program.roles.size() << ", microbatches " << program.num_microbatches
       << ", tokens per step " << program.tokens_per_step << "\n";
   out << "ops per role:";

@@ -94,7 +94,7 @@ inline std::vector<PlanCase> lowering_cases() {
   for (int cp : {2, 4}) {
     for (int tp : {1, 2}) {
       for (int pp : {1, 2}) {
-        for (const char* comm : {"p2p", "all_gather"}) {
+        for (const char* comm : {"p2p", "allgather"}) {
           ++index;
           int dp = 1 + index % 2;
           Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", dp}, {"context_parallel_size", cp},

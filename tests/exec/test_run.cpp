@@ -197,12 +197,12 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
   hybrid["num_distributed_optimizer_instances"] = 2;
   std::vector<Case> cases = {
       {"tiny", cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false)},
-      {"tiny", cp_plan(1, 1, 1, 2, "all_gather", 0, "selective", false, false)},
+      {"tiny", cp_plan(1, 1, 1, 2, "allgather", 0, "selective", false, false)},
       {"tiny", cp_plan(1, 1, 1, 4, "p2p", 0, "full", false, false)},
       {"tiny", cp_plan(2, 1, 1, 2, "p2p", 0, "selective", true, false)},
-      {"tiny", cp_plan(1, 2, 1, 2, "all_gather", 0, "full", false, true)},
+      {"tiny", cp_plan(1, 2, 1, 2, "allgather", 0, "full", false, true)},
       {"tiny", cp_plan(1, 1, 2, 2, "p2p", 1, "none", false, true)},
-      {"tiny", cp_plan(1, 1, 2, 2, "all_gather", 3, "none", false, false)},
+      {"tiny", cp_plan(1, 1, 2, 2, "allgather", 3, "none", false, false)},
       {"tiny", hybrid},
       {"tiny-gpt", cp_plan(2, 2, 1, 2, "p2p", 1, "selective", true, true)},
   };

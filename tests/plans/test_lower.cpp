@@ -263,7 +263,7 @@ TEST_CASE("context parallelism: the ring and the gathered kind move K/V in close
   ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   for (int cp : {2, 4}) {
-    for (const char* comm : {"p2p", "all_gather"}) {
+    for (const char* comm : {"p2p", "allgather"}) {
       INFO("cp " << cp << " " << comm);
       Json j = {{"tp_size", 2}, {"context_parallel_size", cp}, {"cp_comm_type", comm}, {"micro_batch_size", 2},
                 {"global_batch_size", 4}, {"dtype", "fp32"}, {"attention_impl", "flash"}, {"sequence_parallel", true}};

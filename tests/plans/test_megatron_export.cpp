@@ -101,10 +101,16 @@ void check_megatron_rules(const MegatronArguments& m, const Plan& plan, const Mo
       "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
       "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--bf16",
       "--grad-reduce-in-bf16", "--recompute-granularity", "--recompute-method",
-      "--recompute-num-layers"};
+      "--recompute-num-layers", "--context-parallel-size", "--cp-comm-type"};
   for (const auto& [name, value] : f) {
     INFO(name);
     CHECK(known.count(name) == 1);
+  }
+  // Context parallelism: seq_length a multiple of 2·cp (arguments.py:1334-1337); Megatron's
+  // comm kinds (arguments.py:3221).
+  if (has("--context-parallel-size")) {
+    CHECK(integer(f, "--seq-length") % (2 * integer(f, "--context-parallel-size")) == 0);
+    CHECK((f.at("--cp-comm-type") == "p2p" || f.at("--cp-comm-type") == "allgather"));
   }
   // Required arguments (arguments.py:1314-1317).
   for (const char* name : {"--num-layers", "--hidden-size", "--num-attention-heads", "--max-position-embeddings"}) {
@@ -352,6 +358,30 @@ TEST_CASE("Megatron-LM arguments: ZeRO 0-3 and hybrid sharding", "[search][megat
       CHECK(args.runnable);
       check_megatron_rules(args, plan, m);
     }
+  }
+}
+
+TEST_CASE("Megatron-LM arguments: context parallelism in Megatron's words", "[search][megatron]") {
+  ModelConfig m = named_model("llama3-8b");
+  for (CpCommType kind : {CpCommType::p2p, CpCommType::all_gather}) {
+    Plan p;
+    p.tp_size = 2;
+    p.cp_size = 4;
+    p.cp_comm_type = kind;
+    p.pp_size = 2;
+    p.dp_size = 2;
+    p.zero_stage = 1;
+    p.attention_impl = AttentionImpl::flash;
+    p.global_batch_size = 16;
+    Plan plan = resolved(p, m);
+    auto args = megatron_arguments(plan, m);
+    auto f = flags_of(args);
+    INFO(Json(args.arguments).dump());
+    CHECK(args.runnable);
+    CHECK(f.at("--context-parallel-size") == "4");
+    CHECK(f.at("--cp-comm-type") == (kind == CpCommType::p2p ? "p2p" : "allgather"));
+    CHECK(plan.name.find("-cp4-") != std::string::npos);
+    check_megatron_rules(args, plan, m);
   }
 }
 
