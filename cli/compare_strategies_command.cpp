@@ -3,6 +3,7 @@
 // pipeline parallelism — and the best 3D plan: for each, the best plan of that shape by the
 // quick estimate among those that fit (else the one with the smallest peak), simulated in a
 // child process; memory per GPU by class, step time, exposed communication and volume.
+#include <algorithm>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -30,7 +31,8 @@ std::vector<Strategy> strategies(const Topology& topology) {
   int64_t node = topology.node.devices_per_node;
   auto pure = [](int zero) {
     return [zero](const Plan& p) {
-      return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == zero && p.num_distributed_optimizer_instances == 1;
+      return p.tp_size == 1 && p.pp_size == 1 && p.cp_size == 1 && p.zero_stage == zero &&
+             p.num_distributed_optimizer_instances == 1;
     };
   };
   return {
@@ -40,11 +42,15 @@ std::vector<Strategy> strategies(const Topology& topology) {
       {"ZeRO-3", pure(3)},
       {"HSDP (ZeRO-3 shards in a node)",
        [](const Plan& p) {
-         return p.tp_size == 1 && p.pp_size == 1 && p.zero_stage == 3 && p.num_distributed_optimizer_instances > 1;
+         return p.tp_size == 1 && p.pp_size == 1 && p.cp_size == 1 && p.zero_stage == 3 &&
+                p.num_distributed_optimizer_instances > 1;
        }},
       {"TP (tp " + std::to_string(node) + ") + DP",
-       [node](const Plan& p) { return p.tp_size == node && p.pp_size == 1 && p.zero_stage == 0; }},
-      {"PP + DP", [](const Plan& p) { return p.tp_size == 1 && p.pp_size > 1 && p.zero_stage == 0; }},
+       [node](const Plan& p) { return p.tp_size == node && p.pp_size == 1 && p.cp_size == 1 && p.zero_stage == 0; }},
+      {"PP + DP",
+       [](const Plan& p) { return p.tp_size == 1 && p.pp_size > 1 && p.cp_size == 1 && p.zero_stage == 0; }},
+      // Context parallelism (the p2p ring) with any tp, pp and ZeRO: flash attention only.
+      {"CP (ring) + 3D", [](const Plan& p) { return p.cp_size > 1; }},
       {"best 3D", [](const Plan&) { return true; }},
   };
 }
@@ -75,7 +81,7 @@ int run_compare_strategies(int argc, char** argv) {
       "                                   [--sim-mode approx|fast] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
-      "rest) and the best 3D plan. Each strategy's row is its best plan by the quick estimate\n"
+      "rest), context parallelism (cp 2-8 over the ring, with --attention flash) and the best plan. Each strategy's row is its best plan by the quick estimate\n"
       "among those that fit (else the one with the smallest peak), simulated (--mode approx):\n"
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits.");
@@ -86,6 +92,8 @@ int run_compare_strategies(int argc, char** argv) {
   ModelConfig model = load_model_option(*vm);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  // The CP row at any sequence length (the plain search tries cp from 16k tokens on).
+  if (space.attention_impl == AttentionImpl::flash) space.context_parallel_sizes = {1, 2, 4, 8};
   int jobs = (*vm)["jobs"].as<int>();
   if (space.global_batch_size < 1 || jobs < 1 ||
       !(space.max_memory_fraction > 0 && space.max_memory_fraction <= 1)) {
@@ -208,13 +216,20 @@ int run_compare_strategies(int argc, char** argv) {
   }
   for (const auto& [name, e] : errors) std::cerr << "warning: simulating " << name << " failed: " << e << "\n";
 
-  std::cout << "\n" << std::left << std::setw(18) << "strategy" << std::setw(40) << "plan"
+  // Columns as wide as their longest entry.
+  size_t name_width = 9, plan_width = 5;
+  for (const auto& row : report.rows) {
+    name_width = std::max(name_width, row.strategy.size() + 2);
+    plan_width = std::max(plan_width, row.plan.size() + 2);
+  }
+  const int nw = int(name_width), pw = int(plan_width);
+  std::cout << "\n" << std::left << std::setw(nw) << "strategy" << std::setw(pw) << "plan"
             << std::right << std::setw(5) << "fits" << std::setw(11) << "weights" << std::setw(11)
             << "grads" << std::setw(11) << "optim" << std::setw(11) << "activ" << std::setw(11)
             << "ws+comm" << std::setw(11) << "peak" << std::setw(9) << "step s" << std::setw(9)
             << "exp.comm" << std::setw(9) << "bubble" << std::setw(12) << "comm/rank" << "\n";
   for (const auto& row : report.rows) {
-    std::cout << std::left << std::setw(18) << row.strategy << std::setw(40)
+    std::cout << std::left << std::setw(nw) << row.strategy << std::setw(pw)
               << (row.plan.empty() ? "-" : row.plan) << std::right;
     if (row.plan.empty()) {
       std::cout << "  " << row.note << "\n";

@@ -465,12 +465,12 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies").string();
   std::filesystem::remove_all(out);
   auto r = run_stepcast("compare-strategies" + model_arg("tiny") + topology_arg("localhost-cpu") +
-                        " --nodes 2 --global-batch-size 16 --out " + out);
+                        " --nodes 2 --global-batch-size 16 --attention flash --out " + out);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   Json s = load_json_file(out + "/strategies.json");
   check_envelope(s, "compare-strategies");
-  REQUIRE(s.at("strategies").size() == 8);
+  REQUIRE(s.at("strategies").size() == 9);
   std::vector<std::string> names;
   for (const auto& row : s["strategies"]) names.push_back(row.at("strategy").get<std::string>());
   CHECK(names.front() == "pure DP");
@@ -490,6 +490,9 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
         s["strategies"][3]["memory_weights_bytes"].get<double>());
   CHECK(s["strategies"][4]["memory_weights_bytes"].get<double>() <
         s["strategies"][0]["memory_weights_bytes"].get<double>());
+  // Context parallelism: its row's plan splits the sequence; activations per rank shrink.
+  CHECK(s["strategies"][7]["strategy"] == "CP (ring) + 3D");
+  CHECK(s["strategies"][7].dump().find("-cp") != std::string::npos);
   CHECK(std::filesystem::exists(out + "/report.html"));
   std::filesystem::remove_all(out);
 }
