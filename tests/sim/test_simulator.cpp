@@ -143,6 +143,65 @@ TEST_CASE("sim: hybrid sharding reduce_scatters inside the node, then all-reduce
   CHECK(out.step_time_s == Approx(S / 2 / b_node + S / 2 / b_nic).epsilon(1e-6));
 }
 
+namespace {
+
+// The context-parallel ring of one layer's forward (lower_cp.cpp's shape): cp ranks on one node;
+// at step j a rank sends the K/V block it holds to cp_next and receives the next from cp_prev
+// while it computes on the block it holds (c seconds); the next block's send waits for its
+// receive. A transfer of S bytes takes S/B (no latency).
+double ring_step_time(int64_t cp, double c, double S, double B, SimMode mode) {
+  StepProgram p = empty_program(1, 1, 1, cp);
+  p.cp_size = cp;
+  Role& role = p.roles[0];
+  int32_t held = -1;  // the receive that brought the block held at step j
+  int32_t previous = -1;
+  for (int64_t j = 0; j < cp; ++j) {
+    int32_t received = -1;
+    if (j + 1 < cp) {
+      Op send;
+      send.kind = OpKind::send;
+      send.stream = Stream::p2p;
+      send.peer = Peer::cp_next;
+      send.tag = j;
+      send.bytes = S;
+      if (held >= 0) send.deps = {held};
+      push_op(role, send);
+      Op recv = send;
+      recv.kind = OpKind::recv;
+      recv.peer = Peer::cp_prev;
+      recv.deps.clear();
+      received = push_op(role, recv);
+    }
+    std::vector<int32_t> deps;
+    if (held >= 0) deps.push_back(held);
+    if (previous >= 0) deps.push_back(previous);
+    previous = push_op(role, compute_op(c, deps));
+    held = received;
+  }
+  Topology t = parse_test_topology(star_topology_json(1, int(cp), B, 0, 1, B, 0));
+  return run(p, t, mode).step_time_s;
+}
+
+}  // namespace
+
+// cp 4, c = 1 ms: transfers of 0.5 ms hide behind compute (4c); transfers of 2 ms set the pace
+// ((cp − 1)·S/B + c). One SimGrid engine per test case.
+TEST_CASE("sim: the context-parallel ring hides transfers shorter than a block's attention (full)", "[sim]") {
+  CHECK(ring_step_time(4, 1e-3, 0.5e-3 * 100e9, 100e9, SimMode::full) == Approx(4e-3).epsilon(1e-6));
+}
+
+TEST_CASE("sim: the context-parallel ring hides transfers shorter than a block's attention (fast)", "[sim]") {
+  CHECK(ring_step_time(4, 1e-3, 0.5e-3 * 100e9, 100e9, SimMode::fast) == Approx(4e-3).epsilon(1e-6));
+}
+
+TEST_CASE("sim: transfers longer than a block's attention pace the context-parallel ring (full)", "[sim]") {
+  CHECK(ring_step_time(4, 1e-3, 2e-3 * 100e9, 100e9, SimMode::full) == Approx(3 * 2e-3 + 1e-3).epsilon(1e-6));
+}
+
+TEST_CASE("sim: transfers longer than a block's attention pace the context-parallel ring (fast)", "[sim]") {
+  CHECK(ring_step_time(4, 1e-3, 2e-3 * 100e9, 100e9, SimMode::fast) == Approx(3 * 2e-3 + 1e-3).epsilon(1e-6));
+}
+
 TEST_CASE("sim: 1F1B with uniform costs and free communication takes 2(m+p-1) slots", "[sim]") {
   const int64_t p = 4, m = 8;
   const double slot = 1e-3;
