@@ -139,6 +139,30 @@ class Backend {
     no_cp();
   }
   virtual void cp_accumulate(T* /*acc*/, const T* /*part*/, int64_t /*n*/) { no_cp(); }  // acc += part
+  virtual void cp_score_forward(const T* /*qkv*/, const T* /*kv*/, int64_t /*n*/, const int64_t* /*q_pos*/,
+                                const int64_t* /*kv_pos*/, T* /*scores*/, const cpu::AttentionShape& /*shape*/,
+                                double /*scale*/) {
+    no_cp();
+  }
+  virtual void cp_attention_dropout_forward(const T* /*probs*/, T* /*probs_drop*/, uint8_t* /*mask*/,
+                                            const cpu::AttentionShape& /*shape*/, int64_t /*n*/,
+                                            const int64_t* /*q_pos*/, const int64_t* /*kv_pos*/,
+                                            const cpu::Dropout& /*dropout*/, int64_t /*head0*/,
+                                            const int64_t* /*sample_index*/) {
+    no_cp();
+  }
+  virtual void cp_value_forward(const T* /*probs_used*/, const T* /*kv*/, int64_t /*n*/, T* /*ctx*/,
+                                const cpu::AttentionShape& /*shape*/) {
+    no_cp();
+  }
+  virtual void cp_value_backward(const T* /*d_ctx*/, const T* /*probs_used*/, const T* /*kv*/, int64_t /*n*/,
+                                 T* /*d_probs_used*/, T* /*d_kv*/, const cpu::AttentionShape& /*shape*/) {
+    no_cp();
+  }
+  virtual void cp_score_backward(const T* /*d_scores*/, const T* /*qkv*/, const T* /*kv*/, int64_t /*n*/,
+                                 T* /*d_qkv*/, T* /*d_kv*/, const cpu::AttentionShape& /*shape*/, double /*scale*/) {
+    no_cp();
+  }
   virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
   virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;

@@ -188,6 +188,28 @@ class CpuBackend final : public Backend<T> {
   void cp_accumulate(T* acc, const T* part, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += part[i];
   }
+  void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
+                        const cpu::AttentionShape& shape, double scale) override {
+    cpu::cp_score_forward(qkv, kv, n, q_pos, kv_pos, scores, shape, scale);
+  }
+  void cp_attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask, const cpu::AttentionShape& shape,
+                                    int64_t n, const int64_t* q_pos, const int64_t* kv_pos,
+                                    const cpu::Dropout& dropout, int64_t head0,
+                                    const int64_t* sample_index) override {
+    cpu::cp_attention_dropout_forward(probs, probs_drop, mask, shape, n, q_pos, kv_pos, dropout, head0, sample_index);
+  }
+  void cp_value_forward(const T* probs_used, const T* kv, int64_t n, T* ctx,
+                        const cpu::AttentionShape& shape) override {
+    cpu::cp_value_forward(probs_used, kv, n, ctx, shape);
+  }
+  void cp_value_backward(const T* d_ctx, const T* probs_used, const T* kv, int64_t n, T* d_probs_used, T* d_kv,
+                         const cpu::AttentionShape& shape) override {
+    cpu::cp_value_backward(d_ctx, probs_used, kv, n, d_probs_used, d_kv, shape);
+  }
+  void cp_score_backward(const T* d_scores, const T* qkv, const T* kv, int64_t n, T* d_qkv, T* d_kv,
+                         const cpu::AttentionShape& shape, double scale) override {
+    cpu::cp_score_backward(d_scores, qkv, kv, n, d_qkv, d_kv, shape, scale);
+  }
   void gelu_forward(const T* x, T* y, int64_t n) override { cpu::gelu_forward(x, y, n); }
   void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) override {
     cpu::gelu_backward(x, dy, dx, n);

@@ -188,6 +188,24 @@ void cp_flash_backward(const T* qkv, const T* kv, int64_t n, const int64_t* q_po
 // (ctx, lse) ← the log-sum-exp merge of (ctx, lse) and a block's (ctx_part, lse_part).
 template <class T>
 void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const AttentionShape& shape);
+// Materialized attention over n gathered K/V rows, scores [b, heads, s, n]: the scores (−inf
+// where a key is after its query), dropout at global positions, the values, and their backward
+// (value backward zeroes d_kv and writes dV; score backward overwrites d_qkv's queries and adds dK).
+template <class T>
+void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
+                      const AttentionShape& shape, double scale);
+template <class T>
+void cp_attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask, const AttentionShape& shape, int64_t n,
+                                  const int64_t* q_pos, const int64_t* kv_pos, const Dropout& dropout, int64_t head0,
+                                  const int64_t* sample_index);
+template <class T>
+void cp_value_forward(const T* probs_used, const T* kv, int64_t n, T* ctx, const AttentionShape& shape);
+template <class T>
+void cp_value_backward(const T* d_ctx, const T* probs_used, const T* kv, int64_t n, T* d_probs_used, T* d_kv,
+                       const AttentionShape& shape);
+template <class T>
+void cp_score_backward(const T* d_scores, const T* qkv, const T* kv, int64_t n, T* d_qkv, T* d_kv,
+                       const AttentionShape& shape, double scale);
 
 // ---- MLP activations ------------------------------------------------------------------------
 

@@ -159,6 +159,115 @@ void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const Attent
   }
 }
 
+
+// ---- Materialized attention over the gathered K/V (scores [b, heads, s, n]) ----
+
+template <class T>
+void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
+                      const AttentionShape& sh, double scale) {
+  check_cp(sh, n);
+  const CpView at{sh};
+  for (int64_t bi = 0; bi < sh.b; ++bi)
+    for (int64_t hd = 0; hd < sh.heads; ++hd)
+      for (int64_t i = 0; i < sh.s; ++i) {
+        T* row = scores + ((bi * sh.heads + hd) * sh.s + i) * n;
+        for (int64_t j = 0; j < n; ++j) {
+          row[j] = kv_pos[j] > q_pos[i] ? T(kNegInf) : T(scale * dot(qkv + at.q(i, bi, hd), kv + at.k(j, bi, hd), sh.d));
+        }
+      }
+}
+
+template <class T>
+void cp_attention_dropout_forward(const T* probs, T* probs_drop, uint8_t* mask, const AttentionShape& sh, int64_t n,
+                                  const int64_t* q_pos, const int64_t* kv_pos, const Dropout& dropout, int64_t head0,
+                                  const int64_t* sample_index) {
+  check_cp(sh, n);
+  const T scale = T(keep_scale(dropout.p));
+  for (int64_t bi = 0; bi < sh.b; ++bi) {
+    uint64_t key = sample_key(&dropout, sample_index, bi);
+    for (int64_t hd = 0; hd < sh.heads; ++hd) {
+      uint64_t key_h = absorb(key, head0 + hd);
+      for (int64_t i = 0; i < sh.s; ++i) {
+        uint64_t key_q = absorb(key_h, q_pos[i]);
+        const int64_t base = ((bi * sh.heads + hd) * sh.s + i) * n;
+        for (int64_t j = 0; j < n; ++j) {
+          bool keep = kv_pos[j] <= q_pos[i] && keep_from(absorb(key_q, kv_pos[j]), dropout.p);
+          mask[base + j] = keep ? 1 : 0;
+          probs_drop[base + j] = keep ? probs[base + j] * scale : T(0);
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void cp_value_forward(const T* probs_used, const T* kv, int64_t n, T* ctx, const AttentionShape& sh) {
+  check_cp(sh, n);
+  const CpView at{sh};
+  std::vector<double> acc(size_t(sh.d));
+  for (int64_t bi = 0; bi < sh.b; ++bi)
+    for (int64_t hd = 0; hd < sh.heads; ++hd)
+      for (int64_t i = 0; i < sh.s; ++i) {
+        const T* p = probs_used + ((bi * sh.heads + hd) * sh.s + i) * n;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          if (p[j] == T(0)) continue;
+          const T* vj = kv + at.v(j, bi, hd);
+          for (int64_t c = 0; c < sh.d; ++c) acc[size_t(c)] += double(p[j]) * double(vj[c]);
+        }
+        T* out = ctx + at.ctx(i, bi, hd);
+        for (int64_t c = 0; c < sh.d; ++c) out[c] = T(acc[size_t(c)]);
+      }
+}
+
+template <class T>
+void cp_value_backward(const T* d_ctx, const T* probs_used, const T* kv, int64_t n, T* d_probs_used, T* d_kv,
+                       const AttentionShape& sh) {
+  check_cp(sh, n);
+  const CpView at{sh};
+  std::fill(d_kv, d_kv + n * sh.b * at.kv_width(), T(0));
+  for (int64_t bi = 0; bi < sh.b; ++bi)
+    for (int64_t hd = 0; hd < sh.heads; ++hd)
+      for (int64_t i = 0; i < sh.s; ++i) {
+        const int64_t row = ((bi * sh.heads + hd) * sh.s + i) * n;
+        const T* doi = d_ctx + at.ctx(i, bi, hd);
+        for (int64_t j = 0; j < n; ++j) {
+          d_probs_used[row + j] = T(dot(doi, kv + at.v(j, bi, hd), sh.d));
+          const double p = double(probs_used[row + j]);
+          if (p == 0) continue;
+          T* dvj = d_kv + at.v(j, bi, hd);
+          for (int64_t c = 0; c < sh.d; ++c) dvj[c] += T(p * double(doi[c]));
+        }
+      }
+}
+
+template <class T>
+void cp_score_backward(const T* d_scores, const T* qkv, const T* kv, int64_t n, T* d_qkv, T* d_kv,
+                       const AttentionShape& sh, double scale) {
+  check_cp(sh, n);
+  const CpView at{sh};
+  std::vector<double> dq(size_t(sh.d));
+  for (int64_t bi = 0; bi < sh.b; ++bi)
+    for (int64_t hd = 0; hd < sh.heads; ++hd)
+      for (int64_t i = 0; i < sh.s; ++i) {
+        const T* ds = d_scores + ((bi * sh.heads + hd) * sh.s + i) * n;
+        const T* qi = qkv + at.q(i, bi, hd);
+        std::fill(dq.begin(), dq.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const double g = scale * double(ds[j]);
+          if (g == 0) continue;
+          const T* kj = kv + at.k(j, bi, hd);
+          T* dkj = d_kv + at.k(j, bi, hd);
+          for (int64_t c = 0; c < sh.d; ++c) {
+            dq[size_t(c)] += g * double(kj[c]);
+            dkj[c] += T(g * double(qi[c]));
+          }
+        }
+        T* dqi = d_qkv + at.q(i, bi, hd);
+        for (int64_t c = 0; c < sh.d; ++c) dqi[c] = T(dq[size_t(c)]);
+      }
+}
+
 #define STEPCAST_CPU_KERNELS_CP(T)                                                                                    \
   template void cp_kv_pack<T>(const T*, T*, const AttentionShape&);                                                   \
   template void cp_kv_unpack<T>(const T*, T*, const AttentionShape&);                                                 \
@@ -167,7 +276,15 @@ void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const Attent
   template void cp_flash_backward<T>(const T*, const T*, int64_t, const int64_t*, const int64_t*, const T*,          \
                                      const T*, const T*, T*, bool, T*, const AttentionShape&, double,                 \
                                      const Dropout*, int64_t, const int64_t*);                                        \
-  template void cp_merge<T>(T*, T*, const T*, const T*, const AttentionShape&);
+  template void cp_merge<T>(T*, T*, const T*, const T*, const AttentionShape&);                                      \
+  template void cp_score_forward<T>(const T*, const T*, int64_t, const int64_t*, const int64_t*, T*,                  \
+                                    const AttentionShape&, double);                                                   \
+  template void cp_attention_dropout_forward<T>(const T*, T*, uint8_t*, const AttentionShape&, int64_t,               \
+                                                const int64_t*, const int64_t*, const Dropout&, int64_t,              \
+                                                const int64_t*);                                                      \
+  template void cp_value_forward<T>(const T*, const T*, int64_t, T*, const AttentionShape&);                          \
+  template void cp_value_backward<T>(const T*, const T*, const T*, int64_t, T*, T*, const AttentionShape&);           \
+  template void cp_score_backward<T>(const T*, const T*, const T*, int64_t, T*, T*, const AttentionShape&, double);
 
 STEPCAST_CPU_KERNELS_CP(float)
 STEPCAST_CPU_KERNELS_CP(double)

@@ -34,9 +34,35 @@ void Interpreter<T, G, W>::cp_attention(const Op& op) {
   cpu::Dropout drop = dropout(op, cpu::DropoutSite::attention_probs);
   const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
   const std::vector<int64_t>& kv_pos = kv_positions(op);
-  const T* qkv = buf(in(op, "qkv"), op);
+  const bool backward = op.phase == Phase::backward;
+  if (op.name == OpName::dropout) {  // [probs] → [probs_drop, mask], at global positions
+    backend_.cp_attention_dropout_forward(buf(in(op, "probs"), op), buf(out(op, "probs_drop"), op),
+                                          mask(out(op, "mask"), op), shape, op.n, q_positions_.data(),
+                                          kv_pos.data(), drop, head0, samples(op));
+    return;
+  }
   const T* kv = buf(in(op, "kv"), op);
-  if (op.phase != Phase::backward) {  // [qkv, kv] → [ctx, lse]
+  if (op.name == OpName::cp_value && !backward) {  // [probs, kv] → [ctx]
+    backend_.cp_value_forward(buf(in(op, "probs"), op), kv, op.n, buf(out(op, "ctx"), op), shape);
+    return;
+  }
+  if (op.name == OpName::cp_value) {  // [d_ctx, probs, kv] → [d_probs, d_kv]
+    backend_.cp_value_backward(buf(in(op, "d_ctx"), op), buf(in(op, "probs"), op), kv, op.n,
+                               buf(out(op, "d_probs"), op), buf(out(op, "d_kv"), op), shape);
+    return;
+  }
+  const T* qkv = buf(in(op, "qkv"), op);
+  if (op.name == OpName::cp_score && !backward) {  // [qkv, kv] → [scores]
+    backend_.cp_score_forward(qkv, kv, op.n, q_positions_.data(), kv_pos.data(), buf(out(op, "scores"), op), shape,
+                              scale_);
+    return;
+  }
+  if (op.name == OpName::cp_score) {  // [d_scores, qkv, kv, d_kv] → [d_qkv, d_kv]
+    backend_.cp_score_backward(buf(in(op, "d_scores"), op), qkv, kv, op.n, buf(out(op, "d_qkv"), op),
+                               buf(out(op, "d_kv"), op), shape, scale_);
+    return;
+  }
+  if (!backward) {  // flash: [qkv, kv] → [ctx, lse]
     backend_.cp_flash_forward(qkv, kv, op.n, q_positions_.data(), kv_pos.data(), buf(out(op, "ctx"), op),
                               buf<W>(out(op, "lse"), op), shape, scale_, drop_ptr, head0, samples(op));
     return;

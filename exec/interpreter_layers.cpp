@@ -170,7 +170,11 @@ cpu::AttentionShape Interpreter<T, G, W>::attention_shape(const Op& op) const {
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::attention(const Op& op) {
-  if (op.name == OpName::flash && operands(op).has_in("kv")) return cp_attention(op);
+  if (op.name == OpName::cp_score || op.name == OpName::cp_value ||
+      (op.name == OpName::flash && operands(op).has_in("kv")) ||
+      (op.name == OpName::dropout && op.phase != Phase::backward && cp_ > 1)) {
+    return cp_attention(op);
+  }
   bool backward = op.phase == Phase::backward;
   cpu::AttentionShape shape = attention_shape(op);
   int64_t head0 = coord_.tp * shape.heads;

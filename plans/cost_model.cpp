@@ -196,15 +196,16 @@ double AttentionRateTable::flops_per_s(const std::string& pass, int64_t seq, int
 }
 
 std::vector<AttentionGemm> attention_gemms(const Op& op) {
-  if (op.kind != OpKind::attention || (op.name != OpName::score && op.name != OpName::value)) {
-    return {};
-  }
-  const int64_t s = op.m, d = op.k, count = std::max<int64_t>(1, op.batch);
+  const bool score = op.name == OpName::score || op.name == OpName::cp_score;
+  const bool value = op.name == OpName::value || op.name == OpName::cp_value;
+  if (op.kind != OpKind::attention || (!score && !value)) return {};
+  // s query rows against n key rows (n = s but under context parallelism).
+  const int64_t s = op.m, n = op.n > 0 ? op.n : op.m, d = op.k, count = std::max<int64_t>(1, op.batch);
   const bool backward = op.phase == Phase::backward;
-  if (op.name == OpName::score && !backward) return {{"forward", s, s, d, count}};
-  if (op.name == OpName::value && !backward) return {{"dgrad", s, d, s, count}};
-  if (op.name == OpName::value) return {{"forward", s, s, d, count}, {"wgrad", d, s, s, count}};
-  return {{"dgrad", s, d, s, count}, {"wgrad", d, s, s, count}};
+  if (score && !backward) return {{"forward", s, n, d, count}};
+  if (value && !backward) return {{"dgrad", s, d, n, count}};
+  if (value) return {{"forward", s, n, d, count}, {"wgrad", d, n, s, count}};
+  return {{"dgrad", s, d, n, count}, {"wgrad", d, n, s, count}};
 }
 
 double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int64_t count) {
@@ -420,8 +421,7 @@ double ComputeCostModel::shape_efficiency(const Op& op) const {
 double ComputeCostModel::op_time_s(const Op& op) const {
   STEPCAST_CHECK(is_compute(op.kind), "op_time_s of a non-compute op");
   double memory_time = op.bytes / bandwidth_;
-  bool matrix = op.kind == OpKind::gemm ||
-                (op.kind == OpKind::attention && (op.name == OpName::score || op.name == OpName::value));
+  bool matrix = op.kind == OpKind::gemm || (op.kind == OpKind::attention && !attention_gemms(op).empty());
   if (matrix) {
     if (!gemm_tables_.empty()) return measured_matrix_time_s(op);
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);

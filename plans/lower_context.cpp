@@ -139,6 +139,13 @@ int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
   return id;
 }
 
+int32_t OpEmitter::cp_attention(const OpSite& at, OpName name, double flops, int64_t kv_rows,
+                                std::vector<std::string> inputs, std::vector<std::string> outputs) {
+  int32_t id = attention(at, name, flops, std::move(inputs), std::move(outputs));
+  const_cast<Op&>(rb_.role().ops[size_t(id)]).n = kv_rows;
+  return id;
+}
+
 int64_t OpEmitter::group_size(GroupKind group) const {
   return int64_t(ctx_.grid.group(group, first_rank_).size());
 }

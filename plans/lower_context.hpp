@@ -73,6 +73,9 @@ class OpEmitter {
                   const std::vector<int32_t>& extra_deps = {});
   int32_t attention(const OpSite& at, OpName name, double flops,
                     std::vector<std::string> inputs, std::vector<std::string> outputs);
+  // The same with n = `kv_rows` key rows (context parallelism: a K/V block, or the sequence).
+  int32_t cp_attention(const OpSite& at, OpName name, double flops, int64_t kv_rows,
+                       std::vector<std::string> inputs, std::vector<std::string> outputs);
   // Collective on `group`; `bytes` is the full buffer per rank. No op when the group has one
   // member (returns -1).
   int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
@@ -136,5 +139,11 @@ std::string layer_prefix(int32_t microbatch, int32_t layer);
 // the backward reads those and prefix+"d_ctx" and writes prefix+"d_qkv".
 void emit_cp_attention_forward(OpEmitter& e, const OpSite& at, const std::string& prefix);
 void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::string& prefix);
+// K and V of `qkv` packed into `local` and gathered over cp into `all` (rank order), `local` freed;
+// and back: `dkv_all` reduce-scattered into `dkv`, written into d_qkv's K and V, both freed.
+void emit_cp_gather_kv(OpEmitter& e, const OpSite& at, const std::string& qkv, const std::string& local,
+                       const std::string& all);
+void emit_cp_reduce_dkv(OpEmitter& e, const OpSite& at, const std::string& dkv_all, const std::string& dkv,
+                        const std::string& d_qkv);
 
 }  // namespace stepcast

@@ -7,8 +7,9 @@
 // attention while the next block is in flight; each partial output is merged into ctx/lse by its
 // log-sum-exp. Backward sends the blocks around again; each block's dK/dV accumulator travels
 // with it, one hop behind, and arrives back at its owner after cp hops.
-// all_gather (AttnFuncWithCPAndKVAllGather): K/V gathered over cp before the one attention op,
-// their gradients reduce-scattered after; backward gathers them again.
+// allgather (AttnFuncWithCPAndKVAllGather): K/V gathered over cp before the one attention op,
+// their gradients reduce-scattered after; backward gathers them again. Materialized attention
+// uses the same gather (lower_layer.cpp: cp_score and cp_value over the gathered K/V).
 //
 // Every attention op carries its K/V block in `kv` and `cp_step` (the ring step, −1: all blocks
 // in cp rank order), n = the K/V rows; flops count the dense block, as the rest of the lowering
@@ -39,10 +40,8 @@ int32_t flash_block(OpEmitter& e, const OpSite& at, int64_t kv_rows, int32_t cp_
                     std::vector<std::string> inputs, std::vector<std::string> outputs, double pass_factor) {
   const LowerContext& c = e.ctx();
   double flops = pass_factor * 4.0 * c.b * c.heads_local * double(c.s) * double(kv_rows) * c.d;
-  int32_t id = e.attention(at, OpName::flash, flops, std::move(inputs), std::move(outputs));
-  Op& op = const_cast<Op&>(e.builder().role().ops[size_t(id)]);
-  op.n = kv_rows;
-  op.cp_step = cp_step;
+  int32_t id = e.cp_attention(at, OpName::flash, flops, kv_rows, std::move(inputs), std::move(outputs));
+  const_cast<Op&>(e.builder().role().ops[size_t(id)]).cp_step = cp_step;
   return id;
 }
 
@@ -61,9 +60,10 @@ void ring_recv(OpEmitter& e, const OpSite& at, int64_t tag, double bytes, const 
   e.p2p(at, OpKind::recv, Peer::cp_prev, tag, bytes, buffer, "", /*pipeline=*/false);
 }
 
-// K/V of the whole sequence, gathered over cp into `all` (rank order).
-void gather_kv(OpEmitter& e, const OpSite& at, const std::string& qkv, const std::string& local,
-               const std::string& all) {
+}  // namespace
+
+void emit_cp_gather_kv(OpEmitter& e, const OpSite& at, const std::string& qkv, const std::string& local,
+                       const std::string& all) {
   const LowerContext& c = e.ctx();
   e.alloc(local, BufferClass::workspace, c.act, {c.s, c.b, kv_width(c)}, at.phase);
   e.compute(at, OpKind::activation, OpName::cp_kv_pack, 0, {qkv}, {local});
@@ -73,14 +73,23 @@ void gather_kv(OpEmitter& e, const OpSite& at, const std::string& qkv, const std
   e.free(local, at.phase);
 }
 
-}  // namespace
+void emit_cp_reduce_dkv(OpEmitter& e, const OpSite& at, const std::string& dkv_all, const std::string& dkv,
+                        const std::string& d_qkv) {
+  const LowerContext& c = e.ctx();
+  e.alloc(dkv, BufferClass::workspace, c.act, {c.s, c.b, kv_width(c)}, at.phase);
+  e.collective(at, OpKind::reduce_scatter, GroupKind::cp, Stream::compute, OpName::cp_dkv, kv_bytes(c, c.s_full),
+               {dkv_all}, {dkv});
+  e.free(dkv_all, at.phase);
+  e.compute(at, OpKind::activation, OpName::cp_dkv, 0, {dkv, d_qkv}, {d_qkv});
+  e.free(dkv, at.phase);
+}
 
 void emit_cp_attention_forward(OpEmitter& e, const OpSite& at, const std::string& prefix) {
   const LowerContext& c = e.ctx();
   auto n = [&](const std::string& name) { return prefix + name; };
   const std::string qkv = n("qkv"), ctx = n("ctx"), lse = n("lse");
   if (c.plan.cp_comm_type == CpCommType::all_gather) {
-    gather_kv(e, at, qkv, n("kv"), n("kv_all"));
+    emit_cp_gather_kv(e, at, qkv, n("kv"), n("kv_all"));
     flash_block(e, at, c.s_full, -1, {qkv, n("kv_all")}, {ctx, lse}, 1.0);
     e.free(n("kv_all"), at.phase);
     return;
@@ -123,18 +132,13 @@ void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::strin
   const double factor = 2.5;
   const std::vector<int64_t> kv_shape = {c.s, c.b, kv_width(c)};
   if (c.plan.cp_comm_type == CpCommType::all_gather) {
-    gather_kv(e, at, qkv, n("bkv"), n("bkv_all"));
+    emit_cp_gather_kv(e, at, qkv, n("bkv"), n("bkv_all"));
     std::vector<std::string> inputs = saved;
     inputs.push_back(n("bkv_all"));
     e.alloc(n("dkv_all"), BufferClass::workspace, c.act, {c.s_full, c.b, kv_width(c)}, bwd);
     flash_block(e, at, c.s_full, -1, inputs, {d_qkv, n("dkv_all")}, factor);
     e.free(n("bkv_all"), bwd);
-    e.alloc(n("dkv"), BufferClass::workspace, c.act, kv_shape, bwd);
-    e.collective(at, OpKind::reduce_scatter, GroupKind::cp, Stream::compute, OpName::cp_dkv,
-                 kv_bytes(c, c.s_full), {n("dkv_all")}, {n("dkv")});
-    e.free(n("dkv_all"), bwd);
-    e.compute(at, OpKind::activation, OpName::cp_dkv, 0, {n("dkv"), d_qkv}, {d_qkv});
-    e.free(n("dkv"), bwd);
+    emit_cp_reduce_dkv(e, at, n("dkv_all"), n("dkv"), d_qkv);
     return;
   }
   const double bytes = kv_bytes(c, c.s);

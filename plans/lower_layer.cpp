@@ -45,20 +45,23 @@ struct LayerNames {
 };
 
 // Forward of the attention core with materialized scores: score → softmax → dropout → value.
-void emit_attention_scores(OpEmitter& e, const OpSite& at, const LayerNames& n) {
+// Under context parallelism the keys are the gathered sequence's (`kv_all`, s_full rows).
+void emit_attention_scores(OpEmitter& e, const OpSite& at, const LayerNames& n, const std::string& kv_all = "") {
   const LowerContext& c = e.ctx();
-  std::vector<int64_t> square = {c.b, c.heads_local, c.s, c.s};
-  double score_flops = 2.0 * c.b * c.heads_local * c.s * c.s * c.d;
-  double square_elems = double(c.b) * c.heads_local * c.s * c.s;
+  const int64_t s_kv = kv_all.empty() ? c.s : c.s_full;
+  std::vector<int64_t> square = {c.b, c.heads_local, c.s, s_kv};
+  double score_flops = 2.0 * c.b * c.heads_local * c.s * s_kv * c.d;
+  double square_elems = double(c.b) * c.heads_local * c.s * s_kv;
   e.alloc(n("scores"), BufferClass::workspace, c.act, square, at.phase);
-  e.attention(at, OpName::score, score_flops, {n("qkv")}, {n("scores")});
+  if (kv_all.empty()) e.attention(at, OpName::score, score_flops, {n("qkv")}, {n("scores")});
+  else e.cp_attention(at, OpName::cp_score, score_flops, s_kv, {n("qkv"), kv_all}, {n("scores")});
   e.alloc(n("probs"), BufferClass::activations, c.act, square, at.phase);
-  e.attention(at, OpName::softmax, 5 * square_elems, {n("scores")}, {n("probs")});
+  e.cp_attention(at, OpName::softmax, 5 * square_elems, s_kv, {n("scores")}, {n("probs")});
   e.free(n("scores"), at.phase);
   if (c.dropout) {
     e.alloc(n("probs_mask"), BufferClass::activations, Dtype::fp8, square, at.phase);
     e.alloc(n("probs_drop"), BufferClass::activations, c.act, square, at.phase);
-    e.attention(at, OpName::dropout, 2 * square_elems, {n("probs")}, {n("probs_drop"), n("probs_mask")});
+    e.cp_attention(at, OpName::dropout, 2 * square_elems, s_kv, {n("probs")}, {n("probs_drop"), n("probs_mask")});
   }
 }
 
@@ -104,12 +107,22 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
 
   // Attention core.
   e.alloc(n("ctx"), BufferClass::activations, c.act, {c.s, c.b, c.heads_local * c.d}, at.phase);
-  double core_flops = 4.0 * c.b * c.heads_local * c.s * c.s * c.d;
+  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
   if (flash) {
     e.alloc(n("lse"), BufferClass::activations, c.wide, {c.b, c.heads_local, c.s}, at.phase);
     if (c.cp > 1) emit_cp_attention_forward(e, at, n.prefix);
     else e.attention(at, OpName::flash, core_flops, {n("qkv")}, {n("ctx"), n("lse")});
     done("lse");
+  } else if (c.cp > 1) {  // the gathered kind: every rank's K/V, then the scores over them
+    emit_cp_gather_kv(e, at, n("qkv"), n("kv"), n("kv_all"));
+    emit_attention_scores(e, at, n, n("kv_all"));
+    e.cp_attention(at, OpName::cp_value, core_flops / 2, c.s_full, {probs_for_value(c, n), n("kv_all")}, {n("ctx")});
+    e.free(n("kv_all"), at.phase);
+    done("probs");
+    if (c.dropout) {
+      done("probs_mask");
+      done("probs_drop");
+    }
   } else {
     emit_attention_scores(e, at, n);
     e.attention(at, OpName::value, core_flops / 2, {probs_for_value(c, n), n("qkv")}, {n("ctx")});
@@ -324,7 +337,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   e.gemm(at, OpName::attn_out, Grad::wgrad, c.heads_local * c.d, c.h, c.s * c.b, {n("ctx"), d_attn}, {wg});
   if (d_attn != g) e.free(d_attn, bwd);
   e.alloc(n("d_qkv"), BufferClass::workspace, c.act, {c.s, c.b, c.qkv_width}, bwd);
-  double core_flops = 4.0 * c.b * c.heads_local * c.s * c.s * c.d;
+  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
   if (flash && c.cp > 1) {
     emit_cp_attention_backward(e, at, n.prefix);
     e.free(n("lse"), bwd);
@@ -336,33 +349,51 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     e.free(n("lse"), bwd);
     e.free(n("ctx"), bwd);
   } else {
+    // Under context parallelism the K/V of the whole sequence are gathered again and their
+    // gradients (d_kv_all) reduce-scattered back after the score's backward.
+    const bool cp = c.cp > 1;
+    const int64_t s_kv = cp ? c.s_full : c.s;
     e.free(n("ctx"), bwd);
+    if (cp) emit_cp_gather_kv(e, at, n("qkv"), n("bkv"), n("bkv_all"));
     if (c.plan.recompute == RecomputeKind::selective) {
       OpSite re = at;
       re.phase = Phase::recompute;
-      emit_attention_scores(e, re, n);
+      emit_attention_scores(e, re, n, cp ? n("bkv_all") : "");
     }
-    std::vector<int64_t> square = {c.b, c.heads_local, c.s, c.s};
-    double square_elems = double(c.b) * c.heads_local * c.s * c.s;
+    std::vector<int64_t> square = {c.b, c.heads_local, c.s, s_kv};
+    double square_elems = double(c.b) * c.heads_local * c.s * s_kv;
     std::string probs_used = probs_for_value(c, n);
     e.alloc(n("d_probs_used"), BufferClass::workspace, c.act, square, bwd);
-    e.attention(at, OpName::value, core_flops, {n("d_ctx"), probs_used, n("qkv")},
-                {n("d_probs_used"), n("d_qkv")});
+    if (cp) {
+      e.alloc(n("dkv_all"), BufferClass::workspace, c.act, {c.s_full, c.b, 2 * c.kv_local * c.d}, bwd);
+      e.cp_attention(at, OpName::cp_value, core_flops, s_kv, {n("d_ctx"), probs_used, n("bkv_all")},
+                     {n("d_probs_used"), n("dkv_all")});
+    } else {
+      e.attention(at, OpName::value, core_flops, {n("d_ctx"), probs_used, n("qkv")},
+                  {n("d_probs_used"), n("d_qkv")});
+    }
     std::string d_probs = n("d_probs_used");
     if (c.dropout) {
       e.free(n("probs_drop"), bwd);
       e.alloc(n("d_probs"), BufferClass::workspace, c.act, square, bwd);
-      e.attention(at, OpName::dropout, 2 * square_elems, {n("d_probs_used"), n("probs_mask")},
-                  {n("d_probs")});
+      e.cp_attention(at, OpName::dropout, 2 * square_elems, s_kv, {n("d_probs_used"), n("probs_mask")},
+                     {n("d_probs")});
       e.free(n("d_probs_used"), bwd);
       e.free(n("probs_mask"), bwd);
       d_probs = n("d_probs");
     }
     e.alloc(n("d_scores"), BufferClass::workspace, c.act, square, bwd);
-    e.attention(at, OpName::softmax, 4 * square_elems, {d_probs, n("probs")}, {n("d_scores")});
+    e.cp_attention(at, OpName::softmax, 4 * square_elems, s_kv, {d_probs, n("probs")}, {n("d_scores")});
     e.free(d_probs, bwd);
     e.free(n("probs"), bwd);
-    e.attention(at, OpName::score, core_flops, {n("d_scores"), n("qkv"), n("d_qkv")}, {n("d_qkv")});
+    if (cp) {
+      e.cp_attention(at, OpName::cp_score, core_flops, s_kv, {n("d_scores"), n("qkv"), n("bkv_all"), n("dkv_all")},
+                     {n("d_qkv"), n("dkv_all")});
+      e.free(n("bkv_all"), bwd);
+      emit_cp_reduce_dkv(e, at, n("dkv_all"), n("dkv"), n("d_qkv"));
+    } else {
+      e.attention(at, OpName::score, core_flops, {n("d_scores"), n("qkv"), n("d_qkv")}, {n("d_qkv")});
+    }
     e.free(n("d_scores"), bwd);
   }
   e.free(n("d_ctx"), bwd);

@@ -63,6 +63,8 @@ const char* to_string(OpName name) {
     case OpName::cp_kv: return "cp_kv";
     case OpName::cp_dkv: return "cp_dkv";
     case OpName::cp_merge: return "cp_merge";
+    case OpName::cp_score: return "cp_score";
+    case OpName::cp_value: return "cp_value";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
   }
@@ -264,6 +266,19 @@ std::vector<OpSignature> make_table() {
        {act("ctx_part"), stats("lse_part"), act("ctx"), stats("lse")}, {act("ctx"), stats("lse")}},
       {OpKind::activation, {N::cp_merge}, Grad::none, Pass::backward, {act("d_kv_part"), act("d_kv")}, {act("d_kv")}},
       {OpKind::activation, {N::cp_dkv}, Grad::none, Pass::backward, {act("d_kv"), act("d_qkv")}, {act("d_qkv")}},
+      // Materialized attention over the gathered K/V [s_full, b, 2·kv·d] (n = s_full key rows):
+      // scores of the local queries; values; their backward writes dQ into d_qkv and dK/dV into
+      // d_kv (value first, zeroing it; score adds dK).
+      {OpKind::attention, {N::cp_score}, Grad::none, Pass::forward,
+       {act("qkv"), act("kv")}, {act("scores", D::same_as_first, S::batch_m_n)}},
+      {OpKind::attention, {N::cp_value}, Grad::none, Pass::forward,
+       {act("probs", D::floating, S::batch_m_n), act("kv")}, {act("ctx", D::same_as_first, S::batch_m_k)}},
+      {OpKind::attention, {N::cp_value}, Grad::none, Pass::backward,
+       {act("d_ctx", D::floating, S::batch_m_k), act("probs", D::floating, S::batch_m_n), act("kv")},
+       {act("d_probs", D::same_as_first, S::batch_m_n), act("d_kv", D::same_as_first)}},
+      {OpKind::attention, {N::cp_score}, Grad::none, Pass::backward,
+       {act("d_scores", D::floating, S::batch_m_n), act("qkv"), act("kv"), act("d_kv")},
+       {act("d_qkv", D::same_as_first), act("d_kv", D::same_as_first)}},
       // ---- loss: per-token (max, sum of exp, target logit) statistics over the vocabulary ----
       {OpKind::loss, {N::cross_entropy_stats}, Grad::none, Pass::forward,
        {act("logits"), tokens("targets")}, {stats("stats")}},

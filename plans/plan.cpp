@@ -214,13 +214,11 @@ void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
     throw_input_error(f, "cp_comm_type", "a2a", "(DeepSpeed-Ulysses all-to-all) is not supported yet",
                       "\"p2p\" (Megatron-LM's default) or \"allgather\"");
   }
-  if (plan.attention_impl != AttentionImpl::flash) {
-    // Megatron-LM runs context parallelism through Transformer Engine's fused attention only.
+  if (plan.cp_comm_type == CpCommType::p2p && plan.attention_impl != AttentionImpl::flash) {
     throw_input_error(f, "attention_impl", to_string(plan.attention_impl),
-                      "cannot split over context-parallel ranks (the p2p ring merges the partial softmax "
-                      "of each K/V block by the fused kernel's log-sum-exp; materialized scores over "
-                      "gathered K/V are not supported yet)",
-                      "\"flash\" with context_parallel_size > 1");
+                      "cannot split over the context-parallel ring (cp_comm_type \"p2p\" merges the partial "
+                      "softmax of each K/V block by the fused kernel's log-sum-exp)",
+                      "\"flash\", or cp_comm_type \"allgather\" (materialized scores over the gathered K/V)");
   }
   const int64_t s_cp = model.seq_length / plan.cp_size;
   if (plan.sequence_parallel && s_cp % plan.tp_size != 0) {

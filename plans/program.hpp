@@ -49,6 +49,7 @@ enum class OpName {
   // context parallelism: K and V packed from qkv (and their gradients added back), exchanged
   // around the cp ring or gathered (cp_kv), partial attention outputs merged (cp_merge)
   cp_kv_pack, cp_kv, cp_dkv, cp_merge,
+  cp_score, cp_value,  // materialized attention over the gathered K/V
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).

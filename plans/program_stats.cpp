@@ -20,7 +20,8 @@ ProgramStats program_stats(const StepProgram& program) {
         // Matrix products only: GEMMs and the attention score and value products.
         bool forward_work = op.kind == OpKind::gemm ||
                             (op.kind == OpKind::attention &&
-                             (op.name == OpName::score || op.name == OpName::value || op.name == OpName::flash));
+                             (op.name == OpName::score || op.name == OpName::value || op.name == OpName::flash ||
+                              op.name == OpName::cp_score || op.name == OpName::cp_value));
         if (forward_work && op.phase == Phase::forward) stats.forward_flops_per_step += op.flops * ranks;
         if (forward_work) stats.matrix_flops_per_step += op.flops * ranks;
         if (op.phase == Phase::recompute) stats.recompute_flops_per_step += op.flops * ranks;

@@ -99,9 +99,11 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
   const int64_t devices = topology.num_devices();
   const Dtype dtype = search_dtype(topology);
   std::vector<int64_t> cps = space.context_parallel_sizes;
-  if (cps.empty()) {
+  if (cps.empty()) {  // powers of two that leave every cp rank at least 8,192 tokens
     cps = {1};
-    if (space.attention_impl == AttentionImpl::flash && model.seq_length >= 16384) cps = {1, 2, 4, 8};
+    if (space.attention_impl == AttentionImpl::flash) {
+      for (int64_t cp = 2; cp <= 32 && model.seq_length / cp >= 8192; cp *= 2) cps.push_back(cp);
+    }
   }
   std::vector<Candidate> out;
   for (int64_t tp : divisors(topology.node.devices_per_node)) {

@@ -38,8 +38,8 @@ struct SearchSpace {
   std::vector<int64_t> virtual_pp_sizes{2, 3, 4};  // interleaved_1f1b variants when pp > 1
   bool include_gpipe = false;
   AttentionImpl attention_impl = AttentionImpl::materialized;
-  // Context-parallel sizes tried (p2p ring); empty: {1}, or {1, 2, 4, 8} with flash attention on
-  // sequences of 16,384 tokens and more (where Megatron-Bridge's long-context recipes use CP).
+  // Context-parallel sizes tried (p2p ring); empty: 1 and, with flash attention, the powers of two
+  // up to 32 that leave each cp rank at least 8,192 tokens (sequences of 16,384 and more).
   std::vector<int64_t> context_parallel_sizes;
   double dropout = 0.1;
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity

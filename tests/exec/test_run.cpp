@@ -179,12 +179,13 @@ TEST_CASE("run: hybrid sharding (shards in groups of 2, replicas across them) gi
 }
 
 TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), with their memory", "[run]") {
-  // cp 2 and 4 over the p2p ring and the all_gather kind, with tp (and SP), pp, dp, ZeRO 1–3,
-  // hybrid sharding, recompute and dropout; both tiny models (rotary and learned positions).
+  // cp 2 and 4 over the p2p ring and the allgather kind (flash, and materialized scores), with tp
+  // (and SP), pp, dp, ZeRO 1–3, hybrid sharding, recompute and dropout; both tiny models (rotary
+  // and learned positions).
   const int steps = 6;
   auto cp_plan = [](int tp, int pp, int dp, int cp, const char* comm, int zero, const char* recompute, bool sp,
-                    bool overlap) {
-    Json p = plan(tp, pp, dp, zero, "1f1b", recompute, sp, true, 1, overlap);
+                    bool overlap, bool flash = true) {
+    Json p = plan(tp, pp, dp, zero, "1f1b", recompute, sp, flash, 1, overlap);
     p["context_parallel_size"] = cp;
     p["cp_comm_type"] = comm;
     return p;
@@ -205,6 +206,9 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
       {"tiny", cp_plan(1, 1, 2, 2, "allgather", 3, "none", false, false)},
       {"tiny", hybrid},
       {"tiny-gpt", cp_plan(2, 2, 1, 2, "p2p", 1, "selective", true, true)},
+      // Materialized scores over the gathered K/V.
+      {"tiny", cp_plan(1, 1, 2, 2, "allgather", 2, "selective", false, true, false)},
+      {"tiny-gpt", cp_plan(2, 1, 1, 2, "allgather", 0, "full", true, false, false)},
   };
   std::map<std::string, std::vector<double>> reference;
   for (const char* model : {"tiny", "tiny-gpt"}) {
@@ -227,11 +231,14 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
   // Dropout: the masks are drawn at global token positions, so a cp rank draws what one rank does.
   Json one = plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false);
   Json ring = cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false);
-  one["dropout"] = ring["dropout"] = 0.1;
-  RunResult a = run_plan("tiny-gpt", one, 4), b = run_plan("tiny-gpt", ring, 4);
+  Json gathered = cp_plan(1, 1, 1, 2, "allgather", 0, "selective", false, false, false);
+  one["dropout"] = ring["dropout"] = gathered["dropout"] = 0.1;
+  RunResult a = run_plan("tiny-gpt", one, 4), b = run_plan("tiny-gpt", ring, 4), c = run_plan("tiny-gpt", gathered, 4);
   REQUIRE(a.exit_code == 0);
   REQUIRE(b.exit_code == 0);
+  REQUIRE(c.exit_code == 0);
   CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
+  CHECK(max_relative_difference(losses(c), losses(a)) < 1e-9);
 }
 
 TEST_CASE("run: MPI's own collectives give the same curve as the program's algorithms", "[run]") {
