@@ -92,8 +92,8 @@ int run_goodput(int argc, char** argv) {
   options.add_options()
       ("tokens", po::value<double>(), "tokens to train (e.g. 300e9)")
       ("mtbf-hours", po::value<double>(),
-       "mean time between failures of ONE NODE, hours; the job's is this / num_nodes (any node's "
-       "failure stops the job)")
+       "mean time between failures of ONE NODE, hours; the job's is this / the nodes the plan "
+       "occupies (any node's failure stops the job)")
       ("job-mtbf-hours", po::value<double>(),
        "mean time between failures of the WHOLE JOB, hours (a measured interruption rate: Llama 3 "
        "405B, 54 days · 24 / 419 unexpected interruptions = 3.09 h on 16,384 H100)")
@@ -221,7 +221,9 @@ int run_goodput(int argc, char** argv) {
   g.async_checkpoint = async;
   g.restart_s = restart_s;
   g.reload_s = io.read_s;
-  g.job_mtbf_s = mtbf_hours * 3600 / (per_node ? double(in.topology.num_nodes) : 1.0);
+  // Per node: the nodes the plan occupies (ranks fill nodes in order), any of which stops the job.
+  const int64_t nodes_used = (program.world_size() + program.devices_per_node - 1) / program.devices_per_node;
+  g.job_mtbf_s = mtbf_hours * 3600 / (per_node ? double(nodes_used) : 1.0);
 
   double cost_s = checkpoint_stall_s(g, 1);  // δ of Young and Daly: the stall per checkpoint
   if (async) cost_s = g.checkpoint_snapshot_s;
@@ -258,7 +260,8 @@ int run_goodput(int argc, char** argv) {
                                     {"device_to_host_bandwidth_bytes_per_s", storage.device_to_host_bandwidth_bytes_per_s},
                                     {"source", storage.source}}}};
   out["failures_model"] = {{"mtbf_option", "--" + mtbf_option}, {"mtbf_hours", mtbf_hours},
-                           {"meaning", per_node ? "per node; the job's is mtbf / num_nodes" : "the whole job's"},
+                           {"meaning", per_node ? "per node; the job's is mtbf / the nodes the plan occupies" : "the whole job's"},
+                           {"nodes_used", nodes_used},
                            {"job_mtbf_s", g.job_mtbf_s}, {"distribution", "exponential"},
                            {"restart_s", restart_s},
                            {"restart_source", (*vm)["restart-s"].defaulted() ? "default (README: restart overhead)" : "--restart-s"},
@@ -282,7 +285,7 @@ int run_goodput(int argc, char** argv) {
             << format_bytes(size.node_bytes_max) << "), write " << io.write_s << " s, read " << io.read_s << " s"
             << (async ? ", snapshot " + number_text(io.snapshot_s) + " s (asynchronous)" : std::string(", synchronous"))
             << "\njob MTBF " << g.job_mtbf_s / 3600 << " h (" << (per_node ? "per-node MTBF / nodes" : "given for the job")
-            << "), restart " << restart_s << " s + reload " << io.read_s << " s\n"
+            << ", " << nodes_used << " nodes), restart " << restart_s << " s + reload " << io.read_s << " s\n"
             << "interval: " << k << " steps (" << duration_text(double(k) * step_time_s) << ", "
             << (every_steps > 0 ? "--checkpoint-every" : "auto") << "); Young " << duration_text(young_s) << ", Daly "
             << duration_text(daly_s) << "\n"
