@@ -225,8 +225,8 @@ int run_goodput(int argc, char** argv) {
   const int64_t nodes_used = (program.world_size() + program.devices_per_node - 1) / program.devices_per_node;
   g.job_mtbf_s = mtbf_hours * 3600 / (per_node ? double(nodes_used) : 1.0);
 
-  double cost_s = checkpoint_stall_s(g, 1);  // δ of Young and Daly: the stall per checkpoint
-  if (async) cost_s = g.checkpoint_snapshot_s;
+  // δ of Young and Daly: what a checkpoint stops the steps for.
+  const double cost_s = async ? g.checkpoint_snapshot_s : g.checkpoint_write_s;
   double young_s = young_interval_s(cost_s, g.job_mtbf_s), daly_s = daly_interval_s(cost_s, g.job_mtbf_s);
   Json table = Json::array();
   GoodputTime best;
