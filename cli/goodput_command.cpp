@@ -284,8 +284,8 @@ int run_goodput(int argc, char** argv) {
             << "checkpoint: " << format_bytes(size.total_bytes) << " in all (node max "
             << format_bytes(size.node_bytes_max) << "), write " << io.write_s << " s, read " << io.read_s << " s"
             << (async ? ", snapshot " + number_text(io.snapshot_s) + " s (asynchronous)" : std::string(", synchronous"))
-            << "\njob MTBF " << g.job_mtbf_s / 3600 << " h (" << (per_node ? "per-node MTBF / nodes" : "given for the job")
-            << ", " << nodes_used << " nodes), restart " << restart_s << " s + reload " << io.read_s << " s\n"
+            << "\njob MTBF " << g.job_mtbf_s / 3600 << " h (" << (per_node ? "per-node MTBF / " + std::to_string(nodes_used) + " nodes" : std::string("given for the job"))
+            << "), restart " << restart_s << " s + reload " << io.read_s << " s\n"
             << "interval: " << k << " steps (" << duration_text(double(k) * step_time_s) << ", "
             << (every_steps > 0 ? "--checkpoint-every" : "auto") << "); Young " << duration_text(young_s) << ", Daly "
             << duration_text(daly_s) << "\n"
