@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bf16.hpp"
+#include "errors.hpp"
 #include "kernel_args.hpp"
 #include "program.hpp"
 #include "span.hpp"
@@ -116,6 +117,28 @@ class Backend {
                                         T* d_qkv, const cpu::AttentionShape& shape, double scale,
                                         const cpu::Dropout* dropout, int64_t head0,
                                         const int64_t* sample_index) = 0;
+  // Context parallelism (cpu_kernels.hpp's cp_*). Positions are host arrays. A backend without
+  // them refuses context-parallel programs when it reaches one of their ops.
+  virtual void cp_kv_pack(const T* /*qkv*/, T* /*kv*/, const cpu::AttentionShape& /*shape*/) { no_cp(); }
+  virtual void cp_kv_unpack(const T* /*d_kv*/, T* /*d_qkv*/, const cpu::AttentionShape& /*shape*/) { no_cp(); }
+  virtual void cp_flash_forward(const T* /*qkv*/, const T* /*kv*/, int64_t /*n*/, const int64_t* /*q_pos*/,
+                                const int64_t* /*kv_pos*/, T* /*ctx*/, W* /*lse*/, const cpu::AttentionShape& /*shape*/,
+                                double /*scale*/, const cpu::Dropout* /*dropout*/, int64_t /*head0*/,
+                                const int64_t* /*sample_index*/) {
+    no_cp();
+  }
+  virtual void cp_flash_backward(const T* /*qkv*/, const T* /*kv*/, int64_t /*n*/, const int64_t* /*q_pos*/,
+                                 const int64_t* /*kv_pos*/, const T* /*ctx*/, const W* /*lse*/, const T* /*d_ctx*/,
+                                 T* /*d_qkv*/, bool /*accumulate*/, T* /*d_kv*/, const cpu::AttentionShape& /*shape*/,
+                                 double /*scale*/, const cpu::Dropout* /*dropout*/, int64_t /*head0*/,
+                                 const int64_t* /*sample_index*/) {
+    no_cp();
+  }
+  virtual void cp_merge(T* /*ctx*/, W* /*lse*/, const T* /*ctx_part*/, const W* /*lse_part*/,
+                        const cpu::AttentionShape& /*shape*/) {
+    no_cp();
+  }
+  virtual void cp_accumulate(T* /*acc*/, const T* /*part*/, int64_t /*n*/) { no_cp(); }  // acc += part
   virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
   virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
@@ -180,6 +203,13 @@ class Backend {
   virtual Json device_memory() const { return Json::object(); }
   // Bytes above the level before the arena at the device's high-water mark; < 0: not known here.
   virtual double device_peak_bytes() const { return -1; }
+
+ protected:
+  void no_cp() const {
+    throw InputError(std::string("the ") + name() +
+                     " backend does not run context parallelism yet (context_parallel_size > 1); valid: "
+                     "--backend cpu, or context_parallel_size 1");
+  }
 };
 
 }  // namespace stepcast

@@ -166,6 +166,28 @@ class CpuBackend final : public Backend<T> {
     cpu::flash_attention_backward(qkv, ctx, lse, d_ctx, d_qkv, shape, scale, dropout, head0,
                                   sample_index);
   }
+  void cp_kv_pack(const T* qkv, T* kv, const cpu::AttentionShape& shape) override { cpu::cp_kv_pack(qkv, kv, shape); }
+  void cp_kv_unpack(const T* d_kv, T* d_qkv, const cpu::AttentionShape& shape) override {
+    cpu::cp_kv_unpack(d_kv, d_qkv, shape);
+  }
+  void cp_flash_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* ctx,
+                        T* lse, const cpu::AttentionShape& shape, double scale, const cpu::Dropout* dropout,
+                        int64_t head0, const int64_t* sample_index) override {
+    cpu::cp_flash_forward(qkv, kv, n, q_pos, kv_pos, ctx, lse, shape, scale, dropout, head0, sample_index);
+  }
+  void cp_flash_backward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos,
+                         const T* ctx, const T* lse, const T* d_ctx, T* d_qkv, bool accumulate, T* d_kv,
+                         const cpu::AttentionShape& shape, double scale, const cpu::Dropout* dropout, int64_t head0,
+                         const int64_t* sample_index) override {
+    cpu::cp_flash_backward(qkv, kv, n, q_pos, kv_pos, ctx, lse, d_ctx, d_qkv, accumulate, d_kv, shape, scale,
+                           dropout, head0, sample_index);
+  }
+  void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const cpu::AttentionShape& shape) override {
+    cpu::cp_merge(ctx, lse, ctx_part, lse_part, shape);
+  }
+  void cp_accumulate(T* acc, const T* part, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) acc[i] += part[i];
+  }
   void gelu_forward(const T* x, T* y, int64_t n) override { cpu::gelu_forward(x, y, n); }
   void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) override {
     cpu::gelu_backward(x, dy, dx, n);

@@ -162,6 +162,33 @@ void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T*
                               const AttentionShape& shape, double scale, const Dropout* dropout,
                               int64_t head0, const int64_t* sample_index);
 
+// ---- Context parallelism (cpu_kernels_cp.cpp) -----------------------------------------------
+// A K/V block is [n, b, 2·kv_heads·d]: each row's K heads, then its V heads. Positions are the
+// global token positions of the local query rows (q_pos[shape.s]) and of the block's rows
+// (kv_pos[n]); the causal mask and the dropout hash are taken at them.
+
+// K and V of qkv's shape.s rows into kv; unpack writes a block's gradient into d_qkv's K and V.
+template <class T>
+void cp_kv_pack(const T* qkv, T* kv, const AttentionShape& shape);
+template <class T>
+void cp_kv_unpack(const T* d_kv, T* d_qkv, const AttentionShape& shape);
+// Flash attention of qkv's queries over one K/V block: ctx and lse of that block alone (a query
+// that sees no key of it gets ctx 0 and lse −inf).
+template <class T>
+void cp_flash_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos,
+                      T* ctx, T* lse, const AttentionShape& shape, double scale, const Dropout* dropout,
+                      int64_t head0, const int64_t* sample_index);
+// Backward over one block from the merged ctx and lse: dQ overwrites d_qkv (all of it zeroed
+// first) or, with `accumulate`, is added into its query part; the block's dK/dV overwrite d_kv.
+template <class T>
+void cp_flash_backward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos,
+                       const T* ctx, const T* lse, const T* d_ctx, T* d_qkv, bool accumulate, T* d_kv,
+                       const AttentionShape& shape, double scale, const Dropout* dropout, int64_t head0,
+                       const int64_t* sample_index);
+// (ctx, lse) ← the log-sum-exp merge of (ctx, lse) and a block's (ctx_part, lse_part).
+template <class T>
+void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const AttentionShape& shape);
+
 // ---- MLP activations ------------------------------------------------------------------------
 
 // GPT-2 "gelu_new": 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).

@@ -30,21 +30,24 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
       grid_(program.grid()),
       coord_(grid_.coord(rank)),
       role_(program.role_of_rank(rank)),
-      shards_(plan.zero_stage, plan.dp_size, program.dp_shard_size),
+      shards_(plan.zero_stage, plan.dp_cp_size(), program.dp_shard_size),
       backend_(backend) {
   t_ = plan.tp_size;
-  s_ = model.seq_length;
+  cp_ = plan.cp_size;
+  s_full_ = model.seq_length;
+  s_ = s_full_ / cp_;
   b_ = plan.micro_batch_size;
   h_ = model.hidden_size;
   s_local_ = plan.sequence_parallel ? s_ / t_ : s_;
   vocab_local_ = padded_vocab_size(model, t_) / t_;
   kv_heads_local_ = model.num_key_value_heads / t_;
   scale_ = 1.0 / std::sqrt(double(model.head_dim()));
-  source_ = make_token_source(model.vocab_size, s_, options.corpus_path, options.seed);
+  source_ = make_token_source(model.vocab_size, s_full_, options.corpus_path, options.seed);
   // The data loader's host staging for one microbatch (sample-major as the source writes it,
-  // then [s][b] as the kernels read it); the microbatch's buffers are the program's.
-  batch_tokens_.assign(size_t(b_ * s_), 0);
-  batch_targets_.assign(size_t(b_ * s_), 0);
+  // then [s][b] as the kernels read it, this cp rank's chunks); the buffers are the program's.
+  batch_tokens_.assign(size_t(b_ * s_full_), 0);
+  batch_targets_.assign(size_t(b_ * s_full_), 0);
+  for (int64_t r = 0; r < s_; ++r) q_positions_.push_back(position(coord_.cp, r));
   staged_.assign(size_t(b_ * s_), 0);
   batch_samples_.assign(size_t(b_), 0);
   // Every op's operands by slot; op ids are their indices in the role.
@@ -225,7 +228,7 @@ void Interpreter<T, G, W>::initialize_parameters() {
     const GroupLayout& layout = layouts_.at(group);
     // Which elements of the full local buffer this buffer holds.
     auto [first, last] =
-        shards_.held(weights ? ShardedState::weights : ShardedState::optimizer, layout.elements, dp_rank());
+        shards_.held(weights ? ShardedState::weights : ShardedState::optimizer, layout.elements, shard_rank());
     // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
     // starts at the weights' values, in W, so the T weights are its rounding.
     int64_t states = optimizer_states(op);
@@ -263,6 +266,28 @@ int64_t Interpreter<T, G, W>::optimizer_states(const Op& alloc) {
   return alloc.shape.size() == 2 ? alloc.shape[1] : 2;
 }
 
+template <class T, class G, class W>
+int64_t Interpreter<T, G, W>::position(int64_t cp_rank, int64_t r) const {
+  if (cp_ == 1) return r;
+  const int64_t chunk = s_ / 2;  // seq / (2·cp)
+  return r < chunk ? cp_rank * chunk + r : (2 * cp_ - 1 - cp_rank) * chunk + (r - chunk);
+}
+
+template <class T, class G, class W>
+std::vector<typename Interpreter<T, G, W>::PositionRun> Interpreter<T, G, W>::position_runs(int64_t first,
+                                                                                           int64_t rows) const {
+  std::vector<PositionRun> runs;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t pos = position(coord_.cp, first + r);
+    if (!runs.empty() && runs.back().s0 + runs.back().rows == pos) {
+      ++runs.back().rows;
+    } else {
+      runs.push_back({r, 1, pos});
+    }
+  }
+  return runs;
+}
+
 // The alloc of a data buffer hands over this step's microbatch: the token source fills the
 // staging (once per microbatch: its tokens, targets and samples may all live on one rank),
 // which is uploaded into the program's buffer.
@@ -270,7 +295,7 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::load_data(const Op& alloc, DataBuffer what) {
   int32_t mb = data_buffer_microbatch(alloc.buffer);
   if (staged_step_ != step_ || staged_microbatch_ != mb) {
-    fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_,
+    fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_full_,
                     batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
     staged_step_ = step_;
     staged_microbatch_ = mb;
@@ -284,7 +309,7 @@ void Interpreter<T, G, W>::load_data(const Op& alloc, DataBuffer what) {
   }
   const std::vector<int32_t>& from = what == DataBuffer::tokens ? batch_tokens_ : batch_targets_;
   for (int64_t bi = 0; bi < b_; ++bi) {
-    for (int64_t si = 0; si < s_; ++si) staged_[size_t(si * b_ + bi)] = from[size_t(bi * s_ + si)];
+    for (int64_t si = 0; si < s_; ++si) staged_[size_t(si * b_ + bi)] = from[size_t(bi * s_full_ + q_positions_[si])];
   }
   STEPCAST_CHECK(arena_.bytes_of(alloc.id) == int64_t(staged_.size() * sizeof(int32_t)),
                  "data buffer " + alloc.buffer + " is not [seq_length, micro_batch_size] int32");

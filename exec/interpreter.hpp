@@ -119,12 +119,14 @@ class Interpreter {
   void zero_persistent_grads();
 
   // ---- ZeRO shards (shard_layout.hpp) ----
-  int64_t dp_rank() const { return coord_.dp; }
+  int64_t dp_rank() const { return coord_.dp; }  // which samples the rank reads
+  // Its place among the ranks a gradient is reduced and sharded over (dp × cp).
+  int64_t shard_rank() const { return grid_.dp_cp_index(rank_); }
   // The elements of a group this rank updates, and where element `e` of the group sits in the
   // rank's `state` buffer (at e − first of what the buffer holds).
-  ShardRange owned(int64_t elements) const { return shards_.owned(elements, dp_rank()); }
+  ShardRange owned(int64_t elements) const { return shards_.owned(elements, shard_rank()); }
   int64_t held_first(ShardedState state, int64_t elements) const {
-    return shards_.held(state, elements, dp_rank()).first;
+    return shards_.held(state, elements, shard_rank()).first;
   }
 
   // ---- parameters and data (interpreter.cpp) ----
@@ -136,6 +138,20 @@ class Interpreter {
   void load_data(const Op& alloc, DataBuffer what);
   const int64_t* samples(const Op& op);
   int64_t s0() const { return plan_.sequence_parallel ? coord_.tp * s_local_ : 0; }
+  // Context parallelism: the global position of local row r of cp rank `cp_rank` (chunks cp_rank
+  // and 2·cp−1−cp_rank of the sequence); runs of consecutive positions among `rows` local rows
+  // from `first`, each {row offset, rows, first position}, for the kernels that take a start s0.
+  int64_t position(int64_t cp_rank, int64_t r) const;
+  struct PositionRun {
+    int64_t offset, rows, s0;
+  };
+  std::vector<PositionRun> position_runs(int64_t first, int64_t rows) const;
+  // Positions of the K/V rows a context-parallel flash op reads (its cp_step's block, or all).
+  const std::vector<int64_t>& kv_positions(const Op& op);
+  // Context parallelism's ops (interpreter_cp.cpp): flash over a K/V block, and the packing,
+  // merging and gradient ops around it.
+  void cp_attention(const Op& op);
+  void cp_activation(const Op& op);
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
   }
@@ -175,8 +191,11 @@ class Interpreter {
   bool arena_indexed_ = false;
   std::vector<Operands> operands_;  // per op id
   // The local problem: tp size, sequence, micro batch, hidden, sequence slice, vocabulary shard.
+  // Under context parallelism s_ is the rank's tokens of a sequence, s_full_ the sequence.
   int64_t t_, s_, b_, h_, s_local_, vocab_local_;
+  int64_t s_full_, cp_;
   int64_t kv_heads_local_;
+  std::vector<int64_t> q_positions_, kv_positions_;  // context parallelism: this rank's, a block's
   double scale_;  // 1/√head_dim
   std::unique_ptr<TokenSource> source_;
   std::vector<int32_t> batch_tokens_, batch_targets_, staged_;  // one microbatch, host staging

@@ -18,13 +18,10 @@ namespace stepcast {
 // of the step); receives block, watched.
 template <class T, class G, class W>
 void Interpreter<T, G, W>::p2p(const Op& op) {
-  int64_t stage = coord_.pp;
-  RankCoord peer = coord_;
-  peer.pp = op.peer == Peer::pp_next ? (stage + 1) % plan_.pp_size : (stage + plan_.pp_size - 1) % plan_.pp_size;
-  int peer_rank = int(grid_.rank(peer));
+  int peer = int(peer_rank(grid_, rank_, op.peer));
   if (op.kind == OpKind::recv) {  // [] → [x]
     const std::string& x = out(op, "x");
-    backend_.recv(buf(x, op), count(x, op), peer_rank, op.tag);
+    backend_.recv(buf(x, op), count(x, op), peer, op.tag);
     return;
   }
   // [x] → [(staging)]. The send goes from the program's staging copy (comm class, live to the end
@@ -32,12 +29,12 @@ void Interpreter<T, G, W>::p2p(const Op& op) {
   // Without one (GPU topologies) it goes from the tensor itself.
   const std::string& x = in(op, "x");
   if (!operands(op).has_out("staging")) {
-    backend_.send(buf(x, op), count(x, op), peer_rank, op.tag);
+    backend_.send(buf(x, op), count(x, op), peer, op.tag);
     return;
   }
   const std::string& staging = out(op, "staging");
   backend_.copy(buf(staging, op), buf(x, op), count(x, op) * element_bytes(x, op));
-  backend_.send(buf(staging, op), count(x, op), peer_rank, op.tag);
+  backend_.send(buf(staging, op), count(x, op), peer, op.tag);
 }
 
 // The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.
@@ -106,7 +103,7 @@ void Interpreter<T, G, W>::collective(const Op& op) {
         for (size_t i = 0; i < grads.size(); i += 2) {
           G* f = buf<G>(grads[i], op);
           G* shard = buf<G>(grads[i + 1], op);
-          auto [first, last] = shards_.slice(count(grads[i], op), dp_rank());
+          auto [first, last] = shards_.slice(count(grads[i], op), shard_rank());
           backend_.add(shard, f + first, last - first);
         }
         return;
@@ -137,7 +134,7 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   char* part = arena_.buffer(part_name, op.id);
   char* full = arena_.buffer(full_name, op.id);
   int64_t n = count(full_name, op), e = element_bytes(full_name, op);
-  ShardRange part_range = zero3 ? shards_.slice(n, dp_rank()) : ShardRange{};
+  ShardRange part_range = zero3 ? shards_.slice(n, shard_rank()) : ShardRange{};
   if (!zero3) {
     std::tie(part_range.first, part_range.last) =
         chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));

@@ -69,13 +69,16 @@ void Interpreter<T, G, W>::embedding(const Op& op) {
   } else if (!backward) {  // position_dropout: [x, (position)] → [y, (mask)]
     T* x = buf(out(op, "y"), op);
     backend_.copy(x, buf(in(op, "x"), op), count(in(op, "x"), op) * int64_t(sizeof(T)));
-    if (operands(op).has_in("position")) {
-      backend_.position_add_forward(x, slice(in(op, "position"), op, "position.weight"), s_local_, b_, h_, s0(),
-                                    model_.max_position_embeddings);
-    }
-    if (operands(op).has_out("mask")) {
-      backend_.dropout_add_forward(x, nullptr, x, mask(out(op, "mask"), op), s_local_, b_, h_,
-                                   dropout(op, cpu::DropoutSite::embedding), s0(), samples(op));
+    for (const PositionRun& run : position_runs(s0(), s_local_)) {  // one run without cp
+      T* xr = x + run.offset * b_ * h_;
+      if (operands(op).has_in("position")) {
+        backend_.position_add_forward(xr, slice(in(op, "position"), op, "position.weight"), run.rows, b_, h_, run.s0,
+                                      model_.max_position_embeddings);
+      }
+      if (operands(op).has_out("mask")) {
+        backend_.dropout_add_forward(xr, nullptr, xr, mask(out(op, "mask"), op) + run.offset * b_ * h_, run.rows, b_,
+                                     h_, dropout(op, cpu::DropoutSite::embedding), run.s0, samples(op));
+      }
     }
   } else {  // backward: [d_y, (mask)] → [(d_position), d_x]
     T* g = buf(in(op, "d_y"), op);
@@ -86,8 +89,10 @@ void Interpreter<T, G, W>::embedding(const Op& op) {
     else
       backend_.copy(d, g, n * int64_t(sizeof(T)));
     if (operands(op).has_out("d_position")) {
-      backend_.position_add_backward(d, slice<G>(out(op, "d_position"), op, "position.weight"), s_local_, b_, h_, s0(),
-                                     model_.max_position_embeddings);
+      for (const PositionRun& run : position_runs(s0(), s_local_)) {
+        backend_.position_add_backward(d + run.offset * b_ * h_, slice<G>(out(op, "d_position"), op, "position.weight"),
+                                       run.rows, b_, h_, run.s0, model_.max_position_embeddings);
+      }
     }
   }
 }
@@ -165,6 +170,7 @@ cpu::AttentionShape Interpreter<T, G, W>::attention_shape(const Op& op) const {
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::attention(const Op& op) {
+  if (op.name == OpName::flash && operands(op).has_in("kv")) return cp_attention(op);
   bool backward = op.phase == Phase::backward;
   cpu::AttentionShape shape = attention_shape(op);
   int64_t head0 = coord_.tp * shape.heads;
@@ -215,10 +221,15 @@ void Interpreter<T, G, W>::activation(const Op& op) {
     // The attention problem of this layer: s, b and the local heads from the qkv buffer's width.
     int64_t d = model_.head_dim();
     cpu::AttentionShape shape{s_, b_, count(qkv, op) / (s_ * b_ * d) - 2 * kv_heads_local_, kv_heads_local_, d};
-    if (backward)
-      backend_.rotary_backward(buf(qkv, op), shape, model_.rope_theta, 0);
-    else
-      backend_.rotary_forward(buf(qkv, op), shape, model_.rope_theta, 0);
+    for (const PositionRun& run : position_runs(0, s_)) {  // rotated at global positions
+      cpu::AttentionShape part = shape;
+      part.s = run.rows;
+      T* x = buf(qkv, op) + run.offset * b_ * shape.qkv_width();
+      if (backward)
+        backend_.rotary_backward(x, part, model_.rope_theta, run.s0);
+      else
+        backend_.rotary_forward(x, part, model_.rope_theta, run.s0);
+    }
   } else if (op.name == OpName::gelu) {
     if (backward) {  // [x, d_y] → [d_x]
       backend_.gelu_backward(buf(in(op, "x"), op), buf(in(op, "d_y"), op), buf(out(op, "d_x"), op),
@@ -247,9 +258,12 @@ void Interpreter<T, G, W>::activation(const Op& op) {
         dropout(op, attention_branch ? cpu::DropoutSite::attention_residual : cpu::DropoutSite::mlp_residual);
     bool masked = operands(op).has_out("mask");  // none: no dropout
     if (!masked) drop.p = 0;
-    backend_.dropout_add_forward(branch, buf(in(op, "residual"), op), buf(y, op),
-                                 masked ? mask(out(op, "mask"), op) : nullptr, s_local_, b_, h_, drop, s0(),
-                                 samples(op));
+    for (const PositionRun& run : position_runs(s0(), s_local_)) {
+      const int64_t at = run.offset * b_ * h_;
+      backend_.dropout_add_forward(branch + at, buf(in(op, "residual"), op) + at, buf(y, op) + at,
+                                   masked ? mask(out(op, "mask"), op) + at : nullptr, run.rows, b_, h_, drop, run.s0,
+                                   samples(op));
+    }
   } else if (op.name == OpName::dropout_add) {  // [d_y, mask, dw] → [d_x, (dw)]
     T* d = buf(out(op, "d_x"), op);
     backend_.dropout_backward(buf(in(op, "d_y"), op), mask(in(op, "mask"), op), d, count(out(op, "d_x"), op),
@@ -257,6 +271,8 @@ void Interpreter<T, G, W>::activation(const Op& op) {
     if (model_.use_bias) add_bias_grad(op, d, in(op, "dw"));
   } else if (op.name == OpName::mlp_bias_grad || op.name == OpName::attn_bias_grad) {  // [d_y, dw] → [dw]
     add_bias_grad(op, buf(in(op, "d_y"), op), in(op, "dw"));
+  } else if (op.name == OpName::cp_kv_pack || op.name == OpName::cp_merge || op.name == OpName::cp_dkv) {
+    cp_activation(op);
   } else {
     STEPCAST_CHECK(false, std::string("unknown activation op ") + to_string(op.name));
   }
@@ -282,7 +298,7 @@ void Interpreter<T, G, W>::loss(const Op& op) {
     return;
   }
   if (op.phase == Phase::backward) {  // [softmax, targets] → [d_logits]
-    double scale = 1.0 / double(plan_.global_batch_size * s_);
+    double scale = 1.0 / double(plan_.global_batch_size * s_full_);  // the step's tokens
     backend_.cross_entropy_backward(buf<W>(in(op, "softmax"), op), targets, buf(out(op, "d_logits"), op), tokens, v0,
                                     vocab_local_, scale);
     return;

@@ -111,13 +111,13 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   std::map<std::tuple<int64_t, int64_t, int64_t>, const Placed*> sends;  // (from, to, tag)
   for (const Placed& p : placed) {
     if (p.op->kind != OpKind::send) continue;
-    int64_t to = p.op->peer == Peer::pp_next ? grid.pp_next(p.record->rank) : grid.pp_prev(p.record->rank);
+    int64_t to = peer_rank(grid, p.record->rank, p.op->peer);
     sends[{p.record->rank, to, p.op->tag}] = &p;
   }
   int64_t flow = 0;
   for (const Placed& p : placed) {
     if (p.op->kind != OpKind::recv) continue;
-    int64_t from = p.op->peer == Peer::pp_next ? grid.pp_next(p.record->rank) : grid.pp_prev(p.record->rank);
+    int64_t from = peer_rank(grid, p.record->rank, p.op->peer);
     auto send = sends.find({from, p.record->rank, p.op->tag});
     if (send == sends.end()) continue;
     const OpRecord& s = *send->second->record;

@@ -229,6 +229,10 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       }
       // Its backward is the masked scale of every dropout; without dropout (no mask output) the
       // forward is the residual add alone.
+      // Context parallelism: packing K/V is a copy; merging partial outputs, or adding a block's
+      // dK/dV into its accumulator or into d_qkv, an elementwise add.
+      if (op.name == OpName::cp_kv_pack) return "copy";
+      if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";
       if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";
         return op.outputs.size() > 1 ? "dropout_add_forward" : "residual_add";

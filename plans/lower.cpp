@@ -21,6 +21,7 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.plan = plan_to_json(plan);
   program.tp_size = plan.tp_size;
   program.dp_size = plan.dp_size;
+  program.cp_size = plan.cp_size;
   program.dp_shard_size = plan.dp_shard_size();
   program.pp_size = plan.pp_size;
   program.order = plan.order;

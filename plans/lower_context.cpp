@@ -12,9 +12,12 @@
 namespace stepcast {
 
 LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
-    : model(m), topology(topo), plan(p), grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size()),
-      links(link_figures(topo)), shards(p.zero_stage, p.dp_size, p.dp_shard_size()) {
-  s = m.seq_length;
+    : model(m), topology(topo), plan(p),
+      grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size(), p.cp_size),
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_cp_size(), p.dp_shard_size()) {
+  cp = p.cp_size;
+  s_full = m.seq_length;
+  s = m.seq_length / cp;
   b = p.micro_batch_size;
   h = m.hidden_size;
   t = p.tp_size;
@@ -172,7 +175,7 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
 }
 
 int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-                       const std::string& buffer, const std::string& staging) {
+                       const std::string& buffer, const std::string& staging, bool pipeline) {
   Op op = op_at(at, kind, Stream::p2p, kind == OpKind::send ? OpName::send : OpName::recv);
   op.peer = peer;
   op.tag = tag;
@@ -181,7 +184,7 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   else op.outputs = {buffer};
   if (!staging.empty()) op.outputs = {staging};  // a send writes its staging copy
   int32_t id = rb_.emit(std::move(op));
-  if (!ctx_.plan.overlap_p2p_comm) unwaited_p2p_.push_back(id);
+  if (pipeline && !ctx_.plan.overlap_p2p_comm) unwaited_p2p_.push_back(id);
   return id;
 }
 

@@ -26,7 +26,8 @@ struct LowerContext {
   LinkFigures links;
   ShardLayout shards;  // what a rank keeps of each parameter group under the plan's ZeRO stage
 
-  int64_t s, b, h, t, d, f;
+  int64_t s, b, h, t, d, f;  // s: the tokens of a sequence a rank holds (seq_length / cp)
+  int64_t cp, s_full;   // context-parallel size, and the whole sequence (seq_length)
   int64_t s_local;      // sequence length a rank holds between tensor-parallel regions (s/t under SP)
   int64_t heads_local;  // a/t
   int64_t kv_local;     // kv/t
@@ -77,9 +78,14 @@ class OpEmitter {
   int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
                      OpName name, double bytes, std::vector<std::string> inputs,
                      std::vector<std::string> outputs, const std::vector<int32_t>& extra_deps = {});
-  // A send with `staging` copies `buffer` into that comm buffer and sends from it.
+  // A send with `staging` copies `buffer` into that comm buffer and sends from it. A pipeline
+  // transfer is waited for by the next compute op unless the plan overlaps them; a
+  // context-parallel ring transfer (pipeline false) only by the ops that read what it brings.
   int32_t p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-              const std::string& buffer, const std::string& staging = "");
+              const std::string& buffer, const std::string& staging = "", bool pipeline = true);
+  // A buffer to free at the end of the step (a send's staging: the send completes by then).
+  void defer_free(const std::string& name) { deferred_frees_.push_back(name); }
+  const std::vector<std::string>& deferred_frees() const { return deferred_frees_; }
   int64_t group_size(GroupKind group) const;
 
   // Activation-shaped allocations.
@@ -102,6 +108,7 @@ class OpEmitter {
   RoleBuilder& rb_;
   int64_t first_rank_;
   std::vector<int32_t> unwaited_p2p_;  // transfers posted since the last compute-stream op
+  std::vector<std::string> deferred_frees_;
 };
 
 // What a layer's forward pass keeps for backward.
@@ -124,5 +131,10 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
                          const std::string& g, const LayerParams& params);
 // Buffer name prefix of a layer's tensors for one microbatch.
 std::string layer_prefix(int32_t microbatch, int32_t layer);
+// The attention core under context parallelism (lower_cp.cpp), in place of the flash op: the
+// forward reads prefix+"qkv" and writes prefix+"ctx" and prefix+"lse" (allocated by the caller);
+// the backward reads those and prefix+"d_ctx" and writes prefix+"d_qkv".
+void emit_cp_attention_forward(OpEmitter& e, const OpSite& at, const std::string& prefix);
+void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::string& prefix);
 
 }  // namespace stepcast

@@ -6,7 +6,7 @@
 namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
-  if (plan_.dp_size == 1) {
+  if (plan_.dp_cp_size() == 1) {
     if (plan_.zero_stage >= 2) pending_full_.push_back({&g, mb});
     return;
   }
@@ -21,7 +21,7 @@ void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, b
 }
 
 void RoleLowering::flush_bucket() {
-  // dp_size == 1 with ZeRO-2/3: the full gradient is the shard; copy it in (no communication).
+  // dp_size · cp_size == 1 with ZeRO-2/3: the full gradient is the shard; copy it in (no communication).
   for (auto& [g, mb] : pending_full_) {
     std::string full = grads_for(*g, mb);
     OpSite at{Phase::backward, -1, mb, int32_t(g->chunk)};

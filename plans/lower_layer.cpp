@@ -107,7 +107,8 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   double core_flops = 4.0 * c.b * c.heads_local * c.s * c.s * c.d;
   if (flash) {
     e.alloc(n("lse"), BufferClass::activations, c.wide, {c.b, c.heads_local, c.s}, at.phase);
-    e.attention(at, OpName::flash, core_flops, {n("qkv")}, {n("ctx"), n("lse")});
+    if (c.cp > 1) emit_cp_attention_forward(e, at, n.prefix);
+    else e.attention(at, OpName::flash, core_flops, {n("qkv")}, {n("ctx"), n("lse")});
     done("lse");
   } else {
     emit_attention_scores(e, at, n);
@@ -324,7 +325,11 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   if (d_attn != g) e.free(d_attn, bwd);
   e.alloc(n("d_qkv"), BufferClass::workspace, c.act, {c.s, c.b, c.qkv_width}, bwd);
   double core_flops = 4.0 * c.b * c.heads_local * c.s * c.s * c.d;
-  if (flash) {
+  if (flash && c.cp > 1) {
+    emit_cp_attention_backward(e, at, n.prefix);
+    e.free(n("lse"), bwd);
+    e.free(n("ctx"), bwd);
+  } else if (flash) {
     // FlashAttention-2's backward recomputes the scores: 5 matmuls against the forward's 2.
     e.attention(at, OpName::flash, 2.5 * core_flops, {n("qkv"), n("ctx"), n("lse"), n("d_ctx")},
                 {n("d_qkv")});

@@ -38,6 +38,7 @@ void RoleLowering::lower() {
     emit_param_gathers(Phase::optimizer);
   }
   rb_.free_all(send_staging_, Phase::optimizer);  // the step's sends are complete here
+  rb_.free_all(e_.deferred_frees(), Phase::optimizer);
 }
 
 void RoleLowering::collect_param_groups() {

@@ -98,7 +98,10 @@ class RoleLowering {
   }
   // Hybrid sharding: ZeRO shards over dp_shard and the replicas all-reduce; else over all of dp.
   bool hybrid() const { return plan_.num_distributed_optimizer_instances > 1; }
-  GroupKind shard_group() const { return hybrid() ? GroupKind::dp_shard : GroupKind::dp; }
+  // Gradients reduce (and ZeRO shards spread) over dp × cp: dp_cp, which is dp without cp.
+  GroupKind shard_group() const {
+    return hybrid() ? GroupKind::dp_shard : plan_.cp_size > 1 ? GroupKind::dp_cp : GroupKind::dp;
+  }
   int64_t p2p_tag(int32_t mb, int64_t sender_vs, bool backward) const {
     return (int64_t(mb) * c_.num_virtual_stages + sender_vs) * 2 + (backward ? 1 : 0);
   }

@@ -59,6 +59,10 @@ const char* to_string(OpName name) {
     case OpName::param_gather: return "param_gather";
     case OpName::zero3_param_gather: return "zero3_param_gather";
     case OpName::replica_grads: return "replica_grads";
+    case OpName::cp_kv_pack: return "cp_kv_pack";
+    case OpName::cp_kv: return "cp_kv";
+    case OpName::cp_dkv: return "cp_dkv";
+    case OpName::cp_merge: return "cp_merge";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
   }
@@ -214,8 +218,9 @@ std::vector<OpSignature> make_table() {
        {act("probs_drop", D::same_as_first, S::batch_m_n), mask("mask", S::batch_m_n)}},
       {OpKind::attention, {N::value}, Grad::none, Pass::forward,
        {act("probs", D::floating, S::batch_m_n), act("qkv")}, {act("ctx", D::same_as_first, S::batch_m_k)}},
+      // Under context parallelism flash also reads the K/V block of its cp_step (rows n).
       {OpKind::attention, {N::flash}, Grad::none, Pass::forward,
-       {act("qkv")}, {act("ctx", D::same_as_first, S::batch_m_k), stats("lse", S::batch_m)}},
+       {act("qkv"), optional_act("kv")}, {act("ctx", D::same_as_first, S::batch_m_k), stats("lse", S::batch_m)}},
       {OpKind::attention, {N::value}, Grad::none, Pass::backward,
        {act("d_ctx", D::floating, S::batch_m_k), act("probs", D::floating, S::batch_m_n), act("qkv")},
        {act("d_probs", D::same_as_first, S::batch_m_n), act("d_qkv", D::same_as_first)}},
@@ -228,10 +233,11 @@ std::vector<OpSignature> make_table() {
       {OpKind::attention, {N::score}, Grad::none, Pass::backward,
        {act("d_scores", D::floating, S::batch_m_n), act("qkv"), act("d_qkv")},
        {act("d_qkv", D::same_as_first)}},
+      // ... and writes the block's dK/dV (d_kv), adding dQ into d_qkv when it also reads it.
       {OpKind::attention, {N::flash}, Grad::none, Pass::backward,
        {act("qkv"), act("ctx", D::floating, S::batch_m_k), stats("lse", S::batch_m),
-        act("d_ctx", D::floating, S::batch_m_k)},
-       {act("d_qkv", D::same_as_first)}},
+        act("d_ctx", D::floating, S::batch_m_k), optional_act("kv"), optional_act("d_qkv")},
+       {act("d_qkv", D::same_as_first), optional_act("d_kv")}},
       // ---- activations ----
       {OpKind::activation, {N::rotary}, Grad::none, Pass::any, {act("qkv")}, {act("qkv", D::same_as_first)}},
       {OpKind::activation, {N::gelu}, Grad::none, Pass::forward, {act("x")}, {act("y", D::same_as_first)}},
@@ -251,6 +257,13 @@ std::vector<OpSignature> make_table() {
        {act("d_x", D::same_as_first), {"dw", R::grads, C::optional, D::floating, S::any}}},
       {OpKind::activation, {N::mlp_bias_grad, N::attn_bias_grad}, Grad::none, Pass::backward,
        {act("d_y"), grads("dw")}, {grads("dw")}},
+      // ---- context parallelism: K and V out of qkv; partial attention merged by log-sum-exp
+      // (forward) or a block's dK/dV added into its accumulator (backward); dK/dV into d_qkv ----
+      {OpKind::activation, {N::cp_kv_pack}, Grad::none, Pass::any, {act("qkv")}, {act("kv", D::same_as_first)}},
+      {OpKind::activation, {N::cp_merge}, Grad::none, Pass::forward,
+       {act("ctx_part"), stats("lse_part"), act("ctx"), stats("lse")}, {act("ctx"), stats("lse")}},
+      {OpKind::activation, {N::cp_merge}, Grad::none, Pass::backward, {act("d_kv_part"), act("d_kv")}, {act("d_kv")}},
+      {OpKind::activation, {N::cp_dkv}, Grad::none, Pass::backward, {act("d_kv"), act("d_qkv")}, {act("d_qkv")}},
       // ---- loss: per-token (max, sum of exp, target logit) statistics over the vocabulary ----
       {OpKind::loss, {N::cross_entropy_stats}, Grad::none, Pass::forward,
        {act("logits"), tokens("targets")}, {stats("stats")}},
@@ -275,7 +288,8 @@ std::vector<OpSignature> make_table() {
       collective(OpKind::reduce_scatter, {N::tp_embedding, N::tp_attn_out, N::tp_mlp_down,
                                           N::tp_mlp_up, N::tp_qkv, N::tp_logits}, "x", "y"),
       collective(OpKind::all_gather, {N::sp_embedding, N::sp_ln1, N::sp_ln2, N::sp_d_attn,
-                                      N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy}, "x", "y"),
+                                      N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy, N::cp_kv}, "x", "y"),
+      collective(OpKind::reduce_scatter, {N::cp_dkv}, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
        {{"shard", R::weights, C::one, D::floating, S::any}},
        {{"full", R::weights, C::one, D::same_as_first, S::any}, scratch()}},

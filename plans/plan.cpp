@@ -34,8 +34,18 @@ const char* to_string(AttentionImpl kind) {
   return kind == AttentionImpl::flash ? "flash" : "materialized";
 }
 
+const char* to_string(CpCommType kind) {
+  switch (kind) {
+    case CpCommType::p2p: return "p2p";
+    case CpCommType::all_gather: return "all_gather";
+    case CpCommType::a2a: return "a2a";
+  }
+  return "?";
+}
+
 namespace {
 
+const std::vector<std::string> kCpCommNames = {"p2p", "all_gather", "a2a"};
 const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b"};
 const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
 const std::vector<std::string> kAttentionNames = {"materialized", "flash"};
@@ -46,7 +56,8 @@ bool valid_order(const std::string& order) {
   std::stringstream in(order);
   std::string part;
   while (std::getline(in, part, '-')) parts.insert(part);
-  return parts == std::set<std::string>{"tp", "dp", "pp"} && order.size() == 8;
+  return (parts == std::set<std::string>{"tp", "dp", "pp"} && order.size() == 8) ||
+         (parts == std::set<std::string>{"tp", "cp", "dp", "pp"} && order.size() == 11);
 }
 
 // Sizes come from files and may be anything up to 2^63 - 1. Their products saturate instead of
@@ -123,6 +134,9 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.tp_size = reader.get_int_or("tp_size", 1, 1);
   plan.pp_size = reader.get_int_or("pp_size", 1, 1);
   plan.dp_size = reader.get_int_or("dp_size", 1, 1);
+  plan.cp_size = reader.get_int_or("context_parallel_size", 1, 1);
+  std::string cp_comm = reader.get_enum_or("cp_comm_type", kCpCommNames, "p2p");
+  plan.cp_comm_type = cp_comm == "p2p" ? CpCommType::p2p : cp_comm == "all_gather" ? CpCommType::all_gather : CpCommType::a2a;
   int64_t zero_stage = reader.get_int_or("zero_stage", 0, 0);  // checked before it narrows
   if (zero_stage > 3) reader.fail("zero_stage", "out of range", "0, 1, 2 or 3");
   plan.zero_stage = static_cast<int>(zero_stage);
@@ -169,14 +183,53 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
   plan.order = reader.get_string_or("order", "tp-dp-pp");
   if (!valid_order(plan.order)) {
-    reader.fail("order", "not a permutation of tp, dp, pp",
-                "\"tp-dp-pp\" (Megatron's, tp innermost) or another order of tp, dp, pp joined by '-'");
+    reader.fail("order", "not a permutation of tp, dp, pp (optionally with cp)",
+                "\"tp-dp-pp\" (Megatron's, tp innermost, cp right after tp) or another order of tp, dp, pp "
+                "(and cp) joined by '-'");
   }
   reader.finish();
   return plan;
 }
 
 Plan load_plan(const std::string& path) { return parse_plan(load_json_file(path), path); }
+
+namespace {
+
+// Context parallelism as Megatron-LM and Transformer Engine run it: every sequence cut into
+// 2·cp chunks; the p2p ring merges partial softmaxes, which only the fused (flash) kernel keeps.
+void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
+  if (plan.cp_size == 1) return;
+  const std::string& f = plan.file;
+  const std::string cp = std::to_string(plan.cp_size);
+  if (model.seq_length % (2 * plan.cp_size) != 0) {
+    throw_input_error(f, "context_parallel_size", cp,
+                      "does not cut seq_length = " + std::to_string(model.seq_length) + " of " + model.file +
+                          " into 2·cp = " + std::to_string(2 * plan.cp_size) +
+                          " equal chunks (causal load balancing: rank i holds chunks i and 2·cp−1−i)",
+                      "a cp with seq_length divisible by 2·cp");
+  }
+  if (plan.cp_comm_type == CpCommType::a2a) {
+    throw_input_error(f, "cp_comm_type", "a2a", "(DeepSpeed-Ulysses all-to-all) is not supported yet",
+                      "\"p2p\" (Megatron-LM's default) or \"all_gather\"");
+  }
+  if (plan.attention_impl != AttentionImpl::flash) {
+    // Megatron-LM runs context parallelism through Transformer Engine's fused attention only.
+    throw_input_error(f, "attention_impl", to_string(plan.attention_impl),
+                      "cannot split over context-parallel ranks (the p2p ring merges the partial softmax "
+                      "of each K/V block by the fused kernel's log-sum-exp; materialized scores over "
+                      "gathered K/V are not supported yet)",
+                      "\"flash\" with context_parallel_size > 1");
+  }
+  const int64_t s_cp = model.seq_length / plan.cp_size;
+  if (plan.sequence_parallel && s_cp % plan.tp_size != 0) {
+    throw_input_error(f, "tp_size", std::to_string(plan.tp_size),
+                      "with sequence_parallel must divide the " + std::to_string(s_cp) +
+                          " tokens a context-parallel rank holds (seq_length / context_parallel_size)",
+                      "a divisor of " + std::to_string(s_cp));
+  }
+}
+
+}  // namespace
 
 void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology) {
   const std::string& f = plan.file;
@@ -268,6 +321,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
          "with sequence_parallel must divide seq_length = " + std::to_string(model.seq_length),
          "a divisor of " + std::to_string(model.seq_length));
   }
+  validate_context_parallel(plan, model);
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
                       "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
@@ -280,12 +334,13 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
            "needs sharded optimizer state (the plan has zero_stage = 0, every dp rank a full replica)",
            "1, or zero_stage >= 1");
     }
-    if (plan.dp_size % instances != 0 || plan.dp_size / instances < 2) {
+    const int64_t dp_cp = plan.dp_cp_size();
+    const std::string group = plan.cp_size > 1 ? "dp_size · context_parallel_size" : "dp_size";
+    if (dp_cp % instances != 0 || dp_cp / instances < 2) {
       fail("num_distributed_optimizer_instances", instances,
-           "must divide dp_size = " + std::to_string(plan.dp_size) +
-               " and leave at least 2 ranks per shard group (dp_size / instances)",
-           "1, or a divisor of " + std::to_string(plan.dp_size) + " no larger than " +
-               std::to_string(plan.dp_size / 2));
+           "must divide " + group + " = " + std::to_string(dp_cp) +
+               " and leave at least 2 ranks per shard group (" + group + " / instances)",
+           "1, or a divisor of " + std::to_string(dp_cp) + " no larger than " + std::to_string(dp_cp / 2));
     }
   }
   if (plan.layers_per_stage.empty()) {
@@ -310,13 +365,15 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
         std::max<int64_t>(40'000'000, saturating_product(1'000'000, plan.dp_size));
     plan.grad_bucket_bytes = double(bucket_parameters) * dtype_bytes(plan.grad_dtype);
   }
-  int64_t world_size = saturating_product(saturating_product(plan.tp_size, plan.pp_size),
-                                          plan.dp_size);
+  int64_t world_size = saturating_product(
+      saturating_product(saturating_product(plan.tp_size, plan.pp_size), plan.dp_size), plan.cp_size);
   if (world_size > topology.num_devices()) {
     int64_t per_node = topology.node.devices_per_node;
     int64_t nodes = world_size / per_node + (world_size % per_node != 0);
     fail("dp_size", plan.dp_size,
-         "tp_size · pp_size · dp_size = " + std::to_string(world_size) +
+         std::string(plan.cp_size > 1 ? "tp_size · context_parallel_size · pp_size · dp_size = "
+                                      : "tp_size · pp_size · dp_size = ") +
+             std::to_string(world_size) +
              " devices, but topology " + topology.file + " has " +
              std::to_string(topology.num_devices()) + " (" + std::to_string(topology.num_nodes) +
              " nodes × " + std::to_string(per_node) + ")",
@@ -332,6 +389,10 @@ Json plan_to_json(const Plan& plan) {
   out["tp_size"] = plan.tp_size;
   out["pp_size"] = plan.pp_size;
   out["dp_size"] = plan.dp_size;
+  if (plan.cp_size > 1) {  // absent: 1 (outputs of plans without cp keep their bytes)
+    out["context_parallel_size"] = plan.cp_size;
+    out["cp_comm_type"] = to_string(plan.cp_comm_type);
+  }
   out["zero_stage"] = plan.zero_stage;
   out["num_distributed_optimizer_instances"] = plan.num_distributed_optimizer_instances;
   out["micro_batch_size"] = plan.micro_batch_size;

@@ -17,6 +17,11 @@ namespace stepcast {
 
 enum class RecomputeKind { none, selective, full };
 enum class AttentionImpl { materialized, flash };
+// How context-parallel ranks exchange keys and values (Megatron's --cp-comm-type): p2p, a ring
+// of K/V blocks overlapped with the attention blocks they feed; all_gather, K/V gathered before
+// attention and their gradients reduce-scattered after. (a2a, DeepSpeed-Ulysses, is refused.)
+enum class CpCommType { p2p, all_gather, a2a };
+const char* to_string(CpCommType kind);
 const char* to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved_1f1b"
 const char* to_string(RecomputeKind kind);
 const char* to_string(AttentionImpl kind);
@@ -27,6 +32,10 @@ struct Plan {
   int64_t tp_size = 1;
   int64_t pp_size = 1;
   int64_t dp_size = 1;
+  // Context parallelism (Megatron's context_parallel_size): cp ranks split every sequence into
+  // 2·cp chunks, rank i holding chunks i and 2·cp−1−i (causal load balancing).
+  int64_t cp_size = 1;
+  CpCommType cp_comm_type = CpCommType::p2p;
   int zero_stage = 0;
   // Hybrid sharding (HSDP; Megatron's --num-distributed-optimizer-instances): ZeRO shards over
   // blocks of dp_size / instances consecutive dp ranks, and the blocks hold replicas whose
@@ -50,11 +59,13 @@ struct Plan {
   bool overlap_p2p_comm = false;
   double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
   std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
-  std::string order = "tp-dp-pp";        // rank grid order, innermost first
+  std::string order = "tp-dp-pp";        // rank grid order, innermost first (cp after tp unless named)
 
-  int64_t world_size() const { return tp_size * pp_size * dp_size; }
-  // The ranks a ZeRO shard is spread over (the dp_shard group of rank_grid.hpp).
-  int64_t dp_shard_size() const { return dp_size / num_distributed_optimizer_instances; }
+  int64_t world_size() const { return tp_size * cp_size * pp_size * dp_size; }
+  // The ranks gradients are reduced over (dp × cp) and a ZeRO shard is spread over (the dp_shard
+  // group of rank_grid.hpp).
+  int64_t dp_cp_size() const { return dp_size * cp_size; }
+  int64_t dp_shard_size() const { return dp_cp_size() / num_distributed_optimizer_instances; }
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
   Dtype activation_dtype() const { return param_dtype; }
 };

@@ -61,8 +61,27 @@ const char* to_string(Peer peer) {
     case Peer::none: return "none";
     case Peer::pp_next: return "pp_next";
     case Peer::pp_prev: return "pp_prev";
+    case Peer::cp_next: return "cp_next";
+    case Peer::cp_prev: return "cp_prev";
   }
   return "?";
+}
+
+int64_t peer_rank(const RankGrid& grid, int64_t rank, Peer peer) {
+  switch (peer) {
+    case Peer::cp_next: return grid.cp_next(rank);
+    case Peer::cp_prev: return grid.cp_prev(rank);
+    case Peer::pp_next:
+    case Peer::pp_prev: {
+      RankCoord c = grid.coord(rank);
+      const int64_t pp = grid.pp_size();
+      c.pp = peer == Peer::pp_next ? (c.pp + 1) % pp : (c.pp + pp - 1) % pp;
+      return grid.rank(c);
+    }
+    case Peer::none: break;
+  }
+  STEPCAST_CHECK(false, "peer_rank: an op without a peer");
+  return -1;
 }
 
 const char* to_string(BufferClass c) {

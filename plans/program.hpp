@@ -27,7 +27,9 @@ enum class OpKind {
 enum class Stream { compute, comm, p2p };
 enum class Phase { forward, backward, recompute, optimizer };
 enum class Algorithm { none, ring, tree, hierarchical };
-enum class Peer { none, pp_next, pp_prev };
+// Point-to-point peers: the next/previous pipeline stage (wrapping), or the next/previous rank of
+// the context-parallel ring (rank_grid.hpp).
+enum class Peer { none, pp_next, pp_prev, cp_next, cp_prev };
 // What an op computes within its kind; values equal their JSON strings ("" for none: alloc and
 // free). The operands of each (kind, name, grad, pass) are its signature (op_signature.hpp).
 enum class OpName {
@@ -44,6 +46,9 @@ enum class OpName {
   sp_embedding, sp_ln1, sp_ln2, sp_d_attn, sp_d_mlp, sp_final_norm,
   grad_bucket, tied_embedding_grads, sp_replicated_grads, param_gather, zero3_param_gather,
   replica_grads,  // hybrid sharding: a bucket's reduced shards all-reduced across the replicas
+  // context parallelism: K and V packed from qkv (and their gradients added back), exchanged
+  // around the cp ring or gathered (cp_kv), partial attention outputs merged (cp_merge)
+  cp_kv_pack, cp_kv, cp_dkv, cp_merge,
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).
@@ -64,6 +69,8 @@ std::optional<Grad> parse_grad(const std::string& text);        // nullopt for "
 std::string valid_op_names();  // "word, position_dropout, ..." for messages
 std::ostream& operator<<(std::ostream& out, OpName name);
 std::ostream& operator<<(std::ostream& out, Grad grad);
+// The rank a send or receive of `rank` talks to.
+int64_t peer_rank(const RankGrid& grid, int64_t rank, Peer peer);
 bool is_compute(OpKind kind);
 bool is_collective(OpKind kind);
 bool is_p2p(OpKind kind);
@@ -97,8 +104,12 @@ struct Op {
   // Buffers read and written, in the order of the slots of the op's signature.
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
-  // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim.
+  // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim (under
+  // context parallelism m = the local tokens, n = the key/value rows of the op's block).
   int64_t batch = 0, m = 0, n = 0, k = 0;
+  // Context-parallel flash attention: the ring step whose K/V block the op reads (that of cp rank
+  // (own − cp_step) mod cp_size); −1: every rank's block, gathered in cp rank order, or no cp.
+  int32_t cp_step = -1;
   double flops = 0;                   // floating-point operations executed
   double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
   // communication
@@ -131,7 +142,8 @@ struct StepProgram {
   Json topology;
   Json plan;
   int64_t tp_size = 1, dp_size = 1, pp_size = 1;
-  int64_t dp_shard_size = 0;  // ranks a ZeRO shard spreads over: dp_size (also written 0) unless hybrid
+  int64_t cp_size = 1;        // context parallelism (grid.cp_size; absent in older programs: 1)
+  int64_t dp_shard_size = 0;  // ranks a ZeRO shard spreads over: dp·cp (also written 0) unless hybrid
   std::string order = "tp-dp-pp";
   int64_t devices_per_node = 1;
   int64_t num_microbatches = 1;
@@ -139,9 +151,9 @@ struct StepProgram {
   std::vector<Role> roles;  // roles[p] is pipeline stage p
   std::string program_sha256;
 
-  int64_t world_size() const { return tp_size * dp_size * pp_size; }
+  int64_t world_size() const { return tp_size * cp_size * dp_size * pp_size; }
   const Role& role_of_rank(int64_t rank) const;
-  RankGrid grid() const { return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size); }
+  RankGrid grid() const { return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size, cp_size); }
 };
 
 }  // namespace stepcast

@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <map>
+#include <tuple>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -142,19 +143,26 @@ void check_buffers(const Role& role, std::vector<std::string>& errors) {
   }
 }
 
+bool is_cp_peer(Peer peer) { return peer == Peer::cp_next || peer == Peer::cp_prev; }
+
+// The stage of a peer: a context-parallel ring neighbour holds the same stage.
 int64_t peer_stage(const StepProgram& p, int64_t stage, Peer peer) {
+  if (is_cp_peer(peer)) return stage;
   return peer == Peer::pp_next ? (stage + 1) % p.pp_size : (stage + p.pp_size - 1) % p.pp_size;
 }
 
 void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
-  // (from, to) → sequence of (tag, bytes) sent / received, in list order.
-  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<int64_t, double>>> sent, received;
+  // (from, to, on the cp ring) → sequence of (tag, bytes) sent / received, in list order.
+  using Link = std::tuple<int64_t, int64_t, bool>;
+  std::map<Link, std::vector<std::pair<int64_t, double>>> sent, received;
   for (const Role& role : p.roles) {
     for (const Op& op : role.ops) {
       if (op.kind == OpKind::send) {
-        sent[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer)}].push_back({op.tag, op.bytes});
+        if (op.peer == Peer::cp_prev) errors.push_back("op " + std::to_string(op.id) + ": a send to cp_prev (the ring sends to cp_next)");
+        sent[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer), is_cp_peer(op.peer)}].push_back({op.tag, op.bytes});
       } else if (op.kind == OpKind::recv) {
-        received[{peer_stage(p, role.pp_stage, op.peer), role.pp_stage}].push_back(
+        if (op.peer == Peer::cp_next) errors.push_back("op " + std::to_string(op.id) + ": a receive from cp_next (the ring receives from cp_prev)");
+        received[{peer_stage(p, role.pp_stage, op.peer), role.pp_stage, is_cp_peer(op.peer)}].push_back(
             {op.tag, op.bytes});
       }
     }
@@ -162,7 +170,8 @@ void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
   for (const auto& [link, sends] : sent) {
     const auto& recvs = received[link];
     std::ostringstream which;
-    which << "stage " << link.first << " → " << link.second;
+    which << (std::get<2>(link) ? "cp ring of stage " : "stage ") << std::get<0>(link);
+    if (!std::get<2>(link)) which << " → " << std::get<1>(link);
     if (sends.size() != recvs.size()) {
       errors.push_back(which.str() + ": " + std::to_string(sends.size()) + " sends but " +
                        std::to_string(recvs.size()) + " receives");
@@ -179,8 +188,9 @@ void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
   }
   for (const auto& [link, recvs] : received) {
     if (!sent.count(link) && !recvs.empty()) {
-      errors.push_back("stage " + std::to_string(link.second) + " receives from stage " +
-                       std::to_string(link.first) + " which never sends");
+      errors.push_back("stage " + std::to_string(std::get<1>(link)) + " receives from stage " +
+                       std::to_string(std::get<0>(link)) + (std::get<2>(link) ? " on the cp ring" : "") +
+                       " which never sends");
     }
   }
 }

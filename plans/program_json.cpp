@@ -160,6 +160,7 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
     put_key(s, "n"); put_number(s, double(op.n));
     put_key(s, "k"); put_number(s, double(op.k));
   }
+  if (op.cp_step >= 0) { put_key(s, "cp_step"); put_number(s, double(op.cp_step)); }
   if (is_compute(op.kind)) { put_key(s, "flops"); put_number(s, op.flops); }
   put_key(s, "bytes");
   put_number(s, op.bytes);
@@ -193,8 +194,12 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   put_number(s, double(program.dp_size));
   put_key(s, "pp_size");
   put_number(s, double(program.pp_size));
+  if (program.cp_size > 1) {  // absent: 1 (programs without cp keep their bytes and hash)
+    put_key(s, "cp_size");
+    put_number(s, double(program.cp_size));
+  }
   put_key(s, "dp_shard_size");
-  put_number(s, double(program.dp_shard_size == 0 ? program.dp_size : program.dp_shard_size));
+  put_number(s, double(program.dp_shard_size == 0 ? program.dp_size * program.cp_size : program.dp_shard_size));
   put_key(s, "order");
   put_string(s, program.order);
   put_key(s, "devices_per_node");
@@ -394,13 +399,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.tp_size = integer(g.at("tp_size"), "tp_size", 1, 1 << 24);
     p.dp_size = integer(g.at("dp_size"), "dp_size", 1, 1 << 24);
     p.pp_size = integer(g.at("pp_size"), "pp_size", 1, 1 << 24);
+    p.cp_size = g.contains("cp_size") ? integer(g.at("cp_size"), "cp_size", 1, 1 << 24) : 1;
     // Absent in programs written before hybrid sharding existed: they shard over the whole dp.
     p.dp_shard_size = g.contains("dp_shard_size") ? integer(g.at("dp_shard_size"), "dp_shard_size", 1, 1 << 24)
-                                                  : p.dp_size;
-    if (p.dp_size % p.dp_shard_size != 0) {
+                                                  : p.dp_size * p.cp_size;
+    if (p.dp_size * p.cp_size % p.dp_shard_size != 0) {
       throw InputError(path + ": key 'grid.dp_shard_size' = " + std::to_string(p.dp_shard_size) +
-                       ": does not divide grid.dp_size = " + std::to_string(p.dp_size) +
-                       "; valid: a divisor of dp_size");
+                       ": does not divide grid.dp_size · grid.cp_size = " + std::to_string(p.dp_size * p.cp_size) +
+                       "; valid: a divisor of dp_size · cp_size");
     }
     p.order = g.at("order");
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);
@@ -453,13 +459,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           op.m = integer(jo.value("m", Json(0)), "m", 0, kLarge);
           op.n = integer(jo.value("n", Json(0)), "n", 0, kLarge);
           op.k = integer(jo.value("k", Json(0)), "k", 0, kLarge);
+          op.cp_step = int32_t(integer(jo.value("cp_step", Json(-1)), "cp_step", -1, p.cp_size - 1));
           op.flops = jo.value("flops", 0.0);
           if (is_collective(op.kind)) {
             op.group = parse_group(jo.at("group"), path);
             op.algorithm = parse_enum(jo.at("algorithm"), Algorithm::hierarchical, path, "algorithm");
           }
           if (is_p2p(op.kind)) {
-            op.peer = parse_enum(jo.at("peer"), Peer::pp_prev, path, "peer");
+            op.peer = parse_enum(jo.at("peer"), Peer::cp_prev, path, "peer");
             op.tag = integer(jo.at("tag"), "tag", -1, kLarge);
           }
         }

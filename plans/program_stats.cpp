@@ -10,7 +10,7 @@ ProgramStats program_stats(const StepProgram& program) {
   RankGrid grid = program.grid();
   stats.ranks = grid.world_size();
   for (const Role& role : program.roles) {
-    int64_t ranks = stats.ranks / program.pp_size;  // every stage has tp·dp ranks
+    int64_t ranks = stats.ranks / program.pp_size;  // every stage has tp·cp·dp ranks
     stats.ops_per_role.push_back(int64_t(role.ops.size()));
     stats.ranks_per_role.push_back(ranks);
     std::map<std::string, double> per_rank;
@@ -27,8 +27,8 @@ ProgramStats program_stats(const StepProgram& program) {
       } else if (is_collective(op.kind)) {
         per_rank[to_string(op.group)] += op.bytes;
         stats.collective_ops_by_algorithm[to_string(op.algorithm)] += ranks;
-      } else if (op.kind == OpKind::send) {
-        per_rank["pp"] += op.bytes;
+      } else if (op.kind == OpKind::send) {  // the pipeline's, or the context-parallel ring's
+        per_rank[op.peer == Peer::cp_next ? "cp" : "pp"] += op.bytes;
       }
     }
     for (const auto& [group, bytes] : per_rank) {

@@ -20,6 +20,8 @@ const char* to_string(GroupKind kind) {
     case GroupKind::dp_shard: return "dp_shard";
     case GroupKind::dp_replica: return "dp_replica";
     case GroupKind::instance: return "instance";
+    case GroupKind::cp: return "cp";
+    case GroupKind::dp_cp: return "dp_cp";
   }
   return "?";
 }
@@ -27,50 +29,51 @@ const char* to_string(GroupKind kind) {
 const std::vector<GroupKind>& all_group_kinds() {
   static const std::vector<GroupKind> kinds = {
       GroupKind::tp,    GroupKind::dp,       GroupKind::pp,         GroupKind::embedding, GroupKind::model,
-      GroupKind::world, GroupKind::dp_shard, GroupKind::dp_replica, GroupKind::instance};
+      GroupKind::world, GroupKind::dp_shard, GroupKind::dp_replica, GroupKind::instance,
+      GroupKind::cp,    GroupKind::dp_cp};
   return kinds;
 }
 
 namespace {
 
-// Splits "a-b-c" into its three names; throws unless they are a permutation of tp, dp, pp.
-std::array<std::string, 3> parse_order(const std::string& order) {
-  std::array<std::string, 3> names;
+// Splits "a-b-c" (or "a-b-c-d" with cp) into its names; throws unless they are a permutation of
+// tp, dp, pp (and cp). Without cp, cp is placed right after tp, as Megatron orders it.
+std::vector<std::string> parse_order(const std::string& order) {
+  std::vector<std::string> names;
   size_t start = 0;
-  for (size_t i = 0; i < 3; ++i) {
+  while (true) {
     size_t end = order.find('-', start);
-    if ((i < 2) != (end != std::string::npos)) {
-      throw InputError("rank order '" + order +
-                                  "': expected three names joined by '-'; valid: a permutation "
-                                  "of tp, dp, pp such as \"tp-dp-pp\"");
-    }
-    names[i] = order.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    names.push_back(order.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
     start = end + 1;
   }
   auto sorted = names;
   std::sort(sorted.begin(), sorted.end());
-  if (sorted != std::array<std::string, 3>{"dp", "pp", "tp"}) {
+  bool three = sorted == std::vector<std::string>{"dp", "pp", "tp"};
+  bool four = sorted == std::vector<std::string>{"cp", "dp", "pp", "tp"};
+  if (!three && !four) {
     throw InputError("rank order '" + order +
-                                "': not a permutation of tp, dp, pp; valid: e.g. \"tp-dp-pp\", "
-                                "\"tp-pp-dp\"");
+                     "': not a permutation of tp, dp, pp (optionally with cp) joined by '-'; valid: "
+                     "e.g. \"tp-dp-pp\", \"tp-pp-dp\", \"tp-cp-dp-pp\"");
   }
+  if (three) names.insert(std::find(names.begin(), names.end(), "tp") + 1, "cp");
   return names;
 }
 
 }  // namespace
 
 RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
-                   int64_t dp_shard_size)
-    : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size),
-      dp_shard_size_(dp_shard_size == 0 ? dp_size : dp_shard_size) {
-  if (tp_size < 1 || dp_size < 1 || pp_size < 1) {
-    throw InputError("rank grid sizes tp=" + std::to_string(tp_size) +
-                                " dp=" + std::to_string(dp_size) + " pp=" +
-                                std::to_string(pp_size) + ": every size must be >= 1");
+                   int64_t dp_shard_size, int64_t cp_size)
+    : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size), cp_size_(cp_size),
+      dp_shard_size_(dp_shard_size == 0 ? dp_size * cp_size : dp_shard_size) {
+  if (tp_size < 1 || dp_size < 1 || pp_size < 1 || cp_size < 1) {
+    throw InputError("rank grid sizes tp=" + std::to_string(tp_size) + " cp=" + std::to_string(cp_size) +
+                     " dp=" + std::to_string(dp_size) + " pp=" + std::to_string(pp_size) +
+                     ": every size must be >= 1");
   }
-  if (dp_shard_size_ < 1 || dp_size % dp_shard_size_ != 0) {
-    throw InputError("rank grid dp_shard_size=" + std::to_string(dp_shard_size) + " with dp=" +
-                     std::to_string(dp_size) + ": the shard group size must divide dp");
+  if (dp_shard_size_ < 1 || dp_cp_size() % dp_shard_size_ != 0) {
+    throw InputError("rank grid dp_shard_size=" + std::to_string(dp_shard_size) + " with dp·cp=" +
+                     std::to_string(dp_cp_size()) + ": the shard group size must divide dp·cp");
   }
   int64_t stride = 1;
   for (const std::string& name : parse_order(order)) {
@@ -80,6 +83,9 @@ RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std:
     } else if (name == "dp") {
       stride_dp_ = stride;
       stride *= dp_size_;
+    } else if (name == "cp") {
+      stride_cp_ = stride;
+      stride *= cp_size_;
     } else {
       stride_pp_ = stride;
       stride *= pp_size_;
@@ -93,17 +99,16 @@ RankCoord RankGrid::coord(int64_t rank) const {
                                 std::to_string(world_size()) + ")");
   }
   return RankCoord{(rank / stride_tp_) % tp_size_, (rank / stride_dp_) % dp_size_,
-                   (rank / stride_pp_) % pp_size_};
+                   (rank / stride_pp_) % pp_size_, (rank / stride_cp_) % cp_size_};
 }
 
 int64_t RankGrid::rank(const RankCoord& c) const {
   if (c.tp < 0 || c.tp >= tp_size_ || c.dp < 0 || c.dp >= dp_size_ || c.pp < 0 ||
-      c.pp >= pp_size_) {
-    throw InputError("rank coordinate (tp " + std::to_string(c.tp) + ", dp " +
-                                std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
-                                ") outside the grid");
+      c.pp >= pp_size_ || c.cp < 0 || c.cp >= cp_size_) {
+    throw InputError("rank coordinate (tp " + std::to_string(c.tp) + ", cp " + std::to_string(c.cp) + ", dp " +
+                     std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ") outside the grid");
   }
-  return c.tp * stride_tp_ + c.dp * stride_dp_ + c.pp * stride_pp_;
+  return c.tp * stride_tp_ + c.dp * stride_dp_ + c.pp * stride_pp_ + c.cp * stride_cp_;
 }
 
 std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
@@ -135,20 +140,29 @@ std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
     case GroupKind::world:
       for (int64_t i = 0; i < world_size(); ++i) ranks.push_back(i);
       break;
+    case GroupKind::cp:
+      for (c.cp = 0; c.cp < cp_size_; ++c.cp) ranks.push_back(rank(c));
+      break;
+    case GroupKind::dp_cp:
+      for (int64_t g = 0; g < dp_cp_size(); ++g) ranks.push_back(at_dp_cp(c, g));
+      break;
     case GroupKind::dp_shard: {
-      int64_t block = c.dp / dp_shard_size_ * dp_shard_size_;
-      for (c.dp = block; c.dp < block + dp_shard_size_; ++c.dp) ranks.push_back(rank(c));
+      int64_t block = dp_cp_index(r) / dp_shard_size_ * dp_shard_size_;
+      for (int64_t g = block; g < block + dp_shard_size_; ++g) ranks.push_back(at_dp_cp(c, g));
       break;
     }
     case GroupKind::dp_replica:
-      for (c.dp %= dp_shard_size_; c.dp < dp_size_; c.dp += dp_shard_size_) ranks.push_back(rank(c));
+      for (int64_t g = dp_cp_index(r) % dp_shard_size_; g < dp_cp_size(); g += dp_shard_size_) {
+        ranks.push_back(at_dp_cp(c, g));
+      }
       break;
     case GroupKind::instance: {
-      // Ordered by (pp, dp, tp): a rank's position is its place in the instance.
-      int64_t block = c.dp / dp_shard_size_ * dp_shard_size_;
+      // Ordered by (pp, dp_cp, tp): a rank's position is its place in the instance.
+      int64_t block = dp_cp_index(r) / dp_shard_size_ * dp_shard_size_;
       for (c.pp = 0; c.pp < pp_size_; ++c.pp) {
-        for (c.dp = block; c.dp < block + dp_shard_size_; ++c.dp) {
-          for (c.tp = 0; c.tp < tp_size_; ++c.tp) ranks.push_back(rank(c));
+        for (int64_t g = block; g < block + dp_shard_size_; ++g) {
+          RankCoord at = coord(at_dp_cp(c, g));
+          for (at.tp = 0; at.tp < tp_size_; ++at.tp) ranks.push_back(rank(at));
         }
       }
       break;
@@ -176,6 +190,29 @@ int64_t RankGrid::pp_next(int64_t r) const {
   RankCoord c = coord(r);
   if (c.pp + 1 >= pp_size_) return -1;
   ++c.pp;
+  return rank(c);
+}
+
+int64_t RankGrid::cp_next(int64_t r) const {
+  RankCoord c = coord(r);
+  c.cp = (c.cp + 1) % cp_size_;
+  return rank(c);
+}
+
+int64_t RankGrid::cp_prev(int64_t r) const {
+  RankCoord c = coord(r);
+  c.cp = (c.cp + cp_size_ - 1) % cp_size_;
+  return rank(c);
+}
+
+int64_t RankGrid::dp_cp_index(int64_t r) const {
+  RankCoord c = coord(r);
+  return c.cp + cp_size_ * c.dp;
+}
+
+int64_t RankGrid::at_dp_cp(RankCoord c, int64_t index) const {
+  c.cp = index % cp_size_;
+  c.dp = index / cp_size_;
   return rank(c);
 }
 

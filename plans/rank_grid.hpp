@@ -17,7 +17,12 @@ namespace stepcast {
 // instance every rank of the same block index (tp × pp × dp_shard: one optimizer instance, the
 // gradient norm's group). Without hybrid sharding dp_shard is dp, dp_replica one rank, instance
 // the world.
-enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance };
+// Context parallelism (the plan's context_parallel_size) adds a cp coordinate: cp is the ranks
+// that split one sequence (they differ in cp only), and gradients are reduced over dp_cp, the
+// ranks that differ in dp or cp (Megatron's data-parallel group with context parallelism). The
+// hybrid-sharding blocks above cut dp_cp, ordered by cp + cp_size·dp; model is the tp × pp ranks
+// of one dp and cp coordinate. Without cp, dp_cp is dp.
+enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp };
 const char* to_string(GroupKind kind);
 // Every kind, in declaration order (for parsers and communicator setup).
 const std::vector<GroupKind>& all_group_kinds();
@@ -26,17 +31,19 @@ struct RankCoord {
   int64_t tp = 0;
   int64_t dp = 0;
   int64_t pp = 0;
+  int64_t cp = 0;
 };
 
 class RankGrid {
  public:
-  // `order` is a permutation of "tp", "dp", "pp" joined by '-', innermost first.
+  // `order` is a permutation of "tp", "dp", "pp" (and optionally "cp") joined by '-', innermost
+  // first; without "cp" in it, cp sits right after tp (Megatron's "tp-cp-ep-dp-pp").
   // Throws InputError for a bad order (plans validate it first).
-  // `dp_shard_size` divides dp_size (0: dp_size, no hybrid sharding).
+  // `dp_shard_size` divides dp_size · cp_size (0: all of it, no hybrid sharding).
   RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
-           int64_t dp_shard_size = 0);
+           int64_t dp_shard_size = 0, int64_t cp_size = 1);
 
-  int64_t world_size() const { return tp_size_ * dp_size_ * pp_size_; }
+  int64_t world_size() const { return tp_size_ * cp_size_ * dp_size_ * pp_size_; }
   RankCoord coord(int64_t rank) const;
   int64_t rank(const RankCoord& coord) const;
 
@@ -50,15 +57,24 @@ class RankGrid {
   // Rank holding the next/previous pipeline stage (same tp, dp); -1 past either end.
   int64_t pp_next(int64_t rank) const;
   int64_t pp_prev(int64_t rank) const;
+  // Rank holding the next/previous piece of the sequence in the context-parallel ring (same tp,
+  // dp, pp; wraps around; the rank itself when cp_size is 1).
+  int64_t cp_next(int64_t rank) const;
+  int64_t cp_prev(int64_t rank) const;
+  // A rank's place in its dp_cp group: cp + cp_size · dp (the gradient-sharding coordinate).
+  int64_t dp_cp_index(int64_t rank) const;
 
   int64_t tp_size() const { return tp_size_; }
   int64_t dp_size() const { return dp_size_; }
   int64_t pp_size() const { return pp_size_; }
+  int64_t cp_size() const { return cp_size_; }
+  int64_t dp_cp_size() const { return dp_size_ * cp_size_; }
   int64_t dp_shard_size() const { return dp_shard_size_; }
 
  private:
-  int64_t tp_size_, dp_size_, pp_size_, dp_shard_size_;
-  int64_t stride_tp_, stride_dp_, stride_pp_;
+  int64_t at_dp_cp(RankCoord c, int64_t index) const;  // c with its dp and cp set from a dp_cp index
+  int64_t tp_size_, dp_size_, pp_size_, cp_size_, dp_shard_size_;
+  int64_t stride_tp_, stride_dp_, stride_pp_, stride_cp_;
 };
 
 }  // namespace stepcast

@@ -91,15 +91,11 @@ void fill_ready_times(const StepProgram& program, std::vector<OpRecord>& records
     const Role& role = program.role_of_rank(r.rank);
     const Op& op = role.ops[r.id];
     if (op.kind == OpKind::recv) {
-      RankCoord peer = grid.coord(r.rank);
-      int64_t stage = peer.pp;
-      peer.pp = op.peer == Peer::pp_next ? (stage + 1) % program.pp_size
-                                         : (stage + program.pp_size - 1) % program.pp_size;
-      int64_t peer_rank = grid.rank(peer);
-      const auto& sends = send_of_tag[program.role_of_rank(peer_rank).index];
+      int64_t peer = peer_rank(grid, r.rank, op.peer);
+      const auto& sends = send_of_tag[program.role_of_rank(peer).index];
       auto send = sends.find(op.tag);
       if (send == sends.end()) continue;
-      auto rec = index.find({peer_rank, send->second});
+      auto rec = index.find({peer, send->second});
       if (rec != index.end()) r.ready_s = std::max(r.start_s, records[rec->second].start_s);
     } else if (is_collective(op.kind)) {
       size_t k = sequence[role.index].at(op.id);

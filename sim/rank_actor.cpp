@@ -376,12 +376,7 @@ class RankActor {
   void start_p2p(size_t stream, const Op& op, bool posted) {
     int64_t me = plan().ranks[slot_];
     const StepProgram& p = *plan().program;
-    int64_t stage = p.grid().coord(me).pp;
-    int64_t peer_stage = op.peer == Peer::pp_next ? (stage + 1) % p.pp_size
-                                                  : (stage + p.pp_size - 1) % p.pp_size;
-    RankCoord c = p.grid().coord(me);
-    c.pp = peer_stage;
-    int64_t peer = p.grid().rank(c);
+    int64_t peer = peer_rank(p.grid(), me, op.peer);
     posted_at_[op.id] = now();
     if (op.kind == OpKind::send) {
       out_.send_start[{me, peer, op.tag}] = now();

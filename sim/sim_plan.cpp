@@ -44,10 +44,10 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
   bool tp_in_node = tp_shape.nodes == 1 && per_node % program.tp_size == 0;
   // Costing tp collectives analytically is exact only when nothing else uses the node's NVLink
-  // at the same time: every other group (dp, pp, embedding) must have one member per node, so its
+  // at the same time: every other group (dp, pp, embedding, cp) must have one member per node, so its
   // traffic leaves through the NICs.
   bool nvlink_to_itself = true;
-  for (GroupKind other : {GroupKind::dp, GroupKind::pp, GroupKind::embedding}) {
+  for (GroupKind other : {GroupKind::dp, GroupKind::pp, GroupKind::embedding, GroupKind::cp, GroupKind::dp_cp}) {
     GroupShape shape = group_shape(grid, other, 0, per_node);
     if (shape.size > 1 && shape.members_per_node > 1) nvlink_to_itself = false;
   }

@@ -89,6 +89,26 @@ inline std::vector<PlanCase> lowering_cases() {
       }
     }
   }
+  // Context parallelism: cp 2 and 4 over the ring and the gathered kind, with tp (SP), pp, dp,
+  // ZeRO and the recompute modes (flash attention: what CP runs on).
+  for (int cp : {2, 4}) {
+    for (int tp : {1, 2}) {
+      for (int pp : {1, 2}) {
+        for (const char* comm : {"p2p", "all_gather"}) {
+          ++index;
+          int dp = 1 + index % 2;
+          Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", dp}, {"context_parallel_size", cp},
+                       {"cp_comm_type", comm}, {"zero_stage", index % 4}, {"micro_batch_size", 1},
+                       {"global_batch_size", dp * pp * (1 + index % 2)}, {"dtype", "fp32"},
+                       {"attention_impl", "flash"}, {"recompute", recomputes[index % 3]},
+                       {"dropout", index % 2 ? 0.1 : 0.0}};
+          if (tp > 1 && index % 3 != 1) plan["sequence_parallel"] = true;
+          if (index % 2 == 0) plan["overlap_grad_reduce"] = true;
+          cases.push_back({models[index % 2], plan});
+        }
+      }
+    }
+  }
   return cases;
 }
 

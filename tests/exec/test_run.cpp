@@ -19,7 +19,8 @@ using namespace stepcast::test;
 namespace {
 
 int64_t ranks_of(const Json& plan) {
-  return plan.value("tp_size", 1) * plan.value("pp_size", 1) * plan.value("dp_size", 1);
+  return plan.value("tp_size", 1) * plan.value("pp_size", 1) * plan.value("dp_size", 1) *
+         plan.value("context_parallel_size", 1);
 }
 
 RunResult run_plan(const std::string& model, const Json& plan, int steps,
@@ -175,6 +176,62 @@ TEST_CASE("run: hybrid sharding (shards in groups of 2, replicas across them) gi
     CHECK(d < 1e-9);
   }
   std::printf("hybrid sharding: largest deviation %.3g\n", largest);
+}
+
+TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), with their memory", "[run]") {
+  // cp 2 and 4 over the p2p ring and the all_gather kind, with tp (and SP), pp, dp, ZeRO 1–3,
+  // hybrid sharding, recompute and dropout; both tiny models (rotary and learned positions).
+  const int steps = 6;
+  auto cp_plan = [](int tp, int pp, int dp, int cp, const char* comm, int zero, const char* recompute, bool sp,
+                    bool overlap) {
+    Json p = plan(tp, pp, dp, zero, "1f1b", recompute, sp, true, 1, overlap);
+    p["context_parallel_size"] = cp;
+    p["cp_comm_type"] = comm;
+    return p;
+  };
+  struct Case {
+    const char* model;
+    Json plan;
+  };
+  Json hybrid = cp_plan(1, 1, 2, 2, "p2p", 2, "none", false, false);
+  hybrid["num_distributed_optimizer_instances"] = 2;
+  std::vector<Case> cases = {
+      {"tiny", cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false)},
+      {"tiny", cp_plan(1, 1, 1, 2, "all_gather", 0, "selective", false, false)},
+      {"tiny", cp_plan(1, 1, 1, 4, "p2p", 0, "full", false, false)},
+      {"tiny", cp_plan(2, 1, 1, 2, "p2p", 0, "selective", true, false)},
+      {"tiny", cp_plan(1, 2, 1, 2, "all_gather", 0, "full", false, true)},
+      {"tiny", cp_plan(1, 1, 2, 2, "p2p", 1, "none", false, true)},
+      {"tiny", cp_plan(1, 1, 2, 2, "all_gather", 3, "none", false, false)},
+      {"tiny", hybrid},
+      {"tiny-gpt", cp_plan(2, 2, 1, 2, "p2p", 1, "selective", true, true)},
+  };
+  std::map<std::string, std::vector<double>> reference;
+  for (const char* model : {"tiny", "tiny-gpt"}) {
+    RunResult single = run_plan(model, plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
+    REQUIRE(single.exit_code == 0);
+    reference[model] = losses(single);
+  }
+  double largest = 0;
+  for (const Case& c : cases) {
+    RunResult r = run_plan(c.model, c.plan, steps);
+    INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    double d = max_relative_difference(losses(r), reference[c.model]);
+    std::printf("context parallel %-9s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
+    largest = std::max(largest, d);
+    CHECK(d < 1e-9);
+    check_measured_memory(std::string("cp ") + c.plan.dump(), r, c.plan.at("zero_stage") != 3);
+  }
+  std::printf("context parallel: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
+  // Dropout: the masks are drawn at global token positions, so a cp rank draws what one rank does.
+  Json one = plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false);
+  Json ring = cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false);
+  one["dropout"] = ring["dropout"] = 0.1;
+  RunResult a = run_plan("tiny-gpt", one, 4), b = run_plan("tiny-gpt", ring, 4);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
 }
 
 TEST_CASE("run: MPI's own collectives give the same curve as the program's algorithms", "[run]") {

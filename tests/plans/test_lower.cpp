@@ -255,6 +255,61 @@ TEST_CASE("hybrid sharding: reduce_scatter in the shard group, then the shards a
   }
 }
 
+TEST_CASE("context parallelism: the ring and the gathered kind move K/V in closed form", "[lower]") {
+  // Per layer and microbatch, a rank holds s = seq/cp tokens and K/V of 2·kv_heads/tp·d per token.
+  // p2p: forward cp−1 K/V blocks to cp_next; backward cp−1 blocks again and cp dK/dV
+  // accumulators. all_gather: forward one gather of the sequence's K/V; backward a gather and a
+  // reduce_scatter of as much. Flash blocks: cp per pass on the ring, one over all rows gathered.
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  for (int cp : {2, 4}) {
+    for (const char* comm : {"p2p", "all_gather"}) {
+      INFO("cp " << cp << " " << comm);
+      Json j = {{"tp_size", 2}, {"context_parallel_size", cp}, {"cp_comm_type", comm}, {"micro_batch_size", 2},
+                {"global_batch_size", 4}, {"dtype", "fp32"}, {"attention_impl", "flash"}, {"sequence_parallel", true}};
+      Plan plan = make_plan(j, model, topology);
+      StepProgram p = lower_program(model, topology, plan);
+      REQUIRE(check_program(p).empty());
+      CHECK(p.cp_size == cp);
+      const int64_t s = model.seq_length / cp, b = 2;
+      const double kv_block = double(s) * b * 2 * (model.num_key_value_heads / 2) * model.head_dim() * 4;
+      const double passes = double(model.num_hidden_layers) * plan.num_microbatches();
+      double sent = 0, gathered = 0, scattered = 0;
+      int64_t flash_forward = 0, flash_backward = 0;
+      for (const Op& op : p.roles[0].ops) {
+        if (op.kind == OpKind::send) {
+          CHECK(op.peer == Peer::cp_next);
+          CHECK(op.bytes == kv_block);
+          sent += op.bytes;
+        }
+        if (op.kind == OpKind::recv) CHECK(op.peer == Peer::cp_prev);
+        if (op.name == OpName::cp_kv) {
+          CHECK(op.group == GroupKind::cp);
+          gathered += op.bytes;
+        }
+        if (op.name == OpName::cp_dkv && op.kind == OpKind::reduce_scatter) scattered += op.bytes;
+        if (op.name == OpName::flash) {
+          (op.phase == Phase::backward ? flash_backward : flash_forward) += 1;
+          CHECK(op.m == s);
+          CHECK(op.n == (std::string(comm) == "p2p" ? s : model.seq_length));
+        }
+        if (op.name == OpName::grad_bucket) CHECK(op.group == GroupKind::dp_cp);
+      }
+      if (std::string(comm) == "p2p") {
+        CHECK(sent == Approx(passes * (3 * cp - 2) * kv_block).epsilon(1e-12));
+        CHECK(gathered == 0);
+        CHECK(flash_forward == int64_t(passes) * cp);
+        CHECK(flash_backward == int64_t(passes) * cp);
+      } else {
+        CHECK(sent == 0);
+        CHECK(gathered == Approx(passes * 2 * cp * kv_block).epsilon(1e-12));
+        CHECK(scattered == Approx(passes * cp * kv_block).epsilon(1e-12));
+        CHECK(flash_forward == int64_t(passes));
+      }
+    }
+  }
+}
+
 // ---- the checker must catch broken programs ----
 
 namespace {

@@ -195,3 +195,30 @@ TEST_CASE("hybrid sharding: dp blocks of dp_shard_size, replicas across them (Me
   }
   CHECK_THROWS_AS(RankGrid(1, 6, 1, "tp-dp-pp", 4), InputError);
 }
+
+TEST_CASE("context parallelism: cp right after tp (Megatron's tp-cp-ep-dp-pp), gradients over dp × cp",
+          "[rank_grid]") {
+  // tp 2, cp 2, dp 2, pp 2: rank = tp + 2·cp + 4·dp + 8·pp.
+  RankGrid grid(2, 2, 2, "tp-dp-pp", 0, 2);
+  REQUIRE(grid.world_size() == 16);
+  CHECK(grid.coord(6).cp == 1);
+  CHECK(grid.coord(6).dp == 1);
+  CHECK(grid.all_groups(GroupKind::cp) == Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(grid.group(GroupKind::dp, 0) == std::vector<int64_t>{0, 4});
+  CHECK(grid.group(GroupKind::dp_cp, 0) == std::vector<int64_t>{0, 2, 4, 6});
+  CHECK(grid.dp_cp_index(6) == 3);
+  CHECK(grid.group(GroupKind::model, 0) == std::vector<int64_t>{0, 1, 8, 9});  // one dp and cp coordinate
+  CHECK(grid.cp_next(0) == 2);
+  CHECK(grid.cp_next(2) == 0);  // the ring wraps
+  CHECK(grid.cp_prev(0) == 2);
+  CHECK(grid.pp_next(2) == 10);
+  // Named in the order: cp outermost.
+  RankGrid outer(2, 2, 1, "tp-dp-pp-cp", 0, 2);
+  CHECK(outer.group(GroupKind::cp, 0) == std::vector<int64_t>{0, 4});
+  // Hybrid sharding cuts dp × cp: shard blocks of 2 consecutive dp_cp indices (the cp pair).
+  RankGrid hybrid(1, 2, 1, "tp-dp-pp", 2, 2);
+  CHECK(hybrid.all_groups(GroupKind::dp_shard) == Groups{{0, 1}, {2, 3}});
+  CHECK(hybrid.all_groups(GroupKind::dp_replica) == Groups{{0, 2}, {1, 3}});
+  CHECK_THROWS_AS(RankGrid(1, 2, 1, "tp-dp-pp", 3, 2), InputError);
+  CHECK_THROWS_AS(RankGrid(1, 2, 1, "tp-cp-dp", 0, 2), InputError);
+}
