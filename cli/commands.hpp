@@ -22,5 +22,6 @@ int run_compare_strategies(int argc, char** argv);
 int run_scale(int argc, char** argv);
 int run_validate(int argc, char** argv);
 int run_calibrate(int argc, char** argv);
+int run_goodput(int argc, char** argv);
 
 }  // namespace stepcast::cli

@@ -40,6 +40,8 @@ const std::vector<Command> kCommands = {
      "measure this machine's kernels and links under mpirun: a device profile"},
     {"validate", stepcast::cli::run_validate,
      "run a sweep end to end (simulate, run, compare): report.md and report.html"},
+    {"goodput", stepcast::cli::run_goodput,
+     "time to train N tokens with failures: checkpoint interval, lost work, restarts"},
     {"calibrate", stepcast::cli::run_calibrate,
      "fit a profile's GEMM, memory, link, overhead and jitter figures to measured runs"},
 };

@@ -357,6 +357,25 @@ double DeviceSpec::peak_for(Dtype dtype, const std::string& topology_file) const
                     "a dtype the device has (" + join(present) + "), or add this key");
 }
 
+namespace {
+
+StorageSpec read_storage(ObjectReader& top) {
+  constexpr double kMaxStorageBandwidth = 1e15;  // 1 PB/s: past any file system
+  ObjectReader reader = top.get_object("storage");
+  StorageSpec s;
+  s.node_write_bandwidth_bytes_per_s = reader.get_number_between("node_write_bandwidth_bytes_per_s", 1, kMaxStorageBandwidth);
+  s.node_read_bandwidth_bytes_per_s = reader.get_number_between("node_read_bandwidth_bytes_per_s", 1, kMaxStorageBandwidth);
+  s.aggregate_write_bandwidth_bytes_per_s = reader.get_number_in("aggregate_write_bandwidth_bytes_per_s", 1, kMaxStorageBandwidth, 0);
+  s.aggregate_read_bandwidth_bytes_per_s = reader.get_number_in("aggregate_read_bandwidth_bytes_per_s", 1, kMaxStorageBandwidth, 0);
+  s.device_to_host_bandwidth_bytes_per_s = reader.get_number_in("device_to_host_bandwidth_bytes_per_s", 1, kMaxStorageBandwidth, 0);
+  s.source = reader.get_string("source");
+  if (s.source.empty()) reader.fail("source", "is empty", "where the figures come from (a datasheet, a paper)");
+  reader.finish();
+  return s;
+}
+
+}  // namespace
+
 Topology parse_topology(const Json& json, const std::string& file,
                         std::optional<int> nodes_override) {
   ObjectReader reader(json, file);
@@ -377,6 +396,7 @@ Topology parse_topology(const Json& json, const std::string& file,
   topology.num_nodes = get_count(reader, "num_nodes", 1);
   topology.node = read_node(reader);
   topology.fabric = read_fabric(reader, topology.node.devices_per_node);
+  if (reader.has("storage")) topology.storage = read_storage(reader);
   reader.finish();
   if (nodes_override) {
     if (*nodes_override < 1) {

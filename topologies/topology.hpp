@@ -91,6 +91,19 @@ struct InterNodeFabric {
   TorusFabric torus;                     // kind torus only
 };
 
+// Where checkpoints go (optional key "storage"; only `stepcast goodput` reads it): the file
+// system's bandwidth seen from one node, and optionally its aggregate limit over all nodes
+// (0: none); a device's copy to host memory, for asynchronous saves (0: not given). Not part of
+// a program: a training step does not depend on it, so topology_to_json leaves it out (as notes).
+struct StorageSpec {
+  double node_write_bandwidth_bytes_per_s = 0;
+  double node_read_bandwidth_bytes_per_s = 0;
+  double aggregate_write_bandwidth_bytes_per_s = 0;
+  double aggregate_read_bandwidth_bytes_per_s = 0;
+  double device_to_host_bandwidth_bytes_per_s = 0;
+  std::string source;  // where the figures come from, for people and goodput.json
+};
+
 struct Topology {
   std::string name;
   std::string file;    // where it was loaded from (for messages)
@@ -103,6 +116,7 @@ struct Topology {
   int num_nodes = 0;
   NodeSpec node;
   InterNodeFabric fabric;
+  std::optional<StorageSpec> storage;
 
   int64_t num_devices() const { return int64_t(num_nodes) * node.devices_per_node; }
 };

@@ -4,6 +4,10 @@
 // to every rank and `validate` to the runs it launches (it runs this same executable):
 //   STEPCAST_TEST_HANG=RANK:OP     rank RANK sleeps before op OP of its first step (a hung rank);
 //   STEPCAST_TEST_DIE=RANK:STEP    rank RANK is killed (SIGKILL) as step STEP (0-based) begins;
+//                                  several as RANK:STEP,RANK:STEP,...;
+//   STEPCAST_TEST_DIE_ONCE_DIR=DIR each of those kills happens once: the rank leaves DIR/die-RANK-STEP
+//                                  behind, and a restarted job (scripts/train-with-restarts.sh)
+//                                  passes that step (a failure is an event in time, not a step);
 //   STEPCAST_TEST_STOP=RANK:POINT  rank RANK stops (SIGSTOP, as a debugger or a frozen node would)
 //                                  at POINT: "checkpoint" (before it writes its checkpoint file)
 //                                  or "gather" (before the per-op records go to rank 0).
@@ -18,6 +22,8 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "commands.hpp"
 #include "executor.hpp"
@@ -29,7 +35,8 @@ using namespace stepcast;
 
 struct Faults {
   long long hang_rank = -1, hang_op = -1;
-  long long die_rank = -1, die_step = -1;
+  std::vector<std::pair<long long, long long>> deaths;  // (rank, step)
+  std::string die_once_dir;
   long long stop_rank = -1;
   std::string stop_point;
 };
@@ -37,7 +44,16 @@ struct Faults {
 Faults faults_from_environment() {
   Faults f;
   if (const char* hang = std::getenv("STEPCAST_TEST_HANG")) std::sscanf(hang, "%lld:%lld", &f.hang_rank, &f.hang_op);
-  if (const char* die = std::getenv("STEPCAST_TEST_DIE")) std::sscanf(die, "%lld:%lld", &f.die_rank, &f.die_step);
+  if (const char* die = std::getenv("STEPCAST_TEST_DIE")) {
+    std::string list = die;
+    for (size_t at = 0; at < list.size();) {
+      long long rank = -1, step = -1;
+      if (std::sscanf(list.c_str() + at, "%lld:%lld", &rank, &step) == 2) f.deaths.push_back({rank, step});
+      size_t comma = list.find(',', at);
+      at = comma == std::string::npos ? list.size() : comma + 1;
+    }
+  }
+  if (const char* once = std::getenv("STEPCAST_TEST_DIE_ONCE_DIR")) f.die_once_dir = once;
   if (const char* stop = std::getenv("STEPCAST_TEST_STOP")) {
     char point[32] = {0};
     if (std::sscanf(stop, "%lld:%31s", &f.stop_rank, point) == 2) f.stop_point = point;
@@ -57,8 +73,17 @@ class FaultBackend : public ForwardingBackend<T> {
       : ForwardingBackend<T>(std::move(inner)), faults_(std::move(faults)), rank_(rank) {}
 
   void begin_step(int64_t step_index) override {
-    if (rank_ == faults_.die_rank && step_index == faults_.die_step) {
-      say(rank_, "STEPCAST_TEST_DIE: killing this rank");
+    for (const auto& [rank, step] : faults_.deaths) {
+      if (rank != rank_ || step != step_index) continue;
+      if (!faults_.die_once_dir.empty()) {
+        std::string mark = faults_.die_once_dir + "/die-" + std::to_string(rank) + "-" + std::to_string(step);
+        if (std::FILE* seen = std::fopen(mark.c_str(), "r")) {
+          std::fclose(seen);
+          continue;  // this failure has happened
+        }
+        if (std::FILE* made = std::fopen(mark.c_str(), "w")) std::fclose(made);
+      }
+      say(rank_, "STEPCAST_TEST_DIE: killing this rank at step " + std::to_string(step));
       std::raise(SIGKILL);
     }
     first_step_ = steps_++ == 0;
