@@ -2,6 +2,7 @@
 #include "chrome_trace.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <set>
 #include <tuple>
@@ -78,10 +79,13 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       }
     }
   }
-  // The op events, written without a JSON tree per event (10^6 of them): the same text
-  // nlohmann writes for their args object (keys in its sorted order, numbers as it formats them).
+  // The op events, written without a JSON tree per event (10^6 of them): args' keys in sorted
+  // order as nlohmann writes them, numbers as the shortest text that reads back the same.
   std::string event;
-  auto number = [&event](auto value) { event += Json(value).dump(); };
+  auto number = [&event](auto value) {
+    char text[32];
+    event.append(text, std::to_chars(text, text + sizeof text, value).ptr);
+  };
   auto key = [&event](bool& first_key, const char* name) {
     event += first_key ? "{\"" : ",\"";
     event += name;
