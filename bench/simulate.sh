@@ -1,24 +1,65 @@
 #!/usr/bin/env bash
-# Wall time and peak memory of `stepcast simulate --mode fast` on the two headline plans (issue:
-# GPT-3 175B on 1,024 A100 within 10 s and 2 GB, Llama-3 405B on 16,384 H100 within 30 s, on a
-# 2-core machine), the predictions themselves, and how wall time grows with the device count when
-# only dp_size grows (GPT-3 175B's tp 8 × pp 8 replica, 16 microbatches per dp rank, 64 to 16,384
-# devices). Limits are printed next to the figures, not asserted. About 1 minute on 2 cores.
-# BUILD=DIR picks the build directory (default build/).
+# Wall time and peak memory of `stepcast simulate`. First the cases of issue 17's table as a user
+# runs them — the whole command with its default outputs (--out DIR: prediction.json, trace.json,
+# and the dp_size 1 reference run for scaling efficiency); targets: GPT-3 175B on 1,024 A100 within
+# 3 s, every other case and a 12,288-GPU GPT-3-shaped plan within 10 s, peak memory within 2 GB on
+# the 2-core machine. Then fast mode alone on the headline plans (--no-scaling, no outputs: issue:
+# GPT-3 175B / 1,024 A100 within 10 s and 2 GB, Llama-3 405B / 16,384 H100 within 30 s), the
+# predictions themselves, and how wall time grows with the device count when only dp_size grows
+# (GPT-3 175B's tp 8 × pp 8 replica, 16 microbatches per dp rank, 64 to 16,384 devices). Limits
+# are printed next to the figures, not asserted: the cores are shared, so the CPU seconds (user +
+# system, the child's included) are printed too. About 3 minutes on 2 cores.
+# BUILD=DIR picks the build directory (default build/); STEPCAST=FILE the binary (default
+# DIR/stepcast), e.g. an earlier build's for a before/after table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build}
-[ -x "$build/stepcast" ] || bash scripts/build.sh >/dev/null
+bin=${STEPCAST:-$build/stepcast}
+[ -x "$bin" ] || bash scripts/build.sh >/dev/null
 command -v /usr/bin/time >/dev/null || { echo "needs /usr/bin/time: bash scripts/install-deps.sh"; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$bin" --version | head -1)"
+
+# whole LABEL WALL_LIMIT ARGS...: `simulate ARGS --out DIR` as a user runs it (default outputs and
+# mode); prints wall, CPU seconds, peak memory and the outputs' sizes.
+whole() {
+  local label=$1 wall_limit=$2
+  shift 2
+  /usr/bin/time -f "%e %U %S %M" -o "$out/$label.time" "$bin" simulate "$@" --out "$out/$label" \
+    >"$out/$label.log" 2>&1 || { cat "$out/$label.log"; exit 1; }
+  local wall user sys kb
+  read -r wall user sys kb <"$out/$label.time"
+  printf "%-28s %7s %7s %7s %8d %8s %13s\n" "$label" "$wall" "$wall_limit" \
+    "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.1f", u + s }')" $((kb / 1024)) 2048 \
+    "$(du -sm "$out/$label" | awk '{ print $1 }') MB"
+  rm -rf "${out:?}/$label"
+}
+a100=(--topology topologies/dgx-a100-80gb.json)
+echo "== issue 17's cases: the whole command with its default outputs (--out DIR)"
+printf "%-28s %7s %7s %7s %8s %8s %13s\n" case wall_s limit_s cpu_s peak_MB limit_MB outputs
+whole gpt3-175b-a100-1024 3 --model models/gpt3-175b.json "${a100[@]}" \
+  --plan examples/gpt3-175b-a100-1024.json
+whole gpt3-175b-a100-1024-1f1b 10 --model models/gpt3-175b.json "${a100[@]}" \
+  --plan bench/inputs/gpt3-175b-a100-1024-1f1b.json
+whole megatron-1t-a100-512 10 --model bench/inputs/megatron-1t.json "${a100[@]}" --nodes 64 \
+  --plan bench/inputs/megatron-1t-a100-512.json
+whole megatron-530b-a100-2240 10 --model bench/inputs/megatron-530b.json "${a100[@]}" --nodes 280 \
+  --plan bench/inputs/megatron-530b-a100-2240.json
+whole llama3-405b-h100-16384 10 --model models/llama3-405b.json --topology topologies/dgx-h100.json \
+  --plan examples/llama3-405b-h100-16384.json
+sed -e 's/"dp_size": *[0-9]*/"dp_size": 192/' -e 's/"global_batch_size": *[0-9]*/"global_batch_size": 18432/' \
+  -e 's/"name": *"[^"]*"/"name": "gpt3-175b-a100-12288"/' examples/gpt3-175b-a100-1024.json >"$out/dp192.json"
+whole gpt3-175b-a100-12288 10 --model models/gpt3-175b.json "${a100[@]}" --nodes 1536 \
+  --plan "$out/dp192.json"
+echo
 
 # simulate LABEL ARGS...: runs fast mode; leaves the log in $out/LABEL.log and "wall_s peak_kB"
 # in $out/LABEL.time.
 simulate() {
   local label=$1
   shift
-  /usr/bin/time -f "%e %M" -o "$out/$label.time" "$build/stepcast" simulate --mode fast "$@" \
+  /usr/bin/time -f "%e %M" -o "$out/$label.time" "$bin" simulate --mode fast "$@" \
     >"$out/$label.log" 2>&1 || { cat "$out/$label.log"; exit 1; }
 }
 # field LABEL: activities from the "simulated N ranks, A activities in W s" line.

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "gzip_file.hpp"
 #include "version.hpp"
 
 namespace stepcast::cli {
@@ -273,20 +274,32 @@ void claim_out_option(const po::variables_map& vm, const std::string& command) {
 }
 
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text) {
+  write_output_stream(dir, name, [&](std::ostream& out) { out << text; });
+}
+
+void write_output_stream(const std::string& dir, const std::string& name,
+                         const std::function<void(std::ostream&)>& write) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw InputError("--out " + dir + ": cannot create directory: " + ec.message());
   std::string path = dir + "/" + name;
   std::string tmp = temporary_name(dir, name);
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    if (!out) throw InputError("--out " + dir + ": cannot write " + path + ": " + std::strerror(errno));
-    out << text;
-    out.close();
-    if (!out) {
-      std::filesystem::remove(tmp, ec);
-      throw InputError("--out " + dir + ": write failed for " + path);
+  try {
+    if (has_gzip_suffix(name)) {
+      GzipFileBuf buffer(tmp);
+      std::ostream out(&buffer);
+      write(out);
+      buffer.close();
+    } else {
+      std::ofstream out(tmp, std::ios::binary);
+      if (!out) throw InputError("--out " + dir + ": cannot write " + path + ": " + std::strerror(errno));
+      write(out);
+      out.close();
+      if (!out) throw InputError("--out " + dir + ": write failed for " + path);
     }
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);
+    throw;
   }
   std::filesystem::rename(tmp, path, ec);
   if (ec) {

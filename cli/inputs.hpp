@@ -3,7 +3,9 @@
 #pragma once
 
 #include <boost/program_options.hpp>
+#include <functional>
 #include <optional>
+#include <ostream>
 #include <string>
 
 #include "model.hpp"
@@ -79,5 +81,9 @@ void claim_out_option(const po::variables_map& vm, const std::string& command);
 // Creates DIR and writes DIR/NAME atomically (a temporary name of this process, renamed);
 // InputError if it cannot.
 void write_output_file(const std::string& dir, const std::string& name, const std::string& text);
+// The same for a writer that streams its text (no copy of a large output in memory), compressed
+// with gzip where NAME ends in ".gz".
+void write_output_stream(const std::string& dir, const std::string& name,
+                         const std::function<void(std::ostream&)>& write);
 
 }  // namespace stepcast::cli

@@ -1,12 +1,10 @@
 // `stepcast simulate`: predicts one training step of a plan on a cluster with the SimGrid
 // simulator and writes prediction.json (StepResult) and trace.json (Chrome trace).
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <chrono>
-#include <filesystem>
-#include <fstream>
+#include <future>
+#include <optional>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "chrome_trace.hpp"
@@ -18,6 +16,7 @@
 #include "program_json.hpp"
 #include "program_stats.hpp"
 #include "profiler.hpp"
+#include "scaling_reference.hpp"
 #include "simulator.hpp"
 #include "summary.hpp"
 
@@ -25,43 +24,37 @@ namespace stepcast::cli {
 
 namespace {
 
-// tokens/s per device of the same plan at dp_size 1 and global_batch_size / dp_size, simulated
-// in a child process (one SimGrid engine per process).
-double reference_tokens_per_s_per_device(const Inputs& in, const po::variables_map& vm,
-                                         const ProfileChoice& profile) {
-  Json plan = plan_to_json(in.plan);
-  plan["dp_size"] = 1;
-  plan["num_distributed_optimizer_instances"] = 1;  // one replica: nothing to shard it across
-  plan["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
-  plan["name"] = in.plan.name + "-dp1";
-  auto dir = std::filesystem::temp_directory_path() /
-             ("stepcast-scaling-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  std::string plan_file = (dir / "plan.json").string();
-  std::ofstream(plan_file) << plan.dump(2);
-  std::ostringstream cmd;
-  cmd << shell_quote(std::filesystem::read_symlink("/proc/self/exe").string())
-      << " simulate --model " << shell_quote(in.model.file) << child_seq_length_argument(in.model)
-      << " --topology "
-      << shell_quote(in.topology.file) << " --nodes " << in.topology.num_nodes << " --plan "
-      << shell_quote(plan_file) << " --no-scaling --no-records --out "  // its tokens/s only
-      << shell_quote((dir / "out").string());
-  cmd << child_profile_arguments(profile, vm) << " --seed " << vm["seed"].as<uint64_t>()
-      << " --variability " << vm["variability"].as<std::string>();
-  cmd << " --mode " << vm["mode"].as<std::string>() << " >" << shell_quote((dir / "log").string())
-      << " 2>&1";
-  int status = std::system(cmd.str().c_str());
-  if (status != 0) {
-    std::ifstream log(dir / "log");
-    std::stringstream text;
-    text << log.rdbuf();
-    std::filesystem::remove_all(dir);
-    throw std::runtime_error("the dp_size = 1 reference simulation failed: " + text.str());
+// Which ranks' records an output holds (--records, --trace).
+enum class Scope { representative, all, none };
+
+Scope parse_scope(const po::variables_map& vm, const std::string& option) {
+  std::string value = vm[option].as<std::string>();
+  if (value == "representative") return Scope::representative;
+  if (value == "all") return Scope::all;
+  if (value == "none") return Scope::none;
+  throw InputError("command line: --" + option + " '" + value +
+                   "': valid: representative (one rank per role and the critical rank), all "
+                   "(every simulated rank), none");
+}
+
+std::string describe(Scope scope) {
+  return scope == Scope::all ? "all simulated ranks"
+         : scope == Scope::representative
+             ? "representative: the first rank of each role (pipeline stage; in full mode every rank "
+               "up to 64) and the critical rank"
+             : "omitted";
+}
+
+// The records of `scope` out of the simulated ones.
+std::vector<OpRecord> records_of(Scope scope, const SimulationOutput& sim) {
+  if (scope == Scope::all) return sim.records;
+  std::vector<OpRecord> kept;
+  if (scope == Scope::none) return kept;
+  std::set<int64_t> ranks(sim.representative_ranks.begin(), sim.representative_ranks.end());
+  for (const OpRecord& r : sim.records) {
+    if (ranks.count(r.rank)) kept.push_back(r);
   }
-  Json reference = load_json_file((dir / "out" / "prediction.json").string());
-  std::filesystem::remove_all(dir);
-  return reference.at("tokens_per_s").get<double>() /
-         double(in.plan.tp_size * in.plan.pp_size);
+  return kept;
 }
 
 }  // namespace
@@ -79,15 +72,25 @@ int run_simulate(int argc, char** argv) {
        "the same prediction")
       ("variability", po::value<std::string>()->default_value("on"),
        "on: draw the profile's device and op variability; off: the nominal step")
+      ("records", po::value<std::string>()->default_value("representative"),
+       "per-op records in prediction.json: representative (the first rank of each role, i.e. "
+       "pipeline stage, and the critical rank: what `compare` joins), all (every simulated rank; "
+       "fast mode simulates tensor-parallel index 0), none")
+      ("trace", po::value<std::string>()->default_value("representative"),
+       "ranks in trace.json: representative, all or none (no trace.json), as --records")
+      ("gzip", po::bool_switch(),
+       "write prediction.json.gz and trace.json.gz (gzip; Perfetto and `compare` read them)")
       ("no-records", po::bool_switch(),
-       "with --out: prediction.json without per-op records, and no trace.json (the figures only; "
-       "`compare` needs the records)");
+       "--records none --trace none: prediction.json with the figures only, no trace.json "
+       "(`compare` needs the records)");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
       "                         [--profile F|roofline] [--allow-profile-mismatch]\n"
       "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
-      "                         [--no-records] [--seed N] [--variability on|off]\n"
+      "                         [--records representative|all|none]\n"
+      "                         [--trace representative|all|none] [--gzip] [--no-records]\n"
+      "                         [--seed N] [--variability on|off]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
       "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
@@ -96,7 +99,9 @@ int run_simulate(int argc, char** argv) {
       "--mode approx is fast, and also costs tensor-parallel collectives analytically where\n"
       "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
       "is then not simulated: on the fast side, by up to a few percent (README); the planner\n"
-      "re-simulates with it.");
+      "re-simulates with it.\n"
+      "Outputs (--out DIR): prediction.json, the summary first and the per-op records last, and\n"
+      "trace.json (Chrome trace: Perfetto), both of the representative ranks by default.");
   if (!vm) return 0;
   claim_out_option(*vm, "simulate");
   std::string mode_name = (*vm)["mode"].as<std::string>();
@@ -107,6 +112,15 @@ int run_simulate(int argc, char** argv) {
   if (variability != "on" && variability != "off") {
     throw InputError("command line: --variability '" + variability + "': valid: on, off");
   }
+  Scope records_scope = parse_scope(*vm, "records"), trace_scope = parse_scope(*vm, "trace");
+  if ((*vm)["no-records"].as<bool>()) {
+    if (!(*vm)["records"].defaulted() || !(*vm)["trace"].defaulted()) {
+      throw InputError("command line: --no-records with --records or --trace: valid: one of them "
+                       "(--no-records is --records none --trace none)");
+    }
+    records_scope = trace_scope = Scope::none;
+  }
+  const bool gzip = (*vm)["gzip"].as<bool>();
   Inputs in = load_inputs(*vm);
   ProfileChoice profile_choice = profile_from(*vm, in.topology);
   const DeviceProfile& profile = profile_choice.profile;
@@ -120,16 +134,6 @@ int run_simulate(int argc, char** argv) {
       std::cerr << "); its figures may not hold here\n";
     }
   }
-  auto wall_start = std::chrono::steady_clock::now();
-  StepProgram program = lower_program(in.model, in.topology, in.plan);
-  hash_program(program);
-  MemoryReport memory = memory_report(program, in.topology);
-  if (!memory.fits) {
-    std::cerr << "warning: the plan does not fit in memory (peak " << format_bytes(memory.peak_bytes_max)
-              << " + reserved " << format_bytes(memory.reserved_bytes) << " > "
-              << format_bytes(memory.capacity_bytes) << "); simulating anyway, fits: false\n";
-  }
-  const bool records = !(*vm)["no-records"].as<bool>();
   SimulateOptions sim_options;
   sim_options.allow_profile_mismatch = (*vm)["allow-profile-mismatch"].as<bool>();
   sim_options.variability = variability == "on";
@@ -137,7 +141,25 @@ int run_simulate(int argc, char** argv) {
   sim_options.mode = mode_name == "full"     ? SimMode::full
                      : mode_name == "approx" ? SimMode::approx
                                              : SimMode::fast;
+  sim_options.detail_all = records_scope == Scope::all || trace_scope == Scope::all;
+  // The dp_size = 1 reference runs in a child process beside this one's simulation (forked
+  // before any thread or SimGrid engine of this process).
+  const bool scaling = !(*vm)["no-scaling"].as<bool>() && in.plan.dp_size > 1;
+  std::optional<ScalingReference> reference;
+  if (scaling) reference.emplace(in, profile, sim_options);
+  auto wall_start = std::chrono::steady_clock::now();
+  StepProgram program = lower_program(in.model, in.topology, in.plan);
+  // The program's hash (its JSON text through SHA-256) on the other core while it simulates.
+  std::future<std::string> program_sha256 =
+      std::async(std::launch::async, [&program] { return write_program_json(program, nullptr); });
+  MemoryReport memory = memory_report(program, in.topology);
+  if (!memory.fits) {
+    std::cerr << "warning: the plan does not fit in memory (peak " << format_bytes(memory.peak_bytes_max)
+              << " + reserved " << format_bytes(memory.reserved_bytes) << " > "
+              << format_bytes(memory.capacity_bytes) << "); simulating anyway, fits: false\n";
+  }
   SimulationOutput sim = simulate_program(program, in.topology, profile, sim_options);
+  program.program_sha256 = program_sha256.get();
   double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
 
@@ -153,7 +175,7 @@ int run_simulate(int argc, char** argv) {
   result.mfu = model_flops / sim.step_time_s / (double(program.world_size()) * peak);
   result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.world_size()) * peak);
   result.memory = memory_to_json(memory);
-  if (records) result.ops = sim.records;
+  result.ops = records_of(records_scope, sim);
   result.program_sha256 = program.program_sha256;
   Json envelope = output_envelope("simulate", in);
   result.inputs = envelope["inputs"];
@@ -163,10 +185,13 @@ int run_simulate(int argc, char** argv) {
   result.extra = {{"mode", mode_name},
                   {"mode_detail", sim.mode_description},
                   {"simulated_ranks", sim.simulated_ranks.size()},
-                  {"detail_ranks", sim.detail_ranks},
+                  {"detail_ranks", records_scope == Scope::all              ? sim.detail_ranks
+                                   : records_scope == Scope::representative ? sim.representative_ranks
+                                                                            : std::vector<int64_t>{}},
                   {"activities", sim.activities},
                   {"simulation_wall_s", wall_s},
-                  {"op_records", records ? "kept" : "omitted (--no-records)"},
+                  {"op_records", describe(records_scope)},
+                  {"trace_ranks", describe(trace_scope)},
                   {"variability",
                    {{"applied", sim.variability},
                     {"seed", sim_options.seed},
@@ -181,7 +206,7 @@ int run_simulate(int argc, char** argv) {
       result.scaling_efficiency = 1.0;
     } else {
       double per_device = result.tokens_per_s / double(program.world_size());
-      result.scaling_efficiency = per_device / reference_tokens_per_s_per_device(in, *vm, profile_choice);
+      result.scaling_efficiency = per_device / reference->tokens_per_s_per_device();
     }
   }
 
@@ -208,15 +233,22 @@ int run_simulate(int argc, char** argv) {
             << " activities in " << wall_s << " s\n";
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
-    write_output_file(dir, "prediction.json", step_result_to_json(result).dump() + "\n");
-    if (records) {
-      std::ostringstream trace;
-      write_chrome_trace(trace, program, sim.records);
-      write_output_file(dir, "trace.json", trace.str());
-      std::cout << "wrote " << dir << "/prediction.json and " << dir << "/trace.json\n";
-    } else {
-      std::cout << "wrote " << dir << "/prediction.json (no per-op records)\n";
+    const std::string suffix = gzip ? ".json.gz" : ".json";
+    // The two files on the two cores.
+    std::future<void> trace_written;
+    if (trace_scope != Scope::none) {
+      trace_written = std::async(std::launch::async, [&] {
+        std::vector<OpRecord> traced = records_of(trace_scope, sim);
+        write_output_stream(dir, "trace" + suffix,
+                            [&](std::ostream& out) { write_chrome_trace(out, program, traced); });
+      });
     }
+    write_output_stream(dir, "prediction" + suffix,
+                        [&](std::ostream& out) { write_step_result_json(out, result); });
+    if (trace_written.valid()) trace_written.get();
+    std::cout << "wrote " << dir << "/prediction" << suffix;
+    if (trace_scope != Scope::none) std::cout << " and " << dir << "/trace" << suffix;
+    std::cout << (records_scope == Scope::none ? " (no per-op records)" : "") << "\n";
   }
   return 0;
 }

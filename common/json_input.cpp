@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "errors.hpp"
+#include "gzip_file.hpp"
 
 namespace stepcast {
 
@@ -134,6 +135,7 @@ Json parse_json_text(const std::string& text, const std::string& file) {
 std::string read_text_file(const std::string& path) {
   std::error_code ec;  // a name the system refuses (too long, ...) is not an error of its own here
   if (std::filesystem::is_directory(path, ec)) throw InputError(path + ": is a directory; valid: a file");
+  if (has_gzip_suffix(path)) return read_gzip_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open file");
   std::stringstream buffer;

@@ -15,7 +15,8 @@ namespace stepcast {
 
 using Json = nlohmann::json;
 
-// The whole of a text file; InputError naming it when it is missing, unreadable or a directory.
+// The whole of a text file (decompressed where its name ends in ".gz"); InputError naming it when
+// it is missing, unreadable or a directory.
 std::string read_text_file(const std::string& path);
 // Deepest nesting an input may have (stepcast's inputs need a handful of levels).
 inline constexpr int kMaxJsonDepth = 64;

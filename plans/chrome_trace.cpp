@@ -2,6 +2,7 @@
 #include "chrome_trace.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <set>
 #include <tuple>
@@ -26,6 +27,8 @@ struct Placed {
 void write_chrome_trace(std::ostream& out, const StepProgram& program,
                         const std::vector<OpRecord>& records) {
   RankGrid grid = program.grid();
+  // role_of_rank without building a grid per call (a call per record, 10^6 records).
+  auto role_of = [&](int64_t rank) -> const Role& { return program.roles[size_t(grid.coord(rank).pp)]; };
   out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   bool first = true;
   auto separator = [&]() {
@@ -39,12 +42,11 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   std::map<std::pair<int64_t, Stream>, std::vector<const OpRecord*>> by_track;
   std::vector<Placed> placed;
   for (const OpRecord& r : records) {
-    const Op& op = program.role_of_rank(r.rank).ops[r.id];
+    const Op& op = role_of(r.rank).ops[r.id];
     if (op.kind == OpKind::alloc || op.kind == OpKind::free || r.end_s <= r.start_s) continue;
     by_track[{r.rank, op.stream}].push_back(&r);
   }
   std::map<std::pair<int64_t, int>, int> lanes_of;  // (rank, stream) → lanes used
-  std::map<std::pair<int64_t, int32_t>, int> tid_of;  // (rank, op id) → tid
   for (auto& [track, ops] : by_track) {
     std::stable_sort(ops.begin(), ops.end(), [](const OpRecord* a, const OpRecord* b) { return a->start_s < b->start_s; });
     std::vector<double> lane_end;
@@ -54,8 +56,7 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       if (lane == lane_end.size()) lane_end.push_back(0);
       lane_end[lane] = r->end_s;
       int tid = lane_tid(track.second, int(lane));
-      tid_of[{r->rank, r->id}] = tid;
-      placed.push_back({r, &program.role_of_rank(r->rank).ops[r->id], tid});
+      placed.push_back({r, &role_of(r->rank).ops[r->id], tid});
     }
     lanes_of[{track.first, int(track.second)}] = int(lane_end.size());
   }
@@ -79,31 +80,94 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       }
     }
   }
+  // The op events, written without a JSON tree per event (10^6 of them): args' keys in sorted
+  // order as nlohmann writes them, numbers as the shortest text that reads back the same.
+  std::string event;
+  auto number = [&event](auto value) {
+    char text[32];
+    event.append(text, std::to_chars(text, text + sizeof text, value).ptr);
+  };
+  auto key = [&event](bool& first_key, const char* name) {
+    event += first_key ? "{\"" : ",\"";
+    event += name;
+    event += "\":";
+    first_key = false;
+  };
+  auto text = [&event](const char* value) {
+    event += '"';
+    event += value;
+    event += '"';
+  };
   for (const Placed& p : placed) {
     const OpRecord& r = *p.record;
     const Op& op = *p.op;
     separator();
-    Json args = {{"id", op.id}, {"phase", to_string(op.phase)}, {"bytes", op.bytes}};
-    if (op.layer >= 0) args["layer"] = op.layer;
-    if (op.microbatch >= 0) args["microbatch"] = op.microbatch;
-    if (op.chunk >= 0) args["chunk"] = op.chunk;
-    if (is_compute(op.kind)) args["flops"] = op.flops;
-    if (op.grad != Grad::none) args["grad"] = to_string(op.grad);
-    if (is_collective(op.kind)) {
-      args["group"] = to_string(op.group);
-      args["algorithm"] = to_string(op.algorithm);
-    }
-    if (is_p2p(op.kind)) {
-      args["peer"] = to_string(op.peer);
-      args["tag"] = op.tag;
-    }
-    if (r.ready_s != r.start_s) args["ready_us"] = r.ready_s * 1e6;
+    event.clear();
+    event += "{\"name\":";
     std::string name = to_string(op.kind);
     if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
     if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
-    out << "{\"name\":" << Json(name).dump() << ",\"cat\":\"" << to_string(op.kind) << "\",\"ph\":\"X\",\"pid\":"
-        << r.rank << ",\"tid\":" << p.tid << ",\"ts\":" << ts(r.start_s) << ",\"dur\":" << ts(r.end_s - r.start_s)
-        << ",\"args\":" << args.dump() << "}";
+    event += Json(name).dump();
+    event += ",\"cat\":\"";
+    event += to_string(op.kind);
+    event += "\",\"ph\":\"X\",\"pid\":";
+    number(r.rank);
+    event += ",\"tid\":";
+    number(p.tid);
+    event += ",\"ts\":";
+    number(r.start_s * 1e6);
+    event += ",\"dur\":";
+    number((r.end_s - r.start_s) * 1e6);
+    event += ",\"args\":";
+    bool first_key = true;
+    if (is_collective(op.kind)) {
+      key(first_key, "algorithm");
+      text(to_string(op.algorithm));
+    }
+    key(first_key, "bytes");
+    number(op.bytes);
+    if (op.chunk >= 0) {
+      key(first_key, "chunk");
+      number(op.chunk);
+    }
+    if (is_compute(op.kind)) {
+      key(first_key, "flops");
+      number(op.flops);
+    }
+    if (op.grad != Grad::none) {
+      key(first_key, "grad");
+      text(to_string(op.grad));
+    }
+    if (is_collective(op.kind)) {
+      key(first_key, "group");
+      text(to_string(op.group));
+    }
+    key(first_key, "id");
+    number(op.id);
+    if (op.layer >= 0) {
+      key(first_key, "layer");
+      number(op.layer);
+    }
+    if (op.microbatch >= 0) {
+      key(first_key, "microbatch");
+      number(op.microbatch);
+    }
+    if (is_p2p(op.kind)) {
+      key(first_key, "peer");
+      text(to_string(op.peer));
+    }
+    key(first_key, "phase");
+    text(to_string(op.phase));
+    if (r.ready_s != r.start_s) {
+      key(first_key, "ready_us");
+      number(r.ready_s * 1e6);
+    }
+    if (is_p2p(op.kind)) {
+      key(first_key, "tag");
+      number(op.tag);
+    }
+    event += "}}";
+    out << event;
   }
 
   // Flow arrows from each send to its receive, where both ranks are in the records: the flow
@@ -137,20 +201,20 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   // before the previous one (an alloc without deps is recorded at 0).
   std::map<int64_t, std::vector<const OpRecord*>> memory_ops;
   for (const OpRecord& r : records) {
-    OpKind kind = program.role_of_rank(r.rank).ops[r.id].kind;
+    OpKind kind = role_of(r.rank).ops[r.id].kind;
     if (kind == OpKind::alloc || kind == OpKind::free) memory_ops[r.rank].push_back(&r);
   }
   for (auto& [rank, ops] : memory_ops) {
     std::sort(ops.begin(), ops.end(), [](const OpRecord* a, const OpRecord* b) { return a->id < b->id; });
     double level = 0, at = 0;
     for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = program.role_of_rank(rank).ops[ops[i]->id];
+      const Op& op = role_of(rank).ops[ops[i]->id];
       level += op.kind == OpKind::alloc ? op.bytes : -op.bytes;
       at = std::max(at, ops[i]->start_s);
       // One sample per instant: the level after the last change at that time.
       if (i + 1 < ops.size() && std::max(at, ops[i + 1]->start_s) == at) {
         // the next change lands at the same instant: sample after it, unless this is the peak
-        const Op& next = program.role_of_rank(rank).ops[ops[i + 1]->id];
+        const Op& next = role_of(rank).ops[ops[i + 1]->id];
         if (next.kind == OpKind::alloc) continue;
       }
       separator();

@@ -2,6 +2,7 @@
 #include "step_result.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 
 #include "errors.hpp"
@@ -139,6 +140,66 @@ Json step_result_to_json(const StepResult& r) {
   for (auto it = r.extra.begin(); it != r.extra.end(); ++it) out[it.key()] = it.value();
   out["ops"] = ops;
   return out;
+}
+
+namespace {
+
+// The shortest text that reads back as the same number.
+template <class Number>
+void append_number(std::string& out, Number value) {
+  char text[32];
+  out.append(text, std::to_chars(text, text + sizeof text, value).ptr);
+}
+
+}  // namespace
+
+void write_step_result_json(std::ostream& out, const StepResult& result) {
+  StepResult summary_only = result;
+  summary_only.ops.clear();
+  Json summary = step_result_to_json(summary_only);
+  summary.erase("ops");
+  // The keys a person looks for first, then the rest of the summary, memory and inputs last.
+  const std::vector<std::string> first = {"schema_version", "source", "step_time_s", "critical_rank",
+                                          "breakdown_s", "tokens_per_s", "mfu", "hfu",
+                                          "scaling_efficiency"};
+  const std::vector<std::string> last = {"memory", "inputs"};
+  std::vector<std::string> keys = first;
+  for (auto it = summary.begin(); it != summary.end(); ++it) {
+    if (std::find(first.begin(), first.end(), it.key()) == first.end() &&
+        std::find(last.begin(), last.end(), it.key()) == last.end()) {
+      keys.push_back(it.key());
+    }
+  }
+  keys.insert(keys.end(), last.begin(), last.end());
+  out << "{";
+  for (const std::string& key : keys) {
+    auto it = summary.find(key);
+    if (it != summary.end()) out << Json(key).dump() << ":" << it->dump() << ",\n";
+  }
+  out << "\"ops\":[";
+  constexpr size_t kChunkBytes = 1 << 20;
+  std::string chunk;
+  chunk.reserve(kChunkBytes);
+  for (size_t i = 0; i < result.ops.size(); ++i) {
+    const OpRecord& o = result.ops[i];
+    chunk += i ? ",\n{\"rank\":" : "\n{\"rank\":";
+    append_number(chunk, o.rank);
+    chunk += ",\"id\":";
+    append_number(chunk, o.id);
+    chunk += ",\"start_s\":";
+    append_number(chunk, o.start_s);
+    chunk += ",\"end_s\":";
+    append_number(chunk, o.end_s);
+    chunk += ",\"ready_s\":";
+    append_number(chunk, o.ready_s);
+    chunk += '}';
+    if (chunk.size() > kChunkBytes - 256) {
+      out.write(chunk.data(), std::streamsize(chunk.size()));
+      chunk.clear();
+    }
+  }
+  out.write(chunk.data(), std::streamsize(chunk.size()));
+  out << "]}\n";
 }
 
 }  // namespace stepcast

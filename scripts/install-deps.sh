@@ -9,6 +9,7 @@ packages=(
   libsimgrid-dev            # the simulator (issue 3)
   nlohmann-json3-dev
   libssl-dev                # SHA-256 of programs and checkpoints (OpenSSL's libcrypto)
+  zlib1g-dev                # gzip outputs (simulate --gzip) and reading them back (compare)
   libboost-program-options-dev
   catch2
   libopenmpi-dev openmpi-bin

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <set>
 #include <sstream>
 
 #include "collective.hpp"
@@ -51,23 +50,14 @@ class RankActor {
     const Role& role = plan.program->role_of_rank(rank);
     role_ = &role;
     role_index_ = size_t(role.index);
+    walk_ = &plan.roles[role_index_];
     RankState& st = out_.state[slot_];
-    size_t n = role.ops.size();
-    st.start.assign(n, 0);
-    st.end.assign(n, 0);
-    st.done.assign(n, 0);
-    // Memory ops take no time and are not ordered by their stream: an alloc is ready at once,
-    // a free once its users finished (their times are filled in after the run).
-    size_t remaining = n;
-    // In order: every op on one queue in list order (stream 0 stands for the backend's thread).
-    for (const Op& op : role.ops) {
-      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
-        st.done[op.id] = 1;
-        --remaining;
-      } else {
-        queue_[plan.in_order ? 0 : size_t(op.stream)].push_back(op.id);
-      }
-    }
+    st.start.assign(size_t(walk_->timed_ops), 0);
+    st.end.assign(size_t(walk_->timed_ops), 0);
+    // Memory ops take no time and are not ordered by their stream: done from the start (their
+    // times follow from their deps after the run).
+    st.done = walk_->initially_done;
+    size_t remaining = size_t(walk_->timed_ops);
     while (true) {
       for (size_t stream = 0; stream < kStreams; ++stream) remaining -= start_ready(stream);
       if (remaining == 0) {
@@ -79,14 +69,15 @@ class RankActor {
           pending_posted_op_.erase(pending_posted_op_.begin() + index);
           st.last_end = std::max(st.last_end, now());
         }
+        st.finished = true;
         break;
       }
       if (pending_.empty()) {
         std::ostringstream out;
         out << "rank " << rank << " is stuck with " << remaining << " ops left";
         for (size_t stream = 0; stream < kStreams; ++stream) {
-          if (head_[stream] < queue_[stream].size()) {
-            const Op& op = role.ops[queue_[stream][head_[stream]]];
+          if (head_[stream] < walk_->queue[stream].size()) {
+            const Op& op = role.ops[walk_->queue[stream][head_[stream]]];
             out << "; " << to_string(op.stream) << " waits at op " << op.id << " ("
                 << to_string(op.kind) << " " << to_string(op.name) << ")";
           }
@@ -130,13 +121,14 @@ class RankActor {
   };
 
   const SimPlan& plan() const { return plan_; }
-  bool deps_done(const Op& op) const {
-    const RankState& st = out_.state[slot_];
-    for (int32_t d : op.deps) {
-      if (!st.done[d]) return false;
+  bool deps_done(int32_t id) const {
+    const std::vector<char>& done = out_.state[slot_].done;
+    for (uint32_t i = walk_->deps_begin[id]; i < walk_->deps_begin[id + 1]; ++i) {
+      if (!done[walk_->deps[i]]) return false;
     }
     return true;
   }
+  SimRole::Class op_class(int32_t id) const { return SimRole::Class(walk_->op_class[id]); }
   double now() const { return sg4::Engine::get_clock(); }
   // In order, a send ends when posted unless a later op waits for it (a plan without
   // overlap_p2p_comm): then, like a posted receive, it ends when its transfer does.
@@ -161,34 +153,36 @@ class RankActor {
 
   void finish(int32_t id, double start, double end) {
     RankState& st = out_.state[slot_];
-    st.start[id] = start;
-    st.end[id] = end;
+    const int32_t t = walk_->timed_index[id];
+    st.start[t] = start;
+    st.end[t] = end;
     st.done[id] = 1;
     st.last_end = std::max(st.last_end, end);
   }
 
-  // Starts what can start on `stream`; returns how many ops completed at once (memory ops).
+  // Starts what can start on `stream`; returns how many ops completed at once (zero time).
   size_t start_ready(size_t stream) {
     size_t completed = 0;
     Running& run = running_[stream];
-    auto& queue = queue_[stream];
+    const auto& queue = walk_->queue[stream];
+    // Each pass starts the head op; a run of no time or a posted transfer lets the next start.
     while (run.op < 0 && head_[stream] < queue.size()) {
-      const Op& op = role_->ops[queue[head_[stream]]];
-      if (!deps_done(op)) break;
-      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
-        finish(op.id, now(), now());
-        ++head_[stream];
-        ++completed;
+      const int32_t id = queue[head_[stream]];
+      if (!deps_done(id)) break;
+      const SimRole::Class c = op_class(id);
+      run = Running{};
+      run.op = id;
+      run.run_start = now();
+      if (c == SimRole::compute_like) {
+        completed += start_compute(stream);
         continue;
       }
-      run = Running{};
-      run.op = op.id;
-      run.run_start = now();
-      if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
-        start_compute(stream);
-      } else if (is_collective(op.kind)) {
-        start_collective(stream, op);
-      } else if (plan().in_order && op.kind == OpKind::send) {
+      const Op& op = role_->ops[id];
+      if (c == SimRole::collective) {
+        completed += start_collective(stream, op);
+        continue;
+      }
+      if (plan().in_order && c == SimRole::send) {
         // In order: copy to the staging buffer (when staged), then post; the op ends when
         // posted, the thread moves on and the transfer completes on its own.
         double copy_s = plan().staging_s[role_index_][op.id];
@@ -205,54 +199,54 @@ class RankActor {
           ++completed;
         }
         continue;
-      } else if (plan().in_order && op.kind == OpKind::recv) {
+      }
+      if (plan().in_order && c == SimRole::recv) {
         // In order: the receive blocks the thread until its data arrived.
         start_p2p(stream, op, false);
         break;
-      } else if (op.kind == OpKind::send || op.kind == OpKind::recv) {
-        // Posted like MPI's Isend/Irecv: the stream moves on, the op completes when its
-        // transfer does (matched in posting order per pair of ranks).
-        start_p2p(stream, op, true);
-        run.op = -1;
-        ++head_[stream];
-        continue;
       }
-      if (run.op >= 0) break;  // started an activity
-      ++completed;             // finished at once (zero time)
+      // A send or receive, posted like MPI's Isend/Irecv: the stream moves on, the op completes
+      // when its transfer does (matched in posting order per pair of ranks).
+      start_p2p(stream, op, true);
+      run.op = -1;
       ++head_[stream];
     }
     return completed;
   }
 
-  void start_compute(size_t stream) {
+  // Starts the compute run at the stream's head; returns how many ops completed at once (a run
+  // of no time), else 0 and the run's execution is pending.
+  size_t start_compute(size_t stream) {
     Running& run = running_[stream];
-    auto& queue = queue_[stream];
+    const auto& queue = walk_->queue[stream];
+    const std::vector<char>& done = out_.state[slot_].done;
     run.run.push_back(run.op);
     if (plan().merge_compute) {
       // Extend the run while the next op of this stream is compute-like and its inputs are
-      // ready now or produced inside the run.
-      std::set<int32_t> in_run = {run.op};
-      for (size_t i = head_[stream] + 1; i < queue.size(); ++i) {
-        const Op& next = role_->ops[queue[i]];
-        bool compute_like = is_compute(next.kind) || plan().analytic[role_index_][next.id] ||
-                            next.kind == OpKind::alloc || next.kind == OpKind::free;
-        if (!compute_like) break;
+      // ready now or produced inside the run (queue positions [head, i) of this stream).
+      const size_t head = head_[stream];
+      for (size_t i = head + 1; i < queue.size(); ++i) {
+        const int32_t next = queue[i];
+        if (op_class(next) != SimRole::compute_like) break;
         bool ready = true;
-        for (int32_t d : next.deps) {
-          ready = ready && (out_.state[slot_].done[d] || in_run.count(d));
+        for (uint32_t k = walk_->deps_begin[next]; ready && k < walk_->deps_begin[next + 1]; ++k) {
+          const int32_t d = walk_->deps[k];
+          ready = done[d] || (walk_->queue_of[d] == stream && walk_->queue_pos[d] >= head &&
+                              walk_->queue_pos[d] < i);
         }
         if (!ready) break;
         if (plan().feeds_other_stream[role_index_][run.run.back()]) break;
-        run.run.push_back(next.id);
-        in_run.insert(next.id);
+        run.run.push_back(next);
       }
     }
     double duration = run_durations(run);
     if (duration <= 0) {
+      size_t count = run.run.size();
       complete_run(stream);
-      return;
+      return count;
     }
     add(delay_on(stream, duration), stream);
+    return 0;
   }
 
   // The duration of each op of a run: its cost, and with variability its device factor, and
@@ -275,15 +269,15 @@ class RankActor {
       squares = 0;
       last_compute = -1;
     };
+    const auto& analytic = plan().analytic[role_index_];
     for (size_t i = 0; i < run.run.size(); ++i) {
-      const Op& op = role_->ops[run.run[i]];
-      if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
-      double d = cost[op.id];
-      if (draws && is_compute(op.kind)) {
+      const int32_t id = run.run[i];
+      double d = cost[id];
+      if (draws && !analytic[id]) {  // a compute op (a run's other ops: analytic collectives)
         d *= plan().slot_factor[slot_];
         squares += d * d;
         last_compute = int64_t(i);
-      } else if (draws && plan().tp_sync[role_index_][op.id]) {
+      } else if (draws && plan().tp_sync[role_index_][id]) {
         close_segment();
       }
       run.durations[i] = d;
@@ -310,7 +304,9 @@ class RankActor {
     return plan().groups[slot_].at(op.group);
   }
 
-  void start_collective(size_t stream, const Op& op) {
+  // Starts a collective's first step; returns 1 when it completed at once (no steps, no
+  // correction), else 0.
+  size_t start_collective(size_t stream, const Op& op) {
     Running& run = running_[stream];
     auto group = group_of(op);
     int64_t rank = plan().ranks[slot_];
@@ -326,7 +322,9 @@ class RankActor {
                                  group->layout, member, plan().phase_flows);
     run.step = 0;
     run.run = {op.id};
-    if (!start_step(stream)) after_steps(stream);
+    if (start_step(stream)) return 0;
+    after_steps(stream);
+    return run.op < 0 ? 1 : 0;
   }
 
   // Starts the current step's flows; false when no steps are left.
@@ -375,8 +373,7 @@ class RankActor {
   // running op and blocks it).
   void start_p2p(size_t stream, const Op& op, bool posted) {
     int64_t me = plan().ranks[slot_];
-    const StepProgram& p = *plan().program;
-    int64_t peer = peer_rank(p.grid(), me, op.peer);
+    int64_t peer = plan().peer_of(slot_, op.peer);
     posted_at_[op.id] = now();
     if (op.kind == OpKind::send) {
       out_.send_start[{me, peer, op.tag}] = now();
@@ -387,7 +384,6 @@ class RankActor {
       auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, size_t(op.stream)));
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream, posted ? op.id : -1);
-      out_.state[slot_].recv_peer[op.id] = peer;
     }
   }
 
@@ -396,12 +392,13 @@ class RankActor {
     Running& run = running_[stream];
     STEPCAST_CHECK(run.op >= 0, "an activity finished on an idle stream");
     const Op& op = role_->ops[run.op];
-    if (is_compute(op.kind) || plan().analytic[role_index_][op.id]) {
+    const SimRole::Class c = op_class(run.op);
+    if (c == SimRole::compute_like) {
       size_t count = run.run.size();
       complete_run(stream);
       return count;
     }
-    if (op.kind == OpKind::send) {  // in order: the staging copy ended; post the send
+    if (c == SimRole::send) {  // in order: the staging copy ended; post the send
       start_p2p(stream, op, true);
       run.staging = false;
       run.op = -1;
@@ -413,7 +410,7 @@ class RankActor {
       finish(op.id, run.run_start, now());
       return 1;
     }
-    if (op.kind == OpKind::recv) {  // in order: the blocking receive ended
+    if (c == SimRole::recv) {  // in order: the blocking receive ended
       finish(op.id, run.run_start, now());
       run.op = -1;
       ++head_[stream];
@@ -450,8 +447,8 @@ class RankActor {
   size_t slot_;
   const Role* role_ = nullptr;
   size_t role_index_ = 0;
-  std::array<std::vector<int32_t>, kStreams> queue_;
-  std::array<size_t, kStreams> head_{};
+  const SimRole* walk_ = nullptr;
+  std::array<size_t, kStreams> head_{};  // per stream: the next op of walk_->queue
   std::array<Running, kStreams> running_;
   std::vector<sg4::ActivityPtr> pending_;
   std::vector<size_t> pending_stream_;

@@ -16,6 +16,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   // SimGrid ends a run whose actors all wait on each other; find who was left waiting.
   for (size_t slot = 0; slot < plan.ranks.size() && outcome.errors.size() < 8; ++slot) {
     const RankState& st = outcome.state[slot];
+    if (st.finished) continue;
     const Role& role = program.role_of_rank(plan.ranks[slot]);
     std::string stuck;
     for (Stream stream : {Stream::compute, Stream::comm, Stream::p2p}) {
@@ -36,18 +37,6 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
     STEPCAST_CHECK(false, "simulation did not finish:" + all);
   }
 
-  // Memory ops happen when their deps finished.
-  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
-    RankState& st = outcome.state[slot];
-    const Role& role = program.role_of_rank(plan.ranks[slot]);
-    for (const Op& op : role.ops) {
-      if (op.kind != OpKind::alloc && op.kind != OpKind::free) continue;
-      double t = 0;
-      for (int32_t d : op.deps) t = std::max(t, st.end[d]);
-      st.start[op.id] = st.end[op.id] = t;
-    }
-  }
-
   out.simulated_ranks = plan.ranks;
   out.activities = outcome.activities;
   double step_end = 0;
@@ -66,19 +55,31 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   detail[critical_slot] = 1;
   out.critical_rank = plan.ranks[critical_slot];
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    if (plan.representative[slot] || slot == critical_slot) out.representative_ranks.push_back(plan.ranks[slot]);
+  }
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     if (!detail[slot]) continue;
     int64_t rank = plan.ranks[slot];
     out.detail_ranks.push_back(rank);
     const RankState& st = outcome.state[slot];
     const Role& role = program.role_of_rank(rank);
+    const SimRole& walk = plan.roles[size_t(role.index)];
+    const size_t first = out.records.size();
     for (const Op& op : role.ops) {
-      OpRecord rec{rank, op.id, st.start[op.id], st.end[op.id], st.start[op.id]};
+      const int32_t t = walk.timed_index[op.id];
+      OpRecord rec{rank, op.id, 0, 0, 0};
+      if (t >= 0) {
+        rec.start_s = rec.end_s = rec.ready_s = st.start[t];
+        rec.end_s = st.end[t];
+      } else {
+        // A memory op happens when its deps (earlier ops, recorded above) finished.
+        for (int32_t d : op.deps) rec.end_s = std::max(rec.end_s, out.records[first + size_t(d)].end_s);
+        rec.start_s = rec.ready_s = rec.end_s;
+      }
       if (op.kind == OpKind::recv) {
-        auto peer = st.recv_peer.find(op.id);
-        if (peer != st.recv_peer.end()) {
-          auto sent = outcome.send_start.find({peer->second, rank, op.tag});
-          if (sent != outcome.send_start.end()) rec.ready_s = sent->second;
-        }
+        int64_t peer = plan.peer_of(slot, op.peer);
+        auto sent = outcome.send_start.find({peer, rank, op.tag});
+        if (sent != outcome.send_start.end()) rec.ready_s = sent->second;
       } else if (is_collective(op.kind)) {
         auto key = st.collective_key.find(op.id);
         if (key != st.collective_key.end()) rec.ready_s = outcome.collective_issue.at(key->second);

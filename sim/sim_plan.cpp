@@ -23,6 +23,41 @@ bool group_spans_folded_ranks(GroupKind kind) {
   return kind == GroupKind::model || kind == GroupKind::world || kind == GroupKind::instance;
 }
 
+// The packed walk of `role` (SimRole), once its collectives' analytic flags are known.
+SimRole walk_of_role(const SimPlan& plan, const Role& role) {
+  const size_t n = role.ops.size();
+  SimRole walk;
+  walk.op_class.assign(n, SimRole::memory);
+  walk.queue_of.assign(n, 0);
+  walk.queue_pos.assign(n, 0);
+  walk.initially_done.assign(n, 0);
+  walk.timed_index.assign(n, -1);
+  walk.deps_begin.reserve(n + 1);
+  for (const Op& op : role.ops) {
+    walk.deps_begin.push_back(uint32_t(walk.deps.size()));
+    if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+      walk.initially_done[op.id] = 1;
+      continue;
+    }
+    SimRole::Class c = is_compute(op.kind) || plan.analytic[role.index][op.id] ? SimRole::compute_like
+                       : is_collective(op.kind)                                ? SimRole::collective
+                       : op.kind == OpKind::send                               ? SimRole::send
+                                                                               : SimRole::recv;
+    walk.op_class[op.id] = c;
+    size_t queue = plan.in_order ? 0 : size_t(op.stream);
+    walk.queue_of[op.id] = uint8_t(queue);
+    walk.queue_pos[op.id] = uint32_t(walk.queue[queue].size());
+    walk.queue[queue].push_back(op.id);
+    walk.timed_index[op.id] = int32_t(walk.timed_ops++);
+    for (int32_t d : op.deps) {
+      const OpKind kind = role.ops[d].kind;
+      if (kind != OpKind::alloc && kind != OpKind::free) walk.deps.push_back(d);
+    }
+  }
+  walk.deps_begin.push_back(uint32_t(walk.deps.size()));
+  return walk;
+}
+
 }  // namespace
 
 SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
@@ -81,13 +116,22 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     plan.slot_of_rank[r] = plan.ranks.size();
     plan.ranks.push_back(r);
   }
-  std::set<int64_t> detail(options.detail_ranks.begin(), options.detail_ranks.end());
-  if (detail.empty()) {
-    for (int64_t p = 0; p < program.pp_size; ++p) detail.insert(grid.rank(RankCoord{0, 0, p}));
-    if (full && program.world_size() <= 64) {
-      for (int64_t r = 0; r < program.world_size(); ++r) detail.insert(r);
-    }
+  for (int64_t rank : plan.ranks) {  // indexed by peer_index(Peer)
+    plan.peers.push_back({peer_rank(grid, rank, Peer::pp_prev), peer_rank(grid, rank, Peer::pp_next),
+                          peer_rank(grid, rank, Peer::cp_prev), peer_rank(grid, rank, Peer::cp_next)});
   }
+  // Representative ranks: the first of each pipeline stage (one per role), and in full mode
+  // every rank of a program with at most 64.
+  std::set<int64_t> representative;
+  for (int64_t p = 0; p < program.pp_size; ++p) representative.insert(grid.rank(RankCoord{0, 0, p}));
+  if (full && program.world_size() <= 64) {
+    for (int64_t r = 0; r < program.world_size(); ++r) representative.insert(r);
+  }
+  plan.representative.assign(plan.ranks.size(), 0);
+  for (int64_t r : representative) plan.representative[plan.slot_of_rank.at(r)] = 1;
+  std::set<int64_t> detail(options.detail_ranks.begin(), options.detail_ranks.end());
+  if (detail.empty()) detail = representative;
+  if (options.detail_all) detail.insert(plan.ranks.begin(), plan.ranks.end());
   plan.detail.assign(plan.ranks.size(), 0);
   for (int64_t r : detail) {
     auto it = plan.slot_of_rank.find(r);
@@ -101,13 +145,15 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   // Groups, shared by their members.
   std::map<std::pair<int, int64_t>, std::shared_ptr<SimGroup>> groups;
   plan.groups.resize(plan.ranks.size());
+  std::vector<std::set<GroupKind>> kinds_of_role(program.roles.size());  // its collectives' groups
+  for (const Role& role : program.roles) {
+    for (const Op& op : role.ops) {
+      if (is_collective(op.kind)) kinds_of_role[size_t(role.index)].insert(op.group);
+    }
+  }
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     int64_t rank = plan.ranks[slot];
-    std::set<GroupKind> kinds;
-    for (const Op& op : program.role_of_rank(rank).ops) {
-      if (is_collective(op.kind)) kinds.insert(op.group);
-    }
-    for (GroupKind kind : kinds) {
+    for (GroupKind kind : kinds_of_role[size_t(grid.coord(rank).pp)]) {
       std::vector<int64_t> members;
       for (int64_t m : grid.group(kind, rank)) {
         if (plan.slot_of_rank.count(m)) members.push_back(m);
@@ -233,6 +279,8 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       }
     }
   }
+
+  for (const Role& role : program.roles) plan.roles.push_back(walk_of_role(plan, role));
 
   // Variability: draws keyed by the tp group's first rank where tp is folded (its members are
   // one), which is also the slowest of their device factors.

@@ -5,6 +5,7 @@
 // the actors. Times in seconds of simulated time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -30,12 +31,36 @@ struct SimGroup {
 
 constexpr size_t kStreams = 3;
 
+// A role's ops as the actors walk them, packed apart from the Op structs (a few hundred bytes of
+// names and operands each, which a walk over 10^5 ops per rank would otherwise read through):
+// the queue of each stream, each op's class, and its dependencies on ops that take time.
+// Memory ops are left out: they are done before the step starts (their times are read back
+// from their deps after the run).
+struct SimRole {
+  enum Class : uint8_t { memory, compute_like, collective, send, recv };
+  std::array<std::vector<int32_t>, kStreams> queue;  // op ids per stream, in list order
+  std::vector<uint8_t> op_class;                     // per op: Class
+  std::vector<uint8_t> queue_of;                     // per op: its queue (in order: 0)
+  std::vector<uint32_t> queue_pos;                   // per op: its index in that queue
+  std::vector<uint32_t> deps_begin;                  // per op, and one past: its range in deps
+  std::vector<int32_t> deps;                         // deps that are not memory ops
+  std::vector<char> initially_done;                  // per op: 1 for memory ops
+  std::vector<int32_t> timed_index;                  // per op: its slot in RankState's times, or -1
+  int64_t timed_ops = 0;                             // ops that are not memory ops
+};
+
 struct SimPlan {
   const StepProgram* program = nullptr;
   Topology topology;                                 // after the profile's link fractions
   std::vector<int64_t> ranks;                        // simulated ranks
   std::unordered_map<int64_t, size_t> slot_of_rank;  // rank → index in ranks
   std::vector<char> detail;                          // per slot: keep records
+  std::vector<char> representative;                  // per slot: SimulateOptions' default detail
+  // Per slot: the ranks of its pp_prev, pp_next, cp_prev and cp_next peers (peer_index).
+  std::vector<std::array<int64_t, 4>> peers;
+  int64_t peer_of(size_t slot, Peer peer) const {
+    return peers[slot][peer == Peer::pp_prev ? 0 : peer == Peer::pp_next ? 1 : peer == Peer::cp_prev ? 2 : 3];
+  }
   // groups[slot][GroupKind] → group shared with the other members
   std::vector<std::map<GroupKind, std::shared_ptr<SimGroup>>> groups;
   // per role, per op: compute time, analytic collective time, or for a simulated collective the
@@ -54,6 +79,7 @@ struct SimPlan {
   std::vector<std::vector<double>> flow_scale;
   // per role, per op: a collective of the folded tensor-parallel group (ends a compute segment)
   std::vector<std::vector<char>> tp_sync;
+  std::vector<SimRole> roles;                         // per role: the actors' walk
   bool phase_flows = false;
   bool merge_compute = false;
   bool in_order = false;  // the profile's execution.in_order: one queue, one op at a time
@@ -73,13 +99,14 @@ struct SimPlan {
   double shared_link_divisor = 1;
 };
 
-// One simulated rank's op times, as its actor records them.
+// One simulated rank's op times, as its actor records them: start and end of the ops that take
+// time, by SimRole::timed_index (memory ops' times follow from their deps after the run).
 struct RankState {
   std::vector<double> start, end;
-  std::vector<char> done;
+  std::vector<char> done;  // per op
+  bool finished = false;   // every op done
   double last_end = 0;
   std::unordered_map<int32_t, std::tuple<int, int64_t, int, int64_t>> collective_key;
-  std::unordered_map<int32_t, int64_t> recv_peer;
 };
 
 // What the actors leave behind.

@@ -61,9 +61,11 @@ struct SimulateOptions {
   bool fold_rail_groups = true;
   bool phase_flows = true;
   bool merge_compute = true;
-  // Ranks whose per-op records are kept (empty: the first rank of each pipeline stage, and in
-  // full mode every rank of a program with at most 64 ranks).
+  // Ranks whose per-op records are kept (empty: the representative ranks — the first rank of
+  // each pipeline stage, one per role, and in full mode every rank of a program with at most 64
+  // ranks); with detail_all, every simulated rank (fast mode: tensor-parallel index 0 only).
   std::vector<int64_t> detail_ranks;
+  bool detail_all = false;
   // A profile of another device than the topology's is refused unless this is set
   // (--allow-profile-mismatch).
   bool allow_profile_mismatch = false;
@@ -84,6 +86,7 @@ struct SimulationOutput {
   std::vector<OpRecord> records;       // detail ranks' ops, ordered by (rank, id)
   std::vector<int64_t> simulated_ranks;
   std::vector<int64_t> detail_ranks;
+  std::vector<int64_t> representative_ranks;  // the default detail ranks and the critical rank
   int64_t activities = 0;              // SimGrid activities started
   std::string mode_description;
   bool variability = false;            // drawn (the profile has some and it was not turned off)

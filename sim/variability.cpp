@@ -22,13 +22,23 @@ double uniform(uint64_t bits) { return (double(bits >> 11) + 0.5) * (1.0 / 90071
 
 constexpr double kTwoPi = 6.283185307179586;
 
+// The draw for (seed, a, b, c): z = r · cos(2π u2) with radius r = √(−2 ln u1) (Box–Muller).
+struct Draw {
+  uint64_t h;
+  double u1() const { return uniform(h); }
+  static double radius(double u1) { return std::sqrt(-2.0 * std::log(u1)); }
+  double z(double radius) const { return std::clamp(radius * std::cos(kTwoPi * uniform(mix(h))), -3.0, 3.0); }
+};
+
+Draw draw(uint64_t seed, int64_t a, int64_t b, int64_t c) {
+  return {mix(seed ^ mix(uint64_t(a) ^ mix(uint64_t(b) ^ mix(uint64_t(c)))))};
+}
+
 }  // namespace
 
 double VariabilityDraws::normal(int64_t a, int64_t b, int64_t c) const {
-  uint64_t h = mix(seed_ ^ mix(uint64_t(a) ^ mix(uint64_t(b) ^ mix(uint64_t(c)))));
-  double u1 = uniform(h), u2 = uniform(mix(h));
-  double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);  // Box–Muller
-  return std::clamp(z, -3.0, 3.0);
+  Draw d = draw(seed_, a, b, c);
+  return d.z(Draw::radius(d.u1()));
 }
 
 double VariabilityDraws::device_factor(int64_t rank) const {
@@ -39,9 +49,20 @@ double VariabilityDraws::device_factor(int64_t rank) const {
 double VariabilityDraws::segment_deviation_s(int64_t rank, int64_t segment,
                                              double sum_squared_durations, int64_t members) const {
   if (v_.op_time_cv <= 0 || sum_squared_durations <= 0) return 0;
-  double largest = -3;
+  // The largest of the members' normal(rank, segment, j). A draw cannot exceed its radius
+  // (|cos| ≤ 1 holds in floating point too), so one whose radius is below the largest so far is
+  // passed over before its cosine, and once the largest L is positive, one whose u1 is above
+  // e^(−L²/2) (with a margin for rounding) before its logarithm: the same maximum, bit for bit,
+  // for a fraction of the work (a segment of a folded tp 8 group draws 8).
+  double largest = -3, u1_above_passes = 2;  // no u1 is above 2
   for (int64_t j = 0; j < std::max<int64_t>(1, members); ++j) {
-    largest = std::max(largest, normal(rank, segment, j));
+    Draw d = draw(seed_, rank, segment, j);
+    double u1 = d.u1();
+    if (u1 > u1_above_passes) continue;
+    double radius = Draw::radius(u1);
+    if (radius <= largest) continue;
+    largest = std::max(largest, d.z(radius));
+    if (largest > 0) u1_above_passes = std::exp(-0.5 * largest * largest) * (1 + 1e-9);
   }
   return v_.op_time_cv * std::sqrt(sum_squared_durations) * largest;
 }

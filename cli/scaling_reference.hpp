@@ -1,0 +1,34 @@
+// The dp_size = 1 reference of `simulate`'s scaling efficiency: the same plan at dp_size 1 and
+// global_batch_size / dp_size, lowered and simulated in a forked child process while the parent
+// simulates the plan itself (one SimGrid engine per process; the two cores busy at once). The
+// child shares the parent's parsed inputs and profile, so it reads no file and writes none.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "inputs.hpp"
+#include "profile.hpp"
+#include "simulator.hpp"
+
+namespace stepcast::cli {
+
+class ScalingReference {
+ public:
+  // Forks the child. Call before this process creates its SimGrid engine or starts a thread.
+  ScalingReference(const Inputs& in, const DeviceProfile& profile, const SimulateOptions& options);
+  ~ScalingReference();  // stops and reaps a child not waited for
+  ScalingReference(const ScalingReference&) = delete;
+  ScalingReference& operator=(const ScalingReference&) = delete;
+
+  // Waits for the child: the reference's tokens/s per device; std::runtime_error with the
+  // child's message when it failed.
+  double tokens_per_s_per_device();
+
+ private:
+  pid_t pid_ = -1;
+  int from_child_ = -1;  // the read end of the child's pipe
+};
+
+}  // namespace stepcast::cli

@@ -1,0 +1,79 @@
+// StepResult's streamed JSON (write_step_result_json) against its JSON tree
+// (step_result_to_json): the same document, every record's times bit for bit, through gzip too.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "gzip_file.hpp"
+#include "json_input.hpp"
+#include "step_result.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+
+namespace {
+
+StepResult example_result() {
+  StepResult r;
+  r.source = "simulator";
+  r.step_time_s = 20.28670417183789;
+  r.critical_rank = 48;
+  r.breakdown.compute_s = 15.35245502886815;
+  r.tokens_per_s = 155063.53192486122;
+  r.mfu = 0.5224179492439611;
+  r.scaling_efficiency = 0.969035950365458;
+  r.memory = {{"fits", true}, {"peak_bytes_max", 34664868480.0}};
+  r.program_sha256 = "62a4";
+  r.inputs = {{"plan", {{"tp_size", 8}}}};
+  r.extra = {{"mode", "fast"}, {"activities", 227347}};
+  // Times that a shortest-digits writer must keep exactly: thirds, tiny and large values, zero.
+  for (int64_t i = 0; i < 1000; ++i) {
+    double t = double(i) / 3.0 + std::ldexp(1.0, -40) * double(i % 7);
+    r.ops.push_back({i % 9, int32_t(i), t, t * 1.000001 + 1e-300, i % 3 ? t : 0.0});
+  }
+  r.ops.push_back({1 << 20, 2147483647, 1e-9, 1.7976931348623157e308, 5e-324});
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("step result: the streamed JSON is step_result_to_json's document", "[step_result]") {
+  StepResult r = example_result();
+  std::ostringstream text;
+  write_step_result_json(text, r);
+  Json streamed = parse_json_text(text.str(), "streamed");
+  CHECK(streamed == step_result_to_json(r));
+  REQUIRE(streamed["ops"].size() == r.ops.size());
+  for (size_t i = 0; i < r.ops.size(); ++i) {
+    INFO("record " << i);
+    CHECK(streamed["ops"][i]["start_s"].get<double>() == r.ops[i].start_s);
+    CHECK(streamed["ops"][i]["end_s"].get<double>() == r.ops[i].end_s);
+    CHECK(streamed["ops"][i]["ready_s"].get<double>() == r.ops[i].ready_s);
+  }
+  // The summary before the inputs, the records last.
+  CHECK(text.str().find("\"step_time_s\"") < text.str().find("\"inputs\""));
+  CHECK(text.str().find("\"inputs\"") < text.str().find("\"ops\""));
+}
+
+TEST_CASE("step result: a gzip file reads back as the text written into it", "[step_result]") {
+  StepResult r = example_result();
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("stepcast-test-step-result-" + std::to_string(::getpid()) + ".json.gz"))
+                         .string();
+  {
+    GzipFileBuf buffer(path);
+    std::ostream out(&buffer);
+    write_step_result_json(out, r);
+    buffer.close();
+  }
+  std::ostringstream text;
+  write_step_result_json(text, r);
+  CHECK(read_text_file(path) == text.str());
+  CHECK(load_json_file(path) == step_result_to_json(r));
+  std::filesystem::remove(path);
+  CHECK_THROWS_WITH(read_gzip_file(path), Catch::Matchers::Contains(path));
+}
