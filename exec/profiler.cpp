@@ -25,6 +25,7 @@
 #include <limits>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "collective.hpp"
 #include "cpu_kernels.hpp"
@@ -68,6 +69,7 @@ class Profiler {
     Backend<T, G, W>& world = make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), false);
     measure_gemms(world, t);
     measure_memory(world, t);
+    measure_attention(world, t);
     if (size_ > 1) {
       measure_collectives(world, GroupKind::dp, grid_.collective_algorithm, t);
       if (!options_.quick && grid_.mpi_collectives) {
@@ -209,6 +211,51 @@ class Profiler {
     }
     progress("gemm: " + std::to_string(shapes.size()) + " shapes (forward, dgrad, wgrad), " +
              format_rate(slowest, "flop/s") + " … " + format_rate(fastest, "flop/s"));
+  }
+
+  // Fused (flash) attention, causal, forward and backward, at the head dimensions of the test and
+  // validation models (16, 64) and sequence lengths 16 … 256: the attention points the cost
+  // model interpolates (FlashAttention's flop convention, profile.hpp). Without them a CPU
+  // profile had no flash figure and costed the kernel at the roofline.
+  void measure_attention(Backend<T, G, W>& backend, MeasuredTables& t) {
+    const std::vector<int64_t> dims = options_.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 64};
+    const std::vector<int64_t> seqs =
+        options_.quick ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{16, 32, 64, 128, 256};
+    const int64_t b = 2, heads = 2;
+    const int64_t largest = seqs.back() * b * (heads + 2 * heads) * dims.back();
+    T* qkv = buffer(backend, largest, true);
+    T* ctx = buffer(backend, largest);
+    T* d_ctx = buffer(backend, largest, true);
+    T* d_qkv = buffer(backend, largest);
+    W* lse = buffer<W>(backend, b * heads * seqs.back());
+    std::vector<TimedPoint> points;
+    std::vector<AttentionPoint> rows;
+    for (int64_t d : dims) {
+      for (int64_t seq : seqs) {
+        const cpu::AttentionShape shape{seq, b, heads, heads, d};
+        const double scale = 1.0 / std::sqrt(double(d));
+        // The backward reads the forward's ctx and lse: the forward runs once first below.
+        points.push_back({[&backend, qkv, ctx, lse, shape, scale] {
+          backend.flash_attention_forward(qkv, ctx, lse, shape, scale, nullptr, 0, nullptr);
+        }});
+        rows.push_back({"forward", seq, d, true, 4.0 * b * heads * double(seq) * seq * d / 2, ""});
+        points.push_back({[&backend, qkv, ctx, lse, d_ctx, d_qkv, shape, scale] {
+          backend.flash_attention_backward(qkv, ctx, lse, d_ctx, d_qkv, shape, scale, nullptr, 0, nullptr);
+        }});
+        rows.push_back({"backward", seq, d, true, 2.5 * 4.0 * b * heads * double(seq) * seq * d / 2, ""});
+      }
+    }
+    for (size_t i = 0; i < points.size(); i += 2) points[i].body();  // lse of every shape
+    std::vector<double> seconds = time("attention", points);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i].flops_per_s = rows[i].flops_per_s / seconds[i];  // the flops over the time
+    }
+    // The table is ordered by (pass, head_dim, causal), seq rising within each.
+    std::stable_sort(rows.begin(), rows.end(), [](const AttentionPoint& x, const AttentionPoint& y) {
+      return std::tie(x.pass, x.head_dim) < std::tie(y.pass, y.head_dim);
+    });
+    for (const AttentionPoint& a : rows) t.attention.push_back(a);
+    progress("attention: flash forward and backward, " + std::to_string(rows.size()) + " points");
   }
 
   void measure_memory(Backend<T, G, W>& backend, MeasuredTables& t) {
