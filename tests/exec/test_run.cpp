@@ -71,7 +71,10 @@ Json plan(int tp, int pp, int dp, int zero, const char* schedule, const char* re
 // validation point), and the arena as placed within 1% of what the process held.
 // `program_bound` false: only the arena relation (ZeRO-3's placement gaps, issue 20, put some
 // plans just past 2% of the program's peak; the arena itself is checked against the process).
-void check_measured_memory(const std::string& name, const RunResult& r, bool program_bound = true) {
+// `slack_bytes`: page-level noise allowed on top of the 1% (plans of a few MiB, where 1% is a
+// dozen pages).
+void check_measured_memory(const std::string& name, const RunResult& r, bool program_bound = true,
+                           double slack_bytes = 0) {
   const Json& memory = r.measurement.at("memory");
   for (const Json& measured : memory.at("measured")) {
     int64_t rank = measured.at("rank").get<int64_t>();
@@ -95,7 +98,7 @@ void check_measured_memory(const std::string& name, const RunResult& r, bool pro
     // placement could not pack; ZeRO-3's gathered weights of unequal sizes leave gaps).
     double extent = measured.at("arena_extent_bytes").get<double>();
     CHECK(extent >= predicted);
-    CHECK(std::abs(extent - got) <= 0.01 * got);
+    CHECK(std::abs(extent - got) <= 0.01 * got + slack_bytes);
   }
 }
 
@@ -225,7 +228,7 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
     std::printf("context parallel %-9s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
     largest = std::max(largest, d);
     CHECK(d < 1e-9);
-    check_measured_memory(std::string("cp ") + c.plan.dump(), r, c.plan.at("zero_stage") != 3);
+    check_measured_memory(std::string("cp ") + c.plan.dump(), r, c.plan.at("zero_stage") != 3, 64 * 1024);
   }
   std::printf("context parallel: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
   // Dropout: the masks are drawn at global token positions, so a cp rank draws what one rank does.
