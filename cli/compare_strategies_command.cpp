@@ -66,6 +66,9 @@ int run_compare_strategies(int argc, char** argv) {
       ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")
       ("max-memory-fraction", po::value<double>()->default_value(1.0),
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
+      ("fp8", po::value<std::string>()->default_value("none"),
+       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers, delayed scaling; needs a device "
+       "with an FP8 peak)")
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
@@ -113,6 +116,7 @@ int run_compare_strategies(int argc, char** argv) {
   if (valid == 0) refuse_no_valid_plan(candidates, model, topology, space);
   ComputeCostModel cost_model(topology.node.device, candidates.front().plan.param_dtype, profile,
                               topology.file);
+  if (space.fp8.enabled()) cost_model.use_fp8(topology.node.device, topology.file);
   check_candidates(candidates, model, topology, space, cost_model, jobs,
                    progress_printer("memory and estimate"));
 

@@ -105,6 +105,9 @@ int run_plan(int argc, char** argv) {
       ("megatron-runnable", po::bool_switch(),
        "search only plans Megatron-LM can run as simulated (the others are pruned with the "
        "reason their NN-NAME.megatron.txt would give)")
+      ("fp8", po::value<std::string>()->default_value("none"),
+       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers, delayed scaling; needs a device "
+       "with an FP8 peak)")
       ("attention", po::value<std::string>()->default_value("materialized"),
        "attention_impl of every candidate: materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
@@ -120,7 +123,8 @@ int run_plan(int argc, char** argv) {
       "usage: stepcast plan --model M --topology T --global-batch-size B [--nodes N] [--top K]\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
-      "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
+      "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid] [--dropout P]\n"
+      "                     [--include-gpipe]\n"
       "                     [--megatron-runnable]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
@@ -196,6 +200,7 @@ int run_plan(int argc, char** argv) {
   if (valid == 0) refuse_no_valid_plan(candidates, model, topology, space);
   ComputeCostModel cost_model(topology.node.device,
                               candidates.front().plan.param_dtype, profile, topology.file);
+  if (space.fp8.enabled()) cost_model.use_fp8(topology.node.device, topology.file);
   check_candidates(candidates, model, topology, space, cost_model, jobs,
                    progress_printer("memory and estimate"));
   auto counts = pruned_counts(candidates);

@@ -119,6 +119,7 @@ void refuse_no_fit(const std::vector<Candidate>& candidates, const ModelConfig& 
     std::vector<Candidate> more = enumerate_candidates(model, bigger, space);
     ComputeCostModel costs(bigger.node.device, more.front().plan.param_dtype,
                            roofline_profile(bigger), bigger.file);
+    if (space.fp8.enabled()) costs.use_fp8(bigger.node.device, bigger.file);
     check_candidates(more, model, bigger, space, costs, 2, nullptr);
     const Candidate* fastest = nullptr;
     int64_t fit = 0;
@@ -190,6 +191,11 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
     throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");
   }
   space.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  std::string fp8 = vm["fp8"].as<std::string>();
+  if (fp8 != "none" && fp8 != "e4m3" && fp8 != "hybrid") {
+    throw InputError("command line: --fp8 '" + fp8 + "': valid: none, e4m3, hybrid");
+  }
+  space.fp8.format = fp8 == "e4m3" ? Fp8Format::e4m3 : fp8 == "hybrid" ? Fp8Format::hybrid : Fp8Format::none;
   return space;
 }
 

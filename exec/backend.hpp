@@ -35,6 +35,14 @@ constexpr Dtype dtype_of() {
   return std::is_same_v<X, float> ? Dtype::fp32 : std::is_same_v<X, double> ? Dtype::fp64 : Dtype::bf16;
 }
 
+// An FP8 operand in backend memory: its codes, the scale it was cast with, its format.
+template <class S>
+struct Fp8Codes {
+  const uint8_t* codes;
+  const S* scale;
+  Fp8Storage format;
+};
+
 // Points of a run outside its steps, for decorators (backend hooks below).
 enum class RunPoint {
   checkpoint_write,  // before this rank writes its checkpoint file
@@ -163,6 +171,30 @@ class Backend {
                                  T* /*d_qkv*/, T* /*d_kv*/, const cpu::AttentionShape& /*shape*/, double /*scale*/) {
     no_cp();
   }
+  // FP8 (cpu_kernels.hpp's fp8_*). Scales point into the program's fp8.scale buffer (backend
+  // memory); codes are the FP8 buffers' bytes. A backend without them refuses FP8 programs.
+  virtual void fp8_cast(const T* /*x*/, uint8_t* /*y*/, int64_t /*n*/, const W* /*scale*/, W* /*amax*/,
+                        Fp8Storage /*format*/) {
+    no_fp8();
+  }
+  virtual void fp8_linear_forward(const Fp8Codes<W>& /*x*/, const Fp8Codes<W>& /*w*/, const T* /*bias*/, T* /*y*/,
+                                  int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/) {
+    no_fp8();
+  }
+  virtual void fp8_linear_backward_data(const Fp8Codes<W>& /*dy*/, const Fp8Codes<W>& /*w*/, T* /*dx*/,
+                                        int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/, bool /*accumulate*/) {
+    no_fp8();
+  }
+  virtual void fp8_linear_backward_weight(const Fp8Codes<W>& /*dy*/, const Fp8Codes<W>& /*x*/, G* /*dw*/,
+                                          G* /*dbias*/, int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/) {
+    no_fp8();
+  }
+  virtual void fp8_scale_update(W* /*amax*/, W* /*history*/, W* /*scale*/, int64_t /*slots*/,
+                                const Fp8Recipe& /*recipe*/) {
+    no_fp8();
+  }
+  // x[i] = the maximum of x[i] over the group (the FP8 amax reduction).
+  virtual void all_reduce_max(GroupKind /*group*/, W* /*x*/, int64_t /*n*/) { no_fp8(); }
   virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
   virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
@@ -229,6 +261,10 @@ class Backend {
   virtual double device_peak_bytes() const { return -1; }
 
  protected:
+  void no_fp8() const {
+    throw InputError(std::string("the ") + name() + " backend does not run FP8 linear layers yet (plan key fp8); valid: "
+                     "--backend cpu (FP8 emulated), or no fp8");
+  }
   void no_cp() const {
     throw InputError(std::string("the ") + name() +
                      " backend does not run context parallelism yet (context_parallel_size > 1); valid: "

@@ -25,7 +25,7 @@ class CpuBackend final : public Backend<T> {
   CpuBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node, bool use_mpi,
              double watchdog_s)
       : rank_(int(rank)), comms_(grid, rank, devices_per_node), watchdog_(watchdog_s),
-        collectives_(comms_, use_mpi, watchdog_) {}
+        collectives_(comms_, use_mpi, watchdog_), fp8_scratch_(size_t(cpu::kFp8Scratch)) {}
   const char* name() const override { return "cpu"; }
 
   char* allocate(int64_t bytes) override {
@@ -240,6 +240,31 @@ class CpuBackend final : public Backend<T> {
     cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
   }
 
+  void fp8_cast(const T* x, uint8_t* y, int64_t n, const T* scale, T* amax, Fp8Storage format) override {
+    cpu::fp8_cast(x, y, n, *scale, amax, format);
+  }
+  void fp8_linear_forward(const Fp8Codes<T>& x, const Fp8Codes<T>& w, const T* bias, T* y, int64_t tokens, int64_t in,
+                          int64_t out) override {
+    cpu::fp8_linear_forward(operand(x, in), operand(w, in), bias, y, tokens, in, out, fp8_scratch_.data());
+  }
+  void fp8_linear_backward_data(const Fp8Codes<T>& dy, const Fp8Codes<T>& w, T* dx, int64_t tokens, int64_t in,
+                                int64_t out, bool accumulate) override {
+    cpu::fp8_linear_backward_data(operand(dy, out), operand(w, in), dx, tokens, in, out, accumulate,
+                                  fp8_scratch_.data());
+  }
+  void fp8_linear_backward_weight(const Fp8Codes<T>& dy, const Fp8Codes<T>& x, T* dw, T* dbias, int64_t tokens,
+                                  int64_t in, int64_t out) override {
+    cpu::fp8_linear_backward_weight(operand(dy, out), operand(x, in), dw, dbias, tokens, in, out, fp8_scratch_.data());
+  }
+  void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe) override {
+    cpu::fp8_scale_update(amax, history, scale, slots, recipe);
+  }
+  void all_reduce_max(GroupKind group, T* x, int64_t n) override {
+    if (comms_.size(group) == 1) return;
+    watchdog_.set_current("the FP8 amax reduction");
+    STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, x, int(n), mpi_type<T>(), MPI_MAX, comms_.comm(group)));
+  }
+
   void all_reduce(GroupKind group, Algorithm algorithm, Dtype dtype,
                   std::vector<Span<void>> buffers) override {
     collectives_.all_reduce(group, algorithm, typed(dtype, buffers));
@@ -248,6 +273,15 @@ class CpuBackend final : public Backend<T> {
     collectives_.reduce_scatter(group, typed(dtype, buffers));
   }
   void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
+    if (is_fp8_storage(dtype)) {  // codes gathered as T words: the same bytes moved
+      for (auto& b : buffers) {
+        STEPCAST_CHECK(b.count % int64_t(sizeof(T)) == 0, "an FP8 all_gather of " + std::to_string(b.count) +
+                                                             " bytes, not a whole number of " +
+                                                             std::to_string(sizeof(T)) + "-byte words");
+        b.count /= int64_t(sizeof(T));
+      }
+      dtype = dtype_of<T>();
+    }
     collectives_.all_gather(group, typed(dtype, buffers));
   }
   int group_size(GroupKind group) const override { return comms_.size(group); }
@@ -299,6 +333,8 @@ class CpuBackend final : public Backend<T> {
   GroupComms comms_;
   Watchdog watchdog_;
   Collectives<T> collectives_;
+  std::vector<T> fp8_scratch_;  // decoded FP8 blocks (cpu::kFp8Scratch), allocated before any step
+  static cpu::Fp8Operand<T> operand(const Fp8Codes<T>& x, int64_t ld) { return {x.codes, ld, *x.scale, x.format}; }
   std::vector<MPI_Request> pending_;
   std::vector<int> pending_peers_;
 };

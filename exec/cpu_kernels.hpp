@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "fp8.hpp"
 #include "kernel_args.hpp"
 
 namespace stepcast::cpu {
@@ -44,6 +45,45 @@ void linear_backward_data(const T* dy, const T* w, T* dx, int64_t tokens, int64_
 template <class T>
 void linear_backward_weight(const T* dy, const T* x, T* dw, T* dbias, int64_t tokens, int64_t in,
                             int64_t out);
+
+
+// ---- FP8 (fp8.hpp), emulated exactly: values rounded to the e4m3 / e5m2 grid with a scale,
+// stored as their 8-bit codes; GEMMs decode the codes (every FP8 value is exact in fp32) and
+// accumulate in T, the operands' scales undone by the GEMM's alpha, as cuBLASLt's FP8 GEMMs take
+// A and B scale factors. `scratch` ≥ kFp8Scratch elements holds the decoded blocks.
+
+constexpr int64_t kFp8Block = 64;                          // rows / columns / depth of a block
+constexpr int64_t kFp8Scratch = 2 * kFp8Block * kFp8Block;  // an A and a B block
+
+// y[i] = the code of fp8_round(x[i]·scale); amax = max(amax, max |x[i]|).
+template <class T>
+void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage format);
+// An FP8 operand: codes stored [rows, ld] as gemm's operands are, the scale it was cast with.
+template <class T>
+struct Fp8Operand {
+  const uint8_t* codes;
+  int64_t ld;
+  T scale;
+  Fp8Storage format;
+};
+// C[m,n] = op(A)·op(B) / (scale_a·scale_b) + beta·C (gemm's conventions for op and trans).
+template <class T>
+void fp8_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Fp8Operand<T>& a,
+              const Fp8Operand<T>& b, T beta, T* c, int64_t ldc, T* scratch);
+// The linear layers of linear_forward / linear_backward_data / linear_backward_weight on FP8
+// x, w and dy (dbias from the decoded dy).
+template <class T>
+void fp8_linear_forward(const Fp8Operand<T>& x, const Fp8Operand<T>& w, const T* bias, T* y, int64_t tokens,
+                        int64_t in, int64_t out, T* scratch);
+template <class T>
+void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T* dx, int64_t tokens, int64_t in,
+                              int64_t out, bool accumulate, T* scratch);
+template <class T>
+void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x, T* dw, T* dbias, int64_t tokens,
+                                int64_t in, int64_t out, T* scratch);
+// Delayed scaling's end of step for `slots` slots (fp8_updated_scale); amax is zeroed.
+template <class T>
+void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe);
 
 // ---- Dropout masks (Dropout, DropoutSite: kernel_args.hpp) -----------------------------------
 

@@ -139,6 +139,25 @@ class ForwardingBackend : public Backend<T, G, W> {
   void cp_merge(T* ctx, W* lse, const T* ctx_part, const W* lse_part, const cpu::AttentionShape& shape) override {
     inner_->cp_merge(ctx, lse, ctx_part, lse_part, shape);
   }
+  void fp8_cast(const T* x, uint8_t* y, int64_t n, const W* scale, W* amax, Fp8Storage format) override {
+    inner_->fp8_cast(x, y, n, scale, amax, format);
+  }
+  void fp8_linear_forward(const Fp8Codes<W>& x, const Fp8Codes<W>& w, const T* bias, T* y, int64_t tokens, int64_t in,
+                          int64_t out) override {
+    inner_->fp8_linear_forward(x, w, bias, y, tokens, in, out);
+  }
+  void fp8_linear_backward_data(const Fp8Codes<W>& dy, const Fp8Codes<W>& w, T* dx, int64_t tokens, int64_t in,
+                                int64_t out, bool accumulate) override {
+    inner_->fp8_linear_backward_data(dy, w, dx, tokens, in, out, accumulate);
+  }
+  void fp8_linear_backward_weight(const Fp8Codes<W>& dy, const Fp8Codes<W>& x, G* dw, G* dbias, int64_t tokens,
+                                  int64_t in, int64_t out) override {
+    inner_->fp8_linear_backward_weight(dy, x, dw, dbias, tokens, in, out);
+  }
+  void fp8_scale_update(W* amax, W* history, W* scale, int64_t slots, const Fp8Recipe& recipe) override {
+    inner_->fp8_scale_update(amax, history, scale, slots, recipe);
+  }
+  void all_reduce_max(GroupKind group, W* x, int64_t n) override { inner_->all_reduce_max(group, x, n); }
   void cp_accumulate(T* acc, const T* part, int64_t n) override { inner_->cp_accumulate(acc, part, n); }
   void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
                         const cpu::AttentionShape& shape, double scale) override {

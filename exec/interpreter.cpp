@@ -222,6 +222,10 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::initialize_parameters() {
   for (const Op& op : role_.ops) {
     if (op.kind != OpKind::alloc || !op.persistent) continue;
+    if (op.buffer == "fp8.scale") {  // FP8 scales start at 1, as Transformer Engine's
+      upload_ones(op);
+      continue;
+    }
     if (op.buffer.rfind("weights.", 0) != 0 && op.buffer.rfind("optimizer.", 0) != 0) continue;
     bool weights = op.buffer.rfind("weights.", 0) == 0;
     std::string group = group_of_buffer(op.buffer);
@@ -240,6 +244,12 @@ void Interpreter<T, G, W>::initialize_parameters() {
       upload_initial_values<W>(arena_.at(op.id) + 2 * state_n * int64_t(sizeof(W)), group, layout, first, last);
     }
   }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::upload_ones(const Op& alloc) {
+  std::vector<W> ones(size_t(arena_.bytes_of(alloc.id) / int64_t(sizeof(W))), W(1));
+  backend_.upload(arena_.at(alloc.id), ones.data(), int64_t(ones.size() * sizeof(W)));
 }
 
 // Elements [first, last) of a group's initial parameters, as X, into backend memory at dst

@@ -131,6 +131,7 @@ class Interpreter {
 
   // ---- parameters and data (interpreter.cpp) ----
   void initialize_parameters();
+  void upload_ones(const Op& alloc);
   template <class X>
   void upload_initial_values(char* dst, const std::string& group, const GroupLayout& layout, int64_t first,
                              int64_t last);
@@ -152,6 +153,15 @@ class Interpreter {
   // merging and gradient ops around it.
   void cp_attention(const Op& op);
   void cp_activation(const Op& op);
+  // FP8 (interpreter_fp8.cpp): casts, GEMMs on FP8 operands, the end-of-step amax and scales.
+  uint8_t* codes(const std::string& name, const Op& op) {
+    check_element_size(name, op, 1);
+    return reinterpret_cast<uint8_t*>(arena_.buffer(name, op.id));
+  }
+  Fp8Codes<W> fp8_codes(const std::string& name, const Op& op, int32_t slot);
+  void fp8_activation(const Op& op);
+  void fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
+  void fp8_step_end(const Op& op);
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
   }

@@ -58,6 +58,7 @@ Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>& names, 
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::collective(const Op& op) {
+  if (op.name == OpName::fp8_amax) return fp8_step_end(op);
   // Host backends pack and receive chunks in the program's scratch for this op (comm class).
   if (operands(op).has_out("scratch")) {
     int32_t scratch = arena_.alloc_of(out(op, "scratch"), op.id);
@@ -153,6 +154,7 @@ bool Interpreter<T, G, W>::counted_in_norm(const std::string& group, const Tenso
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::optimizer(const Op& op) {
+  if (op.name == OpName::fp8_scale_update) return fp8_step_end(op);
   if (op.name == OpName::grad_accumulate) {  // [full, shard] → [shard]: dp 1, ZeRO ≥ 2
     const std::string& shard = out(op, "shard");
     backend_.add(buf<G>(shard, op), buf<G>(in(op, "full"), op), count(shard, op));

@@ -132,6 +132,7 @@ void Interpreter<T, G, W>::norm(const Op& op) {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::gemm(const Op& op) {
   LinearWeights l = linear_weights(op, model_.use_bias);
+  if (op.fp8_slots[0] >= 0) return fp8_gemm(op, l.tensor, l.bias);
   const bool bias = l.bias[0] != '\0';
   if (op.grad == Grad::none) {  // [x, w] → [y]
     int64_t tokens = op.m, in_features = op.k, out_features = op.n;
@@ -220,6 +221,7 @@ void Interpreter<T, G, W>::attention(const Op& op) {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::activation(const Op& op) {
   bool backward = op.phase == Phase::backward;
+  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights) return fp8_activation(op);
   if (op.name == OpName::rotary) {  // [qkv] → [qkv], in place
     const std::string& qkv = out(op, "qkv");
     // The attention problem of this layer: s, b and the local heads from the qkv buffer's width.

@@ -233,6 +233,8 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       // Context parallelism: packing K/V is a copy; merging partial outputs, or adding a block's
       // dK/dV into its accumulator or into d_qkv, an elementwise add.
       if (op.name == OpName::cp_kv_pack) return "copy";
+      // An FP8 cast reads its input and writes a byte an element: a copy's traffic.
+      if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights) return "copy";
       if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";
       if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";
@@ -418,8 +420,21 @@ double ComputeCostModel::shape_efficiency(const Op& op) const {
   return weighted > 0 ? flops / weighted : 1;
 }
 
+void ComputeCostModel::use_fp8(const DeviceSpec& device, const std::string& topology_file) {
+  try {
+    fp8_ = std::make_shared<const ComputeCostModel>(device, Dtype::fp8, profile_, topology_file, norm_type_);
+  } catch (const InputError& e) {
+    throw InputError(std::string(e.what()) + " (the plan's fp8 runs the linear layers' GEMMs on FP8 tensor cores: "
+                     "the device needs an FP8 peak and the profile FP8 GEMM figures)");
+  }
+}
+
 double ComputeCostModel::op_time_s(const Op& op) const {
   STEPCAST_CHECK(is_compute(op.kind), "op_time_s of a non-compute op");
+  if (op.kind == OpKind::gemm && op.fp8_slots[0] >= 0 && dtype_ != Dtype::fp8) {
+    STEPCAST_CHECK(fp8_ != nullptr, "an FP8 gemm costed before use_fp8");
+    return fp8_->op_time_s(op);
+  }
   double memory_time = op.bytes / bandwidth_;
   bool matrix = op.kind == OpKind::gemm || (op.kind == OpKind::attention && !attention_gemms(op).empty());
   if (matrix) {

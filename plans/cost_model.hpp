@@ -30,6 +30,7 @@
 
 #include <array>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -157,6 +158,10 @@ class ComputeCostModel {
   ComputeCostModel(const DeviceSpec& device, Dtype dtype, const DeviceProfile& profile,
                    const std::string& topology_file, const std::string& norm_type = "rmsnorm");
   double op_time_s(const Op& op) const;
+  // FP8 GEMMs (ops with fp8_slots) cost at the device's FP8 peak and the profile's gemm.fp8
+  // figures from here on; refused (InputError naming the key) where the topology's device has no
+  // FP8 peak or the profile no FP8 GEMM figures.
+  void use_fp8(const DeviceSpec& device, const std::string& topology_file);
   double matrix_peak_flops_per_s() const { return matrix_peak_; }
   const DeviceProfile& profile() const { return profile_; }
   // The measured time of a collective of `group_size` ranks inside one node; nullopt where the
@@ -186,6 +191,7 @@ class ComputeCostModel {
   std::map<std::tuple<std::string, std::string, int64_t>, CollectiveTable> collective_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.
   mutable std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, double> rate_cache_;
+  std::shared_ptr<const ComputeCostModel> fp8_;  // use_fp8's model of the FP8 GEMMs
 };
 
 }  // namespace stepcast

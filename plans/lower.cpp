@@ -28,6 +28,8 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.devices_per_node = topology.node.devices_per_node;
   program.num_microbatches = plan.num_microbatches();
   program.tokens_per_step = plan.global_batch_size * model.seq_length;
+  program.fp8 = plan.fp8;
+  if (plan.fp8.enabled()) program.fp8_slots = model.num_hidden_layers * kFp8SlotsPerLayer;
   program.roles.resize(plan.pp_size);
   for (int64_t p = 0; p < plan.pp_size; ++p) {
     Role& role = program.roles[p];
@@ -65,8 +67,14 @@ double layer_activation_bytes(const ModelConfig& model, const Plan& plan) {
   rb.alloc("weights.L0", BufferClass::weights, ctx.act, {ctx.layer_params_local()}, Phase::forward,
            true);
   rb.alloc("x_in", BufferClass::activations, ctx.act, {ctx.s_local, ctx.b, ctx.h}, Phase::forward);
+  if (ctx.fp8) {
+    rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
+    for (const char* meta : {"fp8.scale", "fp8.amax"}) {
+      rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
+    }
+  }
   OpSite at{Phase::forward, 0, 0, 0};
-  std::string out = emit_layer_forward(e, at, "x_in", {"weights.L0", ""}, KeepMode::per_plan);
+  std::string out = emit_layer_forward(e, at, "x_in", {"weights.L0", "", ctx.fp8 ? "fp8w.L0" : ""}, KeepMode::per_plan);
   // What is still allocated, less the weights and the output (the next layer's input).
   double live = 0;
   for (const Op& op : role.ops) {

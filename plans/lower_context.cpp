@@ -34,6 +34,9 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   grad = p.grad_dtype;
   wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
   dropout = p.dropout > 0;
+  fp8 = p.fp8.enabled();
+  fp8_forward = Dtype::fp8_e4m3;
+  fp8_backward = p.fp8.format == Fp8Format::hybrid ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
 }
 
@@ -99,6 +102,29 @@ int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
   return rb_.emit(std::move(op), waits_for_p2p({}));
 }
 
+int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
+                          std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a,
+                          Fp8Slot b) {
+  int32_t id = gemm(at, name, grad, m, n, k, std::move(inputs), std::move(outputs));
+  if (!ctx_.fp8) return id;
+  Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
+  op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
+  double out_bytes = grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
+  op.bytes = double(m) * double(k) + double(k) * double(n) + double(m) * double(n) * out_bytes;
+  return id;
+}
+
+std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
+                                BufferClass buffer_class) {
+  rb_.alloc(name, buffer_class, is_gradient_slot(kind) ? ctx_.fp8_backward : ctx_.fp8_forward, rb_.live_shape(x),
+            at.phase);
+  // |x|, its maximum, the scaled rounding: three flops an element.
+  int32_t id = compute(at, OpKind::activation, OpName::fp8_cast, 3 * buffer_bytes({x}) / dtype_bytes(ctx_.act),
+                       {x, "fp8.scale", "fp8.amax"}, {name, "fp8.amax"});
+  const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {at.layer * kFp8SlotsPerLayer + kind, -1};
+  return name;
+}
+
 int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
                            std::vector<std::string> inputs, std::vector<std::string> outputs,
                            const std::vector<int32_t>& extra_deps) {
@@ -110,7 +136,7 @@ int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double fl
   for (const auto& v : {std::cref(inputs), std::cref(outputs)}) {
     for (const auto& n : v.get()) {
       if (n.rfind("weights.", 0) == 0 || n.rfind("grads.", 0) == 0 || n.rfind("wfull.", 0) == 0 ||
-          n.rfind("gradfull.", 0) == 0) {
+          n.rfind("gradfull.", 0) == 0 || n.rfind("fp8.", 0) == 0) {  // (FP8 scales: a few bytes)
         continue;
       }
       moved.push_back(n);

@@ -38,6 +38,8 @@ struct LowerContext {
   Dtype grad;           // gradient dtype
   Dtype wide;           // statistics kept at least in fp32 (softmax of the loss, log-sum-exp): fp64 under fp64
   bool dropout;         // dropout > 0: masks exist (1 byte per element)
+  bool fp8;             // FP8 linear layers (plan.fp8): their inputs, weights and output gradients
+  Dtype fp8_forward, fp8_backward;  // the storage of forward tensors and of gradients
   int64_t num_virtual_stages;
 
   // Parameters of one layer held by one tensor-parallel rank; `sp_replicated` those replicated
@@ -67,6 +69,13 @@ class OpEmitter {
   int32_t gemm(const OpSite& at, OpName name, Grad grad, int64_t m,
                int64_t n, int64_t k, std::vector<std::string> inputs,
                std::vector<std::string> outputs);
+  // The same GEMM on FP8 operands of the layer's slot kinds (fp8.hpp) `a` (x or d_y) and `b`
+  // (w, or d_y for wgrad), where the plan has fp8; a plain gemm otherwise.
+  int32_t linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
+                 std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a, Fp8Slot b);
+  // FP8: `x` cast into a new buffer `name` [x's shape] of the slot kind's format; returns `name`.
+  std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
+                       BufferClass buffer_class);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
                   std::vector<std::string> inputs, std::vector<std::string> outputs,
@@ -124,6 +133,7 @@ enum class KeepMode {
 struct LayerParams {
   std::string weights;
   std::string grads;
+  std::string fp8_weights = "";  // FP8: the layer's FP8 weight copy the linear layers read
 };
 
 // Transformer layer `layer` of microbatch `mb`: forward reads `x_in`, returns its output buffer

@@ -33,7 +33,7 @@ std::string RoleLowering::emit_embedding_forward(const OpSite& at) {
   rb_.alloc(out, BufferClass::activations, c_.act, local, at.phase);
   std::vector<std::string> outputs = {out};
   if (c_.dropout) {
-    rb_.alloc(prefix + "mask", BufferClass::activations, Dtype::fp8, local, at.phase);
+    rb_.alloc(prefix + "mask", BufferClass::activations, Dtype::u8, local, at.phase);
     outputs.push_back(prefix + "mask");
   }
   std::vector<std::string> inputs = {reduced};

@@ -28,6 +28,14 @@ std::set<std::string> kept_buffers(const LowerContext& c, KeepMode keep) {
     all.insert("probs_mask");
     all.insert("probs_drop");
   }
+  if (c.fp8) {  // a linear layer keeps its FP8 input (Transformer Engine); ctx stays for flash
+    for (const char* stem : {"ln1", "ln2", "act"}) {
+      all.erase(stem);
+      all.insert(std::string(stem) + "_f8");
+    }
+    all.insert("ctx_f8");
+    if (c.plan.attention_impl != AttentionImpl::flash) all.erase("ctx");
+  }
   if (keep == KeepMode::all_for_backward) return all;
   if (c.plan.recompute == RecomputeKind::full) return {};
   if (c.plan.recompute == RecomputeKind::selective) {
@@ -59,7 +67,7 @@ void emit_attention_scores(OpEmitter& e, const OpSite& at, const LayerNames& n, 
   e.cp_attention(at, OpName::softmax, 5 * square_elems, s_kv, {n("scores")}, {n("probs")});
   e.free(n("scores"), at.phase);
   if (c.dropout) {
-    e.alloc(n("probs_mask"), BufferClass::activations, Dtype::fp8, square, at.phase);
+    e.alloc(n("probs_mask"), BufferClass::activations, Dtype::u8, square, at.phase);
     e.alloc(n("probs_drop"), BufferClass::activations, c.act, square, at.phase);
     e.cp_attention(at, OpName::dropout, 2 * square_elems, s_kv, {n("probs")}, {n("probs_drop"), n("probs_mask")});
   }
@@ -85,21 +93,45 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   const std::vector<int64_t> full = {c.s, c.b, c.h};
   const double tokens = double(c.s) * c.b;
   const std::string& w = params.weights;
+  const bool fp8 = c.fp8;
+  const std::string& wl = fp8 ? params.fp8_weights : w;  // what the linear layers read
+  // A linear layer's input `stem`: under FP8 cast to "<stem>_f8" (the stem itself then freed
+  // unless kept); gathered over the sequence under SP (in FP8 under FP8, as Transformer Engine
+  // gathers). Returns what the GEMM reads.
+  auto linear_input = [&](const std::string& stem, Fp8Slot kind, OpName gather) {
+    std::string x = n(stem);
+    if (fp8) {
+      x = e.fp8_cast(at, x, n(stem + "_f8"), kind, kept.count(stem + "_f8") ? BufferClass::activations
+                                                                            : BufferClass::workspace);
+      done(stem);
+    }
+    if (!sp) return x;
+    e.alloc(x + "_full", BufferClass::workspace, e.builder().live_dtype(x), full, at.phase);
+    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather,
+                 tokens * c.h * dtype_bytes(e.builder().live_dtype(x)), {x}, {x + "_full"});
+    return x + "_full";
+  };
+  // A column-parallel GEMM's operands: under FP8 its bias is read from the weights beside the
+  // FP8 copy.
+  auto column_in = [&](const std::string& x) {
+    std::vector<std::string> v = {x, wl};
+    if (fp8 && c.model.use_bias) v.push_back(w);
+    return v;
+  };
+  // After the GEMMs that read it.
+  auto linear_input_done = [&](const std::string& stem, const std::string& read) {
+    if (sp) e.free(read, at.phase);
+    done(fp8 ? stem + "_f8" : stem);
+  };
 
   // Input norm, then gather the sequence under SP.
   e.alloc(n("ln1"), BufferClass::activations, c.act, local, at.phase);
   e.compute(at, OpKind::norm, OpName::input_norm, 8.0 * c.s_local * c.b * c.h, {x_in, w}, {n("ln1")});
-  std::string qkv_in = n("ln1");
-  if (sp) {
-    e.alloc(n("ln1_full"), BufferClass::workspace, c.act, full, at.phase);
-    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_ln1,
-                 tokens * c.h * dtype_bytes(c.act), {n("ln1")}, {n("ln1_full")});
-    qkv_in = n("ln1_full");
-  }
+  std::string qkv_in = linear_input("ln1", Fp8Slot::qkv_x, OpName::sp_ln1);
   e.alloc(n("qkv"), BufferClass::activations, c.act, {c.s, c.b, c.qkv_width}, at.phase);
-  e.gemm(at, OpName::qkv, Grad::none, c.s * c.b, c.qkv_width, c.h, {qkv_in, w}, {n("qkv")});
-  if (sp) e.free(n("ln1_full"), at.phase);
-  done("ln1");
+  e.linear(at, OpName::qkv, Grad::none, c.s * c.b, c.qkv_width, c.h, column_in(qkv_in), {n("qkv")}, Fp8Slot::qkv_x,
+           Fp8Slot::qkv_w);
+  linear_input_done("ln1", qkv_in);
   if (c.model.position == PositionKind::rotary) {
     e.compute(at, OpKind::activation, OpName::rotary, 6.0 * c.s * c.b * (c.heads_local + c.kv_local) * c.d,
               {n("qkv")}, {n("qkv")});
@@ -135,10 +167,13 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   done("qkv");
 
   // Attention output projection, its tensor-parallel reduction, dropout and residual.
+  std::string ctx = n("ctx");
+  if (fp8) ctx = e.fp8_cast(at, ctx, n("ctx_f8"), Fp8Slot::attn_out_x, BufferClass::activations);
   e.alloc(n("attn_partial"), BufferClass::workspace, c.act, full, at.phase);
-  e.gemm(at, OpName::attn_out, Grad::none, c.s * c.b, c.h, c.heads_local * c.d, {n("ctx"), w},
-         {n("attn_partial")});
+  e.linear(at, OpName::attn_out, Grad::none, c.s * c.b, c.h, c.heads_local * c.d, {ctx, wl}, {n("attn_partial")},
+           Fp8Slot::attn_out_x, Fp8Slot::attn_out_w);
   done("ctx");
+  if (fp8) done("ctx_f8");
   std::string attn_out = n("attn_partial");
   if (sp) {
     e.alloc(n("attn_rs"), BufferClass::workspace, c.act, local, at.phase);
@@ -153,7 +188,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.alloc(n("x_mid"), BufferClass::activations, c.act, local, at.phase);
   std::vector<std::string> residual_out = {n("x_mid")};
   if (c.dropout) {
-    e.alloc(n("mask1"), BufferClass::activations, Dtype::fp8, local, at.phase);
+    e.alloc(n("mask1"), BufferClass::activations, Dtype::u8, local, at.phase);
     residual_out.push_back(n("mask1"));
   }
   // The row-parallel bias of attn_out (replicated) is added after the reduction, here.
@@ -166,22 +201,17 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.alloc(n("ln2"), BufferClass::activations, c.act, local, at.phase);
   e.compute(at, OpKind::norm, OpName::post_attn_norm, 8.0 * c.s_local * c.b * c.h, {n("x_mid"), w},
             {n("ln2")});
-  std::string mlp_in = n("ln2");
-  if (sp) {
-    e.alloc(n("ln2_full"), BufferClass::workspace, c.act, full, at.phase);
-    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_ln2,
-                 tokens * c.h * dtype_bytes(c.act), {n("ln2")}, {n("ln2_full")});
-    mlp_in = n("ln2_full");
-  }
+  std::string mlp_in = linear_input("ln2", Fp8Slot::mlp_x, OpName::sp_ln2);
   const std::vector<int64_t> wide = {c.s, c.b, c.f_local};
   if (c.model.mlp == MlpKind::swiglu) {
     e.alloc(n("gate"), BufferClass::activations, c.act, wide, at.phase);
-    e.gemm(at, OpName::mlp_gate, Grad::none, c.s * c.b, c.f_local, c.h, {mlp_in, w}, {n("gate")});
+    e.linear(at, OpName::mlp_gate, Grad::none, c.s * c.b, c.f_local, c.h, column_in(mlp_in), {n("gate")}, Fp8Slot::mlp_x,
+             Fp8Slot::mlp_gate_w);
   }
   e.alloc(n("up"), BufferClass::activations, c.act, wide, at.phase);
-  e.gemm(at, OpName::mlp_up, Grad::none, c.s * c.b, c.f_local, c.h, {mlp_in, w}, {n("up")});
-  if (sp) e.free(n("ln2_full"), at.phase);
-  done("ln2");
+  e.linear(at, OpName::mlp_up, Grad::none, c.s * c.b, c.f_local, c.h, column_in(mlp_in), {n("up")}, Fp8Slot::mlp_x,
+           Fp8Slot::mlp_up_w);
+  linear_input_done("ln2", mlp_in);
   e.alloc(n("act"), BufferClass::activations, c.act, wide, at.phase);
   if (c.model.mlp == MlpKind::swiglu) {
     e.compute(at, OpKind::activation, OpName::swiglu, 6.0 * c.s * c.b * c.f_local, {n("gate"), n("up")},
@@ -191,9 +221,16 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
     e.compute(at, OpKind::activation, OpName::gelu, 8.0 * c.s * c.b * c.f_local, {n("up")}, {n("act")});
   }
   done("up");
+  std::string act = n("act");
+  if (fp8) {
+    act = e.fp8_cast(at, act, n("act_f8"), Fp8Slot::mlp_down_x,
+                     kept.count("act_f8") ? BufferClass::activations : BufferClass::workspace);
+    done("act");
+  }
   e.alloc(n("mlp_partial"), BufferClass::workspace, c.act, full, at.phase);
-  e.gemm(at, OpName::mlp_down, Grad::none, c.s * c.b, c.h, c.f_local, {n("act"), w}, {n("mlp_partial")});
-  done("act");
+  e.linear(at, OpName::mlp_down, Grad::none, c.s * c.b, c.h, c.f_local, {act, wl}, {n("mlp_partial")},
+           Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_w);
+  done(fp8 ? "act_f8" : "act");
   std::string mlp_out = n("mlp_partial");
   if (sp) {
     e.alloc(n("mlp_rs"), BufferClass::workspace, c.act, local, at.phase);
@@ -208,7 +245,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.alloc(n("out"), BufferClass::activations, c.act, local, at.phase);
   residual_out = {n("out")};
   if (c.dropout) {
-    e.alloc(n("mask2"), BufferClass::activations, Dtype::fp8, local, at.phase);
+    e.alloc(n("mask2"), BufferClass::activations, Dtype::u8, local, at.phase);
     residual_out.push_back(n("mask2"));
   }
   e.compute(at, OpKind::activation, OpName::dropout_add, 3.0 * c.s_local * c.b * c.h,
@@ -233,6 +270,8 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   const double hidden_bytes = tokens * c.h * dtype_bytes(c.act);
   const std::string& w = params.weights;
   const std::string& wg = params.grads;
+  const bool fp8 = c.fp8;
+  const std::string& wl = fp8 ? params.fp8_weights : w;  // what the linear layers read
 
   // Full recompute: run the forward again from the kept input, keeping what backward reads.
   if (c.plan.recompute == RecomputeKind::full) {
@@ -284,20 +323,35 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     e.free(d_full, bwd);
     return d;
   };
-  auto regather = [&](const std::string& stem, OpName gather) {
+  // A linear layer's kept input (its FP8 copy under FP8), gathered again under SP.
+  auto regather = [&](std::string stem, OpName gather) {
+    if (fp8) stem += "_f8";
     if (!sp) return n(stem);
-    e.alloc(n(stem + "_full"), BufferClass::workspace, c.act, full, bwd);
-    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather, hidden_bytes,
+    Dtype dtype = e.builder().live_dtype(n(stem));
+    e.alloc(n(stem + "_full"), BufferClass::workspace, dtype, full, bwd);
+    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather, tokens * c.h * dtype_bytes(dtype),
                  {n(stem)}, {n(stem + "_full")});
     return n(stem + "_full");
+  };
+  // A linear layer's output gradient as its GEMMs read it: cast to FP8 under FP8.
+  auto grad_in = [&](const std::string& d, const std::string& stem, Fp8Slot kind) {
+    return fp8 ? e.fp8_cast(at, d, n(stem + "_f8"), kind, BufferClass::workspace) : d;
+  };
+  auto grad_in_done = [&](const std::string& d8, const std::string& d) {
+    if (d8 != d) e.free(d8, bwd);
   };
 
   // MLP block.
   std::string d_mlp = branch_grad("mask2", "d_mlp", OpName::mlp_bias_grad, OpName::sp_d_mlp);
+  std::string d_mlp8 = grad_in(d_mlp, "d_mlp", Fp8Slot::mlp_down_d);
+  std::string act = fp8 ? n("act_f8") : n("act");
   e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
-  e.gemm(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp, w}, {n("d_act")});
-  e.gemm(at, OpName::mlp_down, Grad::wgrad, c.f_local, c.h, c.s * c.b, {n("act"), d_mlp}, {wg});
-  e.free(n("act"), bwd);
+  e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wl}, {n("d_act")},
+           Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
+  e.linear(at, OpName::mlp_down, Grad::wgrad, c.f_local, c.h, c.s * c.b, {act, d_mlp8}, {wg}, Fp8Slot::mlp_down_x,
+           Fp8Slot::mlp_down_d);
+  e.free(act, bwd);
+  grad_in_done(d_mlp8, d_mlp);
   if (d_mlp != g) e.free(d_mlp, bwd);
   e.alloc(n("d_up"), BufferClass::workspace, c.act, wide, bwd);
   if (c.model.mlp == MlpKind::swiglu) {
@@ -312,18 +366,25 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   e.free(n("d_act"), bwd);
   e.free(n("up"), bwd);
   std::string ln2 = regather("ln2", OpName::sp_ln2);
+  std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
   e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
-  e.gemm(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {n("d_up"), w}, {n("d_ln2_full")});
-  e.gemm(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, n("d_up")}, {wg});
+  e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wl}, {n("d_ln2_full")},
+           Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
+  e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
+           Fp8Slot::mlp_up_d);
   if (c.model.mlp == MlpKind::swiglu) {
-    e.gemm(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {n("d_gate"), w, n("d_ln2_full")},
-           {n("d_ln2_full")});
-    e.gemm(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, n("d_gate")}, {wg});
+    std::string d_gate8 = grad_in(n("d_gate"), "d_gate", Fp8Slot::mlp_gate_d);
+    e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wl, n("d_ln2_full")},
+             {n("d_ln2_full")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
+    e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
+             Fp8Slot::mlp_gate_d);
+    grad_in_done(d_gate8, n("d_gate"));
     e.free(n("d_gate"), bwd);
   }
+  grad_in_done(d_up8, n("d_up"));
   e.free(n("d_up"), bwd);
   if (sp) e.free(ln2, bwd);
-  e.free(n("ln2"), bwd);
+  e.free(fp8 ? n("ln2_f8") : n("ln2"), bwd);
   std::string d_ln2 = reduce_norm_grad(n("d_ln2_full"), "d_ln2", OpName::tp_mlp_up);
   e.compute(at, OpKind::norm, OpName::post_attn_norm, 10.0 * c.s_local * c.b * c.h,
             {n("x_mid"), d_ln2, w, g}, {g, wg});
@@ -332,9 +393,14 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
 
   // Attention block.
   std::string d_attn = branch_grad("mask1", "d_attn", OpName::attn_bias_grad, OpName::sp_d_attn);
+  std::string d_attn8 = grad_in(d_attn, "d_attn", Fp8Slot::attn_out_d);
   e.alloc(n("d_ctx"), BufferClass::workspace, c.act, {c.s, c.b, c.heads_local * c.d}, bwd);
-  e.gemm(at, OpName::attn_out, Grad::dgrad, c.s * c.b, c.heads_local * c.d, c.h, {d_attn, w}, {n("d_ctx")});
-  e.gemm(at, OpName::attn_out, Grad::wgrad, c.heads_local * c.d, c.h, c.s * c.b, {n("ctx"), d_attn}, {wg});
+  e.linear(at, OpName::attn_out, Grad::dgrad, c.s * c.b, c.heads_local * c.d, c.h, {d_attn8, wl}, {n("d_ctx")},
+           Fp8Slot::attn_out_d, Fp8Slot::attn_out_w);
+  e.linear(at, OpName::attn_out, Grad::wgrad, c.heads_local * c.d, c.h, c.s * c.b,
+           {fp8 ? n("ctx_f8") : n("ctx"), d_attn8}, {wg}, Fp8Slot::attn_out_x, Fp8Slot::attn_out_d);
+  if (fp8) e.free(n("ctx_f8"), bwd);
+  grad_in_done(d_attn8, d_attn);
   if (d_attn != g) e.free(d_attn, bwd);
   e.alloc(n("d_qkv"), BufferClass::workspace, c.act, {c.s, c.b, c.qkv_width}, bwd);
   double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
@@ -353,7 +419,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     // gradients (d_kv_all) reduce-scattered back after the score's backward.
     const bool cp = c.cp > 1;
     const int64_t s_kv = cp ? c.s_full : c.s;
-    e.free(n("ctx"), bwd);
+    if (!fp8) e.free(n("ctx"), bwd);  // (under FP8 only its FP8 copy was kept)
     if (cp) emit_cp_gather_kv(e, at, n("qkv"), n("bkv"), n("bkv_all"));
     if (c.plan.recompute == RecomputeKind::selective) {
       OpSite re = at;
@@ -402,13 +468,17 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
               6.0 * c.s * c.b * (c.heads_local + c.kv_local) * c.d, {n("d_qkv")}, {n("d_qkv")});
   }
   std::string ln1 = regather("ln1", OpName::sp_ln1);
+  std::string d_qkv8 = grad_in(n("d_qkv"), "d_qkv", Fp8Slot::qkv_d);
   e.alloc(n("d_ln1_full"), BufferClass::workspace, c.act, full, bwd);
-  e.gemm(at, OpName::qkv, Grad::dgrad, c.s * c.b, c.h, c.qkv_width, {n("d_qkv"), w}, {n("d_ln1_full")});
-  e.gemm(at, OpName::qkv, Grad::wgrad, c.h, c.qkv_width, c.s * c.b, {ln1, n("d_qkv")}, {wg});
+  e.linear(at, OpName::qkv, Grad::dgrad, c.s * c.b, c.h, c.qkv_width, {d_qkv8, wl}, {n("d_ln1_full")},
+           Fp8Slot::qkv_d, Fp8Slot::qkv_w);
+  e.linear(at, OpName::qkv, Grad::wgrad, c.h, c.qkv_width, c.s * c.b, {ln1, d_qkv8}, {wg}, Fp8Slot::qkv_x,
+           Fp8Slot::qkv_d);
+  grad_in_done(d_qkv8, n("d_qkv"));
   e.free(n("d_qkv"), bwd);
   e.free(n("qkv"), bwd);
   if (sp) e.free(ln1, bwd);
-  e.free(n("ln1"), bwd);
+  e.free(fp8 ? n("ln1_f8") : n("ln1"), bwd);
   std::string d_ln1 = reduce_norm_grad(n("d_ln1_full"), "d_ln1", OpName::tp_qkv);
   e.compute(at, OpKind::norm, OpName::input_norm, 10.0 * c.s_local * c.b * c.h, {x_in, d_ln1, w, g},
             {g, wg});

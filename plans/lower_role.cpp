@@ -34,6 +34,7 @@ void RoleLowering::lower() {
   deferred_buckets_.clear();
   emit_finalize_grads();
   emit_optimizer();
+  emit_fp8_scale_update();
   if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
     emit_param_gathers(Phase::optimizer);
   }
@@ -77,6 +78,17 @@ void RoleLowering::alloc_persistent() {
               Phase::forward, true);
     rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
               {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
+    // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights).
+    if (c_.fp8 && g.name[0] == 'L') {
+      rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
+    }
+  }
+  if (c_.fp8) {  // every layer's slots on every rank: the amax all_reduce runs over the world
+    const int64_t slots = c_.model.num_hidden_layers * kFp8SlotsPerLayer;
+    rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
+    rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
+    rb_.alloc("fp8.history", BufferClass::weights, c_.wide, {slots, plan_.fp8.amax_history_len}, Phase::forward,
+              true);
   }
 }
 
@@ -147,7 +159,16 @@ void RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk) {
     lat.layer = int32_t(std::stoi(layers[i]->name.substr(1)));
     const ParamGroup* next = i + 1 < layers.size() ? layers[i + 1] : nullptr;
     std::string w = weights_for(*layers[i], lat, next);
-    x = emit_layer_forward(e_, lat, x, {w, ""}, KeepMode::per_plan);
+    std::string w8 = c_.fp8 ? fp8_weights_name(*layers[i]) : "";
+    if (c_.fp8 && fp8_weights_cast_.insert(lat.layer).second) {  // the step's first forward of the layer
+      const double linear = double(layers[i]->elements - c_.layer_sp_replicated());
+      int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, 3 * linear, {w, "fp8.scale", "fp8.amax"},
+                              {w8, "fp8.amax"});
+      Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
+      op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
+      op.bytes = linear * (dtype_bytes(c_.act) + 1);
+    }
+    x = emit_layer_forward(e_, lat, x, {w, "", w8}, KeepMode::per_plan);
     release_weights(w, Phase::forward);
   }
   if (vs == c_.num_virtual_stages - 1) {
@@ -184,7 +205,7 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
     std::string w = weights_for(pg, lat, next);
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
-    emit_layer_backward(e_, lat, x_in, g, {w, grads_for(pg, mb)});
+    emit_layer_backward(e_, lat, x_in, g, {w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : ""});
     release_weights(w, Phase::backward);
     if (reduce_now) grads_ready(pg, mb, chunk, last_for_chunk);
   }
@@ -207,6 +228,20 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
     deferred_pass_buckets_.clear();
   }
+}
+
+
+// Delayed scaling's end of step: the step's amax of every slot maximised over every rank (each
+// rank's own layers' slots hold its amax, the others 0), then each slot's history and scale.
+void RoleLowering::emit_fp8_scale_update() {
+  if (!c_.fp8) return;
+  OpSite at{Phase::optimizer, -1, -1, -1};
+  const double slots = double(c_.model.num_hidden_layers) * kFp8SlotsPerLayer;
+  e_.collective(at, OpKind::all_reduce, GroupKind::world, Stream::compute, OpName::fp8_amax,
+                slots * dtype_bytes(c_.wide), {"fp8.amax"}, {"fp8.amax"});
+  int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::fp8_scale_update, slots * (plan_.fp8.amax_history_len + 4),
+                          {"fp8.amax", "fp8.history", "fp8.scale"}, {"fp8.history", "fp8.scale", "fp8.amax"});
+  const_cast<Op&>(role_.ops[size_t(id)]).bytes = slots * (plan_.fp8.amax_history_len * 2 + 4) * dtype_bytes(c_.wide);
 }
 
 }  // namespace stepcast

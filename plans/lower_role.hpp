@@ -6,6 +6,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +109,10 @@ class RoleLowering {
   std::vector<const ParamGroup*> layer_groups(int64_t vs) const;
 
   void emit_chunk_forward(int32_t mb, int64_t chunk);
+  // FP8: a layer's FP8 weight copy, and the end-of-step amax reduction and scale update.
+  static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
+  void emit_fp8_scale_update();
+  std::set<int64_t> fp8_weights_cast_;  // layers whose FP8 copy this step already cast
   void emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk);
 
   // ---- embedding and loss (lower_embedding_loss.cpp) ----

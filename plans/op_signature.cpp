@@ -65,6 +65,10 @@ const char* to_string(OpName name) {
     case OpName::cp_merge: return "cp_merge";
     case OpName::cp_score: return "cp_score";
     case OpName::cp_value: return "cp_value";
+    case OpName::fp8_cast: return "fp8_cast";
+    case OpName::fp8_weights: return "fp8_weights";
+    case OpName::fp8_amax: return "fp8_amax";
+    case OpName::fp8_scale_update: return "fp8_scale_update";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
   }
@@ -126,8 +130,10 @@ const char* to_string(DtypeRule rule) {
     case DtypeRule::wide: return "fp32 or fp64";
     case DtypeRule::int32: return "int32";
     case DtypeRule::int64: return "int64";
-    case DtypeRule::mask: return "fp8";
+    case DtypeRule::mask: return "u8";
+    case DtypeRule::fp8: return "fp8_e4m3 or fp8_e5m2";
     case DtypeRule::same_as_first: return "the first input's";
+    case DtypeRule::unpacked: return "the first input's, or a wider one after FP8";
   }
   return "?";
 }
@@ -203,11 +209,14 @@ std::vector<OpSignature> make_table() {
        {act("x"), act("d_y"), weights(), act("d_x")}, {act("d_x"), grads()}},
       // ---- gemm: forward y[m, n] = x[m, k] · w; dgrad d_x[m, n] = d_y[m, k] · w (added into
       // d_x when it is also read); wgrad dw += x[k, m]ᵀ · d_y[k, n] ----
+      // Under FP8 (an op with fp8_slots) x, w and d_y are FP8 copies, y and d_x wider.
+      // An FP8 forward with a column-parallel bias reads it from the weights (bias_w).
       {OpKind::gemm, gemms, Grad::none, Pass::forward,
-       {act("x", D::floating, S::m_k), weights()}, {act("y", D::same_as_first, S::m_n)}},
+       {act("x", D::floating, S::m_k), weights(), {"bias_w", R::weights, C::optional, D::floating, S::any}},
+       {act("y", D::unpacked, S::m_n)}},
       {OpKind::gemm, gemms, Grad::dgrad, Pass::backward,
        {act("d_y", D::floating, S::m_k), weights(), optional_act("d_x", S::m_n)},
-       {act("d_x", D::same_as_first, S::m_n)}},
+       {act("d_x", D::unpacked, S::m_n)}},
       {OpKind::gemm, gemms, Grad::wgrad, Pass::backward,
        {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n)}, {grads()}},
       // ---- attention core: batch = b·heads, m = n = s, k = head_dim ----
@@ -279,6 +288,14 @@ std::vector<OpSignature> make_table() {
       {OpKind::attention, {N::cp_score}, Grad::none, Pass::backward,
        {act("d_scores", D::floating, S::batch_m_n), act("qkv"), act("kv"), act("d_kv")},
        {act("d_qkv", D::same_as_first), act("d_kv", D::same_as_first)}},
+      // ---- FP8 (delayed scaling): scale[slot] and amax[slot] of the program's FP8 slots ----
+      {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
+       {act("x"), stats("scale"), stats("amax")}, {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax")}},
+      {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::forward,
+       {weights(), stats("scale"), stats("amax")}, {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax")}},
+      {OpKind::all_reduce, {N::fp8_amax}, Grad::none, Pass::optimizer, {stats("amax")}, {stats("amax"), scratch()}},
+      {OpKind::optimizer_step, {N::fp8_scale_update}, Grad::none, Pass::optimizer,
+       {stats("amax"), stats("history"), stats("scale")}, {stats("history"), stats("scale"), stats("amax")}},
       // ---- loss: per-token (max, sum of exp, target logit) statistics over the vocabulary ----
       {OpKind::loss, {N::cross_entropy_stats}, Grad::none, Pass::forward,
        {act("logits"), tokens("targets")}, {stats("stats")}},
@@ -477,12 +494,16 @@ std::optional<int64_t> expected_elements(ShapeRule rule, const Op& op) {
 bool dtype_fits(DtypeRule rule, Dtype dtype, Dtype first) {
   switch (rule) {
     case DtypeRule::any: return true;
-    case DtypeRule::floating: return dtype != Dtype::int32 && dtype != Dtype::int64;
+    case DtypeRule::floating: return dtype != Dtype::int32 && dtype != Dtype::int64 && dtype != Dtype::u8;
     case DtypeRule::wide: return dtype == Dtype::fp32 || dtype == Dtype::fp64;
     case DtypeRule::int32: return dtype == Dtype::int32;
     case DtypeRule::int64: return dtype == Dtype::int64;
-    case DtypeRule::mask: return dtype == Dtype::fp8;
+    case DtypeRule::mask: return dtype == Dtype::u8;
+    case DtypeRule::fp8: return is_fp8_storage(dtype);
     case DtypeRule::same_as_first: return dtype == first;
+    case DtypeRule::unpacked:
+      if (!is_fp8_storage(first)) return dtype == first;
+      return dtype_fits(DtypeRule::floating, dtype, first) && !is_fp8_storage(dtype);
   }
   return false;
 }

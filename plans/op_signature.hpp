@@ -30,8 +30,10 @@ enum class DtypeRule {
   wide,         // fp32 or fp64: statistics kept at least in fp32
   int32,
   int64,
-  mask,         // fp8: one byte per element
-  same_as_first  // the dtype of the op's first input
+  mask,         // u8: one byte per element
+  fp8,            // fp8_e4m3 or fp8_e5m2
+  same_as_first,  // the dtype of the op's first input
+  unpacked        // the first input's, or any non-FP8 floating dtype when that is FP8 storage
 };
 // Element count of the slot's buffer, from the op's batch, m, n, k.
 enum class ShapeRule { any, m_k, m_n, k_m, k_n, batch_m_n, batch_m_k, batch_m, one };

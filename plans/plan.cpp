@@ -43,6 +43,17 @@ const char* to_string(CpCommType kind) {
   return "?";
 }
 
+const char* to_string(Fp8Format format) {
+  switch (format) {
+    case Fp8Format::none: return "none";
+    case Fp8Format::e4m3: return "e4m3";
+    case Fp8Format::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+const char* to_string(Fp8AmaxAlgo algo) { return algo == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
+
 namespace {
 
 const std::vector<std::string> kCpCommNames = {"p2p", "allgather", "a2a"};  // Megatron-LM's (arguments.py)
@@ -50,6 +61,36 @@ const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1
 const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
 const std::vector<std::string> kAttentionNames = {"materialized", "flash"};
 const std::vector<std::string> kDtypeNames = {"fp64", "fp32", "bf16", "fp16"};
+// Megatron-LM's --fp8-format (dest fp8), --fp8-recipe and --fp8-amax-compute-algo choices
+// (megatron/training/arguments.py, _add_transformer_engine_args).
+const std::vector<std::string> kFp8Formats = {"e4m3", "hybrid"};
+const std::vector<std::string> kFp8Recipes = {"delayed", "tensorwise", "mxfp8", "blockwise"};
+const std::vector<std::string> kFp8AmaxAlgos = {"most_recent", "max"};
+
+// The fp8 keys; the recipe's keys without fp8 are refused rather than ignored.
+Fp8Recipe read_fp8(ObjectReader& reader) {
+  Fp8Recipe r;
+  if (reader.has("fp8")) {
+    r.format = reader.get_enum_or("fp8", kFp8Formats, "e4m3") == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
+  }
+  for (const char* key : {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+    if (reader.has(key) && !r.enabled()) {
+      reader.fail(key, "is set but the plan has no fp8 key (FP8 off)",
+                  "fp8 = \"e4m3\" or \"hybrid\" beside it, or no " + std::string(key));
+    }
+  }
+  std::string recipe = reader.get_enum_or("fp8_recipe", kFp8Recipes, "delayed");
+  if (recipe != "delayed") {
+    reader.fail("fp8_recipe", "\"" + recipe + "\" is not supported yet",
+                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history)");
+  }
+  r.amax_history_len = reader.get_int_or("fp8_amax_history_len", 1, 1);
+  r.amax_compute_algo =
+      reader.get_enum_or("fp8_amax_compute_algo", kFp8AmaxAlgos, "most_recent") == "max" ? Fp8AmaxAlgo::max
+                                                                                         : Fp8AmaxAlgo::most_recent;
+  r.margin = reader.get_int_or("fp8_margin", 0, 0);
+  return r;
+}
 
 bool valid_order(const std::string& order) {
   std::set<std::string> parts;
@@ -177,6 +218,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
 
   std::string attention = reader.get_enum_or("attention_impl", kAttentionNames, "materialized");
   plan.attention_impl = attention == "flash" ? AttentionImpl::flash : AttentionImpl::materialized;
+  plan.fp8 = read_fp8(reader);
   plan.dropout = reader.get_number_in("dropout", 0.0, 0.99, 0.1);
   plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
@@ -322,6 +364,12 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
          "a divisor of " + std::to_string(model.seq_length));
   }
   validate_context_parallel(plan, model);
+  if (plan.fp8.enabled() && plan.zero_stage == 3) {
+    throw_input_error(f, "fp8", to_string(plan.fp8.format),
+                      "with zero_stage 3 is not supported yet (the FP8 weight copies are kept whole, as "
+                      "Transformer Engine caches them, which ZeRO-3's sharded weights do not allow)",
+                      "zero_stage 0, 1 or 2 with fp8, or no fp8");
+  }
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
                       "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
@@ -404,6 +452,13 @@ Json plan_to_json(const Plan& plan) {
   out["param_dtype"] = to_string(plan.param_dtype);
   out["grad_dtype"] = to_string(plan.grad_dtype);
   out["attention_impl"] = to_string(plan.attention_impl);
+  if (plan.fp8.enabled()) {  // absent: off (outputs of plans without FP8 keep their bytes)
+    out["fp8"] = to_string(plan.fp8.format);
+    out["fp8_recipe"] = "delayed";
+    out["fp8_amax_history_len"] = plan.fp8.amax_history_len;
+    out["fp8_amax_compute_algo"] = to_string(plan.fp8.amax_compute_algo);
+    out["fp8_margin"] = plan.fp8.margin;
+  }
   out["dropout"] = plan.dropout;
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
   out["overlap_param_gather"] = plan.overlap_param_gather;

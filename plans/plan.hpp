@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8.hpp"
 #include "json_input.hpp"
 #include "model.hpp"
 #include "schedule.hpp"
@@ -50,6 +51,9 @@ struct Plan {
   Dtype param_dtype = Dtype::bf16;       // weights and activations
   Dtype grad_dtype = Dtype::fp32;        // gradient accumulation and reduction
   AttentionImpl attention_impl = AttentionImpl::materialized;
+  // FP8 linear layers (Megatron-LM's fp8, fp8_recipe "delayed", fp8_amax_history_len,
+  // fp8_amax_compute_algo, fp8_margin; fp8.hpp).
+  Fp8Recipe fp8;
   double dropout = 0.1;                  // hidden and attention dropout probability
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;

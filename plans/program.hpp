@@ -6,12 +6,14 @@
 // lowering that fills it is lower.hpp, the JSON text and program_sha256 are program_json.hpp.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "fp8.hpp"
 #include "json_input.hpp"
 #include "rank_grid.hpp"
 #include "topology.hpp"
@@ -50,6 +52,11 @@ enum class OpName {
   // around the cp ring or gathered (cp_kv), partial attention outputs merged (cp_merge)
   cp_kv_pack, cp_kv, cp_dkv, cp_merge,
   cp_score, cp_value,  // materialized attention over the gathered K/V
+  // FP8 (Transformer Engine's delayed scaling): an activation or gradient cast to FP8 with its
+  // slot's scale (fp8_cast), a layer's linear weights cast once per step (fp8_weights), the
+  // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
+  // from the amax history (fp8_scale_update)
+  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update,
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).
@@ -111,6 +118,10 @@ struct Op {
   // Context-parallel flash attention: the ring step whose K/V block the op reads (that of cp rank
   // (own − cp_step) mod cp_size); −1: every rank's block, gathered in cp rank order, or no cp.
   int32_t cp_step = -1;
+  // FP8 (fp8.hpp): the slot of an fp8_cast's tensor, the first slot of an fp8_weights' layer, the
+  // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
+  // fp8.scale[slot]; −1: not FP8.
+  std::array<int32_t, 2> fp8_slots = {-1, -1};
   double flops = 0;                   // floating-point operations executed
   double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
   // communication
@@ -149,6 +160,11 @@ struct StepProgram {
   int64_t devices_per_node = 1;
   int64_t num_microbatches = 1;
   int64_t tokens_per_step = 0;
+  // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
+  // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
+  // (kFp8SlotsPerLayer per transformer layer of the model).
+  Fp8Recipe fp8;
+  int64_t fp8_slots = 0;
   std::vector<Role> roles;  // roles[p] is pipeline stage p
   std::string program_sha256;
 

@@ -161,6 +161,10 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
     put_key(s, "k"); put_number(s, double(op.k));
   }
   if (op.cp_step >= 0) { put_key(s, "cp_step"); put_number(s, double(op.cp_step)); }
+  if (op.fp8_slots[0] >= 0) {
+    put_key(s, "fp8_slots");
+    put_int_list(s, std::vector<int64_t>(op.fp8_slots.begin(), op.fp8_slots.end()));
+  }
   if (is_compute(op.kind)) { put_key(s, "flops"); put_number(s, op.flops); }
   put_key(s, "bytes");
   put_number(s, op.bytes);
@@ -209,6 +213,19 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   put_number(s, double(program.num_microbatches));
   put_key(s, "tokens_per_step");
   put_number(s, double(program.tokens_per_step));
+  if (program.fp8.enabled()) {  // absent: no FP8
+    s += ",\"fp8\":{\"format\":";
+    put_string(s, to_string(program.fp8.format));
+    put_key(s, "amax_history_len");
+    put_number(s, double(program.fp8.amax_history_len));
+    put_key(s, "amax_compute_algo");
+    put_string(s, to_string(program.fp8.amax_compute_algo));
+    put_key(s, "margin");
+    put_number(s, double(program.fp8.margin));
+    put_key(s, "slots");
+    put_number(s, double(program.fp8_slots));
+    s += '}';
+  }
   s += ",\"roles\":[";
   sink.put(s);
   for (size_t r = 0; r < program.roles.size(); ++r) {
@@ -412,6 +429,20 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);
     p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);
     p.tokens_per_step = integer(j.at("tokens_per_step"), "tokens_per_step", 0, kLarge);
+    if (j.contains("fp8")) {
+      const Json& f = j.at("fp8");
+      std::string format = f.at("format").get<std::string>();
+      std::string algo = f.at("amax_compute_algo").get<std::string>();
+      if ((format != "e4m3" && format != "hybrid") || (algo != "most_recent" && algo != "max")) {
+        throw InputError(path + ": key 'fp8' = " + printable_excerpt(f.dump()) +
+                         ": valid: format e4m3 or hybrid, amax_compute_algo most_recent or max");
+      }
+      p.fp8.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
+      p.fp8.amax_compute_algo = algo == "max" ? Fp8AmaxAlgo::max : Fp8AmaxAlgo::most_recent;
+      p.fp8.amax_history_len = integer(f.at("amax_history_len"), "fp8.amax_history_len", 1, 1 << 20);
+      p.fp8.margin = integer(f.at("margin"), "fp8.margin", 0, 1000);
+      p.fp8_slots = integer(f.at("slots"), "fp8.slots", 1, kLarge);
+    }
     for (const Json& jr : j.at("roles")) {
       Role role;
       role.index = int32_t(integer(jr.at("index"), "index", 0, 1 << 24));
@@ -446,7 +477,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
             if (!parsed) {
               throw InputError(path + ": key 'dtype' = \"" + dtype +
                                "\": unknown value (valid: fp64, fp32, tf32, bf16, fp16, fp8, "
-                               "int32, int64)");
+                               "int32, int64, u8, fp8_e4m3, fp8_e5m2)");
             }
             op.dtype = *parsed;
             op.shape = integers(jo.at("shape"), "shape", 0, kLarge);
@@ -460,6 +491,15 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           op.n = integer(jo.value("n", Json(0)), "n", 0, kLarge);
           op.k = integer(jo.value("k", Json(0)), "k", 0, kLarge);
           op.cp_step = int32_t(integer(jo.value("cp_step", Json(-1)), "cp_step", -1, p.cp_size - 1));
+          if (jo.contains("fp8_slots")) {
+            std::vector<int64_t> slots = integers(jo.at("fp8_slots"), "fp8_slots", -1, p.fp8_slots - 1);
+            if (slots.size() != 2 || slots[0] < 0) {
+              throw InputError(path + ": key 'fp8_slots' = " + printable_excerpt(jo.at("fp8_slots").dump()) +
+                               ": valid: two slots [first, second or -1] below fp8.slots = " +
+                               std::to_string(p.fp8_slots));
+            }
+            op.fp8_slots = {int32_t(slots[0]), int32_t(slots[1])};
+          }
           op.flops = jo.value("flops", 0.0);
           if (is_collective(op.kind)) {
             op.group = parse_group(jo.at("group"), path);

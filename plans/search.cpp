@@ -76,6 +76,7 @@ std::string plan_name(const Plan& plan) {
   if (plan.sequence_parallel) out << "-sp";
   if (plan.attention_impl == AttentionImpl::flash) out << "-flash";
   if (plan.num_distributed_optimizer_instances > 1) out << "-shard" << plan.dp_shard_size();
+  if (plan.fp8.enabled()) out << "-fp8" << (plan.fp8.format == Fp8Format::hybrid ? "h" : "");
   return out.str();
 }
 
@@ -152,6 +153,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.overlap_param_gather = zero >= 1 && dp * cp > 1;
                 p.overlap_p2p_comm = default_overlap_p2p_comm(schedule);
                 p.attention_impl = space.attention_impl;
+                p.fp8 = space.fp8;
                 p.dropout = space.dropout;
                 p.name = plan_name(p);
                 p.file = "candidate " + p.name;
@@ -459,6 +461,7 @@ std::vector<FitSuggestion> suggest_fits(const Plan& plan, const ModelConfig& mod
       c.plan = v.plan;
       ComputeCostModel unused(v.topology.node.device, v.plan.param_dtype,
                               roofline_profile(v.topology), v.topology.file);
+      if (v.plan.fp8.enabled()) unused.use_fp8(v.topology.node.device, v.topology.file);
       ProbeCache probes(model, v.topology);
       check_candidate(c, model, v.topology, space, unused, probes);
       s.fits = c.kept();

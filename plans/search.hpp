@@ -38,6 +38,7 @@ struct SearchSpace {
   std::vector<int64_t> virtual_pp_sizes{2, 3, 4};  // interleaved_1f1b variants when pp > 1
   bool include_gpipe = false;
   AttentionImpl attention_impl = AttentionImpl::materialized;
+  Fp8Recipe fp8;  // every candidate's (plan --fp8): off, or e4m3 / hybrid with Megatron's defaults
   // Context-parallel sizes tried (p2p ring); empty: 1 and, with flash attention, the powers of two
   // up to 32 that leave each cp rank at least 8,192 tokens (sequences of 16,384 and more).
   std::vector<int64_t> context_parallel_sizes;

@@ -175,6 +175,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
                         program.model.is_object()
                             ? program.model.value("norm_type", std::string("rmsnorm"))
                             : std::string("rmsnorm"));
+  if (program.fp8.enabled()) cost.use_fp8(topology.node.device, topology.file);
   LinkFigures links = link_figures(topology);
   // Measured collective tables correct the α-β model where the streams run concurrently (GPU
   // profiles); an in-order profile's measured collectives take their measured time (below).

@@ -110,6 +110,22 @@ inline std::vector<PlanCase> lowering_cases() {
       }
     }
   }
+  // FP8 linear layers (both formats) with tp (SP), pp, dp, ZeRO 0-2, both attention kinds and
+  // the recompute modes.
+  for (int tp : {1, 2}) {
+    for (int pp : {1, 2}) {
+      for (int zero = 0; zero <= 2; ++zero) {
+        ++index;
+        Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", 2}, {"zero_stage", zero},
+                     {"micro_batch_size", 1}, {"global_batch_size", 2 * pp * (1 + index % 2)}, {"dtype", "fp32"},
+                     {"fp8", index % 2 ? "hybrid" : "e4m3"}, {"fp8_amax_history_len", 1 + index % 3},
+                     {"attention_impl", attentions[index % 2]}, {"recompute", recomputes[index % 3]},
+                     {"dropout", index % 2 ? 0.1 : 0.0}};
+        if (tp > 1 && index % 2 == 0) plan["sequence_parallel"] = true;
+        cases.push_back({models[index % 2], plan});
+      }
+    }
+  }
   return cases;
 }
 

@@ -290,6 +290,9 @@ const char* to_string(Dtype dtype) {
     case Dtype::fp8: return "fp8";
     case Dtype::int32: return "int32";
     case Dtype::int64: return "int64";
+    case Dtype::u8: return "u8";
+    case Dtype::fp8_e4m3: return "fp8_e4m3";
+    case Dtype::fp8_e5m2: return "fp8_e5m2";
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -304,6 +307,9 @@ int dtype_bytes(Dtype dtype) {
     case Dtype::fp8: return 1;
     case Dtype::int32: return 4;
     case Dtype::int64: return 8;
+    case Dtype::u8: return 1;
+    case Dtype::fp8_e4m3: return 1;
+    case Dtype::fp8_e5m2: return 1;
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -316,11 +322,13 @@ std::optional<Dtype> parse_dtype(const std::string& name) {
 }
 
 std::optional<Dtype> parse_buffer_dtype(const std::string& name) {
-  for (Dtype dtype : {Dtype::int32, Dtype::int64}) {
+  for (Dtype dtype : {Dtype::int32, Dtype::int64, Dtype::u8, Dtype::fp8_e4m3, Dtype::fp8_e5m2}) {
     if (name == to_string(dtype)) return dtype;
   }
   return parse_dtype(name);
 }
+
+bool is_fp8_storage(Dtype dtype) { return dtype == Dtype::fp8_e4m3 || dtype == Dtype::fp8_e5m2; }
 
 const char* to_string(IntraNodeKind kind) {
   switch (kind) {

@@ -15,14 +15,18 @@ namespace stepcast {
 
 // Number formats of compute (fp64 … fp8) and, for a program's data buffers only, of the token
 // ids and sample indices a step reads (int32, int64).
-enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64 };
+// fp8 names the FP8 tensor-core rate (peaks, profile tables); a buffer of FP8 values is fp8_e4m3
+// or fp8_e5m2 (Transformer Engine's formats); u8 is a one-byte mask (dropout).
+enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2 };
 const char* to_string(Dtype dtype);
 // Bytes per element; tf32 is stored as 4 bytes.
 int dtype_bytes(Dtype dtype);
 // Parses a compute dtype, "bf16", ...; nullopt for anything else (the integer ones included).
 std::optional<Dtype> parse_dtype(const std::string& name);
-// Parses the dtype of a program buffer: a compute dtype or int32 / int64.
+// Parses the dtype of a program buffer: a compute dtype, int32 / int64, u8, fp8_e4m3 / fp8_e5m2.
 std::optional<Dtype> parse_buffer_dtype(const std::string& name);
+// fp8_e4m3 and fp8_e5m2.
+bool is_fp8_storage(Dtype dtype);
 
 struct DeviceSpec {
   std::string name;                               // e.g. "A100-SXM4-80GB"

@@ -101,7 +101,8 @@ void check_megatron_rules(const MegatronArguments& m, const Plan& plan, const Mo
       "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
       "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--bf16",
       "--grad-reduce-in-bf16", "--recompute-granularity", "--recompute-method",
-      "--recompute-num-layers", "--context-parallel-size", "--cp-comm-type"};
+      "--recompute-num-layers", "--context-parallel-size", "--cp-comm-type", "--fp8-format", "--fp8-recipe",
+      "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"};
   for (const auto& [name, value] : f) {
     INFO(name);
     CHECK(known.count(name) == 1);
@@ -383,6 +384,31 @@ TEST_CASE("Megatron-LM arguments: context parallelism in Megatron's words", "[se
     CHECK(plan.name.find("-cp4-") != std::string::npos);
     check_megatron_rules(args, plan, m);
   }
+}
+
+TEST_CASE("Megatron-LM arguments: FP8 in Transformer Engine's words", "[search][megatron][fp8]") {
+  ModelConfig m = named_model("llama3-8b");
+  Plan p;
+  p.tp_size = 2;
+  p.dp_size = 4;
+  p.global_batch_size = 8;
+  p.fp8.format = Fp8Format::hybrid;
+  p.fp8.amax_history_len = 1024;
+  p.fp8.amax_compute_algo = Fp8AmaxAlgo::max;
+  Plan plan = resolved(p, m);
+  auto args = megatron_arguments(plan, m);
+  auto f = flags_of(args);
+  INFO(Json(args.arguments).dump());
+  CHECK(args.runnable);
+  // megatron/training/arguments.py, _add_transformer_engine_args: --fp8-format (dest fp8)
+  // e4m3|hybrid, --fp8-recipe delayed, --fp8-amax-history-len, --fp8-amax-compute-algo, --fp8-margin.
+  CHECK(f.at("--fp8-format") == "hybrid");
+  CHECK(f.at("--fp8-recipe") == "delayed");
+  CHECK(f.at("--fp8-amax-history-len") == "1024");
+  CHECK(f.at("--fp8-amax-compute-algo") == "max");
+  CHECK(f.at("--fp8-margin") == "0");
+  CHECK(plan.name.find("-fp8h") != std::string::npos);
+  check_megatron_rules(args, plan, m);
 }
 
 TEST_CASE("Megatron-LM cannot run these as simulated: marked, with the reason", "[search][megatron]") {

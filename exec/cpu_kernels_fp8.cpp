@@ -1,0 +1,124 @@
+// The CPU kernels' FP8 emulation (cpu_kernels.hpp): casts to the e4m3 / e5m2 grids, GEMMs that
+// decode 64×64 blocks of codes into the caller's scratch and multiply them with cblas, and the
+// delayed-scaling update.
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "cpu_kernels.hpp"
+#include "errors.hpp"
+
+namespace stepcast::cpu {
+
+namespace {
+
+const std::array<double, 256>& decode_table(Fp8Storage format) {
+  static const std::array<double, 256> e4m3 = fp8_decode_table(Fp8Storage::e4m3);
+  static const std::array<double, 256> e5m2 = fp8_decode_table(Fp8Storage::e5m2);
+  return format == Fp8Storage::e4m3 ? e4m3 : e5m2;
+}
+
+// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of op(X) decoded into out[rows, cols].
+template <class T>
+void decode_block(const Fp8Operand<T>& x, bool trans, int64_t r0, int64_t rows, int64_t c0, int64_t cols, T* out) {
+  const std::array<double, 256>& table = decode_table(x.format);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      int64_t i = trans ? (c0 + c) * x.ld + (r0 + r) : (r0 + r) * x.ld + (c0 + c);
+      out[r * cols + c] = T(table[x.codes[i]]);
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage format) {
+  T most = *amax;
+  for (int64_t i = 0; i < n; ++i) {
+    most = std::max(most, T(std::fabs(x[i])));
+    y[i] = fp8_encode(fp8_round(double(x[i] * scale), format), format);
+  }
+  *amax = most;
+}
+
+template <class T>
+void fp8_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Fp8Operand<T>& a,
+              const Fp8Operand<T>& b, T beta, T* c, int64_t ldc, T* scratch) {
+  const T alpha = T(1) / (a.scale * b.scale);
+  T* a_block = scratch;
+  T* b_block = scratch + kFp8Block * kFp8Block;
+  for (int64_t i0 = 0; i0 < m; i0 += kFp8Block) {
+    const int64_t mb = std::min(kFp8Block, m - i0);
+    for (int64_t j0 = 0; j0 < n; j0 += kFp8Block) {
+      const int64_t nb = std::min(kFp8Block, n - j0);
+      T* cb = c + i0 * ldc + j0;
+      if (k == 0) {
+        gemm<T>(false, false, mb, nb, 0, alpha, a_block, kFp8Block, b_block, kFp8Block, beta, cb, ldc);
+        continue;
+      }
+      for (int64_t p0 = 0; p0 < k; p0 += kFp8Block) {
+        const int64_t kb = std::min(kFp8Block, k - p0);
+        decode_block(a, trans_a, i0, mb, p0, kb, a_block);
+        decode_block(b, trans_b, p0, kb, j0, nb, b_block);
+        gemm<T>(false, false, mb, nb, kb, alpha, a_block, kb, b_block, nb, p0 == 0 ? beta : T(1), cb, ldc);
+      }
+    }
+  }
+}
+
+template <class T>
+void fp8_linear_forward(const Fp8Operand<T>& x, const Fp8Operand<T>& w, const T* bias, T* y, int64_t tokens,
+                        int64_t in, int64_t out, T* scratch) {
+  fp8_gemm<T>(false, true, tokens, out, in, x, w, T(0), y, out, scratch);
+  if (!bias) return;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t o = 0; o < out; ++o) y[t * out + o] += bias[o];
+}
+
+template <class T>
+void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T* dx, int64_t tokens, int64_t in,
+                              int64_t out, bool accumulate, T* scratch) {
+  fp8_gemm<T>(false, false, tokens, in, out, dy, w, accumulate ? T(1) : T(0), dx, in, scratch);
+}
+
+template <class T>
+void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x, T* dw, T* dbias, int64_t tokens,
+                                int64_t in, int64_t out, T* scratch) {
+  fp8_gemm<T>(true, false, out, in, tokens, dy, x, T(1), dw, in, scratch);
+  if (!dbias) return;
+  const std::array<double, 256>& table = decode_table(dy.format);
+  for (int64_t o = 0; o < out; ++o) {
+    double sum = 0;
+    for (int64_t t = 0; t < tokens; ++t) sum += table[dy.codes[t * dy.ld + o]];
+    dbias[o] += T(sum / double(dy.scale));
+  }
+}
+
+template <class T>
+void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe) {
+  const int64_t len = recipe.amax_history_len;
+  for (int64_t i = 0; i < slots; ++i) {
+    Fp8Storage format = storage_of(recipe.format, is_gradient_slot(int32_t(i)));
+    scale[i] = fp8_updated_scale(history + i * len, len, amax[i], scale[i], recipe.amax_compute_algo, recipe.margin,
+                                 format);
+    amax[i] = T(0);
+  }
+}
+
+#define STEPCAST_CPU_KERNELS_FP8(T)                                                                                   \
+  template void fp8_cast<T>(const T*, uint8_t*, int64_t, T, T*, Fp8Storage);                                          \
+  template void fp8_gemm<T>(bool, bool, int64_t, int64_t, int64_t, const Fp8Operand<T>&, const Fp8Operand<T>&, T, T*, \
+                            int64_t, T*);                                                                             \
+  template void fp8_linear_forward<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, const T*, T*, int64_t, int64_t,     \
+                                      int64_t, T*);                                                                   \
+  template void fp8_linear_backward_data<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, int64_t, int64_t, int64_t, \
+                                            bool, T*);                                                                \
+  template void fp8_linear_backward_weight<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, T*, int64_t, int64_t,   \
+                                              int64_t, T*);                                                           \
+  template void fp8_scale_update<T>(T*, T*, T*, int64_t, const Fp8Recipe&);
+STEPCAST_CPU_KERNELS_FP8(float)
+STEPCAST_CPU_KERNELS_FP8(double)
+#undef STEPCAST_CPU_KERNELS_FP8
+
+}  // namespace stepcast::cpu

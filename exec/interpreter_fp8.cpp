@@ -1,0 +1,104 @@
+// The interpreter's FP8 ops (interpreter.hpp; fp8.hpp): casts of activations, gradients and a
+// layer's weights to FP8 with their slot's scale, GEMMs on FP8 operands, and delayed scaling's
+// end of step (the amax maximised over the group, the scales updated). Every scale is read from
+// the program's persistent fp8.scale buffer at the op's slot.
+#include "errors.hpp"
+#include "interpreter.hpp"
+
+namespace stepcast {
+namespace {
+
+Fp8Storage storage(Dtype dtype) {
+  STEPCAST_CHECK(is_fp8_storage(dtype), std::string("an FP8 operand of dtype ") + to_string(dtype));
+  return dtype == Dtype::fp8_e4m3 ? Fp8Storage::e4m3 : Fp8Storage::e5m2;
+}
+
+// The linear weights of a layer's group, each with its weight slot kind.
+struct Fp8Weight {
+  const char* tensor;
+  Fp8Slot slot;
+};
+constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
+                                     {"attn_out.weight", Fp8Slot::attn_out_w},
+                                     {"mlp_up.weight", Fp8Slot::mlp_up_w},
+                                     {"mlp_gate.weight", Fp8Slot::mlp_gate_w},
+                                     {"mlp_down.weight", Fp8Slot::mlp_down_w}};
+
+}  // namespace
+
+template <class T, class G, class W>
+Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& op, int32_t slot) {
+  return {codes(name, op), buf<W>("fp8.scale", op) + slot, storage(dtype(name, op))};
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::fp8_activation(const Op& op) {
+  W* scale = buf<W>(in(op, "scale"), op);
+  W* amax = buf<W>(out(op, "amax"), op);
+  if (op.name == OpName::fp8_cast) {  // [x, scale, amax] → [y, amax]
+    const std::string& y = out(op, "y");
+    const int32_t slot = op.fp8_slots[0];
+    backend_.fp8_cast(buf(in(op, "x"), op), codes(y, op), count(in(op, "x"), op), scale + slot, amax + slot,
+                      storage(dtype(y, op)));
+    return;
+  }
+  // fp8_weights: [w, scale, amax] → [w8, amax], each linear weight with its slot's scale.
+  const std::string& w = in(op, "w");
+  const std::string& w8 = out(op, "w8");
+  const GroupLayout& layout = layouts_.at(group_of_buffer(w));
+  for (const Fp8Weight& weight : kFp8Weights) {
+    if (!layout.has(weight.tensor)) continue;
+    const TensorSlice& tensor = layout.at(weight.tensor);
+    const int32_t slot = op.fp8_slots[0] + weight.slot;
+    backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
+                      amax + slot, storage(dtype(w8, op)));
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor) {
+  const int32_t a = op.fp8_slots[0], b = op.fp8_slots[1];
+  const bool bias = bias_tensor[0] != '\0';
+  if (op.grad == Grad::none) {  // [x8, w8, (bias_w)] → [y]
+    const std::string& w = in(op, "w");
+    int64_t offset = layouts_.at(group_of_buffer(w)).at(weight_tensor).offset;
+    Fp8Codes<W> w8 = fp8_codes(w, op, b);
+    w8.codes += offset;
+    backend_.fp8_linear_forward(fp8_codes(in(op, "x"), op, a), w8, bias ? slice(in(op, "bias_w"), op, bias_tensor) : nullptr,
+                                buf(out(op, "y"), op), op.m, op.k, op.n);
+  } else if (op.grad == Grad::dgrad) {  // [d_y8, w8, (d_x)] → [d_x]
+    const std::string& w = in(op, "w");
+    Fp8Codes<W> w8 = fp8_codes(w, op, b);
+    w8.codes += layouts_.at(group_of_buffer(w)).at(weight_tensor).offset;
+    backend_.fp8_linear_backward_data(fp8_codes(in(op, "d_y"), op, a), w8, buf(out(op, "d_x"), op), op.m, op.n, op.k,
+                                      operands(op).has_in("d_x"));
+  } else {  // wgrad: [x8, d_y8] → [dw]
+    const std::string& dw = out(op, "dw");
+    backend_.fp8_linear_backward_weight(fp8_codes(in(op, "d_y"), op, b), fp8_codes(in(op, "x"), op, a),
+                                        slice<G>(dw, op, weight_tensor), bias ? slice<G>(dw, op, bias_tensor) : nullptr,
+                                        op.k, op.m, op.n);
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::fp8_step_end(const Op& op) {
+  if (op.kind == OpKind::all_reduce) {  // fp8_amax: [amax] → [amax], the maximum over the group
+    const std::string& amax = out(op, "amax");
+    backend_.all_reduce_max(op.group, buf<W>(amax, op), count(amax, op));
+    return;
+  }
+  // fp8_scale_update: [amax, history, scale] → [history, scale, amax]
+  const std::string& scale = out(op, "scale");
+  backend_.fp8_scale_update(buf<W>(out(op, "amax"), op), buf<W>(out(op, "history"), op), buf<W>(scale, op),
+                            count(scale, op), p_.fp8);
+}
+
+#define STEPCAST_INSTANTIATE_FP8(T, G, W)                                                                   \
+  template Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string&, const Op&, int32_t);             \
+  template void Interpreter<T, G, W>::fp8_activation(const Op&);                                            \
+  template void Interpreter<T, G, W>::fp8_gemm(const Op&, const char*, const char*);                        \
+  template void Interpreter<T, G, W>::fp8_step_end(const Op&);
+STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_FP8)
+#undef STEPCAST_INSTANTIATE_FP8
+
+}  // namespace stepcast

@@ -1,0 +1,123 @@
+// FP8 training as Transformer Engine does it (Megatron-LM's --fp8-format, --fp8-recipe delayed):
+// the inputs of every linear layer of a transformer layer cast to an 8-bit float with a per-tensor
+// scale, the GEMMs run on FP8 operands and accumulate in fp32, their outputs leave in the plan's
+// dtype. Delayed scaling: each FP8 tensor kind of each layer (a "slot") keeps an amax history;
+// its scale for a step is fp8_max / amax / 2^margin from that history, the amax of the step's
+// tensors (maximised over every rank) is pushed into the history at the step's end.
+//
+// Formats (OCP FP8, as NVIDIA's __nv_fp8_e4m3 / __nv_fp8_e5m2 with saturation to finite):
+//   e4m3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest 448, no infinities, smallest
+//         subnormal 2^-9;
+//   e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; largest 57344, smallest subnormal 2^-16.
+// Rounding is to nearest, ties to even; values beyond the largest saturate to it.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace stepcast {
+
+// The plan's fp8 key: none (16/32-bit GEMMs); e4m3, every FP8 tensor in e4m3; hybrid, e4m3
+// forward and e5m2 for the gradients (Transformer Engine's Format.HYBRID).
+enum class Fp8Format { none, e4m3, hybrid };
+// How the scale's amax comes from the history (Megatron's --fp8-amax-compute-algo).
+enum class Fp8AmaxAlgo { most_recent, max };
+const char* to_string(Fp8Format format);
+const char* to_string(Fp8AmaxAlgo algo);
+
+struct Fp8Recipe {
+  Fp8Format format = Fp8Format::none;
+  int64_t amax_history_len = 1;  // Megatron's default --fp8-amax-history-len
+  Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::most_recent;
+  int64_t margin = 0;  // scale = fp8_max / amax / 2^margin
+  bool enabled() const { return format != Fp8Format::none; }
+};
+
+// The FP8 tensors of one transformer layer: the input (x) and weight (w) of each linear layer
+// in the forward, the output gradient (d) of each in the backward. mlp_up and mlp_gate share
+// their input. Slot of layer l, kind k: l·kFp8SlotsPerLayer + k.
+enum Fp8Slot : int32_t {
+  qkv_x, qkv_w, attn_out_x, attn_out_w, mlp_x, mlp_up_w, mlp_gate_w, mlp_down_x, mlp_down_w,
+  qkv_d, attn_out_d, mlp_up_d, mlp_gate_d, mlp_down_d
+};
+constexpr int32_t kFp8SlotsPerLayer = int32_t(mlp_down_d) + 1;
+inline bool is_gradient_slot(int32_t slot) { return slot % kFp8SlotsPerLayer >= qkv_d; }
+
+// One of the two storage formats.
+enum class Fp8Storage { e4m3, e5m2 };
+inline Fp8Storage storage_of(Fp8Format format, bool gradient) {
+  return format == Fp8Format::hybrid && gradient ? Fp8Storage::e5m2 : Fp8Storage::e4m3;
+}
+inline double fp8_max(Fp8Storage f) { return f == Fp8Storage::e4m3 ? 448.0 : 57344.0; }
+
+// The nearest value of the format's grid to x (ties to even), saturated to ±fp8_max; NaN stays NaN.
+inline double fp8_round(double x, Fp8Storage f) {
+  if (std::isnan(x)) return x;
+  const int mantissa_bits = f == Fp8Storage::e4m3 ? 3 : 2;
+  const int min_exponent = f == Fp8Storage::e4m3 ? -6 : -14;  // of the smallest normal
+  double a = std::fabs(x);
+  if (a >= fp8_max(f)) return std::copysign(fp8_max(f), x);
+  if (a == 0) return x;
+  int e = std::ilogb(a);
+  if (e < min_exponent) e = min_exponent;
+  double quantum = std::ldexp(1.0, e - mantissa_bits);
+  double r = std::nearbyint(a / quantum) * quantum;  // the default rounding mode: ties to even
+  return std::copysign(std::fmin(r, fp8_max(f)), x);
+}
+
+// The 8-bit code of a value on the grid (fp8_round's result), and back.
+inline uint8_t fp8_encode(double v, Fp8Storage f) {
+  const int mantissa_bits = f == Fp8Storage::e4m3 ? 3 : 2;
+  const int bias = f == Fp8Storage::e4m3 ? 7 : 15;
+  uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  if (std::isnan(v)) return f == Fp8Storage::e4m3 ? 0x7f : 0x7e;
+  double a = std::fabs(v);
+  if (a == 0) return sign;
+  int e = std::ilogb(a);
+  if (e < 1 - bias) {  // subnormal: exponent field 0
+    return uint8_t(sign | int(std::ldexp(a, bias - 1 + mantissa_bits)));
+  }
+  int m = int(std::ldexp(a, -e) * (1 << mantissa_bits)) - (1 << mantissa_bits);
+  return uint8_t(sign | ((e + bias) << mantissa_bits) | m);
+}
+
+inline double fp8_decode(uint8_t code, Fp8Storage f) {
+  const int mantissa_bits = f == Fp8Storage::e4m3 ? 3 : 2;
+  const int bias = f == Fp8Storage::e4m3 ? 7 : 15;
+  const int exponent = (code & 0x7f) >> mantissa_bits;
+  const int m = code & ((1 << mantissa_bits) - 1);
+  double sign = code & 0x80 ? -1.0 : 1.0;
+  if (f == Fp8Storage::e4m3 && (code & 0x7f) == 0x7f) return std::nan("");
+  if (f == Fp8Storage::e5m2 && exponent == 31) return m ? std::nan("") : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(double(m), 1 - bias - mantissa_bits);
+  return sign * std::ldexp(1.0 + double(m) / (1 << mantissa_bits), exponent - bias);
+}
+
+// Every code's value, for kernels that decode by table.
+inline std::array<double, 256> fp8_decode_table(Fp8Storage f) {
+  std::array<double, 256> t{};
+  for (int c = 0; c < 256; ++c) t[size_t(c)] = fp8_decode(uint8_t(c), f);
+  return t;
+}
+
+// Delayed scaling's update of one slot at the end of a step (Transformer Engine's
+// _default_sf_compute after the history roll): the step's amax enters the history (newest
+// first, the oldest dropped); the amax used is the newest (most_recent) or the history's largest
+// (max); the scale becomes fp8_max / amax / 2^margin, or stays as it was when that amax is 0 or
+// not finite. history has amax_history_len entries.
+template <class X>
+X fp8_updated_scale(X* history, int64_t len, X step_amax, X scale, Fp8AmaxAlgo algo, int64_t margin, Fp8Storage f) {
+  for (int64_t i = len - 1; i > 0; --i) history[i] = history[i - 1];
+  history[0] = step_amax;
+  X amax = history[0];
+  if (algo == Fp8AmaxAlgo::max) {
+    for (int64_t i = 1; i < len; ++i) amax = std::fmax(amax, history[i]);
+  }
+  if (!(amax > 0) || !std::isfinite(amax)) return scale;
+  X updated = X(fp8_max(f)) / amax / X(std::ldexp(1.0, int(margin)));
+  return std::isfinite(updated) ? updated : scale;
+}
+
+}  // namespace stepcast
