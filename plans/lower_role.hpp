@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lower_context.hpp"
+#include "schedule.hpp"
 
 namespace stepcast {
 
@@ -107,8 +108,22 @@ class RoleLowering {
   }
   std::vector<const ParamGroup*> layer_groups(int64_t vs) const;
 
-  void emit_chunk_forward(int32_t mb, int64_t chunk);
-  void emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk);
+  // A chunk's forward (backward) pass. Plain schedules receive its input (output gradient) first
+  // and send its output (input gradient) last; with `exchanged` (the blocking interleaved
+  // schedule) the input was received in an earlier round and the pass returns what it would send
+  // ("" when nothing: the last virtual stage's forward, the first's backward).
+  std::string emit_chunk_forward(int32_t mb, int64_t chunk, bool exchanged);
+  std::string emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk, bool exchanged);
+  // Megatron-LM's blocking interleaved schedule: rounds of passes, each closed by one batch of
+  // transfers (pipeline_exchange.hpp) that the next compute op waits for.
+  void emit_exchanges(const ScheduleShape& shape, const std::vector<PassAction>& actions,
+                      const std::map<int64_t, size_t>& last_backward);
+  // A pipeline transfer of a chunk pass's activation (forward) or gradient (backward); a receive
+  // allocates the buffer it fills and returns its name, a send frees what it sent.
+  std::string recv_forward(int32_t mb, int64_t chunk);
+  void send_forward(int32_t mb, int64_t chunk, const std::string& x);
+  std::string recv_backward(int32_t mb, int64_t chunk);
+  void send_backward(int32_t mb, int64_t chunk, const std::string& g);
 
   // ---- embedding and loss (lower_embedding_loss.cpp) ----
 

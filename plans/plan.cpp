@@ -265,15 +265,14 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
     fail("pp_size", plan.pp_size, "schedule \"interleaved_1f1b\" needs a pipeline",
          "pp_size >= 2, or schedule \"1f1b\"");
   }
-  if (plan.schedule == ScheduleKind::interleaved_1f1b && !plan.overlap_p2p_comm) {
-    // The lowering posts each receive just before the pass that reads it; Megatron's blocking
-    // interleaved schedule posts a pass's four transfers as one batch, which the program cannot
-    // order yet: waiting on sends there would deadlock (program_check finds it).
+  if (plan.schedule == ScheduleKind::interleaved_1f1b && !plan.overlap_p2p_comm && plan.pp_size == 2) {
+    // Megatron-LM refuses it (arguments.py:1005-1009): with two stages the previous and the next
+    // stage are one rank, which a batch would send to and receive from twice, and NCCL pairs a
+    // pair's transfers in posting order (so does program_check). 2021's code did not check.
     throw_input_error(f, "overlap_p2p_comm", "false",
-                      "blocking pipeline transfers are not supported with schedule "
-                      "\"interleaved_1f1b\" yet",
-                      "true (Megatron-LM's default for the interleaved schedule), or schedule "
-                      "\"1f1b\" / \"gpipe\"");
+                      "blocking pipeline transfers under schedule \"interleaved_1f1b\" need pp_size > 2 "
+                      "(the plan has 2: a batch would exchange twice with the same stage)",
+                      "true, or pp_size >= 3, or schedule \"1f1b\"");
   }
   int64_t virtual_stages = saturating_product(plan.pp_size, plan.virtual_pp_size);
   if (virtual_stages > model.num_hidden_layers) {
