@@ -148,46 +148,68 @@ void RoleLowering::emit_exchanges(const ScheduleShape& shape, const std::vector<
     if (x.send_next) send_forward(int32_t(x.send_next->microbatch), x.send_next->chunk, output);
     if (x.recv_prev) recv_forward(int32_t(x.recv_prev->microbatch), x.recv_prev->chunk);
     if (x.recv_next) recv_backward(int32_t(x.recv_next->microbatch), x.recv_next->chunk);
+    gather_received();  // after the batch, as _communicate gathers after its wait
   }
   STEPCAST_CHECK(i == actions.size(), "exchange rounds miss passes of the schedule");
 }
 
+// The receive of a chunk pass's input (forward) or output gradient (backward) into `name`; under
+// scatter_gather_tensors_in_pipeline into a 1/tp slice, gathered over tp by gather_received.
+void RoleLowering::recv_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag) {
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  rb_.alloc(name, BufferClass::activations, c_.act, local, at.phase);
+  if (!scatter_gather()) {
+    e_.p2p(at, OpKind::recv, peer, tag, act_bytes(local), name);
+    return;
+  }
+  std::string part = name + "_part";
+  rb_.alloc(part, BufferClass::activations, c_.act, {c_.s_local * c_.b * c_.h / c_.t}, at.phase);
+  e_.p2p(at, OpKind::recv, peer, tag, act_bytes(local) / double(c_.t), part);
+  pending_gathers_.push_back({at, part, name});
+}
+
+void RoleLowering::gather_received() {
+  for (const PendingGather& g : pending_gathers_) {
+    e_.collective(g.at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::pp_gather,
+                  act_bytes({c_.s_local, c_.b, c_.h}), {g.part}, {g.full});
+    rb_.free(g.part, g.at.phase);
+  }
+  pending_gathers_.clear();
+}
+
+// The send of `name`, or of this rank's 1/tp slice of it under scatter_gather_tensors_in_pipeline.
+void RoleLowering::send_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag,
+                                   const char* pass) {
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  bool slice = scatter_gather();
+  std::vector<int64_t> sent = slice ? std::vector<int64_t>{c_.s_local * c_.b * c_.h / c_.t} : local;
+  e_.p2p(at, OpKind::send, peer, tag, act_bytes(sent), name,
+         send_staging(at.microbatch, at.chunk, pass, sent, at.phase), true, slice);
+  rb_.free(name, at.phase);
+}
+
 std::string RoleLowering::recv_forward(int32_t mb, int64_t chunk) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
-  OpSite at{Phase::forward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
   std::string x = tag_name("in", mb, chunk);
-  rb_.alloc(x, BufferClass::activations, c_.act, local, Phase::forward);
-  e_.p2p(at, OpKind::recv, Peer::pp_prev, p2p_tag(mb, vs - 1, false), act_bytes(local), x);
+  recv_activation({Phase::forward, -1, mb, int32_t(chunk)}, x, Peer::pp_prev, p2p_tag(mb, vs - 1, false));
   return x;
 }
 
 void RoleLowering::send_forward(int32_t mb, int64_t chunk, const std::string& x) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
-  OpSite at{Phase::forward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
-  e_.p2p(at, OpKind::send, Peer::pp_next, p2p_tag(mb, vs, false), act_bytes(local), x,
-         send_staging(mb, chunk, "forward", local, Phase::forward));
-  rb_.free(x, Phase::forward);
+  send_activation({Phase::forward, -1, mb, int32_t(chunk)}, x, Peer::pp_next, p2p_tag(mb, vs, false), "forward");
 }
 
 std::string RoleLowering::recv_backward(int32_t mb, int64_t chunk) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
-  OpSite at{Phase::backward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
   std::string g = tag_name("grad", mb, chunk);
-  rb_.alloc(g, BufferClass::activations, c_.act, local, Phase::backward);
-  e_.p2p(at, OpKind::recv, Peer::pp_next, p2p_tag(mb, vs + 1, true), act_bytes(local), g);
+  recv_activation({Phase::backward, -1, mb, int32_t(chunk)}, g, Peer::pp_next, p2p_tag(mb, vs + 1, true));
   return g;
 }
 
 void RoleLowering::send_backward(int32_t mb, int64_t chunk, const std::string& g) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
-  OpSite at{Phase::backward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
-  e_.p2p(at, OpKind::send, Peer::pp_prev, p2p_tag(mb, vs, true), act_bytes(local), g,
-         send_staging(mb, chunk, "backward", local, Phase::backward));
-  rb_.free(g, Phase::backward);
+  send_activation({Phase::backward, -1, mb, int32_t(chunk)}, g, Peer::pp_prev, p2p_tag(mb, vs, true), "backward");
 }
 
 std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exchanged) {
@@ -205,6 +227,7 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
     STEPCAST_CHECK(rb_.is_live(x), "forward of " + x + " before its receive");
   } else {
     x = recv_forward(mb, chunk);
+    gather_received();
   }
   chunk_input_[{mb, chunk}] = x;
   auto layers = layer_groups(vs);
@@ -241,6 +264,7 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     STEPCAST_CHECK(rb_.is_live(g), "backward of " + g + " before its receive");
   } else {
     recv_backward(mb, chunk);
+    gather_received();
   }
   auto layers = layer_groups(vs);
   for (size_t i = layers.size(); i-- > 0;) {

@@ -120,6 +120,16 @@ class RoleLowering {
                       const std::map<int64_t, size_t>& last_backward);
   // A pipeline transfer of a chunk pass's activation (forward) or gradient (backward); a receive
   // allocates the buffer it fills and returns its name, a send frees what it sent.
+  bool scatter_gather() const { return plan_.scatter_gather_tensors_in_pipeline && c_.t > 1; }
+  void recv_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag);
+  void send_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag, const char* pass);
+  // Emits the tp all_gathers (pp_gather) of the slices received since the last call.
+  void gather_received();
+  struct PendingGather {
+    OpSite at;
+    std::string part, full;
+  };
+  std::vector<PendingGather> pending_gathers_;
   std::string recv_forward(int32_t mb, int64_t chunk);
   void send_forward(int32_t mb, int64_t chunk, const std::string& x);
   std::string recv_backward(int32_t mb, int64_t chunk);

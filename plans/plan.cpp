@@ -181,6 +181,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
   plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
+  plan.scatter_gather_tensors_in_pipeline = reader.get_bool_or("scatter_gather_tensors_in_pipeline", false);
   plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
   if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
   plan.order = reader.get_string_or("order", "tp-dp-pp");
@@ -320,6 +321,13 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
          "with sequence_parallel must divide seq_length = " + std::to_string(model.seq_length),
          "a divisor of " + std::to_string(model.seq_length));
   }
+  if (plan.scatter_gather_tensors_in_pipeline && plan.sequence_parallel) {
+    // Sequence parallelism already sends each tp rank its s/tp rows: nothing left to split.
+    throw_input_error(f, "scatter_gather_tensors_in_pipeline", "true",
+                      "splits a pipeline transfer over tp, which sequence_parallel already does (each "
+                      "rank sends its own s/tp rows)",
+                      "false, or sequence_parallel false");
+  }
   validate_context_parallel(plan, model);
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
@@ -407,6 +415,7 @@ Json plan_to_json(const Plan& plan) {
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
   out["overlap_param_gather"] = plan.overlap_param_gather;
   out["overlap_p2p_comm"] = plan.overlap_p2p_comm;
+  out["scatter_gather_tensors_in_pipeline"] = plan.scatter_gather_tensors_in_pipeline;
   out["grad_bucket_bytes"] = plan.grad_bucket_bytes;
   out["layers_per_stage"] = plan.layers_per_stage;
   out["order"] = plan.order;

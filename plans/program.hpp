@@ -50,6 +50,7 @@ enum class OpName {
   // around the cp ring or gathered (cp_kv), partial attention outputs merged (cp_merge)
   cp_kv_pack, cp_kv, cp_dkv, cp_merge,
   cp_score, cp_value,  // materialized attention over the gathered K/V
+  pp_gather,  // scatter_gather_tensors_in_pipeline: a received 1/tp slice gathered over tp
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).

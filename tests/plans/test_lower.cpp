@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 #include "lower.hpp"
@@ -226,6 +227,54 @@ TEST_CASE("the blocking interleaved schedule posts a round's transfers together,
     }
   }
   CHECK(four_way > 0);  // a steady round of a middle stage sends and receives both ways
+}
+
+TEST_CASE("scatter_gather_tensors_in_pipeline sends 1/tp of each activation and gathers it over tp", "[lower]") {
+  // Megatron-LM v2 (2021): split_tensor_into_1d_equal_chunks before the send,
+  // gather_split_1d_tensor (an all_gather over tp) after the receive. tp 2, pp 2, 4 microbatches.
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  Json j = {{"tp_size", 2}, {"pp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 4}, {"dtype", "fp32"}};
+  auto transfers = [&](const Json& plan_json) {
+    StepProgram p = lower_program(model, topology, make_plan(plan_json, model, topology));
+    std::vector<std::string> errors = check_program(p);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+    double sent = 0;
+    int slices = 0, gathers = 0;
+    for (const Role& role : p.roles) {
+      for (const Op& op : role.ops) {
+        if (op.kind == OpKind::send) sent += op.bytes;
+        if (op.kind == OpKind::send) slices += op.group == GroupKind::tp;
+        if (op.kind == OpKind::all_gather && op.name == OpName::pp_gather) {
+          ++gathers;
+          CHECK(op.group == GroupKind::tp);
+          CHECK(op.bytes == double(model.seq_length * model.hidden_size * 4));  // the whole [s, b, h] per rank
+        }
+      }
+    }
+    // Round trip through program.json keeps the slice.
+    std::ostringstream text;
+    write_program_json(p, &text);
+    StepProgram back = parse_program_json_text(text.str(), "program.json");
+    int slices_back = 0;
+    for (const Role& role : back.roles) {
+      for (const Op& op : role.ops) slices_back += op.kind == OpKind::send && op.group == GroupKind::tp;
+    }
+    CHECK(slices_back == slices);
+    return std::make_tuple(sent, slices, gathers);
+  };
+  auto [whole, no_slices, no_gathers] = transfers(j);
+  CHECK(no_slices == 0);
+  CHECK(no_gathers == 0);
+  j["scatter_gather_tensors_in_pipeline"] = true;
+  auto [split, slices, gathers] = transfers(j);
+  CHECK(split == Approx(whole / 2));
+  CHECK(slices == 2 * 4);   // a forward and a backward send per microbatch, one boundary
+  CHECK(gathers == 2 * 4);  // one per receive
+  j["sequence_parallel"] = true;
+  CHECK_THROWS_WITH(make_plan(j, model, topology),
+                    Catch::Contains("key 'scatter_gather_tensors_in_pipeline' = true"));
 }
 
 TEST_CASE("collective algorithms follow the group's placement", "[lower]") {
