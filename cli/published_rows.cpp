@@ -65,9 +65,11 @@ std::string megatron_plan_rule() {
          "--num-layers-per-virtual-pipeline-stage, plain 1F1B otherwise; --DDP-impl torch (1.7B to "
          "18.4B): the data-parallel all-reduce in PyTorch DDP's 25 MiB buckets during the last "
          "microbatch's backward pass (no_sync on the others), --DDP-impl local: after the backward "
-         "pass; pipeline sends and receives block the next compute under 1F1B (2021's "
-         "batch_isend_irecv followed by torch.cuda.synchronize), overlapped under the interleaved "
-         "schedule (2021 blocked there too; stepcast cannot order that yet); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
+         "pass; pipeline sends and receives block the next compute under both schedules (2021's "
+         "_communicate: one batch_isend_irecv, each request waited, then torch.cuda.synchronize; "
+         "the code of the authors' scripts had no overlap option), in Megatron's batches under the "
+         "interleaved schedule; each pipeline transfer split over tp and all-gathered after it "
+         "(--scatter-gather-tensors-in-pipeline, on by default then); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
          "(--fp16); ZeRO 0; materialized attention (no FlashAttention in 2021); dropout 0.1; no "
          "sequence parallelism (introduced after SC'21).";
 }
@@ -93,7 +95,12 @@ Json megatron_plan_json(const MegatronRow& row) {
           {"dropout", 0.1},
           {"overlap_grad_reduce", torch_ddp},
           {"overlap_param_gather", false},
-          {"overlap_p2p_comm", v > 1}};
+          // megatron/p2p_communication.py _communicate at commit de7dc40f88 ("scripts for sc21",
+          // Aug 2021): batch_isend_irecv, req.wait() for every request, torch.cuda.synchronize().
+          {"overlap_p2p_comm", false},
+          // --scatter-gather-tensors-in-pipeline: on by default at de7dc40f88 (megatron/arguments.py,
+          // a store_false flag; commit 72e4230bb5 turned it on), not passed by run_table_1.sh.
+          {"scatter_gather_tensors_in_pipeline", true}};
   // PyTorch DDP's bucket_cap_mb default (25 MiB), which Megatron-LM 2021 did not change.
   if (torch_ddp) plan["grad_bucket_bytes"] = 25 << 20;
   return plan;

@@ -27,14 +27,21 @@ void Interpreter<T, G, W>::p2p(const Op& op) {
   // [x] → [(staging)]. The send goes from the program's staging copy (comm class, live to the end
   // of the step, when finish_sends completes it), so the tensor's memory may be reused at once.
   // Without one (GPU topologies) it goes from the tensor itself.
+  // A send on the tp group carries this rank's 1/tp of the flattened tensor (Megatron-LM v2's
+  // split_tensor_into_1d_equal_chunks); the receiving stage all-gathers the slices (pp_gather).
   const std::string& x = in(op, "x");
+  int64_t n = count(x, op), offset = 0;
+  if (op.group == GroupKind::tp) {
+    n /= backend_.group_size(GroupKind::tp);
+    offset = n * backend_.group_index(GroupKind::tp);
+  }
   if (!operands(op).has_out("staging")) {
-    backend_.send(buf(x, op), count(x, op), peer, op.tag);
+    backend_.send(buf(x, op) + offset, n, peer, op.tag);
     return;
   }
   const std::string& staging = out(op, "staging");
-  backend_.copy(buf(staging, op), buf(x, op), count(x, op) * element_bytes(x, op));
-  backend_.send(buf(staging, op), count(x, op), peer, op.tag);
+  backend_.copy(buf(staging, op), buf(x, op) + offset, n * element_bytes(x, op));
+  backend_.send(buf(staging, op), n, peer, op.tag);
 }
 
 // The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.

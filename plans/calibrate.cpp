@@ -189,6 +189,11 @@ MegatronLog parse_megatron_log(const std::string& text, const std::string& file)
   if (get("overlap_param_gather") && truthy(*get("overlap_param_gather"))) plan["overlap_param_gather"] = true;
   // Printed after Megatron's own rule (false unless the schedule is interleaved).
   if (get("overlap_p2p_comm")) plan["overlap_p2p_comm"] = truthy(*get("overlap_p2p_comm"));
+  // Megatron-LM v2/v3 print it (on by default); v3 skips it under sequence parallelism, which
+  // already splits the transfer.
+  if (get("scatter_gather_tensors_in_pipeline") && !plan.value("sequence_parallel", false)) {
+    plan["scatter_gather_tensors_in_pipeline"] = truthy(*get("scatter_gather_tensors_in_pipeline"));
+  }
   if (get("seq_length")) log.seq_length = integer("seq_length", std::nullopt);
   log.plan = plan;
   std::vector<double> steady(log.iteration_times_s.begin() + (log.iteration_times_s.size() > 1 ? 1 : 0),

@@ -208,9 +208,10 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
 }
 
 int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-                       const std::string& buffer, const std::string& staging, bool pipeline) {
+                       const std::string& buffer, const std::string& staging, bool pipeline, bool tp_slice) {
   Op op = op_at(at, kind, Stream::p2p, kind == OpKind::send ? OpName::send : OpName::recv);
   op.peer = peer;
+  if (tp_slice) op.group = GroupKind::tp;
   op.tag = tag;
   op.bytes = bytes;
   if (kind == OpKind::send) op.inputs = {buffer};

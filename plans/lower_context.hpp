@@ -93,8 +93,10 @@ class OpEmitter {
   // A send with `staging` copies `buffer` into that comm buffer and sends from it. A pipeline
   // transfer is waited for by the next compute op unless the plan overlaps them; a
   // context-parallel ring transfer (pipeline false) only by the ops that read what it brings.
+  // `tp_slice`: a send of this rank's 1/tp of `buffer` (scatter_gather_tensors_in_pipeline).
   int32_t p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, double bytes,
-              const std::string& buffer, const std::string& staging = "", bool pipeline = true);
+              const std::string& buffer, const std::string& staging = "", bool pipeline = true,
+              bool tp_slice = false);
   // A buffer to free at the end of the step (a send's staging: the send completes by then).
   void defer_free(const std::string& name) { deferred_frees_.push_back(name); }
   const std::vector<std::string>& deferred_frees() const { return deferred_frees_; }

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "errors.hpp"
+#include "pipeline_exchange.hpp"
 #include "schedule.hpp"
 
 namespace stepcast {
@@ -24,10 +25,14 @@ void RoleLowering::lower() {
   for (size_t i = 0; i < actions.size(); ++i) {
     if (!actions[i].forward) last_backward[actions[i].chunk] = i;
   }
-  for (size_t i = 0; i < actions.size(); ++i) {
-    const PassAction& a = actions[i];
-    if (a.forward) emit_chunk_forward(a.microbatch, a.chunk);
-    else emit_chunk_backward(a.microbatch, a.chunk, last_backward[a.chunk] == i);
+  if (plan_.schedule == ScheduleKind::interleaved_1f1b && !plan_.overlap_p2p_comm) {
+    emit_exchanges(shape, actions, last_backward);
+  } else {
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const PassAction& a = actions[i];
+      if (a.forward) emit_chunk_forward(a.microbatch, a.chunk, false);
+      else emit_chunk_backward(a.microbatch, a.chunk, last_backward[a.chunk] == i, false);
+    }
   }
   // After the whole backward pass (no overlap): on its last timed op, not on a free.
   for (auto& bucket : deferred_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
@@ -136,10 +141,92 @@ std::vector<const ParamGroup*> RoleLowering::layer_groups(int64_t vs) const {
   return out;
 }
 
-void RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk) {
+void RoleLowering::emit_exchanges(const ScheduleShape& shape, const std::vector<PassAction>& actions,
+                                  const std::map<int64_t, size_t>& last_backward) {
+  size_t i = 0;  // index into `actions`: the exchanges compute the same passes in the same order
+  for (const PassExchange& x : interleaved_exchanges(shape, role_.pp_stage)) {
+    std::string output, input_grad;  // what this round's forward and backward passes send
+    for (const PassAction& a : x.passes) {
+      STEPCAST_CHECK(i < actions.size() && actions[i] == a, "exchange rounds out of the schedule's order");
+      if (a.forward) output = emit_chunk_forward(int32_t(a.microbatch), a.chunk, true);
+      else input_grad = emit_chunk_backward(int32_t(a.microbatch), a.chunk, last_backward.at(a.chunk) == i, true);
+      ++i;
+    }
+    // Megatron posts send_prev, recv_prev, send_next, recv_next as one batch_isend_irecv and waits
+    // for all four (p2p_communication.py _communicate, 2021; _batched_p2p_ops today): the next
+    // compute op waits for every transfer here (OpEmitter::p2p). Sends go first in the list so that
+    // an interpreter that blocks on a receive in list order has posted this round's sends.
+    if (x.send_prev) send_backward(int32_t(x.send_prev->microbatch), x.send_prev->chunk, input_grad);
+    if (x.send_next) send_forward(int32_t(x.send_next->microbatch), x.send_next->chunk, output);
+    if (x.recv_prev) recv_forward(int32_t(x.recv_prev->microbatch), x.recv_prev->chunk);
+    if (x.recv_next) recv_backward(int32_t(x.recv_next->microbatch), x.recv_next->chunk);
+    gather_received();  // after the batch, as _communicate gathers after its wait
+  }
+  STEPCAST_CHECK(i == actions.size(), "exchange rounds miss passes of the schedule");
+}
+
+// The receive of a chunk pass's input (forward) or output gradient (backward) into `name`; under
+// scatter_gather_tensors_in_pipeline into a 1/tp slice, gathered over tp by gather_received.
+void RoleLowering::recv_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag) {
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  rb_.alloc(name, BufferClass::activations, c_.act, local, at.phase);
+  if (!scatter_gather()) {
+    e_.p2p(at, OpKind::recv, peer, tag, act_bytes(local), name);
+    return;
+  }
+  std::string part = name + "_part";
+  rb_.alloc(part, BufferClass::activations, c_.act, {c_.s_local * c_.b * c_.h / c_.t}, at.phase);
+  e_.p2p(at, OpKind::recv, peer, tag, act_bytes(local) / double(c_.t), part);
+  pending_gathers_.push_back({at, part, name});
+}
+
+void RoleLowering::gather_received() {
+  for (const PendingGather& g : pending_gathers_) {
+    e_.collective(g.at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::pp_gather,
+                  act_bytes({c_.s_local, c_.b, c_.h}), {g.part}, {g.full});
+    rb_.free(g.part, g.at.phase);
+  }
+  pending_gathers_.clear();
+}
+
+// The send of `name`, or of this rank's 1/tp slice of it under scatter_gather_tensors_in_pipeline.
+void RoleLowering::send_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag,
+                                   const char* pass) {
+  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
+  bool slice = scatter_gather();
+  std::vector<int64_t> sent = slice ? std::vector<int64_t>{c_.s_local * c_.b * c_.h / c_.t} : local;
+  e_.p2p(at, OpKind::send, peer, tag, act_bytes(sent), name,
+         send_staging(at.microbatch, at.chunk, pass, sent, at.phase), true, slice);
+  rb_.free(name, at.phase);
+}
+
+std::string RoleLowering::recv_forward(int32_t mb, int64_t chunk) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  std::string x = tag_name("in", mb, chunk);
+  recv_activation({Phase::forward, -1, mb, int32_t(chunk)}, x, Peer::pp_prev, p2p_tag(mb, vs - 1, false));
+  return x;
+}
+
+void RoleLowering::send_forward(int32_t mb, int64_t chunk, const std::string& x) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  send_activation({Phase::forward, -1, mb, int32_t(chunk)}, x, Peer::pp_next, p2p_tag(mb, vs, false), "forward");
+}
+
+std::string RoleLowering::recv_backward(int32_t mb, int64_t chunk) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  std::string g = tag_name("grad", mb, chunk);
+  recv_activation({Phase::backward, -1, mb, int32_t(chunk)}, g, Peer::pp_next, p2p_tag(mb, vs + 1, true));
+  return g;
+}
+
+void RoleLowering::send_backward(int32_t mb, int64_t chunk, const std::string& g) {
+  int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
+  send_activation({Phase::backward, -1, mb, int32_t(chunk)}, g, Peer::pp_prev, p2p_tag(mb, vs, true), "backward");
+}
+
+std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exchanged) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
   OpSite at{Phase::forward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
   if (c_.dropout && chunk == 0) {  // the masks of every chunk of this microbatch read them
     rb_.alloc(data_buffer_name(mb, DataBuffer::samples), BufferClass::activations, Dtype::int64,
               {c_.b}, Phase::forward);
@@ -147,10 +234,12 @@ void RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk) {
   std::string x;
   if (vs == 0) {
     x = emit_embedding_forward(at);
-  } else {
+  } else if (exchanged) {  // received in an earlier round
     x = tag_name("in", mb, chunk);
-    rb_.alloc(x, BufferClass::activations, c_.act, local, Phase::forward);
-    e_.p2p(at, OpKind::recv, Peer::pp_prev, p2p_tag(mb, vs - 1, false), act_bytes(local), x);
+    STEPCAST_CHECK(rb_.is_live(x), "forward of " + x + " before its receive");
+  } else {
+    x = recv_forward(mb, chunk);
+    gather_received();
   }
   chunk_input_[{mb, chunk}] = x;
   auto layers = layer_groups(vs);
@@ -173,17 +262,16 @@ void RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk) {
   }
   if (vs == c_.num_virtual_stages - 1) {
     emit_loss_forward(at, x);
-  } else {
-    e_.p2p(at, OpKind::send, Peer::pp_next, p2p_tag(mb, vs, false), act_bytes(local), x,
-           send_staging(mb, chunk, "forward", local, Phase::forward));
-    rb_.free(x, Phase::forward);
+    return "";
   }
+  if (exchanged) return x;  // sent at the end of the round
+  send_forward(mb, chunk, x);
+  return "";
 }
 
-void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk) {
+std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk, bool exchanged) {
   int64_t vs = c_.virtual_stage(role_.pp_stage, chunk);
   OpSite at{Phase::backward, -1, mb, int32_t(chunk)};
-  std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
   bool reduce_now = plan_.zero_stage >= 2 || last_for_chunk;
   std::string g = tag_name("grad", mb, chunk);
   if (vs == c_.num_virtual_stages - 1) {
@@ -193,9 +281,11 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
         if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);
       }
     }
+  } else if (exchanged) {  // received in an earlier round
+    STEPCAST_CHECK(rb_.is_live(g), "backward of " + g + " before its receive");
   } else {
-    rb_.alloc(g, BufferClass::activations, c_.act, local, Phase::backward);
-    e_.p2p(at, OpKind::recv, Peer::pp_next, p2p_tag(mb, vs + 1, true), act_bytes(local), g);
+    recv_backward(mb, chunk);
+    gather_received();
   }
   auto layers = layer_groups(vs);
   for (size_t i = layers.size(); i-- > 0;) {
@@ -210,6 +300,7 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     if (reduce_now) grads_ready(pg, mb, chunk, last_for_chunk);
   }
   chunk_input_.erase({mb, chunk});
+  std::string sent;
   if (vs == 0) {
     emit_embedding_backward(at, g);
     if (reduce_now) {
@@ -217,10 +308,10 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
         if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);
       }
     }
+  } else if (exchanged) {
+    sent = g;  // sent at the end of the round
   } else {
-    e_.p2p(at, OpKind::send, Peer::pp_prev, p2p_tag(mb, vs, true), act_bytes(local), g,
-           send_staging(mb, chunk, "backward", local, Phase::backward));
-    rb_.free(g, Phase::backward);
+    send_backward(mb, chunk, g);
   }
   if (c_.dropout && chunk == 0) rb_.free(data_buffer_name(mb, DataBuffer::samples), Phase::backward);
   if (reduce_now) {
@@ -228,6 +319,7 @@ void RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_
     for (auto& bucket : deferred_pass_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
     deferred_pass_buckets_.clear();
   }
+  return sent;
 }
 
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lower_context.hpp"
+#include "schedule.hpp"
 
 namespace stepcast {
 
@@ -108,12 +109,36 @@ class RoleLowering {
   }
   std::vector<const ParamGroup*> layer_groups(int64_t vs) const;
 
-  void emit_chunk_forward(int32_t mb, int64_t chunk);
+  // A chunk's forward (backward) pass. Plain schedules receive its input (output gradient) first
+  // and send its output (input gradient) last; with `exchanged` (the blocking interleaved
+  // schedule) the input was received in an earlier round and the pass returns what it would send
+  // ("" when nothing: the last virtual stage's forward, the first's backward).
+  std::string emit_chunk_forward(int32_t mb, int64_t chunk, bool exchanged);
+  std::string emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk, bool exchanged);
+  // Megatron-LM's blocking interleaved schedule: rounds of passes, each closed by one batch of
+  // transfers (pipeline_exchange.hpp) that the next compute op waits for.
+  void emit_exchanges(const ScheduleShape& shape, const std::vector<PassAction>& actions,
+                      const std::map<int64_t, size_t>& last_backward);
+  // A pipeline transfer of a chunk pass's activation (forward) or gradient (backward); a receive
+  // allocates the buffer it fills and returns its name, a send frees what it sent.
+  bool scatter_gather() const { return plan_.scatter_gather_tensors_in_pipeline && c_.t > 1; }
+  void recv_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag);
+  void send_activation(const OpSite& at, const std::string& name, Peer peer, int64_t tag, const char* pass);
+  // Emits the tp all_gathers (pp_gather) of the slices received since the last call.
+  void gather_received();
+  struct PendingGather {
+    OpSite at;
+    std::string part, full;
+  };
+  std::vector<PendingGather> pending_gathers_;
+  std::string recv_forward(int32_t mb, int64_t chunk);
+  void send_forward(int32_t mb, int64_t chunk, const std::string& x);
+  std::string recv_backward(int32_t mb, int64_t chunk);
+  void send_backward(int32_t mb, int64_t chunk, const std::string& g);
   // FP8: a layer's FP8 weight copy, and the end-of-step amax reduction and scale update.
   static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
   void emit_fp8_scale_update();
   std::set<int64_t> fp8_weights_cast_;  // layers whose FP8 copy this step already cast
-  void emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk);
 
   // ---- embedding and loss (lower_embedding_loss.cpp) ----
 

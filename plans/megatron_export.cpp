@@ -128,6 +128,12 @@ void add_pipeline(Builder& b, const Plan& plan, const ModelConfig& m) {
       b.flag("--pipeline-model-parallel-layout", "'" + megatron_pipeline_layout(layers) + "'");
     }
   }
+  if (plan.scatter_gather_tensors_in_pipeline && pp > 1 && plan.tp_size > 1) {
+    b.cannot("scatter_gather_tensors_in_pipeline: Megatron-LM v2's --scatter-gather-tensors-in-pipeline "
+             "(on by default in 2021, commit 72e4230bb5) is gone from today's Megatron-LM (commit "
+             "10e7b74597 removed the unused argument); sequence_parallel splits pipeline transfers "
+             "over tp instead");
+  }
   if (interleaved) {
     if (!plan.overlap_p2p_comm) {
       b.flag("--no-overlap-p2p-communication");  // arguments.py:3118

@@ -69,6 +69,7 @@ const char* to_string(OpName name) {
     case OpName::fp8_weights: return "fp8_weights";
     case OpName::fp8_amax: return "fp8_amax";
     case OpName::fp8_scale_update: return "fp8_scale_update";
+    case OpName::pp_gather: return "pp_gather";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
   }
@@ -320,7 +321,8 @@ std::vector<OpSignature> make_table() {
       collective(OpKind::reduce_scatter, {N::tp_embedding, N::tp_attn_out, N::tp_mlp_down,
                                           N::tp_mlp_up, N::tp_qkv, N::tp_logits}, "x", "y"),
       collective(OpKind::all_gather, {N::sp_embedding, N::sp_ln1, N::sp_ln2, N::sp_d_attn,
-                                      N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy, N::cp_kv}, "x", "y"),
+                                      N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy, N::cp_kv, N::pp_gather},
+                 "x", "y"),
       collective(OpKind::reduce_scatter, {N::cp_dkv}, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
        {{"shard", R::weights, C::one, D::floating, S::any}},

@@ -223,6 +223,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
   plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
+  plan.scatter_gather_tensors_in_pipeline = reader.get_bool_or("scatter_gather_tensors_in_pipeline", false);
   plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
   if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
   plan.order = reader.get_string_or("order", "tp-dp-pp");
@@ -307,15 +308,14 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
     fail("pp_size", plan.pp_size, "schedule \"interleaved_1f1b\" needs a pipeline",
          "pp_size >= 2, or schedule \"1f1b\"");
   }
-  if (plan.schedule == ScheduleKind::interleaved_1f1b && !plan.overlap_p2p_comm) {
-    // The lowering posts each receive just before the pass that reads it; Megatron's blocking
-    // interleaved schedule posts a pass's four transfers as one batch, which the program cannot
-    // order yet: waiting on sends there would deadlock (program_check finds it).
+  if (plan.schedule == ScheduleKind::interleaved_1f1b && !plan.overlap_p2p_comm && plan.pp_size == 2) {
+    // Megatron-LM refuses it (arguments.py:1005-1009): with two stages the previous and the next
+    // stage are one rank, which a batch would send to and receive from twice, and NCCL pairs a
+    // pair's transfers in posting order (so does program_check). 2021's code did not check.
     throw_input_error(f, "overlap_p2p_comm", "false",
-                      "blocking pipeline transfers are not supported with schedule "
-                      "\"interleaved_1f1b\" yet",
-                      "true (Megatron-LM's default for the interleaved schedule), or schedule "
-                      "\"1f1b\" / \"gpipe\"");
+                      "blocking pipeline transfers under schedule \"interleaved_1f1b\" need pp_size > 2 "
+                      "(the plan has 2: a batch would exchange twice with the same stage)",
+                      "true, or pp_size >= 3, or schedule \"1f1b\"");
   }
   int64_t virtual_stages = saturating_product(plan.pp_size, plan.virtual_pp_size);
   if (virtual_stages > model.num_hidden_layers) {
@@ -362,6 +362,13 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
     fail("tp_size", plan.tp_size,
          "with sequence_parallel must divide seq_length = " + std::to_string(model.seq_length),
          "a divisor of " + std::to_string(model.seq_length));
+  }
+  if (plan.scatter_gather_tensors_in_pipeline && plan.sequence_parallel) {
+    // Sequence parallelism already sends each tp rank its s/tp rows: nothing left to split.
+    throw_input_error(f, "scatter_gather_tensors_in_pipeline", "true",
+                      "splits a pipeline transfer over tp, which sequence_parallel already does (each "
+                      "rank sends its own s/tp rows)",
+                      "false, or sequence_parallel false");
   }
   validate_context_parallel(plan, model);
   if (plan.fp8.enabled() && plan.zero_stage == 3) {
@@ -463,6 +470,7 @@ Json plan_to_json(const Plan& plan) {
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
   out["overlap_param_gather"] = plan.overlap_param_gather;
   out["overlap_p2p_comm"] = plan.overlap_p2p_comm;
+  out["scatter_gather_tensors_in_pipeline"] = plan.scatter_gather_tensors_in_pipeline;
   out["grad_bucket_bytes"] = plan.grad_bucket_bytes;
   out["layers_per_stage"] = plan.layers_per_stage;
   out["order"] = plan.order;

@@ -61,6 +61,10 @@ struct Plan {
   // its sends and receives are done, as Megatron-LM's batched p2p does (false). Megatron's rule is
   // the default: overlapped with the interleaved schedule only (--no-overlap-p2p-communication).
   bool overlap_p2p_comm = false;
+  // Megatron-LM v2's --scatter-gather-tensors-in-pipeline (on by default in 2021, removed since):
+  // a pipeline send carries this tp rank's 1/tp of the activation (split_tensor_into_1d_equal_chunks)
+  // and the receiving stage all-gathers it over tp (gather_split_1d_tensor). Off by default.
+  bool scatter_gather_tensors_in_pipeline = false;
   double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
   std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
   std::string order = "tp-dp-pp";        // rank grid order, innermost first (cp after tp unless named)

@@ -57,6 +57,7 @@ enum class OpName {
   // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
   // from the amax history (fp8_scale_update)
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update,
+  pp_gather,  // scatter_gather_tensors_in_pipeline: a received 1/tp slice gathered over tp
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).

@@ -179,6 +179,10 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
     put_string(s, to_string(op.peer));
     put_key(s, "tag");
     put_number(s, double(op.tag));
+    if (op.group == GroupKind::tp) {  // a send of this rank's 1/tp slice (scatter_gather_tensors_in_pipeline)
+      put_key(s, "group");
+      put_string(s, to_string(op.group));
+    }
   }
   s += '}';
 }
@@ -508,6 +512,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           if (is_p2p(op.kind)) {
             op.peer = parse_enum(jo.at("peer"), Peer::cp_prev, path, "peer");
             op.tag = integer(jo.at("tag"), "tag", -1, kLarge);
+            if (jo.contains("group")) {
+              op.group = parse_group(jo.at("group"), path);
+              if (op.kind != OpKind::send || op.group != GroupKind::tp) {
+                throw InputError(path + ": op " + std::to_string(op.id) + ": key 'group' = \"" +
+                                 to_string(op.group) + "\" on a " + to_string(op.kind) +
+                                 "; valid: \"tp\" on a send (its rank's 1/tp slice), or no group");
+              }
+            }
           }
         }
         role.ops.push_back(std::move(op));

@@ -37,6 +37,8 @@ void check_shape(ScheduleKind kind, const ScheduleShape& shape, int64_t stage) {
   }
 }
 
+}  // namespace
+
 // Megatron's interleaved numbering: the k-th forward (or backward) pass of a stage runs chunk
 // (k / pp) % v — reversed for backward — on the next microbatch of that chunk, so pp consecutive
 // microbatches go through one chunk before the stage moves to the next chunk.
@@ -46,8 +48,6 @@ PassAction interleaved_action(const ScheduleShape& shape, int64_t k, bool forwar
   if (!forward) chunk = v - 1 - chunk;
   return PassAction{forward, (k / (pp * v)) * pp + k % pp, chunk};
 }
-
-}  // namespace
 
 int64_t warmup_forwards(ScheduleKind kind, const ScheduleShape& shape, int64_t stage) {
   check_shape(kind, shape, stage);

@@ -37,6 +37,9 @@ struct ScheduleShape {
 std::vector<PassAction> schedule_actions(ScheduleKind kind, const ScheduleShape& shape,
                                          int64_t stage);
 
+// The k-th forward (forward true) or backward pass of a stage under interleaved_1f1b (no checks).
+PassAction interleaved_action(const ScheduleShape& shape, int64_t k, bool forward);
+
 // Number of warm-up forward passes Megatron runs on `stage` before its first backward:
 // gpipe m; 1f1b min(pp-stage-1, m); interleaved min(2·(pp-stage-1) + (v-1)·pp, m·v), or all
 // m·v when m == pp (Megatron then runs every forward first). With v = 1 the interleaved

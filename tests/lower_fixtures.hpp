@@ -63,6 +63,7 @@ inline std::vector<PlanCase> lowering_cases() {
           plan["attention_impl"] = attentions[(index / 3) % 2];
           plan["dropout"] = (index % 4 == 0) ? 0.0 : 0.1;
           if (tp > 1 && index % 2 == 0) plan["sequence_parallel"] = true;
+          if (tp > 1 && pp > 1 && index % 2 == 1) plan["scatter_gather_tensors_in_pipeline"] = true;
           if (index % 5 < 3) plan["overlap_grad_reduce"] = true;
           if (zero > 0 && index % 2 == 1) plan["overlap_param_gather"] = true;
           cases.push_back({models[index % 2], plan});

@@ -33,7 +33,8 @@ RunResult run_plan(const std::string& model, const Json& plan, int steps,
   int64_t nodes = (n + 1) / 2;  // localhost-cpu has 2 "devices" per node; oversubscribed here
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np " << n << " " << STEPCAST_BINARY
-      << " run --model " << source_path("models/" + model + ".json") << " --plan " << dir
+      << " run --model " << (model.find('/') != std::string::npos ? model : source_path("models/" + model + ".json"))
+      << " --plan " << dir
       << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
       << " --quiet --out " << out << " " << extra;
@@ -155,6 +156,45 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
     CHECK(d < 1e-9);
   }
   std::printf("cross-plan: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
+}
+
+TEST_CASE("run: the blocking interleaved schedule (Megatron's rounds) gives the single-rank curve", "[run]") {
+  // pp 3 (blocking interleaved needs pp > 2), vpp 2 on a 6-layer tiny model: one layer per
+  // virtual stage; 6 microbatches, so every round kind (warm-up, steady, cool-down) runs, and
+  // with tp 1 and 2; then scatter_gather_tensors_in_pipeline (tp 2), interleaved and 1F1B.
+  const int steps = 6;
+  Json model = read_json(source_path("models/tiny.json"));
+  model["num_hidden_layers"] = 6;
+  std::string model_file = write_temp_file("tiny-6-layers.json", model.dump());
+  Json reference = plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false);
+  reference["global_batch_size"] = 6;
+  RunResult single = run_plan(model_file, reference, steps);
+  INFO(single.output);
+  REQUIRE(single.exit_code == 0);
+  std::vector<Json> plans;
+  for (int tp : {1, 2}) {
+    Json p = plan(tp, 3, 1, 0, "interleaved_1f1b", tp == 1 ? "none" : "selective", tp == 2, false, 1, false);
+    p["global_batch_size"] = 6;
+    p["overlap_p2p_comm"] = false;
+    plans.push_back(p);
+  }
+  // As SC'21 ran it: 2021's scatter/gather of pipeline transfers over tp, without SP; and under 1F1B.
+  Json sg = plans.back();
+  sg["sequence_parallel"] = false;
+  sg["scatter_gather_tensors_in_pipeline"] = true;
+  plans.push_back(sg);
+  sg["schedule"] = "1f1b";
+  sg.erase("virtual_pp_size");
+  sg.erase("overlap_p2p_comm");
+  plans.push_back(sg);
+  for (const Json& p : plans) {
+    RunResult r = run_plan(model_file, p, steps);
+    INFO(p.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    double d = max_relative_difference(losses(r), losses(single));
+    std::printf("pp 3 %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
+    CHECK(d < 1e-9);
+  }
 }
 
 TEST_CASE("run: hybrid sharding (shards in groups of 2, replicas across them) gives the single-rank curve",

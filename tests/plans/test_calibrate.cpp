@@ -89,6 +89,12 @@ TEST_CASE("calibrate: the Megatron-LM log reader", "[calibrate]") {
   CHECK(hybrid.plan["zero_stage"] == 1);
   CHECK(hybrid.plan["num_distributed_optimizer_instances"] == 2);
 
+  // A 2021 (Megatron-LM v2) log prints its scatter/gather of pipeline transfers.
+  std::string v2 = megatron_log({2, 2, 4, 64}, 16, 1.5);
+  v2.insert(v2.find("  pipeline_model_parallel_size"), "  scatter_gather_tensors_in_pipeline ............. True\n");
+  CHECK(parse_megatron_log(v2, "v2.log").plan["scatter_gather_tensors_in_pipeline"] == true);
+  CHECK_FALSE(log.plan.contains("scatter_gather_tensors_in_pipeline"));
+
   CHECK_THROWS_WITH(parse_megatron_log("------------------------ arguments ------------------------\n"
                                        "  world_size ............ 8\n",
                                        "empty.log"),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 #include <tuple>
 
 #include "cost_model.hpp"
@@ -131,8 +132,11 @@ TEST_CASE("without overlap_p2p_comm a stage's next compute waits for its pipelin
   auto waited = [&](const Json& j) {
     StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
     INFO(j.dump());
-    CHECK(check_program(p).empty());
-    CHECK(check_list_order_progress(p).empty());  // an in-order executor runs it without deadlock
+    std::vector<std::string> errors = check_program(p), in_order = check_list_order_progress(p);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+    INFO((in_order.empty() ? std::string() : in_order.front()));
+    CHECK(in_order.empty());  // an in-order executor runs it without deadlock
     int transfers = 0, waited_for = 0, sends_waited = 0;
     for (const Role& role : p.roles) {
       for (const Op& op : role.ops) {
@@ -168,17 +172,112 @@ TEST_CASE("without overlap_p2p_comm a stage's next compute waits for its pipelin
   CHECK(transfers_overlapped == transfers);
   CHECK(sends_overlapped == 0);  // only frees wait for a send
   (void)unused;
-  // GPipe blocks too; the interleaved schedule cannot yet (refused: it would deadlock).
+  // GPipe blocks too.
   Json gpipe = one_f_one_b;
   gpipe["schedule"] = "gpipe";
   auto [transfers_gpipe, waited_gpipe, sends_gpipe] = waited(gpipe);
   CHECK(waited_gpipe == transfers_gpipe);
   CHECK(sends_gpipe == transfers_gpipe / 2);
+  // So does the interleaved schedule, in Megatron's rounds, from 3 stages on (Megatron's rule):
+  // 5 boundaries between the 6 virtual stages, a send and a receive each way, per microbatch.
   Json interleaved_blocking = interleaved;
   interleaved_blocking["overlap_p2p_comm"] = false;
   CHECK_THROWS_WITH(make_plan(interleaved_blocking, model, topology),
-                    Catch::Contains("key 'overlap_p2p_comm' = false: blocking pipeline transfers are not "
-                                    "supported with schedule \"interleaved_1f1b\" yet"));
+                    Catch::Contains("key 'overlap_p2p_comm' = false: blocking pipeline transfers under "
+                                    "schedule \"interleaved_1f1b\" need pp_size > 2"));
+  model.num_hidden_layers = 6;
+  interleaved_blocking["pp_size"] = 3;
+  interleaved_blocking["global_batch_size"] = 6;
+  auto [transfers_il, waited_il, sends_il] = waited(interleaved_blocking);
+  CHECK(transfers_il == 5 * 2 * 2 * 6);
+  CHECK(waited_il == transfers_il);
+  CHECK(sends_il == transfers_il / 2);
+}
+
+TEST_CASE("the blocking interleaved schedule posts a round's transfers together, sends first", "[lower]") {
+  // Megatron's send_forward_backward_recv_forward_backward: after a steady forward and backward,
+  // one batch; the ops between two compute ops are that batch, and the compute op after it waits
+  // for every transfer in it. pp 3 (Megatron-LM today asks for pp > 2 here), vpp 2, m 6, on a
+  // 6-layer tiny model (one layer per virtual stage).
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  model.num_hidden_layers = 6;
+  Topology topology = test_topology();
+  Json j = {{"pp_size", 3}, {"micro_batch_size", 1}, {"global_batch_size", 6}, {"dtype", "fp32"},
+            {"schedule", "interleaved_1f1b"}, {"virtual_pp_size", 2}, {"overlap_p2p_comm", false}};
+  Plan plan = make_plan(j, model, topology);
+  REQUIRE(plan.layers_per_stage.size() == 6);
+  StepProgram p = lower_program(model, topology, plan);
+  std::vector<std::string> errors = check_program(p), in_order = check_list_order_progress(p);
+  INFO((errors.empty() ? std::string() : errors.front()));
+  CHECK(errors.empty());
+  INFO((in_order.empty() ? std::string() : in_order.front()));
+  CHECK(in_order.empty());
+  int four_way = 0;
+  for (const Role& role : p.roles) {
+    std::vector<int32_t> batch;  // transfers since the last compute-stream op
+    for (const Op& op : role.ops) {
+      if (op.kind == OpKind::send || op.kind == OpKind::recv) {
+        if (op.kind == OpKind::send) {
+          for (int32_t b : batch) CHECK(role.ops[size_t(b)].kind == OpKind::send);  // sends first
+        }
+        batch.push_back(op.id);
+        continue;
+      }
+      if (op.stream != Stream::compute || op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
+      for (int32_t b : batch) CHECK(std::find(op.deps.begin(), op.deps.end(), b) != op.deps.end());
+      four_way += batch.size() == 4;
+      batch.clear();
+    }
+  }
+  CHECK(four_way > 0);  // a steady round of a middle stage sends and receives both ways
+}
+
+TEST_CASE("scatter_gather_tensors_in_pipeline sends 1/tp of each activation and gathers it over tp", "[lower]") {
+  // Megatron-LM v2 (2021): split_tensor_into_1d_equal_chunks before the send,
+  // gather_split_1d_tensor (an all_gather over tp) after the receive. tp 2, pp 2, 4 microbatches.
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  Json j = {{"tp_size", 2}, {"pp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 4}, {"dtype", "fp32"}};
+  auto transfers = [&](const Json& plan_json) {
+    StepProgram p = lower_program(model, topology, make_plan(plan_json, model, topology));
+    std::vector<std::string> errors = check_program(p);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+    double sent = 0;
+    int slices = 0, gathers = 0;
+    for (const Role& role : p.roles) {
+      for (const Op& op : role.ops) {
+        if (op.kind == OpKind::send) sent += op.bytes;
+        if (op.kind == OpKind::send) slices += op.group == GroupKind::tp;
+        if (op.kind == OpKind::all_gather && op.name == OpName::pp_gather) {
+          ++gathers;
+          CHECK(op.group == GroupKind::tp);
+          CHECK(op.bytes == double(model.seq_length * model.hidden_size * 4));  // the whole [s, b, h] per rank
+        }
+      }
+    }
+    // Round trip through program.json keeps the slice.
+    std::ostringstream text;
+    write_program_json(p, &text);
+    StepProgram back = parse_program_json_text(text.str(), "program.json");
+    int slices_back = 0;
+    for (const Role& role : back.roles) {
+      for (const Op& op : role.ops) slices_back += op.kind == OpKind::send && op.group == GroupKind::tp;
+    }
+    CHECK(slices_back == slices);
+    return std::make_tuple(sent, slices, gathers);
+  };
+  auto [whole, no_slices, no_gathers] = transfers(j);
+  CHECK(no_slices == 0);
+  CHECK(no_gathers == 0);
+  j["scatter_gather_tensors_in_pipeline"] = true;
+  auto [split, slices, gathers] = transfers(j);
+  CHECK(split == Approx(whole / 2));
+  CHECK(slices == 2 * 4);   // a forward and a backward send per microbatch, one boundary
+  CHECK(gathers == 2 * 4);  // one per receive
+  j["sequence_parallel"] = true;
+  CHECK_THROWS_WITH(make_plan(j, model, topology),
+                    Catch::Contains("key 'scatter_gather_tensors_in_pipeline' = true"));
 }
 
 TEST_CASE("collective algorithms follow the group's placement", "[lower]") {

@@ -431,6 +431,12 @@ TEST_CASE("Megatron-LM cannot run these as simulated: marked, with the reason", 
   auto b = megatron_arguments(overlapped, m);
   CHECK_FALSE(b.runnable);
   CHECK_THAT(Json(b.notes).dump(), Catch::Contains("overlap_p2p_comm"));
+  // 2021's scatter/gather of pipeline transfers: the option is gone from today's Megatron-LM.
+  Plan scattered = resolved(p, m);
+  scattered.scatter_gather_tensors_in_pipeline = true;
+  auto c = megatron_arguments(scattered, m);
+  CHECK_FALSE(c.runnable);
+  CHECK_THAT(Json(c.notes).dump(), Catch::Contains("scatter_gather_tensors_in_pipeline"));
   // The same plan with Megatron's rule runs.
   Plan plain = resolved(p, m);
   CHECK(megatron_arguments(plain, m).runnable);
