@@ -85,10 +85,13 @@ void print_estimate_quality(const std::vector<Candidate>& ranked) {
 int run_plan(int argc, char** argv) {
   po::options_description options("stepcast plan options");
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
+      ("model", po::value<std::string>(), "model config JSON (models/*.json), or a shipped name")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
+      ("from-megatron", po::value<std::string>(),
+       "Megatron-LM arguments or a launch script holding them, instead of --model: the model, and "
+       "the global batch, attention and dropout unless given here")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
-      ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")
+      ("global-batch-size", po::value<int64_t>(), "global batch size (sequences per step; required without --from-megatron)")
       ("top", po::value<int64_t>()->default_value(5), "plans to report and write")
       ("evaluate", po::value<std::string>(), "plans to re-simulate, best first: a count or 'all' (default 2·top)")
       ("evaluate-stride", po::value<int64_t>()->default_value(0),
@@ -118,6 +121,7 @@ int run_plan(int argc, char** argv) {
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast plan --model M --topology T --global-batch-size B [--nodes N] [--top K]\n"
+      "       stepcast plan --from-megatron 'ARGS'|FILE --topology T [--global-batch-size B] ...\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
       "                     [--attention materialized|flash] [--dropout P] [--include-gpipe]\n"
@@ -139,9 +143,22 @@ int run_plan(int argc, char** argv) {
   auto wall_start = std::chrono::steady_clock::now();
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
-  ModelConfig model = load_model_option(*vm);
+  std::optional<MegatronInputs> imported;
+  if (vm->count("from-megatron")) imported = megatron_inputs(*vm);
+  if (!imported && !vm->count("model")) {
+    throw InputError("command line: the option '--model' is required but missing (or --from-megatron ARGS|FILE) (see --help)");
+  }
+  ModelConfig model = imported ? imported->model : load_model_option(*vm);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  if (imported) {  // the launch line's batch, attention and dropout, unless given here
+    resolve_dp_size(imported->plan, topology.num_devices(), topology.file);
+    if (!vm->count("global-batch-size")) space.global_batch_size = imported->plan.global_batch_size;
+    if ((*vm)["attention"].defaulted()) space.attention_impl = imported->plan.attention_impl;
+    if ((*vm)["dropout"].defaulted()) space.dropout = imported->plan.dropout;
+  } else if (!vm->count("global-batch-size")) {
+    throw InputError("command line: the option '--global-batch-size' is required but missing (see --help)");
+  }
   space.megatron_runnable_only = (*vm)["megatron-runnable"].as<bool>();
   int64_t top = (*vm)["top"].as<int64_t>();
   int64_t evaluate_count = 2 * top;

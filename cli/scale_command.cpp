@@ -115,6 +115,7 @@ int run_scale(int argc, char** argv) {
                           "node counts whose devices tp_size · pp_size divides");
       }
       plan.dp_size = p.devices / model_ranks;
+      plan.dp_size_derived = false;  // set here, per node count
       // Hybrid sharding keeps its shard group (inside a node) and scales the replicas.
       if (base.num_distributed_optimizer_instances > 1) {
         int64_t shard = base.dp_shard_size();
