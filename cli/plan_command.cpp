@@ -114,7 +114,7 @@ int run_plan(int argc, char** argv) {
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations")
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
-       "DIR/report.md, DIR/report.html");
+       "DIR/report.md, DIR/report.html, and the report's tables as DIR/best-plans.csv and DIR/pruned.csv");
   add_profile_options(options, "for the estimate and the simulations");
   add_seq_length_option(options);
   add_sim_mode_option(options);
@@ -379,7 +379,7 @@ int run_plan(int argc, char** argv) {
     report.capacity_bytes = allowed;
     report.wall_s = wall_s;
     write_plan_report(out_dir, report);
-    std::cout << "wrote " << out_dir << "/plans.json, report.md, report.html and " << top_json.size()
+    std::cout << "wrote " << out_dir << "/plans.json, report.md, report.html, best-plans.csv, pruned.csv and " << top_json.size()
               << " plan files\n";
   }
   return 0;

@@ -61,7 +61,7 @@ int run_scale(int argc, char** argv) {
       ("nodes", po::value<std::string>()->required(), "node counts, e.g. 1,2,4,8")
       ("weak", po::bool_switch(), "weak scaling: keep the batch per dp rank (default: strong, keep the global batch)")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
-      ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html");
+      ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html and the table as DIR/scale.csv");
   add_profile_options(options, "for the simulations");
   add_seq_length_option(options);
   add_sim_mode_option(options);
@@ -260,7 +260,7 @@ int run_scale(int argc, char** argv) {
     if (report.serial_fraction_valid) out["amdahl_serial_fraction"] = report.serial_fraction;
     write_output_file(dir, "scale.json", out.dump(2) + "\n");
     write_scale_report(dir, report);
-    std::cout << "wrote " << dir << "/scale.json, report.md, report.html\n";
+    std::cout << "wrote " << dir << "/scale.json, report.md, report.html, scale.csv\n";
   }
   return 0;
 }

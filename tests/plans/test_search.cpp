@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "csv_tables.hpp"
 #include "errors.hpp"
 #include "json_input.hpp"
 #include "lower.hpp"
@@ -451,6 +452,14 @@ TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[sea
     CHECK(peak >= previous);
     previous = peak;
   }
+  // The report's table as CSV beside it: a header row, then the top plans in their order.
+  std::vector<std::vector<std::string>> csv =
+      parse_csv(read_text_file(out + "/best-plans.csv"), out + "/best-plans.csv");
+  REQUIRE(csv.size() == 5);
+  CHECK(csv[0][0] == "#");
+  CHECK(csv[0][1] == "plan");
+  for (size_t i = 1; i < csv.size(); ++i) CHECK(csv[i][1] == plans["top"][i - 1]["name"].get<std::string>());
+  CHECK(std::filesystem::exists(out + "/pruned.csv"));
   // No plan that fits has a smaller peak than the first: its lower bound is not below it.
   double first = plans["top"][0]["peak_bytes_max"].get<double>();
   for (const auto& p : plans["plans"]) {
