@@ -251,7 +251,7 @@ void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
 
 }  // namespace
 
-void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology) {
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology, const PlanWorld& world) {
   const std::string& f = plan.file;
   auto fail = [&](const std::string& key, int64_t value, const std::string& why,
                   const std::string& valid) {
@@ -303,6 +303,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
              std::to_string(model.num_hidden_layers) + " layers of " + model.file,
          "pp_size · virtual_pp_size <= " + std::to_string(model.num_hidden_layers));
   }
+  if (world.size > 0) resolve_dp_size(plan, world.size, world.from);
   resolve_dp_size(plan, topology.num_devices(),
                   topology.file + ": " + std::to_string(topology.num_nodes) + " nodes × " +
                       std::to_string(topology.node.devices_per_node));

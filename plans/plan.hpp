@@ -85,14 +85,22 @@ inline bool default_overlap_p2p_comm(ScheduleKind schedule) {
 Plan load_plan(const std::string& path);
 Plan parse_plan(const Json& json, const std::string& file);
 
-// Sets a derived dp_size to world_size / (tp·pp·cp) (no-op when the file gave dp_size); `world`
-// says where the world size comes from, for the error when tp·pp·cp does not divide it.
+// Sets a derived dp_size to world_size / (tp·pp·cp) (no-op when the file gave dp_size or it is
+// resolved); `world` says where the world size comes from, for the error when tp·pp·cp does not
+// divide it.
 void resolve_dp_size(Plan& plan, int64_t world_size, const std::string& world);
+
+// Where a derived dp_size's world comes from when not the topology's devices (a sweep point's ranks).
+struct PlanWorld {
+  int64_t size = 0;
+  std::string from;
+};
 
 // Checks the plan against the model and topology and resolves defaults that depend on them
 // (dp_size when derived, layers_per_stage, grad_bucket_bytes). Throws InputError for every invalid combination.
 // Memory is not checked here (see memory.hpp).
-void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology);
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology,
+                   const PlanWorld& world = {});
 
 Json plan_to_json(const Plan& plan);
 

@@ -129,9 +129,8 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
   p.plan = parse_plan(p.plan_json, plan_label);
   // A point's world is its ranks: dp_size absent is ranks / (tp·pp·cp), written into the plan
   // that simulate and run read (their world would be the topology's devices).
-  resolve_dp_size(p.plan, p.ranks, reader.file() + " (" + reader.key_path("ranks") + ")");
+  validate_plan(p.plan, p.model, topology, {p.ranks, reader.file() + " (" + reader.key_path("ranks") + ")"});
   if (p.plan.dp_size_derived) p.plan_json["dp_size"] = p.plan.dp_size;
-  validate_plan(p.plan, p.model, topology);
   if (p.plan.world_size() != p.ranks) {
     reader.fail("ranks",
                 "the plan needs tp_size · pp_size · dp_size = " + std::to_string(p.plan.tp_size) +

@@ -73,12 +73,16 @@ TEST_CASE("dp_size absent is the world over tp · pp · cp, as Megatron-LM deriv
   Plan given = validated({{"tp_size", 4}, {"dp_size", 2}, {"micro_batch_size", 1}}, model, topology);
   CHECK_FALSE(given.dp_size_derived);
   CHECK(given.dp_size == 2);
-  // Another world (a sweep point's ranks) resolved first is kept by validate_plan.
+  // Another world (a sweep point's ranks) given to validate_plan, or resolved before it.
   Plan ranks = parse_plan({{"tp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 8}}, "plan.json");
-  resolve_dp_size(ranks, 4, "sweep.json (ranks)");
-  validate_plan(ranks, model, topology);
+  validate_plan(ranks, model, topology, {4, "sweep.json (points[0].ranks)"});
   CHECK(ranks.dp_size == 2);
   CHECK(ranks.global_batch_size == 8);
+  Plan first = parse_plan({{"tp_size", 2}, {"micro_batch_size", 1}}, "plan.json");
+  resolve_dp_size(first, 8, "8 ranks");
+  validate_plan(first, model, topology);
+  CHECK(first.dp_size == 4);
+  CHECK(first.global_batch_size == 4);
   // tp · pp · cp must divide the world.
   Plan odd = parse_plan({{"tp_size", 8}, {"pp_size", 3}, {"micro_batch_size", 1}}, "plan.json");
   try {
