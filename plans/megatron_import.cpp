@@ -167,9 +167,6 @@ void refuse_unmodelled(const Flags& f) {
       {"qk-layernorm", "query/key norms are not modelled"},
       {"add-qkv-bias", "a bias on q, k, v alone is not modelled (use_bias is all linear layers or none)"},
       {"tp-comm-overlap", "overlapping tensor-parallel communication with GEMMs is not modelled"},
-      {"fp8-format", "FP8 training is not modelled by this importer"},
-      {"fp8", "FP8 training is not modelled by this importer"},
-      {"fp4", "FP4 training is not modelled"},
       {"use-torch-fsdp2", "torch FSDP2 is not modelled (Megatron-FSDP, --use-megatron-fsdp, is)"},
       {"account-for-embedding-in-pipeline-split", "the embedding as a pipeline layer is not modelled"},
       {"account-for-loss-in-pipeline-split", "the loss as a pipeline layer is not modelled"},
@@ -186,6 +183,10 @@ void refuse_unmodelled(const Flags& f) {
   }
   for (const auto& [name, value] : f.all()) {
     if (name.rfind("moe-", 0) == 0) f.fail(name, value, "a mixture of experts is not modelled", "no --moe-* flags");
+    // --fp8-format / --fp4-format and their options (transformer_config.py:587-690).
+    if (name.rfind("fp8-", 0) == 0 || name.rfind("fp4-", 0) == 0) {
+      f.fail(name, value, "FP8 / FP4 training is not modelled by this importer", "no --fp8-* / --fp4-* flags");
+    }
     if (!kRead.count(name) && !kSwitches.count(name) && !ignored_flag(name)) {
       f.fail(name, value, "is not a flag stepcast reads or knows to leave the step unchanged",
              "the flags README lists under `--from-megatron` (model shape, parallel layout, batch, "
