@@ -355,6 +355,14 @@ void import_pipeline(const Flags& f, int64_t num_layers, int64_t pp, Json& p) {
              "pp · vpp stages");
     }
     vpp = int64_t(layers.size()) / pp;
+    int64_t placed = 0;
+    for (int64_t n : layers) placed += n;
+    if (placed != num_layers) {
+      f.fail("pipeline-model-parallel-layout", *f.text("pipeline-model-parallel-layout"),
+             "places " + std::to_string(placed) + " decoder layers ('t'), the model has --num-layers " +
+                 std::to_string(num_layers),
+             "a layout with " + std::to_string(num_layers) + " 't'");
+    }
     p["layers_per_stage"] = layers;
   } else if (per_stage) {
     const int64_t n = *f.integer("num-layers-per-virtual-pipeline-stage");
