@@ -89,7 +89,8 @@ int run_plan(int argc, char** argv) {
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
       ("from-megatron", po::value<std::string>(),
        "Megatron-LM arguments or a launch script holding them, instead of --model: the model, and "
-       "the global batch, attention and dropout unless given here")
+       "the global batch, attention and dropout unless given here; the launch line's own plan is "
+       "ranked too (launch-line)")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
       ("global-batch-size", po::value<int64_t>(), "global batch size (sequences per step; required without --from-megatron)")
       ("top", po::value<int64_t>()->default_value(5), "plans to report and write")
@@ -207,6 +208,19 @@ int run_plan(int argc, char** argv) {
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
+  // The launch line's own plan, searched and ranked beside the others ("launch-line").
+  if (imported) {
+    Candidate own;
+    own.plan = imported->plan;
+    own.plan.name = "launch-line";
+    try {
+      validate_plan(own.plan, model, topology);
+    } catch (const InputError& e) {
+      own.pruned = "the launch line's plan: invalid";
+      own.pruned_detail = e.what();
+    }
+    candidates.push_back(own);
+  }
   int64_t valid = 0;
   for (const auto& c : candidates) valid += c.kept();
   std::cout << candidates.size() << " candidates, " << valid << " pass validation\n";
@@ -261,6 +275,20 @@ int run_plan(int argc, char** argv) {
              progress_printer("simulate --mode " + sim_mode), objective, evaluate_stride);
   auto simulate_end = std::chrono::steady_clock::now();
   print_estimate_quality(ranked);
+  if (imported) {
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      if (ranked[i].plan.name != "launch-line") continue;
+      const Candidate& c = ranked[i];
+      std::cout << "the launch line's plan (launch-line) ranks " << i + 1 << " of " << ranked.size()
+                << ": " << fixed(c.step_time_s ? *c.step_time_s : c.estimate.step_time_s, 3) << " s ("
+                << (c.step_time_s ? "simulated" : "estimated") << "), the first "
+                << fixed(ranked[0].step_time_s ? *ranked[0].step_time_s : ranked[0].estimate.step_time_s, 3)
+                << " s\n";
+    }
+    for (const Candidate& c : pruned) {
+      if (c.plan.name == "launch-line") std::cout << "the launch line's plan is pruned: " << c.pruned_detail << "\n";
+    }
+  }
   int64_t shown = std::min<int64_t>(top, int64_t(ranked.size()));
   for (int64_t i = 0; i < shown; ++i) resolve_peak(ranked[size_t(i)], model, topology);
 

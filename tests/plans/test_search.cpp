@@ -470,6 +470,18 @@ TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[sea
   std::filesystem::remove_all(out);
 }
 
+TEST_CASE("stepcast plan with --from-megatron ranks the launch line's own plan", "[search][cli]") {
+  auto r = run_stepcast("plan" + topology_arg("localhost-cpu") + " --nodes 2 --evaluate 0 --top 2 --from-megatron "
+                        "'--num-layers 4 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 "
+                        "--seq-length 64 --vocab-size 256 --tensor-model-parallel-size 2 --micro-batch-size 1 "
+                        "--global-batch-size 8 --attention-backend unfused'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // The batch comes from the launch line; its plan (tp 2, dp 2 on 4 cores) is ranked among the rest.
+  CHECK_THAT(r.output, Catch::Contains("global batch 8"));
+  CHECK_THAT(r.output, Catch::Contains("the launch line's plan (launch-line) ranks "));
+}
+
 TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies").string();
   std::filesystem::remove_all(out);
