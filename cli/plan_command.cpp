@@ -219,6 +219,12 @@ int run_plan(int argc, char** argv) {
       own.pruned = "the launch line's plan: invalid";
       own.pruned_detail = e.what();
     }
+    // The estimate costs every candidate at the search's one dtype.
+    if (own.kept() && !candidates.empty() && own.plan.param_dtype != candidates.front().plan.param_dtype) {
+      own.pruned = "the launch line's plan: another dtype than the search's";
+      own.pruned_detail = std::string("its ") + to_string(own.plan.param_dtype) + " against the search's " +
+                          to_string(candidates.front().plan.param_dtype) + "; simulate --from-megatron times it";
+    }
     candidates.push_back(own);
   }
   int64_t valid = 0;
