@@ -122,7 +122,8 @@ MegatronInputs megatron_inputs(const po::variables_map& vm) {
   std::string name = file ? std::filesystem::path(arg).stem().string() : "megatron";
   std::string text = file ? read_text_file(arg) : arg;
   MegatronImport imported = import_megatron_arguments(text, source, name);
-  MegatronInputs in{parse_model(imported.model, source), parse_plan(imported.plan, source)};
+  MegatronInputs in{parse_model(imported.model, source), parse_plan(imported.plan, source),
+                    {imported.world_size, imported.world_from}};
   if (!imported.ignored.empty()) {
     std::cerr << "note: " << source << ": flags that change neither time nor memory of a step, not modelled:";
     for (const auto& flag : imported.ignored) std::cerr << " " << flag;
@@ -166,10 +167,12 @@ Inputs load_inputs(const po::variables_map& vm) {
   std::optional<int> nodes;
   if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
   Inputs in;
+  PlanWorld world;  // the topology's devices unless a launch line gives its own
   if (vm.count("from-megatron")) {
     MegatronInputs megatron = megatron_inputs(vm);
     in.model = megatron.model;
     in.plan = megatron.plan;
+    world = megatron.world;
   } else {
     for (const char* option : {"model", "plan"}) {
       if (!vm.count(option)) {
@@ -181,11 +184,11 @@ Inputs load_inputs(const po::variables_map& vm) {
   }
   in.topology = load_topology(input_file(vm, "topology"), nodes);
   if (!vm.count("from-megatron")) in.plan = load_plan(input_file(vm, "plan"));
-  validate_plan(in.plan, in.model, in.topology);
+  validate_plan(in.plan, in.model, in.topology, world);
   if (in.plan.dp_size_derived) {
     std::cerr << "note: " << in.plan.file << ": no dp_size: dp_size = " << in.plan.dp_size << ", the "
-              << in.plan.dp_size_world << " devices of " << in.topology.file << " / (tp_size · pp_size"
-              << (in.plan.cp_size > 1 ? " · context_parallel_size" : "") << " = "
+              << in.plan.dp_size_world << " devices of " << (world.size > 0 ? world.from : in.topology.file)
+              << " / (tp_size · pp_size" << (in.plan.cp_size > 1 ? " · context_parallel_size" : "") << " = "
               << in.plan.dp_size_world / in.plan.dp_size << "), as Megatron-LM derives it\n";
   }
   return in;

@@ -50,6 +50,7 @@ extern const char* const kFromMegatronHelp;
 struct MegatronInputs {
   ModelConfig model;
   Plan plan;
+  PlanWorld world;  // torchrun's world when the text gives it (dp_size follows it), else empty
 };
 MegatronInputs megatron_inputs(const po::variables_map& vm);
 // Adds --seq-length (for commands that take --model without add_input_options).

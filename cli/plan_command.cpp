@@ -153,6 +153,7 @@ int run_plan(int argc, char** argv) {
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   if (imported) {  // the launch line's batch, attention and dropout, unless given here
+    if (imported->world.size > 0) resolve_dp_size(imported->plan, imported->world.size, imported->world.from);
     resolve_dp_size(imported->plan, topology.num_devices(), topology.file);
     if (!vm->count("global-batch-size")) space.global_batch_size = imported->plan.global_batch_size;
     if ((*vm)["attention"].defaulted()) space.attention_impl = imported->plan.attention_impl;
@@ -214,7 +215,7 @@ int run_plan(int argc, char** argv) {
     own.plan = imported->plan;
     own.plan.name = "launch-line";
     try {
-      validate_plan(own.plan, model, topology);
+      validate_plan(own.plan, model, topology, imported->world);
     } catch (const InputError& e) {
       own.pruned = "the launch line's plan: invalid";
       own.pruned_detail = e.what();

@@ -204,8 +204,8 @@ std::vector<MegatronFlag> read_megatron_flags(const std::string& text, const std
       flag.value = words[++k].text;
       has_value = true;
     }
-    if (launcher_flag(flag.name)) continue;
-    if (has_value && flag.value.empty()) {
+    flag.launcher = launcher_flag(flag.name);
+    if (has_value && flag.value.empty() && !flag.launcher) {
       throw InputError(source + ": flag '--" + printable_excerpt(flag.name) +
                        "' has an empty value; valid: --NAME VALUE or --NAME=VALUE");
     }

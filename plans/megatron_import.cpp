@@ -482,9 +482,31 @@ void import_precision_and_recompute(const Flags& f, Json& p) {
 
 MegatronImport import_megatron_arguments(const std::string& text, const std::string& source,
                                          const std::string& name) {
-  Flags f(read_megatron_flags(text, source), source);
+  std::vector<MegatronFlag> all = read_megatron_flags(text, source), flags;
+  std::map<std::string, int64_t> launcher;  // the launchers' integer flags, '-' as '_'
+  for (MegatronFlag& flag : all) {
+    if (!flag.launcher) {
+      flags.push_back(flag);
+      continue;
+    }
+    std::string key = flag.name;
+    for (char& c : key) c = c == '-' ? '_' : c;
+    try {
+      size_t used = 0;
+      int64_t n = std::stoll(flag.value, &used);
+      if (used == flag.value.size() && n >= 1 && n < (int64_t{1} << 24)) launcher[key] = n;
+    } catch (const std::exception&) {  // "$NNODES", "2:4" (elastic), ...: not a world size
+    }
+  }
+  Flags f(flags, source);
   refuse_unmodelled(f);
   MegatronImport out;
+  if (launcher.count("nproc_per_node")) {
+    const int64_t nodes = launcher.count("nnodes") ? launcher.at("nnodes") : 1;
+    out.world_size = nodes * launcher.at("nproc_per_node");
+    out.world_from = "torchrun --nnodes " + std::to_string(nodes) + " --nproc_per_node " +
+                     std::to_string(launcher.at("nproc_per_node"));
+  }
   const int64_t tp = f.integer("tensor-model-parallel-size").value_or(1),
                 pp = f.integer("pipeline-model-parallel-size").value_or(1),
                 cp = f.integer("context-parallel-size").value_or(1);

@@ -20,16 +20,20 @@ namespace stepcast {
 struct MegatronFlag {
   std::string name;
   std::string value;
+  bool launcher = false;  // torchrun's, srun's, mpirun's own (--nnodes, --nproc_per_node, ...)
 };
 
-// The flags of `text` after the script (the word ending in ".py") that takes them; flags before
-// it (torchrun's) are skipped. `source` names the text in errors.
+// The flags of `text` in order, the launchers' marked. `source` names the text in errors.
 std::vector<MegatronFlag> read_megatron_flags(const std::string& text, const std::string& source);
 
 struct MegatronImport {
   Json model;                        // model config keys (parse_model reads them)
   Json plan;                         // plan keys, dp_size absent (derived from the world)
   std::vector<std::string> ignored;  // flags accepted that do not change the step ("--lr", ...)
+  // torchrun's --nnodes × --nproc_per_node (or --nproc_per_node alone) when the text gives them
+  // as numbers: the world Megatron-LM derives dp_size from. 0: not given.
+  int64_t world_size = 0;
+  std::string world_from;  // "torchrun --nnodes 2 --nproc_per_node 8"
 };
 
 // Model and plan of the arguments in `text`; `name` names both.

@@ -211,7 +211,7 @@ TEST_CASE("lower without --out is bad input", "[cli]") {
 
 TEST_CASE("memory with --from-megatron: a launch line is the model and plan, dp_size follows the devices", "[cli]") {
   const std::string line =
-      "'torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+      "'torchrun --nnodes 2 --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
       "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 "
       "--swiglu --normalization RMSNorm --position-embedding-type rope --rotary-base 500000 "
       "--max-position-embeddings 8192 --seq-length 8192 --untie-embeddings-and-output-weights "
@@ -224,6 +224,7 @@ TEST_CASE("memory with --from-megatron: a launch line is the model and plan, dp_
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   CHECK_THAT(result.output, Contains("plan megatron, dp_size 4 derived (16 devices / tp·pp·cp = 4)"));
+  CHECK_THAT(result.output, Contains("the 16 devices of torchrun --nnodes 2 --nproc_per_node 8"));
   CHECK_THAT(result.output, Contains("not modelled: --lr --mock-data"));
   Json memory = read_json(dir + "/memory.json");
   CHECK(memory["inputs"]["plan"]["dp_size"] == 4);

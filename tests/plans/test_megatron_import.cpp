@@ -197,6 +197,14 @@ torchrun --nproc_per_node 8 --nnodes 2 --master_addr "$MASTER" pretrain_gpt.py \
   CHECK(in.plan["attention_impl"] == "flash");  // attention_backend auto: a fused kernel
   CHECK_FALSE(in.plan.contains("dp_size"));
   CHECK(in.ignored == std::vector<std::string>{"--data-path", "--log-interval", "--lr"});
+  // torchrun's world: Megatron-LM's dp_size is it over tp·pp·cp, whatever the topology holds.
+  CHECK(in.world_size == 16);
+  CHECK(in.world_from == "torchrun --nnodes 2 --nproc_per_node 8");
+  Plan plan = parse_plan(in.plan, "train.sh");
+  validate_plan(plan, parse_model(in.model, "train.sh"), shipped_topology("dgx-h100", 8),
+                {in.world_size, in.world_from});
+  CHECK(plan.dp_size == 4);
+  CHECK(plan.world_size() == 16);
   // Megatron's vocabulary padding: 128 · tp unless --make-vocab-size-divisible-by says otherwise.
   MegatronImport padded = import_megatron_arguments(kTinyShape + "--vocab-size 50257 --tensor-model-parallel-size 2",
                                                     "x", "x");
