@@ -163,16 +163,16 @@ std::string child_seq_length_argument(const ModelConfig& model) {
   return model.seq_length_from == "--seq-length" ? " --seq-length " + std::to_string(model.seq_length) : "";
 }
 
-Inputs load_inputs(const po::variables_map& vm) {
+Inputs load_inputs(const po::variables_map& vm, const PlanWorld& given_world) {
   std::optional<int> nodes;
   if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
   Inputs in;
-  PlanWorld world;  // the topology's devices unless a launch line gives its own
+  PlanWorld world = given_world;  // else the topology's devices, unless a launch line gives its own
   if (vm.count("from-megatron")) {
     MegatronInputs megatron = megatron_inputs(vm);
     in.model = megatron.model;
     in.plan = megatron.plan;
-    world = megatron.world;
+    if (megatron.world.size > 0) world = megatron.world;
   } else {
     for (const char* option : {"model", "plan"}) {
       if (!vm.count(option)) {

@@ -63,8 +63,9 @@ std::string model_label(const ModelConfig& model);
 // " --seq-length N" when the model's sequence length came from --seq-length: for child processes.
 std::string child_seq_length_argument(const ModelConfig& model);
 // Loads and validates them; InputError on anything wrong. A plan without dp_size takes
-// world / (tp·pp·cp) (plan.hpp); a note says so.
-Inputs load_inputs(const po::variables_map& vm);
+// world / (tp·pp·cp) (plan.hpp), the world being `world` when given (run: mpirun's), a launch
+// line's (--from-megatron), else the topology's devices; a note says so.
+Inputs load_inputs(const po::variables_map& vm, const PlanWorld& world = {});
 // ", dp_size N derived (W devices / tp·pp·cp = T)" for a plan whose dp_size was derived; "" else.
 std::string dp_size_note(const Plan& plan);
 // Adds --profile and --allow-profile-mismatch; `what` says what the profile costs.
