@@ -22,6 +22,15 @@ ChildSimulator::ChildSimulator(const ModelConfig& model, std::string profile_arg
                         .string();
   if (!mkdtemp(dir.data())) throw std::runtime_error("cannot create a folder like " + dir);
   dir_ = dir;
+  // A model without a file of its own (--from-megatron): its config, written for the children.
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model_.file, ec)) {
+    model_argument_ = " --model " + shell_quote(model_.file) + child_seq_length_argument(model_);
+  } else {
+    std::string file = (dir_ / "model.json").string();
+    std::ofstream(file) << model_to_json(model_).dump(2);
+    model_argument_ = " --model " + shell_quote(file);
+  }
 }
 
 ChildSimulator::~ChildSimulator() {
@@ -41,8 +50,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   std::ofstream(plan_file) << plan_to_json(plan).dump(2);
   std::ostringstream cmd;
   // /proc/PID/exe still runs this binary if a rebuild replaced the file meanwhile.
-  cmd << "/proc/" << getpid() << "/exe simulate --model " << shell_quote(model_.file)
-      << child_seq_length_argument(model_)
+  cmd << "/proc/" << getpid() << "/exe simulate" << model_argument_
       << " --topology " << shell_quote(topology.file) << " --nodes " << topology.num_nodes
       << " --plan " << shell_quote(plan_file) << " --mode " << mode_ << " --no-scaling --no-records --out "
       << shell_quote((dir / "out").string());

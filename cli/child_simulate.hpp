@@ -49,6 +49,7 @@ class ChildSimulator {
 
  private:
   const ModelConfig& model_;
+  std::string model_argument_;  // " --model FILE [--seq-length N]" for the children
   std::string profile_arguments_;
   std::string mode_;
   std::filesystem::path dir_;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace stepcast::cli {
 
@@ -23,5 +24,8 @@ int run_scale(int argc, char** argv);
 int run_validate(int argc, char** argv);
 int run_calibrate(int argc, char** argv);
 int run_goodput(int argc, char** argv);
+int run_completion(int argc, char** argv);
+// The names of the subcommands, in `stepcast --help`'s order.
+std::vector<std::string> command_names();
 
 }  // namespace stepcast::cli

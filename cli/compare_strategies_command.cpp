@@ -72,7 +72,7 @@ int run_compare_strategies(int argc, char** argv) {
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
-      ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html");
+      ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html and the table as DIR/strategies.csv");
   add_profile_options(options, "for the estimate and the simulations");
   add_seq_length_option(options);
   add_sim_mode_option(options);
@@ -276,7 +276,7 @@ int run_compare_strategies(int argc, char** argv) {
     out["strategies"] = rows;
     write_output_file(dir, "strategies.json", out.dump(2) + "\n");
     write_strategy_report(dir, report);
-    std::cout << "wrote " << dir << "/strategies.json, report.md, report.html\n";
+    std::cout << "wrote " << dir << "/strategies.json, report.md, report.html, strategies.csv\n";
   }
   return 0;
 }

@@ -21,6 +21,7 @@
 
 #include "errors.hpp"
 #include "gzip_file.hpp"
+#include "megatron_import.hpp"
 #include "version.hpp"
 
 namespace stepcast::cli {
@@ -44,6 +45,19 @@ std::optional<std::string> shipped_path(const std::string& relative) {
     if (std::filesystem::exists(root / relative, ec)) return (root / relative).string();
   }
   return std::nullopt;
+}
+
+std::vector<std::string> shipped_names(const std::string& folder) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const std::filesystem::path& root : shipped_roots()) {
+    if (!std::filesystem::is_directory(root / folder, ec)) continue;
+    for (const auto& entry : std::filesystem::directory_iterator(root / folder, ec)) {
+      if (entry.path().extension() == ".json") names.insert(entry.path().stem().string());
+    }
+    break;
+  }
+  return {names.begin(), names.end()};
 }
 
 std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option) {
@@ -78,13 +92,44 @@ std::string input_file(const po::variables_map& vm, const std::string& name) {
   return resolve_input(vm[name].as<std::string>(), folders.at(name), name);
 }
 
+const char* const kFromMegatronHelp =
+    "Megatron-LM arguments ('--num-layers 32 --hidden-size 4096 ...') or a launch script file "
+    "holding them: the model and plan, instead of --model and --plan (dp_size = devices / "
+    "(tp·pp·cp)); flags stepcast cannot model are refused by name";
+
 void add_input_options(po::options_description& options) {
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
+      ("model", po::value<std::string>(), "model config JSON (models/*.json), or a shipped name")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
-      ("plan", po::value<std::string>()->required(), "parallelization plan JSON (examples/*.json)")
+      ("plan", po::value<std::string>(),
+       "parallelization plan JSON (examples/*.json); without dp_size, dp_size = devices / (tp·pp·cp)")
+      ("from-megatron", po::value<std::string>(), kFromMegatronHelp)
       ("nodes", po::value<int>(), "override the topology's num_nodes");
   add_seq_length_option(options);
+}
+
+MegatronInputs megatron_inputs(const po::variables_map& vm) {
+  for (const char* other : {"model", "plan", "seq-length"}) {
+    if (vm.count(other)) {
+      throw InputError(std::string("command line: --") + other + " with --from-megatron: valid: one of them "
+                       "(the arguments give the model, the plan and the sequence length)");
+    }
+  }
+  std::string arg = vm["from-megatron"].as<std::string>();
+  std::error_code ec;
+  const bool file = std::filesystem::is_regular_file(arg, ec);
+  std::string source = file ? arg : "--from-megatron";
+  std::string name = file ? std::filesystem::path(arg).stem().string() : "megatron";
+  std::string text = file ? read_text_file(arg) : arg;
+  MegatronImport imported = import_megatron_arguments(text, source, name);
+  MegatronInputs in{parse_model(imported.model, source), parse_plan(imported.plan, source),
+                    {imported.world_size, imported.world_from}};
+  if (!imported.ignored.empty()) {
+    std::cerr << "note: " << source << ": flags that change neither time nor memory of a step, not modelled:";
+    for (const auto& flag : imported.ignored) std::cerr << " " << flag;
+    std::cerr << "\n";
+  }
+  return in;
 }
 
 void add_seq_length_option(po::options_description& options) {
@@ -118,14 +163,41 @@ std::string child_seq_length_argument(const ModelConfig& model) {
   return model.seq_length_from == "--seq-length" ? " --seq-length " + std::to_string(model.seq_length) : "";
 }
 
-Inputs load_inputs(const po::variables_map& vm) {
+Inputs load_inputs(const po::variables_map& vm, const PlanWorld& given_world) {
   std::optional<int> nodes;
   if (vm.count("nodes")) nodes = vm["nodes"].as<int>();
-  Inputs in{load_model_option(vm),
-            load_topology(input_file(vm, "topology"), nodes),
-            load_plan(input_file(vm, "plan"))};
-  validate_plan(in.plan, in.model, in.topology);
+  Inputs in;
+  PlanWorld world = given_world;  // else the topology's devices, unless a launch line gives its own
+  if (vm.count("from-megatron")) {
+    MegatronInputs megatron = megatron_inputs(vm);
+    in.model = megatron.model;
+    in.plan = megatron.plan;
+    if (megatron.world.size > 0) world = megatron.world;
+  } else {
+    for (const char* option : {"model", "plan"}) {
+      if (!vm.count(option)) {
+        throw InputError(std::string("command line: the option '--") + option +
+                         "' is required but missing (or --from-megatron ARGS|FILE) (see --help)");
+      }
+    }
+    in.model = load_model_option(vm);
+  }
+  in.topology = load_topology(input_file(vm, "topology"), nodes);
+  if (!vm.count("from-megatron")) in.plan = load_plan(input_file(vm, "plan"));
+  validate_plan(in.plan, in.model, in.topology, world);
+  if (in.plan.dp_size_derived) {
+    std::cerr << "note: " << in.plan.file << ": no dp_size: dp_size = " << in.plan.dp_size << ", the "
+              << in.plan.dp_size_world << " devices of " << (world.size > 0 ? world.from : in.topology.file)
+              << " / (tp_size · pp_size" << (in.plan.cp_size > 1 ? " · context_parallel_size" : "") << " = "
+              << in.plan.dp_size_world / in.plan.dp_size << "), as Megatron-LM derives it\n";
+  }
   return in;
+}
+
+std::string dp_size_note(const Plan& plan) {
+  if (!plan.dp_size_derived) return "";
+  return ", dp_size " + std::to_string(plan.dp_size) + " derived (" + std::to_string(plan.dp_size_world) +
+         " devices / tp·pp·cp = " + std::to_string(plan.dp_size_world / plan.dp_size) + ")";
 }
 
 void add_profile_options(po::options_description& options, const std::string& what) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "model.hpp"
 #include "plan.hpp"
@@ -28,6 +29,9 @@ struct Inputs {
 // (build/stepcast), of an install (PREFIX/share/stepcast) or of the working directory, in that
 // order. InputError naming the option and the shipped names when there is none.
 std::string resolve_input(const std::string& arg, const std::string& folder, const std::string& option);
+// The shipped names of FOLDER ("models": "gpt2-124m", "llama3-8b", ...), where resolve_input
+// finds them.
+std::vector<std::string> shipped_names(const std::string& folder);
 // A file shipped with stepcast, by its path in the repository ("scripts/mpirun",
 // "data/corpus/shakespeare.txt"): as given where it exists from the working directory, else under
 // the build tree's repository, else under PREFIX/share/stepcast; nullopt where none has it.
@@ -35,8 +39,20 @@ std::optional<std::string> shipped_path(const std::string& relative);
 // The value of option `name` (model, topology, plan) through resolve_input.
 std::string input_file(const po::variables_map& vm, const std::string& name);
 
-// Adds --model, --topology, --plan, --nodes, --seq-length to `options`.
+// Adds --model, --topology, --plan, --from-megatron, --nodes, --seq-length to `options`.
 void add_input_options(po::options_description& options);
+// --from-megatron's help text (plan and the commands of add_input_options share it).
+extern const char* const kFromMegatronHelp;
+// The model and plan of --from-megatron ARGS|FILE (a launch script when a file of that name
+// exists, else the arguments themselves), the plan not validated; InputError with --model,
+// --plan or --seq-length beside it, or for arguments stepcast cannot model. Prints the flags
+// accepted and not modelled.
+struct MegatronInputs {
+  ModelConfig model;
+  Plan plan;
+  PlanWorld world;  // torchrun's world when the text gives it (dp_size follows it), else empty
+};
+MegatronInputs megatron_inputs(const po::variables_map& vm);
 // Adds --seq-length (for commands that take --model without add_input_options).
 void add_seq_length_option(po::options_description& options);
 // The model of --model, at --seq-length when given; prints where the sequence length came from
@@ -46,8 +62,12 @@ ModelConfig load_model_option(const po::variables_map& vm);
 std::string model_label(const ModelConfig& model);
 // " --seq-length N" when the model's sequence length came from --seq-length: for child processes.
 std::string child_seq_length_argument(const ModelConfig& model);
-// Loads and validates them; InputError on anything wrong.
-Inputs load_inputs(const po::variables_map& vm);
+// Loads and validates them; InputError on anything wrong. A plan without dp_size takes
+// world / (tp·pp·cp) (plan.hpp), the world being `world` when given (run: mpirun's), a launch
+// line's (--from-megatron), else the topology's devices; a note says so.
+Inputs load_inputs(const po::variables_map& vm, const PlanWorld& world = {});
+// ", dp_size N derived (W devices / tp·pp·cp = T)" for a plan whose dp_size was derived; "" else.
+std::string dp_size_note(const Plan& plan);
 // Adds --profile and --allow-profile-mismatch; `what` says what the profile costs.
 void add_profile_options(po::options_description& options, const std::string& what);
 // The profile of --profile FILE|roofline, else the topology's (choose_profile); prints the

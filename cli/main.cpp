@@ -44,6 +44,8 @@ const std::vector<Command> kCommands = {
      "time to train N tokens with failures: checkpoint interval, lost work, restarts"},
     {"calibrate", stepcast::cli::run_calibrate,
      "fit a profile's GEMM, memory, link, overhead and jitter figures to measured runs"},
+    {"completion", stepcast::cli::run_completion,
+     "print the bash completion script (source <(stepcast completion bash))"},
 };
 
 void print_help() {
@@ -54,12 +56,20 @@ void print_help() {
   size_t width = 0;
   for (const auto& c : kCommands) width = std::max(width, std::strlen(c.name) + 2);
   for (const auto& c : kCommands) std::cout << "  " << c.name << std::string(width - std::strlen(c.name), ' ') << c.summary << "\n";
-  std::cout << "\ninputs: --model models/*.json, --topology topologies/*.json, --plan examples/*.json;\n"
+  std::cout << "\ninputs: --model models/*.json, --topology topologies/*.json, --plan examples/*.json\n"
+            << "(paths or shipped names), or --from-megatron 'ARGS'|SCRIPT for the model and plan of a\n"
+            << "Megatron-LM launch line; a plan without dp_size uses every device (world / tp·pp·cp).\n"
             << "--nodes N overrides the topology's node count. Exit codes: 0 ok, 2 bad input,\n"
-            << "3 internal error.\n";
+            << "3 internal error. Man page: stepcast.1; bash completion: stepcast completion bash.\n";
 }
 
 }  // namespace
+
+std::vector<std::string> stepcast::cli::command_names() {
+  std::vector<std::string> names;
+  for (const auto& c : kCommands) names.push_back(c.name);
+  return names;
+}
 
 int stepcast::cli::stepcast_main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||

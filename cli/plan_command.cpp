@@ -85,10 +85,14 @@ void print_estimate_quality(const std::vector<Candidate>& ranked) {
 int run_plan(int argc, char** argv) {
   po::options_description options("stepcast plan options");
   options.add_options()
-      ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
+      ("model", po::value<std::string>(), "model config JSON (models/*.json), or a shipped name")
       ("topology", po::value<std::string>()->required(), "cluster topology JSON (topologies/*.json)")
+      ("from-megatron", po::value<std::string>(),
+       "Megatron-LM arguments or a launch script holding them, instead of --model: the model, and "
+       "the global batch, attention and dropout unless given here; the launch line's own plan is "
+       "ranked too (launch-line)")
       ("nodes", po::value<int>(), "override the topology's num_nodes")
-      ("global-batch-size", po::value<int64_t>()->required(), "global batch size (sequences per step)")
+      ("global-batch-size", po::value<int64_t>(), "global batch size (sequences per step; required without --from-megatron)")
       ("top", po::value<int64_t>()->default_value(5), "plans to report and write")
       ("evaluate", po::value<std::string>(), "plans to re-simulate, best first: a count or 'all' (default 2·top)")
       ("evaluate-stride", po::value<int64_t>()->default_value(0),
@@ -114,13 +118,14 @@ int run_plan(int argc, char** argv) {
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations")
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
-       "DIR/report.md, DIR/report.html");
+       "DIR/report.md, DIR/report.html, and the report's tables as DIR/best-plans.csv and DIR/pruned.csv");
   add_profile_options(options, "for the estimate and the simulations");
   add_seq_length_option(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast plan --model M --topology T --global-batch-size B [--nodes N] [--top K]\n"
+      "       stepcast plan --from-megatron 'ARGS'|FILE --topology T [--global-batch-size B] ...\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid] [--dropout P]\n"
@@ -143,9 +148,23 @@ int run_plan(int argc, char** argv) {
   auto wall_start = std::chrono::steady_clock::now();
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
-  ModelConfig model = load_model_option(*vm);
+  std::optional<MegatronInputs> imported;
+  if (vm->count("from-megatron")) imported = megatron_inputs(*vm);
+  if (!imported && !vm->count("model")) {
+    throw InputError("command line: the option '--model' is required but missing (or --from-megatron ARGS|FILE) (see --help)");
+  }
+  ModelConfig model = imported ? imported->model : load_model_option(*vm);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  if (imported) {  // the launch line's batch, attention and dropout, unless given here
+    if (imported->world.size > 0) resolve_dp_size(imported->plan, imported->world.size, imported->world.from);
+    resolve_dp_size(imported->plan, topology.num_devices(), topology.file);
+    if (!vm->count("global-batch-size")) space.global_batch_size = imported->plan.global_batch_size;
+    if ((*vm)["attention"].defaulted()) space.attention_impl = imported->plan.attention_impl;
+    if ((*vm)["dropout"].defaulted()) space.dropout = imported->plan.dropout;
+  } else if (!vm->count("global-batch-size")) {
+    throw InputError("command line: the option '--global-batch-size' is required but missing (see --help)");
+  }
   space.megatron_runnable_only = (*vm)["megatron-runnable"].as<bool>();
   int64_t top = (*vm)["top"].as<int64_t>();
   int64_t evaluate_count = 2 * top;
@@ -194,6 +213,25 @@ int run_plan(int argc, char** argv) {
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
+  // The launch line's own plan, searched and ranked beside the others ("launch-line").
+  if (imported) {
+    Candidate own;
+    own.plan = imported->plan;
+    own.plan.name = "launch-line";
+    try {
+      validate_plan(own.plan, model, topology, imported->world);
+    } catch (const InputError& e) {
+      own.pruned = "the launch line's plan: invalid";
+      own.pruned_detail = e.what();
+    }
+    // The estimate costs every candidate at the search's one dtype.
+    if (own.kept() && !candidates.empty() && own.plan.param_dtype != candidates.front().plan.param_dtype) {
+      own.pruned = "the launch line's plan: another dtype than the search's";
+      own.pruned_detail = std::string("its ") + to_string(own.plan.param_dtype) + " against the search's " +
+                          to_string(candidates.front().plan.param_dtype) + "; simulate --from-megatron times it";
+    }
+    candidates.push_back(own);
+  }
   int64_t valid = 0;
   for (const auto& c : candidates) valid += c.kept();
   std::cout << candidates.size() << " candidates, " << valid << " pass validation\n";
@@ -249,6 +287,20 @@ int run_plan(int argc, char** argv) {
              progress_printer("simulate --mode " + sim_mode), objective, evaluate_stride);
   auto simulate_end = std::chrono::steady_clock::now();
   print_estimate_quality(ranked);
+  if (imported) {
+    for (size_t i = 0; i < ranked.size(); ++i) {
+      if (ranked[i].plan.name != "launch-line") continue;
+      const Candidate& c = ranked[i];
+      std::cout << "the launch line's plan (launch-line) ranks " << i + 1 << " of " << ranked.size()
+                << ": " << fixed(c.step_time_s ? *c.step_time_s : c.estimate.step_time_s, 3) << " s ("
+                << (c.step_time_s ? "simulated" : "estimated") << "), the first "
+                << fixed(ranked[0].step_time_s ? *ranked[0].step_time_s : ranked[0].estimate.step_time_s, 3)
+                << " s\n";
+    }
+    for (const Candidate& c : pruned) {
+      if (c.plan.name == "launch-line") std::cout << "the launch line's plan is pruned: " << c.pruned_detail << "\n";
+    }
+  }
   int64_t shown = std::min<int64_t>(top, int64_t(ranked.size()));
   for (int64_t i = 0; i < shown; ++i) resolve_peak(ranked[size_t(i)], model, topology);
 
@@ -367,7 +419,7 @@ int run_plan(int argc, char** argv) {
     report.capacity_bytes = allowed;
     report.wall_s = wall_s;
     write_plan_report(out_dir, report);
-    std::cout << "wrote " << out_dir << "/plans.json, report.md, report.html and " << top_json.size()
+    std::cout << "wrote " << out_dir << "/plans.json, report.md, report.html, best-plans.csv, pruned.csv and " << top_json.size()
               << " plan files\n";
   }
   return 0;

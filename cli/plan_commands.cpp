@@ -20,7 +20,8 @@ namespace {
 void print_header(const std::string& command, const Inputs& in) {
   std::cout << "stepcast " << command << ": " << model_label(in.model) << " on " << in.topology.name
             << " (" << in.topology.num_nodes << " nodes × " << in.topology.node.devices_per_node
-            << " = " << in.topology.num_devices() << " devices), plan " << in.plan.name << "\n";
+            << " = " << in.topology.num_devices() << " devices), plan " << in.plan.name
+            << dp_size_note(in.plan) << "\n";
   if (in.plan.world_size() < in.topology.num_devices()) {
     std::cout << "note: the plan uses " << in.plan.world_size() << " of the topology's "
               << in.topology.num_devices() << " devices\n";

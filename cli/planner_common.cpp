@@ -182,7 +182,8 @@ std::string sim_mode_from(const boost::program_options::variables_map& vm) {
 
 SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
   SearchSpace space;
-  space.global_batch_size = vm["global-batch-size"].as<int64_t>();
+  // Required unless --from-megatron gives it (run_plan checks).
+  space.global_batch_size = vm.count("global-batch-size") ? vm["global-batch-size"].as<int64_t>() : 0;
   if (vm.count("include-gpipe")) space.include_gpipe = vm["include-gpipe"].as<bool>();
   space.max_memory_fraction = vm["max-memory-fraction"].as<double>();
   space.dropout = vm["dropout"].as<double>();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "csv_tables.hpp"
 #include "html.hpp"
 #include "inputs.hpp"
 #include "planner_common.hpp"
@@ -37,10 +38,20 @@ std::string gib_cell(double bytes) { return fixed(bytes / kGiB, 2); }
 void write_both(const std::string& dir, const std::string& title, const std::string& markdown,
                 const std::string& html_body) {
   write_output_file(dir, "report.md", "# " + title + "\n\n" + markdown);
+  write_csv_tables(dir, markdown);
   write_output_file(dir, "report.html", html::page(title, html::heading(title, 1) + html_body));
 }
 
 }  // namespace
+
+std::vector<std::string> write_csv_tables(const std::string& dir, const std::string& markdown) {
+  std::vector<std::string> names;
+  for (const CsvTable& table : markdown_tables(markdown)) {
+    names.push_back(table.name + ".csv");
+    write_output_file(dir, names.back(), to_csv(table));
+  }
+  return names;
+}
 
 void write_plan_report(const std::string& dir, const PlanReport& r) {
   std::vector<std::string> headers = {"#", "plan", "step s", "source", "estimate s", "tokens/s",
@@ -130,7 +141,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
                      "communication and bubble from simulate --mode " + r.sim_mode + " on the critical rank; "
                      "allowed per device " + gib_cell(r.capacity_bytes) + " GiB.";
   std::ostringstream md;
-  md << note << "\n\n" << markdown_table(headers, rows);
+  md << note << "\n\n## Strategies\n\n" << markdown_table(headers, rows);
   html::ChartOptions m;
   m.title = "Memory per GPU by class";
   m.x_label = "strategy";
@@ -186,7 +197,7 @@ void write_scale_report(const std::string& dir, const ScaleReport& r) {
                      "(least squares on 1/speedup): " +
                      (r.serial_fraction_valid ? fixed(r.serial_fraction, 4) : std::string("n/a")) + ".";
   std::ostringstream md;
-  md << note << "\n\n" << markdown_table(headers, rows);
+  md << note << "\n\n## Scale\n\n" << markdown_table(headers, rows);
   html::ChartOptions s;
   s.title = "Speedup against the smallest run";
   s.x_label = "devices";

@@ -1,6 +1,6 @@
 // Reports of the planner's commands (plan, compare-strategies, scale): the figures the command
-// printed, as DIR/report.md (for review) and DIR/report.html (for people: tables and inline SVG
-// charts through reports/html.hpp, one self-contained file).
+// printed, as DIR/report.md (for review), DIR/report.html (for people: tables and inline SVG
+// charts through reports/html.hpp, one self-contained file) and a CSV per table (for tools).
 #pragma once
 
 #include <cstdint>
@@ -83,6 +83,9 @@ struct ScaleReport {
   double serial_fraction = 0;  // Amdahl's f, least squares (scale_command.cpp)
   bool serial_fraction_valid = false;
 };
+
+// DIR/NAME.csv for every table of `markdown` (reports/csv_tables.hpp); the files' names.
+std::vector<std::string> write_csv_tables(const std::string& dir, const std::string& markdown);
 
 void write_plan_report(const std::string& dir, const PlanReport& report);
 void write_strategy_report(const std::string& dir, const StrategyReport& report);

@@ -3,6 +3,7 @@
 // trace.json.
 #include <mpi.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -106,7 +107,17 @@ int run_run(int argc, char** argv) {
     std::string path = repository_path((*vm)["topology"].as<std::string>());
     vm->at("topology").value() = boost::any(path);
   }
-  Inputs in = load_inputs(*vm);
+  // mpirun's world (read before MPI starts): a plan without dp_size fills it, as Megatron-LM does.
+  PlanWorld world;
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    char* end = nullptr;
+    long size = std::strtol(value, &end, 10);
+    if (*value != '\0' && *end == '\0' && size > 0) world = {size, std::string("mpirun's world (") + name + ")"};
+    break;
+  }
+  Inputs in = load_inputs(*vm, world);
   RunOptions run_options;
   run_options.steps = (*vm)["steps"].as<int64_t>();
   run_options.collectives_mpi = collectives == "mpi";

@@ -61,7 +61,7 @@ int run_scale(int argc, char** argv) {
       ("nodes", po::value<std::string>()->required(), "node counts, e.g. 1,2,4,8")
       ("weak", po::bool_switch(), "weak scaling: keep the batch per dp rank (default: strong, keep the global batch)")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
-      ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html");
+      ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html and the table as DIR/scale.csv");
   add_profile_options(options, "for the simulations");
   add_seq_length_option(options);
   add_sim_mode_option(options);
@@ -115,6 +115,7 @@ int run_scale(int argc, char** argv) {
                           "node counts whose devices tp_size · pp_size divides");
       }
       plan.dp_size = p.devices / model_ranks;
+      plan.dp_size_derived = false;  // set here, per node count
       // Hybrid sharding keeps its shard group (inside a node) and scales the replicas.
       if (base.num_distributed_optimizer_instances > 1) {
         int64_t shard = base.dp_shard_size();
@@ -259,7 +260,7 @@ int run_scale(int argc, char** argv) {
     if (report.serial_fraction_valid) out["amdahl_serial_fraction"] = report.serial_fraction;
     write_output_file(dir, "scale.json", out.dump(2) + "\n");
     write_scale_report(dir, report);
-    std::cout << "wrote " << dir << "/scale.json, report.md, report.html\n";
+    std::cout << "wrote " << dir << "/scale.json, report.md, report.html, scale.csv\n";
   }
   return 0;
 }

@@ -86,6 +86,7 @@ int run_simulate(int argc, char** argv) {
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
+      "       stepcast simulate --from-megatron 'ARGS'|FILE --topology T [--nodes N]\n"
       "                         [--profile F|roofline] [--allow-profile-mismatch]\n"
       "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
       "                         [--records representative|all|none]\n"
@@ -211,7 +212,7 @@ int run_simulate(int argc, char** argv) {
   }
 
   std::cout << "stepcast simulate: " << model_label(in.model) << " on " << in.topology.name << " ("
-            << program.world_size() << " devices), plan " << in.plan.name << ", mode "
+            << program.world_size() << " devices), plan " << in.plan.name << dp_size_note(in.plan) << ", mode "
             << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
             << "): compute " << result.breakdown.compute_s << ", exposed comm "

@@ -17,6 +17,7 @@
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "planner_report.hpp"
 #include "plan.hpp"
 #include "profile.hpp"
 #include "profiler.hpp"
@@ -230,7 +231,8 @@ int run_validate(int argc, char** argv) {
       ("sweep", po::value<std::string>()->required(),
        "sweep file (sweeps/*.json), or `published`")
       ("out", po::value<std::string>(),
-       "output folder (default out/validate/NAME, NAME the sweep's name)")
+       "output folder (default out/validate/NAME, NAME the sweep's name): validate.json, report.md, "
+       "report.html and a CSV per table of report.md (points.csv, summary.csv, ...)")
       ("repeats", po::value<int64_t>(),
        "executor runs per point (default: the sweep's `repeats`, else 3)")
       ("profile", po::value<std::string>(),
@@ -356,6 +358,7 @@ int run_validate(int argc, char** argv) {
   std::ostringstream markdown, page;
   write_validate_markdown(markdown, report);
   write_output_file(out, "report.md", markdown.str());
+  write_csv_tables(out, markdown.str());  // points.csv, breakdown-critical-rank.csv, ...
   write_validate_html(page, report);
   write_output_file(out, "report.html", page.str());
 

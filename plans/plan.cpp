@@ -174,6 +174,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   reader.accept("notes");
   plan.tp_size = reader.get_int_or("tp_size", 1, 1);
   plan.pp_size = reader.get_int_or("pp_size", 1, 1);
+  plan.dp_size_derived = !reader.has("dp_size");  // resolved against the world by validate_plan
   plan.dp_size = reader.get_int_or("dp_size", 1, 1);
   plan.cp_size = reader.get_int_or("context_parallel_size", 1, 1);
   std::string cp_comm = reader.get_enum_or("cp_comm_type", kCpCommNames, "p2p");
@@ -192,6 +193,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
                 "times dp_size = " + std::to_string(plan.dp_size) + " overflows 64-bit integers",
                 "micro_batch_size · dp_size < 2^63 - 1");
   }
+  plan.global_batch_size_derived = !reader.has("global_batch_size");
   plan.global_batch_size = reader.get_int_or("global_batch_size", 1, samples_per_step);
 
   std::string schedule = reader.get_enum_or("schedule", kScheduleNames, "1f1b");
@@ -238,6 +240,24 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
 
 Plan load_plan(const std::string& path) { return parse_plan(load_json_file(path), path); }
 
+void resolve_dp_size(Plan& plan, int64_t world_size, const std::string& world) {
+  if (!plan.dp_size_derived || plan.dp_size_world != 0) return;
+  const int64_t model_ranks = saturating_product(saturating_product(plan.tp_size, plan.pp_size), plan.cp_size);
+  if (world_size % model_ranks != 0) {
+    throw_input_error(plan.file, "dp_size", "(absent)",
+                      "would be the world's " + std::to_string(world_size) + " devices (" + world +
+                          ") over tp_size · pp_size · context_parallel_size = " +
+                          std::to_string(model_ranks) + ", which does not divide them",
+                      "dp_size in the plan, or a world that " + std::to_string(model_ranks) +
+                          " divides (--nodes)");
+  }
+  plan.dp_size = world_size / model_ranks;
+  plan.dp_size_world = world_size;
+  if (plan.global_batch_size_derived) {
+    plan.global_batch_size = saturating_product(plan.micro_batch_size, plan.dp_size);
+  }
+}
+
 namespace {
 
 // Context parallelism as Megatron-LM and Transformer Engine run it: every sequence cut into
@@ -274,7 +294,7 @@ void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
 
 }  // namespace
 
-void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology) {
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology, const PlanWorld& world) {
   const std::string& f = plan.file;
   auto fail = [&](const std::string& key, int64_t value, const std::string& why,
                   const std::string& valid) {
@@ -325,6 +345,10 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
              std::to_string(model.num_hidden_layers) + " layers of " + model.file,
          "pp_size · virtual_pp_size <= " + std::to_string(model.num_hidden_layers));
   }
+  if (world.size > 0) resolve_dp_size(plan, world.size, world.from);
+  resolve_dp_size(plan, topology.num_devices(),
+                  topology.file + ": " + std::to_string(topology.num_nodes) + " nodes × " +
+                      std::to_string(topology.node.devices_per_node));
   int64_t per_step = saturating_product(plan.micro_batch_size, plan.dp_size);
   if (plan.global_batch_size % per_step != 0) {
     fail("global_batch_size", plan.global_batch_size,

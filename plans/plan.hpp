@@ -33,6 +33,12 @@ struct Plan {
   int64_t tp_size = 1;
   int64_t pp_size = 1;
   int64_t dp_size = 1;
+  // dp_size absent from the plan file: world / (tp·pp·cp), as Megatron-LM derives it. The world
+  // is the topology's devices (validate_plan) unless resolve_dp_size gave another first;
+  // dp_size_world is the world it came from (0: not resolved yet).
+  bool dp_size_derived = false;
+  int64_t dp_size_world = 0;
+  bool global_batch_size_derived = false;  // absent: micro_batch_size · dp_size, once dp is known
   // Context parallelism (Megatron's context_parallel_size): cp ranks split every sequence into
   // 2·cp chunks, rank i holding chunks i and 2·cp−1−i (causal load balancing).
   int64_t cp_size = 1;
@@ -87,10 +93,22 @@ inline bool default_overlap_p2p_comm(ScheduleKind schedule) {
 Plan load_plan(const std::string& path);
 Plan parse_plan(const Json& json, const std::string& file);
 
+// Sets a derived dp_size to world_size / (tp·pp·cp) (no-op when the file gave dp_size or it is
+// resolved); `world` says where the world size comes from, for the error when tp·pp·cp does not
+// divide it.
+void resolve_dp_size(Plan& plan, int64_t world_size, const std::string& world);
+
+// Where a derived dp_size's world comes from when not the topology's devices (a sweep point's ranks).
+struct PlanWorld {
+  int64_t size = 0;
+  std::string from;
+};
+
 // Checks the plan against the model and topology and resolves defaults that depend on them
-// (layers_per_stage, grad_bucket_bytes). Throws InputError for every invalid combination.
+// (dp_size when derived, layers_per_stage, grad_bucket_bytes). Throws InputError for every invalid combination.
 // Memory is not checked here (see memory.hpp).
-void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology);
+void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topology,
+                   const PlanWorld& world = {});
 
 Json plan_to_json(const Plan& plan);
 

@@ -127,7 +127,10 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
                                      : reader.file() + " (" + reader.key_path("plan") + ")";
   p.model = load_model(p.model_file);
   p.plan = parse_plan(p.plan_json, plan_label);
-  validate_plan(p.plan, p.model, topology);
+  // A point's world is its ranks: dp_size absent is ranks / (tp·pp·cp), written into the plan
+  // that simulate and run read (their world would be the topology's devices).
+  validate_plan(p.plan, p.model, topology, {p.ranks, reader.file() + " (" + reader.key_path("ranks") + ")"});
+  if (p.plan.dp_size_derived) p.plan_json["dp_size"] = p.plan.dp_size;
   if (p.plan.world_size() != p.ranks) {
     reader.fail("ranks",
                 "the plan needs tp_size · pp_size · dp_size = " + std::to_string(p.plan.tp_size) +

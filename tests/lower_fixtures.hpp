@@ -27,8 +27,12 @@ struct PlanCase {
   std::string label() const { return model_file + " " + plan_json.dump(); }
 };
 
+// The plan of `json` on `topology`; without a dp size, dp_size 1 (these tests' plans use a few of
+// the 32 ranks; a plan file's dp_size absent would be the world / (tp·pp·cp)).
 inline Plan make_plan(const Json& json, const ModelConfig& model, const Topology& topology) {
-  Plan plan = parse_plan(json, "test-plan.json");
+  Json with_dp = json;
+  if (!with_dp.contains("dp_size") && !with_dp.contains("data_parallel_size")) with_dp["dp_size"] = 1;
+  Plan plan = parse_plan(with_dp, "test-plan.json");
   validate_plan(plan, model, topology);
   return plan;
 }

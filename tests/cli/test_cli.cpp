@@ -209,6 +209,45 @@ TEST_CASE("lower without --out is bad input", "[cli]") {
   check_one_error(run_stepcast("lower" + kTinyInputs), "'--out' is required");
 }
 
+TEST_CASE("memory with --from-megatron: a launch line is the model and plan, dp_size follows the devices", "[cli]") {
+  const std::string line =
+      "'torchrun --nnodes 2 --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 "
+      "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --ffn-hidden-size 14336 "
+      "--swiglu --normalization RMSNorm --position-embedding-type rope --rotary-base 500000 "
+      "--max-position-embeddings 8192 --seq-length 8192 --untie-embeddings-and-output-weights "
+      "--disable-bias-linear --vocab-size 128256 --make-vocab-size-divisible-by 1 "
+      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "
+      "--use-distributed-optimizer --micro-batch-size 1 --global-batch-size 64 --bf16 --lr 3e-4 --mock-data'";
+  std::string dir = fresh_dir("from-megatron");
+  CommandResult result =
+      run_stepcast("memory" + topology_arg("dgx-h100") + " --nodes 2 --from-megatron " + line + " --out " + dir);
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK_THAT(result.output, Contains("plan megatron, dp_size 4 derived (16 devices / tp·pp·cp = 4)"));
+  CHECK_THAT(result.output, Contains("the 16 devices of torchrun --nnodes 2 --nproc_per_node 8"));
+  CHECK_THAT(result.output, Contains("not modelled: --lr --mock-data"));
+  Json memory = read_json(dir + "/memory.json");
+  CHECK(memory["inputs"]["plan"]["dp_size"] == 4);
+  CHECK(memory["inputs"]["plan"]["zero_stage"] == 1);
+  CHECK(memory["inputs"]["model"]["num_key_value_heads"] == 8);
+  CHECK(memory["inputs"]["model"]["seq_length"] == 8192);
+  // The same launch line's shape as a model file gives the same memory verdict.
+  CommandResult file = run_stepcast("memory" + model_arg("llama3-8b") + topology_arg("dgx-h100") +
+                                    " --nodes 2 --seq-length 8192 --plan " +
+                                    test::write_temp_file("tp2-pp2.json",
+                                                          R"({"tp_size": 2, "pp_size": 2, "sequence_parallel": true,
+                                                              "zero_stage": 1, "micro_batch_size": 1,
+                                                              "global_batch_size": 64, "attention_impl": "flash",
+                                                              "dropout": 0.1})"));
+  INFO(file.output);
+  REQUIRE(file.exit_code == 0);
+  auto peak = [](const std::string& out) {
+    size_t at = out.find("\npeak ");
+    return out.substr(at, out.find('\n', at + 1) - at);
+  };
+  CHECK(peak(result.output) == peak(file.output));
+}
+
 TEST_CASE("a plan that does not fit: memory says so, lower refuses unless --allow-oom", "[cli]") {
   SECTION("Llama 3 405B without recompute needs about 80 GiB of 80 GB") {
     Json plan = read_json(source_path("examples/llama3-405b-h100-16384.json"));

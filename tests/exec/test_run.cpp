@@ -440,6 +440,21 @@ TEST_CASE("run: a rank count that does not match the plan is refused", "[run]") 
   CHECK_THAT(output, Catch::Contains("needs 2 ranks"));
 }
 
+TEST_CASE("run: a plan without dp_size fills mpirun's world, as Megatron-LM does", "[run]") {
+  Json p = plan(1, 1, 1, 0, "1f1b", "none", false, false, 1, false);
+  p.erase("dp_size");
+  p["global_batch_size"] = 4;
+  std::string file = write_temp_file("no-dp.plan.json", p.dump());
+  std::ostringstream cmd;
+  cmd << source_path("scripts/mpirun") << " -np 2 " << STEPCAST_BINARY << " run --model "
+      << source_path("models/tiny.json") << " --plan " << file << " --steps 2";
+  CommandResult r = run_shell(cmd.str());
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("no dp_size: dp_size = 2, the 2 devices of mpirun's world"));
+  CHECK_THAT(r.output, Catch::Contains("2 ranks"));
+}
+
 namespace {
 
 std::string run_command_line(const std::string& plan_file, const std::string& extra) {

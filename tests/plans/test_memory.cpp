@@ -40,7 +40,7 @@ namespace {
 ModelConfig gpt3() { return load_model(source_path("models/gpt3-175b.json")); }
 
 Plan korthikanti_plan(int tp, bool sp, const char* recompute) {
-  Json j = {{"tp_size", tp}, {"micro_batch_size", 1}, {"dtype", "bf16"}, {"dropout", 0.1},
+  Json j = {{"tp_size", tp}, {"dp_size", 1}, {"micro_batch_size", 1}, {"dtype", "bf16"}, {"dropout", 0.1},
             {"attention_impl", "materialized"}, {"recompute", recompute},
             {"sequence_parallel", sp}};
   Plan plan = parse_plan(j, "korthikanti.json");

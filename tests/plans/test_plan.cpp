@@ -29,9 +29,11 @@ Topology shipped_topology(const std::string& name, std::optional<int> nodes = st
   return load_topology(test::source_path("topologies/" + name + ".json"), nodes);
 }
 
-// The smallest valid plan (micro_batch_size is the one required key) with `changes` merged in.
+// The smallest valid plan (micro_batch_size is the one required key) with `changes` merged in,
+// on one device's worth of data parallelism unless `changes` says otherwise (dp_size absent is
+// the world / (tp·pp·cp): test_megatron_import.cpp).
 Json plan_with(const Json& changes = Json::object()) {
-  Json plan = {{"micro_batch_size", 1}};
+  Json plan = {{"micro_batch_size", 1}, {"dp_size", 1}};
   plan.update(changes);
   return plan;
 }
@@ -73,12 +75,13 @@ void check_names(const std::string& message, const std::string& key, const std::
 }  // namespace
 
 TEST_CASE("a plan with only micro_batch_size gets Megatron's defaults", "[plan]") {
-  Plan plan = parse(plan_with({{"micro_batch_size", 2}}));
+  Plan plan = parse({{"micro_batch_size", 2}});
   CHECK(plan.file == kFile);
   CHECK(plan.name == kFile);
   CHECK(plan.tp_size == 1);
   CHECK(plan.pp_size == 1);
-  CHECK(plan.dp_size == 1);
+  CHECK(plan.dp_size == 1);  // until validate_plan derives it from the world
+  CHECK(plan.dp_size_derived);
   CHECK(plan.zero_stage == 0);
   CHECK(plan.micro_batch_size == 2);
   CHECK(plan.global_batch_size == 2);  // micro_batch_size · dp_size

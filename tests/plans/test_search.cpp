@@ -11,6 +11,7 @@
 #include <set>
 #include <tuple>
 
+#include "csv_tables.hpp"
 #include "errors.hpp"
 #include "json_input.hpp"
 #include "lower.hpp"
@@ -451,6 +452,14 @@ TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[sea
     CHECK(peak >= previous);
     previous = peak;
   }
+  // The report's table as CSV beside it: a header row, then the top plans in their order.
+  std::vector<std::vector<std::string>> csv =
+      parse_csv(read_text_file(out + "/best-plans.csv"), out + "/best-plans.csv");
+  REQUIRE(csv.size() == 5);
+  CHECK(csv[0][0] == "#");
+  CHECK(csv[0][1] == "plan");
+  for (size_t i = 1; i < csv.size(); ++i) CHECK(csv[i][1] == plans["top"][i - 1]["name"].get<std::string>());
+  CHECK(std::filesystem::exists(out + "/pruned.csv"));
   // No plan that fits has a smaller peak than the first: its lower bound is not below it.
   double first = plans["top"][0]["peak_bytes_max"].get<double>();
   for (const auto& p : plans["plans"]) {
@@ -459,6 +468,18 @@ TEST_CASE("stepcast plan --objective memory puts the smallest peak first", "[sea
     CHECK(low >= first);
   }
   std::filesystem::remove_all(out);
+}
+
+TEST_CASE("stepcast plan with --from-megatron ranks the launch line's own plan", "[search][cli]") {
+  auto r = run_stepcast("plan" + topology_arg("localhost-cpu") + " --nodes 2 --evaluate 0 --top 2 --from-megatron "
+                        "'--num-layers 4 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 "
+                        "--seq-length 64 --vocab-size 256 --tensor-model-parallel-size 2 --micro-batch-size 1 "
+                        "--global-batch-size 8 --attention-backend unfused'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // The batch comes from the launch line; its plan (tp 2, dp 2 on 4 cores) is ranked among the rest.
+  CHECK_THAT(r.output, Catch::Contains("global batch 8"));
+  CHECK_THAT(r.output, Catch::Contains("the launch line's plan (launch-line) ranks "));
 }
 
 TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {

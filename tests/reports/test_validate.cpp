@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "csv_tables.hpp"
 #include "errors.hpp"
 #include "validate_fixtures.hpp"
 
@@ -334,6 +335,13 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
   CHECK(fs::exists(out + "/profile.json"));
   CHECK_THAT(read_text(out + "/report.md"), Contains("| dp2-zero1 |"));
   CHECK_THAT(read_text(out + "/report.html"), Contains("<svg"));
+  // The Points table beside it as CSV: a header row, then one row per point in order.
+  std::vector<std::vector<std::string>> points = parse_csv(read_text(out + "/points.csv"), "points.csv");
+  REQUIRE(points.size() == 1 + v["points"].size());
+  CHECK(points[0][0] == "point");
+  CHECK(points[0][3] == "predicted");
+  for (size_t i = 1; i < points.size(); ++i) CHECK(points[i][0] == v["points"][i - 1]["name"].get<std::string>());
+  CHECK(fs::exists(out + "/summary.csv"));
 }
 
 TEST_CASE("validate: a failing executor run is recorded and the sweep goes on", "[validate]") {

@@ -152,7 +152,7 @@ TEST_CASE("simulate: fast and full mode agree within 1%", "[simulate]") {
         {"micro_batch_size", 4}, {"global_batch_size", 16}, {"overlap_grad_reduce", true}},
        "a100-sxm4-80gb"},
       {"gpt2 pp4 gpipe m8", "gpt2-124m", dgx, 1,
-       {{"name", "pp4-gpipe"}, {"pp_size", 4}, {"micro_batch_size", 2}, {"global_batch_size", 16},
+       {{"name", "pp4-gpipe"}, {"pp_size", 4}, {"dp_size", 1}, {"micro_batch_size", 2}, {"global_batch_size", 16},
         {"schedule", "gpipe"}},
        "a100-sxm4-80gb"},
       {"gpt2 pp2 dp4 zero3 interleaved", "gpt2-124m", dgx, 1,
@@ -519,6 +519,7 @@ TEST_CASE("simulate: scaling efficiency against the same plan at dp_size 1", "[s
   }
   SECTION("dp_size 1 is 1 by definition") {
     std::string plan = write_json("tiny-dp1.json", {{"name", "tiny-dp1"},
+                                                    {"dp_size", 1},
                                                     {"micro_batch_size", 2},
                                                     {"global_batch_size", 8},
                                                     {"dtype", "fp32"}});
