@@ -59,19 +59,20 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor) {
   const int32_t a = op.fp8_slots[0], b = op.fp8_slots[1];
   const bool bias = bias_tensor[0] != '\0';
-  if (op.grad == Grad::none) {  // [x8, w8, (bias_w)] → [y]
-    const std::string& w = in(op, "w");
-    int64_t offset = layouts_.at(group_of_buffer(w)).at(weight_tensor).offset;
-    Fp8Codes<W> w8 = fp8_codes(w, op, b);
-    w8.codes += offset;
-    backend_.fp8_linear_forward(fp8_codes(in(op, "x"), op, a), w8, bias ? slice(in(op, "bias_w"), op, bias_tensor) : nullptr,
-                                buf(out(op, "y"), op), op.m, op.k, op.n);
-  } else if (op.grad == Grad::dgrad) {  // [d_y8, w8, (d_x)] → [d_x]
+  // The weight tensor's codes inside the layer's FP8 copy (laid out as its weights).
+  auto weight = [&]() {
     const std::string& w = in(op, "w");
     Fp8Codes<W> w8 = fp8_codes(w, op, b);
     w8.codes += layouts_.at(group_of_buffer(w)).at(weight_tensor).offset;
-    backend_.fp8_linear_backward_data(fp8_codes(in(op, "d_y"), op, a), w8, buf(out(op, "d_x"), op), op.m, op.n, op.k,
-                                      operands(op).has_in("d_x"));
+    return w8;
+  };
+  if (op.grad == Grad::none) {  // [x8, w8, (bias_w)] → [y]
+    backend_.fp8_linear_forward(fp8_codes(in(op, "x"), op, a), weight(),
+                                bias ? slice(in(op, "bias_w"), op, bias_tensor) : nullptr, buf(out(op, "y"), op), op.m,
+                                op.k, op.n);
+  } else if (op.grad == Grad::dgrad) {  // [d_y8, w8, (d_x)] → [d_x]
+    backend_.fp8_linear_backward_data(fp8_codes(in(op, "d_y"), op, a), weight(), buf(out(op, "d_x"), op), op.m, op.n,
+                                      op.k, operands(op).has_in("d_x"));
   } else {  // wgrad: [x8, d_y8] → [dw]
     const std::string& dw = out(op, "dw");
     backend_.fp8_linear_backward_weight(fp8_codes(in(op, "d_y"), op, b), fp8_codes(in(op, "x"), op, a),

@@ -67,14 +67,9 @@ double layer_activation_bytes(const ModelConfig& model, const Plan& plan) {
   rb.alloc("weights.L0", BufferClass::weights, ctx.act, {ctx.layer_params_local()}, Phase::forward,
            true);
   rb.alloc("x_in", BufferClass::activations, ctx.act, {ctx.s_local, ctx.b, ctx.h}, Phase::forward);
-  if (ctx.fp8) {
-    rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
-    for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-      rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
-    }
-  }
+  const std::string w8 = alloc_probe_fp8_state(rb, ctx);
   OpSite at{Phase::forward, 0, 0, 0};
-  std::string out = emit_layer_forward(e, at, "x_in", {"weights.L0", "", ctx.fp8 ? "fp8w.L0" : ""}, KeepMode::per_plan);
+  std::string out = emit_layer_forward(e, at, "x_in", {"weights.L0", "", w8}, KeepMode::per_plan);
   // What is still allocated, less the weights and the output (the next layer's input).
   double live = 0;
   for (const Op& op : role.ops) {

@@ -63,6 +63,15 @@ int64_t LowerContext::first_layer(int64_t vs) const {
   return first;
 }
 
+std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
+  if (!ctx.fp8) return "";
+  rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
+  for (const char* meta : {"fp8.scale", "fp8.amax"}) {
+    rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
+  }
+  return "fp8w.L0";
+}
+
 // ---- OpEmitter ----
 
 double OpEmitter::buffer_bytes(const std::vector<std::string>& names) const {

@@ -125,6 +125,10 @@ class OpEmitter {
   std::vector<std::string> deferred_frees_;
 };
 
+// A one-layer probe's FP8 state (layer L0's FP8 weight copy "fp8w.L0", its slots' fp8.scale and
+// fp8.amax), persistent; returns the copy's name, "" without FP8.
+std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx);
+
 // What a layer's forward pass keeps for backward.
 enum class KeepMode {
   per_plan,        // as the plan's recompute says

@@ -45,13 +45,7 @@ double layer_peak_bytes(const ModelConfig& model, const Plan& plan) {
            true);
   rb.alloc("grads.L0", BufferClass::grads, ctx.grad, {ctx.layer_params_local()}, Phase::forward,
            true);
-  const std::string w8 = ctx.fp8 ? "fp8w.L0" : "";
-  if (ctx.fp8) {  // (persistent: the FP8 copy and scales are counted with the weights)
-    rb.alloc(w8, BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
-    for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-      rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
-    }
-  }
+  const std::string w8 = alloc_probe_fp8_state(rb, ctx);  // (persistent: counted with the weights)
   std::vector<int64_t> local = {ctx.s_local, ctx.b, ctx.h};
   rb.alloc("x_in", BufferClass::activations, ctx.act, local, Phase::forward);
   std::string out = emit_layer_forward(e, OpSite{Phase::forward, 0, 0, 0}, "x_in",
