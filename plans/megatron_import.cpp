@@ -4,6 +4,7 @@
 // (training/argument_utils.py:45) cite the field: `a_b` is `--a-b`.
 #include "megatron_import.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -43,7 +44,7 @@ const std::set<std::string> kRead = {
     "global-batch-size", "data-parallel-sharding-strategy", "num-distributed-optimizer-instances",
     "ddp-bucket-size", "recompute-granularity", "recompute-method", "recompute-num-layers",
     "recompute-modules", "optimizer", "expert-model-parallel-size", "num-experts",
-    "ckpt-format"};
+    "ckpt-format", "fp8-format", "fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo", "fp8-margin"};
 
 // Flags that do not change one step's time or memory: accepted and listed.
 bool ignored_flag(const std::string& name) {
@@ -183,10 +184,8 @@ void refuse_unmodelled(const Flags& f) {
   }
   for (const auto& [name, value] : f.all()) {
     if (name.rfind("moe-", 0) == 0) f.fail(name, value, "a mixture of experts is not modelled", "no --moe-* flags");
-    // --fp8-format / --fp4-format and their options (transformer_config.py:587-690).
-    if (name.rfind("fp8-", 0) == 0 || name.rfind("fp4-", 0) == 0) {
-      f.fail(name, value, "FP8 / FP4 training is not modelled by this importer", "no --fp8-* / --fp4-* flags");
-    }
+    // --fp4-format and its options (transformer_config.py:587-690); FP8's are read below.
+    if (name.rfind("fp4-", 0) == 0) f.fail(name, value, "FP4 training is not modelled", "no --fp4-* flags");
     if (!kRead.count(name) && !kSwitches.count(name) && !ignored_flag(name)) {
       f.fail(name, value, "is not a flag stepcast reads or knows to leave the step unchanged",
              "the flags README lists under `--from-megatron` (model shape, parallel layout, batch, "
@@ -517,6 +516,15 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
   p["pp_size"] = pp;
   if (cp > 1) p["context_parallel_size"] = cp;
   if (f.has("cp-comm-type")) p["cp_comm_type"] = f.choice("cp-comm-type", {"p2p", "allgather", "a2a"}, "p2p");
+  // Transformer Engine's FP8 (arguments.py, _add_transformer_engine_args): the plan's fp8 keys,
+  // whose values the plan checks.
+  for (const char* flag : {"fp8-format", "fp8-recipe", "fp8-amax-compute-algo"}) {
+    std::string key = std::string(flag) == "fp8-format" ? "fp8" : std::string(flag);
+    std::replace(key.begin(), key.end(), '-', '_');
+    if (f.has(flag)) p[key] = *f.text(flag);
+  }
+  if (f.has("fp8-amax-history-len")) p["fp8_amax_history_len"] = *f.integer("fp8-amax-history-len", 0);
+  if (f.has("fp8-margin")) p["fp8_margin"] = *f.integer("fp8-margin", 0);
   // Megatron turns sequence parallelism off without tensor parallelism (arguments.py:1433-1439).
   if (f.on("sequence-parallel") && tp > 1) p["sequence_parallel"] = true;
   if (f.on("use-tp-pp-dp-mapping")) p["order"] = "tp-pp-dp";  // training/initialize.py:395

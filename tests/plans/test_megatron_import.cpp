@@ -134,7 +134,11 @@ TEST_CASE("Megatron-LM export then import gives the same model and plan", "[plan
         {"dtype", "fp32"}, {"order", "tp-pp-dp"}}},
       {"llama3-8b", "dgx-h100", 1,
        {{"tp_size", 2}, {"pp_size", 4}, {"dp_size", 1}, {"micro_batch_size", 1},
-        {"global_batch_size", 16}, {"recompute", "full"}, {"attention_impl", "flash"}}}};
+        {"global_batch_size", 16}, {"recompute", "full"}, {"attention_impl", "flash"}}},
+      {"llama3-8b", "dgx-h100", 1,  // FP8: Transformer Engine's flags both ways
+       {{"tp_size", 2}, {"dp_size", 4}, {"zero_stage", 1}, {"micro_batch_size", 1}, {"global_batch_size", 8},
+        {"attention_impl", "flash"}, {"fp8", "hybrid"}, {"fp8_amax_history_len", 1024},
+        {"fp8_amax_compute_algo", "max"}}}};
   for (const Case& c : cases) {
     INFO(c.model << " " << c.plan.dump());
     ModelConfig model = shipped_model(c.model);
@@ -245,7 +249,7 @@ TEST_CASE("Megatron-LM arguments stepcast cannot model, or that conflict, are re
       {"--kv-channels 32", {"key '--kv-channels' = '32'", "hidden_size / num_attention_heads"}},
       {"--swiglu yes", {"key '--swiglu' = 'yes'", "takes no value"}},
       {"--optimizer sgd", {"key '--optimizer' = 'sgd'", "adam"}},
-      {"--fp8-format hybrid", {"key '--fp8-format'", "FP8"}}};
+      {"--fp4-format e2m1", {"key '--fp4-format'", "FP4"}}};
   for (const Case& c : cases) {
     INFO(c.args);
     std::string message = import_error(kTinyShape + "--vocab-size 256 " + c.args);
