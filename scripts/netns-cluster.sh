@@ -174,12 +174,15 @@ fi
 [ -n "$link_rate" ] || die "--link-rate RATE is required (e.g. 200mbit, 1gbit)"
 link_bits=$(rate_bits_per_s "$link_rate") ||
   die "--link-rate '$link_rate': valid: NUMBER followed by bit, kbit, mbit or gbit (tc's decimal units), e.g. 200mbit"
-[ "$link_bits" -gt 0 ] || die "--link-rate '$link_rate': must be above zero"
+# Below 1 Mbit/s MPI's launch and wire-up time out; above 40 Gbit/s a veth cannot be shaped
+# (tbf's bucket of one millisecond overflows, and veth forwards at about that rate unshaped).
+in_range() { awk -v b="$1" 'BEGIN { exit !(b >= 1e6 && b <= 4e10) }'; }
+in_range "$link_bits" || die "--link-rate '$link_rate': valid from 1mbit to 40gbit"
 uplink_bits=""
 if [ -n "$uplink_rate" ]; then
   uplink_bits=$(rate_bits_per_s "$uplink_rate") ||
     die "--uplink-rate '$uplink_rate': valid: NUMBER followed by bit, kbit, mbit or gbit, e.g. 500mbit"
-  [ "$uplink_bits" -gt 0 ] || die "--uplink-rate '$uplink_rate': must be above zero"
+  in_range "$uplink_bits" || die "--uplink-rate '$uplink_rate': valid from 1mbit to 40gbit"
   [ "$nodes" -ge 2 ] || die "--uplink-rate needs --nodes 2 or more (the nodes split over two leaf switches)"
 fi
 cores=$(nproc)
@@ -209,12 +212,13 @@ switch_name() {  # rail k, leaf x
 
 # tbf on a device's egress. burst: one millisecond at the rate, at least 2 full frames (tbf
 # refuses a bucket below the MTU); latency bounds the queue.
+# NETNS: the node whose device it is, or empty (this host).
 shape() {
-  local dev=$1 bits=$2 rate=$3 burst
+  local netns=$1 dev=$2 bits=$3 rate=$4 burst msg
   burst=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 1000; if (x < 3200) x = 3200; printf "%d", x }')
-  local msg
-  msg=$(tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 200ms 2>&1) ||
-    fail_up "tc refuses rate '$rate' on $dev: $msg"
+  msg=$(ip ${netns:+-n "$netns"} link show dev "$dev" >/dev/null &&
+    ${netns:+ip netns exec "$netns"} tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 200ms 2>&1) ||
+    fail_up "tc refuses rate '$rate' on ${netns:+$netns }$dev: $msg"
 }
 
 mkdir -p "$state"
@@ -235,8 +239,8 @@ for ((k = 0; k < nics; k++)); do
     ip link add "$ua" type veth peer name "$ub" || fail_up "cannot make uplink $ua-$ub"
     ip link set "$ua" master "$(switch_name "$k" a)" up
     ip link set "$ub" master "$(switch_name "$k" b)" up
-    shape "$ua" "$uplink_bits" "$uplink_rate"
-    shape "$ub" "$uplink_bits" "$uplink_rate"
+    shape "" "$ua" "$uplink_bits" "$uplink_rate"
+    shape "" "$ub" "$uplink_bits" "$uplink_rate"
   fi
 done
 # This host's address on rail 0 (leaf a): mpirun's daemons call back to it.
@@ -258,10 +262,8 @@ for ((i = 0; i < nodes; i++)); do
     ip link set "$host_end" master "$(switch_name "$k" "$(leaf_of "$i")")" up
     ip -n "$node" addr add "$subnet_prefix.$k.$((i + 1))/24" dev "nic$k"
     ip -n "$node" link set "nic$k" up
-    shape "$host_end" "$link_bits" "$link_rate"   # switch -> node
-    msg=$(ip netns exec "$node" tc qdisc replace dev "nic$k" root tbf rate "$link_rate" \
-      burst "$(awk -v b="$link_bits" 'BEGIN { x = b / 8 / 1000; if (x < 3200) x = 3200; printf "%d", x }')" \
-      latency 200ms 2>&1) || fail_up "tc refuses rate '$link_rate' on $node nic$k: $msg"
+    shape "" "$host_end" "$link_bits" "$link_rate"   # switch -> node
+    shape "$node" "nic$k" "$link_bits" "$link_rate"  # node -> switch
   done
 done
 echo "$config" >"$state/config"
