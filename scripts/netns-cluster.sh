@@ -18,11 +18,10 @@
 # crash) removes exactly those. Exit 2 on bad input or a missing requirement, with nothing left.
 set -euo pipefail
 
-prog=netns-cluster.sh
+prog="netns-cluster.sh"
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 state_root=/run/stepcast-netns
-subnet_prefix=10.213   # rail k: 10.213.k.0/24; node i: .i+1; this host (mpirun's side): .254
 
 die() { echo "$prog: $*" >&2; exit 2; }
 warn() { echo "$prog: warning: $*" >&2; }
@@ -43,7 +42,10 @@ case "$action" in
     node=${1:?agent: no node}; shift
     name=${node%-n*}
     [ -e "/run/netns/$node" ] || { echo "$prog agent: no node $node (is the cluster up?)" >&2; exit 255; }
-    exec nsenter --net="/run/netns/$node" --uts="$state_root/$name/uts-$node" -- /bin/sh -c "$*"
+    # A node's ranks stay on its own cores (cpus-NODE, written by up when the ranks fit the cores).
+    pin=()
+    [ -s "$state_root/$name/cpus-$node" ] && pin=(taskset -c "$(cat "$state_root/$name/cpus-$node")")
+    exec nsenter --net="/run/netns/$node" --uts="$state_root/$name/uts-$node" -- "${pin[@]}" /bin/sh -c "$*"
     ;;
   up|down|status) ;;
   *) echo "$prog: unknown action '$action': valid: up, down, status, agent" >&2; exit 2 ;;
@@ -68,6 +70,9 @@ done
 [[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] ||
   die "--name '$name': 1-8 lower-case letters and digits, a letter first (interface names stay within Linux's 15 characters)"
 state="$state_root/$name"
+# Each cluster its own subnet, 10.X.0.0/16 with X from the name (200-249): rail k 10.X.k.0/24,
+# node i .i+1, this host (mpirun's side) .254 on rail 0.
+subnet_prefix=10.$((200 + $(printf %s "$name" | cksum | cut -d' ' -f1) % 50))
 made="$state/made"
 out=${out:-$repo/out/netns-$name}
 
@@ -118,7 +123,7 @@ remove_made() {
       uts) if [ -e "$obj" ]; then umount "$obj" 2>/dev/null || true; rm -f "$obj"; fi ;;
     esac
   done
-  rm -f "$made" "$state/config"
+  rm -f "$made" "$state/config" "$state"/cpus-*
   rmdir "$state" 2>/dev/null || true
 }
 
@@ -152,9 +157,8 @@ if [ "$action" = status ]; then
   exit 1
 fi
 
-require_tools
-
 if [ "$action" = down ]; then
+  require_tools
   if [ -f "$made" ]; then
     remove_made
     say "$name is down"
@@ -185,6 +189,7 @@ if [ -n "$uplink_rate" ]; then
   in_range "$uplink_bits" || die "--uplink-rate '$uplink_rate': valid from 1mbit to 40gbit"
   [ "$nodes" -ge 2 ] || die "--uplink-rate needs --nodes 2 or more (the nodes split over two leaf switches)"
 fi
+require_tools
 cores=$(nproc)
 ranks=$((nodes * ranks_per_node))
 [ "$ranks" -le "$cores" ] ||
@@ -221,6 +226,9 @@ shape() {
     fail_up "tc refuses rate '$rate' on ${netns:+$netns }$dev: $msg"
 }
 
+if [ -n "$(ip -4 addr show to "$subnet_prefix.0.0/16" 2>/dev/null)" ]; then
+  die "this host already has an address in $subnet_prefix.0.0/16 (the subnet of cluster '$name'): another --name picks another subnet"
+fi
 mkdir -p "$state"
 : >"$made"
 for ((k = 0; k < nics; k++)); do
@@ -266,6 +274,13 @@ for ((i = 0; i < nodes; i++)); do
     shape "$node" "nic$k" "$link_bits" "$link_rate"  # node -> switch
   done
 done
+# Each node its own cores (the agent pins its daemon, and so its ranks, to them), as separate
+# hosts would have; with more ranks than cores they share all of them.
+if [ "$ranks" -le "$cores" ]; then
+  for ((i = 0; i < nodes; i++)); do
+    echo "$((i * ranks_per_node))-$((i * ranks_per_node + ranks_per_node - 1))" >"$state/cpus-$(node_name "$i")"
+  done
+fi
 echo "$config" >"$state/config"
 
 # --- measure the one-way latency (ping, node 0 -> the last node, rail 0) ----------------------
@@ -366,4 +381,4 @@ STEPCAST_NETNS_LATENCY_S=$latency_s
 EOF
 say "$name is up: $config; one-way latency ${latency_s} s"
 say "files: $out/{hostfile,topology.json,mpirun,cluster.env}"
-say "run:   $out/mpirun -np $ranks build/cli/stepcast run ..."
+say "run:   $out/mpirun -np $ranks build/stepcast run ... --topology $out/topology.json"
