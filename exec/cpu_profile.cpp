@@ -29,6 +29,26 @@ Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
           {"samples", fit->samples}};
 }
 
+// The inter-node link from its ping-pong (one-way times, sizes ascending). A least-squares α-β
+// over every size is wrong here: a shaped link (tc's token bucket) passes a bucket's worth of
+// bytes at once after a pause, so the mid sizes look faster than the link. β: the marginal rate
+// between the two largest messages (the burst and α cancel out); α: the smallest message's time
+// less its bytes at β. max_relative_error: of α + bytes/β over every point.
+std::optional<LinkFit> fit_inter_node_link(const std::vector<P2pPoint>& points) {
+  if (points.size() < 2) return std::nullopt;
+  const P2pPoint &small = points.front(), &a = points[points.size() - 2], &b = points.back();
+  if (!(b.time_s > a.time_s) || !(b.bytes > a.bytes)) return std::nullopt;
+  LinkFit fit;
+  fit.bandwidth_bytes_per_s = (b.bytes - a.bytes) / (b.time_s - a.time_s);
+  fit.latency_s = std::max(0.0, small.time_s - small.bytes / fit.bandwidth_bytes_per_s);
+  for (const P2pPoint& p : points) {
+    double model = fit.latency_s + p.bytes / fit.bandwidth_bytes_per_s;
+    fit.max_relative_error = std::max(fit.max_relative_error, std::abs(model - p.time_s) / p.time_s);
+  }
+  fit.samples = int64_t(points.size());
+  return fit;
+}
+
 }  // namespace
 
 ProfileGrid cpu_profile_grid() {
@@ -132,10 +152,11 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   // Across nodes: the ping-pong's α is the one-way path latency, its β over the topology's NIC
   // rate the achievable fraction (TCP/IP and Ethernet headers, the shaper), kept as a fraction so
   // that the profile carries to other link rates of the same fabric.
-  if (std::optional<LinkFit> inter = fit_link(p2p_link_samples(tables.p2p_inter_node))) {
+  if (std::optional<LinkFit> inter = fit_inter_node_link(tables.p2p_inter_node)) {
     p.inter_node_latency_s = inter->latency_s;
     p.inter_node_bus_fraction = std::clamp(inter->bandwidth_bytes_per_s / options.nic_bandwidth_bytes_per_s, 1e-3, 1.0);
-    tables.fits["inter_node_p2p"] = fit_to_json(inter, "send/recv ping-pong across nodes, one way");
+    tables.fits["inter_node_p2p"] = fit_to_json(
+        inter, "send/recv ping-pong across nodes, one way: β between the two largest messages, α the smallest's time");
     tables.fits["inter_node_p2p"]["nic_bandwidth_bytes_per_s"] = options.nic_bandwidth_bytes_per_s;
   }
   tables.method = profile_method(placement, options,
