@@ -83,8 +83,14 @@ class Profiler {
       // Ping-pong inside a node (pairs of neighbouring ranks), and across nodes (node 2j with
       // node 2j+1, rank for rank) when the ranks span more than one.
       const int nodes = size_ / ranks_per_node_;
-      if (nodes == 1 || ranks_per_node_ >= 2) measure_p2p(world, 1, "send/recv ping-pong", t.p2p);
-      if (nodes > 1) measure_p2p(world, ranks_per_node_, "send/recv ping-pong across nodes", t.p2p_inter_node);
+      // Quick, across nodes: two sizes past a shaper's burst (its β is their marginal rate).
+      if (nodes == 1 || ranks_per_node_ >= 2) {
+        measure_p2p(world, 1, "send/recv ping-pong", {8, 4096, 1 << 20}, t.p2p);
+      }
+      if (nodes > 1) {
+        measure_p2p(world, ranks_per_node_, "send/recv ping-pong across nodes", {8, 4 << 20, 16 << 20},
+                    t.p2p_inter_node);
+      }
     }
     return t;
   }
@@ -494,8 +500,8 @@ class Profiler {
 
   // Pairs rank r with r ± stride: blocks of `stride` ranks, block 2j with block 2j+1.
   void measure_p2p(Backend<T, G, W>& backend, int stride, const std::string& label,
-                   std::vector<P2pPoint>& out) {
-    std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), {8, 4096, 1 << 20});
+                   const std::vector<double>& quick_sizes, std::vector<P2pPoint>& out) {
+    std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), quick_sizes);
     int64_t most = std::max<int64_t>(1, int64_t(bytes_list.back() / double(sizeof(T))));
     T* data = buffer(backend, most);
     const bool first = (rank_ / stride) % 2 == 0;

@@ -2,8 +2,9 @@
 # A cluster on one machine (scripts/netns-cluster.sh, issue 21): brings up 2 namespaced nodes of
 # one rank each joined by 1 Gbit/s links, trains the tiny model in fp64 data parallel (dp 2,
 # ZeRO-1) across them over TCP, and checks that the loss curve is the single rank's (1e-9
-# relative), that the ranks ran on two hosts, and that a hostfile of other slots than the
-# topology's is refused (exit 2); then takes the cluster down and checks nothing is left.
+# relative), that the ranks ran on two hosts, that the profile measures the inter-node link, and
+# that a hostfile of other slots than the topology's is refused (exit 2); then takes the cluster
+# down and checks nothing is left.
 # Exit 77 (skipped, saying why) when not root or network namespaces are not available.
 #   tests/netns_cluster.sh BUILD_DIR
 set -euo pipefail
@@ -52,6 +53,15 @@ paste <(jq -r '.losses[]' "$work/single/measurement.json") <(jq -r '.losses[]' "
        { n++; d = abs($1 - $2) / abs($1); if (d > worst) worst = d; print "step " n ": single " $1 ", across the link " $2 }
        END { printf "max relative loss difference %.3g over %d steps\n", worst, n;
              if (n < 4 || worst > 1e-9) exit 1 }'
+
+# The profile across the nodes measures the inter-node link: α of tens of microseconds, and TCP's
+# share of the shaped rate (its headers: at most 1448/1514 of the rate, and not below half).
+timeout 120 "$cluster/mpirun" -np 2 "$bin" profile --backend cpu --quick --topology "$cluster/topology.json" \
+  --out "$work/profile.json" >"$work/profile.log" 2>&1 || { cat "$work/profile.log"; exit 1; }
+jq -e '.links.inter_node_latency_s > 1e-6 and .links.inter_node_latency_s < 1e-3 and
+       .links.inter_node_bus_fraction > 0.5 and .links.inter_node_bus_fraction <= 0.97' "$work/profile.json" >/dev/null ||
+  { echo "inter-node link of the profile:"; jq '.links, .measured.fits.inter_node_p2p' "$work/profile.json"; exit 1; }
+grep "inter-node link" "$work/profile.log"
 
 # A hostfile of one slot per node against a topology of 2 devices per node: refused, exit 2.
 set +e
