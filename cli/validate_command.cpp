@@ -45,6 +45,8 @@ const char* const kUsage =
     "DIR/report.html; each point's outputs are in DIR/points/NAME/. A point whose runs' spread,\n"
     "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
+    "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
+    "brought up at each point's link_rate, profiled across its nodes, down at the end.\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
