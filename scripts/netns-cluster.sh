@@ -124,7 +124,7 @@ remove_made() {
     esac
   done
   rm -f "$made" "$state/config" "$state"/cpus-*
-  rmdir "$state" 2>/dev/null || true
+  rmdir "$state" "$state_root" 2>/dev/null || true
 }
 
 # A failure during `up`: undo this run's objects, then exit 2.
