@@ -68,7 +68,8 @@ int run_profile(int argc, char** argv) {
       ("dtype", po::value<std::string>(), "cpu: fp32 (default) or fp64; cuda: bf16 (default)")
       ("topology", po::value<std::string>(),
        "cuda: the topology whose device this GPU is (the profile takes its device name; flash "
-       "attention fractions are of its bf16 peak)")
+       "attention fractions are of its bf16 peak); cpu, ranks on several hosts (netns cluster): "
+       "the hosts' topology, whose NIC rate the inter-node link is measured against")
       ("quick", po::bool_switch(), "a few points of each table (a few seconds; for tests)")
       ("topology-out", po::value<std::string>(), "also write a topology JSON of this machine to FILE")
       ("min-sample-s", po::value<double>()->default_value(1e-3),
@@ -77,12 +78,13 @@ int run_profile(int argc, char** argv) {
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: mpirun -np N stepcast profile --backend cpu --out F [--dtype fp32|fp64] [--quick]\n"
-      "                                     [--topology-out T]\n"
+      "                                     [--topology-out T] [--topology T]\n"
       "       mpirun -np N stepcast profile --backend cuda --topology T --out F [--quick]\n"
       "Measures the machine with every rank busy at once, as in training: GEMM rate on a grid of\n"
       "shapes, memory-bound kernel bandwidth (norms, activations, softmax, AdamW) by size,\n"
       "collective time and bus bandwidth (all_reduce, reduce_scatter, all_gather; nccl-tests'\n"
-      "algbw and busbw) by message and group size, and send/recv latency and bandwidth. Each\n"
+      "algbw and busbw) by message and group size, and send/recv latency and bandwidth (across\n"
+      "hosts too, when the ranks span several: the inter-node link's α-β; needs --topology). Each\n"
       "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
       "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
       "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
@@ -112,6 +114,10 @@ int run_profile(int argc, char** argv) {
     Topology topology = load_topology((*vm)["topology"].as<std::string>());
     profile_options.device_name = topology.node.device.name;
     profile_options.peak_flops_per_s = topology.node.device.peak_for(Dtype::bf16, topology.file);
+  }
+  if (backend == "cpu" && vm->count("topology")) {
+    Topology topology = load_topology((*vm)["topology"].as<std::string>());
+    profile_options.nic_bandwidth_bytes_per_s = topology.fabric.nic_bandwidth_bytes_per_s;
   }
   profile_options.dtype = *parse_dtype(dtype);
   profile_options.quick = (*vm)["quick"].as<bool>();
@@ -148,6 +154,11 @@ int run_profile(int argc, char** argv) {
     std::cout << "leave-one-out, GEMM (" << t.gemm.size() << " points): " << summarise(gemm_leave_one_out(t.gemm))
               << "\nleave-one-out, memory-bound (" << t.memory.size()
               << " points): " << summarise(memory_leave_one_out(t.memory)) << "\n";
+    if (profile.inter_node_latency_s) {
+      std::cout << "inter-node link (ping-pong fit): " << *profile.inter_node_latency_s * 1e6
+                << " us, " << profile.inter_node_bus_fraction << " of the NIC's "
+                << profile_options.nic_bandwidth_bytes_per_s / 1e9 << " GB/s\n";
+    }
     if (profile.intra_node_bandwidth_bytes_per_s) {
       std::cout << "intra-node link (" << t.fits["applied_to_links"].get<std::string>() << " fit): "
                 << *profile.intra_node_bandwidth_bytes_per_s / 1e9 << " GB/s, "

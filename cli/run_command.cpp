@@ -11,6 +11,7 @@
 
 #include "chrome_trace.hpp"
 #include "commands.hpp"
+#include "device_checks.hpp"
 #include "errors.hpp"
 #include "executor.hpp"
 #include "inputs.hpp"
@@ -145,6 +146,12 @@ int run_run(int argc, char** argv) {
                        " ranks (tp_size · context_parallel_size · pp_size · dp_size), mpirun started " +
                        std::to_string(size) + ": run mpirun -np " +
                        std::to_string(in.plan.world_size()));
+    }
+    // Across hosts, the launcher's placement must be the topology's (a hostfile of other slots
+    // would put ranks the program sees as one node's on two hosts).
+    if (auto local = local_rank_from_environment([](const char* n) { return std::getenv(n); })) {
+      std::string problem = placement_problem(rank, size, *local, in.topology.node.devices_per_node);
+      if (!problem.empty()) throw InputError(problem);
     }
     // The output folder before any step: one that cannot be written fails now, not after
     // training.

@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "commands.hpp"
@@ -43,6 +45,8 @@ const char* const kUsage =
     "DIR/report.html; each point's outputs are in DIR/points/NAME/. A point whose runs' spread,\n"
     "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
+    "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
+    "brought up at each point's link_rate, profiled across its nodes, down at the end.\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
@@ -114,19 +118,44 @@ std::string seconds_text(double s) {
 
 struct Tools {
   std::string stepcast;  // this executable
-  std::string mpirun;    // scripts/mpirun
+  std::string mpirun;    // scripts/mpirun, or a netns cluster's mpirun
+  std::string bind = " --bind-to core";  // a cluster's agent pins each node to its own cores
+  std::string topology_file;             // the points' topology: the sweep's, or the cluster's
 };
 
-// Measures this machine's profile into DIR/profile.json with `ranks` ranks bound to cores.
+// The netns cluster of a sweep at one link rate (scripts/netns-cluster.sh up, idempotent): its
+// files in DIR/cluster-RATE; `tools` then launches through it with its topology.
+Tools cluster_tools(const Tools& base, const SweepCluster& c, const std::string& rate, const std::string& dir) {
+  std::string folder = fs::absolute(dir + "/cluster-" + rate).string();
+  ChildResult up = run_child("bash " + shell_quote(repository_file("scripts/netns-cluster.sh")) +
+                                 " up --name " + shell_quote(c.name) + " --nodes " + std::to_string(c.nodes) +
+                                 " --ranks-per-node " + std::to_string(c.ranks_per_node) + " --link-rate " +
+                                 shell_quote(rate) + " --out " + shell_quote(folder),
+                             dir + "/cluster-" + rate + ".log");
+  if (up.exit_code != 0) throw InputError(failure_message("netns-cluster.sh up", up));
+  Tools t = base;
+  t.mpirun = folder + "/mpirun";
+  t.bind = "";
+  t.topology_file = folder + "/topology.json";
+  return t;
+}
+
+bool cluster_is_up(const SweepCluster& c) {
+  return std::system(("bash " + shell_quote(repository_file("scripts/netns-cluster.sh")) + " status --name " +
+                      shell_quote(c.name) + " >/dev/null 2>&1").c_str()) == 0;
+}
+
+// Measures this machine's profile into DIR/profile.json with `ranks` ranks bound to cores (on a
+// cluster: across its nodes, the inter-node link against its topology).
 std::string measure_profile(const Tools& tools, const std::string& dir, int64_t ranks, bool quick) {
   std::string file = dir + "/profile.json";
   std::cout << "measuring this machine's profile (" << ranks << " ranks" << (quick ? ", quick" : "")
             << ") ... " << std::flush;
   auto start = std::chrono::steady_clock::now();
-  ChildResult r = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(ranks) +
-                                " --bind-to core " + shell_quote(tools.stepcast) +
-                                " profile --backend cpu" + (quick ? " --quick" : "") + " --out " +
-                                shell_quote(file),
+  std::string topology = tools.bind.empty() ? " --topology " + shell_quote(tools.topology_file) : "";
+  ChildResult r = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(ranks) + tools.bind +
+                                " " + shell_quote(tools.stepcast) + " profile --backend cpu" +
+                                (quick ? " --quick" : "") + topology + " --out " + shell_quote(file),
                             dir + "/profile.log");
   if (r.exit_code != 0) {
     std::cout << "failed\n";
@@ -167,7 +196,7 @@ ValidatePoint run_and_compare(const Tools& tools, const SweepPoint& point, const
     for (int64_t k = 1; k <= repeats; ++k) {
       std::string run_dir = dir + "/run-" + std::to_string(k);
       ChildResult run = run_child(shell_quote(tools.mpirun) + " -np " +
-                                      std::to_string(point.ranks) + " --bind-to core " +
+                                      std::to_string(point.ranks) + tools.bind + " " +
                                       shell_quote(tools.stepcast) + " run" + inputs +
                                       " --backend cpu --steps " + std::to_string(point.steps) +
                                       " --quiet --out " + shell_quote(run_dir),
@@ -198,7 +227,7 @@ ValidatePoint run_and_compare(const Tools& tools, const SweepPoint& point, const
 }
 
 // Simulates, runs and compares one point in `dir` (emptied first).
-ValidatePoint run_point(const Tools& tools, const Sweep& sweep, const SweepPoint& point,
+ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
                         const std::string& profile_file, int64_t repeats, const std::string& dir) {
   auto start = std::chrono::steady_clock::now();
   fs::remove_all(dir);
@@ -209,7 +238,7 @@ ValidatePoint run_point(const Tools& tools, const Sweep& sweep, const SweepPoint
     std::ofstream(plan_file) << point.plan_json.dump(2) << "\n";
   }
   std::string inputs = " --model " + shell_quote(point.model_file) + " --topology " +
-                       shell_quote(sweep.topology_file) + " --plan " + shell_quote(plan_file);
+                       shell_quote(tools.topology_file) + " --plan " + shell_quote(plan_file);
   std::string profile_arg = profile_file.empty() ? "" : " --profile " + shell_quote(profile_file);
   ChildResult sim = run_child(shell_quote(tools.stepcast) + " simulate" + inputs + profile_arg +
                                   " --no-scaling --out " + shell_quote(dir + "/prediction"),
@@ -311,7 +340,17 @@ int run_validate(int argc, char** argv) {
     profile = roofline_profile(sweep.topology);
     profile_file = "roofline";  // simulate's --profile roofline, not the topology's profile
   }
-  Tools tools{fs::read_symlink("/proc/self/exe").string(), repository_file("scripts/mpirun")};
+  Tools tools{fs::read_symlink("/proc/self/exe").string(), repository_file("scripts/mpirun"), " --bind-to core",
+              sweep.topology_file};
+  // A netns sweep brings its cluster up (and down at the end unless it was up before).
+  const bool cluster_was_up = sweep.netns && cluster_is_up(*sweep.netns);
+  std::map<std::string, Tools> at_rate;
+  auto tools_for = [&](const std::string& rate) -> const Tools& {
+    if (!sweep.netns) return tools;
+    if (!at_rate.count(rate)) at_rate.clear();  // one rate up at a time: the cluster is re-shaped
+    if (!at_rate.count(rate)) at_rate[rate] = cluster_tools(tools, *sweep.netns, rate, out);
+    return at_rate[rate];
+  };
 
   std::cout << "stepcast validate: sweep " << sweep.name << " (" << sweep.points.size()
             << " points, " << repeats << (repeats == 1 ? " run" : " runs") << " each) on "
@@ -319,7 +358,9 @@ int run_validate(int argc, char** argv) {
             << " cores); output " << out << "\n";
   fs::create_directories(out);
   if (profile_source == "measure" || profile_source == "measure-quick") {
-    profile_file = measure_profile(tools, out, sweep.max_ranks(),
+    profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : ""), out,
+                                   sweep.netns ? sweep.netns->nodes * sweep.netns->ranks_per_node
+                                               : sweep.max_ranks(),
                                    sweep.profile_source == SweepProfileSource::measure_quick);
     profile = check_profile(profile_file);
   }
@@ -346,12 +387,17 @@ int run_validate(int argc, char** argv) {
               << point.ranks << (point.ranks == 1 ? " rank" : " ranks") << ", "
               << describe_plan(plan_to_json(point.plan)) << "): " << std::flush;
     ValidatePoint result =
-        run_point(tools, sweep, point, profile_file, repeats, out + "/points/" + point.name);
+        run_point(tools_for(point.link_rate), point, profile_file, repeats, out + "/points/" + point.name);
     std::cout << describe_point_result(result) << " [" << seconds_text(result.wall_s) << "]"
               << std::endl;
     report.points.push_back(std::move(result));
   }
   report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  if (sweep.netns && !cluster_was_up) {
+    run_child("bash " + shell_quote(repository_file("scripts/netns-cluster.sh")) + " down --name " +
+                  shell_quote(sweep.netns->name),
+              out + "/cluster-down.log");
+  }
 
   ValidateSummary summary = summarize_validate(report);
   write_output_file(out, "validate.json", validate_to_json(report).dump(2) + "\n");

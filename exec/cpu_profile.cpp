@@ -29,6 +29,26 @@ Json fit_to_json(const std::optional<LinkFit>& fit, const std::string& from) {
           {"samples", fit->samples}};
 }
 
+// The inter-node link from its ping-pong (one-way times, sizes ascending). A least-squares α-β
+// over every size is wrong here: a shaped link (tc's token bucket) passes a bucket's worth of
+// bytes at once after a pause, so the mid sizes look faster than the link. β: the marginal rate
+// between the two largest messages (the burst and α cancel out); α: the smallest message's time
+// less its bytes at β. max_relative_error: of α + bytes/β over every point.
+std::optional<LinkFit> fit_inter_node_link(const std::vector<P2pPoint>& points) {
+  if (points.size() < 2) return std::nullopt;
+  const P2pPoint &small = points.front(), &a = points[points.size() - 2], &b = points.back();
+  if (!(b.time_s > a.time_s) || !(b.bytes > a.bytes)) return std::nullopt;
+  LinkFit fit;
+  fit.bandwidth_bytes_per_s = (b.bytes - a.bytes) / (b.time_s - a.time_s);
+  fit.latency_s = std::max(0.0, small.time_s - small.bytes / fit.bandwidth_bytes_per_s);
+  for (const P2pPoint& p : points) {
+    double model = fit.latency_s + p.bytes / fit.bandwidth_bytes_per_s;
+    fit.max_relative_error = std::max(fit.max_relative_error, std::abs(model - p.time_s) / p.time_s);
+  }
+  fit.samples = int64_t(points.size());
+  return fit;
+}
+
 }  // namespace
 
 ProfileGrid cpu_profile_grid() {
@@ -86,6 +106,11 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   const RankPlacement placement = place_this_rank();
   const int rank = placement.rank, size = placement.size;
   const int ranks_per_node = placement.ranks_per_node, nodes = placement.nodes;
+  if (nodes > 1 && !(options.nic_bandwidth_bytes_per_s > 0)) {
+    throw InputError("stepcast profile: the ranks span " + std::to_string(nodes) +
+                     " hosts: --topology T is needed (the topology of these hosts, e.g. the netns "
+                     "cluster's topology.json), whose NIC rate the inter-node link is measured against");
+  }
 
   double start = MPI_Wtime();
   MeasuredTables tables;
@@ -119,10 +144,21 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
 
   // Links: the intra-node path from the ring/tree collectives of a group inside one node (what
   // the simulator's intra-node flows carry), else from the ping-pong.
-  int64_t intra_group = nodes == 1 ? size : 2;
+  // One rank per node has no intra-node link to measure: the topology's figures stay.
+  int64_t intra_group = nodes == 1 ? size : (ranks_per_node >= 2 ? 2 : 0);
   tables.fits = apply_measured_fits(p, tables, intra_group,
                                     "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
                                     "send/recv ping-pong, one way");
+  // Across nodes: the ping-pong's α is the one-way path latency, its β over the topology's NIC
+  // rate the achievable fraction (TCP/IP and Ethernet headers, the shaper), kept as a fraction so
+  // that the profile carries to other link rates of the same fabric.
+  if (std::optional<LinkFit> inter = fit_inter_node_link(tables.p2p_inter_node)) {
+    p.inter_node_latency_s = inter->latency_s;
+    p.inter_node_bus_fraction = std::clamp(inter->bandwidth_bytes_per_s / options.nic_bandwidth_bytes_per_s, 1e-3, 1.0);
+    tables.fits["inter_node_p2p"] = fit_to_json(
+        inter, "send/recv ping-pong across nodes, one way: β between the two largest messages, α the smallest's time");
+    tables.fits["inter_node_p2p"]["nic_bandwidth_bytes_per_s"] = options.nic_bandwidth_bytes_per_s;
+  }
   tables.method = profile_method(placement, options,
                                  "median over every rank's samples; a sample is the mean of back-to-back calls",
                                  wall_s);
@@ -137,8 +173,9 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
             "α-β fit of every memory-bound point, used for memory-bound ops without a table. The "
             "fractions are 1: the measured figures are absolute. execution says how the CPU backend runs "
             "a step: in list order on one thread (no stream overlaps another), sends posted from staging "
-            "copies (the copy family). Flash attention and the inter-node "
-            "fabric are not measured (fractions 1 of the topology's figures).";
+            "copies (the copy family). Flash attention is not measured (fraction 1). Across nodes, "
+            "links.inter_node_latency_s is the α of the inter-node ping-pong and inter_node_bus_fraction its β "
+            "over the topology's NIC rate; on one node the fabric is not measured (fraction 1).";
   return p;
 }
 

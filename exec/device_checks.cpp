@@ -60,6 +60,19 @@ std::string gpu_assignment_problem(int local_rank, int local_size, int visible_g
   return "";
 }
 
+std::string placement_problem(int rank, int world, const LocalRank& local, int64_t devices_per_node) {
+  if (local.local_size >= world) return "";
+  if (local.local_size == devices_per_node && local.local_rank == rank % devices_per_node) return "";
+  return "rank " + std::to_string(rank) + ": the launcher made it local rank " +
+         std::to_string(local.local_rank) + " of " + std::to_string(local.local_size) +
+         " on its host (" + local.source + "), but the topology has " +
+         std::to_string(devices_per_node) + " devices per node (rank " + std::to_string(rank) +
+         " is its node's device " + std::to_string(rank % devices_per_node) +
+         "): the hostfile does not match the topology; valid: slots=" +
+         std::to_string(devices_per_node) + " per host, ranks filled host by host (mpirun's default "
+         "--map-by slot), or a topology of the hosts given";
+}
+
 std::string out_of_memory_message(const OutOfMemory& oom) {
   std::ostringstream out;
   out << "out of GPU memory allocating " << oom.what << " ("

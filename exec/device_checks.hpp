@@ -29,6 +29,12 @@ std::optional<LocalRank> local_rank_from_environment(
 std::string gpu_assignment_problem(int local_rank, int local_size, int visible_gpus,
                                    const std::optional<std::string>& visible_devices);
 
+// "" when the launcher's placement agrees with the topology: every rank on one host (a
+// single-machine run, oversubscribed or not), or `local_size` = devices_per_node and each rank
+// local rank `rank` mod devices_per_node (hosts filled in turn, as the topology numbers its
+// devices); else the message (a hostfile of other slots than the topology's nodes).
+std::string placement_problem(int rank, int world, const LocalRank& local, int64_t devices_per_node);
+
 // An allocation that did not fit: `what` (the arena with its classes, the cuBLASLt workspace,
 // NCCL staging, ...), the bytes asked, the device's free and total bytes then, and the plan's
 // predicted peak per rank (memory_report's peak_bytes of this rank; 0: not known, left out).

@@ -80,7 +80,17 @@ class Profiler {
         measure_collectives(make_backend(RankGrid(2, size_ / 2, 1, "tp-dp-pp"), false),
                             GroupKind::tp, "ring", t);
       }
-      measure_p2p(world, t);
+      // Ping-pong inside a node (pairs of neighbouring ranks), and across nodes (node 2j with
+      // node 2j+1, rank for rank) when the ranks span more than one.
+      const int nodes = size_ / ranks_per_node_;
+      // Quick, across nodes: two sizes past a shaper's burst (its β is their marginal rate).
+      if (nodes == 1 || ranks_per_node_ >= 2) {
+        measure_p2p(world, 1, "send/recv ping-pong", {8, 4096, 1 << 20}, t.p2p);
+      }
+      if (nodes > 1) {
+        measure_p2p(world, ranks_per_node_, "send/recv ping-pong across nodes", {8, 4 << 20, 16 << 20},
+                    t.p2p_inter_node);
+      }
     }
     return t;
   }
@@ -488,18 +498,21 @@ class Profiler {
     progress(summary.str());
   }
 
-  void measure_p2p(Backend<T, G, W>& backend, MeasuredTables& t) {
-    std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), {8, 4096, 1 << 20});
+  // Pairs rank r with r ± stride: blocks of `stride` ranks, block 2j with block 2j+1.
+  void measure_p2p(Backend<T, G, W>& backend, int stride, const std::string& label,
+                   const std::vector<double>& quick_sizes, std::vector<P2pPoint>& out) {
+    std::vector<double> bytes_list = sizes(8, 32.0 * (1 << 20), quick_sizes);
     int64_t most = std::max<int64_t>(1, int64_t(bytes_list.back() / double(sizeof(T))));
     T* data = buffer(backend, most);
-    const int peer = rank_ % 2 == 0 ? rank_ + 1 : rank_ - 1;
+    const bool first = (rank_ / stride) % 2 == 0;
+    const int peer = first ? rank_ + stride : rank_ - stride;
     const bool paired = peer < size_;
     std::vector<TimedPoint> points;
     std::vector<double> bytes_sent;
     for (double bytes : bytes_list) {
       int64_t count = std::max<int64_t>(1, int64_t(bytes / double(sizeof(T))));
       // One round trip; the one-way time is half of it.
-      points.push_back({[&backend, data, count, peer, paired, even = rank_ % 2 == 0] {
+      points.push_back({[&backend, data, count, peer, paired, even = first] {
                           if (!paired) return;
                           if (even) {
                             backend.send(data, count, peer, 7);
@@ -513,14 +526,14 @@ class Profiler {
                         paired});
       bytes_sent.push_back(double(count) * double(sizeof(T)));
     }
-    std::vector<double> seconds = time("send/recv ping-pong", points);
-    for (size_t i = 0; i < points.size(); ++i) t.p2p.push_back({bytes_sent[i], seconds[i] / 2, ""});
+    std::vector<double> seconds = time(label, points);
+    for (size_t i = 0; i < points.size(); ++i) out.push_back({bytes_sent[i], seconds[i] / 2, ""});
     std::ostringstream line;
     line.precision(3);
-    line << "send/recv ping-pong: " << t.p2p.front().time_s * 1e6 << " us at "
-         << format_bytes_short(t.p2p.front().bytes) << ", "
-         << format_rate(t.p2p.back().bytes / t.p2p.back().time_s, "B/s") << " at "
-         << format_bytes_short(t.p2p.back().bytes);
+    line << label << ": " << out.front().time_s * 1e6 << " us at "
+         << format_bytes_short(out.front().bytes) << ", "
+         << format_rate(out.back().bytes / out.back().time_s, "B/s") << " at "
+         << format_bytes_short(out.back().bytes);
     progress(line.str());
   }
 

@@ -27,6 +27,9 @@ struct ProfileOptions {
   // attention fractions are of it).
   std::string device_name;
   double peak_flops_per_s = 0;
+  // CPU across nodes: the NIC rate of the topology the ranks run on (bytes/s, per direction), of
+  // which the inter-node ping-pong's bandwidth is the achievable fraction (links.inter_node_*).
+  double nic_bandwidth_bytes_per_s = 0;
 };
 
 // Collective over MPI_COMM_WORLD (MPI initialised). The profile is complete on rank 0; other

@@ -2,6 +2,7 @@
 // uses, the roofline, and the α-β fits of measured transfers. Loading and writing: profile_json.cpp.
 #include "profile.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -161,6 +162,9 @@ Topology apply_link_fractions(const Topology& topology, const DeviceProfile& pro
   }
   if (profile.intra_node_latency_s) t.node.intra_node.latency_s = *profile.intra_node_latency_s;
   t.fabric.nic_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  if (profile.inter_node_latency_s) {
+    t.fabric.nic_latency_s = std::max(0.0, (*profile.inter_node_latency_s - t.fabric.switch_latency_s) / 2);
+  }
   // The fabric's own links carry the same protocol as the NICs: the same fraction.
   t.fabric.dragonfly.local_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
   t.fabric.dragonfly.global_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;

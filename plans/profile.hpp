@@ -141,6 +141,8 @@ struct MeasuredTables {
   std::vector<MemoryPoint> memory;
   std::vector<CollectivePoint> collectives;
   std::vector<P2pPoint> p2p;
+  // Ping-pong between ranks on two nodes (a CPU profile across hosts: scripts/netns-cluster.sh).
+  std::vector<P2pPoint> p2p_inter_node;
   std::vector<AttentionPoint> attention;
   std::optional<MeasuredSystem> system;  // of the collective tables; none: the prediction's
 };
@@ -177,6 +179,9 @@ struct DeviceProfile {
   std::optional<double> memory_bandwidth_bytes_per_s;      // memory-bound ops without a table
   std::optional<double> intra_node_bandwidth_bytes_per_s;  // per device, per direction
   std::optional<double> intra_node_latency_s;
+  // One-way latency of a path between two nodes through one switch (the inter-node ping-pong's
+  // α); replaces 2·nic_latency + switch_latency of the topology (nic_latency_s = (α − switch)/2).
+  std::optional<double> inter_node_latency_s;
   std::optional<MachineInfo> machine;
   std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
   std::optional<MeasuredTables> measured;
@@ -219,8 +224,8 @@ ProfileChoice choose_profile(const std::optional<std::string>& option, const Top
 // Whether the topology's device is a CPU core ("cpu…" name or shared-memory intra-node fabric).
 bool topology_device_is_cpu(const Topology& topology);
 // The topology with link bandwidths scaled by the profile's achievable bus fractions, or, where
-// the profile measured them, the intra-node bandwidth and latency replaced by its figures: what
-// the simulator's platform is built from.
+// the profile measured them, the intra-node bandwidth and latency and the NIC latency replaced by
+// its figures: what the simulator's platform is built from.
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile);
 // "field: 'profile value' here 'this value'" for each machine-type field (cpu_model, cores) and
 // library version that differs between the profile's record and `here`; empty when they agree

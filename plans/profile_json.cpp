@@ -175,6 +175,15 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     p2p_order.check(i, 0, q.bytes);
     t.p2p.push_back(q);
   });
+  Order<int, double> inter_order(reader, "p2p_inter_node_points", "bytes");
+  read_points(reader, json, "p2p_inter_node_points", [&](ObjectReader& p, size_t i) {
+    P2pPoint q;
+    q.bytes = p.get_number("bytes", 0, true);
+    q.time_s = point_time(p, "bandwidth_bytes_per_s", q.bytes);
+    q.source = read_source(p, sources);
+    inter_order.check(i, 0, q.bytes);
+    t.p2p_inter_node.push_back(q);
+  });
   Order<std::tuple<std::string, int64_t, bool>, int64_t> attention_order(reader, "attention_points",
                                                                          "seq");
   read_points(reader, json, "attention_points", [&](ObjectReader& p, size_t i) {
@@ -246,6 +255,12 @@ Json measured_to_json(const MeasuredTables& t) {
     put_source(j, q.source);
     p2p.push_back(j);
   }
+  Json p2p_inter = Json::array();
+  for (const P2pPoint& q : t.p2p_inter_node) {
+    Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
+    put_source(j, q.source);
+    p2p_inter.push_back(j);
+  }
   for (const AttentionPoint& a : t.attention) {
     Json j = {{"pass", a.pass}, {"seq", a.seq}, {"head_dim", a.head_dim}, {"causal", a.causal},
               {"flops_per_s", a.flops_per_s}};
@@ -255,6 +270,7 @@ Json measured_to_json(const MeasuredTables& t) {
   Json out = {{"dtype", to_string(t.dtype)}, {"method", t.method},         {"fits", t.fits},
               {"gemm_points", gemm},         {"memory_points", memory},    {"collective_points", collectives},
               {"p2p_points", p2p}};
+  if (!p2p_inter.empty()) out["p2p_inter_node_points"] = p2p_inter;
   if (t.gemm_use != "table") out["gemm_use"] = t.gemm_use;
   if (t.system) {
     const MeasuredSystem& m = *t.system;
@@ -342,6 +358,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   p.inter_node_bus_fraction = links.get_number_in("inter_node_bus_fraction", 1e-3, 1.0, 1.0);
   p.intra_node_bandwidth_bytes_per_s = optional_number(links, "intra_node_bandwidth_bytes_per_s", true);
   p.intra_node_latency_s = optional_number(links, "intra_node_latency_s", false);
+  p.inter_node_latency_s = optional_number(links, "inter_node_latency_s", false);
   links.accept("notes");
   links.finish();
   if (reader.has("variability")) {
@@ -431,6 +448,7 @@ Json profile_to_json(const DeviceProfile& p) {
     json["links"]["intra_node_bandwidth_bytes_per_s"] = *p.intra_node_bandwidth_bytes_per_s;
   }
   if (p.intra_node_latency_s) json["links"]["intra_node_latency_s"] = *p.intra_node_latency_s;
+  if (p.inter_node_latency_s) json["links"]["inter_node_latency_s"] = *p.inter_node_latency_s;
   if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0) {
     json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},
                            {"op_time_cv", p.variability.op_time_cv}};

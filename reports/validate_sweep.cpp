@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <regex>
 #include <set>
 
 #include "errors.hpp"
@@ -88,11 +89,20 @@ PointDefaults read_defaults(ObjectReader& reader, const Json& object) {
   return d;
 }
 
+const char* kLinkRateValid = "a rate as tc writes it: NUMBER followed by bit, kbit, mbit or gbit (\"200mbit\")";
+
 SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefaults& defaults,
-                      const Topology& topology) {
+                      const Topology& topology, const std::optional<SweepCluster>& netns) {
   SweepPoint p;
   p.name = read_name(reader, "name");
   reader.accept("notes");
+  if (reader.has("link_rate")) {
+    if (!netns) reader.fail("link_rate", "only in a sweep with \"netns\" (a cluster on this machine)", "no link_rate");
+    p.link_rate = reader.get_string("link_rate");
+    if (!is_link_rate(p.link_rate)) reader.fail("link_rate", "not a rate", kLinkRateValid);
+  } else if (netns) {
+    p.link_rate = netns->link_rate;
+  }
   if (reader.has("model")) {
     p.model_file = read_path(reader, "model", "a model file (models/*.json)");
   } else if (defaults.model_file) {
@@ -189,6 +199,25 @@ Sweep parse_sweep(const Json& json, const std::string& file) {
     reader.accept("profile");
   }
   if (reader.has("repeats")) s.repeats = reader.get_int("repeats", 1);
+  if (reader.has("netns")) {
+    ObjectReader n = reader.get_object("netns");
+    SweepCluster c;
+    c.name = n.get_string_or("name", "stepcast");
+    c.nodes = n.get_int("nodes", 2);
+    c.ranks_per_node = n.get_int("ranks_per_node", 1);
+    c.link_rate = n.get_string("link_rate");
+    if (!is_link_rate(c.link_rate)) n.fail("link_rate", "not a rate", kLinkRateValid);
+    n.accept("notes");
+    n.finish();
+    if (s.topology.num_nodes != c.nodes || s.topology.node.devices_per_node != c.ranks_per_node) {
+      n.fail("nodes", "the topology " + s.topology_file + " has " + std::to_string(s.topology.num_nodes) +
+                          " nodes of " + std::to_string(s.topology.node.devices_per_node) +
+                          " devices, the cluster " + std::to_string(c.nodes) + " of " +
+                          std::to_string(c.ranks_per_node),
+             "a topology of the cluster's shape (its num_nodes and devices_per_node)");
+    }
+    s.netns = c;
+  }
   PointDefaults defaults;
   if (reader.has("defaults")) {
     ObjectReader d = reader.get_object("defaults");
@@ -204,7 +233,7 @@ Sweep parse_sweep(const Json& json, const std::string& file) {
   std::set<std::string> names;
   for (size_t i = 0; i < points.size(); ++i) {
     ObjectReader point(points[i], file, "points[" + std::to_string(i) + "].");
-    s.points.push_back(read_point(point, points[i], defaults, s.topology));
+    s.points.push_back(read_point(point, points[i], defaults, s.topology, s.netns));
     if (!names.insert(s.points.back().name).second) {
       point.fail("name", "duplicate: another point has this name", "a name unique in the sweep");
     }
@@ -213,6 +242,10 @@ Sweep parse_sweep(const Json& json, const std::string& file) {
 }
 
 Sweep load_sweep(const std::string& path) { return parse_sweep(load_json_file(path), path); }
+
+bool is_link_rate(const std::string& rate) {
+  return std::regex_match(rate, std::regex("[0-9]+(\\.[0-9]+)?[kmg]?bit"));
+}
 
 void check_sweep_fits_cores(const Sweep& sweep, int64_t cores) {
   for (size_t i = 0; i < sweep.points.size(); ++i) {

@@ -34,6 +34,16 @@ struct SweepPoint {
   Plan plan;               // validated against model and topology
   int64_t ranks = 0;       // = plan.world_size(), checked
   int64_t steps = 0;       // run --steps: 1 warm-up, the timed steps, 1 instrumented (>= 3)
+  std::string link_rate;   // netns sweeps: the links' rate at this point (tc's form, "200mbit")
+};
+
+// The cluster on this machine a sweep runs on (scripts/netns-cluster.sh up --name NAME --nodes
+// --ranks-per-node --link-rate): its topology must be the sweep's shape (num_nodes, devices per
+// node); each point's prediction and run use the topology the cluster writes at its link rate.
+struct SweepCluster {
+  std::string name;
+  int64_t nodes = 0, ranks_per_node = 0;
+  std::string link_rate;   // the points' default
 };
 
 struct Sweep {
@@ -45,6 +55,7 @@ struct Sweep {
   SweepProfileSource profile_source = SweepProfileSource::measure;
   std::string profile_file;   // resolved path when profile_source is file
   std::optional<int64_t> repeats;  // the file's "repeats"; --repeats overrides it
+  std::optional<SweepCluster> netns;  // the sweep's "netns": run across a netns cluster
   std::vector<SweepPoint> points;
 
   int64_t max_ranks() const;
@@ -61,6 +72,9 @@ Sweep parse_sweep(const Json& json, const std::string& file);
 // Timing runs put one rank per core: InputError naming the first point that needs more ranks than
 // `cores` (this machine's).
 void check_sweep_fits_cores(const Sweep& sweep, int64_t cores);
+
+// Whether `rate` is a rate as scripts/netns-cluster.sh takes it: NUMBER[k|m|g]bit.
+bool is_link_rate(const std::string& rate);
 
 const char* to_string(SweepProfileSource source);
 

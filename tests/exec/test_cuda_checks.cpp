@@ -54,6 +54,17 @@ TEST_CASE("cuda checks: the local rank comes from OpenMPI, Slurm or Hydra", "[cu
   CHECK_FALSE(local_rank_from_environment(env_of({{"SLURM_LOCALID", "x"}})));
 }
 
+TEST_CASE("placement: the launcher's hosts must match the topology's nodes", "[cuda]") {
+  auto local = [](int r, int s) { return LocalRank{r, s, "OMPI_COMM_WORLD_LOCAL_RANK"}; };
+  CHECK(placement_problem(3, 8, local(3, 8), 2).empty());  // one host: oversubscribed test runs
+  CHECK(placement_problem(3, 4, local(1, 2), 2).empty());  // 2 hosts of 2
+  CHECK(placement_problem(1, 2, local(0, 1), 1).empty());  // 2 hosts of 1
+  std::string wrong = placement_problem(1, 4, local(0, 1), 2);
+  CHECK(contains(wrong, "rank 1: the launcher made it local rank 0 of 1"));
+  CHECK(contains(wrong, "the hostfile does not match the topology"));
+  CHECK_FALSE(placement_problem(2, 4, local(0, 2), 1).empty());
+}
+
 TEST_CASE("cuda checks: more ranks on a node than GPUs is refused with the figures", "[cuda]") {
   CHECK(gpu_assignment_problem(0, 1, 1, std::nullopt).empty());
   CHECK(gpu_assignment_problem(1, 8, 8, std::nullopt).empty());
