@@ -162,6 +162,11 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
     int64_t gr = c.shards.buffer_elements(ShardedState::grads, g.elements);
     int64_t o = c.shards.buffer_elements(ShardedState::optimizer, g.elements);
     total += double(w) * act + double(gr) * grad + double(o) * states * wide;
+    if (c.fp8 && g.kind == Group::layer) total += double(g.elements);  // the layer's FP8 weight copy
+  }
+  if (c.fp8) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
+    const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;
+    total += slots * wide * (2 + (c.plan.fp8.delayed() ? double(c.plan.fp8.amax_history_len) : 0.0));
   }
   return total;
 }
@@ -169,8 +174,11 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
 }  // namespace
 
 const LayerProbe& ProbeCache::get(const Plan& plan) {
-  auto key = std::make_tuple(plan.tp_size, plan.sequence_parallel, plan.micro_batch_size,
-                             int(plan.recompute), int(plan.attention_impl), plan.dropout);
+  // Everything a layer's buffers depend on: cp (the tokens a rank holds, the exchange's buffers)
+  // and FP8 (the kept casts) among them.
+  auto key = std::make_tuple(plan.tp_size, plan.sequence_parallel, plan.micro_batch_size, int(plan.recompute),
+                             int(plan.attention_impl), plan.dropout, plan.cp_size, int(plan.cp_comm_type),
+                             int(plan.fp8.format), int(plan.fp8.scaling), int(plan.param_dtype));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = probes_.find(key);
@@ -557,6 +565,20 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         if (embedding_shape.size > 1) count("embedding", double(elements) * grad);
         break;
       }
+    }
+    if (plan.fp8.delayed()) {  // the end of the step's amax over every rank, then the scales' update
+      const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;
+      const double len = double(plan.fp8.amax_history_len);
+      GroupShape world = shape(GroupKind::world);
+      t.step_level_s += collective.new_s(OpKind::all_reduce, slots * wide, world);
+      if (world.size > 1) count("world", slots * wide);
+      Op update;
+      update.kind = OpKind::optimizer_step;
+      update.phase = Phase::optimizer;
+      update.name = OpName::fp8_scale_update;
+      update.flops = slots * (len + 4);
+      update.bytes = slots * (2 * len + 4) * wide;
+      t.step_level_s += cost_model.op_time_s(update);
     }
     if (plan.sequence_parallel) {
       double replicated = 0;

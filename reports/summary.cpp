@@ -8,6 +8,7 @@
 namespace stepcast {
 
 std::string format_bytes(double bytes) {
+  if (bytes < 0) return "-" + format_bytes(-bytes);  // (a plan's headroom when it does not fit)
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   double v = bytes;

@@ -1,9 +1,10 @@
 // The CSV beside every report table: the Markdown table's cells exactly, a header row, RFC 4180
-// quoting, named after the heading above, read back by parse_csv.
+// quoting, named after the heading above, read back by parse_csv; and the byte counts in their cells.
 #include <catch2/catch.hpp>
 
 #include "csv_tables.hpp"
 #include "errors.hpp"
+#include "summary.hpp"
 
 using namespace stepcast;
 
@@ -31,4 +32,10 @@ TEST_CASE("every Markdown table becomes a CSV that reads back cell for cell", "[
   CHECK(back[1] == tables[0].rows[0]);
   CHECK(back[2] == tables[0].rows[1]);
   CHECK_THROWS_AS(parse_csv("a,\"b\n", "bad.csv"), InputError);
+}
+
+TEST_CASE("byte counts print in binary units, a negative one (a plan's missing headroom) with its sign", "[reports]") {
+  CHECK(format_bytes(512) == "512 B");
+  CHECK(format_bytes(1.5 * 1024 * 1024 * 1024) == "1.50 GiB");
+  CHECK(format_bytes(-5399776984.0) == "-5.03 GiB");
 }
