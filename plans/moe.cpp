@@ -174,7 +174,7 @@ void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& mo
                       "true, or tp_size 1");
   }
   if (moe.routing == RoutingKind::histogram && int64_t(moe.histogram.size()) != E) {
-    throw_input_error(f, "moe_routing_histogram", moe.histogram_file,
+    throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
                       "has " + std::to_string(moe.histogram.size()) + " experts' counts, the model " + model.file +
                           " has " + std::to_string(E),
                       "a histogram of " + std::to_string(E) + " counts");
