@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <numeric>
+#include <sstream>
 
 #include "errors.hpp"
 #include "lower.hpp"
@@ -13,6 +14,7 @@
 #include "lower_fixtures.hpp"
 #include "memory.hpp"
 #include "program_check.hpp"
+#include "program_json.hpp"
 #include "rank_grid.hpp"
 
 using Catch::Matchers::Contains;
@@ -221,4 +223,27 @@ TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give;
   LowerContext c(model, topo, test::make_plan(j, model, topo));
   CHECK(c.moe.capacity == 32);  // ceil(64·2 / 4 · 1.0)
   CHECK(c.moe.expert_rows == 2 * 32 * 2);
+}
+
+TEST_CASE("a MoE program round-trips through program.json with its expert grid and routing", "[lower][moe]") {
+  ModelConfig model = load_model(test::source_path("models/tiny-moe-shared.json"));
+  Topology topo = test::test_topology();
+  Json j = moe_plan(2, 2, 2, 2);
+  j["moe_routing"] = "skew";
+  j["moe_routing_skew"] = 1.5;
+  j["moe_expert_capacity_factor"] = 1.5;
+  StepProgram program = lower_program(model, topo, test::make_plan(j, model, topo));
+  std::ostringstream text;
+  const std::string sha = write_program_json(program, &text);
+  StepProgram back = parse_program_json_text(text.str(), "program.json");
+  CHECK(back.program_sha256 == sha);
+  CHECK(back.ep_size == 2);
+  CHECK(back.etp_size == 2);
+  CHECK(back.moe.num_experts == 8);
+  CHECK(back.moe.top_k == 2);
+  CHECK(back.moe.routing_shares == program.moe.routing_shares);
+  CHECK(back.moe.routed_tokens == 32 * 2 * 2 * 2);  // (64 / tp 2) tokens · k · ep · etp
+  CHECK(back.moe.expert_capacity_rows == program.moe.expert_capacity_rows);
+  CHECK(back.moe.expert_capacity_rows == 12 * 2 * 2);  // ceil(32·2 / 8 · 1.5) from each of ep·etp ranks
+  CHECK(back.roles[0].ops.size() == program.roles[0].ops.size());
 }
