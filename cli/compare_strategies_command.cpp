@@ -67,8 +67,9 @@ int run_compare_strategies(int argc, char** argv) {
       ("max-memory-fraction", po::value<double>()->default_value(1.0),
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("fp8", po::value<std::string>()->default_value("none"),
-       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers, delayed scaling; needs a device "
-       "with an FP8 peak)")
+       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
+      ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
+       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default) or tensorwise (current scaling)")
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")

@@ -110,8 +110,9 @@ int run_plan(int argc, char** argv) {
        "search only plans Megatron-LM can run as simulated (the others are pruned with the "
        "reason their NN-NAME.megatron.txt would give)")
       ("fp8", po::value<std::string>()->default_value("none"),
-       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers, delayed scaling; needs a device "
-       "with an FP8 peak)")
+       "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
+      ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
+       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default) or tensorwise (current scaling)")
       ("attention", po::value<std::string>()->default_value("materialized"),
        "attention_impl of every candidate: materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
@@ -128,13 +129,16 @@ int run_plan(int argc, char** argv) {
       "       stepcast plan --from-megatron 'ARGS'|FILE --topology T [--global-batch-size B] ...\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
       "                     [--objective time|memory] [--max-memory-fraction F]\n"
-      "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid] [--dropout P]\n"
+      "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
+      "                     [--fp8-recipe delayed|tensorwise] [--dropout P]\n"
       "                     [--include-gpipe]\n"
       "                     [--megatron-runnable]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, hybrid sharding in a node, micro batch,\n"
-      "schedule and virtual stages, recompute, sequence parallelism) using every device, prunes\n"
+      "schedule and virtual stages, recompute, sequence parallelism; with --attention flash and\n"
+      "sequences of 16,384 tokens or more, context parallelism over the p2p ring, allgather and\n"
+      "a2a) using every device, prunes\n"
       "what cannot run with the reason (counts per reason), ranks the rest with a quick\n"
       "estimate and re-simulates the\n"
       "best E (simulate --mode approx, or --sim-mode fast, in child processes). Memory\n"

@@ -206,6 +206,15 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
     throw InputError("command line: --fp8 '" + fp8 + "': valid: none, e4m3, hybrid");
   }
   space.fp8.format = fp8 == "e4m3" ? Fp8Format::e4m3 : fp8 == "hybrid" ? Fp8Format::hybrid : Fp8Format::none;
+  std::string recipe = vm["fp8-recipe"].as<std::string>();
+  if (recipe != "delayed" && recipe != "tensorwise") {
+    throw InputError("command line: --fp8-recipe '" + recipe + "': valid: delayed, tensorwise");
+  }
+  if (recipe == "tensorwise" && !space.fp8.enabled()) {
+    throw InputError("command line: --fp8-recipe 'tensorwise' without --fp8: valid: --fp8 e4m3 or hybrid beside it, "
+                     "or no --fp8-recipe");
+  }
+  space.fp8.scaling = recipe == "tensorwise" ? Fp8Scaling::current : Fp8Scaling::delayed;
   return space;
 }
 

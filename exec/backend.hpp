@@ -171,6 +171,17 @@ class Backend {
                                  T* /*d_qkv*/, T* /*d_kv*/, const cpu::AttentionShape& /*shape*/, double /*scale*/) {
     no_cp();
   }
+  // cp_comm_type a2a (Ulysses): `sections` (q, k and v widths of a qkv row, or a ctx row's) each
+  // split in `parts` ([rows, Σ] → [parts][rows, Σ/parts]) or joined back; rows of `width`
+  // elements gathered (y[i] = x[index[i]]) or scattered (y[index[i]] = x[i]).
+  virtual void cp_a2a_heads(const T* /*x*/, T* /*y*/, int64_t /*rows*/, const std::vector<int64_t>& /*sections*/,
+                            int64_t /*parts*/, bool /*split*/) {
+    no_cp();
+  }
+  virtual void cp_permute_rows(const T* /*x*/, T* /*y*/, const int64_t* /*index*/, int64_t /*n*/, int64_t /*width*/,
+                               bool /*gather*/) {
+    no_cp();
+  }
   // FP8 (cpu_kernels.hpp's fp8_*). Scales point into the program's fp8.scale buffer (backend
   // memory); codes are the FP8 buffers' bytes. A backend without them refuses FP8 programs.
   virtual void fp8_cast(const T* /*x*/, uint8_t* /*y*/, int64_t /*n*/, const W* /*scale*/, W* /*amax*/,
@@ -195,6 +206,9 @@ class Backend {
   }
   // x[i] = the maximum of x[i] over the group (the FP8 amax reduction).
   virtual void all_reduce_max(GroupKind /*group*/, W* /*x*/, int64_t /*n*/) { no_fp8(); }
+  // Current scaling: *amax = max |x|; *scale from *amax (fp8_current_scale).
+  virtual void fp8_absmax(const T* /*x*/, int64_t /*n*/, W* /*amax*/) { no_fp8(); }
+  virtual void fp8_set_current_scale(const W* /*amax*/, W* /*scale*/, Fp8Storage /*format*/) { no_fp8(); }
   virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
   virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
@@ -220,6 +234,8 @@ class Backend {
                           std::vector<Span<void>> buffers) = 0;
   virtual void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) = 0;
   virtual void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) = 0;
+  // Block i of `send` (count / size elements) to member i; block j of `recv` from member j.
+  virtual void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) = 0;
   virtual int group_size(GroupKind group) const = 0;
   virtual int group_index(GroupKind group) const = 0;
   virtual void send(const T* data, int64_t n, int peer, int64_t tag) = 0;  // returns at once

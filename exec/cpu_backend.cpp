@@ -185,6 +185,13 @@ class CpuBackend final : public Backend<T> {
   void cp_merge(T* ctx, T* lse, const T* ctx_part, const T* lse_part, const cpu::AttentionShape& shape) override {
     cpu::cp_merge(ctx, lse, ctx_part, lse_part, shape);
   }
+  void cp_a2a_heads(const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts,
+                    bool split) override {
+    cpu::a2a_heads(x, y, rows, sections, parts, split);
+  }
+  void cp_permute_rows(const T* x, T* y, const int64_t* index, int64_t n, int64_t width, bool gather) override {
+    cpu::permute_rows(x, y, index, n, width, gather);
+  }
   void cp_accumulate(T* acc, const T* part, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += part[i];
   }
@@ -259,6 +266,10 @@ class CpuBackend final : public Backend<T> {
   void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe) override {
     cpu::fp8_scale_update(amax, history, scale, slots, recipe);
   }
+  void fp8_absmax(const T* x, int64_t n, T* amax) override { cpu::fp8_absmax(x, n, amax); }
+  void fp8_set_current_scale(const T* amax, T* scale, Fp8Storage format) override {
+    cpu::fp8_set_current_scale(amax, scale, format);
+  }
   void all_reduce_max(GroupKind group, T* x, int64_t n) override {
     if (comms_.size(group) == 1) return;
     watchdog_.set_current("the FP8 amax reduction");
@@ -283,6 +294,10 @@ class CpuBackend final : public Backend<T> {
       dtype = dtype_of<T>();
     }
     collectives_.all_gather(group, typed(dtype, buffers));
+  }
+  void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
+    std::vector<Span<T>> s = typed(dtype, {send}), r = typed(dtype, {recv});
+    collectives_.all_to_all(group, s.front(), r.front());
   }
   int group_size(GroupKind group) const override { return comms_.size(group); }
   int group_index(GroupKind group) const override { return comms_.index(group); }

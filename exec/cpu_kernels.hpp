@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fp8.hpp"
 #include "kernel_args.hpp"
@@ -58,6 +59,11 @@ constexpr int64_t kFp8Scratch = 2 * kFp8Block * kFp8Block;  // an A and a B bloc
 // y[i] = the code of fp8_round(x[i]·scale); amax = max(amax, max |x[i]|).
 template <class T>
 void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage format);
+// Current scaling: *amax = max |x[i]|; *scale = fp8_current_scale(*amax) (fp8.hpp).
+template <class T>
+void fp8_absmax(const T* x, int64_t n, T* amax);
+template <class T>
+void fp8_set_current_scale(const T* amax, T* scale, Fp8Storage format);
 // An FP8 operand: codes stored [rows, ld] as gemm's operands are, the scale it was cast with.
 template <class T>
 struct Fp8Operand {
@@ -206,6 +212,15 @@ void flash_attention_backward(const T* qkv, const T* ctx, const T* lse, const T*
 // A K/V block is [n, b, 2·kv_heads·d]: each row's K heads, then its V heads. Positions are the
 // global token positions of the local query rows (q_pos[shape.s]) and of the block's rows
 // (kv_pos[n]); the causal mask and the dropout hash are taken at them.
+
+// cp_comm_type a2a (Ulysses). a2a_heads: every row of x [rows, Σ sections] cut section by section
+// into `parts` equal pieces, piece j of each into y's block j [parts][rows, Σ/parts] (split), or the
+// reverse (join: x the blocks, y the rows). permute_rows: rows of `width` elements, y[i] =
+// x[index[i]] (gather) or y[index[i]] = x[i] (scatter), i < n.
+template <class T>
+void a2a_heads(const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts, bool split);
+template <class T>
+void permute_rows(const T* x, T* y, const int64_t* index, int64_t n, int64_t width, bool gather);
 
 // K and V of qkv's shape.s rows into kv; unpack writes a block's gradient into d_qkv's K and V.
 template <class T>

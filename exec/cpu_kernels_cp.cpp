@@ -39,6 +39,36 @@ void check_cp(const AttentionShape& sh, int64_t n) {
 }  // namespace
 
 template <class T>
+void a2a_heads(const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts, bool split) {
+  int64_t width = 0;
+  for (int64_t w : sections) {
+    STEPCAST_CHECK(w % parts == 0, "a2a: a section of " + std::to_string(w) + " not split in " + std::to_string(parts));
+    width += w;
+  }
+  const int64_t piece_width = width / parts;
+  for (int64_t j = 0; j < parts; ++j) {
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t at = row * width, piece_at = (j * rows + row) * piece_width;
+      for (int64_t w : sections) {
+        const int64_t p = w / parts;
+        if (split) std::copy(x + at + j * p, x + at + (j + 1) * p, y + piece_at);
+        else std::copy(x + piece_at, x + piece_at + p, y + at + j * p);
+        at += w;
+        piece_at += p;
+      }
+    }
+  }
+}
+
+template <class T>
+void permute_rows(const T* x, T* y, const int64_t* index, int64_t n, int64_t width, bool gather) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (gather) std::copy(x + index[i] * width, x + (index[i] + 1) * width, y + i * width);
+    else std::copy(x + i * width, x + (i + 1) * width, y + index[i] * width);
+  }
+}
+
+template <class T>
 void cp_kv_pack(const T* qkv, T* kv, const AttentionShape& sh) {
   const int64_t width = 2 * sh.kv_heads * sh.d;
   for (int64_t row = 0; row < sh.s * sh.b; ++row) {
@@ -269,6 +299,8 @@ void cp_score_backward(const T* d_scores, const T* qkv, const T* kv, int64_t n, 
 }
 
 #define STEPCAST_CPU_KERNELS_CP(T)                                                                                    \
+  template void a2a_heads<T>(const T*, T*, int64_t, const std::vector<int64_t>&, int64_t, bool);                    \
+  template void permute_rows<T>(const T*, T*, const int64_t*, int64_t, int64_t, bool);                               \
   template void cp_kv_pack<T>(const T*, T*, const AttentionShape&);                                                   \
   template void cp_kv_unpack<T>(const T*, T*, const AttentionShape&);                                                 \
   template void cp_flash_forward<T>(const T*, const T*, int64_t, const int64_t*, const int64_t*, T*, T*,              \

@@ -158,7 +158,18 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->fp8_scale_update(amax, history, scale, slots, recipe);
   }
   void all_reduce_max(GroupKind group, W* x, int64_t n) override { inner_->all_reduce_max(group, x, n); }
+  void fp8_absmax(const T* x, int64_t n, W* amax) override { inner_->fp8_absmax(x, n, amax); }
+  void fp8_set_current_scale(const W* amax, W* scale, Fp8Storage format) override {
+    inner_->fp8_set_current_scale(amax, scale, format);
+  }
   void cp_accumulate(T* acc, const T* part, int64_t n) override { inner_->cp_accumulate(acc, part, n); }
+  void cp_a2a_heads(const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts,
+                    bool split) override {
+    inner_->cp_a2a_heads(x, y, rows, sections, parts, split);
+  }
+  void cp_permute_rows(const T* x, T* y, const int64_t* index, int64_t n, int64_t width, bool gather) override {
+    inner_->cp_permute_rows(x, y, index, n, width, gather);
+  }
   void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
                         const cpu::AttentionShape& shape, double scale) override {
     inner_->cp_score_forward(qkv, kv, n, q_pos, kv_pos, scores, shape, scale);
@@ -213,6 +224,9 @@ class ForwardingBackend : public Backend<T, G, W> {
   }
   void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
     inner_->reduce_scatter(group, dtype, std::move(buffers));
+  }
+  void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
+    inner_->all_to_all(group, dtype, send, recv);
   }
   void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
     inner_->all_gather(group, dtype, std::move(buffers));

@@ -48,6 +48,10 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
   batch_tokens_.assign(size_t(b_ * s_full_), 0);
   batch_targets_.assign(size_t(b_ * s_full_), 0);
   for (int64_t r = 0; r < s_; ++r) q_positions_.push_back(position(coord_.cp, r));
+  ulysses_ = cp_ > 1 && plan.cp_comm_type == CpCommType::a2a;
+  for (int64_t c = 0; ulysses_ && c < cp_; ++c) {
+    for (int64_t r = 0; r < s_; ++r) a2a_positions_.push_back(position(c, r));
+  }
   staged_.assign(size_t(b_ * s_), 0);
   batch_samples_.assign(size_t(b_), 0);
   // Every op's operands by slot; op ids are their indices in the role.
@@ -351,8 +355,9 @@ void Interpreter<T, G, W>::execute(const Op& op) {
     case OpKind::all_gather:
       return collective(op);
     case OpKind::all_to_all:
+      return collective(op);
     case OpKind::broadcast:
-      STEPCAST_CHECK(false, "the executor has no all_to_all or broadcast (not lowered yet)");
+      STEPCAST_CHECK(false, "the executor has no broadcast (not lowered yet)");
       return;
     case OpKind::embedding:
       return embedding(op);

@@ -206,6 +206,10 @@ class Interpreter {
   int64_t s_full_, cp_;
   int64_t kv_heads_local_;
   std::vector<int64_t> q_positions_, kv_positions_;  // context parallelism: this rank's, a block's
+  // cp_comm_type a2a: the attention core holds the whole sequence for 1/cp of the heads; the
+  // positions of the cp ranks' rows in cp rank order (the all_to_all's blocks).
+  bool ulysses_ = false;
+  std::vector<int64_t> a2a_positions_;
   double scale_;  // 1/√head_dim
   std::unique_ptr<TokenSource> source_;
   std::vector<int32_t> batch_tokens_, batch_targets_, staged_;  // one microbatch, host staging

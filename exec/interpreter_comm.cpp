@@ -66,6 +66,13 @@ Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>& names, 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::collective(const Op& op) {
   if (op.name == OpName::fp8_amax) return fp8_step_end(op);
+  if (op.kind == OpKind::all_to_all) {  // [x] → [y], block i of x to member i
+    const std::string& x = in(op, "x");
+    const std::string& y = out(op, "y");
+    backend_.all_to_all(op.group, dtype(x, op), {arena_.buffer(x, op.id), count(x, op)},
+                        {arena_.buffer(y, op.id), count(y, op)});
+    return;
+  }
   // Host backends pack and receive chunks in the program's scratch for this op (comm class).
   if (operands(op).has_out("scratch")) {
     int32_t scratch = arena_.alloc_of(out(op, "scratch"), op.id);

@@ -81,7 +81,22 @@ void Interpreter<T, G, W>::cp_activation(const Op& op) {
   auto shape_of = [&](int64_t qkv_elements) {
     return cpu::AttentionShape{s_, b_, qkv_elements / (s_ * b_ * d) - 2 * kv_heads_local_, kv_heads_local_, d};
   };
-  if (op.name == OpName::cp_kv_pack) {  // [qkv] → [kv]
+  if (op.name == OpName::cp_a2a_split_heads || op.name == OpName::cp_a2a_join_heads) {
+    // [x] → [y]: between [s, b, W] rows and the cp blocks [cp][s, b, W/cp]; W a qkv width (its q,
+    // k and v heads each split) or a ctx width.
+    const bool split = op.name == OpName::cp_a2a_split_heads;
+    const std::string& rows = split ? in(op, "x") : out(op, "y");
+    const int64_t width = count(rows, op) / (s_ * b_), kv = kv_heads_local_ * d;
+    const int64_t q = width == model_.num_attention_heads / t_ * d + 2 * kv ? width - 2 * kv : width;
+    std::vector<int64_t> sections = {q};
+    if (q != width) sections = {q, kv, kv};
+    backend_.cp_a2a_heads(buf(in(op, "x"), op), buf(out(op, "y"), op), s_ * b_, sections, cp_, split);
+  } else if (op.name == OpName::cp_a2a_join_seq || op.name == OpName::cp_a2a_split_seq) {
+    // [x] → [y]: the cp blocks' token rows to (from) their sequence positions.
+    const bool gather = op.name == OpName::cp_a2a_split_seq;
+    const int64_t row = count(in(op, "x"), op) / s_full_;  // b · W/cp elements a token
+    backend_.cp_permute_rows(buf(in(op, "x"), op), buf(out(op, "y"), op), a2a_positions_.data(), s_full_, row, gather);
+  } else if (op.name == OpName::cp_kv_pack) {  // [qkv] → [kv]
     backend_.cp_kv_pack(buf(in(op, "qkv"), op), buf(out(op, "kv"), op), shape_of(count(in(op, "qkv"), op)));
   } else if (op.name == OpName::cp_dkv) {  // [d_kv, d_qkv] → [d_qkv]: dK, dV into their place
     backend_.cp_kv_unpack(buf(in(op, "d_kv"), op), buf(out(op, "d_qkv"), op), shape_of(count(in(op, "d_qkv"), op)));

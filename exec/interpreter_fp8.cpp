@@ -33,16 +33,23 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
-  W* scale = buf<W>(in(op, "scale"), op);
   W* amax = buf<W>(out(op, "amax"), op);
-  if (op.name == OpName::fp8_cast) {  // [x, scale, amax] → [y, amax]
+  if (op.name == OpName::fp8_absmax) {  // [x, amax] → [amax]: current scaling's amax of x
+    backend_.fp8_absmax(buf(in(op, "x"), op), count(in(op, "x"), op), amax + op.fp8_slots[0]);
+    return;
+  }
+  W* scale = buf<W>(in(op, "scale"), op);
+  const bool current = p_.fp8.scaling == Fp8Scaling::current;
+  if (op.name == OpName::fp8_cast) {  // [x, scale, amax] → [y, amax, (scale)]
     const std::string& y = out(op, "y");
     const int32_t slot = op.fp8_slots[0];
+    if (current) backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(y, op)));
     backend_.fp8_cast(buf(in(op, "x"), op), codes(y, op), count(in(op, "x"), op), scale + slot, amax + slot,
                       storage(dtype(y, op)));
     return;
   }
-  // fp8_weights: [w, scale, amax] → [w8, amax], each linear weight with its slot's scale.
+  // fp8_weights: [w, scale, amax] → [w8, amax, (scale)], each linear weight with its slot's scale
+  // (current scaling: from the weight's own amax).
   const std::string& w = in(op, "w");
   const std::string& w8 = out(op, "w8");
   const GroupLayout& layout = layouts_.at(group_of_buffer(w));
@@ -50,6 +57,10 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     if (!layout.has(weight.tensor)) continue;
     const TensorSlice& tensor = layout.at(weight.tensor);
     const int32_t slot = op.fp8_slots[0] + weight.slot;
+    if (current) {
+      backend_.fp8_absmax(buf(w, op) + tensor.offset, tensor.elements(), amax + slot);
+      backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(w8, op)));
+    }
     backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
                       amax + slot, storage(dtype(w8, op)));
   }
@@ -85,6 +96,10 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_step_end(const Op& op) {
   if (op.kind == OpKind::all_reduce) {  // fp8_amax: [amax] → [amax], the maximum over the group
     const std::string& amax = out(op, "amax");
+    if (op.fp8_slots[0] >= 0) {  // current scaling: one slot's, over tp
+      backend_.all_reduce_max(op.group, buf<W>(amax, op) + op.fp8_slots[0], 1);
+      return;
+    }
     backend_.all_reduce_max(op.group, buf<W>(amax, op), count(amax, op));
     return;
   }

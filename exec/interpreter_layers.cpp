@@ -166,19 +166,21 @@ template <class T, class G, class W>
 cpu::AttentionShape Interpreter<T, G, W>::attention_shape(const Op& op) const {
   STEPCAST_CHECK(op.batch % b_ == 0, "attention op " + std::to_string(op.id) + ": batch " + std::to_string(op.batch) +
                                          " is not micro_batch_size × heads");
-  return cpu::AttentionShape{op.m, b_, op.batch / b_, kv_heads_local_, op.k};
+  // (Ulysses: the core holds 1/cp of a tensor-parallel rank's heads, K/V heads alike.)
+  return cpu::AttentionShape{op.m, b_, op.batch / b_, ulysses_ ? kv_heads_local_ / cp_ : kv_heads_local_, op.k};
 }
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::attention(const Op& op) {
   if (op.name == OpName::cp_score || op.name == OpName::cp_value ||
       (op.name == OpName::flash && operands(op).has_in("kv")) ||
-      (op.name == OpName::dropout && op.phase != Phase::backward && cp_ > 1)) {
+      (op.name == OpName::dropout && op.phase != Phase::backward && cp_ > 1 && !ulysses_)) {
     return cp_attention(op);
   }
   bool backward = op.phase == Phase::backward;
   cpu::AttentionShape shape = attention_shape(op);
-  int64_t head0 = coord_.tp * shape.heads;
+  // The first global head: under Ulysses this cp rank's 1/cp of the tensor-parallel rank's heads.
+  int64_t head0 = ulysses_ ? (coord_.tp * cp_ + coord_.cp) * shape.heads : coord_.tp * shape.heads;
   int64_t rows = op.batch * op.m, cols = op.n;  // scores and probabilities: [b, heads, s, s]
   cpu::Dropout drop = dropout(op, cpu::DropoutSite::attention_probs);
   const cpu::Dropout* drop_ptr = plan_.dropout > 0 ? &drop : nullptr;
@@ -221,7 +223,9 @@ void Interpreter<T, G, W>::attention(const Op& op) {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::activation(const Op& op) {
   bool backward = op.phase == Phase::backward;
-  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights) return fp8_activation(op);
+  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights || op.name == OpName::fp8_absmax) {
+    return fp8_activation(op);
+  }
   if (op.name == OpName::rotary) {  // [qkv] → [qkv], in place
     const std::string& qkv = out(op, "qkv");
     // The attention problem of this layer: s, b and the local heads from the qkv buffer's width.
@@ -277,7 +281,9 @@ void Interpreter<T, G, W>::activation(const Op& op) {
     if (model_.use_bias) add_bias_grad(op, d, in(op, "dw"));
   } else if (op.name == OpName::mlp_bias_grad || op.name == OpName::attn_bias_grad) {  // [d_y, dw] → [dw]
     add_bias_grad(op, buf(in(op, "d_y"), op), in(op, "dw"));
-  } else if (op.name == OpName::cp_kv_pack || op.name == OpName::cp_merge || op.name == OpName::cp_dkv) {
+  } else if (op.name == OpName::cp_kv_pack || op.name == OpName::cp_merge || op.name == OpName::cp_dkv ||
+             op.name == OpName::cp_a2a_split_heads || op.name == OpName::cp_a2a_join_seq ||
+             op.name == OpName::cp_a2a_split_seq || op.name == OpName::cp_a2a_join_heads) {
     cp_activation(op);
   } else {
     STEPCAST_CHECK(false, std::string("unknown activation op ") + to_string(op.name));

@@ -298,6 +298,28 @@ void Collectives<T>::all_gather(GroupKind group, std::vector<Span<T>> buffers) {
   ring_all_gather(comms_.comm(group), b);
 }
 
+template <class T>
+void Collectives<T>::all_to_all(GroupKind group, Span<T> send, Span<T> recv) {
+  const int n = comms_.size(group);
+  STEPCAST_CHECK(send.count == recv.count && send.count % n == 0,
+                 "an all_to_all of " + std::to_string(send.count) + " elements sent and " +
+                     std::to_string(recv.count) + " received over " + std::to_string(n) + " members");
+  const int64_t block = send.count / n;
+  const int me = comms_.index(group);
+  std::copy(send.data + me * block, send.data + (me + 1) * block, recv.data + me * block);
+  if (n <= 1) return;
+  MPI_Comm comm = comms_.comm(group);
+  ++algorithms_used[use_mpi_ ? "mpi" : "pairwise"];
+  if (use_mpi_) {
+    STEPCAST_MPI(MPI_Alltoall(send.data, int(block), mpi_type<T>(), recv.data, int(block), mpi_type<T>(), comm));
+    return;
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me + n - k) % n;
+    exchange(comm, send.data + to * block, block, to, recv.data + from * block, block, from, k);
+  }
+}
+
 template class Collectives<float>;
 template class Collectives<double>;
 

@@ -1,6 +1,6 @@
 // The CPU backend's communication: one MPI communicator per group of the rank grid, and each
 // collective run with exactly the algorithm the program records (ring, binomial tree,
-// hierarchical all_reduce) over MPI point-to-point in a fixed order, so results are
+// hierarchical all_reduce, pairwise all_to_all) over MPI point-to-point in a fixed order, so results are
 // bit-reproducible run to run; or MPI's own collectives (--collectives mpi). A collective works
 // on a list of buffers: chunk i of the list is chunk i of every buffer, each buffer of n elements
 // split in ⌈n/size⌉-element chunks (ZeRO's shard of member i is chunk i, buffer by buffer).
@@ -62,6 +62,9 @@ class Collectives {
   void reduce_scatter(GroupKind group, std::vector<Span<T>> buffers);
   // Every member contributes its chunk of every buffer; all receive all chunks.
   void all_gather(GroupKind group, std::vector<Span<T>> buffers);
+  // Block i of `send` (n / size elements each) to member i, block j of `recv` from member j:
+  // pairwise, member + k and member − k at step k (or MPI_Alltoall). No scratch.
+  void all_to_all(GroupKind group, Span<T> send, Span<T> recv);
   // The scratch of the next collective (consumed by it). Without one, a collective uses a
   // buffer of this object's own (the profiler's calls; the executor always gives one).
   void use_scratch(T* data, int64_t count) {

@@ -115,10 +115,22 @@ double bus_bandwidth_factor(OpKind kind, int64_t group_size) {
   return 1.0;
 }
 
+// all_to_all, every pair exchanging at once: this member's chunks for the k − 1 others on its node
+// over the intra-node link and for the n − k elsewhere over its share of the NICs, concurrently.
+double pairwise_time(double bytes, const GroupShape& shape, const LinkFigures& links) {
+  const double n = double(shape.size), k = double(shape.members_per_node);
+  const double intra = (k - 1) / n * bytes / links.intra_bandwidth_bytes_per_s;
+  if (shape.nodes <= 1) return links.intra_latency_s + intra;
+  const double inter = (n - k) / n * bytes / links.inter_bandwidth_bytes_per_s;
+  return links.inter_latency_s + std::max(intra, inter);
+}
+
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
                          const LinkFigures& links) {
   int64_t n = shape.size;
   if (n <= 1) return 0;
+  STEPCAST_CHECK((kind == OpKind::all_to_all) == (algorithm == Algorithm::pairwise || algorithm == Algorithm::none),
+                 "all_to_all runs pairwise, and only all_to_all does");
   bool multi_node = shape.nodes > 1;
   double bandwidth = multi_node ? links.inter_bandwidth_bytes_per_s : links.intra_bandwidth_bytes_per_s;
   double latency = multi_node ? links.inter_latency_s : links.intra_latency_s;
@@ -143,6 +155,8 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
                                links.inter_latency_s);
       return intra + inter;
     }
+    case Algorithm::pairwise:
+      return pairwise_time(bytes, shape, links);
     case Algorithm::none:
       return 0;
   }
@@ -152,7 +166,8 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
   const int64_t n = shape.size;
   if (n <= 1) return 0;
-  const double volume = bus_bandwidth_factor(kind == OpKind::all_to_all ? OpKind::all_gather : kind, n) * bytes;
+  if (kind == OpKind::all_to_all) return pairwise_time(bytes, shape, links);
+  const double volume = bus_bandwidth_factor(kind, n) * bytes;
   const double steps = ring_steps(kind, n);
   if (shape.nodes <= 1) return steps * links.intra_latency_s + volume / links.intra_bandwidth_bytes_per_s;
   const double k = double(shape.members_per_node);
@@ -166,6 +181,7 @@ double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, cons
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
                            const LinkFigures& links) {
   if (shape.size <= 1) return Algorithm::none;
+  if (kind == OpKind::all_to_all) return Algorithm::pairwise;
   std::vector<Algorithm> candidates = {Algorithm::ring};
   if (kind == OpKind::all_reduce) candidates.push_back(Algorithm::tree);
   bool hierarchical_possible = shape.nodes > 1 && shape.members_per_node > 1;

@@ -51,21 +51,24 @@ LinkFigures link_figures(const Topology& topology);
 // the whole message on each edge, 2·⌈log2 n⌉·(α + S/B) — what the simulator runs step by step,
 // and the choice only small messages make (NCCL pipelines its trees; their large-message time
 // is not modelled); hierarchical: intra-node reduce_scatter, inter-node ring on S/k per
-// local rank (k NIC paths in parallel), intra-node all_gather.
+// local rank (k NIC paths in parallel), intra-node all_gather; pairwise (all_to_all only): every
+// member sends each other member 1/n of S at once, the (k−1)/n on its node over the intra-node
+// link and the (n−k)/n elsewhere over its NIC share concurrently, α + the larger.
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
                          const LinkFigures& links);
 
 // NCCL's ring as its tuner models it, to transfer a measured table between systems and group
 // shapes (collective_cost.hpp): every rank moves V = busbw factor · S (2(n−1)/n·S for
-// all_reduce, (n−1)/n·S for reduce_scatter, all_gather and all_to_all) through its NVLink, and
+// all_reduce, (n−1)/n·S for reduce_scatter and all_gather) through its NVLink, and
 // across nodes the rings (NCCL's channels) leave each node through all of the group's k members'
 // NICs, V / k each; the two pipeline, so the time is the larger plus the ring's latency
 // (intra-node steps at the NVLink latency, the N crossings at the network's). One member per
-// node: the plain ring over the NICs.
+// node: the plain ring over the NICs. all_to_all: its pairwise time (collective_time_s).
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links);
 
 // The algorithm with the smallest modelled time among those the kind supports (all_reduce: ring,
-// tree, hierarchical; reduce_scatter and all_gather: ring, hierarchical; others: ring). Ties go to
+// tree, hierarchical; reduce_scatter and all_gather: ring, hierarchical; all_to_all: pairwise;
+// others: ring). Ties go to
 // the earlier in that list. A group of one member gets Algorithm::none.
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
                            const LinkFigures& links);

@@ -232,9 +232,14 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       // forward is the residual add alone.
       // Context parallelism: packing K/V is a copy; merging partial outputs, or adding a block's
       // dK/dV into its accumulator or into d_qkv, an elementwise add.
-      if (op.name == OpName::cp_kv_pack) return "copy";
+      // Ulysses' re-layouts around its all_to_alls permute heads or tokens: copies too.
+      if (op.name == OpName::cp_kv_pack || op.name == OpName::cp_a2a_split_heads || op.name == OpName::cp_a2a_join_seq ||
+          op.name == OpName::cp_a2a_split_seq || op.name == OpName::cp_a2a_join_heads) {
+        return "copy";
+      }
       // An FP8 cast reads its input and writes a byte an element: a copy's traffic.
-      if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights) return "copy";
+      // Current scaling's amax reads its tensor once: a copy's rate on those bytes.
+      if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights || op.name == OpName::fp8_absmax) return "copy";
       if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";
       if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";

@@ -3,7 +3,11 @@
 // scale, the GEMMs run on FP8 operands and accumulate in fp32, their outputs leave in the plan's
 // dtype. Delayed scaling: each FP8 tensor kind of each layer (a "slot") keeps an amax history;
 // its scale for a step is fp8_max / amax / 2^margin from that history, the amax of the step's
-// tensors (maximised over every rank) is pushed into the history at the step's end.
+// tensors (maximised over every rank) is pushed into the history at the step's end. Current
+// scaling (Megatron's --fp8-recipe tensorwise, Transformer Engine's Float8CurrentScaling): each
+// tensor's scale is fp8_max / amax of that tensor itself, taken just before its cast (the amax
+// maximised over the tensor-parallel group for a sequence-parallel input, whose shards are cast
+// before their FP8 all-gather); no history.
 //
 // Formats (OCP FP8, as NVIDIA's __nv_fp8_e4m3 / __nv_fp8_e5m2 with saturation to finite):
 //   e4m3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest 448, no infinities, smallest
@@ -24,15 +28,21 @@ namespace stepcast {
 enum class Fp8Format { none, e4m3, hybrid };
 // How the scale's amax comes from the history (Megatron's --fp8-amax-compute-algo).
 enum class Fp8AmaxAlgo { most_recent, max };
+// Where a scale comes from (Megatron's --fp8-recipe: delayed, tensorwise).
+enum class Fp8Scaling { delayed, current };
 const char* to_string(Fp8Format format);
 const char* to_string(Fp8AmaxAlgo algo);
+const char* to_string(Fp8Scaling scaling);  // "delayed", "tensorwise"
 
 struct Fp8Recipe {
   Fp8Format format = Fp8Format::none;
+  Fp8Scaling scaling = Fp8Scaling::delayed;
+  // Delayed scaling's (unused under current scaling):
   int64_t amax_history_len = 1;  // Megatron's default --fp8-amax-history-len
   Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::most_recent;
   int64_t margin = 0;  // scale = fp8_max / amax / 2^margin
   bool enabled() const { return format != Fp8Format::none; }
+  bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }
 };
 
 // The FP8 tensors of one transformer layer: the input (x) and weight (w) of each linear layer
@@ -118,6 +128,16 @@ X fp8_updated_scale(X* history, int64_t len, X step_amax, X scale, Fp8AmaxAlgo a
   if (!(amax > 0) || !std::isfinite(amax)) return scale;
   X updated = X(fp8_max(f)) / amax / X(std::ldexp(1.0, int(margin)));
   return std::isfinite(updated) ? updated : scale;
+}
+
+// Current scaling's scale of a tensor whose largest magnitude is `amax` (Transformer Engine's
+// compute_scale_from_amax with its defaults: no epsilon, no power-of-two rounding): fp8_max /
+// amax, 1 where amax is 0 or not finite.
+template <class X>
+X fp8_current_scale(X amax, Fp8Storage f) {
+  if (!(amax > 0) || !std::isfinite(amax)) return X(1);
+  X scale = X(fp8_max(f)) / amax;
+  return std::isfinite(scale) ? scale : X(1);
 }
 
 }  // namespace stepcast

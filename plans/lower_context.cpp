@@ -85,6 +85,25 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   if (m.is_moe()) moe = moe_shape(m, p, s_local * b);
 }
 
+LowerContext LowerContext::ulysses_view() const {
+  LowerContext u = *this;
+  u.s = s_full;
+  u.s_local = s_full;
+  u.heads_local = heads_local / cp;
+  u.kv_local = kv_local / cp;
+  u.qkv_width = qkv_width / cp;
+  u.cp = 1;
+  return u;
+}
+
+OpEmitter& OpEmitter::ulysses() {
+  if (!ulysses_) {
+    ulysses_ctx_ = std::make_unique<LowerContext>(ctx_.ulysses_view());
+    ulysses_ = std::make_unique<OpEmitter>(*ulysses_ctx_, rb_, first_rank_);
+  }
+  return *ulysses_;
+}
+
 int64_t LowerContext::norm_params() const {
   return model.norm == NormKind::layernorm ? 2 * h : h;
 }
@@ -191,13 +210,25 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
 }
 
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                                BufferClass buffer_class) {
+                                BufferClass buffer_class, bool amax_over_tp) {
+  const int32_t slot = at.layer * kFp8SlotsPerLayer + kind;
+  const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
+  std::vector<std::string> outputs = {name, "fp8.amax"};
+  if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it
+    int32_t id = compute(at, OpKind::activation, OpName::fp8_absmax, 2 * elements, {x, "fp8.amax"}, {"fp8.amax"});
+    const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
+    if (amax_over_tp) {
+      id = collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, OpName::fp8_amax,
+                      double(dtype_bytes(ctx_.wide)), {"fp8.amax"}, {"fp8.amax"});
+      if (id >= 0) const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
+    }
+    outputs.push_back("fp8.scale");
+  }
   rb_.alloc(name, buffer_class, is_gradient_slot(kind) ? ctx_.fp8_backward : ctx_.fp8_forward, rb_.live_shape(x),
             at.phase);
   // |x|, its maximum, the scaled rounding: three flops an element.
-  int32_t id = compute(at, OpKind::activation, OpName::fp8_cast, 3 * buffer_bytes({x}) / dtype_bytes(ctx_.act),
-                       {x, "fp8.scale", "fp8.amax"}, {name, "fp8.amax"});
-  const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {at.layer * kFp8SlotsPerLayer + kind, -1};
+  int32_t id = compute(at, OpKind::activation, OpName::fp8_cast, 3 * elements, {x, "fp8.scale", "fp8.amax"}, outputs);
+  const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
   return name;
 }
 
@@ -266,8 +297,9 @@ int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, St
   // receives chunks in: a comm buffer of the program, live around the op alone, written by it
   // (its last output; see is_comm_scratch), so `memory` and the simulator count it and the
   // executor takes it from the arena. NCCL works in place; its buffers are runtime memory.
+  // (all_to_all exchanges straight between its buffers.)
   std::string scratch;
-  if (ctx_.topology.node.intra_node.kind == IntraNodeKind::shared_memory) {
+  if (ctx_.topology.node.intra_node.kind == IntraNodeKind::shared_memory && kind != OpKind::all_to_all) {
     const std::string& payload = outputs.empty() ? inputs.at(0) : outputs.at(0);
     Dtype dtype = rb_.live_dtype(payload);
     int64_t elements = int64_t(bytes / dtype_bytes(dtype) + 0.5);

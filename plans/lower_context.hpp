@@ -4,6 +4,7 @@
 // Symbols as in the papers: s sequence, b micro batch, h hidden, t tp_size, a heads, d head_dim.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,9 @@ struct LowerContext {
 
   // Parameters of one layer held by one tensor-parallel rank; `sp_replicated` those replicated
   // over tp whose gradients need a tp all_reduce under sequence parallelism (norms, row biases).
+  // The attention core's view under cp_comm_type a2a (Ulysses): the whole sequence, 1/cp of a
+  // tensor-parallel rank's heads, and no context parallelism left inside the core.
+  LowerContext ulysses_view() const;
   int64_t layer_params_local() const;
   int64_t layer_sp_replicated() const;
   int64_t norm_params() const;  // one norm (weight, and bias for LayerNorm)
@@ -95,8 +99,10 @@ class OpEmitter {
   int32_t linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
                  std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a, Fp8Slot b);
   // FP8: `x` cast into a new buffer `name` [x's shape] of the slot kind's format; returns `name`.
+  // Current scaling takes x's amax first, maximised over tp where `amax_over_tp` (a sequence-
+  // parallel input, whose shards are cast before their gather).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                       BufferClass buffer_class);
+                       BufferClass buffer_class, bool amax_over_tp = false);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
                   std::vector<std::string> inputs, std::vector<std::string> outputs,
@@ -132,6 +138,8 @@ class OpEmitter {
   bool is_live(const std::string& name) const { return rb_.is_live(name); }
   RoleBuilder& builder() { return rb_; }
   const LowerContext& ctx() const { return ctx_; }
+  // An emitter into the same role on the context's Ulysses view (made on first use).
+  OpEmitter& ulysses();
 
  private:
   double buffer_bytes(const std::vector<std::string>& names) const;
@@ -144,6 +152,8 @@ class OpEmitter {
   int64_t first_rank_;
   std::vector<int32_t> unwaited_p2p_;  // transfers posted since the last compute-stream op
   std::vector<std::string> deferred_frees_;
+  std::unique_ptr<LowerContext> ulysses_ctx_;
+  std::unique_ptr<OpEmitter> ulysses_;
 };
 
 // A one-layer probe's FP8 state (layer L0's FP8 weight copy "fp8w.L0", its slots' fp8.scale and
@@ -194,5 +204,13 @@ void emit_cp_gather_kv(OpEmitter& e, const OpSite& at, const std::string& qkv, c
                        const std::string& all);
 void emit_cp_reduce_dkv(OpEmitter& e, const OpSite& at, const std::string& dkv_all, const std::string& dkv,
                         const std::string& d_qkv);
+// cp_comm_type a2a (Ulysses, lower_cp.cpp): `x` [s, b, width] of this rank's tokens and every local
+// head re-laid over the cp group into `y` [s_full, b, width/cp], the whole sequence for this rank's
+// 1/cp of the heads (split, all_to_all, join); `y` allocated here in `y_class`. And back: `x`
+// [s_full, b, width/cp] into `y` [s, b, width], which the caller allocated. width: a qkv width
+// (q, k and v heads each split) or a ctx width.
+void emit_a2a_to_sequence(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width,
+                          BufferClass y_class);
+void emit_a2a_to_heads(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width);
 
 }  // namespace stepcast

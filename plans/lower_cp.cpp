@@ -10,6 +10,10 @@
 // allgather (AttnFuncWithCPAndKVAllGather): K/V gathered over cp before the one attention op,
 // their gradients reduce-scattered after; backward gathers them again. Materialized attention
 // uses the same gather (lower_layer.cpp: cp_score and cp_value over the gathered K/V).
+// a2a (DeepSpeed-Ulysses, TE's AttnFuncWithCPAndQKVOA2A): q, k and v all-to-all exchanged so that
+// a rank holds the whole sequence (in order) for 1/cp of its heads; the attention core runs there
+// as without context parallelism (lower_layer.cpp, on the context's Ulysses view), and its output
+// travels back; backward the same for d_ctx and d_qkv.
 //
 // Every attention op carries its K/V block in `kv` and `cp_step` (the ring step, −1: all blocks
 // in cp rank order), n = the K/V rows; flops count the dense block, as the rest of the lowering
@@ -82,6 +86,37 @@ void emit_cp_reduce_dkv(OpEmitter& e, const OpSite& at, const std::string& dkv_a
   e.free(dkv_all, at.phase);
   e.compute(at, OpKind::activation, OpName::cp_dkv, 0, {dkv, d_qkv}, {d_qkv});
   e.free(dkv, at.phase);
+}
+
+// Ulysses: the all_to_all carries [cp][s, b, width/cp], block j of the send to (from) cp rank j.
+void emit_a2a_to_sequence(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width,
+                          BufferClass y_class) {
+  const LowerContext& c = e.ctx();
+  const std::string send = y + ".a2a_send", recv = y + ".a2a_recv";
+  const std::vector<int64_t> blocks = {c.cp, c.s, c.b, width / c.cp};
+  e.alloc(send, BufferClass::workspace, c.act, blocks, at.phase);
+  e.compute(at, OpKind::activation, OpName::cp_a2a_split_heads, 0, {x}, {send});
+  e.alloc(recv, BufferClass::workspace, c.act, blocks, at.phase);
+  e.collective(at, OpKind::all_to_all, GroupKind::cp, Stream::compute, OpName::cp_a2a,
+               double(c.s) * c.b * width * dtype_bytes(c.act), {send}, {recv});
+  e.free(send, at.phase);
+  e.alloc(y, y_class, c.act, {c.s_full, c.b, width / c.cp}, at.phase);
+  e.compute(at, OpKind::activation, OpName::cp_a2a_join_seq, 0, {recv}, {y});
+  e.free(recv, at.phase);
+}
+
+void emit_a2a_to_heads(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width) {
+  const LowerContext& c = e.ctx();
+  const std::string send = y + ".a2a_send", recv = y + ".a2a_recv";
+  const std::vector<int64_t> blocks = {c.cp, c.s, c.b, width / c.cp};
+  e.alloc(send, BufferClass::workspace, c.act, blocks, at.phase);
+  e.compute(at, OpKind::activation, OpName::cp_a2a_split_seq, 0, {x}, {send});
+  e.alloc(recv, BufferClass::workspace, c.act, blocks, at.phase);
+  e.collective(at, OpKind::all_to_all, GroupKind::cp, Stream::compute, OpName::cp_a2a,
+               double(c.s) * c.b * width * dtype_bytes(c.act), {send}, {recv});
+  e.free(send, at.phase);
+  e.compute(at, OpKind::activation, OpName::cp_a2a_join_heads, 0, {recv}, {y});
+  e.free(recv, at.phase);
 }
 
 void emit_cp_attention_forward(OpEmitter& e, const OpSite& at, const std::string& prefix) {

@@ -4,6 +4,7 @@
 // Which buffers survive the forward pass is the activation memory: with materialized attention,
 // dropout and 16-bit activations it is Korthikanti et al.'s 34·sbh + 5·a·s²·b per layer (TP and
 // SP variants alike). Buffer shapes: [s_local, b, h] between TP regions, [s, b, ·] inside them.
+#include <functional>
 #include <set>
 
 #include "errors.hpp"
@@ -48,6 +49,7 @@ std::set<std::string> kept_buffers(const LowerContext& c, KeepMode keep) {
 
 struct LayerNames {
   explicit LayerNames(const OpSite& at) : prefix(layer_prefix(at.microbatch, at.layer)) {}
+  explicit LayerNames(std::string p) : prefix(std::move(p)) {}
   std::string operator()(const std::string& n) const { return prefix + n; }
   std::string prefix;
 };
@@ -77,6 +79,111 @@ std::string probs_for_value(const LowerContext& c, const LayerNames& n) {
   return c.dropout ? n("probs_drop") : n("probs");
 }
 
+bool ulysses(const LowerContext& c) { return c.cp > 1 && c.plan.cp_comm_type == CpCommType::a2a; }
+
+// The attention core, qkv → ctx (and lse, or the probabilities): the flash op, the context-parallel
+// ring or gather, or the materialized scores; `done` frees what the layer does not keep.
+void emit_attention_core_forward(OpEmitter& e, const OpSite& at, const LayerNames& n,
+                                 const std::function<void(const std::string&)>& done) {
+  const LowerContext& c = e.ctx();
+  e.alloc(n("ctx"), BufferClass::activations, c.act, {c.s, c.b, c.heads_local * c.d}, at.phase);
+  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
+  if (c.plan.attention_impl == AttentionImpl::flash) {
+    e.alloc(n("lse"), BufferClass::activations, c.wide, {c.b, c.heads_local, c.s}, at.phase);
+    if (c.cp > 1) emit_cp_attention_forward(e, at, n.prefix);
+    else e.attention(at, OpName::flash, core_flops, {n("qkv")}, {n("ctx"), n("lse")});
+    done("lse");
+  } else if (c.cp > 1) {  // the gathered kind: every rank's K/V, then the scores over them
+    emit_cp_gather_kv(e, at, n("qkv"), n("kv"), n("kv_all"));
+    emit_attention_scores(e, at, n, n("kv_all"));
+    e.cp_attention(at, OpName::cp_value, core_flops / 2, c.s_full, {probs_for_value(c, n), n("kv_all")}, {n("ctx")});
+    e.free(n("kv_all"), at.phase);
+    done("probs");
+    if (c.dropout) {
+      done("probs_mask");
+      done("probs_drop");
+    }
+  } else {
+    emit_attention_scores(e, at, n);
+    e.attention(at, OpName::value, core_flops / 2, {probs_for_value(c, n), n("qkv")}, {n("ctx")});
+    done("probs");
+    if (c.dropout) {
+      done("probs_mask");
+      done("probs_drop");
+    }
+  }
+  done("qkv");
+}
+
+// Its backward: d_ctx (and what the forward kept) → d_qkv, which the caller allocated; frees the
+// kept core buffers, ctx among them unless `free_ctx` is false (the layer still holds it).
+void emit_attention_core_backward(OpEmitter& e, const OpSite& at, const LayerNames& n, bool free_ctx) {
+  const LowerContext& c = e.ctx();
+  const Phase bwd = at.phase;
+  const bool flash = c.plan.attention_impl == AttentionImpl::flash;
+  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
+  if (flash && c.cp > 1) {
+    emit_cp_attention_backward(e, at, n.prefix);
+    e.free(n("lse"), bwd);
+    e.free(n("ctx"), bwd);
+    return;
+  }
+  if (flash) {
+    // FlashAttention-2's backward recomputes the scores: 5 matmuls against the forward's 2.
+    e.attention(at, OpName::flash, 2.5 * core_flops, {n("qkv"), n("ctx"), n("lse"), n("d_ctx")},
+                {n("d_qkv")});
+    e.free(n("lse"), bwd);
+    e.free(n("ctx"), bwd);
+    return;
+  }
+  // Under context parallelism the K/V of the whole sequence are gathered again and their
+  // gradients (d_kv_all) reduce-scattered back after the score's backward.
+  const bool cp = c.cp > 1;
+  const int64_t s_kv = cp ? c.s_full : c.s;
+  if (free_ctx) e.free(n("ctx"), bwd);
+  if (cp) emit_cp_gather_kv(e, at, n("qkv"), n("bkv"), n("bkv_all"));
+  if (c.plan.recompute == RecomputeKind::selective) {
+    OpSite re = at;
+    re.phase = Phase::recompute;
+    emit_attention_scores(e, re, n, cp ? n("bkv_all") : "");
+  }
+  std::vector<int64_t> square = {c.b, c.heads_local, c.s, s_kv};
+  double square_elems = double(c.b) * c.heads_local * c.s * s_kv;
+  std::string probs_used = probs_for_value(c, n);
+  e.alloc(n("d_probs_used"), BufferClass::workspace, c.act, square, bwd);
+  if (cp) {
+    e.alloc(n("dkv_all"), BufferClass::workspace, c.act, {c.s_full, c.b, 2 * c.kv_local * c.d}, bwd);
+    e.cp_attention(at, OpName::cp_value, core_flops, s_kv, {n("d_ctx"), probs_used, n("bkv_all")},
+                   {n("d_probs_used"), n("dkv_all")});
+  } else {
+    e.attention(at, OpName::value, core_flops, {n("d_ctx"), probs_used, n("qkv")},
+                {n("d_probs_used"), n("d_qkv")});
+  }
+  std::string d_probs = n("d_probs_used");
+  if (c.dropout) {
+    e.free(n("probs_drop"), bwd);
+    e.alloc(n("d_probs"), BufferClass::workspace, c.act, square, bwd);
+    e.cp_attention(at, OpName::dropout, 2 * square_elems, s_kv, {n("d_probs_used"), n("probs_mask")},
+                   {n("d_probs")});
+    e.free(n("d_probs_used"), bwd);
+    e.free(n("probs_mask"), bwd);
+    d_probs = n("d_probs");
+  }
+  e.alloc(n("d_scores"), BufferClass::workspace, c.act, square, bwd);
+  e.cp_attention(at, OpName::softmax, 4 * square_elems, s_kv, {d_probs, n("probs")}, {n("d_scores")});
+  e.free(d_probs, bwd);
+  e.free(n("probs"), bwd);
+  if (cp) {
+    e.cp_attention(at, OpName::cp_score, core_flops, s_kv, {n("d_scores"), n("qkv"), n("bkv_all"), n("dkv_all")},
+                   {n("d_qkv"), n("dkv_all")});
+    e.free(n("bkv_all"), bwd);
+    emit_cp_reduce_dkv(e, at, n("dkv_all"), n("dkv"), n("d_qkv"));
+  } else {
+    e.attention(at, OpName::score, core_flops, {n("d_scores"), n("qkv"), n("d_qkv")}, {n("d_qkv")});
+  }
+  e.free(n("d_scores"), bwd);
+}
+
 }  // namespace
 
 std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string& x_in,
@@ -101,8 +208,8 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   auto linear_input = [&](const std::string& stem, Fp8Slot kind, OpName gather) {
     std::string x = n(stem);
     if (fp8) {
-      x = e.fp8_cast(at, x, n(stem + "_f8"), kind, kept.count(stem + "_f8") ? BufferClass::activations
-                                                                            : BufferClass::workspace);
+      x = e.fp8_cast(at, x, n(stem + "_f8"), kind,
+                     kept.count(stem + "_f8") ? BufferClass::activations : BufferClass::workspace, sp);
       done(stem);
     }
     if (!sp) return x;
@@ -137,34 +244,22 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
               {n("qkv")}, {n("qkv")});
   }
 
-  // Attention core.
-  e.alloc(n("ctx"), BufferClass::activations, c.act, {c.s, c.b, c.heads_local * c.d}, at.phase);
-  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
-  if (flash) {
-    e.alloc(n("lse"), BufferClass::activations, c.wide, {c.b, c.heads_local, c.s}, at.phase);
-    if (c.cp > 1) emit_cp_attention_forward(e, at, n.prefix);
-    else e.attention(at, OpName::flash, core_flops, {n("qkv")}, {n("ctx"), n("lse")});
-    done("lse");
-  } else if (c.cp > 1) {  // the gathered kind: every rank's K/V, then the scores over them
-    emit_cp_gather_kv(e, at, n("qkv"), n("kv"), n("kv_all"));
-    emit_attention_scores(e, at, n, n("kv_all"));
-    e.cp_attention(at, OpName::cp_value, core_flops / 2, c.s_full, {probs_for_value(c, n), n("kv_all")}, {n("ctx")});
-    e.free(n("kv_all"), at.phase);
-    done("probs");
-    if (c.dropout) {
-      done("probs_mask");
-      done("probs_drop");
-    }
+  // Attention core; under a2a on the Ulysses view (the whole sequence, 1/cp of the heads), whose
+  // buffers ("u." names) it keeps in the layer's stead, with ctx travelling back for attn_out.
+  if (ulysses(c)) {
+    const LayerNames un(n.prefix + "u.");
+    emit_a2a_to_sequence(e, at, n("qkv"), un("qkv"), c.qkv_width,
+                         kept.count("qkv") ? BufferClass::activations : BufferClass::workspace);
+    e.free(n("qkv"), at.phase);
+    emit_attention_core_forward(e.ulysses(), at, un, [&](const std::string& short_name) {
+      if (!kept.count(short_name)) e.free(un(short_name), at.phase);
+    });
+    e.alloc(n("ctx"), BufferClass::activations, c.act, {c.s, c.b, c.heads_local * c.d}, at.phase);
+    emit_a2a_to_heads(e, at, un("ctx"), n("ctx"), c.heads_local * c.d);
+    if (!flash || !kept.count("ctx")) e.free(un("ctx"), at.phase);  // flash's backward reads it
   } else {
-    emit_attention_scores(e, at, n);
-    e.attention(at, OpName::value, core_flops / 2, {probs_for_value(c, n), n("qkv")}, {n("ctx")});
-    done("probs");
-    if (c.dropout) {
-      done("probs_mask");
-      done("probs_drop");
-    }
+    emit_attention_core_forward(e, at, n, done);
   }
-  done("qkv");
 
   // Attention output projection, its tensor-parallel reduction, dropout and residual.
   std::string ctx = n("ctx");
@@ -172,7 +267,8 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.alloc(n("attn_partial"), BufferClass::workspace, c.act, full, at.phase);
   e.linear(at, OpName::attn_out, Grad::none, c.s * c.b, c.h, c.heads_local * c.d, {ctx, wl}, {n("attn_partial")},
            Fp8Slot::attn_out_x, Fp8Slot::attn_out_w);
-  done("ctx");
+  if (ulysses(c) && fp8 && kept.count("ctx")) e.free(n("ctx"), at.phase);  // (its FP8 copy is kept)
+  else done("ctx");
   if (fp8) done("ctx_f8");
   std::string attn_out = n("attn_partial");
   if (sp) {
@@ -261,7 +357,6 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
                          const std::string& g, const LayerParams& params) {
   const LowerContext& c = e.ctx();
   const bool sp = c.plan.sequence_parallel;
-  const bool flash = c.plan.attention_impl == AttentionImpl::flash;
   const Phase bwd = at.phase;
   LayerNames n(at);
   const std::vector<int64_t> local = {c.s_local, c.b, c.h};
@@ -408,66 +503,21 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   grad_in_done(d_attn8, d_attn);
   if (d_attn != g) e.free(d_attn, bwd);
   e.alloc(n("d_qkv"), BufferClass::workspace, c.act, {c.s, c.b, c.qkv_width}, bwd);
-  double core_flops = 4.0 * c.b * c.heads_local * c.s * (c.cp > 1 ? c.s_full : c.s) * c.d;
-  if (flash && c.cp > 1) {
-    emit_cp_attention_backward(e, at, n.prefix);
-    e.free(n("lse"), bwd);
-    e.free(n("ctx"), bwd);
-  } else if (flash) {
-    // FlashAttention-2's backward recomputes the scores: 5 matmuls against the forward's 2.
-    e.attention(at, OpName::flash, 2.5 * core_flops, {n("qkv"), n("ctx"), n("lse"), n("d_ctx")},
-                {n("d_qkv")});
-    e.free(n("lse"), bwd);
-    e.free(n("ctx"), bwd);
+  if (ulysses(c)) {
+    const LayerNames un(n.prefix + "u.");
+    if (!fp8) e.free(n("ctx"), bwd);  // attn_out's input (under FP8 its FP8 copy, freed above)
+    emit_a2a_to_sequence(e, at, n("d_ctx"), un("d_ctx"), c.heads_local * c.d, BufferClass::workspace);
+    e.free(n("d_ctx"), bwd);
+    e.alloc(un("d_qkv"), BufferClass::workspace, c.act, {c.s_full, c.b, c.qkv_width / c.cp}, bwd);
+    emit_attention_core_backward(e.ulysses(), at, un, /*free_ctx=*/false);
+    e.free(un("d_ctx"), bwd);
+    emit_a2a_to_heads(e, at, un("d_qkv"), n("d_qkv"), c.qkv_width);
+    e.free(un("d_qkv"), bwd);
+    e.free(un("qkv"), bwd);
   } else {
-    // Under context parallelism the K/V of the whole sequence are gathered again and their
-    // gradients (d_kv_all) reduce-scattered back after the score's backward.
-    const bool cp = c.cp > 1;
-    const int64_t s_kv = cp ? c.s_full : c.s;
-    if (!fp8) e.free(n("ctx"), bwd);  // (under FP8 only its FP8 copy was kept)
-    if (cp) emit_cp_gather_kv(e, at, n("qkv"), n("bkv"), n("bkv_all"));
-    if (c.plan.recompute == RecomputeKind::selective) {
-      OpSite re = at;
-      re.phase = Phase::recompute;
-      emit_attention_scores(e, re, n, cp ? n("bkv_all") : "");
-    }
-    std::vector<int64_t> square = {c.b, c.heads_local, c.s, s_kv};
-    double square_elems = double(c.b) * c.heads_local * c.s * s_kv;
-    std::string probs_used = probs_for_value(c, n);
-    e.alloc(n("d_probs_used"), BufferClass::workspace, c.act, square, bwd);
-    if (cp) {
-      e.alloc(n("dkv_all"), BufferClass::workspace, c.act, {c.s_full, c.b, 2 * c.kv_local * c.d}, bwd);
-      e.cp_attention(at, OpName::cp_value, core_flops, s_kv, {n("d_ctx"), probs_used, n("bkv_all")},
-                     {n("d_probs_used"), n("dkv_all")});
-    } else {
-      e.attention(at, OpName::value, core_flops, {n("d_ctx"), probs_used, n("qkv")},
-                  {n("d_probs_used"), n("d_qkv")});
-    }
-    std::string d_probs = n("d_probs_used");
-    if (c.dropout) {
-      e.free(n("probs_drop"), bwd);
-      e.alloc(n("d_probs"), BufferClass::workspace, c.act, square, bwd);
-      e.cp_attention(at, OpName::dropout, 2 * square_elems, s_kv, {n("d_probs_used"), n("probs_mask")},
-                     {n("d_probs")});
-      e.free(n("d_probs_used"), bwd);
-      e.free(n("probs_mask"), bwd);
-      d_probs = n("d_probs");
-    }
-    e.alloc(n("d_scores"), BufferClass::workspace, c.act, square, bwd);
-    e.cp_attention(at, OpName::softmax, 4 * square_elems, s_kv, {d_probs, n("probs")}, {n("d_scores")});
-    e.free(d_probs, bwd);
-    e.free(n("probs"), bwd);
-    if (cp) {
-      e.cp_attention(at, OpName::cp_score, core_flops, s_kv, {n("d_scores"), n("qkv"), n("bkv_all"), n("dkv_all")},
-                     {n("d_qkv"), n("dkv_all")});
-      e.free(n("bkv_all"), bwd);
-      emit_cp_reduce_dkv(e, at, n("dkv_all"), n("dkv"), n("d_qkv"));
-    } else {
-      e.attention(at, OpName::score, core_flops, {n("d_scores"), n("qkv"), n("d_qkv")}, {n("d_qkv")});
-    }
-    e.free(n("d_scores"), bwd);
+    emit_attention_core_backward(e, at, n, /*free_ctx=*/!fp8);  // (under FP8 only its FP8 copy was kept)
+    e.free(n("d_ctx"), bwd);
   }
-  e.free(n("d_ctx"), bwd);
   if (c.model.position == PositionKind::rotary) {
     e.compute(at, OpKind::activation, OpName::rotary,
               6.0 * c.s * c.b * (c.heads_local + c.kv_local) * c.d, {n("d_qkv")}, {n("d_qkv")});
@@ -481,7 +531,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
            Fp8Slot::qkv_d);
   grad_in_done(d_qkv8, n("d_qkv"));
   e.free(n("d_qkv"), bwd);
-  e.free(n("qkv"), bwd);
+  if (!ulysses(c)) e.free(n("qkv"), bwd);
   if (sp) e.free(ln1, bwd);
   e.free(fp8 ? n("ln1_f8") : n("ln1"), bwd);
   std::string d_ln1 = reduce_norm_grad(n("d_ln1_full"), "d_ln1", OpName::tp_qkv);

@@ -92,8 +92,10 @@ void RoleLowering::alloc_persistent() {
     const int64_t slots = c_.model.num_hidden_layers * kFp8SlotsPerLayer;
     rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
-    rb_.alloc("fp8.history", BufferClass::weights, c_.wide, {slots, plan_.fp8.amax_history_len}, Phase::forward,
-              true);
+    if (plan_.fp8.delayed()) {
+      rb_.alloc("fp8.history", BufferClass::weights, c_.wide, {slots, plan_.fp8.amax_history_len}, Phase::forward,
+                true);
+    }
   }
 }
 
@@ -251,11 +253,15 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
     std::string w8 = c_.fp8 ? fp8_weights_name(*layers[i]) : "";
     if (c_.fp8 && fp8_weights_cast_.insert(lat.layer).second) {  // the step's first forward of the layer
       const double linear = double(layers[i]->elements - c_.layer_sp_replicated());
-      int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, 3 * linear, {w, "fp8.scale", "fp8.amax"},
-                              {w8, "fp8.amax"});
+      // Current scaling: each weight's amax first (a second read), its scale written.
+      const bool current = !plan_.fp8.delayed();
+      std::vector<std::string> outputs = {w8, "fp8.amax"};
+      if (current) outputs.push_back("fp8.scale");
+      int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
+                              {w, "fp8.scale", "fp8.amax"}, outputs);
       Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
       op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
-      op.bytes = linear * (dtype_bytes(c_.act) + 1);
+      op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
     }
     LayerParams lp{w, "", w8};
     if (c_.model.is_moe_layer(lat.layer)) lp.expert_weights = weights_for(group(expert_group_name(lat.layer)), lat, nullptr);
@@ -337,7 +343,7 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
 // Delayed scaling's end of step: the step's amax of every slot maximised over every rank (each
 // rank's own layers' slots hold its amax, the others 0), then each slot's history and scale.
 void RoleLowering::emit_fp8_scale_update() {
-  if (!c_.fp8) return;
+  if (!plan_.fp8.delayed()) return;  // (current scaling sets each scale at its cast)
   OpSite at{Phase::optimizer, -1, -1, -1};
   const double slots = double(c_.model.num_hidden_layers) * kFp8SlotsPerLayer;
   e_.collective(at, OpKind::all_reduce, GroupKind::world, Stream::compute, OpName::fp8_amax,

@@ -236,14 +236,16 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
   if (plan.sequence_parallel) b.flag("--sequence-parallel");  // model_parallel_config.py:94
   if (plan.cp_size > 1) {
     b.flag("--context-parallel-size", plan.cp_size);             // model_parallel_config.py:100
-    b.flag("--cp-comm-type", to_string(plan.cp_comm_type));      // arguments.py:3221 (p2p, allgather)
+    b.flag("--cp-comm-type", to_string(plan.cp_comm_type));      // arguments.py:3221 (p2p, allgather, a2a)
   }
   if (plan.fp8.enabled()) {  // Transformer Engine's FP8 (arguments.py, _add_transformer_engine_args)
     b.flag("--fp8-format", to_string(plan.fp8.format));
-    b.flag("--fp8-recipe", "delayed");
-    b.flag("--fp8-amax-history-len", plan.fp8.amax_history_len);
-    b.flag("--fp8-amax-compute-algo", to_string(plan.fp8.amax_compute_algo));
-    b.flag("--fp8-margin", plan.fp8.margin);
+    b.flag("--fp8-recipe", to_string(plan.fp8.scaling));
+    if (plan.fp8.delayed()) {
+      b.flag("--fp8-amax-history-len", plan.fp8.amax_history_len);
+      b.flag("--fp8-amax-compute-algo", to_string(plan.fp8.amax_compute_algo));
+      b.flag("--fp8-margin", plan.fp8.margin);
+    }
   }
   // Ranks: tp-cp-ep-dp-pp, or tp-cp-ep-pp-dp under --use-tp-pp-dp-mapping (initialize.py:395).
   if (plan.order == "tp-pp-dp") {

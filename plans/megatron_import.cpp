@@ -523,8 +523,14 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
     std::replace(key.begin(), key.end(), '-', '_');
     if (f.has(flag)) p[key] = *f.text(flag);
   }
-  if (f.has("fp8-amax-history-len")) p["fp8_amax_history_len"] = *f.integer("fp8-amax-history-len", 0);
-  if (f.has("fp8-margin")) p["fp8_margin"] = *f.integer("fp8-margin", 0);
+  // The amax history, its algorithm and the margin configure delayed scaling only (Megatron passes
+  // them to Transformer Engine's DelayedScaling alone: transformer_engine.py, get_fp8_recipe).
+  if (f.has("fp8-recipe") && *f.text("fp8-recipe") == "tensorwise") {
+    p.erase("fp8_amax_compute_algo");
+  } else {
+    if (f.has("fp8-amax-history-len")) p["fp8_amax_history_len"] = *f.integer("fp8-amax-history-len", 0);
+    if (f.has("fp8-margin")) p["fp8_margin"] = *f.integer("fp8-margin", 0);
+  }
   // Megatron turns sequence parallelism off without tensor parallelism (arguments.py:1433-1439).
   if (f.on("sequence-parallel") && tp > 1) p["sequence_parallel"] = true;
   if (f.on("use-tp-pp-dp-mapping")) p["order"] = "tp-pp-dp";  // training/initialize.py:395

@@ -65,10 +65,16 @@ const char* to_string(OpName name) {
     case OpName::cp_merge: return "cp_merge";
     case OpName::cp_score: return "cp_score";
     case OpName::cp_value: return "cp_value";
+    case OpName::cp_a2a_split_heads: return "cp_a2a_split_heads";
+    case OpName::cp_a2a_join_seq: return "cp_a2a_join_seq";
+    case OpName::cp_a2a_split_seq: return "cp_a2a_split_seq";
+    case OpName::cp_a2a_join_heads: return "cp_a2a_join_heads";
+    case OpName::cp_a2a: return "cp_a2a";
     case OpName::fp8_cast: return "fp8_cast";
     case OpName::fp8_weights: return "fp8_weights";
     case OpName::fp8_amax: return "fp8_amax";
     case OpName::fp8_scale_update: return "fp8_scale_update";
+    case OpName::fp8_absmax: return "fp8_absmax";
     case OpName::router: return "router";
     case OpName::expert_gate: return "expert_gate";
     case OpName::expert_up: return "expert_up";
@@ -317,6 +323,11 @@ std::vector<OpSignature> make_table() {
        {act("ctx_part"), stats("lse_part"), act("ctx"), stats("lse")}, {act("ctx"), stats("lse")}},
       {OpKind::activation, {N::cp_merge}, Grad::none, Pass::backward, {act("d_kv_part"), act("d_kv")}, {act("d_kv")}},
       {OpKind::activation, {N::cp_dkv}, Grad::none, Pass::backward, {act("d_kv"), act("d_qkv")}, {act("d_qkv")}},
+      // a2a (Ulysses): [s, b, W] ⇄ [cp][s, b, W/cp] (heads split, or joined back) and
+      // [cp][s, b, W/cp] ⇄ [s_full, b, W/cp] (the members' token blocks in sequence order); W is a
+      // qkv width (its q, k and v heads each split) or a ctx width.
+      {OpKind::activation, {N::cp_a2a_split_heads, N::cp_a2a_join_seq, N::cp_a2a_split_seq, N::cp_a2a_join_heads},
+       Grad::none, Pass::any, {act("x")}, {act("y", D::same_as_first)}},
       // Materialized attention over the gathered K/V [s_full, b, 2·kv·d] (n = s_full key rows):
       // scores of the local queries; values; their backward writes dQ into d_qkv and dK/dV into
       // d_kv (value first, zeroing it; score adds dK).
@@ -331,11 +342,15 @@ std::vector<OpSignature> make_table() {
        {act("d_scores", D::floating, S::batch_m_n), act("qkv"), act("kv"), act("d_kv")},
        {act("d_qkv", D::same_as_first), act("d_kv", D::same_as_first)}},
       // ---- FP8 (delayed scaling): scale[slot] and amax[slot] of the program's FP8 slots ----
+      // (Current scaling: the casts write the scales they take from the amax.)
       {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
-       {act("x"), stats("scale"), stats("amax")}, {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax")}},
+       {act("x"), stats("scale"), stats("amax")},
+       {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
       {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::forward,
-       {weights(), stats("scale"), stats("amax")}, {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax")}},
-      {OpKind::all_reduce, {N::fp8_amax}, Grad::none, Pass::optimizer, {stats("amax")}, {stats("amax"), scratch()}},
+       {weights(), stats("scale"), stats("amax")},
+       {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
+      {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax")}, {stats("amax")}},
+      {OpKind::all_reduce, {N::fp8_amax}, Grad::none, Pass::any, {stats("amax")}, {stats("amax"), scratch()}},
       {OpKind::optimizer_step, {N::fp8_scale_update}, Grad::none, Pass::optimizer,
        {stats("amax"), stats("history"), stats("scale")}, {stats("history"), stats("scale"), stats("amax")}},
       // ---- loss: per-token (max, sum of exp, target logit) statistics over the vocabulary ----
@@ -365,6 +380,7 @@ std::vector<OpSignature> make_table() {
                                       N::sp_d_mlp, N::sp_final_norm, N::tp_cross_entropy, N::cp_kv, N::pp_gather},
                  "x", "y"),
       collective(OpKind::reduce_scatter, {N::cp_dkv}, "x", "y"),
+      collective(OpKind::all_to_all, {N::cp_a2a}, "x", "y"),
       // MoE dispatch and combine (and their backward): an all_to_all over ep with the alltoall
       // dispatcher, all_gather / reduce_scatter over ep with allgather, and over etp.
       collective(OpKind::all_to_all, moe_comm, "x", "y"),

@@ -53,6 +53,7 @@ const char* to_string(Fp8Format format) {
 }
 
 const char* to_string(Fp8AmaxAlgo algo) { return algo == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
+const char* to_string(Fp8Scaling scaling) { return scaling == Fp8Scaling::current ? "tensorwise" : "delayed"; }
 
 namespace {
 
@@ -80,9 +81,19 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
     }
   }
   std::string recipe = reader.get_enum_or("fp8_recipe", kFp8Recipes, "delayed");
-  if (recipe != "delayed") {
-    reader.fail("fp8_recipe", "\"" + recipe + "\" is not supported yet",
-                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history)");
+  if (recipe != "delayed" && recipe != "tensorwise") {
+    reader.fail("fp8_recipe", "\"" + recipe + "\" (block scaling) is not supported yet",
+                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history) or \"tensorwise\" "
+                "(current scaling: each tensor's scale from its own amax)");
+  }
+  if (recipe == "tensorwise") {
+    r.scaling = Fp8Scaling::current;
+    for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+      if (reader.has(key)) {
+        reader.fail(key, "is a delayed-scaling setting, and fp8_recipe is \"tensorwise\" (current scaling)",
+                    "fp8_recipe \"delayed\" beside it, or no " + std::string(key));
+      }
+    }
   }
   r.amax_history_len = reader.get_int_or("fp8_amax_history_len", 1, 1);
   r.amax_compute_algo =
@@ -274,9 +285,19 @@ void validate_context_parallel(const Plan& plan, const ModelConfig& model) {
                           " equal chunks (causal load balancing: rank i holds chunks i and 2·cp−1−i)",
                       "a cp with seq_length divisible by 2·cp");
   }
-  if (plan.cp_comm_type == CpCommType::a2a) {
-    throw_input_error(f, "cp_comm_type", "a2a", "(DeepSpeed-Ulysses all-to-all) is not supported yet",
-                      "\"p2p\" (Megatron-LM's default) or \"allgather\"");
+  if (plan.cp_comm_type == CpCommType::a2a) {  // Ulysses: each cp rank takes 1/cp of a tp rank's heads
+    for (const auto& [what, heads] : {std::pair<std::string, int64_t>{"num_attention_heads", model.num_attention_heads},
+                                      {"num_key_value_heads", model.num_key_value_heads}}) {
+      if (heads % plan.tp_size == 0 && (heads / plan.tp_size) % plan.cp_size != 0) {
+        throw_input_error(f, "context_parallel_size", cp,
+                          "with cp_comm_type \"a2a\" must divide the " + std::to_string(heads / plan.tp_size) +
+                              " " + what + " of a tensor-parallel rank (" + what + " = " + std::to_string(heads) +
+                              " of " + model.file + " / tp_size " + std::to_string(plan.tp_size) +
+                              "): the all-to-all gives each cp rank 1/cp of them",
+                          "a cp dividing " + std::to_string(heads / plan.tp_size) +
+                              ", or cp_comm_type \"p2p\" or \"allgather\"");
+      }
+    }
   }
   if (plan.cp_comm_type == CpCommType::p2p && plan.attention_impl != AttentionImpl::flash) {
     throw_input_error(f, "attention_impl", to_string(plan.attention_impl),
@@ -497,10 +518,12 @@ Json plan_to_json(const Plan& plan) {
   out["attention_impl"] = to_string(plan.attention_impl);
   if (plan.fp8.enabled()) {  // absent: off (outputs of plans without FP8 keep their bytes)
     out["fp8"] = to_string(plan.fp8.format);
-    out["fp8_recipe"] = "delayed";
-    out["fp8_amax_history_len"] = plan.fp8.amax_history_len;
-    out["fp8_amax_compute_algo"] = to_string(plan.fp8.amax_compute_algo);
-    out["fp8_margin"] = plan.fp8.margin;
+    out["fp8_recipe"] = to_string(plan.fp8.scaling);
+    if (plan.fp8.delayed()) {
+      out["fp8_amax_history_len"] = plan.fp8.amax_history_len;
+      out["fp8_amax_compute_algo"] = to_string(plan.fp8.amax_compute_algo);
+      out["fp8_margin"] = plan.fp8.margin;
+    }
   }
   moe_plan_to_json(plan.moe, out);
   out["dropout"] = plan.dropout;

@@ -21,7 +21,9 @@ enum class RecomputeKind { none, selective, full };
 enum class AttentionImpl { materialized, flash };
 // How context-parallel ranks exchange keys and values (Megatron's --cp-comm-type): p2p, a ring
 // of K/V blocks overlapped with the attention blocks they feed; allgather, K/V gathered before
-// attention and their gradients reduce-scattered after. (a2a, DeepSpeed-Ulysses, is refused.)
+// attention and their gradients reduce-scattered after; a2a (DeepSpeed-Ulysses), q, k and v
+// all-to-all exchanged so that each cp rank holds the whole sequence for 1/cp of the heads, and the
+// attention output back.
 enum class CpCommType { p2p, all_gather, a2a };
 const char* to_string(CpCommType kind);
 const char* to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved_1f1b"

@@ -52,6 +52,7 @@ const char* to_string(Algorithm algorithm) {
     case Algorithm::ring: return "ring";
     case Algorithm::tree: return "tree";
     case Algorithm::hierarchical: return "hierarchical";
+    case Algorithm::pairwise: return "pairwise";
   }
   return "?";
 }

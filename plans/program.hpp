@@ -28,7 +28,9 @@ enum class OpKind {
 };
 enum class Stream { compute, comm, p2p };
 enum class Phase { forward, backward, recompute, optimizer };
-enum class Algorithm { none, ring, tree, hierarchical };
+// pairwise: all_to_all's exchange, every member sending each other member its chunk, all posted
+// at once (NCCL's grouped send/recv).
+enum class Algorithm { none, ring, tree, hierarchical, pairwise };
 // Point-to-point peers: the next/previous pipeline stage (wrapping), or the next/previous rank of
 // the context-parallel ring (rank_grid.hpp).
 enum class Peer { none, pp_next, pp_prev, cp_next, cp_prev };
@@ -52,11 +54,16 @@ enum class OpName {
   // around the cp ring or gathered (cp_kv), partial attention outputs merged (cp_merge)
   cp_kv_pack, cp_kv, cp_dkv, cp_merge,
   cp_score, cp_value,  // materialized attention over the gathered K/V
+  // a2a (DeepSpeed-Ulysses): qkv and d_ctx re-laid from [this rank's tokens, all local heads] to
+  // [the whole sequence, 1/cp of the heads] (split_heads, the all_to_all cp_a2a, join_seq), ctx and
+  // d_qkv back (split_seq, cp_a2a, join_heads)
+  cp_a2a_split_heads, cp_a2a_join_seq, cp_a2a_split_seq, cp_a2a_join_heads, cp_a2a,
   // FP8 (Transformer Engine's delayed scaling): an activation or gradient cast to FP8 with its
   // slot's scale (fp8_cast), a layer's linear weights cast once per step (fp8_weights), the
   // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
-  // from the amax history (fp8_scale_update)
-  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update,
+  // from the amax history (fp8_scale_update); current scaling: a tensor's amax taken before its
+  // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot)
+  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss; the

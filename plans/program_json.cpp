@@ -235,6 +235,8 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   if (program.fp8.enabled()) {  // absent: no FP8
     s += ",\"fp8\":{\"format\":";
     put_string(s, to_string(program.fp8.format));
+    put_key(s, "recipe");
+    put_string(s, to_string(program.fp8.scaling));
     put_key(s, "amax_history_len");
     put_number(s, double(program.fp8.amax_history_len));
     put_key(s, "amax_compute_algo");
@@ -474,11 +476,15 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       const Json& f = j.at("fp8");
       std::string format = f.at("format").get<std::string>();
       std::string algo = f.at("amax_compute_algo").get<std::string>();
-      if ((format != "e4m3" && format != "hybrid") || (algo != "most_recent" && algo != "max")) {
+      std::string recipe = f.at("recipe").get<std::string>();
+      if ((format != "e4m3" && format != "hybrid") || (algo != "most_recent" && algo != "max") ||
+          (recipe != "delayed" && recipe != "tensorwise")) {
         throw InputError(path + ": key 'fp8' = " + printable_excerpt(f.dump()) +
-                         ": valid: format e4m3 or hybrid, amax_compute_algo most_recent or max");
+                         ": valid: format e4m3 or hybrid, recipe delayed or tensorwise, amax_compute_algo "
+                         "most_recent or max");
       }
       p.fp8.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
+      p.fp8.scaling = recipe == "tensorwise" ? Fp8Scaling::current : Fp8Scaling::delayed;
       p.fp8.amax_compute_algo = algo == "max" ? Fp8AmaxAlgo::max : Fp8AmaxAlgo::most_recent;
       p.fp8.amax_history_len = integer(f.at("amax_history_len"), "fp8.amax_history_len", 1, 1 << 20);
       p.fp8.margin = integer(f.at("margin"), "fp8.margin", 0, 1000);
@@ -544,7 +550,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           op.flops = jo.value("flops", 0.0);
           if (is_collective(op.kind)) {
             op.group = parse_group(jo.at("group"), path);
-            op.algorithm = parse_enum(jo.at("algorithm"), Algorithm::hierarchical, path, "algorithm");
+            op.algorithm = parse_enum(jo.at("algorithm"), Algorithm::pairwise, path, "algorithm");
           }
           if (is_p2p(op.kind)) {
             op.peer = parse_enum(jo.at("peer"), Peer::cp_prev, path, "peer");

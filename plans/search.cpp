@@ -68,6 +68,9 @@ std::string plan_name(const Plan& plan) {
   std::ostringstream out;
   out << "tp" << plan.tp_size;
   if (plan.cp_size > 1) out << "-cp" << plan.cp_size;
+  if (plan.cp_size > 1 && plan.cp_comm_type != CpCommType::p2p) {
+    out << (plan.cp_comm_type == CpCommType::a2a ? "-a2a" : "-ag");
+  }
   out << "-pp" << plan.pp_size << "-dp" << plan.dp_size << "-z"
       << plan.zero_stage << "-mbs" << plan.micro_batch_size << "-";
   if (plan.schedule == ScheduleKind::interleaved_1f1b) out << "vpp" << plan.virtual_pp_size;
@@ -77,6 +80,7 @@ std::string plan_name(const Plan& plan) {
   if (plan.attention_impl == AttentionImpl::flash) out << "-flash";
   if (plan.num_distributed_optimizer_instances > 1) out << "-shard" << plan.dp_shard_size();
   if (plan.fp8.enabled()) out << "-fp8" << (plan.fp8.format == Fp8Format::hybrid ? "h" : "");
+  if (plan.fp8.enabled() && !plan.fp8.delayed()) out << "-tw";
   return out.str();
 }
 
@@ -132,11 +136,14 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
             for (RecomputeKind recompute :
                  {RecomputeKind::none, RecomputeKind::selective, RecomputeKind::full}) {
               for (bool sp : {false, true}) {
-                if (sp && tp == 1) continue;
+               if (sp && tp == 1) continue;
+               for (CpCommType comm : space.cp_comm_types) {
+                if (comm != space.cp_comm_types.front() && cp == 1) continue;  // (no exchange to choose)
                 Candidate c;
                 Plan& p = c.plan;
                 p.tp_size = tp;
                 p.cp_size = cp;
+                p.cp_comm_type = comm;
                 p.pp_size = pp;
                 p.dp_size = dp;
                 p.zero_stage = zero;
@@ -165,6 +172,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 }
                 if (c.kept() && space.megatron_runnable_only) prune_unless_megatron_runnable(c, model);
                 out.push_back(std::move(c));
+               }
               }
             }
           }

@@ -39,9 +39,11 @@ struct SearchSpace {
   bool include_gpipe = false;
   AttentionImpl attention_impl = AttentionImpl::materialized;
   Fp8Recipe fp8;  // every candidate's (plan --fp8): off, or e4m3 / hybrid with Megatron's defaults
-  // Context-parallel sizes tried (p2p ring); empty: 1 and, with flash attention, the powers of two
+  // Context-parallel sizes tried (each with cp_comm_types); empty: 1 and, with flash attention, the powers of two
   // up to 32 that leave each cp rank at least 8,192 tokens (sequences of 16,384 and more).
   std::vector<int64_t> context_parallel_sizes;
+  // How cp > 1 candidates exchange K/V (the first is the one cp 1 plans carry): Megatron's three.
+  std::vector<CpCommType> cp_comm_types = {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a};
   double dropout = 0.1;
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity
   // Prune what Megatron-LM cannot run as simulated (megatron_arguments' runnable is false).

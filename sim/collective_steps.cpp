@@ -49,6 +49,15 @@ std::vector<CollectiveStep> collective_steps(OpKind kind, Algorithm algorithm, d
   switch (algorithm) {
     case Algorithm::none:
       return out;
+    case Algorithm::pairwise: {  // one step: a chunk to and from every other member, all at once
+      CollectiveStep step;
+      for (int64_t k = 1; k < n; ++k) {
+        step.sends.push_back({(member + k) % n, bytes / double(n)});
+        step.recvs.push_back({(member + n - k) % n, bytes / double(n)});
+      }
+      out.push_back(step);
+      return out;
+    }
     case Algorithm::ring:
       append_ring_phase(out, everyone, member, ring_steps(kind, n), bytes / double(n), phase_flows);
       return out;

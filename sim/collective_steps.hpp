@@ -1,5 +1,5 @@
 // How one member of a collective moves data, step by step: the sends and receives of each step
-// for ring, binomial tree and hierarchical algorithms. Pure functions (no SimGrid): the simulator
+// for ring, binomial tree, hierarchical and pairwise (all_to_all) algorithms. Pure functions (no SimGrid): the simulator
 // turns each step into flows; `phase_flows` (fast mode) folds each ring phase into one flow per
 // neighbour carrying the phase's bytes, plus the phase's remaining latency as a delay — the same
 // time as step by step on a network without contention (CM02, no cross traffic).

@@ -327,6 +327,24 @@ class CudaBackend final : public Backend<T, G, float> {
     end_comm(comm_);
     count_algorithm("all_gather");
   }
+  // Every pair at once, as NCCL's own all_to_all: grouped sends and receives, block by member.
+  void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
+    ncclComm_t comm = nccl_.communicator(group);
+    const int64_t n = comms_.size(group), e = dtype_bytes(dtype), block = send.count / std::max<int64_t>(1, n);
+    const char* from = static_cast<const char*>(send.data);
+    char* to = static_cast<char*>(recv.data);
+    begin_comm(comm_);
+    check_nccl(ncclGroupStart(), "ncclGroupStart", rank_, current_);
+    for (int64_t peer = 0; peer < n && block > 0; ++peer) {
+      check_nccl(ncclSend(from + peer * block * e, size_t(block), nccl_type(dtype), int(peer), comm, comm_), "ncclSend",
+                 rank_, current_);
+      check_nccl(ncclRecv(to + peer * block * e, size_t(block), nccl_type(dtype), int(peer), comm, comm_), "ncclRecv",
+                 rank_, current_);
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank_, current_);
+    end_comm(comm_);
+    count_algorithm("all_to_all");
+  }
   int group_size(GroupKind group) const override { return comms_.size(group); }
   int group_index(GroupKind group) const override { return comms_.index(group); }
 

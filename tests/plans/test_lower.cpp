@@ -357,61 +357,6 @@ TEST_CASE("hybrid sharding: reduce_scatter in the shard group, then the shards a
   }
 }
 
-TEST_CASE("context parallelism: the ring and the gathered kind move K/V in closed form", "[lower]") {
-  // Per layer and microbatch, a rank holds s = seq/cp tokens and K/V of 2·kv_heads/tp·d per token.
-  // p2p: forward cp−1 K/V blocks to cp_next; backward cp−1 blocks again and cp dK/dV
-  // accumulators. all_gather: forward one gather of the sequence's K/V; backward a gather and a
-  // reduce_scatter of as much. Flash blocks: cp per pass on the ring, one over all rows gathered.
-  ModelConfig model = load_model(source_path("models/tiny.json"));
-  Topology topology = test_topology();
-  for (int cp : {2, 4}) {
-    for (const char* comm : {"p2p", "allgather"}) {
-      INFO("cp " << cp << " " << comm);
-      Json j = {{"tp_size", 2}, {"context_parallel_size", cp}, {"cp_comm_type", comm}, {"micro_batch_size", 2},
-                {"global_batch_size", 4}, {"dtype", "fp32"}, {"attention_impl", "flash"}, {"sequence_parallel", true}};
-      Plan plan = make_plan(j, model, topology);
-      StepProgram p = lower_program(model, topology, plan);
-      REQUIRE(check_program(p).empty());
-      CHECK(p.cp_size == cp);
-      const int64_t s = model.seq_length / cp, b = 2;
-      const double kv_block = double(s) * b * 2 * (model.num_key_value_heads / 2) * model.head_dim() * 4;
-      const double passes = double(model.num_hidden_layers) * plan.num_microbatches();
-      double sent = 0, gathered = 0, scattered = 0;
-      int64_t flash_forward = 0, flash_backward = 0;
-      for (const Op& op : p.roles[0].ops) {
-        if (op.kind == OpKind::send) {
-          CHECK(op.peer == Peer::cp_next);
-          CHECK(op.bytes == kv_block);
-          sent += op.bytes;
-        }
-        if (op.kind == OpKind::recv) CHECK(op.peer == Peer::cp_prev);
-        if (op.name == OpName::cp_kv) {
-          CHECK(op.group == GroupKind::cp);
-          gathered += op.bytes;
-        }
-        if (op.name == OpName::cp_dkv && op.kind == OpKind::reduce_scatter) scattered += op.bytes;
-        if (op.name == OpName::flash) {
-          (op.phase == Phase::backward ? flash_backward : flash_forward) += 1;
-          CHECK(op.m == s);
-          CHECK(op.n == (std::string(comm) == "p2p" ? s : model.seq_length));
-        }
-        if (op.name == OpName::grad_bucket) CHECK(op.group == GroupKind::dp_cp);
-      }
-      if (std::string(comm) == "p2p") {
-        CHECK(sent == Approx(passes * (3 * cp - 2) * kv_block).epsilon(1e-12));
-        CHECK(gathered == 0);
-        CHECK(flash_forward == int64_t(passes) * cp);
-        CHECK(flash_backward == int64_t(passes) * cp);
-      } else {
-        CHECK(sent == 0);
-        CHECK(gathered == Approx(passes * 2 * cp * kv_block).epsilon(1e-12));
-        CHECK(scattered == Approx(passes * cp * kv_block).epsilon(1e-12));
-        CHECK(flash_forward == int64_t(passes));
-      }
-    }
-  }
-}
-
 // ---- the checker must catch broken programs ----
 
 namespace {
@@ -434,67 +379,6 @@ Op* find_op(StepProgram& p, int role, OpKind kind, int nth = 0) {
 }
 
 }  // namespace
-
-TEST_CASE("FP8: linear layers read FP8 copies and keep their FP8 inputs, in closed form", "[lower][fp8]") {
-  ModelConfig model = load_model(source_path("models/tiny.json"));
-  Topology topology = test_topology();
-  for (const char* attention : {"materialized", "flash"}) {
-    Json base = {{"dp_size", 1}, {"micro_batch_size", 2}, {"global_batch_size", 2}, {"dtype", "fp32"},
-                 {"attention_impl", attention}, {"dropout", 0.0}};
-    Json with = base;
-    with["fp8"] = "hybrid";
-    Plan plain = make_plan(base, model, topology), fp8 = make_plan(with, model, topology);
-    StepProgram program = lower_program(model, topology, fp8);
-    REQUIRE(check_program(program).empty());
-    CHECK(program.fp8_slots == model.num_hidden_layers * kFp8SlotsPerLayer);
-    int64_t gemms = 0, fp8_gemms = 0, casts = 0, weight_casts = 0;
-    for (const Op& op : program.roles[0].ops) {
-      if (op.kind == OpKind::gemm && op.name != OpName::logits) {
-        ++gemms;
-        fp8_gemms += op.fp8_slots[0] >= 0;
-      }
-      if (op.name == OpName::logits) CHECK(op.fp8_slots[0] == -1);  // the output layer stays in the plan's dtype
-      casts += op.name == OpName::fp8_cast;
-      weight_casts += op.name == OpName::fp8_weights;
-    }
-    CHECK(fp8_gemms == gemms);
-    // One weight cast per layer a step; per layer and microbatch 4 forward casts (ln1, ctx, ln2,
-    // act) and 5 gradient casts (qkv, attn_out, mlp_gate, mlp_up, mlp_down).
-    CHECK(weight_casts == model.num_hidden_layers);
-    CHECK(casts == model.num_hidden_layers * (model.mlp == MlpKind::swiglu ? 9 : 8));
-    // What a layer keeps: ln1, ln2 and act in FP8 (one byte) instead of fp32, and ctx's FP8 copy
-    // beside it (flash reads ctx again; materialized attention does not keep it then).
-    const double s = double(model.seq_length), b = 2, h = double(model.hidden_size), f = double(model.intermediate_size);
-    double expected = -(2 * s * b * h + s * b * f) * 3 + s * b * h;
-    if (std::string(attention) == "materialized") expected -= 4 * s * b * h;
-    CHECK(layer_activation_bytes(model, fp8) - layer_activation_bytes(model, plain) == Approx(expected));
-  }
-}
-
-TEST_CASE("FP8 needs a device with an FP8 peak: the simulator's cost model names the key", "[lower][fp8]") {
-  Topology a100 = load_topology(source_path("topologies/dgx-a100-80gb.json"));
-  Topology h100 = load_topology(source_path("topologies/dgx-h100.json"));
-  ComputeCostModel bf16(h100.node.device, Dtype::bf16, roofline_profile(h100), h100.file);
-  bf16.use_fp8(h100.node.device, h100.file);
-  Op gemm;
-  gemm.kind = OpKind::gemm;
-  gemm.name = OpName::qkv;
-  gemm.batch = 1;
-  gemm.m = gemm.n = gemm.k = 8192;
-  gemm.flops = 2.0 * 8192 * 8192 * 8192;
-  double sixteen = bf16.op_time_s(gemm);
-  gemm.fp8_slots = {0, 1};
-  gemm.bytes = 3.0 * 8192 * 8192;  // (the roofline's compute term dominates either way)
-  // H100 SXM: 1978.9 FP8 against 989.4 bf16 TFLOP/s (topologies/dgx-h100.json).
-  CHECK(bf16.op_time_s(gemm) == Approx(sixteen * 989.4 / 1978.9).epsilon(1e-3));
-  ComputeCostModel a(a100.node.device, Dtype::bf16, roofline_profile(a100), a100.file);
-  try {
-    a.use_fp8(a100.node.device, a100.file);
-    FAIL("A100 has no FP8 peak");
-  } catch (const InputError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("node.device.peak_flops_per_s.fp8"));
-  }
-}
 
 TEST_CASE("the checker catches a mismatched tag", "[lower]") {
   StepProgram p = small_pipeline();

@@ -111,7 +111,14 @@ void check_megatron_rules(const MegatronArguments& m, const Plan& plan, const Mo
   // comm kinds (arguments.py:3221).
   if (has("--context-parallel-size")) {
     CHECK(integer(f, "--seq-length") % (2 * integer(f, "--context-parallel-size")) == 0);
-    CHECK((f.at("--cp-comm-type") == "p2p" || f.at("--cp-comm-type") == "allgather"));
+    const std::string kind = f.at("--cp-comm-type");
+    CHECK((kind == "p2p" || kind == "allgather" || kind == "a2a"));
+    if (kind == "a2a") {  // Ulysses splits a tensor-parallel rank's heads over cp (TE's A2A checks)
+      const int64_t tp = has("--tensor-model-parallel-size") ? integer(f, "--tensor-model-parallel-size") : 1;
+      const int64_t cp = integer(f, "--context-parallel-size");
+      CHECK(integer(f, "--num-attention-heads") / tp % cp == 0);
+      if (has("--num-query-groups")) CHECK(integer(f, "--num-query-groups") / tp % cp == 0);
+    }
   }
   // Required arguments (arguments.py:1314-1317).
   for (const char* name : {"--num-layers", "--hidden-size", "--num-attention-heads", "--max-position-embeddings"}) {
@@ -364,7 +371,7 @@ TEST_CASE("Megatron-LM arguments: ZeRO 0-3 and hybrid sharding", "[search][megat
 
 TEST_CASE("Megatron-LM arguments: context parallelism in Megatron's words", "[search][megatron]") {
   ModelConfig m = named_model("llama3-8b");
-  for (CpCommType kind : {CpCommType::p2p, CpCommType::all_gather}) {
+  for (CpCommType kind : {CpCommType::p2p, CpCommType::all_gather, CpCommType::a2a}) {
     Plan p;
     p.tp_size = 2;
     p.cp_size = 4;
@@ -380,7 +387,8 @@ TEST_CASE("Megatron-LM arguments: context parallelism in Megatron's words", "[se
     INFO(Json(args.arguments).dump());
     CHECK(args.runnable);
     CHECK(f.at("--context-parallel-size") == "4");
-    CHECK(f.at("--cp-comm-type") == (kind == CpCommType::p2p ? "p2p" : "allgather"));
+    CHECK(f.at("--cp-comm-type") == to_string(kind));
+    CHECK(std::string(to_string(CpCommType::all_gather)) == "allgather");
     CHECK(plan.name.find("-cp4-") != std::string::npos);
     check_megatron_rules(args, plan, m);
   }

@@ -2,9 +2,11 @@
 // case in its own process (SimGrid keeps one engine per process).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
+#include "collective.hpp"
 #include "collective_steps.hpp"
 #include "pipeline_exchange.hpp"
 #include "profile.hpp"
@@ -164,6 +166,22 @@ TEST_CASE("sim: two all_reduces sharing one NIC take twice as long as one", "[si
   double one = 100e6 / 10e9;  // 2(n−1)/n·S/B with n = 2
   CHECK(t_shared == Approx(2 * one).epsilon(1e-6));
   (void)own;
+}
+
+TEST_CASE("sim: an all_to_all's chunks leave at once, the node's NIC pacing the ones across nodes", "[sim]") {
+  // dp 8 on 2 nodes of 4 devices, one NIC each: a member sends 3/8 of S over NVLink and 4/8 of S
+  // over its quarter of the NIC, concurrently (pairwise, as NCCL's grouped sends); latencies 0.
+  StepProgram p = empty_program(1, 8, 1, 4);
+  const double S = 800e6;
+  push_op(p.roles[0], collective_op(OpKind::all_to_all, GroupKind::dp, Algorithm::pairwise, S, Stream::comm));
+  Topology t = parse_test_topology(star_topology_json(2, 4, 100e9, 0, 1, 10e9, 0));
+  const double expected = std::max(3.0 / 8 * S / 100e9, 4.0 / 8 * S / (10e9 / 4));
+  GroupShape shape{8, 2, 4};
+  CHECK(collective_time_s(OpKind::all_to_all, Algorithm::pairwise, S, shape, link_figures(t)) ==
+        Approx(expected).epsilon(1e-12));
+  SimulateOptions full;
+  full.mode = SimMode::full;
+  CHECK(simulate_program(p, t, roofline_profile(t), full).step_time_s == Approx(expected).epsilon(1e-6));
 }
 
 TEST_CASE("sim: hybrid sharding reduce_scatters inside the node, then all-reduces the shard across nodes",
@@ -360,6 +378,15 @@ TEST_CASE("collective steps move the ring's bytes and the tree's rounds", "[sim_
   auto hier = collective_steps(OpKind::all_reduce, Algorithm::hierarchical, 800, layout, 5, false);
   CHECK(hier.size() == 8);
   CHECK(hier[3].sends[0].peer == 1);  // cross ring partner: local index 1 on node 0
+  // Pairwise (all_to_all): one step, 1/n of the buffer to and from every other member.
+  auto pairwise = collective_steps(OpKind::all_to_all, Algorithm::pairwise, 800, layout, 3, true);
+  REQUIRE(pairwise.size() == 1);
+  REQUIRE(pairwise[0].sends.size() == 7);
+  REQUIRE(pairwise[0].recvs.size() == 7);
+  CHECK(pairwise[0].sends[0].peer == 4);
+  CHECK(pairwise[0].recvs[0].peer == 2);
+  for (const Transfer& t : pairwise[0].sends) CHECK(t.bytes == 100);
+  CHECK(pairwise[0].folded_latency_steps == 0);
 }
 
 namespace {

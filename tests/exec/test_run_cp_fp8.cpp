@@ -1,0 +1,178 @@
+// The CPU executor on context-parallel plans (p2p ring, allgather, a2a) and FP8 plans (delayed and
+// current scaling), through `scripts/mpirun build/stepcast run`: fp64 loss curves against the
+// single rank's, and measured memory against the program's.
+#include "run_fixtures.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), with their memory", "[run]") {
+  // cp 2 and 4 over the p2p ring, the allgather kind and a2a (flash, and materialized scores), with tp
+  // (and SP), pp, dp, ZeRO 1–3, hybrid sharding, recompute and dropout; both tiny models (rotary
+  // and learned positions).
+  const int steps = 6;
+  auto cp_plan = [](int tp, int pp, int dp, int cp, const char* comm, int zero, const char* recompute, bool sp,
+                    bool overlap, bool flash = true) {
+    Json p = plan(tp, pp, dp, zero, "1f1b", recompute, sp, flash, 1, overlap);
+    p["context_parallel_size"] = cp;
+    p["cp_comm_type"] = comm;
+    return p;
+  };
+  struct Case {
+    const char* model;
+    Json plan;
+  };
+  Json hybrid = cp_plan(1, 1, 2, 2, "p2p", 2, "none", false, false);
+  hybrid["num_distributed_optimizer_instances"] = 2;
+  std::vector<Case> cases = {
+      {"tiny", cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false)},
+      {"tiny", cp_plan(1, 1, 1, 2, "allgather", 0, "selective", false, false)},
+      {"tiny", cp_plan(1, 1, 1, 4, "p2p", 0, "full", false, false)},
+      {"tiny", cp_plan(2, 1, 1, 2, "p2p", 0, "selective", true, false)},
+      {"tiny", cp_plan(1, 2, 1, 2, "allgather", 0, "full", false, true)},
+      {"tiny", cp_plan(1, 1, 2, 2, "p2p", 1, "none", false, true)},
+      {"tiny", cp_plan(1, 1, 2, 2, "allgather", 3, "none", false, false)},
+      {"tiny", hybrid},
+      {"tiny-gpt", cp_plan(2, 2, 1, 2, "p2p", 1, "selective", true, true)},
+      // Materialized scores over the gathered K/V.
+      {"tiny", cp_plan(1, 1, 2, 2, "allgather", 2, "selective", false, true, false)},
+      {"tiny-gpt", cp_plan(2, 1, 1, 2, "allgather", 0, "full", true, false, false)},
+      // a2a (Ulysses): the whole sequence for 1/cp of the heads, flash and materialized.
+      {"tiny", cp_plan(1, 1, 1, 2, "a2a", 0, "none", false, false)},
+      {"tiny", cp_plan(1, 1, 2, 2, "a2a", 1, "selective", false, true, false)},
+      {"tiny-gpt", cp_plan(2, 1, 1, 2, "a2a", 0, "full", true, false)},
+      {"tiny-gpt", cp_plan(1, 2, 1, 2, "a2a", 1, "none", false, false, false)},
+  };
+  std::map<std::string, std::vector<double>> reference;
+  for (const char* model : {"tiny", "tiny-gpt"}) {
+    RunResult single = run_plan(model, plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
+    REQUIRE(single.exit_code == 0);
+    reference[model] = losses(single);
+  }
+  double largest = 0;
+  for (const Case& c : cases) {
+    RunResult r = run_plan(c.model, c.plan, steps);
+    INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    double d = max_relative_difference(losses(r), reference[c.model]);
+    std::printf("context parallel %-9s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
+    largest = std::max(largest, d);
+    CHECK(d < 1e-9);
+    check_measured_memory(std::string("cp ") + c.plan.dump(), r, c.plan.at("zero_stage") != 3, 64 * 1024);
+  }
+  std::printf("context parallel: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
+  // Dropout: the masks are drawn at global token positions, so a cp rank draws what one rank does.
+  Json one = plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false);
+  Json ring = cp_plan(1, 1, 1, 2, "p2p", 0, "none", false, false);
+  Json gathered = cp_plan(1, 1, 1, 2, "allgather", 0, "selective", false, false, false);
+  Json ulysses = cp_plan(2, 1, 1, 2, "a2a", 0, "none", false, false, false);  // heads drawn at their global index
+  one["dropout"] = ring["dropout"] = gathered["dropout"] = ulysses["dropout"] = 0.1;
+  RunResult a = run_plan("tiny-gpt", one, 4), b = run_plan("tiny-gpt", ring, 4), c = run_plan("tiny-gpt", gathered, 4),
+            u = run_plan("tiny-gpt", ulysses, 4);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(b.exit_code == 0);
+  REQUIRE(c.exit_code == 0);
+  REQUIRE(u.exit_code == 0);
+  CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
+  CHECK(max_relative_difference(losses(c), losses(a)) < 1e-9);
+  CHECK(max_relative_difference(losses(u), losses(a)) < 1e-9);
+}
+
+TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve without FP8", "[run][fp8]") {
+  // Delayed scaling's amax is maximised over every rank, so every plan rounds to the same FP8
+  // values as one rank does: the curves agree like the plans without FP8. Both formats, both tiny
+  // models (tiny-gpt has column-parallel biases), with tp + SP, pp, dp with ZeRO 1-2, cp, recompute.
+  const int steps = 6;
+  auto fp8 = [](Json p, const char* format) {
+    p["fp8"] = format;
+    p["fp8_amax_history_len"] = 3;
+    p["fp8_amax_compute_algo"] = "max";
+    return p;
+  };
+  struct Case {
+    const char* model;
+    Json plan;
+  };
+  Json cp = plan(1, 1, 1, 0, "1f1b", "none", false, true, 1, false);
+  cp["context_parallel_size"] = 2;
+  std::vector<Case> cases = {
+      {"tiny", fp8(plan(1, 1, 2, 1, "1f1b", "none", false, false, 2, true), "hybrid")},
+      {"tiny", fp8(plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false), "hybrid")},
+      {"tiny", fp8(plan(1, 2, 1, 0, "1f1b", "full", false, false, 1, false), "hybrid")},
+      {"tiny", fp8(cp, "hybrid")},
+      {"tiny-gpt", fp8(plan(2, 1, 1, 0, "1f1b", "full", false, false, 2, false), "e4m3")},
+      {"tiny-gpt", fp8(plan(1, 1, 2, 2, "1f1b", "none", false, true, 1, true), "e4m3")},
+  };
+  std::map<std::string, std::vector<double>> reference;
+  for (const Case& c : cases) {
+    std::string key = std::string(c.model) + c.plan.at("fp8").get<std::string>();
+    if (reference.count(key)) continue;
+    Json one = fp8(plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), c.plan.at("fp8").get<std::string>().c_str());
+    RunResult single = run_plan(c.model, one, steps);
+    INFO(single.output);
+    REQUIRE(single.exit_code == 0);
+    reference[key] = losses(single);
+    RunResult plain = run_plan(c.model, plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
+    REQUIRE(plain.exit_code == 0);
+    double d = max_relative_difference(reference[key], losses(plain));
+    std::printf("fp8 %-8s %-6s against no FP8: max relative loss difference %.3g\n", c.model,
+                c.plan.at("fp8").get<std::string>().c_str(), d);
+    CHECK(d > 0);     // the rounding is there
+    CHECK(d < 0.01);  // and small: Transformer Engine's recipe keeps FP8 training on the curve
+  }
+  for (const Case& c : cases) {
+    RunResult r = run_plan(c.model, c.plan, steps);
+    INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    double d = max_relative_difference(losses(r), reference[std::string(c.model) + c.plan.at("fp8").get<std::string>()]);
+    std::printf("fp8 %-8s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
+    CHECK(d < 1e-9);
+    check_measured_memory(std::string("fp8 ") + c.plan.dump(), r, true, 64 * 1024);
+  }
+}
+
+TEST_CASE("run: FP8 current scaling: exact across dp and pp, near across tp and cp", "[run][fp8]") {
+  // Each tensor's scale from its own amax (tensorwise): a data- or pipeline-parallel rank casts the
+  // microbatches and layers one rank casts, with the same amax, so their curves are the single
+  // rank's. Tensor- and context-parallel ranks cast shards (weights, row-parallel inputs, a cp
+  // rank's tokens) with the shard's own amax, as Transformer Engine does: near, not equal.
+  const int steps = 6;
+  auto current = [](Json p) {
+    p["fp8"] = "hybrid";
+    p["fp8_recipe"] = "tensorwise";
+    return p;
+  };
+  Json one = current(plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false));
+  RunResult single = run_plan("tiny", one, steps);
+  INFO(single.output);
+  REQUIRE(single.exit_code == 0);
+  RunResult plain = run_plan("tiny", plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
+  REQUIRE(plain.exit_code == 0);
+  const double off_fp8 = max_relative_difference(losses(single), losses(plain));
+  std::printf("fp8 tensorwise against no FP8: max relative loss difference %.3g\n", off_fp8);
+  CHECK(off_fp8 > 0);
+  CHECK(off_fp8 < 0.01);
+  // (The same micro batch size as the reference: a microbatch is what an amax is taken over.)
+  for (const Json& p : {current(plan(1, 1, 2, 1, "1f1b", "none", false, false, 2, true)),
+                        current(plan(1, 2, 1, 0, "1f1b", "full", false, false, 2, false))}) {
+    RunResult r = run_plan("tiny", p, steps);
+    INFO(p.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const double d = max_relative_difference(losses(r), losses(single));
+    std::printf("fp8 tensorwise %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
+    CHECK(d < 1e-9);
+    check_measured_memory(std::string("fp8 tensorwise ") + p.dump(), r, true, 64 * 1024);
+  }
+  Json cp = plan(1, 1, 1, 0, "1f1b", "none", false, true, 1, false);
+  cp["context_parallel_size"] = 2;
+  for (const Json& p : {current(plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false)), current(cp)}) {
+    RunResult r = run_plan("tiny", p, steps);
+    INFO(p.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const double d = max_relative_difference(losses(r), losses(single));
+    std::printf("fp8 tensorwise %s: max relative loss difference %.3g (shards scaled on their own)\n",
+                p.dump().c_str(), d);
+    CHECK(d < off_fp8);  // nearer the single rank's FP8 curve than that is to the curve without FP8
+  }
+}
+
