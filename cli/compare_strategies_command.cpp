@@ -94,6 +94,7 @@ int run_compare_strategies(int argc, char** argv) {
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model_option(*vm);
+  refuse_moe_search(model, "compare-strategies");
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   // The CP row at any sequence length (the plain search tries cp from 16k tokens on).

@@ -158,6 +158,7 @@ int run_plan(int argc, char** argv) {
     throw InputError("command line: the option '--model' is required but missing (or --from-megatron ARGS|FILE) (see --help)");
   }
   ModelConfig model = imported ? imported->model : load_model_option(*vm);
+  refuse_moe_search(model, "plan");
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   if (imported) {  // the launch line's batch, attention and dropout, unless given here

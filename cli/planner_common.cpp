@@ -48,6 +48,15 @@ void check_cluster_memory(const ModelConfig& model, const Topology& topology) {
   }
 }
 
+void refuse_moe_search(const ModelConfig& model, const std::string& command) {
+  if (!model.is_moe()) return;
+  throw_input_error(model.file, "num_local_experts", std::to_string(model.num_experts),
+                    "a mixture of experts: `stepcast " + command +
+                        "` does not search expert layouts (expert_model_parallel_size, "
+                        "expert_tensor_parallel_size, the dispatcher) yet",
+                    "a plan with the expert keys for `stepcast memory` and `stepcast simulate`, or a dense model");
+}
+
 void refuse_no_valid_plan(const std::vector<Candidate>& candidates, const ModelConfig& model,
                           const Topology& topology, const SearchSpace& space) {
   auto counts = pruned_counts(candidates);

@@ -39,6 +39,9 @@ std::string sim_mode_from(const boost::program_options::variables_map& vm);  // 
 // Throws InputError when the model's 16 bytes per parameter exceed the whole cluster's memory,
 // naming the nodes that would hold it.
 void check_cluster_memory(const ModelConfig& model, const Topology& topology);
+// The planner's search does not enumerate expert layouts yet: a MoE model is refused by name,
+// pointing at `memory` and `simulate` with a plan of its expert keys.
+void refuse_moe_search(const ModelConfig& model, const std::string& command);
 
 // Throws InputError when no candidate passed validation: the counts per reason and, when the
 // batch size is the reason, the nearest batch sizes below and above that some plan accepts

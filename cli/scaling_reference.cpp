@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <numeric>
 #include <exception>
 #include <iostream>
 #include <sstream>
@@ -28,6 +29,12 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
     plan_json["num_distributed_optimizer_instances"] = 1;  // one replica: nothing to shard it across
     plan_json["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
     plan_json["name"] = in.plan.name + "-dp1";
+    if (in.model.is_moe()) {  // experts over the tp·cp ranks left: the largest ep and etp that still fit
+      const int64_t stage = in.plan.tp_size * in.plan.cp_size;
+      const int64_t etp = std::gcd(in.plan.moe.etp_size, stage);
+      plan_json["expert_tensor_parallel_size"] = etp;
+      plan_json["expert_model_parallel_size"] = std::gcd(in.plan.moe.ep_size, stage / etp);
+    }
     Plan plan = parse_plan(plan_json, in.plan.file + " (the dp_size = 1 reference)");
     validate_plan(plan, in.model, in.topology);
     StepProgram program = lower_program(in.model, in.topology, plan);

@@ -202,6 +202,14 @@ int run_simulate(int argc, char** argv) {
                    {{"collectives", sim.corrected_collectives},
                     {"factor_min", sim.correction_min},
                     {"factor_max", sim.correction_max}}}};
+  if (program.moe.num_experts > 0) {
+    result.extra["moe"] = {{"routing_draws", sim.moe_draws},
+                           {"routing_seed", program.moe.routing_seed},
+                           {"load_ratio_mean", sim.moe_load_ratio_mean},
+                           {"load_ratio_max", sim.moe_load_ratio_max},
+                           {"routed_tokens", sim.moe_routed_tokens},
+                           {"dropped_tokens", sim.moe_dropped_tokens}};
+  }
   if (!(*vm)["no-scaling"].as<bool>()) {
     if (in.plan.dp_size == 1) {
       result.scaling_efficiency = 1.0;
@@ -222,6 +230,16 @@ int run_simulate(int argc, char** argv) {
     std::cout << ", variability " << result.breakdown.variability_s << " (seed " << sim_options.seed << ")";
   }
   std::cout << "\n";
+  if (program.moe.num_experts > 0) {
+    std::cout << "experts: " << sim.moe_draws << " routing draws (seed " << program.moe.routing_seed
+              << "), the most loaded ep rank takes " << sim.moe_load_ratio_mean << "× the mean on average (at most "
+              << sim.moe_load_ratio_max << "×)";
+    if (program.moe.expert_capacity_rows > 0) {
+      std::cout << ", " << sim.moe_dropped_tokens << " of " << sim.moe_routed_tokens
+                << " routed token copies dropped over capacity";
+    }
+    std::cout << "\n";
+  }
   if (sim.corrected_collectives > 0) {
     std::cout << "measured collective tables corrected " << sim.corrected_collectives
               << " collectives (factor " << sim.correction_min << " to " << sim.correction_max << ")\n";

@@ -24,6 +24,14 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.cp_size = plan.cp_size;
   program.dp_shard_size = plan.dp_shard_size();
   program.pp_size = plan.pp_size;
+  if (model.is_moe()) {
+    program.ep_size = plan.moe.ep_size;
+    program.etp_size = plan.moe.etp_size;
+    program.moe = ProgramMoe{model.num_experts, plan.moe.top_k, plan.moe.capacity_factor,
+                             routing_shares(plan.moe, model.num_experts), plan.moe.seed,
+                             ctx.moe.tokens * ctx.moe.top_k * ctx.moe.ep * ctx.moe.etp,
+                             ctx.moe.capacity * ctx.moe.ep * ctx.moe.etp};
+  }
   program.order = plan.order;
   program.devices_per_node = topology.node.devices_per_node;
   program.num_microbatches = plan.num_microbatches();

@@ -11,10 +11,54 @@
 
 namespace stepcast {
 
+namespace {
+
+// The expert shapes of moe.hpp's MoeShape; dropless buffers hold the worst load the routing draws
+// of this step put on one rank (every microbatch, every MoE layer, every ep rank).
+LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t tokens) {
+  LowerContext::MoeShape x;
+  x.tokens = tokens;
+  x.top_k = p.moe.top_k;
+  x.experts = m.num_experts;
+  x.ep = p.moe.ep_size;
+  x.etp = std::max<int64_t>(1, p.moe.etp_size);
+  x.experts_local = x.experts / x.ep;
+  x.width_local = m.moe_intermediate_size / x.etp;
+  x.shared_local = m.n_shared_experts * m.moe_intermediate_size / p.tp_size;
+  const int64_t routed = tokens * x.top_k * x.ep * x.etp;  // N: token-copies of an expert block
+  x.rows_per_expert = (routed + x.experts - 1) / x.experts;
+  if (!p.moe.dropless()) {
+    x.capacity = expert_capacity(tokens * x.top_k, x.experts, p.moe.capacity_factor);
+    x.send_rows = x.experts * x.capacity;
+    x.expert_rows = x.experts_local * x.capacity * x.ep * x.etp;
+    x.rows_per_expert = x.capacity * x.ep * x.etp;
+  } else {
+    x.send_rows = tokens * x.top_k;
+    const std::vector<double> shares = routing_shares(p.moe, x.experts);
+    for (int64_t mb = 0; mb < p.num_microbatches(); ++mb) {
+      for (int64_t l = m.first_k_dense_replace; l < m.num_hidden_layers; ++l) {
+        std::vector<int64_t> counts = draw_routing(shares, routed, p.moe.seed, mb, l);
+        for (int64_t r = 0; r < x.ep; ++r) {
+          int64_t load = 0;
+          for (int64_t e = r * x.experts_local; e < (r + 1) * x.experts_local; ++e) load += counts[size_t(e)];
+          x.expert_rows = std::max(x.expert_rows, load);
+        }
+      }
+    }
+  }
+  x.recv_rows = (x.expert_rows + x.etp - 1) / x.etp;
+  x.expert_rows = x.recv_rows * x.etp;
+  return x;
+}
+
+}  // namespace
+
 LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Plan& p)
     : model(m), topology(topo), plan(p),
-      grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size(), p.cp_size),
-      links(link_figures(topo)), shards(p.zero_stage, p.dp_cp_size(), p.dp_shard_size()) {
+      grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size(), p.cp_size, p.moe.ep_size,
+           m.is_moe() ? std::max<int64_t>(1, p.moe.etp_size) : 1),
+      links(link_figures(topo)), shards(p.zero_stage, p.dp_cp_size(), p.dp_shard_size()),
+      expert_shards(p.zero_stage, grid.edp_size(), grid.edp_size()) {
   cp = p.cp_size;
   s_full = m.seq_length;
   s = m.seq_length / cp;
@@ -38,6 +82,7 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   fp8_forward = Dtype::fp8_e4m3;
   fp8_backward = p.fp8.format == Fp8Format::hybrid ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
+  if (m.is_moe()) moe = moe_shape(m, p, s_local * b);
 }
 
 LowerContext LowerContext::ulysses_view() const {
@@ -74,6 +119,28 @@ int64_t LowerContext::layer_params_local() const {
 int64_t LowerContext::layer_sp_replicated() const {
   int64_t row_bias = model.use_bias ? 2 * h : 0;  // attn_out and mlp_down biases
   return 2 * norm_params() + row_bias;
+}
+
+int64_t LowerContext::layer_params_local(int64_t layer) const {
+  if (!model.is_moe_layer(layer)) return layer_params_local();
+  int64_t gated = model.mlp == MlpKind::swiglu ? 2 : 1;
+  int64_t attention = h * qkv_width + heads_local * d * h + (model.use_bias ? qkv_width : 0);
+  int64_t shared = (gated + 1) * h * moe.shared_local + (model.use_bias ? gated * moe.shared_local : 0);
+  return attention + shared + layer_sp_replicated(layer);
+}
+
+int64_t LowerContext::layer_sp_replicated(int64_t layer) const {
+  if (!model.is_moe_layer(layer)) return layer_sp_replicated();
+  const bool shared = moe.shared_local > 0;
+  int64_t row_bias = model.use_bias ? (shared ? 2 : 1) * h : 0;  // attn_out (and shared mlp_down) biases
+  int64_t router = moe.experts * h + (model.use_bias ? moe.experts : 0);  // replicated over tp
+  return 2 * norm_params() + row_bias + router;
+}
+
+int64_t LowerContext::expert_params_local() const {
+  int64_t gated = model.mlp == MlpKind::swiglu ? 2 : 1;
+  int64_t one = (gated + 1) * h * moe.width_local + (model.use_bias ? gated * moe.width_local + h : 0);
+  return moe.experts_local * one;
 }
 
 int64_t LowerContext::first_layer(int64_t vs) const {

@@ -26,6 +26,7 @@ struct LowerContext {
   RankGrid grid;
   LinkFigures links;
   ShardLayout shards;  // what a rank keeps of each parameter group under the plan's ZeRO stage
+  ShardLayout expert_shards;  // the same for expert groups, sharded over the edp group
 
   int64_t s, b, h, t, d, f;  // s: the tokens of a sequence a rank holds (seq_length / cp)
   int64_t cp, s_full;   // context-parallel size, and the whole sequence (seq_length)
@@ -42,6 +43,20 @@ struct LowerContext {
   bool fp8;             // FP8 linear layers (plan.fp8): their inputs, weights and output gradients
   Dtype fp8_forward, fp8_backward;  // the storage of forward tensors and of gradients
   int64_t num_virtual_stages;
+  // Mixture of experts (zeros without experts; lower_moe.cpp). T: tokens a rank routes per
+  // microbatch (s_local·b); k: top-k; the ep·etp ranks of an expert block route N = T·k·ep·etp
+  // token-copies over E experts, E_l = E/ep of them on a rank, each f_e/etp wide there.
+  struct MoeShape {
+    int64_t tokens = 0, top_k = 0, experts = 0, experts_local = 0, ep = 1, etp = 1;
+    int64_t width_local = 0;   // f_e / etp
+    int64_t shared_local = 0;  // shared experts' width / tp (0: none)
+    int64_t send_rows = 0;     // permuted rows a rank sends: T·k (dropless), E·capacity
+    int64_t expert_rows = 0;   // rows its local experts compute, after the etp gather: the worst
+                               // the routing draws give (dropless) or E_l·capacity·ep·etp
+    int64_t recv_rows = 0;     // rows the dispatch brings, before the etp gather
+    int64_t rows_per_expert = 0;  // the mean an expert computes (the grouped GEMMs' m)
+    int64_t capacity = 0;      // per expert per source rank; 0: dropless
+  } moe;
 
   // Parameters of one layer held by one tensor-parallel rank; `sp_replicated` those replicated
   // over tp whose gradients need a tp all_reduce under sequence parallelism (norms, row biases).
@@ -51,6 +66,12 @@ struct LowerContext {
   int64_t layer_params_local() const;
   int64_t layer_sp_replicated() const;
   int64_t norm_params() const;  // one norm (weight, and bias for LayerNorm)
+  // The same for layer `layer`: a MoE layer's group holds attention, norms, the router (replicated
+  // over tp) and the shared experts; its routed experts are a group of their own ("X<l>") of
+  // expert_params_local() elements (E/ep experts, each f_e/etp wide; biases with use_bias).
+  int64_t layer_params_local(int64_t layer) const;
+  int64_t layer_sp_replicated(int64_t layer) const;
+  int64_t expert_params_local() const;
   // Virtual stage of chunk `chunk` on stage `stage`, and its first global layer.
   int64_t virtual_stage(int64_t stage, int64_t chunk) const { return chunk * plan.pp_size + stage; }
   int64_t first_layer(int64_t virtual_stage) const;
@@ -150,6 +171,8 @@ struct LayerParams {
   std::string weights;
   std::string grads;
   std::string fp8_weights = "";  // FP8: the layer's FP8 weight copy the linear layers read
+  std::string expert_weights = "";  // MoE layer: its local experts' group ("weights.X<l>")
+  std::string expert_grads = "";
 };
 
 // Transformer layer `layer` of microbatch `mb`: forward reads `x_in`, returns its output buffer
@@ -158,6 +181,16 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
                                const LayerParams& params, KeepMode keep);
 void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in,
                          const std::string& g, const LayerParams& params);
+// The MLP half of a MoE layer (lower_moe.cpp), from the attention block's output x_mid to the
+// layer's output: norm, router, top-k and aux loss, permutation, dispatch, the local experts'
+// grouped GEMMs, combine, un-permutation, shared experts, dropout and residual. `keep`: what
+// backward reads survives the forward (false under full recompute).
+std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::string& prefix,
+                                 const LayerParams& params, bool keep);
+// Its backward: consumes the gradient stream `g` (the layer output's) and adds the MLP half's
+// input gradient into it, frees what the forward kept.
+void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& prefix, const std::string& g,
+                           const LayerParams& params);
 // Buffer name prefix of a layer's tensors for one microbatch.
 std::string layer_prefix(int32_t microbatch, int32_t layer);
 // The attention core under context parallelism (lower_cp.cpp), in place of the flash op: the

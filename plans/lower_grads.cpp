@@ -6,18 +6,21 @@
 namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
-  if (plan_.dp_cp_size() == 1) {
-    if (plan_.zero_stage >= 2) pending_full_.push_back({&g, mb});
+  const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
+  if (reduced_over == 1) {
+    if (shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});
     return;
   }
-  if (current_.groups.empty()) {
-    current_.microbatch = mb;
-    current_.chunk = chunk;
-    current_.last_pass = last_pass;
+  Bucket& current = g.expert ? current_expert_ : current_;
+  if (current.groups.empty()) {
+    current.microbatch = mb;
+    current.chunk = chunk;
+    current.last_pass = last_pass;
+    current.expert = g.expert;
   }
-  current_.groups.push_back(&g);
-  current_.bytes += double(g.elements) * dtype_bytes(c_.grad);
-  if (current_.bytes >= plan_.grad_bucket_bytes) flush_bucket();
+  current.groups.push_back(&g);
+  current.bytes += double(g.elements) * dtype_bytes(c_.grad);
+  if (current.bytes >= plan_.grad_bucket_bytes) flush_bucket();
 }
 
 void RoleLowering::flush_bucket() {
@@ -30,17 +33,19 @@ void RoleLowering::flush_bucket() {
     rb_.free(full, Phase::backward);
   }
   pending_full_.clear();
-  if (current_.groups.empty()) return;
-  bool overlap = plan_.overlap_grad_reduce;
-  if (overlap || plan_.zero_stage >= 2) {
-    // ZeRO-2/3 reduce after every microbatch (that is what frees the full gradient); without
-    // overlap the reduction still waits for the whole pass of this microbatch.
-    if (overlap) emit_bucket(current_, {});
-    else deferred_pass_buckets_.push_back(current_);
-  } else {
-    deferred_buckets_.push_back(current_);
+  for (Bucket* current : {&current_, &current_expert_}) {
+    if (current->groups.empty()) continue;
+    bool overlap = plan_.overlap_grad_reduce;
+    if (overlap || plan_.zero_stage >= 2) {
+      // ZeRO-2/3 reduce after every microbatch (that is what frees the full gradient); without
+      // overlap the reduction still waits for the whole pass of this microbatch.
+      if (overlap) emit_bucket(*current, {});
+      else deferred_pass_buckets_.push_back(*current);
+    } else {
+      deferred_buckets_.push_back(*current);
+    }
+    *current = Bucket{};
   }
-  current_ = Bucket{};
 }
 
 void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps) {
@@ -56,7 +61,7 @@ void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>&
     outputs.push_back("grads." + g->name);
   }
   OpKind kind = plan_.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter;
-  e_.collective(at, kind, shard_group(), Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
+  e_.collective(at, kind, shard_group(bucket.expert), Stream::comm, OpName::grad_bucket, bucket.bytes, inputs,
                 outputs, extra_deps);
   if (plan_.zero_stage >= 2) {
     for (const ParamGroup* g : bucket.groups) rb_.free(grads_for(*g, bucket.microbatch), Phase::backward);
@@ -125,6 +130,13 @@ void RoleLowering::emit_optimizer() {
   GroupKind norm_group = plan_.zero_stage == 0 ? GroupKind::model : hybrid() ? GroupKind::instance : GroupKind::world;
   e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, OpName::grad_norm,
                 dtype_bytes(c_.wide), norm_out, norm_out);
+  // Expert gradients differ over ep as well (ZeRO-0: the model group holds one ep rank's experts):
+  // their part of the norm is summed over ep too. (The cost of one scalar; the executor's exact
+  // split of the norm into dense and expert parts is not lowered yet.)
+  if (c_.model.is_moe() && plan_.zero_stage == 0) {
+    e_.collective(at, OpKind::all_reduce, GroupKind::ep, Stream::compute, OpName::grad_norm, dtype_bytes(c_.wide),
+                  norm_out, norm_out);
+  }
   std::vector<std::string> inputs = grads;
   inputs.insert(inputs.end(), states.begin(), states.end());
   inputs.push_back("grad_norm_sq");
@@ -142,20 +154,25 @@ void RoleLowering::emit_param_gathers(Phase phase) {
   OpSite at{phase, -1, -1, -1};
   std::vector<std::string> names;
   double bytes = 0;
+  GroupKind group = shard_group();
   auto flush = [&]() {
     if (names.empty()) return;
-    e_.collective(at, OpKind::all_gather, shard_group(), Stream::comm, OpName::param_gather, bytes,
+    e_.collective(at, OpKind::all_gather, group, Stream::comm, OpName::param_gather, bytes,
                   names, names);
     names.clear();
     bytes = 0;
   };
   double bucket_bytes = plan_.grad_bucket_bytes / dtype_bytes(c_.grad) * dtype_bytes(c_.act);
-  for (const auto& g : groups_) {
-    names.push_back("weights." + g.name);
-    bytes += double(g.elements) * dtype_bytes(c_.act);
-    if (bytes >= bucket_bytes) flush();
+  for (bool expert : {false, true}) {  // expert groups gather over edp
+    group = shard_group(expert);
+    for (const auto& g : groups_) {
+      if (g.expert != expert) continue;
+      names.push_back("weights." + g.name);
+      bytes += double(g.elements) * dtype_bytes(c_.act);
+      if (bytes >= bucket_bytes) flush();
+    }
+    flush();
   }
-  flush();
 }
 
 }  // namespace stepcast

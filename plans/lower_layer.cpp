@@ -293,7 +293,8 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   e.free(attn_out, at.phase);
   if (c.dropout) done("mask1");
 
-  // MLP.
+  // MLP (lower_moe.cpp's in a MoE layer).
+  if (c.model.is_moe_layer(at.layer)) return emit_moe_mlp_forward(e, at, n.prefix, params, kept.count("x_mid") > 0);
   e.alloc(n("ln2"), BufferClass::activations, c.act, local, at.phase);
   e.compute(at, OpKind::norm, OpName::post_attn_norm, 8.0 * c.s_local * c.b * c.h, {n("x_mid"), w},
             {n("ln2")});
@@ -436,55 +437,59 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     if (d8 != d) e.free(d8, bwd);
   };
 
-  // MLP block.
-  std::string d_mlp = branch_grad("mask2", "d_mlp", OpName::mlp_bias_grad, OpName::sp_d_mlp);
-  std::string d_mlp8 = grad_in(d_mlp, "d_mlp", Fp8Slot::mlp_down_d);
-  std::string act = fp8 ? n("act_f8") : n("act");
-  e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
-  e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wl}, {n("d_act")},
-           Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
-  e.linear(at, OpName::mlp_down, Grad::wgrad, c.f_local, c.h, c.s * c.b, {act, d_mlp8}, {wg}, Fp8Slot::mlp_down_x,
-           Fp8Slot::mlp_down_d);
-  e.free(act, bwd);
-  grad_in_done(d_mlp8, d_mlp);
-  if (d_mlp != g) e.free(d_mlp, bwd);
-  e.alloc(n("d_up"), BufferClass::workspace, c.act, wide, bwd);
-  if (c.model.mlp == MlpKind::swiglu) {
-    e.alloc(n("d_gate"), BufferClass::workspace, c.act, wide, bwd);
-    e.compute(at, OpKind::activation, OpName::swiglu, 10.0 * c.s * c.b * c.f_local,
-              {n("gate"), n("up"), n("d_act")}, {n("d_gate"), n("d_up")});
-    e.free(n("gate"), bwd);
+  // MLP block (lower_moe.cpp's in a MoE layer).
+  if (c.model.is_moe_layer(at.layer)) {
+    emit_moe_mlp_backward(e, at, n.prefix, g, params);
   } else {
-    e.compute(at, OpKind::activation, OpName::gelu, 12.0 * c.s * c.b * c.f_local, {n("up"), n("d_act")},
-              {n("d_up")});
+    std::string d_mlp = branch_grad("mask2", "d_mlp", OpName::mlp_bias_grad, OpName::sp_d_mlp);
+    std::string d_mlp8 = grad_in(d_mlp, "d_mlp", Fp8Slot::mlp_down_d);
+    std::string act = fp8 ? n("act_f8") : n("act");
+    e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
+    e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wl}, {n("d_act")},
+             Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
+    e.linear(at, OpName::mlp_down, Grad::wgrad, c.f_local, c.h, c.s * c.b, {act, d_mlp8}, {wg}, Fp8Slot::mlp_down_x,
+             Fp8Slot::mlp_down_d);
+    e.free(act, bwd);
+    grad_in_done(d_mlp8, d_mlp);
+    if (d_mlp != g) e.free(d_mlp, bwd);
+    e.alloc(n("d_up"), BufferClass::workspace, c.act, wide, bwd);
+    if (c.model.mlp == MlpKind::swiglu) {
+      e.alloc(n("d_gate"), BufferClass::workspace, c.act, wide, bwd);
+      e.compute(at, OpKind::activation, OpName::swiglu, 10.0 * c.s * c.b * c.f_local,
+                {n("gate"), n("up"), n("d_act")}, {n("d_gate"), n("d_up")});
+      e.free(n("gate"), bwd);
+    } else {
+      e.compute(at, OpKind::activation, OpName::gelu, 12.0 * c.s * c.b * c.f_local, {n("up"), n("d_act")},
+                {n("d_up")});
+    }
+    e.free(n("d_act"), bwd);
+    e.free(n("up"), bwd);
+    std::string ln2 = regather("ln2", OpName::sp_ln2);
+    std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
+    e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
+    e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wl}, {n("d_ln2_full")},
+             Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
+    e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
+             Fp8Slot::mlp_up_d);
+    if (c.model.mlp == MlpKind::swiglu) {
+      std::string d_gate8 = grad_in(n("d_gate"), "d_gate", Fp8Slot::mlp_gate_d);
+      e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wl, n("d_ln2_full")},
+               {n("d_ln2_full")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
+      e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
+               Fp8Slot::mlp_gate_d);
+      grad_in_done(d_gate8, n("d_gate"));
+      e.free(n("d_gate"), bwd);
+    }
+    grad_in_done(d_up8, n("d_up"));
+    e.free(n("d_up"), bwd);
+    if (sp) e.free(ln2, bwd);
+    e.free(fp8 ? n("ln2_f8") : n("ln2"), bwd);
+    std::string d_ln2 = reduce_norm_grad(n("d_ln2_full"), "d_ln2", OpName::tp_mlp_up);
+    e.compute(at, OpKind::norm, OpName::post_attn_norm, 10.0 * c.s_local * c.b * c.h,
+              {n("x_mid"), d_ln2, w, g}, {g, wg});
+    e.free(n("x_mid"), bwd);
+    e.free(d_ln2, bwd);
   }
-  e.free(n("d_act"), bwd);
-  e.free(n("up"), bwd);
-  std::string ln2 = regather("ln2", OpName::sp_ln2);
-  std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
-  e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
-  e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wl}, {n("d_ln2_full")},
-           Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
-  e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
-           Fp8Slot::mlp_up_d);
-  if (c.model.mlp == MlpKind::swiglu) {
-    std::string d_gate8 = grad_in(n("d_gate"), "d_gate", Fp8Slot::mlp_gate_d);
-    e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wl, n("d_ln2_full")},
-             {n("d_ln2_full")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
-    e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
-             Fp8Slot::mlp_gate_d);
-    grad_in_done(d_gate8, n("d_gate"));
-    e.free(n("d_gate"), bwd);
-  }
-  grad_in_done(d_up8, n("d_up"));
-  e.free(n("d_up"), bwd);
-  if (sp) e.free(ln2, bwd);
-  e.free(fp8 ? n("ln2_f8") : n("ln2"), bwd);
-  std::string d_ln2 = reduce_norm_grad(n("d_ln2_full"), "d_ln2", OpName::tp_mlp_up);
-  e.compute(at, OpKind::norm, OpName::post_attn_norm, 10.0 * c.s_local * c.b * c.h,
-            {n("x_mid"), d_ln2, w, g}, {g, wg});
-  e.free(n("x_mid"), bwd);
-  e.free(d_ln2, bwd);
 
   // Attention block.
   std::string d_attn = branch_grad("mask1", "d_attn", OpName::attn_bias_grad, OpName::sp_d_attn);

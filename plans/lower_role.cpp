@@ -61,8 +61,8 @@ void RoleLowering::collect_param_groups() {
     }
     int64_t first = c_.first_layer(vs);
     for (int64_t l = first; l < first + plan_.layers_per_stage[vs]; ++l) {
-      groups_.push_back({layer_group_name(l), c_.layer_params_local(),
-                         c_.layer_sp_replicated(), chunk, false});
+      groups_.push_back({layer_group_name(l), c_.layer_params_local(l), c_.layer_sp_replicated(l), chunk, false});
+      if (m.is_moe_layer(l)) groups_.push_back({expert_group_name(l), c_.expert_params_local(), 0, chunk, false, true});
     }
     if (vs == c_.num_virtual_stages - 1) {
       groups_.push_back({"final_norm", c_.norm_params(), c_.norm_params(), chunk, false});
@@ -100,13 +100,13 @@ void RoleLowering::alloc_persistent() {
 }
 
 std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next) {
-  if (!c_.shards.sharded(ShardedState::weights)) return "weights." + g.name;
+  if (!shards_of(g).sharded(ShardedState::weights)) return "weights." + g.name;
   auto gather = [&](const ParamGroup& target) {
     std::string full = "wfull." + target.name + ".mb" + std::to_string(at.microbatch) + "." +
                        to_string(at.phase);
     if (rb_.is_live(full)) return full;
     rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
-    e_.collective(at, OpKind::all_gather, shard_group(), Stream::comm, OpName::zero3_param_gather,
+    e_.collective(at, OpKind::all_gather, shard_group(target), Stream::comm, OpName::zero3_param_gather,
                   double(target.elements) * dtype_bytes(c_.act), {"weights." + target.name},
                   {full});
     return full;
@@ -117,7 +117,7 @@ std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, con
 }
 
 std::string RoleLowering::grads_for(const ParamGroup& g, int32_t microbatch) {
-  if (!c_.shards.sharded(ShardedState::grads)) return "grads." + g.name;
+  if (!shards_of(g).sharded(ShardedState::grads)) return "grads." + g.name;
   std::string full = "gradfull." + g.name + ".mb" + std::to_string(microbatch);
   if (!rb_.is_live(full)) {
     rb_.alloc(full, BufferClass::comm, c_.grad, {g.elements}, Phase::backward);
@@ -263,8 +263,11 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
       op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
       op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
     }
-    x = emit_layer_forward(e_, lat, x, {w, "", w8}, KeepMode::per_plan);
+    LayerParams lp{w, "", w8};
+    if (c_.model.is_moe_layer(lat.layer)) lp.expert_weights = weights_for(group(expert_group_name(lat.layer)), lat, nullptr);
+    x = emit_layer_forward(e_, lat, x, lp, KeepMode::per_plan);
     release_weights(w, Phase::forward);
+    release_weights(lp.expert_weights, Phase::forward);
   }
   if (vs == c_.num_virtual_stages - 1) {
     emit_loss_forward(at, x);
@@ -301,9 +304,17 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
     std::string w = weights_for(pg, lat, next);
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
-    emit_layer_backward(e_, lat, x_in, g, {w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : ""});
+    LayerParams lp{w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : ""};
+    const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
+    if (experts) {
+      lp.expert_weights = weights_for(*experts, lat, nullptr);
+      lp.expert_grads = grads_for(*experts, mb);
+    }
+    emit_layer_backward(e_, lat, x_in, g, lp);
     release_weights(w, Phase::backward);
+    release_weights(lp.expert_weights, Phase::backward);
     if (reduce_now) grads_ready(pg, mb, chunk, last_for_chunk);
+    if (reduce_now && experts) grads_ready(*experts, mb, chunk, last_for_chunk);
   }
   chunk_input_.erase({mb, chunk});
   std::string sent;

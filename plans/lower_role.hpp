@@ -23,7 +23,14 @@ struct ParamGroup {
   int64_t sp_replicated = 0;  // elements whose gradients need a tp all_reduce under SP
   int64_t chunk = 0;
   bool tied_copy = false;     // output layer that is the last stage's copy of the embedding
+  bool expert = false;        // a MoE layer's local experts ("X<l>"): sharded and reduced over edp
 };
+
+inline std::string expert_group_name(int64_t layer) {
+  std::string name = "X";
+  name += std::to_string(layer);
+  return name;
+}
 
 inline std::string layer_group_name(int64_t layer) {
   std::string name = "L";  // appended, not "L" + ...: GCC 12 warns falsely (-Wrestrict) on that
@@ -46,6 +53,7 @@ class RoleLowering {
     int64_t chunk = 0;
     double bytes = 0;
     bool last_pass = false;  // the chunk's last backward pass of the step: its gradients are final
+    bool expert = false;     // expert groups' gradients, reduced over edp
   };
 
   void collect_param_groups();
@@ -53,14 +61,15 @@ class RoleLowering {
   const ParamGroup& group(const std::string& name) const { return *group_index_.at(name); }
 
   // Elements of a group held by this rank for weights, gradients and optimizer state.
+  const ShardLayout& shards_of(const ParamGroup& g) const { return g.expert ? c_.expert_shards : c_.shards; }
   int64_t weight_elements(const ParamGroup& g) const {
-    return c_.shards.buffer_elements(ShardedState::weights, g.elements);
+    return shards_of(g).buffer_elements(ShardedState::weights, g.elements);
   }
   int64_t grad_elements(const ParamGroup& g) const {
-    return c_.shards.buffer_elements(ShardedState::grads, g.elements);
+    return shards_of(g).buffer_elements(ShardedState::grads, g.elements);
   }
   int64_t optimizer_elements(const ParamGroup& g) const {
-    return c_.shards.buffer_elements(ShardedState::optimizer, g.elements);
+    return shards_of(g).buffer_elements(ShardedState::optimizer, g.elements);
   }
   // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
   // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
@@ -104,6 +113,9 @@ class RoleLowering {
   GroupKind shard_group() const {
     return hybrid() ? GroupKind::dp_shard : plan_.cp_size > 1 ? GroupKind::dp_cp : GroupKind::dp;
   }
+  // ... and expert gradients over the ranks holding the same experts.
+  GroupKind shard_group(bool expert) const { return expert ? GroupKind::edp : shard_group(); }
+  GroupKind shard_group(const ParamGroup& g) const { return shard_group(g.expert); }
   int64_t p2p_tag(int32_t mb, int64_t sender_vs, bool backward) const {
     return (int64_t(mb) * c_.num_virtual_stages + sender_vs) * 2 + (backward ? 1 : 0);
   }
@@ -179,6 +191,7 @@ class RoleLowering {
   std::vector<std::string> send_staging_;  // freed at the end of the step
   std::map<int32_t, std::string> loss_input_;
   Bucket current_;
+  Bucket current_expert_;  // expert groups fill buckets of their own
   std::vector<Bucket> deferred_buckets_;
   std::vector<Bucket> deferred_pass_buckets_;
   std::vector<std::pair<const ParamGroup*, int32_t>> pending_full_;

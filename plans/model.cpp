@@ -25,8 +25,11 @@ const std::vector<std::string> kReadKeys = {
     "layer_norm_epsilon", "layer_norm_eps", "attention_bias", "mlp_bias",
     "n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "n_inner", "n_special", "norm_eps",
     // read to decide whether they matter (sliding windows, MoE, Qwen3's layer kinds)
-    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "num_local_experts",
-    "n_routed_experts", "num_experts", "num_experts_per_tok"};
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    // mixture of experts (HuggingFace's Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS names)
+    "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
+    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "router_aux_loss_coef",
+    "aux_loss_alpha", "decoder_sparse_step", "mlp_only_layers", "moe_layer_freq"};
 
 // HuggingFace keys accepted but not modelled: they change neither shapes nor GEMM FLOPs.
 const std::vector<std::string> kIgnoredKeys = {
@@ -42,7 +45,11 @@ const std::vector<std::string> kIgnoredKeys = {
     // GPT-2: the multiple-choice head of GPT2DoubleHeadsModel, generation defaults, softmax scaling
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "task_specific_params", "predict_special_tokens",
-    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx"};
+    "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
+    // MoE routing details that change which experts a token goes to, not how many nor their
+    // shapes: top-k renormalisation, scaling, group-limited routing, jitter, GPT-OSS's clamp
+    "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+    "output_router_logits", "router_jitter_noise", "swiglu_limit", "seq_aux"};
 
 // No real model has a dimension near 2^31; the bound keeps every count below int64 overflow
 // together with the parameter bound.
@@ -185,13 +192,28 @@ bool decide_tie(ObjectReader& reader, const std::optional<FamilyDefaults>& famil
               "true or false");
 }
 
-// Weights of the linear layers of one transformer layer (no biases, no norms): the GEMMs.
 template <typename T>
-T layer_linear_weights(const ModelConfig& m) {
-  T h = T(m.hidden_size), kv = T(m.kv_size()), f = T(m.intermediate_size);
-  T attention = h * h + 2 * h * kv + h * h;  // q, k, v, o
-  T mlp = (m.mlp == MlpKind::swiglu ? 3 : 2) * h * f;
-  return attention + mlp;
+T mlp_weights(const ModelConfig& m, int64_t width) {
+  return (m.mlp == MlpKind::swiglu ? 3 : 2) * T(m.hidden_size) * T(width);
+}
+
+// Biases of one MLP of `width`: up (and gate), down.
+template <typename T>
+T mlp_biases(const ModelConfig& m, int64_t width) {
+  if (!m.use_bias) return 0;
+  return (m.mlp == MlpKind::swiglu ? 2 : 1) * T(width) + T(m.hidden_size);
+}
+
+// Weights of the linear layers of transformer layer `layer` (no biases, no norms) that a token
+// passes through — every expert (`active` false) or the k it is routed to and the shared ones.
+template <typename T>
+T layer_linear_weights(const ModelConfig& m, int64_t layer, bool active) {
+  T h = T(m.hidden_size), kv = T(m.kv_size()), q = T(m.q_size());
+  T attention = h * q + 2 * h * kv + q * h;  // q, k, v, o
+  if (!m.is_moe_layer(layer)) return attention + mlp_weights<T>(m, m.intermediate_size);
+  T routed = T(active ? m.num_experts_per_tok : m.num_experts);
+  T experts = (routed + T(m.n_shared_experts)) * mlp_weights<T>(m, m.moe_intermediate_size);
+  return attention + h * T(m.num_experts) + experts;  // router
 }
 
 template <typename T>
@@ -201,24 +223,30 @@ T norm_parameters(const ModelConfig& m) {
 }
 
 template <typename T>
-T layer_parameters(const ModelConfig& m) {
-  T h = T(m.hidden_size), kv = T(m.kv_size()), f = T(m.intermediate_size);
+T layer_parameters(const ModelConfig& m, int64_t layer, bool active) {
+  T h = T(m.hidden_size), kv = T(m.kv_size()), q = T(m.q_size());
   T bias = 0;
   if (m.use_bias) {
-    T mlp_up = (m.mlp == MlpKind::swiglu ? 2 : 1) * f;  // swiglu: gate and up
-    bias = (h + 2 * kv) + h + mlp_up + h;               // qkv, o, up, down
+    bias = (q + 2 * kv) + h;  // qkv, o
+    if (!m.is_moe_layer(layer)) {
+      bias += mlp_biases<T>(m, m.intermediate_size);
+    } else {
+      T routed = T(active ? m.num_experts_per_tok : m.num_experts);
+      bias += T(m.num_experts) + (routed + T(m.n_shared_experts)) * mlp_biases<T>(m, m.moe_intermediate_size);
+    }
   }
-  return layer_linear_weights<T>(m) + bias + 2 * norm_parameters<T>(m);
+  return layer_linear_weights<T>(m, layer, active) + bias + 2 * norm_parameters<T>(m);
 }
 
 template <typename T>
-T model_parameters(const ModelConfig& m) {
+T model_parameters(const ModelConfig& m, bool active = false) {
   T h = T(m.hidden_size), V = T(m.vocab_size);
   T embeddings = V * h;
   if (m.position == PositionKind::learned) embeddings += T(m.max_position_embeddings) * h;
   T output = m.tie_word_embeddings ? T(0) : V * h;
-  return embeddings + T(m.num_hidden_layers) * layer_parameters<T>(m) + norm_parameters<T>(m) +
-         output;
+  T layers = 0;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) layers += layer_parameters<T>(m, l, active);
+  return embeddings + layers + norm_parameters<T>(m) + output;
 }
 
 }  // namespace
@@ -232,19 +260,32 @@ const char* to_string(PositionKind kind) {
 }
 
 int64_t layer_parameter_count(const ModelConfig& model) {
-  return layer_parameters<int64_t>(model);
+  return layer_parameters<int64_t>(model, 0, false);
+}
+
+int64_t layer_parameter_count(const ModelConfig& model, int64_t layer) {
+  return layer_parameters<int64_t>(model, layer, false);
+}
+
+int64_t expert_parameter_count(const ModelConfig& model) {
+  return mlp_weights<int64_t>(model, model.moe_intermediate_size) +
+         mlp_biases<int64_t>(model, model.moe_intermediate_size);
 }
 
 int64_t parameter_count(const ModelConfig& model) { return model_parameters<int64_t>(model); }
 
+int64_t active_parameter_count(const ModelConfig& model) { return model_parameters<int64_t>(model, true); }
+
 double model_flops_per_token(const ModelConfig& model) {
   double h = double(model.hidden_size), s = double(model.seq_length);
-  double L = double(model.num_hidden_layers), V = double(model.vocab_size);
-  // QK^T and A·V: 2·s·h each per token over the full s×s matrix (no causal halving, as
+  double V = double(model.vocab_size);
+  // QK^T and A·V: 2·s·(a·d) each per token over the full s×s matrix (no causal halving, as
   // Megatron). Every query head attends, so GQA does not reduce it.
-  double attention_scores = 4.0 * s * h;
-  double forward = L * (2.0 * layer_linear_weights<double>(model) + attention_scores) +
-                   2.0 * h * V;  // logits
+  double attention_scores = 4.0 * s * double(model.q_size());
+  double forward = 2.0 * h * V;  // logits
+  for (int64_t l = 0; l < model.num_hidden_layers; ++l) {
+    forward += 2.0 * layer_linear_weights<double>(model, l, true) + attention_scores;
+  }
   return 3.0 * forward;          // backward = 2 × forward
 }
 
@@ -290,6 +331,59 @@ void check_sliding_window(ObjectReader& reader, const Json& json, ModelConfig& m
   }
 }
 
+// The expert keys (model.hpp): the count under any of its three names (which must agree), top-k
+// (GPT-OSS's experts_per_token too), the expert width, shared experts, the dense first layers,
+// the aux-loss weight. Every MoE layer routes the same way: HF's decoder_sparse_step and
+// moe_layer_freq must be 1 and mlp_only_layers empty.
+void read_experts(ObjectReader& reader, const Json& json, ModelConfig& m, const std::optional<SizeKey>& intermediate) {
+  auto experts = read_size(reader, json, {"num_local_experts", "n_routed_experts", "num_experts"}, true);
+  auto top_k = read_size(reader, json, {"num_experts_per_tok", "experts_per_token"}, true);
+  for (const char* key : {"moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"}) {
+    if (!experts && json.contains(key) && !json.at(key).is_null()) {
+      reader.fail(key, "set without experts", "num_local_experts (or n_routed_experts, num_experts) as well");
+    }
+  }
+  if (!experts) {
+    if (top_k) reader.fail(top_k->key, "set without experts", "num_local_experts (or n_routed_experts) as well");
+    return;
+  }
+  m.num_experts = experts->value;
+  if (!top_k) reader.fail("num_experts_per_tok", "missing: a mixture of experts routes each token to k experts",
+                          "an integer in [1, " + std::to_string(m.num_experts) + "]");
+  if (top_k->value > m.num_experts) {
+    reader.fail(top_k->key, "= " + std::to_string(top_k->value) + " exceeds " + experts->key + " = " +
+                std::to_string(m.num_experts), "an integer in [1, " + std::to_string(m.num_experts) + "]");
+  }
+  m.num_experts_per_tok = top_k->value;
+  auto width = read_size(reader, json, {"moe_intermediate_size"}, true);
+  if (!width && !intermediate) {
+    reader.fail("moe_intermediate_size", "missing: no expert width", "an integer >= 1 (or intermediate_size)");
+  }
+  m.moe_intermediate_size = width ? width->value : intermediate->value;
+  m.n_shared_experts = json.contains("n_shared_experts") && json.at("n_shared_experts").is_null()
+                           ? 0 : reader.get_int_or("n_shared_experts", 0, 0);
+  m.first_k_dense_replace = reader.get_int_or("first_k_dense_replace", 0, 0);
+  if (m.first_k_dense_replace > m.num_hidden_layers) {
+    reader.fail("first_k_dense_replace", "exceeds num_hidden_layers = " + std::to_string(m.num_hidden_layers),
+                "an integer in [0, " + std::to_string(m.num_hidden_layers) + "]");
+  }
+  if (m.first_k_dense_replace > 0 && !intermediate) {
+    reader.fail("intermediate_size", "missing: the dense first layers need a width", "an integer >= 1");
+  }
+  for (const char* key : {"decoder_sparse_step", "moe_layer_freq"}) {
+    if (json.contains(key) && reader.get_int(key, 1) != 1) {
+      reader.fail(key, "experts on every other layer are not modelled", "1 (or first_k_dense_replace)");
+    }
+  }
+  if (json.contains("mlp_only_layers") && !(json.at("mlp_only_layers").is_array() && json.at("mlp_only_layers").empty())) {
+    reader.fail("mlp_only_layers", "dense layers among the MoE layers are not modelled", "[] (or first_k_dense_replace)");
+  }
+  // DeepSeek names it aux_loss_alpha.
+  for (const char* key : {"router_aux_loss_coef", "aux_loss_alpha"}) {
+    if (reader.has(key)) m.router_aux_loss_coef = reader.get_number(key, 0.0, false);
+  }
+}
+
 }  // namespace
 
 ModelConfig parse_model(const Json& json, const std::string& file, std::optional<int64_t> seq_override) {
@@ -317,7 +411,9 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
     }
     // Mistral, Qwen2/3 and Phi-3 are Llama-shaped decoders (RMSNorm, SwiGLU, rotary, no
     // biases on the linear layers; Qwen2's q/k/v biases, 3·h parameters a layer, are left out).
-    if (reader.get_enum("model_type", {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3"}) == "gpt2") {
+    // Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS are the same with expert MLPs (their MoE keys).
+    if (reader.get_enum("model_type", {"gpt2", "llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe",
+                                       "deepseek_v3", "gpt_oss"}) == "gpt2") {
       family = FamilyDefaults{NormKind::layernorm, MlpKind::gelu, PositionKind::learned, true,
                               true};
     } else {
@@ -366,11 +462,7 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
   m.seq_length_from = seq_length ? "seq_length" : positions.key;
   m.rope_scaling = json.contains("rope_scaling") && !json.at("rope_scaling").is_null();
   if (seq_override) set_seq_length(m, *seq_override, "--seq-length");
-  for (const char* moe : {"num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok"}) {
-    if (json.contains(moe) && !json.at(moe).is_null()) {
-      reader.fail(moe, "a mixture of experts: not modelled yet", "a dense decoder's config (no expert keys)");
-    }
-  }
+  read_experts(reader, json, m, intermediate);
   if (json.contains("layer_types")) {
     for (const Json& kind : json.at("layer_types")) {
       if (kind != "full_attention") {
@@ -382,6 +474,8 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
   }
   if (intermediate) {
     m.intermediate_size = intermediate->value;
+  } else if (m.is_moe()) {
+    m.intermediate_size = m.moe_intermediate_size;  // every layer routes (read_experts checked)
   } else if (m.mlp == MlpKind::gelu) {
     m.intermediate_size = 4 * m.hidden_size;  // GPT-2's n_inner = null
   } else {
@@ -398,10 +492,7 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
                 "does not divide " + heads.key + " = " + std::to_string(m.num_attention_heads),
                 "a divisor of " + std::to_string(m.num_attention_heads));
   }
-  if (head_dim && head_dim->value != m.head_dim()) {
-    reader.fail("head_dim", "differs from hidden_size / num_attention_heads",
-                std::to_string(m.head_dim()) + " (stepcast does not model other head widths)");
-  }
+  if (head_dim && head_dim->value != m.head_dim()) m.head_dim_override = head_dim->value;
   if (m.position == PositionKind::learned && m.seq_length > m.max_position_embeddings) {
     reader.fail("seq_length",
                 "exceeds " + positions.key + " = " + std::to_string(m.max_position_embeddings) +
@@ -429,7 +520,7 @@ ModelConfig load_model(const std::string& path, std::optional<int64_t> seq_lengt
 
 
 Json model_to_json(const ModelConfig& model) {
-  return Json{{"name", model.name},
+  Json json{{"name", model.name},
               {"hidden_size", model.hidden_size},
               {"num_hidden_layers", model.num_hidden_layers},
               {"num_attention_heads", model.num_attention_heads},
@@ -445,6 +536,16 @@ Json model_to_json(const ModelConfig& model) {
               {"position_embedding_type", to_string(model.position)},
               {"tie_word_embeddings", model.tie_word_embeddings},
               {"use_bias", model.use_bias}};
+  if (model.head_dim_override > 0) json["head_dim"] = model.head_dim_override;
+  if (model.is_moe()) {
+    json["num_local_experts"] = model.num_experts;
+    json["num_experts_per_tok"] = model.num_experts_per_tok;
+    json["moe_intermediate_size"] = model.moe_intermediate_size;
+    json["n_shared_experts"] = model.n_shared_experts;
+    json["first_k_dense_replace"] = model.first_k_dense_replace;
+    json["router_aux_loss_coef"] = model.router_aux_loss_coef;
+  }
+  return json;
 }
 
 }  // namespace stepcast

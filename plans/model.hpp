@@ -47,16 +47,45 @@ struct ModelConfig {
   bool use_bias = true;                 // biases on linear layers (GPT) or not (Llama)
   double norm_eps = 1e-5;               // LayerNorm / RMSNorm epsilon
   double rope_theta = 10000.0;          // rotary base
+  // Width of one attention head: hidden / heads unless the config's head_dim says otherwise
+  // (Qwen3, GPT-OSS: then q and the attention output are heads·head_dim wide, not hidden).
+  int64_t head_dim_override = 0;
+  // Mixture of experts (0 experts: a dense decoder). Layers from first_k_dense_replace on replace
+  // the MLP by a router over num_experts experts, each an MLP of width moe_intermediate_size (the
+  // config's, else intermediate_size, as Mixtral and GPT-OSS give it), of which every token goes
+  // to num_experts_per_tok, plus n_shared_experts experts of the same width every token goes to
+  // (DeepSeek). The router is a linear layer h → experts (with a bias when use_bias).
+  int64_t num_experts = 0;              // E: num_local_experts / n_routed_experts / num_experts
+  int64_t num_experts_per_tok = 0;      // k (top-k)
+  int64_t moe_intermediate_size = 0;    // f_e
+  int64_t n_shared_experts = 0;
+  int64_t first_k_dense_replace = 0;
+  double router_aux_loss_coef = 0.0;    // load-balancing loss weight (Switch / Mixtral's form)
 
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const {
+    return head_dim_override > 0 ? head_dim_override : hidden_size / num_attention_heads;
+  }
+  int64_t q_size() const { return num_attention_heads * head_dim(); }  // width of Q and of the context
+  bool is_moe() const { return num_experts > 0; }
+  bool is_moe_layer(int64_t layer) const { return is_moe() && layer >= first_k_dense_replace; }
+  int64_t num_moe_layers() const { return is_moe() ? num_hidden_layers - first_k_dense_replace : 0; }
   int64_t kv_size() const { return num_key_value_heads * head_dim(); }  // width of K (and of V)
 };
 
 // Parameter count of the whole model (embeddings, all layers, final norm, output layer if untied).
 int64_t parameter_count(const ModelConfig& model);
-// Parameters of one transformer layer (attention, MLP, norms, biases).
+// Parameters of one transformer layer (attention, MLP, norms, biases); of an MoE model its
+// first layer's (dense when first_k_dense_replace > 0).
 int64_t layer_parameter_count(const ModelConfig& model);
-// Model FLOPs (fwd + bwd, no recompute) per token at the model's seq_length.
+// Parameters of layer `layer` (a MoE layer: attention, norms, router, every expert, shared experts).
+int64_t layer_parameter_count(const ModelConfig& model, int64_t layer);
+// Parameters one routed expert has (its MLP, with biases when use_bias).
+int64_t expert_parameter_count(const ModelConfig& model);
+// Parameters a token passes through: all but the routed experts it is not sent to (equal to
+// parameter_count for a dense model). The "A22B" of Qwen3-235B-A22B.
+int64_t active_parameter_count(const ModelConfig& model);
+// Model FLOPs (fwd + bwd, no recompute) per token at the model's seq_length; under MoE the
+// router and the k experts a token goes to (the active parameters), no capacity padding.
 double model_flops_per_token(const ModelConfig& model);
 
 // Loads a model config. Accepts HuggingFace names as they are (GPT-2's n_embd etc. too) and

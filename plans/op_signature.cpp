@@ -75,6 +75,19 @@ const char* to_string(OpName name) {
     case OpName::fp8_amax: return "fp8_amax";
     case OpName::fp8_scale_update: return "fp8_scale_update";
     case OpName::fp8_absmax: return "fp8_absmax";
+    case OpName::router: return "router";
+    case OpName::expert_gate: return "expert_gate";
+    case OpName::expert_up: return "expert_up";
+    case OpName::expert_down: return "expert_down";
+    case OpName::moe_route: return "moe_route";
+    case OpName::moe_permute: return "moe_permute";
+    case OpName::moe_unpermute: return "moe_unpermute";
+    case OpName::moe_add: return "moe_add";
+    case OpName::moe_aux_loss: return "moe_aux_loss";
+    case OpName::ep_dispatch: return "ep_dispatch";
+    case OpName::ep_combine: return "ep_combine";
+    case OpName::etp_gather: return "etp_gather";
+    case OpName::etp_scatter: return "etp_scatter";
     case OpName::pp_gather: return "pp_gather";
     case OpName::send: return "send";
     case OpName::recv: return "recv";
@@ -196,7 +209,9 @@ OpSignature group_collective(OpKind kind, std::vector<OpName> names, R role, con
 }
 
 std::vector<OpSignature> make_table() {
-  const std::vector<OpName> gemms = {N::qkv, N::attn_out, N::mlp_up, N::mlp_gate, N::mlp_down, N::logits};
+  const std::vector<OpName> gemms = {N::qkv, N::attn_out, N::mlp_up, N::mlp_gate, N::mlp_down, N::logits, N::router};
+  const std::vector<OpName> grouped = {N::expert_gate, N::expert_up, N::expert_down};
+  const std::vector<OpName> moe_comm = {N::ep_dispatch, N::ep_combine, N::etp_gather, N::etp_scatter};
   const std::vector<OpName> norms = {N::input_norm, N::post_attn_norm, N::final_norm};
   return {
       // ---- embedding ----
@@ -226,6 +241,13 @@ std::vector<OpSignature> make_table() {
        {act("d_x", D::unpacked, S::m_n)}},
       {OpKind::gemm, gemms, Grad::wgrad, Pass::backward,
        {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n)}, {grads()}},
+      // Grouped GEMMs of the local experts: batch = experts, m = the mean rows an expert computes;
+      // the buffers hold every local expert's rows (as the routing puts them), hence any shape.
+      {OpKind::gemm, grouped, Grad::none, Pass::forward, {act("x", D::floating), weights()},
+       {act("y", D::same_as_first)}},
+      {OpKind::gemm, grouped, Grad::dgrad, Pass::backward, {act("d_y", D::floating), weights(), optional_act("d_x")},
+       {act("d_x", D::same_as_first)}},
+      {OpKind::gemm, grouped, Grad::wgrad, Pass::backward, {act("x", D::floating), act("d_y", D::floating)}, {grads()}},
       // ---- attention core: batch = b·heads, m = n = s, k = head_dim ----
       {OpKind::attention, {N::score}, Grad::none, Pass::forward,
        {act("qkv")}, {act("scores", D::same_as_first, S::batch_m_n)}},
@@ -275,6 +297,25 @@ std::vector<OpSignature> make_table() {
        {act("d_x", D::same_as_first), {"dw", R::grads, C::optional, D::floating, S::any}}},
       {OpKind::activation, {N::mlp_bias_grad, N::attn_bias_grad}, Grad::none, Pass::backward,
        {act("d_y"), grads("dw")}, {grads("dw")}},
+      // ---- mixture of experts: routing (probabilities [T, E], top-k weights and expert indices
+      // [T, k]); permutation of the tokens into expert order, and back weighted (its backward
+      // also gives the weights' gradient); the backward of routing adds the aux loss's gradient ----
+      {OpKind::activation, {N::moe_route}, Grad::none, Pass::forward, {act("logits")},
+       {act("probs", D::same_as_first), act("route_w", D::same_as_first), act("route_idx", D::int32)}},
+      {OpKind::activation, {N::moe_route}, Grad::none, Pass::backward,
+       {act("probs"), act("route_idx", D::int32), act("d_route_w")}, {act("d_logits", D::same_as_first)}},
+      {OpKind::loss, {N::moe_aux_loss}, Grad::none, Pass::forward, {act("probs"), act("route_idx", D::int32)},
+       {stats("aux", S::one)}},
+      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::forward, {act("x"), act("route_idx", D::int32)},
+       {act("y", D::same_as_first)}},
+      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::backward, {act("d_y"), act("route_idx", D::int32)},
+       {act("d_x", D::same_as_first)}},
+      {OpKind::activation, {N::moe_unpermute}, Grad::none, Pass::forward,
+       {act("x"), act("route_w"), act("route_idx", D::int32)}, {act("y", D::same_as_first)}},
+      {OpKind::activation, {N::moe_unpermute}, Grad::none, Pass::backward,
+       {act("d_y"), act("x"), act("route_w"), act("route_idx", D::int32)},
+       {act("d_x", D::same_as_first), act("d_route_w", D::same_as_first)}},
+      {OpKind::activation, {N::moe_add}, Grad::none, Pass::any, {act("x"), act("acc")}, {act("acc", D::same_as_first)}},
       // ---- context parallelism: K and V out of qkv; partial attention merged by log-sum-exp
       // (forward) or a block's dK/dV added into its accumulator (backward); dK/dV into d_qkv ----
       {OpKind::activation, {N::cp_kv_pack}, Grad::none, Pass::any, {act("qkv")}, {act("kv", D::same_as_first)}},
@@ -340,6 +381,11 @@ std::vector<OpSignature> make_table() {
                  "x", "y"),
       collective(OpKind::reduce_scatter, {N::cp_dkv}, "x", "y"),
       collective(OpKind::all_to_all, {N::cp_a2a}, "x", "y"),
+      // MoE dispatch and combine (and their backward): an all_to_all over ep with the alltoall
+      // dispatcher, all_gather / reduce_scatter over ep with allgather, and over etp.
+      collective(OpKind::all_to_all, moe_comm, "x", "y"),
+      collective(OpKind::all_gather, moe_comm, "x", "y"),
+      collective(OpKind::reduce_scatter, moe_comm, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
        {{"shard", R::weights, C::one, D::floating, S::any}},
        {{"full", R::weights, C::one, D::same_as_first, S::any}, scratch()}},

@@ -245,6 +245,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
                 "\"tp-dp-pp\" (Megatron's, tp innermost, cp right after tp) or another order of tp, dp, pp "
                 "(and cp) joined by '-'");
   }
+  plan.moe = read_moe_plan(reader, file);
   reader.finish();
   return plan;
 }
@@ -416,6 +417,17 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "false, or sequence_parallel false");
   }
   validate_context_parallel(plan, model);
+  validate_moe_plan(plan.moe, f, model, plan.tp_size, plan.tp_size * plan.cp_size * plan.dp_size,
+                    plan.sequence_parallel);
+  if (plan.num_distributed_optimizer_instances > 1 && model.is_moe()) {
+    throw_input_error(f, "num_distributed_optimizer_instances", std::to_string(plan.num_distributed_optimizer_instances),
+                      "with a mixture of experts is not supported yet (expert shards would need replicas over edp)",
+                      "1 with " + model.file);
+  }
+  if (plan.fp8.enabled() && model.is_moe()) {
+    throw_input_error(f, "fp8", to_string(plan.fp8.format), "with a mixture of experts is not supported yet",
+                      "no fp8 with " + model.file);
+  }
   if (plan.fp8.enabled() && plan.zero_stage == 3) {
     throw_input_error(f, "fp8", to_string(plan.fp8.format),
                       "with zero_stage 3 is not supported yet (the FP8 weight copies are kept whole, as "
@@ -513,6 +525,7 @@ Json plan_to_json(const Plan& plan) {
       out["fp8_margin"] = plan.fp8.margin;
     }
   }
+  moe_plan_to_json(plan.moe, out);
   out["dropout"] = plan.dropout;
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
   out["overlap_param_gather"] = plan.overlap_param_gather;

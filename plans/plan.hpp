@@ -11,6 +11,7 @@
 #include "fp8.hpp"
 #include "json_input.hpp"
 #include "model.hpp"
+#include "moe.hpp"
 #include "schedule.hpp"
 #include "topology.hpp"
 
@@ -62,6 +63,9 @@ struct Plan {
   // FP8 linear layers (Megatron-LM's fp8, fp8_recipe "delayed", fp8_amax_history_len,
   // fp8_amax_compute_algo, fp8_margin; fp8.hpp).
   Fp8Recipe fp8;
+  // Mixture of experts (moe.hpp): expert and expert-tensor parallel sizes, top-k, capacity,
+  // dispatcher, routing distribution; resolved against the model by validate_plan.
+  MoePlan moe;
   double dropout = 0.1;                  // hidden and attention dropout probability
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;

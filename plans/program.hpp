@@ -64,6 +64,12 @@ enum class OpName {
   // from the amax history (fp8_scale_update); current scaling: a tensor's amax taken before its
   // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot)
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax,
+  // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
+  // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
+  // routing probabilities), the shared experts' output added, the load-balancing loss; the
+  // dispatch and combine over the ep group, and the gather and scatter over the etp group
+  router, expert_gate, expert_up, expert_down, moe_route, moe_permute, moe_unpermute, moe_add, moe_aux_loss,
+  ep_dispatch, ep_combine, etp_gather, etp_scatter,
   pp_gather,  // scatter_gather_tensors_in_pipeline: a received 1/tp slice gathered over tp
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
@@ -156,6 +162,22 @@ struct Role {
   std::vector<Op> ops;
 };
 
+// A mixture of experts' routing as the program carries it: what an interpreter needs to cost or
+// run the expert ops without the plan (experts, top-k, capacity, the routing shares the simulator
+// draws each (microbatch, layer)'s tokens per expert from, with the seed; moe.hpp's draw_routing).
+struct ProgramMoe {
+  int64_t num_experts = 0;        // 0: no experts
+  int64_t top_k = 0;
+  double capacity_factor = 0;     // 0: dropless
+  std::vector<double> routing_shares;  // [num_experts], summing to 1
+  uint64_t routing_seed = 1;
+  // Token copies an expert block (the ep·etp ranks whose tokens meet at the experts) routes in one
+  // (microbatch, layer): tokens a rank holds · top_k · ep · etp; and the rows an expert computes
+  // at most under a capacity (its capacity from each of the ep·etp ranks; 0: dropless).
+  int64_t routed_tokens = 0;
+  int64_t expert_capacity_rows = 0;
+};
+
 struct StepProgram {
   static constexpr int kSchemaVersion = 2;  // 2: operands by slot, with dtype and shape
   Json model;      // resolved inputs
@@ -164,6 +186,8 @@ struct StepProgram {
   int64_t tp_size = 1, dp_size = 1, pp_size = 1;
   int64_t cp_size = 1;        // context parallelism (grid.cp_size; absent in older programs: 1)
   int64_t dp_shard_size = 0;  // ranks a ZeRO shard spreads over: dp·cp (also written 0) unless hybrid
+  int64_t ep_size = 1, etp_size = 1;  // expert and expert-tensor parallel sizes (rank_grid.hpp)
+  ProgramMoe moe;
   std::string order = "tp-dp-pp";
   int64_t devices_per_node = 1;
   int64_t num_microbatches = 1;
@@ -178,7 +202,9 @@ struct StepProgram {
 
   int64_t world_size() const { return tp_size * cp_size * dp_size * pp_size; }
   const Role& role_of_rank(int64_t rank) const;
-  RankGrid grid() const { return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size, cp_size); }
+  RankGrid grid() const {
+    return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size, cp_size, ep_size, etp_size);
+  }
 };
 
 }  // namespace stepcast

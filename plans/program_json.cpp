@@ -208,6 +208,12 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   }
   put_key(s, "dp_shard_size");
   put_number(s, double(program.dp_shard_size == 0 ? program.dp_size * program.cp_size : program.dp_shard_size));
+  if (program.moe.num_experts > 0) {  // absent: 1 (programs without experts keep their bytes and hash)
+    put_key(s, "ep_size");
+    put_number(s, double(program.ep_size));
+    put_key(s, "etp_size");
+    put_number(s, double(program.etp_size));
+  }
   put_key(s, "order");
   put_string(s, program.order);
   put_key(s, "devices_per_node");
@@ -217,6 +223,15 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   put_number(s, double(program.num_microbatches));
   put_key(s, "tokens_per_step");
   put_number(s, double(program.tokens_per_step));
+  if (program.moe.num_experts > 0) {  // absent: no experts
+    s += ",\"moe\":" + Json{{"num_experts", program.moe.num_experts},
+                              {"top_k", program.moe.top_k},
+                              {"capacity_factor", program.moe.capacity_factor},
+                              {"routing_shares", program.moe.routing_shares},
+                              {"routing_seed", program.moe.routing_seed},
+                              {"routed_tokens", program.moe.routed_tokens},
+                              {"expert_capacity_rows", program.moe.expert_capacity_rows}}.dump();
+  }
   if (program.fp8.enabled()) {  // absent: no FP8
     s += ",\"fp8\":{\"format\":";
     put_string(s, to_string(program.fp8.format));
@@ -430,6 +445,28 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       throw InputError(path + ": key 'grid.dp_shard_size' = " + std::to_string(p.dp_shard_size) +
                        ": does not divide grid.dp_size · grid.cp_size = " + std::to_string(p.dp_size * p.cp_size) +
                        "; valid: a divisor of dp_size · cp_size");
+    }
+    if (g.contains("ep_size")) {
+      p.ep_size = integer(g.at("ep_size"), "ep_size", 1, 1 << 24);
+      p.etp_size = integer(g.at("etp_size"), "etp_size", 1, 1 << 24);
+      if ((p.tp_size * p.cp_size * p.dp_size) % (p.ep_size * p.etp_size) != 0) {
+        throw InputError(path + ": key 'grid.ep_size' = " + std::to_string(p.ep_size) +
+                         ": ep_size · etp_size does not divide tp_size · cp_size · dp_size; valid: a divisor");
+      }
+    }
+    if (j.contains("moe")) {
+      const Json& m = j.at("moe");
+      p.moe.num_experts = integer(m.at("num_experts"), "moe.num_experts", 1, 1 << 24);
+      p.moe.top_k = integer(m.at("top_k"), "moe.top_k", 1, p.moe.num_experts);
+      p.moe.capacity_factor = m.at("capacity_factor").get<double>();
+      p.moe.routing_shares = m.at("routing_shares").get<std::vector<double>>();
+      p.moe.routing_seed = m.at("routing_seed").get<uint64_t>();
+      p.moe.routed_tokens = integer(m.at("routed_tokens"), "moe.routed_tokens", 1, kLarge);
+      p.moe.expert_capacity_rows = integer(m.at("expert_capacity_rows"), "moe.expert_capacity_rows", 0, kLarge);
+      if (int64_t(p.moe.routing_shares.size()) != p.moe.num_experts) {
+        throw InputError(path + ": key 'moe.routing_shares': " + std::to_string(p.moe.routing_shares.size()) +
+                         " entries; valid: one per expert (" + std::to_string(p.moe.num_experts) + ")");
+      }
     }
     p.order = g.at("order");
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);

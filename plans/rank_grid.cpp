@@ -22,6 +22,9 @@ const char* to_string(GroupKind kind) {
     case GroupKind::instance: return "instance";
     case GroupKind::cp: return "cp";
     case GroupKind::dp_cp: return "dp_cp";
+    case GroupKind::ep: return "ep";
+    case GroupKind::etp: return "etp";
+    case GroupKind::edp: return "edp";
   }
   return "?";
 }
@@ -30,7 +33,7 @@ const std::vector<GroupKind>& all_group_kinds() {
   static const std::vector<GroupKind> kinds = {
       GroupKind::tp,    GroupKind::dp,       GroupKind::pp,         GroupKind::embedding, GroupKind::model,
       GroupKind::world, GroupKind::dp_shard, GroupKind::dp_replica, GroupKind::instance,
-      GroupKind::cp,    GroupKind::dp_cp};
+      GroupKind::cp,    GroupKind::dp_cp,    GroupKind::ep,         GroupKind::etp,       GroupKind::edp};
   return kinds;
 }
 
@@ -63,9 +66,10 @@ std::vector<std::string> parse_order(const std::string& order) {
 }  // namespace
 
 RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
-                   int64_t dp_shard_size, int64_t cp_size)
+                   int64_t dp_shard_size, int64_t cp_size, int64_t ep_size, int64_t etp_size)
     : tp_size_(tp_size), dp_size_(dp_size), pp_size_(pp_size), cp_size_(cp_size),
-      dp_shard_size_(dp_shard_size == 0 ? dp_size * cp_size : dp_shard_size) {
+      dp_shard_size_(dp_shard_size == 0 ? dp_size * cp_size : dp_shard_size), ep_size_(ep_size),
+      etp_size_(etp_size) {
   if (tp_size < 1 || dp_size < 1 || pp_size < 1 || cp_size < 1) {
     throw InputError("rank grid sizes tp=" + std::to_string(tp_size) + " cp=" + std::to_string(cp_size) +
                      " dp=" + std::to_string(dp_size) + " pp=" + std::to_string(pp_size) +
@@ -74,6 +78,11 @@ RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std:
   if (dp_shard_size_ < 1 || dp_cp_size() % dp_shard_size_ != 0) {
     throw InputError("rank grid dp_shard_size=" + std::to_string(dp_shard_size) + " with dp·cp=" +
                      std::to_string(dp_cp_size()) + ": the shard group size must divide dp·cp");
+  }
+  if (ep_size < 1 || etp_size < 1 || (tp_size * cp_size * dp_size) % (ep_size * etp_size) != 0) {
+    throw InputError("rank grid ep=" + std::to_string(ep_size) + " etp=" + std::to_string(etp_size) +
+                     " with tp·cp·dp=" + std::to_string(tp_size * cp_size * dp_size) +
+                     ": ep · etp must divide the ranks of a pipeline stage");
   }
   int64_t stride = 1;
   for (const std::string& name : parse_order(order)) {
@@ -156,6 +165,22 @@ std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
         ranks.push_back(at_dp_cp(c, g));
       }
       break;
+    case GroupKind::ep:
+    case GroupKind::etp:
+    case GroupKind::edp: {
+      // Digits of the stage index: etp innermost, then ep, then edp.
+      const int64_t index = stage_index(r);
+      const int64_t e_tp = index % etp_size_, e_p = index / etp_size_ % ep_size_;
+      const int64_t e_dp = index / (etp_size_ * ep_size_);
+      if (kind == GroupKind::etp) {
+        for (int64_t j = 0; j < etp_size_; ++j) ranks.push_back(stage_rank(c.pp, index - e_tp + j));
+      } else if (kind == GroupKind::ep) {
+        for (int64_t j = 0; j < ep_size_; ++j) ranks.push_back(stage_rank(c.pp, e_tp + etp_size_ * (j + ep_size_ * e_dp)));
+      } else {
+        for (int64_t j = 0; j < edp_size(); ++j) ranks.push_back(stage_rank(c.pp, e_tp + etp_size_ * (e_p + ep_size_ * j)));
+      }
+      break;
+    }
     case GroupKind::instance: {
       // Ordered by (pp, dp_cp, tp): a rank's position is its place in the instance.
       int64_t block = dp_cp_index(r) / dp_shard_size_ * dp_shard_size_;
@@ -203,6 +228,16 @@ int64_t RankGrid::cp_prev(int64_t r) const {
   RankCoord c = coord(r);
   c.cp = (c.cp + cp_size_ - 1) % cp_size_;
   return rank(c);
+}
+
+// The rank with its pp digit taken out of the mixed-radix number: order-preserving within a stage.
+int64_t RankGrid::stage_index(int64_t r) const {
+  (void)coord(r);  // range check
+  return r % stride_pp_ + r / (stride_pp_ * pp_size_) * stride_pp_;
+}
+
+int64_t RankGrid::stage_rank(int64_t pp, int64_t index) const {
+  return index % stride_pp_ + pp * stride_pp_ + index / stride_pp_ * stride_pp_ * pp_size_;
 }
 
 int64_t RankGrid::dp_cp_index(int64_t r) const {

@@ -22,7 +22,11 @@ namespace stepcast {
 // ranks that differ in dp or cp (Megatron's data-parallel group with context parallelism). The
 // hybrid-sharding blocks above cut dp_cp, ordered by cp + cp_size·dp; model is the tp × pp ranks
 // of one dp and cp coordinate. Without cp, dp_cp is dp.
-enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp };
+// Expert parallelism (Megatron's expert rank generator): the tp·cp·dp ranks of a pipeline stage,
+// in rank order, are regrouped as etp × ep × edp, etp innermost: etp splits an expert's width, ep
+// the experts (the all-to-all group), edp the ranks holding the same experts (expert gradients are
+// reduced over it). Without experts (ep = etp = 1) ep and etp are one rank, edp is dp_cp.
+enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp, ep, etp, edp };
 const char* to_string(GroupKind kind);
 // Every kind, in declaration order (for parsers and communicator setup).
 const std::vector<GroupKind>& all_group_kinds();
@@ -40,8 +44,9 @@ class RankGrid {
   // first; without "cp" in it, cp sits right after tp (Megatron's "tp-cp-ep-dp-pp").
   // Throws InputError for a bad order (plans validate it first).
   // `dp_shard_size` divides dp_size · cp_size (0: all of it, no hybrid sharding).
+  // `ep_size` · `etp_size` divides tp · cp · dp (the experts' ranks of a stage).
   RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std::string& order,
-           int64_t dp_shard_size = 0, int64_t cp_size = 1);
+           int64_t dp_shard_size = 0, int64_t cp_size = 1, int64_t ep_size = 1, int64_t etp_size = 1);
 
   int64_t world_size() const { return tp_size_ * cp_size_ * dp_size_ * pp_size_; }
   RankCoord coord(int64_t rank) const;
@@ -69,11 +74,19 @@ class RankGrid {
   int64_t pp_size() const { return pp_size_; }
   int64_t cp_size() const { return cp_size_; }
   int64_t dp_cp_size() const { return dp_size_ * cp_size_; }
+  int64_t ep_size() const { return ep_size_; }
+  int64_t etp_size() const { return etp_size_; }
+  int64_t edp_size() const { return tp_size_ * cp_size_ * dp_size_ / (ep_size_ * etp_size_); }
+  // A rank's place among the ranks of its pipeline stage in rank order, and back.
+  int64_t stage_index(int64_t rank) const;
+  int64_t stage_rank(int64_t pp, int64_t index) const;
+  // A rank's expert-parallel coordinate: its experts are [ep_rank · E/ep, (ep_rank + 1) · E/ep).
+  int64_t ep_rank(int64_t rank) const { return stage_index(rank) / etp_size_ % ep_size_; }
   int64_t dp_shard_size() const { return dp_shard_size_; }
 
  private:
   int64_t at_dp_cp(RankCoord c, int64_t index) const;  // c with its dp and cp set from a dp_cp index
-  int64_t tp_size_, dp_size_, pp_size_, cp_size_, dp_shard_size_;
+  int64_t tp_size_, dp_size_, pp_size_, cp_size_, dp_shard_size_, ep_size_, etp_size_;
   int64_t stride_tp_, stride_dp_, stride_pp_, stride_cp_;
 };
 

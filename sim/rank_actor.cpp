@@ -270,9 +270,14 @@ class RankActor {
       last_compute = -1;
     };
     const auto& analytic = plan().analytic[role_index_];
+    const auto& ep_cost = plan().ep_cost_s[role_index_];
     for (size_t i = 0; i < run.run.size(); ++i) {
       const int32_t id = run.run[i];
       double d = cost[id];
+      if (!ep_cost.empty()) {  // a grouped GEMM: this ep rank's experts' drawn rows
+        auto it = ep_cost.find(id);
+        if (it != ep_cost.end()) d = it->second[size_t(plan().slot_ep_rank[slot_])];
+      }
       if (draws && !analytic[id]) {  // a compute op (a run's other ops: analytic collectives)
         d *= plan().slot_factor[slot_];
         squares += d * d;
@@ -320,11 +325,26 @@ class RankActor {
     out_.state[slot_].collective_key[op.id] = key;
     run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
                                  group->layout, member, plan().phase_flows);
+    scale_ep_sends(op, member, run.steps);
     run.step = 0;
     run.run = {op.id};
     if (start_step(stream)) return 0;
     after_steps(stream);
     return run.op < 0 ? 1 : 0;
+  }
+
+  // An ep all_to_all under drawn routing: the bytes to an ep rank scale with its experts' load
+  // (the dispatch forward and the combine's backward carry tokens to their experts), the bytes
+  // from it with its own (the combine, and the dispatch's backward).
+  void scale_ep_sends(const Op& op, int64_t member, std::vector<CollectiveStep>& steps) const {
+    const auto& loads = plan().ep_load[role_index_];
+    if (loads.empty()) return;
+    auto it = loads.find(op.id);
+    if (it == loads.end()) return;
+    const bool to_experts = (op.name == OpName::ep_dispatch) == (op.phase != Phase::backward);
+    for (CollectiveStep& step : steps) {
+      for (Transfer& t : step.sends) t.bytes *= it->second[size_t(to_experts ? t.peer : member)];
+    }
   }
 
   // Starts the current step's flows; false when no steps are left.

@@ -87,8 +87,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     if (shape.size > 1 && shape.members_per_node > 1) nvlink_to_itself = false;
   }
   const bool shared_node_fold = options.mode == SimMode::approx || options.fold_tp_shared_node;
+  // Expert groups regroup a stage's ranks across tp coordinates (rank_grid.hpp): folding tp would
+  // drop members of them, so plans with experts simulate every tp rank.
+  const bool experts_span_tp = program.moe.num_experts > 0 && program.ep_size * program.etp_size > 1;
   const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node &&
-                       (nvlink_to_itself || shared_node_fold);
+                       (nvlink_to_itself || shared_node_fold) && !experts_span_tp;
   const bool fold_tp_approximate = fold_tp && !nvlink_to_itself;
   // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
   // that sharing, so fold only where every device has its own NIC.
@@ -281,6 +284,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     }
   }
 
+  plan_moe_imbalance(plan, program, cost, out);
   for (const Role& role : program.roles) plan.roles.push_back(walk_of_role(plan, role));
 
   // Variability: draws keyed by the tp group's first rank where tp is folded (its members are

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collective_steps.hpp"
+#include "cost_model.hpp"
 #include "profile.hpp"
 #include "program.hpp"
 #include "simulator.hpp"
@@ -80,6 +81,13 @@ struct SimPlan {
   // per role, per op: a collective of the folded tensor-parallel group (ends a compute segment)
   std::vector<std::vector<char>> tp_sync;
   std::vector<SimRole> roles;                         // per role: the actors' walk
+  // Mixture of experts (moe_imbalance.cpp): the routing of each (microbatch, layer) drawn from the
+  // program's shares. Per role, per op: a grouped GEMM's cost on each ep rank (its experts' drawn
+  // rows), or the factor on an ep all_to_all's bytes to or from each ep rank (its drawn load over
+  // the mean); absent for other ops. Per slot: its ep rank.
+  std::vector<std::unordered_map<int32_t, std::vector<double>>> ep_cost_s;
+  std::vector<std::unordered_map<int32_t, std::vector<double>>> ep_load;
+  std::vector<int64_t> slot_ep_rank;
   bool phase_flows = false;
   bool merge_compute = false;
   bool in_order = false;  // the profile's execution.in_order: one queue, one op at a time
@@ -121,6 +129,10 @@ struct SimOutcome {
 // Checks the request (profile against topology, full mode's limits, detail ranks), chooses the
 // reductions, and costs every op; InputError for a request or a figure it cannot simulate.
 // `draws` must outlive the plan; `out` gets the variability flag and the measured corrections.
+// The routing draws and the per-ep-rank costs they give (moe_imbalance.cpp).
+void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const ComputeCostModel& cost,
+                        SimulationOutput& out);
+
 SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
                         const DeviceProfile& profile, const SimulateOptions& options,
                         const VariabilityDraws& draws, SimulationOutput& out);

@@ -93,6 +93,12 @@ struct SimulationOutput {
   // Collectives whose time the profile's measured tables corrected, and the range of the factor.
   int64_t corrected_collectives = 0;
   double correction_min = 1, correction_max = 1;
+  // Mixture of experts: the routing draws of the step (one per microbatch and MoE layer an expert
+  // block routes), the most loaded ep rank's tokens over the mean (the mean over the draws and
+  // the largest), and the token copies over capacity, of the moe_routed_tokens the draws routed.
+  int64_t moe_draws = 0;
+  double moe_load_ratio_mean = 1, moe_load_ratio_max = 1;
+  int64_t moe_dropped_tokens = 0, moe_routed_tokens = 0;
 };
 
 // Throws InputError for a full-mode request above its limits (suggesting fast mode).

@@ -303,9 +303,6 @@ TEST_CASE("bad model configs are rejected with file, key and what is valid", "[m
     json["attention_bias"] = true;
     json["mlp_bias"] = false;
     CHECK_THROWS_WITH(parse(json), Contains("'mlp_bias'"));
-    json = base_config();
-    json["head_dim"] = 32;
-    CHECK_THROWS_WITH(parse(json), Contains("'head_dim' = 32") && Contains("16"));
   }
   SECTION("sizes too large to count") {
     Json json = base_config();
@@ -367,9 +364,9 @@ TEST_CASE("hub configs of Llama-shaped families: Mistral, Qwen2, Qwen3, Phi-3; G
   Json gemma = base_config();
   gemma["model_type"] = "gemma2";
   CHECK_THROWS_WITH(parse(gemma), Contains("'model_type' = \"gemma2\"") && Contains("GeGLU"));
-  Json mixtral = base_config();
+  Json mixtral = base_config();  // experts without top-k (test_model_moe.cpp has the rest)
   mixtral["num_local_experts"] = 8;
-  CHECK_THROWS_WITH(parse(mixtral), Contains("'num_local_experts' = 8") && Contains("mixture of experts"));
+  CHECK_THROWS_WITH(parse(mixtral), Contains("'num_experts_per_tok'") && Contains("mixture of experts"));
 }
 
 TEST_CASE("a --seq-length stays within the positions, beyond them only for rotary positions with rope_scaling",

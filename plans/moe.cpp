@@ -1,0 +1,233 @@
+// MoE plan keys, their checks against the model, and the routing draw; see moe.hpp.
+#include "moe.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+const char* to_string(MoeDispatcher kind) { return kind == MoeDispatcher::allgather ? "allgather" : "alltoall"; }
+
+const char* to_string(RoutingKind kind) {
+  switch (kind) {
+    case RoutingKind::uniform: return "uniform";
+    case RoutingKind::skew: return "skew";
+    case RoutingKind::histogram: return "histogram";
+  }
+  return "?";
+}
+
+namespace {
+
+const std::vector<std::string> kMoeKeys = {
+    "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_topk", "moe_expert_capacity_factor",
+    "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed"};
+
+// A histogram file: {"tokens_per_expert": [counts], "total_tokens": N (optional: then the counts
+// must sum to it), "notes": "..."}.
+std::vector<double> load_histogram(const std::string& path, const std::string& plan_file) {
+  Json json = load_json_file(path);
+  ObjectReader reader(json, path);
+  reader.accept("notes");
+  reader.accept("tokens_per_expert");
+  std::optional<int64_t> total = reader.get_optional_int("total_tokens", 1);
+  if (!json.contains("tokens_per_expert")) {
+    reader.fail("tokens_per_expert", "missing required key", "an array of tokens routed to each expert");
+  }
+  reader.finish();
+  const Json& counts = json.at("tokens_per_expert");
+  if (!counts.is_array() || counts.empty()) {
+    throw_input_error(path, "tokens_per_expert", counts.dump().substr(0, 60), "not a non-empty array",
+                      "an array of tokens routed to each expert (named by " + plan_file + ")");
+  }
+  std::vector<double> out;
+  for (const Json& c : counts) {
+    if (!c.is_number_integer() || c.get<int64_t>() < 0) {
+      throw_input_error(path, "tokens_per_expert", c.dump(), "is not a token count", "integers >= 0");
+    }
+    out.push_back(double(c.get<int64_t>()));
+  }
+  double sum = std::accumulate(out.begin(), out.end(), 0.0);
+  if (sum <= 0) throw_input_error(path, "tokens_per_expert", counts.dump().substr(0, 60), "sums to 0", "some tokens");
+  if (total && double(*total) != sum) {
+    throw_input_error(path, "total_tokens", std::to_string(*total),
+                      "differs from the sum of tokens_per_expert (" + std::to_string(int64_t(sum)) + ")",
+                      "the sum of tokens_per_expert, or no total_tokens");
+  }
+  return out;
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+double standard_normal(uint64_t key) {
+  double u1 = (double(mix(key) >> 11) + 0.5) * 0x1.0p-53;
+  double u2 = (double(mix(key ^ 0x5851F42D4C957F2Dull) >> 11) + 0.5) * 0x1.0p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
+}
+
+}  // namespace
+
+MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
+  MoePlan moe;
+  for (const auto& key : kMoeKeys) moe.set = moe.set || reader.has(key);
+  moe.ep_size = reader.get_int_or("expert_model_parallel_size", 1, 1);
+  moe.etp_size = reader.get_int_or("expert_tensor_parallel_size", 1, 0);
+  moe.top_k = reader.get_int_or("moe_router_topk", 1, 0);
+  if (reader.has("moe_expert_capacity_factor")) {
+    moe.capacity_factor = reader.get_number("moe_expert_capacity_factor", -1e300, false);
+    if (!(moe.capacity_factor > 0)) {
+      reader.fail("moe_expert_capacity_factor", "must be > 0 (tokens an expert takes, in units of its even share)",
+                  "a number > 0, e.g. 1.0 or 1.25; absent for dropless routing");
+    }
+  }
+  moe.dispatcher = reader.get_enum_or("moe_token_dispatcher_type", {"alltoall", "allgather"}, "alltoall") == "allgather"
+                       ? MoeDispatcher::allgather
+                       : MoeDispatcher::alltoall;
+  std::string routing = reader.get_enum_or("moe_routing", {"uniform", "skew", "histogram"}, "uniform");
+  moe.routing = routing == "skew" ? RoutingKind::skew : routing == "histogram" ? RoutingKind::histogram : RoutingKind::uniform;
+  if (reader.has("moe_routing_skew") && moe.routing != RoutingKind::skew) {
+    reader.fail("moe_routing_skew", "is set but moe_routing is \"" + routing + "\"", "moe_routing \"skew\" beside it");
+  }
+  if (reader.has("moe_routing_histogram") && moe.routing != RoutingKind::histogram) {
+    reader.fail("moe_routing_histogram", "is set but moe_routing is \"" + routing + "\"",
+                "moe_routing \"histogram\" beside it");
+  }
+  if (moe.routing == RoutingKind::skew) {
+    if (!reader.has("moe_routing_skew")) {
+      reader.fail("moe_routing_skew", "missing: moe_routing \"skew\" needs its exponent",
+                  "a number >= 0 (expert e's share ∝ 1/(e+1)^skew; 0 is uniform)");
+    }
+    moe.skew = reader.get_number("moe_routing_skew", 0.0, false);
+  }
+  if (moe.routing == RoutingKind::histogram) {
+    if (!reader.has("moe_routing_histogram")) {
+      reader.fail("moe_routing_histogram", "missing: moe_routing \"histogram\" needs the file",
+                  "a JSON file of tokens_per_expert, relative to the plan");
+    }
+    moe.histogram_file = reader.get_string("moe_routing_histogram");
+    std::filesystem::path path(moe.histogram_file);
+    if (path.is_relative()) path = std::filesystem::path(plan_file).parent_path() / path;
+    moe.histogram = load_histogram(path.string(), plan_file);
+  }
+  moe.seed = uint64_t(reader.get_int_or("moe_routing_seed", 0, 1));
+  return moe;
+}
+
+void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& model, int64_t tp_size,
+                       int64_t stage_ranks, bool sequence_parallel) {
+  if (!model.is_moe()) {
+    if (moe.set) {
+      throw_input_error(f, moe.ep_size > 1 ? "expert_model_parallel_size" : "moe_router_topk",
+                        std::to_string(moe.ep_size > 1 ? moe.ep_size : moe.top_k),
+                        "the model " + model.file + " has no experts",
+                        "no expert_* or moe_* keys, or a model with num_local_experts");
+    }
+    moe.etp_size = 1;
+    return;
+  }
+  const int64_t E = model.num_experts;
+  if (moe.top_k == 0) moe.top_k = model.num_experts_per_tok;
+  if (moe.etp_size == 0) moe.etp_size = tp_size;  // Megatron: expert_tensor_parallel_size defaults to tp
+  if (moe.top_k > E) {
+    throw_input_error(f, "moe_router_topk", std::to_string(moe.top_k),
+                      "exceeds the " + std::to_string(E) + " experts of " + model.file,
+                      "an integer in [1, " + std::to_string(E) + "]");
+  }
+  if (E % moe.ep_size != 0) {
+    throw_input_error(f, "expert_model_parallel_size", std::to_string(moe.ep_size),
+                      "does not divide the " + std::to_string(E) + " experts of " + model.file,
+                      "a divisor of " + std::to_string(E));
+  }
+  if (model.moe_intermediate_size % moe.etp_size != 0) {
+    throw_input_error(f, "expert_tensor_parallel_size", std::to_string(moe.etp_size),
+                      "does not divide the expert width moe_intermediate_size = " +
+                          std::to_string(model.moe_intermediate_size) + " of " + model.file,
+                      "a divisor of " + std::to_string(model.moe_intermediate_size));
+  }
+  if (stage_ranks % (moe.ep_size * moe.etp_size) != 0) {
+    throw_input_error(f, "expert_model_parallel_size", std::to_string(moe.ep_size),
+                      "times expert_tensor_parallel_size = " + std::to_string(moe.etp_size) +
+                          " does not divide the " + std::to_string(stage_ranks) +
+                          " ranks of a pipeline stage (tp_size · context_parallel_size · dp_size) the experts lay over",
+                      "ep · etp a divisor of " + std::to_string(stage_ranks));
+  }
+  const int64_t shared = model.n_shared_experts * model.moe_intermediate_size;
+  if (shared % tp_size != 0) {
+    throw_input_error(f, "tp_size", std::to_string(tp_size),
+                      "does not divide the shared experts' width n_shared_experts · moe_intermediate_size = " +
+                          std::to_string(shared) + " of " + model.file,
+                      "a divisor of " + std::to_string(shared));
+  }
+  if (tp_size > 1 && !sequence_parallel) {  // Megatron-LM's rule (transformer_config.py)
+    throw_input_error(f, "sequence_parallel", "false",
+                      "a mixture of experts with tensor parallelism needs sequence parallelism "
+                      "(the router and dispatch work on each rank's own tokens)",
+                      "true, or tp_size 1");
+  }
+  if (moe.routing == RoutingKind::histogram && int64_t(moe.histogram.size()) != E) {
+    throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
+                      "has " + std::to_string(moe.histogram.size()) + " experts' counts, the model " + model.file +
+                          " has " + std::to_string(E),
+                      "a histogram of " + std::to_string(E) + " counts");
+  }
+}
+
+void moe_plan_to_json(const MoePlan& moe, Json& out) {
+  if (moe.top_k == 0) return;  // a dense model: absent (outputs of dense plans keep their bytes)
+  out["expert_model_parallel_size"] = moe.ep_size;
+  out["expert_tensor_parallel_size"] = moe.etp_size;
+  out["moe_router_topk"] = moe.top_k;
+  if (!moe.dropless()) out["moe_expert_capacity_factor"] = moe.capacity_factor;
+  out["moe_token_dispatcher_type"] = to_string(moe.dispatcher);
+  out["moe_routing"] = to_string(moe.routing);
+  if (moe.routing == RoutingKind::skew) out["moe_routing_skew"] = moe.skew;
+  if (moe.routing == RoutingKind::histogram) out["moe_routing_histogram"] = moe.histogram_file;
+  out["moe_routing_seed"] = moe.seed;
+}
+
+std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts) {
+  std::vector<double> shares(size_t(num_experts), 1.0);
+  if (moe.routing == RoutingKind::skew) {
+    for (int64_t e = 0; e < num_experts; ++e) shares[size_t(e)] = 1.0 / std::pow(double(e + 1), moe.skew);
+  } else if (moe.routing == RoutingKind::histogram) {
+    shares = moe.histogram;
+  }
+  double sum = std::accumulate(shares.begin(), shares.end(), 0.0);
+  for (double& s : shares) s /= sum;
+  return shares;
+}
+
+std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tokens, uint64_t seed,
+                                  int64_t microbatch, int64_t layer) {
+  // Sequential binomials: expert e takes Binomial(left, share_e / share_left) of the tokens left,
+  // each approximated by a normal rounded and clamped; the last takes the rest.
+  std::vector<int64_t> counts(shares.size(), 0);
+  int64_t left = tokens;
+  double share_left = 1.0;
+  uint64_t key = mix(seed ^ mix(uint64_t(microbatch) * 0x100000001B3ull ^ mix(uint64_t(layer))));
+  for (size_t e = 0; e + 1 < shares.size() && left > 0; ++e) {
+    double p = share_left > 0 ? std::clamp(shares[e] / share_left, 0.0, 1.0) : 0.0;
+    double mean = double(left) * p, sd = std::sqrt(double(left) * p * (1 - p));
+    int64_t c = int64_t(std::llround(mean + sd * standard_normal(mix(key ^ uint64_t(e)))));
+    counts[e] = std::clamp<int64_t>(c, 0, left);
+    left -= counts[e];
+    share_left -= shares[e];
+  }
+  if (!shares.empty()) counts.back() += left;
+  return counts;
+}
+
+int64_t expert_capacity(int64_t tokens, int64_t experts, double capacity_factor) {
+  return int64_t(std::ceil(double(tokens) / double(experts) * capacity_factor));
+}
+
+}  // namespace stepcast

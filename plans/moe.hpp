@@ -1,0 +1,60 @@
+// A plan's mixture-of-experts settings in Megatron-LM's names (expert_model_parallel_size,
+// expert_tensor_parallel_size, moe_router_topk, moe_expert_capacity_factor,
+// moe_token_dispatcher_type) and the routing distribution tokens follow (uniform, a skew, or a
+// measured histogram, with a seed), and the routing draw: how many tokens each expert receives in
+// one (microbatch, layer). Pure data and arithmetic; the plan file's reading is plan.cpp's, the
+// checks against the model are validate_moe_plan.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "model.hpp"
+
+namespace stepcast {
+
+// alltoall: tokens go to their experts' ranks over the expert-parallel group and come back
+// (Megatron's default); allgather: every rank gathers the ep group's tokens and keeps its
+// experts' (the reverse a reduce_scatter).
+enum class MoeDispatcher { alltoall, allgather };
+const char* to_string(MoeDispatcher kind);
+enum class RoutingKind { uniform, skew, histogram };
+const char* to_string(RoutingKind kind);
+
+struct MoePlan {
+  int64_t ep_size = 1;    // expert_model_parallel_size: experts split over the dp×cp ranks of a stage
+  int64_t etp_size = 0;   // expert_tensor_parallel_size: each expert's width split (resolved: tp_size)
+  int64_t top_k = 0;      // moe_router_topk (resolved: the model's num_experts_per_tok)
+  double capacity_factor = 0;  // moe_expert_capacity_factor; 0: dropless (absent)
+  MoeDispatcher dispatcher = MoeDispatcher::alltoall;
+  RoutingKind routing = RoutingKind::uniform;
+  double skew = 0;                 // Zipf exponent: expert e gets a share ∝ 1/(e+1)^skew
+  std::string histogram_file;      // tokens per expert measured (a JSON file), as the plan names it
+  std::vector<double> histogram;   // resolved: the file's counts (or fractions)
+  uint64_t seed = 1;               // moe_routing_seed
+  bool set = false;                // any MoE key in the plan
+  bool dropless() const { return capacity_factor <= 0; }
+};
+
+// Reads the plan's MoE keys (histogram files relative to the plan's folder).
+MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file);
+// Resolves defaults from the model and refuses every invalid combination naming file, key, value
+// and what is valid. `stage_ranks`: tp·cp·dp, the ranks of one pipeline stage experts lay over.
+void validate_moe_plan(MoePlan& moe, const std::string& plan_file, const ModelConfig& model, int64_t tp_size,
+                       int64_t stage_ranks, bool sequence_parallel);
+void moe_plan_to_json(const MoePlan& moe, Json& out);
+
+// The share of routed tokens each expert expects (sums to 1).
+std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts);
+// Tokens each of the experts receives when `tokens` token-copies (tokens × top-k) are routed in
+// (microbatch, layer): a draw from the shares keyed on (seed, microbatch, layer), the same on every
+// platform (its own hash generator, normal approximation of the multinomial); sums to `tokens`.
+std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tokens, uint64_t seed,
+                                  int64_t microbatch, int64_t layer);
+// Capacity of one expert under a capacity factor, for `tokens` token-copies over `experts`
+// (Megatron's get_capacity: ceil(tokens / experts · factor)).
+int64_t expert_capacity(int64_t tokens, int64_t experts, double capacity_factor);
+
+}  // namespace stepcast

@@ -1,0 +1,249 @@
+// Mixture of experts through plans/: the expert rank layout (ep, etp, edp over the ranks of a
+// stage, Megatron's expert rank generator), the plan keys and every refusal, the routing draw,
+// and the lowering: every MoE plan's program passes check_program, expert groups hold E/ep
+// experts f_e/etp wide, dispatch and combine run over ep with the bytes of the routed tokens,
+// expert gradients reduce over edp.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "errors.hpp"
+#include "lower.hpp"
+#include "lower_context.hpp"
+#include "lower_fixtures.hpp"
+#include "memory.hpp"
+#include "program_check.hpp"
+#include "program_json.hpp"
+#include "rank_grid.hpp"
+
+using Catch::Matchers::Contains;
+using namespace stepcast;
+
+namespace {
+
+ModelConfig tiny_moe() { return load_model(test::source_path("models/tiny-moe.json")); }
+
+Json moe_plan(int tp, int dp, int ep, int etp = 1) {
+  Json plan = {{"tp_size", tp}, {"dp_size", dp}, {"expert_model_parallel_size", ep},
+               {"expert_tensor_parallel_size", etp}, {"micro_batch_size", 1}, {"global_batch_size", 2 * dp},
+               {"dtype", "fp32"}};
+  if (tp > 1) plan["sequence_parallel"] = true;
+  return plan;
+}
+
+int64_t count_ops(const StepProgram& p, OpKind kind, OpName name, GroupKind group) {
+  int64_t n = 0;
+  for (const Op& op : p.roles[0].ops) n += op.kind == kind && op.name == name && op.group == group;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("expert groups regroup a stage's ranks as etp × ep × edp, etp innermost", "[rank_grid][moe]") {
+  // tp 2, dp 4, pp 2: 8 ranks a stage; ep 2, etp 2 leave edp 2.
+  RankGrid grid(2, 4, 2, "tp-dp-pp", 0, 1, 2, 2);
+  CHECK(grid.edp_size() == 2);
+  CHECK(grid.group(GroupKind::etp, 0) == std::vector<int64_t>{0, 1});
+  CHECK(grid.group(GroupKind::ep, 0) == std::vector<int64_t>{0, 2});
+  CHECK(grid.group(GroupKind::edp, 0) == std::vector<int64_t>{0, 4});
+  CHECK(grid.group(GroupKind::ep, 13) == std::vector<int64_t>{13, 15});  // stage 1: ranks 8–15
+  CHECK(grid.ep_rank(2) == 1);
+  // Every rank in exactly one group of each kind, groups of the sizes asked.
+  for (GroupKind kind : {GroupKind::ep, GroupKind::etp, GroupKind::edp}) {
+    auto groups = grid.all_groups(kind);
+    CHECK(groups.size() == 16 / groups[0].size());
+  }
+  // A pp-inner order: a stage's ranks are not contiguous, the regrouping follows rank order.
+  RankGrid inner(1, 4, 2, "tp-pp-dp", 0, 1, 4, 1);
+  CHECK(inner.group(GroupKind::ep, 0) == std::vector<int64_t>{0, 2, 4, 6});
+  CHECK(inner.group(GroupKind::ep, 1) == std::vector<int64_t>{1, 3, 5, 7});
+  CHECK_THROWS_AS(RankGrid(2, 2, 1, "tp-dp-pp", 0, 1, 3, 1), InputError);
+}
+
+TEST_CASE("routing draws sum to the tokens, repeat with the seed and follow the skew", "[moe]") {
+  MoePlan uniform;
+  auto shares = routing_shares(uniform, 8);
+  auto a = draw_routing(shares, 10000, 7, 3, 5);
+  CHECK(std::accumulate(a.begin(), a.end(), int64_t{0}) == 10000);
+  CHECK(a == draw_routing(shares, 10000, 7, 3, 5));
+  CHECK(a != draw_routing(shares, 10000, 7, 4, 5));
+  for (int64_t c : a) CHECK(std::abs(double(c) - 1250.0) < 6 * std::sqrt(1250.0));
+  MoePlan skew;
+  skew.routing = RoutingKind::skew;
+  skew.skew = 1.0;
+  auto s = routing_shares(skew, 4);  // 1, 1/2, 1/3, 1/4 over 25/12
+  CHECK(s[0] == Approx(12.0 / 25));
+  CHECK(s[3] == Approx(3.0 / 25));
+  CHECK(expert_capacity(64 * 2, 4, 1.25) == 40);
+}
+
+TEST_CASE("MoE plan keys: defaults from the model, refusals name key, value and what is valid", "[plan][moe]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  Plan plan = test::make_plan(moe_plan(2, 2, 2), model, topo);
+  CHECK(plan.moe.top_k == 2);
+  CHECK(plan.moe.etp_size == 1);
+  CHECK(plan.moe.dropless());
+  Json no_etp = moe_plan(2, 2, 2);
+  no_etp.erase("expert_tensor_parallel_size");
+  CHECK(test::make_plan(no_etp, model, topo).moe.etp_size == 2);  // Megatron: tp
+  Json json = plan_to_json(plan);
+  CHECK(json.at("expert_model_parallel_size") == 2);
+  CHECK(json.at("moe_token_dispatcher_type") == "alltoall");
+
+  auto refused = [&](Json j, const std::string& a, const std::string& b) {
+    CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains(a) && Contains(b));
+  };
+  Json j = moe_plan(1, 4, 3);
+  refused(j, "'expert_model_parallel_size' = 3", "a divisor of 4");
+  j = moe_plan(1, 4, 2, 3);
+  refused(j, "'expert_tensor_parallel_size' = 3", "a divisor of 64");
+  j = moe_plan(1, 2, 4);
+  refused(j, "'expert_model_parallel_size' = 4", "ep · etp a divisor of 2");
+  j = moe_plan(1, 2, 1);
+  j["moe_router_topk"] = 5;
+  refused(j, "'moe_router_topk' = 5", "[1, 4]");
+  j = moe_plan(1, 2, 1);
+  j["moe_expert_capacity_factor"] = 0;
+  refused(j, "'moe_expert_capacity_factor'", "a number > 0");
+  j = moe_plan(2, 1, 1);
+  j.erase("sequence_parallel");
+  refused(j, "'sequence_parallel'", "true, or tp_size 1");
+  j = moe_plan(1, 2, 1);
+  j["moe_routing"] = "skew";
+  refused(j, "'moe_routing_skew'", "missing");
+  j = moe_plan(1, 2, 1);
+  j["moe_routing_skew"] = 1.0;
+  refused(j, "'moe_routing_skew'", "moe_routing \"skew\"");
+  ModelConfig dense = load_model(test::source_path("models/tiny.json"));
+  CHECK_THROWS_WITH(test::make_plan(moe_plan(1, 2, 2), dense, topo),
+                    Contains("'expert_model_parallel_size' = 2") && Contains("no experts"));
+}
+
+TEST_CASE("routing histograms: the expert count and the total are checked", "[plan][moe]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  auto write = [&](const std::string& name, const std::string& text) { return test::write_temp_file(name, text); };
+  Json j = moe_plan(1, 2, 2);
+  j["moe_routing"] = "histogram";
+  j["moe_routing_histogram"] = write("ok.json", R"({"tokens_per_expert": [40, 30, 20, 10], "total_tokens": 100})");
+  Plan plan = test::make_plan(j, model, topo);
+  CHECK(routing_shares(plan.moe, 4)[0] == Approx(0.4));
+  j["moe_routing_histogram"] = write("three.json", R"({"tokens_per_expert": [40, 30, 30]})");
+  CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("'moe_routing_histogram'") && Contains("has 3") &&
+                                                         Contains("a histogram of 4 counts"));
+  j["moe_routing_histogram"] = write("sum.json", R"({"tokens_per_expert": [40, 30, 20, 10], "total_tokens": 90})");
+  CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("'total_tokens' = 90") && Contains("differs"));
+}
+
+TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, recompute and both dispatchers",
+          "[lower][moe]") {
+  Topology topo = test::test_topology();
+  for (const char* file : {"models/tiny-moe.json", "models/tiny-moe-shared.json"}) {
+    ModelConfig model = load_model(test::source_path(file));
+    int index = 0;
+    for (int tp : {1, 2}) {
+      for (int ep : {1, 2, 4}) {
+        for (int etp : {1, 2}) {
+          for (const char* dispatcher : {"alltoall", "allgather"}) {
+            if ((tp * 4) % (ep * etp) != 0) continue;  // ep · etp must divide the stage's tp·dp ranks
+            ++index;
+            Json j = moe_plan(tp, 4, ep, etp);
+            j["moe_token_dispatcher_type"] = dispatcher;
+            j["pp_size"] = index % 3 == 0 ? 2 : 1;
+            j["zero_stage"] = index % 4;
+            j["recompute"] = index % 5 == 0 ? "full" : index % 5 == 1 ? "selective" : "none";
+            if (index % 2) j["moe_expert_capacity_factor"] = 1.25;
+            if (index % 7 == 0) j["overlap_grad_reduce"] = true;
+            Plan plan = test::make_plan(j, model, topo);
+            StepProgram program = lower_program(model, topo, plan);
+            INFO(file << " " << j.dump());
+            auto errors = check_program(program);
+            CHECK(errors.empty());
+            for (size_t i = 0; i < std::min<size_t>(3, errors.size()); ++i) INFO(errors[i]);
+            bool a2a = std::string(dispatcher) == "alltoall";
+            int64_t moe_layers_per_stage = model.num_moe_layers() / (j["pp_size"].get<int>() == 2 ? 2 : 1);
+            if (ep > 1 && a2a && j["pp_size"] == 1) {
+              // dispatch and combine forward, and their backward, each microbatch and MoE layer
+              CHECK(count_ops(program, OpKind::all_to_all, OpName::ep_dispatch, GroupKind::ep) ==
+                    2 * moe_layers_per_stage * program.num_microbatches * (plan.recompute == RecomputeKind::full ? 1 : 1) +
+                        (plan.recompute == RecomputeKind::full ? moe_layers_per_stage * program.num_microbatches : 0));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("expert weights per rank: E/ep experts f_e/etp wide, reduced over edp", "[lower][moe][memory]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  auto weights = [&](int ep, int etp) {
+    Plan plan = test::make_plan(moe_plan(1, 4, ep, etp), model, topo);
+    StepProgram program = lower_program(model, topo, plan);
+    return memory_report(program, topo).ranks[0].weights_bytes;
+  };
+  const double experts_bytes = 4.0 * 4 * double(expert_parameter_count(model)) * 4;  // 4 layers, 4 experts, fp32
+  CHECK(weights(1, 1) - weights(2, 1) == Approx(experts_bytes / 2));
+  CHECK(weights(1, 1) - weights(4, 1) == Approx(experts_bytes * 3 / 4));
+  CHECK(weights(2, 1) - weights(2, 2) == Approx(experts_bytes / 4));
+  // dp 4 with ep 2: expert gradients reduce over edp (2 ranks), dense ones over dp (4).
+  Plan plan = test::make_plan(moe_plan(1, 4, 2), model, topo);
+  StepProgram program = lower_program(model, topo, plan);
+  CHECK(program.grid().group(GroupKind::edp, 0).size() == 2);
+  CHECK(count_ops(program, OpKind::all_reduce, OpName::grad_bucket, GroupKind::edp) >= 1);
+  CHECK(count_ops(program, OpKind::all_reduce, OpName::grad_bucket, GroupKind::dp) >= 1);
+  // The dispatch carries the rank's T·k routed token copies of h elements.
+  for (const Op& op : program.roles[0].ops) {
+    if (op.kind == OpKind::all_to_all && op.name == OpName::ep_dispatch && op.phase == Phase::forward) {
+      CHECK(op.bytes == 64.0 * 2 * 64 * 4);
+      break;
+    }
+  }
+}
+
+TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give; capacity buffers the capacity",
+          "[lower][moe][memory]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  Json j = moe_plan(1, 4, 2);
+  Plan uniform = test::make_plan(j, model, topo);
+  j["moe_routing"] = "skew";
+  j["moe_routing_skew"] = 2.0;
+  Plan skewed = test::make_plan(j, model, topo);
+  LowerContext u(model, topo, uniform), s(model, topo, skewed);
+  // N = T·k·ep = 64·2·2 = 256 token copies over 4 experts, 2 a rank.
+  CHECK(u.moe.expert_rows >= 128);
+  CHECK(u.moe.expert_rows < 128 + 6 * 8);
+  CHECK(s.moe.expert_rows > 200);  // shares 1, 1/4, 1/9, 1/16: experts 0 and 1 take 88%
+  j = moe_plan(1, 4, 2);
+  j["moe_expert_capacity_factor"] = 1.0;
+  LowerContext c(model, topo, test::make_plan(j, model, topo));
+  CHECK(c.moe.capacity == 32);  // ceil(64·2 / 4 · 1.0)
+  CHECK(c.moe.expert_rows == 2 * 32 * 2);
+}
+
+TEST_CASE("a MoE program round-trips through program.json with its expert grid and routing", "[lower][moe]") {
+  ModelConfig model = load_model(test::source_path("models/tiny-moe-shared.json"));
+  Topology topo = test::test_topology();
+  Json j = moe_plan(2, 2, 2, 2);
+  j["moe_routing"] = "skew";
+  j["moe_routing_skew"] = 1.5;
+  j["moe_expert_capacity_factor"] = 1.5;
+  StepProgram program = lower_program(model, topo, test::make_plan(j, model, topo));
+  std::ostringstream text;
+  const std::string sha = write_program_json(program, &text);
+  StepProgram back = parse_program_json_text(text.str(), "program.json");
+  CHECK(back.program_sha256 == sha);
+  CHECK(back.ep_size == 2);
+  CHECK(back.etp_size == 2);
+  CHECK(back.moe.num_experts == 8);
+  CHECK(back.moe.top_k == 2);
+  CHECK(back.moe.routing_shares == program.moe.routing_shares);
+  CHECK(back.moe.routed_tokens == 32 * 2 * 2 * 2);  // (64 / tp 2) tokens · k · ep · etp
+  CHECK(back.moe.expert_capacity_rows == program.moe.expert_capacity_rows);
+  CHECK(back.moe.expert_capacity_rows == 12 * 2 * 2);  // ceil(32·2 / 8 · 1.5) from each of ep·etp ranks
+  CHECK(back.roles[0].ops.size() == program.roles[0].ops.size());
+}
