@@ -18,6 +18,8 @@
 // Every attention op carries its K/V block in `kv` and `cp_step` (the ring step, −1: all blocks
 // in cp rank order), n = the K/V rows; flops count the dense block, as the rest of the lowering
 // counts causal attention.
+#include <optional>
+
 #include "lower_context.hpp"
 
 namespace stepcast {
@@ -88,35 +90,36 @@ void emit_cp_reduce_dkv(OpEmitter& e, const OpSite& at, const std::string& dkv_a
   e.free(dkv, at.phase);
 }
 
-// Ulysses: the all_to_all carries [cp][s, b, width/cp], block j of the send to (from) cp rank j.
-void emit_a2a_to_sequence(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width,
-                          BufferClass y_class) {
+namespace {
+
+// Ulysses' exchange: `x` re-laid by `split` into [cp][s, b, width/cp] blocks, block j of the send to
+// (from) cp rank j, and the received blocks re-laid by `join` into `y` — allocated here after the
+// all_to_all as [s_full, b, width/cp] in `y_class`, or by the caller when none is given.
+void a2a_exchange(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width,
+                  OpName split, OpName join, std::optional<BufferClass> y_class) {
   const LowerContext& c = e.ctx();
   const std::string send = y + ".a2a_send", recv = y + ".a2a_recv";
   const std::vector<int64_t> blocks = {c.cp, c.s, c.b, width / c.cp};
   e.alloc(send, BufferClass::workspace, c.act, blocks, at.phase);
-  e.compute(at, OpKind::activation, OpName::cp_a2a_split_heads, 0, {x}, {send});
+  e.compute(at, OpKind::activation, split, 0, {x}, {send});
   e.alloc(recv, BufferClass::workspace, c.act, blocks, at.phase);
   e.collective(at, OpKind::all_to_all, GroupKind::cp, Stream::compute, OpName::cp_a2a,
                double(c.s) * c.b * width * dtype_bytes(c.act), {send}, {recv});
   e.free(send, at.phase);
-  e.alloc(y, y_class, c.act, {c.s_full, c.b, width / c.cp}, at.phase);
-  e.compute(at, OpKind::activation, OpName::cp_a2a_join_seq, 0, {recv}, {y});
+  if (y_class) e.alloc(y, *y_class, c.act, {c.s_full, c.b, width / c.cp}, at.phase);
+  e.compute(at, OpKind::activation, join, 0, {recv}, {y});
   e.free(recv, at.phase);
 }
 
+}  // namespace
+
+void emit_a2a_to_sequence(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width,
+                          BufferClass y_class) {
+  a2a_exchange(e, at, x, y, width, OpName::cp_a2a_split_heads, OpName::cp_a2a_join_seq, y_class);
+}
+
 void emit_a2a_to_heads(OpEmitter& e, const OpSite& at, const std::string& x, const std::string& y, int64_t width) {
-  const LowerContext& c = e.ctx();
-  const std::string send = y + ".a2a_send", recv = y + ".a2a_recv";
-  const std::vector<int64_t> blocks = {c.cp, c.s, c.b, width / c.cp};
-  e.alloc(send, BufferClass::workspace, c.act, blocks, at.phase);
-  e.compute(at, OpKind::activation, OpName::cp_a2a_split_seq, 0, {x}, {send});
-  e.alloc(recv, BufferClass::workspace, c.act, blocks, at.phase);
-  e.collective(at, OpKind::all_to_all, GroupKind::cp, Stream::compute, OpName::cp_a2a,
-               double(c.s) * c.b * width * dtype_bytes(c.act), {send}, {recv});
-  e.free(send, at.phase);
-  e.compute(at, OpKind::activation, OpName::cp_a2a_join_heads, 0, {recv}, {y});
-  e.free(recv, at.phase);
+  a2a_exchange(e, at, x, y, width, OpName::cp_a2a_split_seq, OpName::cp_a2a_join_heads, std::nullopt);
 }
 
 void emit_cp_attention_forward(OpEmitter& e, const OpSite& at, const std::string& prefix) {
