@@ -58,6 +58,11 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     if (!keep) e.free(n(name), ph);
   };
   auto kept_class = [&]() { return keep ? BufferClass::activations : BufferClass::workspace; };
+  // The grouped GEMMs read the counts (where each expert's rows are).
+  auto with_counts = [&](std::vector<std::string> inputs) {
+    inputs.push_back(n("counts"));
+    return inputs;
+  };
 
   e.alloc(n("ln2"), BufferClass::activations, c.act, local, ph);
   e.compute(at, OpKind::norm, OpName::post_attn_norm, 8.0 * T * h, {n("x_mid"), w}, {n("ln2")});
@@ -68,8 +73,12 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   e.alloc(n("probs_e"), kept_class(), c.act, {T, E}, ph);
   e.alloc(n("route_w"), kept_class(), c.act, {T, k}, ph);
   e.alloc(n("route_idx"), kept_class(), Dtype::int32, {T, k}, ph);
+  // counts [ep, E]: the token copies each ep rank's routing keeps for each expert (this rank's row
+  // written by routing, the others' arriving with the dispatch): the real sizes of the rows the
+  // worst-case buffers below hold, which every op of the way to the experts and back reads.
+  e.alloc(n("counts"), kept_class(), Dtype::int32, {x.ep, E}, ph);
   e.compute(at, OpKind::activation, OpName::moe_route, 6.0 * T * E, {n("router_logits")},
-            {n("probs_e"), n("route_w"), n("route_idx")});
+            {n("probs_e"), n("route_w"), n("route_idx"), n("counts")});
   e.free(n("router_logits"), ph);
   e.alloc(n("aux"), BufferClass::workspace, c.wide, {1}, ph);
   e.compute(at, OpKind::loss, OpName::moe_aux_loss, 2.0 * T * E, {n("probs_e"), n("route_idx")}, {n("aux")});
@@ -122,13 +131,14 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     // perm → (ep) all_to_all → (etp) all_gather → xe; a step without its group writes xe itself.
     const std::string perm = !ep && !etp ? n("xe") : n("perm");
     e.alloc(perm, perm == n("xe") ? kept_class() : BufferClass::workspace, c.act, {x.send_rows, h}, ph);
-    e.compute(at, OpKind::activation, OpName::moe_permute, 0, {n("ln2"), n("route_idx")}, {perm});
+    e.compute(at, OpKind::activation, OpName::moe_permute, 0, {n("ln2"), n("route_idx"), n("counts")}, {perm});
     std::string y = perm;
     if (ep) {
       y = etp ? n("disp") : n("xe");
       e.alloc(y, etp ? BufferClass::workspace : kept_class(), c.act, {x.recv_rows, h}, ph);
+      // The counts first (every ep rank's row to every other), then the rows they say.
       e.collective(at, OpKind::all_to_all, GroupKind::ep, Stream::compute, OpName::ep_dispatch,
-                   bytes_of(c, x.send_rows), {perm}, {y});
+                   bytes_of(c, x.send_rows), {perm, n("counts")}, {y, n("counts")});
       e.free(perm, ph);
     }
     if (etp) {
@@ -160,10 +170,10 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   // ... the local experts ...
   if (swiglu) {
     e.alloc(n("gate_e"), kept_class(), c.act, {R, fl}, ph);
-    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, {n("xe"), we}, {n("gate_e")});
+    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, with_counts({n("xe"), we}), {n("gate_e")});
   }
   e.alloc(n("up_e"), kept_class(), c.act, {R, fl}, ph);
-  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, {n("xe"), we}, {n("up_e")});
+  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, with_counts({n("xe"), we}), {n("up_e")});
   done("xe");
   e.alloc(n("act_e"), kept_class(), c.act, {R, fl}, ph);
   const double elements = double(m) * double(x.experts_local) * double(fl);
@@ -180,7 +190,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   if (a2a) {
     const std::string ye = !ep && !etp ? n("comb") : n("ye");
     e.alloc(ye, ye == n("comb") ? kept_class() : BufferClass::workspace, c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, {n("act_e"), we}, {ye});
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({n("act_e"), we}), {ye});
     done("act_e");
     std::string y = ye;
     if (etp) {
@@ -194,12 +204,12 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     if (ep) {
       e.alloc(n("comb"), kept_class(), c.act, {x.send_rows, h}, ph);
       e.collective(at, OpKind::all_to_all, GroupKind::ep, Stream::compute, OpName::ep_combine,
-                   bytes_of(c, x.recv_rows), {y}, {n("comb")});
+                   bytes_of(c, x.recv_rows), {y, n("counts")}, {n("comb")});
       e.free(y, ph);
     }
     e.alloc(moe_out, BufferClass::workspace, c.act, local, ph);
-    e.compute(at, OpKind::activation, OpName::moe_unpermute, 2.0 * T * k * h, {n("comb"), n("route_w"), n("route_idx")},
-              {moe_out});
+    e.compute(at, OpKind::activation, OpName::moe_unpermute, 2.0 * T * k * h,
+              {n("comb"), n("route_w"), n("route_idx"), n("counts")}, {moe_out});
     done("comb");
   } else {
     e.alloc(n("ye"), kept_class(), c.act, {R, h}, ph);
@@ -232,7 +242,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     branch = shared_out;
   }
   if (!keep) {
-    for (const char* name : {"probs_e", "route_w", "route_idx"}) e.free(n(name), ph);
+    for (const char* name : {"probs_e", "route_w", "route_idx", "counts"}) e.free(n(name), ph);
   }
 
   // Dropout and the residual.
@@ -268,6 +278,10 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   const int64_t T = x.tokens, E = x.experts, k = x.top_k, h = c.h;
   const int64_t R = x.expert_rows, m = x.rows_per_expert, fl = x.width_local;
   const int64_t gathered = T * x.ep * x.etp;
+  auto with_counts = [&](std::vector<std::string> inputs) {
+    inputs.push_back(n("counts"));
+    return inputs;
+  };
 
   // Through dropout (and the row-parallel bias) into the branch's gradient d [T, h].
   std::string d = g;
@@ -287,15 +301,15 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   if (a2a) {
     const std::string d_comb = !ep && !etp ? n("d_ye") : n("d_comb");
     e.alloc(d_comb, BufferClass::workspace, c.act, {x.send_rows, h}, bwd);
-    e.compute(at, OpKind::activation, OpName::moe_unpermute, 3.0 * T * k * h, {d, n("comb"), n("route_w"), n("route_idx")},
-              {d_comb, n("d_route_w")});
+    e.compute(at, OpKind::activation, OpName::moe_unpermute, 3.0 * T * k * h,
+              {d, n("comb"), n("route_w"), n("route_idx"), n("counts")}, {d_comb, n("d_route_w")});
     e.free(n("comb"), bwd);
     std::string y = d_comb;
     if (ep) {
       y = etp ? n("d_ye_rs") : n("d_ye");
       e.alloc(y, BufferClass::workspace, c.act, {x.recv_rows, h}, bwd);
       e.collective(at, OpKind::all_to_all, GroupKind::ep, Stream::compute, OpName::ep_combine,
-                   bytes_of(c, x.send_rows), {d_comb}, {y});
+                   bytes_of(c, x.send_rows), {d_comb, n("counts")}, {y});
       e.free(d_comb, bwd);
     }
     if (etp) {
@@ -329,8 +343,8 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
 
   // The local experts' backward.
   e.alloc(n("d_act_e"), BufferClass::workspace, c.act, {R, fl}, bwd);
-  grouped_gemm(e, at, OpName::expert_down, Grad::dgrad, m, fl, h, {n("d_ye"), we}, {n("d_act_e")});
-  grouped_gemm(e, at, OpName::expert_down, Grad::wgrad, m, h, fl, {n("act_e"), n("d_ye")}, {weg});
+  grouped_gemm(e, at, OpName::expert_down, Grad::dgrad, m, fl, h, with_counts({n("d_ye"), we}), {n("d_act_e")});
+  grouped_gemm(e, at, OpName::expert_down, Grad::wgrad, m, h, fl, with_counts({n("act_e"), n("d_ye")}), {weg});
   e.free(n("act_e"), bwd);
   e.free(n("d_ye"), bwd);
   const double elements = double(m) * double(x.experts_local) * double(fl);
@@ -346,12 +360,13 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   e.free(n("up_e"), bwd);
   e.free(n("d_act_e"), bwd);
   e.alloc(n("d_xe"), BufferClass::workspace, c.act, {R, h}, bwd);
-  grouped_gemm(e, at, OpName::expert_up, Grad::dgrad, m, h, fl, {n("d_up_e"), we}, {n("d_xe")});
-  grouped_gemm(e, at, OpName::expert_up, Grad::wgrad, m, fl, h, {n("xe"), n("d_up_e")}, {weg});
+  grouped_gemm(e, at, OpName::expert_up, Grad::dgrad, m, h, fl, with_counts({n("d_up_e"), we}), {n("d_xe")});
+  grouped_gemm(e, at, OpName::expert_up, Grad::wgrad, m, fl, h, with_counts({n("xe"), n("d_up_e")}), {weg});
   e.free(n("d_up_e"), bwd);
   if (swiglu) {
-    grouped_gemm(e, at, OpName::expert_gate, Grad::dgrad, m, h, fl, {n("d_gate_e"), we, n("d_xe")}, {n("d_xe")});
-    grouped_gemm(e, at, OpName::expert_gate, Grad::wgrad, m, fl, h, {n("xe"), n("d_gate_e")}, {weg});
+    grouped_gemm(e, at, OpName::expert_gate, Grad::dgrad, m, h, fl, {n("d_gate_e"), we, n("counts"), n("d_xe")},
+                 {n("d_xe")});
+    grouped_gemm(e, at, OpName::expert_gate, Grad::wgrad, m, fl, h, with_counts({n("xe"), n("d_gate_e")}), {weg});
     e.free(n("d_gate_e"), bwd);
   }
   e.free(n("xe"), bwd);
@@ -371,11 +386,12 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
     if (ep) {
       e.alloc(n("d_perm"), BufferClass::workspace, c.act, {x.send_rows, h}, bwd);
       e.collective(at, OpKind::all_to_all, GroupKind::ep, Stream::compute, OpName::ep_dispatch,
-                   bytes_of(c, x.recv_rows), {y}, {n("d_perm")});
+                   bytes_of(c, x.recv_rows), {y, n("counts")}, {n("d_perm")});
       e.free(y, bwd);
       y = n("d_perm");
     }
-    e.compute(at, OpKind::activation, OpName::moe_permute, double(T) * k * h, {y, n("route_idx")}, {n("d_ln2")});
+    e.compute(at, OpKind::activation, OpName::moe_permute, double(T) * k * h, {y, n("route_idx"), n("counts")},
+              {n("d_ln2")});
     e.free(y, bwd);
   } else {
     std::string y = !ep && !etp ? n("d_ln2") : n("d_g");
@@ -401,7 +417,7 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   e.alloc(n("d_logits"), BufferClass::workspace, c.act, {T, E}, bwd);
   e.compute(at, OpKind::activation, OpName::moe_route, 8.0 * T * E, {n("probs_e"), n("route_idx"), n("d_route_w")},
             {n("d_logits")});
-  for (const char* name : {"probs_e", "route_idx", "d_route_w"}) e.free(n(name), bwd);
+  for (const char* name : {"probs_e", "route_idx", "d_route_w", "counts"}) e.free(n(name), bwd);
   e.gemm(at, OpName::router, Grad::dgrad, T, h, E, {n("d_logits"), w, n("d_ln2")}, {n("d_ln2")});
   e.gemm(at, OpName::router, Grad::wgrad, h, E, T, {n("ln2"), n("d_logits")}, {wg});
   e.free(n("d_logits"), bwd);

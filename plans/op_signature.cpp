@@ -193,6 +193,8 @@ Slot grads(const char* name = "dw") { return {name, R::grads, C::one, D::floatin
 Slot mask(const char* name = "mask", S shape = S::any) { return {name, R::mask, C::one, D::mask, shape}; }
 Slot stats(const char* name, S shape = S::any) { return {name, R::statistics, C::one, D::wide, shape}; }
 Slot tokens(const char* name) { return {name, R::data, C::one, D::int32, S::any}; }
+// MoE's counts [ep, E] (optional: programs lowered before the executor ran MoE lack them).
+Slot counts() { return {"counts", R::activation, C::optional, D::int32, S::any}; }
 Slot scratch() { return {"scratch", R::comm_scratch, C::optional, D::same_as_first, S::any}; }
 
 // A collective reading `in` and writing `out` (one buffer each), with the host staging.
@@ -243,11 +245,13 @@ std::vector<OpSignature> make_table() {
        {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n)}, {grads()}},
       // Grouped GEMMs of the local experts: batch = experts, m = the mean rows an expert computes;
       // the buffers hold every local expert's rows (as the routing puts them), hence any shape.
-      {OpKind::gemm, grouped, Grad::none, Pass::forward, {act("x", D::floating), weights()},
+      // counts [ep, E] (int32): the rows each expert holds (moe_route's).
+      {OpKind::gemm, grouped, Grad::none, Pass::forward, {act("x", D::floating), weights(), counts()},
        {act("y", D::same_as_first)}},
-      {OpKind::gemm, grouped, Grad::dgrad, Pass::backward, {act("d_y", D::floating), weights(), optional_act("d_x")},
-       {act("d_x", D::same_as_first)}},
-      {OpKind::gemm, grouped, Grad::wgrad, Pass::backward, {act("x", D::floating), act("d_y", D::floating)}, {grads()}},
+      {OpKind::gemm, grouped, Grad::dgrad, Pass::backward,
+       {act("d_y", D::floating), weights(), counts(), optional_act("d_x")}, {act("d_x", D::same_as_first)}},
+      {OpKind::gemm, grouped, Grad::wgrad, Pass::backward,
+       {act("x", D::floating), act("d_y", D::floating), counts()}, {grads()}},
       // ---- attention core: batch = b·heads, m = n = s, k = head_dim ----
       {OpKind::attention, {N::score}, Grad::none, Pass::forward,
        {act("qkv")}, {act("scores", D::same_as_first, S::batch_m_n)}},
@@ -301,19 +305,21 @@ std::vector<OpSignature> make_table() {
       // [T, k]); permutation of the tokens into expert order, and back weighted (its backward
       // also gives the weights' gradient); the backward of routing adds the aux loss's gradient ----
       {OpKind::activation, {N::moe_route}, Grad::none, Pass::forward, {act("logits")},
-       {act("probs", D::same_as_first), act("route_w", D::same_as_first), act("route_idx", D::int32)}},
+       {act("probs", D::same_as_first), act("route_w", D::same_as_first), act("route_idx", D::int32), counts()}},
       {OpKind::activation, {N::moe_route}, Grad::none, Pass::backward,
        {act("probs"), act("route_idx", D::int32), act("d_route_w")}, {act("d_logits", D::same_as_first)}},
       {OpKind::loss, {N::moe_aux_loss}, Grad::none, Pass::forward, {act("probs"), act("route_idx", D::int32)},
        {stats("aux", S::one)}},
-      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::forward, {act("x"), act("route_idx", D::int32)},
+      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::forward,
+       {act("x"), act("route_idx", D::int32), counts()},
        {act("y", D::same_as_first)}},
-      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::backward, {act("d_y"), act("route_idx", D::int32)},
+      {OpKind::activation, {N::moe_permute}, Grad::none, Pass::backward,
+       {act("d_y"), act("route_idx", D::int32), counts()},
        {act("d_x", D::same_as_first)}},
       {OpKind::activation, {N::moe_unpermute}, Grad::none, Pass::forward,
-       {act("x"), act("route_w"), act("route_idx", D::int32)}, {act("y", D::same_as_first)}},
+       {act("x"), act("route_w"), act("route_idx", D::int32), counts()}, {act("y", D::same_as_first)}},
       {OpKind::activation, {N::moe_unpermute}, Grad::none, Pass::backward,
-       {act("d_y"), act("x"), act("route_w"), act("route_idx", D::int32)},
+       {act("d_y"), act("x"), act("route_w"), act("route_idx", D::int32), counts()},
        {act("d_x", D::same_as_first), act("d_route_w", D::same_as_first)}},
       {OpKind::activation, {N::moe_add}, Grad::none, Pass::any, {act("x"), act("acc")}, {act("acc", D::same_as_first)}},
       // ---- context parallelism: K and V out of qkv; partial attention merged by log-sum-exp
@@ -383,7 +389,10 @@ std::vector<OpSignature> make_table() {
       collective(OpKind::all_to_all, {N::cp_a2a}, "x", "y"),
       // MoE dispatch and combine (and their backward): an all_to_all over ep with the alltoall
       // dispatcher, all_gather / reduce_scatter over ep with allgather, and over etp.
-      collective(OpKind::all_to_all, moe_comm, "x", "y"),
+      // (The alltoall dispatcher's: the counts travel first, then the rows they say.)
+      {OpKind::all_to_all, moe_comm, Grad::none, Pass::any,
+       {{"x", R::activation, C::one, D::same_as_first, S::any}, counts()},
+       {{"y", R::activation, C::one, D::same_as_first, S::any}, counts(), scratch()}},
       collective(OpKind::all_gather, moe_comm, "x", "y"),
       collective(OpKind::reduce_scatter, moe_comm, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,

@@ -56,7 +56,59 @@ double hashed_normal(uint64_t key) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
 }
 
+// A MoE layer's group on one tp rank: attention, the shared experts (tp-sharded like a dense MLP,
+// n_shared_experts · moe_intermediate_size wide), then the replicated tail: norms, row biases and
+// the router [E, h] (lower_context's layer_sp_replicated(layer)).
+GroupLayout moe_layer_layout(const ModelConfig& m, int64_t t) {
+  GroupLayout g;
+  const int64_t h = m.hidden_size, d = m.head_dim();
+  const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
+  const int64_t qkv = (heads + 2 * kv) * d;
+  const int64_t f = m.n_shared_experts * m.moe_intermediate_size / t;
+  add(g, "qkv.weight", qkv, h, false, true);
+  if (m.use_bias) add(g, "qkv.bias", qkv, 1, false, false);
+  add(g, "attn_out.weight", h, heads * d, false, true);
+  if (f > 0) {
+    if (m.mlp == MlpKind::swiglu) {
+      add(g, "mlp_gate.weight", f, h, false, true);
+      if (m.use_bias) add(g, "mlp_gate.bias", f, 1, false, false);
+    }
+    add(g, "mlp_up.weight", f, h, false, true);
+    if (m.use_bias) add(g, "mlp_up.bias", f, 1, false, false);
+    add(g, "mlp_down.weight", h, f, false, true);
+  }
+  add_norm(g, m, "ln1");
+  add_norm(g, m, "ln2");
+  if (m.use_bias) {
+    add(g, "attn_out.bias", h, 1, true, false);
+    if (f > 0) add(g, "mlp_down.bias", h, 1, true, false);
+  }
+  add(g, "router.weight", m.num_experts, h, true, true);
+  if (m.use_bias) add(g, "router.bias", m.num_experts, 1, true, false);
+  return g;
+}
+
 }  // namespace
+
+std::string expert_tensor_name(int64_t expert, const char* tensor) {
+  return "expert." + std::to_string(expert) + "." + tensor;
+}
+
+GroupLayout expert_group_layout(const ModelConfig& m, int64_t ep_size, int64_t ep_rank, int64_t etp_size) {
+  GroupLayout g;
+  const int64_t h = m.hidden_size, f = m.moe_intermediate_size / etp_size, local = m.num_experts / ep_size;
+  for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
+    if (m.mlp == MlpKind::swiglu) {
+      add(g, expert_tensor_name(e, "gate.weight"), f, h, false, true);
+      if (m.use_bias) add(g, expert_tensor_name(e, "gate.bias"), f, 1, false, false);
+    }
+    add(g, expert_tensor_name(e, "up.weight"), f, h, false, true);
+    if (m.use_bias) add(g, expert_tensor_name(e, "up.bias"), f, 1, false, false);
+    add(g, expert_tensor_name(e, "down.weight"), h, f, false, true);
+    if (m.use_bias) add(g, expert_tensor_name(e, "down.bias"), h, 1, false, false);
+  }
+  return g;
+}
 
 GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::string& group) {
   GroupLayout g;
@@ -70,8 +122,12 @@ GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::strin
     add(g, "position.weight", m.max_position_embeddings, h, true, true);
   } else if (group == "final_norm") {
     add_norm(g, m, "final_norm");
+  } else if (group.size() > 1 && group[0] == 'X') {
+    STEPCAST_CHECK(false, "expert group " + group + ": its layout is expert_group_layout's");
   } else {
     STEPCAST_CHECK(group.size() > 1 && group[0] == 'L', "unknown parameter group " + group);
+    const int64_t layer = std::stoll(group.substr(1));
+    if (m.is_moe_layer(layer)) return moe_layer_layout(m, t);
     const int64_t qkv = (heads + 2 * kv) * d;
     add(g, "qkv.weight", qkv, h, false, true);
     if (m.use_bias) add(g, "qkv.bias", qkv, 1, false, false);
@@ -133,7 +189,8 @@ double initial_parameter(const ModelConfig& m, int64_t t, int64_t r, const std::
   key = mix(key ^ uint64_t(grow));
   key = mix(key ^ (uint64_t(gcol) << 1));
   double std = 0.02;
-  if (name == "attn_out.weight" || name == "mlp_down.weight") {
+  if (name == "attn_out.weight" || name == "mlp_down.weight" ||
+      (name.rfind("expert.", 0) == 0 && name.size() > 11 && name.compare(name.size() - 11, 11, "down.weight") == 0)) {
     std = 0.02 / std::sqrt(2.0 * double(m.num_hidden_layers));
   }
   return std * hashed_normal(key);
