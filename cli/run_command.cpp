@@ -153,12 +153,12 @@ int run_run(int argc, char** argv) {
       std::string problem = placement_problem(rank, size, *local, in.topology.node.devices_per_node);
       if (!problem.empty()) throw InputError(problem);
     }
-    if (in.model.is_moe()) {
+    if (in.model.is_moe() && cuda) {
       throw_input_error(in.model.file, "num_local_experts", std::to_string(in.model.num_experts),
-                        "a mixture of experts is planned, lowered and simulated, but the executors do not run "
-                        "its router, permutation and expert ops yet",
-                        "a dense model for `stepcast run` (`stepcast simulate` and `memory` take this one)");
+                        "the CUDA backend does not run a mixture of experts's router, permutation and expert ops yet",
+                        "--backend cpu, or a dense model");
     }
+    if (!cuda) check_cpu_moe(in.model, in.plan);
     // The output folder before any step: one that cannot be written fails now, not after
     // training.
     on_rank0_then_agree(

@@ -209,6 +209,44 @@ class Backend {
   // Current scaling: *amax = max |x|; *scale from *amax (fp8_current_scale).
   virtual void fp8_absmax(const T* /*x*/, int64_t /*n*/, W* /*amax*/) { no_fp8(); }
   virtual void fp8_set_current_scale(const W* /*amax*/, W* /*scale*/, Fp8Storage /*format*/) { no_fp8(); }
+  // Mixture of experts (cpu_kernels.hpp's moe_*). Row maps (`rows`, −1 dropped) are host arrays;
+  // route_idx and counts are backend memory. A backend without them refuses MoE programs.
+  virtual void moe_route_forward(const T* /*logits*/, T* /*probs*/, T* /*route_w*/, int32_t* /*route_idx*/,
+                                 int32_t* /*counts*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
+                                 int64_t /*capacity*/) {
+    no_moe();
+  }
+  virtual double moe_aux_loss(const T* /*probs*/, const int32_t* /*route_idx*/, int64_t /*tokens*/,
+                              int64_t /*experts*/, int64_t /*top_k*/, double /*scale*/) {
+    no_moe();
+    return 0;
+  }
+  virtual void moe_route_backward(const T* /*probs*/, const int32_t* /*route_idx*/, const T* /*d_route_w*/,
+                                  T* /*d_logits*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
+                                  double /*aux_scale*/) {
+    no_moe();
+  }
+  virtual void moe_permute(const T* /*x*/, T* /*y*/, const int64_t* /*rows*/, int64_t /*tokens*/, int64_t /*top_k*/,
+                           int64_t /*h*/, bool /*backward*/) {
+    no_moe();
+  }
+  virtual void moe_unpermute_forward(const T* /*x*/, const T* /*route_w*/, const int64_t* /*rows*/, T* /*y*/,
+                                     int64_t /*tokens*/, int64_t /*top_k*/, int64_t /*h*/) {
+    no_moe();
+  }
+  virtual void moe_unpermute_backward(const T* /*d_y*/, const T* /*x*/, const T* /*route_w*/,
+                                      const int64_t* /*rows*/, T* /*d_x*/, T* /*d_route_w*/, int64_t /*tokens*/,
+                                      int64_t /*top_k*/, int64_t /*h*/) {
+    no_moe();
+  }
+  virtual void moe_add(T* /*acc*/, const T* /*x*/, int64_t /*n*/) { no_moe(); }  // acc += x
+  // An all_to_all of variable blocks, in bytes: send[send_offsets[i], + send_bytes[i]) to member i,
+  // recv[recv_offsets[j], + recv_bytes[j]) from member j (send blocks may overlap).
+  virtual void all_to_allv(GroupKind /*group*/, const char* /*send*/, const std::vector<int64_t>& /*send_bytes*/,
+                           const std::vector<int64_t>& /*send_offsets*/, char* /*recv*/,
+                           const std::vector<int64_t>& /*recv_bytes*/, const std::vector<int64_t>& /*recv_offsets*/) {
+    no_moe();
+  }
   virtual void gelu_forward(const T* x, T* y, int64_t n) = 0;
   virtual void gelu_backward(const T* x, const T* dy, T* dx, int64_t n) = 0;
   virtual void swiglu_forward(const T* gate, const T* up, T* act, int64_t n) = 0;
@@ -280,6 +318,11 @@ class Backend {
   void no_fp8() const {
     throw InputError(std::string("the ") + name() + " backend does not run FP8 linear layers yet (plan key fp8); valid: "
                      "--backend cpu (FP8 emulated), or no fp8");
+  }
+  void no_moe() const {
+    throw InputError(std::string("the ") + name() +
+                     " backend does not run mixtures of experts yet (a model with num_local_experts); valid: "
+                     "--backend cpu, or a dense model");
   }
   void no_cp() const {
     throw InputError(std::string("the ") + name() +

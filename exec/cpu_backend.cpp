@@ -195,6 +195,41 @@ class CpuBackend final : public Backend<T> {
   void cp_accumulate(T* acc, const T* part, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += part[i];
   }
+  void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
+                         int64_t experts, int64_t top_k, int64_t capacity) override {
+    cpu::moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity);
+  }
+  double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
+                      double scale) override {
+    return cpu::moe_aux_loss(probs, route_idx, tokens, experts, top_k, scale);
+  }
+  void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
+                          int64_t experts, int64_t top_k, double aux_scale) override {
+    cpu::moe_route_backward(probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale);
+  }
+  void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
+                   bool backward) override {
+    if (backward)
+      cpu::moe_permute_backward(x, y, rows, tokens, top_k, h);
+    else
+      cpu::moe_permute_forward(x, y, rows, tokens, top_k, h);
+  }
+  void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
+                             int64_t h) override {
+    cpu::moe_unpermute_forward(x, route_w, rows, y, tokens, top_k, h);
+  }
+  void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
+                              int64_t tokens, int64_t top_k, int64_t h) override {
+    cpu::moe_unpermute_backward(d_y, x, route_w, rows, d_x, d_route_w, tokens, top_k, h);
+  }
+  void moe_add(T* acc, const T* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
+  }
+  void all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                   const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
+                   const std::vector<int64_t>& recv_offsets) override {
+    collectives_.all_to_allv(group, send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  }
   void cp_score_forward(const T* qkv, const T* kv, int64_t n, const int64_t* q_pos, const int64_t* kv_pos, T* scores,
                         const cpu::AttentionShape& shape, double scale) override {
     cpu::cp_score_forward(qkv, kv, n, q_pos, kv_pos, scores, shape, scale);

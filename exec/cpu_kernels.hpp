@@ -311,4 +311,35 @@ template <class T>
 void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
                 const AdamW& config, int64_t step, double clip_coef);
 
+// ---- mixture of experts (cpu_kernels_moe.cpp) --------------------------------------------------
+// Routing of `tokens` rows of logits [tokens, experts]: probs = softmax; the top_k experts by
+// probability (ties to the lower id) with their probabilities as weights route_w [tokens, top_k];
+// route_idx the expert, or −1 − expert for a copy dropped because the expert already kept
+// `capacity` copies in token order (capacity 0: none dropped); counts[experts] the copies kept.
+template <class T>
+void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
+                       int64_t experts, int64_t top_k, int64_t capacity);
+// The load-balancing loss scale · Σ_e (Σ_t probs[t, e]) · (copies routed to e, dropped included).
+template <class T>
+double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
+                    double scale);
+// d_logits (overwritten) from the weights' gradient d_route_w and the loss above's (aux_scale).
+template <class T>
+void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
+                        int64_t experts, int64_t top_k, double aux_scale);
+// Row moves: rows[t·top_k + j] is the permuted row of copy j of token t (−1: dropped). Forward
+// y[rows] = x[t]; backward d_x[t] = Σ_j d_y[rows] (overwritten).
+template <class T>
+void moe_permute_forward(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h);
+template <class T>
+void moe_permute_backward(const T* d_y, T* d_x, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h);
+// y[t] = Σ_j route_w[t, j] · x[rows] (overwritten); backward d_x[rows] = route_w · d_y[t] and
+// d_route_w[t, j] = d_y[t] · x[rows] (0 for dropped copies).
+template <class T>
+void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
+                           int64_t h);
+template <class T>
+void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
+                            int64_t tokens, int64_t top_k, int64_t h);
+
 }  // namespace stepcast::cpu

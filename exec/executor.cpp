@@ -77,6 +77,7 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
   output.first_step = first_step;
   double tokens_per_step = double(program.tokens_per_step);
   output.losses.reserve(size_t(options.steps));
+  output.moe_dropped_tokens.reserve(size_t(options.steps));
   output.step_times_s.reserve(size_t(options.steps));
   int64_t steps = options.steps - first_step;  // --steps is the step to stop after
   if (steps < 1) {
@@ -105,6 +106,9 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
     double loss_sum = control.sum(local_loss, after);
     double loss = loss_sum / tokens_per_step;
     output.losses.push_back(loss);
+    if (program.moe.num_experts > 0) {
+      output.moe_dropped_tokens.push_back(int64_t(control.sum(double(interpreter.moe_dropped_tokens()), after)));
+    }
     output.step_times_s.push_back(step_time);
     if (rank == 0 && !options.quiet) {
       std::cout << "step " << first_step + k + 1 << "/" << options.steps << "  loss " << loss << "  step time "
@@ -234,6 +238,9 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
                {"weight_decay", options.weight_decay},
                {"max_grad_norm", options.max_grad_norm},
                {"seed", options.seed}}}};
+  // Token copies the expert capacity dropped in each step, summed over the ranks (MoE with a
+  // moe_expert_capacity_factor; 0 when dropless).
+  if (program.moe.num_experts > 0) r.extra["moe_dropped_tokens"] = output.moe_dropped_tokens;
   return output;
 }
 
@@ -325,11 +332,49 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
   }
 }
 
+void check_cpu_moe(const ModelConfig& model, const Plan& plan) {
+  if (!model.is_moe()) return;
+  const MoePlan& moe = plan.moe;
+  auto refuse = [&](const std::string& file, const std::string& key, const std::string& value, const std::string& why,
+                    const std::string& valid) {
+    throw_input_error(file, key, value, "the CPU backend's mixture of experts " + why, valid);
+  };
+  if (moe.dispatcher != MoeDispatcher::alltoall) {
+    refuse(plan.file, "moe_token_dispatcher_type", "\"allgather\"", "runs the alltoall dispatcher only",
+           "\"alltoall\" (the default)");
+  }
+  if (moe.etp_size > 1) {
+    refuse(plan.file, "expert_tensor_parallel_size", std::to_string(moe.etp_size),
+           "does not split experts over tensor-parallel ranks yet (it defaults to tp_size)", "1");
+  }
+  if (model.use_bias) {
+    refuse(model.file, "use_bias", "true", "has no expert or router biases yet", "false");
+  }
+  if (plan.fp8.enabled()) refuse(plan.file, "fp8", "set", "does not run FP8 expert GEMMs", "no fp8");
+  if (plan.cp_size > 1) {
+    refuse(plan.file, "context_parallel_size", std::to_string(plan.cp_size),
+           "routes, drops and balances the tokens of a whole sequence slice", "1");
+  }
+  if (plan.tp_size > 1 && model.router_aux_loss_coef != 0) {
+    refuse(plan.file, "tp_size", std::to_string(plan.tp_size),
+           "computes the aux load-balancing loss (router_aux_loss_coef = " + std::to_string(model.router_aux_loss_coef) +
+               " in " + model.file + ") over a rank's tokens, which tensor parallelism splits",
+           "1, or a model with router_aux_loss_coef 0");
+  }
+  if (plan.tp_size > 1 && !moe.dropless()) {
+    refuse(plan.file, "moe_expert_capacity_factor", std::to_string(moe.capacity_factor),
+           "drops at the capacity of a rank's tokens, which tensor parallelism (tp_size " + std::to_string(plan.tp_size) +
+               ") splits",
+           "no capacity factor (dropless), or tp_size 1");
+  }
+}
+
 void set_backend_wrapper(const BackendWrapper* wrapper) { g_backend_wrapper = wrapper; }
 
 RunOutput run_program(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cpu_backend(in.plan, in.topology);
+  check_cpu_moe(in.model, in.plan);
   if (in.plan.param_dtype == Dtype::fp64) {
     return run_cpu<double>(program, in.model, in.plan, in.topology, options);
   }

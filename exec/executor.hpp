@@ -39,6 +39,7 @@ struct RunOutput {
   std::vector<double> losses;            // one per step run (after a resume: from there)
   int64_t first_step = 0;                // index of the first step run (0, or the resumed step)
   std::vector<double> step_times_s;      // every step, slowest rank
+  std::vector<int64_t> moe_dropped_tokens;  // MoE: token copies capacity dropped, per step, all ranks
   StepResult result;                     // filled on rank 0
   double measured_peak_bytes = 0;        // this rank
   double heap_growth_after_first_step_bytes = 0;  // this rank: malloc'd bytes outside the arena
@@ -49,6 +50,10 @@ struct RunOutput {
 // 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
 // gradients, a topology that is not a host. The command line calls it before run_program.
 void check_cpu_backend(const Plan& plan, const Topology& topology);
+// The same for a mixture of experts: the CPU backend runs the alltoall dispatcher without expert
+// tensor parallelism, biases, FP8 or context parallelism; with tp_size > 1 neither an aux loss nor
+// a capacity (both count the tokens of a rank, which tp splits). Nothing for a dense model.
+void check_cpu_moe(const ModelConfig& model, const Plan& plan);
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
 // caller). Everything it runs comes from the program: its ops and the resolved inputs it
 // carries (program_inputs.hpp); check_cpu_backend is applied to those again.

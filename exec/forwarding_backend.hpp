@@ -163,6 +163,36 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->fp8_set_current_scale(amax, scale, format);
   }
   void cp_accumulate(T* acc, const T* part, int64_t n) override { inner_->cp_accumulate(acc, part, n); }
+  void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
+                         int64_t experts, int64_t top_k, int64_t capacity) override {
+    inner_->moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity);
+  }
+  double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
+                      double scale) override {
+    return inner_->moe_aux_loss(probs, route_idx, tokens, experts, top_k, scale);
+  }
+  void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
+                          int64_t experts, int64_t top_k, double aux_scale) override {
+    inner_->moe_route_backward(probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale);
+  }
+  void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
+                   bool backward) override {
+    inner_->moe_permute(x, y, rows, tokens, top_k, h, backward);
+  }
+  void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
+                             int64_t h) override {
+    inner_->moe_unpermute_forward(x, route_w, rows, y, tokens, top_k, h);
+  }
+  void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
+                              int64_t tokens, int64_t top_k, int64_t h) override {
+    inner_->moe_unpermute_backward(d_y, x, route_w, rows, d_x, d_route_w, tokens, top_k, h);
+  }
+  void moe_add(T* acc, const T* x, int64_t n) override { inner_->moe_add(acc, x, n); }
+  void all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                   const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
+                   const std::vector<int64_t>& recv_offsets) override {
+    inner_->all_to_allv(group, send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+  }
   void cp_a2a_heads(const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts,
                     bool split) override {
     inner_->cp_a2a_heads(x, y, rows, sections, parts, split);

@@ -31,6 +31,7 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
       coord_(grid_.coord(rank)),
       role_(program.role_of_rank(rank)),
       shards_(plan.zero_stage, plan.dp_cp_size(), program.dp_shard_size),
+      expert_shards_(plan.zero_stage, grid_.edp_size(), grid_.edp_size()),
       backend_(backend) {
   t_ = plan.tp_size;
   cp_ = plan.cp_size;
@@ -66,7 +67,20 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
       groups_.push_back(op.buffer.substr(8));
     }
   }
-  for (const auto& g : groups_) layouts_[g] = param_group_layout(model, t_, g);
+  ep_index_ = grid_.ep_rank(rank);
+  edp_index_ = grid_.stage_index(rank) / (grid_.etp_size() * grid_.ep_size());
+  moe_local_ = model.is_moe() ? model.num_experts / grid_.ep_size() : 0;
+  if (plan.zero_stage == 0 && grid_.ep_size() > 1) {
+    const std::vector<int64_t> ep = grid_.group(GroupKind::ep, rank), model_group = grid_.group(GroupKind::model, rank);
+    auto in_model = [&](int64_t r) { return std::find(model_group.begin(), model_group.end(), r) != model_group.end(); };
+    const int64_t shared = std::count_if(ep.begin(), ep.end(), in_model);
+    norm_weight_ = 1.0 / double(shared);
+    dense_in_norm_ = in_model(*std::min_element(ep.begin(), ep.end()));
+  }
+  for (const auto& g : groups_) {
+    layouts_[g] = is_expert_group(g) ? expert_group_layout(model, grid_.ep_size(), ep_index_, grid_.etp_size())
+                                     : param_group_layout(model, t_, g);
+  }
   zero_.assign(role_.ops.size(), 0);
   pending_async_.assign(role_.ops.size(), 0);
   mark_buffers_to_zero();
@@ -97,6 +111,7 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
   step_ = step_index;
   backend_.begin_step(step_index);
   loss_sum_ = 0;
+  moe_dropped_ = 0;
   zero_persistent_grads();
   for (const Op& op : role_.ops) {
     double start = 0;
@@ -236,7 +251,8 @@ void Interpreter<T, G, W>::initialize_parameters() {
     const GroupLayout& layout = layouts_.at(group);
     // Which elements of the full local buffer this buffer holds.
     auto [first, last] =
-        shards_.held(weights ? ShardedState::weights : ShardedState::optimizer, layout.elements, shard_rank());
+        shards(group).held(weights ? ShardedState::weights : ShardedState::optimizer, layout.elements,
+                           shard_rank(group));
     // Optimizer moments start at zero (the arena is zeroed); a master copy [m | v | master]
     // starts at the weights' values, in W, so the T weights are its rounding.
     int64_t states = optimizer_states(op);

@@ -66,6 +66,8 @@ class Interpreter {
 
   std::map<std::string, int64_t> algorithms_used() const { return backend_.algorithms_used(); }
   double last_grad_norm() const { return last_grad_norm_; }
+  // MoE: token copies this rank's routing dropped at the expert capacity in the last step.
+  int64_t moe_dropped_tokens() const { return moe_dropped_; }
   // The arena's size as placed: the program's live peak plus what the placement could not pack.
   int64_t arena_extent_bytes() const { return arena_.extent_bytes(); }
 
@@ -120,13 +122,22 @@ class Interpreter {
 
   // ---- ZeRO shards (shard_layout.hpp) ----
   int64_t dp_rank() const { return coord_.dp; }  // which samples the rank reads
-  // Its place among the ranks a gradient is reduced and sharded over (dp × cp).
-  int64_t shard_rank() const { return grid_.dp_cp_index(rank_); }
+  // Its place among the ranks a group's gradient is reduced and sharded over: dp × cp, or for a
+  // MoE layer's experts ("X<l>") edp.
+  static bool is_expert_group(const std::string& group) { return !group.empty() && group[0] == 'X'; }
+  const ShardLayout& shards(const std::string& group) const {
+    return is_expert_group(group) ? expert_shards_ : shards_;
+  }
+  int64_t shard_rank(const std::string& group) const {
+    return is_expert_group(group) ? edp_index_ : grid_.dp_cp_index(rank_);
+  }
   // The elements of a group this rank updates, and where element `e` of the group sits in the
   // rank's `state` buffer (at e − first of what the buffer holds).
-  ShardRange owned(int64_t elements) const { return shards_.owned(elements, shard_rank()); }
-  int64_t held_first(ShardedState state, int64_t elements) const {
-    return shards_.held(state, elements, shard_rank()).first;
+  ShardRange owned(int64_t elements, const std::string& group) const {
+    return shards(group).owned(elements, shard_rank(group));
+  }
+  int64_t held_first(ShardedState state, int64_t elements, const std::string& group) const {
+    return shards(group).held(state, elements, shard_rank(group)).first;
   }
 
   // ---- parameters and data (interpreter.cpp) ----
@@ -167,6 +178,23 @@ class Interpreter {
   }
   void execute(const Op& op);
 
+  // ---- mixture of experts (interpreter_moe.cpp) ----
+  // Routing, permutation, un-permutation and the shared experts' sum; the local experts' grouped
+  // GEMMs; the aux loss; the dispatch and combine all_to_alls with their counts.
+  void moe_activation(const Op& op);
+  void moe_gemm(const Op& op);
+  void moe_aux(const Op& op);
+  void moe_all_to_all(const Op& op);
+  // The op's counts [ep, E] into moe_counts_; with route_idx, the permuted row of every token
+  // copy into moe_rows_ (−1: dropped).
+  void moe_read_counts(const Op& op);
+  void moe_map_rows(const Op& op);
+  int64_t moe_tokens(const Op& op) const;
+  // Rows of this rank's local expert `local` from ep rank `source` in the experts' buffers.
+  int64_t moe_received(int64_t source, int64_t local) const {
+    return moe_counts_[size_t(source * p_.moe.num_experts + ep_index_ * moe_local_ + local)];
+  }
+
   // ---- layers (interpreter_layers.cpp) ----
   void embedding(const Op& op);
   void norm(const Op& op);
@@ -195,6 +223,13 @@ class Interpreter {
   RankCoord coord_;
   const Role& role_;
   ShardLayout shards_;
+  ShardLayout expert_shards_;  // expert groups, over edp
+  int64_t ep_index_ = 0, edp_index_ = 0, moe_local_ = 0;  // moe_local_: E / ep
+  // The gradient norm's share of this rank (ZeRO-0 with ep > 1 sums it over the model group, then
+  // over ep): dense gradients counted in one model group of the ep members, all scaled by 1/m for
+  // the m ep members each model group holds.
+  bool dense_in_norm_ = true;
+  double norm_weight_ = 1.0;
   Backend<T, G, W>& backend_;
   Arena arena_;
   char* arena_memory_ = nullptr;
@@ -225,6 +260,9 @@ class Interpreter {
   std::vector<char> pending_async_;
   std::vector<int32_t> posted_sends_;
   static constexpr char kAsyncCollective = 1, kPostedSend = 2;
+  std::vector<int32_t> moe_counts_, moe_idx_;  // host copies of an op's counts and route_idx
+  std::vector<int64_t> moe_rows_, moe_cursor_, moe_bytes_[4];
+  int64_t moe_dropped_ = 0;
   int64_t step_ = 0;
   double loss_sum_ = 0;
   double last_grad_norm_ = 0;

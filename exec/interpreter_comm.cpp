@@ -66,6 +66,7 @@ Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>& names, 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::collective(const Op& op) {
   if (op.name == OpName::fp8_amax) return fp8_step_end(op);
+  if (op.kind == OpKind::all_to_all && operands(op).has_in("counts")) return moe_all_to_all(op);
   if (op.kind == OpKind::all_to_all) {  // [x] → [y], block i of x to member i
     const std::string& x = in(op, "x");
     const std::string& y = out(op, "y");
@@ -97,7 +98,7 @@ void Interpreter<T, G, W>::collective(const Op& op) {
       // only this rank's slice holds the reduce_scatter's result; that slice is all-reduced.
       std::vector<Span<void>> parts;
       for (const auto& name : operands(op).ins("grads")) {
-        auto [first, last] = owned(count(name, op));
+        auto [first, last] = owned(count(name, op), group_of_buffer(name));
         parts.push_back({buf<G>(name, op) + first, last - first});
       }
       backend_.all_reduce(op.group, op.algorithm, dtype_of<G>(), parts);
@@ -118,7 +119,8 @@ void Interpreter<T, G, W>::collective(const Op& op) {
         for (size_t i = 0; i < grads.size(); i += 2) {
           G* f = buf<G>(grads[i], op);
           G* shard = buf<G>(grads[i + 1], op);
-          auto [first, last] = shards_.slice(count(grads[i], op), shard_rank());
+          const std::string group = group_of_buffer(grads[i]);
+          auto [first, last] = shards(group).slice(count(grads[i], op), shard_rank(group));
           backend_.add(shard, f + first, last - first);
         }
         return;
@@ -149,7 +151,8 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   char* part = arena_.buffer(part_name, op.id);
   char* full = arena_.buffer(full_name, op.id);
   int64_t n = count(full_name, op), e = element_bytes(full_name, op);
-  ShardRange part_range = zero3 ? shards_.slice(n, shard_rank()) : ShardRange{};
+  const std::string group = group_of_buffer(full_name);
+  ShardRange part_range = zero3 ? shards(group).slice(n, shard_rank(group)) : ShardRange{};
   if (!zero3) {
     std::tie(part_range.first, part_range.last) =
         chunk_range(n, backend_.group_size(op.group), backend_.group_index(op.group));
@@ -163,6 +166,7 @@ template <class T, class G, class W>
 bool Interpreter<T, G, W>::counted_in_norm(const std::string& group, const TensorSlice& tensor) const {
   if (tensor.replicated && coord_.tp != 0) return false;              // tp duplicates counted once
   if (group == "output" && model_.tie_word_embeddings) return false;  // the embedding's copy
+  if (!is_expert_group(group) && !dense_in_norm_) return false;  // ZeRO-0 with ep > 1: see the constructor
   return true;
 }
 
@@ -179,8 +183,8 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
     for (const auto& name : operands(op).ins("grads")) {
       std::string group = group_of_buffer(name);
       const GroupLayout& layout = layouts_.at(group);
-      auto [first, last] = owned(layout.elements);
-      int64_t base = held_first(ShardedState::grads, layout.elements);
+      auto [first, last] = owned(layout.elements, group);
+      int64_t base = held_first(ShardedState::grads, layout.elements, group);
       const G* g = buf<G>(name, op);
       for (const TensorSlice& tensor : layout.tensors) {
         if (!counted_in_norm(group, tensor)) continue;
@@ -188,7 +192,7 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
         if (a < z) sum += backend_.grad_norm_sq(g + (a - base), z - a);
       }
     }
-    W value = W(sum);
+    W value = W(sum * norm_weight_);
     backend_.upload(buf<W>(out(op, "norm_sq"), op), &value, sizeof(W));
     return;
   }
@@ -204,15 +208,16 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
   const std::vector<std::string> states = operands(op).outs("states");
   const std::vector<std::string> weights = operands(op).outs("weights");
   for (size_t i = 0; i < grads.size(); ++i) {
-    const GroupLayout& layout = layouts_.at(group_of_buffer(grads[i]));
-    auto [first, last] = owned(layout.elements);
-    T* w = buf(weights.at(i), op) + (first - held_first(ShardedState::weights, layout.elements));
-    G* g = buf<G>(grads[i], op) + (first - held_first(ShardedState::grads, layout.elements));
+    const std::string group = group_of_buffer(grads[i]);
+    const GroupLayout& layout = layouts_.at(group);
+    auto [first, last] = owned(layout.elements, group);
+    T* w = buf(weights.at(i), op) + (first - held_first(ShardedState::weights, layout.elements, group));
+    G* g = buf<G>(grads[i], op) + (first - held_first(ShardedState::grads, layout.elements, group));
     W* state = buf<W>(states.at(i), op);
     // [m | v (| master)], each state_n long.
     int64_t n_states = optimizer_states(role_.ops[size_t(arena_.alloc_of(states[i], op.id))]);
     int64_t state_n = count(states[i], op) / n_states;
-    int64_t at = first - held_first(ShardedState::optimizer, layout.elements);
+    int64_t at = first - held_first(ShardedState::optimizer, layout.elements, group);
     W* m = state + at;
     W* v = state + state_n + at;
     W* master = n_states == 3 ? state + 2 * state_n + at : nullptr;

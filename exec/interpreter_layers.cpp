@@ -48,6 +48,8 @@ LinearWeights linear_weights(const Op& op, bool use_bias) {
       return {"mlp_down.weight", ""};
     case OpName::logits:
       return {"embedding.weight", ""};
+    case OpName::router:
+      return {"router.weight", use_bias ? "router.bias" : ""};
     default:
       break;
   }
@@ -131,6 +133,9 @@ void Interpreter<T, G, W>::norm(const Op& op) {
 // k = tokens.
 template <class T, class G, class W>
 void Interpreter<T, G, W>::gemm(const Op& op) {
+  if (op.name == OpName::expert_gate || op.name == OpName::expert_up || op.name == OpName::expert_down) {
+    return moe_gemm(op);
+  }
   LinearWeights l = linear_weights(op, model_.use_bias);
   if (op.fp8_slots[0] >= 0) return fp8_gemm(op, l.tensor, l.bias);
   const bool bias = l.bias[0] != '\0';
@@ -281,6 +286,9 @@ void Interpreter<T, G, W>::activation(const Op& op) {
     if (model_.use_bias) add_bias_grad(op, d, in(op, "dw"));
   } else if (op.name == OpName::mlp_bias_grad || op.name == OpName::attn_bias_grad) {  // [d_y, dw] → [dw]
     add_bias_grad(op, buf(in(op, "d_y"), op), in(op, "dw"));
+  } else if (op.name == OpName::moe_route || op.name == OpName::moe_permute || op.name == OpName::moe_unpermute ||
+             op.name == OpName::moe_add) {
+    moe_activation(op);
   } else if (op.name == OpName::cp_kv_pack || op.name == OpName::cp_merge || op.name == OpName::cp_dkv ||
              op.name == OpName::cp_a2a_split_heads || op.name == OpName::cp_a2a_join_seq ||
              op.name == OpName::cp_a2a_split_seq || op.name == OpName::cp_a2a_join_heads) {
@@ -301,6 +309,7 @@ void Interpreter<T, G, W>::add_bias_grad(const Op& op, const T* d, const std::st
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::loss(const Op& op) {
+  if (op.name == OpName::moe_aux_loss) return moe_aux(op);
   int64_t v0 = coord_.tp * vocab_local_;
   const int32_t* targets = buf<int32_t>(in(op, "targets"), op);
   int64_t tokens = count(in(op, "targets"), op);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "errors.hpp"
 #include "mpi_check.hpp"
@@ -317,6 +318,46 @@ void Collectives<T>::all_to_all(GroupKind group, Span<T> send, Span<T> recv) {
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n, from = (me + n - k) % n;
     exchange(comm, send.data + to * block, block, to, recv.data + from * block, block, from, k);
+  }
+}
+
+template <class T>
+void Collectives<T>::all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                                 const std::vector<int64_t>& send_offsets, char* recv,
+                                 const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets) {
+  const int n = comms_.size(group);
+  STEPCAST_CHECK(int(send_bytes.size()) == n && int(recv_bytes.size()) == n && int(send_offsets.size()) == n &&
+                     int(recv_offsets.size()) == n,
+                 "an all_to_allv's counts are not one per member of its group");
+  const int me = comms_.index(group);
+  STEPCAST_CHECK(send_bytes[size_t(me)] == recv_bytes[size_t(me)], "an all_to_allv keeps a different size than it sends itself");
+  if (send + send_offsets[size_t(me)] != recv + recv_offsets[size_t(me)]) {
+    std::memmove(recv + recv_offsets[size_t(me)], send + send_offsets[size_t(me)], size_t(send_bytes[size_t(me)]));
+  }
+  if (n <= 1) return;
+  MPI_Comm comm = comms_.comm(group);
+  ++algorithms_used[use_mpi_ ? "mpi" : "pairwise"];
+  if (use_mpi_) {
+    const size_t members = static_cast<size_t>(n);
+    std::vector<int> sc(members), so(members), rc(members), ro(members);
+    for (int i = 0; i < n; ++i) {
+      sc[size_t(i)] = i == me ? 0 : int(send_bytes[size_t(i)]);
+      so[size_t(i)] = int(send_offsets[size_t(i)]);
+      rc[size_t(i)] = i == me ? 0 : int(recv_bytes[size_t(i)]);
+      ro[size_t(i)] = int(recv_offsets[size_t(i)]);
+    }
+    STEPCAST_MPI(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm));
+    return;
+  }
+  for (int k = 1; k < n; ++k) {
+    const int to = (me + k) % n, from = (me + n - k) % n;
+    MPI_Request requests[2];
+    STEPCAST_MPI(MPI_Irecv(recv + recv_offsets[size_t(from)], int(recv_bytes[size_t(from)]), MPI_BYTE, from, 1100 + k,
+                           comm, &requests[0]));
+    STEPCAST_MPI(MPI_Isend(send + send_offsets[size_t(to)], int(send_bytes[size_t(to)]), MPI_BYTE, to, 1100 + k, comm,
+                           &requests[1]));
+    std::vector<MPI_Request> pending(requests, requests + 2);
+    watchdog_.wait_all(pending, {world_rank_of(comm, from), world_rank_of(comm, to)});
   }
 }
 

@@ -65,6 +65,12 @@ class Collectives {
   // Block i of `send` (n / size elements each) to member i, block j of `recv` from member j:
   // pairwise, member + k and member − k at step k (or MPI_Alltoall). No scratch.
   void all_to_all(GroupKind group, Span<T> send, Span<T> recv);
+  // Variable blocks in bytes (MoE's dispatch and combine, their counts first): send
+  // [send_offsets[i], + send_bytes[i]) to member i, recv [recv_offsets[j], + recv_bytes[j]) from
+  // member j; pairwise in the same order as all_to_all, or MPI_Alltoallv. No scratch.
+  void all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                   const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
+                   const std::vector<int64_t>& recv_offsets);
   // The scratch of the next collective (consumed by it). Without one, a collective uses a
   // buffer of this object's own (the profiler's calls; the executor always gives one).
   void use_scratch(T* data, int64_t count) {

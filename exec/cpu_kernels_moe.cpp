@@ -1,0 +1,159 @@
+// Mixture-of-experts kernels (cpu_kernels.hpp's moe_*): softmax routing with top-k and capacity
+// dropping, the load-balancing loss and its gradient, and the row moves of the permutation. Rows of
+// a permuted buffer are given by a host map rows[t·k + j] (−1: the copy was dropped), which the
+// interpreter derives from route_idx and the counts; the kernels never decide the layout.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu_kernels.hpp"
+#include "errors.hpp"
+
+namespace stepcast::cpu {
+
+template <class T>
+void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
+                       int64_t experts, int64_t top_k, int64_t capacity) {
+  std::fill(counts, counts + experts, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* l = logits + t * experts;
+    T* p = probs + t * experts;
+    double most = -std::numeric_limits<double>::infinity(), sum = 0;
+    for (int64_t e = 0; e < experts; ++e) most = std::max(most, double(l[e]));
+    for (int64_t e = 0; e < experts; ++e) sum += std::exp(double(l[e]) - most);
+    for (int64_t e = 0; e < experts; ++e) p[e] = T(std::exp(double(l[e]) - most) / sum);
+    // Top-k by probability, ties to the lower expert; in token order each expert keeps its first
+    // `capacity` copies (0: all), the rest are dropped (stored as −1 − e).
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) {
+          int32_t r = route_idx[t * top_k + i];
+          taken = taken || (r >= 0 ? r : -1 - r) == e;
+        }
+        if (!taken && (best < 0 || double(p[e]) > double(p[best]))) best = e;
+      }
+      route_w[t * top_k + j] = p[best];
+      bool kept = capacity <= 0 || counts[best] < capacity;
+      if (kept) ++counts[best];
+      route_idx[t * top_k + j] = kept ? int32_t(best) : int32_t(-1 - best);
+    }
+  }
+}
+
+template <class T>
+double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
+                    double scale) {
+  std::vector<double> p_sum(size_t(experts), 0.0), chosen(size_t(experts), 0.0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e) p_sum[size_t(e)] += double(probs[t * experts + e]);
+    for (int64_t j = 0; j < top_k; ++j) {
+      int32_t r = route_idx[t * top_k + j];
+      chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
+    }
+  }
+  double loss = 0;
+  for (int64_t e = 0; e < experts; ++e) loss += p_sum[size_t(e)] * chosen[size_t(e)];
+  return scale * loss;
+}
+
+template <class T>
+void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
+                        int64_t experts, int64_t top_k, double aux_scale) {
+  // d aux / d p[t, e] = aux_scale · (copies routed to e, dropped ones too); then the softmax's
+  // backward d_logits = p ∘ (dp − Σ p·dp).
+  std::vector<double> chosen(size_t(experts), 0.0);
+  std::vector<double> dp(size_t(experts), 0.0);
+  for (int64_t i = 0; i < tokens * top_k; ++i) {
+    int32_t r = route_idx[i];
+    chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* p = probs + t * experts;
+    for (int64_t e = 0; e < experts; ++e) dp[size_t(e)] = aux_scale * chosen[size_t(e)];
+    for (int64_t j = 0; j < top_k; ++j) {
+      int32_t r = route_idx[t * top_k + j];
+      dp[size_t(r >= 0 ? r : -1 - r)] += double(d_route_w[t * top_k + j]);
+    }
+    double dot = 0;
+    for (int64_t e = 0; e < experts; ++e) dot += double(p[e]) * dp[size_t(e)];
+    for (int64_t e = 0; e < experts; ++e) d_logits[t * experts + e] = T(double(p[e]) * (dp[size_t(e)] - dot));
+  }
+}
+
+template <class T>
+void moe_permute_forward(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t r = rows[t * top_k + j];
+      if (r >= 0) std::copy(x + t * h, x + (t + 1) * h, y + r * h);
+    }
+  }
+}
+
+template <class T>
+void moe_permute_backward(const T* d_y, T* d_x, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* d = d_x + t * h;
+    std::fill(d, d + h, T(0));
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t r = rows[t * top_k + j];
+      if (r < 0) continue;
+      for (int64_t c = 0; c < h; ++c) d[c] += d_y[r * h + c];
+    }
+  }
+}
+
+template <class T>
+void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
+                           int64_t h) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* out = y + t * h;
+    std::fill(out, out + h, T(0));
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t r = rows[t * top_k + j];
+      if (r < 0) continue;  // a dropped copy adds nothing
+      const T w = route_w[t * top_k + j];
+      for (int64_t c = 0; c < h; ++c) out[c] += w * x[r * h + c];
+    }
+  }
+}
+
+template <class T>
+void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
+                            int64_t tokens, int64_t top_k, int64_t h) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* g = d_y + t * h;
+    for (int64_t j = 0; j < top_k; ++j) {
+      int64_t r = rows[t * top_k + j];
+      if (r < 0) {
+        d_route_w[t * top_k + j] = T(0);
+        continue;
+      }
+      const T w = route_w[t * top_k + j];
+      double dot = 0;
+      for (int64_t c = 0; c < h; ++c) {
+        d_x[r * h + c] = w * g[c];
+        dot += double(g[c]) * double(x[r * h + c]);
+      }
+      d_route_w[t * top_k + j] = T(dot);
+    }
+  }
+}
+
+#define STEPCAST_CPU_KERNELS_MOE(T)                                                                                    \
+  template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t);       \
+  template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double);                       \
+  template void moe_route_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, double);     \
+  template void moe_permute_forward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                      \
+  template void moe_permute_backward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                     \
+  template void moe_unpermute_forward<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t);          \
+  template void moe_unpermute_backward<T>(const T*, const T*, const T*, const int64_t*, T*, T*, int64_t, int64_t,     \
+                                          int64_t);
+STEPCAST_CPU_KERNELS_MOE(float)
+STEPCAST_CPU_KERNELS_MOE(double)
+#undef STEPCAST_CPU_KERNELS_MOE
+
+}  // namespace stepcast::cpu

@@ -1,0 +1,238 @@
+// The interpreter's mixture-of-experts ops (interpreter.hpp), the alltoall dispatcher: routing
+// (softmax, top-k, capacity dropping), the permutation into expert order and back, the local
+// experts' grouped GEMMs, the aux loss, and the dispatch and combine all_to_alls. The program's
+// buffers are sized for the worst case; the rows they really hold are the counts [ep, E] (int32):
+// row r the token copies ep rank r's routing keeps for each expert. Layouts:
+//   this rank's side (perm, comb and their gradients): by global expert, counts[me][e] rows each;
+//   the experts' side (xe, ye, ...): by source rank, then local expert, counts[i][me·E_l + l] rows.
+// Not here: the allgather dispatcher and expert tensor parallelism (check_cpu_backend refuses them).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "errors.hpp"
+#include "interpreter.hpp"
+#include "moe.hpp"
+
+namespace stepcast {
+
+template <class T, class G, class W>
+int64_t Interpreter<T, G, W>::moe_tokens(const Op& op) const {
+  const std::string& idx = operands(op).has_in("route_idx") ? in(op, "route_idx") : out(op, "route_idx");
+  return count(idx, op) / p_.moe.top_k;
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_read_counts(const Op& op) {
+  const std::string& name = operands(op).has_in("counts") ? in(op, "counts") : out(op, "counts");
+  const int64_t n = count(name, op);
+  STEPCAST_CHECK(n == grid_.ep_size() * p_.moe.num_experts,
+                 "counts buffer " + name + " is not [ep, experts] (" + std::to_string(n) + " elements)");
+  moe_counts_.resize(size_t(n));
+  backend_.download(moe_counts_.data(), arena_.buffer(name, op.id), n * int64_t(sizeof(int32_t)));
+}
+
+// moe_rows_[t·k + j]: the row of copy j of token t on this rank's side (by expert, in token order).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_map_rows(const Op& op) {
+  moe_read_counts(op);
+  const int64_t E = p_.moe.num_experts, k = p_.moe.top_k, tokens = moe_tokens(op);
+  moe_idx_.resize(size_t(tokens * k));
+  backend_.download(moe_idx_.data(), arena_.buffer(in(op, "route_idx"), op.id), tokens * k * int64_t(sizeof(int32_t)));
+  moe_cursor_.assign(size_t(E), 0);
+  const int32_t* mine = moe_counts_.data() + ep_index_ * E;
+  for (int64_t e = 1; e < E; ++e) moe_cursor_[size_t(e)] = moe_cursor_[size_t(e - 1)] + mine[e - 1];
+  moe_rows_.resize(size_t(tokens * k));
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    int32_t e = moe_idx_[size_t(i)];
+    moe_rows_[size_t(i)] = e >= 0 ? moe_cursor_[size_t(e)]++ : -1;
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_activation(const Op& op) {
+  const bool backward = op.phase == Phase::backward;
+  const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
+  if (op.name == OpName::moe_add) {  // [x, acc] → [acc]: acc += x
+    backend_.moe_add(buf(out(op, "acc"), op), buf(in(op, "x"), op), count(in(op, "x"), op));
+    return;
+  }
+  if (op.name == OpName::moe_route && !backward) {  // [logits] → [probs, route_w, route_idx, counts]
+    const int64_t tokens = moe_tokens(op);
+    STEPCAST_CHECK(operands(op).has_out("counts"), "moe_route op " + std::to_string(op.id) + " writes no counts");
+    const int64_t capacity =
+        p_.moe.capacity_factor > 0 ? expert_capacity(tokens * k, E, p_.moe.capacity_factor) : 0;
+    int32_t* counts = buf<int32_t>(out(op, "counts"), op) + ep_index_ * E;
+    backend_.moe_route_forward(buf(in(op, "logits"), op), buf(out(op, "probs"), op), buf(out(op, "route_w"), op),
+                               buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity);
+    if (op.phase == Phase::forward && capacity > 0) {  // (a recompute routes the same tokens again)
+      moe_read_counts(op);
+      int64_t kept = 0;
+      for (int64_t e = 0; e < E; ++e) kept += moe_counts_[size_t(ep_index_ * E + e)];
+      moe_dropped_ += tokens * k - kept;
+    }
+    return;
+  }
+  if (op.name == OpName::moe_route) {  // [probs, route_idx, d_route_w] → [d_logits]
+    // The aux loss's gradient (moe_aux below): its scale over this rank's tokens.
+    const int64_t tokens = moe_tokens(op);
+    const double microbatches = double(plan_.global_batch_size) / double(b_);
+    const double aux_scale =
+        model_.router_aux_loss_coef * double(E) / (double(k) * double(tokens) * double(tokens) * microbatches);
+    backend_.moe_route_backward(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op),
+                                buf(in(op, "d_route_w"), op), buf(out(op, "d_logits"), op), tokens, E, k, aux_scale);
+    return;
+  }
+  moe_map_rows(op);
+  const int64_t tokens = moe_tokens(op);
+  if (op.name == OpName::moe_permute) {  // [x, route_idx, counts] → [y]; backward [d_y, …] → [d_x]
+    const std::string& x = in(op, backward ? "d_y" : "x");
+    const std::string& y = out(op, backward ? "d_x" : "y");
+    backend_.moe_permute(buf(x, op), buf(y, op), moe_rows_.data(), tokens, k, h_, backward);
+    return;
+  }
+  STEPCAST_CHECK(op.name == OpName::moe_unpermute, std::string("unknown MoE op ") + to_string(op.name));
+  if (!backward) {  // [x, route_w, route_idx, counts] → [y]
+    backend_.moe_unpermute_forward(buf(in(op, "x"), op), buf(in(op, "route_w"), op), moe_rows_.data(),
+                                   buf(out(op, "y"), op), tokens, k, h_);
+  } else {  // [d_y, x, route_w, route_idx, counts] → [d_x, d_route_w]
+    backend_.moe_unpermute_backward(buf(in(op, "d_y"), op), buf(in(op, "x"), op), buf(in(op, "route_w"), op),
+                                    moe_rows_.data(), buf(out(op, "d_x"), op), buf(out(op, "d_route_w"), op), tokens,
+                                    k, h_);
+  }
+}
+
+// The load-balancing loss of this microbatch's tokens on this rank (Switch Transformer's, as
+// Megatron's switch_load_balancing_loss): coef · E / (k · T²) · Σ_e P_e · C_e with P_e the summed
+// probabilities and C_e the copies routed to e, averaged over the step's microbatches. Its value
+// goes to the op's output; its gradient is moe_route's backward.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_aux(const Op& op) {
+  const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
+  const int64_t tokens = count(in(op, "route_idx"), op) / k;
+  const double microbatches = double(plan_.global_batch_size) / double(b_);
+  const double scale =
+      model_.router_aux_loss_coef * double(E) / (double(k) * double(tokens) * double(tokens) * microbatches);
+  W value = W(backend_.moe_aux_loss(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op), tokens, E, k,
+                                    scale));
+  backend_.upload(buf<W>(out(op, "aux"), op), &value, sizeof(W));
+}
+
+// Grouped GEMMs: each local expert's rows (one segment per source rank) through its own weights,
+// y[rows, out] = x[rows, in] · W_eᵀ; dgrad and wgrad as the dense GEMMs (interpreter_layers.cpp).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_gemm(const Op& op) {
+  moe_read_counts(op);
+  const char* tensor = op.name == OpName::expert_gate ? "gate.weight"
+                       : op.name == OpName::expert_up ? "up.weight"
+                                                      : "down.weight";
+  const std::string& weights = op.grad == Grad::wgrad ? out(op, "dw") : in(op, "w");
+  const GroupLayout& layout = layouts_.at(group_of_buffer(weights));
+  const int64_t first = ep_index_ * moe_local_;
+  const TensorSlice& shape = layout.at(expert_tensor_name(first, tensor));
+  const int64_t out_features = shape.rows, in_features = shape.cols;
+  // The buffers' capacity in rows: x (forward, wgrad) or d_y (dgrad) rows of its width.
+  const std::string& rows_of = op.grad == Grad::dgrad ? in(op, "d_y") : in(op, "x");
+  const int64_t capacity = count(rows_of, op) / (op.grad == Grad::dgrad ? out_features : in_features);
+  int64_t row = 0;
+  for (int64_t source = 0; source < grid_.ep_size(); ++source) {
+    for (int64_t l = 0; l < moe_local_; ++l) {
+      const int64_t rows = moe_received(source, l);
+      if (rows == 0) continue;
+      STEPCAST_CHECK(row + rows <= capacity, "expert rows beyond the program's buffer " + rows_of);
+      const std::string name = expert_tensor_name(first + l, tensor);
+      if (op.grad == Grad::none) {  // [x, w, counts] → [y]
+        backend_.linear_forward(buf(in(op, "x"), op) + row * in_features, slice(weights, op, name), nullptr,
+                                buf(out(op, "y"), op) + row * out_features, rows, in_features, out_features);
+      } else if (op.grad == Grad::dgrad) {  // [d_y, w, counts, (d_x)] → [d_x]
+        backend_.linear_backward_data(buf(in(op, "d_y"), op) + row * out_features, slice(weights, op, name),
+                                      buf(out(op, "d_x"), op) + row * in_features, rows, in_features, out_features,
+                                      operands(op).has_in("d_x"));
+      } else {  // wgrad: [x, d_y, counts] → [dw]
+        backend_.linear_backward_weight(buf(in(op, "d_y"), op) + row * out_features,
+                                        buf(in(op, "x"), op) + row * in_features, slice<G>(weights, op, name),
+                                        nullptr, rows, in_features, out_features);
+      }
+      row += rows;
+    }
+  }
+}
+
+// Dispatch (to the experts) or combine (back), forward or backward: the counts first when the op
+// writes them (every ep rank's row to every other), then each member's rows as the counts say.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
+  const int64_t n = grid_.ep_size(), E = p_.moe.num_experts;
+  const std::string& x = in(op, "x");
+  const std::string& y = out(op, "y");
+  if (operands(op).has_out("counts")) {
+    const std::string& counts = out(op, "counts");
+    const int64_t row = E * int64_t(sizeof(int32_t));
+    std::vector<int64_t>& send_bytes = moe_bytes_[0];
+    std::vector<int64_t>& send_offsets = moe_bytes_[1];
+    std::vector<int64_t>& recv_offsets = moe_bytes_[2];
+    send_bytes.assign(size_t(n), row);
+    send_offsets.assign(size_t(n), ep_index_ * row);
+    recv_offsets.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) recv_offsets[size_t(i)] = i * row;
+    char* c = arena_.buffer(counts, op.id);
+    backend_.all_to_allv(op.group, c, send_bytes, send_offsets, c, send_bytes, recv_offsets);
+  }
+  moe_read_counts(op);
+  // To the experts: dispatch forward and the combine's backward; back: the others.
+  const bool to_experts = (op.name == OpName::ep_dispatch) == (op.phase != Phase::backward);
+  const int64_t row_bytes = h_ * element_bytes(x, op);
+  std::vector<int64_t>& mine = moe_bytes_[0];    // this rank's side: rows to / from each member
+  std::vector<int64_t>& theirs = moe_bytes_[1];  // the experts' side
+  std::vector<int64_t>& mine_at = moe_bytes_[2];
+  std::vector<int64_t>& theirs_at = moe_bytes_[3];
+  mine.assign(size_t(n), 0);
+  theirs.assign(size_t(n), 0);
+  mine_at.assign(size_t(n), 0);
+  theirs_at.assign(size_t(n), 0);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t l = 0; l < moe_local_; ++l) {
+      mine[size_t(j)] += moe_counts_[size_t(ep_index_ * E + j * moe_local_ + l)] * row_bytes;
+      theirs[size_t(j)] += moe_received(j, l) * row_bytes;
+    }
+    if (j > 0) {
+      mine_at[size_t(j)] = mine_at[size_t(j - 1)] + mine[size_t(j - 1)];
+      theirs_at[size_t(j)] = theirs_at[size_t(j - 1)] + theirs[size_t(j - 1)];
+    }
+  }
+  const int64_t experts_side = theirs_at.back() + theirs.back(), my_side = mine_at.back() + mine.back();
+  const std::string& expert_buffer = to_experts ? y : x;
+  const int64_t expert_capacity_bytes = count(expert_buffer, op) * element_bytes(expert_buffer, op);
+  if (experts_side > expert_capacity_bytes) {
+    throw InputError("MoE layer " + std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) +
+                     ": the routing sends " + std::to_string(experts_side / row_bytes) + " token copies to ep rank " +
+                     std::to_string(ep_index_) + ", whose dispatch buffers hold " +
+                     std::to_string(expert_capacity_bytes / row_bytes) +
+                     " (dropless: sized by the heaviest load the plan's moe_routing draws give, which real routing "
+                     "may exceed); valid: moe_expert_capacity_factor, >= experts / top-k = " +
+                     std::to_string(double(E) / double(p_.moe.top_k)) +
+                     " to drop nothing (the buffers then hold any routing), or a moe_routing with more headroom");
+  }
+  STEPCAST_CHECK(my_side <= count(to_experts ? x : y, op) * element_bytes(x, op), "MoE rows beyond " + x);
+  char* send = arena_.buffer(x, op.id);
+  char* recv = arena_.buffer(y, op.id);
+  if (to_experts) {
+    backend_.all_to_allv(op.group, send, mine, mine_at, recv, theirs, theirs_at);
+  } else {
+    backend_.all_to_allv(op.group, send, theirs, theirs_at, recv, mine, mine_at);
+  }
+}
+
+#define STEPCAST_INSTANTIATE_MOE(T, G, W)                                  \
+  template int64_t Interpreter<T, G, W>::moe_tokens(const Op&) const;      \
+  template void Interpreter<T, G, W>::moe_read_counts(const Op&);          \
+  template void Interpreter<T, G, W>::moe_map_rows(const Op&);             \
+  template void Interpreter<T, G, W>::moe_activation(const Op&);           \
+  template void Interpreter<T, G, W>::moe_aux(const Op&);                  \
+  template void Interpreter<T, G, W>::moe_gemm(const Op&);                 \
+  template void Interpreter<T, G, W>::moe_all_to_all(const Op&);
+STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_MOE)
+#undef STEPCAST_INSTANTIATE_MOE
+
+}  // namespace stepcast
