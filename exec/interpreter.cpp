@@ -70,13 +70,7 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
   ep_index_ = grid_.ep_rank(rank);
   edp_index_ = grid_.stage_index(rank) / (grid_.etp_size() * grid_.ep_size());
   moe_local_ = model.is_moe() ? model.num_experts / grid_.ep_size() : 0;
-  if (plan.zero_stage == 0 && grid_.ep_size() > 1) {
-    const std::vector<int64_t> ep = grid_.group(GroupKind::ep, rank), model_group = grid_.group(GroupKind::model, rank);
-    auto in_model = [&](int64_t r) { return std::find(model_group.begin(), model_group.end(), r) != model_group.end(); };
-    const int64_t shared = std::count_if(ep.begin(), ep.end(), in_model);
-    norm_weight_ = 1.0 / double(shared);
-    dense_in_norm_ = in_model(*std::min_element(ep.begin(), ep.end()));
-  }
+  if (plan.zero_stage == 0 && model.is_moe()) moe_norm_shares();
   for (const auto& g : groups_) {
     layouts_[g] = is_expert_group(g) ? expert_group_layout(model, grid_.ep_size(), ep_index_, grid_.etp_size())
                                      : param_group_layout(model, t_, g);
@@ -85,6 +79,35 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
   pending_async_.assign(role_.ops.size(), 0);
   mark_buffers_to_zero();
   trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
+}
+
+// ZeRO-0 with experts: the norm is summed over the model group, then over ep (lower_grads.cpp),
+// so rank x's share arrives mult(x) times (the ep members whose model group holds x), and a
+// tensor is held by several of the ranks summed: dense ones by the dp replicas, replicated ones
+// (norms, router) by a stage's tp ranks too, experts by their edp group. Each is counted by the
+// lowest such rank, scaled by 1/mult.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_norm_shares() {
+  std::map<int64_t, int64_t> mult;
+  for (int64_t p : grid_.group(GroupKind::ep, rank_)) {
+    for (int64_t x : grid_.group(GroupKind::model, p)) ++mult[x];
+  }
+  norm_weight_ = 1.0 / double(mult.at(rank_));
+  auto lowest = [&](const std::vector<int64_t>& holders) {
+    int64_t first = -1;
+    for (int64_t x : holders) {
+      if (mult.count(x) && (first < 0 || x < first)) first = x;
+    }
+    return first;
+  };
+  std::vector<int64_t> stage;
+  for (int64_t r = 0; r < grid_.world_size(); ++r) {
+    if (grid_.coord(r).pp == coord_.pp) stage.push_back(r);
+  }
+  norm_counts_dense_ = lowest(grid_.group(GroupKind::dp, rank_)) == rank_;
+  norm_counts_replicated_ = lowest(stage) == rank_;
+  norm_counts_experts_ = lowest(grid_.group(GroupKind::edp, rank_)) == rank_;
+  moe_norm_ = true;
 }
 
 template <class T, class G, class W>

@@ -212,6 +212,7 @@ class Interpreter {
   Dtype dtype_of_all(const std::vector<std::string>& names, const Op& op) const;
   void collective(const Op& op);
   bool counted_in_norm(const std::string& group, const TensorSlice& tensor) const;
+  void moe_norm_shares();
   void optimizer(const Op& op);
 
   const StepProgram& p_;
@@ -225,10 +226,9 @@ class Interpreter {
   ShardLayout shards_;
   ShardLayout expert_shards_;  // expert groups, over edp
   int64_t ep_index_ = 0, edp_index_ = 0, moe_local_ = 0;  // moe_local_: E / ep
-  // The gradient norm's share of this rank (ZeRO-0 with ep > 1 sums it over the model group, then
-  // over ep): dense gradients counted in one model group of the ep members, all scaled by 1/m for
-  // the m ep members each model group holds.
-  bool dense_in_norm_ = true;
+  // ZeRO-0 with experts: which of this rank's tensors its gradient-norm share counts, and its
+  // scale (moe_norm_shares).
+  bool moe_norm_ = false, norm_counts_dense_ = true, norm_counts_replicated_ = true, norm_counts_experts_ = true;
   double norm_weight_ = 1.0;
   Backend<T, G, W>& backend_;
   Arena arena_;

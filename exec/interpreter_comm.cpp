@@ -164,9 +164,13 @@ void Interpreter<T, G, W>::collective(const Op& op) {
 
 template <class T, class G, class W>
 bool Interpreter<T, G, W>::counted_in_norm(const std::string& group, const TensorSlice& tensor) const {
+  if (moe_norm_) {
+    if (group == "output" && model_.tie_word_embeddings) return false;
+    return is_expert_group(group) ? norm_counts_experts_
+                                  : tensor.replicated ? norm_counts_replicated_ : norm_counts_dense_;
+  }
   if (tensor.replicated && coord_.tp != 0) return false;              // tp duplicates counted once
   if (group == "output" && model_.tie_word_embeddings) return false;  // the embedding's copy
-  if (!is_expert_group(group) && !dense_in_norm_) return false;  // ZeRO-0 with ep > 1: see the constructor
   return true;
 }
 
