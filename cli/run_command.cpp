@@ -71,7 +71,8 @@ int run_run(int argc, char** argv) {
       "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
       "Trains the model with the plan's tensor, context, pipeline and data parallelism, one MPI\n"
       "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size), printing\n"
-      "loss and step time per step.\n"
+      "loss and step time per step. A mixture of experts runs on the CPU backend (expert\n"
+      "parallelism, alltoall dispatcher; measurement.json counts the copies a capacity drops).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
       "NCCL for every collective and transfer (NCCL_* variables apply); measured memory from\n"
@@ -155,7 +156,7 @@ int run_run(int argc, char** argv) {
     }
     if (in.model.is_moe() && cuda) {
       throw_input_error(in.model.file, "num_local_experts", std::to_string(in.model.num_experts),
-                        "the CUDA backend does not run a mixture of experts's router, permutation and expert ops yet",
+                        "the CUDA backend does not run the router, permutation and expert ops of a mixture of experts yet",
                         "--backend cpu, or a dense model");
     }
     if (!cuda) check_cpu_moe(in.model, in.plan);
