@@ -139,6 +139,13 @@ int run_run(int argc, char** argv) {
                      ": checkpoints of context-parallel plans are not supported yet (their shard layout spans "
                      "dp × cp); valid: context_parallel_size 1 with --checkpoint-dir / --resume, or no checkpoints");
   }
+  // What a backend cannot run of a mixture of experts, before any rank starts.
+  if (in.model.is_moe() && backend == "cuda") {
+    throw_input_error(in.model.file, "num_local_experts", std::to_string(in.model.num_experts),
+                      "the CUDA backend does not run the router, permutation and expert ops of a mixture of experts yet",
+                      "--backend cpu, or a dense model");
+  }
+  if (backend == "cpu") check_cpu_moe(in.model, in.plan);
   return with_mpi(
       "run", argc, argv,
       [&](int rank, int size) {
@@ -154,12 +161,6 @@ int run_run(int argc, char** argv) {
       std::string problem = placement_problem(rank, size, *local, in.topology.node.devices_per_node);
       if (!problem.empty()) throw InputError(problem);
     }
-    if (in.model.is_moe() && cuda) {
-      throw_input_error(in.model.file, "num_local_experts", std::to_string(in.model.num_experts),
-                        "the CUDA backend does not run the router, permutation and expert ops of a mixture of experts yet",
-                        "--backend cpu, or a dense model");
-    }
-    if (!cuda) check_cpu_moe(in.model, in.plan);
     // The output folder before any step: one that cannot be written fails now, not after
     // training.
     on_rank0_then_agree(
