@@ -69,7 +69,9 @@ std::string megatron_plan_rule() {
          "_communicate: one batch_isend_irecv, each request waited, then torch.cuda.synchronize; "
          "the code of the authors' scripts had no overlap option), in Megatron's batches under the "
          "interleaved schedule; each pipeline transfer split over tp and all-gathered after it "
-         "(--scatter-gather-tensors-in-pipeline, on by default then); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
+         "(--scatter-gather-tensors-in-pipeline, on by default then); no fused gradient accumulation "
+         "(each later microbatch's weight gradients added into .grad by autograd: "
+         "gradient_accumulation_fusion false); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
          "(--fp16); ZeRO 0; materialized attention (no FlashAttention in 2021); dropout 0.1; no "
          "sequence parallelism (introduced after SC'21).";
 }
@@ -100,7 +102,11 @@ Json megatron_plan_json(const MegatronRow& row) {
           {"overlap_p2p_comm", false},
           // --scatter-gather-tensors-in-pipeline: on by default at de7dc40f88 (megatron/arguments.py,
           // a store_false flag; commit 72e4230bb5 turned it on), not passed by run_table_1.sh.
-          {"scatter_gather_tensors_in_pipeline", true}};
+          {"scatter_gather_tensors_in_pipeline", true},
+          // No fused weight-gradient accumulation in 2021: each microbatch's weight gradients are
+          // fresh tensors that autograd's AccumulateGrad adds into .grad (local DDP without
+          // contiguous buffers, as run_table_1.sh ran it; torch DDP under no_sync).
+          {"gradient_accumulation_fusion", false}};
   // PyTorch DDP's bucket_cap_mb default (25 MiB), which Megatron-LM 2021 did not change.
   if (torch_ddp) plan["grad_bucket_bytes"] = 25 << 20;
   return plan;

@@ -266,6 +266,7 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       return "";
     case OpKind::optimizer_step:
       if (op.name == OpName::grad_norm || op.name == OpName::adamw) return to_string(op.name);
+      if (op.name == OpName::grad_accumulate) return "residual_add";  // two tensors in, their sum out
       return "";
     default:
       return "";
@@ -462,11 +463,6 @@ double ComputeCostModel::op_time_s(const Op& op) const {
   // A profile from before the LayerNorm families: the RMSNorm ones.
   if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
   auto table = memory_tables_.find(family);
-  if (table != memory_tables_.end() && op.name == OpName::grad_norm) {
-    // Lowering counts its 4-byte result; the kernel reads every gradient element of the shard
-    // once (2 flops each), gradients in fp32 (fp64 under fp64).
-    return table->second.time_s(op.flops / 2 * std::max(4, dtype_bytes(dtype_)));
-  }
   if (table != memory_tables_.end() && op.bytes > 0) return table->second.time_s(op.bytes);
   double compute_time = op.flops / vector_peak_;
   return std::max(compute_time, memory_time) + profile_.kernel_overhead_s;

@@ -243,7 +243,7 @@ int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double fl
   for (const auto& v : {std::cref(inputs), std::cref(outputs)}) {
     for (const auto& n : v.get()) {
       if (n.rfind("weights.", 0) == 0 || n.rfind("grads.", 0) == 0 || n.rfind("wfull.", 0) == 0 ||
-          n.rfind("gradfull.", 0) == 0 || n.rfind("fp8.", 0) == 0) {  // (FP8 scales: a few bytes)
+          n.rfind("gradfull.", 0) == 0 || n.rfind("gradmb.", 0) == 0 || n.rfind("fp8.", 0) == 0) {  // (FP8 scales: a few bytes)
         continue;
       }
       moved.push_back(n);
@@ -328,6 +328,21 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   int32_t id = rb_.emit(std::move(op));
   if (pipeline && !ctx_.plan.overlap_p2p_comm) unwaited_p2p_.push_back(id);
   return id;
+}
+
+double gradient_pass_bytes(Dtype act, Dtype grad) {
+  if (dtype_bytes(act) >= 4) return dtype_bytes(grad);
+  double bytes = 4;                                           // the norm's read of the main gradients
+  if (dtype_bytes(grad) < 4) bytes += dtype_bytes(grad) + 4;  // the cast
+  if (act == Dtype::fp16) bytes += 8;                         // unscale and check
+  return bytes;
+}
+
+// Without a master copy the weights' read is left out, as the CPU profile's adamw points
+// (exec/profiler.cpp) count it.
+double adamw_bytes(Dtype act, Dtype grad) {
+  if (dtype_bytes(act) >= 4) return dtype_bytes(grad) + 2 * 2 * 4.0 + dtype_bytes(act);
+  return 4 + 2 * 3 * 4.0 + 4 + dtype_bytes(act);
 }
 
 }  // namespace stepcast

@@ -193,6 +193,18 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
                            const LayerParams& params);
 // Buffer name prefix of a layer's tensors for one microbatch.
 std::string layer_prefix(int32_t microbatch, int32_t layer);
+
+// The optimizer's traffic per parameter of the shard, as Megatron-LM's mixed-precision optimizer
+// moves it (megatron/optimizer/optimizer.py, Float16OptimizerWithFloat16Params.step at de7dc40,
+// MixedPrecisionOptimizer today); 16-bit weights keep an fp32 master copy.
+// The gradient pass (op grad_norm): 16-bit gradients cast to the fp32 main gradients, under fp16
+// those unscaled in place with the inf/nan check (loss scaling), then read by the norm; without a
+// master copy the norm reads the gradients as they are.
+double gradient_pass_bytes(Dtype act, Dtype grad);
+// AdamW (op adamw): the gradient (the fp32 main gradient with a master copy), the moments (and
+// master) read and written, the weights written — with a master copy by a second kernel that reads
+// the master again (_copy_main_params_to_model_params).
+double adamw_bytes(Dtype act, Dtype grad);
 // The attention core under context parallelism (lower_cp.cpp), in place of the flash op: the
 // forward reads prefix+"qkv" and writes prefix+"ctx" and prefix+"lse" (allocated by the caller);
 // the backward reads those and prefix+"d_ctx" and writes prefix+"d_qkv".

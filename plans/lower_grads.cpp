@@ -23,14 +23,28 @@ void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, b
   if (current.bytes >= plan_.grad_bucket_bytes) flush_bucket();
 }
 
+// [part, grads] → [grads]: an elementwise add reading both and writing the sum; `part` freed.
+void RoleLowering::accumulate_grads(const OpSite& at, const ParamGroup& g, const std::string& part) {
+  const double elements = double(grad_elements(g));
+  int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::grad_accumulate, elements, {part, "grads." + g.name},
+                          {"grads." + g.name});
+  const_cast<Op&>(rb_.role().ops[size_t(id)]).bytes = 3 * elements * dtype_bytes(c_.grad);
+  rb_.free(part, Phase::backward);
+}
+
+void RoleLowering::accumulate_unfused() {
+  for (const auto& [g, mb] : unfused_) {
+    accumulate_grads(OpSite{Phase::backward, -1, mb, int32_t(g->chunk)}, *g, grads_for(*g, mb));
+  }
+  unfused_.clear();
+}
+
 void RoleLowering::flush_bucket() {
   // dp_size · cp_size == 1 with ZeRO-2/3: the full gradient is the shard; copy it in (no communication).
   for (auto& [g, mb] : pending_full_) {
     std::string full = grads_for(*g, mb);
     OpSite at{Phase::backward, -1, mb, int32_t(g->chunk)};
-    e_.compute(at, OpKind::optimizer_step, OpName::grad_accumulate, double(g->elements),
-               {full, "grads." + g->name}, {"grads." + g->name});
-    rb_.free(full, Phase::backward);
+    accumulate_grads(at, *g, full);
   }
   pending_full_.clear();
   for (Bucket* current : {&current_, &current_expert_}) {
@@ -121,9 +135,12 @@ void RoleLowering::emit_optimizer() {
     weights.push_back("weights." + g.name);
     shard_elements += double(optimizer_elements(g));
   }
+  // The gradient pass before the update and AdamW: their bytes as gradient_pass_bytes and
+  // adamw_bytes say (Megatron-LM's mixed-precision optimizer).
   rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
   std::vector<std::string> norm_out = {"grad_norm_sq"};
-  e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
+  int32_t norm = e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
+  const_cast<Op&>(rb_.role().ops[size_t(norm)]).bytes = gradient_pass_bytes(c_.act, c_.grad) * shard_elements;
   // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
   // model's tp × pp ranks; sharded gradients are summed over every rank.
   // Under hybrid sharding the replicas hold the same shards: one optimizer instance counts them.
@@ -145,8 +162,7 @@ void RoleLowering::emit_optimizer() {
   // AdamW with clipping: read gradient, moments, master weight; write moments, master, weight.
   int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
                           outputs);
-  double per_param = dtype_bytes(c_.grad) + 2 * optimizer_states() * 4.0 + dtype_bytes(c_.act);
-  const_cast<Op&>(rb_.role().ops[id]).bytes = per_param * shard_elements;
+  const_cast<Op&>(rb_.role().ops[id]).bytes = adamw_bytes(c_.act, c_.grad) * shard_elements;
   rb_.free("grad_norm_sq", Phase::optimizer);
 }
 

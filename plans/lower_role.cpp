@@ -117,7 +117,18 @@ std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, con
 }
 
 std::string RoleLowering::grads_for(const ParamGroup& g, int32_t microbatch) {
-  if (!shards_of(g).sharded(ShardedState::grads)) return "grads." + g.name;
+  if (!shards_of(g).sharded(ShardedState::grads)) {
+    // Unfused accumulation: the first microbatch writes the gradient in place (set_to_none before
+    // the step, so autograd keeps the fresh gradient), the later ones a part that
+    // accumulate_unfused adds in.
+    if (plan_.gradient_accumulation_fusion || microbatch == 0) return "grads." + g.name;
+    std::string part = "gradmb." + g.name + ".mb" + std::to_string(microbatch);
+    if (!rb_.is_live(part)) {
+      rb_.alloc(part, BufferClass::grads, c_.grad, {grad_elements(g)}, Phase::backward);
+      unfused_.push_back({&g, microbatch});
+    }
+    return part;
+  }
   std::string full = "gradfull." + g.name + ".mb" + std::to_string(microbatch);
   if (!rb_.is_live(full)) {
     rb_.alloc(full, BufferClass::comm, c_.grad, {g.elements}, Phase::backward);
@@ -285,6 +296,7 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
   std::string g = tag_name("grad", mb, chunk);
   if (vs == c_.num_virtual_stages - 1) {
     emit_loss_backward(at, g);
+    accumulate_unfused();
     if (reduce_now) {
       for (const char* name : {"output", "final_norm"}) {
         if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);
@@ -311,6 +323,7 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
       lp.expert_grads = grads_for(*experts, mb);
     }
     emit_layer_backward(e_, lat, x_in, g, lp);
+    accumulate_unfused();
     release_weights(w, Phase::backward);
     release_weights(lp.expert_weights, Phase::backward);
     if (reduce_now) grads_ready(pg, mb, chunk, last_for_chunk);
@@ -320,6 +333,7 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
   std::string sent;
   if (vs == 0) {
     emit_embedding_backward(at, g);
+    accumulate_unfused();
     if (reduce_now) {
       for (const char* name : {"position", "embedding"}) {
         if (group_index_.count(name)) grads_ready(group(name), mb, chunk, last_for_chunk);

@@ -94,7 +94,12 @@ class RoleLowering {
 
   // ZeRO-2/3: a group's full gradient for one microbatch lives in a transient buffer until its
   // bucket is reduce_scattered into the persistent shard.
+  // Without gradient_accumulation_fusion (unsharded gradients), microbatches after the first
+  // write a part "gradmb.GROUP.mbN" instead, added in by accumulate_unfused after the pass that
+  // wrote it.
   std::string grads_for(const ParamGroup& g, int32_t microbatch);
+  void accumulate_grads(const OpSite& at, const ParamGroup& g, const std::string& part);
+  void accumulate_unfused();
 
   // A send's staging copy (comm class): the tensor it sends may be freed and reused at once,
   // while the send completes only when the peer receives. It lives to the end of the step, where
@@ -195,6 +200,7 @@ class RoleLowering {
   std::vector<Bucket> deferred_buckets_;
   std::vector<Bucket> deferred_pass_buckets_;
   std::vector<std::pair<const ParamGroup*, int32_t>> pending_full_;
+  std::vector<std::pair<const ParamGroup*, int32_t>> unfused_;  // parts of unfused accumulation
 };
 
 }  // namespace stepcast

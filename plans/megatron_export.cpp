@@ -173,6 +173,7 @@ void add_data_parallel(Builder& b, const Plan& plan) {
     b.flag("--num-distributed-optimizer-instances", plan.num_distributed_optimizer_instances);
   }
   if (plan.overlap_grad_reduce) b.flag("--overlap-grad-reduce");  // arguments.py:3121
+  if (!plan.gradient_accumulation_fusion) b.flag("--no-gradient-accumulation-fusion");  // arguments.py:2944
   if (plan.overlap_param_gather) {
     b.flag("--overlap-param-gather");  // arguments.py:3148
     if (!plan.overlap_grad_reduce) {

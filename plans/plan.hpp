@@ -77,6 +77,13 @@ struct Plan {
   // a pipeline send carries this tp rank's 1/tp of the activation (split_tensor_into_1d_equal_chunks)
   // and the receiving stage all-gathers it over tp (gather_split_1d_tensor). Off by default.
   bool scatter_gather_tensors_in_pipeline = false;
+  // Megatron-LM's --gradient-accumulation-fusion (its default): each weight-gradient GEMM adds into
+  // the gradient buffer itself. False: the GEMM writes a fresh gradient for every microbatch after
+  // the first and an elementwise add accumulates it (PyTorch autograd's AccumulateGrad, what 2021
+  // Megatron-LM and `--no-gradient-accumulation-fusion` do): a read-read-write pass over the
+  // gradients per microbatch, and the fresh gradient's memory while it lives. Sharded gradients
+  // (ZeRO-2/3) always take a fresh per-microbatch gradient, so it changes nothing there.
+  bool gradient_accumulation_fusion = true;
   double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
   std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
   std::string order = "tp-dp-pp";        // rank grid order, innermost first (cp after tp unless named)

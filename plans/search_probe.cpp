@@ -512,6 +512,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         op.phase = Phase::backward;
         op.name = OpName::grad_accumulate;
         op.flops = double(g.elements);
+        op.bytes = 3 * double(g.elements) * grad;
         double sec = cost_model.op_time_s(op);
         t.compute_mb_s += sec;
         t.backward_mb_s += sec;
@@ -537,17 +538,16 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const Group& g : s.groups) {
       shard += double(c.shards.buffer_elements(ShardedState::optimizer, g.elements));
     }
-    double states = act < 4 ? 3 : 2;
     Op norm;
     norm.kind = OpKind::optimizer_step;
     norm.phase = Phase::optimizer;
     norm.name = OpName::grad_norm;
     norm.flops = 2 * shard;
-    norm.bytes = wide;
+    norm.bytes = gradient_pass_bytes(c.act, c.grad) * shard;
     Op adamw = norm;
     adamw.name = OpName::adamw;
     adamw.flops = 14 * shard;
-    adamw.bytes = (grad + 2 * states * 4.0 + act) * shard;
+    adamw.bytes = adamw_bytes(c.act, c.grad) * shard;
     t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
     GroupKind norm_group = plan.zero_stage == 0 ? GroupKind::model
                            : hybrid               ? GroupKind::instance

@@ -60,7 +60,7 @@ Breakdown breakdown_of_rank(const Role& role, const std::vector<OpRecord>& recor
     double begin = std::max(cursor, r.start_s);
     double end = std::max(begin, r.end_s);
     double busy = end - begin;
-    if (op.kind == OpKind::optimizer_step) out.optimizer_s += busy;
+    if (in_optimizer_part(op)) out.optimizer_s += busy;
     else if (is_collective(op.kind)) out.exposed_comm_s += busy;
     else out.compute_s += busy;
     cursor = end;

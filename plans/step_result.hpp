@@ -28,12 +28,16 @@ struct Breakdown {
   double compute_s = 0;       // compute ops other than the optimizer's
   double exposed_comm_s = 0;  // collectives on the compute stream, waiting on a collective
   double bubble_s = 0;        // waiting on a pipeline receive (or for the step to reach the rank)
-  double optimizer_s = 0;     // optimizer_step ops
+  double optimizer_s = 0;     // the optimizer phase's ops (in_optimizer_part)
   // The simulator's run-to-run variation on this rank's compute (above its nominal cost), taken
   // out of compute_s; the executor's measurements have none (it is in their compute).
   double variability_s = 0;
   double total() const { return compute_s + exposed_comm_s + bubble_s + optimizer_s + variability_s; }
 };
+
+// The optimizer part of a breakdown: the optimizer phase's optimizer_step ops (the gradient
+// pass, AdamW); gradient accumulation during the backward pass is compute.
+inline bool in_optimizer_part(const Op& op) { return op.kind == OpKind::optimizer_step && op.phase == Phase::optimizer; }
 
 // Attributes [step_start_s, step_end_s] of one rank: its compute-stream ops by kind; the time its
 // compute stream waits to whatever the next compute op (or the end of the step) waited for — a

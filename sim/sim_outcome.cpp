@@ -99,7 +99,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
     const auto& nominal = plan.op_cost_s[critical_role.index];
     double above = 0;
     for (const Op& op : critical_role.ops) {
-      if (!is_compute(op.kind) || op.kind == OpKind::optimizer_step) continue;
+      if (!is_compute(op.kind) || in_optimizer_part(op)) continue;
       above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id];
     }
     out.breakdown.variability_s = above;

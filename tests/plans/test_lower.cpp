@@ -9,6 +9,7 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "lower.hpp"
+#include "lower_context.hpp"
 #include "lower_fixtures.hpp"
 #include "memory.hpp"
 #include "program_check.hpp"
@@ -278,6 +279,67 @@ TEST_CASE("scatter_gather_tensors_in_pipeline sends 1/tp of each activation and 
   j["sequence_parallel"] = true;
   CHECK_THROWS_WITH(make_plan(j, model, topology),
                     Catch::Contains("key 'scatter_gather_tensors_in_pipeline' = true"));
+}
+
+TEST_CASE("gradient_accumulation_fusion false adds each later microbatch's weight gradient in", "[lower]") {
+  // 2021 Megatron-LM: autograd's AccumulateGrad adds each microbatch's fresh weight gradients into
+  // .grad; the first one is kept as written. pp 2, 4 microbatches, ZeRO 1 (unsharded gradients).
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);  // an fp16 device
+  Json j = {{"pp_size", 2}, {"dp_size", 2}, {"zero_stage", 1}, {"micro_batch_size", 1}, {"global_batch_size", 8},
+            {"dtype", "fp16"}, {"grad_dtype", "fp16"}};
+  auto count = [&](const Json& plan_json) {
+    StepProgram p = lower_program(model, topology, make_plan(plan_json, model, topology));
+    std::vector<std::string> errors = check_program(p);
+    INFO((errors.empty() ? std::string() : errors.front()));
+    CHECK(errors.empty());
+    int adds = 0;
+    double bytes = 0;
+    for (const Op& op : p.roles[0].ops) {
+      if (op.name != OpName::grad_accumulate) continue;
+      ++adds;
+      bytes += op.bytes;
+      CHECK(op.microbatch > 0);
+      CHECK(op.bytes == Approx(3 * op.flops * 2));  // two fp16 tensors read, one written
+    }
+    return std::make_pair(adds, bytes);
+  };
+  CHECK(count(j).first == 0);  // fused: the default
+  j["gradient_accumulation_fusion"] = false;
+  auto [adds, bytes] = count(j);
+  // Stage 0's groups (its layers, the embedding and positions) for microbatches 1 to 3.
+  CHECK(adds > 0);
+  CHECK(adds % 3 == 0);
+  Plan plan = make_plan(j, model, topology);
+  CHECK(plan_to_json(plan)["gradient_accumulation_fusion"] == false);
+  j["gradient_accumulation_fusion"] = "no";
+  CHECK_THROWS_WITH(make_plan(j, model, topology), Catch::Contains("gradient_accumulation_fusion"));
+}
+
+TEST_CASE("the optimizer's bytes follow Megatron-LM's mixed-precision optimizer", "[lower]") {
+  // fp16 weights and gradients: the gradient pass casts (2 + 4), unscales (8) and reads (4) the
+  // fp32 main gradients; Adam reads the main gradient, moments and master (16), writes them (12),
+  // and the copy reads the master (4) and writes the weights (2). fp32: the norm reads 4; Adam's
+  // count leaves the weight's read out (24), as the CPU profile's adamw points count it.
+  CHECK(gradient_pass_bytes(Dtype::fp16, Dtype::fp16) == 18);
+  CHECK(adamw_bytes(Dtype::fp16, Dtype::fp16) == 34);
+  CHECK(gradient_pass_bytes(Dtype::bf16, Dtype::fp32) == 4);  // no cast, no loss scaling
+  CHECK(adamw_bytes(Dtype::bf16, Dtype::fp32) == 34);
+  CHECK(gradient_pass_bytes(Dtype::fp32, Dtype::fp32) == 4);
+  CHECK(adamw_bytes(Dtype::fp32, Dtype::fp32) == 24);
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
+  Json j = {{"micro_batch_size", 1}, {"global_batch_size", 1}, {"dtype", "fp16"}, {"grad_dtype", "fp16"}};
+  StepProgram p = lower_program(model, topology, make_plan(j, model, topology));
+  double params = 0;
+  for (const Op& op : p.roles[0].ops) {
+    if (op.name == OpName::adamw) params = op.flops / 14;
+  }
+  REQUIRE(params > 0);
+  for (const Op& op : p.roles[0].ops) {
+    if (op.name == OpName::grad_norm && op.kind == OpKind::optimizer_step) CHECK(op.bytes == Approx(18 * params));
+    if (op.name == OpName::adamw) CHECK(op.bytes == Approx(34 * params));
+  }
 }
 
 TEST_CASE("collective algorithms follow the group's placement", "[lower]") {

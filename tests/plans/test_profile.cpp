@@ -508,7 +508,8 @@ TEST_CASE("profile: attention score and value cost the GEMMs they are made of", 
 }
 
 TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads", "[profile]") {
-  // Lowering counts its 4-byte result; the kernel reads the shard's 1e6 fp32 gradients.
+  // Lowering counts the gradient pass's bytes (gradient_pass_bytes): the shard's 1e6 fp32
+  // gradients read once; the table is looked up at those bytes, not at the 4-byte result.
   DeviceProfile profile = synthetic_profile();
   for (double bytes : {65536.0, 1048576.0, 16777216.0}) {
     profile.measured->memory.push_back({"grad_norm", bytes, bytes / 20e9, ""});
@@ -520,7 +521,7 @@ TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads",
   norm.name = OpName::grad_norm;
   norm.phase = Phase::optimizer;
   norm.flops = 2e6;
-  norm.bytes = 4;
+  norm.bytes = 4e6;
   CHECK(memory_family(norm) == "grad_norm");
   CHECK(model.op_time_s(norm) == Approx(4e6 / 20e9).epsilon(1e-9));
 }
