@@ -151,12 +151,14 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   }
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
   if (plan.draws) {
-    // The critical rank's compute above its nominal cost: its own share of the variation.
+    // The critical rank's compute above its nominal cost (on an unequal device, its speed
+    // factor's): its own share of the variation.
     const auto& nominal = plan.op_cost_s[critical_role.index];
+    const double time_factor = slowness.empty() ? 1.0 : slowness[critical_slot];
     double above = 0;
     for (const Op& op : critical_role.ops) {
       if (!is_compute(op.kind) || op.kind == OpKind::optimizer_step) continue;
-      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id];
+      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id] * time_factor;
     }
     out.breakdown.variability_s = above;
     out.breakdown.compute_s -= above;

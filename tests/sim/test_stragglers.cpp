@@ -6,6 +6,7 @@
 // topology, energy per step, cost per step and their bad inputs.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 
 #include "energy.hpp"
@@ -128,6 +129,9 @@ TEST_CASE("stragglers: simulate names the slowest rank, its cost, energy and cos
   const double step = p["step_time_s"].get<double>(), uniform = h["uniform_step_time_s"].get<double>();
   CHECK(uniform < step);
   CHECK(h["straggler_cost_s"].get<double>() == Approx(step - uniform));
+  // The straggler's slower compute is compute in the breakdown, not the profile's variability.
+  const Json& b = p["breakdown_s"];
+  CHECK(std::abs(b["variability"].get<double>()) < 0.1 * b["compute"].get<double>());
   // Energy: busy device-seconds at 400 W, the rest at the idle figure; they add up to 2 devices × step.
   const Json& e = p["energy"];
   const Json& time = e["device_time_s"];
