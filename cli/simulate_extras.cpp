@@ -127,7 +127,8 @@ Json heterogeneity_json(const Topology& topology, const SimulationOutput& sim, d
               {"definition",
                "straggler_cost_s = step_time_s - uniform_step_time_s, the same program simulated with every "
                "compute speed and link bandwidth factor 1; critical_rank ends the step (among ranks that end "
-               "together, the slowest)"}};
+               "together, the slowest; in fast mode a folded tensor-parallel group's first rank stands for the "
+               "group and takes its slowest member's factor)"}};
   if (!h.node_groups.empty()) {
     Json groups = Json::array();
     for (const NodeGroup& g : h.node_groups) {
