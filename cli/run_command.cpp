@@ -230,6 +230,11 @@ int run_run(int argc, char** argv) {
                 << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
                 << program.program_sha256.substr(0, 12) << "\n";
     }
+    if (rank == 0 && !in.topology.heterogeneity.empty()) {
+      write_stderr_line("stepcast run: warning: " + in.topology.file +
+                        "'s heterogeneity is not emulated by the executor (its speed and link factors are "
+                        "the simulator's); --slowdown RANK:FACTOR makes a CPU rank a straggler\n");
+    }
     // What the backend cannot run, named in the input files; the run reads only the program.
     if (cuda) cuda->check_plan(in.model, in.plan);
     else check_cpu_backend(in.plan, in.topology);
