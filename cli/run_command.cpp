@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -31,6 +32,39 @@ namespace {
 // A path as given, else the shipped file of that repository path (the default corpus, the
 // default topology) from a build tree or an install.
 std::string repository_path(const std::string& relative) { return shipped_path(relative).value_or(relative); }
+
+// --slowdown RANK:FACTOR, RANK a rank of the plan and FACTOR in [1, 100].
+void parse_slowdown(const std::string& value, int64_t world_size, RunOptions& options) {
+  const std::string valid = "RANK:FACTOR with RANK in [0, " + std::to_string(world_size - 1) +
+                            "] (the plan's ranks) and FACTOR a number in [1, 100], e.g. --slowdown 1:2";
+  const size_t colon = value.find(':');
+  size_t rank_end = 0, factor_end = 0;
+  long long rank = -1;
+  double factor = 0;
+  try {
+    if (colon != std::string::npos) {
+      rank = std::stoll(value.substr(0, colon), &rank_end);
+      factor = std::stod(value.substr(colon + 1), &factor_end);
+    }
+  } catch (const std::exception&) {
+    rank_end = factor_end = 0;
+  }
+  if (colon == std::string::npos || rank_end != colon || rank_end == 0 ||
+      factor_end != value.size() - colon - 1 || factor_end == 0) {
+    throw InputError("command line: --slowdown '" + value + "': not RANK:FACTOR; valid: " + valid);
+  }
+  if (rank < 0 || rank >= world_size) {
+    throw InputError("command line: --slowdown '" + value + "': rank " + std::to_string(rank) +
+                     " is not a rank of the plan; valid: " + valid);
+  }
+  if (!(factor >= 1 && factor <= 100)) {
+    throw InputError("command line: --slowdown '" + value + "': factor " + value.substr(colon + 1) +
+                     (factor > 0 && factor < 1 ? " would speed the rank up" : " is out of range") +
+                     "; valid: " + valid);
+  }
+  options.slowdown_rank = rank;
+  options.slowdown_factor = factor;
+}
 
 }  // namespace
 
@@ -62,13 +96,18 @@ int run_run(int argc, char** argv) {
        "continue from the latest checkpoint in DIR; refused by every rank unless all of it verifies")
       ("watchdog-s", po::value<double>()->default_value(300),
        "abort the job (exit 4), naming the rank, when a rank waits longer than this on a peer: "
-       "in any transfer, collective, barrier or gather, checkpoints included");
+       "in any transfer, collective, barrier or gather, checkpoints included")
+      ("slowdown", po::value<std::string>(),
+       "RANK:FACTOR: a straggler; every compute op of RANK takes FACTOR (>= 1) times its measured "
+       "duration, the extra spun after the op (CPU backend; compare with a topology whose "
+       "heterogeneity gives that device compute_speed_factor 1 / FACTOR)");
   add_seq_length_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: mpirun -np N stepcast run --model M --plan P [--topology T] --backend cpu|cuda\n"
       "                                 [--steps S] [--out DIR] [--collectives program|mpi]\n"
       "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
+      "                                 [--slowdown RANK:FACTOR]\n"
       "Trains the model with the plan's tensor, context, pipeline and data parallelism, one MPI\n"
       "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size), printing\n"
       "loss and step time per step. A mixture of experts runs on the CPU backend (expert\n"
@@ -131,6 +170,12 @@ int run_run(int argc, char** argv) {
   run_options.checkpoint_every = (*vm)["checkpoint-every"].as<int64_t>();
   if (vm->count("checkpoint-dir")) run_options.checkpoint_dir = (*vm)["checkpoint-dir"].as<std::string>();
   if (vm->count("resume")) run_options.resume_dir = (*vm)["resume"].as<std::string>();
+  if (vm->count("slowdown")) {
+    if (backend != "cpu") {
+      throw InputError("command line: --slowdown with --backend " + backend + ": valid: --backend cpu");
+    }
+    parse_slowdown((*vm)["slowdown"].as<std::string>(), in.plan.world_size(), run_options);
+  }
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
@@ -187,6 +232,11 @@ int run_run(int argc, char** argv) {
                 << ", gradients " << to_string(in.plan.grad_dtype) << "), program "
                 << program.program_sha256.substr(0, 12) << "\n";
     }
+    if (rank == 0 && !in.topology.heterogeneity.empty()) {
+      write_stderr_line("stepcast run: warning: " + in.topology.file +
+                        "'s heterogeneity is not emulated by the executor (its speed and link factors are "
+                        "the simulator's); --slowdown RANK:FACTOR makes a CPU rank a straggler\n");
+    }
     // What the backend cannot run, named in the input files; the run reads only the program.
     if (cuda) cuda->check_plan(in.model, in.plan);
     else check_cpu_backend(in.plan, in.topology);
@@ -194,6 +244,11 @@ int run_run(int argc, char** argv) {
     if (rank != 0) return 0;
     StepResult& r = output.result;
     r.inputs = output_envelope("run", in)["inputs"];
+    if (run_options.slowdown_rank >= 0) {
+      r.extra["slowdown"] = {{"rank", run_options.slowdown_rank}, {"factor", run_options.slowdown_factor}};
+      std::cout << "straggler: rank " << run_options.slowdown_rank << "'s compute ops took "
+                << run_options.slowdown_factor << "x their measured duration (--slowdown)\n";
+    }
     std::cout << "step time " << r.step_time_s << " s (median of "
               << r.extra["timed_steps"].get<int64_t>() << "), tokens/s " << r.tokens_per_s
               << ", MFU " << r.mfu << ", measured peak "

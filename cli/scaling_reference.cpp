@@ -1,18 +1,10 @@
-// The forked dp_size = 1 reference simulation; see scaling_reference.hpp. The child answers on a
-// pipe with one line: "ok TOKENS_PER_S_PER_DEVICE" or "error MESSAGE".
+// The forked dp_size = 1 reference simulation; see scaling_reference.hpp. The child answers
+// "ok TOKENS_PER_S_PER_DEVICE" or "error MESSAGE" (forked_child.hpp).
 #include "scaling_reference.hpp"
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <numeric>
 #include <exception>
-#include <iostream>
+#include <numeric>
 #include <sstream>
-#include <stdexcept>
 
 #include "lower.hpp"
 
@@ -53,61 +45,9 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
 }  // namespace
 
 ScalingReference::ScalingReference(const Inputs& in, const DeviceProfile& profile,
-                                   const SimulateOptions& options) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  std::cout.flush();
-  std::cerr.flush();
-  pid_ = fork();
-  if (pid_ < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid_ == 0) {
-    close(fds[0]);
-    std::string answer = simulate_reference(in, profile, options) + "\n";
-    for (size_t written = 0; written < answer.size();) {
-      ssize_t n = write(fds[1], answer.data() + written, answer.size() - written);
-      if (n <= 0) break;
-      written += size_t(n);
-    }
-    _exit(0);  // no destructors, no flushing of the parent's buffers
-  }
-  close(fds[1]);
-  from_child_ = fds[0];
-}
+                                   const SimulateOptions& options)
+    : child_([&] { return simulate_reference(in, profile, options); }, "the dp_size = 1 reference simulation") {}
 
-ScalingReference::~ScalingReference() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
-  if (from_child_ >= 0) close(from_child_);
-}
-
-double ScalingReference::tokens_per_s_per_device() {
-  std::string answer;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(from_child_, buffer, sizeof buffer)) > 0 || (n < 0 && errno == EINTR)) {
-    if (n > 0) answer.append(buffer, size_t(n));
-  }
-  close(from_child_);
-  from_child_ = -1;
-  int status = 0;
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  if (answer.rfind("ok ", 0) == 0) return std::stod(answer.substr(3));
-  if (answer.rfind("error ", 0) == 0) {
-    throw std::runtime_error("the dp_size = 1 reference simulation failed: " + answer.substr(6));
-  }
-  std::ostringstream why;
-  why << "the dp_size = 1 reference simulation failed: its process ended without an answer ("
-      << (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
-                              : "exit " + std::to_string(WEXITSTATUS(status)))
-      << ")";
-  throw std::runtime_error(why.str());
-}
+double ScalingReference::tokens_per_s_per_device() { return child_.value(); }
 
 }  // namespace stepcast::cli

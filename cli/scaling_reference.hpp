@@ -4,10 +4,7 @@
 // child shares the parent's parsed inputs and profile, so it reads no file and writes none.
 #pragma once
 
-#include <sys/types.h>
-
-#include <string>
-
+#include "forked_child.hpp"
 #include "inputs.hpp"
 #include "profile.hpp"
 #include "simulator.hpp"
@@ -18,17 +15,13 @@ class ScalingReference {
  public:
   // Forks the child. Call before this process creates its SimGrid engine or starts a thread.
   ScalingReference(const Inputs& in, const DeviceProfile& profile, const SimulateOptions& options);
-  ~ScalingReference();  // stops and reaps a child not waited for
-  ScalingReference(const ScalingReference&) = delete;
-  ScalingReference& operator=(const ScalingReference&) = delete;
 
   // Waits for the child: the reference's tokens/s per device; std::runtime_error with the
   // child's message when it failed.
   double tokens_per_s_per_device();
 
  private:
-  pid_t pid_ = -1;
-  int from_child_ = -1;  // the read end of the child's pipe
+  ForkedChild child_;
 };
 
 }  // namespace stepcast::cli

@@ -2,6 +2,7 @@
 // simulator and writes prediction.json (StepResult) and trace.json (Chrome trace).
 #include <chrono>
 #include <future>
+#include <memory>
 #include <optional>
 #include <iostream>
 #include <set>
@@ -17,6 +18,7 @@
 #include "program_stats.hpp"
 #include "profiler.hpp"
 #include "scaling_reference.hpp"
+#include "simulate_extras.hpp"
 #include "simulator.hpp"
 #include "summary.hpp"
 
@@ -83,6 +85,7 @@ int run_simulate(int argc, char** argv) {
       ("no-records", po::bool_switch(),
        "--records none --trace none: prediction.json with the figures only, no trace.json "
        "(`compare` needs the records)");
+  add_price_options(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
@@ -92,6 +95,7 @@ int run_simulate(int argc, char** argv) {
       "                         [--records representative|all|none]\n"
       "                         [--trace representative|all|none] [--gzip] [--no-records]\n"
       "                         [--seed N] [--variability on|off]\n"
+      "                         [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
       "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
@@ -101,6 +105,11 @@ int run_simulate(int argc, char** argv) {
       "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
       "is then not simulated: on the fast side, by up to a few percent (README); the planner\n"
       "re-simulates with it.\n"
+      "A topology with `heterogeneity` (speed factors per node, device or node group, link\n"
+      "factors per node) also gets the same step with every factor 1, simulated beside it: the\n"
+      "straggler cost is the difference, and the slowest and the critical rank are named.\n"
+      "Energy per step comes from the device's power_idle_w and power_busy_w (busy while it\n"
+      "computes); --price-per-gpu-hour 2.5 USD (or 2.5 --currency USD) gives cost per step.\n"
       "Outputs (--out DIR): prediction.json, the summary first and the per-op records last, and\n"
       "trace.json (Chrome trace: Perfetto), both of the representative ranks by default.");
   if (!vm) return 0;
@@ -122,6 +131,7 @@ int run_simulate(int argc, char** argv) {
     records_scope = trace_scope = Scope::none;
   }
   const bool gzip = (*vm)["gzip"].as<bool>();
+  const std::optional<Price> price = price_from(*vm);
   Inputs in = load_inputs(*vm);
   ProfileChoice profile_choice = profile_from(*vm, in.topology);
   const DeviceProfile& profile = profile_choice.profile;
@@ -148,6 +158,7 @@ int run_simulate(int argc, char** argv) {
   const bool scaling = !(*vm)["no-scaling"].as<bool>() && in.plan.dp_size > 1;
   std::optional<ScalingReference> reference;
   if (scaling) reference.emplace(in, profile, sim_options);
+  std::unique_ptr<ForkedChild> uniform = fork_uniform_reference(in, profile, sim_options);
   auto wall_start = std::chrono::steady_clock::now();
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   // The program's hash (its JSON text through SHA-256) on the other core while it simulates.
@@ -210,6 +221,14 @@ int run_simulate(int argc, char** argv) {
                            {"routed_tokens", sim.moe_routed_tokens},
                            {"dropped_tokens", sim.moe_dropped_tokens}};
   }
+  Json heterogeneity;
+  if (uniform) {
+    heterogeneity = heterogeneity_json(in.topology, sim, uniform->value());
+    result.extra["heterogeneity"] = heterogeneity;
+  }
+  const Json energy = energy_json(in.topology, sim, price, program.world_size(), double(program.tokens_per_step));
+  result.extra["energy_per_step_j"] = energy["energy_per_step_j"];
+  result.extra["energy"] = energy;
   if (!(*vm)["no-scaling"].as<bool>()) {
     if (in.plan.dp_size == 1) {
       result.scaling_efficiency = 1.0;
@@ -244,6 +263,7 @@ int run_simulate(int argc, char** argv) {
     std::cout << "measured collective tables corrected " << sim.corrected_collectives
               << " collectives (factor " << sim.correction_min << " to " << sim.correction_max << ")\n";
   }
+  std::cout << heterogeneity_summary(heterogeneity) << energy_summary(energy);
   std::cout << "tokens/s " << result.tokens_per_s << ", MFU " << result.mfu << ", HFU "
             << result.hfu << ", peak memory " << format_bytes(memory.peak_bytes_max)
             << (memory.fits ? " (fits)" : " (DOES NOT FIT)");

@@ -33,6 +33,10 @@ struct RunOptions {
   std::string checkpoint_dir;     // write checkpoints here ...
   int64_t checkpoint_every = 0;   // ... every this many steps (0: never)
   std::string resume_dir;         // continue from the latest complete checkpoint in here
+  // A straggler (--slowdown RANK:FACTOR): this rank's compute ops each take slowdown_factor
+  // times their measured duration (the extra spun after the op); -1: none.
+  int64_t slowdown_rank = -1;
+  double slowdown_factor = 1;
 };
 
 struct RunOutput {

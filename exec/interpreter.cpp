@@ -166,7 +166,19 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
     }
     const bool async = op.stream == Stream::comm && is_collective(op.kind);
     if (async) backend_.begin_async(op.id);
-    execute(op);
+    if (rank_ == options_.slowdown_rank && is_compute(op.kind)) {
+      // A straggler: the op's own duration stretched by the factor, the extra spun here, so the
+      // op's cost keeps its place in the step (a sleep would free the core; --slowdown, README).
+      backend_.synchronize();
+      const double op_start = backend_.now_s();
+      execute(op);
+      backend_.synchronize();
+      const double until = op_start + (backend_.now_s() - op_start) * options_.slowdown_factor;
+      while (backend_.now_s() < until) {
+      }
+    } else {
+      execute(op);
+    }
     if (async) {
       backend_.end_async(op.id);
       pending_async_[size_t(op.id)] = kAsyncCollective;

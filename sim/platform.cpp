@@ -335,13 +335,16 @@ Platform build_platform(sg4::Engine& engine, const Topology& topology,
 
     const platform_detail::FabricPort port = builder->attach(node, local_nic);
     auto [nic, new_nic] = nic_of_index.try_emplace(nic_index, Nic{});
+    // A degraded node (heterogeneity's link_bandwidth_factor): its NICs, ports and PCIe links.
+    const double nic_bandwidth_bytes_per_s =
+        fabric.nic_bandwidth_bytes_per_s * topology.heterogeneity.link_bandwidth_factor(node);
     if (new_nic) {
       const std::string nic_name = "nic" + std::to_string(nic_index);
-      nic->second.nic = duplex(nic_name, fabric.nic_bandwidth_bytes_per_s, fabric.nic_latency_s);
-      nic->second.port = duplex(nic_name + port.port_suffix, fabric.nic_bandwidth_bytes_per_s,
+      nic->second.nic = duplex(nic_name, nic_bandwidth_bytes_per_s, fabric.nic_latency_s);
+      nic->second.port = duplex(nic_name + port.port_suffix, nic_bandwidth_bytes_per_s,
                                 port.port_latency_s);
     }
-    sg4::Link* pcie = duplex(name + "-pcie", fabric.nic_bandwidth_bytes_per_s, 0);
+    sg4::Link* pcie = duplex(name + "-pcie", nic_bandwidth_bytes_per_s, 0);
     if (port.up == port.down) {
       zone->add_route(host->get_netpoint(), port.up, nullptr, nullptr,
                       {up(pcie), up(nic->second.nic), up(nic->second.port)}, true);

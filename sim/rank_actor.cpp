@@ -278,6 +278,8 @@ class RankActor {
         auto it = ep_cost.find(id);
         if (it != ep_cost.end()) d = it->second[size_t(plan().slot_ep_rank[slot_])];
       }
+      // A compute op (a run's other ops: analytic collectives) on an unequal device.
+      if (!analytic[id] && !plan().slot_time_factor.empty()) d *= plan().slot_time_factor[slot_];
       if (draws && !analytic[id]) {  // a compute op (a run's other ops: analytic collectives)
         d *= plan().slot_factor[slot_];
         squares += d * d;

@@ -10,6 +10,57 @@
 
 namespace stepcast::sim_detail {
 
+namespace {
+
+// The length of the union of [start, end) intervals (sorted here).
+double union_length(std::vector<std::pair<double, double>>& intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0, open_start = 0, open_end = -1;
+  for (const auto& [start, end] : intervals) {
+    if (start > open_end) {
+      if (open_end > open_start) total += open_end - open_start;
+      open_start = start;
+      open_end = end;
+    } else {
+      open_end = std::max(open_end, end);
+    }
+  }
+  if (open_end > open_start) total += open_end - open_start;
+  return total;
+}
+
+// Per slot: busy while a compute op runs, waiting while only other ops (collectives, transfers,
+// analytic tp collectives) are in flight, idle for the rest of the step.
+std::vector<DeviceTime> device_times(const SimPlan& plan, const SimOutcome& outcome, double step_s) {
+  const StepProgram& program = *plan.program;
+  std::vector<DeviceTime> times;
+  std::vector<std::pair<double, double>> busy, active;
+  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+    const RankState& st = outcome.state[slot];
+    const Role& role = program.role_of_rank(plan.ranks[slot]);
+    const SimRole& walk = plan.roles[size_t(role.index)];
+    busy.clear();
+    active.clear();
+    for (const Op& op : role.ops) {
+      const int32_t t = walk.timed_index[op.id];
+      if (t < 0 || !(st.end[t] > st.start[t])) continue;
+      active.emplace_back(st.start[t], st.end[t]);
+      if (is_compute(op.kind)) busy.emplace_back(st.start[t], st.end[t]);
+    }
+    DeviceTime d;
+    d.rank = plan.ranks[slot];
+    d.devices = plan.slot_devices[slot];
+    d.busy_s = union_length(busy);
+    const double active_s = union_length(active);
+    d.waiting_s = std::max(0.0, active_s - d.busy_s);
+    d.idle_s = std::max(0.0, step_s - active_s);
+    times.push_back(d);
+  }
+  return times;
+}
+
+}  // namespace
+
 void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& out) {
   const StepProgram& program = *plan.program;
   std::vector<char> detail = plan.detail;  // the critical rank joins it below
@@ -42,16 +93,21 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   double step_end = 0;
   for (const RankState& st : outcome.state) step_end = std::max(step_end, st.last_end);
   out.step_time_s = step_end;
-  // The critical rank: the one that ends the step; among ranks that end together, a detail
-  // rank (the first of its stage), else the lowest. Its records are kept whatever the detail set.
+  // The critical rank: the one that ends the step; among ranks that end together, on unequal
+  // devices the slowest (the others waited for it), then a detail rank (the first of its stage),
+  // else the lowest. Its records are kept whatever the detail set.
+  const std::vector<double>& slowness = plan.slot_time_factor;
   size_t critical_slot = 0;
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     double end = outcome.state[slot].last_end, best = outcome.state[critical_slot].last_end;
     bool tie = std::abs(end - best) <= 1e-12 * std::max(1.0, best);
-    if ((!tie && end > best) || (tie && detail[slot] && !detail[critical_slot])) {
+    bool slower = !slowness.empty() && slowness[slot] > slowness[critical_slot];
+    bool as_slow = slowness.empty() || slowness[slot] == slowness[critical_slot];
+    if ((!tie && end > best) || (tie && (slower || (as_slow && detail[slot] && !detail[critical_slot])))) {
       critical_slot = slot;
     }
   }
+  out.device_time = device_times(plan, outcome, step_end);
   detail[critical_slot] = 1;
   out.critical_rank = plan.ranks[critical_slot];
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
@@ -95,12 +151,14 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   }
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
   if (plan.draws) {
-    // The critical rank's compute above its nominal cost: its own share of the variation.
+    // The critical rank's compute above its nominal cost (on an unequal device, its speed
+    // factor's): its own share of the variation.
     const auto& nominal = plan.op_cost_s[critical_role.index];
+    const double time_factor = slowness.empty() ? 1.0 : slowness[critical_slot];
     double above = 0;
     for (const Op& op : critical_role.ops) {
       if (!is_compute(op.kind) || in_optimizer_part(op)) continue;
-      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id];
+      above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id] * time_factor;
     }
     out.breakdown.variability_s = above;
     out.breakdown.compute_s -= above;

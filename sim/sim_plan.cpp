@@ -58,6 +58,31 @@ SimRole walk_of_role(const SimPlan& plan, const Role& role) {
   return walk;
 }
 
+// Unequal devices: each slot's compute takes 1 / its speed factor, a folded tensor-parallel
+// group's stand-in its slowest member's (the group synchronises every layer); the program's
+// slowest device is named in `out`.
+void plan_heterogeneity(SimPlan& plan, const StepProgram& program, const Heterogeneity& h,
+                        SimulationOutput& out) {
+  const RankGrid grid = program.grid();
+  const int64_t per_node = program.devices_per_node;
+  plan.slot_devices.assign(plan.ranks.size(), plan.fold_rails ? program.tp_size : 1);
+  if (h.empty()) return;
+  for (int64_t rank : plan.ranks) {
+    double speed = h.compute_speed_factor(rank, per_node);
+    if (plan.fold_tp) {
+      for (int64_t m : grid.group(GroupKind::tp, rank)) speed = std::min(speed, h.compute_speed_factor(m, per_node));
+    }
+    plan.slot_time_factor.push_back(1.0 / speed);
+  }
+  for (int64_t rank = 0; rank < program.world_size(); ++rank) {
+    const double speed = h.compute_speed_factor(rank, per_node);
+    if (speed < out.slowest_speed_factor || out.slowest_rank < 0) {
+      out.slowest_rank = rank;
+      out.slowest_speed_factor = speed;
+    }
+  }
+}
+
 }  // namespace
 
 SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
@@ -306,6 +331,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       plan.slot_draw_rank.push_back(key);
     }
   }
+  plan_heterogeneity(plan, program, topology_in.heterogeneity, out);
   plan.topology = topology;
   return plan;
 }

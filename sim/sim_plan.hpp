@@ -98,6 +98,11 @@ struct SimPlan {
   std::vector<double> slot_factor;
   std::vector<int64_t> slot_draw_rank;
   int64_t segment_members = 1;
+  // Unequal devices (topology heterogeneity): per slot, the factor on its compute ops' time,
+  // 1 / its speed factor (a folded tp group's stand-in: its slowest member's); empty on a
+  // uniform topology. Per slot: the devices it stands for.
+  std::vector<double> slot_time_factor;
+  std::vector<int64_t> slot_devices;
   // The reductions chosen (simulator.hpp), for the platform and the mode description.
   SimMode mode = SimMode::fast;
   bool full = false;

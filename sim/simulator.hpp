@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "energy.hpp"
 #include "profile.hpp"
 #include "program.hpp"
 #include "step_result.hpp"
@@ -99,6 +100,13 @@ struct SimulationOutput {
   int64_t moe_draws = 0;
   double moe_load_ratio_mean = 1, moe_load_ratio_max = 1;
   int64_t moe_dropped_tokens = 0, moe_routed_tokens = 0;
+  // Unequal devices (the topology's heterogeneity): the simulated rank of the lowest compute speed
+  // factor (ties: the lowest rank) and that factor; -1 and 1 on a uniform topology. Where fast
+  // mode folds a tensor-parallel group, its stand-in takes the group's lowest factor.
+  int64_t slowest_rank = -1;
+  double slowest_speed_factor = 1;
+  // Per simulated rank: how it spent the step (busy, waiting, idle), for energy.
+  std::vector<DeviceTime> device_time;
 };
 
 // Throws InputError for a full-mode request above its limits (suggesting fast mode).

@@ -105,6 +105,32 @@ std::map<Dtype, double> read_peaks(ObjectReader& device) {
   return out;
 }
 
+// power_idle_w, power_busy_w and power_source: all three or none; 0 <= idle <= busy (a board's
+// power is below 10 kW: a larger figure is a unit slip).
+void read_power(ObjectReader& reader, DeviceSpec& device) {
+  const char* keys[] = {"power_idle_w", "power_busy_w", "power_source"};
+  int present = 0;
+  for (const char* key : keys) present += reader.has(key) ? 1 : 0;
+  if (present == 0) return;
+  for (const char* key : keys) {
+    if (!reader.has(key)) {
+      reader.fail(key, "missing required key (the device gives some of its power figures)",
+                  "all of power_idle_w, power_busy_w (watts per device) and power_source, or none");
+    }
+  }
+  device.power_idle_w = reader.get_number_between("power_idle_w", 0, 1e4);
+  device.power_busy_w = reader.get_number_in("power_busy_w", 0, 1e4, 0);
+  if (!(device.power_busy_w > 0)) reader.fail("power_busy_w", "out of range", "a number of watts in (0, 10000]");
+  if (device.power_busy_w < device.power_idle_w) {
+    reader.fail("power_busy_w", "below power_idle_w = " + render_number(device.power_idle_w),
+                "power_busy_w >= power_idle_w");
+  }
+  device.power_source = reader.get_string("power_source");
+  if (device.power_source.empty()) {
+    reader.fail("power_source", "is empty", "where the power figures come from (a datasheet, a measurement)");
+  }
+}
+
 DeviceSpec read_device(ObjectReader& node) {
   ObjectReader reader = node.get_object("device");
   DeviceSpec device;
@@ -115,6 +141,7 @@ DeviceSpec read_device(ObjectReader& node) {
       reader.get_number_between("memory_bandwidth_bytes_per_s", kMinBandwidth, kMaxBandwidth);
   device.runtime_allowance_bytes = reader.get_number_between("runtime_allowance_bytes", 0, kMaxBytes);
   device.memory_reserved_bytes = reader.get_number_between("memory_reserved_bytes", 0, kMaxBytes);
+  read_power(reader, device);
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
@@ -405,6 +432,10 @@ Topology parse_topology(const Json& json, const std::string& file,
   topology.node = read_node(reader);
   topology.fabric = read_fabric(reader, topology.node.devices_per_node);
   if (reader.has("storage")) topology.storage = read_storage(reader);
+  if (reader.has("heterogeneity")) {
+    reader.accept("heterogeneity");
+    topology.heterogeneity = parse_heterogeneity(json.at("heterogeneity"), file);
+  }
   reader.finish();
   if (nodes_override) {
     if (*nodes_override < 1) {
@@ -414,6 +445,8 @@ Topology parse_topology(const Json& json, const std::string& file,
     topology.num_nodes = *nodes_override;
   }
   check_fabric_size(topology, nodes_override.has_value());
+  check_heterogeneity(topology.heterogeneity, file, topology.num_nodes, topology.node.devices_per_node,
+                      nodes_override.has_value());
   return topology;
 }
 
@@ -469,6 +502,8 @@ Json topology_to_json(const Topology& topology) {
     out["link_latency_s"] = fabric.torus.link_latency_s;
   }
   if (!topology.profile.empty()) json["profile"] = topology.profile;
+  // Only where given, so that the programs of uniform topologies keep their bytes (and hashes).
+  if (!topology.heterogeneity.empty()) json["heterogeneity"] = heterogeneity_to_json(topology.heterogeneity);
   return json;
 }
 

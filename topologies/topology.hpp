@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "heterogeneity.hpp"
 #include "json_input.hpp"
 
 namespace stepcast {
@@ -35,6 +36,12 @@ struct DeviceSpec {
   double memory_bandwidth_bytes_per_s = 0;
   double runtime_allowance_bytes = 0;             // CUDA context, library workspaces, NCCL/MPI buffers
   double memory_reserved_bytes = 0;               // held back for allocator fragmentation
+  // Board power (optional: all three keys or none; only simulate's energy reads them): busy
+  // while it computes, idle otherwise (communication and waiting included), and where the
+  // figures come from. Not part of a program (topology_to_json leaves them out).
+  double power_idle_w = 0, power_busy_w = 0;
+  std::string power_source;
+  bool has_power() const { return power_busy_w > 0; }
   // Peak for `dtype`; throws InputError naming the topology file when the device lacks it.
   double peak_for(Dtype dtype, const std::string& topology_file) const;
 };
@@ -121,6 +128,7 @@ struct Topology {
   NodeSpec node;
   InterNodeFabric fabric;
   std::optional<StorageSpec> storage;
+  Heterogeneity heterogeneity;  // empty: every device and link as node describes
 
   int64_t num_devices() const { return int64_t(num_nodes) * node.devices_per_node; }
 };

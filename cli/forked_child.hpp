@@ -1,0 +1,33 @@
+// One answer line computed in a forked child process: simulate's reference simulations (the
+// dp_size = 1 plan for scaling efficiency, the uniform topology for the straggler cost) run beside
+// the parent's own simulation, since a process holds one SimGrid engine. The child shares the
+// parent's parsed inputs, so it reads no file and writes none.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+
+namespace stepcast::cli {
+
+class ForkedChild {
+ public:
+  // Forks; the child runs `work` and answers its line on a pipe. Call before this process creates
+  // its SimGrid engine or starts a thread. `what` names the child in messages.
+  ForkedChild(const std::function<std::string()>& work, std::string what);
+  ~ForkedChild();  // stops and reaps a child not waited for
+  ForkedChild(const ForkedChild&) = delete;
+  ForkedChild& operator=(const ForkedChild&) = delete;
+
+  // Waits for the child: its line "ok VALUE" gives VALUE; "error MESSAGE", or no line, throws
+  // std::runtime_error naming `what`.
+  double value();
+
+ private:
+  std::string what_;
+  pid_t pid_ = -1;
+  int from_child_ = -1;  // the read end of the child's pipe
+};
+
+}  // namespace stepcast::cli
