@@ -56,15 +56,12 @@ double hashed_normal(uint64_t key) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
 }
 
-// A MoE layer's group on one tp rank: attention, the shared experts (tp-sharded like a dense MLP,
-// n_shared_experts · moe_intermediate_size wide), then the replicated tail: norms, row biases and
-// the router [E, h] (lower_context's layer_sp_replicated(layer)).
-GroupLayout moe_layer_layout(const ModelConfig& m, int64_t t) {
-  GroupLayout g;
+// A transformer layer's group on one tp rank: attention, an MLP f wide on this rank (none when
+// f = 0), then the replicated tail: norms and row biases.
+void add_layer(GroupLayout& g, const ModelConfig& m, int64_t t, int64_t f) {
   const int64_t h = m.hidden_size, d = m.head_dim();
   const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
   const int64_t qkv = (heads + 2 * kv) * d;
-  const int64_t f = m.n_shared_experts * m.moe_intermediate_size / t;
   add(g, "qkv.weight", qkv, h, false, true);
   if (m.use_bias) add(g, "qkv.bias", qkv, 1, false, false);
   add(g, "attn_out.weight", h, heads * d, false, true);
@@ -83,7 +80,15 @@ GroupLayout moe_layer_layout(const ModelConfig& m, int64_t t) {
     add(g, "attn_out.bias", h, 1, true, false);
     if (f > 0) add(g, "mlp_down.bias", h, 1, true, false);
   }
-  add(g, "router.weight", m.num_experts, h, true, true);
+}
+
+// A MoE layer's group on one tp rank: the layer with the shared experts as its MLP (tp-sharded,
+// n_shared_experts · moe_intermediate_size wide), then the router [E, h], replicated
+// (lower_context's layer_sp_replicated(layer)).
+GroupLayout moe_layer_layout(const ModelConfig& m, int64_t t) {
+  GroupLayout g;
+  add_layer(g, m, t, m.n_shared_experts * m.moe_intermediate_size / t);
+  add(g, "router.weight", m.num_experts, m.hidden_size, true, true);
   if (m.use_bias) add(g, "router.bias", m.num_experts, 1, true, false);
   return g;
 }
@@ -112,9 +117,7 @@ GroupLayout expert_group_layout(const ModelConfig& m, int64_t ep_size, int64_t e
 
 GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::string& group) {
   GroupLayout g;
-  const int64_t h = m.hidden_size, d = m.head_dim();
-  const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
-  const int64_t f = m.intermediate_size / t;
+  const int64_t h = m.hidden_size;
   const int64_t vocab = padded_vocab_size(m, t) / t;
   if (group == "embedding" || group == "output") {
     add(g, "embedding.weight", vocab, h, false, true);
@@ -128,23 +131,7 @@ GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::strin
     STEPCAST_CHECK(group.size() > 1 && group[0] == 'L', "unknown parameter group " + group);
     const int64_t layer = std::stoll(group.substr(1));
     if (m.is_moe_layer(layer)) return moe_layer_layout(m, t);
-    const int64_t qkv = (heads + 2 * kv) * d;
-    add(g, "qkv.weight", qkv, h, false, true);
-    if (m.use_bias) add(g, "qkv.bias", qkv, 1, false, false);
-    add(g, "attn_out.weight", h, heads * d, false, true);
-    if (m.mlp == MlpKind::swiglu) {
-      add(g, "mlp_gate.weight", f, h, false, true);
-      if (m.use_bias) add(g, "mlp_gate.bias", f, 1, false, false);
-    }
-    add(g, "mlp_up.weight", f, h, false, true);
-    if (m.use_bias) add(g, "mlp_up.bias", f, 1, false, false);
-    add(g, "mlp_down.weight", h, f, false, true);
-    add_norm(g, m, "ln1");
-    add_norm(g, m, "ln2");
-    if (m.use_bias) {
-      add(g, "attn_out.bias", h, 1, true, false);
-      add(g, "mlp_down.bias", h, 1, true, false);
-    }
+    add_layer(g, m, t, m.intermediate_size / t);
   }
   return g;
 }
