@@ -49,19 +49,22 @@ void for_each_object(const Json& json, const std::string& file, const std::strin
   }
 }
 
+// The node group holding `node` (groups are consecutive nodes, in order); none without groups.
+const NodeGroup* group_of_node(const std::vector<NodeGroup>& groups, int64_t node) {
+  int64_t first = 0;
+  for (const NodeGroup& g : groups) {
+    if (node < first + g.nodes) return &g;
+    first += g.nodes;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 double Heterogeneity::compute_speed_factor(int64_t device, int64_t devices_per_node) const {
   const int64_t node = device / devices_per_node;
-  double factor = 1;
-  int64_t first = 0;
-  for (const NodeGroup& g : node_groups) {
-    if (node < first + g.nodes) {
-      factor = g.compute_speed_factor;
-      break;
-    }
-    first += g.nodes;
-  }
+  const NodeGroup* g = group_of_node(node_groups, node);
+  double factor = g ? g->compute_speed_factor : 1;
   if (auto it = node_compute_speed_factor.find(node); it != node_compute_speed_factor.end()) factor *= it->second;
   if (auto it = device_compute_speed_factor.find(device); it != device_compute_speed_factor.end()) {
     factor *= it->second;
@@ -75,12 +78,8 @@ double Heterogeneity::link_bandwidth_factor(int64_t node) const {
 }
 
 std::string Heterogeneity::device_name_of_node(int64_t node) const {
-  int64_t first = 0;
-  for (const NodeGroup& g : node_groups) {
-    if (node < first + g.nodes) return g.device_name;
-    first += g.nodes;
-  }
-  return "";
+  const NodeGroup* g = group_of_node(node_groups, node);
+  return g ? g->device_name : "";
 }
 
 Heterogeneity parse_heterogeneity(const Json& json, const std::string& file) {
