@@ -65,18 +65,18 @@ int GroupComms::index(GroupKind kind) const {
 }
 
 template <class T>
-void Collectives<T>::exchange(MPI_Comm comm, const T* send, int64_t send_count, int to, T* recv,
-                              int64_t recv_count, int from, int tag) {
+void Collectives<T>::exchange(MPI_Comm comm, const void* send, int64_t send_count, int to, void* recv,
+                              int64_t recv_count, int from, int tag, MPI_Datatype type) {
   std::vector<MPI_Request> requests;
   std::vector<int> peers;
   if (recv) {
     requests.emplace_back();
-    STEPCAST_MPI(MPI_Irecv(recv, int(recv_count), mpi_type<T>(), from, tag, comm, &requests.back()));
+    STEPCAST_MPI(MPI_Irecv(recv, int(recv_count), type, from, tag, comm, &requests.back()));
     peers.push_back(world_rank_of(comm, from));
   }
   if (send) {
     requests.emplace_back();
-    STEPCAST_MPI(MPI_Isend(send, int(send_count), mpi_type<T>(), to, tag, comm, &requests.back()));
+    STEPCAST_MPI(MPI_Isend(send, int(send_count), type, to, tag, comm, &requests.back()));
     peers.push_back(world_rank_of(comm, to));
   }
   watchdog_.wait_all(requests, peers);
@@ -351,13 +351,8 @@ void Collectives<T>::all_to_allv(GroupKind group, const char* send, const std::v
   }
   for (int k = 1; k < n; ++k) {
     const int to = (me + k) % n, from = (me + n - k) % n;
-    MPI_Request requests[2];
-    STEPCAST_MPI(MPI_Irecv(recv + recv_offsets[size_t(from)], int(recv_bytes[size_t(from)]), MPI_BYTE, from, 1100 + k,
-                           comm, &requests[0]));
-    STEPCAST_MPI(MPI_Isend(send + send_offsets[size_t(to)], int(send_bytes[size_t(to)]), MPI_BYTE, to, 1100 + k, comm,
-                           &requests[1]));
-    std::vector<MPI_Request> pending(requests, requests + 2);
-    watchdog_.wait_all(pending, {world_rank_of(comm, from), world_rank_of(comm, to)});
+    exchange(comm, send + send_offsets[size_t(to)], send_bytes[size_t(to)], to, recv + recv_offsets[size_t(from)],
+             recv_bytes[size_t(from)], from, 1100 + k, MPI_BYTE);
   }
 }
 

@@ -51,6 +51,10 @@ inline std::pair<int64_t, int64_t> chunk_range(int64_t count, int64_t parts, int
   return {first, std::min(count, first + size)};
 }
 
+// The MPI datatype of float and double.
+template <class T>
+MPI_Datatype mpi_type();
+
 template <class T>
 class Collectives {
  public:
@@ -96,9 +100,10 @@ class Collectives {
                    int64_t n, T* out);
   static void unpack(std::vector<Span<T>>& buffers, int64_t parts, int64_t i, int64_t from,
                      int64_t n, const T* in, bool add);
-  // Send and receive at once, watched: a hung peer aborts the job with a message.
-  void exchange(MPI_Comm comm, const T* send, int64_t send_count, int to, T* recv,
-                int64_t recv_count, int from, int tag);
+  // Send and receive at once, watched: a hung peer aborts the job with a message. Counts are of
+  // `type` (T's by default; all_to_allv's bytes).
+  void exchange(MPI_Comm comm, const void* send, int64_t send_count, int to, void* recv,
+                int64_t recv_count, int from, int tag, MPI_Datatype type = mpi_type<T>());
   const GroupComms& comms_;
   bool use_mpi_;
   Watchdog& watchdog_;
@@ -108,9 +113,5 @@ class Collectives {
   int64_t work_count_ = 0;
   std::vector<T> owned_;  // grows on first use when no scratch is given
 };
-
-// The MPI datatype of float and double.
-template <class T>
-MPI_Datatype mpi_type();
 
 }  // namespace stepcast
