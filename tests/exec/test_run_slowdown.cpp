@@ -1,7 +1,10 @@
 // A straggler on the CPU executor (`run --slowdown RANK:FACTOR`) against simulate's prediction for
 // the same topology factor (compute_speed_factor 1 / FACTOR), as ratios to the uniform step so
 // that the cost model's bias cancels (the roofline: measuring a profile first would double the
-// test's time): a 2-rank dp run with rank 1 at 2×.
+// test's time): a 2-rank dp run with rank 1 at 2×. It times real runs, so it is its own ctest,
+// run_slowdown_against_simulate (hidden tag [.run-slowdown]), with nothing running beside it
+// (RUN_SERIAL, tests/CMakeLists.txt): beside other tests, their load has pushed the ratio past
+// either bound (0.62 and 1.54 seen in CI).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -12,7 +15,7 @@
 using namespace stepcast;
 using namespace stepcast::test;
 
-TEST_CASE("run --slowdown 1:2 stretches rank 1's compute as simulate predicts", "[run][stragglers]") {
+TEST_CASE("run --slowdown 1:2 stretches rank 1's compute as simulate predicts", "[.run-slowdown]") {
   const std::string dir = fresh_dir("run-slowdown");
   std::filesystem::create_directories(dir);
   // dp 2, fp32, a few microbatches: compute ops of a few ms each, then the gradients' reduction.
@@ -52,8 +55,7 @@ TEST_CASE("run --slowdown 1:2 stretches rank 1's compute as simulate predicts", 
   // the bound is against breakage (a stretch not applied, or applied twice), as validate_ci_sweep's
   // 1.5×; bench/stragglers_cpu.sh prints the figures with repeats.
   INFO("step ratio with rank 1 at 2x: predicted " << predicted << ", measured " << measured);
-  // Under ctest -j2 the other tests' load stretches the straggler further (0.62 seen in CI), so the
-  // lower bound is 1/2: a stretch applied twice (measured about 3 against 2) still falls below it.
+  // The lower bound 1/2: a stretch applied twice (measured about 3 against 2) still falls below it.
   CHECK(predicted / measured > 0.5);
   CHECK(predicted / measured < 1.5);
 }
