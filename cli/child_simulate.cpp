@@ -73,6 +73,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   s.bubble_s = b.at("bubble").get<double>();
   s.optimizer_s = b.at("optimizer").get<double>();
   s.variability_s = b.value("variability", 0.0);
+  s.overlap_interference_s = b.value("overlap_interference", 0.0);
   s.memory = p.at("memory");
   s.fits = s.memory.at("fits").get<bool>();
   s.peak_bytes_max = s.memory.at("peak_bytes_max").get<double>();

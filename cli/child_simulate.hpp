@@ -27,6 +27,7 @@ struct Simulated {
   double bubble_s = 0;
   double optimizer_s = 0;
   double variability_s = 0;    // the critical rank's share of run-to-run variation
+  double overlap_interference_s = 0;  // its compute's slowdown by collectives beside it
   bool fits = false;
   double peak_bytes_max = 0;
   Json memory;                 // prediction.json's "memory" (ranks by class, fits)

@@ -61,12 +61,13 @@ std::string published_report_markdown(const PublishedReport& report) {
      << "Plan rule: " << megatron_plan_rule() << "\n\n"
      << "| row | config | plan | predicted TFLOP/s/GPU | predicted iteration s | published "
         "TFLOP/s/GPU | published iteration s | error | compute / exposed comm / bubble / optimizer / "
-        "variability s | fits |\n"
+        "variability / overlap interference s | fits |\n"
      << "|---|---|---|---:|---:|---:|---:|---:|---|---|\n";
   auto parts = [](const Json& b) {
     return fixed_or_na(breakdown_value(b, "compute"), 2) + " / " + fixed_or_na(breakdown_value(b, "exposed_comm"), 2) +
            " / " + fixed_or_na(breakdown_value(b, "bubble"), 2) + " / " + fixed_or_na(breakdown_value(b, "optimizer"), 2) +
-           " / " + fixed_or_na(breakdown_value(b, "variability"), 2);
+           " / " + fixed_or_na(breakdown_value(b, "variability"), 2) + " / " +
+           fixed_or_na(breakdown_value(b, "overlap_interference"), 2);
   };
   for (const auto& r : report.megatron) {
     const MegatronRow& row = *r.row;

@@ -74,6 +74,9 @@ int run_simulate(int argc, char** argv) {
        "the same prediction")
       ("variability", po::value<std::string>()->default_value("on"),
        "on: draw the profile's device and op variability; off: the nominal step")
+      ("overlap-interference", po::value<std::string>()->default_value("on"),
+       "on: compute beside a collective on another stream runs on the SMs the collective leaves "
+       "(the profile's `overlap`); off: at full speed")
       ("records", po::value<std::string>()->default_value("representative"),
        "per-op records in prediction.json: representative (the first rank of each role, i.e. "
        "pipeline stage, and the critical rank: what `compare` joins), all (every simulated rank; "
@@ -94,7 +97,7 @@ int run_simulate(int argc, char** argv) {
       "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
       "                         [--records representative|all|none]\n"
       "                         [--trace representative|all|none] [--gzip] [--no-records]\n"
-      "                         [--seed N] [--variability on|off]\n"
+      "                         [--seed N] [--variability on|off] [--overlap-interference on|off]\n"
       "                         [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "Predicts one training step on SimGrid: step time and its breakdown (compute, exposed\n"
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
@@ -118,10 +121,14 @@ int run_simulate(int argc, char** argv) {
   if (mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
     throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");
   }
-  std::string variability = (*vm)["variability"].as<std::string>();
-  if (variability != "on" && variability != "off") {
-    throw InputError("command line: --variability '" + variability + "': valid: on, off");
-  }
+  auto on_off = [&](const char* option) {
+    const std::string value = (*vm)[option].as<std::string>();
+    if (value != "on" && value != "off") {
+      throw InputError(std::string("command line: --") + option + " '" + value + "': valid: on, off");
+    }
+    return value == "on";
+  };
+  const bool variability = on_off("variability"), overlap_interference = on_off("overlap-interference");
   Scope records_scope = parse_scope(*vm, "records"), trace_scope = parse_scope(*vm, "trace");
   if ((*vm)["no-records"].as<bool>()) {
     if (!(*vm)["records"].defaulted() || !(*vm)["trace"].defaulted()) {
@@ -147,7 +154,8 @@ int run_simulate(int argc, char** argv) {
   }
   SimulateOptions sim_options;
   sim_options.allow_profile_mismatch = (*vm)["allow-profile-mismatch"].as<bool>();
-  sim_options.variability = variability == "on";
+  sim_options.variability = variability;
+  sim_options.overlap_interference = overlap_interference;
   sim_options.seed = (*vm)["seed"].as<uint64_t>();
   sim_options.mode = mode_name == "full"     ? SimMode::full
                      : mode_name == "approx" ? SimMode::approx
@@ -209,6 +217,11 @@ int run_simulate(int argc, char** argv) {
                     {"seed", sim_options.seed},
                     {"device_speed_cv", profile.variability.device_speed_cv},
                     {"op_time_cv", profile.variability.op_time_cv}}},
+                  {"overlap_interference",
+                   {{"applied", sim.overlap_interference},
+                    {"sms", profile.overlap.sms},
+                    {"collective_ctas_intra_node", profile.overlap.ctas_intra_node},
+                    {"collective_ctas_inter_node", profile.overlap.ctas_inter_node}}},
                   {"measured_collective_corrections",
                    {{"collectives", sim.corrected_collectives},
                     {"factor_min", sim.correction_min},
@@ -247,6 +260,9 @@ int run_simulate(int argc, char** argv) {
             << ", optimizer " << result.breakdown.optimizer_s;
   if (sim.variability) {
     std::cout << ", variability " << result.breakdown.variability_s << " (seed " << sim_options.seed << ")";
+  }
+  if (sim.overlap_interference) {
+    std::cout << ", overlap interference " << result.breakdown.overlap_interference_s;
   }
   std::cout << "\n";
   if (program.moe.num_experts > 0) {

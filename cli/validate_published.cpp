@@ -58,7 +58,8 @@ MegatronResult simulate_row(const MegatronRow& row, const fs::path& inputs, cons
                    {"exposed_comm", s.exposed_comm_s},
                    {"bubble", s.bubble_s},
                    {"optimizer", s.optimizer_s},
-                   {"variability", s.variability_s}};
+                   {"variability", s.variability_s},
+                   {"overlap_interference", s.overlap_interference_s}};
     r.mfu = s.mfu;
     r.fits = s.fits;
     r.peak_bytes_max = s.peak_bytes_max;

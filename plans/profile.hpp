@@ -112,6 +112,21 @@ struct Variability {
   double op_time_cv = 0;
 };
 
+// Compute beside a collective (the profile's "overlap"): NCCL's kernels hold whole SMs while they
+// run, one CTA per channel, never shared with compute kernels; compute that overlaps a collective
+// on another stream runs on the SMs left, at 1 - ctas / sms of its speed. It leaves out memory
+// bandwidth and cache contention and wave tails, so it is the least the overlap costs. sms 0:
+// not modelled.
+struct OverlapInterference {
+  int64_t sms = 0;
+  int64_t ctas_intra_node = 0;  // a collective whose group is inside one node
+  int64_t ctas_inter_node = 0;  // a collective whose group spans nodes
+  bool modelled() const { return sms > 0; }
+  double compute_speed(bool spans_nodes) const {
+    return 1.0 - double(spans_nodes ? ctas_inter_node : ctas_intra_node) / double(sms);
+  }
+};
+
 // The system a profile's collective tables were measured on (a node's devices and links), so
 // that their correction of the α-β model is taken against that system's links, not those of the
 // topology a prediction runs on (collective_cost.hpp).
@@ -188,6 +203,8 @@ struct DeviceProfile {
   std::optional<GemmTiling> gemm_tiling;  // datasheet GPU profiles: GEMM wave quantization
   Variability variability;
   std::string variability_notes;
+  OverlapInterference overlap;
+  std::string overlap_notes;
   // Where the published figures come from: key → citation (repository, path and commit; paper and
   // table; issue and author). Every point's `source` names a key here.
   std::map<std::string, std::string> sources;

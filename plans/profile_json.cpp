@@ -370,6 +370,24 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   } else {
     reader.accept("variability");
   }
+  if (reader.has("overlap")) {
+    ObjectReader o = reader.get_object("overlap");
+    p.overlap.sms = o.get_int("sms", 1);
+    auto ctas = [&](const std::string& key) {
+      const int64_t n = o.get_int(key, 0);
+      if (n >= p.overlap.sms) {
+        o.fail(key, std::to_string(n) + " CTAs of " + std::to_string(p.overlap.sms) + " SMs",
+               "fewer CTAs than the device has SMs (sms)");
+      }
+      return n;
+    };
+    p.overlap.ctas_intra_node = ctas("collective_ctas_intra_node");
+    p.overlap.ctas_inter_node = ctas("collective_ctas_inter_node");
+    p.overlap_notes = o.get_string_or("notes", "");
+    o.finish();
+  } else {
+    reader.accept("overlap");
+  }
   if (reader.has("execution")) {
     ObjectReader e = reader.get_object("execution");
     p.execution_in_order = e.get_bool_or("in_order", false);
@@ -453,6 +471,12 @@ Json profile_to_json(const DeviceProfile& p) {
     json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},
                            {"op_time_cv", p.variability.op_time_cv}};
     if (!p.variability_notes.empty()) json["variability"]["notes"] = p.variability_notes;
+  }
+  if (p.overlap.modelled()) {
+    json["overlap"] = {{"sms", p.overlap.sms},
+                       {"collective_ctas_intra_node", p.overlap.ctas_intra_node},
+                       {"collective_ctas_inter_node", p.overlap.ctas_inter_node}};
+    if (!p.overlap_notes.empty()) json["overlap"]["notes"] = p.overlap_notes;
   }
   if (p.execution_in_order) {
     json["execution"] = {{"in_order", true}, {"staged_sends", p.execution_staged_sends}};

@@ -32,7 +32,12 @@ struct Breakdown {
   // The simulator's run-to-run variation on this rank's compute (above its nominal cost), taken
   // out of compute_s; the executor's measurements have none (it is in their compute).
   double variability_s = 0;
-  double total() const { return compute_s + exposed_comm_s + bubble_s + optimizer_s + variability_s; }
+  // The simulator's slowdown of this rank's compute by collectives running beside it (the
+  // profile's overlap figures), taken out of compute_s; the executor's is in its compute.
+  double overlap_interference_s = 0;
+  double total() const {
+    return compute_s + exposed_comm_s + bubble_s + optimizer_s + variability_s + overlap_interference_s;
+  }
 };
 
 // The optimizer part of a breakdown: the optimizer phase's optimizer_step ops (the gradient

@@ -85,6 +85,9 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
   r.breakdown.bubble_s = number(b, "bubble", file, "breakdown_s.");
   r.breakdown.optimizer_s = number(b, "optimizer", file, "breakdown_s.");
   if (b.contains("variability")) r.breakdown.variability_s = number(b, "variability", file, "breakdown_s.");
+  if (b.contains("overlap_interference")) {
+    r.breakdown.overlap_interference_s = number(b, "overlap_interference", file, "breakdown_s.");
+  }
   r.tokens_per_s = number(json, "tokens_per_s", file);
   r.mfu = number(json, "mfu", file);
   r.hfu = number(json, "hfu", file);

@@ -358,8 +358,10 @@ Platform build_platform(sg4::Engine& engine, const Topology& topology,
   builder->connect();
 
   platform.delay_hosts.reserve(size_t(options.delay_hosts));
+  const std::vector<double> speeds =
+      options.delay_host_speeds.empty() ? std::vector<double>{1.0} : options.delay_host_speeds;
   for (int64_t i = 0; i < options.delay_hosts; ++i)
-    platform.delay_hosts.push_back(zone->create_host("delay" + std::to_string(i), 1.0));
+    platform.delay_hosts.push_back(zone->create_host("delay" + std::to_string(i), speeds));
   zone->seal();
   return platform;
 }

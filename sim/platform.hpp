@@ -33,6 +33,7 @@ struct PlatformOptions {
   // Extra hosts off the network, for executions and analytic delays that must not share a
   // device host's speed.
   int64_t delay_hosts = 0;
+  std::vector<double> delay_host_speeds{};  // their pstates' speeds; empty: 1 flop/s only
 };
 
 struct Platform {

@@ -54,6 +54,7 @@ class RankActor {
     RankState& st = out_.state[slot_];
     st.start.assign(size_t(walk_->timed_ops), 0);
     st.end.assign(size_t(walk_->timed_ops), 0);
+    if (!plan.overlap_speeds.empty()) st.interference.assign(size_t(walk_->timed_ops), 0);
     // Memory ops take no time and are not ordered by their stream: done from the start (their
     // times follow from their deps after the run).
     st.done = walk_->initially_done;
@@ -294,17 +295,45 @@ class RankActor {
     return total;
   }
 
-  // Finishes every op of the current run, each taking its duration.
+  // Finishes every op of the current run, each taking its duration; where a collective beside
+  // it slowed the run (overlap_speeds), each op's share of the added time, in proportion.
   void complete_run(size_t stream) {
     Running& run = running_[stream];
+    RankState& st = out_.state[slot_];
+    double stretch = 1;  // beyond rounding: the run was slowed
+    if (!st.interference.empty()) {
+      double nominal = 0;
+      for (double d : run.durations) nominal += d;
+      const double elapsed = now() - run.run_start;
+      if (nominal > 0 && elapsed > nominal * (1 + 1e-9)) stretch = elapsed / nominal;
+    }
     double t = run.run_start;
     for (size_t i = 0; i < run.run.size(); ++i) {
       double d = i < run.durations.size() ? run.durations[i] : 0;
+      if (stretch > 1) st.interference[size_t(walk_->timed_index[run.run[i]])] = d * (stretch - 1);
+      d *= stretch;
       finish(run.run[i], t, t + d);
       t += d;
     }
     head_[stream] += run.run.size();
     run.op = -1;
+  }
+
+  const Op& op_of(int32_t id) const { return role_->ops[size_t(id)]; }
+  // A collective that runs beside the compute stream and slows it (overlap_speeds): one on
+  // another stream.
+  bool beside_compute(const Op& op) const {
+    return !plan().overlap_speeds.empty() && op.stream != Stream::compute;
+  }
+  // A collective beside compute starts (+1) or ends (-1): the compute stream's delay host runs
+  // at the lowest speed the running ones leave (pstate 1: inside a node, 2: across nodes).
+  void slow_compute(bool spans_nodes, int change) {
+    beside_[spans_nodes ? 1 : 0] += change;
+    unsigned long pstate = 0;
+    for (unsigned long k = 1; k <= 2; ++k) {
+      if (beside_[k - 1] > 0 && plan().overlap_speeds[k] < plan().overlap_speeds[pstate]) pstate = k;
+    }
+    hosts_.delay[slot_][size_t(Stream::compute)]->set_pstate(pstate);
   }
 
   std::shared_ptr<SimGroup> group_of(const Op& op) const {
@@ -327,6 +356,7 @@ class RankActor {
     out_.state[slot_].collective_key[op.id] = key;
     run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
                                  group->layout, member, plan().phase_flows);
+    if (beside_compute(op)) slow_compute(group->spans_nodes, +1);
     scale_ep_sends(op, member, run.steps);
     run.step = 0;
     run.run = {op.id};
@@ -386,6 +416,7 @@ class RankActor {
       add(delay_on(stream, correction), stream);
       return;
     }
+    if (beside_compute(op_of(run.op))) slow_compute(group_of(op_of(run.op))->spans_nodes, -1);
     finish(run.op, run.run_start, now());
     ++head_[stream];
     run.op = -1;
@@ -479,6 +510,7 @@ class RankActor {
   std::deque<int*> slots_;
   std::map<std::pair<int, size_t>, int64_t> sequence_;
   int64_t segment_ = 0;  // segments drawn so far (the draw index)
+  std::array<int, 2> beside_{};  // collectives beside compute running now: inside a node, across
 };
 
 }  // namespace

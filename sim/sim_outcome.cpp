@@ -150,6 +150,18 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
     if (r.rank == out.critical_rank) critical[r.id] = r;
   }
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
+  // The critical rank's compute slowed by collectives beside it (overlap_speeds), out of compute.
+  double interference = 0;
+  const RankState& critical_state = outcome.state[critical_slot];
+  if (!critical_state.interference.empty()) {
+    const SimRole& walk = plan.roles[size_t(critical_role.index)];
+    for (const Op& op : critical_role.ops) {
+      if (!is_compute(op.kind) || in_optimizer_part(op)) continue;
+      interference += critical_state.interference[size_t(walk.timed_index[op.id])];
+    }
+    out.breakdown.overlap_interference_s = interference;
+    out.breakdown.compute_s -= interference;
+  }
   if (plan.draws) {
     // The critical rank's compute above its nominal cost (on an unequal device, its speed
     // factor's): its own share of the variation.
@@ -160,6 +172,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
       if (!is_compute(op.kind) || in_optimizer_part(op)) continue;
       above += (critical[op.id].end_s - critical[op.id].start_s) - nominal[op.id] * time_factor;
     }
+    above -= interference;  // not variation: split out above
     out.breakdown.variability_s = above;
     out.breakdown.compute_s -= above;
   }

@@ -192,6 +192,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         g = std::make_shared<SimGroup>();
         g->members = members;
         for (int64_t m : members) g->layout.node_of.push_back(m / per_node);
+        for (int64_t node : g->layout.node_of) g->spans_nodes |= node != g->layout.node_of.front();
       }
       plan.groups[slot][kind] = g;
     }
@@ -332,6 +333,10 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     }
   }
   plan_heterogeneity(plan, program, topology_in.heterogeneity, out);
+  if (options.overlap_interference && profile.overlap.modelled() && !plan.in_order) {
+    plan.overlap_speeds = {1.0, profile.overlap.compute_speed(false), profile.overlap.compute_speed(true)};
+    out.overlap_interference = true;
+  }
   plan.topology = topology;
   return plan;
 }

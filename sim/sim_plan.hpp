@@ -28,6 +28,7 @@ namespace stepcast::sim_detail {
 struct SimGroup {
   std::vector<int64_t> members;  // ranks, in group order
   GroupLayout layout;
+  bool spans_nodes = false;
 };
 
 constexpr size_t kStreams = 3;
@@ -103,6 +104,10 @@ struct SimPlan {
   // uniform topology. Per slot: the devices it stands for.
   std::vector<double> slot_time_factor;
   std::vector<int64_t> slot_devices;
+  // Compute beside a collective (the profile's overlap): the speeds of the compute stream's delay
+  // host, {alone, beside a collective inside a node, beside one across nodes}, its pstates 0, 1
+  // and 2; empty where not modelled (no figure, or in order: no collective runs beside compute).
+  std::vector<double> overlap_speeds;
   // The reductions chosen (simulator.hpp), for the platform and the mode description.
   SimMode mode = SimMode::fast;
   bool full = false;
@@ -119,6 +124,8 @@ struct RankState {
   std::vector<char> done;  // per op
   bool finished = false;   // every op done
   double last_end = 0;
+  // With overlap_speeds: per timed op, the time a collective beside it added (by timed_index).
+  std::vector<double> interference;
   std::unordered_map<int32_t, std::tuple<int, int64_t, int, int64_t>> collective_key;
 };
 

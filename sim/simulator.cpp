@@ -36,6 +36,7 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   platform_options.devices = plan.ranks;
   platform_options.shared_link_divisor = plan.shared_link_divisor;
   platform_options.delay_hosts = int64_t(plan.ranks.size() * kStreams);
+  platform_options.delay_host_speeds = plan.overlap_speeds;
   Platform platform = build_platform(engine, plan.topology, platform_options);
   hosts.host = platform.hosts;
   hosts.delay.resize(plan.ranks.size());

@@ -74,6 +74,9 @@ struct SimulateOptions {
   // nominal step.
   bool variability = true;
   uint64_t seed = 1;
+  // The profile's overlap figures (profile.hpp OverlapInterference): compute beside a
+  // collective on another stream runs on the SMs the collective leaves; off: at full speed.
+  bool overlap_interference = true;
 };
 
 // Limits of full mode (the reference scale).
@@ -91,6 +94,7 @@ struct SimulationOutput {
   int64_t activities = 0;              // SimGrid activities started
   std::string mode_description;
   bool variability = false;            // drawn (the profile has some and it was not turned off)
+  bool overlap_interference = false;   // modelled (the profile has the figures, not turned off)
   // Collectives whose time the profile's measured tables corrected, and the range of the factor.
   int64_t corrected_collectives = 0;
   double correction_min = 1, correction_max = 1;

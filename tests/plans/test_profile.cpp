@@ -296,6 +296,19 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
   Json unordered = json;
   unordered["execution"] = {{"staged_sends", true}};
   CHECK_THROWS_WITH(parse_profile(unordered, "bad.json"), Contains("staged_sends needs in_order"));
+  // The overlap figures (compute beside a collective) round-trip; CTAs must leave SMs to compute.
+  Json overlap = json;
+  overlap["overlap"] = {{"sms", 108}, {"collective_ctas_intra_node", 24}, {"collective_ctas_inter_node", 16}};
+  DeviceProfile with_overlap = parse_profile(overlap, "overlap.json");
+  CHECK(with_overlap.overlap.compute_speed(false) == Approx(84.0 / 108));
+  CHECK(with_overlap.overlap.compute_speed(true) == Approx(92.0 / 108));
+  CHECK(profile_to_json(with_overlap)["overlap"] == overlap["overlap"]);
+  CHECK_FALSE(back.overlap.modelled());
+  overlap["overlap"]["collective_ctas_inter_node"] = 108;
+  CHECK_THROWS_WITH(parse_profile(overlap, "bad.json"),
+                    Contains("overlap.collective_ctas_inter_node") && Contains("fewer CTAs than the device has SMs"));
+  overlap["overlap"] = {{"sms", 108}, {"collective_ctas_intra_node", 24}};
+  CHECK_THROWS_WITH(parse_profile(overlap, "bad.json"), Contains("collective_ctas_inter_node"));
   // Shipped GPU profiles: published component points, every one naming a source it lists.
   for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm"}) {
     INFO(name);
