@@ -71,7 +71,8 @@ std::string megatron_plan_rule() {
          "interleaved schedule; each pipeline transfer split over tp and all-gathered after it "
          "(--scatter-gather-tensors-in-pipeline, on by default then); no fused gradient accumulation "
          "(each later microbatch's weight gradients added into .grad by autograd: "
-         "gradient_accumulation_fusion false); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
+         "gradient_accumulation_fusion false); the loss as separate PyTorch ops on the logits cast "
+         "to fp32 (mpu/cross_entropy.py: cross_entropy_loss_fusion false); full recompute (--checkpoint-activations); fp16 weights, activations and gradients "
          "(--fp16); ZeRO 0; materialized attention (no FlashAttention in 2021); dropout 0.1; no "
          "sequence parallelism (introduced after SC'21).";
 }
@@ -106,7 +107,11 @@ Json megatron_plan_json(const MegatronRow& row) {
           // No fused weight-gradient accumulation in 2021: each microbatch's weight gradients are
           // fresh tensors that autograd's AccumulateGrad adds into .grad (local DDP without
           // contiguous buffers, as run_table_1.sh ran it; torch DDP under no_sync).
-          {"gradient_accumulation_fusion", false}};
+          {"gradient_accumulation_fusion", false},
+          // vocab_parallel_cross_entropy(output.float(), labels) (megatron/model/gpt_model.py,
+          // without --fp16-lm-cross-entropy), then max, sub_, exp, sum, div_ on the fp32 copy
+          // (megatron/mpu/cross_entropy.py); no fused loss in 2021.
+          {"cross_entropy_loss_fusion", false}};
   // PyTorch DDP's bucket_cap_mb default (25 MiB), which Megatron-LM 2021 did not change.
   if (torch_ddp) plan["grad_bucket_bytes"] = 25 << 20;
   return plan;

@@ -84,6 +84,16 @@ void RoleLowering::emit_embedding_backward(const OpSite& at, const std::string& 
   release_weights(ew, at.phase);
 }
 
+RoleLowering::UnfusedLossBytes RoleLowering::unfused_loss_bytes(double logits) const {
+  // Megatron's vocab-parallel cross entropy as PyTorch ops on `logits` elements: the cast of
+  // the logits to the softmax's width (where they differ) reads one and writes the other; max
+  // and sum read, the subtraction, exp and division read and write; backward the in-place scale
+  // reads and writes, and the cast back to the logits' width.
+  const double a = dtype_bytes(c_.act), w = dtype_bytes(c_.wide);
+  const double cast = c_.act == c_.wide ? 0.0 : a + w;
+  return {logits * (cast + 8 * w), logits * 2 * w, logits * (2 * w + cast)};
+}
+
 void RoleLowering::emit_loss_forward(const OpSite& at, const std::string& x) {
   std::string p = "mb" + std::to_string(at.microbatch) + ".loss.";
   std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
@@ -107,9 +117,11 @@ void RoleLowering::emit_loss_forward(const OpSite& at, const std::string& x) {
   std::vector<std::string> loss_inputs = {p + "logits", targets};
   std::vector<std::string> loss_outputs = {p + "softmax", p + "token_loss"};
   rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
+  const UnfusedLossBytes unfused = unfused_loss_bytes(tokens * double(c_.vocab_local));
   if (c_.t > 1) {
-    e_.compute(at, OpKind::loss, OpName::cross_entropy_stats, 3.0 * tokens * c_.vocab_local,
-               {p + "logits", targets}, {p + "stats"});
+    int32_t stats = e_.compute(at, OpKind::loss, OpName::cross_entropy_stats, 3.0 * tokens * c_.vocab_local,
+                               {p + "logits", targets}, {p + "stats"});
+    if (!plan_.cross_entropy_loss_fusion) rb_.set_bytes(stats, unfused.forward - unfused.division);
     rb_.alloc(p + "stats_all", BufferClass::workspace, c_.wide, {c_.t, 3, c_.s, c_.b},
               at.phase);
     e_.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::tp_cross_entropy,
@@ -122,8 +134,9 @@ void RoleLowering::emit_loss_forward(const OpSite& at, const std::string& x) {
   }
   rb_.alloc(p + "softmax", BufferClass::activations, c_.wide, logits_shape, at.phase);
   rb_.alloc(p + "token_loss", BufferClass::workspace, c_.wide, {c_.s, c_.b}, at.phase);
-  e_.compute(at, OpKind::loss, OpName::cross_entropy, 5.0 * tokens * c_.vocab_local, loss_inputs,
-             loss_outputs);
+  int32_t loss = e_.compute(at, OpKind::loss, OpName::cross_entropy, 5.0 * tokens * c_.vocab_local,
+                            loss_inputs, loss_outputs);
+  if (!plan_.cross_entropy_loss_fusion) rb_.set_bytes(loss, c_.t > 1 ? unfused.division : unfused.forward);
   rb_.free(p + "logits", at.phase);
   rb_.free(p + "token_loss", at.phase);
   rb_.free(c_.t > 1 ? p + "stats_all" : p + "stats", at.phase);
@@ -138,8 +151,11 @@ void RoleLowering::emit_loss_backward(const OpSite& at, const std::string& g) {
   rb_.alloc(p + "d_logits", BufferClass::workspace, c_.act, {c_.s, c_.b, c_.vocab_local},
             at.phase);
   std::string targets = data_buffer_name(at.microbatch, DataBuffer::targets);
-  e_.compute(at, OpKind::loss, OpName::cross_entropy, 2.0 * tokens * c_.vocab_local,
-             {p + "softmax", targets}, {p + "d_logits"});
+  int32_t loss = e_.compute(at, OpKind::loss, OpName::cross_entropy, 2.0 * tokens * c_.vocab_local,
+                            {p + "softmax", targets}, {p + "d_logits"});
+  if (!plan_.cross_entropy_loss_fusion) {
+    rb_.set_bytes(loss, unfused_loss_bytes(tokens * double(c_.vocab_local)).backward);
+  }
   rb_.free(p + "softmax", at.phase);
   rb_.free(targets, at.phase);
   rb_.alloc(p + "d_lnf_full", BufferClass::workspace, c_.act, full, at.phase);

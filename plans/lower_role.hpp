@@ -165,6 +165,12 @@ class RoleLowering {
   // (max, sum of exp, target logit) of their vocabulary shard with one all_gather, so the
   // loss needs no MAX reduction.
   void emit_loss_forward(const OpSite& at, const std::string& x);
+  // Bytes the unfused loss moves (plan cross_entropy_loss_fusion false) over `logits` elements:
+  // the forward's, the division's share of them (the last op under tp > 1), the backward's.
+  struct UnfusedLossBytes {
+    double forward = 0, division = 0, backward = 0;
+  };
+  UnfusedLossBytes unfused_loss_bytes(double logits) const;
   void emit_loss_backward(const OpSite& at, const std::string& g);
   std::string gather_sequence(const OpSite& at, const std::string& local_name,
                               const std::string& full_name, OpName what);

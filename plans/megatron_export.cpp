@@ -174,6 +174,7 @@ void add_data_parallel(Builder& b, const Plan& plan) {
   }
   if (plan.overlap_grad_reduce) b.flag("--overlap-grad-reduce");  // arguments.py:3121
   if (!plan.gradient_accumulation_fusion) b.flag("--no-gradient-accumulation-fusion");  // arguments.py:2944
+  if (plan.cross_entropy_loss_fusion) b.flag("--cross-entropy-loss-fusion");  // model_parallel_config.py:320, default False
   if (plan.overlap_param_gather) {
     b.flag("--overlap-param-gather");  // arguments.py:3148
     if (!plan.overlap_grad_reduce) {

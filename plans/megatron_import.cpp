@@ -33,7 +33,7 @@ const std::set<std::string> kSwitches = {
 
 // Flags read into the model or plan (the rest of what is known is ignored or refused).
 const std::set<std::string> kRead = {
-    "no-gradient-accumulation-fusion", "num-layers", "hidden-size", "num-attention-heads", "num-query-groups", "ffn-hidden-size",
+    "no-gradient-accumulation-fusion", "cross-entropy-loss-fusion", "num-layers", "hidden-size", "num-attention-heads", "num-query-groups", "ffn-hidden-size",
     "kv-channels", "normalization", "norm-epsilon", "position-embedding-type", "rotary-base",
     "rotary-percent", "max-position-embeddings", "seq-length", "vocab-size",
     "make-vocab-size-divisible-by", "tokenizer-type", "hidden-dropout", "attention-dropout",
@@ -55,7 +55,7 @@ bool ignored_flag(const std::string& name) {
       "loss-scale", "loss-scale-window", "hysteresis", "distributed-backend",
       "distributed-timeout-minutes", "use-mcore-models", "transformer-impl",
       "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
-      "no-bias-swiglu-fusion", "no-rope-fusion", "cross-entropy-loss-fusion",
+      "no-bias-swiglu-fusion", "no-rope-fusion",
       "attention-softmax-in-fp32", "accumulate-allreduce-grads-in-fp32", "use-checkpoint-args", "use-legacy-models",
       "check-for-nan-in-loss-and-grad", "no-check-for-nan-in-loss-and-grad", "use-dist-ckpt",
       "micro-batch-size-per-gpu", "rampup-batch-size", "decoupled-lr", "decoupled-min-lr",
@@ -421,6 +421,8 @@ void import_data_parallel(const Flags& f, Json& p, int64_t grad_bytes) {
   }
   if (f.on("overlap-grad-reduce")) p["overlap_grad_reduce"] = true;
   if (f.on("no-gradient-accumulation-fusion")) p["gradient_accumulation_fusion"] = false;  // arguments.py:2944
+  // Off unless given (model_parallel_config.py:320): Megatron's loss is then separate PyTorch ops.
+  p["cross_entropy_loss_fusion"] = f.on("cross-entropy-loss-fusion");
   if (f.on("overlap-param-gather")) p["overlap_param_gather"] = true;
   // --ddp-bucket-size counts parameters (arguments.py:3125).
   if (f.has("ddp-bucket-size")) p["grad_bucket_bytes"] = double(*f.integer("ddp-bucket-size")) * double(grad_bytes);

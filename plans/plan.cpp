@@ -238,6 +238,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
   plan.scatter_gather_tensors_in_pipeline = reader.get_bool_or("scatter_gather_tensors_in_pipeline", false);
   plan.gradient_accumulation_fusion = reader.get_bool_or("gradient_accumulation_fusion", true);
+  plan.cross_entropy_loss_fusion = reader.get_bool_or("cross_entropy_loss_fusion", true);
   plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
   if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
   plan.order = reader.get_string_or("order", "tp-dp-pp");
@@ -533,6 +534,7 @@ Json plan_to_json(const Plan& plan) {
   out["overlap_p2p_comm"] = plan.overlap_p2p_comm;
   out["scatter_gather_tensors_in_pipeline"] = plan.scatter_gather_tensors_in_pipeline;
   out["gradient_accumulation_fusion"] = plan.gradient_accumulation_fusion;
+  out["cross_entropy_loss_fusion"] = plan.cross_entropy_loss_fusion;
   out["grad_bucket_bytes"] = plan.grad_bucket_bytes;
   out["layers_per_stage"] = plan.layers_per_stage;
   out["order"] = plan.order;

@@ -84,6 +84,13 @@ struct Plan {
   // gradients per microbatch, and the fresh gradient's memory while it lives. Sharded gradients
   // (ZeRO-2/3) always take a fresh per-microbatch gradient, so it changes nothing there.
   bool gradient_accumulation_fusion = true;
+  // Megatron-LM's --cross-entropy-loss-fusion (off by default there): the loss in one pass over
+  // the logits, as stepcast's executors compute it. False: Megatron's vocab-parallel cross entropy
+  // as separate PyTorch ops (megatron/core/tensor_parallel/cross_entropy.py, and 2021's
+  // megatron/mpu/cross_entropy.py): the logits cast to fp32, their max, the max subtracted, exp,
+  // the sum, the division into the softmax, and backward the softmax scaled in place and cast
+  // back; the loss ops then move those bytes (the executors compute the same loss either way).
+  bool cross_entropy_loss_fusion = true;
   double grad_bucket_bytes = 0;          // resolved: Megatron's max(4e7, 1e6·dp) params × grad bytes
   std::vector<int64_t> layers_per_stage; // resolved: one entry per virtual stage (pp·vpp)
   std::string order = "tp-dp-pp";        // rank grid order, innermost first (cp after tp unless named)

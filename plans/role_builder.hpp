@@ -44,6 +44,8 @@ class RoleBuilder {
     return last_op();
   }
   const Role& role() const { return role_; }
+  // Sets an emitted op's bytes moved (an op whose traffic is not its buffers' sizes).
+  void set_bytes(int32_t op, double bytes) { role_.ops[size_t(op)].bytes = bytes; }
 
  private:
   struct BufferState {

@@ -316,6 +316,36 @@ TEST_CASE("gradient_accumulation_fusion false adds each later microbatch's weigh
   CHECK_THROWS_WITH(make_plan(j, model, topology), Catch::Contains("gradient_accumulation_fusion"));
 }
 
+TEST_CASE("cross_entropy_loss_fusion false moves the bytes of Megatron-LM's unfused loss", "[lower]") {
+  // fp16 logits: forward the cast to fp32 (2 + 4), max (4), subtract (8), exp (8), sum (4),
+  // divide (8): 38 bytes a logit; backward the in-place scale (8) and the cast back (6): 14. The
+  // fused loss moves the logits and the softmax once each way (6 and 6, and a few per token).
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
+  for (int64_t tp : {1, 2}) {
+    INFO("tp " << tp);
+    Json j = {{"tp_size", tp}, {"micro_batch_size", 2}, {"global_batch_size", 4}, {"dtype", "fp16"}};
+    auto loss_bytes = [&](const Json& plan_json, Phase phase) {
+      StepProgram p = lower_program(model, topology, make_plan(plan_json, model, topology));
+      CHECK(check_program(p).empty());
+      double bytes = 0;
+      for (const Op& op : p.roles[0].ops) {
+        if (op.kind == OpKind::loss && op.phase == phase && op.microbatch == 0) bytes += op.bytes;
+      }
+      return bytes;
+    };
+    const double logits = double(model.seq_length) * 2 * double(model.vocab_size / tp);
+    // (Under tp the fused forward reads the logits twice, the shard's statistics then the loss,
+    // and the statistics of every rank: 48 bytes a token, 0.375 a logit of a 128-wide shard.)
+    CHECK(loss_bytes(j, Phase::forward) == Approx((tp > 1 ? 8.375 : 6) * logits).epsilon(0.02));
+    CHECK(loss_bytes(j, Phase::backward) == Approx(6 * logits).epsilon(0.02));
+    j["cross_entropy_loss_fusion"] = false;
+    CHECK(loss_bytes(j, Phase::forward) == Approx(38 * logits));
+    CHECK(loss_bytes(j, Phase::backward) == Approx(14 * logits));
+    CHECK(plan_to_json(make_plan(j, model, topology))["cross_entropy_loss_fusion"] == false);
+  }
+}
+
 TEST_CASE("the optimizer's bytes follow Megatron-LM's mixed-precision optimizer", "[lower]") {
   // fp16 weights and gradients: the gradient pass casts (2 + 4), unscales (8) and reads (4) the
   // fp32 main gradients; Adam reads the main gradient, moments and master (16), writes them (12),

@@ -102,7 +102,8 @@ void check_megatron_rules(const MegatronArguments& m, const Plan& plan, const Mo
       "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--bf16",
       "--grad-reduce-in-bf16", "--recompute-granularity", "--recompute-method",
       "--recompute-num-layers", "--context-parallel-size", "--cp-comm-type", "--fp8-format", "--fp8-recipe",
-      "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin"};
+      "--fp8-amax-history-len", "--fp8-amax-compute-algo", "--fp8-margin",
+      "--no-gradient-accumulation-fusion", "--cross-entropy-loss-fusion"};
   for (const auto& [name, value] : f) {
     INFO(name);
     CHECK(known.count(name) == 1);

@@ -113,7 +113,7 @@ TEST_CASE("Megatron-LM export then import gives the same model and plan", "[plan
       {"gpt3-13b", "dgx-a100-80gb", 8,
        {{"tp_size", 4}, {"pp_size", 2}, {"dp_size", 8}, {"zero_stage", 2}, {"micro_batch_size", 2},
         {"global_batch_size", 128}, {"recompute", "full"}, {"attention_impl", "flash"}, {"dropout", 0.0},
-        {"gradient_accumulation_fusion", false}}},
+        {"gradient_accumulation_fusion", false}, {"cross_entropy_loss_fusion", false}}},
       {"llama3-8b", "dgx-h100", 2,
        {{"tp_size", 2}, {"pp_size", 2}, {"dp_size", 4}, {"zero_stage", 3},
         {"num_distributed_optimizer_instances", 2}, {"schedule", "interleaved_1f1b"},
