@@ -74,6 +74,9 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   s.optimizer_s = b.at("optimizer").get<double>();
   s.variability_s = b.value("variability", 0.0);
   s.overlap_interference_s = b.value("overlap_interference", 0.0);
+  if (p.contains("energy_per_step_j") && !p.at("energy_per_step_j").is_null()) {
+    s.energy_per_step_j = p.at("energy_per_step_j").get<double>();
+  }
   s.memory = p.at("memory");
   s.fits = s.memory.at("fits").get<bool>();
   s.peak_bytes_max = s.memory.at("peak_bytes_max").get<double>();

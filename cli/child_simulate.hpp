@@ -28,6 +28,7 @@ struct Simulated {
   double optimizer_s = 0;
   double variability_s = 0;    // the critical rank's share of run-to-run variation
   double overlap_interference_s = 0;  // its compute's slowdown by collectives beside it
+  std::optional<double> energy_per_step_j;  // where the topology gives the device's power
   bool fits = false;
   double peak_bytes_max = 0;
   Json memory;                 // prediction.json's "memory" (ranks by class, fits)

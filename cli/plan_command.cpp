@@ -10,11 +10,13 @@
 
 #include "child_simulate.hpp"
 #include "commands.hpp"
+#include "energy.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
 #include "planner_common.hpp"
 #include "planner_report.hpp"
 #include "search.hpp"
+#include "simulate_extras.hpp"
 #include "summary.hpp"
 
 namespace stepcast::cli {
@@ -102,7 +104,9 @@ int run_plan(int argc, char** argv) {
        "start no re-simulation after this many seconds of the command (0: no limit); plans "
        "left keep their estimate")
       ("objective", po::value<std::string>()->default_value("time"),
-       "time (fastest first) or memory (smallest peak per device first)")
+       "time (fastest first), memory (smallest peak per device first), energy (fewest joules per "
+       "step first: needs the topology's device power) or cost (cheapest step first: needs "
+       "--price-per-gpu-hour; every candidate uses every device, so it is the time order)")
       ("max-memory-fraction", po::value<double>()->default_value(1.0),
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("include-gpipe", po::bool_switch(), "also search the gpipe schedule")
@@ -121,6 +125,7 @@ int run_plan(int argc, char** argv) {
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
        "DIR/report.md, DIR/report.html, and the report's tables as DIR/best-plans.csv and DIR/pruned.csv");
   add_profile_options(options, "for the estimate and the simulations");
+  add_price_options(options);
   add_seq_length_option(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
@@ -128,7 +133,8 @@ int run_plan(int argc, char** argv) {
       "usage: stepcast plan --model M --topology T --global-batch-size B [--nodes N] [--top K]\n"
       "       stepcast plan --from-megatron 'ARGS'|FILE --topology T [--global-batch-size B] ...\n"
       "                     [--evaluate E|all] [--evaluate-stride S] [--simulate-budget-s T]\n"
-      "                     [--objective time|memory] [--max-memory-fraction F]\n"
+      "                     [--objective time|memory|energy|cost] [--max-memory-fraction F]\n"
+      "                     [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
       "                     [--fp8-recipe delayed|tensorwise] [--dropout P]\n"
       "                     [--include-gpipe]\n"
@@ -193,8 +199,21 @@ int run_plan(int argc, char** argv) {
   int jobs = (*vm)["jobs"].as<int>();
   const std::string sim_mode = sim_mode_from(*vm);
   std::string objective_name = (*vm)["objective"].as<std::string>();
-  if (objective_name != "time" && objective_name != "memory") {
-    throw InputError("command line: --objective '" + objective_name + "': valid: time, memory");
+  if (objective_name != "time" && objective_name != "memory" && objective_name != "energy" &&
+      objective_name != "cost") {
+    throw InputError("command line: --objective '" + objective_name + "': valid: time, memory, energy, cost");
+  }
+  const std::optional<Price> price = price_from(*vm);
+  if (objective_name == "cost" && !price) {
+    throw InputError("command line: --objective cost without a price; valid: --price-per-gpu-hour AMOUNT CURRENCY "
+                     "(e.g. 2.5 USD), or another --objective");
+  }
+  const DeviceSpec& device = topology.node.device;
+  if (objective_name == "energy" && !device.has_power()) {
+    throw_input_error(topology.file, "node.device.power_busy_w", "absent",
+                      "--objective energy needs the device's power while busy and idle",
+                      "node.device.power_idle_w, power_busy_w and power_source (watts, with a source), or "
+                      "another --objective");
   }
   if (space.global_batch_size < 1) {
     throw InputError("command line: --global-batch-size " + std::to_string(space.global_batch_size) + ": valid: >= 1");
@@ -275,7 +294,15 @@ int run_plan(int argc, char** argv) {
   for (auto& c : candidates) {
     if (!c.kept()) pruned.push_back(c);
   }
-  Objective objective = objective_name == "memory" ? Objective::memory : Objective::time;
+  Objective objective = objective_name == "memory" ? Objective::memory
+                        : objective_name == "energy" ? Objective::energy
+                                                     : Objective::time;  // cost: the time order
+  const int64_t devices = topology.num_devices();
+  if (device.has_power()) {
+    for (auto& c : candidates) {
+      if (c.kept()) c.estimate_energy_j = estimate_energy_j(c.estimate, devices, device.power_idle_w, device.power_busy_w);
+    }
+  }
   if (objective == Objective::memory) {
     resolve_smallest_peaks(candidates, std::max(top, evaluate_count), model, topology, jobs);
   }
@@ -291,6 +318,10 @@ int run_plan(int argc, char** argv) {
       search(std::move(candidates), evaluate, evaluate_count, jobs,
              progress_printer("simulate --mode " + sim_mode), objective, evaluate_stride);
   auto simulate_end = std::chrono::steady_clock::now();
+  for (auto& c : ranked) {
+    if (auto sim = simulator.result(c.plan.name); sim && c.step_time_s) c.energy_per_step_j = sim->energy_per_step_j;
+  }
+  if (objective == Objective::energy) rank_by_energy(ranked);
   print_estimate_quality(ranked);
   if (imported) {
     for (size_t i = 0; i < ranked.size(); ++i) {
@@ -312,7 +343,8 @@ int run_plan(int argc, char** argv) {
   std::cout << "\n" << std::left << std::setw(44) << "plan" << std::right << std::setw(11)
             << "step s" << std::setw(6) << "src" << std::setw(12) << "tokens/s" << std::setw(7)
             << "MFU" << std::setw(11) << "peak" << std::setw(11) << "headroom"
-            << "  comm per rank (tp / dp / pp / other)\n";
+            << "  comm per rank (tp / dp / pp / other)"
+            << (device.has_power() ? "  J/step" : "") << (price ? "  " + price->currency + "/step" : "") << "\n";
   const double allowed = space.max_memory_fraction * topology.node.device.memory_bytes;
   std::vector<PlanReportRow> rows;
   Json top_json = Json::array();
@@ -330,6 +362,8 @@ int run_plan(int argc, char** argv) {
     row.mfu = model_flops_utilization(model, topology, c.plan, step);
     row.peak_bytes = c.peak_bytes_max;
     row.headroom_bytes = allowed - c.peak_bytes_max - c.reserved_bytes;
+    if (device.has_power()) row.energy_j = c.energy_per_step_j ? *c.energy_per_step_j : c.estimate_energy_j;
+    if (price) row.cost = cost_per_step(price->per_gpu_hour, devices, step);
     for (const auto& [kind, b] : c.estimate.comm_bytes_per_rank_max) {
       if (kind == "tp") row.comm_tp_bytes = b;
       else if (kind == "dp" || kind == "dp_shard" || kind == "dp_replica") row.comm_dp_bytes += b;
@@ -342,12 +376,23 @@ int run_plan(int argc, char** argv) {
               << format_bytes(row.peak_bytes) << std::setw(11) << format_bytes(row.headroom_bytes)
               << "  " << format_bytes(row.comm_tp_bytes) << " / " << format_bytes(row.comm_dp_bytes)
               << " / " << format_bytes(row.comm_pp_bytes) << " / "
-              << format_bytes(row.comm_other_bytes) << "\n";
+              << format_bytes(row.comm_other_bytes);
+    if (row.energy_j) std::cout << "  " << fixed(*row.energy_j, 0);
+    if (row.cost) std::cout << "  " << fixed(*row.cost, 4);
+    std::cout << "\n";
     Json j = candidate_json(c, model);
     j["rank"] = i + 1;
     j["tokens_per_s"] = row.tokens_per_s;
     j["mfu"] = row.mfu;
     j["headroom_bytes"] = row.headroom_bytes;
+    if (row.energy_j) {
+      j["energy_per_step_j"] = *row.energy_j;
+      j["energy_source"] = c.energy_per_step_j ? "simulate" : "estimate";
+    }
+    if (row.cost) {
+      j["cost_per_step"] = *row.cost;
+      j["currency"] = price->currency;
+    }
     MegatronArguments megatron = megatron_arguments(c.plan, model);
     j["megatron_arguments"] = megatron.arguments;
     j["megatron_notes"] = megatron.notes;
@@ -389,6 +434,8 @@ int run_plan(int argc, char** argv) {
     Json out = planner_envelope("plan", model, topology, sim_mode,
                     {{"global_batch_size", space.global_batch_size},
                      {"objective", objective_name},
+                     {"price_per_gpu_hour", price ? Json(price->per_gpu_hour) : Json(nullptr)},
+                     {"currency", price ? Json(price->currency) : Json(nullptr)},
                      {"max_memory_fraction", space.max_memory_fraction},
                      {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
@@ -413,6 +460,7 @@ int run_plan(int argc, char** argv) {
                    " × " + topology.node.device.name + ", global batch " +
                    std::to_string(space.global_batch_size);
     report.objective = objective_name;
+    report.currency = price ? price->currency : "";
     report.candidates = int64_t(ranked.size() + pruned.size());
     report.pruned_counts = counts;
     report.rows = rows;

@@ -57,6 +57,10 @@ void write_plan_report(const std::string& dir, const PlanReport& r) {
   std::vector<std::string> headers = {"#", "plan", "step s", "source", "estimate s", "tokens/s",
                                       "MFU", "peak GiB", "headroom GiB", "tp GiB", "dp GiB",
                                       "pp GiB", "other GiB"};
+  const bool energy = !r.rows.empty() && r.rows.front().energy_j.has_value();
+  const bool cost = !r.rows.empty() && r.rows.front().cost.has_value();
+  if (energy) headers.push_back("J/step");
+  if (cost) headers.push_back(r.currency + "/step");
   std::vector<std::vector<std::string>> rows;
   for (const auto& row : r.rows) {
     rows.push_back({std::to_string(row.rank), row.name, fixed(row.step_time_s, 3),
@@ -64,6 +68,8 @@ void write_plan_report(const std::string& dir, const PlanReport& r) {
                     fixed(row.tokens_per_s, 0), fixed(row.mfu, 3), gib_cell(row.peak_bytes),
                     gib_cell(row.headroom_bytes), gib_cell(row.comm_tp_bytes), gib_cell(row.comm_dp_bytes),
                     gib_cell(row.comm_pp_bytes), gib_cell(row.comm_other_bytes)});
+    if (energy) rows.back().push_back(row.energy_j ? fixed(*row.energy_j, 0) : "");
+    if (cost) rows.back().push_back(row.cost ? fixed(*row.cost, 4) : "");
   }
   std::vector<std::vector<std::string>> pruned;
   for (const auto& [reason, n] : r.pruned_counts) pruned.push_back({reason, std::to_string(n)});

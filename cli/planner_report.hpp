@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,14 @@ struct PlanReportRow {
   double peak_bytes = 0;
   double headroom_bytes = 0;
   double comm_tp_bytes = 0, comm_dp_bytes = 0, comm_pp_bytes = 0, comm_other_bytes = 0;
+  std::optional<double> energy_j;  // per step: simulated where the plan was, else estimated
+  std::optional<double> cost;      // per step, in PlanReport::currency
 };
 
 struct PlanReport {
   std::string title;
   std::string objective;
+  std::string currency;  // of the rows' cost
   int64_t candidates = 0;
   std::map<std::string, int64_t> pruned_counts;
   std::vector<PlanReportRow> rows;

@@ -349,6 +349,10 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
     std::stable_sort(kept.begin(), kept.end(), [&](const Candidate& a, const Candidate& b) {
       return key(a) < key(b);
     });
+  } else if (objective == Objective::energy) {
+    std::stable_sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) {
+      return a.estimate_energy_j < b.estimate_energy_j;
+    });
   }
   std::vector<size_t> chosen;
   for (size_t i = 0; i < kept.size(); ++i) {
@@ -368,13 +372,28 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
         }
       },
       progress);
-  if (objective == Objective::memory) return kept;
+  if (objective != Objective::time) return kept;
   std::stable_sort(kept.begin(), kept.end(), [](const Candidate& a, const Candidate& b) {
     if (a.step_time_s.has_value() != b.step_time_s.has_value()) return a.step_time_s.has_value();
     if (a.step_time_s && *a.step_time_s != *b.step_time_s) return *a.step_time_s < *b.step_time_s;
     return false;  // keeps the estimate order
   });
   return kept;
+}
+
+double estimate_energy_j(const QuickEstimate& estimate, int64_t devices, double power_idle_w, double power_busy_w) {
+  const double busy_s = std::min(estimate.step_time_s, estimate.compute_s + estimate.optimizer_s);
+  return double(devices) * (power_idle_w * estimate.step_time_s + (power_busy_w - power_idle_w) * busy_s);
+}
+
+void rank_by_energy(std::vector<Candidate>& ranked) {
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.energy_per_step_j.has_value() != b.energy_per_step_j.has_value()) return a.energy_per_step_j.has_value();
+    if (a.energy_per_step_j && *a.energy_per_step_j != *b.energy_per_step_j) {
+      return *a.energy_per_step_j < *b.energy_per_step_j;
+    }
+    return false;  // keeps the estimate order
+  });
 }
 
 double spearman_rank_correlation(const std::vector<double>& x, const std::vector<double>& y) {

@@ -70,6 +70,10 @@ struct Candidate {
   double capacity_bytes = 0;
   QuickEstimate estimate;
   std::optional<double> step_time_s;  // from the evaluator
+  // Objective energy: joules per step from the estimate and the device's power (the pre-rank),
+  // and from the simulation where it ran (set by the caller after search).
+  double estimate_energy_j = 0;
+  std::optional<double> energy_per_step_j;
   std::string evaluation_error;       // when the evaluator threw
   bool kept() const { return pruned.empty(); }
 };
@@ -114,18 +118,28 @@ void resolve_smallest_peaks(std::vector<Candidate>& candidates, int64_t count,
 // Returns step_time_s of a plan; may throw (recorded as evaluation_error).
 using Evaluator = std::function<double(const Plan&)>;
 
-enum class Objective { time, memory };
+enum class Objective { time, memory, energy };
 
-// Ranks the kept candidates by quick estimate (objective time) or by peak memory (objective
-// memory: the exact peak where resolved, else the lower bound; ties by estimate), evaluates the best `evaluate_count` with `evaluate` on `jobs`
+// Ranks the kept candidates by quick estimate (objective time), by peak memory (objective
+// memory: the exact peak where resolved, else the lower bound; ties by estimate) or by
+// estimate_energy_j (objective energy; ties by estimate), evaluates the best `evaluate_count` with `evaluate` on `jobs`
 // threads, and returns every kept candidate: for time, evaluated ones first by their
-// step_time_s, then the rest by estimate; for memory, the memory order. Pruned ones are left out.
+// step_time_s, then the rest by estimate; for memory and energy, that order (energy: the caller
+// re-ranks by the simulations' energy, see rank_by_energy). Pruned ones are left out.
 // With evaluate_stride > 0, every evaluate_stride-th candidate after the first evaluate_count
 // (in the ranking order) is evaluated too: a sample over the whole range, for studying the
 // estimate's quality.
 std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator& evaluate,
                               int64_t evaluate_count, int jobs, const Progress& progress,
                               Objective objective = Objective::time, int64_t evaluate_stride = 0);
+
+// The estimated energy of one step: every device at power_idle_w for the estimated step, and
+// power_busy_w - power_idle_w more while the critical stage computes (its compute and optimizer).
+double estimate_energy_j(const QuickEstimate& estimate, int64_t devices, double power_idle_w, double power_busy_w);
+
+// Objective energy after the simulations: those with a simulated energy first, fewest joules
+// first, then the rest in their order (by estimate_energy_j).
+void rank_by_energy(std::vector<Candidate>& ranked);
 
 // Spearman's rank correlation of two equally long series (ties get their average rank);
 // NaN with fewer than two points or a constant series.
