@@ -1,0 +1,78 @@
+// The planner's energy and cost objectives: the estimate's joules, simulated energies ranked
+// first, and `stepcast plan --objective energy|cost` end to end.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "search.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+
+TEST_CASE("objective energy: the estimate's joules, and simulated energies ranked first", "[search]") {
+  QuickEstimate e;
+  e.step_time_s = 2.0;
+  e.compute_s = 1.2;
+  e.optimizer_s = 0.3;
+  // 8 devices: 60 W for 2 s each, and 340 W more for 1.5 s busy: 8 · (120 + 510) J.
+  CHECK(estimate_energy_j(e, 8, 60, 400) == Approx(8 * (60 * 2.0 + 340 * 1.5)));
+  e.compute_s = 5;  // busy never longer than the step
+  CHECK(estimate_energy_j(e, 1, 60, 400) == Approx(400 * 2.0));
+  std::vector<Candidate> ranked(4);
+  for (size_t i = 0; i < ranked.size(); ++i) ranked[i].plan.name = "p" + std::to_string(i);
+  ranked[1].energy_per_step_j = 50;
+  ranked[3].energy_per_step_j = 40;
+  rank_by_energy(ranked);
+  CHECK(ranked[0].plan.name == "p3");
+  CHECK(ranked[1].plan.name == "p1");
+  CHECK(ranked[2].plan.name == "p0");  // the others keep their order
+  CHECK(ranked[3].plan.name == "p2");
+}
+
+TEST_CASE("stepcast plan --objective energy and cost rank by the simulated joules and price", "[search][cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan-energy").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("plan" + model_arg("tiny") + topology_arg("dgx-a100-80gb") +
+                        " --nodes 1 --global-batch-size 16 --objective energy --top 3 --evaluate 4 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json plans = load_json_file(out + "/plans.json");
+  REQUIRE(plans.at("top").size() == 3);
+  double previous = 0;
+  for (const auto& t : plans["top"]) {
+    CHECK(t.at("energy_source") == "simulate");
+    double joules = t.at("energy_per_step_j").get<double>();
+    CHECK(joules >= previous);
+    // Between every device idle and every device busy for the whole step (60 W and 400 W).
+    double step = t.at("step_time_s").get<double>();
+    CHECK(joules >= 8 * 60 * step * (1 - 1e-9));
+    CHECK(joules <= 8 * 400 * step * (1 + 1e-9));
+    previous = joules;
+  }
+  CHECK(std::filesystem::exists(out + "/report.md"));
+  std::ifstream report(out + "/report.md");
+  std::string text((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Contains("J/step"));
+  // Cost: the time order, each step at 8 devices × the price.
+  auto c = run_stepcast("plan" + model_arg("tiny") + topology_arg("dgx-a100-80gb") +
+                        " --nodes 1 --global-batch-size 16 --objective cost --price-per-gpu-hour 2.5 USD --top 3 --evaluate 3"
+                        " --out " + out);
+  INFO(c.output);
+  REQUIRE(c.exit_code == 0);
+  plans = load_json_file(out + "/plans.json");
+  previous = 0;
+  for (const auto& t : plans["top"]) {
+    double step = t.at("step_time_s").get<double>();
+    CHECK(t.at("cost_per_step").get<double>() == Approx(2.5 * 8 * step / 3600));
+    CHECK(t.at("currency") == "USD");
+    CHECK(step >= previous);
+    previous = step;
+  }
+  std::filesystem::remove_all(out);
+}
