@@ -105,7 +105,8 @@ int run_import(int argc, char** argv) {
       const NcclTestsLog& l = logs.back();
       std::cout << file << ": " << l.collective << ", " << l.ranks << " ranks on " << l.nodes
                 << (l.nodes == 1 ? " node" : " nodes") << ", " << l.points.size() << " sizes"
-                << (l.nccl_version.empty() ? "" : ", NCCL " + l.nccl_version) << ", busbw "
+                << (l.nccl_version.empty() ? "" : ", NCCL " + l.nccl_version)
+                << (l.coll_channels > 0 ? ", " + std::to_string(l.coll_channels) + " coll channels" : "") << ", busbw "
                 << std::fixed << std::setprecision(1) << l.points.back().busbw_bytes_per_s / 1e9
                 << " GB/s at the largest\n"
                 << std::defaultfloat;
@@ -119,7 +120,13 @@ int run_import(int argc, char** argv) {
               << (gemm->grid ? "a grid: interpolated" : "not a grid: fit the shape model with `profile fit`")
               << "\n";
   }
-  DeviceProfile merged = merge_imports(base, logs, gemm ? &*gemm : nullptr);
+  std::vector<std::string> unused;
+  DeviceProfile merged = merge_imports(base, logs, gemm ? &*gemm : nullptr, &unused);
+  for (const std::string& line : unused) std::cerr << "warning: " << line << "\n";
+  if (merged.overlap.modelled()) {
+    std::cout << "overlap: " << merged.overlap.sms << " SMs, collectives hold " << merged.overlap.ctas_intra_node
+              << " inside a node and " << merged.overlap.ctas_inter_node << " across nodes\n";
+  }
   std::string out = (*vm)["out"].as<std::string>();
   merged.file = out;
   write_profile(merged, out);

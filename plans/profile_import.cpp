@@ -165,6 +165,17 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
       std::string version = dotted_version_at(line, named + 13);
       if (!version.empty()) log.nccl_version = version;
     }
+    if (size_t at = line.find(" coll channels"); at != std::string::npos && line.find("NCCL INFO") != std::string::npos) {
+      size_t begin = line.rfind(' ', at - 1);
+      std::string digits = begin == std::string::npos ? "" : line.substr(begin + 1, at - begin - 1);
+      int64_t channels = 0;
+      if (!parse_bounded(digits, 1, 1024, channels)) {
+        fail_at(file, line_no, "'" + printable_excerpt(digits) + " coll channels'",
+                "NCCL's count of collective channels, 1 to 1024");
+      }
+      log.coll_channels = std::max(log.coll_channels, channels);
+      continue;
+    }
     if (std::optional<RankLine> rank = rank_line_of(line)) {
       int64_t r = 0;
       if (!parse_bounded(rank->rank, 0, 9999999, r)) {
@@ -397,7 +408,8 @@ GemmCsv parse_gemm_csv(const std::string& text, const std::string& file) {
   return csv;
 }
 
-DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>& logs, const GemmCsv* gemm) {
+DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>& logs, const GemmCsv* gemm,
+                            std::vector<std::string>* unused) {
   if (!base.measured) {
     base.measured = MeasuredTables{};
     base.measured->dtype = gemm ? gemm->dtype : Dtype::bf16;
@@ -415,6 +427,7 @@ DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>&
     base.sources[key] = what + " " + file;
     return key;
   };
+  std::array<bool, 2> overlap_set{};  // a log set the CTAs inside a node, across nodes
   for (const NcclTestsLog& log : logs) {
     std::string key = source_key(log.file, "nccl-tests " + log.collective + "_perf log" +
                                                (log.nccl_version.empty() ? "" : " (NCCL " + log.nccl_version + ")") + ",");
@@ -432,6 +445,24 @@ DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>&
     for (CollectivePoint p : log.points) {
       p.source = key;
       t.collectives.push_back(p);
+    }
+    if (log.coll_channels > 0) {
+      if (!base.overlap.modelled() || log.coll_channels >= base.overlap.sms) {
+        if (unused) {
+          unused->push_back(log.file + ": its " + std::to_string(log.coll_channels) + " coll channels are not the " +
+                            "profile's overlap CTAs: " + (base.overlap.modelled()
+                                ? "not fewer than the base's overlap.sms (" + std::to_string(base.overlap.sms) + ")"
+                                : "the base profile gives no overlap.sms (the device's SMs)"));
+        }
+        continue;
+      }
+      int64_t& ctas = log.nodes > 1 ? base.overlap.ctas_inter_node : base.overlap.ctas_intra_node;
+      if (!overlap_set[log.nodes > 1]) ctas = 0;  // the first log of a span replaces the base's
+      overlap_set[log.nodes > 1] = true;
+      ctas = std::max(ctas, log.coll_channels);
+      base.overlap_notes += std::string(base.overlap_notes.empty() ? "" : " ") + "collective_ctas_" +
+                            (log.nodes > 1 ? "inter" : "intra") + "_node from " + key + ": " +
+                            std::to_string(log.coll_channels) + " coll channels (NCCL_DEBUG=INFO).";
     }
   }
   if (gemm) {

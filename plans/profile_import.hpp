@@ -27,6 +27,9 @@ struct NcclTestsLog {
   int64_t ranks = 0;
   int64_t nodes = 0;
   std::string nccl_version;  // "2.19.3", from the log's header; empty when it says none
+  // NCCL's "N coll channels" (NCCL_DEBUG=INFO): the CTAs, one an SM, its collective kernels
+  // launch; 0 when the log does not say (the most any rank printed).
+  int64_t coll_channels = 0;
   std::vector<CollectivePoint> points;  // sendrecv: as collectives of kind "sendrecv"
 };
 
@@ -45,8 +48,11 @@ GemmCsv parse_gemm_csv(const std::string& text, const std::string& file);
 // `base` with the imported tables: a log replaces the base's table of the same collective, group
 // size and nodes; the GEMM points replace the base's GEMM points (a table, or evidence to fit
 // with `profile fit`). Each import is a source named after its file. Refuses (InputError) tables
-// of another dtype than the base's measured ones.
+// of another dtype than the base's measured ones. A collective log's coll_channels set the
+// base's overlap CTAs (inside a node for a one-node log, across nodes otherwise; the most of
+// the logs of a span) where the base gives the device's SMs (overlap.sms); `unused` gets a line
+// for each log whose channels could not be used.
 DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>& logs,
-                            const GemmCsv* gemm);
+                            const GemmCsv* gemm, std::vector<std::string>* unused);
 
 }  // namespace stepcast

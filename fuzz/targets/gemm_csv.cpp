@@ -11,6 +11,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string file = "fuzz-gemm.csv";
   auto csv = fuzz::accepted([&] { return parse_gemm_csv(fuzz::input_text(data, size), file); });
   if (!csv) return 0;
-  fuzz::return_or_refuse([&] { parse_profile(profile_to_json(merge_imports(base, {}, &*csv)), file); });
+  fuzz::return_or_refuse([&] { parse_profile(profile_to_json(merge_imports(base, {}, &*csv, nullptr)), file); });
   return 0;
 }

@@ -11,6 +11,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string file = "fuzz-nccl-tests.log";
   auto log = fuzz::accepted([&] { return parse_nccl_tests_log(fuzz::input_text(data, size), file); });
   if (!log) return 0;
-  fuzz::return_or_refuse([&] { parse_profile(profile_to_json(merge_imports(base, {*log}, nullptr)), file); });
+  fuzz::return_or_refuse([&] { parse_profile(profile_to_json(merge_imports(base, {*log}, nullptr, nullptr)), file); });
   return 0;
 }

@@ -92,6 +92,37 @@ TEST_CASE("profile import: nccl-tests logs read as they are", "[profile][import]
   CHECK(parse_nccl_tests_log(prefixed, "srun.log").points.size() == 11);
 }
 
+TEST_CASE("profile import: NCCL's coll channels set the profile's overlap CTAs", "[profile][import]") {
+  // NCCL_DEBUG=INFO lines inside the log (2.12 and later print collnet and nvls counts too).
+  auto with_channels = [](std::string log, int channels) {
+    const std::string line = "node0:1:2 [0] NCCL INFO " + std::to_string(channels) +
+                             " coll channels, 0 collnet channels, 0 nvls channels, 32 p2p channels, 32 p2p channels per peer\n";
+    return log.insert(log.find("#\n#  "), line);
+  };
+  NcclTestsLog intra = parse_nccl_tests_log(with_channels(nccl_log("all_reduce_perf", 1, 8), 24), "intra.log");
+  NcclTestsLog inter = parse_nccl_tests_log(with_channels(nccl_log("all_reduce_perf", 2, 8), 16), "inter.log");
+  CHECK(intra.coll_channels == 24);
+  CHECK(inter.coll_channels == 16);
+  CHECK(parse_nccl_tests_log(nccl_log("all_reduce_perf", 1, 8), "none.log").coll_channels == 0);
+  DeviceProfile base = load_profile(test::source_path("profiles/h100-sxm.json"));
+  // Without the device's SMs in the base they are not used, and the caller is told.
+  std::vector<std::string> unused;
+  DeviceProfile merged = merge_imports(base, {intra, inter}, nullptr, &unused);
+  CHECK_FALSE(merged.overlap.modelled());
+  REQUIRE(unused.size() == 2);
+  CHECK_THAT(unused[0], Contains("intra.log") && Contains("24 coll channels") && Contains("overlap.sms"));
+  base.overlap.sms = 132;
+  unused.clear();
+  merged = merge_imports(base, {intra, inter}, nullptr, &unused);
+  CHECK(unused.empty());
+  CHECK(merged.overlap.ctas_intra_node == 24);
+  CHECK(merged.overlap.ctas_inter_node == 16);
+  CHECK_THAT(merged.overlap_notes, Contains("import:inter.log"));
+  CHECK(parse_profile(profile_to_json(merged), "merged.json").overlap.compute_speed(true) == Approx(116.0 / 132));
+  CHECK_THROWS_WITH(parse_nccl_tests_log(with_channels(nccl_log("all_reduce_perf", 1, 8), 0), "zero.log"),
+                    Contains("zero.log:") && Contains("coll channels"));
+}
+
 TEST_CASE("profile import: truncated, mislabelled and broken logs are refused", "[profile][import]") {
   CHECK_THROWS_WITH(parse_nccl_tests_log(nccl_log("all_reduce_perf", 1, 8, false), "t.log"),
                     Contains("t.log") && Contains("truncated"));
