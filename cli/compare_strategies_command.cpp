@@ -203,6 +203,7 @@ int run_compare_strategies(int argc, char** argv) {
     row.exposed_comm_s = sim->exposed_comm_s;
     row.bubble_s = sim->bubble_s;
     row.mfu = sim->mfu;
+    row.energy_j = sim->energy_per_step_j;
     const Json* peak_rank = nullptr;
     for (const auto& r : sim->memory.at("ranks")) {
       if (!peak_rank || r.at("peak_bytes").get<double>() > peak_rank->at("peak_bytes").get<double>()) {
@@ -233,7 +234,8 @@ int run_compare_strategies(int argc, char** argv) {
             << std::right << std::setw(5) << "fits" << std::setw(11) << "weights" << std::setw(11)
             << "grads" << std::setw(11) << "optim" << std::setw(11) << "activ" << std::setw(11)
             << "ws+comm" << std::setw(11) << "peak" << std::setw(9) << "step s" << std::setw(9)
-            << "exp.comm" << std::setw(9) << "bubble" << std::setw(12) << "comm/rank" << "\n";
+            << "exp.comm" << std::setw(9) << "bubble" << std::setw(12) << "comm/rank"
+            << (topology.node.device.has_power() ? "      J/step" : "") << "\n";
   for (const auto& row : report.rows) {
     std::cout << std::left << std::setw(nw) << row.strategy << std::setw(pw)
               << (row.plan.empty() ? "-" : row.plan) << std::right;
@@ -252,7 +254,9 @@ int run_compare_strategies(int argc, char** argv) {
     } else {
       std::cout << std::setw(27) << "(not simulated)";
     }
-    std::cout << std::setw(12) << format_bytes(row.comm_volume_bytes) << "\n";
+    std::cout << std::setw(12) << format_bytes(row.comm_volume_bytes);
+    if (row.energy_j) std::cout << std::setw(12) << fixed(*row.energy_j, 0);
+    std::cout << "\n";
   }
   std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
@@ -273,7 +277,8 @@ int run_compare_strategies(int argc, char** argv) {
                       {"memory_runtime_bytes", r.runtime_bytes}, {"peak_bytes", r.peak_bytes},
                       {"step_time_s", r.step_time_s}, {"exposed_comm_s", r.exposed_comm_s},
                       {"bubble_s", r.bubble_s}, {"comm_bytes_per_rank", r.comm_volume_bytes},
-                      {"mfu", r.mfu}});
+                      {"mfu", r.mfu},
+                      {"energy_per_step_j", r.energy_j ? Json(*r.energy_j) : Json(nullptr)}});
     }
     out["strategies"] = rows;
     write_output_file(dir, "strategies.json", out.dump(2) + "\n");

@@ -115,7 +115,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   std::vector<std::string> headers = {"strategy", "plan", "fits", "weights GiB", "grads GiB",
                                       "optimizer GiB", "activations GiB", "workspace+comm GiB",
                                       "runtime GiB", "peak GiB", "step s", "exposed comm s",
-                                      "bubble s", "comm GiB/rank", "MFU", "note"};
+                                      "bubble s", "comm GiB/rank", "MFU", "J/step", "note"};
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> categories;
   std::vector<html::Series> memory = {{"weights", {}}, {"grads", {}}, {"optimizer", {}},
@@ -130,7 +130,8 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
                     mem(s.activations_bytes), mem(s.workspace_bytes + s.comm_bytes),
                     mem(s.runtime_bytes), mem(s.peak_bytes), cell(s.step_time_s, 3),
                     cell(s.exposed_comm_s, 3), cell(s.bubble_s, 3),
-                    has ? gib_cell(s.comm_volume_bytes) : "-", cell(s.mfu, 3), s.note});
+                    has ? gib_cell(s.comm_volume_bytes) : "-", cell(s.mfu, 3),
+                    has && s.energy_j ? fixed(*s.energy_j, 0) : std::string("-"), s.note});
     if (!has) continue;
     categories.push_back(s.strategy);
     memory[0].values.push_back(s.weights_bytes / kGiB);

@@ -56,6 +56,7 @@ struct StrategyRow {
   double bubble_s = 0;
   double comm_volume_bytes = 0;  // per rank per step, all group kinds
   double mfu = 0;
+  std::optional<double> energy_j;  // per step, simulated, where the device has power figures
 };
 
 struct StrategyReport {

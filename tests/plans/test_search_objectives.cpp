@@ -76,3 +76,26 @@ TEST_CASE("stepcast plan --objective energy and cost rank by the simulated joule
   }
   std::filesystem::remove_all(out);
 }
+
+TEST_CASE("stepcast compare-strategies gives each simulated strategy its energy per step", "[search][cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies-energy").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("compare-strategies" + model_arg("tiny") + topology_arg("dgx-a100-80gb") +
+                        " --nodes 1 --global-batch-size 16 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("J/step"));
+  Json s = load_json_file(out + "/strategies.json");
+  int simulated = 0;
+  for (const auto& row : s.at("strategies")) {
+    INFO(row.dump());
+    if (!row.at("simulated").get<bool>()) continue;
+    ++simulated;
+    // Between all 8 devices idle (60 W) and all busy (400 W) for the step.
+    double joules = row.at("energy_per_step_j").get<double>(), step = row.at("step_time_s").get<double>();
+    CHECK(joules >= 8 * 60 * step * (1 - 1e-9));
+    CHECK(joules <= 8 * 400 * step * (1 + 1e-9));
+  }
+  CHECK(simulated > 0);
+  std::filesystem::remove_all(out);
+}
