@@ -7,6 +7,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "energy.hpp"
 #include "errors.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
@@ -383,7 +384,8 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
 
 double estimate_energy_j(const QuickEstimate& estimate, int64_t devices, double power_idle_w, double power_busy_w) {
   const double busy_s = std::min(estimate.step_time_s, estimate.compute_s + estimate.optimizer_s);
-  return double(devices) * (power_idle_w * estimate.step_time_s + (power_busy_w - power_idle_w) * busy_s);
+  const DeviceTime every_device{0, devices, busy_s, 0, estimate.step_time_s - busy_s};
+  return step_energy({every_device}, power_idle_w, power_busy_w).energy_per_step_j;
 }
 
 void rank_by_energy(std::vector<Candidate>& ranked) {

@@ -133,7 +133,7 @@ std::vector<Candidate> search(std::vector<Candidate> candidates, const Evaluator
                               int64_t evaluate_count, int jobs, const Progress& progress,
                               Objective objective = Objective::time, int64_t evaluate_stride = 0);
 
-// The estimated energy of one step: every device at power_idle_w for the estimated step, and
+// The estimated energy of one step (step_energy of every device alike): idle power for the estimated step, and
 // power_busy_w - power_idle_w more while the critical stage computes (its compute and optimizer).
 double estimate_energy_j(const QuickEstimate& estimate, int64_t devices, double power_idle_w, double power_busy_w);
 
