@@ -27,7 +27,7 @@ struct Strategy {
   std::function<bool(const Plan&)> member;
 };
 
-std::vector<Strategy> strategies(const Topology& topology) {
+std::vector<Strategy> strategies(const Topology& topology, const ModelConfig& model) {
   int64_t node = topology.node.devices_per_node;
   auto pure = [](int zero) {
     return [zero](const Plan& p) {
@@ -35,7 +35,7 @@ std::vector<Strategy> strategies(const Topology& topology) {
              p.num_distributed_optimizer_instances == 1;
     };
   };
-  return {
+  std::vector<Strategy> out = {
       {"pure DP", pure(0)},
       {"ZeRO-1", pure(1)},
       {"ZeRO-2", pure(2)},
@@ -51,8 +51,26 @@ std::vector<Strategy> strategies(const Topology& topology) {
        [](const Plan& p) { return p.tp_size == 1 && p.pp_size > 1 && p.cp_size == 1 && p.zero_stage == 0; }},
       // Context parallelism (the p2p ring) with any tp, pp and ZeRO: flash attention only.
       {"CP (ring) + 3D", [](const Plan& p) { return p.cp_size > 1; }},
-      {"best 3D", [](const Plan&) { return true; }},
   };
+  if (model.is_moe()) {
+    // Expert layouts, any tp, pp, dp and ZeRO: an expert-parallel group of ep·etp consecutive
+    // ranks of a stage (Megatron's order) stays in a node when it has at most a node's devices.
+    auto in_node = [node](const Plan& p) { return p.moe.ep_size * p.moe.etp_size <= node; };
+    out.push_back({"EP 1 (every rank holds every expert)", [](const Plan& p) { return p.moe.ep_size == 1; }});
+    out.push_back({"EP in a node (alltoall)", [in_node](const Plan& p) {
+                     return p.moe.ep_size > 1 && in_node(p) && p.moe.dispatcher == MoeDispatcher::alltoall;
+                   }});
+    out.push_back({"EP across nodes (alltoall)", [in_node](const Plan& p) {
+                     return p.moe.ep_size > 1 && !in_node(p) && p.moe.dispatcher == MoeDispatcher::alltoall;
+                   }});
+    out.push_back({"EP, allgather dispatcher", [](const Plan& p) {
+                     return p.moe.ep_size > 1 && p.moe.dispatcher == MoeDispatcher::allgather;
+                   }});
+    out.push_back({"EP, etp 1 under tp > 1",
+                   [](const Plan& p) { return p.moe.ep_size > 1 && p.moe.etp_size == 1 && p.tp_size > 1; }});
+  }
+  out.push_back({model.is_moe() ? "best (any layout)" : "best 3D", [](const Plan&) { return true; }});
+  return out;
 }
 
 }  // namespace
@@ -76,25 +94,30 @@ int run_compare_strategies(int argc, char** argv) {
       ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html and the table as DIR/strategies.csv");
   add_profile_options(options, "for the estimate and the simulations");
   add_seq_length_option(options);
+  add_moe_search_options(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast compare-strategies --model M --topology T --global-batch-size B [--nodes N]\n"
       "                                   [--max-memory-fraction F] [--profile F|roofline]\n"
       "                                   [--allow-profile-mismatch]\n"
+      "                                   [--ep LIST] [--etp LIST] [--moe-dispatcher D]\n"
+      "                                   [--moe-capacity-factor F] [--moe-routing-skew S]\n"
       "                                   [--sim-mode approx|fast] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
       "rest), context parallelism (cp 2-8 over the ring, with --attention flash) and the best plan. Each strategy's row is its best plan by the quick estimate\n"
       "among those that fit (else the one with the smallest peak), simulated (--mode approx):\n"
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
-      "per rank, and whether it fits.");
+      "per rank, and whether it fits. A mixture of experts adds expert-layout rows (EP 1, EP in a\n"
+      "node, EP across nodes, the allgather dispatcher, etp 1 under tp) with the estimate's\n"
+      "dispatch and combine time, its routing imbalance and the simulation's variation.");
   if (!vm) return 0;
   claim_out_option(*vm, "compare-strategies");
   std::optional<int> nodes;
   if (vm->count("nodes")) nodes = (*vm)["nodes"].as<int>();
   ModelConfig model = load_model_option(*vm);
-  refuse_moe_search(model, "compare-strategies");
+  refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   // The CP row at any sequence length (the plain search tries cp from 16k tokens on).
@@ -130,9 +153,10 @@ int run_compare_strategies(int argc, char** argv) {
   report.capacity_bytes = space.max_memory_fraction * topology.node.device.memory_bytes;
   std::vector<Candidate*> chosen;
   ProbeCache probes(model, topology);
-  for (const Strategy& s : strategies(topology)) {
+  for (const Strategy& s : strategies(topology, model)) {
     StrategyRow row;
     row.strategy = s.name;
+    row.moe = model.is_moe();
     Candidate* best = nullptr;
     Candidate* smallest = nullptr;
     std::map<std::string, int64_t> reasons;
@@ -152,9 +176,11 @@ int run_compare_strategies(int argc, char** argv) {
       row.fits = pick->kept();
       if (!row.fits) {
         row.note = "smallest peak of the strategy; " + pick->pruned_detail;
-        pick->estimate = probe_estimate(pick->plan, model, topology, probes.get(pick->plan), cost_model);
+        pick->estimate = candidate_estimate(pick->plan, model, topology, probes, cost_model);
       }
       for (const auto& [kind, b] : pick->estimate.comm_bytes_per_rank_max) row.comm_volume_bytes += b;
+      row.ep_comm_estimate_s = pick->estimate.ep_comm_s;
+      row.imbalance_estimate_s = pick->estimate.expert_imbalance_s;
     } else {
       row.note = "no valid plan";
       int64_t most = 0;
@@ -204,6 +230,7 @@ int run_compare_strategies(int argc, char** argv) {
     row.bubble_s = sim->bubble_s;
     row.mfu = sim->mfu;
     row.energy_j = sim->energy_per_step_j;
+    row.variability_s = sim->variability_s;
     const Json* peak_rank = nullptr;
     for (const auto& r : sim->memory.at("ranks")) {
       if (!peak_rank || r.at("peak_bytes").get<double>() > peak_rank->at("peak_bytes").get<double>()) {
@@ -235,7 +262,8 @@ int run_compare_strategies(int argc, char** argv) {
             << "grads" << std::setw(11) << "optim" << std::setw(11) << "activ" << std::setw(11)
             << "ws+comm" << std::setw(11) << "peak" << std::setw(9) << "step s" << std::setw(9)
             << "exp.comm" << std::setw(9) << "bubble" << std::setw(12) << "comm/rank"
-            << (topology.node.device.has_power() ? "      J/step" : "") << "\n";
+            << (topology.node.device.has_power() ? "      J/step" : "")
+            << (model.is_moe() ? "  a2a est  imb est  variat." : "") << "\n";
   for (const auto& row : report.rows) {
     std::cout << std::left << std::setw(nw) << row.strategy << std::setw(pw)
               << (row.plan.empty() ? "-" : row.plan) << std::right;
@@ -256,7 +284,17 @@ int run_compare_strategies(int argc, char** argv) {
     }
     std::cout << std::setw(12) << format_bytes(row.comm_volume_bytes);
     if (row.energy_j) std::cout << std::setw(12) << fixed(*row.energy_j, 0);
+    if (row.moe) {
+      std::cout << std::setw(9) << fixed(row.ep_comm_estimate_s, 3) << std::setw(9)
+                << fixed(row.imbalance_estimate_s, 3) << std::setw(9)
+                << (row.simulated ? fixed(row.variability_s, 3) : std::string("-"));
+    }
     std::cout << "\n";
+  }
+  if (model.is_moe()) {
+    std::cout << "a2a est: the quick estimate's dispatch and combine collectives (exposed); imb est: the expert "
+                 "GEMMs beyond the mean load on the busiest ep rank; variat.: the simulation's routing draws and "
+                 "run-to-run variation (critical rank)\n";
   }
   std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
@@ -278,6 +316,9 @@ int run_compare_strategies(int argc, char** argv) {
                       {"step_time_s", r.step_time_s}, {"exposed_comm_s", r.exposed_comm_s},
                       {"bubble_s", r.bubble_s}, {"comm_bytes_per_rank", r.comm_volume_bytes},
                       {"mfu", r.mfu},
+                      {"ep_comm_estimate_s", r.moe ? Json(r.ep_comm_estimate_s) : Json(nullptr)},
+                      {"expert_imbalance_estimate_s", r.moe ? Json(r.imbalance_estimate_s) : Json(nullptr)},
+                      {"variability_s", r.variability_s},
                       {"energy_per_step_j", r.energy_j ? Json(*r.energy_j) : Json(nullptr)}});
     }
     out["strategies"] = rows;

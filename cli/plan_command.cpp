@@ -127,6 +127,7 @@ int run_plan(int argc, char** argv) {
   add_profile_options(options, "for the estimate and the simulations");
   add_price_options(options);
   add_seq_length_option(options);
+  add_moe_search_options(options);
   add_sim_mode_option(options);
   auto vm = parse_command_line(
       argc, argv, options,
@@ -138,18 +139,22 @@ int run_plan(int argc, char** argv) {
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
       "                     [--fp8-recipe delayed|tensorwise] [--dropout P]\n"
       "                     [--include-gpipe]\n"
+      "                     [--ep LIST] [--etp LIST] [--moe-dispatcher alltoall|allgather|both]\n"
+      "                     [--moe-capacity-factor F] [--moe-routing-skew S]\n"
       "                     [--megatron-runnable]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, hybrid sharding in a node, micro batch,\n"
       "schedule and virtual stages, recompute, sequence parallelism; with --attention flash and\n"
       "sequences of 16,384 tokens or more, context parallelism over the p2p ring, allgather and\n"
-      "a2a) using every device, prunes\n"
+      "a2a; for a mixture of experts, the expert-parallel and expert-tensor-parallel sizes and\n"
+      "the token dispatcher) using every device, prunes\n"
       "what cannot run with the reason (counts per reason), ranks the rest with a quick\n"
       "estimate and re-simulates the\n"
       "best E (simulate --mode approx, or --sim-mode fast, in child processes). Memory\n"
       "verdicts are `stepcast\n"
-      "memory`'s: decided from per-stage bounds, walking the stages near the limit. Each plan\n"
+      "memory`'s: decided from per-stage bounds, walking the stages near the limit (a mixture\n"
+      "of experts: from its persistent bytes, then walking every stage). Each plan\n"
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
       "prunes those it cannot.");
@@ -164,7 +169,7 @@ int run_plan(int argc, char** argv) {
     throw InputError("command line: the option '--model' is required but missing (or --from-megatron ARGS|FILE) (see --help)");
   }
   ModelConfig model = imported ? imported->model : load_model_option(*vm);
-  refuse_moe_search(model, "plan");
+  refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
   if (imported) {  // the launch line's batch, attention and dropout, unless given here

@@ -48,13 +48,97 @@ void check_cluster_memory(const ModelConfig& model, const Topology& topology) {
   }
 }
 
-void refuse_moe_search(const ModelConfig& model, const std::string& command) {
-  if (!model.is_moe()) return;
-  throw_input_error(model.file, "num_local_experts", std::to_string(model.num_experts),
-                    "a mixture of experts: `stepcast " + command +
-                        "` does not search expert layouts (expert_model_parallel_size, "
-                        "expert_tensor_parallel_size, the dispatcher) yet",
-                    "a plan with the expert keys for `stepcast memory` and `stepcast simulate`, or a dense model");
+void add_moe_search_options(po::options_description& options) {
+  options.add_options()
+      ("ep", po::value<std::string>(),
+       "mixtures of experts: expert-parallel sizes tried, a comma list (default every divisor of the "
+       "experts that, times etp, divides a stage's tp·cp·dp ranks)")
+      ("etp", po::value<std::string>(),
+       "mixtures of experts: expert-tensor-parallel sizes tried, a comma list (default 1 and tp)")
+      ("moe-dispatcher", po::value<std::string>()->default_value("both"),
+       "mixtures of experts: token dispatchers tried, alltoall, allgather or both")
+      ("moe-capacity-factor", po::value<double>(),
+       "mixtures of experts: every candidate's moe_expert_capacity_factor (> 0; default dropless)")
+      ("moe-routing-skew", po::value<double>(),
+       "mixtures of experts: every candidate's routing, skewed with this Zipf exponent (>= 0; default uniform)")
+      ("moe-lowered", po::value<int64_t>()->default_value(64),
+       "mixtures of experts: candidates are lowered exactly (memory walked, estimate from the program) in the "
+       "order of a cheap screen until this many fit; the rest are pruned with their rank (0: lower every one)");
+}
+
+namespace {
+
+const char* const kMoeOptions[] = {"ep", "etp", "moe-capacity-factor", "moe-routing-skew"};
+
+std::vector<int64_t> parse_size_list(const std::string& option, const std::string& text) {
+  std::vector<int64_t> out;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t value = 0;
+    try {
+      value = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || value < 1) {
+      throw InputError("command line: --" + option + " '" + text + "': '" + item +
+                       "' is not a size; valid: a comma list of integers >= 1, e.g. 1,8,64");
+    }
+    out.push_back(value);
+  }
+  if (out.empty()) throw InputError("command line: --" + option + " '': valid: a comma list of integers >= 1");
+  return out;
+}
+
+void read_moe_search_options(const po::variables_map& vm, SearchSpace& space) {
+  if (!vm.count("moe-dispatcher")) return;  // (a command without the options)
+  if (vm.count("ep")) space.expert_parallel_sizes = parse_size_list("ep", vm["ep"].as<std::string>());
+  if (vm.count("etp")) space.expert_tensor_parallel_sizes = parse_size_list("etp", vm["etp"].as<std::string>());
+  space.moe_lowered_plans = vm["moe-lowered"].as<int64_t>();
+  if (space.moe_lowered_plans < 0) {
+    throw InputError("command line: --moe-lowered " + std::to_string(space.moe_lowered_plans) +
+                     ": valid: >= 0 (0: every candidate)");
+  }
+  const std::string dispatcher = vm["moe-dispatcher"].as<std::string>();
+  if (dispatcher == "alltoall") space.moe_dispatchers = {MoeDispatcher::alltoall};
+  else if (dispatcher == "allgather") space.moe_dispatchers = {MoeDispatcher::allgather};
+  else if (dispatcher != "both") {
+    throw InputError("command line: --moe-dispatcher '" + dispatcher + "': valid: alltoall, allgather, both");
+  }
+  if (vm.count("moe-capacity-factor")) {
+    double factor = vm["moe-capacity-factor"].as<double>();
+    if (!(factor > 0) || !std::isfinite(factor)) {
+      throw InputError("command line: --moe-capacity-factor " + fixed(factor, 3) +
+                       ": valid: > 0 (leave it out for dropless)");
+    }
+    space.moe.capacity_factor = factor;
+  }
+  if (vm.count("moe-routing-skew")) {
+    double skew = vm["moe-routing-skew"].as<double>();
+    if (!(skew >= 0) || !std::isfinite(skew)) {
+      throw InputError("command line: --moe-routing-skew " + fixed(skew, 3) + ": valid: >= 0 (0: uniform)");
+    }
+    space.moe.routing = skew > 0 ? RoutingKind::skew : RoutingKind::uniform;
+    space.moe.skew = skew;
+  }
+}
+
+}  // namespace
+
+void refuse_moe_options_on_dense(const po::variables_map& vm, const ModelConfig& model) {
+  if (model.is_moe()) return;
+  std::vector<std::string> given;
+  for (const char* option : kMoeOptions) {
+    if (vm.count(option)) given.push_back(option);
+  }
+  for (const char* option : {"moe-dispatcher", "moe-lowered"}) {
+    if (vm.count(option) && !vm[option].defaulted()) given.push_back(option);
+  }
+  if (given.empty()) return;
+  throw InputError("command line: --" + given.front() + ": the model " + model.file +
+                   " has no experts; valid: expert options (--ep, --etp, --moe-*) with a mixture of experts only");
 }
 
 void refuse_no_valid_plan(const std::vector<Candidate>& candidates, const ModelConfig& model,
@@ -215,6 +299,7 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
                      "or no --fp8-recipe");
   }
   space.fp8.scaling = recipe == "tensorwise" ? Fp8Scaling::current : Fp8Scaling::delayed;
+  read_moe_search_options(vm, space);
   return space;
 }
 

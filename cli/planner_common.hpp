@@ -39,9 +39,14 @@ std::string sim_mode_from(const boost::program_options::variables_map& vm);  // 
 // Throws InputError when the model's 16 bytes per parameter exceed the whole cluster's memory,
 // naming the nodes that would hold it.
 void check_cluster_memory(const ModelConfig& model, const Topology& topology);
-// The planner's search does not enumerate expert layouts yet: a MoE model is refused by name,
-// pointing at `memory` and `simulate` with a plan of its expert keys.
-void refuse_moe_search(const ModelConfig& model, const std::string& command);
+// The expert-layout options of plan and compare-strategies: --ep and --etp (comma lists of the
+// sizes tried), --moe-dispatcher (alltoall, allgather or both), --moe-capacity-factor and
+// --moe-routing-skew (what every candidate carries), --moe-lowered (SearchSpace::moe_lowered_plans). search_space_from reads them where the
+// command has them (InputError naming the option and what is valid).
+void add_moe_search_options(boost::program_options::options_description& options);
+// A dense model given expert options: InputError naming the option and the model (nothing to
+// lay out), rather than options silently ignored.
+void refuse_moe_options_on_dense(const boost::program_options::variables_map& vm, const ModelConfig& model);
 
 // Throws InputError when no candidate passed validation: the counts per reason and, when the
 // batch size is the reason, the nearest batch sizes below and above that some plan accepts

@@ -116,6 +116,8 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
                                       "optimizer GiB", "activations GiB", "workspace+comm GiB",
                                       "runtime GiB", "peak GiB", "step s", "exposed comm s",
                                       "bubble s", "comm GiB/rank", "MFU", "J/step", "note"};
+  const bool moe = !r.rows.empty() && r.rows.front().moe;
+  if (moe) headers.insert(headers.end() - 1, {"a2a est. s", "imbalance est. s", "variation s"});
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> categories;
   std::vector<html::Series> memory = {{"weights", {}}, {"grads", {}}, {"optimizer", {}},
@@ -132,6 +134,11 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
                     cell(s.exposed_comm_s, 3), cell(s.bubble_s, 3),
                     has ? gib_cell(s.comm_volume_bytes) : "-", cell(s.mfu, 3),
                     has && s.energy_j ? fixed(*s.energy_j, 0) : std::string("-"), s.note});
+    if (moe) {
+      rows.back().insert(rows.back().end() - 1,
+                         {has ? fixed(s.ep_comm_estimate_s, 3) : "-", has ? fixed(s.imbalance_estimate_s, 3) : "-",
+                          cell(s.variability_s, 3)});
+    }
     if (!has) continue;
     categories.push_back(s.strategy);
     memory[0].values.push_back(s.weights_bytes / kGiB);
@@ -146,7 +153,12 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   }
   std::string note = "Memory per GPU by class at the peak rank (stepcast memory); step time, exposed "
                      "communication and bubble from simulate --mode " + r.sim_mode + " on the critical rank; "
-                     "allowed per device " + gib_cell(r.capacity_bytes) + " GiB.";
+                     "allowed per device " + gib_cell(r.capacity_bytes) + " GiB." +
+                     (moe ? " Experts: a2a est. is the quick estimate's dispatch and combine collectives (ep, etp; "
+                            "counted exposed), imbalance est. the expert GEMMs' time beyond the mean load on the "
+                            "busiest ep rank (expected, from the routing), both on the critical stage; variation is "
+                            "the simulation's (its routing draws, and run-to-run variation) on the critical rank."
+                          : "");
   std::ostringstream md;
   md << note << "\n\n## Strategies\n\n" << markdown_table(headers, rows);
   html::ChartOptions m;

@@ -35,7 +35,10 @@ LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t to
   } else {
     x.send_rows = tokens * x.top_k;
     const std::vector<double> shares = routing_shares(p.moe, x.experts);
-    for (int64_t mb = 0; mb < p.num_microbatches(); ++mb) {
+    const int64_t microbatches = p.moe.draw_microbatches > 0    ? p.moe.draw_microbatches
+                                 : p.moe.draw_microbatches == 0 ? p.num_microbatches()
+                                                                : 0;
+    for (int64_t mb = 0; mb < microbatches; ++mb) {
       for (int64_t l = m.first_k_dense_replace; l < m.num_hidden_layers; ++l) {
         std::vector<int64_t> counts = draw_routing(shares, routed, p.moe.seed, mb, l);
         for (int64_t r = 0; r < x.ep; ++r) {

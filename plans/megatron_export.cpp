@@ -213,6 +213,87 @@ void add_precision_and_recompute(Builder& b, const Plan& plan) {
   }
 }
 
+// Mixture of experts: the MoE layer lower_moe.cpp lowers, in MoELayer's flags (TransformerConfig
+// fields, core/transformer/transformer_config.py, and ModelParallelConfig's expert sizes).
+void add_moe(Builder& b, const Plan& plan, const ModelConfig& m) {
+  if (!m.is_moe()) return;
+  const MoePlan& moe = plan.moe;
+  const int64_t L = m.num_hidden_layers, dense = m.first_k_dense_replace;
+  b.flag("--num-experts", m.num_experts);                    // arguments.py:3518
+  b.flag("--moe-ffn-hidden-size", m.moe_intermediate_size);  // transformer_config.py:740
+  if (m.n_shared_experts > 0) {
+    // One MLP n_shared · f_e wide on every token (transformer_config.py:701-704).
+    b.flag("--moe-shared-expert-intermediate-size", m.n_shared_experts * m.moe_intermediate_size);  // :701
+  }
+  if (dense > 0) {
+    // 0 dense, 1 MoE, per layer: a Python list expression of digits, [], (), + and *
+    // (arguments.py:245-253, 327-350), num_layers long (core/models/gpt/gpt_layer_specs.py:651-656).
+    b.flag("--moe-layer-freq", "'([0]*" + std::to_string(dense) + "+[1]*" + std::to_string(L - dense) + ")'");  // :3520
+  }
+  b.flag("--moe-router-topk", moe.top_k);  // transformer_config.py:760 (default 2)
+  // stepcast routes softmax over all experts, then the top k with those probabilities as weights
+  // (exec/cpu_kernels_moe.cpp): Megatron's pre-softmax router (core/transformer/moe/
+  // moe_utils.py:901-907); its default is the top k logits, then a softmax over those k
+  // (moe_utils.py:908-914), and k = 1 needs pre-softmax (transformer_config.py:2661-2669).
+  b.flag("--moe-router-pre-softmax");  // transformer_config.py:799
+  // Switch's load-balancing loss (moe_utils.py:63), the default type; coefficient default 0.0.
+  b.flag("--moe-router-load-balancing-type", "aux_loss");  // arguments.py:3532
+  if (m.router_aux_loss_coef != 0) {
+    b.flag("--moe-aux-loss-coeff", format_number(m.router_aux_loss_coef));  // arguments.py:3536
+  }
+  b.flag("--expert-model-parallel-size", moe.ep_size);   // model_parallel_config.py:127
+  // Default tp_size (arguments.py:587-588), as validate_moe_plan resolves it.
+  b.flag("--expert-tensor-parallel-size", moe.etp_size);  // model_parallel_config.py:130
+  // Megatron's default is allgather (transformer_config.py:891), stepcast's alltoall: always said.
+  b.flag("--moe-token-dispatcher-type", to_string(moe.dispatcher));
+  // The local experts as grouped GEMMs (TEGroupedMLP); without the flag Megatron runs them one
+  // after another (SequentialMLP, core/extensions/transformer_engine_spec_provider.py:74-110).
+  b.flag("--moe-grouped-gemm");  // transformer_config.py:850
+  if (!moe.dropless()) {
+    // Capacity ceil(T·k/E · factor) of a rank's T routed tokens (moe_utils.py:248-263, router.py:
+    // 793-801), as expert_capacity; each expert's input padded to it as the buffers are
+    // (moe_utils.py:1074-1076, for either dispatcher).
+    b.flag("--moe-expert-capacity-factor", format_number(moe.capacity_factor));  // transformer_config.py:917
+    b.flag("--moe-pad-expert-input-to-capacity");                                // transformer_config.py:921
+    // Over capacity stepcast drops the later copies in token order (cpu_kernels_moe.cpp):
+    // Megatron's "position"; its default "probs" keeps the most probable (transformer_config.py:
+    // 932-936, moe_utils.py:1062-1070).
+    b.flag("--moe-token-drop-policy", "position");
+    const int64_t s_local = m.seq_length / plan.cp_size / (plan.sequence_parallel ? plan.tp_size : 1);
+    const int64_t tokens = s_local * plan.micro_batch_size;
+    const int64_t capacity = expert_capacity(tokens * moe.top_k, m.num_experts, moe.capacity_factor);
+    if (capacity > tokens) {
+      b.note("capacity: " + std::to_string(capacity) + " rows per expert exceed a rank's " + std::to_string(tokens) +
+             " tokens; Megatron-LM then pads each expert's input to the " + std::to_string(tokens) +
+             " tokens (moe_utils.py:1058-1060, 1074-1076), not to the capacity simulated");
+    }
+  }
+  if (plan.tp_size > 1 && !plan.sequence_parallel) {
+    b.cannot("a mixture of experts with tensor parallelism needs --sequence-parallel in training "
+             "(core/transformer/moe/moe_layer.py:636-640)");
+  }
+  if (m.use_bias && moe.etp_size > 1) {
+    b.cannot("expert biases (use_bias) with expert_tensor_parallel_size " + std::to_string(moe.etp_size) +
+             ": Megatron-LM has them with etp 1 only (transformer_config.py:2612-2615)");
+  }
+  // Without pp last, the experts' data-parallel size must be dp: tp·cp = ep·etp.
+  if (plan.order == "tp-pp-dp" && plan.pp_size > 1 &&
+      plan.tp_size * plan.cp_size != moe.ep_size * moe.etp_size) {
+    b.cannot("rank order tp-pp-dp with pp_size > 1 needs ep · etp = tp · cp (the experts' data-parallel "
+             "size equal to dp, core/parallel_state.py:898-902); the plan has ep · etp = " +
+             std::to_string(moe.ep_size * moe.etp_size) + ", tp · cp = " + std::to_string(plan.tp_size * plan.cp_size));
+  }
+  if (moe.routing == RoutingKind::skew) {
+    b.note("routing: simulated with expert loads drawn from a Zipf skew of exponent " + format_number(moe.skew) +
+           " (moe_routing_seed " + std::to_string(moe.seed) + "); Megatron-LM's loads are what its learned "
+           "router gives, which no flag sets");
+  } else if (moe.routing == RoutingKind::histogram) {
+    b.note("routing: simulated with expert loads drawn from the histogram " + moe.histogram_file +
+           " (moe_routing_seed " + std::to_string(moe.seed) + "); Megatron-LM's loads are what its learned "
+           "router gives, which no flag sets");
+  }
+}
+
 }  // namespace
 
 std::string megatron_pipeline_layout(const std::vector<int64_t>& layers_per_stage) {
@@ -258,6 +339,7 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
   }
   add_model_shape(b, model, plan);
   add_pipeline(b, plan, model);
+  add_moe(b, plan, model);
   // global_batch_size % (micro_batch_size · dp) == 0 (core/num_microbatches_calculator.py:381).
   b.flag("--micro-batch-size", plan.micro_batch_size);    // training_config.py:11
   b.flag("--global-batch-size", plan.global_batch_size);  // training_config.py:15

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "errors.hpp"
+#include "megatron_flags.hpp"
 
 namespace stepcast {
 
@@ -29,7 +30,8 @@ const std::set<std::string> kSwitches = {
     "no-save-rng", "use-checkpoint-args", "manual-gc", "log-throughput", "async-save",
     "no-check-for-nan-in-loss-and-grad", "use-legacy-models", "check-for-nan-in-loss-and-grad",
     "ckpt-fully-parallel-save", "ckpt-fully-parallel-load", "no-ckpt-fully-parallel-save",
-    "use-dist-ckpt", "dist-ckpt-strictness"};
+    "use-dist-ckpt", "dist-ckpt-strictness", "moe-grouped-gemm", "moe-pad-expert-input-to-capacity",
+    "moe-router-pre-softmax"};
 
 // Flags read into the model or plan (the rest of what is known is ignored or refused).
 const std::set<std::string> kRead = {
@@ -43,8 +45,14 @@ const std::set<std::string> kRead = {
     "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "micro-batch-size",
     "global-batch-size", "data-parallel-sharding-strategy", "num-distributed-optimizer-instances",
     "ddp-bucket-size", "recompute-granularity", "recompute-method", "recompute-num-layers",
-    "recompute-modules", "optimizer", "expert-model-parallel-size", "num-experts",
-    "ckpt-format", "fp8-format", "fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo", "fp8-margin"};
+    "recompute-modules", "optimizer", "ckpt-format", "fp8-format", "fp8-recipe", "fp8-amax-history-len",
+    "fp8-amax-compute-algo", "fp8-margin",
+    // mixture of experts (megatron_import_moe.cpp)
+    "num-experts", "moe-ffn-hidden-size", "moe-router-topk", "moe-shared-expert-intermediate-size",
+    "moe-layer-freq", "moe-router-pre-softmax", "moe-router-load-balancing-type", "moe-aux-loss-coeff",
+    "expert-model-parallel-size", "expert-tensor-parallel-size", "moe-token-dispatcher-type",
+    "moe-grouped-gemm", "moe-expert-capacity-factor", "moe-pad-expert-input-to-capacity",
+    "moe-token-drop-policy"};
 
 // Flags that do not change one step's time or memory: accepted and listed.
 bool ignored_flag(const std::string& name) {
@@ -76,92 +84,9 @@ bool ignored_flag(const std::string& name) {
   return false;
 }
 
-class Flags {
- public:
-  Flags(const std::vector<MegatronFlag>& flags, const std::string& source) : source_(source) {
-    for (const MegatronFlag& f : flags) {
-      if (kSwitches.count(f.name) && !f.value.empty()) {
-        fail(f.name, f.value, "is a switch and takes no value", "--" + f.name + " alone");
-      }
-      auto [it, fresh] = values_.emplace(f.name, f.value);
-      if (!fresh && it->second != f.value) {
-        fail(f.name, f.value, "is given twice, the first time as '" + printable_excerpt(it->second) + "'",
-             "one value (argparse would silently keep the last)");
-      }
-      if (f.value.find('$') != std::string::npos) {
-        fail(f.name, f.value, "holds a shell expression this reader does not evaluate",
-             "a literal value (assign the variable as NAME=value above, or write the number)");
-      }
-    }
-  }
-
-  [[noreturn]] void fail(const std::string& name, const std::string& value, const std::string& why,
-                         const std::string& valid) const {
-    throw_input_error(source_, "--" + name, value.empty() ? "(set)" : "'" + printable_excerpt(value) + "'",
-                      why, valid);
-  }
-
-  bool has(const std::string& name) const { return values_.count(name) > 0; }
-  bool on(const std::string& name) const { return has(name); }
-  std::optional<std::string> text(const std::string& name) const {
-    auto it = values_.find(name);
-    if (it == values_.end()) return std::nullopt;
-    if (it->second.empty()) fail(name, "", "needs a value", "--" + name + " VALUE");
-    return it->second;
-  }
-  std::optional<int64_t> integer(const std::string& name, int64_t min = 1) const {
-    std::optional<std::string> v = text(name);
-    if (!v) return std::nullopt;
-    try {
-      size_t used = 0;
-      int64_t out = std::stoll(*v, &used);
-      if (used == v->size() && out >= min && out < (int64_t{1} << 40)) return out;
-    } catch (const std::exception&) {
-    }
-    fail(name, *v, "is not an integer in range", "an integer >= " + std::to_string(min));
-  }
-  int64_t required(const std::string& name) const {
-    std::optional<int64_t> v = integer(name);
-    if (!v) {
-      throw_input_error(source_, "--" + name, "(absent)", "is required to build the model and plan",
-                        "--" + name + " N");
-    }
-    return *v;
-  }
-  std::optional<double> number(const std::string& name, double min, double max) const {
-    std::optional<std::string> v = text(name);
-    if (!v) return std::nullopt;
-    try {
-      size_t used = 0;
-      double out = std::stod(*v, &used);
-      if (used == v->size() && out >= min && out <= max) return out;
-    } catch (const std::exception&) {
-    }
-    fail(name, *v, "is not a number in range", "a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
-  }
-  std::string choice(const std::string& name, const std::vector<std::string>& valid,
-                     const std::string& fallback) const {
-    std::optional<std::string> v = text(name);
-    if (!v) return fallback;
-    for (const auto& c : valid) {
-      if (*v == c) return c;
-    }
-    std::string list;
-    for (const auto& c : valid) list += (list.empty() ? "" : ", ") + c;
-    fail(name, *v, "is not one stepcast models", list);
-  }
-  const std::map<std::string, std::string>& all() const { return values_; }
-  const std::string& source() const { return source_; }
-
- private:
-  std::string source_;
-  std::map<std::string, std::string> values_;
-};
-
 // Flags that change the step in ways stepcast does not model: refused by name, with why.
-void refuse_unmodelled(const Flags& f) {
+void refuse_unmodelled(const MegatronFlags& f) {
   static const std::vector<std::pair<std::string, std::string>> refused = {
-      {"num-experts", "a mixture of experts is not modelled"},
       {"multi-latent-attention", "multi-latent attention is not modelled"},
       {"squared-relu", "only GeLU and SwiGLU MLPs are modelled"},
       {"qk-layernorm", "query/key norms are not modelled"},
@@ -182,7 +107,10 @@ void refuse_unmodelled(const Flags& f) {
     if (f.has(name)) f.fail(name, f.all().at(name), why, "a launch line without --" + name);
   }
   for (const auto& [name, value] : f.all()) {
-    if (name.rfind("moe-", 0) == 0) f.fail(name, value, "a mixture of experts is not modelled", "no --moe-* flags");
+    if (name.rfind("moe-", 0) == 0 && !kRead.count(name)) {
+      f.fail(name, value, "is a mixture-of-experts option stepcast does not model",
+             "the --moe-* flags README lists under `--from-megatron`, or none");
+    }
     // --fp4-format and its options (transformer_config.py:587-690); FP8's are read below.
     if (name.rfind("fp4-", 0) == 0) f.fail(name, value, "FP4 training is not modelled", "no --fp4-* flags");
     if (!kRead.count(name) && !kSwitches.count(name) && !ignored_flag(name)) {
@@ -192,14 +120,10 @@ void refuse_unmodelled(const Flags& f) {
              "optimizer hyper-parameters, logging or checkpoints");
     }
   }
-  if (f.integer("expert-model-parallel-size").value_or(1) != 1) {
-    f.fail("expert-model-parallel-size", *f.text("expert-model-parallel-size"),
-           "expert parallelism needs experts, which are not modelled", "1");
-  }
   (void)f.choice("optimizer", {"adam"}, "adam");  // the optimizer state stepcast models
 }
 
-Json import_model(const Flags& f, int64_t tp, const std::string& name) {
+Json import_model(const MegatronFlags& f, int64_t tp, const std::string& name) {
   const int64_t h = f.required("hidden-size"), heads = f.required("num-attention-heads");
   Json m;
   m["name"] = name;
@@ -261,7 +185,7 @@ namespace {
 // layers_per_stage). Grammar of core/transformer/pipeline_parallel_layer_layout.py:283-321:
 // commas dropped, "(x)*n" then "c*n" unrolled, '|' splits stages of E, L, t, m;
 // validate_layer_layout (:86-110) wants E first and L last.
-std::vector<int64_t> layout_layers(const Flags& f, const std::string& layout) {
+std::vector<int64_t> layout_layers(const MegatronFlags& f, const std::string& layout) {
   auto bad = [&](const std::string& why) {
     f.fail("pipeline-model-parallel-layout", layout, why,
            "stages of 't' split by '|', \"x*n\" or \"(..)*n\" for repeats, 'E' opening the first, 'L' closing the last");
@@ -332,7 +256,7 @@ std::vector<int64_t> layout_layers(const Flags& f, const std::string& layout) {
   return layers;
 }
 
-void import_pipeline(const Flags& f, int64_t num_layers, int64_t pp, Json& p) {
+void import_pipeline(const MegatronFlags& f, int64_t num_layers, int64_t pp, Json& p) {
   const bool layout = f.has("pipeline-model-parallel-layout"),
              per_stage = f.has("num-layers-per-virtual-pipeline-stage"),
              stages = f.has("num-virtual-stages-per-pipeline-rank");
@@ -403,7 +327,7 @@ void import_pipeline(const Flags& f, int64_t num_layers, int64_t pp, Json& p) {
   if (f.on("no-overlap-p2p-communication")) p["overlap_p2p_comm"] = false;  // arguments.py:3118
 }
 
-void import_data_parallel(const Flags& f, Json& p, int64_t grad_bytes) {
+void import_data_parallel(const MegatronFlags& f, Json& p, int64_t grad_bytes) {
   if (f.has("data-parallel-sharding-strategy") && !f.on("use-megatron-fsdp")) {
     f.fail("data-parallel-sharding-strategy", *f.text("data-parallel-sharding-strategy"),
            "is read by Megatron-FSDP only", "--use-megatron-fsdp with it, or neither");
@@ -428,7 +352,7 @@ void import_data_parallel(const Flags& f, Json& p, int64_t grad_bytes) {
   if (f.has("ddp-bucket-size")) p["grad_bucket_bytes"] = double(*f.integer("ddp-bucket-size")) * double(grad_bytes);
 }
 
-void import_precision_and_recompute(const Flags& f, Json& p) {
+void import_precision_and_recompute(const MegatronFlags& f, Json& p) {
   if (f.on("bf16") && f.on("fp16")) f.fail("fp16", "", "is given with --bf16 (arguments.py:1205)", "one of them");
   if (f.on("grad-reduce-in-bf16") && !f.on("bf16")) {
     f.fail("grad-reduce-in-bf16", "", "needs --bf16", "--bf16 with it, or neither");
@@ -481,6 +405,8 @@ void import_precision_and_recompute(const Flags& f, Json& p) {
 
 }  // namespace
 
+bool megatron_switch(const std::string& name) { return kSwitches.count(name) > 0; }
+
 MegatronImport import_megatron_arguments(const std::string& text, const std::string& source,
                                          const std::string& name) {
   std::vector<MegatronFlag> all = read_megatron_flags(text, source), flags;
@@ -499,7 +425,7 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
     } catch (const std::exception&) {  // "$NNODES", "2:4" (elastic), ...: not a world size
     }
   }
-  Flags f(flags, source);
+  MegatronFlags f(flags, source);
   refuse_unmodelled(f);
   MegatronImport out;
   if (launcher.count("nproc_per_node")) {
@@ -516,6 +442,7 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
   p["name"] = name;
   p["tp_size"] = tp;
   p["pp_size"] = pp;
+  import_moe(f, tp, out.model, p);
   if (cp > 1) p["context_parallel_size"] = cp;
   if (f.has("cp-comm-type")) p["cp_comm_type"] = f.choice("cp-comm-type", {"p2p", "allgather", "a2a"}, "p2p");
   // Transformer Engine's FP8 (arguments.py, _add_transformer_engine_args): the plan's fp8 keys,

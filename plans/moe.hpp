@@ -16,7 +16,7 @@
 namespace stepcast {
 
 // alltoall: tokens go to their experts' ranks over the expert-parallel group and come back
-// (Megatron's default); allgather: every rank gathers the ep group's tokens and keeps its
+// (stepcast's default; Megatron-LM's is allgather); allgather: every rank gathers the ep group's tokens and keeps its
 // experts' (the reverse a reduce_scatter).
 enum class MoeDispatcher { alltoall, allgather };
 const char* to_string(MoeDispatcher kind);
@@ -34,6 +34,11 @@ struct MoePlan {
   std::string histogram_file;      // tokens per expert measured (a JSON file), as the plan names it
   std::vector<double> histogram;   // resolved: the file's counts (or fractions)
   uint64_t seed = 1;               // moe_routing_seed
+  // Microbatches whose routing draws size the dropless buffers; 0: the plan's own. The planner
+  // lowers fewer microbatches than the step has (memory_path_plan) and sets the step's count,
+  // so that its buffers are the step's; −1: no draws (shapes and parameters only, the dispatch
+  // buffers left unsized: the planner's persistent bound). Not a plan key.
+  int64_t draw_microbatches = 0;
   bool set = false;                // any MoE key in the plan
   bool dropless() const { return capacity_factor <= 0; }
 };

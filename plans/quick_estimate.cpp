@@ -11,8 +11,33 @@ namespace stepcast {
 
 namespace {
 
+// The expected load of the busiest expert-parallel rank over the mean (≥ 1): ep rank r holds
+// experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share, at most
+// capacity_factor / E of the token copies under a capacity. 1 without experts.
+double expert_imbalance(const ProgramMoe& moe, int64_t ep) {
+  const int64_t E = moe.num_experts;
+  if (E == 0 || ep < 1 || int64_t(moe.routing_shares.size()) != E) return 1;
+  const int64_t local = E / ep;
+  double total = 0, busiest = 0;
+  for (int64_t r = 0; r < ep; ++r) {
+    double load = 0;
+    for (int64_t e = r * local; e < (r + 1) * local; ++e) {
+      double share = moe.routing_shares[size_t(e)];
+      load += moe.capacity_factor > 0 ? std::min(share, moe.capacity_factor / double(E)) : share;
+    }
+    total += load;
+    busiest = std::max(busiest, load);
+  }
+  return total > 0 ? std::max(1.0, busiest * double(ep) / total) : 1;
+}
+
+bool is_expert_gemm(const Op& op) {
+  return op.name == OpName::expert_gate || op.name == OpName::expert_up || op.name == OpName::expert_down;
+}
+
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
                        const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
+  const double imbalance = expert_imbalance(program.moe, program.ep_size);
   const LinkFigures& links = collectives.links();  // the profile's link fractions applied
   RankGrid grid = program.grid();
   int64_t rank = grid.rank(RankCoord{0, 0, role.pp_stage});
@@ -26,6 +51,10 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
   for (const Op& op : role.ops) {
     if (is_compute(op.kind)) {
       double s = cost_model.op_time_s(op);
+      if (is_expert_gemm(op)) {  // the busiest ep rank sets the pace
+        if (op.microbatch == 0) t.imbalance_mb_s += s * (imbalance - 1);
+        s *= imbalance;
+      }
       if (op.microbatch == 0) {
         t.compute_mb_s += s;
         if (op.phase == Phase::backward) t.backward_mb_s += s;
@@ -39,12 +68,14 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;
         ++t.dp_step_ops;
-      } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard) {
+      } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard || op.group == GroupKind::edp) {
+        // (edp: the expert groups' reductions and gathers, dp's for the experts)
         if (op.microbatch == 0) t.dp_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }
       } else if (op.microbatch == 0) {
         t.tp_mb_s += s;
+        if (op.group == GroupKind::ep || op.group == GroupKind::etp) t.ep_mb_s += s;
       } else if (op.microbatch < 0) {
         t.step_level_s += s;
       }
@@ -96,6 +127,8 @@ QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const P
     e.optimizer_s = t.step_level_s;
     e.step_time_s = pipeline_s + dp_step_exposed + t.step_level_s;
     e.critical_stage = t.stage;
+    e.ep_comm_s = t.ep_mb_s * m;
+    e.expert_imbalance_s = t.imbalance_mb_s * m;
     if (e.step_time_s > best.step_time_s) best = e;
   }
   return best;

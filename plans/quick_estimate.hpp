@@ -9,6 +9,10 @@
 //                  collective_cost.hpp's uncontended_collective_s — the profile's link fractions
 //                  and measured tables; links with the link fractions)
 //                  + dp collectives of microbatch 0 (ZeRO-3 gathers: counted as exposed)
+//                  (mixtures of experts: the experts' grouped GEMMs times the expected load of
+//                  the busiest ep rank over the mean, from the routing shares and the capacity;
+//                  their edp reductions and gathers count as dp's; dispatch and combine
+//                  all_to_alls as exposed, like tp's, at the mean message size)
 //   pipeline     = max_stage t_mb · m / (1 − f),  f = ideal_bubble_fraction(schedule, p, v, m)
 //   dp_exposed   = Σ time of the step-level dp collectives (gradient reduction, parameter
 //                  gather); with overlap_grad_reduce only what one microbatch's backward cannot
@@ -40,9 +44,15 @@ struct QuickEstimate {
   double dp_comm_s = 0;        // exposed dp communication (step-level and per-microbatch)
   double optimizer_s = 0;
   int64_t critical_stage = 0;
+  // Mixtures of experts, on the critical stage (parts of tp_comm_s and compute_s above): m · the
+  // expert-parallel collectives (dispatch and combine, ep and etp groups), and m · the expert
+  // GEMMs' time beyond the mean load (the busiest ep rank's expected imbalance).
+  double ep_comm_s = 0;
+  double expert_imbalance_s = 0;
   // Payload bytes one rank sends per step by group kind ("tp", "dp", "pp", "embedding",
-  // "model", "world"), the largest over stages, as program_stats counts them. Filled by
-  // probe_estimate only.
+  // "model", "world"; "ep", "etp", "edp" with experts), the largest over stages, as
+  // program_stats counts them. Filled by the planner (probe_estimate, and the MoE path's
+  // candidate_estimate and check_moe_candidate); quick_estimate leaves it empty.
   std::map<std::string, double> comm_bytes_per_rank_max;
 };
 
@@ -58,6 +68,8 @@ struct StageTimes {
   double dp_step_s = 0;      // dp collectives once per step (buckets of the last pass, gathers)
   int64_t dp_step_ops = 0;
   double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
+  double ep_mb_s = 0;         // of tp_mb_s: ep and etp collectives of microbatch 0
+  double imbalance_mb_s = 0;  // of compute_mb_s: the expert GEMMs beyond the mean load
 };
 
 // The formula over the stages' times; the slowest stage is the estimate.

@@ -82,6 +82,11 @@ std::string plan_name(const Plan& plan) {
   if (plan.num_distributed_optimizer_instances > 1) out << "-shard" << plan.dp_shard_size();
   if (plan.fp8.enabled()) out << "-fp8" << (plan.fp8.format == Fp8Format::hybrid ? "h" : "");
   if (plan.fp8.enabled() && !plan.fp8.delayed()) out << "-tw";
+  if (plan.moe.top_k > 0) {
+    out << "-ep" << plan.moe.ep_size;
+    if (plan.moe.etp_size != plan.tp_size) out << "-etp" << plan.moe.etp_size;
+    if (plan.moe.dispatcher == MoeDispatcher::allgather) out << "-agd";
+  }
   return out.str();
 }
 
@@ -96,6 +101,40 @@ void prune_unless_megatron_runnable(Candidate& c, const ModelConfig& model) {
     if (n.rfind("Megatron-LM cannot run", 0) != 0) continue;
     c.pruned_detail += (c.pruned_detail.empty() ? "" : "; ") + n;
   }
+}
+
+// The expert layouts tried on a stage of `stage_ranks` ranks with tensor parallelism `tp`: every
+// (ep, etp, dispatcher) of the space; one default layout for a dense model. Combinations that
+// do not divide are left to validate_plan, which prunes them with its reason.
+std::vector<MoePlan> expert_layouts(const ModelConfig& model, const SearchSpace& space, int64_t tp,
+                                    int64_t stage_ranks) {
+  if (!model.is_moe()) return {MoePlan{}};
+  std::vector<int64_t> etps = space.expert_tensor_parallel_sizes;
+  if (etps.empty()) etps = tp == 1 ? std::vector<int64_t>{1} : std::vector<int64_t>{1, tp};
+  std::vector<MoePlan> out;
+  for (int64_t etp : etps) {
+    std::vector<int64_t> eps = space.expert_parallel_sizes;
+    if (eps.empty()) {
+      for (int64_t ep : divisors(model.num_experts)) {
+        if (stage_ranks % (ep * etp) == 0) eps.push_back(ep);
+      }
+      if (eps.empty()) eps.push_back(1);  // (etp does not divide the stage: validate says so)
+    }
+    for (int64_t ep : eps) {
+      for (MoeDispatcher dispatcher : space.moe_dispatchers) {
+        // ep 1 without etp dispatches nothing: one dispatcher stands for both.
+        if (ep * etp == 1 && dispatcher != space.moe_dispatchers.front()) continue;
+        MoePlan moe = space.moe;
+        if (moe.top_k == 0) moe.top_k = model.num_experts_per_tok;  // (resolved here for the name)
+        moe.ep_size = ep;
+        moe.etp_size = etp;
+        moe.dispatcher = dispatcher;
+        moe.set = true;
+        out.push_back(moe);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -129,6 +168,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
       if (space.hybrid_sharding && node_shard >= 2 && dp > node_shard && dp % node_shard == 0) {
         instance_counts.push_back(dp / node_shard);
       }
+      const std::vector<MoePlan> layouts = expert_layouts(model, space, tp, tp * cp * dp);
       for (int64_t mbs : space.micro_batch_sizes) {
         for (int zero : space.zero_stages) {
          for (int64_t instances : instance_counts) {
@@ -140,6 +180,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                if (sp && tp == 1) continue;
                for (CpCommType comm : space.cp_comm_types) {
                 if (comm != space.cp_comm_types.front() && cp == 1) continue;  // (no exchange to choose)
+                for (const MoePlan& moe : layouts) {
                 Candidate c;
                 Plan& p = c.plan;
                 p.tp_size = tp;
@@ -163,6 +204,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.attention_impl = space.attention_impl;
                 p.fp8 = space.fp8;
                 p.dropout = space.dropout;
+                p.moe = moe;
                 p.name = plan_name(p);
                 p.file = "candidate " + p.name;
                 try {
@@ -173,6 +215,7 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 }
                 if (c.kept() && space.megatron_runnable_only) prune_unless_megatron_runnable(c, model);
                 out.push_back(std::move(c));
+                }
                }
               }
             }
@@ -188,6 +231,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
 
 Plan memory_path_plan(const Plan& plan) {
   Plan p = plan;
+  // A mixture of experts' dropless buffers: sized by the whole step's routing draws.
+  if (p.moe.draw_microbatches == 0) p.moe.draw_microbatches = plan.num_microbatches();
   if (plan.schedule == ScheduleKind::gpipe) return p;
   int64_t cap = 2 * plan.pp_size;
   if (plan.num_microbatches() > cap) {
@@ -207,7 +252,9 @@ double walk_stage(const ModelConfig& model, const Topology& topology, const Plan
   return walk_role_memory(role).peak_bytes + topology.node.device.runtime_allowance_bytes;
 }
 
-void prune_memory(Candidate& c, double peak, double allowed, const std::string& what) {
+}  // namespace
+
+void prune_for_memory(Candidate& c, double peak, double allowed, const std::string& what) {
   c.pruned = "does not fit in memory";
   c.peak_is_lower_bound = true;
   c.peak_bytes_max = peak;
@@ -216,11 +263,10 @@ void prune_memory(Candidate& c, double peak, double allowed, const std::string& 
                     gib(allowed) + " allowed";
 }
 
-}  // namespace
-
 void check_candidate_memory(Candidate& c, const ModelConfig& model, const Topology& topology,
                             const SearchSpace& space, ProbeCache& probes) {
   if (!c.kept()) return;
+  if (model.is_moe()) return check_moe_candidate(c, model, topology, space, nullptr);
   const Plan& plan = c.plan;
   const DeviceSpec& device = topology.node.device;
   c.memory_checked = true;
@@ -238,7 +284,7 @@ void check_candidate_memory(Candidate& c, const ModelConfig& model, const Topolo
     c.peak_upper_bytes = std::max(c.peak_upper_bytes, b.upper_bytes);
   }
   if (c.peak_lower_bytes > limit) {
-    prune_memory(c, c.peak_lower_bytes, allowed,
+    prune_for_memory(c, c.peak_lower_bytes, allowed,
                  "weights, gradients, optimizer state and the activations kept by the layers "
                  "in flight need at least");
     return;
@@ -255,7 +301,7 @@ void check_candidate_memory(Candidate& c, const ModelConfig& model, const Topolo
       ++c.walked_stages;
       b->lower_bytes = b->upper_bytes = peak;
       if (peak > limit) {
-        prune_memory(c, peak, allowed, "stage " + std::to_string(b->stage) + " peaks at");
+        prune_for_memory(c, peak, allowed, "stage " + std::to_string(b->stage) + " peaks at");
         return;
       }
     }
@@ -272,6 +318,7 @@ void check_candidate_memory(Candidate& c, const ModelConfig& model, const Topolo
 void check_candidate(Candidate& c, const ModelConfig& model, const Topology& topology,
                      const SearchSpace& space, const ComputeCostModel& cost_model,
                      ProbeCache& probes) {
+  if (model.is_moe()) return check_moe_candidate(c, model, topology, space, &cost_model);
   check_candidate_memory(c, model, topology, space, probes);
   if (c.kept()) c.estimate = probe_estimate(c.plan, model, topology, probes.get(c.plan), cost_model);
 }
@@ -320,6 +367,7 @@ void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& mod
   for (auto& c : candidates) {
     if (c.kept()) kept.push_back(&c);
   }
+  if (model.is_moe()) return check_moe_candidates(kept, model, topology, space, cost_model, jobs, progress);
   ProbeCache probes(model, topology);
   // Memory on `jobs` threads; the estimates after, on one (the cost model caches the rates it
   // interpolates).

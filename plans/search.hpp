@@ -48,6 +48,18 @@ struct SearchSpace {
   double max_memory_fraction = 1.0;  // fits ⇔ peak + reserved ≤ fraction · capacity
   // Prune what Megatron-LM cannot run as simulated (megatron_arguments' runnable is false).
   bool megatron_runnable_only = false;
+  // Mixtures of experts (the model has experts; ignored otherwise). Expert-parallel sizes tried:
+  // empty, every divisor of the experts that, times the etp size, divides a stage's tp·cp·dp
+  // ranks; expert-tensor-parallel sizes: empty, 1 and tp (Megatron's default); the dispatchers;
+  // and what every candidate carries besides (moe: capacity factor, routing, seed; its ep, etp
+  // and dispatcher are the searched ones).
+  std::vector<int64_t> expert_parallel_sizes;
+  std::vector<int64_t> expert_tensor_parallel_sizes;
+  std::vector<MoeDispatcher> moe_dispatchers = {MoeDispatcher::alltoall, MoeDispatcher::allgather};
+  MoePlan moe;
+  // Mixture-of-experts candidates lowered exactly, in the screen's order, until this many fit
+  // (check_moe_candidates); 0: every candidate.
+  int64_t moe_lowered_plans = 64;
 };
 
 struct Candidate {
@@ -88,6 +100,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
 // microbatch. No 1f1b or interleaved stage has more passes in flight, so the layers in flight
 // (the memory bounds' schedule) are the whole step's, and the peak is the whole program's unless
 // lowering keeps buffers to the step's end (send staging): then walks take the whole step.
+// A mixture of experts keeps the step's routing draws (MoePlan::draw_microbatches) for its
+// dropless buffers.
 Plan memory_path_plan(const Plan& plan);
 
 // Checks one kept candidate's memory and, when it fits, its quick estimate (probe_estimate).
@@ -105,6 +119,31 @@ using Progress = std::function<void(int64_t done, int64_t total)>;
 void check_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
                       const Topology& topology, const SearchSpace& space,
                       const ComputeCostModel& cost_model, int jobs, const Progress& progress);
+
+// Prunes `candidate` "does not fit in memory": `what` peaks at (or needs at least) `peak` bytes,
+// more than `allowed`; peak_bytes_max and its lower bound set to `peak`.
+void prune_for_memory(Candidate& candidate, double peak, double allowed, const std::string& what);
+
+// Mixtures of experts (search_moe.cpp): no probe (a MoE layer's groups and buffers are not the
+// dense layer's; its rows follow the routing draws). The stages' persistent bytes
+// (stage_persistent_bytes) prune first; a candidate they do not prune has the memory path's
+// program lowered once: every stage walked (peak_exact, `memory`'s verdict) and, with a cost
+// model, the quick estimate read from the same program (check_moe_candidate; check_candidate_memory
+// and check_candidate take this path for a MoE model). Lowering a large MoE model's candidates
+// takes a fraction of a second each, so check_moe_candidates (on `jobs` threads) lowers them in
+// the order of a screen — those the dense twin's kept activations (each MLP as wide as what a
+// token passes through) say fit first, then by the twin's probe estimate plus the dispatch and
+// combine over ep — until space.moe_lowered_plans fit; the
+// rest are pruned "not lowered: below the best the MoE screen ranks", with their rank.
+void check_moe_candidate(Candidate& candidate, const ModelConfig& model, const Topology& topology,
+                         const SearchSpace& space, const ComputeCostModel* cost_model);
+void check_moe_candidates(const std::vector<Candidate*>& kept, const ModelConfig& model, const Topology& topology,
+                          const SearchSpace& space, const ComputeCostModel& cost_model, int jobs,
+                          const Progress& progress);
+// The quick estimate of a validated plan: probe_estimate, or for a MoE model quick_estimate on
+// the memory path's lowered program.
+QuickEstimate candidate_estimate(const Plan& plan, const ModelConfig& model, const Topology& topology,
+                                 ProbeCache& probes, const ComputeCostModel& cost_model);
 
 // `stepcast memory`'s peak of a checked candidate: walks the stages whose upper bound reaches
 // the largest lower bound (no other stage can hold the peak) and sets peak_exact.
@@ -153,7 +192,8 @@ double amdahl_serial_fraction(const std::vector<std::pair<double, double>>& xy);
 // Counts of pruned candidates per reason category.
 std::map<std::string, int64_t> pruned_counts(const std::vector<Candidate>& candidates);
 
-// "tp8-pp1-dp8-z1-mbs1-1f1b-selective-sp"
+// "tp8-pp1-dp8-z1-mbs1-1f1b-selective-sp"; with experts "-ep8" and, where they differ from
+// Megatron's defaults, "-etp1" (etp ≠ tp) and "-agd" (the allgather dispatcher).
 std::string plan_name(const Plan& plan);
 
 // What would make a plan fit: the plan with zero_stage 3, with full recompute, with

@@ -13,6 +13,7 @@
 #include "memory.hpp"
 #include "schedule.hpp"
 #include "search.hpp"
+#include "stage_layout.hpp"
 
 namespace stepcast {
 
@@ -105,70 +106,6 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
     }
   }
   return probe;
-}
-
-// A stage's parameter groups, as RoleLowering::collect_param_groups makes them.
-struct Group {
-  int64_t elements = 0;  // per tp rank, before ZeRO
-  int64_t sp_replicated = 0;
-  int64_t chunk = 0;
-  enum Kind { embedding, position, layer, final_norm, output } kind = layer;
-};
-
-struct StageLayout {
-  std::vector<Group> groups;  // in lowering order
-  std::vector<int64_t> chunk_layers;
-  bool has_first = false, has_last = false;
-  int64_t first_chunk = -1, last_chunk = -1;
-};
-
-StageLayout stage_layout(const LowerContext& c, int64_t stage) {
-  const Plan& plan = c.plan;
-  StageLayout s;
-  for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {
-    int64_t vs = c.virtual_stage(stage, chunk);
-    int64_t n = plan.layers_per_stage[size_t(vs)];
-    s.chunk_layers.push_back(n);
-    if (vs == 0) {
-      s.has_first = true;
-      s.first_chunk = chunk;
-      s.groups.push_back({c.vocab_local * c.h, 0, chunk, Group::embedding});
-      if (c.model.position == PositionKind::learned) {
-        int64_t e = c.model.max_position_embeddings * c.h;
-        s.groups.push_back({e, e, chunk, Group::position});
-      }
-    }
-    for (int64_t l = 0; l < n; ++l) {
-      s.groups.push_back({c.layer_params_local(), c.layer_sp_replicated(), chunk, Group::layer});
-    }
-    if (vs == c.num_virtual_stages - 1) {
-      s.has_last = true;
-      s.last_chunk = chunk;
-      s.groups.push_back({c.norm_params(), c.norm_params(), chunk, Group::final_norm});
-      if (!(c.model.tie_word_embeddings && plan.pp_size == 1)) {
-        s.groups.push_back({c.vocab_local * c.h, 0, chunk, Group::output});
-      }
-    }
-  }
-  return s;
-}
-
-double persistent_bytes(const LowerContext& c, const StageLayout& s) {
-  double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
-  double states = act < 4 ? 3 : 2;
-  double total = 0;
-  for (const Group& g : s.groups) {
-    int64_t w = c.shards.buffer_elements(ShardedState::weights, g.elements);
-    int64_t gr = c.shards.buffer_elements(ShardedState::grads, g.elements);
-    int64_t o = c.shards.buffer_elements(ShardedState::optimizer, g.elements);
-    total += double(w) * act + double(gr) * grad + double(o) * states * wide;
-    if (c.fp8 && g.kind == Group::layer) total += double(g.elements);  // the layer's FP8 weight copy
-  }
-  if (c.fp8) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
-    const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;
-    total += slots * wide * (2 + (c.plan.fp8.delayed() ? double(c.plan.fp8.amax_history_len) : 0.0));
-  }
-  return total;
 }
 
 }  // namespace

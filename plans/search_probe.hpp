@@ -68,6 +68,11 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& plan, const Model
                                                    const Topology& topology,
                                                    const LayerProbe& probe);
 
+// Weights, gradients and optimizer state each stage of a validated plan holds for the whole step
+// (bytes, exact: the persistent buffers lowering allocates, a MoE layer's experts sharded over
+// edp): a lower bound on the stage's peak for any model, experts included.
+std::vector<double> stage_persistent_bytes(const Plan& plan, const ModelConfig& model, const Topology& topology);
+
 // The quick estimate of a validated plan from its probe.
 QuickEstimate probe_estimate(const Plan& plan, const ModelConfig& model, const Topology& topology,
                              const LayerProbe& probe, const ComputeCostModel& cost_model);

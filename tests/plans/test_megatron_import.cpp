@@ -222,8 +222,8 @@ TEST_CASE("Megatron-LM arguments stepcast cannot model, or that conflict, are re
   };
   const std::vector<Case> cases = {
       {"--frobnicate 3", {"key '--frobnicate' = '3'", "not a flag stepcast reads"}},
-      {"--num-experts 8", {"key '--num-experts' = '8'", "mixture of experts"}},
-      {"--moe-router-topk 2", {"key '--moe-router-topk'", "mixture of experts"}},
+      {"--num-experts 8", {"key '--num-experts' = '8'", "--moe-grouped-gemm"}},
+      {"--moe-router-topk 2", {"key '--moe-router-topk'", "needs experts"}},
       {"--bf16 --fp16", {"key '--fp16'", "given with --bf16"}},
       {"--hidden-dropout 0.1 --attention-dropout 0", {"key '--attention-dropout' = '0'", "one dropout"}},
       {"--num-query-groups 2", {"key '--num-query-groups' = '2'", "without --group-query-attention"}},
