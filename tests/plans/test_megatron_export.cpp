@@ -17,6 +17,7 @@
 #include "lower.hpp"
 #include "megatron_export.hpp"
 #include "search.hpp"
+#include "megatron_test_support.hpp"
 #include "test_support.hpp"
 
 using namespace stepcast;
@@ -36,27 +37,6 @@ Plan resolved(Plan plan, const ModelConfig& m) {
   plan.name = plan_name(plan);
   validate_plan(plan, m, load_topology(source_path("topologies/dgx-a100-80gb.json")));
   return plan;
-}
-
-// Flag → value ("" for a switch), quotes taken off; each flag given once.
-std::map<std::string, std::string> flags_of(const MegatronArguments& m) {
-  std::map<std::string, std::string> out;
-  for (const auto& a : m.arguments) {
-    auto space = a.find(' ');
-    std::string name = a.substr(0, space);
-    std::string value = space == std::string::npos ? "" : a.substr(space + 1);
-    if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') value = value.substr(1, value.size() - 2);
-    INFO(a);
-    CHECK(out.count(name) == 0);
-    out[name] = value;
-  }
-  return out;
-}
-
-int64_t integer(const std::map<std::string, std::string>& f, const std::string& name) {
-  INFO(name);
-  REQUIRE(f.count(name) == 1);
-  return std::stoll(f.at(name));
 }
 
 // Megatron's layout string as core/transformer/pipeline_parallel_layer_layout.py:283-321 parses

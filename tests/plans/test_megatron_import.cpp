@@ -8,52 +8,15 @@
 #include "megatron_import.hpp"
 #include "model.hpp"
 #include "plan.hpp"
+#include "megatron_test_support.hpp"
 #include "test_support.hpp"
 #include "topology.hpp"
 
 using namespace stepcast;
+using namespace stepcast::test;
 using Catch::Matchers::Contains;
 
 namespace {
-
-ModelConfig shipped_model(const std::string& name) {
-  return load_model(test::source_path("models/" + name + ".json"));
-}
-
-Topology shipped_topology(const std::string& name, int nodes) {
-  return load_topology(test::source_path("topologies/" + name + ".json"), nodes);
-}
-
-Plan validated(const Json& json, const ModelConfig& model, const Topology& topology) {
-  Plan plan = parse_plan(json, "plan.json");
-  validate_plan(plan, model, topology);
-  return plan;
-}
-
-std::string launch_line(const MegatronArguments& args) {
-  std::string line = "torchrun --nproc_per_node 8 pretrain_gpt.py";
-  for (const auto& a : args.arguments) line += " " + a;
-  return line;
-}
-
-// The imported model and plan, validated on `topology` (dp_size from its devices).
-std::pair<ModelConfig, Plan> imported(const std::string& text, const Topology& topology) {
-  MegatronImport in = import_megatron_arguments(text, "launch.sh", "imported");
-  ModelConfig model = parse_model(in.model, "launch.sh");
-  Plan plan = parse_plan(in.plan, "launch.sh");
-  validate_plan(plan, model, topology);
-  return {model, plan};
-}
-
-std::string import_error(const std::string& text) {
-  try {
-    import_megatron_arguments(text, "launch.sh", "imported");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  FAIL("no InputError for: " << text);
-  return "";
-}
 
 const std::string kTinyShape =
     "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 "
@@ -145,19 +108,7 @@ TEST_CASE("Megatron-LM export then import gives the same model and plan", "[plan
     ModelConfig model = shipped_model(c.model);
     Topology topology = shipped_topology(c.topology, c.nodes);
     Plan plan = validated(c.plan, model, topology);
-    MegatronArguments args = megatron_arguments(plan, model);
-    REQUIRE(args.runnable);
-    std::string line = launch_line(args);
-    INFO(line);
-    auto [model_back, plan_back] = imported(line, topology);
-    Json a = model_to_json(model), b = model_to_json(model_back);
-    a.erase("name");
-    b.erase("name");
-    CHECK(a == b);
-    Json p = plan_to_json(plan), q = plan_to_json(plan_back);
-    p.erase("name");
-    q.erase("name");
-    CHECK(p == q);
+    Plan plan_back = check_round_trip(model, plan, topology);
     CHECK(plan_back.dp_size_derived);  // the launch line has no dp size: the world gave it
   }
 }

@@ -17,48 +17,15 @@
 #include "megatron_import.hpp"
 #include "model.hpp"
 #include "plan.hpp"
+#include "megatron_test_support.hpp"
 #include "test_support.hpp"
 #include "topology.hpp"
 
 using namespace stepcast;
+using namespace stepcast::test;
 using Catch::Matchers::Contains;
 
 namespace {
-
-ModelConfig shipped_model(const std::string& name) {
-  return load_model(test::source_path("models/" + name + ".json"));
-}
-
-Topology shipped_topology(const std::string& name, int nodes) {
-  return load_topology(test::source_path("topologies/" + name + ".json"), nodes);
-}
-
-Plan validated(const Json& json, const ModelConfig& model, const Topology& topology) {
-  Plan plan = parse_plan(json, "plan.json");
-  validate_plan(plan, model, topology);
-  return plan;
-}
-
-// Flag → value ("" for a switch), quotes taken off; each flag given once.
-std::map<std::string, std::string> flags_of(const MegatronArguments& m) {
-  std::map<std::string, std::string> out;
-  for (const auto& a : m.arguments) {
-    auto space = a.find(' ');
-    std::string name = a.substr(0, space);
-    std::string value = space == std::string::npos ? "" : a.substr(space + 1);
-    if (value.size() >= 2 && value.front() == '\'' && value.back() == '\'') value = value.substr(1, value.size() - 2);
-    INFO(a);
-    CHECK(out.count(name) == 0);
-    out[name] = value;
-  }
-  return out;
-}
-
-int64_t integer(const std::map<std::string, std::string>& f, const std::string& name) {
-  INFO(name);
-  REQUIRE(f.count(name) == 1);
-  return std::stoll(f.at(name));
-}
 
 // Megatron-LM's MoE rules for the flags of a plan, and that they build the layers simulated.
 void check_moe_rules(const MegatronArguments& args, const Plan& plan, const ModelConfig& model) {
@@ -117,22 +84,6 @@ void check_moe_rules(const MegatronArguments& args, const Plan& plan, const Mode
   CHECK(has("--moe-grouped-gemm"));
   CHECK(f["--moe-router-load-balancing-type"] == "aux_loss");
   if (model.router_aux_loss_coef != 0) CHECK(std::stod(f["--moe-aux-loss-coeff"]) == model.router_aux_loss_coef);
-}
-
-std::string launch_line(const MegatronArguments& args) {
-  std::string line = "torchrun --nproc_per_node 8 pretrain_gpt.py";
-  for (const auto& a : args.arguments) line += " " + a;
-  return line;
-}
-
-std::string import_error(const std::string& text) {
-  try {
-    import_megatron_arguments(text, "launch.sh", "imported");
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  FAIL("no InputError for: " << text);
-  return "";
 }
 
 const std::string kTinyShape =
@@ -283,23 +234,7 @@ TEST_CASE("Megatron-LM MoE export then import gives the same model and plan", "[
     INFO(c.model << " " << c.plan.dump());
     ModelConfig model = shipped_model(c.model);
     Topology topology = shipped_topology("dgx-h100", c.nodes);
-    Plan plan = validated(c.plan, model, topology);
-    MegatronArguments args = megatron_arguments(plan, model);
-    REQUIRE(args.runnable);
-    std::string line = launch_line(args);
-    INFO(line);
-    MegatronImport in = import_megatron_arguments(line, "launch.sh", "imported");
-    ModelConfig model_back = parse_model(in.model, "launch.sh");
-    Plan plan_back = parse_plan(in.plan, "launch.sh");
-    validate_plan(plan_back, model_back, topology);
-    Json a = model_to_json(model), b = model_to_json(model_back);
-    a.erase("name");
-    b.erase("name");
-    CHECK(a == b);
-    Json p = plan_to_json(plan), q = plan_to_json(plan_back);
-    p.erase("name");
-    q.erase("name");
-    CHECK(p == q);
+    check_round_trip(model, validated(c.plan, model, topology), topology);
   }
 }
 
