@@ -110,7 +110,7 @@ int run_run(int argc, char** argv) {
       "                                 [--slowdown RANK:FACTOR]\n"
       "Trains the model with the plan's tensor, context, pipeline and data parallelism, one MPI\n"
       "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size), printing\n"
-      "loss and step time per step. A mixture of experts runs on the CPU backend (expert\n"
+      "loss and step time per step. A mixture of experts runs on either backend (expert\n"
       "parallelism, alltoall dispatcher; measurement.json counts the copies a capacity drops).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
@@ -184,13 +184,8 @@ int run_run(int argc, char** argv) {
                      ": checkpoints of context-parallel plans are not supported yet (their shard layout spans "
                      "dp × cp); valid: context_parallel_size 1 with --checkpoint-dir / --resume, or no checkpoints");
   }
-  // What a backend cannot run of a mixture of experts, before any rank starts.
-  if (in.model.is_moe() && backend == "cuda") {
-    throw_input_error(in.model.file, "num_local_experts", std::to_string(in.model.num_experts),
-                      "the CUDA backend does not run the router, permutation and expert ops of a mixture of experts yet",
-                      "--backend cpu, or a dense model");
-  }
-  if (backend == "cpu") check_cpu_moe(in.model, in.plan);
+  // What the executor cannot run of a mixture of experts, before any rank starts.
+  check_executor_moe(in.model, in.plan);
   return with_mpi(
       "run", argc, argv,
       [&](int rank, int size) {

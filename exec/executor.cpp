@@ -332,12 +332,12 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
   }
 }
 
-void check_cpu_moe(const ModelConfig& model, const Plan& plan) {
+void check_executor_moe(const ModelConfig& model, const Plan& plan) {
   if (!model.is_moe()) return;
   const MoePlan& moe = plan.moe;
   auto refuse = [&](const std::string& file, const std::string& key, const std::string& value, const std::string& why,
                     const std::string& valid) {
-    throw_input_error(file, key, value, "the CPU backend's mixture of experts " + why, valid);
+    throw_input_error(file, key, value, "the executor's mixture of experts " + why, valid);
   };
   if (moe.dispatcher != MoeDispatcher::alltoall) {
     refuse(plan.file, "moe_token_dispatcher_type", "\"allgather\"", "runs the alltoall dispatcher only",
@@ -374,7 +374,7 @@ void set_backend_wrapper(const BackendWrapper* wrapper) { g_backend_wrapper = wr
 RunOutput run_program(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cpu_backend(in.plan, in.topology);
-  check_cpu_moe(in.model, in.plan);
+  check_executor_moe(in.model, in.plan);
   if (in.plan.param_dtype == Dtype::fp64) {
     return run_cpu<double>(program, in.model, in.plan, in.topology, options);
   }

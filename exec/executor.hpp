@@ -54,10 +54,11 @@ struct RunOutput {
 // 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
 // gradients, a topology that is not a host. The command line calls it before run_program.
 void check_cpu_backend(const Plan& plan, const Topology& topology);
-// The same for a mixture of experts: the CPU backend runs the alltoall dispatcher without expert
-// tensor parallelism, biases, FP8 or context parallelism; with tp_size > 1 neither an aux loss nor
-// a capacity (both count the tokens of a rank, which tp splits). Nothing for a dense model.
-void check_cpu_moe(const ModelConfig& model, const Plan& plan);
+// The same for a mixture of experts, on either backend (the interpreter's MoE ops): the alltoall
+// dispatcher without expert tensor parallelism, biases, FP8 or context parallelism; with
+// tp_size > 1 neither an aux loss nor a capacity (both count the tokens of a rank, which tp
+// splits). Nothing for a dense model.
+void check_executor_moe(const ModelConfig& model, const Plan& plan);
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
 // caller). Everything it runs comes from the program: its ops and the resolved inputs it
 // carries (program_inputs.hpp); check_cpu_backend is applied to those again.

@@ -5,7 +5,7 @@
 // row r the token copies ep rank r's routing keeps for each expert. Layouts:
 //   this rank's side (perm, comb and their gradients): by global expert, counts[me][e] rows each;
 //   the experts' side (xe, ye, ...): by source rank, then local expert, counts[i][me·E_l + l] rows.
-// Not here: the allgather dispatcher and expert tensor parallelism (check_cpu_backend refuses them).
+// Not here: the allgather dispatcher and expert tensor parallelism (check_executor_moe refuses them).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

@@ -73,10 +73,8 @@ class CudaBackend final : public Backend<T, G, float> {
       cudaFree(staging.data);
       if (staging.done) cudaEventDestroy(staging.done);
     }
-    if (staging_) cudaFree(staging_);
     cudaFree(workspace_);
     cudaFree(result_);
-    if (delta_) cudaFree(delta_);
     cublasLtDestroy(lt_);
     for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
     for (auto& [id, e] : op_events_) cudaEventDestroy(e);
@@ -256,6 +254,36 @@ class CudaBackend final : public Backend<T, G, float> {
     cuda::adamw_step(l(), param, master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
   }
 
+  // ---- mixture of experts: the row maps (host) go to a device copy first ----
+  void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
+                         int64_t experts, int64_t top_k, int64_t capacity) override {
+    cuda::moe_route_forward(l(), logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity);
+  }
+  double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
+                      double scale) override {
+    cuda::moe_aux_loss(l(), probs, route_idx, tokens, experts, top_k, scale, moe_scratch(experts), result_);
+    return read_result();
+  }
+  void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
+                          int64_t experts, int64_t top_k, double aux_scale) override {
+    cuda::moe_route_backward(l(), probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale,
+                             moe_scratch(experts));
+  }
+  void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
+                   bool backward) override {
+    cuda::moe_permute(l(), x, y, device_rows(rows, tokens * top_k), tokens, top_k, h, backward);
+  }
+  void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
+                             int64_t h) override {
+    cuda::moe_unpermute_forward(l(), x, route_w, device_rows(rows, tokens * top_k), y, tokens, top_k, h);
+  }
+  void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
+                              int64_t tokens, int64_t top_k, int64_t h) override {
+    cuda::moe_unpermute_backward(l(), d_y, x, route_w, device_rows(rows, tokens * top_k), d_x, d_route_w, tokens,
+                                 top_k, h);
+  }
+  void moe_add(T* acc, const T* x, int64_t n) override { cuda::add(l(), acc, x, n); }
+
   // ---- collectives: NCCL on the communication stream, after compute, before compute ----
   void all_reduce(GroupKind group, Algorithm, Dtype dtype, std::vector<Span<void>> buffers) override {
     ncclComm_t comm = nccl_.communicator(group);
@@ -327,23 +355,19 @@ class CudaBackend final : public Backend<T, G, float> {
     end_comm(comm_);
     count_algorithm("all_gather");
   }
-  // Every pair at once, as NCCL's own all_to_all: grouped sends and receives, block by member.
+  // Block i of send (equal blocks) to member i, as NCCL's own all_to_all.
   void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
-    ncclComm_t comm = nccl_.communicator(group);
-    const int64_t n = comms_.size(group), e = dtype_bytes(dtype), block = send.count / std::max<int64_t>(1, n);
-    const char* from = static_cast<const char*>(send.data);
-    char* to = static_cast<char*>(recv.data);
-    begin_comm(comm_);
-    check_nccl(ncclGroupStart(), "ncclGroupStart", rank_, current_);
-    for (int64_t peer = 0; peer < n && block > 0; ++peer) {
-      check_nccl(ncclSend(from + peer * block * e, size_t(block), nccl_type(dtype), int(peer), comm, comm_), "ncclSend",
-                 rank_, current_);
-      check_nccl(ncclRecv(to + peer * block * e, size_t(block), nccl_type(dtype), int(peer), comm, comm_), "ncclRecv",
-                 rank_, current_);
-    }
-    check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank_, current_);
-    end_comm(comm_);
+    const int64_t n = comms_.size(group), block = send.count / std::max<int64_t>(1, n) * dtype_bytes(dtype);
+    std::vector<int64_t> bytes(static_cast<size_t>(n), block), offsets(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) offsets[size_t(i)] = i * block;
+    exchange(group, static_cast<const char*>(send.data), bytes, offsets, static_cast<char*>(recv.data), bytes, offsets);
     count_algorithm("all_to_all");
+  }
+  void all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                   const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
+                   const std::vector<int64_t>& recv_offsets) override {
+    exchange(group, send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+    count_algorithm("all_to_allv");
   }
   int group_size(GroupKind group) const override { return comms_.size(group); }
   int group_index(GroupKind group) const override { return comms_.index(group); }
@@ -418,21 +442,8 @@ class CudaBackend final : public Backend<T, G, float> {
   void set_current(const std::string& what) override { current_ = what; }
 
   Json device_memory() const override {
-    double used_high = memory_.used_high_water_bytes();
-    double allocated_high = memory_.allocator_high_water_bytes();
-    return {{"device", device_name_},
-            {"device_ordinal", options_.device},
-            {"total_bytes", memory_.total_bytes()},
-            {"used_before_backend_bytes", memory_.used_before_bytes()},
-            {"used_high_water_bytes", used_high},
-            {"allocator_high_water_bytes", allocated_high},
-            {"cublaslt_workspace_bytes", double(options_.workspace_bytes)},
-            {"nccl_staging_bytes", double(staging_capacity_) + staging_bytes_},
-            {"runtime_bytes", used_high - allocated_high},
-            {"method", "allocator: bytes this backend holds from cudaMalloc for the program "
-                       "(arena and scratch), high-water mark; used: cudaMemGetInfo's total − "
-                       "free at every synchronisation, minimum free, less the level once the "
-                       "context existed"}};
+    return memory_.report(device_name_, options_.device, double(options_.workspace_bytes),
+                          double(staging_.capacity_bytes()) + staging_bytes_);
   }
   double device_peak_bytes() const override { return memory_.allocator_high_water_bytes(); }
 
@@ -472,27 +483,26 @@ class CudaBackend final : public Backend<T, G, float> {
     return value;
   }
 
-  float* delta_scratch(int64_t n) {
-    if (delta_n_ < n) {
-      if (delta_) {
-        wait_stream(compute_);
-        cudaFree(delta_);
-      }
-      delta_ = static_cast<float*>(raw_alloc(n * int64_t(sizeof(float)), "flash attention scratch"));
-      delta_n_ = n;
-    }
-    return delta_;
+  float* delta_scratch(int64_t n) { return delta_.get<float>(n, [&] { wait_stream(compute_); }, current_); }
+  char* staging_buffer(int64_t bytes) { return staging_.get(bytes, [&] { wait_stream(comm_); }, current_); }
+  // Grouped sends and receives of byte blocks on the communication stream (exchange_blocks).
+  void exchange(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
+                const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
+                const std::vector<int64_t>& recv_offsets) {
+    begin_comm(comm_);
+    cuda::exchange_blocks(nccl_.communicator(group), comm_, comms_.index(group), send, send_bytes, send_offsets, recv,
+                          recv_bytes, recv_offsets, rank_, current_);
+    end_comm(comm_);
   }
-  char* staging_buffer(int64_t bytes) {
-    if (staging_capacity_ < bytes) {
-      if (staging_) {
-        wait_stream(comm_);
-        cudaFree(staging_);
-      }
-      staging_ = static_cast<char*>(raw_alloc(bytes, "an NCCL staging buffer"));
-      staging_capacity_ = bytes;
-    }
-    return staging_;
+  // A device copy of a host row map (the upload returns once the host array is read).
+  const int64_t* device_rows(const int64_t* host, int64_t n) {
+    int64_t* rows = rows_.get<int64_t>(n, [&] { wait_stream(compute_); }, current_);
+    check_call(cudaMemcpyAsync(rows, host, size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice, stream()),
+               "cudaMemcpyAsync (MoE row map)");
+    return rows;
+  }
+  double* moe_scratch(int64_t experts) {
+    return moe_sums_.get<double>(2 * experts, [&] { wait_stream(compute_); }, current_);
   }
 
   cudaEvent_t record(cudaStream_t stream) {
@@ -524,6 +534,10 @@ class CudaBackend final : public Backend<T, G, float> {
                 alignment_of(a), alignment_of(b), alignment_of(c)};
     auto it = gemms_.find(key);
     if (it == gemms_.end()) {
+      if (gemms_.size() >= 4096) {  // expert GEMMs take a shape per routed row count: start over
+        for (auto& [shape, plan] : gemms_) destroy_gemm_plan(plan);
+        gemms_.clear();
+      }
       it = gemms_.emplace(key, plan_gemm(lt_, key, options_.workspace_bytes, rank_, current_)).first;
     }
     const GemmPlan& p = it->second;
@@ -552,10 +566,10 @@ class CudaBackend final : public Backend<T, G, float> {
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   double* result_ = nullptr;
-  float* delta_ = nullptr;
-  int64_t delta_n_ = 0;
-  char* staging_ = nullptr;
-  int64_t staging_capacity_ = 0;
+  cuda::DeviceScratch delta_{memory_, "flash attention scratch"};
+  cuda::DeviceScratch staging_{memory_, "an NCCL staging buffer"};
+  cuda::DeviceScratch rows_{memory_, "a MoE row map"};
+  cuda::DeviceScratch moe_sums_{memory_, "MoE expert sums"};
   double staging_bytes_ = 0;
   std::map<std::pair<int, int64_t>, Staging> send_staging_;
   cuda::NcclCommunicators nccl_;

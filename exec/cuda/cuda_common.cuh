@@ -94,6 +94,10 @@ __device__ __forceinline__ float block_max(float v) {
   return total;
 }
 
+// i over [0, n), every thread of the grid in turn.
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
 // Grid-stride geometry for n elements.
 inline unsigned blocks_for(int64_t n, int threads = 256) {
   int64_t b = (n + threads - 1) / threads;

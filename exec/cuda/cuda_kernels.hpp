@@ -141,7 +141,32 @@ void adamw_step(const Launch& l, T* param, float* master, const G* grad, float* 
                 float* exp_avg_sq, int64_t n, const cpu::AdamW& config, int64_t step,
                 double clip_coef);
 
+// ---- mixture of experts (cpu_kernels.hpp's moe_*) ----
+// Row maps `rows` (t·k + j → row, −1 dropped) are device int64 arrays here; route_idx and counts
+// are device int32. `scratch`: 2·experts device doubles; `result`: one device double.
+template <class T>
+void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts,
+                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity);
+template <class T>
+void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts,
+                  int64_t top_k, double scale, double* scratch, double* result);
+template <class T>
+void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
+                        int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, double* scratch);
+// backward: x is d_y, y is d_x (cpu::moe_permute_backward).
+template <class T>
+void moe_permute(const Launch& l, const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
+                 bool backward);
+template <class T>
+void moe_unpermute_forward(const Launch& l, const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens,
+                           int64_t top_k, int64_t h);
+template <class T>
+void moe_unpermute_backward(const Launch& l, const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x,
+                            T* d_route_w, int64_t tokens, int64_t top_k, int64_t h);
+
 // Throws InternalError naming the rank and `what` when the last launch failed.
 void check_launch(const Launch& l, const char* what);
+// A runtime call of a launcher (not a launch): its error, named with the rank.
+void check_runtime(const Launch& l, cudaError_t code, const char* call);
 
 }  // namespace stepcast::cuda

@@ -64,4 +64,40 @@ void DeviceMemory::release(char* memory, const std::string& during) {
   check_cuda(cudaFree(memory), "cudaFree", rank_, during);
 }
 
+Json DeviceMemory::report(const std::string& device_name, int ordinal, double workspace_bytes,
+                          double staging_bytes) const {
+  double used_high = used_high_water_bytes();
+  return {{"device", device_name},
+          {"device_ordinal", ordinal},
+          {"total_bytes", total_bytes_},
+          {"used_before_backend_bytes", used_before_},
+          {"used_high_water_bytes", used_high},
+          {"allocator_high_water_bytes", allocated_high_},
+          {"cublaslt_workspace_bytes", workspace_bytes},
+          {"nccl_staging_bytes", staging_bytes},
+          {"runtime_bytes", used_high - allocated_high_},
+          {"method", "allocator: bytes this backend holds from cudaMalloc for the program "
+                     "(arena and scratch), high-water mark; used: cudaMemGetInfo's total − "
+                     "free at every synchronisation, minimum free, less the level once the "
+                     "context existed"}};
+}
+
+DeviceScratch::~DeviceScratch() {
+  if (data_) cudaFree(data_);
+}
+
+char* DeviceScratch::get(int64_t bytes, const std::function<void()>& wait, const std::string& during) {
+  if (bytes_ < bytes) {
+    if (data_) {
+      wait();
+      cudaFree(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+    }
+    data_ = static_cast<char*>(memory_.raw_alloc(bytes, what_, during));
+    bytes_ = bytes;
+  }
+  return data_;
+}
+
 }  // namespace stepcast::cuda

@@ -27,6 +27,35 @@ ncclDataType_t nccl_type(Dtype dtype) {
   }
 }
 
+void exchange_blocks(ncclComm_t comm, cudaStream_t stream, int me, const char* send,
+                     const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& send_offsets, char* recv,
+                     const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets, int rank,
+                     const std::string& during) {
+  const size_t n = send_bytes.size();
+  STEPCAST_CHECK(send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n && size_t(me) < n,
+                 "an exchange's blocks are not one per member");
+  STEPCAST_CHECK(send_bytes[size_t(me)] == recv_bytes[size_t(me)], "a member's block to itself changes size");
+  const char* own_from = send + send_offsets[size_t(me)];
+  char* own_to = recv + recv_offsets[size_t(me)];
+  if (own_from != own_to && send_bytes[size_t(me)] > 0) {
+    check_cuda(cudaMemcpyAsync(own_to, own_from, size_t(send_bytes[size_t(me)]), cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync", rank, during);
+  }
+  check_nccl(ncclGroupStart(), "ncclGroupStart", rank, during);
+  for (size_t peer = 0; peer < n; ++peer) {
+    if (int(peer) == me) continue;
+    if (send_bytes[peer] > 0) {
+      check_nccl(ncclSend(send + send_offsets[peer], size_t(send_bytes[peer]), ncclInt8, int(peer), comm, stream),
+                 "ncclSend", rank, during);
+    }
+    if (recv_bytes[peer] > 0) {
+      check_nccl(ncclRecv(recv + recv_offsets[peer], size_t(recv_bytes[peer]), ncclInt8, int(peer), comm, stream),
+                 "ncclRecv", rank, during);
+    }
+  }
+  check_nccl(ncclGroupEnd(), "ncclGroupEnd", rank, during);
+}
+
 // World from a unique id broadcast over MPI; one split per group kind (color: the group's
 // first world rank; key: the index in the group, so NCCL ranks equal group indices); two
 // duplicates of world for the two pipeline directions.

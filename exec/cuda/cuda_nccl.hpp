@@ -3,10 +3,12 @@
 // pipeline directions; asynchronous-error polling and abort. The backend issues the collectives.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "mpi_collectives.hpp"
 #include "topology.hpp"
@@ -14,6 +16,15 @@
 namespace stepcast::cuda {
 
 ncclDataType_t nccl_type(Dtype dtype);
+
+// Every pair at once, as NCCL's own all_to_all, in bytes: send[send_offsets[i], + send_bytes[i])
+// to member i and recv[recv_offsets[j], + recv_bytes[j]) from member j, as grouped sends and
+// receives on `stream` (empty blocks skipped). This member's own block is a device copy (none
+// where it already lies in place). Errors name `rank` and `during`.
+void exchange_blocks(ncclComm_t comm, cudaStream_t stream, int me, const char* send,
+                     const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& send_offsets, char* recv,
+                     const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets, int rank,
+                     const std::string& during);
 
 class NcclCommunicators {
  public:

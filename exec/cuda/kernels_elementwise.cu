@@ -19,16 +19,12 @@ void check_launch(const Launch& l, const char* what) {
   }
 }
 
-// A runtime call of a launcher (not a launch): its error, named with the rank.
-static void check_runtime(const Launch& l, cudaError_t code, const char* call) {
+void check_runtime(const Launch& l, cudaError_t code, const char* call) {
   if (code != cudaSuccess) {
     throw std::runtime_error("rank " + std::to_string(l.rank) + ": " + call + " failed: " +
                              cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
   }
 }
-
-#define GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 namespace {
 
