@@ -77,6 +77,10 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan,
   if (p.contains("energy_per_step_j") && !p.at("energy_per_step_j").is_null()) {
     s.energy_per_step_j = p.at("energy_per_step_j").get<double>();
   }
+  if (p.contains("moe")) {
+    s.moe_load_ratio_mean = p.at("moe").value("load_ratio_mean", 0.0);
+    s.moe_dropped_tokens = p.at("moe").value("dropped_tokens", 0.0);
+  }
   s.memory = p.at("memory");
   s.fits = s.memory.at("fits").get<bool>();
   s.peak_bytes_max = s.memory.at("peak_bytes_max").get<double>();

@@ -28,6 +28,10 @@ struct Simulated {
   double optimizer_s = 0;
   double variability_s = 0;    // the critical rank's share of run-to-run variation
   double overlap_interference_s = 0;  // its compute's slowdown by collectives beside it
+  // Mixtures of experts: the busiest ep rank's expert load over the mean, averaged over the
+  // routing draws, and the token copies a capacity dropped in the step (0 for a dense model).
+  double moe_load_ratio_mean = 0;
+  double moe_dropped_tokens = 0;
   std::optional<double> energy_per_step_j;  // where the topology gives the device's power
   bool fits = false;
   double peak_bytes_max = 0;

@@ -4,9 +4,12 @@
 // quick estimate among those that fit (else the one with the smallest peak), simulated in a
 // child process; memory per GPU by class, step time, exposed communication and volume.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <sstream>
 
 #include "child_simulate.hpp"
 #include "commands.hpp"
@@ -73,6 +76,91 @@ std::vector<Strategy> strategies(const Topology& topology, const ModelConfig& mo
   return out;
 }
 
+// --moe-skew-sweep LIST: Zipf exponents, each >= 0.
+std::vector<double> skew_sweep_from(const po::variables_map& vm) {
+  std::vector<double> skews;
+  if (!vm.count("moe-skew-sweep")) return skews;
+  const std::string text = vm["moe-skew-sweep"].as<std::string>();
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    double skew = -1;
+    try {
+      skew = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !(skew >= 0) || !std::isfinite(skew)) {
+      throw InputError("command line: --moe-skew-sweep '" + text + "': '" + item +
+                       "' is not a routing skew; valid: comma-separated Zipf exponents >= 0 (0: uniform), "
+                       "e.g. 0,0.5,1,1.5");
+    }
+    skews.push_back(skew);
+  }
+  if (skews.empty()) {
+    throw InputError("command line: --moe-skew-sweep is empty; valid: comma-separated Zipf exponents >= 0, e.g. 0,0.5,1");
+  }
+  return skews;
+}
+
+// Each simulated row's plan again under each skew of the sweep (a plan once, under its first
+// row's strategy), `jobs` at a time.
+std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const StrategyReport& report,
+                                      const std::vector<Candidate*>& chosen, ChildSimulator& simulator,
+                                      const Topology& topology, int jobs) {
+  std::vector<SkewPoint> points;
+  std::vector<Plan> plans;
+  for (size_t i = 0; i < report.rows.size(); ++i) {
+    const StrategyRow& row = report.rows[i];
+    bool seen = std::any_of(points.begin(), points.end(), [&](const SkewPoint& p) { return p.plan == row.plan; });
+    if (!row.simulated || seen) continue;
+    for (double skew : skews) {
+      SkewPoint point;
+      point.strategy = row.strategy;
+      point.plan = row.plan;
+      point.skew = skew;
+      points.push_back(point);
+      Plan plan = chosen[i]->plan;
+      plan.moe.routing = skew > 0 ? RoutingKind::skew : RoutingKind::uniform;
+      plan.moe.skew = skew;
+      plan.name = row.plan + "-skew" + fixed(skew, 3);
+      plans.push_back(plan);
+    }
+  }
+  std::vector<std::string> errors(plans.size());
+  parallel_for(
+      int64_t(plans.size()), jobs,
+      [&](int64_t i) {
+        try {
+          simulator.simulate(plans[size_t(i)].name, plans[size_t(i)], topology);
+        } catch (const std::exception& e) {
+          errors[size_t(i)] = e.what();
+        }
+      },
+      [&](int64_t done, int64_t total) {
+        std::cerr << "\rrouting skew: simulate " << done << "/" << total << std::flush;
+      });
+  std::cerr << "\n";
+  for (size_t i = 0; i < plans.size(); ++i) {
+    SkewPoint& point = points[i];
+    std::optional<Simulated> sim = simulator.result(plans[i].name);
+    if (!sim) {
+      point.note = "simulation failed";
+      std::cerr << "warning: simulating " << plans[i].name << " failed: " << errors[i] << "\n";
+      continue;
+    }
+    point.simulated = true;
+    point.step_time_s = sim->step_time_s;
+    point.variability_s = sim->variability_s;
+    point.load_ratio_mean = sim->moe_load_ratio_mean;
+    point.dropped_tokens = sim->moe_dropped_tokens;
+    point.peak_bytes = sim->peak_bytes_max;
+    point.fits = sim->fits;
+  }
+  return points;
+}
+
 }  // namespace
 
 int run_compare_strategies(int argc, char** argv) {
@@ -91,6 +179,9 @@ int run_compare_strategies(int argc, char** argv) {
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
+      ("moe-skew-sweep", po::value<std::string>(),
+       "mixtures of experts: simulate each row's plan again with its routing skewed by each Zipf exponent of "
+       "this list (e.g. 0,0.5,1,1.5): a routing-skew table, and a chart in report.html")
       ("out", po::value<std::string>(), "write DIR/strategies.json, DIR/report.md, DIR/report.html and the table as DIR/strategies.csv");
   add_profile_options(options, "for the estimate and the simulations");
   add_seq_length_option(options);
@@ -103,6 +194,7 @@ int run_compare_strategies(int argc, char** argv) {
       "                                   [--allow-profile-mismatch]\n"
       "                                   [--ep LIST] [--etp LIST] [--moe-dispatcher D]\n"
       "                                   [--moe-capacity-factor F] [--moe-routing-skew S]\n"
+      "                                   [--moe-skew-sweep LIST]\n"
       "                                   [--sim-mode approx|fast] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
@@ -111,7 +203,8 @@ int run_compare_strategies(int argc, char** argv) {
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits. A mixture of experts adds expert-layout rows (EP 1, EP in a\n"
       "node, EP across nodes, the allgather dispatcher, etp 1 under tp) with the estimate's\n"
-      "dispatch and combine time, its routing imbalance and the simulation's variation.");
+      "dispatch and combine time, its routing imbalance and the simulation's variation;\n"
+      "--moe-skew-sweep simulates each row's plan again under each routing skew of a list.");
   if (!vm) return 0;
   claim_out_option(*vm, "compare-strategies");
   std::optional<int> nodes;
@@ -120,6 +213,7 @@ int run_compare_strategies(int argc, char** argv) {
   refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  const std::vector<double> skews = skew_sweep_from(*vm);
   // The CP row at any sequence length (the plain search tries cp from 16k tokens on).
   if (space.attention_impl == AttentionImpl::flash) space.context_parallel_sizes = {1, 2, 4, 8};
   int jobs = (*vm)["jobs"].as<int>();
@@ -249,6 +343,7 @@ int run_compare_strategies(int argc, char** argv) {
     }
   }
   for (const auto& [name, e] : errors) std::cerr << "warning: simulating " << name << " failed: " << e << "\n";
+  if (!skews.empty()) report.skew_points = simulate_skews(skews, report, chosen, simulator, topology, jobs);
 
   // Columns as wide as their longest entry.
   size_t name_width = 9, plan_width = 5;
@@ -296,6 +391,25 @@ int run_compare_strategies(int argc, char** argv) {
                  "GEMMs beyond the mean load on the busiest ep rank; variat.: the simulation's routing draws and "
                  "run-to-run variation (critical rank)\n";
   }
+  if (!report.skew_points.empty()) {
+    std::cout << "\nrouting skew (moe_routing \"skew\", expert e's share ∝ 1/(e+1)^skew):\n"
+              << std::left << std::setw(nw) << "strategy" << std::right << std::setw(7) << "skew" << std::setw(10)
+              << "step s" << std::setw(9) << "vs first" << std::setw(11) << "load ratio" << std::setw(10)
+              << "dropped" << std::setw(11) << "peak" << "\n";
+    std::map<std::string, double> first;
+    for (const SkewPoint& p : report.skew_points) {
+      std::cout << std::left << std::setw(nw) << p.strategy << std::right << std::setw(7) << fixed(p.skew, 2);
+      if (!p.simulated) {
+        std::cout << "  " << p.note << "\n";
+        continue;
+      }
+      first.emplace(p.plan, p.step_time_s);
+      std::cout << std::setw(10) << fixed(p.step_time_s, 3) << std::setw(8)
+                << fixed(100 * (p.step_time_s / first.at(p.plan) - 1), 1) << "%" << std::setw(11)
+                << fixed(p.load_ratio_mean, 2) << std::setw(10) << fixed(p.dropped_tokens, 0) << std::setw(11)
+                << format_bytes(p.peak_bytes) << (p.fits ? "" : "  (does not fit)") << "\n";
+    }
+  }
   std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
   if (vm->count("out")) {
@@ -322,9 +436,24 @@ int run_compare_strategies(int argc, char** argv) {
                       {"energy_per_step_j", r.energy_j ? Json(*r.energy_j) : Json(nullptr)}});
     }
     out["strategies"] = rows;
+    if (!report.skew_points.empty()) {
+      Json skew_rows = Json::array();
+      for (const SkewPoint& p : report.skew_points) {
+        skew_rows.push_back({{"strategy", p.strategy}, {"plan", p.plan}, {"skew", p.skew}, {"simulated", p.simulated},
+                             {"note", p.note},
+                             {"step_time_s", p.simulated ? Json(p.step_time_s) : Json(nullptr)},
+                             {"variability_s", p.simulated ? Json(p.variability_s) : Json(nullptr)},
+                             {"load_ratio_mean", p.simulated ? Json(p.load_ratio_mean) : Json(nullptr)},
+                             {"dropped_tokens", p.simulated ? Json(p.dropped_tokens) : Json(nullptr)},
+                             {"peak_bytes", p.simulated ? Json(p.peak_bytes) : Json(nullptr)},
+                             {"fits", p.fits}});
+      }
+      out["routing_skew"] = skew_rows;
+    }
     write_output_file(dir, "strategies.json", out.dump(2) + "\n");
     write_strategy_report(dir, report);
-    std::cout << "wrote " << dir << "/strategies.json, report.md, report.html, strategies.csv\n";
+    std::cout << "wrote " << dir << "/strategies.json, report.md, report.html, strategies.csv"
+              << (report.skew_points.empty() ? "" : ", routing-skew.csv") << "\n";
   }
   return 0;
 }

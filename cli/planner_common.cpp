@@ -68,7 +68,7 @@ void add_moe_search_options(po::options_description& options) {
 
 namespace {
 
-const char* const kMoeOptions[] = {"ep", "etp", "moe-capacity-factor", "moe-routing-skew"};
+const char* const kMoeOptions[] = {"ep", "etp", "moe-capacity-factor", "moe-routing-skew", "moe-skew-sweep"};
 
 std::vector<int64_t> parse_size_list(const std::string& option, const std::string& text) {
   std::vector<int64_t> out;

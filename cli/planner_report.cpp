@@ -3,6 +3,7 @@
 #include "planner_report.hpp"
 
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "csv_tables.hpp"
@@ -40,6 +41,40 @@ void write_both(const std::string& dir, const std::string& title, const std::str
   write_output_file(dir, "report.md", "# " + title + "\n\n" + markdown);
   write_csv_tables(dir, markdown);
   write_output_file(dir, "report.html", html::page(title, html::heading(title, 1) + html_body));
+}
+
+// compare-strategies --moe-skew-sweep: step time against the routing skew, a line per layout.
+void append_skew_section(const std::vector<SkewPoint>& points, std::ostringstream& md, std::ostringstream& body) {
+  std::vector<std::string> headers = {"strategy", "plan", "skew", "step s", "vs first skew", "variation s",
+                                      "load ratio", "dropped copies", "peak GiB", "fits", "note"};
+  std::vector<std::vector<std::string>> rows;
+  std::vector<html::Line> lines;
+  std::map<std::string, double> first;  // each plan's step time at its first simulated skew
+  for (const SkewPoint& p : points) {
+    if (lines.empty() || lines.back().name != p.strategy) lines.push_back({p.strategy, {}, {}});
+    const bool ok = p.simulated;
+    if (ok) first.emplace(p.plan, p.step_time_s);
+    auto cell = [&](double v, int digits) { return ok ? fixed(v, digits) : std::string("-"); };
+    rows.push_back({p.strategy, p.plan, fixed(p.skew, 2), cell(p.step_time_s, 3),
+                    ok ? fixed(100 * (p.step_time_s / first.at(p.plan) - 1), 1) + "%" : "-",
+                    cell(p.variability_s, 3), cell(p.load_ratio_mean, 2), cell(p.dropped_tokens, 0),
+                    ok ? gib_cell(p.peak_bytes) : "-", ok ? (p.fits ? "yes" : "no") : "-", p.note});
+    if (!ok) continue;
+    lines.back().x.push_back(p.skew);
+    lines.back().y.push_back(p.step_time_s);
+  }
+  const std::string note =
+      "Each layout's plan simulated again with moe_routing \"skew\": expert e receives a share ∝ 1/(e+1)^skew of "
+      "the routed copies (0: uniform), drawn per microbatch and layer with the plan's seed. Load ratio: the "
+      "busiest ep rank's expert load over the mean, averaged over the draws; dropped copies: those a capacity "
+      "factor drops in the step (dropless: 0, its buffers grow instead, see peak).";
+  md << "\n## Routing skew\n\n" << note << "\n\n" << markdown_table(headers, rows);
+  html::ChartOptions o;
+  o.title = "Simulated step time against the routing skew";
+  o.x_label = "routing skew (Zipf exponent)";
+  o.y_label = "seconds";
+  body << html::heading("Routing skew") << html::paragraph(note) << html::table(headers, rows)
+       << html::line_chart(o, lines);
 }
 
 }  // namespace
@@ -172,6 +207,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   std::ostringstream body;
   body << html::paragraph(note) << html::table(headers, rows)
        << html::stacked_bars(m, categories, memory) << html::grouped_bars(t, categories, time);
+  if (!r.skew_points.empty()) append_skew_section(r.skew_points, md, body);
   write_both(dir, r.title, md.str(), body.str());
 }
 

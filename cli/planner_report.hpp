@@ -64,11 +64,23 @@ struct StrategyRow {
   double ep_comm_estimate_s = 0, imbalance_estimate_s = 0, variability_s = 0;
 };
 
+// compare-strategies --moe-skew-sweep: a row's plan simulated again with its routing skewed.
+struct SkewPoint {
+  std::string strategy;  // the first row that chose the plan
+  std::string plan;
+  double skew = 0;       // the Zipf exponent (0: uniform)
+  bool simulated = false;
+  std::string note;      // why not simulated
+  double step_time_s = 0, variability_s = 0, load_ratio_mean = 0, dropped_tokens = 0, peak_bytes = 0;
+  bool fits = false;
+};
+
 struct StrategyReport {
   std::string title;
   std::string sim_mode = "approx";
   double capacity_bytes = 0;
   std::vector<StrategyRow> rows;
+  std::vector<SkewPoint> skew_points;  // by plan, then skew as given
 };
 
 struct ScalePoint {

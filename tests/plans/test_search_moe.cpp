@@ -242,7 +242,8 @@ TEST_CASE("stepcast plan and compare-strategies search expert layouts on tiny-mo
   CHECK(plans["plans"][0]["step_time_source"] == "simulate");
   std::string strategies = fresh_dir("moe-strategies");
   auto s = run_stepcast("compare-strategies" + model_arg("tiny-moe") + topology_arg("localhost-cpu") +
-                        " --nodes 2 --global-batch-size 8 --moe-routing-skew 1 --out " + strategies);
+                        " --nodes 2 --global-batch-size 8 --moe-routing-skew 1 --moe-skew-sweep 0,1.5 --out " +
+                        strategies);
   INFO(s.output);
   REQUIRE(s.exit_code == 0);
   CHECK_THAT(s.output, Catch::Contains("EP in a node (alltoall)"));
@@ -257,6 +258,29 @@ TEST_CASE("stepcast plan and compare-strategies search expert layouts on tiny-mo
     }
   }
   CHECK(imbalance);  // skewed routing over ep > 1 shows a busiest rank
+  // --moe-skew-sweep: each simulated row's plan again under skew 0 and 1.5; over ep > 1 the
+  // busiest rank's load and the step grow with the skew.
+  Json skews = read_json(strategies + "/strategies.json").at("routing_skew");
+  REQUIRE(skews.size() >= 4);
+  REQUIRE(skews.size() % 2 == 0);
+  bool slower = false;
+  for (size_t i = 0; i < skews.size(); i += 2) {
+    const Json &uniform = skews[i], &skewed = skews[i + 1];
+    INFO(uniform.dump() << "\n" << skewed.dump());
+    REQUIRE(uniform.at("simulated").get<bool>());
+    REQUIRE(skewed.at("simulated").get<bool>());
+    CHECK(uniform.at("plan") == skewed.at("plan"));
+    CHECK(uniform.at("skew").get<double>() == 0);
+    CHECK(skewed.at("skew").get<double>() == 1.5);
+    if (uniform.at("plan").get<std::string>().find("-ep1") != std::string::npos) continue;
+    CHECK(skewed.at("load_ratio_mean").get<double>() > uniform.at("load_ratio_mean").get<double>() + 0.2);
+    slower = slower || skewed.at("step_time_s").get<double>() > 1.05 * uniform.at("step_time_s").get<double>();
+  }
+  CHECK(slower);
+  CHECK_THAT(s.output, Catch::Contains("routing skew"));
+  CHECK_THAT(read_text_file(strategies + "/report.md"), Catch::Contains("## Routing skew"));
+  CHECK_THAT(read_text_file(strategies + "/report.html"), Catch::Contains("Simulated step time against the routing skew"));
+  CHECK(std::filesystem::exists(strategies + "/routing-skew.csv"));
   std::filesystem::remove_all(out);
   std::filesystem::remove_all(strategies);
 }
