@@ -176,6 +176,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
           for (auto [schedule, vpp] : schedules) {
             for (RecomputeKind recompute :
                  {RecomputeKind::none, RecomputeKind::selective, RecomputeKind::full}) {
+              // Flash attention keeps no scores: selective recompute lowers to none's program.
+              if (recompute == RecomputeKind::selective && space.attention_impl == AttentionImpl::flash) continue;
               for (bool sp : {false, true}) {
                if (sp && tp == 1) continue;
                for (CpCommType comm : space.cp_comm_types) {

@@ -75,6 +75,12 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   int64_t kept = 0;
   for (const auto& c : candidates) kept += c.kept();
   CHECK(pruned + kept == 948);
+  // Flash attention keeps no scores, so selective recompute would lower to recompute none's
+  // program: not enumerated (recompute none and full only: 2/3 of 948).
+  space.attention_impl = AttentionImpl::flash;
+  auto flash = enumerate_candidates(tiny(), cpu(2), space);
+  CHECK(flash.size() == 632);
+  for (const auto& c : flash) CHECK(c.plan.recompute != RecomputeKind::selective);
 }
 
 
