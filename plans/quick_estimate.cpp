@@ -35,6 +35,51 @@ bool is_expert_gemm(const Op& op) {
   return op.name == OpName::expert_gate || op.name == OpName::expert_up || op.name == OpName::expert_down;
 }
 
+}  // namespace
+
+double CpRingClock::ready_s(const std::vector<std::string>& buffers) const {
+  double ready = 0;
+  for (const std::string& b : buffers) {
+    auto it = arriving_.find(b);
+    if (it != arriving_.end()) ready = std::max(ready, it->second);
+  }
+  return ready;
+}
+
+void CpRingClock::compute(const Op& op, double seconds) {
+  const double ready = ready_s(op.inputs);
+  if (ready > now_) {
+    exposed_ += ready - now_;
+    now_ = ready;
+  }
+  now_ += seconds;
+}
+
+void CpRingClock::transfer(const Op& op) {
+  if (op.kind == OpKind::send) {
+    const double start = std::max({now_, link_free_, ready_s(op.inputs)});
+    link_free_ = start + latency_ + op.bytes / bandwidth_;
+    sent_[op.tag] = link_free_;
+    return;
+  }
+  auto it = sent_.find(op.tag);
+  if (it == sent_.end() || op.outputs.empty()) return;  // (a receive whose send is not in the ops read)
+  arriving_[op.outputs.front()] = it->second;
+  sent_.erase(it);
+}
+
+bool is_cp_ring_transfer(const Op& op) {
+  return (op.kind == OpKind::send && op.peer == Peer::cp_next) || (op.kind == OpKind::recv && op.peer == Peer::cp_prev);
+}
+
+CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node, const LinkFigures& links) {
+  const bool one_node = grid.cp_size() <= 1 || group_shape(grid, GroupKind::cp, rank, devices_per_node).nodes <= 1;
+  return one_node ? CpRingClock(links.intra_bandwidth_bytes_per_s, links.intra_latency_s)
+                  : CpRingClock(links.inter_bandwidth_bytes_per_s, links.inter_latency_s);
+}
+
+namespace {
+
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
                        const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
   const double imbalance = expert_imbalance(program.moe, program.ep_size);
@@ -48,14 +93,18 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
   t.stage = role.pp_stage;
   double dp_last_s = 0;
   int64_t dp_last_ops = 0;
+  CpRingClock ring = cp_ring_clock(grid, rank, per_node, links);
   for (const Op& op : role.ops) {
-    if (is_compute(op.kind)) {
+    if (is_cp_ring_transfer(op)) {
+      if (op.microbatch == 0) ring.transfer(op);
+    } else if (is_compute(op.kind)) {
       double s = cost_model.op_time_s(op);
       if (is_expert_gemm(op)) {  // the busiest ep rank sets the pace
         if (op.microbatch == 0) t.imbalance_mb_s += s * (imbalance - 1);
         s *= imbalance;
       }
       if (op.microbatch == 0) {
+        ring.compute(op, s);
         t.compute_mb_s += s;
         if (op.phase == Phase::backward) t.backward_mb_s += s;
       } else if (op.microbatch < 0) {
@@ -68,14 +117,18 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;
         ++t.dp_step_ops;
-      } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard || op.group == GroupKind::edp) {
-        // (edp: the expert groups' reductions and gathers, dp's for the experts)
+      } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard || op.group == GroupKind::dp_cp ||
+                 op.group == GroupKind::edp) {
+        // (edp: the expert groups' reductions and gathers, dp's for the experts; dp_cp: dp's
+        // under context parallelism)
         if (op.microbatch == 0) t.dp_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }
       } else if (op.microbatch == 0) {
         t.tp_mb_s += s;
+        ring.compute(op, s);  // (collectives on the compute stream hold it too)
         if (op.group == GroupKind::ep || op.group == GroupKind::etp) t.ep_mb_s += s;
+        if (op.group == GroupKind::cp) t.cp_mb_s += s;
       } else if (op.microbatch < 0) {
         t.step_level_s += s;
       }
@@ -87,6 +140,8 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       t.pp_mb_s += lat + op.bytes / bw;
     }
   }
+  t.tp_mb_s += ring.exposed_s();
+  t.cp_mb_s += ring.exposed_s();
   // With one microbatch in the program, microbatch 0 is also the last: its dp ops are the
   // step's reduction, not a per-pass one.
   if (last_microbatch == 0) {
@@ -128,6 +183,7 @@ QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const P
     e.step_time_s = pipeline_s + dp_step_exposed + t.step_level_s;
     e.critical_stage = t.stage;
     e.ep_comm_s = t.ep_mb_s * m;
+    e.cp_comm_s = t.cp_mb_s * m;
     e.expert_imbalance_s = t.imbalance_mb_s * m;
     if (e.step_time_s > best.step_time_s) best = e;
   }

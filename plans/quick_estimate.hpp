@@ -13,6 +13,9 @@
 //                  the busiest ep rank over the mean, from the routing shares and the capacity;
 //                  their edp reductions and gathers count as dp's; dispatch and combine
 //                  all_to_alls as exposed, like tp's, at the mean message size)
+//                  (context parallelism: the gathers and all-to-alls over cp as exposed, like
+//                  tp's; the p2p ring's receives by CpRingClock: what the attention blocks
+//                  between a send and its receive do not hide)
 //   pipeline     = max_stage t_mb · m / (1 − f),  f = ideal_bubble_fraction(schedule, p, v, m)
 //   dp_exposed   = Σ time of the step-level dp collectives (gradient reduction, parameter
 //                  gather); with overlap_grad_reduce only what one microbatch's backward cannot
@@ -28,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "collective.hpp"
 #include "cost_model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
@@ -49,6 +53,9 @@ struct QuickEstimate {
   // GEMMs' time beyond the mean load (the busiest ep rank's expected imbalance).
   double ep_comm_s = 0;
   double expert_imbalance_s = 0;
+  // Context parallelism, on the critical stage (part of tp_comm_s above): m · the cp exchanges
+  // exposed (the ring's waits, the gathers and all-to-alls over cp).
+  double cp_comm_s = 0;
   // Payload bytes one rank sends per step by group kind ("tp", "dp", "pp", "embedding",
   // "model", "world"; "ep", "etp", "edp" with experts), the largest over stages, as
   // program_stats counts them. Filled by the planner (probe_estimate, and the MoE path's
@@ -70,7 +77,38 @@ struct StageTimes {
   double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
   double ep_mb_s = 0;         // of tp_mb_s: ep and etp collectives of microbatch 0
   double imbalance_mb_s = 0;  // of compute_mb_s: the expert GEMMs beyond the mean load
+  double cp_mb_s = 0;         // of tp_mb_s: cp collectives and the ring's exposed waits
 };
+
+// The context-parallel ring (cp_comm_type p2p) over one microbatch's ops in program order, as
+// every cp rank runs them in lockstep and as the interpreters post transfers: a send starts once
+// its block is here, after the transfers its link (to cp_next, one direction) already carries;
+// its receive (the same tag, from cp_prev, sent at the same moment) is posted and the block
+// arrives with the send; the compute stream waits only at the first op that reads the block.
+// Those waits are the ring's exposed time.
+class CpRingClock {
+ public:
+  // The link of the ring's slowest hop (the figures with the profile's link fractions).
+  CpRingClock(double bandwidth_bytes_per_s, double latency_s) : bandwidth_(bandwidth_bytes_per_s), latency_(latency_s) {}
+  // An op of the compute stream taking `seconds`, after the ring blocks it reads.
+  void compute(const Op& op, double seconds);
+  void transfer(const Op& op);  // a ring send or receive (is_cp_ring_transfer)
+  double exposed_s() const { return exposed_; }
+
+ private:
+  double ready_s(const std::vector<std::string>& buffers) const;  // when they are all here
+
+  double bandwidth_, latency_;
+  double now_ = 0, link_free_ = 0, exposed_ = 0;
+  std::map<int64_t, double> sent_;                // tag → when the block sent with it arrives
+  std::map<std::string, double> arriving_;        // received buffer → when it is here
+};
+
+// Whether an op is a ring transfer of context parallelism (a send to cp_next, a receive from
+// cp_prev).
+bool is_cp_ring_transfer(const Op& op);
+// The ring's link from a rank of `grid`: the inter-node figures when its cp group spans nodes.
+CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node, const LinkFigures& links);
 
 // The formula over the stages' times; the slowest stage is the estimate.
 QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,

@@ -95,7 +95,10 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
     for (const Op& op : role.ops) {
       if (op.kind == OpKind::alloc && op.buffer.rfind("comm.send.", 0) == 0) probe.send_staging = true;
       if (op.microbatch != 0) continue;
-      if (!is_compute(op.kind) && !is_collective(op.kind)) continue;
+      if (!is_compute(op.kind) && !is_collective(op.kind) && !is_cp_ring_transfer(op)) continue;
+      // A layer's own collectives only: under context parallelism dp × cp > 1 even here, and the
+      // probe's gradient reductions over dp_cp are the stage's, costed below.
+      if (is_collective(op.kind) && op.group != GroupKind::tp && op.group != GroupKind::cp) continue;
       if (op.layer >= 0) {
         if (role.pp_stage == 0) probe.layer_ops.push_back(op);
       } else if (role.pp_stage == 0) {
@@ -245,22 +248,37 @@ struct CollectiveCosts {
   }
 };
 
-// Compute and tp-collective seconds of a probe's op list (microbatch 0).
-StageTimes op_list_times(const std::vector<Op>& ops, const GroupShape& tp,
-                         const ComputeCostModel& cost_model, const CollectiveCosts& collective,
-                         double* tp_bytes) {
+// Bytes one rank sends in a probe's op list, by group kind ("tp"; "cp": its collectives and ring).
+struct ProbeBytes {
+  double tp = 0, cp = 0;
+};
+
+// Compute and exposed tp and cp communication seconds of a probe's op list (microbatch 0), as
+// quick_estimate's stage_times reads them (the ring through CpRingClock).
+StageTimes op_list_times(const std::vector<Op>& ops, const GroupShape& tp, const GroupShape& cp, CpRingClock ring,
+                         const ComputeCostModel& cost_model, const CollectiveCosts& collective, ProbeBytes* bytes) {
   StageTimes t;
-  *tp_bytes = 0;
+  *bytes = ProbeBytes{};
   for (const Op& op : ops) {
-    if (is_collective(op.kind)) *tp_bytes += op.bytes;
-    if (is_compute(op.kind)) {
+    if (is_cp_ring_transfer(op)) {
+      ring.transfer(op);
+      if (op.kind == OpKind::send) bytes->cp += op.bytes;
+    } else if (is_compute(op.kind)) {
       double s = cost_model.op_time_s(op);
       t.compute_mb_s += s;
       if (op.phase == Phase::backward) t.backward_mb_s += s;
+      ring.compute(op, s);
     } else if (is_collective(op.kind)) {
-      t.tp_mb_s += collective.op_s(op, tp);
+      const bool over_cp = op.group == GroupKind::cp;
+      (over_cp ? bytes->cp : bytes->tp) += op.bytes;
+      double s = collective.op_s(op, over_cp ? cp : tp);
+      t.tp_mb_s += s;
+      if (over_cp) t.cp_mb_s += s;
+      ring.compute(op, s);
     }
   }
+  t.tp_mb_s += ring.exposed_s();
+  t.cp_mb_s += ring.exposed_s();
   return t;
 }
 
@@ -268,6 +286,7 @@ void add_times(StageTimes& t, const StageTimes& part, double times) {
   t.compute_mb_s += part.compute_mb_s * times;
   t.backward_mb_s += part.backward_mb_s * times;
   t.tp_mb_s += part.tp_mb_s * times;
+  t.cp_mb_s += part.cp_mb_s * times;
 }
 
 }  // namespace
@@ -287,13 +306,17 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   const int64_t m_lowered = plan.num_microbatches();
   const double bucket_bytes = plan.grad_bucket_bytes;
   const double gather_bucket_bytes = plan.grad_bucket_bytes / grad * act;
-  // Every tp group has the same shape (tp divides the devices of a node).
+  // Every tp group has the same shape (tp divides the devices of a node), and every cp group
+  // (cp ranks are tp apart; tp·cp either fits a node or spans whole ones).
   const GroupShape tp_shape = group_shape(c.grid, GroupKind::tp, 0, per_node);
-  double layer_tp_bytes = 0, embedding_tp_bytes = 0, loss_tp_bytes = 0;
-  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cost_model, collective, &layer_tp_bytes);
+  const GroupShape cp_shape = group_shape(c.grid, GroupKind::cp, 0, per_node);
+  const CpRingClock ring = cp_ring_clock(c.grid, 0, per_node, links);
+  ProbeBytes layer_bytes, embedding_bytes, loss_bytes;
+  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cp_shape, ring, cost_model, collective, &layer_bytes);
   const StageTimes embedding =
-      op_list_times(probe.embedding_ops, tp_shape, cost_model, collective, &embedding_tp_bytes);
-  const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cost_model, collective, &loss_tp_bytes);
+      op_list_times(probe.embedding_ops, tp_shape, cp_shape, ring, cost_model, collective, &embedding_bytes);
+  const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cp_shape, ring, cost_model, collective, &loss_bytes);
+  const double layer_tp_bytes = layer_bytes.tp, embedding_tp_bytes = embedding_bytes.tp, loss_tp_bytes = loss_bytes.tp;
   const double m_real = double(real_plan.num_microbatches());
   std::map<std::string, double> comm_max;
   std::vector<StageTimes> stages;
@@ -334,11 +357,13 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       ++replica_ops;
       count("dp_replica", bucket_shard_bytes);
     };
-    const char* dp_key = hybrid ? "dp_shard" : "dp";
+    const char* dp_key = hybrid ? "dp_shard" : plan.cp_size > 1 ? "dp_cp" : "dp";
     if (tp_shape.size > 1) {
       count("tp", m_real * (double(layers) * layer_tp_bytes + (s.has_first ? embedding_tp_bytes : 0) +
                             (s.has_last ? loss_tp_bytes : 0)));
     }
+    count("cp", m_real * (double(layers) * layer_bytes.cp + (s.has_first ? embedding_bytes.cp : 0) +
+                          (s.has_last ? loss_bytes.cp : 0)));
     // Pipeline sends of microbatch 0: forward out of every chunk but the last virtual stage,
     // backward out of every chunk but the first.
     auto send_s = [&](int64_t peer) {

@@ -30,8 +30,7 @@ struct Checked {
 // memory's, each stage's bounds hold memory's peak, resolve_peak gives it exactly; the probe
 // estimate is quick_estimate's on the lowered program and the communication volume is
 // program_stats'. Returns how many stages the screen walked (to show the walk ran).
-// `estimate` false: the memory checks only (the probe estimate and quick_estimate do not cost
-// context parallelism's exchanges yet: README, known limits).
+// `estimate` false: the memory checks only.
 inline int64_t check_cheap_path(const ModelConfig& model, const Topology& topology, SearchSpace space,
                          int64_t stride, const std::string& profile_file = "", bool estimate = true) {
   auto candidates = enumerate_candidates(model, topology, space);
