@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_failure.hpp"
+#include "cuda_fp8.hpp"
 #include "cuda_gemm.hpp"
 #include "cuda_kernels.hpp"
 #include "cuda_memory.hpp"
@@ -36,12 +37,9 @@ using cuda::check_cublas;
 using cuda::check_cuda;
 using cuda::check_nccl;
 using cuda::cuda_type;
-using cuda::destroy_gemm_plan;
 using cuda::fail_job;
 using cuda::GemmKey;
-using cuda::GemmPlan;
 using cuda::nccl_type;
-using cuda::plan_gemm;
 
 template <class T, class G>
 class CudaBackend final : public Backend<T, G, float> {
@@ -60,6 +58,7 @@ class CudaBackend final : public Backend<T, G, float> {
     for (auto& s : p2p_streams_) check_call(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     cublas(cublasLtCreate(&lt_), "cublasLtCreate");
     workspace_ = raw_alloc(options.workspace_bytes, "the cuBLASLt workspace");
+    gemms_ = std::make_unique<cuda::Gemms>(lt_, workspace_, options.workspace_bytes);
     result_ = static_cast<double*>(raw_alloc(sizeof(double), "a reduction result"));
     for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     nccl_.create(comms_, rank_);
@@ -67,7 +66,7 @@ class CudaBackend final : public Backend<T, G, float> {
 
   ~CudaBackend() override {
     cudaDeviceSynchronize();
-    for (auto& [key, plan] : gemms_) destroy_gemm_plan(plan);
+    gemms_.reset();
     nccl_.destroy();
     for (auto& [key, staging] : send_staging_) {
       cudaFree(staging.data);
@@ -284,6 +283,38 @@ class CudaBackend final : public Backend<T, G, float> {
   }
   void moe_add(T* acc, const T* x, int64_t n) override { cuda::add(l(), acc, x, n); }
 
+  // ---- FP8 (cuda_fp8.hpp; scales and amaxes are the program's fp8 buffers, device floats) ----
+  void fp8_cast(const T* x, uint8_t* y, int64_t n, const float* scale, float* amax, Fp8Storage format) override {
+    cuda::fp8_cast(l(), x, y, n, scale, amax, format);
+  }
+  void fp8_absmax(const T* x, int64_t n, float* amax) override { cuda::fp8_absmax(l(), x, n, amax); }
+  void fp8_set_current_scale(const float* amax, float* scale, Fp8Storage format) override {
+    cuda::fp8_set_current_scale(l(), amax, scale, format);
+  }
+  void fp8_linear_forward(const Fp8Codes<float>& x, const Fp8Codes<float>& w, const T* bias, T* y, int64_t tokens,
+                          int64_t in, int64_t out) override {
+    fp8_.forward(*gemms_, l(), x, w, y, tokens, in, out, current_);
+    if (bias) cuda::add_rows(l(), y, bias, tokens, out);
+  }
+  void fp8_linear_backward_data(const Fp8Codes<float>& dy, const Fp8Codes<float>& w, T* dx, int64_t tokens,
+                                int64_t in, int64_t out, bool accumulate) override {
+    fp8_.backward_data(*gemms_, l(), dy, w, dx, tokens, in, out, accumulate, current_);
+  }
+  void fp8_linear_backward_weight(const Fp8Codes<float>& dy, const Fp8Codes<float>& x, G* dw, G* dbias,
+                                  int64_t tokens, int64_t in, int64_t out) override {
+    fp8_.backward_weight(*gemms_, l(), dy, x, dw, dbias, tokens, in, out, current_);
+  }
+  // Delayed scaling's end of step, once a step on the host with the CPU's own update (a few
+  // floats per slot).
+  void fp8_scale_update(float* amax, float* history, float* scale, int64_t slots, const Fp8Recipe& recipe) override {
+    std::vector<float> a(static_cast<size_t>(slots)), h(static_cast<size_t>(slots * recipe.amax_history_len)),
+        s(static_cast<size_t>(slots));
+    const std::pair<float*, std::vector<float>*> parts[] = {{amax, &a}, {history, &h}, {scale, &s}};
+    for (auto [device, host] : parts) download(host->data(), device, int64_t(host->size() * sizeof(float)));
+    cpu::fp8_scale_update(a.data(), h.data(), s.data(), slots, recipe);
+    for (auto [device, host] : parts) upload(device, host->data(), int64_t(host->size() * sizeof(float)));
+  }
+
   // ---- collectives: NCCL on the communication stream, after compute, before compute ----
   void all_reduce(GroupKind group, Algorithm, Dtype dtype, std::vector<Span<void>> buffers) override {
     ncclComm_t comm = nccl_.communicator(group);
@@ -298,62 +329,22 @@ class CudaBackend final : public Backend<T, G, float> {
     end_comm(comm_);
     count_algorithm("all_reduce");
   }
-  // Chunk index(group) of every buffer: in place when the chunks are equal, else through a
-  // staging buffer of n·chunk elements.
+  // Chunk index(group) of every buffer (cuda_nccl.hpp's chunked collectives).
   void reduce_scatter(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
-    ncclComm_t comm = nccl_.communicator(group);
-    const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
-    begin_comm(comm_);
-    for (const auto& b : buffers) {
-      char* data = static_cast<char*>(b.data);
-      int64_t chunk = (b.count + n - 1) / n;
-      if (chunk == 0) continue;
-      if (chunk * n == b.count) {
-        check_nccl(ncclReduceScatter(data, data + me * chunk * e, size_t(chunk), nccl_type(dtype),
-                                     ncclSum, comm, comm_),
-                   "ncclReduceScatter", rank_, current_);
-        continue;
-      }
-      char* staging = staging_buffer(chunk * n * e);
-      check_call(cudaMemsetAsync(staging + b.count * e, 0, size_t((chunk * n - b.count) * e), comm_), "cudaMemsetAsync");
-      check_call(cudaMemcpyAsync(staging, data, size_t(b.count * e), cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
-      check_nccl(ncclReduceScatter(staging, staging + me * chunk * e, size_t(chunk), nccl_type(dtype),
-                                   ncclSum, comm, comm_),
-                 "ncclReduceScatter", rank_, current_);
-      auto [first, last] = chunk_range(b.count, n, me);
-      if (last > first) {
-        check_call(cudaMemcpyAsync(data + first * e, staging + me * chunk * e, size_t((last - first) * e),
-                             cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
-      }
-    }
-    end_comm(comm_);
+    chunked(group, dtype, buffers, true);
     count_algorithm("reduce_scatter");
   }
   void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
-    ncclComm_t comm = nccl_.communicator(group);
-    const int64_t n = comms_.size(group), me = comms_.index(group), e = dtype_bytes(dtype);
-    begin_comm(comm_);
-    for (const auto& b : buffers) {
-      char* data = static_cast<char*>(b.data);
-      int64_t chunk = (b.count + n - 1) / n;
-      if (chunk == 0) continue;
-      if (chunk * n == b.count) {
-        check_nccl(ncclAllGather(data + me * chunk * e, data, size_t(chunk), nccl_type(dtype), comm, comm_),
-                   "ncclAllGather", rank_, current_);
-        continue;
-      }
-      char* staging = staging_buffer(chunk * n * e);
-      auto [first, last] = chunk_range(b.count, n, me);
-      if (last > first) {
-        check_call(cudaMemcpyAsync(staging + me * chunk * e, data + first * e, size_t((last - first) * e),
-                             cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
-      }
-      check_nccl(ncclAllGather(staging + me * chunk * e, staging, size_t(chunk), nccl_type(dtype), comm, comm_),
-                 "ncclAllGather", rank_, current_);
-      check_call(cudaMemcpyAsync(data, staging, size_t(b.count * e), cudaMemcpyDeviceToDevice, comm_), "cudaMemcpyAsync");
-    }
-    end_comm(comm_);
+    chunked(group, dtype, buffers, false);
     count_algorithm("all_gather");
+  }
+  // x[i] = its maximum over the group (the FP8 amax reduction).
+  void all_reduce_max(GroupKind group, float* x, int64_t n) override {
+    begin_comm(comm_);
+    check_nccl(ncclAllReduce(x, x, size_t(n), ncclFloat32, ncclMax, nccl_.communicator(group), comm_),
+               "ncclAllReduce (max)", rank_, current_);
+    end_comm(comm_);
+    count_algorithm("all_reduce_max");
   }
   // Block i of send (equal blocks) to member i, as NCCL's own all_to_all.
   void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
@@ -485,6 +476,15 @@ class CudaBackend final : public Backend<T, G, float> {
 
   float* delta_scratch(int64_t n) { return delta_.get<float>(n, [&] { wait_stream(compute_); }, current_); }
   char* staging_buffer(int64_t bytes) { return staging_.get(bytes, [&] { wait_stream(comm_); }, current_); }
+  void chunked(GroupKind group, Dtype dtype, const std::vector<Span<void>>& buffers, bool reduce) {
+    begin_comm(comm_);
+    for (const auto& b : buffers) {
+      cuda::chunked_collective(reduce, nccl_.communicator(group), comm_, comms_.size(group), comms_.index(group),
+                               dtype, static_cast<char*>(b.data), b.count,
+                               [&](int64_t bytes) { return staging_buffer(bytes); }, rank_, current_);
+    }
+    end_comm(comm_);
+  }
   // Grouped sends and receives of byte blocks on the communication stream (exchange_blocks).
   void exchange(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
                 const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
@@ -530,21 +530,9 @@ class CudaBackend final : public Backend<T, G, float> {
   template <class C>
   void matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
               const T* b, int64_t ldb, C* c, int64_t ldc, float beta) {
-    GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, cuda_type<T>(), cuda_type<C>(),
+    GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, cuda_type<T>(), cuda_type<T>(), cuda_type<C>(),
                 alignment_of(a), alignment_of(b), alignment_of(c)};
-    auto it = gemms_.find(key);
-    if (it == gemms_.end()) {
-      if (gemms_.size() >= 4096) {  // expert GEMMs take a shape per routed row count: start over
-        for (auto& [shape, plan] : gemms_) destroy_gemm_plan(plan);
-        gemms_.clear();
-      }
-      it = gemms_.emplace(key, plan_gemm(lt_, key, options_.workspace_bytes, rank_, current_)).first;
-    }
-    const GemmPlan& p = it->second;
-    float alpha = 1.f;
-    cublas(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo,
-                          workspace_, size_t(options_.workspace_bytes), stream()),
-           "cublasLtMatmul");
+    gemms_->run(key, a, b, c, beta, stream(), nullptr, nullptr, rank_, current_);
   }
 
   struct Staging {
@@ -573,7 +561,8 @@ class CudaBackend final : public Backend<T, G, float> {
   double staging_bytes_ = 0;
   std::map<std::pair<int, int64_t>, Staging> send_staging_;
   cuda::NcclCommunicators nccl_;
-  std::map<GemmKey, GemmPlan> gemms_;
+  std::unique_ptr<cuda::Gemms> gemms_;
+  cuda::Fp8Linear fp8_{memory_, [this] { wait_stream(compute_); }};
   bool async_ = false;                          // inside begin_async … end_async
   std::map<int32_t, cudaEvent_t> op_events_;    // the end of each asynchronous collective
   std::map<std::string, int64_t> algorithms_;

@@ -28,10 +28,10 @@ GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_by
   cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
          "cublasLtMatmulDescSetAttribute");
   // Stored shapes (column-major): A is m×k (k×m transposed), B k×n (n×k transposed), C m×n.
-  cublas(cublasLtMatrixLayoutCreate(&p.a, key.ab, uint64_t(key.trans_a ? key.k : key.m),
+  cublas(cublasLtMatrixLayoutCreate(&p.a, key.a, uint64_t(key.trans_a ? key.k : key.m),
                                     uint64_t(key.trans_a ? key.m : key.k), key.lda),
          "cublasLtMatrixLayoutCreate");
-  cublas(cublasLtMatrixLayoutCreate(&p.b, key.ab, uint64_t(key.trans_b ? key.n : key.k),
+  cublas(cublasLtMatrixLayoutCreate(&p.b, key.b, uint64_t(key.trans_b ? key.n : key.k),
                                     uint64_t(key.trans_b ? key.k : key.n), key.ldb),
          "cublasLtMatrixLayoutCreate");
   cublas(cublasLtMatrixLayoutCreate(&p.c, key.c, uint64_t(key.m), uint64_t(key.n), key.ldc),
@@ -70,6 +70,33 @@ void destroy_gemm_plan(const GemmPlan& plan) {
   cublasLtMatrixLayoutDestroy(plan.a);
   cublasLtMatrixLayoutDestroy(plan.b);
   cublasLtMatrixLayoutDestroy(plan.c);
+}
+
+Gemms::~Gemms() {
+  for (auto& [key, plan] : plans_) destroy_gemm_plan(plan);
+}
+
+void Gemms::run(const GemmKey& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream,
+                const float* scale_a, const float* scale_b, int rank, const std::string& during) {
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    if (plans_.size() >= 4096) {
+      for (auto& [shape, plan] : plans_) destroy_gemm_plan(plan);
+      plans_.clear();
+    }
+    it = plans_.emplace(key, plan_gemm(lt_, key, workspace_bytes_, rank, during)).first;
+  }
+  const GemmPlan& p = it->second;
+  if (is_fp8(key.a) || is_fp8(key.b)) {  // read at launch: set for this call's operands
+    check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a),
+                 "cublasLtMatmulDescSetAttribute (A scale)", rank, during);
+    check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b),
+                 "cublasLtMatmulDescSetAttribute (B scale)", rank, during);
+  }
+  float alpha = 1.f;
+  check_cublas(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,
+                              size_t(workspace_bytes_), stream),
+               "cublasLtMatmul", rank, during);
 }
 
 }  // namespace stepcast::cuda

@@ -1,17 +1,20 @@
-// cuBLASLt GEMM plans for the CUDA backend: the key of one GEMM (shape in column-major terms,
-// operand types, pointer alignments) and its plan (descriptors, layouts, the heuristic's
-// algorithm). The backend caches plans by key and launches them; fp32 accumulates everywhere.
+// cuBLASLt GEMMs for the CUDA backend: the key of one GEMM (shape in column-major terms, operand
+// types, pointer alignments), its plan (descriptors, layouts, the heuristic's algorithm), and the
+// backend's cache of plans that launches them; fp32 accumulates everywhere. FP8 operands (e4m3,
+// e5m2) carry their dequantisation factors as cuBLASLt's A and B scale pointers.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <tuple>
 #include <type_traits>
 
 #include "bf16.hpp"
+#include "fp8.hpp"
 
 namespace stepcast::cuda {
 
@@ -19,6 +22,10 @@ template <class X>
 cudaDataType_t cuda_type() {
   return std::is_same_v<X, bf16> ? CUDA_R_16BF : CUDA_R_32F;
 }
+inline cudaDataType_t cuda_type(Fp8Storage format) {
+  return format == Fp8Storage::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+inline bool is_fp8(cudaDataType_t type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
 
 // One cuBLASLt GEMM shape in column-major terms, with the pointers' alignments (a parameter
 // slice of the arena may be aligned to its element size only; the heuristic must know), and its
@@ -26,11 +33,11 @@ cudaDataType_t cuda_type() {
 struct GemmKey {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
-  cudaDataType_t ab, c;
+  cudaDataType_t a, b, c;
   uint32_t align_a, align_b, align_c;
   bool operator<(const GemmKey& o) const {
-    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, ab, c, align_a, align_b, align_c) <
-           std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.ab, o.c, o.align_a, o.align_b,
+    return std::tie(trans_a, trans_b, m, n, k, lda, ldb, ldc, a, b, c, align_a, align_b, align_c) <
+           std::tie(o.trans_a, o.trans_b, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.a, o.b, o.c, o.align_a, o.align_b,
                     o.align_c);
   }
 };
@@ -48,5 +55,25 @@ GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_by
                    const std::string& during);
 // Releases the descriptors of a plan (unchecked: called on the way out).
 void destroy_gemm_plan(const GemmPlan& plan);
+
+// The backend's GEMMs: C = op(A)·op(B)·scale_a·scale_b + beta·C, with plans cached by key (the
+// cache starts over past 4,096 shapes: expert GEMMs take a shape per routed row count). scale_a
+// and scale_b: device floats (FP8 operands' dequantisation), or null for 1.
+class Gemms {
+ public:
+  Gemms(cublasLtHandle_t lt, void* workspace, int64_t workspace_bytes)
+      : lt_(lt), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+  Gemms(const Gemms&) = delete;
+  Gemms& operator=(const Gemms&) = delete;
+  ~Gemms();
+  void run(const GemmKey& key, const void* a, const void* b, void* c, float beta, cudaStream_t stream,
+           const float* scale_a, const float* scale_b, int rank, const std::string& during);
+
+ private:
+  cublasLtHandle_t lt_;
+  void* workspace_;
+  int64_t workspace_bytes_;
+  std::map<GemmKey, GemmPlan> plans_;
+};
 
 }  // namespace stepcast::cuda

@@ -164,6 +164,23 @@ template <class T>
 void moe_unpermute_backward(const Launch& l, const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x,
                             T* d_route_w, int64_t tokens, int64_t top_k, int64_t h);
 
+// ---- FP8 (cpu_kernels.hpp's fp8_*; scales and amaxes are device floats) ----
+// y = the codes of x·*scale; *amax = max(*amax, max |x|).
+template <class T>
+void fp8_cast(const Launch& l, const T* x, uint8_t* y, int64_t n, const float* scale, float* amax,
+              Fp8Storage format);
+template <class T>
+void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax);  // *amax = max |x|
+void fp8_set_current_scale(const Launch& l, const float* amax, float* scale, Fp8Storage format);
+// y[c, r] = x[r, c]: the K-major copy of an FP8 operand cuBLASLt's FP8 GEMMs need.
+void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols);
+// out[0] = 1 / *a, out[1] = 1 / *b: two operands' dequantisation factors.
+void fp8_reciprocals(const Launch& l, const float* a, const float* b, float* out);
+// dbias[o] += Σ_t decode(dy[t, o]) / *scale.
+template <class G>
+void fp8_bias_grad(const Launch& l, const uint8_t* dy, const float* scale, G* dbias, int64_t tokens, int64_t out,
+                   Fp8Storage format);
+
 // Throws InternalError naming the rank and `what` when the last launch failed.
 void check_launch(const Launch& l, const char* what);
 // A runtime call of a launcher (not a launch): its error, named with the rank.

@@ -22,8 +22,49 @@ ncclDataType_t nccl_type(Dtype dtype) {
       return ncclInt32;
     case Dtype::int64:
       return ncclInt64;
+    case Dtype::fp8_e4m3:
+    case Dtype::fp8_e5m2:
+    case Dtype::u8:
+      return ncclUint8;  // (FP8 codes are gathered, never reduced)
     default:
       return ncclFloat32;
+  }
+}
+
+void chunked_collective(bool reduce, ncclComm_t comm, cudaStream_t stream, int64_t n, int64_t me, Dtype dtype,
+                        char* data, int64_t count, const std::function<char*(int64_t)>& staging_of, int rank,
+                        const std::string& during) {
+  const int64_t e = dtype_bytes(dtype), chunk = (count + n - 1) / n;
+  const ncclDataType_t type = nccl_type(dtype);
+  if (chunk == 0) return;
+  auto copy = [&](char* to, const char* from, int64_t bytes) {
+    check_cuda(cudaMemcpyAsync(to, from, size_t(bytes), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync", rank,
+               during);
+  };
+  if (chunk * n == count) {
+    if (reduce) {
+      check_nccl(ncclReduceScatter(data, data + me * chunk * e, size_t(chunk), type, ncclSum, comm, stream),
+                 "ncclReduceScatter", rank, during);
+    } else {
+      check_nccl(ncclAllGather(data + me * chunk * e, data, size_t(chunk), type, comm, stream), "ncclAllGather", rank,
+                 during);
+    }
+    return;
+  }
+  char* staging = staging_of(chunk * n * e);
+  auto [first, last] = chunk_range(count, n, me);
+  if (reduce) {
+    check_cuda(cudaMemsetAsync(staging + count * e, 0, size_t((chunk * n - count) * e), stream), "cudaMemsetAsync",
+               rank, during);
+    copy(staging, data, count * e);
+    check_nccl(ncclReduceScatter(staging, staging + me * chunk * e, size_t(chunk), type, ncclSum, comm, stream),
+               "ncclReduceScatter", rank, during);
+    if (last > first) copy(data + first * e, staging + me * chunk * e, (last - first) * e);
+  } else {
+    if (last > first) copy(staging + me * chunk * e, data + first * e, (last - first) * e);
+    check_nccl(ncclAllGather(staging + me * chunk * e, staging, size_t(chunk), type, comm, stream), "ncclAllGather",
+               rank, during);
+    copy(data, staging, count * e);
   }
 }
 

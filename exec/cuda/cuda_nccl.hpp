@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +17,14 @@
 namespace stepcast::cuda {
 
 ncclDataType_t nccl_type(Dtype dtype);
+
+// reduce: chunk `me` of `count` elements summed over the group (reduce_scatter); else every
+// chunk gathered from its member (all_gather); chunks as chunk_range splits the count. In place
+// when n equal chunks hold it, else through `staging` (a buffer of the bytes asked for). Errors
+// name `rank` and `during`.
+void chunked_collective(bool reduce, ncclComm_t comm, cudaStream_t stream, int64_t n, int64_t me, Dtype dtype,
+                        char* data, int64_t count, const std::function<char*(int64_t)>& staging, int rank,
+                        const std::string& during);
 
 // Every pair at once, as NCCL's own all_to_all, in bytes: send[send_offsets[i], + send_bytes[i])
 // to member i and recv[recv_offsets[j], + recv_bytes[j]) from member j, as grouped sends and

@@ -102,6 +102,24 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                       "the executor does not combine sequence_parallel with sharded gradients",
                       "0 or 1 with sequence_parallel");
   }
+  if (plan.fp8.enabled()) {
+    // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16.
+    const int64_t tp = plan.tp_size, d = model.head_dim();
+    const std::pair<std::string, int64_t> dims[] = {
+        {"hidden_size / tp_size", model.hidden_size / tp},
+        {"intermediate_size / tp_size", model.intermediate_size / tp},
+        {"num_attention_heads · head_dim / tp_size", model.num_attention_heads * d / tp},
+        {"num_key_value_heads · head_dim / tp_size", model.num_key_value_heads * d / tp},
+        {"a microbatch's tokens on a rank (seq_length / context_parallel_size · micro_batch_size)",
+         model.seq_length / plan.cp_size * plan.micro_batch_size}};
+    for (const auto& [what, value] : dims) {
+      if (value % 16 == 0) continue;
+      throw_input_error(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
+                        "the CUDA backend's FP8 GEMMs (cuBLASLt) need every GEMM dimension a multiple of 16; " +
+                            what + " = " + std::to_string(value) + " (model " + model.file + ")",
+                        "no fp8, or a model and plan whose dimensions are multiples of 16");
+    }
+  }
 }
 
 RunOutput run_program_cuda(const StepProgram& program, const RunOptions& options) {
