@@ -5,7 +5,9 @@
 # dp 16) under ep 4, 8, 16 and the allgather dispatcher; the same Qwen3 plan with moe_routing skew
 # 0 to 1.5 (expert e's share ∝ 1/(e+1)^skew); the DeepSeek-V3-shaped example on 2,048 H100 last
 # (about 2 minutes alone). Figures are printed, nothing is asserted. SKIP_DEEPSEEK=1 leaves it out.
-# BUILD=DIR picks the build directory (default build/).
+# BUILD=DIR picks the build directory (default build/). SKEW_REPORT=DIR also runs compare-strategies
+# on Mixtral 8x7B / 64 H100 with --moe-skew-sweep and writes its report (the chart of step time
+# against the routing skew, a line per expert layout) to DIR/report.html.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${BUILD:-build}/stepcast
@@ -69,4 +71,11 @@ row "skew 1.0, capacity 1.25 (dropping)" qwen3-235b-a22b 32 "$tmp/qwen-cap.json"
 if [ -z "${SKIP_DEEPSEEK:-}" ]; then
   echo "== DeepSeek-V3-shaped, 2,048 H100 (pp 16, dp 128, ep 64)"
   row "ep 64" deepseek-v3-shaped 256 examples/deepseek-v3-shaped-h100-2048-ep64.json
+fi
+if [ -n "${SKEW_REPORT:-}" ]; then
+  echo "== Mixtral 8x7B, 64 H100: expert layouts under routing skew (compare-strategies --moe-skew-sweep)"
+  "$bin" compare-strategies --model models/mixtral-8x7b.json --topology topologies/dgx-h100.json --nodes 8 \
+    --global-batch-size 256 --attention flash --dropout 0 --moe-skew-sweep 0,0.5,1,1.5 --out "$SKEW_REPORT" |
+    sed -n '/^routing skew/,/^memory by class/p'
+  echo "report: $SKEW_REPORT/report.html"
 fi
