@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "child_simulate.hpp"
@@ -104,6 +105,27 @@ std::vector<double> skew_sweep_from(const po::variables_map& vm) {
   return skews;
 }
 
+// Simulates every plan, `jobs` at a time, with a progress line; the failures' messages by plan name.
+std::map<std::string, std::string> simulate_all(ChildSimulator& simulator, const std::vector<const Plan*>& plans,
+                                                const Topology& topology, int jobs, const std::string& label) {
+  std::map<std::string, std::string> errors;
+  std::mutex errors_mutex;
+  parallel_for(
+      int64_t(plans.size()), jobs,
+      [&](int64_t i) {
+        const Plan& plan = *plans[size_t(i)];
+        try {
+          simulator.simulate(plan.name, plan, topology);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(errors_mutex);
+          errors[plan.name] = e.what();
+        }
+      },
+      [&](int64_t done, int64_t total) { std::cerr << "\r" << label << ": " << done << "/" << total << std::flush; });
+  std::cerr << "\n";
+  return errors;
+}
+
 // Each simulated row's plan again under each skew of the sweep (a plan once, under its first
 // row's strategy), `jobs` at a time.
 std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const StrategyReport& report,
@@ -128,26 +150,15 @@ std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const St
       plans.push_back(plan);
     }
   }
-  std::vector<std::string> errors(plans.size());
-  parallel_for(
-      int64_t(plans.size()), jobs,
-      [&](int64_t i) {
-        try {
-          simulator.simulate(plans[size_t(i)].name, plans[size_t(i)], topology);
-        } catch (const std::exception& e) {
-          errors[size_t(i)] = e.what();
-        }
-      },
-      [&](int64_t done, int64_t total) {
-        std::cerr << "\rrouting skew: simulate " << done << "/" << total << std::flush;
-      });
-  std::cerr << "\n";
+  std::vector<const Plan*> pointers;
+  for (const Plan& plan : plans) pointers.push_back(&plan);
+  std::map<std::string, std::string> errors = simulate_all(simulator, pointers, topology, jobs, "routing skew: simulate");
   for (size_t i = 0; i < plans.size(); ++i) {
     SkewPoint& point = points[i];
     std::optional<Simulated> sim = simulator.result(plans[i].name);
     if (!sim) {
       point.note = "simulation failed";
-      std::cerr << "warning: simulating " << plans[i].name << " failed: " << errors[i] << "\n";
+      std::cerr << "warning: simulating " << plans[i].name << " failed: " << errors[plans[i].name] << "\n";
       continue;
     }
     point.simulated = true;
@@ -288,27 +299,12 @@ int run_compare_strategies(int argc, char** argv) {
   // Simulate each distinct chosen plan, `jobs` at a time.
   const std::string& sim_mode = report.sim_mode;
   ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), sim_mode);
-  std::vector<Candidate*> distinct;
+  std::vector<const Plan*> distinct;
   for (Candidate* c : chosen) {
-    if (c && std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
+    if (c && std::find(distinct.begin(), distinct.end(), &c->plan) == distinct.end()) distinct.push_back(&c->plan);
   }
-  std::map<std::string, std::string> errors;
-  std::mutex errors_mutex;
-  parallel_for(
-      int64_t(distinct.size()), jobs,
-      [&](int64_t i) {
-        const Plan& plan = distinct[size_t(i)]->plan;
-        try {
-          simulator.simulate(plan.name, plan, topology);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(errors_mutex);
-          errors[plan.name] = e.what();
-        }
-      },
-      [&](int64_t done, int64_t total) {
-        std::cerr << "\rsimulate --mode " << sim_mode << ": " << done << "/" << total << std::flush;
-      });
-  std::cerr << "\n";
+  std::map<std::string, std::string> errors =
+      simulate_all(simulator, distinct, topology, jobs, "simulate --mode " + sim_mode);
   for (size_t i = 0; i < report.rows.size(); ++i) {
     StrategyRow& row = report.rows[i];
     if (!chosen[i]) continue;

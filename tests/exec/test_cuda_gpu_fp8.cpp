@@ -14,8 +14,7 @@
 #include "cpu_kernels.hpp"
 #include "cuda_backend.hpp"
 #include "cuda_gpu_support.hpp"
-#include "json_input.hpp"
-#include "test_support.hpp"
+#include "cuda_gpu_run.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -135,24 +134,6 @@ TEST_CASE("cuda FP8: delayed scaling's update and the amax reduction are the CPU
   CHECK(amax_.get() == as_doubles(amax));  // zeroed for the next step
 }
 
-namespace {
-
-RunResult run_fp8(const Json& plan, const std::string& backend, int steps) {
-  static int counter = 0;
-  std::string file = write_temp_file("gpu-fp8-" + std::to_string(++counter) + ".plan.json", plan.dump());
-  std::string out = file + ".out";
-  std::filesystem::remove_all(out);
-  std::ostringstream cmd;
-  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("models/tiny.json") << " --plan " << file << " --topology "
-      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
-      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps "
-      << steps << " --quiet --out " << out;
-  return run_measured(cmd.str(), out);
-}
-
-}  // namespace
-
 // The GPU's bf16 activations against the CPU's fp32 ones, both through the same FP8 grids: the
 // dense bf16 tolerance (test_cuda_gpu_train.cpp).
 TEST_CASE("cuda run: the tiny model with FP8 on one GPU gives the CPU's emulated FP8 curve", "[gpu]") {
@@ -162,18 +143,15 @@ TEST_CASE("cuda run: the tiny model with FP8 on one GPU gives the CPU's emulated
                  {"attention_impl", "flash"}, {"micro_batch_size", 2}, {"global_batch_size", 8},
                  {"dtype", "fp32"}, {"grad_dtype", "fp32"}, {"dropout", 0.0}, {"fp8", "hybrid"},
                  {"fp8_recipe", scaling}};
-    RunResult cpu = run_fp8(plan, "cpu", 20);
+    RunResult cpu = run_one_rank("tiny", plan, "cpu", 20);
     plan["dtype"] = "bf16";
-    RunResult gpu = run_fp8(plan, "cuda", 20);
+    RunResult gpu = run_one_rank("tiny", plan, "cuda", 20);
     INFO(cpu.output << gpu.output);
     REQUIRE(cpu.exit_code == 0);
     REQUIRE(gpu.exit_code == 0);
     auto want = cpu.measurement.at("losses").get<std::vector<double>>();
     auto got = gpu.measurement.at("losses").get<std::vector<double>>();
-    REQUIRE(got.size() == want.size());
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / std::abs(want[i]));
-    CHECK(worst < 3e-2);
+    CHECK(max_relative_difference(got, want) < 3e-2);
     CHECK(got.back() < 0.8 * got.front());
   }
 }

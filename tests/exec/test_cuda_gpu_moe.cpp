@@ -14,8 +14,7 @@
 
 #include "cpu_kernels.hpp"
 #include "cuda_gpu_support.hpp"
-#include "json_input.hpp"
-#include "test_support.hpp"
+#include "cuda_gpu_run.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -167,31 +166,6 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE permutation and its inverse match the CPU"
   }
 }
 
-namespace {
-
-RunResult run_moe(const std::string& model, const Json& plan, const std::string& backend, int steps) {
-  static int counter = 0;
-  std::string file = write_temp_file("gpu-moe-" + std::to_string(++counter) + ".plan.json", plan.dump());
-  std::string out = file + ".out";
-  std::filesystem::remove_all(out);
-  std::ostringstream cmd;
-  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
-      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
-      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps "
-      << steps << " --quiet --out " << out;
-  return run_measured(cmd.str(), out);
-}
-
-double largest_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return worst;
-}
-
-}  // namespace
-
 // bf16 routing may pick another expert where two tie after rounding, so the bf16 curve is held to
 // the dense bf16 tolerance (test_cuda_gpu_train.cpp), fp32 to 1e-3 as the dense fp32 plan.
 TEST_CASE("cuda run: one-GPU plans of the tiny MoE models give the CPU loss curve", "[gpu]") {
@@ -208,15 +182,15 @@ TEST_CASE("cuda run: one-GPU plans of the tiny MoE models give the CPU loss curv
                  {"attention_impl", "flash"}, {"micro_batch_size", 2}, {"global_batch_size", 8},
                  {"dtype", "fp32"}, {"grad_dtype", "fp32"}, {"dropout", 0.0}, {"expert_model_parallel_size", 1}};
     if (c.capacity > 0) plan["moe_expert_capacity_factor"] = c.capacity;
-    RunResult cpu = run_moe(c.model, plan, "cpu", 20);
+    RunResult cpu = run_one_rank(c.model, plan, "cpu", 20);
     plan["dtype"] = c.dtype;
-    RunResult gpu = run_moe(c.model, plan, "cuda", 20);
+    RunResult gpu = run_one_rank(c.model, plan, "cuda", 20);
     INFO(cpu.output << gpu.output);
     REQUIRE(cpu.exit_code == 0);
     REQUIRE(gpu.exit_code == 0);
     auto want = cpu.measurement.at("losses").get<std::vector<double>>();
     auto got = gpu.measurement.at("losses").get<std::vector<double>>();
-    CHECK(largest_relative_difference(got, want) < (std::string(c.dtype) == "fp32" ? 1e-3 : 3e-2));
+    CHECK(max_relative_difference(got, want) < (std::string(c.dtype) == "fp32" ? 1e-3 : 3e-2));
     CHECK(got.back() < 0.8 * got.front());
     // Dropped copies per step: none dropless; with a capacity, some on both backends.
     auto dropped_gpu = gpu.measurement.at("moe_dropped_tokens").get<std::vector<int64_t>>();

@@ -9,27 +9,12 @@
 #include <filesystem>
 #include <sstream>
 
-#include "json_input.hpp"
-#include "test_support.hpp"
+#include "cuda_gpu_run.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
 
 namespace {
-
-RunResult run(const std::string& model, const Json& plan, const std::string& backend, int steps) {
-  static int counter = 0;
-  std::string file = write_temp_file("gpu-run-" + std::to_string(++counter) + ".plan.json", plan.dump());
-  std::string out = file + ".out";
-  std::filesystem::remove_all(out);
-  std::ostringstream cmd;
-  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
-      << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
-      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
-      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend
-      << " --steps " << steps << " --quiet --out " << out;
-  return run_measured(cmd.str(), out);
-}
 
 Json one_gpu_plan(int zero, const char* recompute, bool flash, int micro_batch, double dropout,
                   const char* dtype, const char* grad_dtype) {
@@ -37,13 +22,6 @@ Json one_gpu_plan(int zero, const char* recompute, bool flash, int micro_batch, 
           {"recompute", recompute}, {"attention_impl", flash ? "flash" : "materialized"},
           {"micro_batch_size", micro_batch}, {"global_batch_size", 8}, {"dtype", dtype},
           {"grad_dtype", grad_dtype}, {"dropout", dropout}};
-}
-
-double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return worst;
 }
 
 // The bf16 tolerance on a loss curve: bf16 keeps 8 mantissa bits (relative step 2^-8 ≈ 0.4%);
@@ -72,8 +50,8 @@ TEST_CASE("cuda run: one-GPU plans of the tiny models give the CPU loss curve in
                         Case{"tiny", 0, "none", true, 2, 0.0, "bf16"}}) {
     INFO(c.model << " zero " << c.zero << " recompute " << c.recompute << (c.flash ? " flash" : " materialized")
                  << " micro batch " << c.micro_batch << " dropout " << c.dropout << " grads " << c.grad_dtype);
-    RunResult cpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
-    RunResult gpu = run(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda", 20);
+    RunResult cpu = run_one_rank(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
+    RunResult gpu = run_one_rank(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda", 20);
     INFO(cpu.output << gpu.output);
     REQUIRE(cpu.exit_code == 0);
     REQUIRE(gpu.exit_code == 0);
@@ -87,8 +65,8 @@ TEST_CASE("cuda run: one-GPU plans of the tiny models give the CPU loss curve in
 
 TEST_CASE("cuda run: an fp32 plan on the GPU gives the CPU fp32 curve within 1e-3", "[gpu]") {
   Json plan = one_gpu_plan(1, "selective", true, 2, 0.1, "fp32", "fp32");
-  RunResult cpu = run("tiny", plan, "cpu", 20);
-  RunResult gpu = run("tiny", plan, "cuda", 20);
+  RunResult cpu = run_one_rank("tiny", plan, "cpu", 20);
+  RunResult gpu = run_one_rank("tiny", plan, "cuda", 20);
   INFO(cpu.output << gpu.output);
   REQUIRE(cpu.exit_code == 0);
   REQUIRE(gpu.exit_code == 0);
@@ -97,7 +75,7 @@ TEST_CASE("cuda run: an fp32 plan on the GPU gives the CPU fp32 curve within 1e-
 }
 
 TEST_CASE("cuda run: measurement.json has per-op records and the device's memory", "[gpu]") {
-  RunResult gpu = run("tiny-gpt", one_gpu_plan(1, "none", true, 2, 0.0, "bf16", "fp32"), "cuda", 4);
+  RunResult gpu = run_one_rank("tiny-gpt", one_gpu_plan(1, "none", true, 2, 0.0, "bf16", "fp32"), "cuda", 4);
   INFO(gpu.output);
   REQUIRE(gpu.exit_code == 0);
   const Json& m = gpu.measurement;

@@ -172,6 +172,27 @@ TEST_CASE("the cheap path agrees with quick_estimate under a measured profile (A
   check_cheap_path(model, topology, space, 5, "profiles/a100-sxm4-80gb.json");
 }
 
+namespace {
+
+// The quick estimate of the plan's program and the program simulated (no run-to-run variation;
+// one simulation per process: SimGrid's engine).
+struct EstimateAndSimulation {
+  QuickEstimate estimate;
+  double simulated_s = 0;
+};
+EstimateAndSimulation estimate_and_simulate(const ModelConfig& model, const Topology& topology,
+                                            const DeviceProfile& profile, Plan plan) {
+  validate_plan(plan, model, topology);
+  StepProgram program = lower_program(model, topology, plan);
+  ComputeCostModel costs(topology.node.device, plan.param_dtype, profile, topology.file, to_string(model.norm));
+  QuickEstimate e = quick_estimate(program, plan, plan.num_microbatches(), topology, costs);
+  SimulateOptions options;
+  options.variability = false;
+  return {e, simulate_program(program, topology, profile, options).step_time_s};
+}
+
+}  // namespace
+
 TEST_CASE("the quick estimate costs collectives as the simulator does (A100 profile, no contention)", "[search]") {
   // GPT-2 124M, dp 8 in one DGX A100, one microbatch, no overlap: the step is compute, the
   // gradient all_reduce on NVLink and the optimizer, one after the other. With the datasheet α-β
@@ -181,16 +202,10 @@ TEST_CASE("the quick estimate costs collectives as the simulator does (A100 prof
   Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"), 1);
   DeviceProfile profile = load_profile(source_path("profiles/a100-sxm4-80gb.json"));
   Plan plan = parse_plan({{"dp_size", 8}, {"micro_batch_size", 1}, {"global_batch_size", 8}}, "dp8.json");
-  validate_plan(plan, model, topology);
-  StepProgram program = lower_program(model, topology, plan);
-  ComputeCostModel costs(topology.node.device, plan.param_dtype, profile, topology.file, to_string(model.norm));
-  QuickEstimate e = quick_estimate(program, plan, plan.num_microbatches(), topology, costs);
-  SimulateOptions options;
-  options.variability = false;
-  SimulationOutput sim = simulate_program(program, topology, profile, options);
-  INFO("estimate " << e.step_time_s << " s (dp " << e.dp_comm_s << "), simulated " << sim.step_time_s << " s");
+  auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
+  INFO("estimate " << e.step_time_s << " s (dp " << e.dp_comm_s << "), simulated " << simulated_s << " s");
   CHECK(e.dp_comm_s > 0.1 * e.step_time_s);
-  CHECK(e.step_time_s == Approx(sim.step_time_s).epsilon(0.03));
+  CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.03));
 }
 
 namespace {
@@ -207,17 +222,11 @@ void check_cp_estimate(const char* comm, int cp) {
                           {"micro_batch_size", 1}, {"global_batch_size", 8 / cp}, {"attention_impl", "flash"},
                           {"dropout", 0.0}, {"overlap_grad_reduce", false}},
                          "cp" + std::to_string(cp) + "-" + comm + ".json");
-  validate_plan(plan, model, topology);
-  StepProgram program = lower_program(model, topology, plan);
-  ComputeCostModel costs(topology.node.device, plan.param_dtype, profile, topology.file, to_string(model.norm));
-  QuickEstimate e = quick_estimate(program, plan, plan.num_microbatches(), topology, costs);
-  SimulateOptions options;
-  options.variability = false;
-  SimulationOutput sim = simulate_program(program, topology, profile, options);
-  INFO(comm << ": estimate " << e.step_time_s << " s (cp exposed " << e.cp_comm_s << " s), simulated "
-            << sim.step_time_s << " s");
+  auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
+  INFO(comm << ": estimate " << e.step_time_s << " s (cp exposed " << e.cp_comm_s << " s), simulated " << simulated_s
+            << " s");
   CHECK(e.cp_comm_s > 0);
-  CHECK(e.step_time_s == Approx(sim.step_time_s).epsilon(0.03));
+  CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.03));
 }
 
 }  // namespace

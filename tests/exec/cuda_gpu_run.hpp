@@ -1,0 +1,42 @@
+// The [gpu] tests' training runs (test_cuda_gpu_*.cpp): `stepcast run` on one rank over the
+// shipped corpus, the CUDA backend on topologies/h200-1gpu.json or the CPU backend on
+// topologies/localhost-cpu.json, and how far two loss curves are apart.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "json_input.hpp"
+#include "test_support.hpp"
+
+namespace stepcast::test {
+
+inline RunResult run_one_rank(const std::string& model, const Json& plan, const std::string& backend, int steps) {
+  static int counter = 0;
+  std::string file = write_temp_file("gpu-run-" + std::to_string(++counter) + ".plan.json", plan.dump());
+  std::string out = file + ".out";
+  std::filesystem::remove_all(out);
+  std::ostringstream cmd;
+  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
+      << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
+      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
+      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps "
+      << steps << " --quiet --out " << out;
+  return run_measured(cmd.str(), out);
+}
+
+// The largest |a − b| / |b| over two curves of the same length.
+inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return worst;
+}
+
+}  // namespace stepcast::test
