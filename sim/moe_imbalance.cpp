@@ -31,10 +31,8 @@ bool is_ep_all_to_all(const Op& op) {
 // expert with rows tokens (the token dimension is m, or k for the weight gradient).
 double grouped_time_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
                       std::map<std::pair<int32_t, int64_t>, double>& memo) {
-  const int64_t mean = op.grad == Grad::wgrad ? op.k : op.m;
   const double elements = double(op.batch) * (double(op.m) * op.k + double(op.k) * op.n + double(op.m) * op.n);
   const double bytes_per_element = elements > 0 ? op.bytes / elements : 0;
-  (void)mean;
   double total = 0;
   for (int64_t r : rows) {
     if (r <= 0) continue;
