@@ -468,4 +468,26 @@ double ComputeCostModel::op_time_s(const Op& op) const {
   return std::max(compute_time, memory_time) + profile_.kernel_overhead_s;
 }
 
+double grouped_gemm_time_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
+                           std::map<std::pair<int32_t, int64_t>, double>& memo) {
+  const double elements = double(op.batch) * (double(op.m) * op.k + double(op.k) * op.n + double(op.m) * op.n);
+  const double bytes_per_element = elements > 0 ? op.bytes / elements : 0;
+  double total = 0;
+  for (int64_t r : rows) {
+    if (r <= 0) continue;
+    auto [it, fresh] = memo.emplace(std::make_pair(op.id, r), 0.0);
+    if (fresh) {
+      Op one = op;
+      one.batch = 1;
+      if (op.grad == Grad::wgrad) one.k = r;
+      else one.m = r;
+      one.flops = 2.0 * double(one.m) * double(one.n) * double(one.k);
+      one.bytes = bytes_per_element * (double(one.m) * one.k + double(one.k) * one.n + double(one.m) * one.n);
+      it->second = cost.op_time_s(one);
+    }
+    total += it->second;
+  }
+  return total;
+}
+
 }  // namespace stepcast

@@ -194,4 +194,11 @@ class ComputeCostModel {
   std::shared_ptr<const ComputeCostModel> fp8_;  // use_fp8's model of the FP8 GEMMs
 };
 
+// A grouped expert GEMM (expert_gate, _up or _down) on an ep rank whose local experts compute
+// rows[l] token copies each: one GEMM per expert through op_time_s with its own rows (m, or k
+// for the weight gradient), as the simulator costs routing draws and the quick estimate their
+// expectation. `memo` keeps each (op id, rows)'s time.
+double grouped_gemm_time_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
+                           std::map<std::pair<int32_t, int64_t>, double>& memo);
+
 }  // namespace stepcast

@@ -2,6 +2,9 @@
 #include "quick_estimate.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
 
 #include "collective.hpp"
 #include "collective_cost.hpp"
@@ -11,24 +14,50 @@ namespace stepcast {
 
 namespace {
 
+// Whether the routing moves costs: dropless (a capacity pads every expert's buffers to it, so
+// every ep rank computes and sends alike, as the simulator has it) with a share per expert.
+bool routing_moves_costs(const ProgramMoe& moe) {
+  return moe.num_experts > 0 && moe.expert_capacity_rows == 0 &&
+         int64_t(moe.routing_shares.size()) == moe.num_experts;
+}
+
 // The expected load of the busiest expert-parallel rank over the mean (≥ 1): ep rank r holds
-// experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share, at most
-// capacity_factor / E of the token copies under a capacity. 1 without experts.
+// experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share. 1 where the
+// routing moves no costs.
 double expert_imbalance(const ProgramMoe& moe, int64_t ep) {
-  const int64_t E = moe.num_experts;
-  if (E == 0 || ep < 1 || int64_t(moe.routing_shares.size()) != E) return 1;
-  const int64_t local = E / ep;
-  double total = 0, busiest = 0;
+  if (!routing_moves_costs(moe) || ep < 1) return 1;
+  const int64_t local = moe.num_experts / ep;
+  double busiest = 0;
   for (int64_t r = 0; r < ep; ++r) {
     double load = 0;
-    for (int64_t e = r * local; e < (r + 1) * local; ++e) {
-      double share = moe.routing_shares[size_t(e)];
-      load += moe.capacity_factor > 0 ? std::min(share, moe.capacity_factor / double(E)) : share;
-    }
-    total += load;
+    for (int64_t e = r * local; e < (r + 1) * local; ++e) load += moe.routing_shares[size_t(e)];
     busiest = std::max(busiest, load);
   }
-  return total > 0 ? std::max(1.0, busiest * double(ep) / total) : 1;
+  return std::max(1.0, busiest * double(ep));
+}
+
+// The expected rows of each expert (the routing's expectation of the simulator's draws); empty
+// where the routing moves no costs.
+std::vector<int64_t> expected_expert_rows(const ProgramMoe& moe) {
+  std::vector<int64_t> rows;
+  if (!routing_moves_costs(moe)) return rows;
+  for (double share : moe.routing_shares) rows.push_back(std::llround(share * double(moe.routed_tokens)));
+  return rows;
+}
+
+// A grouped expert GEMM on the busiest ep rank, by the expected rows of its experts (each
+// expert's GEMM with its own rows, as the simulator costs a draw); `lowered_s` where the routing
+// moves no costs.
+double busiest_expert_gemm_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
+                             int64_t ep, double lowered_s, std::map<std::pair<int32_t, int64_t>, double>& memo) {
+  if (rows.empty()) return lowered_s;
+  const int64_t local = int64_t(rows.size()) / ep;
+  double busiest = 0;
+  for (int64_t r = 0; r < ep; ++r) {
+    std::vector<int64_t> mine(rows.begin() + r * local, rows.begin() + (r + 1) * local);
+    busiest = std::max(busiest, grouped_gemm_time_s(cost, op, mine, memo));
+  }
+  return busiest;
 }
 
 bool is_expert_gemm(const Op& op) {
@@ -83,6 +112,8 @@ namespace {
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
                        const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
   const double imbalance = expert_imbalance(program.moe, program.ep_size);
+  const std::vector<int64_t> expert_rows = expected_expert_rows(program.moe);
+  std::map<std::pair<int32_t, int64_t>, double> expert_memo;
   const LinkFigures& links = collectives.links();  // the profile's link fractions applied
   RankGrid grid = program.grid();
   int64_t rank = grid.rank(RankCoord{0, 0, role.pp_stage});
@@ -100,8 +131,10 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
     } else if (is_compute(op.kind)) {
       double s = cost_model.op_time_s(op);
       if (is_expert_gemm(op)) {  // the busiest ep rank sets the pace
-        if (op.microbatch == 0) t.imbalance_mb_s += s * (imbalance - 1);
-        s *= imbalance;
+        const double busiest =
+            busiest_expert_gemm_s(cost_model, op, expert_rows, program.ep_size, s, expert_memo);
+        if (op.microbatch == 0) t.imbalance_mb_s += busiest - s;
+        s = busiest;
       }
       if (op.microbatch == 0) {
         ring.compute(op, s);
@@ -113,6 +146,8 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
     } else if (is_collective(op.kind)) {
       GroupShape shape = group_shape(grid, op.group, rank, per_node);
       double s = uncontended_collective_s(cost_model, collectives, op.kind, op.algorithm, op.bytes, shape);
+      // The dispatch and combine: the busiest ep rank's messages set the pace.
+      if (op.kind == OpKind::all_to_all && op.group == GroupKind::ep) s *= imbalance;
       if (op.group == GroupKind::dp_replica) {
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;

@@ -9,10 +9,12 @@
 //                  collective_cost.hpp's uncontended_collective_s — the profile's link fractions
 //                  and measured tables; links with the link fractions)
 //                  + dp collectives of microbatch 0 (ZeRO-3 gathers: counted as exposed)
-//                  (mixtures of experts: the experts' grouped GEMMs times the expected load of
-//                  the busiest ep rank over the mean, from the routing shares and the capacity;
-//                  their edp reductions and gathers count as dp's; dispatch and combine
-//                  all_to_alls as exposed, like tp's, at the mean message size)
+//                  (mixtures of experts, dropless: the experts' grouped GEMMs on the busiest ep
+//                  rank, each expert's GEMM with its expected rows — routed copies × its routing
+//                  share — as the simulator costs a draw; dispatch and combine all_to_alls as
+//                  exposed, like tp's, times the busiest rank's expected load over the mean;
+//                  under a capacity buffers are padded, so the ops as lowered. The experts' edp
+//                  reductions and gathers count as dp's)
 //                  (context parallelism: the gathers and all-to-alls over cp as exposed, like
 //                  tp's; the p2p ring's receives by CpRingClock: what the attention blocks
 //                  between a send and its receive do not hide)
@@ -50,7 +52,9 @@ struct QuickEstimate {
   int64_t critical_stage = 0;
   // Mixtures of experts, on the critical stage (parts of tp_comm_s and compute_s above): m · the
   // expert-parallel collectives (dispatch and combine, ep and etp groups), and m · the expert
-  // GEMMs' time beyond the mean load (the busiest ep rank's expected imbalance).
+  // GEMMs' time on the busiest ep rank beyond the ops as lowered (the mean load): the routing's
+  // expected imbalance, and the GEMMs' efficiency at its rows per expert (negative where fewer,
+  // larger GEMMs run faster).
   double ep_comm_s = 0;
   double expert_imbalance_s = 0;
   // Context parallelism, on the critical stage (part of tp_comm_s above): m · the cp exchanges

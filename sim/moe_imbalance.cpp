@@ -27,30 +27,6 @@ bool is_ep_all_to_all(const Op& op) {
          (op.name == OpName::ep_dispatch || op.name == OpName::ep_combine);
 }
 
-// The grouped GEMM's time on an ep rank whose local experts compute `rows` each: one GEMM per
-// expert with rows tokens (the token dimension is m, or k for the weight gradient).
-double grouped_time_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
-                      std::map<std::pair<int32_t, int64_t>, double>& memo) {
-  const double elements = double(op.batch) * (double(op.m) * op.k + double(op.k) * op.n + double(op.m) * op.n);
-  const double bytes_per_element = elements > 0 ? op.bytes / elements : 0;
-  double total = 0;
-  for (int64_t r : rows) {
-    if (r <= 0) continue;
-    auto [it, fresh] = memo.emplace(std::make_pair(op.id, r), 0.0);
-    if (fresh) {
-      Op one = op;
-      one.batch = 1;
-      if (op.grad == Grad::wgrad) one.k = r;
-      else one.m = r;
-      one.flops = 2.0 * double(one.m) * double(one.n) * double(one.k);
-      one.bytes = bytes_per_element * (double(one.m) * one.k + double(one.k) * one.n + double(one.m) * one.n);
-      it->second = cost.op_time_s(one);
-    }
-    total += it->second;
-  }
-  return total;
-}
-
 }  // namespace
 
 void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const ComputeCostModel& cost,
@@ -83,7 +59,7 @@ void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const Compute
         std::vector<double>& per_rank = plan.ep_cost_s[size_t(role.index)][op.id];
         for (int64_t r = 0; r < ep; ++r) {
           std::vector<int64_t> rows(counts.begin() + r * local, counts.begin() + (r + 1) * local);
-          per_rank.push_back(grouped_time_s(cost, op, rows, memo));
+          per_rank.push_back(grouped_gemm_time_s(cost, op, rows, memo));
         }
       } else {
         const double mean = double(moe.routed_tokens) / double(ep);

@@ -144,3 +144,31 @@ TEST_CASE("the quick estimate costs the context-parallel all-to-alls as the simu
   check_cp_estimate("a2a", 2);  // (Ulysses: cp divides the 6 heads and 2 KV heads)
 }
 
+
+TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator's draws do", "[search]") {
+  // tiny-moe widened (hidden 512, 16 experts of width 1,024, top 4, 1,024 tokens) with ep 8 over
+  // one DGX H100, dropless, Zipf skew 1: the busiest ep rank's expert GEMMs and the dispatch and
+  // combine paced by it. The estimate takes the routing's expectation, the simulation its draws
+  // (the busiest rank of each draw, a little above the expectation's).
+  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
+  model.hidden_size = 512;
+  model.num_attention_heads = 8;
+  model.num_key_value_heads = 8;
+  model.intermediate_size = 1024;
+  model.moe_intermediate_size = 1024;
+  model.num_experts = 16;
+  model.num_experts_per_tok = 4;
+  model.seq_length = 1024;
+  model.max_position_embeddings = 1024;
+  Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
+  DeviceProfile profile = roofline_profile(topology);
+  Plan plan = parse_plan({{"dp_size", 8}, {"expert_model_parallel_size", 8}, {"micro_batch_size", 1},
+                          {"global_batch_size", 8}, {"attention_impl", "flash"}, {"dropout", 0.0},
+                          {"overlap_grad_reduce", false}, {"moe_routing", "skew"}, {"moe_routing_skew", 1.0}},
+                         "moe-skew.json");
+  auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
+  INFO("estimate " << e.step_time_s << " s (ep comm " << e.ep_comm_s << ", imbalance " << e.expert_imbalance_s
+                   << "), simulated " << simulated_s << " s");
+  CHECK(e.expert_imbalance_s > 0.05 * e.step_time_s);
+  CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.05));
+}

@@ -4,6 +4,7 @@
 // hand, the expert groups' reductions counted, and `plan` / `compare-strategies` end to end.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -172,35 +173,52 @@ TEST_CASE("the MoE search lowers in the screen's order until enough fit", "[sear
 }
 
 TEST_CASE("the quick estimate's expert imbalance, worked by hand", "[search][moe]") {
-  // tiny-moe, 4 experts on ep 2: rank 0 holds experts 0 and 1, rank 1 experts 2 and 3.
+  // tiny-moe, 4 experts on ep 2: rank 0 holds experts 0 and 1, rank 1 experts 2 and 3. Dropless,
+  // each expert's GEMM runs with its expected rows (routed copies × share), the busiest rank's
+  // sum against the op as lowered (both experts at the mean rows, one launch).
   ModelConfig model = tiny_moe();
   Topology topology = cpu(2);
   ComputeCostModel cost_model = costs(topology);
-  auto estimate = [&](double skew, double capacity, double* expert_gemm_s) {
+  // The expert GEMMs of microbatch 0 on the busiest rank, with rows_of(e) rows for expert e,
+  // minus the ops as lowered, over the step's microbatches.
+  auto by_hand = [&](const StepProgram& program, const Plan& plan, const std::vector<int64_t>& rows) {
+    std::map<std::pair<int32_t, int64_t>, double> memo;
+    double beyond = 0;
+    for (const Op& op : program.roles[0].ops) {
+      if (op.microbatch != 0 || (op.name != OpName::expert_gate && op.name != OpName::expert_up &&
+                                 op.name != OpName::expert_down)) {
+        continue;
+      }
+      const double rank0 = grouped_gemm_time_s(cost_model, op, {rows[0], rows[1]}, memo);
+      const double rank1 = grouped_gemm_time_s(cost_model, op, {rows[2], rows[3]}, memo);
+      beyond += std::max(rank0, rank1) - cost_model.op_time_s(op);
+    }
+    return beyond * double(plan.num_microbatches());
+  };
+  auto estimate = [&](double skew, double capacity, double* expected) {
     Plan plan = moe_plan(model, topology, 1, 4, 2, skew, capacity);
     StepProgram program = lower_program(model, topology, plan);
-    *expert_gemm_s = 0;
-    for (const Op& op : program.roles[0].ops) {
-      if (op.microbatch == 0 && (op.name == OpName::expert_gate || op.name == OpName::expert_up ||
-                                 op.name == OpName::expert_down)) {
-        *expert_gemm_s += cost_model.op_time_s(op);
-      }
-    }
-    *expert_gemm_s *= double(plan.num_microbatches());
+    const double routed = double(program.moe.routed_tokens);
+    // Skew 1: shares ∝ 1, 1/2, 1/3, 1/4 (sum 25/12): 0.48, 0.24, 0.16, 0.12.
+    const std::vector<double> shares =
+        skew == 0 ? std::vector<double>(4, 0.25) : std::vector<double>{0.48, 0.24, 0.16, 0.12};
+    std::vector<int64_t> rows;
+    for (double share : shares) rows.push_back(std::llround(share * routed));
+    *expected = capacity > 0 ? 0.0 : by_hand(program, plan, rows);
     return quick_estimate(program, plan, plan.num_microbatches(), topology, cost_model);
   };
-  double gemm = 0;
-  CHECK(estimate(0, 0, &gemm).expert_imbalance_s == 0);
-  REQUIRE(gemm > 0);
-  // Skew 1: shares ∝ 1, 1/2, 1/3, 1/4 (sum 25/12): rank 0 carries 3/2 of 25/12, factor
-  // 2 · (3/2) / (25/12) = 1.44.
-  QuickEstimate skewed = estimate(1.0, 0, &gemm);
-  CHECK(skewed.expert_imbalance_s == Approx(0.44 * gemm).epsilon(1e-9));
-  // Capacity 1.2: each expert at most 1.2/4 = 0.3 of the copies; shares 0.48, 0.24, 0.16, 0.12
-  // → 0.3, 0.24, 0.16, 0.12: rank 0 0.54 of 0.82, factor 2 · 0.54 / 0.82.
-  QuickEstimate capped = estimate(1.0, 1.2, &gemm);
-  CHECK(capped.expert_imbalance_s == Approx((2 * 0.54 / 0.82 - 1) * gemm).epsilon(1e-9));
-  CHECK(skewed.step_time_s > estimate(0, 0, &gemm).step_time_s);
+  double expected = 0;
+  QuickEstimate uniform = estimate(0, 0, &expected);
+  CHECK(uniform.expert_imbalance_s == Approx(expected).epsilon(1e-9));  // (the experts' own launches)
+  QuickEstimate skewed = estimate(1.0, 0, &expected);
+  CHECK(skewed.expert_imbalance_s == Approx(expected).epsilon(1e-9));
+  CHECK(skewed.expert_imbalance_s > uniform.expert_imbalance_s);
+  // The dispatch and combine: rank 0 receives 0.72 of the copies, 1.44 × the mean.
+  CHECK(skewed.ep_comm_s > 1.3 * uniform.ep_comm_s);
+  CHECK(skewed.step_time_s > uniform.step_time_s);
+  // Under a capacity the buffers are padded to it: every rank computes and sends alike.
+  QuickEstimate capped = estimate(1.0, 1.2, &expected);
+  CHECK(capped.expert_imbalance_s == 0);
 }
 
 TEST_CASE("the quick estimate counts the expert groups' gradient reductions", "[search][moe]") {
