@@ -384,7 +384,8 @@ int run_compare_strategies(int argc, char** argv) {
   }
   if (model.is_moe()) {
     std::cout << "a2a est: the quick estimate's dispatch and combine collectives (exposed); imb est: the expert "
-                 "GEMMs beyond the mean load on the busiest ep rank; variat.: the simulation's routing draws and "
+                 "GEMMs on the busiest ep rank beyond the ops as lowered (expected rows per expert); variat.: the "
+                 "simulation's routing draws and "
                  "run-to-run variation (critical rank)\n";
   }
   if (!report.skew_points.empty()) {

@@ -190,8 +190,10 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
                      "communication and bubble from simulate --mode " + r.sim_mode + " on the critical rank; "
                      "allowed per device " + gib_cell(r.capacity_bytes) + " GiB." +
                      (moe ? " Experts: a2a est. is the quick estimate's dispatch and combine collectives (ep, etp; "
-                            "counted exposed), imbalance est. the expert GEMMs' time beyond the mean load on the "
-                            "busiest ep rank (expected, from the routing), both on the critical stage; variation is "
+                            "counted exposed, paced by the busiest ep rank), imbalance est. the expert GEMMs' time on "
+                            "the busiest ep rank beyond the ops as lowered (each expert's GEMM at its expected rows: "
+                            "the imbalance, and the GEMMs' efficiency at those rows, negative where fewer, larger "
+                            "GEMMs run faster), both on the critical stage; variation is "
                             "the simulation's (its routing draws, and run-to-run variation) on the critical rank."
                           : "");
   std::ostringstream md;
