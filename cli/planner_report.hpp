@@ -58,7 +58,7 @@ struct StrategyRow {
   double mfu = 0;
   std::optional<double> energy_j;  // per step, simulated, where the device has power figures
   // Mixtures of experts: the quick estimate's dispatch and combine collectives (ep, etp) and the
-  // expert GEMMs' time beyond the mean load on the critical stage, and the simulation's
+  // busiest ep rank's expert GEMMs beyond the ops as lowered on the critical stage, and the simulation's
   // variation (its routing draws and run-to-run variation) on the critical rank.
   bool moe = false;
   double ep_comm_estimate_s = 0, imbalance_estimate_s = 0, variability_s = 0;

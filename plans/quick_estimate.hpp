@@ -80,7 +80,7 @@ struct StageTimes {
   int64_t dp_step_ops = 0;
   double step_level_s = 0;   // optimizer compute and step-level collectives outside dp
   double ep_mb_s = 0;         // of tp_mb_s: ep and etp collectives of microbatch 0
-  double imbalance_mb_s = 0;  // of compute_mb_s: the expert GEMMs beyond the mean load
+  double imbalance_mb_s = 0;  // of compute_mb_s: the busiest ep rank's expert GEMMs beyond the ops as lowered
   double cp_mb_s = 0;         // of tp_mb_s: cp collectives and the ring's exposed waits
 };
 
