@@ -100,7 +100,8 @@ std::vector<double> skew_sweep_from(const po::variables_map& vm) {
     skews.push_back(skew);
   }
   if (skews.empty()) {
-    throw InputError("command line: --moe-skew-sweep is empty; valid: comma-separated Zipf exponents >= 0, e.g. 0,0.5,1");
+    throw InputError(
+        "command line: --moe-skew-sweep is empty; valid: comma-separated Zipf exponents >= 0, e.g. 0,0.5,1");
   }
   return skews;
 }
@@ -152,7 +153,8 @@ std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const St
   }
   std::vector<const Plan*> pointers;
   for (const Plan& plan : plans) pointers.push_back(&plan);
-  std::map<std::string, std::string> errors = simulate_all(simulator, pointers, topology, jobs, "routing skew: simulate");
+  std::map<std::string, std::string> errors =
+      simulate_all(simulator, pointers, topology, jobs, "routing skew: simulate");
   for (size_t i = 0; i < plans.size(); ++i) {
     SkewPoint& point = points[i];
     std::optional<Simulated> sim = simulator.result(plans[i].name);

@@ -93,7 +93,8 @@ struct StageTimes {
 class CpRingClock {
  public:
   // The link of the ring's slowest hop (the figures with the profile's link fractions).
-  CpRingClock(double bandwidth_bytes_per_s, double latency_s) : bandwidth_(bandwidth_bytes_per_s), latency_(latency_s) {}
+  CpRingClock(double bandwidth_bytes_per_s, double latency_s)
+      : bandwidth_(bandwidth_bytes_per_s), latency_(latency_s) {}
   // An op of the compute stream taking `seconds`, after the ring blocks it reads.
   void compute(const Op& op, double seconds);
   void transfer(const Op& op);  // a ring send or receive (is_cp_ring_transfer)

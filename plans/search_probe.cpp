@@ -312,7 +312,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   const GroupShape cp_shape = group_shape(c.grid, GroupKind::cp, 0, per_node);
   const CpRingClock ring = cp_ring_clock(c.grid, 0, per_node, links);
   ProbeBytes layer_bytes, embedding_bytes, loss_bytes;
-  const StageTimes layer = op_list_times(probe.layer_ops, tp_shape, cp_shape, ring, cost_model, collective, &layer_bytes);
+  const StageTimes layer =
+      op_list_times(probe.layer_ops, tp_shape, cp_shape, ring, cost_model, collective, &layer_bytes);
   const StageTimes embedding =
       op_list_times(probe.embedding_ops, tp_shape, cp_shape, ring, cost_model, collective, &embedding_bytes);
   const StageTimes loss = op_list_times(probe.loss_ops, tp_shape, cp_shape, ring, cost_model, collective, &loss_bytes);

@@ -20,13 +20,15 @@ class Fp8Linear {
  public:
   // wait: the streams that may still read the scratch, before it grows.
   Fp8Linear(DeviceMemory& memory, std::function<void()> wait)
-      : a_t_(memory, "an FP8 operand's transposed codes"), b_t_(memory, "an FP8 operand's transposed codes"),
-        factors_(memory, "FP8 dequantisation factors"), wait_(std::move(wait)) {}
+      : a_t_(memory, "an FP8 operand's transposed codes"),
+        b_t_(memory, "an FP8 operand's transposed codes"),
+        factors_(memory, "FP8 dequantisation factors"),
+        wait_(std::move(wait)) {}
 
   // y[tokens, out] = x[tokens, in] · w[out, in]ᵀ.
   template <class Y>
-  void forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x, const Fp8Codes<float>& w, Y* y,
-               int64_t tokens, int64_t in, int64_t out, const std::string& during);
+  void forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x, const Fp8Codes<float>& w, Y* y, int64_t tokens,
+               int64_t in, int64_t out, const std::string& during);
   // dx[tokens, in] (+)= dy[tokens, out] · w[out, in].
   template <class Y>
   void backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& w, Y* dx,

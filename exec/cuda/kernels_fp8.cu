@@ -31,8 +31,7 @@ __device__ __forceinline__ void atomic_max_abs(float* amax, float value) {
 }
 
 template <class T>
-__global__ void fp8_cast_kernel(const T* x, uint8_t* y, int64_t n, const float* scale, float* amax,
-                                Fp8Storage format) {
+__global__ void fp8_cast_kernel(const T* x, uint8_t* y, int64_t n, const float* scale, float* amax, Fp8Storage format) {
   const float s = *scale;
   float most = 0;
   GRID_STRIDE(i, n) {
@@ -100,8 +99,7 @@ __global__ void fp8_bias_grad_kernel(const uint8_t* dy, const float* scale, G* d
 }  // namespace
 
 template <class T>
-void fp8_cast(const Launch& l, const T* x, uint8_t* y, int64_t n, const float* scale, float* amax,
-              Fp8Storage format) {
+void fp8_cast(const Launch& l, const T* x, uint8_t* y, int64_t n, const float* scale, float* amax, Fp8Storage format) {
   if (n == 0) return;
   fp8_cast_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(x, y, n, scale, amax, format);
   check_launch(l, "fp8_cast");

@@ -74,8 +74,10 @@ __global__ void moe_capacity_kernel(int32_t* route_idx, int32_t* counts, int64_t
     int32_t kept = 0;
     for (int64_t i = 0; i < entries; ++i) {
       if (route_idx[i] != e) continue;
-      if (kept < capacity) ++kept;
-      else route_idx[i] = int32_t(-1 - e);
+      if (kept < capacity)
+        ++kept;
+      else
+        route_idx[i] = int32_t(-1 - e);
     }
     counts[e] = kept;
   }
@@ -104,9 +106,8 @@ __global__ void moe_aux_kernel(const double* p_sum, const double* chosen, int64_
 
 // One block per token: dp[e] = aux_scale · C_e + Σ_j [idx j → e] d_route_w; d_logits = p ∘ (dp − p·dp).
 template <class T>
-__global__ void moe_route_backward_kernel(const T* probs, const int32_t* route_idx, const T* d_route_w,
-                                          T* d_logits, int64_t experts, int64_t top_k, double aux_scale,
-                                          const double* chosen) {
+__global__ void moe_route_backward_kernel(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
+                                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen) {
   const int64_t t = blockIdx.x;
   const T* p = probs + t * experts;
   float dot = 0;
@@ -136,8 +137,8 @@ __global__ void moe_permute_forward_kernel(const T* x, T* y, const int64_t* rows
   }
 }
 template <class T>
-__global__ void moe_permute_backward_kernel(const T* d_y, T* d_x, const int64_t* rows, int64_t tokens,
-                                            int64_t top_k, int64_t h) {
+__global__ void moe_permute_backward_kernel(const T* d_y, T* d_x, const int64_t* rows, int64_t tokens, int64_t top_k,
+                                            int64_t h) {
   GRID_STRIDE(i, tokens * h) {
     int64_t c = i % h, t = i / h;
     float total = 0;
@@ -149,8 +150,8 @@ __global__ void moe_permute_backward_kernel(const T* d_y, T* d_x, const int64_t*
   }
 }
 template <class T>
-__global__ void moe_unpermute_forward_kernel(const T* x, const T* route_w, const int64_t* rows, T* y,
-                                             int64_t tokens, int64_t top_k, int64_t h) {
+__global__ void moe_unpermute_forward_kernel(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens,
+                                             int64_t top_k, int64_t h) {
   GRID_STRIDE(i, tokens * h) {
     int64_t c = i % h, t = i / h;
     float total = 0;
@@ -163,8 +164,8 @@ __global__ void moe_unpermute_forward_kernel(const T* x, const T* route_w, const
 }
 // One block per copy (t, j): d_x[r] = w · d_y[t]; d_route_w = d_y[t] · x[r] (0 for a dropped copy).
 template <class T>
-__global__ void moe_unpermute_backward_kernel(const T* d_y, const T* x, const T* route_w, const int64_t* rows,
-                                              T* d_x, T* d_route_w, int64_t top_k, int64_t h) {
+__global__ void moe_unpermute_backward_kernel(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x,
+                                              T* d_route_w, int64_t top_k, int64_t h) {
   const int64_t copy = blockIdx.x, t = copy / top_k, r = rows[copy];
   if (r < 0) {
     if (threadIdx.x == 0) d_route_w[copy] = store<T>(0.f);
@@ -181,7 +182,6 @@ __global__ void moe_unpermute_backward_kernel(const T* d_y, const T* x, const T*
   if (threadIdx.x == 0) d_route_w[copy] = store<T>(dot);
 }
 
-
 }  // namespace
 
 template <class T>
@@ -191,8 +191,8 @@ void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, i
   check_runtime(l, cudaMemsetAsync(counts, 0, size_t(experts) * sizeof(int32_t), l.stream), "cudaMemsetAsync");
   if (tokens == 0) return;
   const int warps = kThreads / 32;
-  moe_route_kernel<<<unsigned((tokens + warps - 1) / warps), kThreads, 0, l.stream>>>(logits, probs, route_w,
-                                                                                      route_idx, tokens, experts, top_k);
+  moe_route_kernel<<<unsigned((tokens + warps - 1) / warps), kThreads, 0, l.stream>>>(logits, probs, route_w, route_idx,
+                                                                                      tokens, experts, top_k);
   check_launch(l, "moe_route");
   if (capacity > 0) {
     moe_capacity_kernel<<<1, 1024, 0, l.stream>>>(route_idx, counts, tokens * top_k, experts, capacity);
@@ -224,8 +224,8 @@ void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_id
   moe_histogram_kernel<<<blocks_for(tokens * top_k), kThreads, 0, l.stream>>>(route_idx, tokens * top_k, scratch);
   check_launch(l, "moe_histogram");
   int threads = int(std::min<int64_t>(1024, std::max<int64_t>(32, (experts + 31) / 32 * 32)));
-  moe_route_backward_kernel<<<unsigned(tokens), threads, 0, l.stream>>>(probs, route_idx, d_route_w, d_logits,
-                                                                        experts, top_k, aux_scale, scratch);
+  moe_route_backward_kernel<<<unsigned(tokens), threads, 0, l.stream>>>(probs, route_idx, d_route_w, d_logits, experts,
+                                                                        top_k, aux_scale, scratch);
   check_launch(l, "moe_route_backward");
 }
 
@@ -236,8 +236,7 @@ void moe_permute(const Launch& l, const T* x, T* y, const int64_t* rows, int64_t
   if (backward) {
     moe_permute_backward_kernel<<<blocks_for(tokens * h), kThreads, 0, l.stream>>>(x, y, rows, tokens, top_k, h);
   } else {
-    moe_permute_forward_kernel<<<blocks_for(tokens * top_k * h), kThreads, 0, l.stream>>>(x, y, rows, tokens, top_k,
-                                                                                          h);
+    moe_permute_forward_kernel<<<blocks_for(tokens * top_k * h), kThreads, 0, l.stream>>>(x, y, rows, tokens, top_k, h);
   }
   check_launch(l, "moe_permute");
 }

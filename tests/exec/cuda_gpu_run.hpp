@@ -25,9 +25,9 @@ inline RunResult run_one_rank(const std::string& model, const Json& plan, const 
   std::ostringstream cmd;
   cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
       << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
-      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json")
-      << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps "
-      << steps << " --quiet --out " << out;
+      << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json") << " --corpus "
+      << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps " << steps
+      << " --quiet --out " << out;
   return run_measured(cmd.str(), out);
 }
 

@@ -3,8 +3,8 @@
 // relative error against the CPU reference and its tolerance per storage type.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -92,11 +92,11 @@ inline double relative_error(const std::vector<double>& got, const std::vector<d
 
 inline const cuda::Launch kLaunch{nullptr, 0};
 
-#define CHECK_CLOSE(T, got, want)                         \
-  do {                                                    \
-    double err_ = relative_error((got), (want));          \
-    INFO(#got << " relative error " << err_);             \
-    CHECK(err_ < tolerance<T>());                         \
+#define CHECK_CLOSE(T, got, want)                \
+  do {                                           \
+    double err_ = relative_error((got), (want)); \
+    INFO(#got << " relative error " << err_);    \
+    CHECK(err_ < tolerance<T>());                \
   } while (0)
 
 }  // namespace stepcast::test

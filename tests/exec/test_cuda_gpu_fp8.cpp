@@ -13,8 +13,8 @@
 
 #include "cpu_kernels.hpp"
 #include "cuda_backend.hpp"
-#include "cuda_gpu_support.hpp"
 #include "cuda_gpu_run.hpp"
+#include "cuda_gpu_support.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -39,7 +39,7 @@ TEMPLATE_TEST_CASE("cuda FP8: casts, amax and current scaling match the CPU", "[
     const int64_t n = 20000;
     auto x = random_values<T>(size_t(n), -3, 3);
     x[17] = 0;
-    x[99] = double(T(1e-6));  // a subnormal code
+    x[99] = double(T(1e-6));                                    // a subnormal code
     const double scale = double(float(fp8_max(format) / 2.5));  // some values saturate
     Device<T> x_(static_cast<size_t>(n));
     x_.set(x);
@@ -83,7 +83,8 @@ TEMPLATE_TEST_CASE("cuda FP8: cuBLASLt FP8 linear layers match the CPU emulation
       // The CPU emulation in fp64 on the same codes and scales.
       std::vector<double> y(size_t(tokens * out)), dx = dx0, dw = dw0, db = db0;
       std::vector<double> scratch(size_t(cpu::kFp8Scratch));
-      const cpu::Fp8Operand<double> cx{x8.data(), in, sx, fwd}, cw{w8.data(), in, sw, fwd}, cd{d8.data(), out, sd, grad};
+      const cpu::Fp8Operand<double> cx{x8.data(), in, sx, fwd}, cw{w8.data(), in, sw, fwd},
+          cd{d8.data(), out, sd, grad};
       cpu::fp8_linear_forward(cx, cw, static_cast<const double*>(nullptr), y.data(), tokens, in, out, scratch.data());
       cpu::fp8_linear_backward_data(cd, cw, dx.data(), tokens, in, out, true, scratch.data());
       cpu::fp8_linear_backward_weight(cd, cx, dw.data(), db.data(), tokens, in, out, scratch.data());
@@ -139,9 +140,10 @@ TEST_CASE("cuda FP8: delayed scaling's update and the amax reduction are the CPU
 TEST_CASE("cuda run: the tiny model with FP8 on one GPU gives the CPU's emulated FP8 curve", "[gpu]") {
   for (const char* scaling : {"delayed", "tensorwise"}) {
     INFO("fp8 hybrid, " << scaling);
-    Json plan = {{"tp_size", 1}, {"pp_size", 1}, {"dp_size", 1}, {"zero_stage", 1}, {"recompute", "none"},
-                 {"attention_impl", "flash"}, {"micro_batch_size", 2}, {"global_batch_size", 8},
-                 {"dtype", "fp32"}, {"grad_dtype", "fp32"}, {"dropout", 0.0}, {"fp8", "hybrid"},
+    Json plan = {{"tp_size", 1},          {"pp_size", 1},           {"dp_size", 1},
+                 {"zero_stage", 1},       {"recompute", "none"},    {"attention_impl", "flash"},
+                 {"micro_batch_size", 2}, {"global_batch_size", 8}, {"dtype", "fp32"},
+                 {"grad_dtype", "fp32"},  {"dropout", 0.0},         {"fp8", "hybrid"},
                  {"fp8_recipe", scaling}};
     RunResult cpu = run_one_rank("tiny", plan, "cpu", 20);
     plan["dtype"] = "bf16";

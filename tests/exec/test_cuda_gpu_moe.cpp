@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
-#include "cuda_gpu_support.hpp"
 #include "cuda_gpu_run.hpp"
+#include "cuda_gpu_support.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -59,8 +59,10 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE routing, top-k and capacity match the CPU"
       Routing want = cpu_routing(logits, tokens, experts, k, capacity);
       Device<T> logits_(logits.size()), probs_(want.probs.size()), route_w_(want.route_w.size());
       logits_.set(logits);
-      DeviceRaw<int32_t> idx_(std::vector<int32_t>(want.idx.size(), 0)), counts_(std::vector<int32_t>(size_t(experts), 7));
-      cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k, capacity);
+      DeviceRaw<int32_t> idx_(std::vector<int32_t>(want.idx.size(), 0)),
+          counts_(std::vector<int32_t>(size_t(experts), 7));
+      cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k,
+                              capacity);
       std::vector<double> probs = probs_.get(), route_w = route_w_.get();
       std::vector<int32_t> idx = idx_.get(), counts = counts_.get();
       CHECK_CLOSE(T, probs, want.probs);
@@ -96,8 +98,10 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE routing, top-k and capacity match the CPU"
         std::vector<bool> dropped_seen(size_t(experts), false);
         for (int32_t r : idx) {
           int32_t e = r >= 0 ? r : -1 - r;
-          if (r < 0) dropped_seen[size_t(e)] = true;
-          else CHECK_FALSE(dropped_seen[size_t(e)]);
+          if (r < 0)
+            dropped_seen[size_t(e)] = true;
+          else
+            CHECK_FALSE(dropped_seen[size_t(e)]);
         }
         if (std::is_same_v<T, float>) CHECK(counts == want.counts);
       }
@@ -140,7 +144,11 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE permutation and its inverse match the CPU"
   auto x = random_values<T>(size_t(tokens * h)), xe = random_values<T>(size_t(rows * h));
   auto d_y = random_values<T>(size_t(tokens * h)), d_ye = random_values<T>(size_t(rows * h));
   Device<T> x_(x.size()), xe_(xe.size()), d_y_(d_y.size()), d_ye_(d_ye.size()), w_(r.route_w.size());
-  x_.set(x); xe_.set(xe); d_y_.set(d_y); d_ye_.set(d_ye); w_.set(r.route_w);
+  x_.set(x);
+  xe_.set(xe);
+  d_y_.set(d_y);
+  d_ye_.set(d_ye);
+  w_.set(r.route_w);
   {  // permute forward and backward: rows moved exactly
     std::vector<double> y(size_t(rows * h)), d_x(size_t(tokens * h));
     Device<T> y_(y.size()), d_x_(d_x.size());
@@ -156,8 +164,8 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE permutation and its inverse match the CPU"
     Device<T> y_(y.size()), d_x_(d_x.size()), d_w_(d_w.size());
     d_w_.set(d_w);
     cpu::moe_unpermute_forward(xe.data(), r.route_w.data(), map.data(), y.data(), tokens, k, h);
-    cpu::moe_unpermute_backward(d_y.data(), xe.data(), r.route_w.data(), map.data(), d_x.data(), d_w.data(), tokens,
-                                k, h);
+    cpu::moe_unpermute_backward(d_y.data(), xe.data(), r.route_w.data(), map.data(), d_x.data(), d_w.data(), tokens, k,
+                                h);
     cuda::moe_unpermute_forward(kLaunch, xe_.p, w_.p, map_.p, y_.p, tokens, k, h);
     cuda::moe_unpermute_backward(kLaunch, d_y_.p, xe_.p, w_.p, map_.p, d_x_.p, d_w_.p, tokens, k, h);
     CHECK_CLOSE(T, y_.get(), y);
@@ -178,9 +186,18 @@ TEST_CASE("cuda run: one-GPU plans of the tiny MoE models give the CPU loss curv
   for (const Case& c : {Case{"tiny-moe", 0, "none", "bf16"}, Case{"tiny-moe", 1.0, "selective", "bf16"},
                         Case{"tiny-moe-shared", 0, "full", "bf16"}, Case{"tiny-moe", 0, "none", "fp32"}}) {
     INFO(c.model << " capacity " << c.capacity << " recompute " << c.recompute << " " << c.dtype);
-    Json plan = {{"tp_size", 1}, {"pp_size", 1}, {"dp_size", 1}, {"zero_stage", 1}, {"recompute", c.recompute},
-                 {"attention_impl", "flash"}, {"micro_batch_size", 2}, {"global_batch_size", 8},
-                 {"dtype", "fp32"}, {"grad_dtype", "fp32"}, {"dropout", 0.0}, {"expert_model_parallel_size", 1}};
+    Json plan = {{"tp_size", 1},
+                 {"pp_size", 1},
+                 {"dp_size", 1},
+                 {"zero_stage", 1},
+                 {"recompute", c.recompute},
+                 {"attention_impl", "flash"},
+                 {"micro_batch_size", 2},
+                 {"global_batch_size", 8},
+                 {"dtype", "fp32"},
+                 {"grad_dtype", "fp32"},
+                 {"dropout", 0.0},
+                 {"expert_model_parallel_size", 1}};
     if (c.capacity > 0) plan["moe_expert_capacity_factor"] = c.capacity;
     RunResult cpu = run_one_rank(c.model, plan, "cpu", 20);
     plan["dtype"] = c.dtype;

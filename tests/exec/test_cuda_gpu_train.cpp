@@ -50,8 +50,11 @@ TEST_CASE("cuda run: one-GPU plans of the tiny models give the CPU loss curve in
                         Case{"tiny", 0, "none", true, 2, 0.0, "bf16"}}) {
     INFO(c.model << " zero " << c.zero << " recompute " << c.recompute << (c.flash ? " flash" : " materialized")
                  << " micro batch " << c.micro_batch << " dropout " << c.dropout << " grads " << c.grad_dtype);
-    RunResult cpu = run_one_rank(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
-    RunResult gpu = run_one_rank(c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda", 20);
+    RunResult cpu = run_one_rank(
+        c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "fp32", "fp32"), "cpu", 20);
+    RunResult gpu = run_one_rank(
+        c.model, one_gpu_plan(c.zero, c.recompute, c.flash, c.micro_batch, c.dropout, "bf16", c.grad_dtype), "cuda",
+        20);
     INFO(cpu.output << gpu.output);
     REQUIRE(cpu.exit_code == 0);
     REQUIRE(gpu.exit_code == 0);

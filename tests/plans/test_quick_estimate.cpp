@@ -118,9 +118,14 @@ void check_cp_estimate(const char* comm, int cp) {
   model.max_position_embeddings = 8192;
   Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
   DeviceProfile profile = roofline_profile(topology);
-  Plan plan = parse_plan({{"context_parallel_size", cp}, {"cp_comm_type", comm}, {"dp_size", 8 / cp},
-                          {"micro_batch_size", 1}, {"global_batch_size", 8 / cp}, {"attention_impl", "flash"},
-                          {"dropout", 0.0}, {"overlap_grad_reduce", false}},
+  Plan plan = parse_plan({{"context_parallel_size", cp},
+                          {"cp_comm_type", comm},
+                          {"dp_size", 8 / cp},
+                          {"micro_batch_size", 1},
+                          {"global_batch_size", 8 / cp},
+                          {"attention_impl", "flash"},
+                          {"dropout", 0.0},
+                          {"overlap_grad_reduce", false}},
                          "cp" + std::to_string(cp) + "-" + comm + ".json");
   auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
   INFO(comm << ": estimate " << e.step_time_s << " s (cp exposed " << e.cp_comm_s << " s), simulated " << simulated_s
@@ -144,7 +149,6 @@ TEST_CASE("the quick estimate costs the context-parallel all-to-alls as the simu
   check_cp_estimate("a2a", 2);  // (Ulysses: cp divides the 6 heads and 2 KV heads)
 }
 
-
 TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator's draws do", "[search]") {
   // tiny-moe widened (hidden 512, 16 experts of width 1,024, top 4, 1,024 tokens) with ep 8 over
   // one DGX H100, dropless, Zipf skew 1: the busiest ep rank's expert GEMMs and the dispatch and
@@ -162,9 +166,15 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
   model.max_position_embeddings = 1024;
   Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
   DeviceProfile profile = roofline_profile(topology);
-  Plan plan = parse_plan({{"dp_size", 8}, {"expert_model_parallel_size", 8}, {"micro_batch_size", 1},
-                          {"global_batch_size", 8}, {"attention_impl", "flash"}, {"dropout", 0.0},
-                          {"overlap_grad_reduce", false}, {"moe_routing", "skew"}, {"moe_routing_skew", 1.0}},
+  Plan plan = parse_plan({{"dp_size", 8},
+                          {"expert_model_parallel_size", 8},
+                          {"micro_batch_size", 1},
+                          {"global_batch_size", 8},
+                          {"attention_impl", "flash"},
+                          {"dropout", 0.0},
+                          {"overlap_grad_reduce", false},
+                          {"moe_routing", "skew"},
+                          {"moe_routing_skew", 1.0}},
                          "moe-skew.json");
   auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
   INFO("estimate " << e.step_time_s << " s (ep comm " << e.ep_comm_s << ", imbalance " << e.expert_imbalance_s

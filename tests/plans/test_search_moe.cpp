@@ -297,7 +297,8 @@ TEST_CASE("stepcast plan and compare-strategies search expert layouts on tiny-mo
   CHECK(slower);
   CHECK_THAT(s.output, Catch::Contains("routing skew"));
   CHECK_THAT(read_text_file(strategies + "/report.md"), Catch::Contains("## Routing skew"));
-  CHECK_THAT(read_text_file(strategies + "/report.html"), Catch::Contains("Simulated step time against the routing skew"));
+  CHECK_THAT(read_text_file(strategies + "/report.html"),
+             Catch::Contains("Simulated step time against the routing skew"));
   CHECK(std::filesystem::exists(strategies + "/routing-skew.csv"));
   std::filesystem::remove_all(out);
   std::filesystem::remove_all(strategies);
