@@ -38,8 +38,14 @@ double torus_mean_hops(const std::vector<int>& dimensions) {
 
 }  // namespace
 
+bool rail_staged_all_to_all(const Topology& topology) {
+  const IntraNodeKind kind = topology.node.intra_node.kind;
+  return kind == IntraNodeKind::nvswitch || kind == IntraNodeKind::nvlink;
+}
+
 LinkFigures link_figures(const Topology& topology) {
   LinkFigures links;
+  links.rail_staged = rail_staged_all_to_all(topology);
   links.intra_bandwidth_bytes_per_s = topology.node.intra_node.bandwidth_bytes_per_s;
   links.intra_latency_s = topology.node.intra_node.latency_s;
   const auto& fabric = topology.fabric;
@@ -122,7 +128,9 @@ double pairwise_time(double bytes, const GroupShape& shape, const LinkFigures& l
   const double intra = (k - 1) / n * bytes / links.intra_bandwidth_bytes_per_s;
   if (shape.nodes <= 1) return links.intra_latency_s + intra;
   const double inter = (n - k) / n * bytes / links.inter_bandwidth_bytes_per_s;
-  return links.inter_latency_s + std::max(intra, inter);
+  // Rail staging: what goes to other rails crosses NVLink first, beside the direct chunks.
+  const double staged = links.rail_staged ? (n - k) / n * (k - 1) / k * bytes / links.intra_bandwidth_bytes_per_s : 0;
+  return links.inter_latency_s + std::max(intra + staged, inter);
 }
 
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,

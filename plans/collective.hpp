@@ -42,8 +42,18 @@ struct LinkFigures {
   double intra_latency_s = 0;
   double inter_bandwidth_bytes_per_s = 0;
   double inter_latency_s = 0;
+  // all_to_all across nodes staged over NVLink to the destination's rail (rail_staged_all_to_all)
+  bool rail_staged = false;
 };
 LinkFigures link_figures(const Topology& topology);
+
+// NCCL (2.12 on, PXN, on by default) moves an all_to_all chunk for another node's device over
+// NVLink to the device of its own node on the destination's rail, whose NIC sends it: the
+// all_to_all's inter-node traffic stays on rails, one message per (node, destination) (NVIDIA,
+// "Doubling all2all Performance with NVIDIA Collective Communication Library 2.12", 2022). True
+// where the node's devices share NVLink (nvswitch, nvlink); MPI over PCIe or shared memory sends
+// directly.
+bool rail_staged_all_to_all(const Topology& topology);
 
 // Modelled time of one collective of `bytes` payload per rank (the buffer size) with `algorithm`.
 // ring: 2(n−1) steps for all_reduce, n−1 for reduce_scatter / all_gather, each at the slowest
@@ -53,7 +63,9 @@ LinkFigures link_figures(const Topology& topology);
 // is not modelled); hierarchical: intra-node reduce_scatter, inter-node ring on S/k per
 // local rank (k NIC paths in parallel), intra-node all_gather; pairwise (all_to_all only): every
 // member sends each other member 1/n of S at once, the (k−1)/n on its node over the intra-node
-// link and the (n−k)/n elsewhere over its NIC share concurrently, α + the larger.
+// link and the (n−k)/n elsewhere over its NIC share concurrently, α + the larger; rail-staged
+// (links.rail_staged), the intra-node link also carries the (n−k)/n·(k−1)/k bound for other
+// rails.
 double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape,
                          const LinkFigures& links);
 

@@ -36,11 +36,46 @@ void append_ring_phase(std::vector<CollectiveStep>& out, const std::vector<int64
 
 int64_t ring_steps(OpKind kind, int64_t n) { return kind == OpKind::all_reduce ? 2 * (n - 1) : n - 1; }
 
+// A pairwise all_to_all's one step under rail staging (GroupLayout::rail_staged): member m of
+// node a at position p sends each member q of its node the chunks m has for position q on every
+// node (q's own and those q forwards), and, for position p, sends each other node's member p what
+// node a has for it; it receives likewise.
+CollectiveStep rail_staged_step(double chunk, const GroupLayout& layout, int64_t member, const ChunkScale& chunks) {
+  std::map<int64_t, std::vector<int64_t>> by_node;  // node → its members, in member order
+  for (int64_t i = 0; i < int64_t(layout.node_of.size()); ++i) by_node[layout.node_of[i]].push_back(i);
+  const int64_t my_node = layout.node_of[member];
+  const std::vector<int64_t>& mine = by_node.at(my_node);
+  int64_t position = 0;
+  while (mine[position] != member) ++position;
+  CollectiveStep step;
+  for (int64_t q = 0; q < int64_t(mine.size()); ++q) {  // NVLink: to my node's member q
+    if (q == position) continue;
+    double out = 0, in = 0;
+    for (const auto& [node, members] : by_node) {
+      STEPCAST_CHECK(members.size() == mine.size(), "rail staging needs as many members on every node");
+      out += chunk * chunks.at(member, members[q]);
+      in += chunk * chunks.at(mine[q], members[position]);
+    }
+    step.sends.push_back({mine[q], out});
+    step.recvs.push_back({mine[q], in});
+  }
+  for (const auto& [node, members] : by_node) {  // NIC: position p of every other node
+    if (node == my_node) continue;
+    const int64_t peer = members[position];
+    double out = 0, in = 0;
+    for (int64_t source : mine) out += chunk * chunks.at(source, peer);
+    for (int64_t source : members) in += chunk * chunks.at(source, member);
+    step.sends.push_back({peer, out});
+    step.recvs.push_back({peer, in});
+  }
+  return step;
+}
+
 }  // namespace
 
 std::vector<CollectiveStep> collective_steps(OpKind kind, Algorithm algorithm, double bytes,
                                              const GroupLayout& layout, int64_t member,
-                                             bool phase_flows) {
+                                             bool phase_flows, const ChunkScale& chunks) {
   int64_t n = int64_t(layout.node_of.size());
   std::vector<CollectiveStep> out;
   if (n <= 1) return out;
@@ -50,10 +85,15 @@ std::vector<CollectiveStep> collective_steps(OpKind kind, Algorithm algorithm, d
     case Algorithm::none:
       return out;
     case Algorithm::pairwise: {  // one step: a chunk to and from every other member, all at once
+      if (layout.rail_staged) {
+        out.push_back(rail_staged_step(bytes / double(n), layout, member, chunks));
+        return out;
+      }
       CollectiveStep step;
       for (int64_t k = 1; k < n; ++k) {
-        step.sends.push_back({(member + k) % n, bytes / double(n)});
-        step.recvs.push_back({(member + n - k) % n, bytes / double(n)});
+        const int64_t to = (member + k) % n, from = (member + n - k) % n;
+        step.sends.push_back({to, bytes / double(n) * chunks.at(member, to)});
+        step.recvs.push_back({from, bytes / double(n) * chunks.at(from, member)});
       }
       out.push_back(step);
       return out;

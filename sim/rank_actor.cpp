@@ -355,9 +355,8 @@ class RankActor {
     if (!inserted) it->second = std::max(it->second, now());
     out_.state[slot_].collective_key[op.id] = key;
     run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
-                                 group->layout, member, plan().phase_flows);
+                                 group->layout, member, plan().phase_flows, ep_chunks(op));
     if (beside_compute(op)) slow_compute(group->spans_nodes, +1);
-    scale_ep_sends(op, member, run.steps);
     run.step = 0;
     run.run = {op.id};
     if (start_step(stream)) return 0;
@@ -368,15 +367,12 @@ class RankActor {
   // An ep all_to_all under drawn routing: the bytes to an ep rank scale with its experts' load
   // (the dispatch forward and the combine's backward carry tokens to their experts), the bytes
   // from it with its own (the combine, and the dispatch's backward).
-  void scale_ep_sends(const Op& op, int64_t member, std::vector<CollectiveStep>& steps) const {
+  ChunkScale ep_chunks(const Op& op) const {
     const auto& loads = plan().ep_load[role_index_];
-    if (loads.empty()) return;
     auto it = loads.find(op.id);
-    if (it == loads.end()) return;
+    if (it == loads.end()) return {};
     const bool to_experts = (op.name == OpName::ep_dispatch) == (op.phase != Phase::backward);
-    for (CollectiveStep& step : steps) {
-      for (Transfer& t : step.sends) t.bytes *= it->second[size_t(to_experts ? t.peer : member)];
-    }
+    return {&it->second, to_experts};
   }
 
   // Starts the current step's flows; false when no steps are left.

@@ -19,6 +19,17 @@ namespace {
 // Longer than any training step: a cost beyond it comes from an implausible figure.
 constexpr double kMaxOpTimeS = 1e7;
 
+// Every node of the group holds as many of its members, more than one (rail staging pairs them by
+// their position on their node).
+bool same_count_per_node(const GroupLayout& layout) {
+  std::map<int64_t, int64_t> count;
+  for (int64_t node : layout.node_of) ++count[node];
+  for (const auto& [node, c] : count) {
+    if (c != count.begin()->second) return false;
+  }
+  return count.begin()->second > 1;
+}
+
 bool group_spans_folded_ranks(GroupKind kind) {
   return kind == GroupKind::model || kind == GroupKind::world || kind == GroupKind::instance;
 }
@@ -193,6 +204,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         g->members = members;
         for (int64_t m : members) g->layout.node_of.push_back(m / per_node);
         for (int64_t node : g->layout.node_of) g->spans_nodes |= node != g->layout.node_of.front();
+        g->layout.rail_staged = g->spans_nodes && rail_staged_all_to_all(topology) && same_count_per_node(g->layout);
       }
       plan.groups[slot][kind] = g;
     }
