@@ -4,8 +4,7 @@
 # H100 under ep 1, 2, 4, 8 (its example plan otherwise); Qwen3-235B-A22B on 256 H100 (tp 2, pp 8,
 # dp 16) under ep 4, 8, 16 and the allgather dispatcher; the same Qwen3 plan with moe_routing skew
 # 0 to 1.5 (expert e's share ∝ 1/(e+1)^skew); the DeepSeek-V3-shaped example on 2,048 H100 last
-# (about 2 minutes when this was written, at 92a4068; since the ep all_to_all became one step of
-# n−1 concurrent flows, stopped unfinished after 43 minutes on the 2-core machine: leave it out
+# (20 minutes on the 2-core machine with the all_to_all rail-staged: 42 M activities; leave it out
 # with SKIP_DEEPSEEK=1). Figures are printed, nothing is asserted.
 # BUILD=DIR picks the build directory (default build/). SKEW_REPORT=DIR also runs compare-strategies
 # on Mixtral 8x7B / 64 H100 with --moe-skew-sweep and writes its report (the chart of step time
