@@ -242,6 +242,7 @@ int SpreadRunner::stop(int code) {
   while (!outbox_.progress() && seconds_since(start) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   // A rank that stopped answering cannot finalize: end the job (the outputs are written).
   if (silent) {
+    local_.remove_folder();
     std::cout.flush();
     MPI_Abort(MPI_COMM_WORLD, exit_code);
   }

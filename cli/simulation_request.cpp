@@ -102,7 +102,9 @@ fs::path make_temp_folder(const std::string& prefix) {
   return dir;
 }
 
-LocalRunner::~LocalRunner() {
+LocalRunner::~LocalRunner() { remove_folder(); }
+
+void LocalRunner::remove_folder() {
   std::error_code ec;
   if (!dir_.empty()) fs::remove_all(dir_, ec);
 }

@@ -72,6 +72,8 @@ class LocalRunner : public SimulationRunner {
   int ranks() const override { return 1; }
   int threads(int jobs) const override { return jobs; }
   SimulationOutcome run(const SimulationRequest& request, int jobs) override;
+  // Removes the folder now (a job about to be aborted runs no destructor); no simulation may run.
+  void remove_folder();
 
  private:
   std::once_flag made_;
