@@ -95,7 +95,7 @@ TEST_CASE("spread: a refused input is reported once, by rank 0, with exit 2", "[
   CHECK(count_of(r.output, "stepcast scale: error:") == 1);
 }
 
-TEST_CASE("spread: a rank whose simulations are killed mid-sweep is named; the sweep completes on the others",
+TEST_CASE("spread: a rank whose simulations are killed mid-sweep is named and the sweep completes on the others",
           "[spread]") {
   std::string one = fresh_dir("spread-fault-1"), two = fresh_dir("spread-fault-2");
   CommandResult single = run_shell(std::string(STEPCAST_BINARY) + kPlanArguments + one);
