@@ -13,6 +13,7 @@
 
 #include "calibrate.hpp"
 #include "child_simulate.hpp"
+#include "distributed_simulations.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
@@ -135,6 +136,10 @@ int run_calibrate(int argc, char** argv) {
       "run's error before and after, and its leave-one-out error (the run predicted by the fit to\n"
       "the others). Writes DIR/profile.json (the calibrated profile) and DIR/calibrate.json.");
   if (!vm) return 0;
+  if (launched_job_size() != 1) {
+    throw InputError("command line: calibrate under an MPI launcher: its profiles live in its output folder, so its "
+                     "simulations stay on one machine; valid: start it without mpirun or srun");
+  }
   claim_out_option(*vm, "calibrate");
   std::vector<CalibrationParam> params = parse_calibration_params((*vm)["params"].as<std::string>());
   int jobs = (*vm)["jobs"].as<int>();
@@ -194,10 +199,11 @@ int run_calibrate(int argc, char** argv) {
     std::vector<std::vector<double>> result(settings.size(), std::vector<double>(runs.size(), std::nan("")));
     std::mutex mutex;
     std::string failure;
+    LocalRunner local;  // children of this process: calibrate does not spread over an MPI job
     parallel_for(int64_t(tasks.size()), jobs, [&](int64_t i) {
       const Task& t = tasks[size_t(i)];
       try {
-        ChildSimulator child(runs[t.run].model, " --profile " + shell_quote(profile_files[t.setting]), mode);
+        ChildSimulator child(runs[t.run].model, " --profile " + shell_quote(profile_files[t.setting]), local, jobs, mode);
         double step = child.simulate("run", runs[t.run].plan, runs[t.run].topology).step_time_s;
         std::lock_guard<std::mutex> lock(mutex);
         result[t.setting][t.run] = step;

@@ -1,6 +1,7 @@
 // Simulations in child processes for the commands that compare many plans (plan,
-// compare-strategies, scale): each runs `stepcast simulate --mode MODE --no-scaling --no-records`
-// through /proc/self/exe, since a process holds one SimGrid engine (SimGrid keeps one engine per process).
+// compare-strategies, scale, validate --sweep published, calibrate): each runs `stepcast simulate
+// --mode MODE --no-scaling --no-records` through /proc/self/exe, since a process holds one SimGrid
+// engine, on this machine or on another rank of an MPI job (the SimulationRunner's choice).
 // Safe to call from several threads: one child each, results kept by a key the caller chooses.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include "json_input.hpp"
 #include "model.hpp"
 #include "plan.hpp"
+#include "simulation_request.hpp"
 #include "topology.hpp"
 
 namespace stepcast::cli {
@@ -41,10 +43,10 @@ struct Simulated {
 class ChildSimulator {
  public:
   // profile_arguments: " --profile ARG [...]" (child_profile_arguments); mode: simulate's
-  // --mode, "fast" or "approx".
-  ChildSimulator(const ModelConfig& model, std::string profile_arguments, std::string mode = "fast");
+  // --mode, "fast" or "approx"; `jobs`: the command's --jobs, each rank's simulations at once.
+  ChildSimulator(const ModelConfig& model, std::string profile_arguments, SimulationRunner& runner, int jobs,
+                 std::string mode = "fast");
   const std::string& mode() const { return mode_; }
-  ~ChildSimulator();
   ChildSimulator(const ChildSimulator&) = delete;
   ChildSimulator& operator=(const ChildSimulator&) = delete;
 
@@ -54,13 +56,13 @@ class ChildSimulator {
   std::optional<Simulated> result(const std::string& key) const;
 
  private:
-  const ModelConfig& model_;
-  std::string model_argument_;  // " --model FILE [--seq-length N]" for the children
+  std::string model_json_;       // the model file's text, or a model without a file's config
+  std::string model_arguments_;  // " --seq-length N" where the command line set it
   std::string profile_arguments_;
+  SimulationRunner& runner_;
+  int jobs_;
   std::string mode_;
-  std::filesystem::path dir_;
   mutable std::mutex mutex_;
-  int64_t next_ = 0;
   std::map<std::string, Simulated> results_;
 };
 

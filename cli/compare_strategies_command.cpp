@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "child_simulate.hpp"
+#include "distributed_simulations.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
@@ -106,7 +107,7 @@ std::vector<double> skew_sweep_from(const po::variables_map& vm) {
   return skews;
 }
 
-// Simulates every plan, `jobs` at a time, with a progress line; the failures' messages by plan name.
+// Simulates every plan from `jobs` threads, with a progress line; the failures' messages by plan name.
 std::map<std::string, std::string> simulate_all(ChildSimulator& simulator, const std::vector<const Plan*>& plans,
                                                 const Topology& topology, int jobs, const std::string& label) {
   std::map<std::string, std::string> errors;
@@ -128,7 +129,7 @@ std::map<std::string, std::string> simulate_all(ChildSimulator& simulator, const
 }
 
 // Each simulated row's plan again under each skew of the sweep (a plan once, under its first
-// row's strategy), `jobs` at a time.
+// row's strategy), from `jobs` threads.
 std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const StrategyReport& report,
                                       const std::vector<Candidate*>& chosen, ChildSimulator& simulator,
                                       const Topology& topology, int jobs) {
@@ -176,7 +177,7 @@ std::vector<SkewPoint> simulate_skews(const std::vector<double>& skews, const St
 
 }  // namespace
 
-int run_compare_strategies(int argc, char** argv) {
+int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
   po::options_description options("stepcast compare-strategies options");
   options.add_options()
       ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
@@ -191,7 +192,7 @@ int run_compare_strategies(int argc, char** argv) {
        "fp8_recipe of every candidate with --fp8: delayed (Megatron's default) or tensorwise (current scaling)")
       ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
-      ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
+      ("jobs", po::value<int>()->default_value(2), "concurrent simulations (on each rank under mpirun)")
       ("moe-skew-sweep", po::value<std::string>(),
        "mixtures of experts: simulate each row's plan again with its routing skewed by each Zipf exponent of "
        "this list (e.g. 0,0.5,1,1.5): a routing-skew table, and a chart in report.html")
@@ -208,7 +209,7 @@ int run_compare_strategies(int argc, char** argv) {
       "                                   [--ep LIST] [--etp LIST] [--moe-dispatcher D]\n"
       "                                   [--moe-capacity-factor F] [--moe-routing-skew S]\n"
       "                                   [--moe-skew-sweep LIST]\n"
-      "                                   [--sim-mode approx|fast] [--out DIR]\n"
+      "                                   [--sim-mode approx|fast] [--jobs J] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism, ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
       "rest), context parallelism (cp 2-8 over the ring, with --attention flash) and the best plan. Each strategy's row is its best plan by the quick estimate\n"
@@ -217,7 +218,8 @@ int run_compare_strategies(int argc, char** argv) {
       "per rank, and whether it fits. A mixture of experts adds expert-layout rows (EP 1, EP in a\n"
       "node, EP across nodes, the allgather dispatcher, etp 1 under tp) with the estimate's\n"
       "dispatch and combine time, its routing imbalance and the simulation's variation;\n"
-      "--moe-skew-sweep simulates each row's plan again under each routing skew of a list.");
+      "--moe-skew-sweep simulates each row's plan again under each routing skew of a list." +
+          std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "compare-strategies");
   std::optional<int> nodes;
@@ -300,13 +302,13 @@ int run_compare_strategies(int argc, char** argv) {
   }
   // Simulate each distinct chosen plan, `jobs` at a time.
   const std::string& sim_mode = report.sim_mode;
-  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), sim_mode);
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), runner, jobs, sim_mode);
   std::vector<const Plan*> distinct;
   for (Candidate* c : chosen) {
     if (c && std::find(distinct.begin(), distinct.end(), &c->plan) == distinct.end()) distinct.push_back(&c->plan);
   }
   std::map<std::string, std::string> errors =
-      simulate_all(simulator, distinct, topology, jobs, "simulate --mode " + sim_mode);
+      simulate_all(simulator, distinct, topology, runner.threads(jobs), "simulate --mode " + sim_mode);
   for (size_t i = 0; i < report.rows.size(); ++i) {
     StrategyRow& row = report.rows[i];
     if (!chosen[i]) continue;
@@ -341,7 +343,7 @@ int run_compare_strategies(int argc, char** argv) {
     }
   }
   for (const auto& [name, e] : errors) std::cerr << "warning: simulating " << name << " failed: " << e << "\n";
-  if (!skews.empty()) report.skew_points = simulate_skews(skews, report, chosen, simulator, topology, jobs);
+  if (!skews.empty()) report.skew_points = simulate_skews(skews, report, chosen, simulator, topology, runner.threads(jobs));
 
   // Columns as wide as their longest entry.
   size_t name_width = 9, plan_width = 5;

@@ -2,22 +2,29 @@
 // and exit codes (2: bad input, 3: internal error — a bug to report, 1: anything else).
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "distributed_simulations.hpp"
 #include "errors.hpp"
 #include "json_input.hpp"
 #include "version.hpp"
 
 namespace {
 
+using stepcast::cli::SimulationRunner;
+
+// A command runs alone (run), or runs many simulations through a runner (run_spread: spread over
+// the ranks when an MPI launcher started it, distributed_simulations.hpp).
 struct Command {
   const char* name;
   int (*run)(int, char**);
   const char* summary;
+  int (*run_spread)(int, char**, SimulationRunner&) = nullptr;
 };
 
 const std::vector<Command> kCommands = {
@@ -29,17 +36,17 @@ const std::vector<Command> kCommands = {
      "predict step time, breakdown, MFU, memory and scaling on SimGrid"},
     {"run", stepcast::cli::run_run,
      "train the plan for real under mpirun (CPU backend) and measure it"},
-    {"plan", stepcast::cli::run_plan,
-     "search every plan, prune what cannot run, rank and re-simulate the best"},
-    {"compare-strategies", stepcast::cli::run_compare_strategies,
-     "pure DP, ZeRO-1/2/3, TP, PP and the best 3D plan side by side"},
-    {"scale", stepcast::cli::run_scale,
-     "strong or weak scaling of a plan over node counts: speedup, efficiency, Amdahl"},
+    {"plan", nullptr,
+     "search every plan, prune what cannot run, rank and re-simulate the best", stepcast::cli::run_plan},
+    {"compare-strategies", nullptr,
+     "pure DP, ZeRO-1/2/3, TP, PP and the best 3D plan side by side", stepcast::cli::run_compare_strategies},
+    {"scale", nullptr,
+     "strong or weak scaling of a plan over node counts: speedup, efficiency, Amdahl", stepcast::cli::run_scale},
     {"compare", stepcast::cli::run_compare, "join a prediction and a measurement op by op: the errors"},
     {"profile", stepcast::cli::run_profile,
      "measure this machine's kernels and links under mpirun: a device profile"},
-    {"validate", stepcast::cli::run_validate,
-     "run a sweep end to end (simulate, run, compare): report.md and report.html"},
+    {"validate", nullptr,
+     "run a sweep end to end (simulate, run, compare): report.md and report.html", stepcast::cli::run_validate},
     {"goodput", stepcast::cli::run_goodput,
      "time to train N tokens with failures: checkpoint interval, lost work, restarts"},
     {"calibrate", stepcast::cli::run_calibrate,
@@ -61,6 +68,23 @@ void print_help() {
             << "Megatron-LM launch line; a plan without dp_size uses every device (world / tp·pp·cp).\n"
             << "--nodes N overrides the topology's node count. Exit codes: 0 ok, 2 bad input,\n"
             << "3 internal error. Man page: stepcast.1; bash completion: stepcast completion bash.\n";
+}
+
+// Runs `body`; its errors as one line each under `head`, and their exit codes (2: bad input, 3: a bug).
+int reporting_errors(const std::string& head, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const stepcast::InputError& e) {
+    stepcast::write_stderr_line(head + "error: " + e.what() + "\n");
+    return stepcast::kInputErrorExitCode;
+  } catch (const std::bad_alloc&) {
+    stepcast::write_stderr_line(head + "out of memory\n");
+    return 3;
+  } catch (const std::exception& e) {
+    // Anything but an InputError is a bug of stepcast: input is checked before it is used.
+    stepcast::write_stderr_line(head + "internal error (please report): " + e.what() + "\n");
+    return 3;
+  }
 }
 
 }  // namespace
@@ -85,9 +109,18 @@ int stepcast::cli::stepcast_main(int argc, char** argv) {
   }
   // Each message is written whole in one write: ranks of an MPI job share the stream.
   const std::string head = "stepcast " + stepcast::printable_excerpt(name, 40) + ": ";
-  try {
+  return reporting_errors(head, [&] {
     for (const auto& c : kCommands) {
-      if (name == c.name) return c.run(argc - 1, argv + 1);
+      if (name != c.name) continue;
+      if (!c.run_spread) return c.run(argc - 1, argv + 1);
+      if (stepcast::cli::launched_job_size() == 1) {
+        stepcast::cli::LocalRunner local;
+        return c.run_spread(argc - 1, argv + 1, local);
+      }
+      // Rank 0 runs the command, the other ranks its simulations; errors reported on rank 0, once.
+      return stepcast::cli::run_spread(name, argc - 1, argv + 1, [&](SimulationRunner& runner) {
+        return reporting_errors(head, [&] { return c.run_spread(argc - 1, argv + 1, runner); });
+      });
     }
     std::vector<std::string> names;
     for (const auto& c : kCommands) names.push_back(c.name);
@@ -95,15 +128,5 @@ int stepcast::cli::stepcast_main(int argc, char** argv) {
                                 "' (closest: '" + stepcast::closest_name(name, names) +
                                 "'); see stepcast --help\n");
     return stepcast::kInputErrorExitCode;
-  } catch (const stepcast::InputError& e) {
-    stepcast::write_stderr_line(head + "error: " + e.what() + "\n");
-    return stepcast::kInputErrorExitCode;
-  } catch (const std::bad_alloc&) {
-    stepcast::write_stderr_line(head + "out of memory\n");
-    return 3;
-  } catch (const std::exception& e) {
-    // Anything but an InputError is a bug of stepcast: input is checked before it is used.
-    stepcast::write_stderr_line(head + "internal error (please report): " + e.what() + "\n");
-    return 3;
-  }
+  });
 }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "child_simulate.hpp"
+#include "distributed_simulations.hpp"
 #include "commands.hpp"
 #include "energy.hpp"
 #include "errors.hpp"
@@ -84,7 +85,7 @@ void print_estimate_quality(const std::vector<Candidate>& ranked) {
 
 }  // namespace
 
-int run_plan(int argc, char** argv) {
+int run_plan(int argc, char** argv, SimulationRunner& runner) {
   po::options_description options("stepcast plan options");
   options.add_options()
       ("model", po::value<std::string>(), "model config JSON (models/*.json), or a shipped name")
@@ -120,7 +121,7 @@ int run_plan(int argc, char** argv) {
       ("attention", po::value<std::string>()->default_value("materialized"),
        "attention_impl of every candidate: materialized or flash")
       ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
-      ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations")
+      ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations (on each rank under mpirun)")
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
        "DIR/report.md, DIR/report.html, and the report's tables as DIR/best-plans.csv and DIR/pruned.csv");
@@ -157,7 +158,8 @@ int run_plan(int argc, char** argv) {
       "of experts: from its persistent bytes, then walking every stage). Each plan\n"
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
-      "prunes those it cannot.");
+      "prunes those it cannot." +
+          std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "plan");
   auto wall_start = std::chrono::steady_clock::now();
@@ -312,7 +314,7 @@ int run_plan(int argc, char** argv) {
     resolve_smallest_peaks(candidates, std::max(top, evaluate_count), model, topology, jobs);
   }
   auto search_end = std::chrono::steady_clock::now();
-  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), sim_mode);
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), runner, jobs, sim_mode);
   const std::string over_budget = "not simulated: over --simulate-budget-s";
   Evaluator evaluate = [&](const Plan& plan) {
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
@@ -320,7 +322,7 @@ int run_plan(int argc, char** argv) {
     return simulator.simulate(plan.name, plan, topology).step_time_s;
   };
   std::vector<Candidate> ranked =
-      search(std::move(candidates), evaluate, evaluate_count, jobs,
+      search(std::move(candidates), evaluate, evaluate_count, runner.threads(jobs),
              progress_printer("simulate --mode " + sim_mode), objective, evaluate_stride);
   auto simulate_end = std::chrono::steady_clock::now();
   for (auto& c : ranked) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "child_simulate.hpp"
+#include "distributed_simulations.hpp"
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
@@ -52,7 +53,7 @@ std::vector<int64_t> parse_node_list(const std::string& text) {
 
 }  // namespace
 
-int run_scale(int argc, char** argv) {
+int run_scale(int argc, char** argv, SimulationRunner& runner) {
   po::options_description options("stepcast scale options");
   options.add_options()
       ("model", po::value<std::string>()->required(), "model config JSON (models/*.json)")
@@ -60,7 +61,7 @@ int run_scale(int argc, char** argv) {
       ("plan", po::value<std::string>()->required(), "plan JSON: tp_size, pp_size, micro batch, ... (dp_size follows the devices)")
       ("nodes", po::value<std::string>()->required(), "node counts, e.g. 1,2,4,8")
       ("weak", po::bool_switch(), "weak scaling: keep the batch per dp rank (default: strong, keep the global batch)")
-      ("jobs", po::value<int>()->default_value(2), "concurrent simulations")
+      ("jobs", po::value<int>()->default_value(2), "concurrent simulations (on each rank under mpirun)")
       ("out", po::value<std::string>(), "write DIR/scale.json, DIR/report.md, DIR/report.html and the table as DIR/scale.csv");
   add_profile_options(options, "for the simulations");
   add_seq_length_option(options);
@@ -74,7 +75,8 @@ int run_scale(int argc, char** argv) {
       "scaling at the plan's global batch, or weak scaling (--weak) at its batch per dp rank.\n"
       "Prints step time, speedup and efficiency against the smallest run, the Amdahl serial\n"
       "fraction that fits them (least squares), and the terms of the step that grow (exposed\n"
-      "communication, bubble).");
+      "communication, bubble)." +
+          std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "scale");
   ModelConfig model = load_model_option(*vm);
@@ -146,9 +148,9 @@ int run_scale(int argc, char** argv) {
   std::cout << "stepcast scale: " << model_label(model) << ", plan " << base.name << " (tp " << base.tp_size
             << ", pp " << base.pp_size << "), " << (weak ? "weak" : "strong") << " scaling on "
             << report.points.size() << " node counts, profile " << profile_choice.describe() << "\n";
-  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), report.sim_mode);
+  ChildSimulator simulator(model, child_profile_arguments(profile_choice, *vm), runner, jobs, report.sim_mode);
   parallel_for(
-      int64_t(plans.size()), jobs,
+      int64_t(plans.size()), runner.threads(jobs),
       [&](int64_t i) {
         ScalePoint& p = report.points[size_t(i)];
         if (!p.error.empty()) return;

@@ -37,7 +37,8 @@ namespace {
 const char* const kUsage =
     "usage: stepcast validate --sweep S [--out DIR] [--repeats R] [--profile F]\n"
     "       stepcast validate --sweep published [--out DIR] [--rows A,B,...] [--profile-dir D]\n"
-    "                                           [--baseline PUBLISHED_JSON]\n"
+    "                                           [--baseline PUBLISHED_JSON] [--jobs J]\n"
+    "       mpirun -np N stepcast validate --sweep published ...   (or srun: its simulations over the ranks)\n"
     "Runs a sweep end to end: for each point, simulate (with the sweep's device profile, or one\n"
     "measured first with `stepcast profile`), run the executor R times under scripts/mpirun\n"
     "--bind-to core (one rank per core, one BLAS thread), and compare the prediction with the\n"
@@ -50,7 +51,9 @@ const char* const kUsage =
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
-    "model (a section per profile and family).";
+    "model (a section per profile and family). Under mpirun -np N or srun --mpi=pmix, --sweep\n"
+    "published spreads its simulations over the ranks, --jobs at a time on each, rank 0 writing\n"
+    "every output (README \"Running a study across a cluster\"); a sweep file refuses to.";
 
 // scripts/mpirun of the build tree's repository or of the install (shipped_path).
 std::string repository_file(const std::string& relative) {
@@ -254,7 +257,7 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
 
 }  // namespace
 
-int run_validate(int argc, char** argv) {
+int run_validate(int argc, char** argv, SimulationRunner& runner) {
   po::options_description options("stepcast validate options");
   options.add_options()
       ("sweep", po::value<std::string>()->required(),
@@ -273,7 +276,10 @@ int run_validate(int argc, char** argv) {
       ("figures", po::value<std::string>(),
        "with --sweep published: the published figures from this file instead of data/published.json")
       ("rows", po::value<std::string>(),
-       "with --sweep published: only these rows, comma-separated (e.g. megatron-1.7b,nccl-149-dgx-a100)");
+       "with --sweep published: only these rows, comma-separated (e.g. megatron-1.7b,nccl-149-dgx-a100)")
+      ("jobs", po::value<int>(),
+       "with --sweep published: concurrent simulations on each rank (default 2); under mpirun or srun "
+       "the simulations spread over the job's ranks (README \"Running a study across a cluster\")");
   auto vm = parse_command_line(argc, argv, options, kUsage);
   if (!vm) return 0;
   std::string sweep_arg = (*vm)["sweep"].as<std::string>();
@@ -291,18 +297,24 @@ int run_validate(int argc, char** argv) {
     if (vm->count("profile-dir")) published.profile_dir = (*vm)["profile-dir"].as<std::string>();
     if (vm->count("baseline")) published.baseline = (*vm)["baseline"].as<std::string>();
     if (vm->count("figures")) published.figures_file = (*vm)["figures"].as<std::string>();
+    if (vm->count("jobs")) published.jobs = (*vm)["jobs"].as<int>();
     if (vm->count("rows")) {
       std::stringstream list((*vm)["rows"].as<std::string>());
       for (std::string name; std::getline(list, name, ',');) {
         if (!name.empty()) published.rows.push_back(name);
       }
     }
-    return validate_published(out, published);
+    return validate_published(out, published, runner);
   }
-  for (const char* option : {"rows", "profile-dir", "baseline", "figures"}) {
+  for (const char* option : {"rows", "profile-dir", "baseline", "figures", "jobs"}) {
     if (vm->count(option)) {
       throw InputError(std::string("command line: --") + option + " applies to --sweep published only");
     }
+  }
+  if (runner.ranks() > 1) {
+    throw InputError("command line: --sweep " + sweep_arg + " under an MPI launcher (" + std::to_string(runner.ranks()) +
+                     " ranks): a sweep file's points launch their own mpirun; valid: start it without mpirun or "
+                     "srun, or --sweep published, whose simulations spread over the ranks");
   }
   auto wall_start = std::chrono::steady_clock::now();
 

@@ -39,7 +39,7 @@ fs::path repository_root() {
 // One Table 1 row: the model and plan files under `inputs`, simulated in a child process by
 // ChildSimulator (which removes the child's prediction: thousands of ranks' op records).
 MegatronResult simulate_row(const MegatronRow& row, const fs::path& inputs, const fs::path& repo,
-                            const std::string& profile_file) {
+                            const std::string& profile_file, SimulationRunner& runner, int jobs) {
   MegatronResult r;
   r.row = &row;
   r.nodes = row.nodes();
@@ -50,7 +50,7 @@ MegatronResult simulate_row(const MegatronRow& row, const fs::path& inputs, cons
         load_topology((repo / "topologies" / "dgx-a100-80gb.json").string(), int(r.nodes));
     Plan plan = load_plan((inputs / (row.name + ".plan.json")).string());
     validate_plan(plan, model, topology);
-    ChildSimulator child(model, " --profile " + shell_quote(profile_file));
+    ChildSimulator child(model, " --profile " + shell_quote(profile_file), runner, jobs);
     Simulated s = child.simulate(row.name, plan, topology);
     r.step_time_s = s.step_time_s;
     r.tflops_per_gpu = megatron_iteration_flops(row) / (r.step_time_s * double(row.gpus)) / 1e12;
@@ -99,11 +99,7 @@ Json profile_record(const std::string& path, const fs::path& repo) {
 
 }  // namespace
 
-int validate_published(const std::string& out_dir) {
-  return validate_published(out_dir, PublishedOptions{});
-}
-
-int validate_published(const std::string& out_dir, const PublishedOptions& options) {
+int validate_published(const std::string& out_dir, const PublishedOptions& options, SimulationRunner& runner) {
   if (options.jobs < 1) throw InputError("command line: --jobs must be >= 1");
   auto wall_start = std::chrono::steady_clock::now();
   fs::path repo = repository_root();
@@ -171,9 +167,9 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
   std::vector<MegatronResult> results(rows_to_run.size());
   std::mutex print;
   size_t done = 0;
-  parallel_for(int64_t(rows_to_run.size()), options.jobs, [&](int64_t index) {
+  parallel_for(int64_t(rows_to_run.size()), runner.threads(options.jobs), [&](int64_t index) {
     size_t i = size_t(index);
-    results[i] = simulate_row(*rows_to_run[i], inputs, repo, a100_profile);
+    results[i] = simulate_row(*rows_to_run[i], inputs, repo, a100_profile, runner, options.jobs);
     std::lock_guard<std::mutex> lock(print);
     const MegatronResult& r = results[i];
     ++done;

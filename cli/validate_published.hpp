@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "simulation_request.hpp"
+
 namespace stepcast::cli {
 
 struct PublishedOptions {
@@ -27,8 +29,8 @@ struct PublishedOptions {
 };
 
 // Writes OUT_DIR/published.md, published.json and published.html; prints a line per row.
-// Returns 0 when every row ran, 1 when a simulation failed (recorded in the report).
-int validate_published(const std::string& out_dir);
-int validate_published(const std::string& out_dir, const PublishedOptions& options);
+// Returns 0 when every row ran, 1 when a simulation failed (recorded in the report). The Table 1
+// rows' simulations run through `runner`, options.jobs at a time on each of its ranks.
+int validate_published(const std::string& out_dir, const PublishedOptions& options, SimulationRunner& runner);
 
 }  // namespace stepcast::cli

@@ -364,7 +364,7 @@ args=(--hostfile "$out/hostfile" --mca plm_rsh_agent "$repo/scripts/netns-cluste
       --mca oob_tcp_if_include $subnet_prefix.0.0/16 -x OPENBLAS_NUM_THREADS)
 [ "\$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
 case " \$* " in *" --bind-to "*) ;; *) args+=(--bind-to none) ;; esac
-for v in STEPCAST_TRACE_OPS STEPCAST_TEST_HANG STEPCAST_TEST_DIE; do
+for v in STEPCAST_TRACE_OPS STEPCAST_TEST_HANG STEPCAST_TEST_DIE STEPCAST_TEST_SIM_DIE; do
   [ -n "\${!v:-}" ] && args+=(-x "\$v")
 done
 exec mpirun "\${args[@]}" "\$@"

@@ -11,6 +11,10 @@
 //   STEPCAST_TEST_STOP=RANK:POINT  rank RANK stops (SIGSTOP, as a debugger or a frozen node would)
 //                                  at POINT: "checkpoint" (before it writes its checkpoint file)
 //                                  or "gather" (before the per-op records go to rank 0).
+//   STEPCAST_TEST_SIM_DIE=RANK:K   a command spread over an MPI job (plan, scale, ...: a child
+//                                  `simulate` of rank RANK, which inherits the launcher's rank
+//                                  variable) is killed (SIGKILL) as it starts, from that rank's
+//                                  K-th simulation on (0-based: its --out is RUNNER_DIR/K/out).
 // Production code has none of this: the executor only calls the backend's progress hooks.
 #include <mpi.h>
 
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -130,9 +135,32 @@ class FaultWrapper : public BackendWrapper {
   }
 };
 
+// STEPCAST_TEST_SIM_DIE in a `simulate` child (see the head of this file).
+void die_in_simulation_if_asked(int argc, char** argv) {
+  const char* spec = std::getenv("STEPCAST_TEST_SIM_DIE");
+  long long rank = -1, from = -1;
+  if (!spec || argc < 2 || std::strcmp(argv[1], "simulate") != 0) return;
+  if (std::sscanf(spec, "%lld:%lld", &rank, &from) != 2) return;
+  const char* mine = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!mine) mine = std::getenv("PMI_RANK");
+  if (!mine) mine = std::getenv("PMIX_RANK");
+  if (!mine || std::atoll(mine) != rank) return;
+  for (int i = 2; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--out") != 0) continue;
+    std::string folder = std::filesystem::path(argv[i + 1]).parent_path().filename().string();
+    if (folder.empty() || folder.find_first_not_of("0123456789") != std::string::npos) return;
+    long long k = std::atoll(folder.c_str());
+    if (k < from) return;
+    std::fprintf(stderr, "STEPCAST_TEST_SIM_DIE: killing simulation %lld of rank %lld\n", k, rank);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  die_in_simulation_if_asked(argc, argv);
   static const FaultWrapper wrapper;
   set_backend_wrapper(&wrapper);
   return stepcast::cli::stepcast_main(argc, argv);
