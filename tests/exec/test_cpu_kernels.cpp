@@ -57,7 +57,7 @@ TEST_CASE("linear backward matches finite differences and accumulates", "[kernel
   CHECK(max_abs_diff(dx_over, added(dx, dx0)) < 1e-14);
 }
 
-TEST_CASE("vocab-parallel embedding: shards sum to the full lookup; backward scatters", "[kernels]") {
+TEST_CASE("vocab-parallel embedding: shards sum to the full lookup — backward scatters", "[kernels]") {
   const int64_t s = 4, b = 2, h = 3, vocab = 6;
   std::vector<int32_t> tokens = {0, 5, 3, 3, 1, 2, 4, 5};
   Vec w = random_vec(vocab * h, 1), r = random_vec(s * b * h, 2);

@@ -5,7 +5,7 @@
 
 using namespace stepcast;
 
-TEST_CASE("energy: power × time per device, summed; cost: price × devices × hours", "[energy]") {
+TEST_CASE("energy: power × time per device, summed — cost: price × devices × hours", "[energy]") {
   // A 2 s step: a rank standing for 4 devices busy 1.5 s, waiting 0.3 s, idle 0.2 s; one device
   // busy 0.5 s, waiting 1.5 s. At 400 W busy and 100 W otherwise:
   //   4 · (1.5 · 400 + 0.5 · 100) + (0.5 · 400 + 1.5 · 100) = 4 · 650 + 350 = 2950 J.

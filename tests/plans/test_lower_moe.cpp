@@ -204,7 +204,7 @@ TEST_CASE("expert weights per rank: E/ep experts f_e/etp wide, reduced over edp"
   }
 }
 
-TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give; capacity buffers the capacity",
+TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give — capacity buffers the capacity",
           "[lower][moe][memory]") {
   ModelConfig model = tiny_moe();
   Topology topo = test::test_topology();

@@ -315,7 +315,7 @@ TEST_CASE("bad model configs are rejected with file, key and what is valid", "[m
   }
 }
 
-TEST_CASE("hub configs of Llama-shaped families: Mistral, Qwen2, Qwen3, Phi-3; Gemma and MoE refused by name",
+TEST_CASE("hub configs of Llama-shaped families: Mistral, Qwen2, Qwen3, Phi-3 — Gemma and MoE refused by name",
           "[model]") {
   // Mistral 7B v0.1's shape: a 4,096-token sliding window over 32,768 positions.
   Json mistral = base_config();

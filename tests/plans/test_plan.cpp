@@ -174,7 +174,7 @@ TEST_CASE("plan_to_json writes the resolved plan, which reads back unchanged", "
   CHECK(plan_to_json(reread) == written);
 }
 
-TEST_CASE("dtype sets the parameter dtype; gradients follow fp32 and fp64", "[plan]") {
+TEST_CASE("dtype sets the parameter dtype — gradients follow fp32 and fp64", "[plan]") {
   struct Case {
     Json keys;
     Dtype param;

@@ -71,7 +71,7 @@ TEST_CASE("scatter chart draws a point per finite value and the band around y = 
   CHECK(empty.find("no data") != std::string::npos);
 }
 
-TEST_CASE("bar charts draw one rectangle per value; stacks add up", "[html]") {
+TEST_CASE("bar charts draw one rectangle per value — stacks add up", "[html]") {
   html::ChartOptions o;
   o.title = "breakdown";
   std::vector<std::string> categories = {"p1", "p2", "p3"};

@@ -134,7 +134,7 @@ TEST_CASE("torus: two flows sharing a torus link take twice as long as one", "[s
   CHECK(links_matching(alone.at("y"), R"(torus\d+-d\d_(UP|DOWN))") == Names{"torus0-d1_UP"});
 }
 
-TEST_CASE("dragonfly: one global link between groups, none inside one; latency of the hops", "[sim]") {
+TEST_CASE("dragonfly: one global link between groups, none inside one — latency of the hops", "[sim]") {
   // 3 groups of 2 routers of 2 nodes: node n on router n / 2, of group n / 4. Group 0 holds its
   // link to group 1 on router 0 and to group 2 on router 1; group 1 its link to group 0 on router 1.
   DragonflySpec d;

@@ -36,7 +36,7 @@ TEST_CASE("variability: draws are reproducible, standard normal, truncated at 3"
   CHECK(highest > 2.5);
 }
 
-TEST_CASE("variability: device factors spread as the profile says; no spread, no change", "[variability]") {
+TEST_CASE("variability: device factors spread as the profile says — no spread, no change", "[variability]") {
   VariabilityDraws draws({0.03, 0}, 1);
   double sum = 0, squares = 0;
   const int n = 50000;
