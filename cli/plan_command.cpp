@@ -14,6 +14,7 @@
 #include "energy.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "plan_heterogeneous.hpp"
 #include "planner_common.hpp"
 #include "planner_report.hpp"
 #include "search.hpp"
@@ -111,6 +112,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       ("max-memory-fraction", po::value<double>()->default_value(1.0),
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("include-gpipe", po::bool_switch(), "also search the gpipe schedule")
+      ("heterogeneous", po::bool_switch(),
+       "on a topology of unequal devices: re-simulate each simulated pipeline plan with its layers per "
+       "stage in proportion to its stages' speeds, keeping the balanced plan where it fits and is faster")
       ("megatron-runnable", po::bool_switch(),
        "search only plans Megatron-LM can run as simulated (the others are pruned with the "
        "reason their NN-NAME.megatron.txt would give)")
@@ -139,7 +143,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "                     [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
       "                     [--fp8-recipe delayed|tensorwise] [--dropout P]\n"
-      "                     [--include-gpipe]\n"
+      "                     [--include-gpipe] [--heterogeneous]\n"
       "                     [--ep LIST] [--etp LIST] [--moe-dispatcher alltoall|allgather|both]\n"
       "                     [--moe-capacity-factor F] [--moe-routing-skew S]\n"
       "                     [--megatron-runnable]\n"
@@ -158,7 +162,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "of experts: from its persistent bytes, then walking every stage). Each plan\n"
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
-      "prunes those it cannot." +
+      "prunes those it cannot. --heterogeneous (a topology with \"heterogeneity\"): each simulated\n"
+      "plan with a pipeline is simulated again with layers per stage in proportion to its stages'\n"
+      "speeds (a stage's slowest device; also part of the way, where the fast stages would not\n"
+      "fit) and replaced by that plan where it fits and is faster; the gain over the even split\n"
+      "is printed and in plans.json. The estimate does not know unequal devices: raise --evaluate\n"
+      "to simulate more plans. Microbatches per replica stay equal." +
           std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "plan");
@@ -234,6 +243,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   if (top < 1 || jobs < 1 || evaluate_count < 0 || evaluate_stride < 0 || budget_s < 0) {
     throw InputError("command line: --top and --jobs must be >= 1, --evaluate, --evaluate-stride "
                      "and --simulate-budget-s >= 0");
+  }
+  const bool heterogeneous = (*vm)["heterogeneous"].as<bool>();
+  if (heterogeneous && topology.heterogeneity.empty()) {
+    throw_input_error(topology.file, "heterogeneity", "absent", "--heterogeneous balances plans for unequal devices",
+                      "a \"heterogeneity\" object (node_groups, node or device compute_speed_factor), or plan "
+                      "without --heterogeneous");
   }
   check_cluster_memory(model, topology);
   ProfileChoice profile_choice = profile_from(*vm, topology);
@@ -344,6 +359,11 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       if (c.plan.name == "launch-line") std::cout << "the launch line's plan is pruned: " << c.pruned_detail << "\n";
     }
   }
+  std::vector<BalancedPlan> balanced;
+  if (heterogeneous) {
+    balanced = balance_for_speed(ranked, model, topology, simulator, runner.threads(jobs));
+    print_balance(balanced);
+  }
   int64_t shown = std::min<int64_t>(top, int64_t(ranked.size()));
   for (int64_t i = 0; i < shown; ++i) resolve_peak(ranked[size_t(i)], model, topology);
 
@@ -449,6 +469,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
                      {"megatron_runnable_only", space.megatron_runnable_only},
                      {"profile", profile_json(profile_choice)}});
     out["top"] = top_json;
+    if (heterogeneous) out["heterogeneous"] = balance_json(balanced);
     Json all = Json::array();
     for (const auto& c : ranked) all.push_back(candidate_json(c, model));
     out["plans"] = all;

@@ -139,4 +139,31 @@ std::vector<int64_t> default_layers_per_stage(int64_t num_layers, int64_t num_vi
   return layers;
 }
 
+std::vector<int64_t> speed_balanced_layers_per_stage(int64_t num_layers, int64_t virtual_pp_size,
+                                                     const std::vector<double>& stage_speed) {
+  const int64_t pp = int64_t(stage_speed.size()), v = virtual_pp_size;
+  if (pp < 1 || v < 1 || num_layers < pp * v) {
+    throw InputError("speed_balanced_layers_per_stage: num_layers " + std::to_string(num_layers) + " on " +
+                     std::to_string(pp) + " stages of " + std::to_string(v) +
+                     " chunks; valid: num_layers >= stages x chunks >= 1");
+  }
+  for (double s : stage_speed) {
+    if (!(s > 0)) throw InputError("speed_balanced_layers_per_stage: a stage speed of " + std::to_string(s) +
+                                   "; valid: > 0");
+  }
+  std::vector<int64_t> per_stage(size_t(pp), v);
+  for (int64_t left = num_layers - pp * v; left > 0; --left) {
+    size_t best = 0;
+    for (size_t p = 1; p < per_stage.size(); ++p) {
+      if (double(per_stage[p] + 1) / stage_speed[p] < double(per_stage[best] + 1) / stage_speed[best]) best = p;
+    }
+    ++per_stage[best];
+  }
+  std::vector<int64_t> layers(size_t(pp * v));
+  for (int64_t p = 0; p < pp; ++p) {
+    for (int64_t c = 0; c < v; ++c) layers[size_t(c * pp + p)] = per_stage[size_t(p)] / v + (c < per_stage[size_t(p)] % v);
+  }
+  return layers;
+}
+
 }  // namespace stepcast

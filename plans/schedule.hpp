@@ -73,4 +73,14 @@ int64_t global_sample_index(int64_t step, int64_t global_batch_size, const Sampl
 // Throws InputError when L < S (a virtual stage would be empty).
 std::vector<int64_t> default_layers_per_stage(int64_t num_layers, int64_t num_virtual_stages);
 
+// Layers per virtual stage for pipeline stages of unequal speed (plan --heterogeneous):
+// stage_speed[p] is stage p's compute speed (its slowest device's factor). Each stage first
+// gets one layer per chunk; every further layer goes to the stage whose time would grow least,
+// the smallest (layers + 1) / speed (ties to the earlier stage), which minimises the largest
+// layers / speed; a stage's layers are then split over its virtual_pp_size chunks as evenly
+// as they go, the earlier chunks taking the remainder. Throws InputError when num_layers <
+// pp_size · virtual_pp_size or a speed is not positive.
+std::vector<int64_t> speed_balanced_layers_per_stage(int64_t num_layers, int64_t virtual_pp_size,
+                                                     const std::vector<double>& stage_speed);
+
 }  // namespace stepcast

@@ -319,6 +319,35 @@ TEST_CASE("sample mapping examples", "[schedule]") {
   CHECK_THROWS_AS(sample_slot(0, 0, 4), InputError);
 }
 
+TEST_CASE("layers per stage balanced by stage speed", "[schedule]") {
+  // 32 layers on 4 stages, the last at half speed: a layer costs 1/speed, so the slow stage
+  // takes about half a fast stage's share: 9, 9, 9, 5 (largest layers / speed: 10, not 16 as
+  // the even split 8 each would give).
+  CHECK(speed_balanced_layers_per_stage(32, 1, {1, 1, 1, 0.5}) == std::vector<int64_t>{9, 9, 9, 5});
+  // Equal speeds: the even split, the remainder to the earlier stages.
+  CHECK(speed_balanced_layers_per_stage(10, 1, {1, 1, 1}) == std::vector<int64_t>{4, 3, 3});
+  // Two chunks a stage (virtual stage c·pp + p): stage 0 (speed 2) holds 16 of 24 layers, 8 a
+  // chunk; stage 1 holds 8, 4 a chunk.
+  CHECK(speed_balanced_layers_per_stage(24, 2, {2, 1}) == std::vector<int64_t>{8, 4, 8, 4});
+  // An odd count over the chunks: the earlier chunk takes the extra layer.
+  CHECK(speed_balanced_layers_per_stage(7, 2, {1, 1}) == std::vector<int64_t>{2, 2, 2, 1});
+  // Every chunk keeps a layer however slow its stage.
+  CHECK(speed_balanced_layers_per_stage(6, 1, {1, 1, 0.01}) == std::vector<int64_t>{3, 2, 1});
+  // The minimax property against every split, on a small case.
+  const std::vector<double> speed{1.0, 0.7, 1.3};
+  const auto best = speed_balanced_layers_per_stage(20, 1, speed);
+  double best_max = 0;
+  for (size_t p = 0; p < 3; ++p) best_max = std::max(best_max, double(best[p]) / speed[p]);
+  for (int64_t a = 1; a <= 18; ++a) {
+    for (int64_t b = 1; a + b <= 19; ++b) {
+      const int64_t c = 20 - a - b;
+      CHECK(std::max({double(a) / speed[0], double(b) / speed[1], double(c) / speed[2]}) >= best_max - 1e-12);
+    }
+  }
+  CHECK_THROWS_AS(speed_balanced_layers_per_stage(3, 2, {1, 1}), InputError);
+  CHECK_THROWS_AS(speed_balanced_layers_per_stage(8, 1, {1, 0}), InputError);
+}
+
 TEST_CASE("default layers per stage", "[schedule]") {
   // Llama 3 405B: 126 layers on 16 stages.
   std::vector<int64_t> llama(16, 8);

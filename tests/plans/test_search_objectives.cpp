@@ -99,3 +99,42 @@ TEST_CASE("stepcast compare-strategies gives each simulated strategy its energy 
   CHECK(simulated > 0);
   std::filesystem::remove_all(out);
 }
+
+TEST_CASE("stepcast plan --heterogeneous balances pipeline stages by their devices' speeds", "[search][cli]") {
+  // Four CPU devices, the last two at half speed: with pp 2 (order tp-dp-pp) stage 1 runs on
+  // them, so the tiny model's 4 layers split 3 / 1 (largest layers / speed: 3, against 4 for
+  // 2 / 2). Balanced plans are simulated with the topology, replace their even twins where
+  // faster, and lead the table.
+  Json t = load_json_file(source_path("topologies/localhost-cpu.json"));
+  t["node"]["devices_per_node"] = 4;
+  t["heterogeneity"] = {{"devices",
+                         {{{"device", 2}, {"compute_speed_factor", 0.5}}, {{"device", 3}, {"compute_speed_factor", 0.5}}}}};
+  if (t.contains("profile")) t.erase("profile");
+  const std::string topology = write_temp_file("heterogeneous-cpu.json", t.dump());
+  const std::string out = fresh_dir("plan-heterogeneous");
+  auto r = run_stepcast("plan" + model_arg("tiny") + " --topology " + topology +
+                        " --profile roofline --global-batch-size 8 --top 4 --evaluate 80 --heterogeneous --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Contains("balanced for the topology's unequal devices"));
+  Json plans = load_json_file(out + "/plans.json");
+  const Json& balanced = plans.at("heterogeneous");
+  int adopted = 0;
+  for (const auto& b : balanced) {
+    CHECK(b.at("stage_speeds") == Json({1.0, 0.5}));
+    if (!b.at("adopted").get<bool>()) continue;
+    ++adopted;
+    CHECK(b.at("balanced_layers_per_stage") == Json({3, 1}));
+    CHECK(b.at("balanced_step_time_s").get<double>() < b.at("step_time_s").get<double>());
+  }
+  REQUIRE(adopted > 0);
+  // The first plan is a balanced one, its file holding the balanced split.
+  const Json& first = plans.at("top").at(0);
+  CHECK_THAT(first.at("name").get<std::string>(), Catch::EndsWith("-hb"));
+  CHECK(load_json_file(out + "/" + first.at("plan_file").get<std::string>()).at("layers_per_stage") == Json({3, 1}));
+  // Without heterogeneity the option is refused, naming the key.
+  auto refused = run_stepcast("plan" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                              " --global-batch-size 8 --heterogeneous");
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("heterogeneity"));
+}

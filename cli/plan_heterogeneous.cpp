@@ -1,0 +1,170 @@
+// plan --heterogeneous; see plan_heterogeneous.hpp.
+#include "plan_heterogeneous.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "errors.hpp"
+#include "planner_common.hpp"
+#include "rank_grid.hpp"
+#include "schedule.hpp"
+#include "units.hpp"
+
+namespace stepcast::cli {
+
+namespace {
+
+std::string layers_text(const std::vector<int64_t>& layers) {
+  std::ostringstream out;
+  for (size_t i = 0; i < layers.size(); ++i) out << (i ? "," : "") << layers[i];
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology) {
+  RankGrid grid(plan.tp_size, plan.dp_size, plan.pp_size, plan.order, plan.dp_shard_size(), plan.cp_size);
+  std::vector<double> speed(size_t(plan.pp_size), kMaxSpeedFactor);
+  const int64_t per_node = topology.node.devices_per_node;
+  for (int64_t rank = 0; rank < grid.world_size(); ++rank) {
+    double& s = speed[size_t(grid.coord(rank).pp)];
+    s = std::min(s, topology.heterogeneity.compute_speed_factor(rank, per_node));
+  }
+  return speed;
+}
+
+std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, const ModelConfig& model,
+                                            const Topology& topology, ChildSimulator& simulator, int threads) {
+  // The split by the stages' speeds (power 1) and, where it may not fit (the fast stages hold more
+  // layers), splits part of the way from the even one (speeds to the power 1/2 and 1/4).
+  const std::vector<double> powers{1.0, 0.5, 0.25};
+  struct Variant {
+    size_t entry = 0;  // into out
+    Plan plan;
+    std::optional<Simulated> simulated;
+    std::string error;
+  };
+  std::vector<BalancedPlan> out;
+  std::vector<size_t> index;  // into ranked, per entry of out
+  std::vector<Variant> variants;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const Candidate& c = ranked[i];
+    if (c.plan.pp_size < 2 || !c.step_time_s) continue;
+    BalancedPlan b;
+    b.naive_name = c.plan.name;
+    b.naive_layers = c.plan.layers_per_stage;
+    b.naive_step_s = *c.step_time_s;
+    b.stage_speed = stage_speeds(c.plan, topology);
+    b.balanced_layers = b.naive_layers;
+    std::vector<std::vector<int64_t>> tried{b.naive_layers};
+    for (double power : powers) {
+      std::vector<double> speed = b.stage_speed;
+      for (double& s : speed) s = std::pow(s, power);
+      Variant v;
+      v.entry = out.size();
+      v.plan = c.plan;
+      v.plan.layers_per_stage = speed_balanced_layers_per_stage(model.num_hidden_layers, c.plan.virtual_pp_size, speed);
+      if (std::find(tried.begin(), tried.end(), v.plan.layers_per_stage) != tried.end()) continue;
+      tried.push_back(v.plan.layers_per_stage);
+      v.plan.name = c.plan.name + "-hb" + (power == 1 ? "" : std::to_string(int(std::lround(1 / power))));
+      try {
+        validate_plan(v.plan, model, topology);
+      } catch (const InputError&) {
+        continue;  // a split validation refuses is not tried
+      }
+      variants.push_back(v);
+    }
+    if (tried.size() == 1) b.note = "its stages' speeds give the even split";
+    out.push_back(b);
+    index.push_back(i);
+  }
+  parallel_for(int64_t(variants.size()), threads, [&](int64_t k) {
+    Variant& v = variants[size_t(k)];
+    try {
+      v.simulated = simulator.simulate(v.plan.name, v.plan, topology);
+    } catch (const std::exception& e) {
+      v.error = e.what();
+    }
+  });
+  // Per plan: the fastest variant that fits and beats the even split.
+  std::vector<const Variant*> best(out.size(), nullptr);
+  for (const Variant& v : variants) {
+    BalancedPlan& b = out[v.entry];
+    if (!v.simulated) {
+      if (b.note.empty()) b.note = "simulating " + v.plan.name + " failed: " + v.error;
+      continue;
+    }
+    const Variant* current = best[v.entry];
+    if (!v.simulated->fits) continue;
+    if (!current || v.simulated->step_time_s < current->simulated->step_time_s) best[v.entry] = &v;
+  }
+  for (size_t e = 0; e < out.size(); ++e) {
+    BalancedPlan& b = out[e];
+    const Variant* v = best[e];
+    if (!v) {
+      if (b.note.empty()) b.note = "no balanced split fits in memory";
+      continue;
+    }
+    b.balanced_layers = v->plan.layers_per_stage;
+    b.balanced_name = v->plan.name;
+    b.balanced_step_s = v->simulated->step_time_s;
+    b.balanced_fits = true;
+    if (*b.balanced_step_s >= b.naive_step_s) {
+      b.note = "no balanced split is faster than the even one";
+      continue;
+    }
+    Candidate& c = ranked[index[e]];
+    c.plan = v->plan;
+    c.step_time_s = v->simulated->step_time_s;
+    c.energy_per_step_j = v->simulated->energy_per_step_j;
+    c.peak_bytes_max = c.peak_lower_bytes = c.peak_upper_bytes = v->simulated->peak_bytes_max;
+    c.peak_exact = true;
+    b.adopted = true;
+  }
+  // The simulated plans lead `ranked` (search's order); they are re-ranked with the balanced ones.
+  auto end = ranked.begin();
+  while (end != ranked.end() && end->step_time_s) ++end;
+  std::stable_sort(ranked.begin(), end,
+                   [](const Candidate& a, const Candidate& b) { return *a.step_time_s < *b.step_time_s; });
+  return out;
+}
+
+void print_balance(const std::vector<BalancedPlan>& balanced) {
+  std::cout << "\nbalanced for the topology's unequal devices (--heterogeneous): layers per stage by stage speed\n";
+  if (balanced.empty()) {
+    std::cout << "  no simulated plan has a pipeline: nothing to balance\n";
+    return;
+  }
+  for (const BalancedPlan& b : balanced) {
+    std::cout << "  " << b.naive_name << ": stage speeds ";
+    for (size_t i = 0; i < b.stage_speed.size(); ++i) std::cout << (i ? "," : "") << fixed(b.stage_speed[i], 3);
+    std::cout << "; layers " << layers_text(b.naive_layers) << " -> " << layers_text(b.balanced_layers) << "; "
+              << fixed(b.naive_step_s, 3) << " s";
+    if (b.balanced_step_s) {
+      std::cout << " -> " << fixed(*b.balanced_step_s, 3) << " s ("
+                << fixed(100 * (b.naive_step_s - *b.balanced_step_s) / b.naive_step_s, 1) << "% faster)";
+    }
+    std::cout << (b.adopted ? ", adopted as " + b.balanced_name : "; kept: " + b.note) << "\n";
+  }
+}
+
+Json balance_json(const std::vector<BalancedPlan>& balanced) {
+  Json out = Json::array();
+  for (const BalancedPlan& b : balanced) {
+    out.push_back({{"plan", b.naive_name},
+                   {"stage_speeds", b.stage_speed},
+                   {"layers_per_stage", b.naive_layers},
+                   {"step_time_s", b.naive_step_s},
+                   {"balanced_layers_per_stage", b.balanced_layers},
+                   {"balanced_step_time_s", b.balanced_step_s ? Json(*b.balanced_step_s) : Json(nullptr)},
+                   {"balanced_plan", b.adopted || b.balanced_step_s ? Json(b.balanced_name) : Json(nullptr)},
+                   {"adopted", b.adopted},
+                   {"note", b.note}});
+  }
+  return out;
+}
+
+}  // namespace stepcast::cli
