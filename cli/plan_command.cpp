@@ -166,8 +166,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "plan with a pipeline is simulated again with layers per stage in proportion to its stages'\n"
       "speeds (a stage's slowest device; also part of the way, where the fast stages would not\n"
       "fit) and replaced by that plan where it fits and is faster; the gain over the even split\n"
-      "is printed and in plans.json. The estimate does not know unequal devices: raise --evaluate\n"
-      "to simulate more plans. Microbatches per replica stay equal." +
+      "is printed and in plans.json. The estimate ranks with each stage's slowest device but the\n"
+      "even split: raise --evaluate to balance more plans. Microbatches per replica stay equal." +
           std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "plan");

@@ -9,7 +9,7 @@
 
 #include "errors.hpp"
 #include "planner_common.hpp"
-#include "rank_grid.hpp"
+#include "quick_estimate.hpp"
 #include "schedule.hpp"
 #include "units.hpp"
 
@@ -24,17 +24,6 @@ std::string layers_text(const std::vector<int64_t>& layers) {
 }
 
 }  // namespace
-
-std::vector<double> stage_speeds(const Plan& plan, const Topology& topology) {
-  RankGrid grid(plan.tp_size, plan.dp_size, plan.pp_size, plan.order, plan.dp_shard_size(), plan.cp_size);
-  std::vector<double> speed(size_t(plan.pp_size), kMaxSpeedFactor);
-  const int64_t per_node = topology.node.devices_per_node;
-  for (int64_t rank = 0; rank < grid.world_size(); ++rank) {
-    double& s = speed[size_t(grid.coord(rank).pp)];
-    s = std::min(s, topology.heterogeneity.compute_speed_factor(rank, per_node));
-  }
-  return speed;
-}
 
 std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, const ModelConfig& model,
                                             const Topology& topology, ChildSimulator& simulator, int threads) {

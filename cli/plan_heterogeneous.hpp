@@ -17,10 +17,6 @@
 
 namespace stepcast::cli {
 
-// Each pipeline stage's speed: the smallest compute speed factor among its ranks' devices (the
-// slowest device paces its tensor-parallel group and the stage's data-parallel reductions).
-std::vector<double> stage_speeds(const Plan& plan, const Topology& topology);
-
 struct BalancedPlan {
   std::string naive_name;                  // the plan as searched (the even split)
   std::vector<int64_t> naive_layers;
@@ -39,8 +35,8 @@ struct BalancedPlan {
 // For each simulated plan of `ranked` (search's order: the simulated ones first) that has a
 // pipeline: simulates its speed-balanced splits and replaces the candidate's plan, step and peak
 // by the fastest that fits where it beats the even split; then re-ranks the simulated plans by
-// step time. The search's estimate does not know the topology's heterogeneity, so which plans
-// were simulated was chosen as on equal devices. Simulations run `threads` at a time.
+// step time. The search's estimate knows the stages' speeds but costs the even split, so a plan
+// that wins only once balanced may not have been simulated. Simulations run `threads` at a time.
 std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, const ModelConfig& model,
                                             const Topology& topology, ChildSimulator& simulator, int threads);
 

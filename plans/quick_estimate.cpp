@@ -192,13 +192,31 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
 
 }  // namespace
 
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology) {
+  if (topology.heterogeneity.empty()) return {};
+  RankGrid grid(plan.tp_size, plan.dp_size, plan.pp_size, plan.order, plan.dp_shard_size(), plan.cp_size);
+  std::vector<double> speed(size_t(plan.pp_size), kMaxSpeedFactor);
+  const int64_t per_node = topology.node.devices_per_node;
+  for (int64_t rank = 0; rank < grid.world_size(); ++rank) {
+    double& s = speed[size_t(grid.coord(rank).pp)];
+    s = std::min(s, topology.heterogeneity.compute_speed_factor(rank, per_node));
+  }
+  return speed;
+}
+
 QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,
-                                  int64_t num_microbatches) {
+                                  int64_t num_microbatches, const std::vector<double>& stage_speed) {
   double m = double(num_microbatches);
   double f = ideal_bubble_fraction(
       plan.schedule, ScheduleShape{plan.pp_size, plan.virtual_pp_size, num_microbatches});
   QuickEstimate best;
-  for (const StageTimes& t : stages) {
+  for (StageTimes t : stages) {
+    if (!stage_speed.empty()) {
+      const double slow = 1 / stage_speed.at(size_t(t.stage));
+      t.compute_mb_s *= slow;
+      t.backward_mb_s *= slow;
+      t.imbalance_mb_s *= slow;
+    }
     double dp_mb_exposed = plan.overlap_grad_reduce
                                ? std::max(0.0, t.dp_mb_s - t.backward_mb_s)
                                : t.dp_mb_s;
@@ -233,7 +251,7 @@ QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
   for (const Role& role : program.roles) {
     stages.push_back(stage_times(role, program, topology, cost_model, collectives));
   }
-  return combine_stage_times(stages, plan, num_microbatches);
+  return combine_stage_times(stages, plan, num_microbatches, stage_speeds(plan, topology));
 }
 
 }  // namespace stepcast

@@ -115,9 +115,16 @@ bool is_cp_ring_transfer(const Op& op);
 // The ring's link from a rank of `grid`: the inter-node figures when its cp group spans nodes.
 CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node, const LinkFigures& links);
 
-// The formula over the stages' times; the slowest stage is the estimate.
+// Each pipeline stage's compute speed on `topology`: the smallest compute speed factor among
+// its ranks' devices (the slowest device paces its tensor-parallel group and the stage's
+// reductions). Empty on a topology of equal devices.
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology);
+
+// The formula over the stages' times; the slowest stage is the estimate. With stage_speed (one
+// per stage), a stage's compute takes 1 / its speed of its cost (its optimizer step and
+// collectives as costed).
 QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,
-                                  int64_t num_microbatches);
+                                  int64_t num_microbatches, const std::vector<double>& stage_speed = {});
 
 QuickEstimate quick_estimate(const StepProgram& program, const Plan& plan,
                              int64_t num_microbatches, const Topology& topology,

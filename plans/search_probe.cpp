@@ -552,7 +552,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const auto& [kind, bytes] : comm) comm_max[kind] = std::max(comm_max[kind], bytes);
     stages.push_back(t);
   }
-  QuickEstimate estimate = combine_stage_times(stages, real_plan, real_plan.num_microbatches());
+  QuickEstimate estimate =
+      combine_stage_times(stages, real_plan, real_plan.num_microbatches(), stage_speeds(real_plan, topology));
   estimate.comm_bytes_per_rank_max = comm_max;
   return estimate;
 }

@@ -182,3 +182,28 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
   CHECK(e.expert_imbalance_s > 0.05 * e.step_time_s);
   CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.05));
 }
+
+TEST_CASE("the quick estimate slows a stage's compute by its slowest device", "[search]") {
+  // pp 2 × dp 2 on 4 CPU devices (order tp-dp-pp: stage 1 on devices 2 and 3), device 3 at 0.5.
+  Json j = load_json_file(source_path("topologies/localhost-cpu.json"));
+  j["node"]["devices_per_node"] = 4;
+  j["heterogeneity"] = {{"devices", {{{"device", 3}, {"compute_speed_factor", 0.5}}}}};
+  Topology topology = parse_topology(j, "heterogeneous-cpu.json");
+  Plan plan;
+  plan.pp_size = 2;
+  plan.dp_size = 2;
+  CHECK(stage_speeds(plan, topology) == std::vector<double>{1.0, 0.5});
+  CHECK(stage_speeds(plan, load_topology(source_path("topologies/localhost-cpu.json"))).empty());
+  // Two stages of 1 ms compute (0.6 ms of it backward) a microbatch, 4 microbatches, 1F1B: the
+  // slow stage's 2 ms paces the pipeline (Plan's default schedule).
+  StageTimes t;
+  t.compute_mb_s = 1e-3;
+  t.backward_mb_s = 0.6e-3;
+  std::vector<StageTimes> stages{t, t};
+  stages[1].stage = 1;
+  const double equal = combine_stage_times(stages, plan, 4).step_time_s;
+  const QuickEstimate slowed = combine_stage_times(stages, plan, 4, {1.0, 0.5});
+  CHECK(slowed.step_time_s == Approx(2 * equal));
+  CHECK(slowed.critical_stage == 1);
+  CHECK(slowed.compute_s == Approx(4 * 2e-3));
+}
