@@ -18,18 +18,18 @@
 namespace stepcast::cli {
 
 struct BalancedPlan {
-  std::string naive_name;                  // the plan as searched (the even split)
+  std::string naive_name;  // the plan as searched (the even split)
   std::vector<int64_t> naive_layers;
   std::vector<double> stage_speed;
-  double naive_step_s = 0;                 // simulated
+  double naive_step_s = 0;  // simulated
   // The fastest balanced split that fits (NAME-hb: by the speeds; NAME-hb2, -hb4: part of the way,
   // by their square and fourth roots), where one was simulated and fits.
   std::string balanced_name;
-  std::vector<int64_t> balanced_layers;    // naive_layers where none fits
+  std::vector<int64_t> balanced_layers;  // naive_layers where none fits
   std::optional<double> balanced_step_s;
   bool balanced_fits = false;
-  bool adopted = false;                    // it replaced the naive plan (fits and is faster)
-  std::string note;                        // why not adopted, where it was not
+  bool adopted = false;  // it replaced the naive plan (fits and is faster)
+  std::string note;      // why not adopted, where it was not
 };
 
 // For each simulated plan of `ranked` (search's order: the simulated ones first) that has a
