@@ -113,8 +113,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
        "a plan fits when peak + reserved ≤ this fraction of the device's memory")
       ("include-gpipe", po::bool_switch(), "also search the gpipe schedule")
       ("heterogeneous", po::bool_switch(),
-       "on a topology of unequal devices: re-simulate each simulated pipeline plan with its layers per "
-       "stage in proportion to its stages' speeds, keeping the balanced plan where it fits and is faster")
+       "on a topology of unequal devices: search each pipeline plan also with its layers per stage in "
+       "proportion to its stages' speeds, and report the gain over the even split")
       ("megatron-runnable", po::bool_switch(),
        "search only plans Megatron-LM can run as simulated (the others are pruned with the "
        "reason their NN-NAME.megatron.txt would give)")
@@ -162,12 +162,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "of experts: from its persistent bytes, then walking every stage). Each plan\n"
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
-      "prunes those it cannot. --heterogeneous (a topology with \"heterogeneity\"): each simulated\n"
-      "plan with a pipeline is simulated again with layers per stage in proportion to its stages'\n"
-      "speeds (a stage's slowest device; also part of the way, where the fast stages would not\n"
-      "fit) and replaced by that plan where it fits and is faster; the gain over the even split\n"
-      "is printed and in plans.json. The estimate ranks with each stage's slowest device but the\n"
-      "even split: raise --evaluate to balance more plans. Microbatches per replica stay equal." +
+      "prunes those it cannot. --heterogeneous (a topology with \"heterogeneity\"): beside each\n"
+      "pipeline plan the search holds its layers per stage by its stages' speeds (NAME-hb; a\n"
+      "stage's speed: its slowest device), reports each balanced plan's gain over its even twin,\n"
+      "and tries simulated even plans part of the way (-hb2, -hb4) where the balanced split did\n"
+      "not fit. The estimate slows every stage by its slowest device. Microbatches per replica\n"
+      "stay equal." +
           std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "plan");
@@ -259,6 +259,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
+  if (heterogeneous) add_speed_balanced_candidates(candidates, model, topology);
   // The launch line's own plan, searched and ranked beside the others ("launch-line").
   if (imported) {
     Candidate own;

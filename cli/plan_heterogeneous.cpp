@@ -5,6 +5,7 @@
 #include <cmath>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "errors.hpp"
@@ -25,6 +26,26 @@ std::string layers_text(const std::vector<int64_t>& layers) {
 
 }  // namespace
 
+void add_speed_balanced_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
+                                   const Topology& topology) {
+  const size_t count = candidates.size();
+  for (size_t i = 0; i < count; ++i) {
+    const Candidate& c = candidates[i];
+    if (!c.kept() || c.plan.pp_size < 2) continue;
+    Candidate balanced = c;
+    balanced.plan.layers_per_stage = speed_balanced_layers_per_stage(model.num_hidden_layers, c.plan.virtual_pp_size,
+                                                                     stage_speeds(c.plan, topology));
+    if (balanced.plan.layers_per_stage == c.plan.layers_per_stage) continue;
+    balanced.plan.name += "-hb";
+    try {
+      validate_plan(balanced.plan, model, topology);
+    } catch (const InputError&) {
+      continue;  // a split validation refuses is not searched
+    }
+    candidates.push_back(std::move(balanced));
+  }
+}
+
 std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, const ModelConfig& model,
                                             const Topology& topology, ChildSimulator& simulator, int threads) {
   // The split by the stages' speeds (power 1) and, where it may not fit (the fast stages hold more
@@ -33,15 +54,50 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
   struct Variant {
     size_t entry = 0;  // into out
     Plan plan;
+    bool even_twin = false;  // the even split of a plan the search balanced: for its gain only
     std::optional<Simulated> simulated;
     std::string error;
   };
   std::vector<BalancedPlan> out;
   std::vector<size_t> index;  // into ranked, per entry of out
   std::vector<Variant> variants;
+  std::map<std::string, size_t> by_name;  // the search's candidates
+  for (size_t i = 0; i < ranked.size(); ++i) by_name[ranked[i].plan.name] = i;
+  auto made_by_search = [](const std::string& name) {
+    return name.size() > 3 && name.compare(name.size() - 3, 3, "-hb") == 0;
+  };
   for (size_t i = 0; i < ranked.size(); ++i) {
     const Candidate& c = ranked[i];
     if (c.plan.pp_size < 2 || !c.step_time_s) continue;
+    if (made_by_search(c.plan.name)) {
+      // Balanced by the search (add_speed_balanced_candidates): its gain over the even split.
+      BalancedPlan b;
+      b.naive_name = c.plan.name.substr(0, c.plan.name.size() - 3);
+      b.stage_speed = stage_speeds(c.plan, topology);
+      b.balanced_name = c.plan.name;
+      b.balanced_layers = c.plan.layers_per_stage;
+      b.balanced_step_s = c.step_time_s;
+      b.balanced_fits = b.adopted = true;
+      b.note = "balanced by the search";
+      Variant twin;
+      twin.entry = out.size();
+      twin.even_twin = true;
+      twin.plan = c.plan;
+      twin.plan.name = b.naive_name;
+      twin.plan.layers_per_stage.clear();  // validate_plan gives the even split
+      if (auto found = by_name.find(b.naive_name); found != by_name.end() && ranked[found->second].step_time_s) {
+        b.naive_layers = ranked[found->second].plan.layers_per_stage;
+        b.naive_step_s = *ranked[found->second].step_time_s;
+      } else {
+        validate_plan(twin.plan, model, topology);
+        b.naive_layers = twin.plan.layers_per_stage;
+        variants.push_back(twin);
+      }
+      out.push_back(b);
+      index.push_back(i);
+      continue;
+    }
+    if (by_name.count(c.plan.name + "-hb")) continue;  // reported with the search's balanced plan
     BalancedPlan b;
     b.naive_name = c.plan.name;
     b.naive_layers = c.plan.layers_per_stage;
@@ -59,6 +115,17 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
       if (std::find(tried.begin(), tried.end(), v.plan.layers_per_stage) != tried.end()) continue;
       tried.push_back(v.plan.layers_per_stage);
       v.plan.name = c.plan.name + "-hb" + (power == 1 ? "" : std::to_string(int(std::lround(1 / power))));
+      if (auto searched = by_name.find(v.plan.name); searched != by_name.end()) {
+        // The search holds this split as a plan of its own: reported, not simulated again.
+        const Candidate& own = ranked[searched->second];
+        if (own.step_time_s) {
+          b.balanced_name = v.plan.name;
+          b.balanced_layers = v.plan.layers_per_stage;
+          b.balanced_step_s = own.step_time_s;
+          b.note = "the search ranks " + v.plan.name + " as a plan of its own";
+        }
+        continue;
+      }
       try {
         validate_plan(v.plan, model, topology);
       } catch (const InputError&) {
@@ -82,6 +149,13 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
   std::vector<const Variant*> best(out.size(), nullptr);
   for (const Variant& v : variants) {
     BalancedPlan& b = out[v.entry];
+    if (v.even_twin) {
+      if (v.simulated)
+        b.naive_step_s = v.simulated->step_time_s;
+      else
+        b.note += "; simulating its even split failed: " + v.error;
+      continue;
+    }
     if (!v.simulated) {
       if (b.note.empty()) b.note = "simulating " + v.plan.name + " failed: " + v.error;
       continue;
@@ -92,11 +166,13 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
   }
   for (size_t e = 0; e < out.size(); ++e) {
     BalancedPlan& b = out[e];
+    if (made_by_search(b.balanced_name) && b.adopted) continue;  // ranked as the search found it
     const Variant* v = best[e];
     if (!v) {
       if (b.note.empty()) b.note = "no balanced split fits in memory";
       continue;
     }
+    if (b.balanced_step_s && *b.balanced_step_s <= v->simulated->step_time_s) continue;  // the search's is faster
     b.balanced_layers = v->plan.layers_per_stage;
     b.balanced_name = v->plan.name;
     b.balanced_step_s = v->simulated->step_time_s;
@@ -121,6 +197,10 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
   return out;
 }
 
+namespace {
+bool made_by_search_note(const BalancedPlan& b) { return b.note.rfind("balanced by the search", 0) == 0; }
+}  // namespace
+
 void print_balance(const std::vector<BalancedPlan>& balanced) {
   std::cout << "\nbalanced for the topology's unequal devices (--heterogeneous): layers per stage by stage speed\n";
   if (balanced.empty()) {
@@ -132,11 +212,14 @@ void print_balance(const std::vector<BalancedPlan>& balanced) {
     for (size_t i = 0; i < b.stage_speed.size(); ++i) std::cout << (i ? "," : "") << fixed(b.stage_speed[i], 3);
     std::cout << "; layers " << layers_text(b.naive_layers) << " -> " << layers_text(b.balanced_layers) << "; "
               << fixed(b.naive_step_s, 3) << " s";
-    if (b.balanced_step_s) {
+    if (b.balanced_step_s && b.naive_step_s > 0) {
       std::cout << " -> " << fixed(*b.balanced_step_s, 3) << " s ("
                 << fixed(100 * (b.naive_step_s - *b.balanced_step_s) / b.naive_step_s, 1) << "% faster)";
     }
-    std::cout << (b.adopted ? ", adopted as " + b.balanced_name : "; kept: " + b.note) << "\n";
+    std::cout << (made_by_search_note(b) ? ", " + b.note + " as " + b.balanced_name
+                  : b.adopted            ? ", adopted as " + b.balanced_name
+                                         : "; kept: " + b.note)
+              << "\n";
   }
 }
 

@@ -1,7 +1,7 @@
-// plan --heterogeneous: on a topology of unequal devices (its "heterogeneity"), each simulated
-// plan with a pipeline is simulated again with its layers per stage in proportion to its stages'
-// speeds (speed_balanced_layers_per_stage), and the balanced plan takes its place where it is
-// faster and fits; the gain over the even split is reported.
+// plan --heterogeneous: on a topology of unequal devices (its "heterogeneity"), the search holds
+// each pipeline plan also with its layers per stage in proportion to its stages' speeds
+// (speed_balanced_layers_per_stage), and after the simulations each balanced plan's gain over its
+// even split is reported; an even plan whose balanced split did not fit is tried part of the way.
 #pragma once
 
 #include <optional>
@@ -32,11 +32,18 @@ struct BalancedPlan {
   std::string note;      // why not adopted, where it was not
 };
 
-// For each simulated plan of `ranked` (search's order: the simulated ones first) that has a
-// pipeline: simulates its speed-balanced splits and replaces the candidate's plan, step and peak
-// by the fastest that fits where it beats the even split; then re-ranks the simulated plans by
-// step time. The search's estimate knows the stages' speeds but costs the even split, so a plan
-// that wins only once balanced may not have been simulated. Simulations run `threads` at a time.
+// Beside each valid candidate with a pipeline, its split by the stages' speeds (NAME-hb), where it
+// differs from the even one and validates: the search's memory check and estimate (which slows
+// each stage by its slowest device) then rank both.
+void add_speed_balanced_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
+                                   const Topology& topology);
+
+// For each simulated plan of `ranked` (search's order: the simulated ones first) with a pipeline:
+// a balanced one the search made (NAME-hb) gets its even twin's step (simulated where the search
+// did not); an even one without a balanced twin in `ranked` (it did not fit) has its splits
+// simulated (by the speeds, and by their square and fourth roots: NAME-hb, -hb2, -hb4) and is
+// replaced by the fastest that fits where it beats the even split. Then the simulated plans are
+// ranked again by step time. Simulations run `threads` at a time.
 std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, const ModelConfig& model,
                                             const Topology& topology, ChildSimulator& simulator, int threads);
 
