@@ -321,9 +321,9 @@ TEST_CASE("sample mapping examples", "[schedule]") {
 
 TEST_CASE("layers per stage balanced by stage speed", "[schedule]") {
   // 32 layers on 4 stages, the last at half speed: a layer costs 1/speed, so the slow stage
-  // takes about half a fast stage's share: 9, 9, 9, 5 (largest layers / speed: 10, not 16 as
-  // the even split 8 each would give).
-  CHECK(speed_balanced_layers_per_stage(32, 1, {1, 1, 1, 0.5}) == std::vector<int64_t>{9, 9, 9, 5});
+  // takes about half a fast stage's share: 10, 9, 9, 4 (largest layers / speed: 10, as 9, 9, 9,
+  // 5 would give; ties go to the earlier stage; not 16 as the even split 8 each would give).
+  CHECK(speed_balanced_layers_per_stage(32, 1, {1, 1, 1, 0.5}) == std::vector<int64_t>{10, 9, 9, 4});
   // Equal speeds: the even split, the remainder to the earlier stages.
   CHECK(speed_balanced_layers_per_stage(10, 1, {1, 1, 1}) == std::vector<int64_t>{4, 3, 3});
   // Two chunks a stage (virtual stage c·pp + p): stage 0 (speed 2) holds 16 of 24 layers, 8 a
