@@ -28,8 +28,9 @@ double SimHosts::latency(sg4::Host* a, sg4::Host* b) {
 
 namespace {
 
-std::string mailbox_name(int64_t from, int64_t to, size_t stream) {
-  std::string name = std::to_string(from);
+std::string mailbox_name(const std::string& prefix, int64_t from, int64_t to, size_t stream) {
+  std::string name = prefix;
+  name += std::to_string(from);
   name += '>';
   name += std::to_string(to);
   name += '#';
@@ -389,13 +390,13 @@ class RankActor {
     const size_t box_stream = size_t(op.stream);
     for (const Transfer& t : step.sends) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, box_stream));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, me, peer, box_stream));
       add(box->put_async(&dummy_payload, sync_only ? 0 : uint64_t(std::llround(t.bytes))), stream);
       ++run.outstanding;
     }
     for (const Transfer& t : step.recvs) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, box_stream));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, peer, me, box_stream));
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream);
       ++run.outstanding;
@@ -426,11 +427,11 @@ class RankActor {
     posted_at_[op.id] = now();
     if (op.kind == OpKind::send) {
       out_.send_start[{me, peer, op.tag}] = now();
-      auto* box = sg4::Mailbox::by_name(mailbox_name(me, peer, size_t(op.stream)));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, me, peer, size_t(op.stream)));
       add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream,
           posted ? op.id : -1);
     } else {
-      auto* box = sg4::Mailbox::by_name(mailbox_name(peer, me, size_t(op.stream)));
+      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, peer, me, size_t(op.stream)));
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream, posted ? op.id : -1);
     }
@@ -514,7 +515,7 @@ class RankActor {
 void create_rank_actors(const SimPlan& plan, SimHosts& hosts, SimOutcome& outcome) {
   outcome.state.resize(plan.ranks.size());
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
-    sg4::Actor::create("rank" + std::to_string(plan.ranks[slot]), hosts.host[slot],
+    sg4::Actor::create(plan.mailbox_prefix + "rank" + std::to_string(plan.ranks[slot]), hosts.host[slot],
                        RankActor(plan, hosts, outcome, slot));
   }
 }

@@ -115,6 +115,8 @@ struct SimPlan {
   bool fold_tp_approximate = false;  // folded although another group shares the node's NVLink
   bool fold_rails = false;
   double shared_link_divisor = 1;
+  // Names this job's mailboxes apart from other jobs' on one platform (simulate_jobs); empty alone.
+  std::string mailbox_prefix;
 };
 
 // One simulated rank's op times, as its actor records them: start and end of the ops that take

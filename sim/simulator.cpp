@@ -6,6 +6,10 @@
 #include <simgrid/s4u.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "errors.hpp"
 
 #include "platform.hpp"
 #include "rank_actor.hpp"
@@ -18,36 +22,107 @@ namespace stepcast {
 
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology_in,
                                   const DeviceProfile& profile, const SimulateOptions& options) {
-  using namespace sim_detail;
-  SimulationOutput out;
-  const VariabilityDraws draws(profile.variability, options.seed);
-  const SimPlan plan = plan_simulation(program, topology_in, profile, options, draws, out);
-  SimHosts hosts;
-  SimOutcome outcome;
+  SharedJob job;
+  job.program = &program;
+  job.seed = options.seed;
+  for (int64_t n = 0; n < topology_in.num_nodes; ++n) job.nodes.push_back(n);
+  return std::move(simulate_jobs({job}, topology_in, profile, options).front());
+}
 
-  // The engine and the platform: one host per simulated rank (rank r on device r), and one
-  // delay host per rank and stream for executions and analytic delays.
+std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, const Topology& shared,
+                                            const DeviceProfile& profile, const SimulateOptions& options) {
+  using namespace sim_detail;
+  STEPCAST_CHECK(!jobs.empty(), "simulate_jobs without a job");
+  const int64_t per_node = shared.node.devices_per_node;
+  std::vector<char> taken(size_t(std::max(0, shared.num_nodes)), 0);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const SharedJob& job = jobs[j];
+    STEPCAST_CHECK(job.program != nullptr, "a shared job without a program");
+    for (int64_t node : job.nodes) {
+      if (node < 0 || node >= shared.num_nodes || taken[size_t(node)]) {
+        throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes", std::to_string(node),
+                          node < 0 || node >= shared.num_nodes ? "no such node" : "a node another job (or this one) already holds",
+                          "distinct nodes 0 to " + std::to_string(shared.num_nodes - 1) + " across all jobs");
+      }
+      taken[size_t(node)] = 1;
+    }
+    if (job.program->world_size() > int64_t(job.nodes.size()) * per_node) {
+      throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes", std::to_string(job.nodes.size()) + " nodes",
+                        "the job's program spans " + std::to_string(job.program->world_size()) + " devices",
+                        "at least as many nodes as the program's devices fill");
+    }
+  }
+  if (jobs.size() > 1 && !shared.heterogeneity.empty()) {
+    throw_input_error(shared.file, "heterogeneity", "", "its factors are given per node of one job",
+                      "a topology without heterogeneity when several jobs share it");
+  }
+
+  // Each job's plan on a topology of its own nodes; the platform is the shared one.
+  std::vector<SimulationOutput> out(jobs.size());
+  std::vector<VariabilityDraws> draws;
+  draws.reserve(jobs.size());  // plans keep pointers to them
+  for (const SharedJob& job : jobs) draws.emplace_back(profile.variability, job.seed);
+  std::vector<SimPlan> plans;
+  auto plan_jobs = [&](const SimulateOptions& o) {
+    plans.clear();
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      Topology own = shared;
+      own.num_nodes = int(jobs[j].nodes.size());
+      out[j] = SimulationOutput{};
+      plans.push_back(plan_simulation(*jobs[j].program, own, profile, o, draws[j], out[j]));
+      if (jobs.size() > 1) plans.back().mailbox_prefix = "j" + std::to_string(j) + ":";
+    }
+  };
+  plan_jobs(options);
+  // The rail fold divides the shared links' capacity by its count: valid only where every job's
+  // simulated flows stand for that many copies.
+  for (const SimPlan& plan : plans) {
+    if (plan.shared_link_divisor != plans.front().shared_link_divisor) {
+      SimulateOptions unfolded = options;
+      unfolded.fold_rail_groups = false;
+      plan_jobs(unfolded);
+      break;
+    }
+  }
+
+  // The engine and the platform: one host per simulated rank (a job's rank r on its node
+  // nodes[r / devices_per_node]), and one delay host per rank and stream for executions and
+  // analytic delays.
   int argc = 2;
   std::string arg0 = "stepcast", arg1 = "--log=root.thresh:critical";
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
   sg4::Engine engine(&argc, argv);
   configure_engine(engine);
   PlatformOptions platform_options;
-  platform_options.devices = plan.ranks;
-  platform_options.shared_link_divisor = plan.shared_link_divisor;
-  platform_options.delay_hosts = int64_t(plan.ranks.size() * kStreams);
-  platform_options.delay_host_speeds = plan.overlap_speeds;
-  Platform platform = build_platform(engine, plan.topology, platform_options);
-  hosts.host = platform.hosts;
-  hosts.delay.resize(plan.ranks.size());
-  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
-    for (size_t stream = 0; stream < kStreams; ++stream) {
-      hosts.delay[slot][stream] = platform.delay_hosts[slot * kStreams + stream];
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    for (int64_t rank : plans[j].ranks) {
+      platform_options.devices.push_back(jobs[j].nodes[size_t(rank / per_node)] * per_node + rank % per_node);
     }
+    platform_options.delay_hosts += int64_t(plans[j].ranks.size() * kStreams);
   }
-  create_rank_actors(plan, hosts, outcome);
+  platform_options.shared_link_divisor = plans.front().shared_link_divisor;
+  platform_options.delay_host_speeds = plans.front().overlap_speeds;
+  Topology platform_topology = plans.front().topology;  // the profile's link fractions applied
+  platform_topology.num_nodes = shared.num_nodes;
+  Platform platform = build_platform(engine, platform_topology, platform_options);
+  std::vector<SimHosts> hosts(jobs.size());
+  std::vector<SimOutcome> outcomes(jobs.size());
+  size_t first_host = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const size_t slots = plans[j].ranks.size();
+    hosts[j].host.assign(platform.hosts.begin() + std::ptrdiff_t(first_host),
+                         platform.hosts.begin() + std::ptrdiff_t(first_host + slots));
+    hosts[j].delay.resize(slots);
+    for (size_t slot = 0; slot < slots; ++slot) {
+      for (size_t stream = 0; stream < kStreams; ++stream) {
+        hosts[j].delay[slot][stream] = platform.delay_hosts[(first_host + slot) * kStreams + stream];
+      }
+    }
+    first_host += slots;
+    create_rank_actors(plans[j], hosts[j], outcomes[j]);
+  }
   engine.run();
-  read_outcome(plan, outcome, out);
+  for (size_t j = 0; j < jobs.size(); ++j) read_outcome(plans[j], outcomes[j], out[j]);
   return out;
 }
 

@@ -118,4 +118,22 @@ struct SimulationOutput {
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology,
                                   const DeviceProfile& profile, const SimulateOptions& options);
 
+// One of several jobs sharing a cluster: its program, lowered on a topology of nodes.size() nodes
+// (the shared one's node kind and fabric), and where those nodes sit: its node i is node nodes[i]
+// of the shared topology. Its variability draws come from `seed`.
+struct SharedJob {
+  const StepProgram* program = nullptr;
+  std::vector<int64_t> nodes;
+  uint64_t seed = 1;
+};
+
+// The jobs' steps, all starting at time 0, on one platform of the shared topology: their flows
+// share its NICs, leaf uplinks and router links (contention), each job's ranks on its own nodes
+// (disjoint; InputError otherwise). Fast mode folds rail groups only where every job folds them by
+// the same count (the shared links' capacity divisor); otherwise no job does. A topology with
+// heterogeneity is refused (its factors are per node of one job). Returns each job's output, in
+// the job's own rank numbers. One SimGrid engine: call once per process.
+std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, const Topology& shared,
+                                            const DeviceProfile& profile, const SimulateOptions& options);
+
 }  // namespace stepcast

@@ -1,0 +1,115 @@
+// Several jobs on one cluster (simulate_jobs) against closed forms: two identical data-parallel
+// jobs whose rings cross the same oversubscribed leaf uplink each take twice the bandwidth term
+// (their exposed communication doubles); placed on their own leaves they do not slow each other;
+// a job alone on the shared platform is the job simulated on its own nodes. Then `stepcast
+// contention` end to end and its bad inputs. Each TEST_CASE runs one SimGrid engine.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+#include "profile.hpp"
+#include "sim_fixtures.hpp"
+#include "simulator.hpp"
+#include "test_support.hpp"
+
+using namespace stepcast;
+using namespace stepcast::test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr double kBytes = 64e6, kNicBw = 25e9, kNicLatency = 3e-6;
+
+// 8 nodes of one device and one NIC on a two-level fat tree (radix 4: one switch reaches 4 NICs):
+// leaves of 2 NICs, nodes 0 and 1 on leaf 0, 2 and 3 on leaf 1, ...; each leaf's uplink at
+// 2 · kNicBw / 2 (oversubscription 2), one NIC's bandwidth.
+Topology eight_node_tree() {
+  Json t = star_topology_json(8, 1, 100e9, 2e-6, 1, kNicBw, kNicLatency, 2.0);
+  t["fabric"]["switch_radix"] = 4;
+  return parse_test_topology(t);
+}
+
+// dp 2, one device per node: the gradients' ring all_reduce on the compute stream (all exposed).
+StepProgram dp2_all_reduce() {
+  StepProgram p = empty_program(1, 2, 1, 1);
+  push_op(p.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, kBytes, Stream::compute));
+  return p;
+}
+
+std::vector<SimulationOutput> two_jobs(const std::vector<int64_t>& a, const std::vector<int64_t>& b, SimMode mode) {
+  static const StepProgram program = dp2_all_reduce();
+  Topology t = eight_node_tree();
+  SimulateOptions o;
+  o.mode = mode;
+  std::vector<SharedJob> jobs(2);
+  jobs[0].program = jobs[1].program = &program;
+  jobs[0].nodes = a;
+  jobs[1].nodes = b;
+  return simulate_jobs(jobs, t, roofline_profile(t), o);
+}
+
+// The ring of 2 across leaves: 2(n−1)/n · S/B of bandwidth term at B per flow, and 2(n−1)
+// latencies of a cross-leaf route (two NIC latencies; no switch latency).
+double ring_s(double bandwidth) { return kBytes / bandwidth + 2.0 * (2 * kNicLatency); }
+
+}  // namespace
+
+TEST_CASE("contention: two identical jobs on one shared uplink double their exposed communication (full)",
+          "[sim][contention]") {
+  // Job a on nodes 0 and 2, job b on 1 and 3: both rings cross leaf 0's and leaf 1's uplinks, one
+  // NIC's bandwidth each way, which the two jobs' flows share: each job's bandwidth term doubles.
+  std::vector<SimulationOutput> out = two_jobs({0, 2}, {1, 3}, SimMode::full);
+  REQUIRE(out.size() == 2);
+  for (const SimulationOutput& job : out) {
+    CHECK(job.step_time_s == Approx(ring_s(kNicBw / 2)).epsilon(1e-6));
+    CHECK(job.breakdown.exposed_comm_s == Approx(ring_s(kNicBw / 2)).epsilon(1e-6));
+    CHECK(job.simulated_ranks == std::vector<int64_t>{0, 1});  // the job's own rank numbers
+  }
+}
+
+TEST_CASE("contention: two identical jobs on one shared uplink double their exposed communication (fast)",
+          "[sim][contention]") {
+  std::vector<SimulationOutput> out = two_jobs({0, 2}, {1, 3}, SimMode::fast);
+  for (const SimulationOutput& job : out) {
+    CHECK(job.breakdown.exposed_comm_s == Approx(ring_s(kNicBw / 2)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("contention: jobs on their own leaves do not slow each other", "[sim][contention]") {
+  // Job a on nodes 2 and 3 (leaf 1), job b on 0 and 1 (leaf 0): no link in common.
+  std::vector<SimulationOutput> out = two_jobs({2, 3}, {0, 1}, SimMode::full);
+  for (const SimulationOutput& job : out) {
+    // Inside a leaf a route is two NIC latencies as well: the uncontended ring.
+    CHECK(job.step_time_s == Approx(ring_s(kNicBw)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("contention: one job alone on the shared platform is the job on its own nodes", "[sim][contention]") {
+  const StepProgram program = dp2_all_reduce();
+  Topology t = eight_node_tree();
+  std::vector<SharedJob> jobs(1);
+  jobs[0].program = &program;
+  jobs[0].nodes = {0, 2};
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  std::vector<SimulationOutput> out = simulate_jobs(jobs, t, roofline_profile(t), o);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].step_time_s == Approx(ring_s(kNicBw)).epsilon(1e-6));
+}
+
+TEST_CASE("contention: overlapping or missing nodes and a program of another size are refused", "[sim][contention]") {
+  const StepProgram program = dp2_all_reduce();
+  Topology t = eight_node_tree();
+  std::vector<SharedJob> jobs(2);
+  jobs[0].program = jobs[1].program = &program;
+  jobs[0].nodes = {0, 1};
+  jobs[1].nodes = {1, 2};
+  CHECK_THROWS_WITH(simulate_jobs(jobs, t, roofline_profile(t), SimulateOptions{}),
+                    Contains("jobs[1].nodes") && Contains("already holds"));
+  jobs[1].nodes = {2, 8};
+  CHECK_THROWS_WITH(simulate_jobs(jobs, t, roofline_profile(t), SimulateOptions{}),
+                    Contains("jobs[1].nodes") && Contains("no such node") && Contains("0 to 7"));
+  jobs[1].nodes = {2};
+  CHECK_THROWS_WITH(simulate_jobs(jobs, t, roofline_profile(t), SimulateOptions{}),
+                    Contains("spans 2 devices") && Contains("at least as many nodes"));
+}
