@@ -28,6 +28,7 @@ int run_scale(int argc, char** argv, SimulationRunner& runner);
 int run_validate(int argc, char** argv, SimulationRunner& runner);
 int run_calibrate(int argc, char** argv);
 int run_goodput(int argc, char** argv);
+int run_contention(int argc, char** argv);
 int run_completion(int argc, char** argv);
 // The names of the subcommands, in `stepcast --help`'s order.
 std::vector<std::string> command_names();

@@ -1,5 +1,5 @@
 // A value computed in a forked child; see forked_child.hpp. The child answers on a pipe with one
-// line: "ok VALUE" or "error MESSAGE".
+// line: "ok VALUE", "input MESSAGE" or "error MESSAGE".
 #include "forked_child.hpp"
 
 #include <signal.h>
@@ -11,6 +11,8 @@
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
+
+#include "errors.hpp"
 
 namespace stepcast::cli {
 
@@ -48,7 +50,9 @@ ForkedChild::~ForkedChild() {
   if (from_child_ >= 0) close(from_child_);
 }
 
-double ForkedChild::value() {
+double ForkedChild::value() { return std::stod(text()); }
+
+std::string ForkedChild::text() {
   std::string answer;
   char buffer[4096];
   ssize_t n;
@@ -60,7 +64,9 @@ double ForkedChild::value() {
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;
-  if (answer.rfind("ok ", 0) == 0) return std::stod(answer.substr(3));
+  if (!answer.empty() && answer.back() == '\n') answer.pop_back();
+  if (answer.rfind("ok ", 0) == 0) return answer.substr(3);
+  if (answer.rfind("input ", 0) == 0) throw InputError(answer.substr(6));
   if (answer.rfind("error ", 0) == 0) throw std::runtime_error(what_ + " failed: " + answer.substr(6));
   std::ostringstream why;
   why << what_ << " failed: its process ended without an answer ("

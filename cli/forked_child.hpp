@@ -20,9 +20,12 @@ class ForkedChild {
   ForkedChild(const ForkedChild&) = delete;
   ForkedChild& operator=(const ForkedChild&) = delete;
 
-  // Waits for the child: its line "ok VALUE" gives VALUE; "error MESSAGE", or no line, throws
+  // Waits for the child: its line "ok VALUE" gives VALUE; "input MESSAGE" throws InputError
+  // (bad input the child found: the command exits 2), "error MESSAGE", or no line,
   // std::runtime_error naming `what`.
   double value();
+  // The same, VALUE as the child wrote it (one line of text: a JSON object, say).
+  std::string text();
 
  private:
   std::string what_;

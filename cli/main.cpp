@@ -49,6 +49,8 @@ const std::vector<Command> kCommands = {
      "run a sweep end to end (simulate, run, compare): report.md and report.html", stepcast::cli::run_validate},
     {"goodput", stepcast::cli::run_goodput,
      "time to train N tokens with failures: checkpoint interval, lost work, restarts"},
+    {"contention", stepcast::cli::run_contention,
+     "several jobs on one cluster sharing its fabric: each job's step alone and with the others"},
     {"calibrate", stepcast::cli::run_calibrate,
      "fit a profile's GEMM, memory, link, overhead and jitter figures to measured runs"},
     {"completion", stepcast::cli::run_completion,

@@ -113,3 +113,75 @@ TEST_CASE("contention: overlapping or missing nodes and a program of another siz
   CHECK_THROWS_WITH(simulate_jobs(jobs, t, roofline_profile(t), SimulateOptions{}),
                     Contains("spans 2 devices") && Contains("at least as many nodes"));
 }
+
+namespace {
+
+// netns-2node's devices and NICs on 8 nodes under a two-level tree (radix 4: leaves of 2 nodes)
+// whose uplinks are oversubscribed 2:1; the tiny model, data parallel over the job's 2 nodes.
+struct ContentionFiles {
+  std::string topology, plan;
+  ContentionFiles() {
+    Json t = load_json_file(source_path("topologies/netns-2node.json"));
+    t["name"] = "tree-8";
+    t["num_nodes"] = 8;
+    t["fabric"]["oversubscription"] = 2;
+    topology = write_temp_file("contention-tree-8.json", t.dump());
+    Json p = load_json_file(source_path("examples/tiny-cpu.json"));
+    p.erase("dp_size");  // every device of the job's nodes
+    p["name"] = "tiny-dp";
+    plan = write_temp_file("contention-tiny-dp.json", p.dump());
+  }
+  std::string jobs(const std::string& a_nodes, const std::string& b_nodes) const {
+    std::string model = source_path("models/tiny.json");
+    std::string name = "contention-jobs-" + a_nodes + "-" + b_nodes + ".json";
+    for (char& c : name) {
+      if (c == ',' || c == ' ') c = '_';
+    }
+    return write_temp_file(name, "{\"jobs\": [{\"name\": \"a\", \"model\": \"" + model + "\", \"plan\": \"" + plan +
+                                     "\", \"nodes\": [" + a_nodes +
+                                     "]}, {\"name\": \"b\", \"model\": \"tiny\", \"plan\": \"" + plan +
+                                     "\", \"nodes\": [" + b_nodes + "]}]}");
+  }
+};
+
+Json contention_json(const std::string& jobs_file, const std::string& topology, const std::string& name) {
+  std::string dir = fresh_dir("contention-" + name);
+  CommandResult r =
+      run_stepcast("contention --jobs " + jobs_file + " --topology " + topology + " --profile roofline --out " + dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("slowdown"));
+  return read_json(dir + "/contention.json");
+}
+
+}  // namespace
+
+TEST_CASE("contention: the command reports each job alone and shared: slowed only where links are shared",
+          "[contention][simulate]") {
+  ContentionFiles f;
+  // Across leaves: both rings take leaf 0's and leaf 1's uplinks.
+  Json crossed = contention_json(f.jobs("0, 2", "1, 3"), f.topology, "crossed");
+  REQUIRE(crossed["jobs"].size() == 2);
+  for (const Json& job : crossed["jobs"]) {
+    INFO(job.dump());
+    CHECK(job["devices"] == 2);
+    CHECK(job["slowdown"].get<double>() > 1.01);
+    CHECK(job["shared"]["breakdown"]["exposed_comm_s"].get<double>() >
+          job["alone"]["breakdown"]["exposed_comm_s"].get<double>());
+    CHECK(job["exposed_comm_added_s"].get<double>() > 0);
+  }
+  // Job a alone is job a simulated on its own two nodes (one switch; a cross-leaf route of this
+  // tree adds no latency, and alone one flow each way fits an uplink).
+  std::string dir = fresh_dir("contention-alone-reference");
+  CommandResult r =
+      run_stepcast("simulate --model " + source_path("models/tiny.json") + " --topology " + f.topology +
+                   " --nodes 2 --plan " + f.plan + " --profile roofline --no-scaling --no-records --out " + dir);
+  REQUIRE(r.exit_code == 0);
+  CHECK(crossed["jobs"][0]["alone"]["step_time_s"].get<double>() ==
+        Approx(read_json(dir + "/prediction.json")["step_time_s"].get<double>()).epsilon(1e-9));
+  // Each on its own leaf: nothing shared.
+  Json apart = contention_json(f.jobs("0, 1", "2, 3"), f.topology, "apart");
+  for (const Json& job : apart["jobs"]) {
+    CHECK(job["slowdown"].get<double>() == Approx(1).epsilon(1e-12));
+  }
+}
