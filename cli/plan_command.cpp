@@ -20,6 +20,7 @@
 #include "search.hpp"
 #include "simulate_extras.hpp"
 #include "summary.hpp"
+#include "torchtitan_export.hpp"
 
 namespace stepcast::cli {
 
@@ -162,7 +163,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "of experts: from its persistent bytes, then walking every stage). Each plan\n"
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
-      "prunes those it cannot. --heterogeneous (a topology with \"heterogeneity\"): beside each\n"
+      "prunes those it cannot; and its TorchTitan job config (NN-NAME.torchtitan.toml,\n"
+      "torchtitan_runnable and torchtitan_notes in plans.json). --heterogeneous (a topology with \"heterogeneity\"): beside each\n"
       "pipeline plan the search holds its layers per stage by its stages' speeds (NAME-hb; a\n"
       "stage's speed: its slowest device), reports each balanced plan's gain over its even twin,\n"
       "and tries simulated even plans part of the way (-hb2, -hb4) where the balanced split did\n"
@@ -424,6 +426,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     MegatronArguments megatron = megatron_arguments(c.plan, model);
     j["megatron_arguments"] = megatron.arguments;
     j["megatron_notes"] = megatron.notes;
+    TorchTitanConfig titan = torchtitan_config(c.plan, model);
+    j["torchtitan_runnable"] = titan.runnable;
+    j["torchtitan_notes"] = titan.notes;
     if (!out_dir.empty()) {
       std::ostringstream stem;
       stem << std::setw(2) << std::setfill('0') << i + 1 << "-" << c.plan.name;
@@ -436,6 +441,11 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
         args << megatron.arguments[k] << (k + 1 < megatron.arguments.size() ? " \\\n" : "\n");
       }
       write_output_file(out_dir, stem.str() + ".megatron.txt", args.str());
+      std::ostringstream toml;
+      toml << "# TorchTitan job config for " << c.plan.name << " (torchtitan/config/job_config.py)\n";
+      if (!titan.runnable) toml << "# NOT RUNNABLE as simulated: see the notes\n";
+      for (const auto& n : titan.notes) toml << "# note: " << n << "\n";
+      write_output_file(out_dir, stem.str() + ".torchtitan.toml", toml.str() + titan.toml);
       j["plan_file"] = stem.str() + ".json";
       row.plan_file = stem.str() + ".json";
     }

@@ -192,10 +192,14 @@ class Backend {
                                   int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/) {
     no_fp8();
   }
+  // w's codes row-major [out, in], or with w_transposed its transposed copy [in, out] (fp8_transpose).
   virtual void fp8_linear_backward_data(const Fp8Codes<W>& /*dy*/, const Fp8Codes<W>& /*w*/, T* /*dx*/,
-                                        int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/, bool /*accumulate*/) {
+                                        int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/, bool /*accumulate*/,
+                                        bool /*w_transposed*/ = false) {
     no_fp8();
   }
+  // y [cols, rows] = x [rows, cols]ᵀ, bytes (a layer's FP8 weight codes for the dgrad GEMMs).
+  virtual void fp8_transpose(const uint8_t* /*x*/, uint8_t* /*y*/, int64_t /*rows*/, int64_t /*cols*/) { no_fp8(); }
   virtual void fp8_linear_backward_weight(const Fp8Codes<W>& /*dy*/, const Fp8Codes<W>& /*x*/, G* /*dw*/,
                                           G* /*dbias*/, int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/) {
     no_fp8();

@@ -290,9 +290,13 @@ class CpuBackend final : public Backend<T> {
     cpu::fp8_linear_forward(operand(x, in), operand(w, in), bias, y, tokens, in, out, fp8_scratch_.data());
   }
   void fp8_linear_backward_data(const Fp8Codes<T>& dy, const Fp8Codes<T>& w, T* dx, int64_t tokens, int64_t in,
-                                int64_t out, bool accumulate) override {
-    cpu::fp8_linear_backward_data(operand(dy, out), operand(w, in), dx, tokens, in, out, accumulate,
-                                  fp8_scratch_.data());
+                                int64_t out, bool accumulate, bool w_transposed) override {
+    cpu::fp8_linear_backward_data(operand(dy, out), operand(w, w_transposed ? out : in), dx, tokens, in, out, accumulate,
+                                  fp8_scratch_.data(), w_transposed);
+  }
+  void fp8_transpose(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
   }
   void fp8_linear_backward_weight(const Fp8Codes<T>& dy, const Fp8Codes<T>& x, T* dw, T* dbias, int64_t tokens,
                                   int64_t in, int64_t out) override {

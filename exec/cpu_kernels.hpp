@@ -82,8 +82,9 @@ template <class T>
 void fp8_linear_forward(const Fp8Operand<T>& x, const Fp8Operand<T>& w, const T* bias, T* y, int64_t tokens,
                         int64_t in, int64_t out, T* scratch);
 template <class T>
+// w's codes [out, in], or with w_transposed [in, out] (ld out): the same products.
 void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T* dx, int64_t tokens, int64_t in,
-                              int64_t out, bool accumulate, T* scratch);
+                              int64_t out, bool accumulate, T* scratch, bool w_transposed = false);
 template <class T>
 void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x, T* dw, T* dbias, int64_t tokens,
                                 int64_t in, int64_t out, T* scratch);

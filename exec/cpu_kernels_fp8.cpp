@@ -90,8 +90,8 @@ void fp8_linear_forward(const Fp8Operand<T>& x, const Fp8Operand<T>& w, const T*
 
 template <class T>
 void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T* dx, int64_t tokens, int64_t in,
-                              int64_t out, bool accumulate, T* scratch) {
-  fp8_gemm<T>(false, false, tokens, in, out, dy, w, accumulate ? T(1) : T(0), dx, in, scratch);
+                              int64_t out, bool accumulate, T* scratch, bool w_transposed) {
+  fp8_gemm<T>(false, w_transposed, tokens, in, out, dy, w, accumulate ? T(1) : T(0), dx, in, scratch);
 }
 
 template <class T>
@@ -127,7 +127,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
   template void fp8_linear_forward<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, const T*, T*, int64_t, int64_t,     \
                                       int64_t, T*);                                                                   \
   template void fp8_linear_backward_data<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, int64_t, int64_t, int64_t, \
-                                            bool, T*);                                                                \
+                                            bool, T*, bool);                                                          \
   template void fp8_linear_backward_weight<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, T*, int64_t, int64_t,   \
                                               int64_t, T*);                                                           \
   template void fp8_scale_update<T>(T*, T*, T*, int64_t, const Fp8Recipe&);

@@ -147,8 +147,11 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->fp8_linear_forward(x, w, bias, y, tokens, in, out);
   }
   void fp8_linear_backward_data(const Fp8Codes<W>& dy, const Fp8Codes<W>& w, T* dx, int64_t tokens, int64_t in,
-                                int64_t out, bool accumulate) override {
-    inner_->fp8_linear_backward_data(dy, w, dx, tokens, in, out, accumulate);
+                                int64_t out, bool accumulate, bool w_transposed) override {
+    inner_->fp8_linear_backward_data(dy, w, dx, tokens, in, out, accumulate, w_transposed);
+  }
+  void fp8_transpose(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) override {
+    inner_->fp8_transpose(x, y, rows, cols);
   }
   void fp8_linear_backward_weight(const Fp8Codes<W>& dy, const Fp8Codes<W>& x, G* dw, G* dbias, int64_t tokens,
                                   int64_t in, int64_t out) override {

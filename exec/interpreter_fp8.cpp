@@ -33,6 +33,17 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
+  if (op.name == OpName::fp8_transpose) {  // [w8] → [w8t]: each linear weight's codes transposed in place of it
+    const std::string& w8 = in(op, "w8");
+    const std::string& w8t = out(op, "w8t");
+    const GroupLayout& layout = layouts_.at(group_of_buffer(w8));
+    for (const Fp8Weight& weight : kFp8Weights) {
+      if (!layout.has(weight.tensor)) continue;
+      const TensorSlice& tensor = layout.at(weight.tensor);
+      backend_.fp8_transpose(codes(w8, op) + tensor.offset, codes(w8t, op) + tensor.offset, tensor.rows, tensor.cols);
+    }
+    return;
+  }
   W* amax = buf<W>(out(op, "amax"), op);
   if (op.name == OpName::fp8_absmax) {  // [x, amax] → [amax]: current scaling's amax of x
     backend_.fp8_absmax(buf(in(op, "x"), op), count(in(op, "x"), op), amax + op.fp8_slots[0]);
@@ -81,9 +92,9 @@ void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, con
     backend_.fp8_linear_forward(fp8_codes(in(op, "x"), op, a), weight(),
                                 bias ? slice(in(op, "bias_w"), op, bias_tensor) : nullptr, buf(out(op, "y"), op), op.m,
                                 op.k, op.n);
-  } else if (op.grad == Grad::dgrad) {  // [d_y8, w8, (d_x)] → [d_x]
+  } else if (op.grad == Grad::dgrad) {  // [d_y8, w8 or its transposed copy w8t, (d_x)] → [d_x]
     backend_.fp8_linear_backward_data(fp8_codes(in(op, "d_y"), op, a), weight(), buf(out(op, "d_x"), op), op.m, op.n,
-                                      op.k, operands(op).has_in("d_x"));
+                                      op.k, operands(op).has_in("d_x"), is_fp8_transposed_copy(in(op, "w")));
   } else {  // wgrad: [x8, d_y8] → [dw]
     const std::string& dw = out(op, "dw");
     backend_.fp8_linear_backward_weight(fp8_codes(in(op, "d_y"), op, b), fp8_codes(in(op, "x"), op, a),

@@ -82,6 +82,7 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
   dropout = p.dropout > 0;
   fp8 = p.fp8.enabled();
+  fp8_transposed = fp8 && topo.node.device.fp8_transposed_copies;
   fp8_forward = Dtype::fp8_e4m3;
   fp8_backward = p.fp8.format == Fp8Format::hybrid ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
@@ -155,6 +156,9 @@ int64_t LowerContext::first_layer(int64_t vs) const {
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
   if (!ctx.fp8) return "";
   rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
+  if (ctx.fp8_transposed) {
+    rb.alloc("fp8wt.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
+  }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
     rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
   }

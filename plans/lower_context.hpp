@@ -41,6 +41,9 @@ struct LowerContext {
   Dtype wide;           // statistics kept at least in fp32 (softmax of the loss, log-sum-exp): fp64 under fp64
   bool dropout;         // dropout > 0: masks exist (1 byte per element)
   bool fp8;             // FP8 linear layers (plan.fp8): their inputs, weights and output gradients
+  // FP8 on a device that reads column-wise operands only from a transposed copy (its
+  // fp8_columnwise): each layer's FP8 weights also kept transposed, for the dgrad GEMMs.
+  bool fp8_transposed;
   Dtype fp8_forward, fp8_backward;  // the storage of forward tensors and of gradients
   int64_t num_virtual_stages;
   // Mixture of experts (zeros without experts; lower_moe.cpp). T: tokens a rank routes per
@@ -171,6 +174,7 @@ struct LayerParams {
   std::string weights;
   std::string grads;
   std::string fp8_weights = "";  // FP8: the layer's FP8 weight copy the linear layers read
+  std::string fp8_weights_t = "";  // and its transposed copy, which the dgrad GEMMs read (fp8_transposed)
   std::string expert_weights = "";  // MoE layer: its local experts' group ("weights.X<l>")
   std::string expert_grads = "";
 };

@@ -368,6 +368,8 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   const std::string& wg = params.grads;
   const bool fp8 = c.fp8;
   const std::string& wl = fp8 ? params.fp8_weights : w;  // what the linear layers read
+  // What the dgrad GEMMs read: the transposed FP8 copy where the device needs one.
+  const std::string& wd = fp8 && !params.fp8_weights_t.empty() ? params.fp8_weights_t : wl;
 
   // Full recompute: run the forward again from the kept input, keeping what backward reads.
   if (c.plan.recompute == RecomputeKind::full) {
@@ -445,7 +447,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     std::string d_mlp8 = grad_in(d_mlp, "d_mlp", Fp8Slot::mlp_down_d);
     std::string act = fp8 ? n("act_f8") : n("act");
     e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
-    e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wl}, {n("d_act")},
+    e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wd}, {n("d_act")},
              Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
     e.linear(at, OpName::mlp_down, Grad::wgrad, c.f_local, c.h, c.s * c.b, {act, d_mlp8}, {wg}, Fp8Slot::mlp_down_x,
              Fp8Slot::mlp_down_d);
@@ -467,13 +469,13 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     std::string ln2 = regather("ln2", OpName::sp_ln2);
     std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
     e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
-    e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wl}, {n("d_ln2_full")},
+    e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wd}, {n("d_ln2_full")},
              Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
     e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
              Fp8Slot::mlp_up_d);
     if (c.model.mlp == MlpKind::swiglu) {
       std::string d_gate8 = grad_in(n("d_gate"), "d_gate", Fp8Slot::mlp_gate_d);
-      e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wl, n("d_ln2_full")},
+      e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wd, n("d_ln2_full")},
                {n("d_ln2_full")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
       e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
                Fp8Slot::mlp_gate_d);
@@ -495,7 +497,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   std::string d_attn = branch_grad("mask1", "d_attn", OpName::attn_bias_grad, OpName::sp_d_attn);
   std::string d_attn8 = grad_in(d_attn, "d_attn", Fp8Slot::attn_out_d);
   e.alloc(n("d_ctx"), BufferClass::workspace, c.act, {c.s, c.b, c.heads_local * c.d}, bwd);
-  e.linear(at, OpName::attn_out, Grad::dgrad, c.s * c.b, c.heads_local * c.d, c.h, {d_attn8, wl}, {n("d_ctx")},
+  e.linear(at, OpName::attn_out, Grad::dgrad, c.s * c.b, c.heads_local * c.d, c.h, {d_attn8, wd}, {n("d_ctx")},
            Fp8Slot::attn_out_d, Fp8Slot::attn_out_w);
   e.linear(at, OpName::attn_out, Grad::wgrad, c.heads_local * c.d, c.h, c.s * c.b,
            {fp8 ? n("ctx_f8") : n("ctx"), d_attn8}, {wg}, Fp8Slot::attn_out_x, Fp8Slot::attn_out_d);
@@ -525,7 +527,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   std::string ln1 = regather("ln1", OpName::sp_ln1);
   std::string d_qkv8 = grad_in(n("d_qkv"), "d_qkv", Fp8Slot::qkv_d);
   e.alloc(n("d_ln1_full"), BufferClass::workspace, c.act, full, bwd);
-  e.linear(at, OpName::qkv, Grad::dgrad, c.s * c.b, c.h, c.qkv_width, {d_qkv8, wl}, {n("d_ln1_full")},
+  e.linear(at, OpName::qkv, Grad::dgrad, c.s * c.b, c.h, c.qkv_width, {d_qkv8, wd}, {n("d_ln1_full")},
            Fp8Slot::qkv_d, Fp8Slot::qkv_w);
   e.linear(at, OpName::qkv, Grad::wgrad, c.h, c.qkv_width, c.s * c.b, {ln1, d_qkv8}, {wg}, Fp8Slot::qkv_x,
            Fp8Slot::qkv_d);

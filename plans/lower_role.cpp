@@ -83,9 +83,13 @@ void RoleLowering::alloc_persistent() {
               Phase::forward, true);
     rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
               {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
-    // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights).
+    // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
+    // the device needs it its transposed copy (fp8_transpose).
     if (c_.fp8 && g.name[0] == 'L') {
       rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
+      if (c_.fp8_transposed) {
+        rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
+      }
     }
   }
   if (c_.fp8) {  // every layer's slots on every rank: the amax all_reduce runs over the world
@@ -273,6 +277,10 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
       Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
       op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
       op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
+      if (c_.fp8_transposed) {  // read once, written transposed
+        int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(*layers[i])});
+        const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
+      }
     }
     LayerParams lp{w, "", w8};
     if (c_.model.is_moe_layer(lat.layer)) lp.expert_weights = weights_for(group(expert_group_name(lat.layer)), lat, nullptr);
@@ -316,7 +324,8 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
     std::string w = weights_for(pg, lat, next);
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
-    LayerParams lp{w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : ""};
+    LayerParams lp{w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : "",
+                   c_.fp8_transposed ? fp8_weights_t_name(pg) : ""};
     const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
     if (experts) {
       lp.expert_weights = weights_for(*experts, lat, nullptr);

@@ -75,6 +75,7 @@ const char* to_string(OpName name) {
     case OpName::fp8_amax: return "fp8_amax";
     case OpName::fp8_scale_update: return "fp8_scale_update";
     case OpName::fp8_absmax: return "fp8_absmax";
+    case OpName::fp8_transpose: return "fp8_transpose";
     case OpName::router: return "router";
     case OpName::expert_gate: return "expert_gate";
     case OpName::expert_up: return "expert_up";
@@ -356,6 +357,8 @@ std::vector<OpSignature> make_table() {
        {weights(), stats("scale"), stats("amax")},
        {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax")}, {stats("amax")}},
+      {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::forward,
+       {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
       {OpKind::all_reduce, {N::fp8_amax}, Grad::none, Pass::any, {stats("amax")}, {stats("amax"), scratch()}},
       {OpKind::optimizer_step, {N::fp8_scale_update}, Grad::none, Pass::optimizer,
        {stats("amax"), stats("history"), stats("scale")}, {stats("history"), stats("scale"), stats("amax")}},

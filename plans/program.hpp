@@ -62,8 +62,10 @@ enum class OpName {
   // slot's scale (fp8_cast), a layer's linear weights cast once per step (fp8_weights), the
   // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
   // from the amax history (fp8_scale_update); current scaling: a tensor's amax taken before its
-  // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot)
-  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax,
+  // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot);
+  // a layer's FP8 weight codes transposed for the dgrad GEMMs (fp8_transpose; the device's
+  // fp8_columnwise transposed)
+  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss; the

@@ -51,6 +51,7 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
     int64_t o = shards.buffer_elements(ShardedState::optimizer, g.elements);
     total += double(w) * act + double(gr) * grad + double(o) * states * wide;
     if (c.fp8 && g.kind == Group::layer) total += double(g.elements);  // the layer's FP8 weight copy
+    if (c.fp8_transposed && g.kind == Group::layer) total += double(g.elements);  // and its transpose
   }
   if (c.fp8) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
     const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;

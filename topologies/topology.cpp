@@ -1,6 +1,7 @@
 // Loading, validating and writing back topology files; see topology.hpp for the data.
-// Every key is required except "notes", "profile" and the dtypes under peak_flops_per_s (at
-// least one); fabric's keys beyond kind and the NIC's are those of its kind.
+// Every key is required except "notes", "profile", the dtypes under peak_flops_per_s (at least
+// one), the device's power keys and fp8_columnwise, and "storage" and "heterogeneity"; fabric's
+// keys beyond kind and the NIC's are those of its kind.
 // Nothing here knows about SimGrid: the platform is built from the returned struct in sim/.
 #include "topology.hpp"
 
@@ -142,6 +143,7 @@ DeviceSpec read_device(ObjectReader& node) {
   device.runtime_allowance_bytes = reader.get_number_between("runtime_allowance_bytes", 0, kMaxBytes);
   device.memory_reserved_bytes = reader.get_number_between("memory_reserved_bytes", 0, kMaxBytes);
   read_power(reader, device);
+  device.fp8_transposed_copies = reader.get_enum_or("fp8_columnwise", {"native", "transposed"}, "native") == "transposed";
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
@@ -481,6 +483,8 @@ Json topology_to_json(const Topology& topology) {
         {"nics_per_node", fabric.nics_per_node},
         {"nic_bandwidth_bytes_per_s", fabric.nic_bandwidth_bytes_per_s},
         {"nic_latency_s", fabric.nic_latency_s}}}};
+  // Absent: native (programs of other devices keep their bytes and hash).
+  if (device.fp8_transposed_copies) json["node"]["device"]["fp8_columnwise"] = "transposed";
   Json& out = json["fabric"];
   if (is_switch_tree(fabric.kind)) {
     out["switch_latency_s"] = fabric.switch_latency_s;

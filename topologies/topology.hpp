@@ -41,6 +41,14 @@ struct DeviceSpec {
   // figures come from. Not part of a program (topology_to_json leaves them out).
   double power_idle_w = 0, power_busy_w = 0;
   std::string power_source;
+  // FP8 GEMMs read some operands column-wise (the weight in dgrad, input and output gradient in
+  // wgrad). Hopper (and Ada) tensor cores cannot, so Transformer Engine keeps a physically
+  // transposed FP8 copy beside the row-wise one; Blackwell reads column-wise natively (TE docs,
+  // "Performance Considerations: Handling transposes"). Key "fp8_columnwise": "transposed" or
+  // "native" (optional, default native): with transposed, FP8 plans keep each layer's transposed
+  // FP8 weight copy as TE caches it (module/linear.py: the weight quantizer's columnwise usage
+  // when its input requires grad, the workspace cached across microbatches).
+  bool fp8_transposed_copies = false;
   bool has_power() const { return power_busy_w > 0; }
   // Peak for `dtype`; throws InputError naming the topology file when the device lacks it.
   double peak_for(Dtype dtype, const std::string& topology_file) const;

@@ -297,8 +297,11 @@ class CudaBackend final : public Backend<T, G, float> {
     if (bias) cuda::add_rows(l(), y, bias, tokens, out);
   }
   void fp8_linear_backward_data(const Fp8Codes<float>& dy, const Fp8Codes<float>& w, T* dx, int64_t tokens,
-                                int64_t in, int64_t out, bool accumulate) override {
-    fp8_.backward_data(*gemms_, l(), dy, w, dx, tokens, in, out, accumulate, current_);
+                                int64_t in, int64_t out, bool accumulate, bool w_transposed) override {
+    fp8_.backward_data(*gemms_, l(), dy, w, dx, tokens, in, out, accumulate, w_transposed, current_);
+  }
+  void fp8_transpose(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) override {
+    cuda::transpose_bytes(l(), x, y, rows, cols);
   }
   void fp8_linear_backward_weight(const Fp8Codes<float>& dy, const Fp8Codes<float>& x, G* dw, G* dbias,
                                   int64_t tokens, int64_t in, int64_t out) override {

@@ -43,9 +43,14 @@ void Fp8Linear::forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x,
 // dxᵀ [in × tokens] = op(Wᵀ's codes stored [out × in], T) · dyᵀ [out × tokens].
 template <class Y>
 void Fp8Linear::backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& w, Y* dx,
-                              int64_t tokens, int64_t in, int64_t out, bool accumulate, const std::string& during) {
-  uint8_t* w_t = a_t_.get<uint8_t>(in * out, wait_, during);
-  transpose_bytes(l, w.codes, w_t, out, in);  // [out, in] → [in, out]
+                              int64_t tokens, int64_t in, int64_t out, bool accumulate, bool w_transposed,
+                              const std::string& during) {
+  const uint8_t* w_t = w.codes;
+  if (!w_transposed) {
+    uint8_t* t = a_t_.get<uint8_t>(in * out, wait_, during);
+    transpose_bytes(l, w.codes, t, out, in);  // [out, in] → [in, out]
+    w_t = t;
+  }
   const float* f = factors(l, w, dy, during);
   GemmKey key{true,
               false,
@@ -95,7 +100,7 @@ void Fp8Linear::backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<fl
   template void Fp8Linear::forward<X>(Gemms&, const Launch&, const Fp8Codes<float>&, const Fp8Codes<float>&, X*,       \
                                       int64_t, int64_t, int64_t, const std::string&);                                  \
   template void Fp8Linear::backward_data<X>(Gemms&, const Launch&, const Fp8Codes<float>&, const Fp8Codes<float>&, X*, \
-                                            int64_t, int64_t, int64_t, bool, const std::string&);                      \
+                                            int64_t, int64_t, int64_t, bool, bool, const std::string&);                \
   template void Fp8Linear::backward_weight<X>(Gemms&, const Launch&, const Fp8Codes<float>&, const Fp8Codes<float>&,   \
                                               X*, X*, int64_t, int64_t, int64_t, const std::string&);
 STEPCAST_FP8_LINEAR(bf16)

@@ -29,10 +29,12 @@ class Fp8Linear {
   template <class Y>
   void forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x, const Fp8Codes<float>& w, Y* y, int64_t tokens,
                int64_t in, int64_t out, const std::string& during);
-  // dx[tokens, in] (+)= dy[tokens, out] · w[out, in].
+  // dx[tokens, in] (+)= dy[tokens, out] · w[out, in]; w_transposed: w's codes are the program's
+  // transposed copy [in, out] (fp8_transpose), already as the TN GEMM reads them.
   template <class Y>
   void backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& w, Y* dx,
-                     int64_t tokens, int64_t in, int64_t out, bool accumulate, const std::string& during);
+                     int64_t tokens, int64_t in, int64_t out, bool accumulate, bool w_transposed,
+                     const std::string& during);
   // dw[out, in] += dy[tokens, out]ᵀ · x[tokens, in]; dbias[out] += Σ_t dy (dbias may be null).
   template <class Gr>
   void backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& x, Gr* dw,

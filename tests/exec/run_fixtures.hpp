@@ -22,7 +22,8 @@ inline int64_t ranks_of(const Json& plan) {
 }
 
 inline RunResult run_plan(const std::string& model, const Json& plan, int steps,
-                          const std::string& extra = "") {
+                          const std::string& extra = "",
+                          const std::string& topology = source_path("topologies/localhost-cpu.json")) {
   static int counter = 0;
   std::string dir = write_temp_file("run-" + std::to_string(++counter) + ".plan.json", plan.dump());
   std::string out = dir + ".out";
@@ -33,7 +34,7 @@ inline RunResult run_plan(const std::string& model, const Json& plan, int steps,
   cmd << source_path("scripts/mpirun") << " -np " << n << " " << STEPCAST_BINARY
       << " run --model " << (model.find('/') != std::string::npos ? model : source_path("models/" + model + ".json"))
       << " --plan " << dir
-      << " --topology " << source_path("topologies/localhost-cpu.json") << " --nodes " << nodes
+      << " --topology " << topology << " --nodes " << nodes
       << " --corpus " << source_path("data/corpus/shakespeare.txt") << " --steps " << steps
       << " --quiet --out " << out << " " << extra;
   return run_measured(cmd.str(), out);

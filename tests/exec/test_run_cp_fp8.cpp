@@ -107,7 +107,8 @@ TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve 
   for (const Case& c : cases) {
     std::string key = std::string(c.model) + c.plan.at("fp8").get<std::string>();
     if (reference.count(key)) continue;
-    Json one = fp8(plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), c.plan.at("fp8").get<std::string>().c_str());
+    Json one =
+        fp8(plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), c.plan.at("fp8").get<std::string>().c_str());
     RunResult single = run_plan(c.model, one, steps);
     INFO(single.output);
     REQUIRE(single.exit_code == 0);
@@ -124,7 +125,8 @@ TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve 
     RunResult r = run_plan(c.model, c.plan, steps);
     INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
-    double d = max_relative_difference(losses(r), reference[std::string(c.model) + c.plan.at("fp8").get<std::string>()]);
+    double d =
+        max_relative_difference(losses(r), reference[std::string(c.model) + c.plan.at("fp8").get<std::string>()]);
     std::printf("fp8 %-8s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
     CHECK(d < 1e-9);
     check_measured_memory(std::string("fp8 ") + c.plan.dump(), r, true, 64 * 1024);
@@ -170,9 +172,38 @@ TEST_CASE("run: FP8 current scaling: exact across dp and pp, near across tp and 
     INFO(p.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
     const double d = max_relative_difference(losses(r), losses(single));
-    std::printf("fp8 tensorwise %s: max relative loss difference %.3g (shards scaled on their own)\n",
-                p.dump().c_str(), d);
+    std::printf("fp8 tensorwise %s: max relative loss difference %.3g (shards scaled on their own)\n", p.dump().c_str(),
+                d);
     CHECK(d < off_fp8);  // nearer the single rank's FP8 curve than that is to the curve without FP8
   }
 }
 
+TEST_CASE(
+    "run: FP8 with transposed weight copies (fp8_columnwise transposed): the same curve bit for bit, the copies in "
+    "memory",
+    "[run][fp8]") {
+  // A device that reads FP8 operands only row-wise (Hopper): each layer's FP8 weights are also
+  // kept transposed (fp8_transpose) and the dgrad GEMMs read that copy. The products are the same
+  // codes in another order: the loss curve is the native device's exactly, and the copies are in
+  // the program's memory and the arena's.
+  Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));
+  topology["node"]["device"]["fp8_columnwise"] = "transposed";
+  const std::string transposed = write_temp_file("localhost-cpu-fp8-transposed.json", topology.dump());
+  for (const Json& base : {plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false),
+                           plan(1, 2, 1, 1, "1f1b", "full", false, true, 1, false)}) {
+    Json p = base;
+    p["fp8"] = "hybrid";
+    RunResult native = run_plan("tiny-gpt", p, 4);
+    RunResult copied = run_plan("tiny-gpt", p, 4, "", transposed);
+    INFO(p.dump() << "\n" << native.output << copied.output);
+    REQUIRE(native.exit_code == 0);
+    REQUIRE(copied.exit_code == 0);
+    CHECK(losses(copied) == losses(native));
+    check_measured_memory("fp8 transposed " + p.dump(), copied, true, 64 * 1024);
+    // Rank 0's program holds one more FP8 copy of its layers' weights.
+    auto weights = [](const RunResult& r) {
+      return r.measurement.at("memory").at("ranks")[0].at("memory_weights_bytes").get<double>();
+    };
+    CHECK(weights(copied) > weights(native));
+  }
+}

@@ -10,8 +10,8 @@
 #include "lower_fixtures.hpp"
 #include "megatron_export.hpp"
 #include "memory.hpp"
-#include "program_check.hpp"
 #include "profile.hpp"
+#include "program_check.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -26,8 +26,14 @@ TEST_CASE("context parallelism: the ring and the gathered kind move K/V in close
   for (int cp : {2, 4}) {
     for (const char* comm : {"p2p", "allgather"}) {
       INFO("cp " << cp << " " << comm);
-      Json j = {{"tp_size", 2}, {"context_parallel_size", cp}, {"cp_comm_type", comm}, {"micro_batch_size", 2},
-                {"global_batch_size", 4}, {"dtype", "fp32"}, {"attention_impl", "flash"}, {"sequence_parallel", true}};
+      Json j = {{"tp_size", 2},
+                {"context_parallel_size", cp},
+                {"cp_comm_type", comm},
+                {"micro_batch_size", 2},
+                {"global_batch_size", 4},
+                {"dtype", "fp32"},
+                {"attention_impl", "flash"},
+                {"sequence_parallel", true}};
       Plan plan = make_plan(j, model, topology);
       StepProgram p = lower_program(model, topology, plan);
       REQUIRE(check_program(p).empty());
@@ -80,8 +86,13 @@ TEST_CASE("context parallelism: a2a (Ulysses) moves q, k, v and the output in cl
   for (int cp : {2, 4}) {
     INFO("cp " << cp);
     const int tp = 4 / cp;
-    Json j = {{"tp_size", tp},  {"context_parallel_size", cp}, {"cp_comm_type", "a2a"}, {"micro_batch_size", 2},
-              {"global_batch_size", 4}, {"dtype", "fp32"}, {"attention_impl", "flash"}};
+    Json j = {{"tp_size", tp},
+              {"context_parallel_size", cp},
+              {"cp_comm_type", "a2a"},
+              {"micro_batch_size", 2},
+              {"global_batch_size", 4},
+              {"dtype", "fp32"},
+              {"attention_impl", "flash"}};
     Plan plan = make_plan(j, model, topology);
     StepProgram p = lower_program(model, topology, plan);
     REQUIRE(check_program(p).empty());
@@ -118,8 +129,8 @@ TEST_CASE("FP8: linear layers read FP8 copies and keep their FP8 inputs, in clos
   ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   for (const char* attention : {"materialized", "flash"}) {
-    Json base = {{"dp_size", 1}, {"micro_batch_size", 2}, {"global_batch_size", 2}, {"dtype", "fp32"},
-                 {"attention_impl", attention}, {"dropout", 0.0}};
+    Json base = {{"dp_size", 1},    {"micro_batch_size", 2},       {"global_batch_size", 2},
+                 {"dtype", "fp32"}, {"attention_impl", attention}, {"dropout", 0.0}};
     Json with = base;
     with["fp8"] = "hybrid";
     Plan plain = make_plan(base, model, topology), fp8 = make_plan(with, model, topology);
@@ -143,7 +154,8 @@ TEST_CASE("FP8: linear layers read FP8 copies and keep their FP8 inputs, in clos
     CHECK(casts == model.num_hidden_layers * (model.mlp == MlpKind::swiglu ? 9 : 8));
     // What a layer keeps: ln1, ln2 and act in FP8 (one byte) instead of fp32, and ctx's FP8 copy
     // beside it (flash reads ctx again; materialized attention does not keep it then).
-    const double s = double(model.seq_length), b = 2, h = double(model.hidden_size), f = double(model.intermediate_size);
+    const double s = double(model.seq_length), b = 2, h = double(model.hidden_size),
+                 f = double(model.intermediate_size);
     double expected = -(2 * s * b * h + s * b * f) * 3 + s * b * h;
     if (std::string(attention) == "materialized") expected -= 4 * s * b * h;
     CHECK(layer_activation_bytes(model, fp8) - layer_activation_bytes(model, plain) == Approx(expected));
@@ -154,8 +166,9 @@ TEST_CASE("FP8 current scaling: an amax before each cast, over tp for sequence-p
           "[lower][fp8]") {
   ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
-  Json j = {{"tp_size", 2}, {"sequence_parallel", true}, {"micro_batch_size", 2}, {"global_batch_size", 2},
-            {"dtype", "fp32"}, {"dropout", 0.0}, {"fp8", "e4m3"}, {"fp8_recipe", "tensorwise"}};
+  Json j = {{"tp_size", 2},           {"sequence_parallel", true}, {"micro_batch_size", 2},
+            {"global_batch_size", 2}, {"dtype", "fp32"},           {"dropout", 0.0},
+            {"fp8", "e4m3"},          {"fp8_recipe", "tensorwise"}};
   Plan plan = make_plan(j, model, topology);
   StepProgram program = lower_program(model, topology, plan);
   REQUIRE(check_program(program).empty());
@@ -208,4 +221,49 @@ TEST_CASE("FP8 needs a device with an FP8 peak: the simulator's cost model names
   } catch (const InputError& e) {
     CHECK_THAT(e.what(), Catch::Contains("node.device.peak_flops_per_s.fp8"));
   }
+}
+
+TEST_CASE("FP8 on a device that reads column-wise operands only transposed: each layer's weights also kept transposed",
+          "[lower][fp8]") {
+  // fp8_columnwise transposed (Hopper): one fp8_transpose a layer a step (after its weight cast,
+  // reading and writing one byte an element), every dgrad GEMM reading the transposed copy, and
+  // one more byte a layer parameter in the weights class; native (the default) keeps neither.
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology native = test_topology();
+  Topology transposed = native;
+  transposed.node.device.fp8_transposed_copies = true;
+  Json base = {{"dp_size", 1},    {"micro_batch_size", 2},     {"global_batch_size", 4},
+               {"dtype", "fp32"}, {"attention_impl", "flash"}, {"dropout", 0.0},
+               {"fp8", "hybrid"}};
+  Plan plan = make_plan(base, model, native);
+  StepProgram a = lower_program(model, native, plan), b = lower_program(model, transposed, plan);
+  REQUIRE(check_program(b).empty());
+  int64_t transposes = 0, dgrads_native = 0, dgrads_read_copy = 0;
+  double copy_elements = 0;
+  for (const Op& op : b.roles[0].ops) {
+    if (op.name == OpName::fp8_transpose) {
+      ++transposes;
+      CHECK(op.bytes > 0);
+    }
+    if (op.kind == OpKind::alloc && op.buffer.rfind("fp8wt.", 0) == 0) {
+      CHECK(op.persistent);
+      copy_elements += op.bytes;  // one byte an element
+    }
+    if (op.kind == OpKind::gemm && op.grad == Grad::dgrad && op.fp8_slots[0] >= 0) {
+      bool reads_copy = false;
+      for (const std::string& input : op.inputs) reads_copy = reads_copy || is_fp8_transposed_copy(input);
+      dgrads_read_copy += reads_copy;
+    }
+  }
+  for (const Op& op : a.roles[0].ops) {
+    CHECK(op.name != OpName::fp8_transpose);
+    if (op.kind == OpKind::gemm && op.grad == Grad::dgrad && op.fp8_slots[0] >= 0) ++dgrads_native;
+  }
+  CHECK(transposes == model.num_hidden_layers);
+  CHECK(dgrads_read_copy == dgrads_native);
+  CHECK(dgrads_native > 0);
+  const double weights_a = memory_report(a, native).ranks[0].weights_bytes;
+  const double weights_b = memory_report(b, transposed).ranks[0].weights_bytes;
+  CHECK(copy_elements > 0);
+  CHECK(weights_b - weights_a == Approx(copy_elements).epsilon(1e-12));
 }
