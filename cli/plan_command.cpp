@@ -19,6 +19,7 @@
 #include "planner_report.hpp"
 #include "search.hpp"
 #include "simulate_extras.hpp"
+#include "deepspeed_export.hpp"
 #include "summary.hpp"
 #include "torchtitan_export.hpp"
 
@@ -164,7 +165,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "written has its Megatron-LM launch line (NN-NAME.megatron.txt); plans.json says per plan\n"
       "whether Megatron-LM can run it as simulated (megatron_runnable), and --megatron-runnable\n"
       "prunes those it cannot; and its TorchTitan job config (NN-NAME.torchtitan.toml,\n"
-      "torchtitan_runnable and torchtitan_notes in plans.json). --heterogeneous (a topology with \"heterogeneity\"): beside each\n"
+      "torchtitan_runnable and torchtitan_notes in plans.json); and its DeepSpeed config\n"
+      "(NN-NAME.deepspeed.json: batch sizes, precision, ZeRO; deepspeed_runnable, deepspeed_notes).\n"
+      "--heterogeneous (a topology with \"heterogeneity\"): beside each\n"
       "pipeline plan the search holds its layers per stage by its stages' speeds (NAME-hb; a\n"
       "stage's speed: its slowest device), reports each balanced plan's gain over its even twin,\n"
       "and tries simulated even plans part of the way (-hb2, -hb4) where the balanced split did\n"
@@ -429,6 +432,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     TorchTitanConfig titan = torchtitan_config(c.plan, model);
     j["torchtitan_runnable"] = titan.runnable;
     j["torchtitan_notes"] = titan.notes;
+    DeepSpeedConfig deepspeed = deepspeed_config(c.plan, model);
+    j["deepspeed_runnable"] = deepspeed.runnable;
+    j["deepspeed_notes"] = deepspeed.notes;
     if (!out_dir.empty()) {
       std::ostringstream stem;
       stem << std::setw(2) << std::setfill('0') << i + 1 << "-" << c.plan.name;
@@ -446,6 +452,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       if (!titan.runnable) toml << "# NOT RUNNABLE as simulated: see the notes\n";
       for (const auto& n : titan.notes) toml << "# note: " << n << "\n";
       write_output_file(out_dir, stem.str() + ".torchtitan.toml", toml.str() + titan.toml);
+      // The config alone (DeepSpeed reads no comments): its notes are plans.json's.
+      write_output_file(out_dir, stem.str() + ".deepspeed.json", deepspeed.config.dump(2) + "\n");
       j["plan_file"] = stem.str() + ".json";
       row.plan_file = stem.str() + ".json";
     }

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "deepspeed_export.hpp"
 #include "json_input.hpp"
 #include "lower.hpp"
 #include "test_support.hpp"
@@ -217,4 +218,41 @@ TEST_CASE("TorchTitan export: plan --out writes each plan's job config", "[torch
   std::string toml = read_text_file(out + "/" + stem + ".torchtitan.toml");
   CHECK_THAT(toml, Contains("[parallelism]") && Contains("flavor = \"8B\""));
   parse(toml.substr(toml.find("[job]")));
+  Json ds = read_json(out + "/" + stem + ".deepspeed.json");
+  CHECK(ds.at("train_batch_size") == 16);
+  CHECK(first.contains("deepspeed_runnable"));
+}
+
+TEST_CASE("DeepSpeed export: batch sizes, precision and ZeRO, and what the config cannot hold named", "[deepspeed]") {
+  ModelConfig m = load_model(source_path("models/llama3-8b.json"));
+  {  // ZeRO-3 over 8 ranks in 2 MiCS groups of 4; 256 / (1 · 8) microbatches accumulated.
+    Json j = base(1, 1, 8, 3);
+    j["num_distributed_optimizer_instances"] = 2;
+    j["overlap_param_gather"] = true;
+    DeepSpeedConfig d = deepspeed_config(resolved(j, m, 1), m);
+    CHECK(d.runnable);
+    CHECK(d.config["train_batch_size"] == 256);
+    CHECK(d.config["train_micro_batch_size_per_gpu"] == 1);
+    CHECK(d.config["gradient_accumulation_steps"] == 32);
+    CHECK(d.config["bf16"]["enabled"] == true);
+    CHECK(d.config["zero_optimization"]["stage"] == 3);
+    CHECK(d.config["zero_optimization"]["mics_shard_size"] == 4);
+    CHECK(d.config["zero_optimization"]["overlap_comm"] == true);
+  }
+  {  // ZeRO-1 with tp 2 and pp 2: runnable through Megatron-DeepSpeed's launch flags, named.
+    Json j = base(2, 2, 2, 1);
+    DeepSpeedConfig d = deepspeed_config(resolved(j, m, 1), m);
+    CHECK(d.runnable);
+    CHECK(d.config["zero_optimization"]["reduce_scatter"] == true);
+    std::string notes;
+    for (const std::string& n : d.notes) notes += n;
+    CHECK_THAT(notes, Contains("--tensor-model-parallel-size 2") && Contains("--pipeline-model-parallel-size 2"));
+  }
+  {  // ZeRO-2 with a pipeline: DeepSpeed's PipelineEngine refuses it.
+    DeepSpeedConfig d = deepspeed_config(resolved(base(1, 2, 4, 2), m, 1), m);
+    CHECK(!d.runnable);
+    std::string notes;
+    for (const std::string& n : d.notes) notes += n;
+    CHECK_THAT(notes, Contains("cannot run this plan as simulated: ZeRO-2 with pipeline parallelism"));
+  }
 }
