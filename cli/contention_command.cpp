@@ -25,6 +25,7 @@ namespace {
 struct Job {
   std::string name;
   std::vector<int64_t> nodes;
+  double start_s = 0;  // when its step starts
   ModelConfig model;
   Plan plan;
   Topology topology;  // the shared one on the job's nodes.size() nodes
@@ -79,6 +80,7 @@ std::vector<Job> load_jobs(const std::string& file, const Topology& shared) {
     const std::string plan_file = job_input(r, "plan", r.get_string("plan"), "examples");
     job.nodes = r.get_int_list("nodes", 0);
     std::optional<int64_t> seq_length = r.get_optional_int("seq_length", 1);
+    job.start_s = r.get_number_in("start_s", 0, 1e6, 0);
     r.accept("notes");
     r.finish();
     if (job.nodes.empty()) r.fail("nodes", "an empty list", "the topology's nodes the job runs on");
@@ -163,14 +165,16 @@ int run_contention(int argc, char** argv) {
       "Several training jobs on one cluster, each on its own nodes, their traffic sharing the\n"
       "fabric (NICs, leaf uplinks, router links): each job's step alone on its nodes and with the\n"
       "others, simulated together on one SimGrid platform, and the slowdown. Every job's step\n"
-      "starts at time 0, so the jobs communicate in phase: what a shared link costs jobs in step\n"
-      "(the most it costs them; jobs whose phases drift apart contend less). Jobs inside their own\n"
+      "starts at time 0 unless the jobs file gives its start_s (seconds): at 0 the jobs communicate\n"
+      "in phase, what a shared link costs jobs in step (the most it costs them); start_s shifts a\n"
+      "job's phase against the others'. One step each. Jobs inside their own\n"
       "leaves share nothing but the spine, which is non-blocking: place them across leaves, or on an\n"
       "oversubscribed tree, to see contention.\n"
       "The jobs file: {\"jobs\": [{\"name\": \"a\", \"model\": M, \"plan\": P, \"nodes\": [0, 1]}, ...]}\n"
       "with model and plan paths (relative to the jobs file's folder) or shipped names, nodes the\n"
       "topology's nodes the job runs on (rank r on nodes[r / devices_per_node]; distinct across\n"
-      "jobs) and an optional seq_length; a plan without dp_size uses every device of its nodes.\n"
+      "jobs), an optional seq_length and start_s; a plan without dp_size uses every device of its\n"
+      "nodes. Each job's times are from its own start.\n"
       "A job's analytic costs (folded tensor-parallel collectives, latencies) use a tree of its own\n"
       "nodes; its flows take the shared topology's routes. A topology with heterogeneity is refused.\n"
       "Prints a line per job and writes DIR/contention.json (alone, shared, slowdown per job).");
@@ -210,7 +214,7 @@ int run_contention(int argc, char** argv) {
   std::vector<SharedJob> shared_jobs;
   for (size_t i = 0; i < jobs.size(); ++i) {
     jobs[i].program = std::make_unique<StepProgram>(lower_program(jobs[i].model, jobs[i].topology, jobs[i].plan));
-    shared_jobs.push_back({jobs[i].program.get(), jobs[i].nodes, seed + i});
+    shared_jobs.push_back({jobs[i].program.get(), jobs[i].nodes, seed + i, jobs[i].start_s});
   }
 
   // Each job alone on its nodes, in forked children (as many at once as there are cores), before
@@ -252,7 +256,10 @@ int run_contention(int argc, char** argv) {
   for (const Job& job : jobs) held += int64_t(job.nodes.size());
   std::cout << "stepcast contention: " << jobs.size() << (jobs.size() == 1 ? " job" : " jobs") << " on " << shared.name
             << " (" << held << " of " << shared.num_nodes << " nodes), mode " << mode_name
-            << ", every step starting at time 0\nprofile " << profile_choice.describe() << "\n";
+            << (std::any_of(jobs.begin(), jobs.end(), [](const Job& j) { return j.start_s > 0; })
+                    ? ", each step from its start_s"
+                    : ", every step starting at time 0")
+            << "\nprofile " << profile_choice.describe() << "\n";
   size_t name_width = 5, nodes_width = 7;
   for (const Job& job : jobs) {
     name_width = std::max(name_width, job.name.size() + 2);
@@ -281,6 +288,7 @@ int run_contention(int argc, char** argv) {
          {"plan", job.plan.name},
          {"plan_json", plan_to_json(job.plan)},
          {"seed", seed + i},
+         {"start_s", job.start_s},
          {"alone", run_json(alone[i], *job.program)},
          {"shared", run_json(together[i], *job.program)},
          {"slowdown", slowdown},
@@ -294,7 +302,7 @@ int run_contention(int argc, char** argv) {
                         {"profile", profile_json(profile_choice)}};
     result["mode"] = mode_name;
     result["variability"] = variability == "on";
-    result["phases"] = "every job's step starts at time 0";
+    result["phases"] = "each job's step starts at its start_s (default 0); its times are from that start";
     result["jobs"] = out_jobs;
     const std::string dir = (*vm)["out"].as<std::string>();
     write_output_file(dir, "contention.json", result.dump(1) + "\n");

@@ -56,6 +56,7 @@ class RankActor {
     st.start.assign(size_t(walk_->timed_ops), 0);
     st.end.assign(size_t(walk_->timed_ops), 0);
     if (!plan.overlap_speeds.empty()) st.interference.assign(size_t(walk_->timed_ops), 0);
+    if (plan.start_s > 0) sg4::this_actor::sleep_for(plan.start_s);  // a shared job's later start
     // Memory ops take no time and are not ordered by their stream: done from the start (their
     // times follow from their deps after the run).
     st.done = walk_->initially_done;

@@ -63,6 +63,15 @@ std::vector<DeviceTime> device_times(const SimPlan& plan, const SimOutcome& outc
 
 void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& out) {
   const StepProgram& program = *plan.program;
+  if (plan.start_s > 0) {  // onto the job's own clock
+    for (RankState& st : outcome.state) {
+      for (double& t : st.start) t -= plan.start_s;
+      for (double& t : st.end) t -= plan.start_s;
+      st.last_end -= plan.start_s;
+    }
+    for (auto& [key, t] : outcome.collective_issue) t -= plan.start_s;
+    for (auto& [key, t] : outcome.send_start) t -= plan.start_s;
+  }
   std::vector<char> detail = plan.detail;  // the critical rank joins it below
   // SimGrid ends a run whose actors all wait on each other; find who was left waiting.
   for (size_t slot = 0; slot < plan.ranks.size() && outcome.errors.size() < 8; ++slot) {

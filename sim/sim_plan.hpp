@@ -117,6 +117,9 @@ struct SimPlan {
   double shared_link_divisor = 1;
   // Names this job's mailboxes apart from other jobs' on one platform (simulate_jobs); empty alone.
   std::string mailbox_prefix;
+  // When this job's step starts (simulate_jobs): its ranks wait that long, and read_outcome takes
+  // it off every time, so the outputs are on the job's own clock.
+  double start_s = 0;
 };
 
 // One simulated rank's op times, as its actor records them: start and end of the ops that take

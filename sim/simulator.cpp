@@ -5,6 +5,7 @@
 
 #include <simgrid/s4u.hpp>
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,7 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
   for (size_t j = 0; j < jobs.size(); ++j) {
     const SharedJob& job = jobs[j];
     STEPCAST_CHECK(job.program != nullptr, "a shared job without a program");
+    STEPCAST_CHECK(std::isfinite(job.start_s) && job.start_s >= 0, "a shared job's start before time 0");
     for (int64_t node : job.nodes) {
       if (node < 0 || node >= shared.num_nodes || taken[size_t(node)]) {
         throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes", std::to_string(node),
@@ -71,6 +73,7 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
       out[j] = SimulationOutput{};
       plans.push_back(plan_simulation(*jobs[j].program, own, profile, o, draws[j], out[j]));
       if (jobs.size() > 1) plans.back().mailbox_prefix = "j" + std::to_string(j) + ":";
+      plans.back().start_s = jobs[j].start_s;
     }
   };
   plan_jobs(options);

@@ -125,9 +125,10 @@ struct SharedJob {
   const StepProgram* program = nullptr;
   std::vector<int64_t> nodes;
   uint64_t seed = 1;
+  double start_s = 0;  // when its step starts; its output is on its own clock (from its start)
 };
 
-// The jobs' steps, all starting at time 0, on one platform of the shared topology: their flows
+// The jobs' steps, each from its start_s, on one platform of the shared topology: their flows
 // share its NICs, leaf uplinks and router links (contention), each job's ranks on its own nodes
 // (disjoint; InputError otherwise). Fast mode folds rail groups only where every job folds them by
 // the same count (the shared links' capacity divisor); otherwise no job does. A topology with
