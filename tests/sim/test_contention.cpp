@@ -36,16 +36,28 @@ StepProgram dp2_all_reduce() {
   return p;
 }
 
-std::vector<SimulationOutput> two_jobs(const std::vector<int64_t>& a, const std::vector<int64_t>& b, SimMode mode) {
+// dp2_all_reduce jobs on these nodes of eight_node_tree, each step from its start.
+struct JobAt {
+  std::vector<int64_t> nodes;
+  double start_s = 0;
+};
+std::vector<SimulationOutput> dp2_jobs(const std::vector<JobAt>& at, SimMode mode) {
   static const StepProgram program = dp2_all_reduce();
   Topology t = eight_node_tree();
   SimulateOptions o;
   o.mode = mode;
-  std::vector<SharedJob> jobs(2);
-  jobs[0].program = jobs[1].program = &program;
-  jobs[0].nodes = a;
-  jobs[1].nodes = b;
+  std::vector<SharedJob> jobs(at.size());
+  for (size_t j = 0; j < at.size(); ++j) {
+    jobs[j].program = &program;
+    jobs[j].nodes = at[j].nodes;
+    jobs[j].start_s = at[j].start_s;
+  }
   return simulate_jobs(jobs, t, roofline_profile(t), o);
+}
+
+std::vector<SimulationOutput> two_jobs(const std::vector<int64_t>& a, const std::vector<int64_t>& b, SimMode mode,
+                                       double b_start_s = 0) {
+  return dp2_jobs({{a, 0}, {b, b_start_s}}, mode);
 }
 
 // The ring of 2 across leaves: 2(n−1)/n · S/B of bandwidth term at B per flow, and 2(n−1)
@@ -86,52 +98,26 @@ TEST_CASE("contention: jobs on their own leaves do not slow each other", "[sim][
 
 TEST_CASE("contention: a job that starts after the other's ring has ended is not slowed", "[sim][contention]") {
   // Job b starts when job a's step is over: each takes the uncontended ring, on its own clock.
-  const StepProgram program = dp2_all_reduce();
-  Topology t = eight_node_tree();
-  std::vector<SharedJob> jobs(2);
-  jobs[0].program = jobs[1].program = &program;
-  jobs[0].nodes = {0, 2};
-  jobs[1].nodes = {1, 3};
-  jobs[1].start_s = 1.5 * ring_s(kNicBw);
-  SimulateOptions o;
-  o.mode = SimMode::full;
-  std::vector<SimulationOutput> out = simulate_jobs(jobs, t, roofline_profile(t), o);
-  for (const SimulationOutput& job : out) {
+  for (const SimulationOutput& job : two_jobs({0, 2}, {1, 3}, SimMode::full, 1.5 * ring_s(kNicBw))) {
     CHECK(job.step_time_s == Approx(ring_s(kNicBw)).epsilon(1e-6));
     CHECK(job.breakdown.exposed_comm_s == Approx(ring_s(kNicBw)).epsilon(1e-6));
   }
 }
 
 TEST_CASE("contention: a job that starts halfway through the other's ring shares half of it", "[sim][contention]") {
-  // b starts when a has sent half its bytes: a's other half and b's first half share the uplink
-  // (each at half the bandwidth), then b alone. Bandwidth terms: a 1/2 + 1 = 1.5, b 1 + 1/2 = 1.5
-  // of the uncontended one (latency aside).
-  const StepProgram program = dp2_all_reduce();
-  Topology t = eight_node_tree();
-  std::vector<SharedJob> jobs(2);
-  jobs[0].program = jobs[1].program = &program;
-  jobs[0].nodes = {0, 2};
-  jobs[1].nodes = {1, 3};
+  // b starts when a has sent half its bytes (a's flows start after their latency): a's other
+  // half and b's first half share the uplink (each at half the bandwidth), then b runs alone.
+  // Bandwidth terms: a 1/2 + 1 = 1.5, b 1 + 1/2 = 1.5 of the uncontended one (latency aside).
   const double bandwidth_s = kBytes / kNicBw;
-  jobs[1].start_s = 2 * (2 * kNicLatency) + 0.5 * bandwidth_s;  // a's flows started after its latency
-  SimulateOptions o;
-  o.mode = SimMode::full;
-  std::vector<SimulationOutput> out = simulate_jobs(jobs, t, roofline_profile(t), o);
-  for (const SimulationOutput& job : out) {
+  for (const SimulationOutput& job :
+       two_jobs({0, 2}, {1, 3}, SimMode::full, 2 * (2 * kNicLatency) + 0.5 * bandwidth_s)) {
     CHECK(job.step_time_s > ring_s(kNicBw) + 0.4 * bandwidth_s);
     CHECK(job.step_time_s < ring_s(kNicBw) + 0.6 * bandwidth_s);
   }
 }
 
 TEST_CASE("contention: one job alone on the shared platform is the job on its own nodes", "[sim][contention]") {
-  const StepProgram program = dp2_all_reduce();
-  Topology t = eight_node_tree();
-  std::vector<SharedJob> jobs(1);
-  jobs[0].program = &program;
-  jobs[0].nodes = {0, 2};
-  SimulateOptions o;
-  o.mode = SimMode::full;
-  std::vector<SimulationOutput> out = simulate_jobs(jobs, t, roofline_profile(t), o);
+  std::vector<SimulationOutput> out = dp2_jobs({{{0, 2}, 0}}, SimMode::full);
   REQUIRE(out.size() == 1);
   CHECK(out[0].step_time_s == Approx(ring_s(kNicBw)).epsilon(1e-6));
 }
