@@ -210,3 +210,36 @@ TEST_CASE("contention: the command reports each job alone and shared: slowed onl
     CHECK(job["slowdown"].get<double>() == Approx(1).epsilon(1e-12));
   }
 }
+
+TEST_CASE("contention: jobs that fold rail groups by different counts run unfolded and share nothing on one switch",
+          "[contention][simulate]") {
+  // Llama 3 8B on 2 DGX A100 nodes each, one switch of a fat tree (32 NICs, radix 40: no leaf
+  // uplinks): job a tp 8 (fast mode folds its rail groups by 8, dividing shared links' capacity
+  // by 8), job b tp 4 dp 4 (dp shares its nodes: nothing folded). The
+  // shared run simulates both unfolded; folding is exact without cross traffic, so each job's
+  // shared step is its (folded) alone step.
+  Json a = {{"name", "a"},           {"tp_size", 8},
+            {"pp_size", 1},          {"zero_stage", 1},
+            {"micro_batch_size", 1}, {"global_batch_size", 4},
+            {"recompute", "full"},   {"sequence_parallel", true},
+            {"dtype", "bf16"},       {"attention_impl", "flash"},
+            {"dropout", 0.0}};
+  Json b = a;
+  b["name"] = "b";
+  b["tp_size"] = 4;
+  b["global_batch_size"] = 8;
+  const std::string pa = write_temp_file("contention-tp8.json", a.dump()),
+                    pb = write_temp_file("contention-tp4.json", b.dump());
+  const std::string jobs =
+      write_temp_file("contention-mixed-folds.json",
+                      "{\"jobs\": [{\"name\": \"a\", \"model\": \"llama3-8b\", \"plan\": \"" + pa +
+                          "\", \"nodes\": [0, 1]}, {\"name\": \"b\", \"model\": \"llama3-8b\", \"plan\": \"" + pb +
+                          "\", \"nodes\": [2, 3]}]}");
+  Json out = contention_json(jobs, source_path("topologies/dgx-a100-80gb.json") + " --nodes 4 --variability off",
+                             "mixed-folds");
+  REQUIRE(out["jobs"].size() == 2);
+  for (const Json& job : out["jobs"]) {
+    INFO(job.dump());
+    CHECK(job["slowdown"].get<double>() == Approx(1).epsilon(1e-6));
+  }
+}
