@@ -55,9 +55,11 @@ enum Fp8Slot : int32_t {
 constexpr int32_t kFp8SlotsPerLayer = int32_t(mlp_down_d) + 1;
 inline bool is_gradient_slot(int32_t slot) { return slot % kFp8SlotsPerLayer >= qkv_d; }
 
-// A layer's transposed FP8 weight copy ("fp8wt.L<l>", written by fp8_transpose) as a buffer name:
-// the dgrad GEMMs that read it take its codes as [in, out].
-inline bool is_fp8_transposed_copy(const std::string& buffer) { return buffer.rfind("fp8wt.", 0) == 0; }
+// A layer's transposed FP8 weight copy, written by fp8_transpose: its buffer name ("fp8wt.L<l>" for
+// group "L<l>"), and whether a buffer is one (the dgrad GEMMs that read it take its codes as [in, out]).
+inline constexpr const char* kFp8TransposedCopyPrefix = "fp8wt.";
+inline std::string fp8_transposed_copy_name(const std::string& group) { return kFp8TransposedCopyPrefix + group; }
+inline bool is_fp8_transposed_copy(const std::string& buffer) { return buffer.rfind(kFp8TransposedCopyPrefix, 0) == 0; }
 
 // One of the two storage formats.
 enum class Fp8Storage { e4m3, e5m2 };

@@ -157,7 +157,8 @@ std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
   if (!ctx.fp8) return "";
   rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
   if (ctx.fp8_transposed) {
-    rb.alloc("fp8wt.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
+    rb.alloc(fp8_transposed_copy_name("L0"), BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()},
+             Phase::forward, true);
   }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
     rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);

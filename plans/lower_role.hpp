@@ -154,7 +154,7 @@ class RoleLowering {
   void send_backward(int32_t mb, int64_t chunk, const std::string& g);
   // FP8: a layer's FP8 weight copy, and the end-of-step amax reduction and scale update.
   static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
-  static std::string fp8_weights_t_name(const ParamGroup& g) { return "fp8wt." + g.name; }
+  static std::string fp8_weights_t_name(const ParamGroup& g) { return fp8_transposed_copy_name(g.name); }
   void emit_fp8_scale_update();
   std::set<int64_t> fp8_weights_cast_;  // layers whose FP8 copy this step already cast
 

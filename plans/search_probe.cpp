@@ -54,7 +54,7 @@ double layer_peak_bytes(const ModelConfig& model, const Plan& plan) {
   rb.free(out, Phase::forward);  // the next layer's input: freed by that layer's backward
   rb.alloc("g", BufferClass::activations, ctx.act, local, Phase::backward);
   emit_layer_backward(e, OpSite{Phase::backward, 0, 0, 0}, "x_in", "g",
-                      {"weights.L0", "grads.L0", w8, ctx.fp8_transposed ? "fp8wt.L0" : ""});
+                      {"weights.L0", "grads.L0", w8, ctx.fp8_transposed ? fp8_transposed_copy_name("L0") : ""});
   double level = 0, peak = 0;
   for (const Op& op : role.ops) {
     if (op.persistent) continue;
