@@ -291,8 +291,8 @@ class CpuBackend final : public Backend<T> {
   }
   void fp8_linear_backward_data(const Fp8Codes<T>& dy, const Fp8Codes<T>& w, T* dx, int64_t tokens, int64_t in,
                                 int64_t out, bool accumulate, bool w_transposed) override {
-    cpu::fp8_linear_backward_data(operand(dy, out), operand(w, w_transposed ? out : in), dx, tokens, in, out, accumulate,
-                                  fp8_scratch_.data(), w_transposed);
+    cpu::fp8_linear_backward_data(operand(dy, out), operand(w, w_transposed ? out : in), dx, tokens, in, out,
+                                  accumulate, fp8_scratch_.data(), w_transposed);
   }
   void fp8_transpose(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) override {
     for (int64_t r = 0; r < rows; ++r)

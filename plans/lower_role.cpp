@@ -278,7 +278,8 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
       op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
       op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
       if (c_.fp8_transposed) {  // read once, written transposed
-        int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(*layers[i])});
+        int32_t t =
+            e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(*layers[i])});
         const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
       }
     }

@@ -43,13 +43,15 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
     for (int64_t node : job.nodes) {
       if (node < 0 || node >= shared.num_nodes || taken[size_t(node)]) {
         throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes", std::to_string(node),
-                          node < 0 || node >= shared.num_nodes ? "no such node" : "a node another job (or this one) already holds",
+                          node < 0 || node >= shared.num_nodes ? "no such node"
+                                                               : "a node another job (or this one) already holds",
                           "distinct nodes 0 to " + std::to_string(shared.num_nodes - 1) + " across all jobs");
       }
       taken[size_t(node)] = 1;
     }
     if (job.program->world_size() > int64_t(job.nodes.size()) * per_node) {
-      throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes", std::to_string(job.nodes.size()) + " nodes",
+      throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].nodes",
+                        std::to_string(job.nodes.size()) + " nodes",
                         "the job's program spans " + std::to_string(job.program->world_size()) + " devices",
                         "at least as many nodes as the program's devices fill");
     }

@@ -143,7 +143,8 @@ DeviceSpec read_device(ObjectReader& node) {
   device.runtime_allowance_bytes = reader.get_number_between("runtime_allowance_bytes", 0, kMaxBytes);
   device.memory_reserved_bytes = reader.get_number_between("memory_reserved_bytes", 0, kMaxBytes);
   read_power(reader, device);
-  device.fp8_transposed_copies = reader.get_enum_or("fp8_columnwise", {"native", "transposed"}, "native") == "transposed";
+  device.fp8_transposed_copies =
+      reader.get_enum_or("fp8_columnwise", {"native", "transposed"}, "native") == "transposed";
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
