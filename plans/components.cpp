@@ -131,7 +131,9 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
     std::string source;
   };
   std::vector<TimedAttention> attention;
-  for (const AttentionPoint& a : t.attention) attention.push_back({a, attention_time_s(a, a.flops_per_s), a.source});
+  for (const AttentionPoint& a : t.attention) {
+    if (a.impl == "flash") attention.push_back({a, attention_time_s(a, a.flops_per_s), a.source});
+  }
   leave_one_out(
       attention,
       [](const TimedAttention& a) { return std::make_tuple(a.point.pass, a.point.head_dim, a.point.causal); },
@@ -150,6 +152,24 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
         return label.str();
       },
       "attention", out);
+  // Materialized attention: the six ops of the point's shape, costed op by op and corrected by
+  // the profile's other materialized points (ComputeCostModel::materialized_correction).
+  for (size_t i = 0; i < t.attention.size(); ++i) {
+    const AttentionPoint& a = t.attention[i];
+    if (a.impl != "materialized") continue;
+    DeviceProfile others = profile;
+    others.measured->attention.erase(others.measured->attention.begin() + std::ptrdiff_t(i));
+    ComputeCostModel model = cost_model_for(others, topology, t.dtype);
+    double predicted = 0;
+    for (const Op& op : materialized_attention_ops(a.batch, a.heads, a.seq, a.head_dim, t.dtype)) {
+      predicted += model.op_time_s(op);
+    }
+    std::ostringstream label;
+    label << "materialized" << (a.causal ? " causal" : "") << " s " << a.seq << " d " << a.head_dim << " (batch "
+          << a.batch << ", " << a.heads << " heads)";
+    double measured = double(a.batch) * double(a.heads) * attention_time_s(a, a.flops_per_s);
+    out.push_back({"attention", label.str(), a.source, "leave-one-out", measured, predicted});
+  }
   // Collectives.
   leave_one_out(
       t.collectives,

@@ -346,8 +346,74 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
     }
     for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
-    attention_table_ = AttentionRateTable(profile.measured->attention);
+    std::vector<AttentionPoint> flash, materialized, causal;
+    for (const AttentionPoint& a : profile.measured->attention) {
+      if (a.impl == "flash") flash.push_back(a);
+      else (a.causal ? causal : materialized).push_back(a);
+    }
+    attention_table_ = AttentionRateTable(flash);
+    // Non-causal points where there are any: the plan's causal mask is inside its softmax op, as
+    // in Megatron's fused kernel, where a causal point of standard attention adds a pass of its own.
+    materialized_ = materialized.empty() ? causal : materialized;
   }
+}
+
+std::vector<Op> materialized_attention_ops(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim,
+                                           Dtype act) {
+  const double e = dtype_bytes(act);
+  const double square = double(batch) * double(heads) * double(seq) * double(seq);
+  const double qkv = e * double(seq) * double(batch) * 3.0 * double(heads) * double(head_dim);
+  const double ctx = qkv / 3;
+  const double core = 4.0 * square * double(head_dim);  // score and value forward, 2 flops a MAC
+  auto op = [&](OpName name, Phase phase, double flops, double bytes) {
+    Op o;
+    o.kind = OpKind::attention;
+    o.stream = Stream::compute;
+    o.name = name;
+    o.phase = phase;
+    o.flops = flops;
+    o.bytes = bytes;
+    o.batch = batch * heads;
+    o.m = o.n = seq;
+    o.k = head_dim;
+    return o;
+  };
+  const double s = e * square;
+  return {op(OpName::score, Phase::forward, core / 2, qkv + s),               // qkv → scores
+          op(OpName::softmax, Phase::forward, 5 * square, 2 * s),             // scores → probs
+          op(OpName::value, Phase::forward, core / 2, s + qkv + ctx),         // probs, qkv → ctx
+          op(OpName::value, Phase::backward, core, ctx + 2 * s + 2 * qkv),    // d_ctx, probs, qkv → d_probs, d_qkv
+          op(OpName::softmax, Phase::backward, 4 * square, 3 * s),            // d_probs, probs → d_scores
+          op(OpName::score, Phase::backward, core, s + 3 * qkv)};             // d_scores, qkv, d_qkv → d_qkv
+}
+
+double ComputeCostModel::materialized_correction(int64_t seq, int64_t head_dim) const {
+  if (materialized_.empty()) return 1;
+  auto cached = correction_cache_.find({seq, head_dim});
+  if (cached != correction_cache_.end()) return cached->second;
+  // log r by head dimension, over log seq.
+  std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>> lines;
+  for (const AttentionPoint& a : materialized_) {
+    double composed = 0;
+    for (const Op& o : materialized_attention_ops(a.batch, a.heads, a.seq, a.head_dim, dtype_)) {
+      composed += base_op_time_s(o);
+    }
+    // FlashAttention's count: 4·b·s²·h·d a forward (halved when causal), 3.5 times that both ways.
+    double flops = 3.5 * 4.0 * double(a.batch) * double(a.heads) * double(a.seq) * double(a.seq) *
+                   double(a.head_dim) / (a.causal ? 2.0 : 1.0);
+    auto& [xs, ys] = lines[a.head_dim];
+    xs.push_back(std::log(double(a.seq)));
+    ys.push_back(std::log(flops / a.flops_per_s / composed));
+  }
+  const double q = std::log(double(std::max<int64_t>(1, seq)));
+  std::vector<double> dims, log_r;
+  for (const auto& [dim, line] : lines) {
+    dims.push_back(std::log(double(dim)));
+    log_r.push_back(interpolate_line(line.first, line.second, q));
+  }
+  double r = std::exp(interpolate_line(dims, log_r, std::log(double(std::max<int64_t>(1, head_dim)))));
+  correction_cache_.emplace(std::make_pair(seq, head_dim), r);
+  return r;
 }
 
 std::optional<double> ComputeCostModel::measured_collective_time_s(OpKind kind, Algorithm algorithm,
@@ -439,6 +505,15 @@ void ComputeCostModel::use_fp8(const DeviceSpec& device, const std::string& topo
 }
 
 double ComputeCostModel::op_time_s(const Op& op) const {
+  double t = base_op_time_s(op);
+  if (!materialized_.empty() && op.kind == OpKind::attention &&
+      (op.name == OpName::score || op.name == OpName::softmax || op.name == OpName::value)) {
+    t *= materialized_correction(op.m, op.k);
+  }
+  return t;
+}
+
+double ComputeCostModel::base_op_time_s(const Op& op) const {
   STEPCAST_CHECK(is_compute(op.kind), "op_time_s of a non-compute op");
   if (op.kind == OpKind::gemm && op.fp8_slots[0] >= 0 && dtype_ != Dtype::fp8) {
     STEPCAST_CHECK(fp8_ != nullptr, "an FP8 gemm costed before use_fp8");

@@ -22,6 +22,16 @@
 //   other memory-bound ops:       max(F / vector_peak, B / measured bandwidth) + measured overhead.
 // The measured times include every fixed cost, so no overhead is added to them.
 //
+// Materialized attention (the score, softmax and value ops, forward, recompute and backward)
+// is costed as above, op by op, then multiplied by the profile's measured correction where it has
+// materialized attention points (standard attention measured whole, forward and backward):
+//   r(seq, head_dim) = measured time / Σ the six ops' times above, at each point's shape
+//                      (materialized_attention_ops), non-causal points first;
+// log r is piecewise linear in log seq per head dimension and in log head_dim between them,
+// clamped to the measured ones. What the ops-by-op sum leaves out (the batched GEMMs' tiling and
+// epilogue at short k, the softmax's passes) is what the point measured; dropout and masks of
+// the plan stay the plan's own ops.
+//
 // Communication, where the profile measured it (CollectiveTable): the time of a collective of the
 // backend's algorithm, kind and group size at a message size, and of the staging copy a backend
 // with staged sends makes before posting a send. The simulator uses them for groups inside one
@@ -115,6 +125,13 @@ struct AttentionGemm {
   int64_t m = 0, n = 0, k = 0;
   int64_t count = 0;
 };
+// The six ops of one materialized attention core as lowering emits them for `batch` sequences
+// of `heads` heads (seq × seq scores, head_dim): forward score, softmax, value, then backward
+// value, softmax, score — no dropout, no tensor or context parallelism, activations in `act`
+// (plans/lower_layer.cpp's emit_attention_scores and emit_attention_core_*; a test checks that
+// they agree).
+std::vector<Op> materialized_attention_ops(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim, Dtype act);
+
 // The GEMMs of a materialized attention op (op.batch = b·heads, op.m = op.n = s, op.k = d) in the
 // linear layer's conventions: score forward S = Q·Kᵀ (forward s×s×d); value forward C = P·V
 // (NN: dgrad s×d×s); value backward dP = dC·Vᵀ (forward s×s×d) and dV = Pᵀ·dC (TN: wgrad
@@ -158,6 +175,9 @@ class ComputeCostModel {
   ComputeCostModel(const DeviceSpec& device, Dtype dtype, const DeviceProfile& profile,
                    const std::string& topology_file, const std::string& norm_type = "rmsnorm");
   double op_time_s(const Op& op) const;
+  // The measured correction of a materialized attention core at (seq, head_dim) (see above); 1
+  // without materialized attention points.
+  double materialized_correction(int64_t seq, int64_t head_dim) const;
   // FP8 GEMMs (ops with fp8_slots) cost at the device's FP8 peak and the profile's gemm.fp8
   // figures from here on; refused (InputError naming the key) where the topology's device has no
   // FP8 peak or the profile no FP8 GEMM figures.
@@ -173,6 +193,8 @@ class ComputeCostModel {
   double staging_copy_time_s(double bytes) const;
 
  private:
+  // op_time_s before the materialized attention correction.
+  double base_op_time_s(const Op& op) const;
   double measured_matrix_time_s(const Op& op) const;
   // gemm_wave_efficiency of a matrix op under the profile's gemm_tiling (attention: its GEMMs).
   double datasheet_wave_efficiency(const Op& op) const;
@@ -186,7 +208,9 @@ class ComputeCostModel {
   Dtype dtype_;
   std::map<std::string, GemmRateTable> gemm_tables_;     // by variant; empty: no measured GEMMs
   std::map<std::string, BandwidthTable> memory_tables_;  // by family
-  AttentionRateTable attention_table_{{}};
+  AttentionRateTable attention_table_{{}};  // the flash points
+  std::vector<AttentionPoint> materialized_;   // the materialized points used (non-causal first)
+  mutable std::map<std::pair<int64_t, int64_t>, double> correction_cache_;
   // by (kind, algorithm, group size) of the profile's collective points
   std::map<std::tuple<std::string, std::string, int64_t>, CollectiveTable> collective_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.

@@ -99,8 +99,14 @@ struct AttentionPoint {
   std::string pass;  // "forward", "backward", "forward_backward"
   int64_t seq = 0, head_dim = 0;
   bool causal = true;
-  double flops_per_s = 0;
+  double flops_per_s = 0;  // FlashAttention's convention: 4·batch·seq²·heads·head_dim a forward
+                           // (halved when causal), 2.5 times that a backward
   std::string source;
+  // "flash": a fused kernel (FlashAttention); "materialized": the standard attention of PyTorch
+  // (batched score GEMM, softmax, value GEMM), measured whole on `batch` sequences of `heads`
+  // heads, forward_backward only: it corrects the composed model of those ops (cost_model.hpp).
+  std::string impl = "flash";
+  int64_t batch = 0, heads = 0;  // materialized points only
 };
 
 // Run-to-run variation: each device's compute runs at a speed factor drawn once per device

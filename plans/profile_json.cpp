@@ -184,17 +184,26 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     inter_order.check(i, 0, q.bytes);
     t.p2p_inter_node.push_back(q);
   });
-  Order<std::tuple<std::string, int64_t, bool>, int64_t> attention_order(reader, "attention_points",
-                                                                         "seq");
+  Order<std::tuple<std::string, std::string, int64_t, bool>, int64_t> attention_order(
+      reader, "attention_points", "seq");
   read_points(reader, json, "attention_points", [&](ObjectReader& p, size_t i) {
     AttentionPoint a;
+    a.impl = p.get_enum_or("impl", {"flash", "materialized"}, "flash");
     a.pass = p.get_enum("pass", kAttentionPasses);
     a.seq = p.get_int("seq", 1);
     a.head_dim = p.get_int("head_dim", 1);
+    if (a.impl == "materialized") {
+      if (a.pass != "forward_backward") {
+        p.fail("pass", "'" + a.pass + "' for a materialized point",
+               "forward_backward (a materialized point corrects the forward and backward ops together)");
+      }
+      a.batch = p.get_int("batch", 1);
+      a.heads = p.get_int("heads", 1);
+    }
     a.causal = p.get_bool_or("causal", true);
     a.flops_per_s = p.get_number("flops_per_s", 0, true);
     a.source = read_source(p, sources);
-    attention_order.check(i, {a.pass, a.head_dim, a.causal}, a.seq);
+    attention_order.check(i, {a.impl, a.pass, a.head_dim, a.causal}, a.seq);
     t.attention.push_back(a);
   });
   if (reader.has("system")) {
@@ -264,6 +273,11 @@ Json measured_to_json(const MeasuredTables& t) {
   for (const AttentionPoint& a : t.attention) {
     Json j = {{"pass", a.pass}, {"seq", a.seq}, {"head_dim", a.head_dim}, {"causal", a.causal},
               {"flops_per_s", a.flops_per_s}};
+    if (a.impl != "flash") {
+      j["impl"] = a.impl;
+      j["batch"] = a.batch;
+      j["heads"] = a.heads;
+    }
     put_source(j, a.source);
     attention.push_back(j);
   }
