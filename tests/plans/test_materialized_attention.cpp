@@ -1,8 +1,8 @@
 // Materialized attention's measured correction (cost_model.hpp): the six ops the cost model
 // composes at a measured point are the ops lowering emits, and a profile's materialized points
 // scale those ops to the time measured.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
@@ -66,8 +66,7 @@ TEST_CASE("materialized attention: the cost model composes the ops lowering emit
   }
 }
 
-TEST_CASE("materialized attention: a profile's points correct the composed ops to the time measured",
-          "[profile]") {
+TEST_CASE("materialized attention: a profile's points correct the composed ops to the time measured", "[profile]") {
   Topology topology = load_topology(source_path("topologies/dgx-a100-80gb.json"));
   DeviceProfile profile = load_profile(source_path("profiles/a100-sxm4-80gb.json"));
   std::vector<AttentionPoint> points;
