@@ -455,7 +455,12 @@ double ComputeCostModel::measured_matrix_time_s(const Op& op) const {
     return op.flops / one * gemm_time_s(gemm_variant(op), op.m, op.n, op.k);
   }
   double total = 0;
-  for (const AttentionGemm& g : parts) total += double(g.count) * gemm_time_s(g.variant, g.m, g.n, g.k);
+  for (const AttentionGemm& g : parts) {
+    // In order (a CPU backend), one GEMM after another; on a GPU one batched launch runs every
+    // GEMM's tiles together, at the rate of one GEMM with the batch's rows.
+    if (profile_.execution_in_order) total += double(g.count) * gemm_time_s(g.variant, g.m, g.n, g.k);
+    else total += gemm_time_s(g.variant, g.m * g.count, g.n, g.k);
+  }
   return total;
 }
 

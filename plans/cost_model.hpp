@@ -17,7 +17,9 @@
 //   gemm:                         F / rate(m, n, k), rate from the GEMM table of the op's variant
 //                                 (forward, dgrad, wgrad) — GemmRateTable;
 //   attention score/value:        Σ over the GEMMs the op is made of (attention_gemms) of
-//                                 batch · 2·m·n·k / rate of that GEMM's variant and shape;
+//                                 batch · 2·m·n·k / rate of that GEMM's variant and shape — on a
+//                                 GPU (a profile not in order) the rate at batch · m rows: one
+//                                 batched launch runs all the GEMMs' tiles together;
 //   memory-bound families:        B / bandwidth(B), from the family's table — BandwidthTable;
 //   other memory-bound ops:       max(F / vector_peak, B / measured bandwidth) + measured overhead.
 // The measured times include every fixed cost, so no overhead is added to them.

@@ -112,3 +112,35 @@ TEST_CASE("materialized attention: a profile's points correct the composed ops t
 }
 
 }  // namespace stepcast
+
+namespace stepcast {
+
+TEST_CASE("materialized attention: on a GPU a batched GEMM runs at the rate of its rows together", "[profile]") {
+  // The H100 profile's GEMM tables, without its materialized points: a score forward of 64
+  // GEMMs of 512 x 512 x 64 costs one GEMM of 64·512 rows (one batched launch), not 64 small
+  // ones; a profile that runs in order (a CPU's) costs them one after another.
+  Topology topology = load_topology(source_path("topologies/dgx-h100.json"));
+  DeviceProfile profile = load_profile(source_path("profiles/h100-sxm.json"));
+  auto& attention = profile.measured->attention;
+  attention.erase(std::remove_if(attention.begin(), attention.end(),
+                                 [](const AttentionPoint& a) { return a.impl == "materialized"; }),
+                  attention.end());
+  // Its one GEMM table (dgrad: OpenXLA's grid) stands for every variant.
+  std::vector<GemmPoint> grid;
+  for (const GemmPoint& g : profile.measured->gemm) {
+    if (g.count == 1) grid.push_back(g);
+  }
+  REQUIRE(grid.size() == profile.measured->gemm.size());
+  GemmRateTable table(grid);
+  Op score = materialized_attention_ops(4, 16, 512, 64, Dtype::bf16)[0];
+  REQUIRE(score.batch == 64);
+  const double flops = 2.0 * 64 * 512 * 512 * 64;
+  ComputeCostModel gpu(topology.node.device, Dtype::bf16, profile, topology.file);
+  CHECK(gpu.op_time_s(score) == Approx(flops / table.flops_per_s(64 * 512, 512, 64)).epsilon(1e-12));
+  profile.execution_in_order = true;
+  ComputeCostModel in_order(topology.node.device, Dtype::bf16, profile, topology.file);
+  CHECK(in_order.op_time_s(score) == Approx(flops / table.flops_per_s(512, 512, 64)).epsilon(1e-12));
+  CHECK(in_order.op_time_s(score) > gpu.op_time_s(score));
+}
+
+}  // namespace stepcast
