@@ -17,6 +17,7 @@ packages=(
   chromium                  # the validate report's test in a real headless browser
   clang libclang-rt-dev     # libFuzzer for the loaders' fuzz targets (issue 19, scripts/fuzz.sh)
   iproute2 iputils-ping     # scripts/netns-cluster.sh: namespaces, veth, tc; ping for latency (issue 21)
+  python3-jsonschema        # tests: every input and output against its JSON Schema (schemas/, issue 18)
 )
 
 missing=()

@@ -11,6 +11,7 @@ cmake --install "$build" --prefix "$prefix" >/dev/null
 for d in bin/stepcast share/stepcast/models/llama3-8b.json share/stepcast/topologies/dgx-h100.json \
          share/stepcast/profiles/h100-sxm.json share/stepcast/examples/tiny-cpu.json share/stepcast/sweeps/cpu.json \
          share/stepcast/data/published.json share/stepcast/data/corpus/shakespeare.txt \
+         share/stepcast/schemas/step-result.schema.json share/stepcast/schemas/plan.schema.json \
          share/stepcast/scripts/mpirun share/man/man1/stepcast.1 share/bash-completion/completions/stepcast; do
   [ -e "$prefix/$d" ] || { echo "install: $d missing under $prefix"; exit 1; }
 done
