@@ -319,8 +319,10 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       at = dash + 1;
     }
     std::sort(axes.begin(), axes.end());
-    if (axes != std::vector<std::string>{"dp", "pp", "tp"}) {
-      l.fail("order", "\"" + printable_excerpt(m.layout.order) + "\"", "a permutation of tp, dp, pp joined by '-'");
+    // As a plan's `order` may be written: with or without cp (plan.cpp's valid_order).
+    if (axes != std::vector<std::string>{"dp", "pp", "tp"} && axes != std::vector<std::string>{"cp", "dp", "pp", "tp"}) {
+      l.fail("order", "\"" + printable_excerpt(m.layout.order) + "\"",
+             "a permutation of tp, dp, pp (and cp) joined by '-'");
     }
     l.finish();
   }

@@ -61,6 +61,8 @@ TEST_CASE("checkpoint manifests carry the shard layout and read it back strictly
              Contains("key 'shard_layout.zero_stage'") && Contains("0, 1, 2 or 3"));
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["order"] = "tp-tp-pp"; })),
              Contains("key 'shard_layout.order'") && Contains("permutation of tp, dp, pp"));
+  // A plan may name cp in its order without context parallelism: its checkpoints read back.
+  CHECK(refusal(edited_manifest([](Json& j) { j["shard_layout"]["order"] = "tp-cp-dp-pp"; })) == "(accepted)");
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["dp_size"] = 0; })),
              Contains("key 'shard_layout.dp_size'"));
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["extra"] = 1; })), Contains("shard_layout.extra"));
