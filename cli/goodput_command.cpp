@@ -295,7 +295,13 @@ int run_goodput(int argc, char** argv) {
             << ", restarts " << duration_text(chosen.restart_s) << "; " << chosen.failures << " failures expected, goodput "
             << (std::isfinite(chosen.time_to_train_s) ? chosen.compute_s / chosen.time_to_train_s : 0.0) << "\n";
 
-  if (vm->count("monte-carlo")) {
+  const std::optional<std::string> no_draws =
+      vm->count("monte-carlo") ? monte_carlo_refusal(g, k) : std::optional<std::string>();
+  if (no_draws) {
+    out["monte_carlo"] = {{"runs", (*vm)["monte-carlo"].as<int64_t>()}, {"seed", (*vm)["seed"].as<uint64_t>()},
+                          {"draws", "none"}, {"skipped", *no_draws}};
+    std::cout << "Monte-Carlo: " << *no_draws << "\n";
+  } else if (vm->count("monte-carlo")) {
     MonteCarloResult mc = monte_carlo(g, k, (*vm)["monte-carlo"].as<int64_t>(), (*vm)["seed"].as<uint64_t>());
     out["monte_carlo"] = {{"runs", mc.runs}, {"seed", mc.seed}, {"draws", "exponential inter-arrival times, "
                           "seeded 64-bit Mersenne Twister in plain C++ (not SimGrid profiles)"},

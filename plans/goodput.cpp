@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "errors.hpp"
 
@@ -270,9 +271,25 @@ std::vector<int64_t> interval_grid(int64_t steps) {
   return grid;
 }
 
+std::optional<std::string> monte_carlo_refusal(const GoodputInputs& in, int64_t interval_steps) {
+  GoodputTime expected = expected_time(in, interval_steps);
+  if (std::isfinite(expected.time_to_train_s) && expected.failures <= kMaxDrawnFailures) return std::nullopt;
+  std::ostringstream why;
+  why.precision(2);
+  why << "failures come faster than " << interval_steps << " steps and their checkpoint: the expected run ";
+  if (std::isfinite(expected.time_to_train_s) && std::isfinite(expected.failures)) {
+    why << "fails " << expected.failures << " times (over " << kMaxDrawnFailures << ")";
+  } else {
+    why << "never ends";
+  }
+  why << "; not drawn";
+  return why.str();
+}
+
 MonteCarloResult monte_carlo(const GoodputInputs& in, int64_t interval_steps, int64_t runs, uint64_t seed) {
   check_interval(interval_steps);
   STEPCAST_CHECK(runs >= 1, "Monte-Carlo runs < 1");
+  STEPCAST_CHECK(!monte_carlo_refusal(in, interval_steps), "Monte-Carlo draws of a run that does not end");
   MonteCarloResult r;
   r.runs = runs;
   r.seed = seed;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace stepcast {
@@ -71,6 +73,12 @@ struct MonteCarloResult {
   double mean_failures = 0;
   GoodputTime mean_parts;            // the parts averaged over the runs
 };
+// Drawing stops being useful, and a run would not end in practice, where the expectation has a
+// run fail more than kMaxDrawnFailures times (or forever: failures come faster than a segment of
+// work and its checkpoint); why, or nullopt where monte_carlo can run.
+constexpr double kMaxDrawnFailures = 1e6;
+std::optional<std::string> monte_carlo_refusal(const GoodputInputs& in, int64_t interval_steps);
+// Requires monte_carlo_refusal to be nullopt.
 MonteCarloResult monte_carlo(const GoodputInputs& in, int64_t interval_steps, int64_t runs, uint64_t seed);
 
 // Failures at given steps: a failure as step s (0-based) is about to begin for the first time,

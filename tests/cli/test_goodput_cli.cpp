@@ -71,3 +71,15 @@ TEST_CASE("goodput: --checkpoint-every, per-node MTBF and seeded Monte-Carlo", "
   double expected = a["time_to_train_s"].get<double>();
   CHECK(std::abs(a["monte_carlo"]["mean_s"].get<double>() - expected) / expected < 0.05);
 }
+
+TEST_CASE("goodput: Monte-Carlo where failures outpace the checkpoints ends, saying why", "[goodput]") {
+  // A 0.36 s MTBF against 50 s of work between checkpoints: no run would ever end (drawing it
+  // looped forever before).
+  Json g = goodput("goodput-mc-never",
+                   "--tokens 1e6 --step-time-s 0.5 --restart-s 30 --job-mtbf-hours 0.0001 --checkpoint-every 100 "
+                   "--monte-carlo 10");
+  REQUIRE(g.contains("monte_carlo"));
+  CHECK_THAT(g["monte_carlo"]["skipped"].get<std::string>(), Catch::Contains("not drawn"));
+  CHECK_FALSE(g["monte_carlo"].contains("mean_s"));
+  CHECK(g["monte_carlo"]["runs"] == 10);
+}

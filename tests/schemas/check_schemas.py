@@ -217,6 +217,9 @@ OUTPUTS = {
          [("scale.json", "scale")]),
         (f"{{bin}} goodput {A100_13B} --plan examples/gpt3-13b-a100-64.json --tokens 300e9 --job-mtbf-hours 7.9 "
          "--monte-carlo 100 --seed 1 --failure-at-steps 5,10 --out {out}", [("goodput.json", "goodput")]),
+        ("{bin} goodput --model models/tiny.json --topology topologies/dgx-a100-80gb.json --plan examples/tiny-cpu.json "
+         "--tokens 1e6 --step-time-s 0.5 --job-mtbf-hours 0.0001 --checkpoint-every 100 --monte-carlo 10 --out {out}",
+         [("goodput.json", "goodput")]),
         ("{bin} contention --jobs examples/jobs/gpt3-13b-2x64-interleaved.json --topology topologies/dgx-a100-80gb.json "
          "--nodes 16 --out {out}", [("contention.json", "contention")]),
         ("{bin} calibrate --topology topologies/dgx-a100-80gb.json --model models/gpt2-124m.json "
