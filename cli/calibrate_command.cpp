@@ -220,7 +220,24 @@ int run_calibrate(int argc, char** argv) {
   std::vector<double> measured;
   for (const Run& r : runs) measured.push_back(r.measured_s);
   auto start = std::chrono::steady_clock::now();
-  CalibrationResult result = calibrate(calibration_of(base), params, measured, evaluate);
+  // Within the datasheet of every run's device (simulate refuses a profile beyond it).
+  CalibrationLimits limits = calibration_limits(base, topology.node.device);
+  for (const Run& r : runs) {
+    CalibrationLimits l = calibration_limits(base, r.topology.node.device);
+    limits.gemm_scale_max = std::min(limits.gemm_scale_max, l.gemm_scale_max);
+    limits.memory_scale_max = std::min(limits.memory_scale_max, l.memory_scale_max);
+  }
+  CalibrationResult result = calibrate(calibration_of(base), params, measured, evaluate, limits);
+  auto at_limit = [&](double scale, double limit) { return limit < 10 && scale >= limit * (1 - 1e-6); };
+  if (at_limit(result.fitted.gemm_scale, limits.gemm_scale_max)) {
+    std::cout << "the GEMM scale stops at " << limits.gemm_scale_max
+              << ": beyond it a measured GEMM or attention point would beat the device's datasheet peak "
+                 "(the runs are faster than the profile's figures allow)\n";
+  }
+  if (at_limit(result.fitted.memory_scale, limits.memory_scale_max)) {
+    std::cout << "the memory scale stops at " << limits.memory_scale_max
+              << ": beyond it a measured memory-bound point would beat the device's HBM bandwidth\n";
+  }
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::cout << std::left << std::setw(44) << "run" << std::right << std::setw(14) << "measured s"

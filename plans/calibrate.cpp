@@ -339,12 +339,33 @@ std::vector<double> solve(std::vector<std::vector<double>> a, std::vector<double
 
 }  // namespace
 
+CalibrationLimits calibration_limits(const DeviceProfile& base, const DeviceSpec& device) {
+  CalibrationLimits l;
+  if (base.backend == "cpu" || !base.measured) return l;  // as check_points_within_peaks
+  const MeasuredTables& t = *base.measured;
+  auto peak = device.peak_flops_per_s.find(t.dtype);
+  if (peak != device.peak_flops_per_s.end()) {
+    for (const GemmPoint& g : t.gemm) l.gemm_scale_max = std::min(l.gemm_scale_max, g.time_s * peak->second / g.flops());
+    for (const AttentionPoint& a : t.attention) l.gemm_scale_max = std::min(l.gemm_scale_max, peak->second / a.flops_per_s);
+  }
+  for (const MemoryPoint& m : t.memory) {
+    l.memory_scale_max = std::min(l.memory_scale_max, m.time_s * device.memory_bandwidth_bytes_per_s / m.bytes);
+  }
+  return l;
+}
+
 CalibrationResult calibrate(const Calibration& base, const std::vector<CalibrationParam>& params,
-                            const std::vector<double>& measured_s, const StepEvaluator& evaluate) {
+                            const std::vector<double>& measured_s, const StepEvaluator& evaluate,
+                            const CalibrationLimits& limits) {
   STEPCAST_CHECK(!measured_s.empty() && !params.empty(), "calibrate without runs or parameters");
   const size_t runs = measured_s.size(), n = params.size();
   std::vector<Coordinate> coords;
-  for (CalibrationParam p : params) coords.push_back(coordinate_of(p));
+  for (CalibrationParam p : params) {
+    Coordinate k = coordinate_of(p);
+    if (p == CalibrationParam::gemm) k.hi = std::min(k.hi, std::log(std::max(limits.gemm_scale_max, 0.1)));
+    if (p == CalibrationParam::memory) k.hi = std::min(k.hi, std::log(std::max(limits.memory_scale_max, 0.1)));
+    coords.push_back(k);
+  }
   auto theta_of = [&](const Calibration& c) {
     std::vector<double> t;
     for (const Coordinate& k : coords) {

@@ -54,6 +54,15 @@ DeviceProfile apply_calibration(DeviceProfile base, const Calibration& c);
 // The calibration `base` is (scales 1, no overhead, its own device spread).
 Calibration calibration_of(const DeviceProfile& base);
 
+// The largest GEMM and memory scales that keep a GPU profile's measured points within `device`'s
+// datasheet (its dense peak, its HBM bandwidth), as simulate checks them (profile.cpp): runs
+// faster than the datasheet allows fit to the limit instead of to a profile simulate refuses.
+// 10 (the fit's own bound) where nothing limits them.
+struct CalibrationLimits {
+  double gemm_scale_max = 10, memory_scale_max = 10;
+};
+CalibrationLimits calibration_limits(const DeviceProfile& base, const DeviceSpec& device);
+
 // Predicted step times under each calibration: result[setting][run], for every run when `only`
 // is empty, else for run only[setting] alone (the other entries unused).
 using StepEvaluator = std::function<std::vector<std::vector<double>>(
@@ -67,6 +76,7 @@ struct CalibrationResult {
   int evaluations = 0;                     // calibrations evaluated (each: every run)
 };
 CalibrationResult calibrate(const Calibration& base, const std::vector<CalibrationParam>& params,
-                            const std::vector<double>& measured_s, const StepEvaluator& evaluate);
+                            const std::vector<double>& measured_s, const StepEvaluator& evaluate,
+                            const CalibrationLimits& limits = {});
 
 }  // namespace stepcast

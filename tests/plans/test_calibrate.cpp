@@ -207,3 +207,39 @@ TEST_CASE("calibrate: finds known scales again from logs and measurements", "[ca
   CHECK_THAT(bad.output, Contains("base profile"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("calibrate: runs faster than the datasheet allows fit to its limit, not to a refused profile",
+          "[calibrate][simulate]") {
+  // Logs of 20 ms and 10 ms steps of GPT-2 124M on 8 A100s: faster than the profile's GEMM points
+  // could be without beating the dense peak (the fit ended in an internal error before).
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("stepcast-calibrate-fast-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string logs;
+  const std::vector<std::pair<LogPlan, double>> runs = {{{1, 1, 4, 32}, 0.020}, {{2, 1, 4, 16}, 0.010}};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    std::string file = (dir / ("fast" + std::to_string(i) + ".log")).string();
+    std::ofstream(file) << megatron_log(runs[i].first, 8, runs[i].second);
+    logs += " " + file;
+  }
+  std::string out = (dir / "calibrated").string();
+  test::CommandResult r = test::run_stepcast("calibrate" + test::topology_arg("dgx-a100-80gb") + " --megatron-log" +
+                                             logs + test::model_arg("gpt2-124m") + " --params gemm --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, Contains("the GEMM scale stops at"));
+  DeviceProfile base = load_profile(test::source_path("profiles/a100-sxm4-80gb.json"));
+  Topology a100 = load_topology(test::source_path("topologies/dgx-a100-80gb.json"));
+  const double limit = calibration_limits(base, a100.node.device).gemm_scale_max;
+  CHECK(limit > 1);
+  CHECK(limit < 10);
+  Json report = load_json_file(out + "/calibrate.json");
+  CHECK(report["params"]["gemm"].get<double>() == Approx(limit).epsilon(1e-6));
+  // The fitted profile is one simulate takes.
+  test::CommandResult s = test::run_stepcast("simulate" + test::model_arg("gpt2-124m") +
+                                             test::topology_arg("dgx-a100-80gb") + " --nodes 1" +
+                                             test::plan_arg("tiny-cpu") + " --profile " + out + "/profile.json");
+  INFO(s.output);
+  CHECK(s.exit_code == 0);
+  fs::remove_all(dir);
+}
