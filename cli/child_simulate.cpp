@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "errors.hpp"
 #include "inputs.hpp"
 
 namespace stepcast::cli {
@@ -13,13 +14,19 @@ ChildSimulator::ChildSimulator(const ModelConfig& model, std::string profile_arg
     : profile_arguments_(std::move(profile_arguments)), runner_(runner), jobs_(jobs), mode_(std::move(mode)) {
   // The model travels as text (another node may not see the file, or a model without one: a
   // --from-megatron launch line's), the same text wherever the child runs.
+  // The file's own text where the model was read from a JSON file; a launch script of
+  // --from-megatron FILE is a regular file too, but not the model.
   std::error_code ec;
   if (std::filesystem::is_regular_file(model.file, ec)) {
-    model_json_ = read_text_file(model.file);
-    model_arguments_ = child_seq_length_argument(model);
-  } else {
-    model_json_ = model_to_json(model).dump(2);
+    std::string text = read_text_file(model.file);
+    try {
+      parse_json_text(text, model.file);
+      model_json_ = std::move(text);
+      model_arguments_ = child_seq_length_argument(model);
+    } catch (const InputError&) {
+    }
   }
+  if (model_json_.empty()) model_json_ = model_to_json(model).dump(2);
 }
 
 Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan, const Topology& topology) {

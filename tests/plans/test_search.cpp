@@ -408,6 +408,22 @@ TEST_CASE("stepcast plan with --from-megatron ranks the launch line's own plan",
   CHECK_THAT(r.output, Catch::Contains("the launch line's plan (launch-line) ranks "));
 }
 
+TEST_CASE("stepcast plan --from-megatron FILE re-simulates its best plans", "[search][cli]") {
+  // A launch script is a file, but not the model: the children get the model it describes
+  // (every re-simulation failed on the script's text before, leaving the estimates).
+  std::string script = test::write_temp_file(
+      "launch-tiny.sh",
+      "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 --seq-length 64 "
+      "--vocab-size 256 --tensor-model-parallel-size 2 --micro-batch-size 1 --global-batch-size 8 "
+      "--attention-backend unfused\n");
+  auto r = run_stepcast("plan" + topology_arg("localhost-cpu") + " --nodes 2 --evaluate 2 --top 2 --from-megatron " +
+                        script);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.output, !Catch::Contains("failed"));
+  CHECK_THAT(r.output, Catch::Contains("2 re-simulated"));
+}
+
 TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies").string();
   std::filesystem::remove_all(out);
