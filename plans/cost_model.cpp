@@ -220,6 +220,17 @@ double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int6
   return std::max(efficiency(tiling.tile_m, tiling.tile_n), efficiency(tiling.tile_n, tiling.tile_m));
 }
 
+const std::vector<std::string>& memory_families() {
+  static const std::vector<std::string> families = {
+      "adamw",          "attention_dropout_forward", "copy",           "cross_entropy_backward",
+      "cross_entropy_forward", "dropout_add_forward", "dropout_backward", "gelu_backward",
+      "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
+      "norm_backward",  "norm_forward",              "residual_add",   "rotary_backward",
+      "rotary_forward", "softmax_backward",          "softmax_forward", "swiglu_backward",
+      "swiglu_forward"};
+  return families;
+}
+
 std::string memory_family(const Op& op, const std::string& norm_type) {
   switch (op.kind) {
     case OpKind::norm:

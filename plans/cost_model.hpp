@@ -158,6 +158,9 @@ double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int6
 // `norm_type` (the model's: "rmsnorm", "layernorm") picks the norm's family: "norm_…" (RMSNorm)
 // or "layernorm_…".
 std::string memory_family(const Op& op, const std::string& norm_type = "rmsnorm");
+// Every family memory_family returns: what a profile's memory_points may name (profile_json.cpp
+// refuses others, which no op would ever look up).
+const std::vector<std::string>& memory_families();
 // The GEMM table of an op: "forward", "dgrad", "wgrad" (attention score/value: "forward").
 std::string gemm_variant(const Op& op);
 

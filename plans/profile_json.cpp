@@ -7,6 +7,7 @@
 
 #include "collective.hpp"
 #include "errors.hpp"
+#include "cost_model.hpp"
 #include "profile.hpp"
 
 namespace stepcast {
@@ -127,7 +128,7 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
   Order<std::string, double> memory_order(reader, "memory_points", "bytes");
   read_points(reader, json, "memory_points", [&](ObjectReader& p, size_t i) {
     MemoryPoint m;
-    m.family = p.get_string("family");
+    m.family = p.get_enum("family", memory_families());
     m.bytes = p.get_number("bytes", 0, true);
     m.time_s = point_time(p, "bandwidth_bytes_per_s", m.bytes);
     m.source = read_source(p, sources);

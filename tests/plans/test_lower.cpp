@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -47,6 +48,27 @@ TEST_CASE("every lowered program passes the invariant checker", "[lower]") {
     INFO((list_errors.empty() ? std::string() : list_errors.front()));
     CHECK(list_errors.empty());
   }
+}
+
+TEST_CASE("every op's memory-bound family is one a profile may name", "[lower][profile]") {
+  const std::vector<std::string>& families = memory_families();
+  std::set<std::string> seen;
+  for (const auto& c : lowering_cases()) {
+    StepProgram program = lower_case(c);
+    for (const Role& role : program.roles) {
+      for (const Op& op : role.ops) {
+        if (!is_compute(op.kind)) continue;
+        for (const char* norm : {"rmsnorm", "layernorm"}) {
+          std::string family = memory_family(op, norm);
+          if (family.empty()) continue;
+          INFO(c.label() << ": " << to_string(op.kind) << " " << to_string(op.name) << " → " << family);
+          CHECK(std::find(families.begin(), families.end(), family) != families.end());
+          seen.insert(family);
+        }
+      }
+    }
+  }
+  CHECK(seen.size() >= 15);  // the tiny models' plans reach most of them
 }
 
 TEST_CASE("forward GEMM and attention flops sum to the model-flops formula", "[lower]") {
