@@ -319,6 +319,9 @@ void check_sliding_window(ObjectReader& reader, const Json& json, ModelConfig& m
   for (const char* key : {"use_sliding_window", "max_window_layers"}) {
     if (json.contains(key)) m.ignored_keys.push_back(key);
   }
+  if (json.contains("max_window_layers") && !json.at("max_window_layers").is_null()) {
+    reader.get_int("max_window_layers", 0);
+  }
   if (!json.contains("sliding_window")) return;
   m.ignored_keys.push_back("sliding_window");
   if (json.at("sliding_window").is_null() || !in_use) return;
@@ -345,6 +348,15 @@ void read_experts(ObjectReader& reader, const Json& json, ModelConfig& m, const 
   }
   if (!experts) {
     if (top_k) reader.fail(top_k->key, "set without experts", "num_local_experts (or n_routed_experts) as well");
+    // Routing keys of a config without experts change nothing, but a wrong value is still refused.
+    auto given = [&](const char* key) { return json.contains(key) && !json.at(key).is_null(); };
+    for (const char* key : {"decoder_sparse_step", "moe_layer_freq"}) {
+      if (given(key)) reader.get_int(key, 1);
+    }
+    for (const char* key : {"router_aux_loss_coef", "aux_loss_alpha"}) {
+      if (given(key)) reader.get_number(key, 0.0, false);
+    }
+    if (given("mlp_only_layers")) reader.get_int_list("mlp_only_layers", 0);
     return;
   }
   m.num_experts = experts->value;
@@ -464,6 +476,10 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
   if (seq_override) set_seq_length(m, *seq_override, "--seq-length");
   read_experts(reader, json, m, intermediate);
   if (json.contains("layer_types")) {
+    if (!json.at("layer_types").is_array() && !json.at("layer_types").is_null()) {
+      reader.fail("layer_types", "is " + printable_excerpt(json.at("layer_types").dump()) + ", not a list",
+                  "a list with one entry a layer, every one \"full_attention\"");
+    }
     for (const Json& kind : json.at("layer_types")) {
       if (kind != "full_attention") {
         reader.fail("layer_types", "has " + kind.dump() + " layers: only full attention is modelled",

@@ -240,7 +240,13 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.gradient_accumulation_fusion = reader.get_bool_or("gradient_accumulation_fusion", true);
   plan.cross_entropy_loss_fusion = reader.get_bool_or("cross_entropy_loss_fusion", true);
   plan.grad_bucket_bytes = reader.get_number_or("grad_bucket_bytes", 0, true, 0);
-  if (reader.has("layers_per_stage")) plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
+  if (reader.has("layers_per_stage")) {
+    plan.layers_per_stage = reader.get_int_list("layers_per_stage", 1);
+    if (plan.layers_per_stage.empty()) {
+      reader.fail("layers_per_stage", "is empty",
+                  "the layers of each (virtual) pipeline stage, in order, or no key for an even split");
+    }
+  }
   plan.order = reader.get_string_or("order", "tp-dp-pp");
   if (!valid_order(plan.order)) {
     reader.fail("order", "not a permutation of tp, dp, pp (optionally with cp)",
