@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <map>
 #include <set>
 #include <tuple>
+#include <type_traits>
 
 namespace stepcast {
 
@@ -84,6 +86,12 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   // order as nlohmann writes them, numbers as the shortest text that reads back the same.
   std::string event;
   auto number = [&event](auto value) {
+    if constexpr (std::is_floating_point_v<decltype(value)>) {
+      if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
+        event += "null";
+        return;
+      }
+    }
     char text[32];
     event.append(text, std::to_chars(text, text + sizeof text, value).ptr);
   };

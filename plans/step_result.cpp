@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <map>
+#include <type_traits>
 
 #include "errors.hpp"
 #include "version.hpp"
@@ -148,6 +150,12 @@ namespace {
 // The shortest text that reads back as the same number.
 template <class Number>
 void append_number(std::string& out, Number value) {
+  if constexpr (std::is_floating_point_v<Number>) {
+    if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
+      out += "null";
+      return;
+    }
+  }
   char text[32];
   out.append(text, std::to_chars(text, text + sizeof text, value).ptr);
 }

@@ -59,6 +59,17 @@ TEST_CASE("step result: the streamed JSON is step_result_to_json's document", "[
   CHECK(text.str().find("\"inputs\"") < text.str().find("\"ops\""));
 }
 
+TEST_CASE("step result: a record's non-finite time is written null, as the JSON tree writes it", "[step_result]") {
+  StepResult r = example_result();
+  r.ops.push_back({0, 7, std::nan(""), HUGE_VAL, -HUGE_VAL});
+  std::ostringstream text;
+  write_step_result_json(text, r);
+  Json streamed = parse_json_text(text.str(), "streamed");  // "nan" or "inf" would not parse
+  CHECK(streamed == Json::parse(step_result_to_json(r).dump()));  // the tree's text: null too
+  CHECK(streamed["ops"].back()["start_s"].is_null());
+  CHECK(streamed["ops"].back()["end_s"].is_null());
+}
+
 TEST_CASE("step result: a gzip file reads back as the text written into it", "[step_result]") {
   StepResult r = example_result();
   std::string path = (std::filesystem::temp_directory_path() /
