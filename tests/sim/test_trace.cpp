@@ -65,11 +65,12 @@ TEST_CASE("simulate: trace.json is a Chrome trace of the detail ranks", "[simula
   // at once get tracks of their own.
   std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<double, double>>> tracks;
   std::map<int64_t, int> flow_starts, flow_ends;
+  std::map<int64_t, double> flow_start_ts, flow_end_ts;
   std::map<int64_t, double> memory_max;
   for (const Json& e : trace["traceEvents"]) {
     if (e["ph"] == "X") tracks[{e["pid"], e["tid"]}].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
-    if (e["ph"] == "s") ++flow_starts[e["id"]];
-    if (e["ph"] == "f") ++flow_ends[e["id"]];
+    if (e["ph"] == "s") ++flow_starts[e["id"]], flow_start_ts[e["id"]] = e["ts"].get<double>();
+    if (e["ph"] == "f") ++flow_ends[e["id"]], flow_end_ts[e["id"]] = e["ts"].get<double>();
     if (e["ph"] == "C") memory_max[e["pid"]] = std::max(memory_max[e["pid"]], e["args"]["bytes"].get<double>());
   }
   for (auto& [track, spans] : tracks) {
@@ -80,6 +81,9 @@ TEST_CASE("simulate: trace.json is a Chrome trace of the detail ranks", "[simula
   CHECK(flow_starts.size() > 0);
   CHECK(flow_starts == flow_ends);
   for (const auto& [id, n] : flow_starts) CHECK(n == 1);
+  // An arrow never points back in time: it leaves the send and reaches the receive where the
+  // two overlap.
+  for (const auto& [id, at] : flow_start_ts) CHECK(flow_end_ts[id] >= at);
   // A memory counter for every recorded rank that follows the program's memory walk: its peak
   // is the program's peak for that rank.
   for (const Json& entry : prediction["memory"]["ranks"]) {
