@@ -292,6 +292,7 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
       col.busbw_bytes_per_s *= c.link_scale;
     }
     for (P2pPoint& q : t.p2p) q.time_s /= c.link_scale;
+    for (P2pPoint& q : t.p2p_inter_node) q.time_s /= c.link_scale;
   }
   return p;
 }
