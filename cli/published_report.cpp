@@ -108,7 +108,7 @@ Json published_report_json(const PublishedReport& report) {
               {"system", row.system},
               {"source", row.source},
               {"topology", "topologies/" + row.topology + ".json"},
-              {"profile", "profiles/" + row.profile + ".json"},
+              {"profile", r.profile_file},
               {"nodes", row.nodes},
               {"gpus", row.nodes * (row.devices_per_node > 0 ? row.devices_per_node : 8)},
               {"bytes", row.bytes},

@@ -38,6 +38,7 @@ struct MegatronResult {
 struct NcclResult {
   const NcclRow* row = nullptr;
   NcclPrediction predicted;
+  std::string profile_file;  // the profile used (--profile-dir's, or the repository's), relative to it
   double error() const {
     return relative_error(predicted.busbw_bytes_per_s, row->published_busbw_bytes_per_s);
   }

@@ -140,7 +140,7 @@ int validate_published(const std::string& out_dir, const PublishedOptions& optio
     DeviceProfile profile = load_profile(profile_file);
     check_profile_matches(profile, topology);
     profiles_used.insert(profile_file);
-    NcclResult r{&row, predict_nccl(row, topology, profile)};
+    NcclResult r{&row, predict_nccl(row, topology, profile), fs::relative(profile_file, repo).string()};
     std::cout << "nccl  " << std::left << std::setw(20) << row.name << std::right << " "
               << std::setw(13) << r.predicted.algorithm << "  predicted busbw "
               << std::setw(6) << fixed_or_na(r.predicted.busbw_bytes_per_s / 1e9, 1) << " GB/s, published "

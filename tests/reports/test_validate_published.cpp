@@ -218,3 +218,21 @@ TEST_CASE("validate --sweep published: a damaged figures file is refused naming 
   CHECK(out.find("malformed JSON") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("validate --sweep published --profile-dir: every row names the profile it used", "[validate]") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("stepcast-published-profiles-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "profiles");
+  fs::copy_file(source_path("profiles/a100-sxm4-80gb.json"), dir / "profiles/a100-sxm4-80gb.json");
+  std::string out = (dir / "out").string();
+  CommandResult r = run_stepcast("validate --sweep published --rows nccl-149-dgx-a100 --profile-dir " +
+                                 (dir / "profiles").string() + " --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json report = load_json_file(out + "/published.json");
+  REQUIRE(report["nccl"].size() == 1);
+  const std::string used = report["nccl"][0]["profile"].get<std::string>();
+  CHECK(used.find("stepcast-published-profiles-") != std::string::npos);  // not "profiles/NAME.json"
+  CHECK(used == report["profiles"][0]["file"].get<std::string>());
+  fs::remove_all(dir);
+}
