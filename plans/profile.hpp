@@ -209,6 +209,9 @@ struct DeviceProfile {
   std::optional<GemmTiling> gemm_tiling;  // datasheet GPU profiles: GEMM wave quantization
   Variability variability;
   std::string variability_notes;
+  // The notes of the other sections ("gemm.bf16", "gemm_tiling", "flash_attention", "memory",
+  // "links", "execution"), written back where they were.
+  std::map<std::string, std::string> section_notes;
   OverlapInterference overlap;
   std::string overlap_notes;
   // Where the published figures come from: key → citation (repository, path and commit; paper and

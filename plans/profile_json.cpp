@@ -102,6 +102,12 @@ std::string read_source(ObjectReader& p, const std::map<std::string, std::string
   return source;
 }
 
+// A section's `notes` (a string), kept to be written back.
+void read_notes(ObjectReader& section, const std::string& where, DeviceProfile& p) {
+  std::string notes = section.get_string_or("notes", "");
+  if (!notes.empty()) p.section_notes[where] = notes;
+}
+
 MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
                               const std::map<std::string, std::string>& sources) {
   MeasuredTables t;
@@ -339,7 +345,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
     e.overhead_s = g.get_number("overhead_s", 0, false);
     e.output_half = g.get_number_or("output_half", 0, false, 0);
     e.k_half = g.get_number_or("k_half", 0, false, 0);
-    g.accept("notes");
+    read_notes(g, std::string("gemm.") + name, p);
     g.finish();
     p.gemm[*parse_dtype(name)] = e;
   }
@@ -351,7 +357,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
     tiling.sm_count = t.get_int("sm_count", 1);
     tiling.tile_m = t.get_int("tile_m", 1);
     tiling.tile_n = t.get_int("tile_n", 1);
-    t.accept("notes");
+    read_notes(t, "gemm_tiling", p);
     t.finish();
     p.gemm_tiling = tiling;
   } else {
@@ -360,13 +366,13 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   ObjectReader flash = reader.get_object("flash_attention");
   p.flash_forward_peak_fraction = flash.get_number_in("forward_peak_fraction", 1e-3, 1.0, 1.0);
   p.flash_backward_peak_fraction = flash.get_number_in("backward_peak_fraction", 1e-3, 1.0, 1.0);
-  flash.accept("notes");
+  read_notes(flash, "flash_attention", p);
   flash.finish();
   ObjectReader memory = reader.get_object("memory");
   p.memory_bandwidth_fraction = memory.get_number_in("bandwidth_fraction", 1e-3, 1.0, 1.0);
   p.kernel_overhead_s = memory.get_number("kernel_overhead_s", 0, false);
   p.memory_bandwidth_bytes_per_s = optional_number(memory, "bandwidth_bytes_per_s", true);
-  memory.accept("notes");
+  read_notes(memory, "memory", p);
   memory.finish();
   ObjectReader links = reader.get_object("links");
   p.intra_node_bus_fraction = links.get_number_in("intra_node_bus_fraction", 1e-3, 1.0, 1.0);
@@ -374,7 +380,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   p.intra_node_bandwidth_bytes_per_s = optional_number(links, "intra_node_bandwidth_bytes_per_s", true);
   p.intra_node_latency_s = optional_number(links, "intra_node_latency_s", false);
   p.inter_node_latency_s = optional_number(links, "inter_node_latency_s", false);
-  links.accept("notes");
+  read_notes(links, "links", p);
   links.finish();
   if (reader.has("variability")) {
     ObjectReader v = reader.get_object("variability");
@@ -407,7 +413,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
     ObjectReader e = reader.get_object("execution");
     p.execution_in_order = e.get_bool_or("in_order", false);
     p.execution_staged_sends = e.get_bool_or("staged_sends", false);
-    e.accept("notes");
+    read_notes(e, "execution", p);
     e.finish();
     if (p.execution_staged_sends && !p.execution_in_order) {
       reader.fail("execution", "staged_sends needs in_order", "\"in_order\": true, or no staged_sends");
@@ -482,7 +488,7 @@ Json profile_to_json(const DeviceProfile& p) {
   }
   if (p.intra_node_latency_s) json["links"]["intra_node_latency_s"] = *p.intra_node_latency_s;
   if (p.inter_node_latency_s) json["links"]["inter_node_latency_s"] = *p.inter_node_latency_s;
-  if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0) {
+  if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0 || !p.variability_notes.empty()) {
     json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},
                            {"op_time_cv", p.variability.op_time_cv}};
     if (!p.variability_notes.empty()) json["variability"]["notes"] = p.variability_notes;
@@ -508,6 +514,17 @@ Json profile_to_json(const DeviceProfile& p) {
                            {"tile_n", p.gemm_tiling->tile_n}};
   }
   if (p.measured) json["measured"] = measured_to_json(*p.measured);
+  for (const auto& [where, notes] : p.section_notes) {  // into the sections written above
+    size_t dot = where.find('.');
+    const std::string outer = where.substr(0, dot);
+    if (!json.contains(outer)) continue;
+    Json* section = &json[outer];
+    if (dot != std::string::npos) {
+      if (!section->contains(where.substr(dot + 1))) continue;
+      section = &(*section)[where.substr(dot + 1)];
+    }
+    if (section->is_object()) (*section)["notes"] = notes;
+  }
   return json;
 }
 

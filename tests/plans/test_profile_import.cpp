@@ -287,3 +287,32 @@ TEST_CASE("profile points: bad input is refused with the file and key", "[profil
   p["measured"]["gemm_points"] = Json::array();
   refused(p, "gemm_use");
 }
+
+TEST_CASE("profile: every section's notes are written back (import and calibrate keep the citations)", "[profile]") {
+  for (const char* file : {"profiles/a100-sxm4-80gb.json", "profiles/h100-sxm.json", "profiles/h200-sxm.json"}) {
+    INFO(file);
+    Json original = load_json_file(test::source_path(file));
+    Json written = profile_to_json(load_profile(test::source_path(file)));
+    int sections = 0;
+    for (auto it = original.begin(); it != original.end(); ++it) {
+      if (!it.value().is_object()) continue;
+      if (it.value().contains("notes")) {
+        INFO(it.key());
+        ++sections;
+        REQUIRE(written.contains(it.key()));
+        CHECK(written[it.key()].value("notes", "") == it.value()["notes"]);
+      }
+      for (auto inner = it.value().begin(); inner != it.value().end(); ++inner) {  // gemm.<dtype>
+        if (!inner.value().is_object() || !inner.value().contains("notes") || it.key() == "measured") continue;
+        INFO(it.key() << "." << inner.key());
+        ++sections;
+        CHECK(written[it.key()][inner.key()].value("notes", "") == inner.value()["notes"]);
+      }
+    }
+    CHECK(sections >= 3);
+  }
+  // A note that is not text is refused by key.
+  Json bad = load_json_file(test::source_path("profiles/a100-sxm4-80gb.json"));
+  bad["links"]["notes"] = 42;
+  CHECK_THROWS_WITH(parse_profile(bad, "bad.json"), Catch::Contains("links.notes"));
+}
