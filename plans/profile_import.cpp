@@ -470,7 +470,7 @@ DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>&
     t.gemm = gemm->points;
     for (GemmPoint& g : t.gemm) {
       // A row's own source column is its citation; otherwise the CSV is.
-      if (!g.source.empty()) base.sources.emplace(g.source, g.source);
+      if (!g.source.empty()) base.sources.emplace(g.source, "named in the source column of " + gemm->file);
       if (g.source.empty()) g.source = key;
     }
     t.gemm_use = gemm->grid ? "table" : "fit";

@@ -208,6 +208,17 @@ TEST_CASE("profile import and fit: end to end through the command line", "[profi
   CHECK(all_reduce_8 == 11);  // replaced the base's table of that span
   CHECK(all_gather_16 == 11);
   CHECK(imported.sources.count("import:h100-ag.log") == 1);
+  {  // A row's own source column is its citation, which says where it was named.
+    std::string cited = write("cited-gemm.csv", "m,n,k,layout,dtype,seconds,source\n4096,4096,4096,NN,bf16,2e-4,MYBENCH\n");
+    std::string cited_out = (fs::temp_directory_path() / "stepcast-import-cited.json").string();
+    test::CommandResult c = test::run_stepcast("profile import --gemm-csv " + cited + test::topology_arg("dgx-h100") +
+                                               " --out " + cited_out);
+    INFO(c.output);
+    REQUIRE(c.exit_code == 0);
+    DeviceProfile p = load_profile(cited_out);
+    REQUIRE(p.sources.count("MYBENCH") == 1);
+    CHECK_THAT(p.sources.at("MYBENCH"), Contains("source column of") && Contains("cited-gemm.csv"));
+  }
 
   std::string fitted = (fs::temp_directory_path() / "stepcast-fit-h100.json").string();
   r = test::run_stepcast("profile fit --profile " + out + test::topology_arg("dgx-h100") + " --out " + fitted);
