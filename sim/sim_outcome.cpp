@@ -3,7 +3,9 @@
 #include "sim_plan.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <iterator>
 #include <sstream>
 
 #include "errors.hpp"
@@ -12,9 +14,16 @@ namespace stepcast::sim_detail {
 
 namespace {
 
-// The length of the union of [start, end) intervals (sorted here).
-double union_length(std::vector<std::pair<double, double>>& intervals) {
-  std::sort(intervals.begin(), intervals.end());
+using Intervals = std::vector<std::pair<double, double>>;
+
+// Sorts `intervals` unless they are already in order: a stream's ops mostly run in list order,
+// so the check (linear) spares the sort.
+void sort_if_needed(Intervals& intervals) {
+  if (!std::is_sorted(intervals.begin(), intervals.end())) std::sort(intervals.begin(), intervals.end());
+}
+
+// The length of the union of [start, end) intervals, sorted by start.
+double union_length(const Intervals& intervals) {
   double total = 0, open_start = 0, open_end = -1;
   for (const auto& [start, end] : intervals) {
     if (start > open_end) {
@@ -30,23 +39,32 @@ double union_length(std::vector<std::pair<double, double>>& intervals) {
 }
 
 // Per slot: busy while a compute op runs, waiting while only other ops (collectives, transfers,
-// analytic tp collectives) are in flight, idle for the rest of the step.
+// analytic tp collectives) are in flight, idle for the rest of the step. Each stream's intervals
+// are collected apart (each in order as its ops ran) and merged, not sorted together.
 std::vector<DeviceTime> device_times(const SimPlan& plan, const SimOutcome& outcome, double step_s) {
   const StepProgram& program = *plan.program;
   std::vector<DeviceTime> times;
-  std::vector<std::pair<double, double>> busy, active;
+  std::array<Intervals, 3> by_stream;  // Stream::compute, comm, p2p
+  Intervals busy, merged, active;
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     const RankState& st = outcome.state[slot];
     const Role& role = program.role_of_rank(plan.ranks[slot]);
     const SimRole& walk = plan.roles[size_t(role.index)];
     busy.clear();
-    active.clear();
+    for (Intervals& v : by_stream) v.clear();
     for (const Op& op : role.ops) {
       const int32_t t = walk.timed_index[op.id];
       if (t < 0 || !(st.end[t] > st.start[t])) continue;
-      active.emplace_back(st.start[t], st.end[t]);
+      by_stream[size_t(op.stream)].emplace_back(st.start[t], st.end[t]);
       if (is_compute(op.kind)) busy.emplace_back(st.start[t], st.end[t]);
     }
+    sort_if_needed(busy);
+    for (Intervals& v : by_stream) sort_if_needed(v);
+    merged.clear();
+    std::merge(by_stream[0].begin(), by_stream[0].end(), by_stream[1].begin(), by_stream[1].end(),
+               std::back_inserter(merged));
+    active.clear();
+    std::merge(merged.begin(), merged.end(), by_stream[2].begin(), by_stream[2].end(), std::back_inserter(active));
     DeviceTime d;
     d.rank = plan.ranks[slot];
     d.devices = plan.slot_devices[slot];
