@@ -60,7 +60,7 @@ std::vector<Job> load_jobs(const std::string& file, const Topology& shared) {
              "an array of jobs {\"name\", \"model\", \"plan\", \"nodes\": [node, ...]}");
   }
   top.accept("jobs");
-  top.accept("notes");
+  top.get_string_or("notes", "");  // text for people: read to check its type
   top.finish();
   std::vector<Job> jobs;
   std::set<std::string> names;
@@ -81,7 +81,7 @@ std::vector<Job> load_jobs(const std::string& file, const Topology& shared) {
     job.nodes = r.get_int_list("nodes", 0);
     std::optional<int64_t> seq_length = r.get_optional_int("seq_length", 1);
     job.start_s = r.get_number_in("start_s", 0, 1e6, 0);
-    r.accept("notes");
+    r.get_string_or("notes", "");  // text for people: read to check its type
     r.finish();
     if (job.nodes.empty()) r.fail("nodes", "an empty list", "the topology's nodes the job runs on");
     for (int64_t node : job.nodes) {

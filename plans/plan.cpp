@@ -182,7 +182,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   Plan plan;
   plan.file = file;
   plan.name = reader.get_string_or("name", file);
-  reader.accept("notes");
+  reader.get_string_or("notes", "");  // text for people: read to check its type
   plan.tp_size = reader.get_int_or("tp_size", 1, 1);
   plan.pp_size = reader.get_int_or("pp_size", 1, 1);
   plan.dp_size_derived = !reader.has("dp_size");  // resolved against the world by validate_plan

@@ -84,7 +84,7 @@ PointDefaults read_defaults(ObjectReader& reader, const Json& object) {
   if (reader.has("model")) d.model_file = read_path(reader, "model", "a model file (models/*.json)");
   if (reader.has("plan")) read_plan(reader, object, nullptr, d.plan, d.plan_file);
   if (reader.has("steps")) d.steps = reader.get_int("steps", kSweepMinSteps);
-  reader.accept("notes");
+  reader.get_string_or("notes", "");  // text for people: read to check its type
   reader.finish();
   return d;
 }
@@ -95,7 +95,7 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
                       const Topology& topology, const std::optional<SweepCluster>& netns) {
   SweepPoint p;
   p.name = read_name(reader, "name");
-  reader.accept("notes");
+  reader.get_string_or("notes", "");  // text for people: read to check its type
   if (reader.has("link_rate")) {
     if (!netns) reader.fail("link_rate", "only in a sweep with \"netns\" (a cluster on this machine)", "no link_rate");
     p.link_rate = reader.get_string("link_rate");
@@ -207,7 +207,7 @@ Sweep parse_sweep(const Json& json, const std::string& file) {
     c.ranks_per_node = n.get_int("ranks_per_node", 1);
     c.link_rate = n.get_string("link_rate");
     if (!is_link_rate(c.link_rate)) n.fail("link_rate", "not a rate", kLinkRateValid);
-    n.accept("notes");
+    n.get_string_or("notes", "");  // text for people: read to check its type
     n.finish();
     if (s.topology.num_nodes != c.nodes || s.topology.node.devices_per_node != c.ranks_per_node) {
       n.fail("nodes", "the topology " + s.topology_file + " has " + std::to_string(s.topology.num_nodes) +
