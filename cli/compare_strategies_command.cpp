@@ -421,6 +421,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
                                  {"profile", profile_json(profile_choice)}});
     Json rows = Json::array();
     for (const auto& r : report.rows) {
+      // A row not simulated (nothing fits) has no timing: null, as the routing-skew rows write it.
+      auto simulated_or_null = [&](double v) { return r.simulated ? Json(v) : Json(nullptr); };
       rows.push_back({{"strategy", r.strategy}, {"plan", r.plan}, {"fits", r.fits}, {"note", r.note},
                       {"simulated", r.simulated},
                       {"memory_weights_bytes", r.weights_bytes}, {"memory_grads_bytes", r.grads_bytes},
@@ -428,12 +430,13 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
                       {"memory_activations_bytes", r.activations_bytes},
                       {"memory_workspace_bytes", r.workspace_bytes}, {"memory_comm_bytes", r.comm_bytes},
                       {"memory_runtime_bytes", r.runtime_bytes}, {"peak_bytes", r.peak_bytes},
-                      {"step_time_s", r.step_time_s}, {"exposed_comm_s", r.exposed_comm_s},
-                      {"bubble_s", r.bubble_s}, {"comm_bytes_per_rank", r.comm_volume_bytes},
-                      {"mfu", r.mfu},
+                      {"step_time_s", simulated_or_null(r.step_time_s)},
+                      {"exposed_comm_s", simulated_or_null(r.exposed_comm_s)},
+                      {"bubble_s", simulated_or_null(r.bubble_s)}, {"comm_bytes_per_rank", r.comm_volume_bytes},
+                      {"mfu", simulated_or_null(r.mfu)},
                       {"ep_comm_estimate_s", r.moe ? Json(r.ep_comm_estimate_s) : Json(nullptr)},
                       {"expert_imbalance_estimate_s", r.moe ? Json(r.imbalance_estimate_s) : Json(nullptr)},
-                      {"variability_s", r.variability_s},
+                      {"variability_s", simulated_or_null(r.variability_s)},
                       {"energy_per_step_j", r.energy_j ? Json(*r.energy_j) : Json(nullptr)}});
     }
     out["strategies"] = rows;

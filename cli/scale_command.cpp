@@ -107,6 +107,7 @@ int run_scale(int argc, char** argv, SimulationRunner& runner) {
     p.nodes = n;
     p.devices = topology.num_devices();
     Plan plan = base;
+    plan.name = base.name + "-" + std::to_string(n) + "n";  // a point that fails is named as one that runs
     plan.layers_per_stage = base.layers_per_stage;
     int64_t model_ranks = plan.tp_size * plan.pp_size;
     try {
@@ -134,7 +135,6 @@ int run_scale(int argc, char** argv, SimulationRunner& runner) {
       plan.grad_bucket_bytes = 0;  // Megatron's default for the new dp_size, unless the file set it
       if (base.grad_bucket_bytes > 0) plan.grad_bucket_bytes = base.grad_bucket_bytes;
       if (plan.dp_size == 1) plan.overlap_param_gather = plan.overlap_grad_reduce = false;
-      plan.name = base.name + "-" + std::to_string(n) + "n";
       validate_plan(plan, model, topology);
     } catch (const InputError& e) {
       p.error = e.what();

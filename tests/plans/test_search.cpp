@@ -424,6 +424,31 @@ TEST_CASE("stepcast plan --from-megatron FILE re-simulates its best plans", "[se
   CHECK_THAT(r.output, Catch::Contains("2 re-simulated"));
 }
 
+TEST_CASE("stepcast compare-strategies: a strategy with no valid plan has no timing (null)", "[search][cli]") {
+  // One node of 2 cores: the strategies that need 2 nodes (HSDP) or more ranks have no plan.
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies-none").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("compare-strategies" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                        " --nodes 1 --global-batch-size 8 --attention flash --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json s = load_json_file(out + "/strategies.json");
+  int not_simulated = 0;
+  for (const auto& row : s["strategies"]) {
+    INFO(row.dump());
+    if (row.at("simulated").get<bool>()) {
+      CHECK(row.at("step_time_s").get<double>() > 0);
+      continue;
+    }
+    ++not_simulated;
+    for (const char* key : {"step_time_s", "exposed_comm_s", "bubble_s", "mfu", "variability_s"}) {
+      CHECK(row.at(key).is_null());  // 0 before: a step of no time
+    }
+  }
+  CHECK(not_simulated > 0);
+  std::filesystem::remove_all(out);
+}
+
 TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-strategies").string();
   std::filesystem::remove_all(out);
@@ -476,6 +501,9 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   // 4 nodes: dp 8 with micro batch 2 does not divide the batch of 8: a point with its reason.
   REQUIRE(s["points"][2].contains("error"));
   CHECK(s["points"][2]["error"].get<std::string>().find("global_batch_size") != std::string::npos);
+  // Named as the points that run (it kept the base plan's name).
+  Json base_plan = load_json_file(source_path("examples/tiny-cpu.json"));
+  CHECK(s["points"][2]["plan"] == base_plan["name"].get<std::string>() + "-4n");
   for (const auto& p : s["points"]) {
     if (p.contains("error")) continue;
     // Strong scaling: the global batch stays.
