@@ -522,9 +522,12 @@ void ComputeCostModel::use_fp8(const DeviceSpec& device, const std::string& topo
 
 double ComputeCostModel::op_time_s(const Op& op) const {
   double t = base_op_time_s(op);
+  // The materialized core's ops, context parallelism's too (its gathered kind's scores of the
+  // local queries over the whole sequence: looked up at the keys' length, n).
   if (!materialized_.empty() && op.kind == OpKind::attention &&
-      (op.name == OpName::score || op.name == OpName::softmax || op.name == OpName::value)) {
-    t *= materialized_correction(op.m, op.k);
+      (op.name == OpName::score || op.name == OpName::softmax || op.name == OpName::value ||
+       op.name == OpName::cp_score || op.name == OpName::cp_value)) {
+    t *= materialized_correction(op.n > 0 ? op.n : op.m, op.k);
   }
   return t;
 }

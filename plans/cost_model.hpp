@@ -24,7 +24,8 @@
 //   other memory-bound ops:       max(F / vector_peak, B / measured bandwidth) + measured overhead.
 // The measured times include every fixed cost, so no overhead is added to them.
 //
-// Materialized attention (the score, softmax and value ops, forward, recompute and backward)
+// Materialized attention (the score, softmax and value ops, forward, recompute and backward;
+// context parallelism's cp_score and cp_value, at the keys' length)
 // is costed as above, op by op, then multiplied by the profile's measured correction where it has
 // materialized attention points (standard attention measured whole, forward and backward):
 //   r(seq, head_dim) = measured time / Σ the six ops' times above, at each point's shape

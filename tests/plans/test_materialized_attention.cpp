@@ -104,6 +104,14 @@ TEST_CASE("materialized attention: a profile's points correct the composed ops t
     Op softmax = materialized_attention_ops(4, 32, 2048, 64, Dtype::fp16)[1];
     CHECK(model.op_time_s(softmax) ==
           Approx(uncorrected.op_time_s(softmax) * model.materialized_correction(2048, 64)).epsilon(1e-12));
+    // Context parallelism's gathered scores (2 of 4 chunks of queries over all 2048 keys): the
+    // correction at the keys' length.
+    Op cp_score = materialized_attention_ops(4, 32, 2048, 64, Dtype::fp16)[0];
+    cp_score.name = OpName::cp_score;
+    cp_score.m = 1024;
+    cp_score.flops /= 2;
+    CHECK(model.op_time_s(cp_score) ==
+          Approx(uncorrected.op_time_s(cp_score) * model.materialized_correction(2048, 64)).epsilon(1e-12));
     Op dropout = softmax;
     dropout.name = OpName::dropout;
     CHECK(model.op_time_s(dropout) == uncorrected.op_time_s(dropout));
