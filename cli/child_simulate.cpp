@@ -12,10 +12,9 @@ namespace stepcast::cli {
 ChildSimulator::ChildSimulator(const ModelConfig& model, std::string profile_arguments, SimulationRunner& runner,
                                int jobs, std::string mode)
     : profile_arguments_(std::move(profile_arguments)), runner_(runner), jobs_(jobs), mode_(std::move(mode)) {
-  // The model travels as text (another node may not see the file, or a model without one: a
-  // --from-megatron launch line's), the same text wherever the child runs.
-  // The file's own text where the model was read from a JSON file; a launch script of
-  // --from-megatron FILE is a regular file too, but not the model.
+  // The model travels as text (another node may not see the file), the same text wherever the
+  // child runs: the file's own where the model was read from JSON, else the model written out
+  // (a --from-megatron launch line's, even one read from a script file).
   std::error_code ec;
   if (std::filesystem::is_regular_file(model.file, ec)) {
     std::string text = read_text_file(model.file);

@@ -398,6 +398,11 @@ std::vector<Op> materialized_attention_ops(int64_t batch, int64_t heads, int64_t
           op(OpName::score, Phase::backward, core, s + 3 * qkv)};             // d_scores, qkv, d_qkv → d_qkv
 }
 
+double materialized_point_time_s(const AttentionPoint& a) {
+  return 3.5 * 4.0 * double(a.batch) * double(a.heads) * double(a.seq) * double(a.seq) * double(a.head_dim) /
+         (a.causal ? 2.0 : 1.0) / a.flops_per_s;
+}
+
 double ComputeCostModel::materialized_correction(int64_t seq, int64_t head_dim) const {
   if (materialized_.empty()) return 1;
   auto cached = correction_cache_.find({seq, head_dim});
@@ -409,12 +414,9 @@ double ComputeCostModel::materialized_correction(int64_t seq, int64_t head_dim) 
     for (const Op& o : materialized_attention_ops(a.batch, a.heads, a.seq, a.head_dim, dtype_)) {
       composed += base_op_time_s(o);
     }
-    // FlashAttention's count: 4·b·s²·h·d a forward (halved when causal), 3.5 times that both ways.
-    double flops = 3.5 * 4.0 * double(a.batch) * double(a.heads) * double(a.seq) * double(a.seq) *
-                   double(a.head_dim) / (a.causal ? 2.0 : 1.0);
     auto& [xs, ys] = lines[a.head_dim];
     xs.push_back(std::log(double(a.seq)));
-    ys.push_back(std::log(flops / a.flops_per_s / composed));
+    ys.push_back(std::log(materialized_point_time_s(a) / composed));
   }
   const double q = std::log(double(std::max<int64_t>(1, seq)));
   std::vector<double> dims, log_r;

@@ -134,6 +134,9 @@ struct AttentionGemm {
 // (plans/lower_layer.cpp's emit_attention_scores and emit_attention_core_*; a test checks that
 // they agree).
 std::vector<Op> materialized_attention_ops(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim, Dtype act);
+// The time a materialized point measured: its forward and backward FlashAttention-convention
+// flops (3.5 · 4·batch·seq²·heads·head_dim, halved when causal) at its rate.
+double materialized_point_time_s(const AttentionPoint& point);
 
 // The GEMMs of a materialized attention op (op.batch = b·heads, op.m = op.n = s, op.k = d) in the
 // linear layer's conventions: score forward S = Q·Kᵀ (forward s×s×d); value forward C = P·V

@@ -17,12 +17,6 @@ namespace {
 
 using test::source_path;
 
-// Standard attention's time at a point, from its FlashAttention-convention rate.
-double measured_time_s(const AttentionPoint& a) {
-  return 3.5 * 4.0 * double(a.batch) * double(a.heads) * double(a.seq) * double(a.seq) * double(a.head_dim) /
-         (a.causal ? 2.0 : 1.0) / a.flops_per_s;
-}
-
 double composed_time_s(const ComputeCostModel& model, const AttentionPoint& a, Dtype dtype) {
   double total = 0;
   for (const Op& op : materialized_attention_ops(a.batch, a.heads, a.seq, a.head_dim, dtype)) {
@@ -86,10 +80,10 @@ TEST_CASE("materialized attention: a profile's points correct the composed ops t
   SECTION("at each point, the six ops take the measured time") {
     for (const AttentionPoint& a : points) {
       INFO("seq " << a.seq << ", head_dim " << a.head_dim);
-      CHECK(composed_time_s(model, a, Dtype::fp16) == Approx(measured_time_s(a)).epsilon(1e-9));
+      CHECK(composed_time_s(model, a, Dtype::fp16) == Approx(materialized_point_time_s(a)).epsilon(1e-9));
       // r is the measured time over the uncorrected sum.
       CHECK(model.materialized_correction(a.seq, a.head_dim) ==
-            Approx(measured_time_s(a) / composed_time_s(uncorrected, a, Dtype::fp16)).epsilon(1e-9));
+            Approx(materialized_point_time_s(a) / composed_time_s(uncorrected, a, Dtype::fp16)).epsilon(1e-9));
     }
   }
   SECTION("between points, log r is interpolated in log seq and log head_dim; outside, clamped") {
