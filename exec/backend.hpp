@@ -198,10 +198,15 @@ class Backend {
                                         bool /*w_transposed*/ = false) {
     no_fp8();
   }
-  // y [cols, rows] = x [rows, cols]ᵀ, bytes (a layer's FP8 weight codes for the dgrad GEMMs).
+  // y [cols, rows] = x [rows, cols]ᵀ, bytes (a layer's FP8 weight codes for the dgrad GEMMs, a
+  // wgrad operand's codes).
   virtual void fp8_transpose(const uint8_t* /*x*/, uint8_t* /*y*/, int64_t /*rows*/, int64_t /*cols*/) { no_fp8(); }
+  // dw[out, in] += dy[tokens, out]ᵀ · x[tokens, in]. dy_t and x_t (both or neither): the program's
+  // transposed copies of their codes, [out, tokens] and [in, tokens], which the GEMM reads instead
+  // (dy's row-major codes still give the bias gradient).
   virtual void fp8_linear_backward_weight(const Fp8Codes<W>& /*dy*/, const Fp8Codes<W>& /*x*/, G* /*dw*/,
-                                          G* /*dbias*/, int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/) {
+                                          G* /*dbias*/, int64_t /*tokens*/, int64_t /*in*/, int64_t /*out*/,
+                                          const uint8_t* /*dy_t*/ = nullptr, const uint8_t* /*x_t*/ = nullptr) {
     no_fp8();
   }
   virtual void fp8_scale_update(W* /*amax*/, W* /*history*/, W* /*scale*/, int64_t /*slots*/,

@@ -299,8 +299,9 @@ class CpuBackend final : public Backend<T> {
       for (int64_t c = 0; c < cols; ++c) y[c * rows + r] = x[r * cols + c];
   }
   void fp8_linear_backward_weight(const Fp8Codes<T>& dy, const Fp8Codes<T>& x, T* dw, T* dbias, int64_t tokens,
-                                  int64_t in, int64_t out) override {
-    cpu::fp8_linear_backward_weight(operand(dy, out), operand(x, in), dw, dbias, tokens, in, out, fp8_scratch_.data());
+                                  int64_t in, int64_t out, const uint8_t* dy_t, const uint8_t* x_t) override {
+    cpu::fp8_linear_backward_weight(operand(dy, out), operand(x, in), dw, dbias, tokens, in, out, fp8_scratch_.data(),
+                                    dy_t, x_t);
   }
   void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe) override {
     cpu::fp8_scale_update(amax, history, scale, slots, recipe);

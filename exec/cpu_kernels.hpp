@@ -87,7 +87,8 @@ void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T
                               int64_t out, bool accumulate, T* scratch, bool w_transposed = false);
 template <class T>
 void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x, T* dw, T* dbias, int64_t tokens,
-                                int64_t in, int64_t out, T* scratch);
+                                int64_t in, int64_t out, T* scratch, const uint8_t* dy_t = nullptr,
+                                const uint8_t* x_t = nullptr);
 // Delayed scaling's end of step for `slots` slots (fp8_updated_scale); amax is zeroed.
 template <class T>
 void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe);

@@ -96,8 +96,13 @@ void fp8_linear_backward_data(const Fp8Operand<T>& dy, const Fp8Operand<T>& w, T
 
 template <class T>
 void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x, T* dw, T* dbias, int64_t tokens,
-                                int64_t in, int64_t out, T* scratch) {
-  fp8_gemm<T>(true, false, out, in, tokens, dy, x, T(1), dw, in, scratch);
+                                int64_t in, int64_t out, T* scratch, const uint8_t* dy_t, const uint8_t* x_t) {
+  if (dy_t && x_t) {  // the transposed copies [out, tokens] and [in, tokens]: the same blocks decoded
+    fp8_gemm<T>(false, true, out, in, tokens, {dy_t, tokens, dy.scale, dy.format}, {x_t, tokens, x.scale, x.format},
+                T(1), dw, in, scratch);
+  } else {
+    fp8_gemm<T>(true, false, out, in, tokens, dy, x, T(1), dw, in, scratch);
+  }
   if (!dbias) return;
   const std::array<double, 256>& table = decode_table(dy.format);
   for (int64_t o = 0; o < out; ++o) {
@@ -129,7 +134,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
   template void fp8_linear_backward_data<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, int64_t, int64_t, int64_t, \
                                             bool, T*, bool);                                                          \
   template void fp8_linear_backward_weight<T>(const Fp8Operand<T>&, const Fp8Operand<T>&, T*, T*, int64_t, int64_t,   \
-                                              int64_t, T*);                                                           \
+                                              int64_t, T*, const uint8_t*, const uint8_t*);                           \
   template void fp8_scale_update<T>(T*, T*, T*, int64_t, const Fp8Recipe&);
 STEPCAST_CPU_KERNELS_FP8(float)
 STEPCAST_CPU_KERNELS_FP8(double)

@@ -154,8 +154,8 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->fp8_transpose(x, y, rows, cols);
   }
   void fp8_linear_backward_weight(const Fp8Codes<W>& dy, const Fp8Codes<W>& x, G* dw, G* dbias, int64_t tokens,
-                                  int64_t in, int64_t out) override {
-    inner_->fp8_linear_backward_weight(dy, x, dw, dbias, tokens, in, out);
+                                  int64_t in, int64_t out, const uint8_t* dy_t, const uint8_t* x_t) override {
+    inner_->fp8_linear_backward_weight(dy, x, dw, dbias, tokens, in, out, dy_t, x_t);
   }
   void fp8_scale_update(W* amax, W* history, W* scale, int64_t slots, const Fp8Recipe& recipe) override {
     inner_->fp8_scale_update(amax, history, scale, slots, recipe);

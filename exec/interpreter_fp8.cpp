@@ -33,6 +33,10 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
+  if (op.name == OpName::fp8_transpose && operands(op).has_in("x8")) {  // [x8] → [x8t]: a wgrad operand's
+    backend_.fp8_transpose(codes(in(op, "x8"), op), codes(out(op, "x8t"), op), op.m, op.n);
+    return;
+  }
   if (op.name == OpName::fp8_transpose) {  // [w8] → [w8t]: each linear weight's codes transposed in place of it
     const std::string& w8 = in(op, "w8");
     const std::string& w8t = out(op, "w8t");
@@ -95,11 +99,13 @@ void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, con
   } else if (op.grad == Grad::dgrad) {  // [d_y8, w8 or its transposed copy w8t, (d_x)] → [d_x]
     backend_.fp8_linear_backward_data(fp8_codes(in(op, "d_y"), op, a), weight(), buf(out(op, "d_x"), op), op.m, op.n,
                                       op.k, operands(op).has_in("d_x"), is_fp8_transposed_copy(in(op, "w")));
-  } else {  // wgrad: [x8, d_y8] → [dw]
+  } else {  // wgrad: [x8, d_y8, (x8's and d_y8's transposed copies)] → [dw]
     const std::string& dw = out(op, "dw");
+    const bool transposed = operands(op).has_in("x_t");
     backend_.fp8_linear_backward_weight(fp8_codes(in(op, "d_y"), op, b), fp8_codes(in(op, "x"), op, a),
                                         slice<G>(dw, op, weight_tensor), bias ? slice<G>(dw, op, bias_tensor) : nullptr,
-                                        op.k, op.m, op.n);
+                                        op.k, op.m, op.n, transposed ? codes(in(op, "d_y_t"), op) : nullptr,
+                                        transposed ? codes(in(op, "x_t"), op) : nullptr);
   }
 }
 

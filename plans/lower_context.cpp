@@ -208,13 +208,42 @@ int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
 int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
                           std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a,
                           Fp8Slot b) {
+  // A device that reads FP8 operands row-wise only (fp8_transposed) takes a wgrad's x [k, m] and
+  // d_y [k, n] as transposed copies (x_t, d_y_t), which the CUDA backend's cuBLASLt TN GEMM reads:
+  // one the caller made already (fp8_transposed, shared by the wgrads of one input) or one made
+  // here and freed after the GEMM. (Transformer Engine fuses these into its casts; here they are
+  // copies of their own, a byte read and one written an element.)
+  std::vector<std::string> transposed;
+  if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
+    STEPCAST_CHECK(inputs.size() == 2, "an FP8 wgrad reads x and d_y");
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string t = fp8_transposed_operand_name(inputs[i]);
+      if (!rb_.is_live(t)) transposed.push_back(fp8_transposed(at, inputs[i], k));
+      inputs.push_back(t);
+    }
+  }
   int32_t id = gemm(at, name, grad, m, n, k, std::move(inputs), std::move(outputs));
+  for (const std::string& t : transposed) rb_.free(t, at.phase);
   if (!ctx_.fp8) return id;
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
   op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
   double out_bytes = grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   op.bytes = double(m) * double(k) + double(k) * double(n) + double(m) * double(n) * out_bytes;
   return id;
+}
+
+std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, int64_t rows) {
+  const std::string t = fp8_transposed_operand_name(x8);
+  const double elements = rb_.live_bytes(x8) / dtype_bytes(rb_.live_dtype(x8));
+  const int64_t cols = int64_t(elements) / rows;
+  STEPCAST_CHECK(rows > 0 && double(rows) * double(cols) == elements,
+                 x8 + ": " + std::to_string(elements) + " FP8 elements are not " + std::to_string(rows) + " rows");
+  rb_.alloc(t, BufferClass::workspace, rb_.live_dtype(x8), {cols, rows}, at.phase);
+  int32_t id = compute(at, OpKind::activation, OpName::fp8_transpose, 0, {x8}, {t});
+  Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
+  op.m = rows;  // the operand's rows, written as the copy's columns
+  op.n = cols;
+  return t;
 }
 
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,

@@ -101,6 +101,10 @@ class OpEmitter {
   // (w, or d_y for wgrad), where the plan has fp8; a plain gemm otherwise.
   int32_t linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
                  std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a, Fp8Slot b);
+  // The transposed copy of the live FP8 operand x8 ([rows, elements / rows] → its transpose,
+  // fp8_transposed_operand_name(x8), workspace) for the wgrads that read it on a device that
+  // reads FP8 operands row-wise only; the caller frees it after its last wgrad.
+  std::string fp8_transposed(const OpSite& at, const std::string& x8, int64_t rows);
   // FP8: `x` cast into a new buffer `name` [x's shape] of the slot kind's format; returns `name`.
   // Current scaling takes x's amax first, maximised over tp where `amax_over_tp` (a sequence-
   // parallel input, whose shards are cast before their gather).

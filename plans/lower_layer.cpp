@@ -467,6 +467,9 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     e.free(n("d_act"), bwd);
     e.free(n("up"), bwd);
     std::string ln2 = regather("ln2", OpName::sp_ln2);
+    // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
+    const bool shared_t = fp8 && c.fp8_transposed && c.model.mlp == MlpKind::swiglu;
+    const std::string ln2_t = shared_t ? e.fp8_transposed(at, ln2, c.s * c.b) : "";
     std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
     e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
     e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wd}, {n("d_ln2_full")},
@@ -482,6 +485,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
       grad_in_done(d_gate8, n("d_gate"));
       e.free(n("d_gate"), bwd);
     }
+    if (shared_t) e.free(ln2_t, bwd);
     grad_in_done(d_up8, n("d_up"));
     e.free(n("d_up"), bwd);
     if (sp) e.free(ln2, bwd);

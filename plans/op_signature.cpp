@@ -242,8 +242,12 @@ std::vector<OpSignature> make_table() {
       {OpKind::gemm, gemms, Grad::dgrad, Pass::backward,
        {act("d_y", D::floating, S::m_k), weights(), optional_act("d_x", S::m_n)},
        {act("d_x", D::unpacked, S::m_n)}},
+      // On a device that reads FP8 operands row-wise only, x's and d_y's transposed copies too
+      // (fp8_transpose), which the GEMM reads in their place.
       {OpKind::gemm, gemms, Grad::wgrad, Pass::backward,
-       {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n)}, {grads()}},
+       {act("x", D::floating, S::k_m), act("d_y", D::floating, S::k_n),
+        {"x_t", R::activation, C::optional, D::fp8, S::k_m}, {"d_y_t", R::activation, C::optional, D::fp8, S::k_n}},
+       {grads()}},
       // Grouped GEMMs of the local experts: batch = experts, m = the mean rows an expert computes;
       // the buffers hold every local expert's rows (as the routing puts them), hence any shape.
       // counts [ep, E] (int32): the rows each expert holds (moe_route's).
@@ -359,6 +363,9 @@ std::vector<OpSignature> make_table() {
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax")}, {stats("amax")}},
       {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::forward,
        {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
+      // A wgrad operand's transient transposed copy: x8 [m rows, n columns] → x8t [n, m].
+      {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::backward,
+       {{"x8", R::activation, C::one, D::fp8, S::m_n}}, {{"x8t", R::activation, C::one, D::fp8, S::m_n}}},
       {OpKind::all_reduce, {N::fp8_amax}, Grad::none, Pass::any, {stats("amax")}, {stats("amax"), scratch()}},
       {OpKind::optimizer_step, {N::fp8_scale_update}, Grad::none, Pass::optimizer,
        {stats("amax"), stats("history"), stats("scale")}, {stats("history"), stats("scale"), stats("amax")}},

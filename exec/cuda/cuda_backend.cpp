@@ -304,8 +304,9 @@ class CudaBackend final : public Backend<T, G, float> {
     cuda::transpose_bytes(l(), x, y, rows, cols);
   }
   void fp8_linear_backward_weight(const Fp8Codes<float>& dy, const Fp8Codes<float>& x, G* dw, G* dbias,
-                                  int64_t tokens, int64_t in, int64_t out) override {
-    fp8_.backward_weight(*gemms_, l(), dy, x, dw, dbias, tokens, in, out, current_);
+                                  int64_t tokens, int64_t in, int64_t out, const uint8_t* dy_t,
+                                  const uint8_t* x_t) override {
+    fp8_.backward_weight(*gemms_, l(), dy, x, dw, dbias, tokens, in, out, dy_t, x_t, current_);
   }
   // Delayed scaling's end of step, once a step on the host with the CPU's own update (a few
   // floats per slot).

@@ -72,11 +72,16 @@ void Fp8Linear::backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<floa
 // dWᵀ [in × out] += op(xᵀ's codes stored [tokens × in], T) · dyᵀ's codes stored [tokens × out].
 template <class Gr>
 void Fp8Linear::backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& x,
-                                Gr* dw, Gr* dbias, int64_t tokens, int64_t in, int64_t out, const std::string& during) {
-  uint8_t* x_t = a_t_.get<uint8_t>(tokens * in, wait_, during);
-  uint8_t* dy_t = b_t_.get<uint8_t>(tokens * out, wait_, during);
-  transpose_bytes(l, x.codes, x_t, tokens, in);
-  transpose_bytes(l, dy.codes, dy_t, tokens, out);
+                                Gr* dw, Gr* dbias, int64_t tokens, int64_t in, int64_t out, const uint8_t* dy_t,
+                                const uint8_t* x_t, const std::string& during) {
+  if (!x_t || !dy_t) {
+    uint8_t* x_scratch = a_t_.get<uint8_t>(tokens * in, wait_, during);
+    uint8_t* dy_scratch = b_t_.get<uint8_t>(tokens * out, wait_, during);
+    transpose_bytes(l, x.codes, x_scratch, tokens, in);
+    transpose_bytes(l, dy.codes, dy_scratch, tokens, out);
+    x_t = x_scratch;
+    dy_t = dy_scratch;
+  }
   const float* f = factors(l, x, dy, during);
   GemmKey key{true,
               false,
@@ -102,7 +107,8 @@ void Fp8Linear::backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<fl
   template void Fp8Linear::backward_data<X>(Gemms&, const Launch&, const Fp8Codes<float>&, const Fp8Codes<float>&, X*, \
                                             int64_t, int64_t, int64_t, bool, bool, const std::string&);                \
   template void Fp8Linear::backward_weight<X>(Gemms&, const Launch&, const Fp8Codes<float>&, const Fp8Codes<float>&,   \
-                                              X*, X*, int64_t, int64_t, int64_t, const std::string&);
+                                              X*, X*, int64_t, int64_t, int64_t, const uint8_t*, const uint8_t*,       \
+                                              const std::string&);
 STEPCAST_FP8_LINEAR(bf16)
 STEPCAST_FP8_LINEAR(float)
 #undef STEPCAST_FP8_LINEAR

@@ -100,11 +100,22 @@ TEMPLATE_TEST_CASE("cuda FP8: cuBLASLt FP8 linear layers match the CPU emulation
       backend->fp8_linear_forward(gx, gw, nullptr, y_.p, tokens, in, out);
       backend->fp8_linear_backward_data(gd, gw, dx_.p, tokens, in, out, true);
       backend->fp8_linear_backward_weight(gd, gx, dw_.p, db_.p, tokens, in, out);
+      // The same wgrad from the program's transposed copies of the codes (fp8_transpose, on the
+      // device), as a topology with fp8_columnwise transposed lowers it.
+      DeviceRaw<uint8_t> x8t_(x8), d8t_(d8);
+      backend->fp8_transpose(x8_.p, x8t_.p, tokens, in);
+      backend->fp8_transpose(d8_.p, d8t_.p, tokens, out);
+      Device<float> dw_t_(dw0.size()), db_t_(db0.size());
+      dw_t_.set(dw0);
+      db_t_.set(db0);
+      backend->fp8_linear_backward_weight(gd, gx, dw_t_.p, db_t_.p, tokens, in, out, d8t_.p, x8t_.p);
       backend->synchronize();
       CHECK_CLOSE(T, y_.get(), y);
       CHECK_CLOSE(T, dx_.get(), dx);
       CHECK(relative_error(dw_.get(), dw) < 1e-5);  // fp32 gradients in both cases
       CHECK(relative_error(db_.get(), db) < 1e-5);
+      CHECK(dw_t_.get() == dw_.get());  // the same codes in the same TN GEMM
+      CHECK(db_t_.get() == db_.get());
     }
   }
 }

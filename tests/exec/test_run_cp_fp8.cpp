@@ -183,7 +183,8 @@ TEST_CASE(
     "memory",
     "[run][fp8]") {
   // A device that reads FP8 operands only row-wise (Hopper): each layer's FP8 weights are also
-  // kept transposed (fp8_transpose) and the dgrad GEMMs read that copy. The products are the same
+  // kept transposed (fp8_transpose) and the dgrad GEMMs read that copy; the wgrad GEMMs read
+  // transient transposed copies of their input and output gradient. The products are the same
   // codes in another order: the loss curve is the native device's exactly, and the copies are in
   // the program's memory and the arena's.
   Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 
 #include "cost_model.hpp"
 #include "errors.hpp"
@@ -223,11 +224,15 @@ TEST_CASE("FP8 needs a device with an FP8 peak: the simulator's cost model names
   }
 }
 
-TEST_CASE("FP8 on a device that reads column-wise operands only transposed: each layer's weights also kept transposed",
+TEST_CASE("FP8 on a device that reads column-wise operands only transposed: weights kept transposed, wgrad operands "
+          "transposed before their GEMM",
           "[lower][fp8]") {
   // fp8_columnwise transposed (Hopper): one fp8_transpose a layer a step (after its weight cast,
   // reading and writing one byte an element), every dgrad GEMM reading the transposed copy, and
-  // one more byte a layer parameter in the weights class; native (the default) keeps neither.
+  // one more byte a layer parameter in the weights class; every wgrad GEMM reads transient
+  // transposed copies of its x and d_y (written just before it, freed after it — x's after
+  // SwiGLU's second wgrad of the same input —, workspace);
+  // native (the default) keeps none of them.
   ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology native = test_topology();
   Topology transposed = native;
@@ -238,12 +243,29 @@ TEST_CASE("FP8 on a device that reads column-wise operands only transposed: each
   Plan plan = make_plan(base, model, native);
   StepProgram a = lower_program(model, native, plan), b = lower_program(model, transposed, plan);
   REQUIRE(check_program(b).empty());
-  int64_t transposes = 0, dgrads_native = 0, dgrads_read_copy = 0;
+  int64_t weight_transposes = 0, operand_transposes = 0, dgrads_native = 0, dgrads_read_copy = 0;
+  int64_t wgrads_native = 0, wgrads_read_copies = 0;
   double copy_elements = 0;
-  for (const Op& op : b.roles[0].ops) {
+  const std::vector<Op>& ops = b.roles[0].ops;
+  std::map<std::string, double> bytes_of;  // live buffers
+  std::map<std::string, int64_t> x_copy_readers;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    if (op.kind == OpKind::alloc) bytes_of[op.buffer] = op.bytes;
     if (op.name == OpName::fp8_transpose) {
-      ++transposes;
       CHECK(op.bytes > 0);
+      if (op.phase == Phase::forward) {
+        ++weight_transposes;
+      } else {
+        // [x8] → [x8_T]: m·n bytes read and written, the copy allocated just for it (workspace).
+        ++operand_transposes;
+        REQUIRE(op.inputs.size() == 1);
+        REQUIRE(op.outputs.size() == 1);
+        CHECK(op.outputs[0] == fp8_transposed_operand_name(op.inputs[0]));
+        CHECK(double(op.m) * double(op.n) == bytes_of.at(op.inputs[0]));
+        CHECK(bytes_of.at(op.outputs[0]) == bytes_of.at(op.inputs[0]));
+        CHECK(op.bytes == 2 * bytes_of.at(op.inputs[0]));
+      }
     }
     if (op.kind == OpKind::alloc && op.buffer.rfind("fp8wt.", 0) == 0) {
       CHECK(op.persistent);
@@ -254,16 +276,47 @@ TEST_CASE("FP8 on a device that reads column-wise operands only transposed: each
       for (const std::string& input : op.inputs) reads_copy = reads_copy || is_fp8_transposed_copy(input);
       dgrads_read_copy += reads_copy;
     }
+    if (op.kind == OpKind::gemm && op.grad == Grad::wgrad && op.fp8_slots[0] >= 0) {
+      REQUIRE(op.inputs.size() == 4);
+      CHECK(op.inputs[2] == fp8_transposed_operand_name(op.inputs[0]));
+      CHECK(op.inputs[3] == fp8_transposed_operand_name(op.inputs[1]));
+      // d_y's copy freed right after the GEMM (after x's, where the GEMM made that too).
+      REQUIRE(i + 2 < ops.size());
+      const bool next = ops[i + 1].kind == OpKind::free && ops[i + 1].buffer == op.inputs[3];
+      const bool after_x = ops[i + 1].kind == OpKind::free && ops[i + 1].buffer == op.inputs[2] &&
+                           ops[i + 2].kind == OpKind::free && ops[i + 2].buffer == op.inputs[3];
+      CHECK((next || after_x));
+      ++wgrads_read_copies;
+      ++x_copy_readers[op.inputs[2]];
+    }
+    if (op.kind == OpKind::free) bytes_of.erase(op.buffer);
   }
+  // Each copy made once: SwiGLU's gate and up wgrads share their input's (ln2), the others one each.
+  int64_t shared = 0;
+  for (const auto& [name, readers] : x_copy_readers) {
+    CHECK(readers <= 2);
+    shared += readers - 1;
+    CHECK(bytes_of.count(name) == 0);  // freed
+  }
+  CHECK(shared == model.num_hidden_layers * plan.num_microbatches());
   for (const Op& op : a.roles[0].ops) {
     CHECK(op.name != OpName::fp8_transpose);
     if (op.kind == OpKind::gemm && op.grad == Grad::dgrad && op.fp8_slots[0] >= 0) ++dgrads_native;
+    if (op.kind == OpKind::gemm && op.grad == Grad::wgrad && op.fp8_slots[0] >= 0) {
+      CHECK(op.inputs.size() == 2);
+      ++wgrads_native;
+    }
   }
-  CHECK(transposes == model.num_hidden_layers);
+  CHECK(weight_transposes == model.num_hidden_layers);
   CHECK(dgrads_read_copy == dgrads_native);
   CHECK(dgrads_native > 0);
+  CHECK(wgrads_native > 0);
+  CHECK(wgrads_read_copies == wgrads_native);
+  CHECK(operand_transposes == 2 * wgrads_native - shared);
   const double weights_a = memory_report(a, native).ranks[0].weights_bytes;
   const double weights_b = memory_report(b, transposed).ranks[0].weights_bytes;
   CHECK(copy_elements > 0);
   CHECK(weights_b - weights_a == Approx(copy_elements).epsilon(1e-12));
+  // The transient copies are workspace, live at the start of the backward: the peak grows.
+  CHECK(memory_report(b, transposed).ranks[0].peak_bytes > memory_report(a, native).ranks[0].peak_bytes);
 }
