@@ -55,12 +55,14 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
   }
   W* scale = buf<W>(in(op, "scale"), op);
   const bool current = p_.fp8.scaling == Fp8Scaling::current;
-  if (op.name == OpName::fp8_cast) {  // [x, scale, amax] → [y, amax, (scale)]
+  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose) {
+    // [x, scale, amax] → [y, (y_t,) amax, (scale)]: y_t the codes transposed, y [op.m, op.n]
     const std::string& y = out(op, "y");
     const int32_t slot = op.fp8_slots[0];
     if (current) backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(y, op)));
     backend_.fp8_cast(buf(in(op, "x"), op), codes(y, op), count(in(op, "x"), op), scale + slot, amax + slot,
                       storage(dtype(y, op)));
+    if (op.name == OpName::fp8_cast_transpose) backend_.fp8_transpose(codes(y, op), codes(out(op, "y_t"), op), op.m, op.n);
     return;
   }
   // fp8_weights: [w, scale, amax] → [w8, amax, (scale)], each linear weight with its slot's scale

@@ -228,8 +228,8 @@ void Interpreter<T, G, W>::attention(const Op& op) {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::activation(const Op& op) {
   bool backward = op.phase == Phase::backward;
-  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights || op.name == OpName::fp8_absmax ||
-      op.name == OpName::fp8_transpose) {
+  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose || op.name == OpName::fp8_weights ||
+      op.name == OpName::fp8_absmax || op.name == OpName::fp8_transpose) {
     return fp8_activation(op);
   }
   if (op.name == OpName::rotary) {  // [qkv] → [qkv], in place

@@ -247,7 +247,7 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
 }
 
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                                BufferClass buffer_class, bool amax_over_tp) {
+                                BufferClass buffer_class, bool amax_over_tp, bool transposed) {
   const int32_t slot = at.layer * kFp8SlotsPerLayer + kind;
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<std::string> outputs = {name, "fp8.amax"};
@@ -261,11 +261,26 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
     }
     outputs.push_back("fp8.scale");
   }
-  rb_.alloc(name, buffer_class, is_gradient_slot(kind) ? ctx_.fp8_backward : ctx_.fp8_forward, rb_.live_shape(x),
-            at.phase);
-  // |x|, its maximum, the scaled rounding: three flops an element.
-  int32_t id = compute(at, OpKind::activation, OpName::fp8_cast, 3 * elements, {x, "fp8.scale", "fp8.amax"}, outputs);
-  const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
+  const Dtype format = is_gradient_slot(kind) ? ctx_.fp8_backward : ctx_.fp8_forward;
+  rb_.alloc(name, buffer_class, format, rb_.live_shape(x), at.phase);
+  transposed = transposed && ctx_.fp8_transposed;
+  const int64_t cols = rb_.live_shape(x).empty() ? 1 : rb_.live_shape(x).back();
+  const int64_t rows = int64_t(elements) / std::max<int64_t>(1, cols);
+  if (transposed) {
+    const std::string t = fp8_transposed_operand_name(name);
+    rb_.alloc(t, BufferClass::workspace, format, {cols, rows}, at.phase);
+    outputs.insert(outputs.begin() + 1, t);
+  }
+  // |x|, its maximum, the scaled rounding: three flops an element (its bytes: x read, the codes
+  // written, row-wise and, with `transposed`, transposed as well, in one pass as TE's kernel).
+  int32_t id = compute(at, OpKind::activation, transposed ? OpName::fp8_cast_transpose : OpName::fp8_cast,
+                       3 * elements, {x, "fp8.scale", "fp8.amax"}, outputs);
+  Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
+  op.fp8_slots = {slot, -1};
+  if (transposed) {
+    op.m = rows;
+    op.n = cols;
+  }
   return name;
 }
 

@@ -108,8 +108,11 @@ class OpEmitter {
   // FP8: `x` cast into a new buffer `name` [x's shape] of the slot kind's format; returns `name`.
   // Current scaling takes x's amax first, maximised over tp where `amax_over_tp` (a sequence-
   // parallel input, whose shards are cast before their gather).
+  // `transposed`, on a device that reads FP8 operands row-wise only: the cast also writes the
+  // codes transposed (fp8_cast_transpose; fp8_transposed_operand_name(name), workspace, as a wgrad
+  // reads them; the caller frees it with `name`).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                       BufferClass buffer_class, bool amax_over_tp = false);
+                       BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
                   std::vector<std::string> inputs, std::vector<std::string> outputs,

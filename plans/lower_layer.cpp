@@ -431,12 +431,15 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
                  {n(stem)}, {n(stem + "_full")});
     return n(stem + "_full");
   };
-  // A linear layer's output gradient as its GEMMs read it: cast to FP8 under FP8.
+  // A linear layer's output gradient as its GEMMs read it: cast to FP8 under FP8 (and, on a
+  // device that reads FP8 operands row-wise only, written transposed too for the wgrad).
   auto grad_in = [&](const std::string& d, const std::string& stem, Fp8Slot kind) {
-    return fp8 ? e.fp8_cast(at, d, n(stem + "_f8"), kind, BufferClass::workspace) : d;
+    return fp8 ? e.fp8_cast(at, d, n(stem + "_f8"), kind, BufferClass::workspace, false, true) : d;
   };
   auto grad_in_done = [&](const std::string& d8, const std::string& d) {
-    if (d8 != d) e.free(d8, bwd);
+    if (d8 == d) return;
+    e.free(d8, bwd);
+    if (e.builder().is_live(fp8_transposed_operand_name(d8))) e.free(fp8_transposed_operand_name(d8), bwd);
   };
 
   // MLP block (lower_moe.cpp's in a MoE layer).

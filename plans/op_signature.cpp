@@ -76,6 +76,7 @@ const char* to_string(OpName name) {
     case OpName::fp8_scale_update: return "fp8_scale_update";
     case OpName::fp8_absmax: return "fp8_absmax";
     case OpName::fp8_transpose: return "fp8_transpose";
+    case OpName::fp8_cast_transpose: return "fp8_cast_transpose";
     case OpName::router: return "router";
     case OpName::expert_gate: return "expert_gate";
     case OpName::expert_up: return "expert_up";
@@ -363,6 +364,11 @@ std::vector<OpSignature> make_table() {
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax")}, {stats("amax")}},
       {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::forward,
        {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
+      // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m].
+      {OpKind::activation, {N::fp8_cast_transpose}, Grad::none, Pass::any,
+       {act("x"), stats("scale"), stats("amax")},
+       {{"y", R::activation, C::one, D::fp8, S::m_n}, {"y_t", R::activation, C::one, D::fp8, S::m_n}, stats("amax"),
+        {"scale", R::statistics, C::optional, D::wide, S::any}}},
       // A wgrad operand's transient transposed copy: x8 [m rows, n columns] → x8t [n, m].
       {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::backward,
        {{"x8", R::activation, C::one, D::fp8, S::m_n}}, {{"x8t", R::activation, C::one, D::fp8, S::m_n}}},

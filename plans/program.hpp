@@ -63,9 +63,10 @@ enum class OpName {
   // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
   // from the amax history (fp8_scale_update); current scaling: a tensor's amax taken before its
   // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot);
-  // a layer's FP8 weight codes transposed for the dgrad GEMMs (fp8_transpose; the device's
-  // fp8_columnwise transposed)
-  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose,
+  // on a device whose fp8_columnwise is transposed: a layer's FP8 weight codes transposed for the
+  // dgrad GEMMs and a wgrad's FP8 input transposed for it (fp8_transpose), and a gradient cast
+  // to FP8 written row-wise and transposed at once (fp8_cast_transpose, Transformer Engine's)
+  fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose, fp8_cast_transpose,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss; the
