@@ -51,7 +51,8 @@ int main() {
     uint64_t state = 0x9E3779B97F4A7C15ull;  // the profiler's buffer values (exec/profiler.cpp)
     for (int64_t i = 0; i < kElements; ++i) {
       state = state * 6364136223846793005ull + 1442695040888963407ull;
-      x[size_t(i)] = sd > 0 ? float(normal(random)) : float(((state >> 63) ? -1.0 : 1.0) * (0.25 + 0.01 * double(i % 17)));
+      const double profiler_value = ((state >> 63) ? -1.0 : 1.0) * (0.25 + 0.01 * double(i % 17));
+      x[size_t(i)] = float(sd > 0 ? normal(random) : profiler_value);
     }
     double forward = best_ms([&] { stepcast::cpu::gelu_forward(x.data(), y.data(), kElements); });
     double backward = best_ms([&] { stepcast::cpu::gelu_backward(x.data(), dy.data(), dx.data(), kElements); });

@@ -62,7 +62,9 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     if (current) backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(y, op)));
     backend_.fp8_cast(buf(in(op, "x"), op), codes(y, op), count(in(op, "x"), op), scale + slot, amax + slot,
                       storage(dtype(y, op)));
-    if (op.name == OpName::fp8_cast_transpose) backend_.fp8_transpose(codes(y, op), codes(out(op, "y_t"), op), op.m, op.n);
+    if (op.name == OpName::fp8_cast_transpose) {
+      backend_.fp8_transpose(codes(y, op), codes(out(op, "y_t"), op), op.m, op.n);
+    }
     return;
   }
   // fp8_weights: [w, scale, amax] → [w8, amax, (scale)], each linear weight with its slot's scale

@@ -61,7 +61,8 @@ inline constexpr const char* kFp8TransposedCopyPrefix = "fp8wt.";
 inline std::string fp8_transposed_copy_name(const std::string& group) { return kFp8TransposedCopyPrefix + group; }
 inline bool is_fp8_transposed_copy(const std::string& buffer) { return buffer.rfind(kFp8TransposedCopyPrefix, 0) == 0; }
 // The transient transposed copy of a wgrad GEMM's FP8 operand (its input or output gradient, [k, m]
-// written [m, k]) on such a device, as the wgrad's x_t and d_y_t read them: "<operand>_T".
+// written [m, k]; by fp8_transpose or the gradient's fp8_cast_transpose) on such a device, as the
+// wgrad's x_t and d_y_t read them: "<operand>_T".
 inline std::string fp8_transposed_operand_name(const std::string& operand) { return operand + "_T"; }
 
 // One of the two storage formats.

@@ -36,8 +36,8 @@ class Fp8Linear {
                      int64_t tokens, int64_t in, int64_t out, bool accumulate, bool w_transposed,
                      const std::string& during);
   // dw[out, in] += dy[tokens, out]ᵀ · x[tokens, in]; dbias[out] += Σ_t dy (dbias may be null).
-  // dy_t, x_t: the program's transposed copies of the codes (fp8_transpose), as the TN GEMM reads
-  // them; without them (null) the codes are transposed into scratch here.
+  // dy_t, x_t: the program's transposed copies of the codes (fp8_cast_transpose, fp8_transpose),
+  // as the TN GEMM reads them; without them (null) the codes are transposed into scratch here.
   template <class Gr>
   void backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& x, Gr* dw,
                        Gr* dbias, int64_t tokens, int64_t in, int64_t out, const uint8_t* dy_t, const uint8_t* x_t,
