@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+#include <string>
 
+#include "json_input.hpp"
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
 #include "op_signature.hpp"
@@ -182,4 +184,17 @@ TEST_CASE("the checker refuses operands that break their signature", "[program]"
     StepProgram p = tiny_program(tp2_plan());
     CHECK(check_program(p).empty());
   }
+}
+
+TEST_CASE("the program schema names every op name, and no other", "[signature]") {
+  // schemas/program.schema.json's op name enum against the code's names (a name added to one and
+  // not the other would refuse valid programs or document ops that do not exist).
+  const Json schema = load_json_file(source_path("schemas/program.schema.json"));
+  std::set<std::string> in_schema;
+  for (const Json& name : schema.at("$defs").at("op").at("properties").at("name").at("enum")) {
+    in_schema.insert(name.get<std::string>());
+  }
+  std::set<std::string> in_code;
+  for (int i = 1; i <= int(OpName::recv); ++i) in_code.insert(to_string(OpName(i)));
+  CHECK(in_schema == in_code);
 }
