@@ -210,9 +210,8 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
                           Fp8Slot b) {
   // A device that reads FP8 operands row-wise only (fp8_transposed) takes a wgrad's x [k, m] and
   // d_y [k, n] as transposed copies (x_t, d_y_t), which the CUDA backend's cuBLASLt TN GEMM reads:
-  // one the caller made already (fp8_transposed, shared by the wgrads of one input) or one made
-  // here and freed after the GEMM. (Transformer Engine fuses these into its casts; here they are
-  // copies of their own, a byte read and one written an element.)
+  // one made already (d_y's by its fp8_cast_transpose; x's by fp8_transposed where wgrads share
+  // it) or one made here by fp8_transposed and freed after the GEMM.
   std::vector<std::string> transposed;
   if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
     STEPCAST_CHECK(inputs.size() == 2, "an FP8 wgrad reads x and d_y");
@@ -264,9 +263,10 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
   const Dtype format = is_gradient_slot(kind) ? ctx_.fp8_backward : ctx_.fp8_forward;
   rb_.alloc(name, buffer_class, format, rb_.live_shape(x), at.phase);
   transposed = transposed && ctx_.fp8_transposed;
-  const int64_t cols = rb_.live_shape(x).empty() ? 1 : rb_.live_shape(x).back();
-  const int64_t rows = int64_t(elements) / std::max<int64_t>(1, cols);
+  int64_t rows = 0, cols = 0;  // of x, where the cast also writes its codes transposed
   if (transposed) {
+    cols = rb_.live_shape(x).empty() ? 1 : rb_.live_shape(x).back();
+    rows = int64_t(elements) / std::max<int64_t>(1, cols);
     const std::string t = fp8_transposed_operand_name(name);
     rb_.alloc(t, BufferClass::workspace, format, {cols, rows}, at.phase);
     outputs.insert(outputs.begin() + 1, t);
