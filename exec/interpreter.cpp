@@ -6,11 +6,31 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "errors.hpp"
 #include "lower.hpp"
 
 namespace stepcast {
+
+namespace {
+
+// body(from, to) over [0, n) in one contiguous range per thread: as many threads as the host has
+// cores, each with at least 2^20 elements (fewer elements run on the calling thread).
+template <class Body>
+void parallel_ranges(int64_t n, const Body& body) {
+  const int64_t threads = std::clamp<int64_t>(n >> 20, 1, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 1) {
+    body(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t i = 0; i < threads; ++i) pool.emplace_back(body, n * i / threads, n * (i + 1) / threads);
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
 
 std::string group_of_buffer(const std::string& name) {
   size_t dot = name.find('.');
@@ -315,11 +335,17 @@ void Interpreter<T, G, W>::upload_initial_values(char* dst, const std::string& g
                                                  int64_t first, int64_t last) {
   std::vector<X> host(size_t(last - first));
   for (const TensorSlice& tensor : layout.tensors) {
-    for (int64_t e = std::max(first, tensor.offset); e < std::min(last, tensor.offset + tensor.elements()); ++e) {
-      int64_t local = e - tensor.offset;
-      host[size_t(e - first)] = X(initial_parameter(model_, t_, coord_.tp, group, tensor, local / tensor.cols,
-                                                    local % tensor.cols, options_.seed));
-    }
+    const int64_t begin = std::max(first, tensor.offset), end = std::min(last, tensor.offset + tensor.elements());
+    if (begin >= end) continue;
+    const TensorInitializer init(model_, t_, coord_.tp, group, tensor, options_.seed);
+    // A billion-parameter model draws billions of values: spread them over the host's cores.
+    parallel_ranges(end - begin, [&](int64_t from, int64_t to) {
+      int64_t local = begin + from - tensor.offset, row = local / tensor.cols, col = local % tensor.cols;
+      for (int64_t e = begin + from; e < begin + to; ++e) {
+        host[size_t(e - first)] = X(init.at(row, col));
+        if (++col == tensor.cols) col = 0, ++row;
+      }
+    });
   }
   backend_.upload(dst, host.data(), int64_t(host.size() * sizeof(X)));
 }

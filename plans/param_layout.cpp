@@ -2,6 +2,7 @@
 #include "param_layout.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "errors.hpp"
 #include "lower.hpp"
@@ -136,51 +137,73 @@ GroupLayout param_group_layout(const ModelConfig& m, int64_t t, const std::strin
   return g;
 }
 
-double initial_parameter(const ModelConfig& m, int64_t t, int64_t r, const std::string& group,
-                         const TensorSlice& tensor, int64_t row, int64_t col, uint64_t seed) {
+TensorInitializer::TensorInitializer(const ModelConfig& m, int64_t t, int64_t r, const std::string& group,
+                                     const TensorSlice& tensor, uint64_t seed) {
   const std::string& name = tensor.name;
-  bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-  if (is_bias) return 0.0;
-  bool is_norm = name.rfind("ln", 0) == 0 || name.rfind("final_norm", 0) == 0;
-  if (is_norm) return 1.0;
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+    constant_ = 0.0;
+    return;
+  }
+  if (name.rfind("ln", 0) == 0 || name.rfind("final_norm", 0) == 0) {
+    constant_ = 1.0;
+    return;
+  }
   const int64_t d = m.head_dim();
   const int64_t heads = m.num_attention_heads / t, kv = m.num_key_value_heads / t;
-  // Global coordinates and the global tensor's name.
-  std::string global_name = name;
-  int64_t grow = row, gcol = col;
+  // Where local (row, col) sits in the global tensor, and that tensor's name.
+  std::vector<std::string> global_names = {name};
   if (name == "qkv.weight") {
-    int64_t q_rows = heads * d, k_rows = kv * d;
-    if (row < q_rows) {
-      global_name = "q.weight";
-      grow = r * q_rows + row;
-    } else if (row < q_rows + k_rows) {
-      global_name = "k.weight";
-      grow = r * k_rows + (row - q_rows);
-    } else {
-      global_name = "v.weight";
-      grow = r * k_rows + (row - q_rows - k_rows);
-    }
+    global_names = {"q.weight", "k.weight", "v.weight"};
+    q_rows_ = heads * d;
+    k_rows_ = kv * d;
+    qkv_ = true;
+    tp_rank_ = r;
   } else if (name == "attn_out.weight") {
-    gcol = r * heads * d + col;
+    col_offset_ = r * heads * d;
   } else if (name == "mlp_up.weight" || name == "mlp_gate.weight") {
-    grow = r * tensor.rows + row;
+    row_offset_ = r * tensor.rows;
   } else if (name == "mlp_down.weight") {
-    gcol = r * tensor.cols + col;
+    col_offset_ = r * tensor.cols;
   } else if (name == "embedding.weight") {
-    grow = r * tensor.rows + row;
-    if (grow >= m.vocab_size) return 0.0;  // padding
+    row_offset_ = r * tensor.rows;
+    row_limit_ = m.vocab_size;  // padding rows are 0
   }
   // The tied output layer is the embedding: both draw from the "embedding" group's key.
   std::string key_group = group == "output" && m.tie_word_embeddings ? "embedding" : group;
-  uint64_t key = mix(seed ^ hash_string(key_group + "/" + global_name));
-  key = mix(key ^ uint64_t(grow));
-  key = mix(key ^ (uint64_t(gcol) << 1));
-  double std = 0.02;
+  for (size_t i = 0; i < global_names.size(); ++i) {
+    keys_[i] = mix(seed ^ hash_string(key_group + "/" + global_names[i]));
+  }
+  std_ = 0.02;
   if (name == "attn_out.weight" || name == "mlp_down.weight" ||
       (name.rfind("expert.", 0) == 0 && name.size() > 11 && name.compare(name.size() - 11, 11, "down.weight") == 0)) {
-    std = 0.02 / std::sqrt(2.0 * double(m.num_hidden_layers));
+    std_ = 0.02 / std::sqrt(2.0 * double(m.num_hidden_layers));
   }
-  return std * hashed_normal(key);
+}
+
+double TensorInitializer::at(int64_t row, int64_t col) const {
+  if (std_ == 0.0) return constant_;
+  uint64_t key = keys_[0];
+  int64_t grow = row_offset_ + row, gcol = col_offset_ + col;
+  if (qkv_) {
+    if (row < q_rows_) {
+      grow = tp_rank_ * q_rows_ + row;
+    } else if (row < q_rows_ + k_rows_) {
+      key = keys_[1];
+      grow = tp_rank_ * k_rows_ + (row - q_rows_);
+    } else {
+      key = keys_[2];
+      grow = tp_rank_ * k_rows_ + (row - q_rows_ - k_rows_);
+    }
+  }
+  if (grow >= row_limit_) return 0.0;
+  key = mix(key ^ uint64_t(grow));
+  key = mix(key ^ (uint64_t(gcol) << 1));
+  return std_ * hashed_normal(key);
+}
+
+double initial_parameter(const ModelConfig& m, int64_t t, int64_t r, const std::string& group,
+                         const TensorSlice& tensor, int64_t row, int64_t col, uint64_t seed) {
+  return TensorInitializer(m, t, r, group, tensor, seed).at(row, col);
 }
 
 }  // namespace stepcast

@@ -24,7 +24,7 @@ void check_cuda(cudaError_t code, const char* call, int rank, const std::string&
 }
 void check_cublas(cublasStatus_t code, const char* call, int rank, const std::string& during) {
   if (code == CUBLAS_STATUS_SUCCESS) return;
-  fail_job(device_failure_message(rank, call, "cublasStatus " + std::to_string(int(code)), "", during));
+  fail_job(device_failure_message(rank, call, cublasLtGetStatusName(code), cublasLtGetStatusString(code), during));
 }
 void check_nccl(ncclResult_t code, const char* call, int rank, const std::string& during) {
   if (code == ncclSuccess || code == ncclInProgress) return;

@@ -15,8 +15,36 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
-GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_bytes, int rank,
-                   const std::string& during) {
+namespace {
+
+std::string describe(const GemmKey& key) {
+  auto type = [](cudaDataType_t t) {
+    switch (t) {
+      case CUDA_R_8F_E4M3: return "e4m3";
+      case CUDA_R_8F_E5M2: return "e5m2";
+      case CUDA_R_16BF: return "bf16";
+      case CUDA_R_32F: return "fp32";
+      default: return "other";
+    }
+  };
+  return std::string(key.trans_a ? "T" : "N") + (key.trans_b ? "T" : "N") + " m " + std::to_string(key.m) + " n " +
+         std::to_string(key.n) + " k " + std::to_string(key.k) + " lda " + std::to_string(key.lda) + " ldb " +
+         std::to_string(key.ldb) + " ldc " + std::to_string(key.ldc) + ", A " + type(key.a) + " B " + type(key.b) +
+         " C " + type(key.c) + ", alignments " + std::to_string(key.align_a) + "/" + std::to_string(key.align_b) + "/" +
+         std::to_string(key.align_c);
+}
+
+void set_scales(const GemmPlan& p, const float* scale_a, const float* scale_b, int rank, const std::string& during) {
+  check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a),
+               "cublasLtMatmulDescSetAttribute (A scale)", rank, during);
+  check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b),
+               "cublasLtMatmulDescSetAttribute (B scale)", rank, during);
+}
+
+}  // namespace
+
+GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_bytes, const float* scale_a,
+                   const float* scale_b, int rank, const std::string& during) {
   auto cublas = [&](cublasStatus_t code, const char* call) { check_cublas(code, call, rank, during); };
   GemmPlan p;
   // fp32 operands: strict fp32 (no TF32) so the fp32 path matches the CPU to 1e-5.
@@ -36,6 +64,7 @@ GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_by
          "cublasLtMatrixLayoutCreate");
   cublas(cublasLtMatrixLayoutCreate(&p.c, key.c, uint64_t(key.m), uint64_t(key.n), key.ldc),
          "cublasLtMatrixLayoutCreate");
+  if (is_fp8(key.a) || is_fp8(key.b)) set_scales(p, scale_a, scale_b, rank, during);
   cublasLtMatmulPreference_t pref = nullptr;
   cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   uint64_t workspace = uint64_t(workspace_bytes);
@@ -51,17 +80,17 @@ GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_by
     cublas(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes),
            "cublasLtMatmulPreferenceSetAttribute (alignment)");
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
-  cublas(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+  cublas(cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.c, p.c, pref, 8, results, &found),
          "cublasLtMatmulAlgoGetHeuristic");
   cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0) {
-    fail_job(device_failure_message(
-        rank, "cublasLtMatmulAlgoGetHeuristic", "no algorithm",
-        "m " + std::to_string(key.m) + " n " + std::to_string(key.n) + " k " + std::to_string(key.k), during));
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.algos.push_back(results[i].algo);
   }
-  p.algo = result.algo;
+  if (p.algos.empty()) {
+    fail_job(device_failure_message(rank, "cublasLtMatmulAlgoGetHeuristic", "no algorithm", describe(key), during));
+  }
   return p;
 }
 
@@ -84,19 +113,22 @@ void Gemms::run(const GemmKey& key, const void* a, const void* b, void* c, float
       for (auto& [shape, plan] : plans_) destroy_gemm_plan(plan);
       plans_.clear();
     }
-    it = plans_.emplace(key, plan_gemm(lt_, key, workspace_bytes_, rank, during)).first;
+    it = plans_.emplace(key, plan_gemm(lt_, key, workspace_bytes_, scale_a, scale_b, rank, during)).first;
   }
-  const GemmPlan& p = it->second;
-  if (is_fp8(key.a) || is_fp8(key.b)) {  // read at launch: set for this call's operands
-    check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a),
-                 "cublasLtMatmulDescSetAttribute (A scale)", rank, during);
-    check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b),
-                 "cublasLtMatmulDescSetAttribute (B scale)", rank, during);
-  }
+  GemmPlan& p = it->second;
+  if (is_fp8(key.a) || is_fp8(key.b)) set_scales(p, scale_a, scale_b, rank, during);  // read at launch
   float alpha = 1.f;
-  check_cublas(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &p.algo, workspace_,
-                              size_t(workspace_bytes_), stream),
-               "cublasLtMatmul", rank, during);
+  for (;;) {
+    cublasStatus_t code = cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c,
+                                         &p.algos[p.chosen], workspace_, size_t(workspace_bytes_), stream);
+    if (code == CUBLAS_STATUS_NOT_SUPPORTED && p.chosen + 1 < p.algos.size()) {
+      ++p.chosen;  // the next heuristic choice; nothing was launched
+      continue;
+    }
+    if (code != CUBLAS_STATUS_SUCCESS) check_cublas(code, "cublasLtMatmul", rank,
+                                                         during + " (GEMM " + describe(key) + ")");
+    return;
+  }
 }
 
 }  // namespace stepcast::cuda

@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "bf16.hpp"
 #include "fp8.hpp"
@@ -46,13 +47,18 @@ uint32_t alignment_of(const void* p);
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's choices, best first; `chosen` moves on when a launch answers NOT_SUPPORTED
+  // (cuBLASLt says a heuristic's algorithm is not guaranteed to run).
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  size_t chosen = 0;
 };
 
-// The plan of `key` with cuBLASLt's first heuristic choice for a workspace of workspace_bytes; a
-// failed call, or no algorithm, stops the job (cuda_failure.hpp) naming `rank` and `during`.
-GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_bytes, int rank,
-                   const std::string& during);
+// The plan of `key` with cuBLASLt's heuristic choices for a workspace of workspace_bytes; FP8
+// operands' scale pointers are set before the heuristic runs (as cuBLASLt's FP8 sample does), so
+// it chooses among the scaled kernels. A failed call, or no algorithm, stops the job
+// (cuda_failure.hpp) naming `rank` and `during`.
+GemmPlan plan_gemm(cublasLtHandle_t lt, const GemmKey& key, int64_t workspace_bytes, const float* scale_a,
+                   const float* scale_b, int rank, const std::string& during);
 // Releases the descriptors of a plan (unchecked: called on the way out).
 void destroy_gemm_plan(const GemmPlan& plan);
 

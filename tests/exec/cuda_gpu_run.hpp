@@ -15,7 +15,23 @@
 #include "json_input.hpp"
 #include "test_support.hpp"
 
+extern char** environ;
+
 namespace stepcast::test {
+
+// `env -u NAME ...` for the MPI singleton's variables in this process's environment (OMPI_*,
+// PMIX_*): the [gpu] tests' main initialises MPI as a singleton, and an mpirun started with
+// those variables set takes itself for a process of that job and fails (exit 1, no output).
+inline std::string without_singleton_mpi_environment() {
+  std::string prefix = "env";
+  for (char** e = environ; *e; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    bool mpi = name.rfind("OMPI_", 0) == 0 || name.rfind("PMIX_", 0) == 0;
+    if (mpi && name.find("ALLOW_RUN_AS_ROOT") == std::string::npos) prefix += " -u " + name;
+  }
+  return prefix + " ";
+}
 
 inline RunResult run_one_rank(const std::string& model, const Json& plan, const std::string& backend, int steps) {
   static int counter = 0;
@@ -23,7 +39,8 @@ inline RunResult run_one_rank(const std::string& model, const Json& plan, const 
   std::string out = file + ".out";
   std::filesystem::remove_all(out);
   std::ostringstream cmd;
-  cmd << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY << " run --model "
+  cmd << without_singleton_mpi_environment() << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY
+      << " run --model "
       << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
       << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json") << " --corpus "
       << source_path("data/corpus/shakespeare.txt") << " --backend " << backend << " --steps " << steps
