@@ -14,10 +14,17 @@
 #
 # Usage (repository root):  bash bench/gpu-check.sh
 #   STEPS=30 (steps per training run), QUICK_PROFILE=1 (profile --quick; 0: the full grid),
-#   BUILD=build-gpu, JOBS=$(nproc).
-# A bare GPU machine lacks the Debian packages the build needs (SimGrid, Boost, nlohmann-json,
-# Catch2, OpenMPI, OpenBLAS). Fetch them here first (Debian 12, apt; ~33 MB):
-#   bash bench/gpu-check.sh --fetch-deps && echo /.deps/ >> .git/info/exclude
+#   BUILD=build-gpu, JOBS=$(nproc), DEADLINE_S=420 (optional stages after this are skipped),
+#   PREBUILT=DIR: use DIR/stepcast, DIR/libstepcast_cuda.so and DIR/tests/stepcast_cuda_tests
+#   built elsewhere (same nvcc; saves the build's device time) instead of building; their
+#   compiled-in source directory (PREBUILT_SOURCE_DIR, default /work/main) is linked to this
+#   checkout when it does not exist, so the [gpu] tests find the shipped models.
+# A bare GPU machine lacks the Debian packages stepcast needs (SimGrid and its ns-3 and GSL,
+# Boost, OpenMPI, OpenBLAS; to build also nlohmann-json, Catch2 and the headers). Fetch them
+# here first (Debian 12, apt):
+#   bash bench/gpu-check.sh --fetch-deps         # running a PREBUILT build: ~31 MB
+#   bash bench/gpu-check.sh --fetch-deps build   # building on the GPU machine too: ~48 MB
+#   echo /.deps/ >> .git/info/exclude
 # and carry .deps: the script unpacks them into /tmp/stepcast-deps (never into /) and points
 # pkg-config, CMake, the loader and OpenMPI there.
 set -euo pipefail
@@ -28,19 +35,25 @@ BUILD=${BUILD:-build-gpu}
 STEPS=${STEPS:-30}
 QUICK_PROFILE=${QUICK_PROFILE:-1}
 JOBS=${JOBS:-$(nproc)}
+DEADLINE_S=${DEADLINE_S:-420}
+PREBUILT=${PREBUILT:-}
+PREBUILT_SOURCE_DIR=${PREBUILT_SOURCE_DIR:-/work/main}
 PEAK=989e12           # the issue's MFU denominator: H200 dense bf16, flop/s
 TOPOLOGY=topologies/h200-1gpu.json
 DATASHEET=profiles/h200-sxm.json
-DEB_PACKAGES=(libsimgrid-dev libsimgrid3.32 libboost-context1.74.0 libboost-stacktrace1.74.0
-  libboost-program-options-dev libboost-program-options1.74.0 libboost1.74-dev
-  nlohmann-json3-dev catch2 libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2
-  libhwloc15 libevent-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libpsm2-2 libibverbs1
-  librdmacm1 libnl-3-200 libnl-route-3-200 libopenblas-dev libopenblas0-pthread
-  libopenblas-pthread-dev libgfortran5)
+RUNTIME_DEBS=(libsimgrid3.32 libboost-context1.74.0 libboost-stacktrace1.74.0
+  libboost-program-options1.74.0 libopenmpi3 openmpi-bin openmpi-common libpmix2 libhwloc15
+  libevent-2.1-7 libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0 libpsm2-2
+  libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libopenblas0-pthread libgfortran5
+  libquadmath0 libns3.37 libgsl27 libgslcblas0 libsqlite3-0 libssl3 libudev1)  # SimGrid links ns-3, GSL
+BUILD_DEBS=(libsimgrid-dev libboost-program-options-dev libboost1.74-dev nlohmann-json3-dev catch2
+  libopenmpi-dev libopenblas-dev libopenblas-pthread-dev)
 
 if [ "${1:-}" = "--fetch-deps" ]; then
   mkdir -p .deps
-  (cd .deps && apt-get download "${DEB_PACKAGES[@]}")
+  packages=("${RUNTIME_DEBS[@]}")
+  [ "${2:-}" = build ] && packages+=("${BUILD_DEBS[@]}")
+  (cd .deps && apt-get download "${packages[@]}")
   du -sh .deps
   exit 0
 fi
@@ -48,11 +61,13 @@ fi
 mkdir -p "$OUT_DIR"
 T0=$(date +%s)
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+in_time() { [ $(( $(date +%s) - T0 )) -lt "$DEADLINE_S" ] || { say "skipped (past DEADLINE_S=$DEADLINE_S): $*"; return 1; }; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv 2>&1 | tee "$OUT_DIR/nvidia-smi.csv" || true
 LOG="$OUT_DIR/gpu-check.log"
 : >"$LOG"
 
 # ---- 0. dependencies: the machine's own, else the carried .deps ----
-if ! pkg-config --exists simgrid 2>/dev/null || ! command -v mpirun >/dev/null; then
+if ! ldconfig -p 2>/dev/null | grep -q libsimgrid.so.3 || ! command -v mpirun >/dev/null; then
   if ! ls .deps/*.deb >/dev/null 2>&1; then
     echo "gpu-check: SimGrid or OpenMPI missing and no .deps/*.deb carried: run" \
          "'bash bench/gpu-check.sh --fetch-deps' on a Debian 12 machine and carry .deps" >&2
@@ -63,7 +78,7 @@ if ! pkg-config --exists simgrid 2>/dev/null || ! command -v mpirun >/dev/null; 
   for f in .deps/*.deb; do dpkg -x "$f" "$DEPS"; done
   MULTIARCH=x86_64-linux-gnu
   export PATH="$DEPS/usr/bin:$PATH"
-  export LD_LIBRARY_PATH="$DEPS/usr/lib/$MULTIARCH:$DEPS/usr/lib/$MULTIARCH/openmpi/lib:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$DEPS/usr/lib/$MULTIARCH:$DEPS/usr/lib/$MULTIARCH/openblas-pthread:$DEPS/usr/lib/$MULTIARCH/openmpi/lib:${LD_LIBRARY_PATH:-}"
   export PKG_CONFIG_PATH="$DEPS/usr/lib/$MULTIARCH/pkgconfig:$DEPS/usr/share/pkgconfig"
   export PKG_CONFIG_SYSROOT_DIR="$DEPS"
   export CMAKE_PREFIX_PATH="$DEPS/usr"
@@ -77,6 +92,10 @@ if ! pkg-config --exists simgrid 2>/dev/null || ! command -v mpirun >/dev/null; 
   ln -sf "$DEPS/usr/lib/$MULTIARCH/openblas-pthread/libblas.so" "$DEPS/usr/lib/$MULTIARCH/libblas.so" 2>/dev/null || true
   CMAKE_EXTRA=(-DMPI_CXX_COMPILER="$DEPS/usr/bin/mpicxx.openmpi"
                -DBLAS_LIBRARIES="$DEPS/usr/lib/$MULTIARCH/openblas-pthread/libblas.so")
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # the [gpu] tests' singleton MPI
+  # PMIx looks for its plugins where Debian put them; the machine may hold another PMIx there.
+  export PMIX_MCA_mca_base_component_path="$DEPS/usr/lib/$MULTIARCH/pmix2/lib/pmix"
+  export PMIX_MCA_pcompress_base_silence_warning=1
   say "dependencies unpacked into $DEPS"
 else
   CMAKE_EXTRA=()
@@ -91,24 +110,64 @@ if ! ls /usr/local/cuda/lib*/libnccl.so* >/dev/null 2>&1; then
   fi
 fi
 
-# ---- 1. build ----
-say "build ($BUILD, $JOBS jobs)"
-GENERATOR=()
-command -v ninja >/dev/null && GENERATOR=(-G Ninja)
-cmake -S . -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "${CMAKE_EXTRA[@]}" >>"$LOG" 2>&1
-grep -q "STEPCAST_HAVE_CUDA:INTERNAL=ON\|CUDA backend ON" "$LOG" || { echo "gpu-check: CMake did not enable the CUDA backend (see $LOG)" >&2; exit 2; }
-cmake --build "$BUILD" -j "$JOBS" --target stepcast stepcast_cuda_tests >>"$LOG" 2>&1
-STEPCAST="$ROOT/$BUILD/stepcast"
-MPIRUN="$ROOT/scripts/mpirun"
-say "built"
+# The CUDA libraries the toolkit lacks (cuBLASLt, runtime), from PyTorch's wheels too.
+for pkg in cublas cuda_runtime; do
+  dir=$(python3 -c "import nvidia.$pkg, os; print(os.path.dirname(nvidia.$pkg.__file__))" 2>/dev/null || true)
+  [ -n "$dir" ] && [ -d "$dir/lib" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$dir/lib"
+done
 
-# ---- 2. the [gpu] tests ----
+# ---- 1. build (or take a PREBUILT one) ----
+MPIRUN="$ROOT/scripts/mpirun"
+if [ -n "$PREBUILT" ]; then
+  STEPCAST="$ROOT/$PREBUILT/stepcast"
+  TESTS="$ROOT/$PREBUILT/tests/stepcast_cuda_tests"
+  [ -e "$PREBUILT_SOURCE_DIR" ] || { mkdir -p "$(dirname "$PREBUILT_SOURCE_DIR")"; ln -s "$ROOT" "$PREBUILT_SOURCE_DIR"; }
+  say "prebuilt $PREBUILT; the loader finds:"
+  ldd "$STEPCAST" "$ROOT/$PREBUILT/libstepcast_cuda.so" "$TESTS" | grep "not found" || echo "  every library"
+  "$STEPCAST" --version || { echo "gpu-check: the prebuilt stepcast does not start" >&2; exit 2; }
+else
+  say "build ($BUILD, $JOBS jobs)"
+  GENERATOR=()
+  command -v ninja >/dev/null && GENERATOR=(-G Ninja)
+  cmake -S . -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release "${CMAKE_EXTRA[@]}" >>"$LOG" 2>&1
+  grep -q "STEPCAST_HAVE_CUDA:INTERNAL=ON\|CUDA backend ON" "$LOG" || { echo "gpu-check: CMake did not enable the CUDA backend (see $LOG)" >&2; exit 2; }
+  cmake --build "$BUILD" -j "$JOBS" --target stepcast stepcast_cuda_tests >>"$LOG" 2>&1
+  STEPCAST="$ROOT/$BUILD/stepcast"
+  TESTS="$ROOT/$BUILD/tests/stepcast_cuda_tests"
+  say "built"
+fi
+
+# ---- 2. the [gpu] tests, one process per test case (a crash or hang costs one case) ----
 say "[gpu] tests"
 GPU_TESTS=ok
-if ! (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 300) >"$OUT_DIR/gpu-tests.log" 2>&1; then
-  GPU_TESTS=FAILED
+: >"$OUT_DIR/gpu-tests.log"
+mapfile -t CASES < <("$TESTS" --list-test-names-only | sed '/^$/d')
+passed=0; failed=0
+for case_name in "${CASES[@]}"; do
+  in_time "test '$case_name'" || { GPU_TESTS=INCOMPLETE; break; }
+  start=$(date +%s%N)
+  if timeout 150 "$TESTS" "$case_name" >"$OUT_DIR/case.log" 2>&1; then
+    verdict=passed; passed=$((passed + 1))
+  else
+    code=$?
+    if [ "$code" = 77 ]; then verdict=SKIPPED; GPU_TESTS=SKIPPED
+    else verdict="FAILED (exit $code)"; failed=$((failed + 1)); GPU_TESTS=FAILED; fi
+  fi
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  printf '%-8s %6d ms  %s\n' "${verdict%% *}" "$ms" "$case_name" | tee -a "$OUT_DIR/gpu-tests.log"
+  [ "$verdict" = passed ] || { sed 's/^/    /' "$OUT_DIR/case.log" | tail -40 >>"$OUT_DIR/gpu-tests.log"; }
+done
+say "[gpu] tests: $passed passed, $failed failed of ${#CASES[@]}"
+# The first failed cases again under compute-sanitizer's memcheck (bad accesses, API errors).
+if command -v compute-sanitizer >/dev/null && [ "$failed" -gt 0 ]; then
+  grep '^FAILED' "$OUT_DIR/gpu-tests.log" | sed 's/^FAILED *[0-9]* ms  //' | head -2 |
+  while IFS= read -r case_name; do
+    in_time "memcheck of '$case_name'" || break
+    say "compute-sanitizer memcheck: $case_name"
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$TESTS" "$case_name" 2>&1 |
+      grep -v '^$' | tail -40 >>"$OUT_DIR/sanitizer.log" || true
+  done
 fi
-grep -E "tests passed|tests failed|Skipped|Failed" "$OUT_DIR/gpu-tests.log" | tail -12 || true
 
 # ---- 3./4. training runs, stepcast and PyTorch ----
 WORK="$OUT_DIR/work"
@@ -124,20 +183,25 @@ import json, sys
 model, model_out, plan_out, mbs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 m = json.load(open(model))
 m["seq_length"] = 1024
+# The vocabulary padded to a multiple of 128, as Megatron-LM's --make-vocab-size-divisible-by
+# (default 128) and nanoGPT's 50304 do: an odd row length (GPT-2's 50257) leaves the logits
+# GEMM's rows unaligned, and cuBLASLt falls back to slow kernels. PyTorch trains the same file.
+m["vocab_size"] = (m["vocab_size"] + 127) // 128 * 128
 m["name"] = m["name"] + "-s1024"
 json.dump(m, open(model_out, "w"), indent=1)
 json.dump({"name": "gpu-check-" + m["name"], "micro_batch_size": mbs, "global_batch_size": mbs,
            "attention_impl": "flash", "dtype": "bf16", "grad_dtype": "fp32", "dropout": 0.0,
            "recompute": "none", "zero_stage": 0}, open(plan_out, "w"), indent=1)
 PY
+  in_time "$name runs" || continue
   say "$name: stepcast run --backend cuda (micro batch $mbs, $STEPS steps)"
-  if ! "$MPIRUN" -np 1 "$STEPCAST" run --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
+  if ! timeout 150 "$MPIRUN" -np 1 "$STEPCAST" run --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
        --topology "$TOPOLOGY" --backend cuda --steps "$STEPS" --quiet --out "$WORK/$name.run" \
        >"$WORK/$name.run.log" 2>&1; then
-    echo "  stepcast run failed:"; tail -5 "$WORK/$name.run.log"
+    echo "  stepcast run failed:"; grep -v '^--\|^ \|^$' "$WORK/$name.run.log" | tail -8
   fi
   say "$name: PyTorch"
-  if ! python3 bench/pytorch_gpt.py --model "$WORK/$name.model.json" --micro-batch "$mbs" \
+  if ! timeout 150 python3 bench/pytorch_gpt.py --model "$WORK/$name.model.json" --micro-batch "$mbs" \
        --steps "$STEPS" --warmup 5 >"$WORK/$name.torch.json" 2>"$WORK/$name.torch.log"; then
     echo "  PyTorch failed:"; tail -5 "$WORK/$name.torch.log"
   fi
@@ -147,10 +211,10 @@ done
 PROFILE="$WORK/h200-measured.json"
 QUICK=()
 [ "$QUICK_PROFILE" = 1 ] && QUICK=(--quick)
-say "stepcast profile --backend cuda ${QUICK[*]}"
-if ! "$MPIRUN" -np 1 "$STEPCAST" profile --backend cuda --topology "$TOPOLOGY" --out "$PROFILE" \
+in_time "profile" && say "stepcast profile --backend cuda ${QUICK[*]}" &&
+if ! timeout 120 "$MPIRUN" -np 1 "$STEPCAST" profile --backend cuda --topology "$TOPOLOGY" --out "$PROFILE" \
      "${QUICK[@]}" >"$WORK/profile.log" 2>&1; then
-  echo "  profile failed:"; tail -5 "$WORK/profile.log"
+  echo "  profile failed:"; grep -v '^--\|^ \|^$' "$WORK/profile.log" | tail -8
 fi
 for spec in "${RUNS[@]}"; do
   read -r name model mbs <<<"$spec"
@@ -158,7 +222,7 @@ for spec in "${RUNS[@]}"; do
     profile=$PROFILE
     [ "$which" = datasheet ] && profile=$DATASHEET
     [ -f "$profile" ] || continue
-    "$STEPCAST" simulate --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
+    timeout 60 "$STEPCAST" simulate --model "$WORK/$name.model.json" --plan "$WORK/$name.plan.json" \
       --topology "$TOPOLOGY" --profile "$profile" --no-scaling --out "$WORK/$name.sim-$which" \
       >"$WORK/$name.sim-$which.log" 2>&1 || { echo "  simulate ($which) of $name failed:"; tail -3 "$WORK/$name.sim-$which.log"; }
   done
@@ -211,3 +275,7 @@ print(text)
 with open(table_path, "w") as f:
     f.write(text + "\n")
 PY
+# Everything else in one archive (the device tool brings back files at most two folders down);
+# traces stay behind.
+tar czf "$OUT_DIR/work.tgz" --exclude='trace*.json' -C "$OUT_DIR" work && rm -rf "$WORK"
+[ "$GPU_TESTS" = ok ]

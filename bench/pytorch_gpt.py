@@ -77,7 +77,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def main():
