@@ -1,11 +1,14 @@
-// The CUDA backend's causal attention (cuda_kernels.hpp). Flash: one thread group of L = d/16
-// lanes per query (or key) row holds 16 elements of the row in registers; key (or query) tiles of
+// The CUDA backend's causal attention (cuda_kernels.hpp). bf16 flash runs on the tensor cores
+// (kernels_flash_mma.cu) where its head dim and alignment allow. The flash kernels here (fp32,
+// and bf16 otherwise): one thread group of L = d/16 lanes per query (or key) row holds 16 elements of the row in registers; key (or query) tiles of
 // 32 rows are staged in shared memory; online softmax in fp32; the s×s matrix never exists.
 // Backward recomputes probabilities from lse in two passes — dQ over query rows, dK and dV over
 // key rows (all heads of a GQA group) — so nothing is accumulated with atomics. Materialized: one
 // thread per output element, the straightforward reference-shaped kernels (not the fast path).
 #include <string>
+#include <type_traits>
 
+#include "attention_common.cuh"
 #include "cuda_common.cuh"
 #include "errors.hpp"
 
@@ -16,52 +19,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kFlashThreads = 128;
 constexpr int kTile = 32;  // keys (forward, dQ) or queries (dK dV) per shared-memory tile
-
-struct Geometry {
-  int64_t s, b, heads, kv_heads, d, width, group;
-  __host__ __device__ int64_t q(int64_t si, int64_t bi, int64_t hd) const {
-    return (si * b + bi) * width + hd * d;
-  }
-  __host__ __device__ int64_t k(int64_t si, int64_t bi, int64_t hd) const {
-    return (si * b + bi) * width + (heads + hd / group) * d;
-  }
-  __host__ __device__ int64_t v(int64_t si, int64_t bi, int64_t hd) const {
-    return (si * b + bi) * width + (heads + kv_heads + hd / group) * d;
-  }
-  __host__ __device__ int64_t ctx(int64_t si, int64_t bi, int64_t hd) const {
-    return (si * b + bi) * heads * d + hd * d;
-  }
-  __host__ __device__ int64_t square(int64_t bi, int64_t hd, int64_t i, int64_t j) const {
-    return ((bi * heads + hd) * s + i) * s + j;
-  }
-};
-
-Geometry geometry(const cpu::AttentionShape& sh) {
-  STEPCAST_CHECK(sh.s > 0 && sh.b > 0 && sh.heads > 0 && sh.kv_heads > 0 && sh.d > 0 &&
-                     sh.heads % sh.kv_heads == 0,
-                 "attention shape");
-  return {sh.s, sh.b, sh.heads, sh.kv_heads, sh.d, sh.qkv_width(), sh.heads / sh.kv_heads};
-}
-
-struct DropoutArgs {
-  double p = 0;  // 0: no dropout
-  uint64_t seed = 0, site = 0;
-  int64_t step = 0, layer = 0, head0 = 0;
-  const int64_t* sample_index = nullptr;
-};
-DropoutArgs dropout_args(const cpu::Dropout* d, int64_t head0, const int64_t* sample_index) {
-  DropoutArgs a;
-  if (d && d->p > 0) {
-    a = {d->p, d->seed, uint64_t(d->site), d->step, d->layer, head0, sample_index};
-  }
-  return a;
-}
-// The hash state of (sample of batch row bi, global head head0 + hd, query i).
-__device__ __forceinline__ uint64_t query_key(const DropoutArgs& a, int64_t bi, int64_t hd,
-                                              int64_t i) {
-  uint64_t key = sample_key(a.seed, a.site, a.step, a.layer, a.sample_index[bi]);
-  return absorb(absorb(key, a.head0 + hd), i);
-}
 
 // ---- materialized ----
 template <class T>
@@ -474,6 +431,12 @@ void flash_attention_forward(const Launch& l, const T* qkv, T* ctx, float* lse,
                              const int64_t* sample_index) {
   Geometry g = geometry(sh);
   DropoutArgs a = dropout_args(dropout, head0, sample_index);
+  if constexpr (std::is_same_v<T, bf16>) {  // the tensor cores; fp32 keeps fp32 products
+    if (flash_mma_forward(l, qkv, ctx, lse, g, float(scale), a)) {
+      check_launch(l, "flash_attention_forward (tensor cores)");
+      return;
+    }
+  }
   switch (sh.d) {
     case 16: flash_forward_d<T, 16>(l, qkv, ctx, lse, g, float(scale), a); break;
     case 32: flash_forward_d<T, 32>(l, qkv, ctx, lse, g, float(scale), a); break;
@@ -492,6 +455,12 @@ void flash_attention_backward(const Launch& l, const T* qkv, const T* ctx, const
                               const int64_t* sample_index) {
   Geometry g = geometry(sh);
   DropoutArgs a = dropout_args(dropout, head0, sample_index);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (flash_mma_backward(l, qkv, ctx, lse, d_ctx, d_qkv, delta, g, float(scale), a)) {
+      check_launch(l, "flash_attention_backward (tensor cores)");
+      return;
+    }
+  }
   switch (sh.d) {
     case 16: flash_backward_d<T, 16>(l, qkv, ctx, lse, d_ctx, d_qkv, delta, g, float(scale), a); break;
     case 32: flash_backward_d<T, 32>(l, qkv, ctx, lse, d_ctx, d_qkv, delta, g, float(scale), a); break;
