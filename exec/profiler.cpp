@@ -223,15 +223,14 @@ class Profiler {
              format_rate(slowest, "flop/s") + " … " + format_rate(fastest, "flop/s"));
   }
 
-  // Fused (flash) attention, causal, forward and backward, at the head dimensions of the test and
-  // validation models (16, 64) and sequence lengths 16 … 256: the attention points the cost
+  // Fused (flash) attention, causal, forward and backward, at the grid's head dimensions and
+  // sequence lengths (a CPU's: those of the test and validation models): the attention points the cost
   // model interpolates (FlashAttention's flop convention, profile.hpp). Without them a CPU
   // profile had no flash figure and costed the kernel at the roofline.
   void measure_attention(Backend<T, G, W>& backend, MeasuredTables& t) {
-    const std::vector<int64_t> dims = options_.quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 64};
-    const std::vector<int64_t> seqs =
-        options_.quick ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{16, 32, 64, 128, 256};
-    const int64_t b = 2, heads = 2;
+    const std::vector<int64_t>& dims = options_.quick ? grid_.attention_dims_quick : grid_.attention_dims;
+    const std::vector<int64_t>& seqs = options_.quick ? grid_.attention_seqs_quick : grid_.attention_seqs;
+    const int64_t b = grid_.attention_b, heads = grid_.attention_heads;
     const int64_t largest = seqs.back() * b * (heads + 2 * heads) * dims.back();
     T* qkv = buffer(backend, largest, true);
     T* ctx = buffer(backend, largest);

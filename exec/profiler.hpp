@@ -41,6 +41,12 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options);
 // and tree over point-to-point; a GPU backend: "nccl"), and whether MPI's own are measured too.
 struct ProfileGrid {
   std::vector<int64_t> gemm_axis, gemm_axis_quick;
+  // Flash attention, causal: head dims × sequence lengths at batch·heads attention_b ×
+  // attention_heads. A GPU's shapes must fill it (a CPU's small ones are launch-bound there, and
+  // the cost model prefers this table to the profile's flash peak fractions).
+  std::vector<int64_t> attention_dims = {16, 64}, attention_dims_quick = {16};
+  std::vector<int64_t> attention_seqs = {16, 32, 64, 128, 256}, attention_seqs_quick = {32, 128};
+  int64_t attention_b = 2, attention_heads = 2;
   double memory_max_bytes = 0, collective_max_bytes = 0;
   std::string collective_algorithm = "ring";
   bool mpi_collectives = false;

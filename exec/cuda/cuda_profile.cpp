@@ -38,6 +38,13 @@ ProfileGrid cuda_profile_grid() {
   grid.collective_max_bytes = 1024.0 * (1 << 20);
   grid.collective_algorithm = "nccl";
   grid.mpi_collectives = false;
+  // Flash attention at training shapes: batch·heads 64 fills the GPU from s 256 up.
+  grid.attention_dims = {64, 128};
+  grid.attention_dims_quick = {64, 128};
+  grid.attention_seqs = {256, 512, 1024, 2048, 4096};
+  grid.attention_seqs_quick = {512, 2048};
+  grid.attention_b = 4;
+  grid.attention_heads = 16;
   return grid;
 }
 
