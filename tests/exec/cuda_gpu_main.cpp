@@ -9,6 +9,14 @@
 
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <string>
+
+extern char** environ;
+
+namespace stepcast::test {
+std::set<std::string> environment_before_mpi;  // cuda_gpu_run.hpp
+}  // namespace stepcast::test
 
 int main(int argc, char** argv) {
   bool listing = false;
@@ -26,6 +34,10 @@ int main(int argc, char** argv) {
                 "need an NVIDIA GPU and its driver\n",
                 code == cudaSuccess ? "cudaSuccess" : cudaGetErrorName(code), count);
     return 77;
+  }
+  for (char** e = environ; *e; ++e) {
+    std::string entry = *e;
+    stepcast::test::environment_before_mpi.insert(entry.substr(0, entry.find('=')));
   }
   MPI_Init(&argc, &argv);
   int result = Catch::Session().run(argc, argv);

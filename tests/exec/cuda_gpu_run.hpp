@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,27 +20,34 @@ extern char** environ;
 
 namespace stepcast::test {
 
-// `env -u NAME ...` for the MPI singleton's variables in this process's environment (OMPI_*,
-// PMIX_*): the [gpu] tests' main initialises MPI as a singleton, and an mpirun started with
-// those variables set takes itself for a process of that job and fails (exit 1, no output).
+// The names in the environment before main() initialised MPI (cuda_gpu_main.cpp).
+extern std::set<std::string> environment_before_mpi;
+
+// `env -u NAME ...` for the variables the MPI singleton added to this process's environment
+// (OMPI_*, PMIX_*): the [gpu] tests' main initialises MPI as a singleton, and an mpirun started
+// with those variables set takes itself for a process of that job and fails (exit 1, no output).
 inline std::string without_singleton_mpi_environment() {
   std::string prefix = "env";
   for (char** e = environ; *e; ++e) {
     std::string entry = *e;
     std::string name = entry.substr(0, entry.find('='));
     bool mpi = name.rfind("OMPI_", 0) == 0 || name.rfind("PMIX_", 0) == 0;
-    if (mpi && name.find("ALLOW_RUN_AS_ROOT") == std::string::npos) prefix += " -u " + name;
+    if (mpi && !environment_before_mpi.count(name)) prefix += " -u " + name;
   }
   return prefix + " ";
 }
 
+// One rank on this machine, through scripts/mpirun with `--mca plm isolated`: a local launch
+// needs no remote agent (OpenMPI's rsh launcher stops mpirun where no ssh is installed, as on
+// the H200 device machine).
 inline RunResult run_one_rank(const std::string& model, const Json& plan, const std::string& backend, int steps) {
   static int counter = 0;
   std::string file = write_temp_file("gpu-run-" + std::to_string(++counter) + ".plan.json", plan.dump());
   std::string out = file + ".out";
   std::filesystem::remove_all(out);
   std::ostringstream cmd;
-  cmd << without_singleton_mpi_environment() << source_path("scripts/mpirun") << " -np 1 " << STEPCAST_BINARY
+  cmd << without_singleton_mpi_environment() << source_path("scripts/mpirun") << " --mca plm isolated -np 1 "
+      << STEPCAST_BINARY
       << " run --model "
       << source_path("models/" + model + ".json") << " --plan " << file << " --topology "
       << source_path(backend == "cuda" ? "topologies/h200-1gpu.json" : "topologies/localhost-cpu.json") << " --corpus "
