@@ -15,6 +15,7 @@
 # Usage (repository root):  bash bench/gpu-check.sh
 #   STEPS=30 (steps per training run), QUICK_PROFILE=1 (profile --quick; 0: the full grid),
 #   BUILD=build-gpu, JOBS=$(nproc), DEADLINE_S=420 (optional stages after this are skipped),
+#   MODELS="gpt2-124m gpt3-1.3b gpt2-350m" (the training runs, in this order),
 #   PREBUILT=DIR: use DIR/stepcast, DIR/libstepcast_cuda.so and DIR/tests/stepcast_cuda_tests
 #   built elsewhere (same nvcc; saves the build's device time) instead of building; their
 #   compiled-in source directory (PREBUILT_SOURCE_DIR, default /work/main) is linked to this
@@ -63,6 +64,7 @@ T0=$(date +%s)
 say() { printf '[%4ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 in_time() { [ $(( $(date +%s) - T0 )) -lt "$DEADLINE_S" ] || { say "skipped (past DEADLINE_S=$DEADLINE_S): $*"; return 1; }; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv 2>&1 | tee "$OUT_DIR/nvidia-smi.csv" || true
+export OMPI_MCA_plm=${OMPI_MCA_plm:-isolated}  # one machine: launch locally, no ssh needed
 LOG="$OUT_DIR/gpu-check.log"
 : >"$LOG"
 
@@ -158,24 +160,40 @@ for case_name in "${CASES[@]}"; do
   [ "$verdict" = passed ] || { sed 's/^/    /' "$OUT_DIR/case.log" | tail -40 >>"$OUT_DIR/gpu-tests.log"; }
 done
 say "[gpu] tests: $passed passed, $failed failed of ${#CASES[@]}"
-# The first failed cases again under compute-sanitizer's memcheck (bad accesses, API errors).
-if command -v compute-sanitizer >/dev/null && [ "$failed" -gt 0 ]; then
-  grep '^FAILED' "$OUT_DIR/gpu-tests.log" | sed 's/^FAILED *[0-9]* ms  //' | head -2 |
-  while IFS= read -r case_name; do
-    in_time "memcheck of '$case_name'" || break
-    say "compute-sanitizer memcheck: $case_name"
-    timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$TESTS" "$case_name" 2>&1 |
-      grep -v '^$' | tail -40 >>"$OUT_DIR/sanitizer.log" || true
-  done
+# The first failed case again, with cuBLASLt's log (its reasons for NOT_SUPPORTED) and under
+# compute-sanitizer's memcheck (bad accesses, API errors).
+if [ "$failed" -gt 0 ]; then
+  case_name=$(grep '^FAILED' "$OUT_DIR/gpu-tests.log" | sed "s/^FAILED *[0-9]* ms  //" | head -1)
+  if in_time "diagnostics of '$case_name'"; then
+    say "diagnostics: $case_name"
+    CUBLASLT_LOG_LEVEL=4 timeout 45 "$TESTS" "$case_name" 2>&1 | grep -v '^$' | tail -80 >"$OUT_DIR/cublaslt.log" || true
+    if command -v compute-sanitizer >/dev/null; then
+      timeout 45 compute-sanitizer --tool memcheck --print-limit 20 "$TESTS" "$case_name" 2>&1 |
+        grep -v '^$' | tail -40 >"$OUT_DIR/sanitizer.log" || true
+    fi
+  fi
 fi
 
-# ---- 3./4. training runs, stepcast and PyTorch ----
+# ---- 3. the device profile (before the training runs: component evidence first) ----
 WORK="$OUT_DIR/work"
 mkdir -p "$WORK"
+PROFILE="$WORK/h200-measured.json"
+QUICK=()
+[ "$QUICK_PROFILE" = 1 ] && QUICK=(--quick)
+in_time "profile" && say "stepcast profile --backend cuda ${QUICK[*]}" &&
+if ! timeout 60 "$MPIRUN" -np 1 "$STEPCAST" profile --backend cuda --topology "$TOPOLOGY" --out "$PROFILE" \
+     "${QUICK[@]}" >"$WORK/profile.log" 2>&1; then
+  echo "  profile failed:"; grep -v '^--\|^ \|^$' "$WORK/profile.log" | tail -8
+fi
+# ---- 4. training runs, stepcast and PyTorch ----
 # name  model-file  micro-batch   (sequence 1024; one microbatch per step, bf16, flash)
-RUNS=("gpt2-124m models/gpt2-124m.json 16"
-      "gpt2-350m models/gpt2-350m.json 8"
-      "gpt3-1.3b models/gpt3-1.3b.json 8")
+ALL_RUNS=("gpt2-124m models/gpt2-124m.json 16"
+          "gpt3-1.3b models/gpt3-1.3b.json 8"
+          "gpt2-350m models/gpt2-350m.json 8")
+RUNS=()
+for spec in "${ALL_RUNS[@]}"; do
+  case " ${MODELS:-gpt2-124m gpt3-1.3b gpt2-350m} " in *" ${spec%% *} "*) RUNS+=("$spec") ;; esac
+done
 for spec in "${RUNS[@]}"; do
   read -r name model mbs <<<"$spec"
   python3 - "$model" "$WORK/$name.model.json" "$WORK/$name.plan.json" "$mbs" <<'PY'
@@ -207,15 +225,7 @@ PY
   fi
 done
 
-# ---- 5. profile, then simulate with the measured and the datasheet profile ----
-PROFILE="$WORK/h200-measured.json"
-QUICK=()
-[ "$QUICK_PROFILE" = 1 ] && QUICK=(--quick)
-in_time "profile" && say "stepcast profile --backend cuda ${QUICK[*]}" &&
-if ! timeout 120 "$MPIRUN" -np 1 "$STEPCAST" profile --backend cuda --topology "$TOPOLOGY" --out "$PROFILE" \
-     "${QUICK[@]}" >"$WORK/profile.log" 2>&1; then
-  echo "  profile failed:"; grep -v '^--\|^ \|^$' "$WORK/profile.log" | tail -8
-fi
+# ---- 5. simulate each run with the measured and the datasheet profile ----
 for spec in "${RUNS[@]}"; do
   read -r name model mbs <<<"$spec"
   for which in measured datasheet; do
