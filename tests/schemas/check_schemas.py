@@ -130,6 +130,11 @@ SHIPPED_INPUTS = [
     ("topologies/*.json", "topology"),
     ("profiles/*.json", "profile"),
     ("sweeps/*.json", "sweep"),
+    # What the CUDA backend measured on the H200 (reports/gpu/README.md).
+    ("reports/gpu/*.model.json", "model"),
+    ("reports/gpu/*.plan.json", "plan"),
+    ("reports/gpu/*.measurement.json", "step-result"),
+    ("reports/gpu/h200-profile-quick.json", "profile"),
 ]
 
 
