@@ -13,7 +13,7 @@ uint32_t aligned(const void* p) { return alignment_of(p); }
 
 const float* Fp8Linear::factors(const Launch& l, const Fp8Codes<float>& a, const Fp8Codes<float>& b,
                                 const std::string& during) {
-  float* f = factors_.get<float>(2, wait_, during);
+  float* f = factors_.get<float>(2 * kFp8FactorStride, wait_, during);
   fp8_reciprocals(l, a.scale, b.scale, f);
   return f;
 }
@@ -37,7 +37,7 @@ void Fp8Linear::forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x,
               aligned(w.codes),
               aligned(x.codes),
               aligned(y)};
-  gemms.run(key, w.codes, x.codes, y, 0.f, l.stream, f, f + 1, l.rank, during);
+  gemms.run(key, w.codes, x.codes, y, 0.f, l.stream, f, f + kFp8FactorStride, l.rank, during);
 }
 
 // dxᵀ [in × tokens] = op(Wᵀ's codes stored [out × in], T) · dyᵀ [out × tokens].
@@ -66,7 +66,7 @@ void Fp8Linear::backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<floa
               aligned(w_t),
               aligned(dy.codes),
               aligned(dx)};
-  gemms.run(key, w_t, dy.codes, dx, accumulate ? 1.f : 0.f, l.stream, f, f + 1, l.rank, during);
+  gemms.run(key, w_t, dy.codes, dx, accumulate ? 1.f : 0.f, l.stream, f, f + kFp8FactorStride, l.rank, during);
 }
 
 // dWᵀ [in × out] += op(xᵀ's codes stored [tokens × in], T) · dyᵀ's codes stored [tokens × out].
@@ -97,7 +97,7 @@ void Fp8Linear::backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<fl
               aligned(x_t),
               aligned(dy_t),
               aligned(dw)};
-  gemms.run(key, x_t, dy_t, dw, 1.f, l.stream, f, f + 1, l.rank, during);
+  gemms.run(key, x_t, dy_t, dw, 1.f, l.stream, f, f + kFp8FactorStride, l.rank, during);
   if (dbias) fp8_bias_grad(l, dy.codes, dy.scale, dbias, tokens, out, dy.format);
 }
 

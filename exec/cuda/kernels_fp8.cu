@@ -75,7 +75,7 @@ __global__ void transpose_bytes_kernel(const uint8_t* x, uint8_t* y, int64_t row
 
 __global__ void reciprocals_kernel(const float* a, const float* b, float* out) {
   out[0] = 1.f / *a;
-  out[1] = 1.f / *b;
+  out[kFp8FactorStride] = 1.f / *b;
 }
 
 // dbias[o] += Σ_t decode(dy[t, o]) / scale: a block per 32 columns, 8 row lanes.
