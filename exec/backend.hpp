@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bf16.hpp"
@@ -269,6 +270,13 @@ class Backend {
                                       int64_t tokens, int64_t v0, int64_t v_local,
                                       double scale) = 0;
   virtual double grad_norm_sq(const G* g, int64_t n) = 0;
+  // Σ over ranges of grad_norm_sq, in range order; a device backend sums on the device and
+  // reads the total once (one host read per step, not one per tensor).
+  virtual double grad_norm_sq(const std::vector<std::pair<const G*, int64_t>>& ranges) {
+    double sum = 0;
+    for (const auto& [g, n] : ranges) sum += grad_norm_sq(g, n);
+    return sum;
+  }
   // master null: `param` is the master copy (T == W); else the step updates the W master and
   // writes param = T(master).
   virtual void adamw_step(T* param, W* master, const G* grad, W* exp_avg, W* exp_avg_sq,

@@ -248,6 +248,9 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->cross_entropy_backward(softmax, targets, dlogits, tokens, v0, v_local, scale);
   }
   double grad_norm_sq(const G* g, int64_t n) override { return inner_->grad_norm_sq(g, n); }
+  double grad_norm_sq(const std::vector<std::pair<const G*, int64_t>>& ranges) override {
+    return inner_->grad_norm_sq(ranges);
+  }
   void adamw_step(T* param, W* master, const G* grad, W* exp_avg, W* exp_avg_sq, int64_t n, const cpu::AdamW& config,
                   int64_t step, double clip_coef) override {
     inner_->adamw_step(param, master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);

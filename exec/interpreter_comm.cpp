@@ -183,7 +183,7 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
     return;
   }
   if (op.name == OpName::grad_norm) {  // [grads…] → [norm_sq]: Σ g² over what this rank owns
-    double sum = 0;
+    std::vector<std::pair<const G*, int64_t>> ranges;
     for (const auto& name : operands(op).ins("grads")) {
       std::string group = group_of_buffer(name);
       const GroupLayout& layout = layouts_.at(group);
@@ -193,10 +193,10 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
       for (const TensorSlice& tensor : layout.tensors) {
         if (!counted_in_norm(group, tensor)) continue;
         int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
-        if (a < z) sum += backend_.grad_norm_sq(g + (a - base), z - a);
+        if (a < z) ranges.emplace_back(g + (a - base), z - a);
       }
     }
-    W value = W(sum * norm_weight_);
+    W value = W(backend_.grad_norm_sq(ranges) * norm_weight_);
     backend_.upload(buf<W>(out(op, "norm_sq"), op), &value, sizeof(W));
     return;
   }

@@ -248,6 +248,11 @@ class CudaBackend final : public Backend<T, G, float> {
     cuda::sum_squares(l(), g, n, result_);
     return read_result();
   }
+  double grad_norm_sq(const std::vector<std::pair<const G*, int64_t>>& ranges) override {
+    check_call(cudaMemsetAsync(result_, 0, sizeof(double), stream()), "cudaMemsetAsync");
+    for (const auto& [g, n] : ranges) cuda::sum_squares(l(), g, n, result_, /*accumulate=*/true);
+    return read_result();
+  }
   void adamw_step(T* param, float* master, const G* grad, float* exp_avg, float* exp_avg_sq,
                   int64_t n, const cpu::AdamW& config, int64_t step, double clip_coef) override {
     cuda::adamw_step(l(), param, master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);

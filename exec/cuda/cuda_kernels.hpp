@@ -32,8 +32,9 @@ template <class T>
 void fill_columns(const Launch& l, T* x, int64_t rows, int64_t cols, int64_t from, float value);
 // Σ x (and Σ x² below) into *result (device double, overwritten).
 void sum(const Launch& l, const float* x, int64_t n, double* result);
+// accumulate: add to *result instead of overwriting it.
 template <class G>
-void sum_squares(const Launch& l, const G* g, int64_t n, double* result);
+void sum_squares(const Launch& l, const G* g, int64_t n, double* result, bool accumulate = false);
 // Converts n elements (the float/bf16 views a test or the profiler needs).
 template <class From, class To>
 void convert(const Launch& l, const From* x, To* y, int64_t n);

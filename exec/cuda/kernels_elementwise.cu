@@ -385,8 +385,9 @@ void sum(const Launch& l, const float* x, int64_t n, double* result) {
   check_launch(l, "sum");
 }
 template <class G>
-void sum_squares(const Launch& l, const G* g, int64_t n, double* result) {
-  check_runtime(l, cudaMemsetAsync(result, 0, sizeof(double), l.stream), "cudaMemsetAsync");
+void sum_squares(const Launch& l, const G* g, int64_t n, double* result, bool accumulate) {
+  if (!accumulate) check_runtime(l, cudaMemsetAsync(result, 0, sizeof(double), l.stream), "cudaMemsetAsync");
+  if (n <= 0) return;
   sum_kernel<<<blocks_for(n) > 1024 ? 1024 : blocks_for(n), kThreads, 0, l.stream>>>(g, n, true, result);
   check_launch(l, "sum_squares");
 }
@@ -561,7 +562,7 @@ void adamw_step(const Launch& l, T* param, float* master, const G* grad, float* 
   template void cross_entropy_backward<T>(const Launch&, const float*, const int32_t*, T*,         \
                                           int64_t, int64_t, int64_t, double);                      \
   template void add<T>(const Launch&, T*, const T*, int64_t);                                      \
-  template void sum_squares<T>(const Launch&, const T*, int64_t, double*);
+  template void sum_squares<T>(const Launch&, const T*, int64_t, double*, bool);
 
 #define STEPCAST_TG(T, G)                                                                          \
   template void sum_rows<T, G>(const Launch&, const T*, G*, int64_t, int64_t);                     \

@@ -256,6 +256,10 @@ TEST_CASE("cuda kernels: AdamW on fp32 master weights and the gradient norm matc
   cuda::sum_squares(kLaunch, grad_.p, n, result_.p);
   double want = cpu::grad_norm_sq(grad.data(), n);
   CHECK(std::abs(result_.get()[0] - want) / want < 1e-5);
+  // The gradient norm over several tensors: one total on the device, read once.
+  cuda::sum_squares(kLaunch, grad_.p, n / 3, result_.p);
+  cuda::sum_squares(kLaunch, grad_.p + n / 3, n - n / 3, result_.p, true);
+  CHECK(std::abs(result_.get()[0] - want) / want < 1e-5);
 }
 
 TEMPLATE_TEST_CASE("cuda GEMMs: cuBLASLt linear layers match the CPU", "[gpu]", bf16, float) {
