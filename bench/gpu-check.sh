@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# bench/gpu-check.sh — the CUDA backend on one GPU (the H200 device machine), in about 8 minutes:
-#   1. builds stepcast with the CUDA backend (sm_90a + compute_90 PTX);
-#   2. runs the [gpu] tests (kernels against the CPU backend, tiny-model loss curves);
-#   3. trains GPT-2 124M, GPT-2 350M and GPT-3 1.3B at sequence 1024 on one GPU for $STEPS steps
+# bench/gpu-check.sh — the CUDA backend on one GPU (the H200 device machine), about 3 minutes
+# with a PREBUILT build (reports/gpu/README.md: what it measured there):
+#   1. builds stepcast with the CUDA backend (sm_90a + compute_90 PTX), or takes PREBUILT's;
+#   2. runs the [gpu] tests one process per case (kernels against the CPU backend, tiny-model
+#      loss curves); the first failure again with cuBLASLt's log and under compute-sanitizer;
+#   3. `stepcast profile --backend cuda` (--quick unless QUICK_PROFILE=0);
+#   4. trains GPT-2 124M, GPT-3 1.3B and GPT-2 350M at sequence 1024 on one GPU for $STEPS steps
 #      (`stepcast run --backend cuda`): tokens/s, MFU (model flops per step / step time / 989e12),
-#      peak memory;
-#   4. the same GPT, micro batch and steps in PyTorch (bench/pytorch_gpt.py: SDPA is_causal,
-#      fused AdamW, bf16 autocast, no compile): tokens/s side by side;
-#   5. `stepcast profile --backend cuda`, then `simulate` of the same runs on
-#      topologies/h200-1gpu.json with that profile and with profiles/h200-sxm.json (datasheet):
-#      both prediction errors against the measured step times;
-#   6. prints the table last (and writes it, with every JSON, under $OUT or out/gpu-check).
+#      peak memory; and the same GPT, micro batch and steps in PyTorch (bench/pytorch_gpt.py: SDPA
+#      is_causal, fused AdamW, bf16 autocast, no compile): tokens/s side by side;
+#   5. `simulate` of the same runs on topologies/h200-1gpu.json with that profile and with
+#      profiles/h200-sxm.json (datasheet): both prediction errors against the measured step times;
+#   6. prints the table last (and writes it, the logs and work.tgz under $OUT or out/gpu-check).
 #
 # Usage (repository root):  bash bench/gpu-check.sh
 #   STEPS=30 (steps per training run), QUICK_PROFILE=1 (profile --quick; 0: the full grid),
