@@ -271,12 +271,12 @@ class Profiler {
     const double s = double(sizeof(T));
     std::vector<double> size_targets =
         sizes(16384, grid_.memory_max_bytes, {65536, 1 << 20, grid_.memory_max_bytes});
-    // Row lengths: hidden size (norms, dropout_add), attention keys (softmax), vocabulary (loss).
-    // A family's time per byte depends a little on them too; these sit between small test
-    // models and GPT-scale ones.
-    const int64_t h = 160, cols = 80, vocab = 640;
-    // The largest tensor of any family (two tensors per element at least), plus a row of slack.
-    int64_t most = int64_t(size_targets.back() / (2 * s)) + 1024;
+    // Row lengths: hidden size (norms, dropout_add), attention keys (softmax), vocabulary (loss):
+    // the grid's (a CPU's sit between small test models and GPT-scale ones).
+    const int64_t h = grid_.memory_hidden, cols = grid_.memory_softmax_cols, vocab = grid_.memory_vocab;
+    // The largest tensor of any family (two tensors per element at least), plus a row of slack
+    // (a size target rounds to whole rows).
+    int64_t most = int64_t(size_targets.back() / (2 * s)) + std::max<int64_t>({1024, h, cols, vocab});
     // Inputs are never written (passes interleave the families, and a softmax of another
     // kernel's output could be anything); outputs are never read as inputs; AdamW has its own.
     std::vector<T*> in, out;

@@ -47,6 +47,10 @@ struct ProfileGrid {
   std::vector<int64_t> attention_dims = {16, 64}, attention_dims_quick = {16};
   std::vector<int64_t> attention_seqs = {16, 32, 64, 128, 256}, attention_seqs_quick = {32, 128};
   int64_t attention_b = 2, attention_heads = 2;
+  // Row lengths of the memory-bound families: hidden size (norms, dropout_add), attention keys
+  // (softmax), vocabulary (loss). A GPU's kernels take a block per row, so their rate depends on
+  // the row length much more than a CPU's: a GPU profile measures them at GPT-scale rows.
+  int64_t memory_hidden = 160, memory_softmax_cols = 80, memory_vocab = 640;
   double memory_max_bytes = 0, collective_max_bytes = 0;
   std::string collective_algorithm = "ring";
   bool mpi_collectives = false;
