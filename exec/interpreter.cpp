@@ -7,10 +7,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
-#include <vector>
 
 #include "errors.hpp"
 #include "lower.hpp"
+#include "units.hpp"
 
 namespace stepcast {
 
@@ -21,13 +21,7 @@ namespace {
 template <class Body>
 void parallel_ranges(int64_t n, const Body& body) {
   const int64_t threads = std::clamp<int64_t>(n >> 20, 1, std::max(1u, std::thread::hardware_concurrency()));
-  if (threads == 1) {
-    body(0, n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int64_t i = 0; i < threads; ++i) pool.emplace_back(body, n * i / threads, n * (i + 1) / threads);
-  for (std::thread& t : pool) t.join();
+  parallel_for(threads, int(threads), [&](int64_t i) { body(n * i / threads, n * (i + 1) / threads); });
 }
 
 }  // namespace
