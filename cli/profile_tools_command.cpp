@@ -143,15 +143,15 @@ int run_fit(int argc, char** argv) {
       ("topology", po::value<std::string>()->required(), "the topology of its device (peaks)")
       ("dtype", po::value<std::string>()->default_value("bf16"), "the dtype whose GEMM figures to fit")
       ("min-outputs", po::value<double>()->default_value(1048576),
-       "fit only points of at least this many output elements (m·n·count); smaller ones are one "
-       "launch and a few tiles, outside the model's form (their errors are still printed)")
+       "fit only points of at least this many output elements (m·n·count); smaller ones, one "
+       "launch and a few tiles, are printed as the fitted model's predictions")
       ("out", po::value<std::string>()->required(), "write the fitted profile to FILE");
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast profile fit --profile P --topology T [--dtype bf16] [--min-outputs N] --out F\n"
-      "Fits the GEMM shape model (peak_fraction, output_half, k_half: cost_model.hpp) to the\n"
-      "profile's GEMM points (measured.gemm_use \"fit\"), least squares in log time, and prints\n"
-      "every point's error under it. The other 16-bit dtype takes the same figures.");
+      "Fits the GEMM shape model (peak_fraction, output_half, k_half, latency_s: plans/profile.hpp)\n"
+      "to the profile's GEMM points (measured.gemm_use \"fit\"), least squares in log time, and\n"
+      "prints every point's error under it. The other 16-bit dtype takes the same figures.");
   if (!vm) return 0;
   DeviceProfile profile = load_profile((*vm)["profile"].as<std::string>());
   Topology topology = load_topology((*vm)["topology"].as<std::string>());
@@ -164,7 +164,8 @@ int run_fit(int argc, char** argv) {
   print_checks(fit.points, true);
   std::cout << std::setprecision(4) << "fitted " << to_string(*dtype) << ": peak_fraction "
             << fit.efficiency.peak_fraction << ", output_half " << fit.efficiency.output_half << ", k_half "
-            << fit.efficiency.k_half << " (rms log error " << fit.rms_log_error << ")\n";
+            << fit.efficiency.k_half << ", latency_s " << fit.efficiency.latency_s << " (rms log error "
+            << fit.rms_log_error << ")\n";
   profile.gemm[*dtype] = fit.efficiency;
   if (*dtype == Dtype::bf16 && profile.gemm.count(Dtype::fp16)) profile.gemm[Dtype::fp16] = fit.efficiency;
   if (*dtype == Dtype::fp16 && profile.gemm.count(Dtype::bf16)) profile.gemm[Dtype::bf16] = fit.efficiency;

@@ -198,17 +198,18 @@ GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& 
   for (const GemmPoint& g : all) {
     if (double(g.m) * double(g.n) * double(g.count) >= min_outputs) points.push_back(g);
   }
-  if (points.size() < 3) {
+  if (points.size() < 4) {
     throw InputError(profile.file + ": key 'measured.gemm_points': " + std::to_string(points.size()) +
                      " points of at least " + std::to_string(int64_t(min_outputs)) +
-                     " outputs; valid: three or more to fit three parameters");
+                     " outputs; valid: four or more to fit four parameters");
   }
-  // Parameters: logit(peak_fraction), log(output_half), log(k_half).
+  // Parameters: logit(peak_fraction), log(output_half), log(k_half), log(latency_s).
   auto unpack = [&](const std::vector<double>& x) {
     GemmEfficiency e = start;
     e.peak_fraction = 1.0 / (1.0 + std::exp(-x[0]));
     e.output_half = std::exp(x[1]);
     e.k_half = std::exp(x[2]);
+    e.latency_s = std::exp(x[3]);
     return e;
   };
   auto profile_with = [&](const GemmEfficiency& e) {
@@ -233,12 +234,15 @@ GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& 
   };
   double f0 = std::clamp(start.peak_fraction, 0.05, 0.99);
   std::vector<double> x0 = {std::log(f0 / (1 - f0)), std::log(std::max(start.output_half, 1e5)),
-                            std::log(std::max(start.k_half, 64.0))};
+                            std::log(std::max(start.k_half, 64.0)), std::log(std::max(start.latency_s, 1e-6))};
   MinimizeResult best = minimize_nelder_mead(cost, x0, 0.5, 1e-12);
-  // A second start from the optimum escapes a collapsed simplex.
-  best = minimize_nelder_mead(cost, best.x, 0.2, 1e-12);
+  // Further starts from the optimum escape a collapsed simplex.
+  for (int restart = 0; restart < 2; ++restart) best = minimize_nelder_mead(cost, best.x, 0.2, 1e-12);
   GemmShapeFit fit;
   fit.efficiency = unpack(best.x);
+  // A term fitted to nothing (an output_half under one element, a latency under a nanosecond) is none.
+  if (fit.efficiency.output_half < 1) fit.efficiency.output_half = 0;
+  if (fit.efficiency.latency_s < 1e-9) fit.efficiency.latency_s = 0;
   fit.rms_log_error = std::sqrt(best.value);
   DeviceProfile fitted = profile_with(fit.efficiency);
   ComputeCostModel model = cost_model_for(fitted, topology, dtype);

@@ -45,7 +45,7 @@ std::map<std::string, FamilyErrors> errors_by_family(const std::vector<Component
 Op gemm_point_op(const GemmPoint& point, Dtype dtype);
 
 // Least squares in log time of the GEMM shape model (GemmEfficiency: peak_fraction, output_half,
-// k_half; overhead_s kept) to the profile's GEMM points of gemm_use "fit", for `dtype`, each
+// k_half, latency_s; overhead_s kept) to the profile's GEMM points of gemm_use "fit", for `dtype`, each
 // source weighing as one (its points share its weight). Returns the fitted efficiency and the
 // points' errors under it; rms_log_error is that weighted root mean square.
 struct GemmShapeFit {
@@ -54,8 +54,9 @@ struct GemmShapeFit {
   double rms_log_error = 0;
 };
 // Points of fewer than `min_outputs` output elements (m·n·count) stay out of the fit (their errors
-// are still reported): below about a million outputs a GEMM is a handful of tiles, bound by one
-// launch and one tile's latency, which the shape model's form does not describe.
+// are still reported, as predictions of the fitted model): below about a million outputs a GEMM is
+// a handful of tiles, bound by its launch and latency_s. A fitted output_half under one element or
+// latency_s under a nanosecond is written as 0 (none).
 GemmShapeFit fit_gemm_shape_model(const DeviceProfile& profile, const Topology& topology, Dtype dtype,
                                   double min_outputs = 1048576);
 

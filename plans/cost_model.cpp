@@ -547,7 +547,7 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);
     if (profile_.gemm_tiling) compute_time /= datasheet_wave_efficiency(op);
     compute_time /= shape_efficiency(op);
-    return std::max(compute_time, memory_time) + gemm_.overhead_s;
+    return std::max(compute_time, memory_time) + gemm_.overhead_s + gemm_.latency_s;
   }
   if (op.kind == OpKind::attention && op.name == OpName::flash) {
     if (!attention_table_.empty()) {

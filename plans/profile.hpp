@@ -33,6 +33,10 @@ struct GemmEfficiency {
   // GEMM points (measured.gemm_use "fit").
   double output_half = 0;
   double k_half = 0;
+  // Fixed time of a GEMM kernel's body beyond overhead_s (an empty kernel's): the prologue that
+  // loads its first k-tiles, the epilogue that stores its output, a lone wave's latency; what
+  // sets a small GEMM's time (fitted with the shape model; 0: none).
+  double latency_s = 0;
   // The efficiency of (m, n, k) for `count` GEMMs of that shape, in (0, 1]: the factor on
   // peak_fraction.
   double shape_efficiency(double m, double n, double k, double count = 1) const;

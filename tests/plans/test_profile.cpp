@@ -219,17 +219,19 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   ComputeCostModel roofline(dgx.node.device, Dtype::bf16, sheet, dgx.file);
   gemm.grad = Grad::none;
   double peak = dgx.node.device.peak_for(Dtype::bf16, dgx.file);
-  // The A100 profile's GEMMs: peak · peak_fraction · the shape model (fitted to its GEMM points).
+  // The A100 profile's GEMMs: peak · peak_fraction · the shape model (fitted to its GEMM points),
+  // plus the launch and the kernel body's fixed latency.
   const GemmEfficiency& e = sheet.gemm.at(Dtype::bf16);
-  REQUIRE(e.output_half > 0);
   REQUIRE(e.k_half > 0);
+  REQUIRE(e.latency_s > 0);
   double shape = e.shape_efficiency(double(gemm.m), double(gemm.n), double(gemm.k));
-  CHECK(shape == Approx(double(gemm.m) * double(gemm.n) / (double(gemm.m) * double(gemm.n) + e.output_half) *
-                        double(gemm.k) / (double(gemm.k) + e.k_half)));
+  double outputs = double(gemm.m) * double(gemm.n);
+  CHECK(shape == Approx((e.output_half > 0 ? outputs / (outputs + e.output_half) : 1) * double(gemm.k) /
+                        (double(gemm.k) + e.k_half)));
   CHECK(roofline.op_time_s(gemm) ==
         Approx(std::max(gemm.flops / (peak * e.peak_fraction * shape),
                         gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * sheet.memory_bandwidth_fraction)) +
-               e.overhead_s));
+               e.overhead_s + e.latency_s));
   // A sheet with gemm_tiling instead divides its fraction by the op's wave efficiency.
   DeviceProfile tiled = sheet;
   tiled.gemm[Dtype::bf16] = GemmEfficiency{0.859, 6e-6};

@@ -177,19 +177,20 @@ TEST_CASE("profile import and fit: end to end through the command line", "[profi
   namespace fs = std::filesystem;
   std::string ar = write("h100-ar.log", nccl_log("all_reduce_perf", 1, 8));
   std::string ag = write("h100-ag.log", nccl_log("all_gather_perf", 2, 8));
-  // GEMM points from a known shape model: peak 989.4e12 · 0.8 · O/(O + 1e6) · k/(k + 300).
+  // GEMM points from a known shape model: peak 989.4e12 · 0.8 · O/(O + 1e6) · k/(k + 300), plus
+  // the 5 µs launch (the base's overhead_s) and a 3 µs kernel latency.
   std::ostringstream csv;
   csv << "m,n,k,layout,dtype,seconds\n";
   for (int64_t m : {512, 2048, 8192}) {
     for (int64_t n : {1024, 4096}) {
       for (int64_t k : {128, 1024, 8192}) {
         double o = double(m) * n, e = 0.8 * o / (o + 1e6) * k / (k + 300.0);
-        csv << m << "," << n << "," << k << ",NN,bf16," << 2.0 * m * n * k / (989.4e12 * e) + 5e-6 << "\n";
+        csv << m << "," << n << "," << k << ",NN,bf16," << 2.0 * m * n * k / (989.4e12 * e) + 8e-6 << "\n";
       }
     }
   }
   // Not a grid (one shape missing): evidence to fit, not a table.
-  csv << "3000,3000,3000,NN,bf16," << 2.0 * 27e9 / (989.4e12 * 0.8 * 9e6 / 10e6 * 3000 / 3300.0) + 5e-6 << "\n";
+  csv << "3000,3000,3000,NN,bf16," << 2.0 * 27e9 / (989.4e12 * 0.8 * 9e6 / 10e6 * 3000 / 3300.0) + 8e-6 << "\n";
   std::string gemm = write("h100-gemm.csv", csv.str());
   std::string out = (fs::temp_directory_path() / "stepcast-import-h100.json").string();
   test::CommandResult r = test::run_stepcast("profile import --nccl-tests " + ar + " all_gather:" + ag +
@@ -229,6 +230,7 @@ TEST_CASE("profile import and fit: end to end through the command line", "[profi
   CHECK(e.peak_fraction == Approx(0.8).epsilon(0.01));
   CHECK(e.output_half == Approx(1e6).epsilon(0.05));
   CHECK(e.k_half == Approx(300).epsilon(0.05));
+  CHECK(e.latency_s == Approx(3e-6).epsilon(0.05));
   CHECK(f.gemm.at(Dtype::fp16).peak_fraction == e.peak_fraction);
   for (const ComponentCheck& c : check_components(f, load_topology(test::source_path("topologies/dgx-h100.json")))) {
     if (c.family == "gemm") CHECK(std::abs(c.relative_error()) < 0.01);
