@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_cp.hpp"
 #include "cuda_failure.hpp"
 #include "cuda_fp8.hpp"
 #include "cuda_gemm.hpp"
@@ -42,7 +43,7 @@ using cuda::GemmKey;
 using cuda::nccl_type;
 
 template <class T, class G>
-class CudaBackend final : public Backend<T, G, float> {
+class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
  public:
   CudaBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
               const CudaBackendOptions& options)
@@ -483,7 +484,9 @@ class CudaBackend final : public Backend<T, G, float> {
     return value;
   }
 
-  float* delta_scratch(int64_t n) { return delta_.get<float>(n, [&] { wait_stream(compute_); }, current_); }
+  cuda::Launch launch() const override { return l(); }  // this and the next two: cuda_cp.hpp's hooks
+  const int64_t* on_device(const int64_t* x, int64_t n) override { return positions_.get(x, n, stream(), current_); }
+  float* delta_scratch(int64_t n) override { return delta_.get<float>(n, [&] { wait_stream(compute_); }, current_); }
   char* staging_buffer(int64_t bytes) { return staging_.get(bytes, [&] { wait_stream(comm_); }, current_); }
   void chunked(GroupKind group, Dtype dtype, const std::vector<Span<void>>& buffers, bool reduce) {
     begin_comm(comm_);
@@ -567,6 +570,7 @@ class CudaBackend final : public Backend<T, G, float> {
   cuda::DeviceScratch staging_{memory_, "an NCCL staging buffer"};
   cuda::DeviceScratch rows_{memory_, "a MoE row map"};
   cuda::DeviceScratch moe_sums_{memory_, "MoE expert sums"};
+  cuda::DeviceConstants positions_{memory_, rank_};
   double staging_bytes_ = 0;
   std::map<std::pair<int, int64_t>, Staging> send_staging_;
   cuda::NcclCommunicators nccl_;

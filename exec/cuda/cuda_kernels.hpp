@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "bf16.hpp"
 #include "cpu_kernels.hpp"
@@ -125,6 +126,49 @@ void flash_attention_backward(const Launch& l, const T* qkv, const T* ctx, const
                               const cpu::AttentionShape& shape,
                               double scale, const cpu::Dropout* dropout, int64_t head0,
                               const int64_t* sample_index);
+
+// ---- context parallelism (cpu_kernels.hpp's cp_*, kernels_cp.cu) ----
+// Positions (q_pos [shape.s], kv_pos [n]) and permute_rows' index are device int64 arrays here;
+// lse is float. Flash takes any head dim. `delta` is scratch of b·heads·s floats.
+template <class T>
+void cp_kv_pack(const Launch& l, const T* qkv, T* kv, const cpu::AttentionShape& shape);
+template <class T>
+void cp_kv_unpack(const Launch& l, const T* d_kv, T* d_qkv, const cpu::AttentionShape& shape);
+template <class T>
+void cp_flash_forward(const Launch& l, const T* qkv, const T* kv, int64_t n, const int64_t* q_pos,
+                      const int64_t* kv_pos, T* ctx, float* lse, const cpu::AttentionShape& shape, double scale,
+                      const cpu::Dropout* dropout, int64_t head0, const int64_t* sample_index);
+template <class T>
+void cp_flash_backward(const Launch& l, const T* qkv, const T* kv, int64_t n, const int64_t* q_pos,
+                       const int64_t* kv_pos, const T* ctx, const float* lse, const T* d_ctx, T* d_qkv,
+                       bool accumulate, T* d_kv, float* delta, const cpu::AttentionShape& shape, double scale,
+                       const cpu::Dropout* dropout, int64_t head0, const int64_t* sample_index);
+template <class T>
+void cp_merge(const Launch& l, T* ctx, float* lse, const T* ctx_part, const float* lse_part,
+              const cpu::AttentionShape& shape);
+template <class T>
+void cp_score_forward(const Launch& l, const T* qkv, const T* kv, int64_t n, const int64_t* q_pos,
+                      const int64_t* kv_pos, T* scores, const cpu::AttentionShape& shape, double scale);
+template <class T>
+void cp_attention_dropout_forward(const Launch& l, const T* probs, T* probs_drop, uint8_t* mask,
+                                  const cpu::AttentionShape& shape, int64_t n, const int64_t* q_pos,
+                                  const int64_t* kv_pos, const cpu::Dropout& dropout, int64_t head0,
+                                  const int64_t* sample_index);
+template <class T>
+void cp_value_forward(const Launch& l, const T* probs_used, const T* kv, int64_t n, T* ctx,
+                      const cpu::AttentionShape& shape);
+template <class T>
+void cp_value_backward(const Launch& l, const T* d_ctx, const T* probs_used, const T* kv, int64_t n,
+                       T* d_probs_used, T* d_kv, const cpu::AttentionShape& shape);
+template <class T>
+void cp_score_backward(const Launch& l, const T* d_scores, const T* qkv, const T* kv, int64_t n, T* d_qkv, T* d_kv,
+                       const cpu::AttentionShape& shape, double scale);
+// Ulysses (cpu::a2a_heads, cpu::permute_rows); at most 4 sections.
+template <class T>
+void a2a_heads(const Launch& l, const T* x, T* y, int64_t rows, const std::vector<int64_t>& sections, int64_t parts,
+               bool split);
+template <class T>
+void permute_rows(const Launch& l, const T* x, T* y, const int64_t* index, int64_t n, int64_t width, bool gather);
 
 // ---- loss, optimizer ----
 template <class T>

@@ -100,4 +100,29 @@ char* DeviceScratch::get(int64_t bytes, const std::function<void()>& wait, const
   return data_;
 }
 
+DeviceConstants::~DeviceConstants() {
+  for (auto& [values, copy] : copies_) {
+    cudaFree(copy.data);
+    if (copy.uploaded) cudaEventDestroy(copy.uploaded);
+  }
+}
+
+const int64_t* DeviceConstants::get(const int64_t* host, int64_t n, cudaStream_t stream, const std::string& during) {
+  std::vector<int64_t> values(host, host + n);
+  auto it = copies_.find(values);
+  if (it != copies_.end()) {
+    check_cuda(cudaStreamWaitEvent(stream, it->second.uploaded, 0), "cudaStreamWaitEvent", rank_, during);
+    return it->second.data;
+  }
+  const int64_t bytes = n * int64_t(sizeof(int64_t));
+  Copy copy;
+  copy.data = static_cast<int64_t*>(memory_.raw_alloc(std::max<int64_t>(bytes, 1), "token positions", during));
+  it = copies_.emplace(std::move(values), copy).first;
+  check_cuda(cudaEventCreateWithFlags(&it->second.uploaded, cudaEventDisableTiming), "cudaEventCreate", rank_, during);
+  check_cuda(cudaMemcpyAsync(copy.data, it->first.data(), size_t(bytes), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync (token positions)", rank_, during);
+  check_cuda(cudaEventRecord(it->second.uploaded, stream), "cudaEventRecord", rank_, during);
+  return copy.data;
+}
+
 }  // namespace stepcast::cuda

@@ -3,10 +3,13 @@
 // peak), and cudaMemGetInfo's used level sampled at every synchronisation. Sizes in bytes.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "json_input.hpp"
 
@@ -64,6 +67,30 @@ class DeviceScratch {
   const char* what_;
   char* data_ = nullptr;
   int64_t bytes_ = 0;
+};
+
+// Read-only device copies of small host int64 arrays (context parallelism's token positions,
+// which take a handful of values over a run): one per distinct content, uploaded once from a host
+// copy kept here, on the stream of the first request, with an event every later request's stream
+// waits for. Never rewritten, so no kernel still reading one races a later upload.
+class DeviceConstants {
+ public:
+  DeviceConstants(DeviceMemory& memory, int rank) : memory_(memory), rank_(rank) {}
+  DeviceConstants(const DeviceConstants&) = delete;
+  DeviceConstants& operator=(const DeviceConstants&) = delete;
+  ~DeviceConstants();
+
+  // The device copy of host[0, n), valid for work issued on `stream` after this call.
+  const int64_t* get(const int64_t* host, int64_t n, cudaStream_t stream, const std::string& during);
+
+ private:
+  struct Copy {
+    int64_t* data = nullptr;
+    cudaEvent_t uploaded = nullptr;
+  };
+  DeviceMemory& memory_;
+  int rank_;
+  std::map<std::vector<int64_t>, Copy> copies_;  // keyed by content; the key is the upload's source
 };
 
 }  // namespace stepcast::cuda
