@@ -333,6 +333,16 @@ class Profiler {
       return shape;
     };
     const cpu::AdamW adamw{1e-3, 0.9, 0.95, 1e-8, 0.1};
+    // Mixture-of-experts routing over 8 experts, top 2 (an element is a token's logit for one
+    // expert): the forward writes route_out, the backward reads route_in, each token's two
+    // distinct experts.
+    constexpr int64_t kExperts = 8, kTopK = 2;
+    const int64_t most_routed = kTopK * (most / kExperts + 1);
+    std::vector<int32_t> host_route(static_cast<size_t>(most_routed));
+    for (size_t i = 0; i < host_route.size(); ++i) host_route[i] = int32_t((i / kTopK * 3 + i % kTopK) % kExperts);
+    int32_t* route_in = copy_of(backend, host_route);
+    int32_t* route_out = copy_of(backend, host_route);
+    int32_t* expert_counts = copy_of(backend, std::vector<int32_t>(kExperts, 0));
     // family, bytes per element (as lowering counts the op's bytes), row length, body(elements).
     struct Family {
       const char* name;
@@ -409,6 +419,18 @@ class Profiler {
         {"cross_entropy_backward", 2 * s, vocab,
          [&](int64_t e) {
            backend.cross_entropy_backward(wide_in, targets, out[0], e / vocab, 0, vocab, 1e-3);
+         }},
+        // Logits → probabilities, top-k weights and indices (lowering counts logits, probabilities,
+        // weights and int32 indices; its backward probabilities, indices and the weights'
+        // gradient → the logits' gradient: the same bytes).
+        {"moe_route_forward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
+         [&](int64_t e) {
+           backend.moe_route_forward(in[0], out[0], out[1], route_out, expert_counts, e / kExperts, kExperts, kTopK,
+                                     0);
+         }},
+        {"moe_route_backward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
+         [&](int64_t e) {
+           backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3);
          }},
         // In place on qkv rows (lowering counts it read and written).
         {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),

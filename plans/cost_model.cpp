@@ -225,7 +225,8 @@ const std::vector<std::string>& memory_families() {
       "adamw",          "attention_dropout_forward", "copy",           "cross_entropy_backward",
       "cross_entropy_forward", "dropout_add_forward", "dropout_backward", "gelu_backward",
       "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
-      "norm_backward",  "norm_forward",              "residual_add",   "rotary_backward",
+      "moe_route_backward", "moe_route_forward",     "norm_backward",  "norm_forward",
+      "residual_add",   "rotary_backward",
       "rotary_forward", "softmax_backward",          "softmax_forward", "swiglu_backward",
       "swiglu_forward"};
   return families;
@@ -255,6 +256,13 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
         return "copy";
       }
       if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";
+      // Mixture of experts: the router's softmax and top-k per token (forward; the backward
+      // through both and the aux loss's gradient) measured as families of their own; moving
+      // rows to and from the experts' order reads and writes each row once, a copy; adding the
+      // shared experts' output, an elementwise add.
+      if (op.name == OpName::moe_route) return std::string("moe_route") + phase_suffix(op.phase);
+      if (op.name == OpName::moe_permute || op.name == OpName::moe_unpermute) return "copy";
+      if (op.name == OpName::moe_add) return "residual_add";
       if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";
         return op.outputs.size() > 1 ? "dropout_add_forward" : "residual_add";

@@ -393,7 +393,12 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
   CHECK(p.backend == "cpu");
   CHECK(p.device == "cpu-core");
   CHECK(p.measured->gemm.size() == 3 * 27);
-  CHECK(p.measured->memory.size() == 21 * 3);  // 19 kernel families, grad_norm, copy
+  CHECK(p.measured->memory.size() == 23 * 3);  // 21 kernel families, grad_norm, copy
+  for (const char* family : {"moe_route_forward", "moe_route_backward"}) {
+    INFO(family);
+    CHECK(std::count_if(p.measured->memory.begin(), p.measured->memory.end(),
+                        [&](const MemoryPoint& m) { return m.family == family; }) == 3);
+  }
   CHECK(p.execution_in_order);
   CHECK(p.execution_staged_sends);
   CHECK_FALSE(p.measured->collectives.empty());
@@ -567,6 +572,20 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   CHECK(memory_family(op) == "dropout_backward");
   op.inputs = {"g"};
   CHECK(memory_family(op) == "copy");
+  // A mixture of experts' routing has families of its own (a recompute routes again: forward);
+  // its row moves are copies, the shared experts' add a residual add.
+  op.kind = OpKind::activation;
+  op.name = OpName::moe_route;
+  CHECK(memory_family(op) == "moe_route_backward");
+  op.phase = Phase::recompute;
+  CHECK(memory_family(op) == "moe_route_forward");
+  op.name = OpName::moe_permute;
+  CHECK(memory_family(op) == "copy");
+  op.name = OpName::moe_unpermute;
+  op.phase = Phase::backward;
+  CHECK(memory_family(op) == "copy");
+  op.name = OpName::moe_add;
+  CHECK(memory_family(op) == "residual_add");
   op.phase = Phase::recompute;
   op.kind = OpKind::norm;
   op.name = OpName::input_norm;
