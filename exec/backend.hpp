@@ -250,6 +250,34 @@ class Backend {
     no_moe();
   }
   virtual void moe_add(T* /*acc*/, const T* /*x*/, int64_t /*n*/) { no_moe(); }  // acc += x
+  // The local experts' GEMMs of one MoE op, bias-free: segment i is rows[i] rows of the activations
+  // (after segments 0…i−1) through weights w[i] (or into gradient dw[i], which may repeat: an expert
+  // fed by several ep ranks) [out, in]. By default linear_*, one segment with rows at a time.
+  virtual void expert_linear_forward(const T* x, const std::vector<const T*>& w, const std::vector<int64_t>& rows,
+                                     T* y, int64_t in, int64_t out) {
+    for (int64_t i = 0, row = 0; i < int64_t(rows.size()); row += rows[size_t(i)], ++i) {
+      if (rows[size_t(i)] > 0) {
+        linear_forward(x + row * in, w[size_t(i)], nullptr, y + row * out, rows[size_t(i)], in, out);
+      }
+    }
+  }
+  virtual void expert_linear_backward_data(const T* dy, const std::vector<const T*>& w,
+                                           const std::vector<int64_t>& rows, T* dx, int64_t in, int64_t out,
+                                           bool accumulate) {
+    for (int64_t i = 0, row = 0; i < int64_t(rows.size()); row += rows[size_t(i)], ++i) {
+      if (rows[size_t(i)] > 0) {
+        linear_backward_data(dy + row * out, w[size_t(i)], dx + row * in, rows[size_t(i)], in, out, accumulate);
+      }
+    }
+  }
+  virtual void expert_linear_backward_weight(const T* dy, const T* x, const std::vector<G*>& dw,
+                                             const std::vector<int64_t>& rows, int64_t in, int64_t out) {
+    for (int64_t i = 0, row = 0; i < int64_t(rows.size()); row += rows[size_t(i)], ++i) {
+      if (rows[size_t(i)] > 0) {
+        linear_backward_weight(dy + row * out, x + row * in, dw[size_t(i)], nullptr, rows[size_t(i)], in, out);
+      }
+    }
+  }
   // An all_to_all of variable blocks, in bytes: send[send_offsets[i], + send_bytes[i]) to member i,
   // recv[recv_offsets[j], + recv_bytes[j]) from member j (send blocks may overlap).
   virtual void all_to_allv(GroupKind /*group*/, const char* /*send*/, const std::vector<int64_t>& /*send_bytes*/,

@@ -191,6 +191,18 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->moe_unpermute_backward(d_y, x, route_w, rows, d_x, d_route_w, tokens, top_k, h);
   }
   void moe_add(T* acc, const T* x, int64_t n) override { inner_->moe_add(acc, x, n); }
+  void expert_linear_forward(const T* x, const std::vector<const T*>& w, const std::vector<int64_t>& rows, T* y,
+                             int64_t in, int64_t out) override {
+    inner_->expert_linear_forward(x, w, rows, y, in, out);
+  }
+  void expert_linear_backward_data(const T* dy, const std::vector<const T*>& w, const std::vector<int64_t>& rows,
+                                   T* dx, int64_t in, int64_t out, bool accumulate) override {
+    inner_->expert_linear_backward_data(dy, w, rows, dx, in, out, accumulate);
+  }
+  void expert_linear_backward_weight(const T* dy, const T* x, const std::vector<G*>& dw,
+                                     const std::vector<int64_t>& rows, int64_t in, int64_t out) override {
+    inner_->expert_linear_backward_weight(dy, x, dw, rows, in, out);
+  }
   void all_to_allv(GroupKind group, const char* send, const std::vector<int64_t>& send_bytes,
                    const std::vector<int64_t>& send_offsets, char* recv, const std::vector<int64_t>& recv_bytes,
                    const std::vector<int64_t>& recv_offsets) override {

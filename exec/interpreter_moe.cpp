@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "errors.hpp"
 #include "interpreter.hpp"
@@ -121,6 +122,7 @@ void Interpreter<T, G, W>::moe_aux(const Op& op) {
 
 // Grouped GEMMs: each local expert's rows (one segment per source rank) through its own weights,
 // y[rows, out] = x[rows, in] · W_eᵀ; dgrad and wgrad as the dense GEMMs (interpreter_layers.cpp).
+// The segments with rows go to the backend as one call per op (the CUDA backend groups them).
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   moe_read_counts(op);
@@ -135,27 +137,33 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   // The buffers' capacity in rows: x (forward, wgrad) or d_y (dgrad) rows of its width.
   const std::string& rows_of = op.grad == Grad::dgrad ? in(op, "d_y") : in(op, "x");
   const int64_t capacity = count(rows_of, op) / (op.grad == Grad::dgrad ? out_features : in_features);
-  int64_t row = 0;
+  std::vector<int64_t> rows;
+  std::vector<const T*> w;
+  std::vector<G*> dw;
+  int64_t total = 0;
   for (int64_t source = 0; source < grid_.ep_size(); ++source) {
     for (int64_t l = 0; l < moe_local_; ++l) {
-      const int64_t rows = moe_received(source, l);
-      if (rows == 0) continue;
-      STEPCAST_CHECK(row + rows <= capacity, "expert rows beyond the program's buffer " + rows_of);
+      const int64_t n = moe_received(source, l);
+      if (n == 0) continue;
       const std::string name = expert_tensor_name(first + l, tensor);
-      if (op.grad == Grad::none) {  // [x, w, counts] → [y]
-        backend_.linear_forward(buf(in(op, "x"), op) + row * in_features, slice(weights, op, name), nullptr,
-                                buf(out(op, "y"), op) + row * out_features, rows, in_features, out_features);
-      } else if (op.grad == Grad::dgrad) {  // [d_y, w, counts, (d_x)] → [d_x]
-        backend_.linear_backward_data(buf(in(op, "d_y"), op) + row * out_features, slice(weights, op, name),
-                                      buf(out(op, "d_x"), op) + row * in_features, rows, in_features, out_features,
-                                      operands(op).has_in("d_x"));
-      } else {  // wgrad: [x, d_y, counts] → [dw]
-        backend_.linear_backward_weight(buf(in(op, "d_y"), op) + row * out_features,
-                                        buf(in(op, "x"), op) + row * in_features, slice<G>(weights, op, name),
-                                        nullptr, rows, in_features, out_features);
+      rows.push_back(n);
+      if (op.grad == Grad::wgrad) {
+        dw.push_back(slice<G>(weights, op, name));
+      } else {
+        w.push_back(slice(weights, op, name));
       }
-      row += rows;
+      total += n;
     }
+  }
+  STEPCAST_CHECK(total <= capacity, "expert rows beyond the program's buffer " + rows_of);
+  if (op.grad == Grad::none) {  // [x, w, counts] → [y]
+    backend_.expert_linear_forward(buf(in(op, "x"), op), w, rows, buf(out(op, "y"), op), in_features, out_features);
+  } else if (op.grad == Grad::dgrad) {  // [d_y, w, counts, (d_x)] → [d_x]
+    backend_.expert_linear_backward_data(buf(in(op, "d_y"), op), w, rows, buf(out(op, "d_x"), op), in_features,
+                                         out_features, operands(op).has_in("d_x"));
+  } else {  // wgrad: [x, d_y, counts] → [dw]
+    backend_.expert_linear_backward_weight(buf(in(op, "d_y"), op), buf(in(op, "x"), op), dw, rows, in_features,
+                                           out_features);
   }
 }
 

@@ -1,7 +1,8 @@
 // The CUDA backend of cuda_backend.hpp: the streams and events that order compute against
-// communication, the kernel launches, GEMMs through cached cuBLASLt plans (cuda_gemm.hpp), the
-// collectives and pipeline transfers on NCCL communicators (cuda_nccl.hpp), device memory through
-// cuda_memory.hpp. A failed call stops the job (cuda_failure.hpp).
+// communication, the kernel launches, GEMMs through cached cuBLASLt plans (cuda_gemm.hpp; the MoE
+// experts' grouped: cuda_expert_gemm.hpp), the collectives and pipeline transfers on NCCL
+// communicators (cuda_nccl.hpp), device memory through cuda_memory.hpp. A failed call stops the
+// job (cuda_failure.hpp).
 #include "cuda_backend.hpp"
 
 #include <cublasLt.h>
@@ -18,12 +19,12 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_cp.hpp"
 #include "cuda_failure.hpp"
 #include "cuda_fp8.hpp"
 #include "cuda_gemm.hpp"
 #include "cuda_kernels.hpp"
 #include "cuda_memory.hpp"
+#include "cuda_moe.hpp"
 #include "cuda_nccl.hpp"
 #include "errors.hpp"
 #include "mpi_check.hpp"
@@ -43,7 +44,7 @@ using cuda::GemmKey;
 using cuda::nccl_type;
 
 template <class T, class G>
-class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
+class CudaBackend final : public cuda::MoeMethods<T, G> {
  public:
   CudaBackend(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
               const CudaBackendOptions& options)
@@ -60,6 +61,8 @@ class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
     cublas(cublasLtCreate(&lt_), "cublasLtCreate");
     workspace_ = raw_alloc(options.workspace_bytes, "the cuBLASLt workspace");
     gemms_ = std::make_unique<cuda::Gemms>(lt_, workspace_, options.workspace_bytes);
+    experts_ = std::make_unique<cuda::ExpertGemms>(*gemms_, memory_, workspace_, options.workspace_bytes,
+                                                   options.moe_grouped_gemms, rank_, current_);
     result_ = static_cast<double*>(raw_alloc(sizeof(double), "a reduction result"));
     for (auto& e : event_pool_) check_call(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     nccl_.create(comms_, rank_);
@@ -67,6 +70,7 @@ class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
 
   ~CudaBackend() override {
     cudaDeviceSynchronize();
+    experts_.reset();
     gemms_.reset();
     nccl_.destroy();
     for (auto& [key, staging] : send_staging_) {
@@ -259,35 +263,12 @@ class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
     cuda::adamw_step(l(), param, master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
   }
 
-  // ---- mixture of experts: the row maps (host) go to a device copy first ----
-  void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                         int64_t experts, int64_t top_k, int64_t capacity) override {
-    cuda::moe_route_forward(l(), logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity);
-  }
+  // ---- mixture of experts (the rest: cuda_moe.hpp) ----
   double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
                       double scale) override {
     cuda::moe_aux_loss(l(), probs, route_idx, tokens, experts, top_k, scale, moe_scratch(experts), result_);
     return read_result();
   }
-  void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                          int64_t experts, int64_t top_k, double aux_scale) override {
-    cuda::moe_route_backward(l(), probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale,
-                             moe_scratch(experts));
-  }
-  void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
-                   bool backward) override {
-    cuda::moe_permute(l(), x, y, device_rows(rows, tokens * top_k), tokens, top_k, h, backward);
-  }
-  void moe_unpermute_forward(const T* x, const T* route_w, const int64_t* rows, T* y, int64_t tokens, int64_t top_k,
-                             int64_t h) override {
-    cuda::moe_unpermute_forward(l(), x, route_w, device_rows(rows, tokens * top_k), y, tokens, top_k, h);
-  }
-  void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const int64_t* rows, T* d_x, T* d_route_w,
-                              int64_t tokens, int64_t top_k, int64_t h) override {
-    cuda::moe_unpermute_backward(l(), d_y, x, route_w, device_rows(rows, tokens * top_k), d_x, d_route_w, tokens,
-                                 top_k, h);
-  }
-  void moe_add(T* acc, const T* x, int64_t n) override { cuda::add(l(), acc, x, n); }
 
   // ---- FP8 (cuda_fp8.hpp; scales and amaxes are the program's fp8 buffers, device floats) ----
   void fp8_cast(const T* x, uint8_t* y, int64_t n, const float* scale, float* amax, Fp8Storage format) override {
@@ -506,16 +487,19 @@ class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
                           recv_bytes, recv_offsets, rank_, current_);
     end_comm(comm_);
   }
-  // A device copy of a host row map (the upload returns once the host array is read).
-  const int64_t* device_rows(const int64_t* host, int64_t n) {
+  // A device copy of a host row map (the upload returns once the host array is read). This and
+  // the next three: cuda_moe.hpp's hooks.
+  const int64_t* device_rows(const int64_t* host, int64_t n) override {
     int64_t* rows = rows_.get<int64_t>(n, [&] { wait_stream(compute_); }, current_);
     check_call(cudaMemcpyAsync(rows, host, size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice, stream()),
                "cudaMemcpyAsync (MoE row map)");
     return rows;
   }
-  double* moe_scratch(int64_t experts) {
+  double* moe_scratch(int64_t experts) override {
     return moe_sums_.get<double>(2 * experts, [&] { wait_stream(compute_); }, current_);
   }
+  cuda::ExpertGemms& expert_gemms() override { return *experts_; }
+  const std::string& current() const override { return current_; }
 
   cudaEvent_t record(cudaStream_t stream) {
     cudaEvent_t e = event_pool_[event_next_++ % event_pool_.size()];
@@ -575,6 +559,7 @@ class CudaBackend final : public cuda::ContextParallelMethods<T, G> {
   std::map<std::pair<int, int64_t>, Staging> send_staging_;
   cuda::NcclCommunicators nccl_;
   std::unique_ptr<cuda::Gemms> gemms_;
+  std::unique_ptr<cuda::ExpertGemms> experts_;  // on gemms_ and workspace_
   cuda::Fp8Linear fp8_{memory_, [this] { wait_stream(compute_); }};
   bool async_ = false;                          // inside begin_async … end_async
   std::map<int32_t, cudaEvent_t> op_events_;    // the end of each asynchronous collective

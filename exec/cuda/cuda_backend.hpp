@@ -34,7 +34,14 @@ struct CudaBackendOptions {
   int device = 0;                 // CUDA device ordinal of this rank
   double watchdog_s = 300;        // a wait on the GPU (an NCCL peer) longer than this aborts
   int64_t workspace_bytes = 32 << 20;  // cuBLASLt workspace (Hopper: 32 MiB, as cuBLAS's)
+  // The local experts' GEMMs: one cuBLAS grouped GEMM per MoE op (true), or a cuBLASLt GEMM per
+  // expert segment (false; STEPCAST_CUDA_MOE_GROUPED=0, for comparison).
+  bool moe_grouped_gemms = true;
 };
+
+// STEPCAST_CUDA_MOE_GROUPED's value (null: unset) as CudaBackendOptions::moe_grouped_gemms:
+// unset or "1" true, "0" false; InputError naming the variable for anything else.
+bool moe_grouped_gemms_from_environment(const char* value);
 
 // T: bf16 or float; G: bf16 or float (weight gradients); the wide class is float. Collective
 // over MPI_COMM_WORLD (NCCL bootstrap and communicator splits).

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "arena.hpp"
 #include "cuda_backend.hpp"
@@ -36,6 +37,14 @@ int select_cuda_device() {
   return where.local_rank;
 }
 
+bool moe_grouped_gemms_from_environment(const char* value) {
+  if (!value || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  throw InputError(std::string("environment variable STEPCAST_CUDA_MOE_GROUPED: '") + value +
+                   "'; valid: 1 (the default: one cuBLAS grouped GEMM per MoE expert op) or 0 (a cuBLASLt GEMM per "
+                   "expert segment)");
+}
+
 namespace {
 
 template <class T, class G>
@@ -46,6 +55,7 @@ RunOutput run_typed(const StepProgram& program, const Topology& topology, const 
   CudaBackendOptions backend_options;
   backend_options.device = device;
   backend_options.watchdog_s = options.watchdog_s;
+  backend_options.moe_grouped_gemms = moe_grouped_gemms_from_environment(std::getenv("STEPCAST_CUDA_MOE_GROUPED"));
   auto backend = make_cuda_backend<T, G>(program.grid(), rank, program.devices_per_node, backend_options);
   try {
     return run_with_backend<T, G, float>(program, options, *backend);

@@ -1,18 +1,25 @@
 // [gpu] The CUDA backend's mixture-of-experts kernels against the CPU backend's (the reference, in
 // fp64 on the same inputs rounded to the CUDA storage type): routing (softmax, top-k, capacity
 // dropping, counts), the aux loss and the router's backward, the permutation and its inverse,
-// forward and backward. Then tiny MoE models trained on one GPU through `stepcast run --backend
-// cuda` against the CPU backend's fp32 loss curve. Runs only where a GPU is visible.
+// forward and backward; the local experts' GEMMs, grouped (one cuBLAS grouped GEMM per op) and per
+// expert segment (cuBLASLt), on uneven row counts with an empty expert. Then tiny MoE models trained
+// on one GPU through `stepcast run --backend cuda` against the CPU backend's fp32 loss curve. Runs
+// only where a GPU is visible.
 #include <catch2/catch.hpp>
+#include <cublasLt.h>
 
 #include <cmath>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "cuda_backend.hpp"
+#include "cuda_expert_gemm.hpp"
+#include "errors.hpp"
 #include "cuda_gpu_run.hpp"
 #include "cuda_gpu_support.hpp"
 
@@ -46,6 +53,46 @@ Routing cpu_routing(const std::vector<double>& logits, int64_t tokens, int64_t e
                          experts, k, capacity);
   return r;
 }
+
+// The activation and weight-gradient types the backend instantiates.
+struct Bf16WithFp32Grads {
+  using T = bf16;
+  using G = float;
+};
+struct Bf16WithBf16Grads {
+  using T = bf16;
+  using G = bf16;
+};
+struct Fp32WithFp32Grads {
+  using T = float;
+  using G = float;
+};
+
+// cuBLASLt plans on a workspace, and the experts' GEMMs on them: grouped, and per expert segment.
+struct ExpertGemmRig {
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;
+  const int64_t workspace_bytes = 32 << 20;
+  cuda::DeviceMemory memory{0};
+  std::unique_ptr<cuda::Gemms> gemms;
+  std::unique_ptr<cuda::ExpertGemms> grouped, single;
+  ExpertGemmRig() {
+    REQUIRE(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cudaMalloc(&workspace, size_t(workspace_bytes)) == cudaSuccess);
+    gemms = std::make_unique<cuda::Gemms>(lt, workspace, workspace_bytes);
+    grouped = std::make_unique<cuda::ExpertGemms>(*gemms, memory, workspace, workspace_bytes, true, 0, "test");
+    single = std::make_unique<cuda::ExpertGemms>(*gemms, memory, workspace, workspace_bytes, false, 0, "test");
+  }
+  ExpertGemmRig(const ExpertGemmRig&) = delete;
+  ~ExpertGemmRig() {
+    cudaDeviceSynchronize();
+    grouped.reset();
+    single.reset();
+    gemms.reset();
+    cudaFree(workspace);
+    cublasLtDestroy(lt);
+  }
+};
 
 }  // namespace
 
@@ -172,6 +219,97 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE permutation and its inverse match the CPU"
     CHECK_CLOSE(T, d_x_.get(), d_x);
     CHECK_CLOSE(T, d_w_.get(), d_w);  // dropped copies: 0
   }
+}
+
+// The experts' side of two ep ranks' dispatch, 4 local experts: segments by source rank, then local
+// expert, with rows {5, 0, 17, 0 | 9, 0, 33, 2}: expert 1 receives none, expert 3 rows from one
+// source only, experts 0 and 2 from both (their wgrad: two launches, the second accumulating).
+// Widths 48/40 keep every row 16-byte aligned (grouped where cuBLAS has the types); 21/13 do not
+// (per expert everywhere). Both paths against the CPU in fp64 and against each other.
+TEMPLATE_TEST_CASE("cuda kernels: MoE expert GEMMs, grouped and per expert, match the CPU", "[gpu]",
+                   Bf16WithFp32Grads, Bf16WithBf16Grads, Fp32WithFp32Grads) {
+  using T = typename TestType::T;
+  using G = typename TestType::G;
+  const int64_t local = 4;
+  const std::vector<int64_t> rows = {5, 0, 17, 0, 9, 0, 33, 2};
+  const int64_t total = 66, segments_with_rows = 5;
+  ExpertGemmRig rig;
+  CHECK_FALSE(cuda::grouped_gemm_supported(CUDA_R_16BF, CUDA_R_32F));  // the wgrad bf16 → fp32: per expert
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{48, 40}, {21, 13}}) {
+    INFO("in " << in << ", out " << out);
+    auto w = random_values<T>(size_t(local * out * in)), x = random_values<T>(size_t(total * in));
+    auto dy = random_values<T>(size_t(total * out)), dx0 = random_values<T>(size_t(total * in));
+    auto dw0 = random_values<G>(size_t(local * out * in));
+    // The CPU in fp64: y = x·W_eᵀ, dx = dx0 + dy·W_e, dw_e = dw0_e + Σ over e's rows dyᵀ·x.
+    std::vector<double> y(size_t(total * out), 0.0), dx = dx0, dw = dw0;
+    int64_t row = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t e = int64_t(i) % local;
+      const double* we = w.data() + e * out * in;
+      for (int64_t r = row; r < row + rows[i]; ++r) {
+        for (int64_t o = 0; o < out; ++o) {
+          for (int64_t c = 0; c < in; ++c) {
+            y[size_t(r * out + o)] += x[size_t(r * in + c)] * we[o * in + c];
+            dx[size_t(r * in + c)] += dy[size_t(r * out + o)] * we[o * in + c];
+            dw[size_t(e * out * in + o * in + c)] += dy[size_t(r * out + o)] * x[size_t(r * in + c)];
+          }
+        }
+      }
+      row += rows[i];
+    }
+    Device<T> w_(w.size()), x_(x.size()), dy_(dy.size());
+    w_.set(w);
+    x_.set(x);
+    dy_.set(dy);
+    std::vector<const T*> w_of(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) w_of[i] = w_.p + (int64_t(i) % local) * out * in;
+    const bool aligned = in == 48, wgrad_grouped = aligned && cuda::grouped_gemm_supported(
+                                                                  cuda::cuda_type<T>(), cuda::cuda_type<G>());
+    std::vector<std::vector<double>> results;  // grouped then per expert: y, dx, dw
+    for (cuda::ExpertGemms* gemms : {rig.grouped.get(), rig.single.get()}) {
+      const bool grouped = gemms == rig.grouped.get();
+      INFO((grouped ? "grouped" : "per expert"));
+      Device<T> y_(y.size()), dx_(dx0.size());
+      Device<G> dw_(dw0.size());
+      dx_.set(dx0);
+      dw_.set(dw0);
+      std::vector<G*> dw_of(rows.size());
+      for (size_t i = 0; i < rows.size(); ++i) dw_of[i] = dw_.p + (int64_t(i) % local) * out * in;
+      const int64_t grouped_before = gemms->grouped_launches(), single_before = gemms->single_launches();
+      gemms->forward<T>(x_.p, w_of, rows, y_.p, in, out, kLaunch.stream, "test");
+      gemms->backward_data<T>(dy_.p, w_of, rows, dx_.p, in, out, /*accumulate=*/true, kLaunch.stream, "test");
+      const int64_t grouped_dgrad = gemms->grouped_launches(), single_dgrad = gemms->single_launches();
+      gemms->backward_weight<T, G>(dy_.p, x_.p, dw_of, rows, in, out, kLaunch.stream, "test");
+      results.push_back(y_.get());
+      results.push_back(dx_.get());
+      results.push_back(dw_.get());
+      CHECK_CLOSE(T, results[results.size() - 3], y);
+      CHECK_CLOSE(T, results[results.size() - 2], dx);
+      CHECK_CLOSE(T, results.back(), dw);
+      // The empty expert's gradient is left as it was, bit for bit.
+      const auto empty_from = results.back().begin() + out * in, empty_to = empty_from + out * in;
+      CHECK(std::vector<double>(empty_from, empty_to) ==
+            std::vector<double>(dw0.begin() + out * in, dw0.begin() + 2 * out * in));
+      // Which path ran: one grouped launch per op (the wgrad: one per segment of the expert with
+      // the most), or a cuBLASLt GEMM per segment with rows.
+      const bool forward_grouped = grouped && aligned;
+      CHECK(grouped_dgrad - grouped_before == (forward_grouped ? 2 : 0));
+      CHECK(single_dgrad - single_before == (forward_grouped ? 0 : 2 * segments_with_rows));
+      CHECK(gemms->grouped_launches() - grouped_dgrad == (grouped && wgrad_grouped ? 2 : 0));
+      CHECK(gemms->single_launches() - single_dgrad == (grouped && wgrad_grouped ? 0 : segments_with_rows));
+    }
+    for (int i = 0; i < 3; ++i) {
+      INFO("grouped against per expert, output " << i);
+      CHECK_CLOSE(T, results[size_t(i)], results[size_t(i + 3)]);
+    }
+  }
+}
+
+TEST_CASE("cuda run: STEPCAST_CUDA_MOE_GROUPED picks the experts' GEMMs", "[gpu]") {
+  CHECK(moe_grouped_gemms_from_environment(nullptr));
+  CHECK(moe_grouped_gemms_from_environment("1"));
+  CHECK_FALSE(moe_grouped_gemms_from_environment("0"));
+  CHECK_THROWS_AS(moe_grouped_gemms_from_environment("yes"), InputError);
 }
 
 // bf16 routing may pick another expert where two tie after rounding, so the bf16 curve is held to
