@@ -3,9 +3,12 @@
 #include "forked_child.hpp"
 
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -74,6 +77,13 @@ std::string ForkedChild::text() {
                               : "exit " + std::to_string(WEXITSTATUS(status)))
       << ")";
   throw std::runtime_error(why.str());
+}
+
+void run_behind_main_work() {
+  const id_t thread = id_t(syscall(SYS_gettid));  // Linux: each thread has its own nice value
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, thread);
+  if (errno == 0) setpriority(PRIO_PROCESS, thread, std::min(nice + 5, 19));
 }
 
 }  // namespace stepcast::cli

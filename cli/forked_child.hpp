@@ -33,4 +33,9 @@ class ForkedChild {
   int from_child_ = -1;  // the read end of the child's pipe
 };
 
+// Lowers the calling thread's scheduling priority (nice + 5; best effort): for work beside the
+// command's own (a reference child, the program's hash) that is needed only at its end, so that
+// on a machine of few cores it waits for a core rather than slowing the simulation it runs beside.
+void run_behind_main_work();
+
 }  // namespace stepcast::cli

@@ -32,10 +32,12 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
     StepProgram program = lower_program(in.model, in.topology, plan);
     options.detail_ranks.clear();
     options.detail_all = false;
+    options.keep_records = false;  // the step time is all it answers
     SimulationOutput sim = simulate_program(program, in.topology, profile, options);
     std::ostringstream answer;
     answer.precision(17);
     answer << "ok " << double(program.tokens_per_step) / sim.step_time_s / double(plan.tp_size * plan.pp_size);
+    keep_until_exit(std::move(program));  // the child ends with _exit (forked_child.hpp)
     return answer.str();
   } catch (const std::exception& e) {
     return std::string("error ") + e.what();
@@ -46,7 +48,12 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
 
 ScalingReference::ScalingReference(const Inputs& in, const DeviceProfile& profile,
                                    const SimulateOptions& options)
-    : child_([&] { return simulate_reference(in, profile, options); }, "the dp_size = 1 reference simulation") {}
+    : child_(
+          [&] {
+            run_behind_main_work();  // needed only when the simulation beside it has ended
+            return simulate_reference(in, profile, options);
+          },
+          "the dp_size = 1 reference simulation") {}
 
 double ScalingReference::tokens_per_s_per_device() { return child_.value(); }
 

@@ -1,5 +1,6 @@
 // `stepcast simulate`: predicts one training step of a plan on a cluster with the SimGrid
 // simulator and writes prediction.json (StepResult) and trace.json (Chrome trace).
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -57,6 +58,18 @@ std::vector<OpRecord> records_of(Scope scope, const SimulationOutput& sim) {
     if (ranks.count(r.rank)) kept.push_back(r);
   }
   return kept;
+}
+
+// records_of, taking `sim`'s records where the scope keeps every one of them (all; by default the
+// detail ranks are the representative ones): 10^6 records not copied.
+std::vector<OpRecord> take_records(Scope scope, SimulationOutput& sim) {
+  const std::set<int64_t> representative(sim.representative_ranks.begin(), sim.representative_ranks.end());
+  bool every = scope == Scope::all;
+  if (scope == Scope::representative) {
+    every = std::all_of(sim.detail_ranks.begin(), sim.detail_ranks.end(),
+                        [&](int64_t rank) { return representative.count(rank) > 0; });
+  }
+  return every ? std::move(sim.records) : records_of(scope, sim);
 }
 
 }  // namespace
@@ -170,8 +183,10 @@ int run_simulate(int argc, char** argv) {
   auto wall_start = std::chrono::steady_clock::now();
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   // The program's hash (its JSON text through SHA-256) on the other core while it simulates.
-  std::future<std::string> program_sha256 =
-      std::async(std::launch::async, [&program] { return write_program_json(program, nullptr); });
+  std::future<std::string> program_sha256 = std::async(std::launch::async, [&program] {
+    run_behind_main_work();  // needed when the simulation has ended
+    return write_program_json(program, nullptr);
+  });
   MemoryReport memory = memory_report(program, in.topology);
   if (!memory.fits) {
     std::cerr << "warning: the plan does not fit in memory (peak " << format_bytes(memory.peak_bytes_max)
@@ -195,7 +210,9 @@ int run_simulate(int argc, char** argv) {
   result.mfu = model_flops / sim.step_time_s / (double(program.world_size()) * peak);
   result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.world_size()) * peak);
   result.memory = memory_to_json(memory);
-  result.ops = records_of(records_scope, sim);
+  // One set of records for both outputs when they hold the same ranks (the default).
+  const bool trace_holds_records = trace_scope == records_scope;
+  result.ops = trace_holds_records ? take_records(records_scope, sim) : records_of(records_scope, sim);
   result.program_sha256 = program.program_sha256;
   Json envelope = output_envelope("simulate", in);
   result.inputs = envelope["inputs"];
@@ -293,7 +310,9 @@ int run_simulate(int argc, char** argv) {
     std::future<void> trace_written;
     if (trace_scope != Scope::none) {
       trace_written = std::async(std::launch::async, [&] {
-        std::vector<OpRecord> traced = records_of(trace_scope, sim);
+        std::vector<OpRecord> own;
+        if (!trace_holds_records) own = records_of(trace_scope, sim);
+        const std::vector<OpRecord>& traced = trace_holds_records ? result.ops : own;
         write_output_stream(dir, "trace" + suffix,
                             [&](std::ostream& out) { write_chrome_trace(out, program, traced); });
       });
@@ -305,6 +324,7 @@ int run_simulate(int argc, char** argv) {
     if (trace_scope != Scope::none) std::cout << " and " << dir << "/trace" << suffix;
     std::cout << (records_scope == Scope::none ? " (no per-op records)" : "") << "\n";
   }
+  keep_until_exit(std::move(program));  // its last use: its memory goes with the process
   return 0;
 }
 

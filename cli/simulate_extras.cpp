@@ -95,16 +95,19 @@ std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const Devi
                                                     const SimulateOptions& options_in) {
   if (in.topology.heterogeneity.empty()) return nullptr;
   auto work = [&in, &profile, options = options_in]() mutable -> std::string {
+    run_behind_main_work();  // needed only when the simulation beside it has ended
     try {
       Topology uniform = in.topology;
       uniform.heterogeneity = Heterogeneity{};
       StepProgram program = lower_program(in.model, uniform, in.plan);
       options.detail_ranks.clear();
       options.detail_all = false;
+      options.keep_records = false;  // the step time is all it answers
       SimulationOutput sim = simulate_program(program, uniform, profile, options);
       std::ostringstream answer;
       answer.precision(17);
       answer << "ok " << sim.step_time_s;
+      keep_until_exit(std::move(program));  // the child ends with _exit (forked_child.hpp)
       return answer.str();
     } catch (const std::exception& e) {
       return std::string("error ") + e.what();

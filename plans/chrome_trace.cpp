@@ -24,20 +24,76 @@ struct Placed {
   int tid;
 };
 
+// The trace's text, handed to the stream a megabyte at a time.
+class TraceText {
+ public:
+  explicit TraceText(std::ostream& out) : out_(out) { text_.reserve(kChunkBytes + 4096); }
+  ~TraceText() { flush(); }
+  std::string& text() { return text_; }
+  // ",\n" before every event but the first.
+  void separator() {
+    if (!first_) text_ += ",\n";
+    first_ = false;
+  }
+  void maybe_flush() {
+    if (text_.size() > kChunkBytes) flush();
+  }
+  void flush() {
+    out_.write(text_.data(), std::streamsize(text_.size()));
+    text_.clear();
+  }
+
+ private:
+  static constexpr size_t kChunkBytes = 1 << 20;
+  std::ostream& out_;
+  std::string text_;
+  bool first_ = true;
+};
+
+// `value` as nlohmann's JSON writer writes a double (Json(value).dump(): its shortest round-trip
+// text, e.g. "2.0", and null for inf and nan), without a JSON value and string per number.
+void append_json_double(std::string& text, double value) {
+  if (!std::isfinite(value)) {
+    text += "null";
+    return;
+  }
+  char buffer[64];
+  text.append(buffer, nlohmann::detail::to_chars(buffer, buffer + sizeof buffer, value));
+}
+
+// The shortest text that reads back as the same number (std::to_chars), null for inf and nan.
+template <class Number>
+void append_number(std::string& text, Number value) {
+  if constexpr (std::is_floating_point_v<Number>) {
+    if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
+      text += "null";
+      return;
+    }
+  }
+  char buffer[32];
+  text.append(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
+}
+
 }  // namespace
 
 void write_chrome_trace(std::ostream& out, const StepProgram& program,
                         const std::vector<OpRecord>& records) {
   RankGrid grid = program.grid();
-  // role_of_rank without building a grid per call (a call per record, 10^6 records).
-  auto role_of = [&](int64_t rank) -> const Role& { return program.roles[size_t(grid.coord(rank).pp)]; };
-  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  bool first = true;
-  auto separator = [&]() {
-    if (!first) out << ",\n";
-    first = false;
+  // role_of_rank without building a grid per call (a call per record, 10^6 records; records come
+  // rank by rank, so the last rank's role is kept).
+  int64_t last_rank = -1;
+  const Role* last_role = nullptr;
+  auto role_of = [&](int64_t rank) -> const Role& {
+    if (rank != last_rank) {
+      last_role = &program.roles[size_t(grid.coord(rank).pp)];
+      last_rank = rank;
+    }
+    return *last_role;
   };
-  auto ts = [](double seconds) { return Json(seconds * 1e6).dump(); };
+  TraceText trace(out);
+  std::string& event = trace.text();
+  event += "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  auto separator = [&]() { trace.separator(); };
 
   // Lanes: per rank and stream, each op on the lowest lane free when it starts (greedy interval
   // partitioning: as few tracks as the most ops running at once).
@@ -68,33 +124,23 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   for (int64_t rank : ranks) {
     RankCoord c = grid.coord(rank);
     separator();
-    out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank
-        << ",\"args\":{\"name\":\"rank " << rank << " (tp " << c.tp
-        << (grid.cp_size() > 1 ? ", cp " + std::to_string(c.cp) : std::string()) << ", dp " << c.dp << ", pp "
-        << c.pp << ")\"}}";
+    event += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+             ",\"args\":{\"name\":\"rank " + std::to_string(rank) + " (tp " + std::to_string(c.tp) +
+             (grid.cp_size() > 1 ? ", cp " + std::to_string(c.cp) : std::string()) + ", dp " +
+             std::to_string(c.dp) + ", pp " + std::to_string(c.pp) + ")\"}}";
     for (Stream s : {Stream::compute, Stream::comm, Stream::p2p}) {
       int lanes = std::max(1, lanes_of.count({rank, int(s)}) ? lanes_of[{rank, int(s)}] : 1);
       for (int lane = 0; lane < lanes; ++lane) {
         separator();
-        out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << rank << ",\"tid\":" << lane_tid(s, lane)
-            << ",\"args\":{\"name\":\"" << to_string(s) << (lane ? " (" + std::to_string(lane + 1) + ")" : "")
-            << "\"}}";
+        event += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+                 ",\"tid\":" + std::to_string(lane_tid(s, lane)) + ",\"args\":{\"name\":\"" + to_string(s) +
+                 (lane ? " (" + std::to_string(lane + 1) + ")" : "") + "\"}}";
       }
     }
   }
   // The op events, written without a JSON tree per event (10^6 of them): args' keys in sorted
   // order as nlohmann writes them, numbers as the shortest text that reads back the same.
-  std::string event;
-  auto number = [&event](auto value) {
-    if constexpr (std::is_floating_point_v<decltype(value)>) {
-      if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
-        event += "null";
-        return;
-      }
-    }
-    char text[32];
-    event.append(text, std::to_chars(text, text + sizeof text, value).ptr);
-  };
+  auto number = [&event](auto value) { append_number(event, value); };
   auto key = [&event](bool& first_key, const char* name) {
     event += first_key ? "{\"" : ",\"";
     event += name;
@@ -106,16 +152,26 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     event += value;
     event += '"';
   };
+  // An event's name, as JSON text, per (kind, name, grad): "gemm qkv dgrad".
+  constexpr size_t kNames = size_t(OpName::recv) + 1, kGrads = size_t(Grad::wgrad) + 1;
+  std::vector<std::string> names((size_t(OpKind::free) + 1) * kNames * kGrads);
+  auto name_json = [&](const Op& op) -> const std::string& {
+    std::string& json = names[(size_t(op.kind) * kNames + size_t(op.name)) * kGrads + size_t(op.grad)];
+    if (json.empty()) {
+      std::string name = to_string(op.kind);
+      if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
+      if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
+      json = Json(name).dump();
+    }
+    return json;
+  };
   for (const Placed& p : placed) {
     const OpRecord& r = *p.record;
     const Op& op = *p.op;
+    trace.maybe_flush();
     separator();
-    event.clear();
     event += "{\"name\":";
-    std::string name = to_string(op.kind);
-    if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
-    if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
-    event += Json(name).dump();
+    event += name_json(op);
     event += ",\"cat\":\"";
     event += to_string(op.kind);
     event += "\",\"ph\":\"X\",\"pid\":";
@@ -175,7 +231,6 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       number(op.tag);
     }
     event += "}}";
-    out << event;
   }
 
   // Flow arrows from each send to its receive, where both ranks are in the records: the flow
@@ -204,12 +259,27 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       to_s = lo + 0.9 * (hi - lo);
     }
     ++flow;
+    trace.maybe_flush();
     separator();
-    out << "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":" << flow << ",\"pid\":" << s.rank
-        << ",\"tid\":" << send->second->tid << ",\"ts\":" << ts(from_s) << "}";
+    event += "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":";
+    number(flow);
+    event += ",\"pid\":";
+    number(s.rank);
+    event += ",\"tid\":";
+    number(send->second->tid);
+    event += ",\"ts\":";
+    append_json_double(event, from_s * 1e6);
+    event += "}";
     separator();
-    out << "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":" << flow << ",\"pid\":"
-        << r.rank << ",\"tid\":" << p.tid << ",\"ts\":" << ts(to_s) << "}";
+    event += "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":";
+    number(flow);
+    event += ",\"pid\":";
+    number(r.rank);
+    event += ",\"tid\":";
+    number(p.tid);
+    event += ",\"ts\":";
+    append_json_double(event, to_s * 1e6);
+    event += "}";
   }
 
   // A memory counter per rank: the program's memory walk (its alloc and free ops in list order,
@@ -233,12 +303,18 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
         const Op& next = role_of(rank).ops[ops[i + 1]->id];
         if (next.kind == OpKind::alloc) continue;
       }
+      trace.maybe_flush();
       separator();
-      out << "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":" << rank << ",\"ts\":" << ts(at)
-          << ",\"args\":{\"bytes\":" << Json(level).dump() << "}}";
+      event += "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":";
+      number(rank);
+      event += ",\"ts\":";
+      append_json_double(event, at * 1e6);
+      event += ",\"args\":{\"bytes\":";
+      append_json_double(event, level);
+      event += "}}";
     }
   }
-  out << "\n]}\n";
+  event += "\n]}\n";
 }
 
 }  // namespace stepcast

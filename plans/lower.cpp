@@ -43,6 +43,9 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
     Role& role = program.roles[p];
     role.index = int32_t(p);
     role.pp_stage = p;
+    // Stages hold about as many ops as each other (10^5 and more, a few hundred bytes each):
+    // room for the previous stage's count and some, so that the list is not copied as it grows.
+    if (p > 0) role.ops.reserve(program.roles[p - 1].ops.size() * 9 / 8);
     RoleLowering(ctx, role).lower();
   }
   return program;

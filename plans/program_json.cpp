@@ -55,18 +55,23 @@ void put_number(std::string& s, double v) {
   }
 }
 
-void put_string(std::string& s, const std::string& v) {
+void put_string(std::string& s, std::string_view v) {
   s += '"';
-  for (char ch : v) {
-    if (ch == '"' || ch == '\\') s += '\\';
-    s += ch;
+  if (v.find_first_of("\"\\") == std::string_view::npos) {
+    s += v;  // the usual case: nothing to escape
+  } else {
+    for (char ch : v) {
+      if (ch == '"' || ch == '\\') s += '\\';
+      s += ch;
+    }
   }
   s += '"';
 }
 
-void put_key(std::string& s, const char* key) {
+template <size_t N>
+void put_key(std::string& s, const char (&key)[N]) {
   s += ",\"";
-  s += key;
+  s.append(key, N - 1);
   s += "\":";
 }
 
@@ -80,8 +85,10 @@ void put_int_list(std::string& s, const std::vector<T>& v) {
   s += ']';
 }
 
-// The alloc op of each live buffer of a role, as its ops are walked in order.
-using LiveAllocs = std::unordered_map<std::string, const Op*>;
+// The alloc op of each live buffer of a role, as its ops are walked in order (keys: the ops' names).
+using LiveAllocs = std::unordered_map<std::string_view, const Op*>;
+// find_signature of each (kind, grad, phase, name) met: a walk of the table per op otherwise.
+using Signatures = std::unordered_map<uint32_t, const OpSignature*>;
 
 void track_alloc(LiveAllocs& live, const Op& op) {
   if (op.kind == OpKind::alloc) live[op.buffer] = &op;
@@ -108,7 +115,7 @@ void put_operands(std::string& s, const std::vector<std::string>& buffers,
   s += ']';
 }
 
-void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
+void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& signatures) {
   s += "{\"id\":";
   put_number(s, op.id);
   put_key(s, "kind");
@@ -143,7 +150,11 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live) {
   }
   SlotBinding binding;
   if (!op.inputs.empty() || !op.outputs.empty()) {
-    const OpSignature* signature = find_signature(op);
+    const uint32_t key =
+        uint32_t(op.kind) | uint32_t(op.grad) << 8 | uint32_t(op.phase) << 16 | uint32_t(op.name) << 24;
+    auto [known, added] = signatures.try_emplace(key, nullptr);
+    if (added) known->second = find_signature(op);
+    const OpSignature* signature = known->second;
     STEPCAST_CHECK(signature, std::string("program.json: no signature for op ") +
                                   std::to_string(op.id) + " (" + to_string(op.kind) + " " +
                                   to_string(op.name) + ")");
@@ -262,11 +273,12 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     s += ",\"ops\":[\n";
     sink.put(s);
     LiveAllocs live;
+    Signatures signatures;
     for (size_t i = 0; i < role.ops.size(); ++i) {
       s.clear();
       if (i) s += ",\n";
       track_alloc(live, role.ops[i]);
-      put_op(s, role.ops[i], live);
+      put_op(s, role.ops[i], live, signatures);
       sink.put(s);
     }
     sink.put("]}");

@@ -37,14 +37,20 @@ const std::vector<int64_t>& RoleBuilder::live_shape(const std::string& name) con
 int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
   int32_t id = int32_t(role_.ops.size());
   op.id = id;
+  // The operands' states, looked up once (the map's nodes stay put: nothing is added below).
+  std::vector<BufferState*>& operands = operand_states_;
+  operands.clear();
+  for (const auto& name : op.inputs) operands.push_back(&state(name, "reads"));
+  for (const auto& name : op.outputs) operands.push_back(&state(name, "writes"));
+  const size_t inputs = op.inputs.size();
   std::vector<int32_t> deps = extra_deps;
-  for (const auto& name : op.inputs) {
-    BufferState& s = state(name, "reads");
+  for (size_t i = 0; i < inputs; ++i) {
+    const BufferState& s = *operands[i];
     if (s.last_writer >= 0) deps.push_back(s.last_writer);
     else deps.push_back(s.alloc_op);
   }
-  for (const auto& name : op.outputs) {
-    BufferState& s = state(name, "writes");
+  for (size_t i = inputs; i < operands.size(); ++i) {
+    BufferState& s = *operands[i];
     deps.push_back(s.last_writer >= 0 ? s.last_writer : s.alloc_op);
     deps.insert(deps.end(), s.readers.begin(), s.readers.end());
     if (!s.stream_set) {
@@ -56,16 +62,18 @@ int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
   deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
   deps.erase(std::remove(deps.begin(), deps.end(), id), deps.end());
   op.deps = std::move(deps);
-  for (const auto& name : op.inputs) {
-    BufferState& s = state(name, "reads");
+  for (size_t i = 0; i < inputs; ++i) {
+    BufferState& s = *operands[i];
     s.readers.push_back(id);
     s.last_user = id;
+    s.last_user_stream = op.stream;
   }
-  for (const auto& name : op.outputs) {
-    BufferState& s = state(name, "writes");
+  for (size_t i = inputs; i < operands.size(); ++i) {
+    BufferState& s = *operands[i];
     s.last_writer = id;
     s.readers.clear();
     s.last_user = id;
+    s.last_user_stream = op.stream;
   }
   role_.ops.push_back(std::move(op));
   return id;
@@ -73,7 +81,6 @@ int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
 
 int32_t RoleBuilder::alloc(const std::string& name, BufferClass buffer_class, Dtype dtype,
                            std::vector<int64_t> shape, Phase phase, bool persistent) {
-  STEPCAST_CHECK(!is_live(name), "lowering allocates buffer '" + name + "' twice");
   Op op;
   op.kind = OpKind::alloc;
   op.stream = Stream::compute;
@@ -88,33 +95,38 @@ int32_t RoleBuilder::alloc(const std::string& name, BufferClass buffer_class, Dt
   op.persistent = persistent;
   int32_t id = int32_t(role_.ops.size());
   op.id = id;
-  BufferState s;
+  auto [it, added] = buffers_.try_emplace(name);
+  STEPCAST_CHECK(added, "lowering allocates buffer '" + name + "' twice");
+  BufferState& s = it->second;
   s.alloc_op = id;
   s.last_user = id;
+  s.last_user_stream = op.stream;
   s.bytes = op.bytes;
+  s.buffer_class = buffer_class;
   s.stream_set = persistent;  // persistent buffers exist before the step: no stream to join
-  buffers_[name] = s;
   role_.ops.push_back(std::move(op));
   return id;
 }
 
 int32_t RoleBuilder::free(const std::string& name, Phase phase) {
-  BufferState& s = state(name, "frees");
+  auto it = buffers_.find(name);
+  STEPCAST_CHECK(it != buffers_.end(), "lowering frees buffer '" + name + "' that is not allocated");
+  BufferState& s = it->second;
   Op op;
   op.kind = OpKind::free;
   op.phase = phase;
   op.buffer = name;
   op.bytes = s.bytes;
-  op.buffer_class = role_.ops[s.alloc_op].buffer_class;
-  op.stream = s.last_user >= 0 ? role_.ops[s.last_user].stream : Stream::compute;
-  std::vector<int32_t> deps = s.readers;
+  op.buffer_class = s.buffer_class;
+  op.stream = s.last_user >= 0 ? s.last_user_stream : Stream::compute;
+  std::vector<int32_t> deps = std::move(s.readers);
   deps.push_back(s.last_writer >= 0 ? s.last_writer : s.alloc_op);
   std::sort(deps.begin(), deps.end());
   deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-  op.deps = deps;
+  op.deps = std::move(deps);
   int32_t id = int32_t(role_.ops.size());
   op.id = id;
-  buffers_.erase(name);
+  buffers_.erase(it);
   role_.ops.push_back(std::move(op));
   return id;
 }

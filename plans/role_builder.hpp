@@ -54,11 +54,14 @@ class RoleBuilder {
     int32_t last_writer = -1;
     std::vector<int32_t> readers;  // since the last write
     int32_t last_user = -1;
+    Stream last_user_stream = Stream::compute;  // role_.ops[last_user].stream
     double bytes = 0;
+    BufferClass buffer_class = BufferClass::activations;  // of its alloc op
   };
   BufferState& state(const std::string& name, const char* use);
   Role& role_;
   std::unordered_map<std::string, BufferState> buffers_;
+  std::vector<BufferState*> operand_states_;  // emit's, kept for its capacity
 };
 
 }  // namespace stepcast

@@ -114,12 +114,10 @@ void fill_ready_times(const StepProgram& program, std::vector<OpRecord>& records
   }
 }
 
-Json step_result_to_json(const StepResult& r) {
-  Json ops = Json::array();
-  for (const OpRecord& o : r.ops) {
-    ops.push_back({{"rank", o.rank}, {"id", o.id}, {"start_s", o.start_s}, {"end_s", o.end_s},
-                   {"ready_s", o.ready_s}});
-  }
+namespace {
+
+// Everything of step_result_to_json but "ops".
+Json summary_to_json(const StepResult& r) {
   Json out = {{"schema_version", StepResult::kSchemaVersion},
               {"source", r.source},
               {"step_time_s", r.step_time_s},
@@ -141,6 +139,18 @@ Json step_result_to_json(const StepResult& r) {
               {"git_commit", stepcast_git_commit()}};
   out["scaling_efficiency"] = r.scaling_efficiency ? Json(*r.scaling_efficiency) : Json(nullptr);
   for (auto it = r.extra.begin(); it != r.extra.end(); ++it) out[it.key()] = it.value();
+  return out;
+}
+
+}  // namespace
+
+Json step_result_to_json(const StepResult& r) {
+  Json ops = Json::array();
+  for (const OpRecord& o : r.ops) {
+    ops.push_back({{"rank", o.rank}, {"id", o.id}, {"start_s", o.start_s}, {"end_s", o.end_s},
+                   {"ready_s", o.ready_s}});
+  }
+  Json out = summary_to_json(r);
   out["ops"] = ops;
   return out;
 }
@@ -163,10 +173,8 @@ void append_number(std::string& out, Number value) {
 }  // namespace
 
 void write_step_result_json(std::ostream& out, const StepResult& result) {
-  StepResult summary_only = result;
-  summary_only.ops.clear();
-  Json summary = step_result_to_json(summary_only);
-  summary.erase("ops");
+  Json summary = summary_to_json(result);
+  summary.erase("ops");  // the records come last, below
   // The keys a person looks for first, then the rest of the summary, memory and inputs last.
   const std::vector<std::string> first = {"schema_version", "source", "step_time_s", "critical_rank",
                                           "breakdown_s", "tokens_per_s", "mfu", "hfu",

@@ -40,23 +40,42 @@ double union_length(const Intervals& intervals) {
 
 // Per slot: busy while a compute op runs, waiting while only other ops (collectives, transfers,
 // analytic tp collectives) are in flight, idle for the rest of the step. Each stream's intervals
-// are collected apart (each in order as its ops ran) and merged, not sorted together.
+// are collected apart (each in order as its ops ran) and merged, not sorted together. The walk
+// is over the timed ops in list order (timed_index order), from a packed copy of each role's
+// stream and compute flag: 10^5 ops per slot, where the Op structs would be read from far apart.
 std::vector<DeviceTime> device_times(const SimPlan& plan, const SimOutcome& outcome, double step_s) {
   const StepProgram& program = *plan.program;
+  // Per role, per timed op: its stream, and whether it is a compute op.
+  std::vector<std::vector<uint8_t>> timed_stream(program.roles.size());
+  std::vector<std::vector<char>> timed_compute(program.roles.size());
+  for (const Role& role : program.roles) {
+    const SimRole& walk = plan.roles[size_t(role.index)];
+    std::vector<uint8_t>& stream = timed_stream[size_t(role.index)];
+    std::vector<char>& compute = timed_compute[size_t(role.index)];
+    stream.resize(size_t(walk.timed_ops));
+    compute.resize(size_t(walk.timed_ops));
+    for (const Op& op : role.ops) {
+      const int32_t t = walk.timed_index[op.id];
+      if (t < 0) continue;
+      stream[size_t(t)] = uint8_t(op.stream);
+      compute[size_t(t)] = is_compute(op.kind);
+    }
+  }
   std::vector<DeviceTime> times;
+  times.reserve(plan.ranks.size());
   std::array<Intervals, 3> by_stream;  // Stream::compute, comm, p2p
   Intervals busy, merged, active;
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     const RankState& st = outcome.state[slot];
-    const Role& role = program.role_of_rank(plan.ranks[slot]);
-    const SimRole& walk = plan.roles[size_t(role.index)];
+    const size_t role = size_t(program.role_of_rank(plan.ranks[slot]).index);
+    const std::vector<uint8_t>& stream = timed_stream[role];
+    const std::vector<char>& compute = timed_compute[role];
     busy.clear();
     for (Intervals& v : by_stream) v.clear();
-    for (const Op& op : role.ops) {
-      const int32_t t = walk.timed_index[op.id];
-      if (t < 0 || !(st.end[t] > st.start[t])) continue;
-      by_stream[size_t(op.stream)].emplace_back(st.start[t], st.end[t]);
-      if (is_compute(op.kind)) busy.emplace_back(st.start[t], st.end[t]);
+    for (size_t t = 0; t < stream.size(); ++t) {
+      if (!(st.end[t] > st.start[t])) continue;
+      by_stream[stream[t]].emplace_back(st.start[t], st.end[t]);
+      if (compute[t]) busy.emplace_back(st.start[t], st.end[t]);
     }
     sort_if_needed(busy);
     for (Intervals& v : by_stream) sort_if_needed(v);
@@ -140,14 +159,14 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     if (plan.representative[slot] || slot == critical_slot) out.representative_ranks.push_back(plan.ranks[slot]);
   }
-  for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
-    if (!detail[slot]) continue;
-    int64_t rank = plan.ranks[slot];
-    out.detail_ranks.push_back(rank);
+  // The records of `slot`'s ops, appended to `into` (memory ops timed from their deps, recorded
+  // before them).
+  auto append_records = [&](size_t slot, std::vector<OpRecord>& into) {
+    const int64_t rank = plan.ranks[slot];
     const RankState& st = outcome.state[slot];
     const Role& role = program.role_of_rank(rank);
     const SimRole& walk = plan.roles[size_t(role.index)];
-    const size_t first = out.records.size();
+    const size_t first = into.size();
     for (const Op& op : role.ops) {
       const int32_t t = walk.timed_index[op.id];
       OpRecord rec{rank, op.id, 0, 0, 0};
@@ -156,7 +175,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
         rec.end_s = st.end[t];
       } else {
         // A memory op happens when its deps (earlier ops, recorded above) finished.
-        for (int32_t d : op.deps) rec.end_s = std::max(rec.end_s, out.records[first + size_t(d)].end_s);
+        for (int32_t d : op.deps) rec.end_s = std::max(rec.end_s, into[first + size_t(d)].end_s);
         rec.start_s = rec.ready_s = rec.end_s;
       }
       if (op.kind == OpKind::recv) {
@@ -167,14 +186,31 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
         auto key = st.collective_key.find(op.id);
         if (key != st.collective_key.end()) rec.ready_s = outcome.collective_issue.at(key->second);
       }
-      out.records.push_back(rec);
+      into.push_back(rec);
     }
-  }
-  // Breakdown of the critical rank.
+  };
+  // Breakdown of the critical rank, from its records (kept among the others' unless they are
+  // not wanted).
   const Role& critical_role = program.role_of_rank(out.critical_rank);
-  std::vector<OpRecord> critical(critical_role.ops.size());
-  for (const OpRecord& r : out.records) {
-    if (r.rank == out.critical_rank) critical[r.id] = r;
+  std::vector<OpRecord> critical;
+  if (plan.keep_records) {
+    size_t count = 0;
+    for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+      if (detail[slot]) count += program.role_of_rank(plan.ranks[slot]).ops.size();
+    }
+    out.records.reserve(count);
+    size_t critical_first = 0;
+    for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
+      if (!detail[slot]) continue;
+      out.detail_ranks.push_back(plan.ranks[slot]);
+      if (slot == critical_slot) critical_first = out.records.size();
+      append_records(slot, out.records);
+    }
+    const auto begin = out.records.begin() + std::ptrdiff_t(critical_first);
+    critical.assign(begin, begin + std::ptrdiff_t(critical_role.ops.size()));
+  } else {
+    critical.reserve(critical_role.ops.size());
+    append_records(critical_slot, critical);
   }
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
   // The critical rank's compute slowed by collectives beside it (overlap_speeds), out of compute.

@@ -172,6 +172,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   if (detail.empty()) detail = representative;
   if (options.detail_all) detail.insert(plan.ranks.begin(), plan.ranks.end());
   plan.detail.assign(plan.ranks.size(), 0);
+  plan.keep_records = options.keep_records;
   for (int64_t r : detail) {
     auto it = plan.slot_of_rank.find(r);
     if (it == plan.slot_of_rank.end()) {

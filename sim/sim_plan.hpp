@@ -58,6 +58,7 @@ struct SimPlan {
   std::unordered_map<int64_t, size_t> slot_of_rank;  // rank → index in ranks
   std::vector<char> detail;                          // per slot: keep records
   std::vector<char> representative;                  // per slot: SimulateOptions' default detail
+  bool keep_records = true;                          // SimulateOptions::keep_records
   // Per slot: the ranks of its pp_prev, pp_next, cp_prev and cp_next peers (peer_index).
   std::vector<std::array<int64_t, 4>> peers;
   int64_t peer_of(size_t slot, Peer peer) const {

@@ -67,6 +67,9 @@ struct SimulateOptions {
   // ranks); with detail_all, every simulated rank (fast mode: tensor-parallel index 0 only).
   std::vector<int64_t> detail_ranks;
   bool detail_all = false;
+  // false: no per-op records in the output (records and detail_ranks empty), for a caller that
+  // wants the figures only (a reference run's step time); the breakdown is the same.
+  bool keep_records = true;
   // A profile of another device than the topology's is refused unless this is set
   // (--allow-profile-mismatch).
   bool allow_profile_mismatch = false;
