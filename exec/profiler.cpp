@@ -277,26 +277,19 @@ class Profiler {
     // The largest tensor of any family (two tensors per element at least), plus a row of slack
     // (a size target rounds to whole rows).
     int64_t most = int64_t(size_targets.back() / (2 * s)) + std::max<int64_t>({1024, h, cols, vocab});
-    // As the GEMMs' operands (measure_gemms): in a step a kernel's tensors were last touched
-    // several ops ago, so on a CPU successive calls of a point rotate through copies of every
-    // tensor spanning 4× the core's L2 (`shift` elements in), not the same hot lines.
-    const int64_t pool = gemm_operand_pool_elements(backend);
-    int64_t shift = 0;
     // Inputs are never written (passes interleave the families, and a softmax of another
     // kernel's output could be anything); outputs are never read as inputs; AdamW has its own.
     std::vector<T*> in, out;
-    for (int i = 0; i < 3; ++i) in.push_back(buffer(backend, most + pool, true));
-    for (int i = 0; i < 2; ++i) out.push_back(buffer(backend, most + pool));
-    auto I = [&](int i) { return in[size_t(i)] + shift; };
-    auto O = [&](int i) { return out[size_t(i)] + shift; };
+    for (int i = 0; i < 3; ++i) in.push_back(buffer(backend, most, true));
+    for (int i = 0; i < 2; ++i) out.push_back(buffer(backend, most));
     // AdamW's weights (T), gradient (G), moments and — for 16-bit weights — master (W).
-    T* adam_param = buffer(backend, most + pool);
-    G* adam_grad = buffer<G>(backend, most + pool);
-    W* adam_m = buffer<W>(backend, most + pool);
-    W* adam_v = buffer<W>(backend, most + pool);
-    W* adam_master = std::is_same_v<T, W> ? nullptr : buffer<W>(backend, most + pool);
-    W* wide_in = std::is_same_v<T, W> ? reinterpret_cast<W*>(in[0]) : buffer<W>(backend, most + pool);
-    W* wide_out = std::is_same_v<T, W> ? reinterpret_cast<W*>(out[0]) : buffer<W>(backend, most + pool);
+    T* adam_param = buffer(backend, most);
+    G* adam_grad = buffer<G>(backend, most);
+    W* adam_m = buffer<W>(backend, most);
+    W* adam_v = buffer<W>(backend, most);
+    W* adam_master = std::is_same_v<T, W> ? nullptr : buffer<W>(backend, most);
+    W* wide_in = std::is_same_v<T, W> ? reinterpret_cast<W*>(in[0]) : buffer<W>(backend, most);
+    W* wide_out = std::is_same_v<T, W> ? reinterpret_cast<W*>(out[0]) : buffer<W>(backend, most);
     T* norm_weight = buffer(backend, h);
     G* dw = buffer<G>(backend, h);  // the norm backward accumulates its weight gradient here
     G* norm_bias_grad = buffer<G>(backend, h);
@@ -359,19 +352,19 @@ class Profiler {
     };
     const std::vector<Family> families = {
         {"norm_forward", 2 * s, h,
-         [&](int64_t e) { backend.rmsnorm_forward(I(0), norm_weight, O(0), e / h, h, 1e-5); }},
+         [&](int64_t e) { backend.rmsnorm_forward(in[0], norm_weight, out[0], e / h, h, 1e-5); }},
         {"norm_backward", 4 * s, h,
          [&](int64_t e) {
-           backend.rmsnorm_backward(I(0), norm_weight, I(1), O(0), dw, e / h, h, 1e-5);
+           backend.rmsnorm_backward(in[0], norm_weight, in[1], out[0], dw, e / h, h, 1e-5);
          }},
         // LayerNorm (GPT-style models) next to RMSNorm: a mean, a bias and its gradient more.
         {"layernorm_forward", 2 * s, h,
          [&](int64_t e) {
-           backend.layernorm_forward(I(0), norm_weight, norm_weight, O(0), e / h, h, 1e-5);
+           backend.layernorm_forward(in[0], norm_weight, norm_weight, out[0], e / h, h, 1e-5);
          }},
         {"layernorm_backward", 4 * s, h,
          [&](int64_t e) {
-           backend.layernorm_backward(I(0), norm_weight, I(1), O(0), dw, norm_bias_grad, e / h,
+           backend.layernorm_backward(in[0], norm_weight, in[1], out[0], dw, norm_bias_grad, e / h,
                                       h, 1e-5);
          }},
         // Dropout on the attention probabilities (64×64 per head: probs in, dropped probs and
@@ -380,71 +373,70 @@ class Profiler {
         {"attention_dropout_forward", 2 * s + 1, 64 * 64,
          [&](int64_t e) {
            const cpu::AttentionShape square{64, 1, e / (64 * 64), e / (64 * 64), 16};
-           backend.attention_dropout_forward(I(0), O(0), mask, square, fresh_dropout(), 0,
+           backend.attention_dropout_forward(in[0], out[0], mask, square, fresh_dropout(), 0,
                                              sample_index);
          }},
         {"dropout_backward", 2 * s + 1, 1,
-         [&](int64_t e) { backend.dropout_backward(I(0), mask_window(e), O(0), e, 0.1); }},
+         [&](int64_t e) { backend.dropout_backward(in[0], mask_window(e), out[0], e, 0.1); }},
         {"swiglu_forward", 3 * s, 1,
-         [&](int64_t e) { backend.swiglu_forward(I(0), I(1), O(0), e); }},
+         [&](int64_t e) { backend.swiglu_forward(in[0], in[1], out[0], e); }},
         {"swiglu_backward", 5 * s, 1,
-         [&](int64_t e) { backend.swiglu_backward(I(0), I(1), I(2), O(0), O(1), e); }},
+         [&](int64_t e) { backend.swiglu_backward(in[0], in[1], in[2], out[0], out[1], e); }},
         // Branch + residual → out (the mask, written only with dropout > 0, is not counted).
         {"dropout_add_forward", 3 * s, h,
          [&](int64_t e) {
-           backend.dropout_add_forward(I(0), I(1), O(0), mask, e / h, 1, h, fresh_dropout(), 0,
+           backend.dropout_add_forward(in[0], in[1], out[0], mask, e / h, 1, h, fresh_dropout(), 0,
                                        sample_index);
          }},
         // The same without dropout: the residual add, no mask, nothing drawn.
         {"residual_add", 3 * s, h,
          [&](int64_t e) {
-           backend.dropout_add_forward(I(0), I(1), O(0), nullptr, e / h, 1, h, no_dropout, 0,
+           backend.dropout_add_forward(in[0], in[1], out[0], nullptr, e / h, 1, h, no_dropout, 0,
                                        nullptr);
          }},
-        {"gelu_forward", 2 * s, 1, [&](int64_t e) { backend.gelu_forward(I(0), O(0), e); }},
+        {"gelu_forward", 2 * s, 1, [&](int64_t e) { backend.gelu_forward(in[0], out[0], e); }},
         // The gradient norm's sum of squares: each element read once.
-        {"grad_norm", double(sizeof(G)), 1, [&](int64_t e) { backend.grad_norm_sq(adam_grad + shift, e); }},
+        {"grad_norm", double(sizeof(G)), 1, [&](int64_t e) { backend.grad_norm_sq(adam_grad, e); }},
         // The copy a staged send makes of its tensor (read and written once).
         {"copy", 2 * s, 1,
-         [&](int64_t e) { backend.copy(O(0), I(0), e * int64_t(sizeof(T))); }},
-        {"gelu_backward", 3 * s, 1, [&](int64_t e) { backend.gelu_backward(I(0), I(1), O(0), e); }},
+         [&](int64_t e) { backend.copy(out[0], in[0], e * int64_t(sizeof(T))); }},
+        {"gelu_backward", 3 * s, 1, [&](int64_t e) { backend.gelu_backward(in[0], in[1], out[0], e); }},
         {"softmax_forward", 2 * s, cols,
-         [&](int64_t e) { backend.softmax_forward(I(0), O(0), e / cols, cols); }},
+         [&](int64_t e) { backend.softmax_forward(in[0], out[0], e / cols, cols); }},
         {"softmax_backward", 3 * s, cols,
-         [&](int64_t e) { backend.softmax_backward(I(1), I(0), O(0), e / cols, cols); }},
+         [&](int64_t e) { backend.softmax_backward(in[1], in[0], out[0], e / cols, cols); }},
         // Lowering counts the gradient, two 4-byte moments and the weight per parameter.
         {"adamw", 2 * s + 16, 1,
          [&](int64_t e) {
-           backend.adamw_step(adam_param + shift, adam_master ? adam_master + shift : nullptr, adam_grad + shift,
-                              adam_m + shift, adam_v + shift, e, adamw, 1, 1.0);
+           backend.adamw_step(adam_param, adam_master, adam_grad, adam_m, adam_v, e, adamw, 1, 1.0);
          }},
         // One rank's whole vocabulary (tp = 1): statistics and softmax forward, logits → softmax.
         {"cross_entropy_forward", 2 * s, vocab,
          [&](int64_t e) {
-           backend.cross_entropy_stats(I(0), targets, stats, e / vocab, 0, vocab);
-           backend.cross_entropy_forward(I(0), stats, 1, wide_out + shift, loss, e / vocab, vocab);
+           backend.cross_entropy_stats(in[0], targets, stats, e / vocab, 0, vocab);
+           backend.cross_entropy_forward(in[0], stats, 1, wide_out, loss, e / vocab, vocab);
          }},
         {"cross_entropy_backward", 2 * s, vocab,
          [&](int64_t e) {
-           backend.cross_entropy_backward(wide_in + shift, targets, O(0), e / vocab, 0, vocab, 1e-3);
+           backend.cross_entropy_backward(wide_in, targets, out[0], e / vocab, 0, vocab, 1e-3);
          }},
         // Logits → probabilities, top-k weights and indices (lowering counts logits, probabilities,
         // weights and int32 indices; its backward probabilities, indices and the weights'
         // gradient → the logits' gradient: the same bytes).
         {"moe_route_forward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
          [&](int64_t e) {
-           backend.moe_route_forward(I(0), O(0), O(1), route_out, expert_counts, e / kExperts, kExperts, kTopK,
+           backend.moe_route_forward(in[0], out[0], out[1], route_out, expert_counts, e / kExperts, kExperts, kTopK,
                                      0);
          }},
         {"moe_route_backward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
          [&](int64_t e) {
-           backend.moe_route_backward(I(0), route_in, I(1), O(0), e / kExperts, kExperts, kTopK, 1e-3);
+           backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3);
          }},
         // In place on qkv rows (lowering counts it read and written).
         {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),
-         [&](int64_t e) { backend.rotary_forward(O(1), with_rows(rotary, e), 1e4, 0); }},
+         [&](int64_t e) { backend.rotary_forward(out[1], with_rows(rotary, e), 1e4, 0); }},
         {"rotary_backward", 2 * s, rotary.b * rotary.qkv_width(),
-         [&](int64_t e) { backend.rotary_backward(O(1), with_rows(rotary, e), 1e4, 0); }},
+         [&](int64_t e) { backend.rotary_backward(out[1], with_rows(rotary, e), 1e4, 0); }},
     };
     std::vector<TimedPoint> points;
     std::vector<MemoryPoint> rows;
@@ -455,11 +447,7 @@ class Profiler {
         int64_t elements = whole_rows * f.row;
         if (elements <= previous) continue;  // small targets of a wide row: one point, not two
         previous = elements;
-        const int64_t stride = (elements + 15) / 16 * 16, slots = std::max<int64_t>(1, pool / stride);
-        points.push_back({[&f, &shift, elements, stride, slots, call = int64_t(0)]() mutable {
-          shift = (call++ % slots) * stride;
-          f.body(elements);
-        }});
+        points.push_back({[&f, elements] { f.body(elements); }});
         rows.push_back({f.name, double(elements) * f.bytes_per_element, 0, ""});
       }
     }
