@@ -9,6 +9,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "json_text.hpp"
+
 namespace stepcast {
 
 namespace {
@@ -59,19 +61,6 @@ void append_json_double(std::string& text, double value) {
   }
   char buffer[64];
   text.append(buffer, nlohmann::detail::to_chars(buffer, buffer + sizeof buffer, value));
-}
-
-// The shortest text that reads back as the same number (std::to_chars), null for inf and nan.
-template <class Number>
-void append_number(std::string& text, Number value) {
-  if constexpr (std::is_floating_point_v<Number>) {
-    if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
-      text += "null";
-      return;
-    }
-  }
-  char buffer[32];
-  text.append(buffer, std::to_chars(buffer, buffer + sizeof buffer, value).ptr);
 }
 
 }  // namespace
@@ -140,7 +129,7 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   }
   // The op events, written without a JSON tree per event (10^6 of them): args' keys in sorted
   // order as nlohmann writes them, numbers as the shortest text that reads back the same.
-  auto number = [&event](auto value) { append_number(event, value); };
+  auto number = [&event](auto value) { append_json_number(event, value); };
   auto key = [&event](bool& first_key, const char* name) {
     event += first_key ? "{\"" : ",\"";
     event += name;

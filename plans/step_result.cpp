@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "errors.hpp"
+#include "json_text.hpp"
 #include "version.hpp"
 
 namespace stepcast {
@@ -155,23 +156,6 @@ Json step_result_to_json(const StepResult& r) {
   return out;
 }
 
-namespace {
-
-// The shortest text that reads back as the same number.
-template <class Number>
-void append_number(std::string& out, Number value) {
-  if constexpr (std::is_floating_point_v<Number>) {
-    if (!std::isfinite(value)) {  // as the JSON writer writes it: no inf or nan in JSON
-      out += "null";
-      return;
-    }
-  }
-  char text[32];
-  out.append(text, std::to_chars(text, text + sizeof text, value).ptr);
-}
-
-}  // namespace
-
 void write_step_result_json(std::ostream& out, const StepResult& result) {
   Json summary = summary_to_json(result);
   summary.erase("ops");  // the records come last, below
@@ -200,15 +184,15 @@ void write_step_result_json(std::ostream& out, const StepResult& result) {
   for (size_t i = 0; i < result.ops.size(); ++i) {
     const OpRecord& o = result.ops[i];
     chunk += i ? ",\n{\"rank\":" : "\n{\"rank\":";
-    append_number(chunk, o.rank);
+    append_json_number(chunk, o.rank);
     chunk += ",\"id\":";
-    append_number(chunk, o.id);
+    append_json_number(chunk, o.id);
     chunk += ",\"start_s\":";
-    append_number(chunk, o.start_s);
+    append_json_number(chunk, o.start_s);
     chunk += ",\"end_s\":";
-    append_number(chunk, o.end_s);
+    append_json_number(chunk, o.end_s);
     chunk += ",\"ready_s\":";
-    append_number(chunk, o.ready_s);
+    append_json_number(chunk, o.ready_s);
     chunk += '}';
     if (chunk.size() > kChunkBytes - 256) {
       out.write(chunk.data(), std::streamsize(chunk.size()));
