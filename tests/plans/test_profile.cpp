@@ -18,6 +18,7 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "profile.hpp"
+#include "profile_fixtures.hpp"
 #include "test_support.hpp"
 
 using namespace stepcast;
@@ -26,66 +27,6 @@ using Catch::Matchers::Contains;
 using test::source_path;
 
 namespace {
-
-// The profiler's GEMM axis: √2 steps up to 40, where the rate bends most, then 2× steps.
-const std::vector<int64_t> kAxis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
-
-// A smooth GEMM time with the shape of a real one: a fixed cost, operand traffic at a
-// bandwidth, and flops at a peak (seconds). Its rates span what one core of the development
-// machine measures: 14 Gflop/s at 10×10×10, 100 at 80×80×80, 123 at 640×640×640.
-double synthetic_gemm_time_s(double m, double n, double k) {
-  const double peak = 125e9, bandwidth = 40e9, fixed = 0.1e-6;
-  return fixed + 4 * (m * k + k * n + m * n) / bandwidth + 2 * m * n * k / peak;
-}
-
-std::vector<GemmPoint> synthetic_grid(const std::string& variant,
-                                      double (*time_s)(double, double, double)) {
-  std::vector<GemmPoint> points;
-  for (int64_t m : kAxis) {
-    for (int64_t n : kAxis) {
-      for (int64_t k : kAxis) points.push_back({variant, m, n, k, time_s(double(m), double(n), double(k)), "", 1});
-    }
-  }
-  return points;
-}
-
-double power_law_time_s(double m, double n, double k) {
-  return 1e-9 * std::pow(m, 0.9) * std::pow(n, 1.1) * std::pow(k, 0.7);
-}
-
-// A measured CPU profile as `stepcast profile` writes it, with synthetic points.
-DeviceProfile synthetic_profile() {
-  DeviceProfile p;
-  p.name = "cpu-test";
-  p.file = "synthetic.json";
-  p.notes = "synthetic";
-  p.device = "cpu-core";
-  p.backend = "cpu";
-  p.gemm[Dtype::fp32] = GemmEfficiency{1.0, 0.0};
-  p.memory_bandwidth_bytes_per_s = 8e9;
-  p.kernel_overhead_s = 1e-6;
-  p.intra_node_bandwidth_bytes_per_s = 3e9;
-  p.intra_node_latency_s = 2e-6;
-  p.machine = MachineInfo{"host", "Some CPU", 2};
-  p.libraries = {{"openblas", "OpenBLAS 0.3.21"}, {"mpi", "Open MPI v4.1.4"}};
-  p.execution_in_order = true;
-  p.execution_staged_sends = true;
-  MeasuredTables t;
-  t.dtype = Dtype::fp32;
-  t.method = {{"ranks", 2}};
-  t.gemm = synthetic_grid("forward", synthetic_gemm_time_s);
-  for (double bytes : {16384.0, 65536.0, 262144.0, 1048576.0}) {
-    t.memory.push_back({"norm_forward", bytes, 1e-6 + bytes / 10e9, ""});
-  }
-  t.collectives.push_back({"all_reduce", "ring", 2, 1048576, 4e-4, 2.62144e9, 2.62144e9, "", 1});
-  t.p2p.push_back({8, 1e-6, ""});
-  t.p2p.push_back({1048576, 3e-4, ""});
-  p.measured = t;
-  return p;
-}
-
-double relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
-
 
 // `mpirun -np 2 stepcast profile --quick` once for every test that needs it.
 struct QuickProfile {
@@ -483,123 +424,4 @@ TEST_CASE("profile: collective tables interpolate time log-log, latency below, b
   CHECK_FALSE(model.measured_collective_time_s(OpKind::all_gather, Algorithm::ring, 2, 1048576));
   // No copy family: the staging copy reads and writes the bytes at the measured bandwidth.
   CHECK(model.staging_copy_time_s(1e6) == Approx(2e6 / 8e9 + 1e-6).epsilon(1e-12));
-}
-
-TEST_CASE("profile: attention score and value cost the GEMMs they are made of", "[profile]") {
-  // Each variant its own rate (dgrad at half, wgrad at a quarter of forward's), so a wrong
-  // variant or shape shows. b·heads = 8 GEMMs of s = 64, d = 16 each.
-  DeviceProfile profile = synthetic_profile();
-  auto scaled = [](const std::string& variant, double factor) {
-    std::vector<GemmPoint> points = synthetic_grid(variant, synthetic_gemm_time_s);
-    for (GemmPoint& g : points) g.time_s *= factor;
-    return points;
-  };
-  const std::vector<std::pair<std::string, double>> slower = {{"dgrad", 2.0}, {"wgrad", 4.0}};
-  for (const auto& [variant, factor] : slower) {
-    for (const GemmPoint& g : scaled(variant, factor)) profile.measured->gemm.push_back(g);
-  }
-  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
-  ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
-  GemmRateTable forward(synthetic_grid("forward", synthetic_gemm_time_s));
-  GemmRateTable dgrad(scaled("dgrad", 2.0)), wgrad(scaled("wgrad", 4.0));
-  auto time = [](const GemmRateTable& t, double m, double n, double k) {
-    return 2 * m * n * k / t.flops_per_s(m, n, k);
-  };
-  Op op;
-  op.kind = OpKind::attention;
-  op.batch = 8;
-  op.m = 64;
-  op.n = 64;
-  op.k = 16;
-  op.flops = 2.0 * 8 * 64 * 64 * 16;
-  op.name = OpName::score;
-  CHECK(model.op_time_s(op) == Approx(8 * time(forward, 64, 64, 16)).epsilon(1e-12));
-  op.name = OpName::value;
-  CHECK(model.op_time_s(op) == Approx(8 * time(dgrad, 64, 16, 64)).epsilon(1e-12));
-  op.phase = Phase::backward;
-  op.flops *= 2;
-  CHECK(model.op_time_s(op) ==
-        Approx(8 * (time(forward, 64, 64, 16) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
-  op.name = OpName::score;
-  CHECK(model.op_time_s(op) ==
-        Approx(8 * (time(dgrad, 64, 16, 64) + time(wgrad, 16, 64, 64))).epsilon(1e-12));
-  op.name = OpName::softmax;
-  CHECK(attention_gemms(op).empty());
-}
-
-TEST_CASE("profile: the gradient norm is costed at the gradient bytes it reads", "[profile]") {
-  // Lowering counts the gradient pass's bytes (gradient_pass_bytes): the shard's 1e6 fp32
-  // gradients read once; the table is looked up at those bytes, not at the 4-byte result.
-  DeviceProfile profile = synthetic_profile();
-  for (double bytes : {65536.0, 1048576.0, 16777216.0}) {
-    profile.measured->memory.push_back({"grad_norm", bytes, bytes / 20e9, ""});
-  }
-  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
-  ComputeCostModel model(topology.node.device, Dtype::fp32, profile, topology.file);
-  Op norm;
-  norm.kind = OpKind::optimizer_step;
-  norm.name = OpName::grad_norm;
-  norm.phase = Phase::optimizer;
-  norm.flops = 2e6;
-  norm.bytes = 4e6;
-  CHECK(memory_family(norm) == "grad_norm");
-  CHECK(model.op_time_s(norm) == Approx(4e6 / 20e9).epsilon(1e-9));
-}
-
-TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[profile]") {
-  Op op;
-  op.kind = OpKind::attention;
-  op.name = OpName::dropout;
-  CHECK(memory_family(op) == "attention_dropout_forward");
-  op.phase = Phase::backward;
-  CHECK(memory_family(op) == "dropout_backward");
-  op.kind = OpKind::activation;
-  op.name = OpName::dropout_add;
-  CHECK(memory_family(op) == "dropout_backward");
-  op.phase = Phase::recompute;
-  CHECK(memory_family(op) == "residual_add");  // no mask output: no dropout
-  op.outputs = {"x_mid", "mask1"};
-  CHECK(memory_family(op) == "dropout_add_forward");
-  op.kind = OpKind::embedding;  // the embedding's dropout: its mask decides, as dropout_add's
-  op.name = OpName::position_dropout;
-  op.phase = Phase::forward;
-  op.outputs = {"out", "mask"};
-  CHECK(memory_family(op) == "dropout_add_forward");
-  op.outputs = {"out"};
-  CHECK(memory_family(op) == "copy");
-  op.phase = Phase::backward;
-  op.inputs = {"g", "mask"};
-  CHECK(memory_family(op) == "dropout_backward");
-  op.inputs = {"g"};
-  CHECK(memory_family(op) == "copy");
-  // A mixture of experts' routing has families of its own (a recompute routes again: forward);
-  // its row moves are copies, the shared experts' add a residual add.
-  op.kind = OpKind::activation;
-  op.name = OpName::moe_route;
-  CHECK(memory_family(op) == "moe_route_backward");
-  op.phase = Phase::recompute;
-  CHECK(memory_family(op) == "moe_route_forward");
-  op.name = OpName::moe_permute;
-  CHECK(memory_family(op) == "copy");
-  op.name = OpName::moe_unpermute;
-  op.phase = Phase::backward;
-  CHECK(memory_family(op) == "copy");
-  op.name = OpName::moe_add;
-  CHECK(memory_family(op) == "residual_add");
-  op.phase = Phase::recompute;
-  op.kind = OpKind::norm;
-  op.name = OpName::input_norm;
-  CHECK(memory_family(op) == "norm_forward");
-  CHECK(memory_family(op, "layernorm") == "layernorm_forward");
-  // A LayerNorm model takes the layernorm table where the profile has one.
-  DeviceProfile profile = synthetic_profile();
-  for (double bytes : {16384.0, 1048576.0}) {
-    profile.measured->memory.push_back({"layernorm_forward", bytes, bytes / 2e9, ""});
-  }
-  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
-  ComputeCostModel layer(topology.node.device, Dtype::fp32, profile, topology.file, "layernorm");
-  ComputeCostModel rms(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm");
-  op.bytes = 65536;
-  CHECK(layer.op_time_s(op) == Approx(65536 / 2e9).epsilon(1e-9));
-  CHECK(rms.op_time_s(op) == Approx(1e-6 + 65536 / 10e9).epsilon(1e-12));
 }
