@@ -52,17 +52,6 @@ class TraceText {
   bool first_ = true;
 };
 
-// `value` as nlohmann's JSON writer writes a double (Json(value).dump(): its shortest round-trip
-// text, e.g. "2.0", and null for inf and nan), without a JSON value and string per number.
-void append_json_double(std::string& text, double value) {
-  if (!std::isfinite(value)) {
-    text += "null";
-    return;
-  }
-  char buffer[64];
-  text.append(buffer, nlohmann::detail::to_chars(buffer, buffer + sizeof buffer, value));
-}
-
 }  // namespace
 
 void write_chrome_trace(std::ostream& out, const StepProgram& program,
