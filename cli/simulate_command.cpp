@@ -124,6 +124,8 @@ int run_simulate(int argc, char** argv) {
       "A topology with `heterogeneity` (speed factors per node, device or node group, link\n"
       "factors per node) also gets the same step with every factor 1, simulated beside it: the\n"
       "straggler cost is the difference, and the slowest and the critical rank are named.\n"
+      "A plan with data_parallel_mode async (staleness k) also gets the same plan synchronous,\n"
+      "simulated beside it: throughput of both and the staleness (prediction.json's `async`).\n"
       "Energy per step comes from the device's power_idle_w and power_busy_w (busy while it\n"
       "computes); --price-per-gpu-hour 2.5 USD (or 2.5 --currency USD) gives cost per step.\n"
       "Outputs (--out DIR): prediction.json, the summary first and the per-op records last, and\n"
@@ -180,6 +182,7 @@ int run_simulate(int argc, char** argv) {
   std::optional<ScalingReference> reference;
   if (scaling) reference.emplace(in, profile, sim_options);
   std::unique_ptr<ForkedChild> uniform = fork_uniform_reference(in, profile, sim_options);
+  std::unique_ptr<ForkedChild> synchronous = fork_synchronous_reference(in, profile, sim_options);
   auto wall_start = std::chrono::steady_clock::now();
   StepProgram program = lower_program(in.model, in.topology, in.plan);
   // The program's hash (its JSON text through SHA-256) on the other core while it simulates.
@@ -256,6 +259,11 @@ int run_simulate(int argc, char** argv) {
     heterogeneity = heterogeneity_json(in.topology, sim, uniform->value());
     result.extra["heterogeneity"] = heterogeneity;
   }
+  Json async;
+  if (synchronous) {
+    async = async_json(in.plan, sim, synchronous->value(), double(program.tokens_per_step));
+    result.extra["async"] = async;
+  }
   const Json energy = energy_json(in.topology, sim, price, program.world_size(), double(program.tokens_per_step));
   result.extra["energy_per_step_j"] = energy["energy_per_step_j"];
   result.extra["energy"] = energy;
@@ -296,7 +304,7 @@ int run_simulate(int argc, char** argv) {
     std::cout << "measured collective tables corrected " << sim.corrected_collectives
               << " collectives (factor " << sim.correction_min << " to " << sim.correction_max << ")\n";
   }
-  std::cout << heterogeneity_summary(heterogeneity) << energy_summary(energy);
+  std::cout << heterogeneity_summary(heterogeneity) << async_summary(async) << energy_summary(energy);
   std::cout << "tokens/s " << result.tokens_per_s << ", MFU " << result.mfu << ", HFU "
             << result.hfu << ", peak memory " << format_bytes(memory.peak_bytes_max)
             << (memory.fits ? " (fits)" : " (DOES NOT FIT)");

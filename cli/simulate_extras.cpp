@@ -91,19 +91,21 @@ std::optional<Price> price_from(const po::variables_map& vm) {
   return price;
 }
 
-std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const DeviceProfile& profile,
-                                                    const SimulateOptions& options_in) {
-  if (in.topology.heterogeneity.empty()) return nullptr;
-  auto work = [&in, &profile, options = options_in]() mutable -> std::string {
+namespace {
+
+// The step of `plan` on `topology`, simulated in a forked child that keeps no records.
+std::unique_ptr<ForkedChild> fork_reference_step(const Inputs& in, Topology topology, Plan plan,
+                                                 const DeviceProfile& profile, const SimulateOptions& options_in,
+                                                 const char* what) {
+  auto work = [&in, &profile, topology = std::move(topology), plan = std::move(plan),
+               options = options_in]() mutable -> std::string {
     run_behind_main_work();  // needed only when the simulation beside it has ended
     try {
-      Topology uniform = in.topology;
-      uniform.heterogeneity = Heterogeneity{};
-      StepProgram program = lower_program(in.model, uniform, in.plan);
+      StepProgram program = lower_program(in.model, topology, plan);
       options.detail_ranks.clear();
       options.detail_all = false;
       options.keep_records = false;  // the step time is all it answers
-      SimulationOutput sim = simulate_program(program, uniform, profile, options);
+      SimulationOutput sim = simulate_program(program, topology, profile, options);
       std::ostringstream answer;
       answer.precision(17);
       answer << "ok " << sim.step_time_s;
@@ -113,7 +115,53 @@ std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const Devi
       return std::string("error ") + e.what();
     }
   };
-  return std::make_unique<ForkedChild>(work, "the uniform-topology reference simulation");
+  return std::make_unique<ForkedChild>(work, what);
+}
+
+}  // namespace
+
+std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const DeviceProfile& profile,
+                                                    const SimulateOptions& options) {
+  if (in.topology.heterogeneity.empty()) return nullptr;
+  Topology uniform = in.topology;
+  uniform.heterogeneity = Heterogeneity{};
+  return fork_reference_step(in, std::move(uniform), in.plan, profile, options,
+                             "the uniform-topology reference simulation");
+}
+
+std::unique_ptr<ForkedChild> fork_synchronous_reference(const Inputs& in, const DeviceProfile& profile,
+                                                        const SimulateOptions& options) {
+  if (!in.plan.async_dp()) return nullptr;
+  Plan synchronous = in.plan;
+  synchronous.async_staleness = 0;
+  return fork_reference_step(in, in.topology, std::move(synchronous), profile, options,
+                             "the synchronous data-parallel reference simulation");
+}
+
+Json async_json(const Plan& plan, const SimulationOutput& sim, double sync_step_time_s, double tokens_per_step) {
+  return {{"staleness", plan.async_staleness},
+          {"gradient_age_steps", plan.async_staleness},
+          {"step_time_s", sim.step_time_s},
+          {"tokens_per_s", tokens_per_step / sim.step_time_s},
+          {"sync_step_time_s", sync_step_time_s},
+          {"sync_tokens_per_s", tokens_per_step / sync_step_time_s},
+          {"throughput_over_sync", sync_step_time_s / sim.step_time_s},
+          {"definition",
+           "data_parallel_mode async: the gradient of step t is all-reduced beside the compute of step t + 1 and "
+           "applied staleness steps after it was computed (gradient_age_steps: the updates between the weights a "
+           "gradient was computed on and those it updates); step_time_s is the steady state; sync_* is the same "
+           "plan with data_parallel_mode sync, simulated beside it"}};
+}
+
+std::string async_summary(const Json& a) {
+  if (a.is_null()) return "";
+  std::ostringstream out;
+  out << "asynchronous data parallelism (staleness " << a["staleness"].get<int64_t>() << "): "
+      << a["tokens_per_s"].get<double>() << " tokens/s against " << a["sync_tokens_per_s"].get<double>()
+      << " synchronous (step " << a["sync_step_time_s"].get<double>() << " s), "
+      << fixed(a["throughput_over_sync"].get<double>(), 3) << "x the throughput; every gradient applied "
+      << a["gradient_age_steps"].get<int64_t>() << " step(s) late\n";
+  return out.str();
 }
 
 Json heterogeneity_json(const Topology& topology, const SimulationOutput& sim, double uniform_step_time_s) {

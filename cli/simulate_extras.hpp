@@ -1,6 +1,8 @@
-// What `simulate` adds to a step on unequal devices and for the bill: the straggler cost (the
-// step less the same step with every speed and link factor 1, simulated in a forked child), energy
-// per step from the device's power figures, and cost per step from --price-per-gpu-hour.
+// What `simulate` adds to a step on unequal devices, under asynchronous data parallelism and for
+// the bill: the straggler cost (the step less the same step with every speed and link factor 1,
+// simulated in a forked child), the synchronous plan's step beside an asynchronous one's (also a
+// forked child), energy per step from the device's power figures, and cost per step from
+// --price-per-gpu-hour.
 // Results as JSON for prediction.json and as summary lines; the command prints them.
 #pragma once
 
@@ -29,6 +31,14 @@ std::optional<Price> price_from(const po::variables_map& vm);
 // topology has some; null otherwise. Call before the SimGrid engine or any thread.
 std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const DeviceProfile& profile,
                                                     const SimulateOptions& options);
+
+// Forks the synchronous reference (the plan with data_parallel_mode sync) of an asynchronous
+// plan; null for a synchronous one. Call before the SimGrid engine or any thread.
+std::unique_ptr<ForkedChild> fork_synchronous_reference(const Inputs& in, const DeviceProfile& profile,
+                                                        const SimulateOptions& options);
+// prediction.json's "async": staleness, the asynchronous and the synchronous step and throughput.
+Json async_json(const Plan& plan, const SimulationOutput& sim, double sync_step_time_s, double tokens_per_step);
+std::string async_summary(const Json& async);
 
 // prediction.json's "heterogeneity": the slowest device, the critical rank, the uniform step and
 // the straggler cost (step_time_s − uniform_step_time_s).

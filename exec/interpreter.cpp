@@ -280,7 +280,8 @@ void Interpreter<T, G, W>::mark_buffers_to_zero() {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::zero_persistent_grads() {
   for (const Op& op : role_.ops) {
-    if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads) {
+    if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads &&
+        !is_stale_grads(op.buffer)) {
       backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
     }
   }

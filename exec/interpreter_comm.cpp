@@ -182,6 +182,11 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
     backend_.add(buf<G>(shard, op), buf<G>(in(op, "full"), op), count(shard, op));
     return;
   }
+  if (op.name == OpName::grad_stash) {  // [from] → [to]: asynchronous dp's gradient moved a slot on
+    const std::string& to = out(op, "to");
+    backend_.copy(arena_.buffer(to, op.id), arena_.buffer(in(op, "from"), op.id), arena_.bytes_of(arena_.alloc_of(to, op.id)));
+    return;
+  }
   if (op.name == OpName::grad_norm) {  // [grads…] → [norm_sq]: Σ g² over what this rank owns
     std::vector<std::pair<const G*, int64_t>> ranges;
     for (const auto& name : operands(op).ins("grads")) {
@@ -202,6 +207,10 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
   }
   // [grads…, states…, norm_sq] → [states…, weights…]: group i's gradient, state and weights.
   STEPCAST_CHECK(op.name == OpName::adamw, std::string("unknown optimizer op ") + to_string(op.name));
+  // Asynchronous data parallelism: the gradient of step t is applied in step t + k; steps before
+  // k have none to apply, and Adam counts its steps from the first update.
+  const int64_t update = step_ - p_.async_staleness;
+  if (update < 0) return;
   W norm_sq = 0;
   backend_.download(&norm_sq, buf<W>(in(op, "norm_sq"), op), sizeof(W));
   double norm = std::sqrt(double(norm_sq));
@@ -230,7 +239,7 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
       if (a >= z) continue;
       config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
       int64_t o = a - first;
-      backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a, config, step_ + 1, clip);
+      backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a, config, update + 1, clip);
     }
   }
 }

@@ -289,6 +289,7 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
     case OpKind::optimizer_step:
       if (op.name == OpName::grad_norm || op.name == OpName::adamw) return to_string(op.name);
       if (op.name == OpName::grad_accumulate) return "residual_add";  // two tensors in, their sum out
+      if (op.name == OpName::grad_stash) return "copy";
       return "";
     default:
       return "";

@@ -36,6 +36,7 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.devices_per_node = topology.node.devices_per_node;
   program.num_microbatches = plan.num_microbatches();
   program.tokens_per_step = plan.global_batch_size * model.seq_length;
+  program.async_staleness = plan.async_staleness;
   program.fp8 = plan.fp8;
   if (plan.fp8.enabled()) program.fp8_slots = model.num_hidden_layers * kFp8SlotsPerLayer;
   program.roles.resize(plan.pp_size);

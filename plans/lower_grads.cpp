@@ -7,6 +7,7 @@ namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
   const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
+  if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions)
   if (reduced_over == 1) {
     if (shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});
     return;
@@ -130,7 +131,7 @@ void RoleLowering::emit_optimizer() {
   std::vector<std::string> grads, states, weights;
   double shard_elements = 0;
   for (const auto& g : groups_) {
-    grads.push_back("grads." + g.name);
+    grads.push_back(optimizer_grads(g));
     states.push_back("optimizer." + g.name);
     weights.push_back("weights." + g.name);
     shard_elements += double(optimizer_elements(g));
@@ -164,6 +165,46 @@ void RoleLowering::emit_optimizer() {
                           outputs);
   const_cast<Op&>(rb_.role().ops[id]).bytes = adamw_bytes(c_.act, c_.grad) * shard_elements;
   rb_.free("grad_norm_sq", Phase::optimizer);
+}
+
+void RoleLowering::emit_async_reductions() {
+  // In the order the backward pass made them ready (the last layers first), in buckets of the
+  // plan's size, expert groups apart (they reduce over edp).
+  OpSite at{Phase::forward, -1, -1, -1};
+  for (bool expert : {false, true}) {
+    const int64_t reduced_over = expert ? c_.grid.edp_size() : plan_.dp_cp_size();
+    if (reduced_over == 1) continue;
+    std::vector<std::string> names;
+    double bytes = 0;
+    auto flush = [&]() {
+      if (names.empty()) return;
+      e_.collective(at, OpKind::all_reduce, shard_group(expert), Stream::comm, OpName::grad_bucket, bytes, names,
+                    names);
+      names.clear();
+      bytes = 0;
+    };
+    for (auto g = groups_.rbegin(); g != groups_.rend(); ++g) {
+      if (g->expert != expert) continue;
+      names.push_back(stale_grads(*g, 0));
+      bytes += double(grad_elements(*g)) * dtype_bytes(c_.grad);
+      if (bytes >= plan_.grad_bucket_bytes) flush();
+    }
+    flush();
+  }
+}
+
+void RoleLowering::emit_async_stash() {
+  // After the update read slot k − 1: slot j − 1 → slot j, from the top, then this step's
+  // gradient into slot 0 (grads.GROUP is zeroed as the next step starts).
+  OpSite at{Phase::optimizer, -1, -1, -1};
+  for (const auto& g : groups_) {
+    const double elements = double(grad_elements(g));
+    for (int64_t slot = plan_.async_staleness - 1; slot >= 0; --slot) {
+      std::string from = slot == 0 ? "grads." + g.name : stale_grads(g, slot - 1);
+      int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::grad_stash, elements, {from}, {stale_grads(g, slot)});
+      const_cast<Op&>(rb_.role().ops[size_t(id)]).bytes = 2 * elements * dtype_bytes(c_.grad);
+    }
+  }
 }
 
 void RoleLowering::emit_param_gathers(Phase phase) {

@@ -19,6 +19,7 @@ void RoleLowering::lower() {
     // overlapping the forward pass (Megatron's overlap_param_gather).
     emit_param_gathers(Phase::forward);
   }
+  if (plan_.async_dp()) emit_async_reductions();
   ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, plan_.num_microbatches()};
   std::vector<PassAction> actions = schedule_actions(plan_.schedule, shape, role_.pp_stage);
   std::map<int64_t, size_t> last_backward;  // chunk → index of its last backward action
@@ -39,6 +40,7 @@ void RoleLowering::lower() {
   deferred_buckets_.clear();
   emit_finalize_grads();
   emit_optimizer();
+  if (plan_.async_dp()) emit_async_stash();
   emit_fp8_scale_update();
   if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
     emit_param_gathers(Phase::optimizer);
@@ -81,6 +83,9 @@ void RoleLowering::alloc_persistent() {
               Phase::forward, true);
     rb_.alloc("grads." + g.name, BufferClass::grads, c_.grad, {grad_elements(g)},
               Phase::forward, true);
+    for (int64_t slot = 0; slot < plan_.async_staleness; ++slot) {
+      rb_.alloc(stale_grads(g, slot), BufferClass::grads, c_.grad, {grad_elements(g)}, Phase::forward, true);
+    }
     rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
               {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where

@@ -190,6 +190,19 @@ class RoleLowering {
   void emit_replica_reduction(const Bucket& bucket);
   void emit_finalize_grads();
   void emit_optimizer();
+  // Asynchronous data parallelism (plan async_staleness k): slot j of a group's stale gradients
+  // ("stale_grads<j>.GROUP", persistent) holds the gradient of step t − 1 − j at the start of
+  // step t. The previous step's (slot 0) is all-reduced over dp as the step starts, beside its
+  // compute; the optimizer applies slot k − 1; then each slot moves one up and this step's
+  // gradient goes into slot 0 (grad_stash copies).
+  std::string stale_grads(const ParamGroup& g, int64_t slot) const {
+    return "stale_grads" + std::to_string(slot) + "." + g.name;
+  }
+  std::string optimizer_grads(const ParamGroup& g) const {
+    return plan_.async_dp() ? stale_grads(g, plan_.async_staleness - 1) : "grads." + g.name;
+  }
+  void emit_async_reductions();
+  void emit_async_stash();
   void emit_param_gathers(Phase phase);
 
   const LowerContext& c_;

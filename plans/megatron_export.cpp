@@ -106,6 +106,10 @@ void add_pipeline(Builder& b, const Plan& plan, const ModelConfig& m) {
   const int64_t L = m.num_hidden_layers, pp = plan.pp_size, vpp = plan.virtual_pp_size;
   // Megatron runs 1F1B with a pipeline, interleaved when vpp > 1, and without one each
   // microbatch's forward then its backward (core/pipeline_parallel/schedules.py:161-167).
+  if (plan.async_dp()) {
+    b.cannot("data_parallel_mode async (gradients applied " + std::to_string(plan.async_staleness) +
+             " step(s) late): Megatron-LM's data parallelism is synchronous");
+  }
   if (plan.schedule == ScheduleKind::gpipe && (pp > 1 || plan.num_microbatches() > 1)) {
     b.cannot("schedule gpipe (every forward before any backward) is not one of Megatron-LM's "
              "schedules (core/pipeline_parallel/schedules.py:161-167)");

@@ -40,6 +40,7 @@ const char* to_string(OpName name) {
     case OpName::grad_accumulate: return "grad_accumulate";
     case OpName::grad_norm: return "grad_norm";
     case OpName::adamw: return "adamw";
+    case OpName::grad_stash: return "grad_stash";
     case OpName::tp_embedding: return "tp_embedding";
     case OpName::tp_attn_out: return "tp_attn_out";
     case OpName::tp_mlp_down: return "tp_mlp_down";
@@ -386,6 +387,7 @@ std::vector<OpSignature> make_table() {
       // ---- optimizer ----
       {OpKind::optimizer_step, {N::grad_accumulate}, Grad::none, Pass::backward,
        {grads("full"), grads("shard")}, {grads("shard")}},
+      {OpKind::optimizer_step, {N::grad_stash}, Grad::none, Pass::optimizer, {grads("from")}, {grads("to")}},
       {OpKind::optimizer_step, {N::grad_norm}, Grad::none, Pass::optimizer,
        {{"grads", R::grads, C::repeated, D::floating, S::any}}, {stats("norm_sq", S::one)}},
       {OpKind::optimizer_step, {N::adamw}, Grad::none, Pass::optimizer,

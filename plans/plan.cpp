@@ -57,6 +57,7 @@ const char* to_string(Fp8Scaling scaling) { return scaling == Fp8Scaling::curren
 
 namespace {
 
+const std::vector<std::string> kDataParallelModes = {"sync", "async"};
 const std::vector<std::string> kCpCommNames = {"p2p", "allgather", "a2a"};  // Megatron-LM's (arguments.py)
 const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1f1b"};
 const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
@@ -234,6 +235,12 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   plan.fp8 = read_fp8(reader);
   plan.dropout = reader.get_number_in("dropout", 0.0, 0.99, 0.1);
   plan.overlap_grad_reduce = reader.get_bool_or("overlap_grad_reduce", false);
+  const bool async_dp = reader.get_enum_or("data_parallel_mode", kDataParallelModes, "sync") == "async";
+  if (!async_dp && reader.has("staleness")) {
+    reader.fail("staleness", "is given, but data_parallel_mode is \"sync\" (gradients applied in their own step)",
+                "no staleness, or data_parallel_mode \"async\"");
+  }
+  if (async_dp) plan.async_staleness = reader.get_int_or("staleness", 1, 1);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
   plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
   plan.scatter_gather_tensors_in_pipeline = reader.get_bool_or("scatter_gather_tensors_in_pipeline", false);
@@ -279,6 +286,24 @@ void resolve_dp_size(Plan& plan, int64_t world_size, const std::string& world) {
 }
 
 namespace {
+
+// Asynchronous data parallelism reduces full gradient replicas a step late: unsharded state only.
+void validate_async(const Plan& plan) {
+  const std::string& f = plan.file;
+  if (plan.zero_stage != 0) {
+    throw_input_error(f, "data_parallel_mode", "async",
+                      "with zero_stage " + std::to_string(plan.zero_stage) +
+                          " is not supported (asynchronous data parallelism all-reduces whole gradient replicas "
+                          "beside the next step; sharded state is not lowered for it)",
+                      "zero_stage 0 with data_parallel_mode \"async\", or data_parallel_mode \"sync\"");
+  }
+  if (plan.overlap_grad_reduce) {
+    throw_input_error(f, "overlap_grad_reduce", "true",
+                      "with data_parallel_mode \"async\": the asynchronous reduction already runs beside the "
+                      "next step's compute",
+                      "false (or absent) with data_parallel_mode \"async\"");
+  }
+}
 
 // Context parallelism as Megatron-LM and Transformer Engine run it: every sequence cut into
 // 2·cp chunks; the p2p ring merges partial softmaxes, which only the fused (flash) kernel keeps.
@@ -442,6 +467,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "Transformer Engine caches them, which ZeRO-3's sharded weights do not allow)",
                       "zero_stage 0, 1 or 2 with fp8, or no fp8");
   }
+  if (plan.async_dp()) validate_async(plan);
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
                       "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
@@ -536,6 +562,10 @@ Json plan_to_json(const Plan& plan) {
   moe_plan_to_json(plan.moe, out);
   out["dropout"] = plan.dropout;
   out["overlap_grad_reduce"] = plan.overlap_grad_reduce;
+  if (plan.async_dp()) {  // absent: synchronous (outputs of synchronous plans keep their bytes)
+    out["data_parallel_mode"] = "async";
+    out["staleness"] = plan.async_staleness;
+  }
   out["overlap_param_gather"] = plan.overlap_param_gather;
   out["overlap_p2p_comm"] = plan.overlap_p2p_comm;
   out["scatter_gather_tensors_in_pipeline"] = plan.scatter_gather_tensors_in_pipeline;

@@ -68,6 +68,10 @@ struct Plan {
   MoePlan moe;
   double dropout = 0.1;                  // hidden and attention dropout probability
   bool overlap_grad_reduce = false;
+  // Asynchronous data parallelism (plan data_parallel_mode "async", staleness k ≥ 1): each step's
+  // gradient is all-reduced beside the next step's compute and applied k steps late (w_{t+1} =
+  // w_t − update(g_{t−k}); no update in steps 0..k−1). 0: synchronous (the default).
+  int64_t async_staleness = 0;
   bool overlap_param_gather = false;
   // Pipeline sends and receives run beside compute (true), or a stage's next compute waits until
   // its sends and receives are done, as Megatron-LM's batched p2p does (false). Megatron's rule is
@@ -102,6 +106,7 @@ struct Plan {
   int64_t dp_shard_size() const { return dp_cp_size() / num_distributed_optimizer_instances; }
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
   Dtype activation_dtype() const { return param_dtype; }
+  bool async_dp() const { return async_staleness > 0; }
 };
 
 // Megatron-LM's: pipeline transfers overlap compute under the interleaved schedule only.

@@ -45,6 +45,7 @@ enum class OpName {
   rotary, gelu, swiglu, dropout_add, mlp_bias_grad, attn_bias_grad,     // activation
   cross_entropy_stats, cross_entropy,                                   // loss
   grad_accumulate, grad_norm, adamw,                                    // optimizer_step
+  grad_stash,  // asynchronous data parallelism: a gradient copied into its next stale slot
   // collectives: what they reduce or gather (grad_norm also names its all_reduce)
   tp_embedding, tp_attn_out, tp_mlp_down, tp_mlp_up, tp_qkv, tp_logits, tp_cross_entropy,
   sp_embedding, sp_ln1, sp_ln2, sp_d_attn, sp_d_mlp, sp_final_norm,
@@ -195,6 +196,11 @@ struct StepProgram {
   int64_t devices_per_node = 1;
   int64_t num_microbatches = 1;
   int64_t tokens_per_step = 0;
+  // Asynchronous data parallelism (plan data_parallel_mode "async"): the gradient of step t is
+  // applied at the end of step t + async_staleness (the roles keep it in persistent stale_grads
+  // buffers); an interpreter running steps skips the update (adamw) in steps 0..staleness−1 and
+  // counts Adam's steps from the first update. 0: synchronous.
+  int64_t async_staleness = 0;
   // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
   // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
   // (kFp8SlotsPerLayer per transformer layer of the model).

@@ -234,6 +234,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   put_number(s, double(program.num_microbatches));
   put_key(s, "tokens_per_step");
   put_number(s, double(program.tokens_per_step));
+  if (program.async_staleness > 0) {  // absent: synchronous
+    put_key(s, "async_staleness");
+    put_number(s, double(program.async_staleness));
+  }
   if (program.moe.num_experts > 0) {  // absent: no experts
     s += ",\"moe\":" + Json{{"num_experts", program.moe.num_experts},
                               {"top_k", program.moe.top_k},
@@ -484,6 +488,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);
     p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);
     p.tokens_per_step = integer(j.at("tokens_per_step"), "tokens_per_step", 0, kLarge);
+    p.async_staleness = integer(j.value("async_staleness", Json(0)), "async_staleness", 0, 1 << 20);
     if (j.contains("fp8")) {
       const Json& f = j.at("fp8");
       std::string format = f.at("format").get<std::string>();

@@ -82,6 +82,7 @@ void add_training(Builder& b, const Plan& p, const ModelConfig& m) {
   const int64_t local = p.pp_size > 1 ? p.micro_batch_size * p.num_microbatches() : p.micro_batch_size;
   b.key("local_batch_size", local);
   b.key("global_batch_size", p.global_batch_size);
+  if (p.async_dp()) b.cannot("data_parallel_mode async: TorchTitan's data parallelism (FSDP2, DDP) is synchronous");
   b.key("seq_len", m.seq_length);
   if (p.param_dtype == Dtype::bf16 || p.param_dtype == Dtype::fp32) {
     b.key("mixed_precision_param", toml_string(p.param_dtype == Dtype::bf16 ? "bfloat16" : "float32"));

@@ -149,7 +149,7 @@ def check_inputs(source):
 
 # Inputs the commands below use beyond the shipped ones, written into {inputs}: shipped files with
 # a few keys changed, so that the outputs carry their optional sections (heterogeneity, experts,
-# context parallelism, FP8).
+# context parallelism, FP8, asynchronous data parallelism).
 def derived_inputs(source):
     def shipped(path, **changes):
         document = load(os.path.join(source, path))
@@ -184,6 +184,7 @@ def derived_inputs(source):
         "moe.json": shipped("examples/tiny-cpu.json", expert_model_parallel_size=2, moe_expert_capacity_factor=2.0),
         "cp.json": dict(small, name="cp2", context_parallel_size=2, attention_impl="flash", dtype="fp32"),
         "fp8.json": dict(small, name="fp8", dtype="bf16", fp8="e4m3"),
+        "async.json": dict(small, name="async", dp_size=2, dtype="fp32", data_parallel_mode="async", staleness=2),
     }
 
 
@@ -210,6 +211,9 @@ OUTPUTS = {
          "--plan examples/gpt3-13b-a100-64.json --no-records --out {out}", [("prediction.json", "step-result")]),
         (f"{{bin}} lower {TINY} --plan examples/tiny-cpu.json --check --out {{out}}", [("program.json", "program")]),
         (f"{{bin}} lower {TINY} --plan {{inputs}}/cp.json --out {{out}}", [("program.json", "program")]),
+        (f"{{bin}} simulate {TINY} --plan {{inputs}}/async.json --no-records --out {{out}}",
+         [("prediction.json", "step-result")]),
+        (f"{{bin}} lower {TINY} --plan {{inputs}}/async.json --check --out {{out}}", [("program.json", "program")]),
         ("{bin} lower --model models/tiny-moe.json --topology topologies/localhost-cpu.json "
          "--plan {inputs}/moe.json --out {out}", [("program.json", "program")]),
         (f"{{bin}} memory {TINY} --plan examples/tiny-cpu-3d.json --nodes 4 --out {{out}}", [("memory.json", "memory")]),
