@@ -56,7 +56,7 @@ std::string error_of(const Json& json) {
 
 }  // namespace
 
-TEST_CASE("async plans: staleness defaults to 1 and is written back; bad combinations are refused", "[plan][async]") {
+TEST_CASE("async plans: staleness defaults to 1 and is written back, bad combinations are refused", "[plan][async]") {
   Json json = async_plan(1);
   json.erase("staleness");
   Plan plan = lower_json(json).plan;
@@ -137,7 +137,7 @@ TEST_CASE("an async program reduces the previous step's gradients as the step st
   }
 }
 
-TEST_CASE("async memory holds k more gradient copies; program.json keeps the staleness", "[lower][async]") {
+TEST_CASE("async memory holds k more gradient copies and program.json keeps the staleness", "[lower][async]") {
   Json sync = async_plan(1);
   sync.erase("data_parallel_mode");
   sync.erase("staleness");
