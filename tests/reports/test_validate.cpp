@@ -75,7 +75,8 @@ TEST_CASE("validate: the shipped CI sweep reads, relative paths from its folder"
   Sweep s = load_sweep(source_path("sweeps/ci.json"));
   CHECK(s.name == "ci");
   CHECK(s.profile_source == SweepProfileSource::measure_quick);
-  REQUIRE(s.points.size() == 3);
+  REQUIRE(s.points.size() == 4);
+  CHECK(s.points[3].plan.async_staleness == 2);
   CHECK(s.points[0].plan_file == source_path("examples/tiny-cpu.json"));
   CHECK(s.points[1].plan_file.empty());  // inline: merged over the defaults' plan
   CHECK(s.points[1].plan.tp_size == 2);
@@ -298,9 +299,9 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
   WARN("validate of sweeps/ci.json (1 run per point) took " << wall_s << " s");
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("measuring this machine's profile"));
-  CHECK_THAT(r.output, Contains("[1/3] dp2-zero1 (2 ranks") && Contains("[3/3] pp2-1f1b"));
+  CHECK_THAT(r.output, Contains("[1/4] dp2-zero1 (2 ranks") && Contains("[3/4] pp2-1f1b") && Contains("[4/4] dp2-async"));
   Json v = load_json_file(out + "/validate.json");
-  REQUIRE(v["points"].size() == 3);
+  REQUIRE(v["points"].size() == 4);
   for (const Json& p : v["points"]) {
     INFO(p["name"] << ": " << p.value("failure", Json()).dump());
     REQUIRE(p["status"] == "ok");
