@@ -178,8 +178,9 @@ void RoleLowering::emit_async_reductions() {
     double bytes = 0;
     auto flush = [&]() {
       if (names.empty()) return;
-      e_.collective(at, OpKind::all_reduce, shard_group(expert), Stream::comm, OpName::grad_bucket, bytes, names,
-                    names);
+      // ZeRO-1: reduce_scattered in place, each rank updating its slice (as emit_bucket).
+      e_.collective(at, plan_.zero_stage == 0 ? OpKind::all_reduce : OpKind::reduce_scatter, shard_group(expert),
+                    Stream::comm, OpName::grad_bucket, bytes, names, names);
       names.clear();
       bytes = 0;
     };

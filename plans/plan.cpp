@@ -287,15 +287,20 @@ void resolve_dp_size(Plan& plan, int64_t world_size, const std::string& world) {
 
 namespace {
 
-// Asynchronous data parallelism reduces full gradient replicas a step late: unsharded state only.
+// Asynchronous data parallelism reduces whole gradients a step late: ZeRO-0 and ZeRO-1 only.
 void validate_async(const Plan& plan) {
   const std::string& f = plan.file;
-  if (plan.zero_stage != 0) {
+  if (plan.zero_stage >= 2) {
     throw_input_error(f, "data_parallel_mode", "async",
                       "with zero_stage " + std::to_string(plan.zero_stage) +
-                          " is not supported (asynchronous data parallelism all-reduces whole gradient replicas "
-                          "beside the next step; sharded state is not lowered for it)",
-                      "zero_stage 0 with data_parallel_mode \"async\", or data_parallel_mode \"sync\"");
+                          " is not supported (asynchronous data parallelism reduces a whole gradient a step "
+                          "late; ZeRO-2/3 reduce each microbatch's gradient into a shard as the backward pass goes)",
+                      "zero_stage 0 or 1 with data_parallel_mode \"async\", or data_parallel_mode \"sync\"");
+  }
+  if (plan.num_distributed_optimizer_instances > 1) {
+    throw_input_error(f, "num_distributed_optimizer_instances", std::to_string(plan.num_distributed_optimizer_instances),
+                      "with data_parallel_mode \"async\" is not supported (hybrid sharding is not lowered for it)",
+                      "1 with data_parallel_mode \"async\"");
   }
   if (plan.overlap_grad_reduce) {
     throw_input_error(f, "overlap_grad_reduce", "true",

@@ -70,7 +70,7 @@ struct Plan {
   bool overlap_grad_reduce = false;
   // Asynchronous data parallelism (plan data_parallel_mode "async", staleness k ≥ 1): each step's
   // gradient is all-reduced beside the next step's compute and applied k steps late (w_{t+1} =
-  // w_t − update(g_{t−k}); no update in steps 0..k−1). 0: synchronous (the default).
+  // w_t − update(g_{t−k}); no update in steps 0..k−1); ZeRO-0 or 1. 0: synchronous (the default).
   int64_t async_staleness = 0;
   bool overlap_param_gather = false;
   // Pipeline sends and receives run beside compute (true), or a stage's next compute waits until

@@ -131,14 +131,15 @@ inline std::vector<PlanCase> lowering_cases() {
       }
     }
   }
-  // Asynchronous data parallelism (ZeRO-0): staleness 1 and 2, with tp (SP), pp, dp 1 and 2.
+  // Asynchronous data parallelism (ZeRO-0 and ZeRO-1): staleness 1 and 2, with tp (SP), pp, dp 1 and 2.
   for (int tp : {1, 2}) {
     for (int pp : {1, 2}) {
       ++index;
       int dp = 1 + index % 2;
       Json plan = {{"tp_size", tp}, {"pp_size", pp}, {"dp_size", dp}, {"micro_batch_size", 1},
                    {"global_batch_size", dp * pp * 2}, {"dtype", "fp32"}, {"data_parallel_mode", "async"},
-                   {"staleness", 1 + index % 2}, {"recompute", recomputes[index % 3]}, {"dropout", 0.0}};
+                   {"staleness", 1 + index % 2}, {"recompute", recomputes[index % 3]}, {"dropout", 0.0},
+                   {"zero_stage", pp == 2 ? 1 : 0}};
       if (tp > 1 && index % 2 == 0) plan["sequence_parallel"] = true;
       cases.push_back({models[index % 2], plan});
     }

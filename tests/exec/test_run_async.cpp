@@ -1,9 +1,9 @@
 // Asynchronous data parallelism run for real (`stepcast run` under mpirun, fp64): every gradient
-// applied exactly k steps late. Data-parallel plans (with pipeline and tensor parallelism) give
-// the single-rank loss curve of the same delay within 1e-9; the weights stay the initial ones for
-// the first k updates (losses of steps 0..k computed on them), so staleness 1 and 2 agree up to
-// step 1 and part at step 2; a resumed run continues the uninterrupted one (the stale gradients
-// are checkpointed state).
+// applied exactly k steps late. Data-parallel plans (with pipeline or tensor parallelism, ZeRO-1,
+// experts) give the single-rank loss curve of the same delay within 1e-9; the weights stay the
+// initial ones for the first k updates (losses of steps 0..k computed on them), so staleness 1 and
+// 2 agree up to step 1 and part at step 2; a resumed run continues the uninterrupted one (the
+// stale gradients are checkpointed state).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -30,13 +30,26 @@ TEST_CASE("run: async data parallelism gives the single-rank loss curve of the s
   REQUIRE(single.exit_code == 0);
   const std::vector<double> reference = losses(single);
   REQUIRE(reference.size() == size_t(steps));
-  for (const auto& [tp, pp, dp] : {std::tuple{1, 1, 2}, std::tuple{1, 2, 2}, std::tuple{2, 1, 2}}) {
+  for (const auto& [tp, pp, dp, zero] :
+       {std::tuple{1, 1, 2, 0}, std::tuple{1, 2, 2, 0}, std::tuple{2, 1, 2, 0}, std::tuple{1, 1, 2, 1}}) {
     Json p = async_plan(tp, pp, dp, 2);
+    p["zero_stage"] = zero;
     RunResult r = run_plan("tiny", p, steps);
     INFO(p.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(max_relative_difference(losses(r), reference) < 1e-9);
   }
+  // A mixture of experts: expert gradients reduced over edp a step late, dense ones over dp.
+  Json moe = async_plan(1, 1, 1, 2);
+  moe["moe_expert_capacity_factor"] = 2.0;
+  RunResult moe_single = run_plan("tiny-moe", moe, steps);
+  moe["dp_size"] = 2;
+  moe["expert_model_parallel_size"] = 2;
+  RunResult moe_ep = run_plan("tiny-moe", moe, steps);
+  INFO(moe_single.output << moe_ep.output);
+  REQUIRE(moe_single.exit_code == 0);
+  REQUIRE(moe_ep.exit_code == 0);
+  CHECK(max_relative_difference(losses(moe_ep), losses(moe_single)) < 1e-9);
 }
 
 TEST_CASE("run: async staleness k keeps the initial weights for k steps, then applies the oldest gradient",

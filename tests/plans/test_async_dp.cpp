@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 #include <sstream>
 #include <string>
 
@@ -82,10 +83,17 @@ TEST_CASE("async plans: staleness defaults to 1 and is written back, bad combina
   CHECK_THAT(error_of(mode), Contains("key 'data_parallel_mode' = \"hogwild\""));
   CHECK_THAT(error_of(mode), Contains("sync"));
   Json zero = async_plan(1);
-  zero["zero_stage"] = 1;
+  zero["zero_stage"] = 1;  // the distributed optimizer: the stale gradients reduce_scattered
+  CHECK_NOTHROW(lower_json(zero));
+  zero["zero_stage"] = 2;
   message = error_of(zero);
   CHECK_THAT(message, Contains("key 'data_parallel_mode' = async"));
-  CHECK_THAT(message, Contains("zero_stage 1"));
+  CHECK_THAT(message, Contains("zero_stage 2"));
+  zero["zero_stage"] = 1;
+  zero["dp_size"] = 4;
+  zero["global_batch_size"] = 16;
+  zero["num_distributed_optimizer_instances"] = 2;
+  CHECK_THAT(error_of(zero), Contains("key 'num_distributed_optimizer_instances' = 2"));
   Json overlap = async_plan(1);
   overlap["overlap_grad_reduce"] = true;
   CHECK_THAT(error_of(overlap), Contains("key 'overlap_grad_reduce' = true"));
@@ -93,9 +101,11 @@ TEST_CASE("async plans: staleness defaults to 1 and is written back, bad combina
 
 TEST_CASE("an async program reduces the previous step's gradients as the step starts and updates from the slot k late",
           "[lower][async]") {
-  for (int64_t k : {1, 3}) {
-    INFO("staleness " << k);
-    Lowered l = lower_json(async_plan(k));
+  for (auto [k, zero] : {std::pair<int64_t, int>{1, 0}, {3, 0}, {2, 1}}) {
+    INFO("staleness " << k << ", ZeRO-" << zero);
+    Json json = async_plan(k);
+    json["zero_stage"] = zero;
+    Lowered l = lower_json(json);
     CHECK(l.program.async_staleness == k);
     CHECK(check_program(l.program).empty());
     const Role& role = l.program.roles[0];
@@ -111,7 +121,7 @@ TEST_CASE("an async program reduces the previous step's gradients as the step st
       if (is_compute(op.kind) && first_compute < 0) first_compute = op.id;
       if (op.name == OpName::grad_bucket) {
         // Only the stale slot 0, on the comm stream, before any compute: nothing of this step.
-        CHECK(op.kind == OpKind::all_reduce);
+        CHECK(op.kind == (zero == 0 ? OpKind::all_reduce : OpKind::reduce_scatter));
         CHECK(op.stream == Stream::comm);
         CHECK(op.phase == Phase::forward);
         for (const auto& name : op.inputs) CHECK(name.rfind("stale_grads0.", 0) == 0);
