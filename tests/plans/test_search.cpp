@@ -458,7 +458,7 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   REQUIRE(r.exit_code == 0);
   Json s = load_json_file(out + "/strategies.json");
   check_envelope(s, "compare-strategies");
-  REQUIRE(s.at("strategies").size() == 9);
+  REQUIRE(s.at("strategies").size() == 10);
   std::vector<std::string> names;
   for (const auto& row : s["strategies"]) names.push_back(row.at("strategy").get<std::string>());
   CHECK(names.front() == "pure DP");
@@ -469,18 +469,21 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
     CHECK(row.at("step_time_s").get<double>() > 0);
     CHECK(row.at("peak_bytes").get<double>() > row.at("memory_weights_bytes").get<double>());
   }
+  const Json& rows = s["strategies"];
+  // Pure DP's plan asynchronous: the same weights, one more gradient copy (the stale slot).
+  CHECK(rows[1]["strategy"] == "pure DP, async (staleness 1)");
+  CHECK(rows[1]["plan"] == rows[0]["plan"].get<std::string>() + "-async1");
+  CHECK(rows[1]["memory_weights_bytes"] == rows[0]["memory_weights_bytes"]);
+  CHECK(rows[1]["memory_grads_bytes"].get<double>() == Approx(2 * rows[0]["memory_grads_bytes"].get<double>()));
   // ZeRO-3 shards weights over the 4 ranks: fewer weight bytes than pure DP; HSDP over the 2 of
   // a node: between the two.
-  CHECK(s["strategies"][3]["memory_weights_bytes"].get<double>() <
-        s["strategies"][0]["memory_weights_bytes"].get<double>());
-  CHECK(s["strategies"][4]["strategy"] == "HSDP (ZeRO-3 shards in a node)");
-  CHECK(s["strategies"][4]["memory_weights_bytes"].get<double>() >
-        s["strategies"][3]["memory_weights_bytes"].get<double>());
-  CHECK(s["strategies"][4]["memory_weights_bytes"].get<double>() <
-        s["strategies"][0]["memory_weights_bytes"].get<double>());
+  CHECK(rows[4]["memory_weights_bytes"].get<double>() < rows[0]["memory_weights_bytes"].get<double>());
+  CHECK(rows[5]["strategy"] == "HSDP (ZeRO-3 shards in a node)");
+  CHECK(rows[5]["memory_weights_bytes"].get<double>() > rows[4]["memory_weights_bytes"].get<double>());
+  CHECK(rows[5]["memory_weights_bytes"].get<double>() < rows[0]["memory_weights_bytes"].get<double>());
   // Context parallelism: its row's plan splits the sequence; activations per rank shrink.
-  CHECK(s["strategies"][7]["strategy"] == "CP (ring) + 3D");
-  CHECK(s["strategies"][7].dump().find("-cp") != std::string::npos);
+  CHECK(rows[8]["strategy"] == "CP (ring) + 3D");
+  CHECK(rows[8].dump().find("-cp") != std::string::npos);
   CHECK(std::filesystem::exists(out + "/report.html"));
   std::filesystem::remove_all(out);
 }
