@@ -43,8 +43,6 @@ namespace stepcast {
 // The parameter group of a group buffer: "weights.L3" → "L3"; "wfull.L3.mb0.forward" → "L3";
 // "gradfull.L3.mb0" → "L3".
 std::string group_of_buffer(const std::string& name);
-// Asynchronous data parallelism's persistent "stale_grads<slot>.GROUP" buffers (lower_role.hpp).
-inline bool is_stale_grads(const std::string& name) { return name.rfind("stale_grads", 0) == 0; }
 
 template <class T, class G = T, class W = T>
 class Interpreter {
@@ -84,13 +82,7 @@ class Interpreter {
   void for_each_state_buffer(F&& f) {
     size_t i = 0;
     for (const Op& op : role_.ops) {
-      if (op.kind != OpKind::alloc || !op.persistent) continue;
-      // (Asynchronous data parallelism's stale gradients are state: the updates still to come.)
-      if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer &&
-          !is_stale_grads(op.buffer)) {
-        continue;
-      }
-      f(op, i++);
+      if (is_checkpointed_state(op)) f(op, i++);
     }
   }
 

@@ -8,9 +8,7 @@ namespace stepcast {
 double role_state_bytes(const Role& role) {
   double bytes = 0;
   for (const Op& op : role.ops) {
-    if (op.kind != OpKind::alloc || !op.persistent) continue;
-    if (op.buffer_class != BufferClass::weights && op.buffer_class != BufferClass::optimizer) continue;
-    bytes += op.bytes;
+    if (is_checkpointed_state(op)) bytes += op.bytes;
   }
   return bytes;
 }

@@ -1,6 +1,7 @@
 // What a checkpoint of a program holds and how long storage takes to write and read it back.
-// A rank saves its persistent weights and optimizer buffers (exec/checkpoint_run.cpp writes
-// exactly these, each rank its own file, replicas included); ranks sit on nodes in order,
+// A rank saves its persistent weights and optimizer buffers, and under asynchronous data
+// parallelism its stale gradients (is_checkpointed_state; exec/checkpoint_run.cpp writes exactly
+// these, each rank its own file, replicas included); ranks sit on nodes in order,
 // devices_per_node each. Bytes and seconds; pure (no I/O).
 #pragma once
 
@@ -17,7 +18,7 @@ struct CheckpointSize {
   double total_bytes = 0;      // every rank's file together
 };
 CheckpointSize checkpoint_size(const StepProgram& program);
-// The persistent weights and optimizer bytes of one role: what each of its ranks saves.
+// The checkpointed state bytes of one role: what each of its ranks saves.
 double role_state_bytes(const Role& role);
 
 struct CheckpointTimes {

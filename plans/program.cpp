@@ -103,6 +103,14 @@ bool is_p2p(OpKind kind) { return kind == OpKind::send || kind == OpKind::recv; 
 const char* comm_scratch_prefix() { return "comm."; }
 bool is_comm_scratch(const std::string& buffer) { return buffer.rfind(comm_scratch_prefix(), 0) == 0; }
 
+bool is_stale_grads(const std::string& buffer) { return buffer.rfind("stale_grads", 0) == 0; }
+
+bool is_checkpointed_state(const Op& alloc) {
+  if (alloc.kind != OpKind::alloc || !alloc.persistent) return false;
+  return alloc.buffer_class == BufferClass::weights || alloc.buffer_class == BufferClass::optimizer ||
+         is_stale_grads(alloc.buffer);
+}
+
 namespace {
 const char* data_suffix(DataBuffer what) {
   switch (what) {

@@ -104,6 +104,13 @@ bool is_p2p(OpKind kind);
 // output): comm-class buffers named with this prefix, which carry no payload of the model.
 const char* comm_scratch_prefix();  // "comm."
 bool is_comm_scratch(const std::string& buffer);
+// Asynchronous data parallelism's persistent gradient slots, "stale_grads<slot>.GROUP".
+bool is_stale_grads(const std::string& buffer);
+
+struct Op;
+// What a checkpoint saves of a rank: its persistent allocs of weights and optimizer state, and
+// the stale gradients asynchronous data parallelism has still to apply.
+bool is_checkpointed_state(const Op& alloc);
 
 // The data a microbatch reads, as buffers of the program: its token ids [s, b] int32 (on the
 // ranks of the first virtual stage: embedding forward and backward read them), its targets

@@ -1,7 +1,8 @@
 // Asynchronous data parallelism (plan data_parallel_mode "async", staleness k): the plan keys and
 // their refusals, and the program it lowers to — the previous step's gradients all-reduced as the
 // step starts, the update reading the slot k − 1 steps old, the slots moved up after it, k stale
-// gradient buffers per parameter group in memory — and program.json carrying the staleness.
+// gradient buffers per parameter group in memory and in checkpoints — and program.json carrying
+// the staleness.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "checkpoint_size.hpp"
 #include "errors.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
@@ -158,6 +160,11 @@ TEST_CASE("async memory holds k more gradient copies and program.json keeps the 
   const double sync_grads = ms.ranks[0].grads_bytes;
   CHECK(sync_grads > 0);
   CHECK(ma.ranks[0].grads_bytes == Approx(3 * sync_grads));
+
+  // A checkpoint saves the stale gradients too (the updates still to come): goodput's write time
+  // counts them.
+  CHECK(checkpoint_size(a.program).rank_bytes_max ==
+        Approx(checkpoint_size(s.program).rank_bytes_max + 2 * sync_grads));
 
   std::ostringstream text, sync_text;
   write_program_json(a.program, &text);
