@@ -274,9 +274,9 @@ class Profiler {
     // Row lengths: hidden size (norms, dropout_add), attention keys (softmax), vocabulary (loss):
     // the grid's (a CPU's sit between small test models and GPT-scale ones).
     const int64_t h = grid_.memory_hidden, cols = grid_.memory_softmax_cols, vocab = grid_.memory_vocab;
-    // The largest tensor of any family (two tensors per element at least), plus a row of slack
-    // (a size target rounds to whole rows).
-    int64_t most = int64_t(size_targets.back() / (2 * s)) + std::max<int64_t>({1024, h, cols, vocab});
+    // The largest tensor of any family (one tensor per element at least: a lookup writes its row,
+    // the loss statistics read the logits), plus a row of slack (a size target rounds to whole rows).
+    int64_t most = int64_t(size_targets.back() / s) + std::max<int64_t>({1024, h, cols, vocab});
     // Inputs are never written (passes interleave the families, and a softmax of another
     // kernel's output could be anything); outputs are never read as inputs; AdamW has its own.
     std::vector<T*> in, out;
@@ -343,6 +343,14 @@ class Profiler {
     int32_t* route_in = copy_of(backend, host_route);
     int32_t* route_out = copy_of(backend, host_route);
     int32_t* expert_counts = copy_of(backend, std::vector<int32_t>(kExperts, 0));
+    // The word embedding: a table of the grid's vocabulary × hidden rows, looked up (forward) and
+    // its gradient rows accumulated (backward) for token ids spread over it.
+    const int64_t most_lookups = most / h + 1;
+    std::vector<int32_t> host_tokens(static_cast<size_t>(most_lookups));
+    for (size_t i = 0; i < host_tokens.size(); ++i) host_tokens[i] = int32_t(i * 7919 % size_t(vocab));
+    const int32_t* tokens = copy_of(backend, host_tokens);
+    T* table = buffer(backend, vocab * h, true);
+    G* table_grad = buffer<G>(backend, vocab * h);
     // family, bytes per element (as lowering counts the op's bytes), row length, body(elements).
     struct Family {
       const char* name;
@@ -416,6 +424,16 @@ class Profiler {
            backend.cross_entropy_stats(in[0], targets, stats, e / vocab, 0, vocab);
            backend.cross_entropy_forward(in[0], stats, 1, wide_out, loss, e / vocab, vocab);
          }},
+        // A tensor-parallel rank's statistics alone (max, sum of exp, target logit per token):
+        // lowering counts the logits, the targets and three wide statistics per token.
+        {"cross_entropy_stats", s + (4 + 3 * double(sizeof(W))) / double(vocab), vocab,
+         [&](int64_t e) { backend.cross_entropy_stats(in[0], targets, stats, e / vocab, 0, vocab); }},
+        // Lowering counts a lookup's output row and its token id (forward), the gradient row read
+        // and the id (backward); the table's rows are not counted (a parameter buffer).
+        {"embedding_forward", s + 4.0 / double(h), h,
+         [&](int64_t e) { backend.embedding_forward(tokens, table, out[0], e / h, 1, h, 0, vocab); }},
+        {"embedding_backward", s + 4.0 / double(h), h,
+         [&](int64_t e) { backend.embedding_backward(tokens, in[0], table_grad, e / h, 1, h, 0, vocab); }},
         {"cross_entropy_backward", 2 * s, vocab,
          [&](int64_t e) {
            backend.cross_entropy_backward(wide_in, targets, out[0], e / vocab, 0, vocab, 1e-3);
@@ -447,6 +465,9 @@ class Profiler {
         int64_t elements = whole_rows * f.row;
         if (elements <= previous) continue;  // small targets of a wide row: one point, not two
         previous = elements;
+        STEPCAST_CHECK(elements <= most, std::string("memory-bound family ") + f.name + ": " +
+                                             std::to_string(elements) + " elements overrun its buffers of " +
+                                             std::to_string(most));
         points.push_back({[&f, elements] { f.body(elements); }});
         rows.push_back({f.name, double(elements) * f.bytes_per_element, 0, ""});
       }

@@ -223,7 +223,8 @@ double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int6
 const std::vector<std::string>& memory_families() {
   static const std::vector<std::string> families = {
       "adamw",          "attention_dropout_forward", "copy",           "cross_entropy_backward",
-      "cross_entropy_forward", "dropout_add_forward", "dropout_backward", "gelu_backward",
+      "cross_entropy_forward", "cross_entropy_stats", "dropout_add_forward", "dropout_backward",
+      "embedding_backward", "embedding_forward",     "gelu_backward",
       "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
       "moe_route_backward", "moe_route_forward",     "norm_backward",  "norm_forward",
       "residual_add",   "rotary_backward",
@@ -269,6 +270,7 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       }
       return "";
     case OpKind::loss:
+      if (op.name == OpName::cross_entropy_stats) return "cross_entropy_stats";
       return op.name == OpName::cross_entropy ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
     case OpKind::embedding:
       // After the lookup: dropout of the embedding (forward [x, (position)] → [out, (mask)],
@@ -279,6 +281,8 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
         if (!masked) return "copy";
         return backward ? "dropout_backward" : "dropout_add_forward";
       }
+      // The vocabulary-parallel lookup and its gradient rows' accumulation.
+      if (op.name == OpName::word) return std::string("embedding") + phase_suffix(op.phase);
       return "";
     case OpKind::attention:
       if (op.name == OpName::softmax) return std::string("softmax") + phase_suffix(op.phase);

@@ -102,6 +102,20 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   CHECK(memory_family(op) == "dropout_backward");
   op.inputs = {"g"};
   CHECK(memory_family(op) == "copy");
+  // The word lookup and its gradient rows' accumulation; a tensor-parallel rank's loss statistics
+  // (grad_stash: asynchronous data parallelism's gradient moved to its next slot, a copy).
+  op.name = OpName::word;
+  CHECK(memory_family(op) == "embedding_backward");
+  op.phase = Phase::forward;
+  CHECK(memory_family(op) == "embedding_forward");
+  op.kind = OpKind::loss;
+  op.name = OpName::cross_entropy_stats;
+  CHECK(memory_family(op) == "cross_entropy_stats");
+  op.kind = OpKind::optimizer_step;
+  op.name = OpName::grad_stash;
+  op.phase = Phase::optimizer;
+  CHECK(memory_family(op) == "copy");
+  op.phase = Phase::backward;
   // A mixture of experts' routing has families of its own (a recompute routes again: forward);
   // its row moves are copies, the shared experts' add a residual add.
   op.kind = OpKind::activation;
