@@ -351,6 +351,7 @@ class Profiler {
     const int32_t* tokens = copy_of(backend, host_tokens);
     T* table = buffer(backend, vocab * h, true);
     G* table_grad = buffer<G>(backend, vocab * h);
+    backend.cross_entropy_stats(in[0], targets, stats, most / vocab, 0, vocab);  // for cross_entropy_softmax
     // family, bytes per element (as lowering counts the op's bytes), row length, body(elements).
     struct Family {
       const char* name;
@@ -434,6 +435,12 @@ class Profiler {
          [&](int64_t e) { backend.embedding_forward(tokens, table, out[0], e / h, 1, h, 0, vocab); }},
         {"embedding_backward", s + 4.0 / double(h), h,
          [&](int64_t e) { backend.embedding_backward(tokens, in[0], table_grad, e / h, 1, h, 0, vocab); }},
+        // A tensor-parallel rank's softmax pass from the gathered statistics (its loss forward at
+        // tp > 1: the statistics were a cross_entropy_stats op of their own). The statistics are
+        // the largest call's, read as a smaller call's layout: finite values, which is all the
+        // time depends on.
+        {"cross_entropy_softmax", 2 * s, vocab,
+         [&](int64_t e) { backend.cross_entropy_forward(in[0], stats, 1, wide_out, loss, e / vocab, vocab); }},
         {"cross_entropy_backward", 2 * s, vocab,
          [&](int64_t e) {
            backend.cross_entropy_backward(wide_in, targets, out[0], e / vocab, 0, vocab, 1e-3);

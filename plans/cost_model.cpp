@@ -223,7 +223,8 @@ double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int6
 const std::vector<std::string>& memory_families() {
   static const std::vector<std::string> families = {
       "adamw",          "attention_dropout_forward", "copy",           "cross_entropy_backward",
-      "cross_entropy_forward", "cross_entropy_stats", "dropout_add_forward", "dropout_backward",
+      "cross_entropy_forward", "cross_entropy_softmax", "cross_entropy_stats", "dropout_add_forward",
+      "dropout_backward",
       "embedding_backward", "embedding_forward",     "gelu_backward",
       "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
       "moe_route_backward", "moe_route_forward",     "norm_backward",  "norm_forward",
@@ -271,6 +272,10 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       return "";
     case OpKind::loss:
       if (op.name == OpName::cross_entropy_stats) return "cross_entropy_stats";
+      // Under tp > 1 the forward reads the gathered statistics: its softmax pass alone.
+      if (op.name == OpName::cross_entropy && op.phase != Phase::backward && op.inputs.size() > 2) {
+        return "cross_entropy_softmax";
+      }
       return op.name == OpName::cross_entropy ? std::string("cross_entropy") + phase_suffix(op.phase) : "";
     case OpKind::embedding:
       // After the lookup: dropout of the embedding (forward [x, (position)] → [out, (mask)],
@@ -574,6 +579,8 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
   std::string family = memory_family(op, norm_type_);
   // A profile from before the LayerNorm families: the RMSNorm ones.
   if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
+  // A profile from before the softmax pass was measured alone: the whole forward's.
+  if (family == "cross_entropy_softmax" && !memory_tables_.count(family)) family = "cross_entropy_forward";
   auto table = memory_tables_.find(family);
   if (table != memory_tables_.end() && op.bytes > 0) return table->second.time_s(op.bytes);
   double compute_time = op.flops / vector_peak_;

@@ -111,6 +111,11 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   op.kind = OpKind::loss;
   op.name = OpName::cross_entropy_stats;
   CHECK(memory_family(op) == "cross_entropy_stats");
+  op.name = OpName::cross_entropy;  // tp 1: statistics and softmax; tp > 1: from the gathered statistics
+  op.inputs = {"logits", "targets"};
+  CHECK(memory_family(op) == "cross_entropy_forward");
+  op.inputs = {"logits", "targets", "stats_all"};
+  CHECK(memory_family(op) == "cross_entropy_softmax");
   op.kind = OpKind::optimizer_step;
   op.name = OpName::grad_stash;
   op.phase = Phase::optimizer;
