@@ -184,7 +184,8 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
   }
   if (op.name == OpName::grad_stash) {  // [from] → [to]: asynchronous dp's gradient moved a slot on
     const std::string& to = out(op, "to");
-    backend_.copy(arena_.buffer(to, op.id), arena_.buffer(in(op, "from"), op.id), arena_.bytes_of(arena_.alloc_of(to, op.id)));
+    const int64_t bytes = arena_.bytes_of(arena_.alloc_of(to, op.id));
+    backend_.copy(arena_.buffer(to, op.id), arena_.buffer(in(op, "from"), op.id), bytes);
     return;
   }
   if (op.name == OpName::grad_norm) {  // [grads…] → [norm_sq]: Σ g² over what this rank owns

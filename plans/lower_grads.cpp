@@ -6,8 +6,8 @@
 namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
-  const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
   if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions)
+  const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
   if (reduced_over == 1) {
     if (shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});
     return;
@@ -196,13 +196,15 @@ void RoleLowering::emit_async_reductions() {
 
 void RoleLowering::emit_async_stash() {
   // After the update read slot k − 1: slot j − 1 → slot j, from the top, then this step's
-  // gradient into slot 0 (grads.GROUP is zeroed as the next step starts).
+  // gradient into slot 0 (grads.GROUP is zeroed as the next step starts). Whole buffers, read and
+  // written once (under ZeRO-1 only this rank's slice of slots 1.. matters: the copies of the
+  // rest are costed too).
   OpSite at{Phase::optimizer, -1, -1, -1};
   for (const auto& g : groups_) {
     const double elements = double(grad_elements(g));
     for (int64_t slot = plan_.async_staleness - 1; slot >= 0; --slot) {
       std::string from = slot == 0 ? "grads." + g.name : stale_grads(g, slot - 1);
-      int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::grad_stash, elements, {from}, {stale_grads(g, slot)});
+      int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::grad_stash, 0, {from}, {stale_grads(g, slot)});
       const_cast<Op&>(rb_.role().ops[size_t(id)]).bytes = 2 * elements * dtype_bytes(c_.grad);
     }
   }

@@ -298,7 +298,8 @@ void validate_async(const Plan& plan) {
                       "zero_stage 0 or 1 with data_parallel_mode \"async\", or data_parallel_mode \"sync\"");
   }
   if (plan.num_distributed_optimizer_instances > 1) {
-    throw_input_error(f, "num_distributed_optimizer_instances", std::to_string(plan.num_distributed_optimizer_instances),
+    const std::string instances = std::to_string(plan.num_distributed_optimizer_instances);
+    throw_input_error(f, "num_distributed_optimizer_instances", instances,
                       "with data_parallel_mode \"async\" is not supported (hybrid sharding is not lowered for it)",
                       "1 with data_parallel_mode \"async\"");
   }
