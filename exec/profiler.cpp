@@ -343,14 +343,26 @@ class Profiler {
     int32_t* route_in = copy_of(backend, host_route);
     int32_t* route_out = copy_of(backend, host_route);
     int32_t* expert_counts = copy_of(backend, std::vector<int32_t>(kExperts, 0));
-    // The word embedding: a table of the grid's vocabulary × hidden rows, looked up (forward) and
-    // its gradient rows accumulated (backward) for token ids spread over it.
+    // The word embedding: a table of hidden-size rows as large as the grid's largest tensor (not
+    // the grid's vocabulary: a step touches its table once a microbatch, and a real vocabulary's
+    // rows are not in cache then — small-gpt's 8 MiB table took about 100 us a lookup in steps
+    // where a 400 KiB table profiled 7 us), looked up (forward) and its gradient rows accumulated
+    // (backward) for token ids spread over it.
+    // Each call takes the next window of ids, so that back-to-back calls do not find the rows the
+    // call before brought into cache (and its pages in the TLB).
+    const int64_t table_rows = std::max<int64_t>(vocab, int64_t(grid_.memory_max_bytes / (double(h) * s)));
     const int64_t most_lookups = most / h + 1;
-    std::vector<int32_t> host_tokens(static_cast<size_t>(most_lookups));
-    for (size_t i = 0; i < host_tokens.size(); ++i) host_tokens[i] = int32_t(i * 7919 % size_t(vocab));
-    const int32_t* tokens = copy_of(backend, host_tokens);
-    T* table = buffer(backend, vocab * h, true);
-    G* table_grad = buffer<G>(backend, vocab * h);
+    std::vector<int32_t> host_tokens(static_cast<size_t>(most_lookups + table_rows));
+    for (size_t i = 0; i < host_tokens.size(); ++i) host_tokens[i] = int32_t(i * 7919 % size_t(table_rows));
+    const int32_t* all_tokens = copy_of(backend, host_tokens);
+    int64_t next_lookup = 0;
+    auto token_window = [&](int64_t lookups) {
+      const int32_t* window = all_tokens + next_lookup;
+      next_lookup = (next_lookup + lookups) % table_rows;
+      return window;
+    };
+    T* table = buffer(backend, table_rows * h, true);
+    G* table_grad = buffer<G>(backend, table_rows * h);
     backend.cross_entropy_stats(in[0], targets, stats, most / vocab, 0, vocab);  // for cross_entropy_softmax
     // family, bytes per element (as lowering counts the op's bytes), row length, body(elements).
     struct Family {
@@ -432,9 +444,11 @@ class Profiler {
         // Lowering counts a lookup's output row and its token id (forward), the gradient row read
         // and the id (backward); the table's rows are not counted (a parameter buffer).
         {"embedding_forward", s + 4.0 / double(h), h,
-         [&](int64_t e) { backend.embedding_forward(tokens, table, out[0], e / h, 1, h, 0, vocab); }},
+         [&](int64_t e) { backend.embedding_forward(token_window(e / h), table, out[0], e / h, 1, h, 0, table_rows); }},
         {"embedding_backward", s + 4.0 / double(h), h,
-         [&](int64_t e) { backend.embedding_backward(tokens, in[0], table_grad, e / h, 1, h, 0, vocab); }},
+         [&](int64_t e) {
+           backend.embedding_backward(token_window(e / h), in[0], table_grad, e / h, 1, h, 0, table_rows);
+         }},
         // A tensor-parallel rank's softmax pass from the gathered statistics (its loss forward at
         // tp > 1: the statistics were a cross_entropy_stats op of their own). The statistics are
         // the largest call's, read as a smaller call's layout: finite values, which is all the
