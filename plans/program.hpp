@@ -88,7 +88,7 @@ const char* to_string(Phase phase);
 const char* to_string(Algorithm algorithm);
 const char* to_string(Peer peer);
 const char* to_string(BufferClass buffer_class);
-const char* to_string(OpName name);  // op_signature.cpp, beside the table
+const char* to_string(OpName name);  // op_names.cpp
 const char* to_string(Grad grad);
 std::optional<OpName> parse_op_name(const std::string& text);  // nullopt for "" and unknown text
 std::optional<Grad> parse_grad(const std::string& text);        // nullopt for "" and unknown text
