@@ -353,6 +353,11 @@ EOF
 
 # OpenMPI across the nodes: the agent enters a node's namespaces; TCP (and the daemons' out-of-band
 # channel) on the cluster's subnet only; no shared memory between nodes (separate hostnames).
+# TCP without the BTL's emulated RDMA put (btl_tcp_flags less `put`, unless the caller sets them):
+# with put, a message above the eager limit goes as one fragment, and two ranks sending to each
+# other at once (every ring step of a 2-member collective) can take turns on their connection:
+# small-gpt pp 2's 8.4 MB tied-embedding all-reduce at 200 Mbit/s took 700 ms with put and 430
+# without, in every run (bench/netns_put.sh); the link itself is full duplex.
 cat >"$out/mpirun" <<EOF
 #!/usr/bin/env bash
 # mpirun across the netns cluster '$name' (scripts/netns-cluster.sh): its hostfile, its launcher
@@ -364,6 +369,7 @@ args=(--hostfile "$out/hostfile" --mca plm_rsh_agent "$repo/scripts/netns-cluste
       --mca oob_tcp_if_include $subnet_prefix.0.0/16 -x OPENBLAS_NUM_THREADS)
 [ "\$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
 case " \$* " in *" --bind-to "*) ;; *) args+=(--bind-to none) ;; esac
+case " \$* " in *" btl_tcp_flags "*) ;; *) args+=(--mca btl_tcp_flags send,inplace,need-ack,need-csum) ;; esac
 for v in STEPCAST_TRACE_OPS STEPCAST_TEST_HANG STEPCAST_TEST_DIE STEPCAST_TEST_SIM_DIE; do
   [ -n "\${!v:-}" ] && args+=(-x "\$v")
 done

@@ -2,9 +2,9 @@
 # A cluster on one machine (scripts/netns-cluster.sh, issue 21): brings up 2 namespaced nodes of
 # one rank each joined by 1 Gbit/s links, trains the tiny model in fp64 data parallel (dp 2,
 # ZeRO-1) across them over TCP, and checks that the loss curve is the single rank's (1e-9
-# relative), that the ranks ran on two hosts, that the profile measures the inter-node link, and
-# that a hostfile of other slots than the topology's is refused (exit 2); then takes the cluster
-# down and checks nothing is left.
+# relative), that the ranks ran on two hosts, that their TCP transport runs without the put
+# protocol, that the profile measures the inter-node link, and that a hostfile of other slots
+# than the topology's is refused (exit 2); then takes the cluster down and checks nothing is left.
 # Exit 77 (skipped, saying why) when not root or network namespaces are not available.
 #   tests/netns_cluster.sh BUILD_DIR
 set -euo pipefail
@@ -46,6 +46,13 @@ timeout 120 "$cluster/mpirun" -np 2 "$bin" run "${run_args[@]}" --plan "$dp2" \
 # The ranks ran on the two nodes (their own hostnames), not on this host.
 hosts=$(timeout 60 "$cluster/mpirun" -np 2 hostname | sort | tr '\n' ' ')
 [ "$hosts" = "$name-n0 $name-n1 " ] || { echo "ranks ran on: $hosts"; exit 1; }
+
+# The ranks' TCP transport runs without the emulated RDMA put (which can make two ranks sending to
+# each other take turns: bench/netns_put.sh), unless the caller sets the flags itself.
+flags=$(timeout 60 "$cluster/mpirun" -np 2 printenv OMPI_MCA_btl_tcp_flags | sort -u)
+[ "$flags" = "send,inplace,need-ack,need-csum" ] || { echo "btl_tcp_flags of the ranks: '$flags'"; exit 1; }
+flags=$(timeout 60 "$cluster/mpirun" --mca btl_tcp_flags send,put -np 1 printenv OMPI_MCA_btl_tcp_flags)
+[ "$flags" = "send,put" ] || { echo "btl_tcp_flags given by the caller became '$flags'"; exit 1; }
 
 # Loss curves equal to 1e-9 relative.
 paste <(jq -r '.losses[]' "$work/single/measurement.json") <(jq -r '.losses[]' "$work/across/measurement.json") |
