@@ -311,6 +311,13 @@ int run_simulate(int argc, char** argv) {
   if (result.scaling_efficiency) std::cout << ", scaling efficiency " << *result.scaling_efficiency;
   std::cout << "\nsimulated " << sim.simulated_ranks.size() << " ranks, " << sim.activities
             << " activities in " << wall_s << " s\n";
+  if (sim.tp_fold_declined) {
+    std::cout << "note: fast mode simulated every tensor-parallel rank: another group has members on the same "
+                 "nodes, sharing their NVLink with the tp collectives; --mode approx folds each tp group into one "
+                 "rank ("
+              << sim.simulated_ranks.size() / size_t(program.tp_size) << " ranks instead of "
+              << sim.simulated_ranks.size() << ", that contention then not simulated: README: `--mode approx`)\n";
+  }
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
     const std::string suffix = gzip ? ".json.gz" : ".json";

@@ -129,6 +129,8 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node &&
                        (nvlink_to_itself || shared_node_fold) && !experts_span_tp;
   const bool fold_tp_approximate = fold_tp && !nvlink_to_itself;
+  const bool tp_fold_declined = !full && options.fold_tp && program.tp_size > 1 && tp_in_node && !nvlink_to_itself &&
+                                !shared_node_fold && !experts_span_tp;
   // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
   // that sharing, so fold only where every device has its own NIC.
   const bool own_nic = topology.fabric.nics_per_node >= per_node;
@@ -145,6 +147,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   plan.full = full;
   plan.fold_tp = fold_tp;
   plan.fold_tp_approximate = fold_tp_approximate;
+  plan.tp_fold_declined = tp_fold_declined;
   plan.fold_rails = fold_rails;
   plan.shared_link_divisor = divisor;
   plan.phase_flows = !full && options.phase_flows;

@@ -114,6 +114,9 @@ struct SimPlan {
   bool full = false;
   bool fold_tp = false;
   bool fold_tp_approximate = false;  // folded although another group shares the node's NVLink
+  // Fast mode kept every tp rank because another group shares the node's NVLink: --mode approx
+  // would fold them (what the planner re-simulates with).
+  bool tp_fold_declined = false;
   bool fold_rails = false;
   double shared_link_divisor = 1;
   // Names this job's mailboxes apart from other jobs' on one platform (simulate_jobs); empty alone.

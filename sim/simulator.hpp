@@ -96,6 +96,9 @@ struct SimulationOutput {
   std::vector<int64_t> representative_ranks;  // the default detail ranks and the critical rank
   int64_t activities = 0;              // SimGrid activities started
   std::string mode_description;
+  // Fast mode simulated every tensor-parallel rank because another group (dp, pp, ...) has members
+  // on the same node and shares its NVLink with the tp collectives; --mode approx folds them.
+  bool tp_fold_declined = false;
   bool variability = false;            // drawn (the profile has some and it was not turned off)
   bool overlap_interference = false;   // modelled (the profile has the figures, not turned off)
   // Collectives whose time the profile's measured tables corrected, and the range of the factor.

@@ -42,11 +42,13 @@ std::string write_json(const std::string& name, const Json& json) {
 }
 
 // Runs `simulate ARGS --out DIR` and returns prediction.json; the run must succeed.
-Json simulate(const std::string& args, const std::string& name) {
+// `output`, when given, gets the command's stdout and stderr.
+Json simulate(const std::string& args, const std::string& name, std::string* output = nullptr) {
   std::string dir = fresh_dir("simulate-" + name);
   CommandResult result = run_stepcast("simulate" + args + " --out " + dir);
   INFO("simulate" << args << "\n" << result.output);
   REQUIRE(result.exit_code == 0);
+  if (output) *output = result.output;
   return read_json(dir + "/prediction.json");
 }
 
@@ -191,6 +193,10 @@ TEST_CASE("simulate: fast and full mode agree within 1%", "[simulate]") {
     Agreement a = fast_and_full(c);
     print_agreement(c, a);
     CHECK(std::abs(a.relative()) < 0.01);
+    // tp 8 fills each node: folded exactly, no hint that approx would fold it.
+    if (c.plan.value("tp_size", 1) == 8) {
+      CHECK_THAT(a.fast_detail, Contains("fold_tp") && !Contains("tp not folded"));
+    }
   }
 
   // The oversubscribed cases are ones where the uplinks bind: 4:1 is much slower than 1:1.
@@ -246,10 +252,19 @@ TEST_CASE("simulate: --mode approx folds tp beside in-node dp, within 3% on the 
   for (const AgreementCase& c : cases) {
     INFO(c.name);
     std::string args = case_args(c);
-    Json fast = simulate(args + " --mode fast", file_name(c.name) + "-fast");
-    Json approx = simulate(args + " --mode approx", file_name(c.name) + "-approx");
+    std::string fast_output, approx_output;
+    Json fast = simulate(args + " --mode fast", file_name(c.name) + "-fast", &fast_output);
+    Json approx = simulate(args + " --mode approx", file_name(c.name) + "-approx", &approx_output);
     CHECK_THAT(fast["mode_detail"].get<std::string>(), !Contains("fold_tp"));
     CHECK_THAT(approx["mode_detail"].get<std::string>(), Contains("fold_tp (shared node"));
+    // Fast mode says why it kept every tp rank, and how many approx would simulate.
+    const size_t ranks = fast["simulated_ranks"].get<size_t>();
+    CHECK(approx["simulated_ranks"].get<size_t>() * 4 == ranks);
+    CHECK_THAT(fast["mode_detail"].get<std::string>(), Contains("tp not folded"));
+    CHECK_THAT(fast_output, Contains("note: fast mode simulated every tensor-parallel rank"));
+    CHECK_THAT(fast_output, Contains("(" + std::to_string(ranks / 4) + " ranks instead of " + std::to_string(ranks)));
+    CHECK_THAT(approx["mode_detail"].get<std::string>(), !Contains("tp not folded"));
+    CHECK_THAT(approx_output, !Contains("note: fast mode"));
     double f = fast["step_time_s"].get<double>(), a = approx["step_time_s"].get<double>();
     std::printf("  %-48s %.6g  %.6g  %+.2f%%\n", c.name.c_str(), f, a, 100 * (a - f) / f);
     CHECK(a <= f * 1.001);
