@@ -60,6 +60,8 @@ class RankActor {
     // Memory ops take no time and are not ordered by their stream: done from the start (their
     // times follow from their deps after the run).
     st.done = walk_->initially_done;
+    st.send_posted.assign(size_t(walk_->p2p_ops), std::nan(""));
+    posted_at_.assign(size_t(walk_->p2p_ops), 0);
     size_t remaining = size_t(walk_->timed_ops);
     while (true) {
       for (size_t stream = 0; stream < kStreams; ++stream) remaining -= start_ready(stream);
@@ -101,7 +103,7 @@ class RankActor {
           st.last_end = std::max(st.last_end, now());
           continue;
         }
-        finish(posted, posted_at_[posted], now());
+        finish(posted, posted_at_[size_t(walk_->p2p_index[posted])], now());
         remaining -= 1;
         continue;
       }
@@ -124,8 +126,15 @@ class RankActor {
   };
 
   const SimPlan& plan() const { return plan_; }
+  // The mailbox of transfers from rank `from` to rank `to` on `stream`, looked up by name once.
+  sg4::Mailbox* mailbox(int64_t from, int64_t to, size_t stream) {
+    const uint64_t key = (uint64_t(from) << 34) ^ (uint64_t(to) << 2) ^ uint64_t(stream);
+    auto [it, added] = mailboxes_.try_emplace(key, nullptr);
+    if (added) it->second = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, from, to, stream));
+    return it->second;
+  }
   bool deps_done(int32_t id) const {
-    const std::vector<char>& done = out_.state[slot_].done;
+    const std::vector<bool>& done = out_.state[slot_].done;
     for (uint32_t i = walk_->deps_begin[id]; i < walk_->deps_begin[id + 1]; ++i) {
       if (!done[walk_->deps[i]]) return false;
     }
@@ -159,7 +168,7 @@ class RankActor {
     const int32_t t = walk_->timed_index[id];
     st.start[t] = start;
     st.end[t] = end;
-    st.done[id] = 1;
+    st.done[id] = true;
     st.last_end = std::max(st.last_end, end);
   }
 
@@ -222,7 +231,7 @@ class RankActor {
   size_t start_compute(size_t stream) {
     Running& run = running_[stream];
     const auto& queue = walk_->queue[stream];
-    const std::vector<char>& done = out_.state[slot_].done;
+    const std::vector<bool>& done = out_.state[slot_].done;
     run.run.push_back(run.op);
     if (plan().merge_compute) {
       // Extend the run while the next op of this stream is compute-like and its inputs are
@@ -391,13 +400,13 @@ class RankActor {
     const size_t box_stream = size_t(op.stream);
     for (const Transfer& t : step.sends) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, me, peer, box_stream));
+      auto* box = mailbox(me, peer, box_stream);
       add(box->put_async(&dummy_payload, sync_only ? 0 : uint64_t(std::llround(t.bytes))), stream);
       ++run.outstanding;
     }
     for (const Transfer& t : step.recvs) {
       int64_t peer = group->members[t.peer];
-      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, peer, me, box_stream));
+      auto* box = mailbox(peer, me, box_stream);
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream);
       ++run.outstanding;
@@ -425,14 +434,15 @@ class RankActor {
   void start_p2p(size_t stream, const Op& op, bool posted) {
     int64_t me = plan().ranks[slot_];
     int64_t peer = plan().peer_of(slot_, op.peer);
-    posted_at_[op.id] = now();
+    const size_t p2p = size_t(walk_->p2p_index[op.id]);
+    posted_at_[p2p] = now();
     if (op.kind == OpKind::send) {
-      out_.send_start[{me, peer, op.tag}] = now();
-      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, me, peer, size_t(op.stream)));
+      out_.state[slot_].send_posted[p2p] = now();
+      auto* box = mailbox(me, peer, size_t(op.stream));
       add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream,
           posted ? op.id : -1);
     } else {
-      auto* box = sg4::Mailbox::by_name(mailbox_name(plan_.mailbox_prefix, peer, me, size_t(op.stream)));
+      auto* box = mailbox(peer, me, size_t(op.stream));
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream, posted ? op.id : -1);
     }
@@ -455,7 +465,7 @@ class RankActor {
       run.op = -1;
       ++head_[stream];
       if (waited(op)) {
-        posted_at_[op.id] = run.run_start;  // the op ends with its transfer
+        posted_at_[size_t(walk_->p2p_index[op.id])] = run.run_start;  // the op ends with its transfer
         return 0;
       }
       finish(op.id, run.run_start, now());
@@ -504,7 +514,8 @@ class RankActor {
   std::vector<sg4::ActivityPtr> pending_;
   std::vector<size_t> pending_stream_;
   std::vector<int32_t> pending_posted_op_;  // pipeline op of each pending activity, or -1
-  std::unordered_map<int32_t, double> posted_at_;
+  std::vector<double> posted_at_;  // per p2p index (SimRole): when the op was posted
+  std::unordered_map<uint64_t, sg4::Mailbox*> mailboxes_;  // by (from, to, stream): mailbox()
   std::deque<int*> slots_;
   std::map<std::pair<int, size_t>, int64_t> sequence_;
   int64_t segment_ = 0;  // segments drawn so far (the draw index)

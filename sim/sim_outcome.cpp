@@ -107,7 +107,9 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
       st.last_end -= plan.start_s;
     }
     for (auto& [key, t] : outcome.collective_issue) t -= plan.start_s;
-    for (auto& [key, t] : outcome.send_start) t -= plan.start_s;
+    for (RankState& st : outcome.state) {
+      for (double& t : st.send_posted) t -= plan.start_s;
+    }
   }
   std::vector<char> detail = plan.detail;  // the critical rank joins it below
   // SimGrid ends a run whose actors all wait on each other; find who was left waiting.
@@ -179,9 +181,20 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
         rec.start_s = rec.ready_s = rec.end_s;
       }
       if (op.kind == OpKind::recv) {
-        int64_t peer = plan.peer_of(slot, op.peer);
-        auto sent = outcome.send_start.find({peer, rank, op.tag});
-        if (sent != outcome.send_start.end()) rec.ready_s = sent->second;
+        // Ready when the peer posted the send of this tag to this rank.
+        const int64_t peer = plan.peer_of(slot, op.peer);
+        auto peer_at = plan.slot_of_rank.find(peer);
+        const size_t peer_slot = peer_at == plan.slot_of_rank.end() ? 0 : peer_at->second;
+        const SimRole& peer_walk = plan.roles[size_t(program.role_of_rank(peer).index)];
+        auto sends = peer_walk.sends_by_tag.find(op.tag);
+        if (peer_at != plan.slot_of_rank.end() && sends != peer_walk.sends_by_tag.end()) {
+          const Role& peer_role = program.role_of_rank(peer);
+          for (int32_t send : sends->second) {
+            if (plan.peer_of(peer_slot, peer_role.ops[size_t(send)].peer) != rank) continue;
+            const double posted = outcome.state[peer_slot].send_posted[size_t(peer_walk.p2p_index[send])];
+            if (!std::isnan(posted)) rec.ready_s = posted;
+          }
+        }
       } else if (is_collective(op.kind)) {
         auto key = st.collective_key.find(op.id);
         if (key != st.collective_key.end()) rec.ready_s = outcome.collective_issue.at(key->second);

@@ -41,13 +41,14 @@ SimRole walk_of_role(const SimPlan& plan, const Role& role) {
   walk.op_class.assign(n, SimRole::memory);
   walk.queue_of.assign(n, 0);
   walk.queue_pos.assign(n, 0);
-  walk.initially_done.assign(n, 0);
+  walk.initially_done.assign(n, false);
   walk.timed_index.assign(n, -1);
+  walk.p2p_index.assign(n, -1);
   walk.deps_begin.reserve(n + 1);
   for (const Op& op : role.ops) {
     walk.deps_begin.push_back(uint32_t(walk.deps.size()));
     if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
-      walk.initially_done[op.id] = 1;
+      walk.initially_done[op.id] = true;
       continue;
     }
     SimRole::Class c = is_compute(op.kind) || plan.analytic[role.index][op.id] ? SimRole::compute_like
@@ -60,6 +61,8 @@ SimRole walk_of_role(const SimPlan& plan, const Role& role) {
     walk.queue_pos[op.id] = uint32_t(walk.queue[queue].size());
     walk.queue[queue].push_back(op.id);
     walk.timed_index[op.id] = int32_t(walk.timed_ops++);
+    if (op.kind == OpKind::send || op.kind == OpKind::recv) walk.p2p_index[op.id] = walk.p2p_ops++;
+    if (op.kind == OpKind::send) walk.sends_by_tag[op.tag].push_back(op.id);
     for (int32_t d : op.deps) {
       const OpKind kind = role.ops[d].kind;
       if (kind != OpKind::alloc && kind != OpKind::free) walk.deps.push_back(d);

@@ -46,9 +46,13 @@ struct SimRole {
   std::vector<uint32_t> queue_pos;                   // per op: its index in that queue
   std::vector<uint32_t> deps_begin;                  // per op, and one past: its range in deps
   std::vector<int32_t> deps;                         // deps that are not memory ops
-  std::vector<char> initially_done;                  // per op: 1 for memory ops
+  std::vector<bool> initially_done;                  // per op: true for memory ops
   std::vector<int32_t> timed_index;                  // per op: its slot in RankState's times, or -1
   int64_t timed_ops = 0;                             // ops that are not memory ops
+  std::vector<int32_t> p2p_index;                    // per op: its index among the sends and receives, or -1
+  int32_t p2p_ops = 0;
+  // Per tag: the role's sends with that tag (a receive's ready time is its matching send's post).
+  std::unordered_map<int64_t, std::vector<int32_t>> sends_by_tag;
 };
 
 struct SimPlan {
@@ -130,7 +134,8 @@ struct SimPlan {
 // time, by SimRole::timed_index (memory ops' times follow from their deps after the run).
 struct RankState {
   std::vector<double> start, end;
-  std::vector<char> done;  // per op
+  std::vector<bool> done;  // per op
+  std::vector<double> send_posted;  // per p2p index (SimRole): when a send was posted; NaN for the rest
   bool finished = false;   // every op done
   double last_end = 0;
   // With overlap_speeds: per timed op, the time a collective beside it added (by timed_index).
@@ -142,7 +147,6 @@ struct RankState {
 struct SimOutcome {
   std::vector<RankState> state;  // per slot
   std::map<std::tuple<int, int64_t, int, int64_t>, double> collective_issue;  // max start per instance
-  std::map<std::tuple<int64_t, int64_t, int64_t>, double> send_start;        // (src, dst, tag)
   int64_t activities = 0;
   std::vector<std::string> errors;
 };
