@@ -70,6 +70,25 @@ TEST_CASE("variability: a segment waits for the slowest of its group", "[variabi
   CHECK(draws.segment_deviation_s(1, 1, 4.0, 1) == Approx(2 * draws.segment_deviation_s(1, 1, 1.0, 1)));
 }
 
+TEST_CASE("variability: a segment's draw is exactly the largest of its members' normals", "[variability]") {
+  // segment_deviation_s passes over members that cannot be the largest; the result must be the
+  // same, bit for bit, as drawing every member (groups beyond 16 members are drawn in turns).
+  VariabilityDraws draws({0, 0.02}, 11);
+  int64_t checked = 0;
+  for (int64_t members : {1, 2, 3, 8, 16, 17, 40}) {
+    for (int64_t rank = 0; rank < 60; ++rank) {
+      for (int64_t segment = 0; segment < 60; ++segment) {
+        double largest = -3;
+        for (int64_t j = 0; j < members; ++j) largest = std::max(largest, draws.normal(rank, segment, j));
+        INFO("members " << members << ", rank " << rank << ", segment " << segment);
+        REQUIRE(draws.segment_deviation_s(rank, segment, 9.0, members) == 0.02 * 3.0 * largest);
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 7 * 60 * 60);
+}
+
 namespace {
 
 // A100 datasheet profile with the given variability, written to a temporary file.
