@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "child_simulate.hpp"
+#include "pruned_reasons.hpp"
 #include "distributed_simulations.hpp"
 #include "commands.hpp"
 #include "energy.hpp"
@@ -294,6 +295,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   check_candidates(candidates, model, topology, space, cost_model, jobs,
                    progress_printer("memory and estimate"));
   auto counts = pruned_counts(candidates);
+  const auto counts_in_words = pruned_counts_in_words(candidates);
   int64_t fitting = 0, walked_stages = 0, walked_candidates = 0;
   for (const auto& c : candidates) {
     fitting += c.kept();
@@ -301,13 +303,19 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     walked_candidates += c.walked_stages > 0;
   }
   std::cout << fitting << " plans fit; pruned:\n";
-  // Each reason's category (numbers as N) with its first plan's own message as the example.
+  // Each reason with the range of every value it took, and its first plan's own message as the
+  // example.
   std::map<std::string, const Candidate*> example;
+  std::map<std::string, std::vector<std::string>> messages;
   for (const auto& c : candidates) {
-    if (!c.kept() && !example.count(c.pruned)) example[c.pruned] = &c;
+    if (c.kept()) continue;
+    if (!example.count(c.pruned)) example[c.pruned] = &c;
+    if (c.pruned_detail.rfind("candidate ", 0) == 0) messages[c.pruned].push_back(c.pruned_detail);
   }
   for (const auto& [reason, n] : counts) {
-    std::cout << "  " << std::setw(6) << n << "  " << reason << "\n";
+    auto m = messages.find(reason);
+    std::cout << "  " << std::setw(6) << n << "  " << (m == messages.end() ? reason : reason_with_ranges(m->second))
+              << "\n";
     const Candidate* e = example.at(reason);
     if (e->pruned_detail != reason && !e->pruned_detail.empty()) {
       bool named = e->pruned_detail.rfind("candidate ", 0) == 0;  // validation's messages name it
@@ -509,7 +517,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     report.objective = objective_name;
     report.currency = price ? price->currency : "";
     report.candidates = int64_t(ranked.size() + pruned.size());
-    report.pruned_counts = counts;
+    report.pruned_counts = counts_in_words;
     report.rows = rows;
     for (const auto& c : ranked) {
       report.all_estimates_s.push_back(c.estimate.step_time_s);

@@ -10,6 +10,7 @@
 
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "pruned_reasons.hpp"
 #include "summary.hpp"
 
 namespace stepcast::cli {
@@ -143,7 +144,7 @@ void refuse_moe_options_on_dense(const po::variables_map& vm, const ModelConfig&
 
 void refuse_no_valid_plan(const std::vector<Candidate>& candidates, const ModelConfig& model,
                           const Topology& topology, const SearchSpace& space) {
-  auto counts = pruned_counts(candidates);
+  auto counts = pruned_counts_in_words(candidates);
   std::ostringstream why;
   why << "no plan is valid for --global-batch-size " << space.global_batch_size << ":";
   for (const auto& [reason, n] : counts) why << "\n  " << n << " × " << reason;

@@ -2,7 +2,6 @@
 #include "search.hpp"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <numeric>
 #include <sstream>
@@ -11,6 +10,7 @@
 #include "errors.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
+#include "pruned_reasons.hpp"
 #include "units.hpp"
 
 namespace stepcast {
@@ -23,39 +23,6 @@ std::vector<int64_t> divisors(int64_t n) {
     if (n % d == 0) out.push_back(d);
   }
   return out;
-}
-
-// "FILE: key 'KEY' = VALUE: WHY; valid: VALID" → "KEY: WHY" with numbers as N and the file
-// names left out, so candidates refused for the same reason share a category.
-std::string reason_category(const std::string& message, const std::string& model_file,
-                            const std::string& topology_file) {
-  std::string key = "plan";
-  std::string why = message;
-  auto k = message.find("key '");
-  if (k != std::string::npos) {
-    auto end = message.find('\'', k + 5);
-    key = message.substr(k + 5, end - k - 5);
-    auto colon = message.find(": ", end);
-    why = colon == std::string::npos ? "" : message.substr(colon + 2);
-  }
-  auto valid = why.find("; valid:");
-  if (valid != std::string::npos) why.resize(valid);
-  for (const std::string& file : {model_file, topology_file}) {
-    for (auto at = why.find(file); !file.empty() && at != std::string::npos; at = why.find(file)) {
-      why.replace(at, file.size(), "<file>");
-    }
-  }
-  std::string out;
-  for (size_t i = 0; i < why.size(); ++i) {
-    if (std::isdigit(static_cast<unsigned char>(why[i]))) {
-      out += 'N';
-      while (i + 1 < why.size() &&
-             (std::isdigit(static_cast<unsigned char>(why[i + 1])) || why[i + 1] == '.')) ++i;
-    } else {
-      out += why[i];
-    }
-  }
-  return key + ": " + out;
 }
 
 Dtype search_dtype(const Topology& topology) {

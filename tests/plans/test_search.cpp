@@ -19,6 +19,7 @@
 #include "program_check.hpp"
 #include "program_stats.hpp"
 #include "profile.hpp"
+#include "pruned_reasons.hpp"
 #include "quick_estimate.hpp"
 #include "search.hpp"
 #include "simulator.hpp"
@@ -83,6 +84,40 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   for (const auto& c : flash) CHECK(c.plan.recompute != RecomputeKind::selective);
 }
 
+TEST_CASE("pruned reasons: categories with placeholders, printed with the values they took", "[search]") {
+  const std::string a = "candidate p1: key 'pp_size' = 128: pp_size · virtual_pp_size = 128 exceeds the 96 layers "
+                        "of models/m.json; valid: pp_size · virtual_pp_size <= 96";
+  const std::string b = "candidate p2: key 'pp_size' = 64: pp_size · virtual_pp_size = 384 exceeds the 96 layers "
+                        "of models/m.json; valid: pp_size · virtual_pp_size <= 96";
+  CHECK(reason_category(a, "models/m.json", "t.json") == "pp_size: pp_size · virtual_pp_size = N exceeds the N "
+                                                          "layers of <file>");
+  CHECK(reason_category(a, "models/m.json", "t.json") == reason_category(b, "models/m.json", "t.json"));
+  CHECK(reason_with_ranges({a}) == "pp_size: pp_size · virtual_pp_size = 128 exceeds the 96 layers of models/m.json");
+  CHECK(reason_with_ranges({b, a}) ==
+        "pp_size: pp_size · virtual_pp_size = 128–384 exceeds the 96 layers of models/m.json");
+  CHECK(reason_with_ranges({"candidate p3: key 'x' = 1.5: ratio 1.5 below 2.25; valid: 3",
+                            "candidate p4: key 'x' = 0.75: ratio 0.75 below 2.25; valid: 3"}) ==
+        "x: ratio 0.75–1.5 below 2.25");
+  CHECK(reason_category("no key here: 3 things", "models/m.json", "t.json") == "plan: no key here: N things");
+  CHECK(reason_with_ranges({}).empty());
+
+  // The planner's own candidates: the same counts, no placeholder left in a validation reason.
+  SearchSpace space;
+  space.global_batch_size = 32;
+  auto candidates = enumerate_candidates(tiny(), cpu(2), space);
+  auto categories = pruned_counts(candidates);
+  auto words = pruned_counts_in_words(candidates);
+  int64_t by_category = 0, in_words = 0;
+  for (const auto& [reason, n] : categories) by_category += n;
+  for (const auto& [reason, n] : words) {
+    INFO(reason);
+    in_words += n;
+    CHECK(reason.find("<file>") == std::string::npos);
+    CHECK(reason.find(" N ") == std::string::npos);
+  }
+  CHECK(by_category > 0);
+  CHECK(in_words == by_category);
+}
 
 TEST_CASE("every pruned plan carries a true reason", "[search]") {
   ModelConfig model = tiny();
