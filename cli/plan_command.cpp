@@ -295,6 +295,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   check_candidates(candidates, model, topology, space, cost_model, jobs,
                    progress_printer("memory and estimate"));
   auto counts = pruned_counts(candidates);
+  const auto reasons_in_words = pruned_reasons_in_words(candidates);
   const auto counts_in_words = pruned_counts_in_words(candidates);
   int64_t fitting = 0, walked_stages = 0, walked_candidates = 0;
   for (const auto& c : candidates) {
@@ -306,16 +307,11 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   // Each reason with the range of every value it took, and its first plan's own message as the
   // example.
   std::map<std::string, const Candidate*> example;
-  std::map<std::string, std::vector<std::string>> messages;
   for (const auto& c : candidates) {
-    if (c.kept()) continue;
-    if (!example.count(c.pruned)) example[c.pruned] = &c;
-    if (c.pruned_detail.rfind("candidate ", 0) == 0) messages[c.pruned].push_back(c.pruned_detail);
+    if (!c.kept() && !example.count(c.pruned)) example[c.pruned] = &c;
   }
   for (const auto& [reason, n] : counts) {
-    auto m = messages.find(reason);
-    std::cout << "  " << std::setw(6) << n << "  " << (m == messages.end() ? reason : reason_with_ranges(m->second))
-              << "\n";
+    std::cout << "  " << std::setw(6) << n << "  " << reasons_in_words.at(reason) << "\n";
     const Candidate* e = example.at(reason);
     if (e->pruned_detail != reason && !e->pruned_detail.empty()) {
       bool named = e->pruned_detail.rfind("candidate ", 0) == 0;  // validation's messages name it

@@ -88,16 +88,22 @@ std::string reason_with_ranges(const std::vector<std::string>& messages) {
   return out;
 }
 
-std::map<std::string, int64_t> pruned_counts_in_words(const std::vector<Candidate>& candidates) {
+std::map<std::string, std::string> pruned_reasons_in_words(const std::vector<Candidate>& candidates) {
   std::map<std::string, std::vector<std::string>> messages;  // per validation category
+  std::map<std::string, std::string> out;
   for (const auto& c : candidates) {
-    if (!c.kept() && c.pruned_detail.rfind("candidate ", 0) == 0) messages[c.pruned].push_back(c.pruned_detail);
+    if (c.kept()) continue;
+    out[c.pruned] = c.pruned;
+    if (c.pruned_detail.rfind("candidate ", 0) == 0) messages[c.pruned].push_back(c.pruned_detail);
   }
+  for (const auto& [category, texts] : messages) out[category] = reason_with_ranges(texts);
+  return out;
+}
+
+std::map<std::string, int64_t> pruned_counts_in_words(const std::vector<Candidate>& candidates) {
+  const std::map<std::string, std::string> words = pruned_reasons_in_words(candidates);
   std::map<std::string, int64_t> out;
-  for (const auto& [category, n] : pruned_counts(candidates)) {
-    auto m = messages.find(category);
-    out[m == messages.end() ? category : reason_with_ranges(m->second)] += n;
-  }
+  for (const auto& [category, n] : pruned_counts(candidates)) out[words.at(category)] += n;
   return out;
 }
 

@@ -185,10 +185,10 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
         const int64_t peer = plan.peer_of(slot, op.peer);
         auto peer_at = plan.slot_of_rank.find(peer);
         const size_t peer_slot = peer_at == plan.slot_of_rank.end() ? 0 : peer_at->second;
-        const SimRole& peer_walk = plan.roles[size_t(program.role_of_rank(peer).index)];
+        const Role& peer_role = program.role_of_rank(peer);
+        const SimRole& peer_walk = plan.roles[size_t(peer_role.index)];
         auto sends = peer_walk.sends_by_tag.find(op.tag);
         if (peer_at != plan.slot_of_rank.end() && sends != peer_walk.sends_by_tag.end()) {
-          const Role& peer_role = program.role_of_rank(peer);
           for (int32_t send : sends->second) {
             if (plan.peer_of(peer_slot, peer_role.ops[size_t(send)].peer) != rank) continue;
             const double posted = outcome.state[peer_slot].send_posted[size_t(peer_walk.p2p_index[send])];

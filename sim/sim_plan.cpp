@@ -129,11 +129,10 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   // Expert groups regroup a stage's ranks across tp coordinates (rank_grid.hpp): folding tp would
   // drop members of them, so plans with experts simulate every tp rank.
   const bool experts_span_tp = program.moe.num_experts > 0 && program.ep_size * program.etp_size > 1;
-  const bool fold_tp = !full && options.fold_tp && program.tp_size > 1 && tp_in_node &&
-                       (nvlink_to_itself || shared_node_fold) && !experts_span_tp;
+  const bool tp_foldable = !full && options.fold_tp && program.tp_size > 1 && tp_in_node && !experts_span_tp;
+  const bool fold_tp = tp_foldable && (nvlink_to_itself || shared_node_fold);
   const bool fold_tp_approximate = fold_tp && !nvlink_to_itself;
-  const bool tp_fold_declined = !full && options.fold_tp && program.tp_size > 1 && tp_in_node && !nvlink_to_itself &&
-                                !shared_node_fold && !experts_span_tp;
+  const bool tp_fold_declined = tp_foldable && !fold_tp;
   // Folding the rail-aligned groups keeps one rank per tp group. Ranks sharing a NIC would lose
   // that sharing, so fold only where every device has its own NIC.
   const bool own_nic = topology.fabric.nics_per_node >= per_node;

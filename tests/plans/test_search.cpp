@@ -84,7 +84,7 @@ TEST_CASE("enumeration counts for the tiny model on 4 CPU cores", "[search]") {
   for (const auto& c : flash) CHECK(c.plan.recompute != RecomputeKind::selective);
 }
 
-TEST_CASE("pruned reasons: categories with placeholders, printed with the values they took", "[search]") {
+TEST_CASE("pruned reasons: a category's N and <file> printed as the values its messages took", "[search]") {
   const std::string a = "candidate p1: key 'pp_size' = 128: pp_size · virtual_pp_size = 128 exceeds the 96 layers "
                         "of models/m.json; valid: pp_size · virtual_pp_size <= 96";
   const std::string b = "candidate p2: key 'pp_size' = 64: pp_size · virtual_pp_size = 384 exceeds the 96 layers "
@@ -101,7 +101,7 @@ TEST_CASE("pruned reasons: categories with placeholders, printed with the values
   CHECK(reason_category("no key here: 3 things", "models/m.json", "t.json") == "plan: no key here: N things");
   CHECK(reason_with_ranges({}).empty());
 
-  // The planner's own candidates: the same counts, no placeholder left in a validation reason.
+  // The planner's own candidates: the same counts, and no N or <file> left in a validation reason.
   SearchSpace space;
   space.global_batch_size = 32;
   auto candidates = enumerate_candidates(tiny(), cpu(2), space);
