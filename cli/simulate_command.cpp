@@ -119,8 +119,9 @@ int run_simulate(int argc, char** argv) {
       "--mode fast (default) folds what is exact to fold and scales to 16,384 devices;\n"
       "--mode approx is fast, and also costs tensor-parallel collectives analytically where\n"
       "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
-      "is then not simulated: on the fast side, by up to a few percent (README); the planner\n"
-      "re-simulates with it.\n"
+      "is then not simulated, and simulates one data-parallel copy per stage for them all (its\n"
+      "peers' flows mirrored; not with cp > 1, experts or unequal devices): within about 1% of\n"
+      "fast mode where tested (README); the planner re-simulates with it.\n"
       "A topology with `heterogeneity` (speed factors per node, device or node group, link\n"
       "factors per node) also gets the same step with every factor 1, simulated beside it: the\n"
       "straggler cost is the difference, and the slowest and the critical rank are named.\n"
@@ -314,8 +315,8 @@ int run_simulate(int argc, char** argv) {
   if (sim.tp_fold_declined) {
     std::cout << "note: fast mode simulated every tensor-parallel rank: another group has members on the same "
                  "nodes, sharing their NVLink with the tp collectives; --mode approx folds each tp group into one "
-                 "rank ("
-              << sim.simulated_ranks.size() / size_t(program.tp_size) << " ranks instead of "
+                 "rank"
+              << (sim.approx_folds_dp ? " and the data-parallel copies into one" : "") << " (" << sim.approx_ranks << " ranks instead of "
               << sim.simulated_ranks.size() << ", that contention then not simulated: README: `--mode approx`)\n";
   }
   if (vm->count("out")) {

@@ -347,6 +347,12 @@ class RankActor {
     hosts_.delay[slot_][size_t(Stream::compute)]->set_pstate(pstate);
   }
 
+  // The host of a simulated rank, or of a folded dp copy a mirrored group reaches.
+  sg4::Host* host_of(int64_t rank) const {
+    auto it = plan_.slot_of_rank.find(rank);
+    return it != plan_.slot_of_rank.end() ? hosts_.host[it->second] : hosts_.mirror.at(rank);
+  }
+
   std::shared_ptr<SimGroup> group_of(const Op& op) const {
     return plan().groups[slot_].at(op.group);
   }
@@ -398,6 +404,20 @@ class RankActor {
     // Mailboxes by the op's own stream: in order, one queue carries every stream's ops, and a
     // posted pipeline send must not match a collective's receive.
     const size_t box_stream = size_t(op.stream);
+    if (group->mirrored) {  // its own flows, and its folded peers' flows to it (SimGroup)
+      sg4::Host* own = hosts_.host[slot_];  // (never sync_only: no dp fold in order)
+      for (const Transfer& t : step.sends) {
+        add(sg4::Comm::sendto_async(own, host_of(group->members[t.peer]), uint64_t(std::llround(t.bytes))),
+            stream);
+        ++run.outstanding;
+      }
+      for (const Transfer& t : step.recvs) {
+        add(sg4::Comm::sendto_async(host_of(group->members[t.peer]), own, uint64_t(std::llround(t.bytes))),
+            stream);
+        ++run.outstanding;
+      }
+      return true;
+    }
     for (const Transfer& t : step.sends) {
       int64_t peer = group->members[t.peer];
       auto* box = mailbox(me, peer, box_stream);
@@ -488,7 +508,7 @@ class RankActor {
         // Latency of the folded ring steps, per the route to the first send's peer.
         auto group = group_of(op);
         int64_t peer = group->members[step.sends.front().peer];
-        double lat = hosts_.latency(hosts_.host[slot_], hosts_.host[plan_.slot_of_rank.at(peer)]);
+        double lat = hosts_.latency(hosts_.host[slot_], host_of(peer));
         run.folded_delay = true;
         run.outstanding = 1;
         add(delay_on(stream, double(step.folded_latency_steps) * lat), stream);

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <map>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,7 @@ namespace stepcast::sim_detail {
 struct SimHosts {
   std::vector<simgrid::s4u::Host*> host;                         // per slot
   std::vector<std::array<simgrid::s4u::Host*, kStreams>> delay;  // per slot, per stream
+  std::unordered_map<int64_t, simgrid::s4u::Host*> mirror;        // per SimPlan::mirror_ranks rank
   std::map<std::pair<simgrid::s4u::Host*, simgrid::s4u::Host*>, double> route_latency;
   double latency(simgrid::s4u::Host* a, simgrid::s4u::Host* b);  // seconds
 };

@@ -260,11 +260,14 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
          << (plan.fold_tp_approximate ? " fold_tp (shared node: NVLink contention not simulated)"
                                       : plan.fold_tp ? " fold_tp" : "")
          << (plan.fold_rails ? " fold_rail_groups" : "")
+         << (plan.fold_dp ? " fold_dp (one data-parallel copy; its peers' flows mirrored)" : "")
          << (plan.phase_flows ? " phase_flows" : "") << (plan.merge_compute ? " merge_compute" : "")
          << (plan.tp_fold_declined ? "; tp not folded (another group shares the node's NVLink; approx folds it)" : "");
   }
   out.mode_description = mode.str();
   out.tp_fold_declined = plan.tp_fold_declined;
+  out.approx_ranks = plan.approx_ranks;
+  out.approx_folds_dp = plan.approx_folds_dp;
 }
 
 }  // namespace stepcast::sim_detail

@@ -79,7 +79,8 @@ void plan_heterogeneity(SimPlan& plan, const StepProgram& program, const Heterog
                         SimulationOutput& out) {
   const RankGrid grid = program.grid();
   const int64_t per_node = program.devices_per_node;
-  plan.slot_devices.assign(plan.ranks.size(), plan.fold_rails ? program.tp_size : 1);
+  plan.slot_devices.assign(plan.ranks.size(),
+                          (plan.fold_rails ? program.tp_size : 1) * (plan.fold_dp ? program.dp_size : 1));
   if (h.empty()) return;
   for (int64_t rank : plan.ranks) {
     double speed = h.compute_speed_factor(rank, per_node);
@@ -143,6 +144,22 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   double divisor = 1;
   if (fold_rails && topology.fabric.kind != FabricKind::rail_optimized) divisor = double(program.tp_size);
 
+  // approx: the data-parallel copies of a stage run the same ops on the same kind of device at
+  // the same times, so one stands in for them (simulator.hpp). Not where experts lay out over dp
+  // (their groups mix copies), with context parallelism (dp_cp mixes simulated members with
+  // copies), on unequal devices, in order (a CPU profile's measured collectives), or where
+  // devices share a NIC (the copies beside the stand-in would load its NIC).
+  const bool dp_foldable = !full && options.fold_data_parallel && program.dp_size > 1 && program.cp_size == 1 &&
+                           program.moe.num_experts == 0 && topology_in.heterogeneity.empty() &&
+                           !profile.execution_in_order && own_nic;
+  const bool fold_dp = dp_foldable && options.mode == SimMode::approx;
+
+  // The copies on the stand-in's node send where it sends (the pipeline's next node, the cross-node
+  // phase of a hierarchical collective at their own position): on the shared links, as the rails.
+  if (fold_dp && topology.fabric.kind != FabricKind::rail_optimized) {
+    divisor *= double(group_shape(grid, GroupKind::dp, 0, per_node).members_per_node);
+  }
+
   SimPlan plan;
   plan.program = &program;
   plan.mode = options.mode;
@@ -150,13 +167,20 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   plan.fold_tp = fold_tp;
   plan.fold_tp_approximate = fold_tp_approximate;
   plan.tp_fold_declined = tp_fold_declined;
+  if (tp_fold_declined) {  // what approx would simulate instead
+    plan.approx_ranks = program.world_size() / (options.fold_rail_groups && own_nic ? program.tp_size : 1) /
+                        (dp_foldable ? program.dp_size : 1);
+    plan.approx_folds_dp = dp_foldable;
+  }
   plan.fold_rails = fold_rails;
   plan.shared_link_divisor = divisor;
+  plan.fold_dp = fold_dp;
   plan.phase_flows = !full && options.phase_flows;
   plan.merge_compute = !full && options.merge_compute;
   plan.in_order = profile.execution_in_order;
   for (int64_t r = 0; r < program.world_size(); ++r) {
     if (fold_rails && grid.coord(r).tp != 0) continue;
+    if (fold_dp && grid.coord(r).dp != 0) continue;
     plan.slot_of_rank[r] = plan.ranks.size();
     plan.ranks.push_back(r);
   }
@@ -182,7 +206,8 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     auto it = plan.slot_of_rank.find(r);
     if (it == plan.slot_of_rank.end()) {
       throw InputError("detail rank " + std::to_string(r) + " is not simulated in this mode " +
-                       "(fast mode folds tensor-parallel ranks: use tp index 0)");
+                       "(fast mode folds tensor-parallel ranks: use tp index 0" +
+                       std::string(fold_dp ? "; approx also folds data-parallel copies: use dp index 0" : "") + ")");
     }
     plan.detail[it->second] = 1;
   }
@@ -196,18 +221,32 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       if (is_collective(op.kind)) kinds_of_role[size_t(role.index)].insert(op.group);
     }
   }
+  std::set<int64_t> mirror_ranks;
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     int64_t rank = plan.ranks[slot];
     for (GroupKind kind : kinds_of_role[size_t(grid.coord(rank).pp)]) {
-      std::vector<int64_t> members;
-      for (int64_t m : grid.group(kind, rank)) {
+      std::vector<int64_t> members, whole = grid.group(kind, rank);
+      for (int64_t m : whole) {
         if (plan.slot_of_rank.count(m)) members.push_back(m);
+      }
+      // A group over the folded dp copies keeps them all, its flows mirrored (SimGroup); groups
+      // that span every fold (model, world) are corrected analytically below, a folded tp
+      // group is costed analytically, and the other groups (pp, embedding) lie inside one copy.
+      const bool mirrored = fold_dp && members.size() < whole.size() &&
+                            (kind == GroupKind::dp || kind == GroupKind::dp_cp || kind == GroupKind::dp_shard ||
+                             kind == GroupKind::dp_replica);
+      if (mirrored) {
+        members = whole;
+        for (int64_t m : whole) {
+          if (m != rank) mirror_ranks.insert(m);
+        }
       }
       auto key = std::make_pair(int(kind), members.front());
       auto& g = groups[key];
       if (!g) {
         g = std::make_shared<SimGroup>();
         g->members = members;
+        g->mirrored = mirrored;
         for (int64_t m : members) g->layout.node_of.push_back(m / per_node);
         for (int64_t node : g->layout.node_of) g->spans_nodes |= node != g->layout.node_of.front();
         g->layout.rail_staged = g->spans_nodes && rail_staged_all_to_all(topology) && same_count_per_node(g->layout);
@@ -215,6 +254,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       plan.groups[slot][kind] = g;
     }
   }
+  plan.mirror_ranks.assign(mirror_ranks.begin(), mirror_ranks.end());
 
   // Costs per role.
   Dtype dtype = *parse_dtype(program.plan.at("param_dtype").get<std::string>());
@@ -289,11 +329,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         GroupShape shape = group_shape(grid, op.group, first, per_node);
         double sync_s = collective_time_s(op.kind, op.algorithm, 0.0, shape, links);
         costs[op.id] = std::max(0.0, *measured - sync_s);
-      } else if (is_collective(op.kind) && fold_rails && group_spans_folded_ranks(op.group)) {
+      } else if (is_collective(op.kind) && (fold_rails || fold_dp) && group_spans_folded_ranks(op.group)) {
         GroupShape whole = group_shape(grid, op.group, first, per_node);
         std::vector<int64_t> kept;
         for (int64_t m : grid.group(op.group, first)) {
-          if (grid.coord(m).tp == 0) kept.push_back(m);
+          if (plan.slot_of_rank.count(m)) kept.push_back(m);
         }
         std::set<int64_t> nodes;
         for (int64_t m : kept) nodes.insert(m / per_node);
@@ -332,12 +372,41 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   for (const Role& role : program.roles) plan.roles.push_back(walk_of_role(plan, role));
 
   // Variability: draws keyed by the tp group's first rank where tp is folded (its members are
-  // one), which is also the slowest of their device factors.
+  // one), which is also the slowest of their device factors. Where dp is folded, the stand-in is
+  // the copy whose pipeline the device factors make slowest, by the estimate Σ_p t_p + (m − 1) ·
+  // max_p t_p, t_p the stage's compute (its role's compute ops) times the copy's slowest factor
+  // in that stage: fill and drain pass every stage once, the m − 1 other microbatches go at the
+  // slowest stage's pace.
   if (options.variability && draws.enabled()) {
     out.variability = true;
     plan.draws = &draws;
     plan.segment_members = fold_tp ? program.tp_size : 1;
-    for (int64_t rank : plan.ranks) {
+    int64_t copy = 0;
+    if (fold_dp) {
+      std::vector<double> compute_s;  // per stage
+      for (int64_t p = 0; p < program.pp_size; ++p) {
+        const Role& role = program.role_of_rank(grid.rank({0, 0, p, 0}));
+        double sum = 0;
+        for (const Op& op : role.ops) sum += is_compute(op.kind) ? plan.op_cost_s[role.index][op.id] : 0.0;
+        compute_s.push_back(sum);
+      }
+      double worst = -1;
+      for (int64_t k = 0; k < program.dp_size; ++k) {
+        double sum = 0, top = 0;
+        for (int64_t p = 0; p < program.pp_size; ++p) {
+          double f = 0;
+          for (int64_t t = 0; t < program.tp_size; ++t) f = std::max(f, draws.device_factor(grid.rank({t, k, p, 0})));
+          sum += f * compute_s[size_t(p)];
+          top = std::max(top, f * compute_s[size_t(p)]);
+        }
+        const double estimate = sum + double(program.num_microbatches - 1) * top;
+        if (estimate > worst) worst = estimate, copy = k;
+      }
+    }
+    for (int64_t simulated : plan.ranks) {
+      RankCoord c = grid.coord(simulated);
+      c.dp = fold_dp ? copy : c.dp;
+      const int64_t rank = grid.rank(c);
       double factor = draws.device_factor(rank);
       int64_t key = rank;
       if (fold_tp) {

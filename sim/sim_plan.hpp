@@ -29,6 +29,10 @@ struct SimGroup {
   std::vector<int64_t> members;  // ranks, in group order
   GroupLayout layout;
   bool spans_nodes = false;
+  // approx's data-parallel fold: one member is simulated and `members` is the whole group. Each of
+  // its steps sends its own flows and, standing in for the copies that are not simulated, the
+  // flows its peers send it (the copies run the same ops at the same times).
+  bool mirrored = false;
 };
 
 constexpr size_t kStreams = 3;
@@ -121,8 +125,14 @@ struct SimPlan {
   // Fast mode kept every tp rank because another group shares the node's NVLink: --mode approx
   // would fold them (what the planner re-simulates with).
   bool tp_fold_declined = false;
+  int64_t approx_ranks = 0;  // with tp_fold_declined: the ranks --mode approx simulates
+  bool approx_folds_dp = false;  // and whether it folds the dp copies
   bool fold_rails = false;
   double shared_link_divisor = 1;
+  // approx: only data-parallel index 0 is simulated; the devices of the other copies that
+  // mirrored groups' flows reach (hosts without actors).
+  bool fold_dp = false;
+  std::vector<int64_t> mirror_ranks;
   // Names this job's mailboxes apart from other jobs' on one platform (simulate_jobs); empty alone.
   std::string mailbox_prefix;
   // When this job's step starts (simulate_jobs): its ranks wait that long, and read_outcome takes

@@ -79,12 +79,13 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
     }
   };
   plan_jobs(options);
-  // The rail fold divides the shared links' capacity by its count: valid only where every job's
-  // simulated flows stand for that many copies.
+  // The rail and data-parallel folds divide the shared links' capacity by their count: valid only
+  // where every job's simulated flows stand for that many copies.
   for (const SimPlan& plan : plans) {
     if (plan.shared_link_divisor != plans.front().shared_link_divisor) {
       SimulateOptions unfolded = options;
       unfolded.fold_rail_groups = false;
+      unfolded.fold_data_parallel = false;
       plan_jobs(unfolded);
       break;
     }
@@ -98,12 +99,17 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
   sg4::Engine engine(&argc, argv);
   configure_engine(engine);
+  // Then, per job, the hosts of the folded dp copies its mirrored flows reach (no actors).
   PlatformOptions platform_options;
+  auto device_of = [&](size_t j, int64_t rank) {
+    return jobs[j].nodes[size_t(rank / per_node)] * per_node + rank % per_node;
+  };
   for (size_t j = 0; j < jobs.size(); ++j) {
-    for (int64_t rank : plans[j].ranks) {
-      platform_options.devices.push_back(jobs[j].nodes[size_t(rank / per_node)] * per_node + rank % per_node);
-    }
+    for (int64_t rank : plans[j].ranks) platform_options.devices.push_back(device_of(j, rank));
     platform_options.delay_hosts += int64_t(plans[j].ranks.size() * kStreams);
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    for (int64_t rank : plans[j].mirror_ranks) platform_options.devices.push_back(device_of(j, rank));
   }
   platform_options.shared_link_divisor = plans.front().shared_link_divisor;
   platform_options.delay_host_speeds = plans.front().overlap_speeds;
@@ -124,6 +130,9 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
       }
     }
     first_host += slots;
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    for (int64_t rank : plans[j].mirror_ranks) hosts[j].mirror[rank] = platform.hosts[first_host++];
     create_rank_actors(plans[j], hosts[j], outcomes[j]);
   }
   engine.run();

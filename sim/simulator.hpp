@@ -20,7 +20,14 @@
 // approx: fast, and fold_tp also where another group has members on the same node
 // (fold_tp_shared_node). Their traffic then no longer shares a device's NVLink port with its tp
 // collectives: approximate, and on the fast side (README: how far, measured). It lets the
-// planner re-simulate tp 4 on 8-device nodes in seconds instead of minutes.
+// planner re-simulate tp 4 on 8-device nodes in seconds instead of minutes. approx also folds
+// the data-parallel copies (fold_data_parallel: dp > 1, cp 1, no experts, uniform devices, the
+// streams concurrent): only dp index 0 of each stage is simulated, and each step of a collective
+// over dp copies (dp, dp_shard, dp_replica, dp_cp) is its own flows plus the flows its peers
+// send it, from their devices' hosts (the copies run the same ops at the same times). What it
+// leaves out: the copies' other traffic on their own NICs and on shared links (their pipeline
+// transfers, the collectives of other stages on a leaf's uplinks), and run-to-run variation
+// between copies apart from their slowest device factor.
 //
 // Costs. Compute ops: cost_model.hpp. Collectives: flows on the platform carrying the α-β model's
 // bytes; where the profile has measured collective tables (collective_cost.hpp) the measured
@@ -60,6 +67,7 @@ struct SimulateOptions {
   bool fold_tp = true;
   bool fold_tp_shared_node = false;
   bool fold_rail_groups = true;
+  bool fold_data_parallel = true;  // approx only
   bool phase_flows = true;
   bool merge_compute = true;
   // Ranks whose per-op records are kept (empty: the representative ranks — the first rank of
@@ -99,6 +107,8 @@ struct SimulationOutput {
   // Fast mode simulated every tensor-parallel rank because another group (dp, pp, ...) has members
   // on the same node and shares its NVLink with the tp collectives; --mode approx folds them.
   bool tp_fold_declined = false;
+  int64_t approx_ranks = 0;  // then: the ranks approx simulates
+  bool approx_folds_dp = false;  // and whether it folds the data-parallel copies too
   bool variability = false;            // drawn (the profile has some and it was not turned off)
   bool overlap_interference = false;   // modelled (the profile has the figures, not turned off)
   // Collectives whose time the profile's measured tables corrected, and the range of the factor.

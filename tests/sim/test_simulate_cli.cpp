@@ -257,12 +257,15 @@ TEST_CASE("simulate: --mode approx folds tp beside in-node dp, within 3% on the 
     Json approx = simulate(args + " --mode approx", file_name(c.name) + "-approx", &approx_output);
     CHECK_THAT(fast["mode_detail"].get<std::string>(), !Contains("fold_tp"));
     CHECK_THAT(approx["mode_detail"].get<std::string>(), Contains("fold_tp (shared node"));
-    // Fast mode says why it kept every tp rank, and how many approx would simulate.
-    const size_t ranks = fast["simulated_ranks"].get<size_t>();
-    CHECK(approx["simulated_ranks"].get<size_t>() * 4 == ranks);
+    // Fast mode says why it kept every tp rank, and how many approx would simulate (it folds the
+    // data-parallel copies too: test_approx_dp_fold.cpp).
+    const size_t ranks = fast["simulated_ranks"].get<size_t>(), dp = c.plan["dp_size"].get<size_t>();
+    CHECK(approx["simulated_ranks"].get<size_t>() * 4 * dp == ranks);
+    CHECK_THAT(approx["mode_detail"].get<std::string>(), Contains("fold_dp"));
     CHECK_THAT(fast["mode_detail"].get<std::string>(), Contains("tp not folded"));
     CHECK_THAT(fast_output, Contains("note: fast mode simulated every tensor-parallel rank"));
-    CHECK_THAT(fast_output, Contains("(" + std::to_string(ranks / 4) + " ranks instead of " + std::to_string(ranks)));
+    CHECK_THAT(fast_output, Contains("and the data-parallel copies into one (" + std::to_string(ranks / 4 / dp) +
+                                     " ranks instead of " + std::to_string(ranks)));
     CHECK_THAT(approx["mode_detail"].get<std::string>(), !Contains("tp not folded"));
     CHECK_THAT(approx_output, !Contains("note: fast mode"));
     double f = fast["step_time_s"].get<double>(), a = approx["step_time_s"].get<double>();
