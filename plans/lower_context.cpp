@@ -291,17 +291,17 @@ int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double fl
   op.flops = flops;
   // Bytes moved: activation buffers read and written; parameter buffers count only where the
   // op is the optimizer (see emit_optimizer), not for a norm reading a whole layer's weights.
-  std::vector<std::string> moved;
+  double moved = 0;
   for (const auto& v : {std::cref(inputs), std::cref(outputs)}) {
     for (const auto& n : v.get()) {
       if (n.rfind("weights.", 0) == 0 || n.rfind("grads.", 0) == 0 || n.rfind("wfull.", 0) == 0 ||
           n.rfind("gradfull.", 0) == 0 || n.rfind("gradmb.", 0) == 0 || n.rfind("fp8.", 0) == 0) {  // (FP8 scales: a few bytes)
         continue;
       }
-      moved.push_back(n);
+      moved += rb_.live_bytes(n);
     }
   }
-  op.bytes = buffer_bytes(moved);
+  op.bytes = moved;
   op.inputs = std::move(inputs);
   op.outputs = std::move(outputs);
   return rb_.emit(std::move(op), waits_for_p2p(extra_deps));

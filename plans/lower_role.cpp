@@ -22,6 +22,13 @@ void RoleLowering::lower() {
   if (plan_.async_dp()) emit_async_reductions();
   ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, plan_.num_microbatches()};
   std::vector<PassAction> actions = schedule_actions(plan_.schedule, shape, role_.pp_stage);
+  // Room for the ops at once: a layer's forward or backward pass is a few dozen ops (64 on GPT-3
+  // with selective recompute), and growing a vector of 10^5 ops moves them all each time. An
+  // estimate on the high side costs address space only: the pages are touched as ops arrive.
+  int64_t layers = 0;
+  for (int64_t vs : role_.chunks_virtual_stages) layers += plan_.layers_per_stage[size_t(vs)];
+  role_.ops.reserve(size_t(int64_t(actions.size()) * 128 * std::max<int64_t>(1, layers) /
+                               std::max<int64_t>(1, plan_.virtual_pp_size) + 4096));
   std::map<int64_t, size_t> last_backward;  // chunk → index of its last backward action
   for (size_t i = 0; i < actions.size(); ++i) {
     if (!actions[i].forward) last_backward[actions[i].chunk] = i;
