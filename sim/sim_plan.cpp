@@ -167,9 +167,9 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   plan.fold_tp = fold_tp;
   plan.fold_tp_approximate = fold_tp_approximate;
   plan.tp_fold_declined = tp_fold_declined;
-  if (tp_fold_declined) {  // what approx would simulate instead
-    plan.approx_ranks = program.world_size() / (options.fold_rail_groups && own_nic ? program.tp_size : 1) /
-                        (dp_foldable ? program.dp_size : 1);
+  if (options.mode == SimMode::fast && (tp_fold_declined || dp_foldable)) {  // what approx would simulate
+    const bool rails = fold_rails || (tp_fold_declined && options.fold_rail_groups && own_nic);
+    plan.approx_ranks = program.world_size() / (rails ? program.tp_size : 1) / (dp_foldable ? program.dp_size : 1);
     plan.approx_folds_dp = dp_foldable;
   }
   plan.fold_rails = fold_rails;

@@ -125,7 +125,7 @@ struct SimPlan {
   // Fast mode kept every tp rank because another group shares the node's NVLink: --mode approx
   // would fold them (what the planner re-simulates with).
   bool tp_fold_declined = false;
-  int64_t approx_ranks = 0;  // with tp_fold_declined: the ranks --mode approx simulates
+  int64_t approx_ranks = 0;  // fast mode: the ranks --mode approx would simulate (0: no fewer)
   bool approx_folds_dp = false;  // and whether it folds the dp copies
   bool fold_rails = false;
   double shared_link_divisor = 1;

@@ -107,7 +107,8 @@ struct SimulationOutput {
   // Fast mode simulated every tensor-parallel rank because another group (dp, pp, ...) has members
   // on the same node and shares its NVLink with the tp collectives; --mode approx folds them.
   bool tp_fold_declined = false;
-  int64_t approx_ranks = 0;  // then: the ranks approx simulates
+  // Fast mode: the ranks --mode approx would simulate where it folds more (0: it would not).
+  int64_t approx_ranks = 0;
   bool approx_folds_dp = false;  // and whether it folds the data-parallel copies too
   bool variability = false;            // drawn (the profile has some and it was not turned off)
   bool overlap_interference = false;   // modelled (the profile has the figures, not turned off)

@@ -151,3 +151,17 @@ TEST_CASE("simulate: approx keeps every data-parallel copy where they are not al
   CHECK_THAT(approx["mode_detail"].get<std::string>(), !Contains("fold_dp"));
   CHECK(approx["simulated_ranks"].get<int64_t>() == 4);
 }
+
+TEST_CASE("simulate: fast mode names what --mode approx would simulate at scale", "[simulate]") {
+  // 256 ranks (pp 2 × dp 128, one rank per device): approx would simulate one copy per stage.
+  Json plan = {{"name", "pp2-dp128"}, {"pp_size", 2}, {"dp_size", 128}, {"micro_batch_size", 1},
+               {"global_batch_size", 256}};
+  std::string dir = fresh_dir("approx-dp-note");
+  CommandResult fast = run_stepcast("simulate" + test::model_arg("gpt2-124m") + " --topology " +
+                                    source_path("topologies/dgx-a100-80gb.json") + " --nodes 32 --plan " +
+                                    test::write_temp_file("plan-pp2-dp128.json", plan.dump(2)) +
+                                    " --no-scaling --no-records --out " + dir);
+  INFO(fast.output);
+  REQUIRE(fast.exit_code == 0);
+  CHECK_THAT(fast.output, Contains("note: --mode approx would simulate 2 ranks instead of 256"));
+}
