@@ -125,7 +125,11 @@ std::unique_ptr<ForkedChild> fork_uniform_reference(const Inputs& in, const Devi
   if (in.topology.heterogeneity.empty()) return nullptr;
   Topology uniform = in.topology;
   uniform.heterogeneity = Heterogeneity{};
-  return fork_reference_step(in, std::move(uniform), in.plan, profile, options,
+  // The same folds as the run it is subtracted from: approx keeps every data-parallel copy on
+  // unequal devices, so the reference does too (its fold's error is not a straggler's cost).
+  SimulateOptions same_folds = options;
+  same_folds.fold_data_parallel = false;
+  return fork_reference_step(in, std::move(uniform), in.plan, profile, same_folds,
                              "the uniform-topology reference simulation");
 }
 

@@ -148,3 +148,22 @@ TEST_CASE("stragglers: simulate names the slowest rank, its cost, energy and cos
   CHECK(refused["exit_code"] == 2);
   CHECK_THAT(refused["output"].get<std::string>(), Contains("a price without a currency") && Contains("2.5 USD"));
 }
+
+TEST_CASE("stragglers: under --mode approx the uniform reference keeps every data-parallel copy too",
+          "[stragglers][simulate]") {
+  // approx folds the data-parallel copies on a uniform topology but not on unequal devices: the
+  // reference must fold as the run does, or the fold's own error would read as a straggler's
+  // cost. Every factor 1 here: the cost is exactly 0 (it was -7.8e-7 s when the reference folded).
+  Json t = load_json_file(source_path("topologies/dgx-a100-80gb.json"));
+  t["num_nodes"] = 2;
+  t["profile"] = source_path("profiles/a100-sxm4-80gb.json");
+  t["heterogeneity"] = {{"devices", {{{"device", 3}, {"compute_speed_factor", 1.0}}}}};
+  Json plan = {{"name", "pp2-dp8-zero3-interleaved"}, {"pp_size", 2}, {"dp_size", 8}, {"zero_stage", 3},
+               {"micro_batch_size", 1}, {"global_batch_size", 32}, {"schedule", "interleaved_1f1b"},
+               {"virtual_pp_size", 2}, {"overlap_grad_reduce", true}, {"overlap_param_gather", true}};
+  Json p = simulate_json(model_arg("gpt2-124m") + " --topology " + write_temp_file("stragglers-ones.json", t.dump()) +
+                             " --plan " + write_temp_file("stragglers-z3pp.json", plan.dump()) + " --mode approx",
+                         "approx-ones");
+  CHECK_THAT(p["mode_detail"].get<std::string>(), !Contains("fold_dp"));
+  CHECK(p["heterogeneity"]["straggler_cost_s"].get<double>() == 0);
+}
