@@ -218,7 +218,9 @@ int run_contention(int argc, char** argv) {
   }
 
   // Each job alone on its nodes, in forked children (as many at once as there are cores), before
-  // this process creates its engine; then all of them together here.
+  // this process creates its engine; then all of them together here. Alone, each folds as it
+  // does among the others (shared_job_options), so the slowdown is the contention alone.
+  const SimulateOptions alone_options = shared_job_options(shared_jobs, shared, profile, sim_options);
   std::vector<SimulationOutput> alone(jobs.size());
   const size_t at_once = std::max(1u, std::thread::hardware_concurrency());
   for (size_t first = 0; first < jobs.size(); first += at_once) {
@@ -226,7 +228,7 @@ int run_contention(int argc, char** argv) {
     for (size_t i = first; i < std::min(jobs.size(), first + at_once); ++i) {
       auto work = [&, i]() -> std::string {
         try {
-          SimulationOutput sim = simulate_jobs({shared_jobs[i]}, shared, profile, sim_options).front();
+          SimulationOutput sim = simulate_jobs({shared_jobs[i]}, shared, profile, alone_options).front();
           return "ok " + Json{{"step_time_s", sim.step_time_s},
                               {"critical_rank", sim.critical_rank},
                               {"breakdown", breakdown_json(sim.breakdown)}}

@@ -100,21 +100,10 @@ void plan_heterogeneity(SimPlan& plan, const StepProgram& program, const Heterog
 
 }  // namespace
 
-SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
-                        const DeviceProfile& profile, const SimulateOptions& options,
-                        const VariabilityDraws& draws, SimulationOutput& out) {
-  check_profile_matches(profile, topology_in, options.allow_profile_mismatch);
+Folds choose_folds(const StepProgram& program, const Topology& topology, const DeviceProfile& profile,
+                   const SimulateOptions& options) {
   const bool full = options.mode == SimMode::full;
-  if (full && (program.world_size() > kFullModeMaxDevices ||
-               program.num_microbatches > kFullModeMaxMicrobatches)) {
-    std::ostringstream why;
-    why << "the plan has " << program.world_size() << " devices and " << program.num_microbatches
-        << " microbatches; full mode simulates at most " << kFullModeMaxDevices << " devices and "
-        << kFullModeMaxMicrobatches << " microbatches";
-    throw_input_error("--mode", "mode", "\"full\"", why.str(), "--mode fast for this plan");
-  }
-  Topology topology = apply_link_fractions(topology_in, profile);
-  RankGrid grid = program.grid();
+  const RankGrid grid = program.grid();
   const int64_t per_node = topology.node.devices_per_node;
   GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
   bool tp_in_node = tp_shape.nodes == 1 && per_node % program.tp_size == 0;
@@ -150,7 +139,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   // copies), on unequal devices, in order (a CPU profile's measured collectives), or where
   // devices share a NIC (the copies beside the stand-in would load its NIC).
   const bool dp_foldable = !full && options.fold_data_parallel && program.dp_size > 1 && program.cp_size == 1 &&
-                           program.moe.num_experts == 0 && topology_in.heterogeneity.empty() &&
+                           program.moe.num_experts == 0 && topology.heterogeneity.empty() &&
                            !profile.execution_in_order && own_nic;
   const bool fold_dp = dp_foldable && options.mode == SimMode::approx;
 
@@ -160,12 +149,45 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     divisor *= double(group_shape(grid, GroupKind::dp, 0, per_node).members_per_node);
   }
 
+  Folds f;
+  f.fold_tp = fold_tp;
+  f.fold_tp_approximate = fold_tp_approximate;
+  f.tp_fold_declined = tp_fold_declined;
+  f.own_nic = own_nic;
+  f.fold_rails = fold_rails;
+  f.dp_foldable = dp_foldable;
+  f.fold_dp = fold_dp;
+  f.shared_link_divisor = divisor;
+  return f;
+}
+
+SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
+                        const DeviceProfile& profile, const SimulateOptions& options,
+                        const VariabilityDraws& draws, SimulationOutput& out) {
+  check_profile_matches(profile, topology_in, options.allow_profile_mismatch);
+  const bool full = options.mode == SimMode::full;
+  if (full && (program.world_size() > kFullModeMaxDevices ||
+               program.num_microbatches > kFullModeMaxMicrobatches)) {
+    std::ostringstream why;
+    why << "the plan has " << program.world_size() << " devices and " << program.num_microbatches
+        << " microbatches; full mode simulates at most " << kFullModeMaxDevices << " devices and "
+        << kFullModeMaxMicrobatches << " microbatches";
+    throw_input_error("--mode", "mode", "\"full\"", why.str(), "--mode fast for this plan");
+  }
+  Topology topology = apply_link_fractions(topology_in, profile);
+  RankGrid grid = program.grid();
+  const int64_t per_node = topology.node.devices_per_node;
+  const Folds folds = choose_folds(program, topology_in, profile, options);
+  const bool fold_tp = folds.fold_tp, fold_rails = folds.fold_rails, fold_dp = folds.fold_dp;
+  const bool own_nic = folds.own_nic, dp_foldable = folds.dp_foldable, tp_fold_declined = folds.tp_fold_declined;
+  GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
+
   SimPlan plan;
   plan.program = &program;
   plan.mode = options.mode;
   plan.full = full;
   plan.fold_tp = fold_tp;
-  plan.fold_tp_approximate = fold_tp_approximate;
+  plan.fold_tp_approximate = folds.fold_tp_approximate;
   plan.tp_fold_declined = tp_fold_declined;
   if (options.mode == SimMode::fast && (tp_fold_declined || dp_foldable)) {  // what approx would simulate
     const bool rails = fold_rails || (tp_fold_declined && options.fold_rail_groups && own_nic);
@@ -173,7 +195,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     plan.approx_folds_dp = dp_foldable;
   }
   plan.fold_rails = fold_rails;
-  plan.shared_link_divisor = divisor;
+  plan.shared_link_divisor = folds.shared_link_divisor;
   plan.fold_dp = fold_dp;
   plan.phase_flows = !full && options.phase_flows;
   plan.merge_compute = !full && options.merge_compute;

@@ -161,6 +161,21 @@ struct SimOutcome {
   std::vector<std::string> errors;
 };
 
+// The reductions a simulation makes (simulator.hpp): which folds apply to `program` on
+// `topology` under `options`, and the capacity divisor of the shared links they imply.
+struct Folds {
+  bool fold_tp = false;
+  bool fold_tp_approximate = false;  // folded although another group shares the node's NVLink
+  bool tp_fold_declined = false;     // fast mode kept every tp rank for that reason
+  bool own_nic = false;              // every device has a NIC of its own
+  bool fold_rails = false;
+  bool dp_foldable = false;          // the dp copies are alike (approx folds them)
+  bool fold_dp = false;
+  double shared_link_divisor = 1;
+};
+Folds choose_folds(const StepProgram& program, const Topology& topology, const DeviceProfile& profile,
+                   const SimulateOptions& options);
+
 // Checks the request (profile against topology, full mode's limits, detail ranks), chooses the
 // reductions, and costs every op; InputError for a request or a figure it cannot simulate.
 // `draws` must outlive the plan; `out` gets the variability flag and the measured corrections.

@@ -5,6 +5,7 @@
 
 #include <simgrid/s4u.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -28,6 +29,24 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
   job.seed = options.seed;
   for (int64_t n = 0; n < topology_in.num_nodes; ++n) job.nodes.push_back(n);
   return std::move(simulate_jobs({job}, topology_in, profile, options).front());
+}
+
+SimulateOptions shared_job_options(const std::vector<SharedJob>& jobs, const Topology& shared,
+                                   const DeviceProfile& profile, const SimulateOptions& options) {
+  // The rail and data-parallel folds divide the shared links' capacity by their count: valid only
+  // where every job's simulated flows stand for that many copies.
+  if (jobs.size() < 2) return options;
+  std::vector<double> divisors;
+  for (const SharedJob& job : jobs) {
+    Topology own = shared;
+    own.num_nodes = int(job.nodes.size());
+    divisors.push_back(sim_detail::choose_folds(*job.program, own, profile, options).shared_link_divisor);
+  }
+  if (std::equal(divisors.begin() + 1, divisors.end(), divisors.begin())) return options;
+  SimulateOptions unfolded = options;
+  unfolded.fold_rail_groups = false;
+  unfolded.fold_data_parallel = false;
+  return unfolded;
 }
 
 std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, const Topology& shared,
@@ -78,18 +97,7 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
       plans.back().start_s = jobs[j].start_s;
     }
   };
-  plan_jobs(options);
-  // The rail and data-parallel folds divide the shared links' capacity by their count: valid only
-  // where every job's simulated flows stand for that many copies.
-  for (const SimPlan& plan : plans) {
-    if (plan.shared_link_divisor != plans.front().shared_link_divisor) {
-      SimulateOptions unfolded = options;
-      unfolded.fold_rail_groups = false;
-      unfolded.fold_data_parallel = false;
-      plan_jobs(unfolded);
-      break;
-    }
-  }
+  plan_jobs(shared_job_options(jobs, shared, profile, options));
 
   // The engine and the platform: one host per simulated rank (a job's rank r on its node
   // nodes[r / devices_per_node]), and one delay host per rank and stream for executions and

@@ -147,11 +147,16 @@ struct SharedJob {
 
 // The jobs' steps, each from its start_s, on one platform of the shared topology: their flows
 // share its NICs, leaf uplinks and router links (contention), each job's ranks on its own nodes
-// (disjoint; InputError otherwise). Fast mode folds rail groups only where every job folds them by
-// the same count (the shared links' capacity divisor); otherwise no job does. A topology with
+// (disjoint; InputError otherwise). They run under shared_job_options. A topology with
 // heterogeneity is refused (its factors are per node of one job). Returns each job's output, in
 // the job's own rank numbers. One SimGrid engine: call once per process.
 std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, const Topology& shared,
                                             const DeviceProfile& profile, const SimulateOptions& options);
+
+// `options` where the jobs' folds divide the shared links' capacity by the same count (the folded
+// rails, and approx's data-parallel copies, of every job stand for as many flows), else `options`
+// without those two folds. A job simulated alone under them folds as it does among the others.
+SimulateOptions shared_job_options(const std::vector<SharedJob>& jobs, const Topology& shared,
+                                   const DeviceProfile& profile, const SimulateOptions& options);
 
 }  // namespace stepcast
