@@ -53,12 +53,12 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
 }
 
 Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& plan,
-                int64_t stage) {
+                int64_t stage, RoleDetail detail) {
   LowerContext ctx(model, topology, plan);
   Role role;
   role.index = int32_t(stage);
   role.pp_stage = stage;
-  RoleLowering(ctx, role).lower();
+  RoleLowering(ctx, role, detail).lower();
   return role;
 }
 

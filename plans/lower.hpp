@@ -7,6 +7,7 @@
 #include "model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
+#include "role_builder.hpp"  // RoleDetail
 #include "topology.hpp"
 
 namespace stepcast {
@@ -14,10 +15,11 @@ namespace stepcast {
 // `plan` must have passed validate_plan. Does not check memory (see memory.hpp).
 StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan);
 
-// Pipeline stage `stage`'s role alone: the same ops as lower_program(...).roles[stage]. The
-// planner walks the memory of the few stages whose bounds straddle the device's limit.
+// Pipeline stage `stage`'s role alone: the same ops as lower_program(...).roles[stage] (with
+// RoleDetail::memory_walk, what a memory walk reads of them: role_builder.hpp). The planner walks
+// the memory of the few stages whose bounds straddle the device's limit.
 Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& plan,
-                int64_t stage);
+                int64_t stage, RoleDetail detail = RoleDetail::full);
 
 // Vocabulary padded to a multiple of tp_size so the vocab-parallel embedding and logit layer
 // split evenly (Megatron pads further, to 128·tp, for kernel efficiency; we do not).

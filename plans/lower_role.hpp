@@ -40,8 +40,8 @@ inline std::string layer_group_name(int64_t layer) {
 
 class RoleLowering {
  public:
-  RoleLowering(const LowerContext& ctx, Role& role)
-      : c_(ctx), plan_(ctx.plan), role_(role), rb_(role),
+  RoleLowering(const LowerContext& ctx, Role& role, RoleDetail detail = RoleDetail::full)
+      : c_(ctx), plan_(ctx.plan), role_(role), rb_(role, detail),
         e_(ctx, rb_, ctx.grid.rank(RankCoord{0, 0, role.pp_stage})) {}
 
   void lower();

@@ -37,6 +37,14 @@ const std::vector<int64_t>& RoleBuilder::live_shape(const std::string& name) con
 int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
   int32_t id = int32_t(role_.ops.size());
   op.id = id;
+  if (detail_ == RoleDetail::memory_walk) {  // the operands must be live all the same
+    for (const auto& name : op.inputs) state(name, "reads");
+    for (const auto& name : op.outputs) state(name, "writes");
+    op.inputs.clear();
+    op.outputs.clear();
+    role_.ops.push_back(std::move(op));
+    return id;
+  }
   // The operands' states, looked up once (the map's nodes stay put: nothing is added below).
   std::vector<BufferState*>& operands = operand_states_;
   operands.clear();
@@ -85,7 +93,7 @@ int32_t RoleBuilder::alloc(const std::string& name, BufferClass buffer_class, Dt
   op.kind = OpKind::alloc;
   op.stream = Stream::compute;
   op.phase = phase;
-  op.buffer = name;
+  if (detail_ == RoleDetail::full) op.buffer = name;
   op.buffer_class = buffer_class;
   op.dtype = dtype;
   op.shape = std::move(shape);
@@ -115,15 +123,17 @@ int32_t RoleBuilder::free(const std::string& name, Phase phase) {
   Op op;
   op.kind = OpKind::free;
   op.phase = phase;
-  op.buffer = name;
   op.bytes = s.bytes;
   op.buffer_class = s.buffer_class;
   op.stream = s.last_user >= 0 ? s.last_user_stream : Stream::compute;
-  std::vector<int32_t> deps = std::move(s.readers);
-  deps.push_back(s.last_writer >= 0 ? s.last_writer : s.alloc_op);
-  std::sort(deps.begin(), deps.end());
-  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
-  op.deps = std::move(deps);
+  if (detail_ == RoleDetail::full) {
+    op.buffer = name;
+    std::vector<int32_t> deps = std::move(s.readers);
+    deps.push_back(s.last_writer >= 0 ? s.last_writer : s.alloc_op);
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    op.deps = std::move(deps);
+  }
   int32_t id = int32_t(role_.ops.size());
   op.id = id;
   buffers_.erase(it);

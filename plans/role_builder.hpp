@@ -12,9 +12,15 @@
 
 namespace stepcast {
 
+// What a lowering keeps of each op: all of it (the program), or what a memory walk reads
+// (memory.hpp's walk_role_memory: the alloc and free ops, their sizes and classes, in list order)
+// — the other ops keep their kind, stream and figures but not their operands' names or their
+// deps, and memory ops not their buffer's name. The list and its order are the same.
+enum class RoleDetail { full, memory_walk };
+
 class RoleBuilder {
  public:
-  explicit RoleBuilder(Role& role) : role_(role) {}
+  explicit RoleBuilder(Role& role, RoleDetail detail = RoleDetail::full) : role_(role), detail_(detail) {}
 
   // Appends `op` (its id, deps are filled in here) and returns its id. `extra_deps` are ids the
   // dataflow does not show (e.g. "after the whole backward").
@@ -60,6 +66,7 @@ class RoleBuilder {
   };
   BufferState& state(const std::string& name, const char* use);
   Role& role_;
+  RoleDetail detail_;
   std::unordered_map<std::string, BufferState> buffers_;
   std::vector<BufferState*> operand_states_;  // emit's, kept for its capacity
 };

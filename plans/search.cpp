@@ -217,7 +217,7 @@ namespace {
 // staging copies to the step's end (the peak then grows with the microbatches).
 double walk_stage(const ModelConfig& model, const Topology& topology, const Plan& plan,
                   int64_t stage, bool whole_step) {
-  Role role = lower_role(model, topology, whole_step ? plan : memory_path_plan(plan), stage);
+  Role role = lower_role(model, topology, whole_step ? plan : memory_path_plan(plan), stage, RoleDetail::memory_walk);
   return walk_role_memory(role).peak_bytes + topology.node.device.runtime_allowance_bytes;
 }
 
