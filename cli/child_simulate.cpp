@@ -34,7 +34,7 @@ Simulated ChildSimulator::simulate(const std::string& key, const Plan& plan, con
   request.plan_json = plan_to_json(plan).dump(2);
   std::ostringstream arguments;
   arguments << model_arguments_ << " --topology " << shell_quote(std::filesystem::absolute(topology.file).string())
-            << " --nodes " << topology.num_nodes << " --mode " << mode_ << " --no-scaling --no-records"
+            << " --nodes " << topology.num_nodes << " --mode " << mode_ << " --no-scaling --no-records --no-program-hash"
             << profile_arguments_;
   request.arguments = arguments.str();
   SimulationOutcome outcome = runner_.run(request, jobs_);

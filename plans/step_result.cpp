@@ -134,7 +134,8 @@ Json summary_to_json(const StepResult& r) {
               {"mfu", r.mfu},
               {"hfu", r.hfu},
               {"memory", r.memory},
-              {"program_sha256", r.program_sha256},
+              // null: simulate --no-program-hash
+              {"program_sha256", r.program_sha256.empty() ? Json(nullptr) : Json(r.program_sha256)},
               {"inputs", r.inputs},
               {"stepcast_version", stepcast_version()},
               {"git_commit", stepcast_git_commit()}};

@@ -119,6 +119,11 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
   if (json.contains("scaling_efficiency") && json["scaling_efficiency"].is_number()) {
     r.scaling_efficiency = json["scaling_efficiency"].get<double>();
   }
+  if (json.contains("program_sha256") && json["program_sha256"].is_null()) {
+    throw_input_error(file, "program_sha256", "null", "made by `simulate --no-program-hash`, which skips the hash",
+                      "a prediction simulated without --no-program-hash (compare checks that both sides ran "
+                      "the same program by its hash)");
+  }
   r.program_sha256 =
       field(json, "program_sha256", file, "", &Json::is_string, "string").get<std::string>();
   r.inputs = field(json, "inputs", file, "", &Json::is_object, "object");

@@ -209,6 +209,9 @@ OUTPUTS = {
          "--price-per-gpu-hour 2.5 USD --out {out}", [("prediction.json", "step-result")]),
         ("{bin} simulate --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json "
          "--plan examples/gpt3-13b-a100-64.json --no-records --out {out}", [("prediction.json", "step-result")]),
+        ("{bin} simulate --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json "
+         "--plan examples/gpt3-13b-a100-64.json --mode approx --no-records --no-program-hash --out {out}",
+         [("prediction.json", "step-result")]),
         (f"{{bin}} lower {TINY} --plan examples/tiny-cpu.json --check --out {{out}}", [("program.json", "program")]),
         (f"{{bin}} lower {TINY} --plan {{inputs}}/cp.json --out {{out}}", [("program.json", "program")]),
         (f"{{bin}} simulate {TINY} --plan {{inputs}}/async.json --no-records --out {{out}}",

@@ -133,3 +133,19 @@ TEST_CASE("simulate: bad --records and --trace values name the option and the va
   CHECK(both.exit_code == 2);
   CHECK_THAT(both.output, Contains("--no-records"));
 }
+
+TEST_CASE("simulate: --no-program-hash writes a null program_sha256, which compare refuses", "[simulate]") {
+  const std::string dir = fresh_dir("simulate-no-hash");
+  CommandResult r = run_stepcast("simulate" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                                 plan_arg("tiny-cpu") + " --no-scaling --no-program-hash --out " + dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json p = read_json(dir + "/prediction.json");
+  CHECK(p["program_sha256"].is_null());
+  CHECK(p["step_time_s"].get<double>() > 0);
+  // Any measurement: compare stops at the prediction, naming the key and the option.
+  CommandResult c = run_stepcast("compare " + dir + "/prediction.json " + dir + "/prediction.json");
+  INFO(c.output);
+  CHECK(c.exit_code == 2);
+  CHECK_THAT(c.output, Contains("program_sha256") && Contains("--no-program-hash"));
+}
