@@ -149,16 +149,9 @@ Folds choose_folds(const StepProgram& program, const Topology& topology, const D
     divisor *= double(group_shape(grid, GroupKind::dp, 0, per_node).members_per_node);
   }
 
-  Folds f;
-  f.fold_tp = fold_tp;
-  f.fold_tp_approximate = fold_tp_approximate;
-  f.tp_fold_declined = tp_fold_declined;
-  f.own_nic = own_nic;
-  f.fold_rails = fold_rails;
-  f.dp_foldable = dp_foldable;
-  f.fold_dp = fold_dp;
-  f.shared_link_divisor = divisor;
-  return f;
+  return {.fold_tp = fold_tp, .fold_tp_approximate = fold_tp_approximate, .tp_fold_declined = tp_fold_declined,
+          .own_nic = own_nic, .fold_rails = fold_rails, .dp_foldable = dp_foldable, .fold_dp = fold_dp,
+          .shared_link_divisor = divisor};
 }
 
 SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
