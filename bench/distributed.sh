@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A planner study in one process against the same study spread over `mpirun -np 2` (README
 # "Running a study across a cluster"): `stepcast plan` on GPT-3 13B over 8 DGX A100 nodes (64
-# GPUs, global batch 512), the best BENCH_DIST_EVALUATE (default 12) plans re-simulated. Three
+# GPUs, global batch 512), the best BENCH_DIST_EVALUATE (default 12) plans re-simulated with
+# `--sim-mode` BENCH_DIST_SIM_MODE (default fast: about half a second each here; approx, which
+# folds the data-parallel copies, makes the whole study about 1.5 s, too short to spread). Three
 # runs: one process with --jobs 2 (two simulations at once), `scripts/mpirun -np 2` with --jobs 1
 # (one per rank: the same two at once, so the ratio is the spread's overhead) and with --jobs 2
 # (four at once). Prints each wall, the ratios to the single process, and whether plans.json
@@ -12,11 +14,12 @@ cd "$(dirname "$0")/.."
 [ -x build/stepcast ] || bash scripts/build.sh >/dev/null
 bin=${STEPCAST:-build/stepcast}
 evaluate=${BENCH_DIST_EVALUATE:-12}
+sim_mode=${BENCH_DIST_SIM_MODE:-fast}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 study=(plan --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json --nodes 8
-       --global-batch-size 512 --evaluate "$evaluate" --top 5)
+       --global-batch-size 512 --evaluate "$evaluate" --top 5 --sim-mode "$sim_mode")
 run() {
   local label=$1
   shift
