@@ -125,7 +125,7 @@ int run_simulate(int argc, char** argv) {
       "--mode approx is fast, and also costs tensor-parallel collectives analytically where\n"
       "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
       "is then not simulated, and simulates one data-parallel copy per stage for them all (its\n"
-      "peers' flows mirrored; not with cp > 1, experts or unequal devices): within about 1% of\n"
+      "peers' flows mirrored; not with experts or unequal devices): within about 1% of\n"
       "fast mode where tested (README); the planner re-simulates with it.\n"
       "A topology with `heterogeneity` (speed factors per node, device or node group, link\n"
       "factors per node) also gets the same step with every factor 1, simulated beside it: the\n"

@@ -404,28 +404,28 @@ class RankActor {
     // Mailboxes by the op's own stream: in order, one queue carries every stream's ops, and a
     // posted pipeline send must not match a collective's receive.
     const size_t box_stream = size_t(op.stream);
-    if (group->mirrored) {  // its own flows, and its folded peers' flows to it (SimGroup)
-      sg4::Host* own = hosts_.host[slot_];  // (never sync_only: no dp fold in order)
-      for (const Transfer& t : step.sends) {
-        add(sg4::Comm::sendto_async(own, host_of(group->members[t.peer]), uint64_t(std::llround(t.bytes))),
-            stream);
-        ++run.outstanding;
-      }
-      for (const Transfer& t : step.recvs) {
-        add(sg4::Comm::sendto_async(host_of(group->members[t.peer]), own, uint64_t(std::llround(t.bytes))),
-            stream);
-        ++run.outstanding;
-      }
-      return true;
-    }
+    // A mirrored group's folded copies (SimGroup): its own flow to one, and the one's flow to it
+    // (never sync_only: no dp fold in order).
+    auto copy = [&](int64_t peer) { return group->mirrored && !plan_.slot_of_rank.count(peer); };
+    sg4::Host* own = hosts_.host[slot_];
     for (const Transfer& t : step.sends) {
       int64_t peer = group->members[t.peer];
+      if (copy(peer)) {
+        add(sg4::Comm::sendto_async(own, host_of(peer), uint64_t(std::llround(t.bytes))), stream);
+        ++run.outstanding;
+        continue;
+      }
       auto* box = mailbox(me, peer, box_stream);
       add(box->put_async(&dummy_payload, sync_only ? 0 : uint64_t(std::llround(t.bytes))), stream);
       ++run.outstanding;
     }
     for (const Transfer& t : step.recvs) {
       int64_t peer = group->members[t.peer];
+      if (copy(peer)) {
+        add(sg4::Comm::sendto_async(host_of(peer), own, uint64_t(std::llround(t.bytes))), stream);
+        ++run.outstanding;
+        continue;
+      }
       auto* box = mailbox(peer, me, box_stream);
       slots_.push_back(nullptr);
       add(box->get_async<int>(&slots_.back()), stream);

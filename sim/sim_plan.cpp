@@ -135,10 +135,10 @@ Folds choose_folds(const StepProgram& program, const Topology& topology, const D
 
   // approx: the data-parallel copies of a stage run the same ops on the same kind of device at
   // the same times, so one stands in for them (simulator.hpp). Not where experts lay out over dp
-  // (their groups mix copies), with context parallelism (dp_cp mixes simulated members with
-  // copies), on unequal devices, in order (a CPU profile's measured collectives), or where
-  // devices share a NIC (the copies beside the stand-in would load its NIC).
-  const bool dp_foldable = !full && options.fold_data_parallel && program.dp_size > 1 && program.cp_size == 1 &&
+  // (their groups regroup a stage's ranks across copies), on unequal devices, in order (a CPU
+  // profile's measured collectives), or where devices share a NIC (the copies beside the
+  // stand-in would load its NIC).
+  const bool dp_foldable = !full && options.fold_data_parallel && program.dp_size > 1 &&
                            program.moe.num_experts == 0 && topology.heterogeneity.empty() &&
                            !profile.execution_in_order && own_nic;
   const bool fold_dp = dp_foldable && options.mode == SimMode::approx;
@@ -253,7 +253,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       if (mirrored) {
         members = whole;
         for (int64_t m : whole) {
-          if (m != rank) mirror_ranks.insert(m);
+          if (!plan.slot_of_rank.count(m)) mirror_ranks.insert(m);
         }
       }
       auto key = std::make_pair(int(kind), members.front());
@@ -410,7 +410,9 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         double sum = 0, top = 0;
         for (int64_t p = 0; p < program.pp_size; ++p) {
           double f = 0;
-          for (int64_t t = 0; t < program.tp_size; ++t) f = std::max(f, draws.device_factor(grid.rank({t, k, p, 0})));
+          for (int64_t t = 0; t < program.tp_size; ++t) {
+            for (int64_t c = 0; c < program.cp_size; ++c) f = std::max(f, draws.device_factor(grid.rank({t, k, p, c})));
+          }
           sum += f * compute_s[size_t(p)];
           top = std::max(top, f * compute_s[size_t(p)]);
         }

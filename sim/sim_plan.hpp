@@ -29,9 +29,10 @@ struct SimGroup {
   std::vector<int64_t> members;  // ranks, in group order
   GroupLayout layout;
   bool spans_nodes = false;
-  // approx's data-parallel fold: one member is simulated and `members` is the whole group. Each of
-  // its steps sends its own flows and, standing in for the copies that are not simulated, the
-  // flows its peers send it (the copies run the same ops at the same times).
+  // approx's data-parallel fold: `members` is the whole group, of which the copies of dp index 0
+  // are simulated (one, or its cp ranks). A simulated member's step sends its flows to simulated
+  // peers as usual and, with a copy, its own flow and the copy's flow to it (the copies run the
+  // same ops at the same times).
   bool mirrored = false;
 };
 

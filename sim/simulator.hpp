@@ -21,10 +21,11 @@
 // (fold_tp_shared_node). Their traffic then no longer shares a device's NVLink port with its tp
 // collectives: approximate, and on the fast side (README: how far, measured). It lets the
 // planner re-simulate tp 4 on 8-device nodes in seconds instead of minutes. approx also folds
-// the data-parallel copies (fold_data_parallel: dp > 1, cp 1, no experts, uniform devices, the
-// streams concurrent): only dp index 0 of each stage is simulated, and each step of a collective
-// over dp copies (dp, dp_shard, dp_replica, dp_cp) is its own flows plus the flows its peers
-// send it, from their devices' hosts (the copies run the same ops at the same times). What it
+// the data-parallel copies (fold_data_parallel: dp > 1, no experts, uniform devices, the streams
+// concurrent, a NIC per device): only dp index 0 of each stage is simulated (its tp and cp ranks),
+// and each step of a collective over the copies (dp, dp_shard, dp_replica, dp_cp) exchanges with
+// simulated peers as usual and, with a copy, is its own flow plus the copy's flow to it, from the
+// copy's device's host (the copies run the same ops at the same times). What it
 // leaves out: the copies' other traffic on their own NICs and on shared links (their pipeline
 // transfers, the collectives of other stages on a leaf's uplinks), and run-to-run variation
 // between copies apart from their slowest device factor.

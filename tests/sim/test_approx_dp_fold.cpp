@@ -97,6 +97,12 @@ TEST_CASE("simulate: --mode approx folds the data-parallel copies, exact without
        {{"name", "pp2-dp8-zero3-hybrid"}, {"pp_size", 2}, {"dp_size", 8}, {"zero_stage", 3},
         {"num_distributed_optimizer_instances", 2}, {"micro_batch_size", 2}, {"global_batch_size", 64},
         {"overlap_grad_reduce", true}, {"overlap_param_gather", true}}},
+      // Context parallelism: the gradients reduce over dp × cp, whose simulated members (the cp
+      // ranks of copy 0) exchange as usual and mirror the copies' flows.
+      {"gpt2 cp2 pp2 dp4 zero1 flash", "gpt2-124m", dgx(), 2,
+       {{"name", "cp2-pp2-dp4"}, {"context_parallel_size", 2}, {"pp_size", 2}, {"dp_size", 4},
+        {"attention_impl", "flash"}, {"zero_stage", 1}, {"micro_batch_size", 1}, {"global_batch_size", 16},
+        {"overlap_grad_reduce", true}}},
       // dp 16 over two nodes: a hierarchical ring, NVLink inside and the NICs across.
       {"gpt2 dp16 zero2", "gpt2-124m", dgx(), 2,
        {{"name", "dp16-zero2"}, {"dp_size", 16}, {"zero_stage", 2}, {"micro_batch_size", 4},
@@ -109,7 +115,7 @@ TEST_CASE("simulate: --mode approx folds the data-parallel copies, exact without
     Pair off = fast_and_approx(c, " --variability off", "variability off");
     CHECK_THAT(off.approx["mode_detail"].get<std::string>(), Contains("fold_dp"));
     CHECK_THAT(off.fast["mode_detail"].get<std::string>(), !Contains("fold_dp"));
-    CHECK(off.approx["simulated_ranks"].get<int64_t>() * dp == off.fast["simulated_ranks"].get<int64_t>());
+    CHECK(off.approx["simulated_ranks"].get<int64_t>() * dp == off.fast["simulated_ranks"].get<int64_t>());  // (cp ranks kept)
     CHECK(off.relative() < 1e-4);
     CHECK(off.relative() > -c.shared_uplinks - 1e-4);
     // The energy of the copies that are not simulated is the stand-in's.
@@ -139,15 +145,15 @@ TEST_CASE("simulate: approx's data-parallel fold keeps the shared uplinks of the
 }
 
 TEST_CASE("simulate: approx keeps every data-parallel copy where they are not alike", "[simulate]") {
+  // Unequal devices: one device of the node at 0.8 makes its copy unlike the others.
   Json t = dgx();
   t["num_nodes"] = 1;
-  // Context parallelism: its dp_cp group would mix simulated members with copies.
-  Json cp_plan = {{"name", "tiny-cp2-dp2"}, {"context_parallel_size", 2}, {"dp_size", 2}, {"attention_impl", "flash"},
-                  {"micro_batch_size", 1}, {"global_batch_size", 4}};
-  Json approx = simulate(test::model_arg("tiny") + " --plan " + test::write_temp_file("plan-cp2-dp2.json", cp_plan.dump(2)) +
-                             " --topology " + test::write_temp_file("dgx-1-node.json", t.dump(2)) +
+  t["heterogeneity"] = {{"devices", {{{"device", 3}, {"compute_speed_factor", 0.8}}}}};
+  Json plan = {{"name", "tiny-dp4"}, {"dp_size", 4}, {"micro_batch_size", 1}, {"global_batch_size", 8}};
+  Json approx = simulate(test::model_arg("tiny") + " --plan " + test::write_temp_file("plan-dp4.json", plan.dump(2)) +
+                             " --topology " + test::write_temp_file("dgx-1-node-unequal.json", t.dump(2)) +
                              " --no-scaling --mode approx",
-                         "cp2");
+                         "unequal");
   CHECK_THAT(approx["mode_detail"].get<std::string>(), !Contains("fold_dp"));
   CHECK(approx["simulated_ranks"].get<int64_t>() == 4);
 }
