@@ -78,7 +78,8 @@ int run_lower(int argc, char** argv) {
       argc, argv, options,
       "usage: stepcast lower --model M --topology T --plan P --out DIR [--nodes N] [--allow-oom]\n"
       "                      [--check]\n"
-      "Lowers the plan into the StepProgram (one op list per pipeline stage) that the simulator\n"
+      "Lowers the plan into the StepProgram (one op list per pipeline stage; with unequal\n"
+      "replicas, microbatches_per_replica, per stage of each distinct count) that the simulator\n"
       "and the executor interpret, writes DIR/program.json and prints its summary.");
   if (!vm) return 0;
   claim_out_option(*vm, "lower");

@@ -2,6 +2,8 @@
 // "ok TOKENS_PER_S_PER_DEVICE" or "error MESSAGE" (forked_child.hpp).
 #include "scaling_reference.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <exception>
 #include <numeric>
 #include <sstream>
@@ -20,6 +22,13 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
     plan_json["dp_size"] = 1;
     plan_json["num_distributed_optimizer_instances"] = 1;  // one replica: nothing to shard it across
     plan_json["global_batch_size"] = in.plan.global_batch_size / in.plan.dp_size;
+    if (in.plan.unequal_microbatches()) {  // one replica of the mean microbatches
+      plan_json.erase("microbatches_per_replica");
+      const int64_t unit = in.plan.schedule == ScheduleKind::interleaved_1f1b ? in.plan.pp_size : 1;
+      const double mean = double(in.plan.global_batch_size / in.plan.micro_batch_size) / double(in.plan.dp_size);
+      const int64_t units = std::max<int64_t>(1, std::llround(mean / double(unit)));
+      plan_json["global_batch_size"] = units * unit * in.plan.micro_batch_size;
+    }
     plan_json["name"] = in.plan.name + "-dp1";
     if (in.model.is_moe()) {  // experts over the tp·cp ranks left: the largest ep and etp that still fit
       const int64_t stage = in.plan.tp_size * in.plan.cp_size;

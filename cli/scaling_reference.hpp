@@ -1,5 +1,6 @@
 // The dp_size = 1 reference of `simulate`'s scaling efficiency: the same plan at dp_size 1 and
-// global_batch_size / dp_size, lowered and simulated in a forked child process while the parent
+// global_batch_size / dp_size (unequal replicas: the replicas' mean microbatches, rounded to the
+// nearest count the schedule takes, at least one), lowered and simulated in a forked child process while the parent
 // simulates the plan itself (one SimGrid engine per process; the two cores busy at once). The
 // child shares the parent's parsed inputs and profile, so it reads no file and writes none.
 #pragma once

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "errors.hpp"
+#include "replica_microbatches.hpp"
 
 namespace stepcast {
 
@@ -125,30 +126,45 @@ std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t
 void fill_microbatch(const TokenSource& source, int64_t step, int64_t global_batch_size,
                      int64_t micro_batch_size, int64_t dp_size, int64_t dp_rank,
                      int64_t microbatch, int64_t seq_length, int32_t* tokens, int32_t* targets,
-                     int64_t* sample_index_out) {
+                     int64_t* sample_index_out, const std::vector<int64_t>& microbatches_per_replica) {
   auto where = [&] {  // built only on the error paths
+    std::string unequal;
+    for (int64_t m : microbatches_per_replica) unequal += (unequal.empty() ? "" : ",") + std::to_string(m);
     return "fill_microbatch: step " + std::to_string(step) + ", global_batch_size " +
            std::to_string(global_batch_size) + ", micro_batch_size " +
            std::to_string(micro_batch_size) + ", dp_size " + std::to_string(dp_size) +
            ", dp_rank " + std::to_string(dp_rank) + ", microbatch " + std::to_string(microbatch) +
-           ", seq_length " + std::to_string(seq_length);
+           ", seq_length " + std::to_string(seq_length) +
+           (unequal.empty() ? "" : ", microbatches_per_replica " + unequal);
   };
   if (step < 0 || global_batch_size < 1 || micro_batch_size < 1 || dp_size < 1 ||
       seq_length < 1) {
     throw InputError(where() + ": step must be >= 0 and sizes >= 1");
   }
-  if (global_batch_size % (micro_batch_size * dp_size) != 0) {
-    throw InputError(
-        where() + ": global_batch_size must be a multiple of micro_batch_size * dp_size");
+  int64_t num_microbatches = 0;
+  if (microbatches_per_replica.empty()) {
+    if (global_batch_size % (micro_batch_size * dp_size) != 0) {
+      throw InputError(
+          where() + ": global_batch_size must be a multiple of micro_batch_size * dp_size");
+    }
+    num_microbatches = global_batch_size / (micro_batch_size * dp_size);
+  } else {
+    int64_t total = 0;
+    for (int64_t m : microbatches_per_replica) total += m < 1 ? -global_batch_size : m;
+    if (int64_t(microbatches_per_replica.size()) != dp_size || total * micro_batch_size != global_batch_size) {
+      throw InputError(where() + ": microbatches_per_replica must hold dp_size counts >= 1 whose samples make "
+                                 "global_batch_size");
+    }
+    if (dp_rank >= 0 && dp_rank < dp_size) num_microbatches = microbatches_per_replica[size_t(dp_rank)];
   }
-  const int64_t num_microbatches = global_batch_size / (micro_batch_size * dp_size);
   if (dp_rank < 0 || dp_rank >= dp_size || microbatch < 0 || microbatch >= num_microbatches) {
     throw InputError(where() + ": valid dp_rank 0.." + std::to_string(dp_size - 1) +
                                 ", microbatch 0.." + std::to_string(num_microbatches - 1));
   }
-  // plans/schedule.hpp's mapping, written out (schedule.cpp is not called): slot j·dp_size + d
-  // holds the step's samples slot·b + [0, b).
-  const int64_t first_sample = (microbatch * dp_size + dp_rank) * micro_batch_size;
+  // plans/schedule.hpp's mapping (replica_microbatches.hpp's with unequal replicas): slot s holds
+  // the step's samples s·b + [0, b); with equal replicas slot j·dp_size + d.
+  const int64_t first_sample =
+      microbatch_slot(microbatches_per_replica, dp_size, dp_rank, microbatch) * micro_batch_size;
   for (int64_t b = 0; b < micro_batch_size; ++b) {
     const int64_t sample = first_sample + b;
     source.fill(step * global_batch_size + sample, seq_length, tokens + b * seq_length,

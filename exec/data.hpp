@@ -97,13 +97,17 @@ std::unique_ptr<TokenSource> make_token_source(int64_t model_vocab_size, int64_t
 // arithmetic is written out in data.cpp, not a call into schedule.cpp; tests/exec/test_data.cpp checks
 // the two agree. Row b of tokens/targets ([micro_batch_size][seq_length]) is that sample, and
 // sample_index_out[b] (may be null) receives its index s within the step.
+// Unequal replicas (`microbatches_per_replica` not empty, plans/replica_microbatches.hpp): slot
+// microbatch_slot(...) instead of j·dp_size + d, which it equals for equal replicas.
 // Throws InputError unless step >= 0, sizes >= 1, global_batch_size is a multiple of
-// micro_batch_size·dp_size, 0 <= dp_rank < dp_size and 0 <= microbatch < num_microbatches
-// (= global_batch_size / (micro_batch_size·dp_size)).
+// micro_batch_size·dp_size (unequal replicas: their microbatches · micro_batch_size), 0 <= dp_rank
+// < dp_size and 0 <= microbatch < num_microbatches (= global_batch_size / (micro_batch_size·dp_size);
+// unequal replicas: the replica's own).
 void fill_microbatch(const TokenSource& source, int64_t step, int64_t global_batch_size,
                      int64_t micro_batch_size, int64_t dp_size, int64_t dp_rank,
                      int64_t microbatch, int64_t seq_length, int32_t* tokens /*[b][s]*/,
-                     int32_t* targets /*[b][s]*/, int64_t* sample_index_out /*[b]*/);
+                     int32_t* targets /*[b][s]*/, int64_t* sample_index_out /*[b]*/,
+                     const std::vector<int64_t>& microbatches_per_replica = {});
 
 // batch_major [b][s] → sequence_major [s][b] (activations are laid out [s, b, h], so token row
 // t = s_index·b + b_index). The two buffers must not overlap.

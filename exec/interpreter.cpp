@@ -382,7 +382,7 @@ void Interpreter<T, G, W>::load_data(const Op& alloc, DataBuffer what) {
   int32_t mb = data_buffer_microbatch(alloc.buffer);
   if (staged_step_ != step_ || staged_microbatch_ != mb) {
     fill_microbatch(*source_, step_, plan_.global_batch_size, b_, plan_.dp_size, dp_rank(), mb, s_full_,
-                    batch_tokens_.data(), batch_targets_.data(), batch_samples_.data());
+                    batch_tokens_.data(), batch_targets_.data(), batch_samples_.data(), plan_.microbatches_per_replica);
     staged_step_ = step_;
     staged_microbatch_ = mb;
   }

@@ -57,13 +57,13 @@ class TraceText {
 void write_chrome_trace(std::ostream& out, const StepProgram& program,
                         const std::vector<OpRecord>& records) {
   RankGrid grid = program.grid();
-  // role_of_rank without building a grid per call (a call per record, 10^6 records; records come
-  // rank by rank, so the last rank's role is kept).
+  // role_of_rank once per rank, not per record (10^6 records; records come rank by rank, so the
+  // last rank's role is kept).
   int64_t last_rank = -1;
   const Role* last_role = nullptr;
   auto role_of = [&](int64_t rank) -> const Role& {
     if (rank != last_rank) {
-      last_role = &program.roles[size_t(grid.coord(rank).pp)];
+      last_role = &program.role_of_rank(rank);
       last_rank = rank;
     }
     return *last_role;

@@ -61,6 +61,10 @@ DeepSpeedConfig deepspeed_config(const Plan& p, const ModelConfig& model) {
   }
   // deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism".
   if (p.pp_size > 1 && p.zero_stage >= 2) cannot("ZeRO-" + std::to_string(p.zero_stage) + " with pipeline parallelism");
+  if (p.unequal_microbatches()) {
+    cannot("microbatches_per_replica (unequal data-parallel replicas): DeepSpeed gives every replica "
+           "train_batch_size / (train_micro_batch_size_per_gpu · data-parallel size) microbatches");
+  }
   if (p.async_dp()) cannot("data_parallel_mode async: DeepSpeed's data parallelism is synchronous");
   if (p.pp_size > 1 && p.schedule != ScheduleKind::one_f_one_b) {
     cannot(std::string("the ") + to_string(p.schedule) + " schedule (DeepSpeed's PipelineEngine runs 1F1B)");

@@ -35,19 +35,27 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.order = plan.order;
   program.devices_per_node = topology.node.devices_per_node;
   program.num_microbatches = plan.num_microbatches();
+  program.microbatches_per_replica = plan.microbatches_per_replica;
+  program.index_replica_classes();
   program.tokens_per_step = plan.global_batch_size * model.seq_length;
   program.async_staleness = plan.async_staleness;
   program.fp8 = plan.fp8;
   if (plan.fp8.enabled()) program.fp8_slots = model.num_hidden_layers * kFp8SlotsPerLayer;
-  program.roles.resize(plan.pp_size);
-  for (int64_t p = 0; p < plan.pp_size; ++p) {
-    Role& role = program.roles[p];
-    role.index = int32_t(p);
-    role.pp_stage = p;
-    // Stages hold about as many ops as each other (10^5 and more, a few hundred bytes each):
-    // room for the previous stage's count and some, so that the list is not copied as it grows.
-    if (p > 0) role.ops.reserve(program.roles[p - 1].ops.size() * 9 / 8);
-    RoleLowering(ctx, role).lower();
+  // One role per pipeline stage of each replica class (unequal replicas: one class per count).
+  const std::vector<int64_t> classes = program.class_microbatches();
+  program.roles.resize(classes.size() * size_t(plan.pp_size));
+  for (size_t c = 0; c < classes.size(); ++c) {
+    for (int64_t p = 0; p < plan.pp_size; ++p) {
+      const size_t index = c * size_t(plan.pp_size) + size_t(p);
+      Role& role = program.roles[index];
+      role.index = int32_t(index);
+      role.pp_stage = p;
+      role.num_microbatches = classes[c];
+      // Stages hold about as many ops as each other (10^5 and more, a few hundred bytes each):
+      // room for the previous stage's count and some, so that the list is not copied as it grows.
+      if (p > 0) role.ops.reserve(program.roles[index - 1].ops.size() * 9 / 8);
+      RoleLowering(ctx, role).lower();
+    }
   }
   return program;
 }
@@ -58,6 +66,7 @@ Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& 
   Role role;
   role.index = int32_t(stage);
   role.pp_stage = stage;
+  role.num_microbatches = plan.num_microbatches();  // unequal replicas: the busiest one's
   RoleLowering(ctx, role, detail).lower();
   return role;
 }

@@ -16,8 +16,9 @@ namespace stepcast {
 StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan);
 
 // Pipeline stage `stage`'s role alone: the same ops as lower_program(...).roles[stage] (with
-// RoleDetail::memory_walk, what a memory walk reads of them: role_builder.hpp). The planner walks
-// the memory of the few stages whose bounds straddle the device's limit.
+// RoleDetail::memory_walk, what a memory walk reads of them: role_builder.hpp); with unequal
+// replicas, the stage of the replica that runs the most microbatches. The planner walks the
+// memory of the few stages whose bounds straddle the device's limit.
 Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& plan,
                 int64_t stage, RoleDetail detail = RoleDetail::full);
 

@@ -20,7 +20,7 @@ void RoleLowering::lower() {
     emit_param_gathers(Phase::forward);
   }
   if (plan_.async_dp()) emit_async_reductions();
-  ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, plan_.num_microbatches()};
+  ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, role_.num_microbatches};
   std::vector<PassAction> actions = schedule_actions(plan_.schedule, shape, role_.pp_stage);
   // Room for the ops at once: a layer's forward or backward pass is a few dozen ops (64 on GPT-3
   // with selective recompute), and growing a vector of 10^5 ops moves them all each time. An

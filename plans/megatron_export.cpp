@@ -106,6 +106,10 @@ void add_pipeline(Builder& b, const Plan& plan, const ModelConfig& m) {
   const int64_t L = m.num_hidden_layers, pp = plan.pp_size, vpp = plan.virtual_pp_size;
   // Megatron runs 1F1B with a pipeline, interleaved when vpp > 1, and without one each
   // microbatch's forward then its backward (core/pipeline_parallel/schedules.py:161-167).
+  if (plan.unequal_microbatches()) {
+    b.cannot("microbatches_per_replica (unequal data-parallel replicas): Megatron-LM gives every replica "
+             "global_batch_size / (micro_batch_size · data-parallel size) microbatches");
+  }
   if (plan.async_dp()) {
     b.cannot("data_parallel_mode async (gradients applied " + std::to_string(plan.async_staleness) +
              " step(s) late): Megatron-LM's data parallelism is synchronous");

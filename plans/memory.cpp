@@ -72,11 +72,15 @@ std::vector<std::pair<int64_t, int64_t>> rank_ranges(std::vector<int64_t> ranks)
 MemoryReport memory_report(const StepProgram& program, const Topology& topology) {
   MemoryReport report;
   RankGrid grid = program.grid();
-  std::unordered_map<int64_t, std::vector<int64_t>> ranks_of_stage;
-  for (int64_t r = 0; r < grid.world_size(); ++r) ranks_of_stage[grid.coord(r).pp].push_back(r);
+  std::unordered_map<int64_t, std::vector<int64_t>> ranks_of_role;  // role_of_rank, one grid for all
+  for (int64_t r = 0; r < grid.world_size(); ++r) {
+    RankCoord at = grid.coord(r);
+    const int64_t replica_class = program.replica_class.empty() ? 0 : program.replica_class[size_t(at.dp)];
+    ranks_of_role[replica_class * program.pp_size + at.pp].push_back(r);
+  }
   for (const Role& role : program.roles) {
     RankMemory m = walk_role_memory(role);
-    m.ranks = rank_ranges(ranks_of_stage[role.pp_stage]);
+    m.ranks = rank_ranges(ranks_of_role[role.index]);
     m.runtime_bytes = topology.node.device.runtime_allowance_bytes;
     m.peak_bytes += m.runtime_bytes;
     report.peak_bytes_max = std::max(report.peak_bytes_max, m.peak_bytes);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "replica_microbatches.hpp"
 #include "schedule.hpp"
 
 namespace stepcast {
@@ -207,6 +208,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
   }
   plan.global_batch_size_derived = !reader.has("global_batch_size");
   plan.global_batch_size = reader.get_int_or("global_batch_size", 1, samples_per_step);
+  read_microbatches_per_replica(reader, plan);
 
   std::string schedule = reader.get_enum_or("schedule", kScheduleNames, "1f1b");
   plan.schedule = schedule == "gpipe"  ? ScheduleKind::gpipe
@@ -410,8 +412,9 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   resolve_dp_size(plan, topology.num_devices(),
                   topology.file + ": " + std::to_string(topology.num_nodes) + " nodes × " +
                       std::to_string(topology.node.devices_per_node));
+  validate_microbatches_per_replica(plan, model);
   int64_t per_step = saturating_product(plan.micro_batch_size, plan.dp_size);
-  if (plan.global_batch_size % per_step != 0) {
+  if (!plan.unequal_microbatches() && plan.global_batch_size % per_step != 0) {
     fail("global_batch_size", plan.global_batch_size,
          "not divisible by micro_batch_size · dp_size = " + std::to_string(per_step),
          "a multiple of " + std::to_string(per_step));
@@ -549,6 +552,7 @@ Json plan_to_json(const Plan& plan) {
   out["num_distributed_optimizer_instances"] = plan.num_distributed_optimizer_instances;
   out["micro_batch_size"] = plan.micro_batch_size;
   out["global_batch_size"] = plan.global_batch_size;
+  if (plan.unequal_microbatches()) out["microbatches_per_replica"] = plan.microbatches_per_replica;  // absent: equal
   out["schedule"] = to_string(plan.schedule);
   out["virtual_pp_size"] = plan.virtual_pp_size;
   out["recompute"] = to_string(plan.recompute);

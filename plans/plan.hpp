@@ -53,6 +53,11 @@ struct Plan {
   int64_t num_distributed_optimizer_instances = 1;
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
+  // Microbatches of each data-parallel replica (plan microbatches_per_replica: dp_size entries
+  // summing to global_batch_size / micro_batch_size), so that replicas on unequal devices finish
+  // together (plan --heterogeneous). Empty: every replica runs global_batch_size /
+  // (micro_batch_size · dp_size); validate_plan empties a list whose entries are all equal.
+  std::vector<int64_t> microbatches_per_replica;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   int64_t virtual_pp_size = 1;
   RecomputeKind recompute = RecomputeKind::none;
@@ -104,7 +109,11 @@ struct Plan {
   // group of rank_grid.hpp).
   int64_t dp_cp_size() const { return dp_size * cp_size; }
   int64_t dp_shard_size() const { return dp_cp_size() / num_distributed_optimizer_instances; }
-  int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * dp_size); }
+  // Microbatches per replica; with unequal replicas the most any runs (microbatches_of_replica
+  // gives each).
+  int64_t num_microbatches() const;
+  int64_t microbatches_of_replica(int64_t dp_rank) const;
+  bool unequal_microbatches() const { return !microbatches_per_replica.empty(); }
   Dtype activation_dtype() const { return param_dtype; }
   bool async_dp() const { return async_staleness > 0; }
 };

@@ -1,6 +1,8 @@
 // Names of the StepProgram's enums (equal to their JSON strings) and small queries.
 #include "program.hpp"
 
+#include <algorithm>
+
 #include "errors.hpp"
 
 namespace stepcast {
@@ -145,9 +147,28 @@ int32_t data_buffer_microbatch(const std::string& buffer) {
 }
 
 const Role& StepProgram::role_of_rank(int64_t rank) const {
-  int64_t stage = grid().coord(rank).pp;
-  STEPCAST_CHECK(stage < int64_t(roles.size()), "rank outside the program's roles");
-  return roles[stage];
+  RankCoord at = grid().coord(rank);
+  int64_t index = at.pp;
+  if (!replica_class.empty()) index += int64_t(replica_class.at(size_t(at.dp))) * pp_size;
+  STEPCAST_CHECK(index < int64_t(roles.size()), "rank outside the program's roles");
+  return roles[size_t(index)];
+}
+
+std::vector<int64_t> StepProgram::class_microbatches() const {
+  std::vector<int64_t> counts;
+  for (int64_t m : microbatches_per_replica) {
+    if (std::find(counts.begin(), counts.end(), m) == counts.end()) counts.push_back(m);
+  }
+  if (counts.empty()) counts.push_back(num_microbatches);
+  return counts;
+}
+
+void StepProgram::index_replica_classes() {
+  replica_class.clear();
+  const std::vector<int64_t> counts = class_microbatches();
+  for (int64_t m : microbatches_per_replica) {
+    replica_class.push_back(int32_t(std::find(counts.begin(), counts.end(), m) - counts.begin()));
+  }
 }
 
 }  // namespace stepcast

@@ -169,6 +169,9 @@ struct Op {
 struct Role {
   int32_t index = 0;
   int64_t pp_stage = 0;
+  // Microbatches this role's schedule runs: the program's num_microbatches unless the replicas
+  // are unequal (StepProgram::microbatches_per_replica), where each count has its roles.
+  int64_t num_microbatches = 1;
   std::vector<int64_t> chunks_virtual_stages;  // virtual stage of each chunk: chunk·pp_size + stage
   std::vector<Op> ops;
 };
@@ -201,7 +204,13 @@ struct StepProgram {
   ProgramMoe moe;
   std::string order = "tp-dp-pp";
   int64_t devices_per_node = 1;
-  int64_t num_microbatches = 1;
+  int64_t num_microbatches = 1;  // per replica; with unequal replicas, the most any runs
+  // Unequal replicas (plan microbatches_per_replica): replica d runs microbatches_per_replica[d].
+  // Each distinct count is a replica class (in order of first appearance) with roles of its own:
+  // class c's stage p is roles[c · pp_size + p]; replica_class[d] is replica d's class (filled by
+  // index_replica_classes). Empty: every replica runs num_microbatches and roles[p] is stage p.
+  std::vector<int64_t> microbatches_per_replica;
+  std::vector<int32_t> replica_class;
   int64_t tokens_per_step = 0;
   // Asynchronous data parallelism (plan data_parallel_mode "async"): the gradient of step t is
   // applied at the end of step t + async_staleness (the roles keep it in persistent stale_grads
@@ -213,11 +222,15 @@ struct StepProgram {
   // (kFp8SlotsPerLayer per transformer layer of the model).
   Fp8Recipe fp8;
   int64_t fp8_slots = 0;
-  std::vector<Role> roles;  // roles[p] is pipeline stage p
+  std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)
   std::string program_sha256;
 
   int64_t world_size() const { return tp_size * cp_size * dp_size * pp_size; }
   const Role& role_of_rank(int64_t rank) const;
+  // The microbatch count of each replica class, in class order ({num_microbatches} when equal).
+  std::vector<int64_t> class_microbatches() const;
+  // Fills replica_class from microbatches_per_replica (after lowering or reading).
+  void index_replica_classes();
   RankGrid grid() const {
     return RankGrid(tp_size, dp_size, pp_size, order, dp_shard_size, cp_size, ep_size, etp_size);
   }

@@ -3,6 +3,8 @@
 
 #include "op_signature.hpp"
 
+#include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <tuple>
@@ -151,11 +153,15 @@ int64_t peer_stage(const StepProgram& p, int64_t stage, Peer peer) {
   return peer == Peer::pp_next ? (stage + 1) % p.pp_size : (stage + p.pp_size - 1) % p.pp_size;
 }
 
-void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
+// The roles of one replica class, by pipeline stage (every role where the replicas are equal).
+using Pipeline = std::vector<const Role*>;
+
+void check_p2p(const StepProgram& p, const Pipeline& pipeline, std::vector<std::string>& errors) {
   // (from, to, on the cp ring) → sequence of (tag, bytes) sent / received, in list order.
   using Link = std::tuple<int64_t, int64_t, bool>;
   std::map<Link, std::vector<std::pair<int64_t, double>>> sent, received;
-  for (const Role& role : p.roles) {
+  for (const Role* each : pipeline) {
+    const Role& role = *each;
     for (const Op& op : role.ops) {
       if (op.kind == OpKind::send) {
         if (op.peer == Peer::cp_prev) errors.push_back("op " + std::to_string(op.id) + ": a send to cp_prev (the ring sends to cp_next)");
@@ -197,15 +203,19 @@ void check_p2p(const StepProgram& p, std::vector<std::string>& errors) {
 
 using CollectiveKey = std::tuple<OpKind, double, Algorithm>;
 
-void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
-  RankGrid grid = p.grid();
-  // Sequence of collectives of each group kind per role.
-  std::vector<std::map<GroupKind, std::vector<CollectiveKey>>> per_role(p.roles.size());
-  for (const Role& role : p.roles) {
-    for (const Op& op : role.ops) {
-      if (is_collective(op.kind)) per_role[role.index][op.group].push_back({op.kind, op.bytes, op.algorithm});
-    }
+// Sequence of collectives of each group kind per role.
+std::map<GroupKind, std::vector<CollectiveKey>> collectives_of(const Role& role) {
+  std::map<GroupKind, std::vector<CollectiveKey>> out;
+  for (const Op& op : role.ops) {
+    if (is_collective(op.kind)) out[op.group].push_back({op.kind, op.bytes, op.algorithm});
   }
+  return out;
+}
+
+void check_collectives(const StepProgram& p, const Pipeline& pipeline, std::vector<std::string>& errors) {
+  RankGrid grid = p.grid();
+  std::vector<std::map<GroupKind, std::vector<CollectiveKey>>> per_role;
+  for (const Role* role : pipeline) per_role.push_back(collectives_of(*role));
   // Groups spanning several stages: all member stages must issue identical sequences.
   for (GroupKind kind : {GroupKind::pp, GroupKind::embedding, GroupKind::model, GroupKind::world, GroupKind::instance}) {
     std::vector<int64_t> members = grid.group(kind, 0);
@@ -214,7 +224,7 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
     const std::vector<CollectiveKey>* first = nullptr;
     int64_t first_stage = -1;
     for (int64_t s : stages) {
-      const auto& seq = per_role[s][kind];
+      const auto& seq = per_role[size_t(s)][kind];
       if (!first) {
         first = &seq;
         first_stage = s;
@@ -225,10 +235,29 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
       }
     }
     // Stages outside the group must not issue its collectives.
-    for (const Role& role : p.roles) {
-      if (!stages.count(role.pp_stage) && !per_role[role.index][kind].empty()) {
+    for (const Role* role : pipeline) {
+      if (!stages.count(role->pp_stage) && !per_role[size_t(role->pp_stage)][kind].empty()) {
         errors.push_back(std::string("group ") + to_string(kind) + ": stage " +
-                         std::to_string(role.pp_stage) + " is not a member but issues collectives");
+                         std::to_string(role->pp_stage) + " is not a member but issues collectives");
+      }
+    }
+  }
+}
+
+// Unequal replicas: groups that span replicas meet in every replica class, so each class's
+// stage must issue the same collectives over them as the first class's.
+void check_replica_classes(const StepProgram& p, std::vector<std::string>& errors) {
+  const size_t pp = size_t(p.pp_size);
+  for (size_t r = pp; r < p.roles.size(); ++r) {
+    auto mine = collectives_of(p.roles[r]);
+    auto first = collectives_of(p.roles[r % pp]);
+    for (GroupKind kind : {GroupKind::dp, GroupKind::dp_cp, GroupKind::dp_shard, GroupKind::dp_replica,
+                           GroupKind::world, GroupKind::instance, GroupKind::ep, GroupKind::etp, GroupKind::edp}) {
+      if (mine[kind] != first[kind]) {
+        errors.push_back(std::string("group ") + to_string(kind) + ": role " + std::to_string(r) + " (stage " +
+                         std::to_string(r % pp) + ", " + std::to_string(p.roles[r].num_microbatches) +
+                         " microbatches) issues other collectives than role " + std::to_string(r % pp) + " (" +
+                         std::to_string(p.roles[r % pp].num_microbatches) + " microbatches), which it meets");
       }
     }
   }
@@ -239,15 +268,16 @@ void check_collectives(const StepProgram& p, std::vector<std::string>& errors) {
 // waits for it, in a plan without overlap_p2p_comm, waits until then; a free goes on once it is
 // posted); a receive runs when its send has been posted; a collective of a group spanning
 // stages when every member stage has reached it.
-void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool list_order) {
-  size_t n = p.roles.size();
+void check_progress(const StepProgram& p, const Pipeline& pipeline, std::vector<std::string>& errors,
+                    bool list_order) {
+  size_t n = pipeline.size();
   std::vector<std::vector<char>> done(n);
   std::vector<std::vector<char>> posted(n);  // per role, per op: a send posted
   std::vector<std::array<std::deque<int32_t>, 3>> queues(n);
   for (size_t r = 0; r < n; ++r) {
-    done[r].assign(p.roles[r].ops.size(), 0);
-    posted[r].assign(p.roles[r].ops.size(), 0);
-    for (const Op& op : p.roles[r].ops) {
+    done[r].assign(pipeline[r]->ops.size(), 0);
+    posted[r].assign(pipeline[r]->ops.size(), 0);
+    for (const Op& op : pipeline[r]->ops) {
       queues[r][list_order ? 0 : size_t(op.stream)].push_back(op.id);
     }
   }
@@ -258,7 +288,7 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
   while (progress) {
     progress = false;
     for (size_t r = 0; r < n; ++r) {
-      const Role& role = p.roles[r];
+      const Role& role = *pipeline[r];
       for (auto& queue : queues[r]) {
         while (!queue.empty()) {
           const Op& op = role.ops[queue.front()];
@@ -297,7 +327,7 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
   for (size_t r = 0; r < n; ++r) {
     for (const auto& queue : queues[r]) {
       if (!queue.empty()) {
-        errors.push_back("deadlock: " + where(p.roles[r], p.roles[r].ops[queue.front()]) +
+        errors.push_back("deadlock: " + where(*pipeline[r], pipeline[r]->ops[queue.front()]) +
                          " never runs");
         return;
       }
@@ -305,20 +335,37 @@ void check_progress(const StepProgram& p, std::vector<std::string>& errors, bool
   }
 }
 
+// The roles of each replica class, by stage.
+std::vector<Pipeline> pipelines(const StepProgram& program) {
+  std::vector<Pipeline> out;
+  const size_t pp = size_t(std::max<int64_t>(1, program.pp_size));
+  for (size_t r = 0; r < program.roles.size(); ++r) {
+    if (r % pp == 0) out.emplace_back();
+    out.back().push_back(&program.roles[r]);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::string> check_program(const StepProgram& program) {
   std::vector<std::string> errors;
   for (const Role& role : program.roles) check_buffers(role, errors);
-  check_p2p(program, errors);
-  check_collectives(program, errors);
-  if (errors.empty()) check_progress(program, errors, false);
+  const std::vector<Pipeline> classes = pipelines(program);
+  for (const Pipeline& pipeline : classes) {
+    check_p2p(program, pipeline, errors);
+    check_collectives(program, pipeline, errors);
+  }
+  check_replica_classes(program, errors);
+  for (const Pipeline& pipeline : classes) {
+    if (errors.empty()) check_progress(program, pipeline, errors, false);
+  }
   return errors;
 }
 
 std::vector<std::string> check_list_order_progress(const StepProgram& program) {
   std::vector<std::string> errors;
-  check_progress(program, errors, true);
+  for (const Pipeline& pipeline : pipelines(program)) check_progress(program, pipeline, errors, true);
   return errors;
 }
 

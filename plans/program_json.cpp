@@ -227,6 +227,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   s += '}';
   put_key(s, "num_microbatches");
   put_number(s, double(program.num_microbatches));
+  if (!program.microbatches_per_replica.empty()) {  // absent: equal replicas
+    put_key(s, "microbatches_per_replica");
+    put_int_list(s, program.microbatches_per_replica);
+  }
   put_key(s, "tokens_per_step");
   put_number(s, double(program.tokens_per_step));
   if (program.async_staleness > 0) {  // absent: synchronous
@@ -269,6 +273,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     put_number(s, double(role.pp_stage));
     put_key(s, "chunk_virtual_stages");
     put_int_list(s, role.chunks_virtual_stages);
+    if (!program.microbatches_per_replica.empty()) {  // absent: the program's num_microbatches
+      put_key(s, "num_microbatches");
+      put_number(s, double(role.num_microbatches));
+    }
     s += ",\"ops\":[\n";
     sink.put(s);
     LiveAllocs live;

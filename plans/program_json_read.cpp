@@ -203,6 +203,18 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);
     p.tokens_per_step = integer(j.at("tokens_per_step"), "tokens_per_step", 0, kLarge);
     p.async_staleness = integer(j.value("async_staleness", Json(0)), "async_staleness", 0, 1 << 20);
+    if (j.contains("microbatches_per_replica")) {
+      p.microbatches_per_replica = integers(j.at("microbatches_per_replica"), "microbatches_per_replica", 1, kLarge);
+      int64_t most = 0;
+      for (int64_t m : p.microbatches_per_replica) most = std::max(most, m);
+      if (int64_t(p.microbatches_per_replica.size()) != p.dp_size || most != p.num_microbatches) {
+        throw InputError(path + ": key 'microbatches_per_replica' = " +
+                         printable_excerpt(j.at("microbatches_per_replica").dump()) +
+                         ": valid: one count per data-parallel replica (grid dp " + std::to_string(p.dp_size) +
+                         "), the largest equal to num_microbatches = " + std::to_string(p.num_microbatches));
+      }
+      p.index_replica_classes();
+    }
     if (j.contains("fp8")) {
       const Json& f = j.at("fp8");
       std::string format = f.at("format").get<std::string>();
@@ -226,6 +238,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       role.index = int32_t(integer(jr.at("index"), "index", 0, 1 << 24));
       role.pp_stage = integer(jr.at("pp_stage"), "pp_stage", 0, 1 << 24);
       role.chunks_virtual_stages = integers(jr.at("chunk_virtual_stages"), "chunk_virtual_stages", 0, kLarge);
+      role.num_microbatches = integer(jr.value("num_microbatches", Json(p.num_microbatches)), "num_microbatches", 1,
+                                      p.num_microbatches);
       auto int32_of = [&](const Json& v, const char* key) {
         return int32_t(integer(v, key, -1, std::numeric_limits<int32_t>::max()));
       };
@@ -308,6 +322,24 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         }
       }
       p.roles.push_back(std::move(role));
+    }
+    const std::vector<int64_t> classes = p.class_microbatches();
+    if (p.roles.size() != classes.size() * size_t(p.pp_size)) {
+      throw InputError(path + ": key 'roles': " + std::to_string(p.roles.size()) +
+                       " roles; valid: one per pipeline stage (" + std::to_string(p.pp_size) + ") of each of the " +
+                       std::to_string(classes.size()) + " replica classes (distinct microbatches_per_replica)");
+    }
+    for (size_t r = 0; r < p.roles.size(); ++r) {
+      const Role& role = p.roles[r];
+      const size_t stage = r % size_t(p.pp_size);
+      if (role.index != int32_t(r) || role.pp_stage != int64_t(stage) ||
+          role.num_microbatches != classes[r / size_t(p.pp_size)]) {
+        throw InputError(path + ": role " + std::to_string(r) + ": index " + std::to_string(role.index) +
+                         ", pp_stage " + std::to_string(role.pp_stage) + ", num_microbatches " +
+                         std::to_string(role.num_microbatches) + "; valid: index " + std::to_string(r) +
+                         ", pp_stage " + std::to_string(stage) + ", num_microbatches " +
+                         std::to_string(classes[r / size_t(p.pp_size)]));
+      }
     }
     p.program_sha256 = recorded;
     return p;

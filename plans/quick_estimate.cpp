@@ -192,16 +192,42 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
 
 }  // namespace
 
-std::vector<double> stage_speeds(const Plan& plan, const Topology& topology) {
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology) { return stage_speeds(plan, topology, -1); }
+
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology, int64_t dp_rank) {
   if (topology.heterogeneity.empty()) return {};
   RankGrid grid(plan.tp_size, plan.dp_size, plan.pp_size, plan.order, plan.dp_shard_size(), plan.cp_size);
   std::vector<double> speed(size_t(plan.pp_size), kMaxSpeedFactor);
   const int64_t per_node = topology.node.devices_per_node;
   for (int64_t rank = 0; rank < grid.world_size(); ++rank) {
-    double& s = speed[size_t(grid.coord(rank).pp)];
+    const RankCoord at = grid.coord(rank);
+    if (dp_rank >= 0 && at.dp != dp_rank) continue;
+    double& s = speed[size_t(at.pp)];
     s = std::min(s, topology.heterogeneity.compute_speed_factor(rank, per_node));
   }
   return speed;
+}
+
+std::vector<double> replica_speeds(const Plan& plan, const Topology& topology) {
+  if (topology.heterogeneity.empty()) return {};
+  std::vector<double> out;
+  for (int64_t d = 0; d < plan.dp_size; ++d) {
+    const std::vector<double> stages = stage_speeds(plan, topology, d);
+    out.push_back(*std::min_element(stages.begin(), stages.end()));
+  }
+  return out;
+}
+
+QuickEstimate combine_replica_times(const std::vector<StageTimes>& stages, const Plan& plan, const Topology& topology) {
+  if (!plan.unequal_microbatches()) {
+    return combine_stage_times(stages, plan, plan.num_microbatches(), stage_speeds(plan, topology));
+  }
+  QuickEstimate slowest;
+  for (int64_t d = 0; d < plan.dp_size; ++d) {
+    QuickEstimate e = combine_stage_times(stages, plan, plan.microbatches_of_replica(d), stage_speeds(plan, topology, d));
+    if (e.step_time_s > slowest.step_time_s) slowest = e;
+  }
+  return slowest;
 }
 
 QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const Plan& plan,

@@ -120,6 +120,16 @@ CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_pe
 // reductions). Empty on a topology of equal devices.
 std::vector<double> stage_speeds(const Plan& plan, const Topology& topology);
 
+// The same over the ranks of data-parallel replica `dp_rank` only (-1: every replica, as
+// stage_speeds), and each replica's speed (its slowest device's factor). Empty on a topology of
+// equal devices.
+std::vector<double> stage_speeds(const Plan& plan, const Topology& topology, int64_t dp_rank);
+std::vector<double> replica_speeds(const Plan& plan, const Topology& topology);
+
+// combine_stage_times for the plan's replicas: with unequal replicas (microbatches_per_replica),
+// the slowest of each replica's estimate over its own microbatches and stage speeds.
+QuickEstimate combine_replica_times(const std::vector<StageTimes>& stages, const Plan& plan, const Topology& topology);
+
 // The formula over the stages' times; the slowest stage is the estimate. With stage_speed (one
 // per stage), a stage's compute takes 1 / its speed of its cost (its optimizer step and
 // collectives as costed).

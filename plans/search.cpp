@@ -202,6 +202,10 @@ Plan memory_path_plan(const Plan& plan) {
   Plan p = plan;
   // A mixture of experts' dropless buffers: sized by the whole step's routing draws.
   if (p.moe.draw_microbatches == 0) p.moe.draw_microbatches = plan.num_microbatches();
+  if (plan.unequal_microbatches()) {  // memory: every replica as the busiest one
+    p.microbatches_per_replica.clear();
+    p.global_batch_size = plan.num_microbatches() * plan.micro_batch_size * plan.dp_size;
+  }
   if (plan.schedule == ScheduleKind::gpipe) return p;
   int64_t cap = 2 * plan.pp_size;
   if (plan.num_microbatches() > cap) {

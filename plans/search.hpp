@@ -101,7 +101,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
 // (the memory bounds' schedule) are the whole step's, and the peak is the whole program's unless
 // lowering keeps buffers to the step's end (send staging): then walks take the whole step.
 // A mixture of experts keeps the step's routing draws (MoePlan::draw_microbatches) for its
-// dropless buffers.
+// dropless buffers. Unequal replicas (microbatches_per_replica) are walked as equal replicas of the
+// busiest one's microbatches.
 Plan memory_path_plan(const Plan& plan);
 
 // Checks one kept candidate's memory and, when it fits, its quick estimate (probe_estimate).

@@ -70,6 +70,7 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
   Plan one = plan;
   one.pp_size = 1;
   one.dp_size = 1;
+  one.microbatches_per_replica.clear();
   one.num_distributed_optimizer_instances = 1;
   probe.kept_bytes = layer_activation_bytes(model, one);
   probe.layer_peak_bytes = layer_peak_bytes(model, one);
@@ -80,6 +81,7 @@ LayerProbe build_probe(const ModelConfig& model, const Topology& topology, const
   Plan p = plan;
   p.pp_size = 2;
   p.dp_size = 1;
+  p.microbatches_per_replica.clear();
   p.zero_stage = 0;
   p.num_distributed_optimizer_instances = 1;
   p.schedule = ScheduleKind::one_f_one_b;
@@ -553,8 +555,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const auto& [kind, bytes] : comm) comm_max[kind] = std::max(comm_max[kind], bytes);
     stages.push_back(t);
   }
-  QuickEstimate estimate =
-      combine_stage_times(stages, real_plan, real_plan.num_microbatches(), stage_speeds(real_plan, topology));
+  QuickEstimate estimate = combine_replica_times(stages, real_plan, topology);
   estimate.comm_bytes_per_rank_max = comm_max;
   return estimate;
 }

@@ -82,6 +82,10 @@ void add_training(Builder& b, const Plan& p, const ModelConfig& m) {
   const int64_t local = p.pp_size > 1 ? p.micro_batch_size * p.num_microbatches() : p.micro_batch_size;
   b.key("local_batch_size", local);
   b.key("global_batch_size", p.global_batch_size);
+  if (p.unequal_microbatches()) {
+    b.cannot("microbatches_per_replica (unequal data-parallel replicas): TorchTitan splits the global batch "
+             "evenly over the data-parallel ranks");
+  }
   if (p.async_dp()) b.cannot("data_parallel_mode async: TorchTitan's data parallelism (FSDP2, DDP) is synchronous");
   b.key("seq_len", m.seq_length);
   if (p.param_dtype == Dtype::bf16 || p.param_dtype == Dtype::fp32) {

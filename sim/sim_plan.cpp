@@ -139,7 +139,8 @@ Folds choose_folds(const StepProgram& program, const Topology& topology, const D
   // profile's measured collectives), or where devices share a NIC (the copies beside the
   // stand-in would load its NIC).
   const bool dp_foldable = !full && options.fold_data_parallel && program.dp_size > 1 &&
-                           program.moe.num_experts == 0 && topology.heterogeneity.empty() &&
+                           program.moe.num_experts == 0 && program.microbatches_per_replica.empty() &&
+                           topology.heterogeneity.empty() &&
                            !profile.execution_in_order && own_nic;
   const bool fold_dp = dp_foldable && options.mode == SimMode::approx;
 

@@ -185,6 +185,8 @@ def derived_inputs(source):
         "cp.json": dict(small, name="cp2", context_parallel_size=2, attention_impl="flash", dtype="fp32"),
         "fp8.json": dict(small, name="fp8", dtype="bf16", fp8="e4m3"),
         "async.json": dict(small, name="async", dp_size=2, dtype="fp32", data_parallel_mode="async", staleness=2),
+        "unequal.json": dict(small, name="unequal", dp_size=2, dtype="fp32", global_batch_size=8,
+                             microbatches_per_replica=[3, 1]),
     }
 
 
@@ -220,9 +222,14 @@ OUTPUTS = {
         ("{bin} lower --model models/tiny-moe.json --topology topologies/localhost-cpu.json "
          "--plan {inputs}/moe.json --out {out}", [("program.json", "program")]),
         (f"{{bin}} memory {TINY} --plan examples/tiny-cpu-3d.json --nodes 4 --out {{out}}", [("memory.json", "memory")]),
+        ("{bin} simulate --model models/tiny.json --topology {inputs}/hetero.json --plan {inputs}/unequal.json "
+         "--profile roofline --out {out}", [("prediction.json", "step-result"), ("trace.json", "trace")]),
+        (f"{{bin}} lower {TINY} --plan {{inputs}}/unequal.json --check --out {{out}}", [("program.json", "program")]),
     ],
     "studies": [
         (f"{{bin}} plan {A100_13B} --nodes 8 --global-batch-size 512 --out {{out}}", [("plans.json", "plans")]),
+        ("{bin} plan --model models/tiny.json --topology {inputs}/hetero.json --profile roofline --global-batch-size 8 "
+         "--heterogeneous --out {out}", [("plans.json", "plans")]),
         (f"{{bin}} compare-strategies {A100_13B} --nodes 8 --global-batch-size 512 --out {{out}}",
          [("strategies.json", "strategies")]),
         (f"{{bin}} scale {A100_13B} --plan examples/gpt3-13b-a100-64.json --nodes 4,8,16 --out {{out}}",
