@@ -16,6 +16,7 @@
 #include "errors.hpp"
 #include "inputs.hpp"
 #include "plan_heterogeneous.hpp"
+#include "plan_replica_balance.hpp"
 #include "planner_common.hpp"
 #include "planner_report.hpp"
 #include "search.hpp"
@@ -172,8 +173,11 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "pipeline plan the search holds its layers per stage by its stages' speeds (NAME-hb; a\n"
       "stage's speed: its slowest device), reports each balanced plan's gain over its even twin,\n"
       "and tries simulated even plans part of the way (-hb2, -hb4) where the balanced split did\n"
-      "not fit. The estimate slows every stage by its slowest device. Microbatches per replica\n"
-      "stay equal." +
+      "not fit. The estimate slows every stage by its slowest device. Beside each data-parallel\n"
+      "plan (ZeRO-0 or 1, no experts) whose replicas differ in speed, the search also holds its\n"
+      "microbatches split over the replicas by their speeds (NAME-hm, microbatches_per_replica;\n"
+      "a replica's speed: its slowest device), reports its gain over equal replicas, and tries\n"
+      "the split on simulated plans without one (adopted where it fits and is faster)." +
           std::string(kSpreadHelp));
   if (!vm) return 0;
   claim_out_option(*vm, "plan");
@@ -265,7 +269,10 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
             << ", profile " << profile_choice.describe() << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
-  if (heterogeneous) add_speed_balanced_candidates(candidates, model, topology);
+  if (heterogeneous) {
+    add_speed_balanced_candidates(candidates, model, topology);
+    add_replica_balanced_candidates(candidates, model, topology);  // the -hb plans' too
+  }
   // The launch line's own plan, searched and ranked beside the others ("launch-line").
   if (imported) {
     Candidate own;
@@ -370,9 +377,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     }
   }
   std::vector<BalancedPlan> balanced;
+  std::vector<ReplicaBalance> replicas;
   if (heterogeneous) {
     balanced = balance_for_speed(ranked, model, topology, simulator, runner.threads(jobs));
     print_balance(balanced);
+    replicas = balance_replicas(ranked, model, topology, simulator, runner.threads(jobs));
+    print_replica_balance(replicas);
   }
   int64_t shown = std::min<int64_t>(top, int64_t(ranked.size()));
   for (int64_t i = 0; i < shown; ++i) resolve_peak(ranked[size_t(i)], model, topology);
@@ -492,7 +502,10 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
                      {"megatron_runnable_only", space.megatron_runnable_only},
                      {"profile", profile_json(profile_choice)}});
     out["top"] = top_json;
-    if (heterogeneous) out["heterogeneous"] = balance_json(balanced);
+    if (heterogeneous) {
+      out["heterogeneous"] = balance_json(balanced);
+      out["heterogeneous_replicas"] = replica_balance_json(replicas);
+    }
     Json all = Json::array();
     for (const auto& c : ranked) all.push_back(candidate_json(c, model));
     out["plans"] = all;

@@ -69,6 +69,7 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
   for (size_t i = 0; i < ranked.size(); ++i) {
     const Candidate& c = ranked[i];
     if (c.plan.pp_size < 2 || !c.step_time_s) continue;
+    if (c.plan.unequal_microbatches()) continue;  // NAME-hm: balance_replicas reports it
     if (made_by_search(c.plan.name)) {
       // Balanced by the search (add_speed_balanced_candidates): its gain over the even split.
       BalancedPlan b;

@@ -100,12 +100,15 @@ TEST_CASE("stepcast compare-strategies gives each simulated strategy its energy 
   std::filesystem::remove_all(out);
 }
 
-TEST_CASE("stepcast plan --heterogeneous balances pipeline stages by their devices' speeds", "[search][cli]") {
+TEST_CASE("stepcast plan --heterogeneous balances pipeline stages and replicas by their devices' speeds",
+          "[search][cli]") {
   // Four CPU devices, the last two at half speed: with pp 2 (order tp-dp-pp) stage 1 runs on
   // them, so the tiny model's 4 layers split 3 / 1 (largest layers / speed: 3, against 4 for
   // 2 / 2). The search holds each pipeline plan's balanced split beside the even one (its
-  // estimate slows stage 1 twice), the balanced plans simulate faster than their even twins
-  // (simulated for the comparison) and lead the table.
+  // estimate slows stage 1 twice), and each data-parallel plan whose replicas differ in speed
+  // with its microbatches split by them (dp 4: 3, 3, 1, 1 of 8; tp 2 dp 2: 3 and 1 of 4 per
+  // 2 samples). The balanced plans simulate faster than their even twins (simulated for the
+  // comparison) and lead the table.
   Json t = load_json_file(source_path("topologies/localhost-cpu.json"));
   t["node"]["devices_per_node"] = 4;
   t["heterogeneity"] = {{"devices",
@@ -114,10 +117,11 @@ TEST_CASE("stepcast plan --heterogeneous balances pipeline stages by their devic
   const std::string topology = write_temp_file("heterogeneous-cpu.json", t.dump());
   const std::string out = fresh_dir("plan-heterogeneous");
   auto r = run_stepcast("plan" + model_arg("tiny") + " --topology " + topology +
-                        " --profile roofline --global-batch-size 8 --top 4 --heterogeneous --out " + out);
+                        " --profile roofline --global-batch-size 8 --top 4 --evaluate 40 --heterogeneous --out " + out);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.output, Catch::Contains("balanced for the topology's unequal devices"));
+  CHECK_THAT(r.output, Catch::Contains("microbatches per data-parallel replica by replica speed"));
   Json plans = load_json_file(out + "/plans.json");
   const Json& balanced = plans.at("heterogeneous");
   int adopted = 0;
@@ -129,10 +133,34 @@ TEST_CASE("stepcast plan --heterogeneous balances pipeline stages by their devic
     CHECK(b.at("balanced_step_time_s").get<double>() < b.at("step_time_s").get<double>());
   }
   REQUIRE(adopted > 0);
-  // The first plan is a balanced one, its file holding the balanced split.
+  int replicas_adopted = 0;
+  for (const auto& b : plans.at("heterogeneous_replicas")) {
+    INFO(b.dump());
+    if (!b.at("adopted").get<bool>()) continue;
+    ++replicas_adopted;
+    const Json& speeds = b.at("replica_speeds");
+    const Json& split = b.at("balanced_microbatches_per_replica");
+    if (speeds.size() == 4) {
+      CHECK(speeds == Json({1.0, 1.0, 0.5, 0.5}));
+      CHECK(split == Json({3, 3, 1, 1}));
+    } else {
+      CHECK(speeds == Json({1.0, 0.5}));
+      CHECK(split.at(0).get<int64_t>() == 3 * split.at(1).get<int64_t>());
+    }
+    CHECK(b.at("balanced_step_time_s").get<double>() < b.at("step_time_s").get<double>());
+  }
+  REQUIRE(replicas_adopted > 0);
+  // The first plan is a balanced one, its file holding its split.
   const Json& first = plans.at("top").at(0);
-  CHECK_THAT(first.at("name").get<std::string>(), Catch::EndsWith("-hb"));
-  CHECK(load_json_file(out + "/" + first.at("plan_file").get<std::string>()).at("layers_per_stage") == Json({3, 1}));
+  const std::string name = first.at("name").get<std::string>();
+  const Json file = load_json_file(out + "/" + first.at("plan_file").get<std::string>());
+  INFO(name);
+  if (name.size() > 3 && name.compare(name.size() - 3, 3, "-hm") == 0) {
+    CHECK(file.contains("microbatches_per_replica"));
+  } else {
+    CHECK_THAT(name, Catch::EndsWith("-hb"));
+    CHECK(file.at("layers_per_stage") == Json({3, 1}));
+  }
   // Without heterogeneity the option is refused, naming the key.
   auto refused = run_stepcast("plan" + model_arg("tiny") + topology_arg("localhost-cpu") +
                               " --global-batch-size 8 --heterogeneous");
