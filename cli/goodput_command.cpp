@@ -222,7 +222,7 @@ int run_goodput(int argc, char** argv) {
   g.restart_s = restart_s;
   g.reload_s = io.read_s;
   // Per node: the nodes the plan occupies (ranks fill nodes in order), any of which stops the job.
-  const int64_t nodes_used = (program.world_size() + program.devices_per_node - 1) / program.devices_per_node;
+  const int64_t nodes_used = (program.ranks() + program.devices_per_node - 1) / program.devices_per_node;
   g.job_mtbf_s = mtbf_hours * 3600 / (per_node ? double(nodes_used) : 1.0);
 
   // δ of Young and Daly: what a checkpoint stops the steps for.
@@ -278,7 +278,7 @@ int run_goodput(int argc, char** argv) {
   out["interval_table"] = table;
 
   std::cout << "stepcast goodput: " << model_label(in.model) << " on " << in.topology.name << " ("
-            << program.world_size() << " devices), plan " << in.plan.name << "\n"
+            << program.ranks() << " devices), plan " << in.plan.name << "\n"
             << "step time " << step_time_s << " s (" << step_source << "); " << g.steps << " steps of "
             << program.tokens_per_step << " tokens for " << tokens << " tokens\n"
             << "checkpoint: " << format_bytes(size.total_bytes) << " in all (node max "

@@ -20,6 +20,7 @@
 #include "lower.hpp"
 #include "memory.hpp"
 #include "program_json.hpp"
+#include "planner_common.hpp"
 #include "summary.hpp"
 #include "cuda_plugin_loader.hpp"
 
@@ -109,8 +110,9 @@ int run_run(int argc, char** argv) {
       "                                 [--checkpoint-dir C --checkpoint-every K] [--resume C]\n"
       "                                 [--slowdown RANK:FACTOR]\n"
       "Trains the model with the plan's tensor, context, pipeline and data parallelism, one MPI\n"
-      "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size), printing\n"
-      "loss and step time per step. A mixture of experts runs on either backend (expert\n"
+      "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size, plus\n"
+      "parameter_servers: free-running workers, then the servers), printing loss and step time\n"
+      "per step (with parameter servers, worker 0's; the measurement has the servers' staleness). A mixture of experts runs on either backend (expert\n"
       "parallelism, alltoall dispatcher; measurement.json counts the copies a capacity drops).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
@@ -186,14 +188,24 @@ int run_run(int argc, char** argv) {
   }
   // What the executor cannot run of a mixture of experts, before any rank starts.
   check_executor_moe(in.model, in.plan);
+  if (in.plan.parameter_server() && backend != "cpu") {
+    throw InputError(in.plan.file + ": key 'parameter_servers' = " + std::to_string(in.plan.parameter_servers) +
+                     ": the " + backend + " backend does not run parameter servers yet; valid: --backend cpu");
+  }
+  if (in.plan.parameter_server() && (run_options.checkpoint_every > 0 || !run_options.resume_dir.empty())) {
+    throw InputError(in.plan.file + ": key 'parameter_servers' = " + std::to_string(in.plan.parameter_servers) +
+                     ": checkpoints of a parameter-server run are not supported yet; valid: no --checkpoint-every or "
+                     "--resume with parameter_servers");
+  }
   return with_mpi(
       "run", argc, argv,
       [&](int rank, int size) {
-    if (size != in.plan.world_size()) {
-      throw InputError("the plan needs " + std::to_string(in.plan.world_size()) +
-                       " ranks (tp_size · context_parallel_size · pp_size · dp_size), mpirun started " +
-                       std::to_string(size) + ": run mpirun -np " +
-                       std::to_string(in.plan.world_size()));
+    const int64_t ranks = in.plan.world_size() + in.plan.parameter_servers;
+    if (size != ranks) {
+      throw InputError("the plan needs " + std::to_string(ranks) +
+                       " ranks (tp_size · context_parallel_size · pp_size · dp_size" +
+                       (in.plan.parameter_server() ? std::string(" + parameter_servers") : std::string()) +
+                       "), mpirun started " + std::to_string(size) + ": run mpirun -np " + std::to_string(ranks));
     }
     // Across hosts, the launcher's placement must be the topology's (a hostfile of other slots
     // would put ranks the program sees as one node's on two hosts).
@@ -244,8 +256,21 @@ int run_run(int argc, char** argv) {
       std::cout << "straggler: rank " << run_options.slowdown_rank << "'s compute ops took "
                 << run_options.slowdown_factor << "x their measured duration (--slowdown)\n";
     }
-    std::cout << "step time " << r.step_time_s << " s (median of "
-              << r.extra["timed_steps"].get<int64_t>() << "), tokens/s " << r.tokens_per_s
+    if (r.extra.contains("parameter_servers")) {
+      const Json& ps = r.extra["parameter_servers"];
+      std::cout << "parameter servers: " << ps["servers"].get<int64_t>() << ", " << ps["updates"].get<int64_t>()
+                << " updates, busy " << fixed(100 * ps["server_busy_fraction"].get<double>(), 1)
+                << "% of the run; a gradient met " << fixed(ps["staleness_updates_mean"].get<double>(), 2)
+                << " other updates on average (at most " << ps["staleness_updates_max"].get<int64_t>()
+                << "); workers' steps";
+      for (double s : ps["worker_step_s"]) std::cout << " " << s;
+      std::cout << " s\n";
+    }
+    std::cout << "step time " << r.step_time_s << " s ("
+              << (r.extra.contains("parameter_servers") ? "one global batch at the workers' throughput, over "
+                                                        : "median of ")
+              << r.extra["timed_steps"].get<int64_t>() << (r.extra.contains("parameter_servers") ? " steps" : "")
+              << "), tokens/s " << r.tokens_per_s
               << ", MFU " << r.mfu << ", measured peak "
               << format_bytes(r.memory["measured_peak_bytes_max"].get<double>()) << " (model "
               << format_bytes(r.memory["peak_bytes_max"].get<double>()) << ")\n";

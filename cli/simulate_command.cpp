@@ -132,6 +132,9 @@ int run_simulate(int argc, char** argv) {
       "straggler cost is the difference, and the slowest and the critical rank are named.\n"
       "A plan with data_parallel_mode async (staleness k) also gets the same plan synchronous,\n"
       "simulated beside it: throughput of both and the staleness (prediction.json's `async`).\n"
+      "With parameter_servers S, free-running workers and S servers run many steps (SimGrid\n"
+      "actors); the step is one global batch at their steady-state throughput, and `async`\n"
+      "adds each worker's step, the staleness the servers saw and their busy share.\n"
       "Energy per step comes from the device's power_idle_w and power_busy_w (busy while it\n"
       "computes); --price-per-gpu-hour 2.5 USD (or 2.5 --currency USD) gives cost per step.\n"
       "Outputs (--out DIR): prediction.json, the summary first and the per-op records last, and\n"
@@ -219,8 +222,9 @@ int run_simulate(int argc, char** argv) {
   result.critical_rank = sim.critical_rank;
   result.breakdown = sim.breakdown;
   result.tokens_per_s = double(program.tokens_per_step) / sim.step_time_s;
-  result.mfu = model_flops / sim.step_time_s / (double(program.world_size()) * peak);
-  result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.world_size()) * peak);
+  // Over every device the plan holds (parameter servers too).
+  result.mfu = model_flops / sim.step_time_s / (double(program.ranks()) * peak);
+  result.hfu = stats.matrix_flops_per_step / sim.step_time_s / (double(program.ranks()) * peak);
   result.memory = memory_to_json(memory);
   // One set of records for both outputs when they hold the same ranks (the default).
   const bool trace_holds_records = trace_scope == records_scope;
@@ -273,20 +277,20 @@ int run_simulate(int argc, char** argv) {
     async = async_json(in.plan, sim, synchronous->value(), double(program.tokens_per_step));
     result.extra["async"] = async;
   }
-  const Json energy = energy_json(in.topology, sim, price, program.world_size(), double(program.tokens_per_step));
+  const Json energy = energy_json(in.topology, sim, price, program.ranks(), double(program.tokens_per_step));
   result.extra["energy_per_step_j"] = energy["energy_per_step_j"];
   result.extra["energy"] = energy;
   if (!(*vm)["no-scaling"].as<bool>()) {
     if (in.plan.dp_size == 1) {
       result.scaling_efficiency = 1.0;
     } else {
-      double per_device = result.tokens_per_s / double(program.world_size());
+      double per_device = result.tokens_per_s / double(program.ranks());
       result.scaling_efficiency = per_device / reference->tokens_per_s_per_device();
     }
   }
 
   std::cout << "stepcast simulate: " << model_label(in.model) << " on " << in.topology.name << " ("
-            << program.world_size() << " devices), plan " << in.plan.name << dp_size_note(in.plan) << ", mode "
+            << program.ranks() << " devices), plan " << in.plan.name << dp_size_note(in.plan) << ", mode "
             << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
             << "): compute " << result.breakdown.compute_s << ", exposed comm "

@@ -138,23 +138,44 @@ std::unique_ptr<ForkedChild> fork_synchronous_reference(const Inputs& in, const 
   if (!in.plan.async_dp()) return nullptr;
   Plan synchronous = in.plan;
   synchronous.async_staleness = 0;
+  synchronous.parameter_servers = 0;  // the same workers reducing among themselves
   return fork_reference_step(in, in.topology, std::move(synchronous), profile, options,
                              "the synchronous data-parallel reference simulation");
 }
 
 Json async_json(const Plan& plan, const SimulationOutput& sim, double sync_step_time_s, double tokens_per_step) {
-  return {{"staleness", plan.async_staleness},
-          {"gradient_age_steps", plan.async_staleness},
-          {"step_time_s", sim.step_time_s},
-          {"tokens_per_s", tokens_per_step / sim.step_time_s},
-          {"sync_step_time_s", sync_step_time_s},
-          {"sync_tokens_per_s", tokens_per_step / sync_step_time_s},
-          {"throughput_over_sync", sync_step_time_s / sim.step_time_s},
-          {"definition",
-           "data_parallel_mode async: the gradient of step t is all-reduced beside the compute of step t + 1 and "
-           "applied staleness steps after it was computed (gradient_age_steps: the updates between the weights a "
-           "gradient was computed on and those it updates); step_time_s is the steady state; sync_* is the same "
-           "plan with data_parallel_mode sync, simulated beside it"}};
+  Json out = {{"staleness", plan.async_staleness},
+              {"gradient_age_steps", plan.async_staleness},
+              {"step_time_s", sim.step_time_s},
+              {"tokens_per_s", tokens_per_step / sim.step_time_s},
+              {"sync_step_time_s", sync_step_time_s},
+              {"sync_tokens_per_s", tokens_per_step / sync_step_time_s},
+              {"throughput_over_sync", sync_step_time_s / sim.step_time_s},
+              {"definition",
+               "data_parallel_mode async: the gradient of step t is all-reduced beside the compute of step t + 1 and "
+               "applied staleness steps after it was computed (gradient_age_steps: the updates between the weights a "
+               "gradient was computed on and those it updates); step_time_s is the steady state; sync_* is the same "
+               "plan with data_parallel_mode sync, simulated beside it"}};
+  const auto& ps = sim.parameter_servers;
+  if (ps.servers > 0) {
+    // A server applies every worker's push as one update: the age in global steps is the updates
+    // between pull and apply over the workers.
+    out["gradient_age_steps"] = ps.staleness_updates_mean / double(plan.dp_size);
+    out["parameter_servers"] = {{"servers", ps.servers},
+                                {"simulated_steps", ps.steps},
+                                {"worker_step_s", ps.worker_step_s},
+                                {"staleness_updates_mean", ps.staleness_updates_mean},
+                                {"staleness_updates_max", ps.staleness_updates_max},
+                                {"server_busy_fraction", ps.server_busy_fraction}};
+    out["definition"] =
+        "data_parallel_mode async with parameter_servers: free-running workers push every step's gradient to the "
+        "servers, which apply each as it arrives and send the weights back, no worker more than staleness steps "
+        "ahead of the slowest (stale synchronous parallelism); step_time_s is one global batch (every worker one "
+        "step) at the steady state's throughput; staleness_updates_*: updates a server applied between a worker's "
+        "pull and its push, gradient_age_steps their mean over the workers; sync_* is the same workers with "
+        "data_parallel_mode sync, simulated beside it";
+  }
+  return out;
 }
 
 std::string async_summary(const Json& a) {
@@ -163,8 +184,16 @@ std::string async_summary(const Json& a) {
   out << "asynchronous data parallelism (staleness " << a["staleness"].get<int64_t>() << "): "
       << a["tokens_per_s"].get<double>() << " tokens/s against " << a["sync_tokens_per_s"].get<double>()
       << " synchronous (step " << a["sync_step_time_s"].get<double>() << " s), "
-      << fixed(a["throughput_over_sync"].get<double>(), 3) << "x the throughput; every gradient applied "
-      << a["gradient_age_steps"].get<int64_t>() << " step(s) late\n";
+      << fixed(a["throughput_over_sync"].get<double>(), 3) << "x the throughput; ";
+  if (a.contains("parameter_servers")) {
+    const Json& ps = a["parameter_servers"];
+    out << ps["servers"].get<int64_t>() << " parameter server(s), busy "
+        << fixed(100 * ps["server_busy_fraction"].get<double>(), 1) << "% of the time; a gradient meets "
+        << fixed(ps["staleness_updates_mean"].get<double>(), 2) << " other updates on average (at most "
+        << ps["staleness_updates_max"].get<int64_t>() << ")\n";
+  } else {
+    out << "every gradient applied " << a["gradient_age_steps"].get<int64_t>() << " step(s) late\n";
+  }
   return out.str();
 }
 

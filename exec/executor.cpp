@@ -19,6 +19,7 @@
 #include "interpreter.hpp"
 #include "lower.hpp"
 #include "memory.hpp"
+#include "parameter_server_run.hpp"
 #include "mpi_check.hpp"
 #include "program_inputs.hpp"
 #include "program_stats.hpp"
@@ -299,6 +300,11 @@ RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Pl
                   const RunOptions& options) {
   int rank = 0;
   STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  if (program.parameter_servers > 0) {  // free-running workers: no step-wide warm-up
+    std::unique_ptr<Backend<T>> backend =
+        make_cpu_backend<T>(program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
+    return run_parameter_servers<T>(program, model, plan, topology, options, *backend);
+  }
   warm_up_host_memory<T>(program, model, plan, options, rank);
   std::unique_ptr<Backend<T>> backend =
       make_cpu_backend<T>(program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);

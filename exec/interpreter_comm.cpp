@@ -11,6 +11,7 @@
 #include "errors.hpp"
 #include "interpreter.hpp"
 #include "mpi_collectives.hpp"
+#include "parameter_server.hpp"
 
 namespace stepcast {
 
@@ -18,6 +19,7 @@ namespace stepcast {
 // of the step); receives block, watched.
 template <class T, class G, class W>
 void Interpreter<T, G, W>::p2p(const Op& op) {
+  if (op.peer == Peer::ps_server) return ps_transfer(op);
   int peer = int(peer_rank(grid_, rank_, op.peer));
   if (op.kind == OpKind::recv) {  // [] → [x]
     const std::string& x = out(op, "x");
@@ -42,6 +44,26 @@ void Interpreter<T, G, W>::p2p(const Op& op) {
   const std::string& staging = out(op, "staging");
   backend_.copy(buf(staging, op), buf(x, op) + offset, n * element_bytes(x, op));
   backend_.send(buf(staging, op), n, peer, op.tag);
+}
+
+// A worker's transfer with parameter server op.server (rank world + server): its slice of a
+// group's weights (param_pull), of the group's gradient (grad_push), or the gradient norm's
+// square (norm_push). The CPU backend sends and receives in the weights' type, which is every
+// buffer's there (check_cpu_backend).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::ps_transfer(const Op& op) {
+  STEPCAST_CHECK(sizeof(G) == sizeof(T) && sizeof(W) == sizeof(T), "parameter servers need one dtype for every buffer");
+  const int peer = int(grid_.world_size() + op.server);
+  if (op.name == OpName::norm_push) {
+    backend_.send(reinterpret_cast<T*>(buf<W>(in(op, "norm_sq"), op)), 1, peer, op.tag);
+    return;
+  }
+  const bool pull = op.name == OpName::param_pull;
+  const std::string& name = pull ? out(op, "weights") : in(op, "grads");
+  auto [first, last] = server_slice(count(name, op), p_.parameter_servers, op.server);
+  T* data = reinterpret_cast<T*>(arena_.buffer(name, op.id)) + first;
+  if (pull) backend_.recv(data, last - first, peer, op.tag);
+  else backend_.send(data, last - first, peer, op.tag);
 }
 
 // The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.
@@ -247,6 +269,7 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
 
 #define STEPCAST_INSTANTIATE_COMM(T, G, W)                                                                  \
   template void Interpreter<T, G, W>::p2p(const Op&);                                                       \
+  template void Interpreter<T, G, W>::ps_transfer(const Op&);                                               \
   template std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::string>&, const Op&); \
   template Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>&, const Op&) const;      \
   template void Interpreter<T, G, W>::collective(const Op&);                                                \

@@ -320,7 +320,9 @@ void Interpreter<T, G, W>::loss(const Op& op) {
     return;
   }
   if (op.phase == Phase::backward) {  // [softmax, targets] → [d_logits]
-    double scale = 1.0 / double(plan_.global_batch_size * s_full_);  // the step's tokens
+    // The step's tokens; a parameter server's worker updates alone: its own tokens.
+    const int64_t samples = plan_.parameter_server() ? plan_.global_batch_size / plan_.dp_size : plan_.global_batch_size;
+    double scale = 1.0 / double(samples * s_full_);
     backend_.cross_entropy_backward(buf<W>(in(op, "softmax"), op), targets, buf(out(op, "d_logits"), op), tokens, v0,
                                     vocab_local_, scale);
     return;

@@ -17,10 +17,12 @@ template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
 
 GroupComms::GroupComms(const RankGrid& grid, int64_t rank, int64_t devices_per_node) {
+  // A rank past the grid (a parameter server) is in no group, but takes part in every split.
+  const bool in_grid = rank < grid.world_size();
   for (GroupKind kind : all_group_kinds()) {
-    std::vector<int64_t> members = grid.group(kind, rank);
+    std::vector<int64_t> members = in_grid ? grid.group(kind, rank) : std::vector<int64_t>{};
     bool member = std::find(members.begin(), members.end(), rank) != members.end();
-    if (kind == GroupKind::embedding) {
+    if (kind == GroupKind::embedding && in_grid) {
       int64_t stage = grid.coord(rank).pp;
       member = stage == 0 || stage == grid.pp_size() - 1;
     }

@@ -18,12 +18,13 @@ CheckpointSize checkpoint_size(const StepProgram& program) {
   std::vector<double> per_role;
   for (const Role& role : program.roles) per_role.push_back(role_state_bytes(role));
   double node_bytes = 0;
-  for (int64_t rank = 0; rank < program.world_size(); ++rank) {
+  // Every rank, parameter servers included (they hold the optimizer state).
+  for (int64_t rank = 0; rank < program.ranks(); ++rank) {
     double bytes = per_role[size_t(program.role_of_rank(rank).index)];
     size.rank_bytes_max = std::max(size.rank_bytes_max, bytes);
     size.total_bytes += bytes;
     node_bytes += bytes;
-    bool node_ends = (rank + 1) % program.devices_per_node == 0 || rank + 1 == program.world_size();
+    bool node_ends = (rank + 1) % program.devices_per_node == 0 || rank + 1 == program.ranks();
     if (node_ends) {
       size.node_bytes_max = std::max(size.node_bytes_max, node_bytes);
       node_bytes = 0;

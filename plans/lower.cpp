@@ -57,6 +57,14 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
       RoleLowering(ctx, role).lower();
     }
   }
+  program.parameter_servers = plan.parameter_servers;
+  for (int32_t j = 0; j < int32_t(plan.parameter_servers); ++j) {  // after the workers' roles
+    Role& role = program.roles.emplace_back();
+    role.index = int32_t(program.roles.size() - 1);
+    role.server = j;
+    role.num_microbatches = program.num_microbatches;
+    RoleLowering(ctx, role).lower_server(j);
+  }
   return program;
 }
 

@@ -6,7 +6,7 @@
 namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
-  if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions)
+  if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions), or pushed (emit_pushes)
   const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
   if (reduced_over == 1) {
     if (shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});

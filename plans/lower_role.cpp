@@ -19,7 +19,8 @@ void RoleLowering::lower() {
     // overlapping the forward pass (Megatron's overlap_param_gather).
     emit_param_gathers(Phase::forward);
   }
-  if (plan_.async_dp()) emit_async_reductions();
+  if (plan_.bounded_delay()) emit_async_reductions();
+  if (ps()) emit_param_pulls();
   ScheduleShape shape{plan_.pp_size, plan_.virtual_pp_size, role_.num_microbatches};
   std::vector<PassAction> actions = schedule_actions(plan_.schedule, shape, role_.pp_stage);
   // Room for the ops at once: a layer's forward or backward pass is a few dozen ops (64 on GPT-3
@@ -46,8 +47,12 @@ void RoleLowering::lower() {
   for (auto& bucket : deferred_buckets_) emit_bucket(bucket, {rb_.last_timed_op()});
   deferred_buckets_.clear();
   emit_finalize_grads();
-  emit_optimizer();
-  if (plan_.async_dp()) emit_async_stash();
+  if (ps()) {
+    emit_pushes();
+  } else {
+    emit_optimizer();
+  }
+  if (plan_.bounded_delay()) emit_async_stash();
   emit_fp8_scale_update();
   if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
     emit_param_gathers(Phase::optimizer);
@@ -90,11 +95,13 @@ void RoleLowering::alloc_persistent() {
               Phase::forward, true);
     rb_.alloc("grads." + g.name, BufferClass::grads, c_.grad, {grad_elements(g)},
               Phase::forward, true);
-    for (int64_t slot = 0; slot < plan_.async_staleness; ++slot) {
+    for (int64_t slot = 0; plan_.bounded_delay() && slot < plan_.async_staleness; ++slot) {
       rb_.alloc(stale_grads(g, slot), BufferClass::grads, c_.grad, {grad_elements(g)}, Phase::forward, true);
     }
-    rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
-              {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
+    if (!ps()) {  // a parameter server's workers keep no optimizer state
+      rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
+                {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
+    }
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
     // the device needs it its transposed copy (fp8_transpose).
     if (c_.fp8 && g.name[0] == 'L') {

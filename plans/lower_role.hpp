@@ -45,6 +45,9 @@ class RoleLowering {
         e_(ctx, rb_, ctx.grid.rank(RankCoord{0, 0, role.pp_stage})) {}
 
   void lower();
+  // A parameter server's role (plan parameter_servers): its slices of the weights and optimizer
+  // state, and the handling of one worker's push (lower_ps.cpp).
+  void lower_server(int32_t server);
 
  private:
   struct Bucket {
@@ -199,10 +202,15 @@ class RoleLowering {
     return "stale_grads" + std::to_string(slot) + "." + g.name;
   }
   std::string optimizer_grads(const ParamGroup& g) const {
-    return plan_.async_dp() ? stale_grads(g, plan_.async_staleness - 1) : "grads." + g.name;
+    return plan_.bounded_delay() ? stale_grads(g, plan_.async_staleness - 1) : "grads." + g.name;
   }
   void emit_async_reductions();
   void emit_async_stash();
+  // Parameter servers (lower_ps.cpp): a worker's step starts by pulling every group's slices of
+  // the weights from the servers and ends by pushing its gradient's norm and slices to them.
+  bool ps() const { return plan_.parameter_server(); }
+  void emit_param_pulls();
+  void emit_pushes();
   void emit_param_gathers(Phase phase);
 
   const LowerContext& c_;

@@ -78,6 +78,9 @@ MemoryReport memory_report(const StepProgram& program, const Topology& topology)
     const int64_t replica_class = program.replica_class.empty() ? 0 : program.replica_class[size_t(at.dp)];
     ranks_of_role[replica_class * program.pp_size + at.pp].push_back(r);
   }
+  for (int64_t j = 0; j < program.parameter_servers; ++j) {  // a parameter server's role is its own
+    ranks_of_role[int64_t(program.role_of_rank(program.world_size() + j).index)].push_back(program.world_size() + j);
+  }
   for (const Role& role : program.roles) {
     RankMemory m = walk_role_memory(role);
     m.ranks = rank_ranges(ranks_of_role[role.index]);

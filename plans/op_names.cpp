@@ -39,6 +39,9 @@ const char* to_string(OpName name) {
     case OpName::grad_norm: return "grad_norm";
     case OpName::adamw: return "adamw";
     case OpName::grad_stash: return "grad_stash";
+    case OpName::param_pull: return "param_pull";
+    case OpName::grad_push: return "grad_push";
+    case OpName::norm_push: return "norm_push";
     case OpName::tp_embedding: return "tp_embedding";
     case OpName::tp_attn_out: return "tp_attn_out";
     case OpName::tp_mlp_down: return "tp_mlp_down";

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "parameter_server.hpp"
 #include "replica_microbatches.hpp"
 #include "schedule.hpp"
 
@@ -243,6 +244,7 @@ Plan parse_plan(const Json& json_in, const std::string& file) {
                 "no staleness, or data_parallel_mode \"async\"");
   }
   if (async_dp) plan.async_staleness = reader.get_int_or("staleness", 1, 1);
+  read_parameter_servers(reader, plan);
   plan.overlap_param_gather = reader.get_bool_or("overlap_param_gather", false);
   plan.overlap_p2p_comm = reader.get_bool_or("overlap_p2p_comm", default_overlap_p2p_comm(plan.schedule));
   plan.scatter_gather_tensors_in_pipeline = reader.get_bool_or("scatter_gather_tensors_in_pipeline", false);
@@ -477,6 +479,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "zero_stage 0, 1 or 2 with fp8, or no fp8");
   }
   if (plan.async_dp()) validate_async(plan);
+  if (plan.parameter_server()) validate_parameter_servers(plan, model, topology);
   if (plan.overlap_param_gather && plan.zero_stage == 0) {
     throw_input_error(f, "overlap_param_gather", "true",
                       "needs sharded parameters or optimizer (the plan has zero_stage = 0)",
@@ -575,6 +578,7 @@ Json plan_to_json(const Plan& plan) {
   if (plan.async_dp()) {  // absent: synchronous (outputs of synchronous plans keep their bytes)
     out["data_parallel_mode"] = "async";
     out["staleness"] = plan.async_staleness;
+    if (plan.parameter_server()) out["parameter_servers"] = plan.parameter_servers;
   }
   out["overlap_param_gather"] = plan.overlap_param_gather;
   out["overlap_p2p_comm"] = plan.overlap_p2p_comm;

@@ -77,6 +77,12 @@ struct Plan {
   // gradient is all-reduced beside the next step's compute and applied k steps late (w_{t+1} =
   // w_t − update(g_{t−k}); no update in steps 0..k−1); ZeRO-0 or 1. 0: synchronous (the default).
   int64_t async_staleness = 0;
+  // Parameter servers (plan parameter_servers S ≥ 1, with data_parallel_mode "async"): the dp
+  // workers push each step's gradient to S server ranks, each holding 1/S of every parameter
+  // group and its optimizer state, and pull the weights back, free-running under stale
+  // synchronous parallelism — a worker starts step c once every worker has pushed step
+  // c − async_staleness (parameter_server.hpp). 0: the workers reduce among themselves.
+  int64_t parameter_servers = 0;
   bool overlap_param_gather = false;
   // Pipeline sends and receives run beside compute (true), or a stage's next compute waits until
   // its sends and receives are done, as Megatron-LM's batched p2p does (false). Megatron's rule is
@@ -115,7 +121,10 @@ struct Plan {
   int64_t microbatches_of_replica(int64_t dp_rank) const;
   bool unequal_microbatches() const { return !microbatches_per_replica.empty(); }
   Dtype activation_dtype() const { return param_dtype; }
-  bool async_dp() const { return async_staleness > 0; }
+  bool async_dp() const { return async_staleness > 0; }  // either form
+  bool parameter_server() const { return parameter_servers > 0; }
+  // The bounded-delay form: gradients all-reduced among the workers, applied exactly k steps late.
+  bool bounded_delay() const { return async_dp() && !parameter_server(); }
 };
 
 // Megatron-LM's: pipeline transfers overlap compute under the interleaved schedule only.

@@ -66,6 +66,8 @@ const char* to_string(Peer peer) {
     case Peer::pp_prev: return "pp_prev";
     case Peer::cp_next: return "cp_next";
     case Peer::cp_prev: return "cp_prev";
+    case Peer::ps_server: return "ps_server";
+    case Peer::ps_worker: return "ps_worker";
   }
   return "?";
 }
@@ -81,6 +83,8 @@ int64_t peer_rank(const RankGrid& grid, int64_t rank, Peer peer) {
       c.pp = peer == Peer::pp_next ? (c.pp + 1) % pp : (c.pp + pp - 1) % pp;
       return grid.rank(c);
     }
+    case Peer::ps_server:
+    case Peer::ps_worker:
     case Peer::none: break;
   }
   STEPCAST_CHECK(false, "peer_rank: an op without a peer");
@@ -147,6 +151,11 @@ int32_t data_buffer_microbatch(const std::string& buffer) {
 }
 
 const Role& StepProgram::role_of_rank(int64_t rank) const {
+  if (rank >= world_size()) {  // a parameter server
+    const size_t index = class_microbatches().size() * size_t(pp_size) + size_t(rank - world_size());
+    STEPCAST_CHECK(rank < ranks() && index < roles.size(), "rank outside the program's roles");
+    return roles[index];
+  }
   RankCoord at = grid().coord(rank);
   int64_t index = at.pp;
   if (!replica_class.empty()) index += int64_t(replica_class.at(size_t(at.dp))) * pp_size;

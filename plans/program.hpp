@@ -32,8 +32,9 @@ enum class Phase { forward, backward, recompute, optimizer };
 // at once (NCCL's grouped send/recv).
 enum class Algorithm { none, ring, tree, hierarchical, pairwise };
 // Point-to-point peers: the next/previous pipeline stage (wrapping), or the next/previous rank of
-// the context-parallel ring (rank_grid.hpp).
-enum class Peer { none, pp_next, pp_prev, cp_next, cp_prev };
+// the context-parallel ring (rank_grid.hpp); with parameter servers (parameter_server.hpp), a
+// worker's server (Op::server) and a server's worker (the one whose push it handles).
+enum class Peer { none, pp_next, pp_prev, cp_next, cp_prev, ps_server, ps_worker };
 // What an op computes within its kind; values equal their JSON strings ("" for none: alloc and
 // free). The operands of each (kind, name, grad, pass) are its signature (op_signature.hpp).
 enum class OpName {
@@ -46,6 +47,9 @@ enum class OpName {
   cross_entropy_stats, cross_entropy,                                   // loss
   grad_accumulate, grad_norm, adamw,                                    // optimizer_step
   grad_stash,  // asynchronous data parallelism: a gradient copied into its next stale slot
+  // parameter servers: a group's weights slice sent to a worker (param_pull), its gradient slice
+  // and the gradient norm's square pushed to a server (grad_push, norm_push)
+  param_pull, grad_push, norm_push,
   // collectives: what they reduce or gather (grad_norm also names its all_reduce)
   tp_embedding, tp_attn_out, tp_mlp_down, tp_mlp_up, tp_qkv, tp_logits, tp_cross_entropy,
   sp_embedding, sp_ln1, sp_ln2, sp_d_attn, sp_d_mlp, sp_final_norm,
@@ -154,6 +158,7 @@ struct Op {
   Algorithm algorithm = Algorithm::none;
   Peer peer = Peer::none;
   int64_t tag = -1;
+  int32_t server = -1;  // Peer::ps_server: the server (0 … parameter_servers − 1)
   // alloc / free
   std::string buffer;
   BufferClass buffer_class = BufferClass::activations;
@@ -172,6 +177,10 @@ struct Role {
   // Microbatches this role's schedule runs: the program's num_microbatches unless the replicas
   // are unequal (StepProgram::microbatches_per_replica), where each count has its roles.
   int64_t num_microbatches = 1;
+  // A parameter server's role (0 … parameter_servers − 1; −1: a worker's). Its ops handle one
+  // push: an interpreter runs them once per worker step pushed, Peer::ps_worker that worker, and
+  // its sends alone once per worker as the run starts (the initial weights).
+  int32_t server = -1;
   std::vector<int64_t> chunks_virtual_stages;  // virtual stage of each chunk: chunk·pp_size + stage
   std::vector<Op> ops;
 };
@@ -217,6 +226,10 @@ struct StepProgram {
   // buffers); an interpreter running steps skips the update (adamw) in steps 0..staleness−1 and
   // counts Adam's steps from the first update. 0: synchronous.
   int64_t async_staleness = 0;
+  // Parameter servers (parameter_server.hpp): ranks world_size() … world_size() + parameter_servers
+  // − 1, their roles after the workers' (roles[classes · pp_size + server]); async_staleness is
+  // then stale synchronous parallelism's bound. 0: none.
+  int64_t parameter_servers = 0;
   // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
   // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
   // (kFp8SlotsPerLayer per transformer layer of the model).
@@ -225,7 +238,8 @@ struct StepProgram {
   std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)
   std::string program_sha256;
 
-  int64_t world_size() const { return tp_size * cp_size * dp_size * pp_size; }
+  int64_t world_size() const { return tp_size * cp_size * dp_size * pp_size; }  // the workers
+  int64_t ranks() const { return world_size() + parameter_servers; }              // and the servers
   const Role& role_of_rank(int64_t rank) const;
   // The microbatch count of each replica class, in class order ({num_microbatches} when equal).
   std::vector<int64_t> class_microbatches() const;

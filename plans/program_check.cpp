@@ -146,6 +146,7 @@ void check_buffers(const Role& role, std::vector<std::string>& errors) {
 }
 
 bool is_cp_peer(Peer peer) { return peer == Peer::cp_next || peer == Peer::cp_prev; }
+bool is_ps_peer(Peer peer) { return peer == Peer::ps_server || peer == Peer::ps_worker; }
 
 // The stage of a peer: a context-parallel ring neighbour holds the same stage.
 int64_t peer_stage(const StepProgram& p, int64_t stage, Peer peer) {
@@ -163,6 +164,7 @@ void check_p2p(const StepProgram& p, const Pipeline& pipeline, std::vector<std::
   for (const Role* each : pipeline) {
     const Role& role = *each;
     for (const Op& op : role.ops) {
+      if (is_ps_peer(op.peer)) continue;  // check_parameter_servers
       if (op.kind == OpKind::send) {
         if (op.peer == Peer::cp_prev) errors.push_back("op " + std::to_string(op.id) + ": a send to cp_prev (the ring sends to cp_next)");
         sent[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer), is_cp_peer(op.peer)}].push_back({op.tag, op.bytes});
@@ -248,7 +250,8 @@ void check_collectives(const StepProgram& p, const Pipeline& pipeline, std::vect
 // stage must issue the same collectives over them as the first class's.
 void check_replica_classes(const StepProgram& p, std::vector<std::string>& errors) {
   const size_t pp = size_t(p.pp_size);
-  for (size_t r = pp; r < p.roles.size(); ++r) {
+  const size_t workers = p.roles.size() - size_t(std::max<int64_t>(0, p.parameter_servers));
+  for (size_t r = pp; r < workers; ++r) {
     auto mine = collectives_of(p.roles[r]);
     auto first = collectives_of(p.roles[r % pp]);
     for (GroupKind kind : {GroupKind::dp, GroupKind::dp_cp, GroupKind::dp_shard, GroupKind::dp_replica,
@@ -296,7 +299,7 @@ void check_progress(const StepProgram& p, const Pipeline& pipeline, std::vector<
           bool ready = true;
           for (int32_t d : op.deps) ready = ready && (done[r][d] || (memory_op && posted[r][d]));
           if (!ready) break;
-          if (op.kind == OpKind::recv) {
+          if (op.kind == OpKind::recv && !is_ps_peer(op.peer)) {  // a server's: check_parameter_servers
             int64_t from = peer_stage(p, role.pp_stage, op.peer);
             auto sent = sends_posted.find({from, role.pp_stage, op.tag});
             if (sent == sends_posted.end()) break;
@@ -312,7 +315,7 @@ void check_progress(const StepProgram& p, const Pipeline& pipeline, std::vector<
             if (arrived[key].size() < needed) break;
             ++issued[r][op.group];
           }
-          if (op.kind == OpKind::send) {
+          if (op.kind == OpKind::send && !is_ps_peer(op.peer)) {
             sends_posted[{role.pp_stage, peer_stage(p, role.pp_stage, op.peer), op.tag}] = {r, op.id};
             posted[r][op.id] = 1;
           } else {
@@ -335,11 +338,52 @@ void check_progress(const StepProgram& p, const Pipeline& pipeline, std::vector<
   }
 }
 
-// The roles of each replica class, by stage.
+// Parameter servers: each server's role receives, in order, what a worker's role sends it (the
+// norm, then the gradient's slices) and sends what the worker receives from it (the weights'
+// slices), tag for tag and byte for byte; the roles of the workers and servers add up.
+void check_parameter_servers(const StepProgram& p, std::vector<std::string>& errors) {
+  const size_t workers = p.roles.size() - size_t(std::max<int64_t>(0, p.parameter_servers));
+  using Transfers = std::vector<std::pair<int64_t, double>>;
+  for (size_t r = 0; r < p.roles.size(); ++r) {
+    const Role& role = p.roles[r];
+    if ((r >= workers) != (role.server >= 0)) {
+      errors.push_back("role " + std::to_string(r) + ": " + (role.server >= 0 ? "a server's role among the workers'"
+                                                                               : "a worker's role after the servers'"));
+    }
+  }
+  for (size_t r = workers; r < p.roles.size(); ++r) {
+    const Role& server = p.roles[r];
+    Transfers received, sent;
+    for (const Op& op : server.ops) {
+      if (!is_p2p(op.kind)) continue;
+      if (op.peer != Peer::ps_worker) {
+        errors.push_back(where(server, op) + ": a server's transfer with peer " + to_string(op.peer));
+        continue;
+      }
+      (op.kind == OpKind::recv ? received : sent).push_back({op.tag, op.bytes});
+    }
+    for (size_t w = 0; w < workers; ++w) {
+      Transfers pushed, pulled;
+      for (const Op& op : p.roles[w].ops) {
+        if (!is_p2p(op.kind) || op.peer != Peer::ps_server || op.server != server.server) continue;
+        (op.kind == OpKind::send ? pushed : pulled).push_back({op.tag, op.bytes});
+      }
+      if (pushed != received || pulled != sent) {
+        errors.push_back("role " + std::to_string(w) + " and server " + std::to_string(server.server) + ": the worker sends " +
+                         std::to_string(pushed.size()) + " and receives " + std::to_string(pulled.size()) +
+                         " transfers where the server receives " + std::to_string(received.size()) + " and sends " +
+                         std::to_string(sent.size()) + ", or their tags or bytes differ");
+      }
+    }
+  }
+}
+
+// The roles of each replica class, by stage (the workers', not the parameter servers').
 std::vector<Pipeline> pipelines(const StepProgram& program) {
   std::vector<Pipeline> out;
   const size_t pp = size_t(std::max<int64_t>(1, program.pp_size));
-  for (size_t r = 0; r < program.roles.size(); ++r) {
+  const size_t workers = program.roles.size() - size_t(std::max<int64_t>(0, program.parameter_servers));
+  for (size_t r = 0; r < workers; ++r) {
     if (r % pp == 0) out.emplace_back();
     out.back().push_back(&program.roles[r]);
   }
@@ -357,6 +401,7 @@ std::vector<std::string> check_program(const StepProgram& program) {
     check_collectives(program, pipeline, errors);
   }
   check_replica_classes(program, errors);
+  if (program.parameter_servers > 0) check_parameter_servers(program, errors);
   for (const Pipeline& pipeline : classes) {
     if (errors.empty()) check_progress(program, pipeline, errors, false);
   }

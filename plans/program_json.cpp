@@ -185,6 +185,10 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& si
     put_string(s, to_string(op.peer));
     put_key(s, "tag");
     put_number(s, double(op.tag));
+    if (op.server >= 0) {  // a worker's transfer with parameter server `server`
+      put_key(s, "server");
+      put_number(s, double(op.server));
+    }
     if (op.group == GroupKind::tp) {  // a send of this rank's 1/tp slice (scatter_gather_tensors_in_pipeline)
       put_key(s, "group");
       put_string(s, to_string(op.group));
@@ -237,6 +241,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     put_key(s, "async_staleness");
     put_number(s, double(program.async_staleness));
   }
+  if (program.parameter_servers > 0) {  // absent: none
+    put_key(s, "parameter_servers");
+    put_number(s, double(program.parameter_servers));
+  }
   if (program.moe.num_experts > 0) {  // absent: no experts
     s += ",\"moe\":" + Json{{"num_experts", program.moe.num_experts},
                               {"top_k", program.moe.top_k},
@@ -276,6 +284,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     if (!program.microbatches_per_replica.empty()) {  // absent: the program's num_microbatches
       put_key(s, "num_microbatches");
       put_number(s, double(role.num_microbatches));
+    }
+    if (role.server >= 0) {  // a parameter server's role
+      put_key(s, "server");
+      put_number(s, double(role.server));
     }
     s += ",\"ops\":[\n";
     sink.put(s);

@@ -203,6 +203,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
     p.num_microbatches = integer(j.at("num_microbatches"), "num_microbatches", 1, kLarge);
     p.tokens_per_step = integer(j.at("tokens_per_step"), "tokens_per_step", 0, kLarge);
     p.async_staleness = integer(j.value("async_staleness", Json(0)), "async_staleness", 0, 1 << 20);
+    p.parameter_servers = integer(j.value("parameter_servers", Json(0)), "parameter_servers", 0, 1 << 16);
     if (j.contains("microbatches_per_replica")) {
       p.microbatches_per_replica = integers(j.at("microbatches_per_replica"), "microbatches_per_replica", 1, kLarge);
       int64_t most = 0;
@@ -240,6 +241,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       role.chunks_virtual_stages = integers(jr.at("chunk_virtual_stages"), "chunk_virtual_stages", 0, kLarge);
       role.num_microbatches = integer(jr.value("num_microbatches", Json(p.num_microbatches)), "num_microbatches", 1,
                                       p.num_microbatches);
+      role.server = int32_t(integer(jr.value("server", Json(-1)), "server", -1, p.parameter_servers - 1));
       auto int32_of = [&](const Json& v, const char* key) {
         return int32_t(integer(v, key, -1, std::numeric_limits<int32_t>::max()));
       };
@@ -298,8 +300,14 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
             op.algorithm = parse_enum(jo.at("algorithm"), Algorithm::pairwise, path, "algorithm");
           }
           if (is_p2p(op.kind)) {
-            op.peer = parse_enum(jo.at("peer"), Peer::cp_prev, path, "peer");
+            op.peer = parse_enum(jo.at("peer"), Peer::ps_worker, path, "peer");
             op.tag = integer(jo.at("tag"), "tag", -1, kLarge);
+            op.server = int32_t(integer(jo.value("server", Json(-1)), "server", -1, p.parameter_servers - 1));
+            if ((op.peer == Peer::ps_server) != (op.server >= 0)) {
+              throw InputError(path + ": op " + std::to_string(op.id) + ": peer " + to_string(op.peer) +
+                               (op.server >= 0 ? " with a server" : " without a server") +
+                               "; valid: a server (0 … parameter_servers − 1) exactly with peer ps_server");
+            }
             if (jo.contains("group")) {
               op.group = parse_group(jo.at("group"), path);
               if (op.kind != OpKind::send || op.group != GroupKind::tp) {
@@ -324,21 +332,28 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       p.roles.push_back(std::move(role));
     }
     const std::vector<int64_t> classes = p.class_microbatches();
-    if (p.roles.size() != classes.size() * size_t(p.pp_size)) {
+    const size_t workers = classes.size() * size_t(p.pp_size);
+    if (p.roles.size() != workers + size_t(p.parameter_servers)) {
       throw InputError(path + ": key 'roles': " + std::to_string(p.roles.size()) +
                        " roles; valid: one per pipeline stage (" + std::to_string(p.pp_size) + ") of each of the " +
-                       std::to_string(classes.size()) + " replica classes (distinct microbatches_per_replica)");
+                       std::to_string(classes.size()) +
+                       " replica classes (distinct microbatches_per_replica), then one per parameter server (" +
+                       std::to_string(p.parameter_servers) + ")");
     }
     for (size_t r = 0; r < p.roles.size(); ++r) {
       const Role& role = p.roles[r];
-      const size_t stage = r % size_t(p.pp_size);
-      if (role.index != int32_t(r) || role.pp_stage != int64_t(stage) ||
-          role.num_microbatches != classes[r / size_t(p.pp_size)]) {
+      const bool server = r >= workers;
+      const size_t stage = server ? 0 : r % size_t(p.pp_size);
+      const int64_t microbatches = server ? p.num_microbatches : classes[r / size_t(p.pp_size)];
+      const int32_t server_index = server ? int32_t(r - workers) : -1;
+      if (role.index != int32_t(r) || role.pp_stage != int64_t(stage) || role.num_microbatches != microbatches ||
+          role.server != server_index) {
         throw InputError(path + ": role " + std::to_string(r) + ": index " + std::to_string(role.index) +
                          ", pp_stage " + std::to_string(role.pp_stage) + ", num_microbatches " +
-                         std::to_string(role.num_microbatches) + "; valid: index " + std::to_string(r) +
-                         ", pp_stage " + std::to_string(stage) + ", num_microbatches " +
-                         std::to_string(classes[r / size_t(p.pp_size)]));
+                         std::to_string(role.num_microbatches) + ", server " + std::to_string(role.server) +
+                         "; valid: index " + std::to_string(r) + ", pp_stage " + std::to_string(stage) +
+                         ", num_microbatches " + std::to_string(microbatches) + ", server " +
+                         std::to_string(server_index));
       }
     }
     p.program_sha256 = recorded;

@@ -10,9 +10,12 @@ ProgramStats program_stats(const StepProgram& program) {
   RankGrid grid = program.grid();
   stats.ranks = grid.world_size();
   for (const Role& role : program.roles) {
-    int64_t ranks = stats.ranks / program.pp_size;  // every stage has tp·cp·dp ranks
+    // Every stage has tp·cp·dp ranks; a parameter server is one, running its role once per
+    // worker step: dp_size times a step (counted as many ranks for the step's totals).
+    const int64_t runs = role.server >= 0 ? program.dp_size : 1;
+    int64_t ranks = role.server >= 0 ? runs : stats.ranks / program.pp_size;
     stats.ops_per_role.push_back(int64_t(role.ops.size()));
-    stats.ranks_per_role.push_back(ranks);
+    stats.ranks_per_role.push_back(role.server >= 0 ? 1 : ranks);
     std::map<std::string, double> per_rank;
     for (const Op& op : role.ops) {
       if (is_compute(op.kind)) {
@@ -28,13 +31,14 @@ ProgramStats program_stats(const StepProgram& program) {
       } else if (is_collective(op.kind)) {
         per_rank[to_string(op.group)] += op.bytes;
         stats.collective_ops_by_algorithm[to_string(op.algorithm)] += ranks;
-      } else if (op.kind == OpKind::send) {  // the pipeline's, or the context-parallel ring's
-        per_rank[op.peer == Peer::cp_next ? "cp" : "pp"] += op.bytes;
+      } else if (op.kind == OpKind::send) {  // the pipeline's, the context-parallel ring's, the servers'
+        const bool ps = op.peer == Peer::ps_server || op.peer == Peer::ps_worker;
+        per_rank[ps ? "ps" : op.peer == Peer::cp_next ? "cp" : "pp"] += op.bytes;
       }
     }
     for (const auto& [group, bytes] : per_rank) {
       stats.comm_bytes_per_step[group] += bytes * ranks;
-      stats.comm_bytes_per_rank_max[group] = std::max(stats.comm_bytes_per_rank_max[group], bytes);
+      stats.comm_bytes_per_rank_max[group] = std::max(stats.comm_bytes_per_rank_max[group], bytes * double(runs));
     }
   }
   return stats;

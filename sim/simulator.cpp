@@ -13,6 +13,7 @@
 
 #include "errors.hpp"
 
+#include "parameter_server_sim.hpp"
 #include "platform.hpp"
 #include "rank_actor.hpp"
 #include "sim_plan.hpp"
@@ -24,6 +25,7 @@ namespace stepcast {
 
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology_in,
                                   const DeviceProfile& profile, const SimulateOptions& options) {
+  if (program.parameter_servers > 0) return simulate_parameter_servers(program, topology_in, profile, options);
   SharedJob job;
   job.program = &program;
   job.seed = options.seed;
@@ -58,6 +60,11 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
   for (size_t j = 0; j < jobs.size(); ++j) {
     const SharedJob& job = jobs[j];
     STEPCAST_CHECK(job.program != nullptr, "a shared job without a program");
+    if (job.program->parameter_servers > 0) {  // simulate_program simulates one alone
+      throw_input_error(shared.file, "jobs[" + std::to_string(j) + "].plan", "parameter_servers",
+                        "a job with parameter servers is not simulated among other jobs yet",
+                        "jobs without parameter_servers");
+    }
     STEPCAST_CHECK(std::isfinite(job.start_s) && job.start_s >= 0, "a shared job's start before time 0");
     for (int64_t node : job.nodes) {
       if (node < 0 || node >= shared.num_nodes || taken[size_t(node)]) {

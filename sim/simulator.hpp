@@ -129,6 +129,17 @@ struct SimulationOutput {
   double slowest_speed_factor = 1;
   // Per simulated rank: how it spent the step (busy, waiting, idle), for energy.
   std::vector<DeviceTime> device_time;
+  // Parameter servers (parameter_server_sim.hpp): the steps simulated, each worker's steady step,
+  // the staleness (updates a server applied between a worker's pull and its push: mean and most
+  // over the steady state) and the servers' busy share of the time.
+  struct ParameterServers {
+    int64_t servers = 0;  // 0: not a parameter-server program
+    int64_t steps = 0;
+    std::vector<double> worker_step_s;
+    double staleness_updates_mean = 0;
+    int64_t staleness_updates_max = 0;
+    double server_busy_fraction = 0;
+  } parameter_servers;
 };
 
 // Throws InputError for a full-mode request above its limits (suggesting fast mode).

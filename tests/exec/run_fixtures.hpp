@@ -18,7 +18,8 @@ namespace stepcast::test {
 
 inline int64_t ranks_of(const Json& plan) {
   return plan.value("tp_size", 1) * plan.value("pp_size", 1) * plan.value("dp_size", 1) *
-         plan.value("context_parallel_size", 1);
+             plan.value("context_parallel_size", 1) +
+         plan.value("parameter_servers", 0);
 }
 
 inline RunResult run_plan(const std::string& model, const Json& plan, int steps,

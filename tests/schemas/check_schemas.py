@@ -185,6 +185,7 @@ def derived_inputs(source):
         "cp.json": dict(small, name="cp2", context_parallel_size=2, attention_impl="flash", dtype="fp32"),
         "fp8.json": dict(small, name="fp8", dtype="bf16", fp8="e4m3"),
         "async.json": dict(small, name="async", dp_size=2, dtype="fp32", data_parallel_mode="async", staleness=2),
+        "ps.json": dict(small, name="ps", dtype="fp32", data_parallel_mode="async", staleness=1, parameter_servers=1),
         "unequal.json": dict(small, name="unequal", dp_size=2, dtype="fp32", global_batch_size=8,
                              microbatches_per_replica=[3, 1]),
     }
@@ -225,6 +226,9 @@ OUTPUTS = {
         ("{bin} simulate --model models/tiny.json --topology {inputs}/hetero.json --plan {inputs}/unequal.json "
          "--profile roofline --out {out}", [("prediction.json", "step-result"), ("trace.json", "trace")]),
         (f"{{bin}} lower {TINY} --plan {{inputs}}/unequal.json --check --out {{out}}", [("program.json", "program")]),
+        (f"{{bin}} simulate {TINY} --plan {{inputs}}/ps.json --profile roofline --out {{out}}",
+         [("prediction.json", "step-result"), ("trace.json", "trace")]),
+        (f"{{bin}} lower {TINY} --plan {{inputs}}/ps.json --check --out {{out}}", [("program.json", "program")]),
     ],
     "studies": [
         (f"{{bin}} plan {A100_13B} --nodes 8 --global-batch-size 512 --out {{out}}", [("plans.json", "plans")]),
@@ -259,6 +263,8 @@ OUTPUTS = {
          "--plan {inputs}/moe.json --steps 3 --slowdown 1:1.5 --collectives mpi --out {out}",
          [("measurement.json", "step-result")]),
         ("{bin} compare {out0}/prediction.json {out1}/measurement.json --out {out}", [("compare.json", "comparison")]),
+        (f"{{mpirun}} -np 2 {{bin}} run {TINY} --plan {{inputs}}/ps.json --steps 3 --out {{out}}",
+         [("measurement.json", "step-result"), ("trace.json", "trace")]),
         ("{bin} validate --sweep sweeps/ci.json --repeats 1 --out {out}", [("validate.json", "validate")]),
     ],
 }
