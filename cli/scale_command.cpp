@@ -71,7 +71,8 @@ int run_scale(int argc, char** argv, SimulationRunner& runner) {
       "usage: stepcast scale --model M --topology T --plan P --nodes 1,2,4,... [--weak]\n"
       "                      [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                      [--sim-mode approx|fast] [--out DIR]\n"
-      "Simulates the plan on each node count (dp_size = devices / (tp_size · pp_size)): strong\n"
+      "Simulates the plan on each node count (dp_size = devices / (tp_size · pp_size ·\n"
+      "context_parallel_size), the parameter servers' devices left out): strong\n"
       "scaling at the plan's global batch, or weak scaling (--weak) at its batch per dp rank.\n"
       "Prints step time, speedup and efficiency against the smallest run, the Amdahl serial\n"
       "fraction that fits them (least squares), and the terms of the step that grow (exposed\n"
@@ -109,15 +110,19 @@ int run_scale(int argc, char** argv, SimulationRunner& runner) {
     Plan plan = base;
     plan.name = base.name + "-" + std::to_string(n) + "n";  // a point that fails is named as one that runs
     plan.layers_per_stage = base.layers_per_stage;
-    int64_t model_ranks = plan.tp_size * plan.pp_size;
+    // A replica's ranks (context parallelism's included); parameter servers take their devices first.
+    int64_t model_ranks = plan.tp_size * plan.pp_size * plan.cp_size;
+    const int64_t replica_devices = p.devices - plan.parameter_servers;
     try {
-      if (p.devices % model_ranks != 0) {
+      if (replica_devices < model_ranks || replica_devices % model_ranks != 0) {
         throw_input_error(base.file, "tp_size", std::to_string(plan.tp_size),
-                          "tp_size · pp_size = " + std::to_string(model_ranks) + " does not divide the " +
-                              std::to_string(p.devices) + " devices of " + std::to_string(n) + " nodes",
-                          "node counts whose devices tp_size · pp_size divides");
+                          "tp_size · pp_size · context_parallel_size = " + std::to_string(model_ranks) +
+                              " does not divide the " + std::to_string(replica_devices) + " devices of " +
+                              std::to_string(n) + " nodes" +
+                              (plan.parameter_servers > 0 ? " left by the parameter servers" : ""),
+                          "node counts whose devices tp_size · pp_size · context_parallel_size divides");
       }
-      plan.dp_size = p.devices / model_ranks;
+      plan.dp_size = replica_devices / model_ranks;
       plan.dp_size_derived = false;  // set here, per node count
       // Hybrid sharding keeps its shard group (inside a node) and scales the replicas.
       if (base.num_distributed_optimizer_instances > 1) {

@@ -45,7 +45,8 @@ std::string simulate_reference(const Inputs& in, const DeviceProfile& profile,
     SimulationOutput sim = simulate_program(program, in.topology, profile, options);
     std::ostringstream answer;
     answer.precision(17);
-    answer << "ok " << double(program.tokens_per_step) / sim.step_time_s / double(plan.tp_size * plan.pp_size);
+    // Per device: the reference's every rank (tp · cp · pp, and parameter servers).
+    answer << "ok " << double(program.tokens_per_step) / sim.step_time_s / double(program.ranks());
     keep_until_exit(std::move(program));  // the child ends with _exit (forked_child.hpp)
     return answer.str();
   } catch (const std::exception& e) {

@@ -573,6 +573,19 @@ TEST_CASE("stepcast scale, strong and weak, on the tiny model", "[search][cli]")
   Json h = load_json_file(out + "/scale.json");
   REQUIRE(h.at("points").size() == 3);
   for (const auto& p : h["points"]) CHECK_FALSE(p.contains("error"));
+  // Context parallelism: a replica is tp · cp · pp ranks, so cp 2 on 1 and 2 nodes runs dp 1 and 2
+  // (weak: a global batch of 2 and 4).
+  Json cp_plan = {{"name", "scale-cp2"}, {"context_parallel_size", 2}, {"micro_batch_size", 1},
+                  {"global_batch_size", 2}, {"attention_impl", "flash"}, {"dtype", "fp32"}};
+  auto cp = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") + " --plan " +
+                         write_temp_file("scale-cp2.json", cp_plan.dump()) + " --nodes 1,2 --weak --out " + out);
+  INFO(cp.output);
+  REQUIRE(cp.exit_code == 0);
+  Json c = load_json_file(out + "/scale.json");
+  REQUIRE(c.at("points").size() == 2);
+  for (const auto& p : c["points"]) CHECK_FALSE(p.contains("error"));
+  CHECK(c["points"][0]["global_batch_size"] == 2);
+  CHECK(c["points"][1]["global_batch_size"] == 4);
   auto bad = run_stepcast("scale" + model_arg("tiny") + topology_arg("localhost-cpu") +
                           " --plan " + source_path("examples/tiny-cpu.json") + " --nodes 1,x");
   CHECK(bad.exit_code == 2);

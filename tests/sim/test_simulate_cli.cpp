@@ -562,4 +562,16 @@ TEST_CASE("simulate: scaling efficiency against the same plan at dp_size 1", "[s
     double expected = p["tokens_per_s"].get<double>() / 4 / reference["tokens_per_s"].get<double>();
     CHECK(efficiency == Approx(expected).epsilon(1e-12));
   }
+  SECTION("context parallelism: per device over every rank of both (cp 2 dp 2 against cp 2 dp 1)") {
+    Json plan = {{"name", "tiny-cp2-dp2"}, {"context_parallel_size", 2}, {"dp_size", 2}, {"micro_batch_size", 1},
+                 {"global_batch_size", 4}, {"attention_impl", "flash"}, {"dtype", "fp32"}};
+    Json p = simulate(tiny + " --nodes 2 --plan " + write_json("tiny-cp2-dp2.json", plan), "scaling-cp2");
+    plan["dp_size"] = 1;
+    plan["global_batch_size"] = 2;
+    Json reference = simulate(tiny + " --nodes 2 --no-scaling --plan " + write_json("tiny-cp2-dp1.json", plan),
+                              "scaling-cp2-reference");
+    // 4 devices against 2 (the reference's tp · cp · pp, not tp · pp).
+    double expected = p["tokens_per_s"].get<double>() / 4 / (reference["tokens_per_s"].get<double>() / 2);
+    CHECK(p["scaling_efficiency"].get<double>() == Approx(expected).epsilon(1e-12));
+  }
 }
