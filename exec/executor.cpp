@@ -300,7 +300,12 @@ RunOutput run_cpu(const StepProgram& program, const ModelConfig& model, const Pl
                   const RunOptions& options) {
   int rank = 0;
   STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  if (program.parameter_servers > 0) {  // free-running workers: no step-wide warm-up
+  if (program.parameter_servers > 0) {  // free-running workers and their servers
+    {
+      std::unique_ptr<Backend<T>> warm_up =
+          make_cpu_backend<T>(program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
+      warm_up_parameter_servers<T>(program, model, plan, options, *warm_up);
+    }
     std::unique_ptr<Backend<T>> backend =
         make_cpu_backend<T>(program.grid(), rank, program.devices_per_node, options.collectives_mpi, options.watchdog_s);
     return run_parameter_servers<T>(program, model, plan, topology, options, *backend);

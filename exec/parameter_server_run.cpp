@@ -91,18 +91,12 @@ class Server {
           waiting[size_t(v)] = 0;
         }
       }
-      reap(false);
     }
-    reap(true);
+    finish();
     return stats_;
   }
 
  private:
-  struct Outgoing {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<T> copy;
-  };
-
   // The role's receives (the norm from any worker, then that worker's slices) and its AdamW.
   int64_t handle_push() {
     int64_t worker = -1;
@@ -147,28 +141,32 @@ class Server {
     }
   }
 
-  // The role's sends (each group's weights), from copies, to worker `v`.
+  // The role's sends (each group's weights) to worker `v`, each copied first into the worker's
+  // slot of its staging (comm.ps_reply.GROUP [workers, slice]): its previous reply there has
+  // arrived (the worker pushed since), so the slot is free and no update waits for a transfer.
   void send_weights(int64_t v, std::vector<int64_t>& version) {
+    const int64_t workers = program_.world_size();
+    size_t k = 0;
     for (const Op& op : role_.ops) {
       if (op.kind != OpKind::send) continue;
-      auto out = std::make_unique<Outgoing>();
-      out->copy = buffers_.at(op.inputs.at(0));
-      STEPCAST_MPI(MPI_Isend(out->copy.data(), int(out->copy.size()), mpi_type<T>(), int(v), int(op.tag),
-                             MPI_COMM_WORLD, &out->request));
-      outgoing_.push_back(std::move(out));
+      const std::vector<T>& w = buffers_.at(op.inputs.at(0));
+      std::vector<T>& staging = buffers_.at(op.outputs.at(0));
+      STEPCAST_CHECK(staging.size() == w.size() * size_t(workers), "server: " + op.outputs.at(0) + "'s slots");
+      if (requests_.size() <= k) requests_.emplace_back(size_t(workers), MPI_REQUEST_NULL);
+      MPI_Request& request = requests_[k++][size_t(v)];
+      STEPCAST_MPI(MPI_Wait(&request, MPI_STATUS_IGNORE));
+      T* slot = staging.data() + size_t(v) * w.size();
+      std::copy(w.begin(), w.end(), slot);
+      STEPCAST_MPI(MPI_Isend(slot, int(w.size()), mpi_type<T>(), int(v), int(op.tag), MPI_COMM_WORLD, &request));
     }
     version[size_t(v)] = stats_.updates;
   }
 
-  // Frees the copies whose transfers completed (all of them, waiting, at the end).
-  void reap(bool all) {
-    for (auto& out : outgoing_) {
-      int done = 0;
-      if (all) STEPCAST_MPI(MPI_Wait(&out->request, MPI_STATUS_IGNORE));
-      else STEPCAST_MPI(MPI_Test(&out->request, &done, MPI_STATUS_IGNORE));
-      if (all || done) out.reset();
+  // Completes every reply (at the end).
+  void finish() {
+    for (auto& per_worker : requests_) {
+      STEPCAST_MPI(MPI_Waitall(int(per_worker.size()), per_worker.data(), MPI_STATUSES_IGNORE));
     }
-    outgoing_.erase(std::remove(outgoing_.begin(), outgoing_.end(), nullptr), outgoing_.end());
   }
 
   const StepProgram& program_;
@@ -178,11 +176,30 @@ class Server {
   std::map<std::string, std::vector<T>> buffers_;
   std::map<std::string, GroupLayout> layouts_;
   std::map<std::string, std::pair<int64_t, int64_t>> slices_;
-  std::vector<std::unique_ptr<Outgoing>> outgoing_;
+  std::vector<std::vector<MPI_Request>> requests_;  // per send op, per worker
   ServerStats stats_;
 };
 
 }  // namespace
+
+template <class T>
+void warm_up_parameter_servers(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                               const RunOptions& options, Backend<T>& backend) {
+  int rank = 0;
+  STEPCAST_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  const int64_t workers = program.world_size();
+  ControlChannel control(options.watchdog_s);
+  control.barrier("the warm-up step");
+  if (rank < workers) {
+    Interpreter<T, T, T> interpreter(program, model, plan, options, rank, backend);
+    interpreter.create_arena();
+    interpreter.step(0, nullptr, backend.now_s());
+  } else {
+    Server<T>(program, model, options, rank - workers).run(workers, 1);
+  }
+  (void)mallinfo2();
+  control.barrier("the warm-up step");
+}
 
 template <class T>
 RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& model, const Plan& plan,
@@ -201,11 +218,13 @@ RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& m
   ControlChannel control(options.watchdog_s);
   std::unique_ptr<Interpreter<T, T, T>> interpreter;
   std::unique_ptr<Server<T>> server;
+  // The baseline after the interpreter (its data loader's corpus is not step memory) and before
+  // the program's buffers: the worker's arena, the server's slices and staging.
+  if (worker) interpreter = std::make_unique<Interpreter<T, T, T>>(program, model, plan, options, rank, backend);
   malloc_trim(0);
   const double anonymous_before = exact_anonymous_bytes();
   double extent = 0;
   if (worker) {
-    interpreter = std::make_unique<Interpreter<T, T, T>>(program, model, plan, options, rank, backend);
     interpreter->create_arena();
     extent = double(interpreter->arena_extent_bytes());
   } else {
@@ -335,6 +354,10 @@ RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& m
   return output;
 }
 
+template void warm_up_parameter_servers<float>(const StepProgram&, const ModelConfig&, const Plan&,
+                                               const RunOptions&, Backend<float>&);
+template void warm_up_parameter_servers<double>(const StepProgram&, const ModelConfig&, const Plan&,
+                                                const RunOptions&, Backend<double>&);
 template RunOutput run_parameter_servers<float>(const StepProgram&, const ModelConfig&, const Plan&, const Topology&,
                                                 const RunOptions&, Backend<float>&);
 template RunOutput run_parameter_servers<double>(const StepProgram&, const ModelConfig&, const Plan&, const Topology&,

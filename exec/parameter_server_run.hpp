@@ -16,6 +16,14 @@
 
 namespace stepcast {
 
+// One step on throwaway workers and servers (their own interpreters, arenas and buffers, on
+// `backend`, a throwaway too), so that what the first step faults in outside the program (code
+// pages, BLAS and MPI buffers) is in the measured memory's baseline, as run_program's warm-up
+// step does. Collective over MPI_COMM_WORLD.
+template <class T>
+void warm_up_parameter_servers(const StepProgram& program, const ModelConfig& model, const Plan& plan,
+                               const RunOptions& options, Backend<T>& backend);
+
 // Collective over MPI_COMM_WORLD of program.ranks() processes. Instantiated for float and double.
 template <class T>
 RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& model, const Plan& plan,

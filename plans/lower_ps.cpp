@@ -67,6 +67,10 @@ void RoleLowering::lower_server(int32_t server) {
     rb_.alloc("weights." + g.name, BufferClass::weights, c_.act, {slice.back()}, Phase::forward, true);
     rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(), {slice.back(), optimizer_states()},
               Phase::forward, true);
+    // The weights each worker's reply carries, copied at the send: a slot per worker, so that
+    // the next update need not wait for a transfer (the worker's previous reply has arrived
+    // before it pushes again).
+    rb_.alloc(reply_staging(g), BufferClass::comm, c_.act, {plan_.dp_size, slice.back()}, Phase::forward, true);
   }
   // One push: the norm, then each group's gradient slice, in the worker's order.
   OpSite at{Phase::optimizer, -1, -1, -1};
@@ -93,10 +97,10 @@ void RoleLowering::lower_server(int32_t server) {
   last_op(rb_, id).bytes = adamw_bytes(c_.act, c_.grad) * elements;
   for (const auto& name : grads) rb_.free(name, Phase::optimizer);
   rb_.free("grad_norm_sq", Phase::optimizer);
-  // The worker's weights for its next step.
+  // The worker's weights for its next step, from its slot of the staging.
   for (size_t g = 0; g < groups_.size(); ++g) {
     id = e_.p2p(at, OpKind::send, Peer::ps_worker, ps_pull_tag(int64_t(g)), double(slice[g]) * dtype_bytes(c_.act),
-                weights[g], "", false);
+                weights[g], reply_staging(groups_[g]), false);
     last_op(rb_, id).name = OpName::param_pull;
   }
 }

@@ -209,6 +209,7 @@ class RoleLowering {
   // Parameter servers (lower_ps.cpp): a worker's step starts by pulling every group's slices of
   // the weights from the servers and ends by pushing its gradient's norm and slices to them.
   bool ps() const { return plan_.parameter_server(); }
+  static std::string reply_staging(const ParamGroup& g) { return "comm.ps_reply." + g.name; }
   void emit_param_pulls();
   void emit_pushes();
   void emit_param_gathers(Phase phase);

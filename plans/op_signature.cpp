@@ -311,7 +311,8 @@ std::vector<OpSignature> make_table() {
       // ---- parameter servers: a group's slice of the weights to a worker (param_pull) and of
       // the gradient to a server (grad_push), with the worker's gradient norm (norm_push) ----
       {OpKind::recv, {N::param_pull}, Grad::none, Pass::any, {}, {weights("weights")}},
-      {OpKind::send, {N::param_pull}, Grad::none, Pass::any, {weights("weights")}, {}},
+      {OpKind::send, {N::param_pull}, Grad::none, Pass::any, {weights("weights")},
+       {{"staging", R::comm_scratch, C::optional, D::same_as_first, S::any}}},
       {OpKind::recv, {N::grad_push}, Grad::none, Pass::any, {}, {grads("grads")}},
       {OpKind::send, {N::grad_push}, Grad::none, Pass::any, {grads("grads")}, {}},
       {OpKind::recv, {N::norm_push}, Grad::none, Pass::any, {}, {stats("norm_sq", S::one)}},

@@ -141,13 +141,16 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
   // that simulate and run read (their world would be the topology's devices).
   validate_plan(p.plan, p.model, topology, {p.ranks, reader.file() + " (" + reader.key_path("ranks") + ")"});
   if (p.plan.dp_size_derived) p.plan_json["dp_size"] = p.plan.dp_size;
-  if (p.plan.world_size() != p.ranks) {
+  const int64_t needed = p.plan.world_size() + p.plan.parameter_servers;
+  if (needed != p.ranks) {
     reader.fail("ranks",
                 "the plan needs tp_size · pp_size · dp_size = " + std::to_string(p.plan.tp_size) +
                     " · " + std::to_string(p.plan.pp_size) + " · " +
-                    std::to_string(p.plan.dp_size) + " = " +
-                    std::to_string(p.plan.world_size()) + " ranks",
-                std::to_string(p.plan.world_size()));
+                    std::to_string(p.plan.dp_size) +
+                    (p.plan.parameter_servers > 0 ? " + parameter_servers " + std::to_string(p.plan.parameter_servers)
+                                                  : std::string()) +
+                    " = " + std::to_string(needed) + " ranks",
+                std::to_string(needed));
   }
   return p;
 }

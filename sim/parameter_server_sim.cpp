@@ -34,6 +34,7 @@ struct PsRun {
   std::vector<double> worker_compute_s;    // per worker, its speed applied
   std::vector<double> worker_norm_s;
   std::vector<double> server_update_s;     // per server, its speed applied
+  std::vector<double> server_copy_s;       // per server: a reply's copy into its staging
   std::vector<double> push_bytes, pull_bytes;  // per server
   std::vector<std::vector<Push>> payload;  // [worker][step]
   std::vector<std::vector<double>> compute_start;  // [worker][step]
@@ -69,6 +70,8 @@ void run_server(PsRun& run, int64_t j) {
   std::vector<sg4::CommPtr> replies;
   int64_t updates = 0;
   auto reply = [&](int64_t v) {
+    sg4::this_actor::execute(run.server_copy_s[size_t(j)]);
+    run.server_busy_s[size_t(j)] += run.server_copy_s[size_t(j)];
     replies.push_back(sg4::Mailbox::by_name(run.weights_box(v, j))
                           ->put_async(&run.dummy, uint64_t(run.pull_bytes[size_t(j)])));
     version[size_t(v)] = updates;
@@ -136,6 +139,7 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
       if (is_compute(op.kind)) update_s += cost.op_time_s(op);
     }
     run.server_update_s.push_back(update_s / speed(run.workers + j));
+    run.server_copy_s.push_back(cost.staging_copy_time_s(run.pull_bytes[size_t(j)]) / speed(run.workers + j));
   }
   run.payload.assign(size_t(run.workers), std::vector<Push>(size_t(run.steps)));
   for (int64_t w = 0; w < run.workers; ++w) {

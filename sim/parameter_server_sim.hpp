@@ -8,8 +8,9 @@
 // slices to every server (one flow per server), posted without waiting. A server handles the
 // pushes in the order they arrive: its AdamW over its slices (its role's ops at their cost over
 // its device's speed), then the weights to every worker that stale synchronous parallelism lets
-// start its next step. The servers send the initial weights as the run starts. Each worker runs
-// kParameterServerSteps(staleness) steps; the steady state is read from the second half.
+// start its next step, each first copied into the worker's staging slot (a staged send's copy).
+// The servers send the initial weights as the run starts. Each worker runs
+// parameter_server_steps(staleness) steps; the steady state is read from the second half.
 //
 // Outputs: step_time_s is the time of one global batch (every worker one step) at the steady
 // state's throughput, W / Σ_w 1 / step_w; the critical rank the slowest worker, whose breakdown
