@@ -393,3 +393,27 @@ TEST_CASE("validate: a profile from another machine type warns, naming the field
   Json v = load_json_file(out + "/v/validate.json");
   CHECK(v["profile"]["warnings"].size() == 2);
 }
+
+TEST_CASE("validate: a parameter-server point runs its workers and servers and is compared", "[validate]") {
+  // One worker and one server: 2 ranks, the server's counted in the point's ranks. The step is
+  // predicted on the roofline, so the error is loose; what must hold is that the point ran, was
+  // compared, and its memory is the program's to a few percent.
+  Json j = tiny_sweep({{{"name", "ps"},
+                        {"plan",
+                         {{"dp_size", 1}, {"global_batch_size", 2}, {"data_parallel_mode", "async"}, {"staleness", 1},
+                          {"parameter_servers", 1}}},
+                        {"ranks", 2}}});
+  Json wrong = j;
+  wrong["points"][0]["ranks"] = 1;
+  CHECK_THAT(refusal(wrong), Contains("+ parameter_servers 1 = 2 ranks"));
+  std::string file = write_temp_file("ps-sweep.json", j.dump());
+  std::string out = created_dir("ps-sweep");
+  CommandResult r = run_stepcast("validate --sweep " + file + " --repeats 1 --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json v = load_json_file(out + "/validate.json");
+  REQUIRE(v["points"].size() == 1);
+  CHECK(v["points"][0]["status"] == "ok");
+  CHECK(v["points"][0]["step_time_error"].is_number());
+  CHECK(std::abs(v["points"][0]["memory_error"].get<double>()) < 0.1);
+}
