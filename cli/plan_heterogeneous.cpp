@@ -16,15 +16,41 @@
 
 namespace stepcast::cli {
 
-namespace {
-
-std::string layers_text(const std::vector<int64_t>& layers) {
+std::string list_text(const std::vector<int64_t>& values) {
   std::ostringstream out;
-  for (size_t i = 0; i < layers.size(); ++i) out << (i ? "," : "") << layers[i];
+  for (size_t i = 0; i < values.size(); ++i) out << (i ? "," : "") << values[i];
   return out.str();
 }
 
-}  // namespace
+std::string speeds_text(const std::vector<double>& speeds) {
+  std::string out;
+  for (size_t i = 0; i < speeds.size(); ++i) out += (i ? "," : "") + fixed(speeds[i], 3);
+  return out;
+}
+
+std::string balance_outcome(double before_s, const std::optional<double>& after_s, bool by_search, bool adopted,
+                            const std::string& name, const std::string& note) {
+  std::string out = "; " + fixed(before_s, 3) + " s";
+  if (after_s && before_s > 0) {
+    out += " -> " + fixed(*after_s, 3) + " s (" + fixed(100 * (before_s - *after_s) / before_s, 1) + "% faster)";
+  }
+  return out + (by_search ? ", " + note + " as " + name : adopted ? ", adopted as " + name : "; kept: " + note);
+}
+
+void adopt_variant(Candidate& c, const Plan& plan, const Simulated& simulated) {
+  c.plan = plan;
+  c.step_time_s = simulated.step_time_s;
+  c.energy_per_step_j = simulated.energy_per_step_j;
+  c.peak_bytes_max = c.peak_lower_bytes = c.peak_upper_bytes = simulated.peak_bytes_max;
+  c.peak_exact = true;
+}
+
+void rerank_simulated(std::vector<Candidate>& ranked) {
+  auto end = ranked.begin();
+  while (end != ranked.end() && end->step_time_s) ++end;
+  std::stable_sort(ranked.begin(), end,
+                   [](const Candidate& a, const Candidate& b) { return *a.step_time_s < *b.step_time_s; });
+}
 
 void add_speed_balanced_candidates(std::vector<Candidate>& candidates, const ModelConfig& model,
                                    const Topology& topology) {
@@ -182,19 +208,10 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
       b.note = "no balanced split is faster than the even one";
       continue;
     }
-    Candidate& c = ranked[index[e]];
-    c.plan = v->plan;
-    c.step_time_s = v->simulated->step_time_s;
-    c.energy_per_step_j = v->simulated->energy_per_step_j;
-    c.peak_bytes_max = c.peak_lower_bytes = c.peak_upper_bytes = v->simulated->peak_bytes_max;
-    c.peak_exact = true;
+    adopt_variant(ranked[index[e]], v->plan, *v->simulated);
     b.adopted = true;
   }
-  // The simulated plans lead `ranked` (search's order); they are re-ranked with the balanced ones.
-  auto end = ranked.begin();
-  while (end != ranked.end() && end->step_time_s) ++end;
-  std::stable_sort(ranked.begin(), end,
-                   [](const Candidate& a, const Candidate& b) { return *a.step_time_s < *b.step_time_s; });
+  rerank_simulated(ranked);  // with the balanced ones
   return out;
 }
 
@@ -209,17 +226,10 @@ void print_balance(const std::vector<BalancedPlan>& balanced) {
     return;
   }
   for (const BalancedPlan& b : balanced) {
-    std::cout << "  " << b.naive_name << ": stage speeds ";
-    for (size_t i = 0; i < b.stage_speed.size(); ++i) std::cout << (i ? "," : "") << fixed(b.stage_speed[i], 3);
-    std::cout << "; layers " << layers_text(b.naive_layers) << " -> " << layers_text(b.balanced_layers) << "; "
-              << fixed(b.naive_step_s, 3) << " s";
-    if (b.balanced_step_s && b.naive_step_s > 0) {
-      std::cout << " -> " << fixed(*b.balanced_step_s, 3) << " s ("
-                << fixed(100 * (b.naive_step_s - *b.balanced_step_s) / b.naive_step_s, 1) << "% faster)";
-    }
-    std::cout << (made_by_search_note(b) ? ", " + b.note + " as " + b.balanced_name
-                  : b.adopted            ? ", adopted as " + b.balanced_name
-                                         : "; kept: " + b.note)
+    std::cout << "  " << b.naive_name << ": stage speeds " << speeds_text(b.stage_speed) << "; layers "
+              << list_text(b.naive_layers) << " -> " << list_text(b.balanced_layers)
+              << balance_outcome(b.naive_step_s, b.balanced_step_s, made_by_search_note(b), b.adopted, b.balanced_name,
+                                 b.note)
               << "\n";
   }
 }

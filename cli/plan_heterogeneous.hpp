@@ -50,4 +50,16 @@ std::vector<BalancedPlan> balance_for_speed(std::vector<Candidate>& ranked, cons
 void print_balance(const std::vector<BalancedPlan>& balanced);
 Json balance_json(const std::vector<BalancedPlan>& balanced);
 
+// Shared with plan_replica_balance.cpp.
+// "a,b,c": integers, and speeds to 3 decimals.
+std::string list_text(const std::vector<int64_t>& values);
+std::string speeds_text(const std::vector<double>& speeds);
+// The tail of a balanced plan's line: "; BEFORE s -> AFTER s (G% faster)" and how it was taken.
+std::string balance_outcome(double before_s, const std::optional<double>& after_s, bool by_search, bool adopted,
+                            const std::string& name, const std::string& note);
+// A simulated variant replaces the candidate it balances (plan, step, energy, exact peak).
+void adopt_variant(Candidate& c, const Plan& plan, const Simulated& simulated);
+// The simulated plans lead `ranked` (search's order): ranks them again by step time.
+void rerank_simulated(std::vector<Candidate>& ranked);
+
 }  // namespace stepcast::cli

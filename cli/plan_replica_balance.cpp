@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
-#include <sstream>
 
 #include "errors.hpp"
+#include "plan_heterogeneous.hpp"
 #include "planner_common.hpp"
 #include "quick_estimate.hpp"
 #include "replica_microbatches.hpp"
@@ -20,12 +20,6 @@ constexpr const char* kSuffix = "-hm";
 
 bool made_by_search(const std::string& name) {
   return name.size() > 3 && name.compare(name.size() - 3, 3, kSuffix) == 0;
-}
-
-std::string counts_text(const std::vector<int64_t>& counts) {
-  std::ostringstream out;
-  for (size_t i = 0; i < counts.size(); ++i) out << (i ? "," : "") << counts[i];
-  return out.str();
 }
 
 }  // namespace
@@ -160,18 +154,10 @@ std::vector<ReplicaBalance> balance_replicas(std::vector<Candidate>& ranked, con
       b.note = "the split is not faster than equal replicas";
       continue;
     }
-    Candidate& c = ranked[index[v.entry]];
-    c.plan = v.plan;
-    c.step_time_s = v.simulated->step_time_s;
-    c.energy_per_step_j = v.simulated->energy_per_step_j;
-    c.peak_bytes_max = c.peak_lower_bytes = c.peak_upper_bytes = v.simulated->peak_bytes_max;
-    c.peak_exact = true;
+    adopt_variant(ranked[index[v.entry]], v.plan, *v.simulated);
     b.adopted = true;
   }
-  auto end = ranked.begin();
-  while (end != ranked.end() && end->step_time_s) ++end;
-  std::stable_sort(ranked.begin(), end,
-                   [](const Candidate& a, const Candidate& b) { return *a.step_time_s < *b.step_time_s; });
+  rerank_simulated(ranked);
   return out;
 }
 
@@ -184,17 +170,10 @@ void print_replica_balance(const std::vector<ReplicaBalance>& balanced) {
     return;
   }
   for (const ReplicaBalance& b : balanced) {
-    std::cout << "  " << b.equal_name << ": replica speeds ";
-    for (size_t i = 0; i < b.replica_speed.size(); ++i) std::cout << (i ? "," : "") << fixed(b.replica_speed[i], 3);
-    std::cout << "; microbatches " << b.equal_microbatches << " each -> " << counts_text(b.balanced_microbatches)
-              << "; " << fixed(b.equal_step_s, 3) << " s";
-    if (b.balanced_step_s && b.equal_step_s > 0) {
-      std::cout << " -> " << fixed(*b.balanced_step_s, 3) << " s ("
-                << fixed(100 * (b.equal_step_s - *b.balanced_step_s) / b.equal_step_s, 1) << "% faster)";
-    }
-    std::cout << (b.note.rfind("balanced by the search", 0) == 0 ? ", " + b.note + " as " + b.balanced_name
-                  : b.adopted                                     ? ", adopted as " + b.balanced_name
-                                                                  : "; kept: " + b.note)
+    std::cout << "  " << b.equal_name << ": replica speeds " << speeds_text(b.replica_speed) << "; microbatches "
+              << b.equal_microbatches << " each -> " << list_text(b.balanced_microbatches)
+              << balance_outcome(b.equal_step_s, b.balanced_step_s, b.note.rfind("balanced by the search", 0) == 0,
+                                 b.adopted, b.balanced_name, b.note)
               << "\n";
   }
 }

@@ -28,6 +28,16 @@
 
 namespace stepcast {
 
+Json hyperparameters_json(const RunOptions& options) {
+  return {{"lr", options.lr},
+          {"beta1", options.beta1},
+          {"beta2", options.beta2},
+          {"eps", options.adam_eps},
+          {"weight_decay", options.weight_decay},
+          {"max_grad_norm", options.max_grad_norm},
+          {"seed", options.seed}};
+}
+
 namespace {
 
 const BackendWrapper* g_backend_wrapper = nullptr;
@@ -231,14 +241,7 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
              {"grad_dtype", to_string(plan.grad_dtype)},
              {"collectives", options.collectives_mpi ? "mpi" : "program"},
              {"collective_algorithms_used", interpreter.algorithms_used()},
-             {"hyperparameters",
-              {{"lr", options.lr},
-               {"beta1", options.beta1},
-               {"beta2", options.beta2},
-               {"eps", options.adam_eps},
-               {"weight_decay", options.weight_decay},
-               {"max_grad_norm", options.max_grad_norm},
-               {"seed", options.seed}}}};
+             {"hyperparameters", hyperparameters_json(options)}};
   // Token copies the expert capacity dropped in each step, summed over the ranks (MoE with a
   // moe_expert_capacity_factor; 0 when dropless).
   if (program.moe.num_experts > 0) r.extra["moe_dropped_tokens"] = output.moe_dropped_tokens;

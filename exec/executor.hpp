@@ -39,6 +39,9 @@ struct RunOptions {
   double slowdown_factor = 1;
 };
 
+// measurement.json's "hyperparameters": the optimizer's settings and the seed.
+Json hyperparameters_json(const RunOptions& options);
+
 struct RunOutput {
   std::vector<double> losses;            // one per step run (after a resume: from there)
   int64_t first_step = 0;                // index of the first step run (0, or the resumed step)

@@ -343,14 +343,7 @@ RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& m
                 "run, the steady state); losses are the workers' own batches', averaged per step; "
                 "staleness_updates_*: updates a server applied between a worker's pull and its push, over the "
                 "second half"}}},
-             {"hyperparameters",
-              {{"lr", options.lr},
-               {"beta1", options.beta1},
-               {"beta2", options.beta2},
-               {"eps", options.adam_eps},
-               {"weight_decay", options.weight_decay},
-               {"max_grad_norm", options.max_grad_norm},
-               {"seed", options.seed}}}};
+             {"hyperparameters", hyperparameters_json(options)}};
   return output;
 }
 
