@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "json_input.hpp"
+#include "lower.hpp"
 #include "model.hpp"
 #include "plan.hpp"
 #include "test_support.hpp"
@@ -35,6 +36,22 @@ inline Plan make_plan(const Json& json, const ModelConfig& model, const Topology
   Plan plan = parse_plan(with_dp, "test-plan.json");
   validate_plan(plan, model, topology);
   return plan;
+}
+
+// A plan file's JSON (named `file` in errors) validated on `nodes` localhost-cpu nodes and
+// lowered with models/MODEL.json: the plan and its program. InputError as validate_plan throws.
+struct LoweredJson {
+  Plan plan;
+  StepProgram program;
+};
+inline LoweredJson lower_plan_json(const Json& json, const std::string& file, int nodes,
+                                   const std::string& model_name = "tiny") {
+  ModelConfig model = load_model(source_path("models/" + model_name + ".json"));
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"), nodes);
+  Plan plan = parse_plan(json, file);
+  validate_plan(plan, model, topology);
+  StepProgram program = lower_program(model, topology, plan);
+  return {plan, std::move(program)};
 }
 
 // localhost-cpu with 16 nodes of 2 "devices": 32 ranks, multi-node groups included.

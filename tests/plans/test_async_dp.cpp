@@ -14,6 +14,7 @@
 #include "checkpoint_size.hpp"
 #include "errors.hpp"
 #include "lower.hpp"
+#include "lower_fixtures.hpp"
 #include "memory.hpp"
 #include "plan.hpp"
 #include "program_check.hpp"
@@ -33,18 +34,10 @@ Json async_plan(int64_t staleness, int64_t dp = 2) {
           {"dropout", 0.0}, {"data_parallel_mode", "async"}, {"staleness", staleness}};
 }
 
-struct Lowered {
-  Plan plan;
-  StepProgram program;
-};
+using Lowered = LoweredJson;
 
 Lowered lower_json(const Json& json, const std::string& model_name = "tiny") {
-  ModelConfig model = load_model(source_path("models/" + model_name + ".json"));
-  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"), 4);
-  Plan plan = parse_plan(json, kFile);
-  validate_plan(plan, model, topology);
-  StepProgram program = lower_program(model, topology, plan);
-  return {plan, std::move(program)};
+  return lower_plan_json(json, kFile, 4, model_name);
 }
 
 std::string error_of(const Json& json) {

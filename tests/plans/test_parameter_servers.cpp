@@ -10,6 +10,7 @@
 
 #include "errors.hpp"
 #include "lower.hpp"
+#include "lower_fixtures.hpp"
 #include "memory.hpp"
 #include "parameter_server.hpp"
 #include "plan.hpp"
@@ -31,18 +32,10 @@ Json ps_plan(int64_t workers, int64_t servers, int64_t staleness = 1) {
           {"dropout", 0.0}, {"data_parallel_mode", "async"}, {"staleness", staleness}, {"parameter_servers", servers}};
 }
 
-struct Lowered {
-  Plan plan;
-  StepProgram program;
-};
+using Lowered = LoweredJson;
 
 Lowered lower_json(const Json& json, int nodes = 2, const std::string& model_name = "tiny") {
-  ModelConfig model = load_model(source_path("models/" + model_name + ".json"));
-  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"), nodes);
-  Plan plan = parse_plan(json, kFile);
-  validate_plan(plan, model, topology);
-  StepProgram program = lower_program(model, topology, plan);
-  return {plan, std::move(program)};
+  return lower_plan_json(json, kFile, nodes, model_name);
 }
 
 std::string error_of(const Json& json, int nodes = 2, const std::string& model_name = "tiny") {
