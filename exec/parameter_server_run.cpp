@@ -230,6 +230,7 @@ RunOutput run_parameter_servers(const StepProgram& program, const ModelConfig& m
   } else {
     server = std::make_unique<Server<T>>(program, model, options, rank - workers);
   }
+  malloc_trim(0);  // the initial values' host staging, freed, is not step memory (as run_program)
   control.barrier("the start of the run");
   std::vector<double> mine{double(worker ? 0 : 1), 0, extent, 0};  // kind, peak, extent, heap growth
   const double start = MPI_Wtime();
