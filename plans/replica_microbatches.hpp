@@ -26,7 +26,7 @@ void validate_microbatches_per_replica(Plan& plan, const ModelConfig& model);
 // The step's microbatch slot of microbatch `microbatch` of replica `dp_rank` (slot s holds the
 // step's samples s·micro_batch_size + [0, micro_batch_size)): slots go round the replicas that
 // still have a microbatch, so that with equal replicas slot = microbatch · dp_size + dp_rank, as
-// before. `per_replica` empty: equal replicas of `equal` microbatches each.
+// before. `per_replica` empty: equal replicas.
 int64_t microbatch_slot(const std::vector<int64_t>& per_replica, int64_t dp_size, int64_t dp_rank,
                         int64_t microbatch);
 

@@ -149,11 +149,8 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
   run.worker_end.assign(size_t(run.workers), 0);
   run.server_busy_s.assign(size_t(run.servers), 0);
 
-  int argc = 2;
-  std::string arg0 = "stepcast", arg1 = "--log=root.thresh:critical";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
-  sg4::Engine engine(&argc, argv);
-  configure_engine(engine);
+  std::unique_ptr<sg4::Engine> engine_owner = create_engine();
+  sg4::Engine& engine = *engine_owner;
   PlatformOptions platform_options;
   for (int64_t rank = 0; rank < ranks; ++rank) platform_options.devices.push_back(rank);
   Platform platform = build_platform(engine, topology, platform_options);

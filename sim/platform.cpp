@@ -95,6 +95,15 @@ namespace stepcast {
 namespace sg4 = simgrid::s4u;
 using simgrid::kernel::routing::NetPoint;
 
+std::unique_ptr<sg4::Engine> create_engine() {
+  static char name[] = "stepcast", log[] = "--log=root.thresh:critical";
+  int argc = 2;
+  char* argv[] = {name, log, nullptr};
+  auto engine = std::make_unique<sg4::Engine>(&argc, argv);
+  configure_engine(*engine);
+  return engine;
+}
+
 void configure_engine(sg4::Engine& engine) {
   STEPCAST_CHECK(engine.get_netzone_root() == nullptr,
                  "configure_engine must run before the platform is built");

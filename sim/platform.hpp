@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +24,9 @@ namespace stepcast {
 // with no cross traffic and no TCP window bound, raw contexts without guard pages, no tracing.
 // Call once, before build_platform.
 void configure_engine(simgrid::s4u::Engine& engine);
+// The engine a simulation runs in: SimGrid's log at its critical level only, configure_engine's
+// settings. One per process.
+std::unique_ptr<simgrid::s4u::Engine> create_engine();
 
 struct PlatformOptions {
   // Global device indices (node·devices_per_node + local) that get a host.

@@ -1,11 +1,13 @@
 // The StepProgram interpreter on SimGrid; see simulator.hpp for the modes and their reductions.
-// The one function that creates SimGrid's engine: set-up before it (sim_plan.cpp), the actors
-// (rank_actor.cpp), reading the outcome after it (sim_outcome.cpp).
+// simulate_jobs runs SimGrid's engine: set-up before it (sim_plan.cpp), the actors (rank_actor.cpp),
+// reading the outcome after it (sim_outcome.cpp). A program with parameter servers runs in
+// parameter_server_sim.cpp's engine instead.
 #include "simulator.hpp"
 
 #include <simgrid/s4u.hpp>
 
 #include <algorithm>
+#include <memory>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -109,11 +111,8 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
   // The engine and the platform: one host per simulated rank (a job's rank r on its node
   // nodes[r / devices_per_node]), and one delay host per rank and stream for executions and
   // analytic delays.
-  int argc = 2;
-  std::string arg0 = "stepcast", arg1 = "--log=root.thresh:critical";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
-  sg4::Engine engine(&argc, argv);
-  configure_engine(engine);
+  std::unique_ptr<sg4::Engine> engine_owner = create_engine();
+  sg4::Engine& engine = *engine_owner;
   // Then, per job, the hosts of the folded dp copies its mirrored flows reach (no actors).
   PlatformOptions platform_options;
   auto device_of = [&](size_t j, int64_t rank) {
