@@ -41,6 +41,7 @@ struct PsRun {
   std::vector<double> worker_end;
   std::vector<double> server_busy_s;
   std::vector<int64_t> ages;  // steady state: updates between a push's pull and its apply
+  int64_t activities = 0;     // executions and transfers started (a transfer once, by its sender)
   int dummy = 0;
 
   std::string weights_box(int64_t worker, int64_t server) const {
@@ -55,6 +56,7 @@ void run_worker(PsRun& run, int64_t w) {
     for (int64_t j = 0; j < run.servers; ++j) sg4::Mailbox::by_name(run.weights_box(w, j))->get<int>();
     run.compute_start[size_t(w)][size_t(c)] = sg4::Engine::get_clock();
     sg4::this_actor::execute(run.worker_compute_s[size_t(w)] + run.worker_norm_s[size_t(w)]);
+    run.activities += 1 + run.servers;
     Push* push = &run.payload[size_t(w)][size_t(c)];
     for (int64_t j = 0; j < run.servers; ++j) {
       pushes.push_back(sg4::Mailbox::by_name(run.push_box(j))->put_async(push, uint64_t(run.push_bytes[size_t(j)])));
@@ -72,6 +74,7 @@ void run_server(PsRun& run, int64_t j) {
   auto reply = [&](int64_t v) {
     sg4::this_actor::execute(run.server_copy_s[size_t(j)]);
     run.server_busy_s[size_t(j)] += run.server_copy_s[size_t(j)];
+    run.activities += 2;  // the copy and the transfer
     replies.push_back(sg4::Mailbox::by_name(run.weights_box(v, j))
                           ->put_async(&run.dummy, uint64_t(run.pull_bytes[size_t(j)])));
     version[size_t(v)] = updates;
@@ -85,6 +88,7 @@ void run_server(PsRun& run, int64_t j) {
     if (push->step >= run.steps / 2) run.ages.push_back(updates - version[size_t(w)]);
     sg4::this_actor::execute(run.server_update_s[size_t(j)]);
     run.server_busy_s[size_t(j)] += run.server_update_s[size_t(j)];
+    ++run.activities;
     ++updates;
     ++pushed[size_t(w)];
     if (push->step + 1 < run.steps) waiting[size_t(w)] = 1;
@@ -216,7 +220,7 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
       }
     }
   }
-  out.activities = run.steps * run.workers * (2 * run.servers + 1) + run.servers * run.workers;
+  out.activities = run.activities;
   out.mode_description = "parameter servers: " + std::to_string(run.workers) + " free-running workers and " +
                          std::to_string(run.servers) + " servers, " + std::to_string(run.steps) +
                          " steps each (the steady state from the second half), staleness bound " +
