@@ -68,7 +68,7 @@ void Interpreter<T, G, W>::ps_transfer(const Op& op) {
 
 // The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.
 template <class T, class G, class W>
-std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::string>& names, const Op& op) {
+std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<BufferName>& names, const Op& op) {
   std::vector<Span<void>> out;
   for (const auto& n : names) {
     if (!is_comm_scratch(n)) out.push_back({arena_.buffer(n, op.id), count(n, op)});
@@ -77,7 +77,7 @@ std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::strin
 }
 
 template <class T, class G, class W>
-Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>& names, const Op& op) const {
+Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<BufferName>& names, const Op& op) const {
   Dtype first = dtype(names.at(0), op);
   for (const auto& n : names) {
     STEPCAST_CHECK(dtype(n, op) == first, std::string("collective ") + to_string(op.name) + " mixes dtypes");
@@ -134,7 +134,7 @@ void Interpreter<T, G, W>::collective(const Op& op) {
     if (op.name == OpName::grad_bucket) {
       if (shards_.sharded(ShardedState::grads)) {
         // [grads…] as (full gradient, shard) pairs; the reduced chunk is added into the shard.
-        std::vector<std::string> grads = operands(op).ins("grads");
+        std::vector<BufferName> grads = operands(op).ins("grads");
         std::vector<Span<void>> full;
         for (size_t i = 0; i < grads.size(); i += 2) full.push_back({buf<G>(grads[i], op), count(grads[i], op)});
         backend_.reduce_scatter(op.group, dtype_of<G>(), full);
@@ -240,9 +240,9 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
   last_grad_norm_ = norm;
   double clip = cpu::clip_coefficient(norm, options_.max_grad_norm);
   cpu::AdamW config{options_.lr, options_.beta1, options_.beta2, options_.adam_eps, 0.0};
-  const std::vector<std::string> grads = operands(op).ins("grads");
-  const std::vector<std::string> states = operands(op).outs("states");
-  const std::vector<std::string> weights = operands(op).outs("weights");
+  const std::vector<BufferName> grads = operands(op).ins("grads");
+  const std::vector<BufferName> states = operands(op).outs("states");
+  const std::vector<BufferName> weights = operands(op).outs("weights");
   for (size_t i = 0; i < grads.size(); ++i) {
     const std::string group = group_of_buffer(grads[i]);
     const GroupLayout& layout = layouts_.at(group);
@@ -270,8 +270,8 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
 #define STEPCAST_INSTANTIATE_COMM(T, G, W)                                                                  \
   template void Interpreter<T, G, W>::p2p(const Op&);                                                       \
   template void Interpreter<T, G, W>::ps_transfer(const Op&);                                               \
-  template std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<std::string>&, const Op&); \
-  template Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<std::string>&, const Op&) const;      \
+  template std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<BufferName>&, const Op&); \
+  template Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<BufferName>&, const Op&) const;      \
   template void Interpreter<T, G, W>::collective(const Op&);                                                \
   template bool Interpreter<T, G, W>::counted_in_norm(const std::string&, const TensorSlice&) const;        \
   template void Interpreter<T, G, W>::optimizer(const Op&);

@@ -168,7 +168,7 @@ std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
 
 // ---- OpEmitter ----
 
-double OpEmitter::buffer_bytes(const std::vector<std::string>& names) const {
+double OpEmitter::buffer_bytes(const std::vector<BufferName>& names) const {
   double total = 0;
   for (const auto& n : names) total += rb_.live_bytes(n);
   return total;
@@ -188,8 +188,8 @@ Op OpEmitter::op_at(const OpSite& at, OpKind kind, Stream stream, OpName name) {
 }
 
 int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
-                        int64_t m, int64_t n, int64_t k, std::vector<std::string> inputs,
-                        std::vector<std::string> outputs) {
+                        int64_t m, int64_t n, int64_t k, std::vector<BufferName> inputs,
+                        std::vector<BufferName> outputs) {
   Op op = op_at(at, OpKind::gemm, Stream::compute, name);
   op.grad = grad;
   op.batch = 1;
@@ -206,13 +206,13 @@ int32_t OpEmitter::gemm(const OpSite& at, OpName name, Grad grad,
 }
 
 int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
-                          std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a,
+                          std::vector<BufferName> inputs, std::vector<BufferName> outputs, Fp8Slot a,
                           Fp8Slot b) {
   // A device that reads FP8 operands row-wise only (fp8_transposed) takes a wgrad's x [k, m] and
   // d_y [k, n] as transposed copies (x_t, d_y_t), which the CUDA backend's cuBLASLt TN GEMM reads:
   // one made already (d_y's by its fp8_cast_transpose; x's by fp8_transposed where wgrads share
   // it) or one made here by fp8_transposed and freed after the GEMM.
-  std::vector<std::string> transposed;
+  std::vector<BufferName> transposed;
   if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
     STEPCAST_CHECK(inputs.size() == 2, "an FP8 wgrad reads x and d_y");
     for (size_t i = 0; i < 2; ++i) {
@@ -249,7 +249,7 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
                                 BufferClass buffer_class, bool amax_over_tp, bool transposed) {
   const int32_t slot = at.layer * kFp8SlotsPerLayer + kind;
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
-  std::vector<std::string> outputs = {name, "fp8.amax"};
+  std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it
     int32_t id = compute(at, OpKind::activation, OpName::fp8_absmax, 2 * elements, {x, "fp8.amax"}, {"fp8.amax"});
     const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
@@ -285,7 +285,7 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
 }
 
 int32_t OpEmitter::compute(const OpSite& at, OpKind kind, OpName name, double flops,
-                           std::vector<std::string> inputs, std::vector<std::string> outputs,
+                           std::vector<BufferName> inputs, std::vector<BufferName> outputs,
                            const std::vector<int32_t>& extra_deps) {
   Op op = op_at(at, kind, Stream::compute, name);
   op.flops = flops;
@@ -314,7 +314,7 @@ std::vector<int32_t> OpEmitter::waits_for_p2p(std::vector<int32_t> extra) {
 }
 
 int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
-                             std::vector<std::string> inputs, std::vector<std::string> outputs) {
+                             std::vector<BufferName> inputs, std::vector<BufferName> outputs) {
   int32_t id = compute(at, OpKind::attention, name, flops, std::move(inputs), std::move(outputs));
   Op& op = const_cast<Op&>(rb_.role().ops[id]);
   op.batch = ctx_.b * ctx_.heads_local;
@@ -325,7 +325,7 @@ int32_t OpEmitter::attention(const OpSite& at, OpName name, double flops,
 }
 
 int32_t OpEmitter::cp_attention(const OpSite& at, OpName name, double flops, int64_t kv_rows,
-                                std::vector<std::string> inputs, std::vector<std::string> outputs) {
+                                std::vector<BufferName> inputs, std::vector<BufferName> outputs) {
   int32_t id = attention(at, name, flops, std::move(inputs), std::move(outputs));
   const_cast<Op&>(rb_.role().ops[size_t(id)]).n = kv_rows;
   return id;
@@ -337,7 +337,7 @@ int64_t OpEmitter::group_size(GroupKind group) const {
 
 int32_t OpEmitter::collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
                               OpName name, double bytes,
-                              std::vector<std::string> inputs, std::vector<std::string> outputs,
+                              std::vector<BufferName> inputs, std::vector<BufferName> outputs,
                               const std::vector<int32_t>& extra_deps) {
   GroupShape shape = group_shape(ctx_.grid, group, first_rank_, ctx_.topology.node.devices_per_node);
   if (shape.size <= 1) return -1;

@@ -95,12 +95,12 @@ class OpEmitter {
       : ctx_(ctx), rb_(rb), first_rank_(first_rank) {}
 
   int32_t gemm(const OpSite& at, OpName name, Grad grad, int64_t m,
-               int64_t n, int64_t k, std::vector<std::string> inputs,
-               std::vector<std::string> outputs);
+               int64_t n, int64_t k, std::vector<BufferName> inputs,
+               std::vector<BufferName> outputs);
   // The same GEMM on FP8 operands of the layer's slot kinds (fp8.hpp) `a` (x or d_y) and `b`
   // (w, or d_y for wgrad), where the plan has fp8; a plain gemm otherwise.
   int32_t linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
-                 std::vector<std::string> inputs, std::vector<std::string> outputs, Fp8Slot a, Fp8Slot b);
+                 std::vector<BufferName> inputs, std::vector<BufferName> outputs, Fp8Slot a, Fp8Slot b);
   // The transposed copy of the live FP8 operand x8 ([rows, elements / rows] → its transpose,
   // fp8_transposed_operand_name(x8), workspace) for the wgrads that read it on a device that
   // reads FP8 operands row-wise only; the caller frees it after its last wgrad.
@@ -115,18 +115,18 @@ class OpEmitter {
                        BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
-                  std::vector<std::string> inputs, std::vector<std::string> outputs,
+                  std::vector<BufferName> inputs, std::vector<BufferName> outputs,
                   const std::vector<int32_t>& extra_deps = {});
   int32_t attention(const OpSite& at, OpName name, double flops,
-                    std::vector<std::string> inputs, std::vector<std::string> outputs);
+                    std::vector<BufferName> inputs, std::vector<BufferName> outputs);
   // The same with n = `kv_rows` key rows (context parallelism: a K/V block, or the sequence).
   int32_t cp_attention(const OpSite& at, OpName name, double flops, int64_t kv_rows,
-                       std::vector<std::string> inputs, std::vector<std::string> outputs);
+                       std::vector<BufferName> inputs, std::vector<BufferName> outputs);
   // Collective on `group`; `bytes` is the full buffer per rank. No op when the group has one
   // member (returns -1).
   int32_t collective(const OpSite& at, OpKind kind, GroupKind group, Stream stream,
-                     OpName name, double bytes, std::vector<std::string> inputs,
-                     std::vector<std::string> outputs, const std::vector<int32_t>& extra_deps = {});
+                     OpName name, double bytes, std::vector<BufferName> inputs,
+                     std::vector<BufferName> outputs, const std::vector<int32_t>& extra_deps = {});
   // A send with `staging` copies `buffer` into that comm buffer and sends from it. A pipeline
   // transfer is waited for by the next compute op unless the plan overlaps them; a
   // context-parallel ring transfer (pipeline false) only by the ops that read what it brings.
@@ -136,7 +136,7 @@ class OpEmitter {
               bool tp_slice = false);
   // A buffer to free at the end of the step (a send's staging: the send completes by then).
   void defer_free(const std::string& name) { deferred_frees_.push_back(name); }
-  const std::vector<std::string>& deferred_frees() const { return deferred_frees_; }
+  const std::vector<BufferName>& deferred_frees() const { return deferred_frees_; }
   int64_t group_size(GroupKind group) const;
 
   // Activation-shaped allocations.
@@ -152,7 +152,7 @@ class OpEmitter {
   OpEmitter& ulysses();
 
  private:
-  double buffer_bytes(const std::vector<std::string>& names) const;
+  double buffer_bytes(const std::vector<BufferName>& names) const;
   static Op op_at(const OpSite& at, OpKind kind, Stream stream, OpName name);
   // A compute-stream op's dependencies: `extra`, and the sends and receives it must wait for
   // when the plan does not overlap pipeline transfers (taken once: the next such op waits).
@@ -161,7 +161,7 @@ class OpEmitter {
   RoleBuilder& rb_;
   int64_t first_rank_;
   std::vector<int32_t> unwaited_p2p_;  // transfers posted since the last compute-stream op
-  std::vector<std::string> deferred_frees_;
+  std::vector<BufferName> deferred_frees_;
   std::unique_ptr<LowerContext> ulysses_ctx_;
   std::unique_ptr<OpEmitter> ulysses_;
 };

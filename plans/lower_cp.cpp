@@ -43,7 +43,7 @@ double kv_bytes(const LowerContext& c, int64_t rows) {
 
 // The flash op of one K/V block (or of all of them, gathered): fields the interpreters read.
 int32_t flash_block(OpEmitter& e, const OpSite& at, int64_t kv_rows, int32_t cp_step,
-                    std::vector<std::string> inputs, std::vector<std::string> outputs, double pass_factor) {
+                    std::vector<BufferName> inputs, std::vector<BufferName> outputs, double pass_factor) {
   const LowerContext& c = e.ctx();
   double flops = pass_factor * 4.0 * c.b * c.heads_local * double(c.s) * double(kv_rows) * c.d;
   int32_t id = e.cp_attention(at, OpName::flash, flops, kv_rows, std::move(inputs), std::move(outputs));
@@ -165,13 +165,13 @@ void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::strin
   const Phase bwd = at.phase;
   auto n = [&](const std::string& name) { return prefix + name; };
   const std::string qkv = n("qkv"), d_qkv = n("d_qkv");
-  const std::vector<std::string> saved = {qkv, n("ctx"), n("lse"), n("d_ctx")};
+  const std::vector<BufferName> saved = {qkv, n("ctx"), n("lse"), n("d_ctx")};
   // FlashAttention-2's backward recomputes the scores: 5 matmuls against the forward's 2.
   const double factor = 2.5;
   const std::vector<int64_t> kv_shape = {c.s, c.b, kv_width(c)};
   if (c.plan.cp_comm_type == CpCommType::all_gather) {
     emit_cp_gather_kv(e, at, qkv, n("bkv"), n("bkv_all"));
-    std::vector<std::string> inputs = saved;
+    std::vector<BufferName> inputs = saved;
     inputs.push_back(n("bkv_all"));
     e.alloc(n("dkv_all"), BufferClass::workspace, c.act, {c.s_full, c.b, kv_width(c)}, bwd);
     flash_block(e, at, c.s_full, -1, inputs, {d_qkv, n("dkv_all")}, factor);
@@ -194,7 +194,7 @@ void emit_cp_attention_backward(OpEmitter& e, const OpSite& at, const std::strin
       e.alloc(block(j + 1), BufferClass::workspace, c.act, kv_shape, bwd);
       ring_recv(e, at, cp_tag(c, at, 2, j), bytes, block(j + 1));
     }
-    std::vector<std::string> inputs = saved;
+    std::vector<BufferName> inputs = saved;
     inputs.push_back(block(j));
     if (j == 0) {  // this rank's own block starts its accumulator
       flash_block(e, at, c.s, 0, inputs, {d_qkv, acc(0)}, factor);

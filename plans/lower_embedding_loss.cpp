@@ -31,12 +31,12 @@ std::string RoleLowering::emit_embedding_forward(const OpSite& at) {
   }
   std::string out = prefix + "out";
   rb_.alloc(out, BufferClass::activations, c_.act, local, at.phase);
-  std::vector<std::string> outputs = {out};
+  std::vector<BufferName> outputs = {out};
   if (c_.dropout) {
     rb_.alloc(prefix + "mask", BufferClass::activations, Dtype::u8, local, at.phase);
     outputs.push_back(prefix + "mask");
   }
-  std::vector<std::string> inputs = {reduced};
+  std::vector<BufferName> inputs = {reduced};
   std::string pw;
   if (c_.model.position == PositionKind::learned) {
     pw = weights_for(group("position"), at, nullptr);
@@ -54,8 +54,8 @@ void RoleLowering::emit_embedding_backward(const OpSite& at, const std::string& 
   std::vector<int64_t> full = {c_.s, c_.b, c_.h};
   std::vector<int64_t> local = {c_.s_local, c_.b, c_.h};
   std::string d = g;
-  std::vector<std::string> inputs = {g};
-  std::vector<std::string> outputs;
+  std::vector<BufferName> inputs = {g};
+  std::vector<BufferName> outputs;
   if (c_.dropout) inputs.push_back(prefix + "mask");
   if (c_.model.position == PositionKind::learned) outputs.push_back(grads_for(group("position"), at.microbatch));
   if (c_.dropout || !outputs.empty()) {
@@ -114,8 +114,8 @@ void RoleLowering::emit_loss_forward(const OpSite& at, const std::string& x) {
   if (lnf != p + "lnf") rb_.free(lnf, at.phase);
   double tokens = double(c_.s) * c_.b;
   // [logits, targets, (stats_all)] → [softmax, per-token loss, (stats: one tp rank)]
-  std::vector<std::string> loss_inputs = {p + "logits", targets};
-  std::vector<std::string> loss_outputs = {p + "softmax", p + "token_loss"};
+  std::vector<BufferName> loss_inputs = {p + "logits", targets};
+  std::vector<BufferName> loss_outputs = {p + "softmax", p + "token_loss"};
   rb_.alloc(p + "stats", BufferClass::workspace, c_.wide, {3, c_.s, c_.b}, at.phase);
   const UnfusedLossBytes unfused = unfused_loss_bytes(tokens * double(c_.vocab_local));
   if (c_.t > 1) {

@@ -65,7 +65,7 @@ void RoleLowering::flush_bucket() {
 
 void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps) {
   OpSite at{Phase::backward, -1, bucket.microbatch, int32_t(bucket.chunk)};
-  std::vector<std::string> inputs, outputs;
+  std::vector<BufferName> inputs, outputs;
   for (const ParamGroup* g : bucket.groups) {
     if (plan_.zero_stage >= 2) {
       inputs.push_back(grads_for(*g, bucket.microbatch));
@@ -89,7 +89,7 @@ void RoleLowering::emit_replica_reduction(const Bucket& bucket) {
   // inside the instance, then the shard's all_reduce across instances, on the same stream. Under
   // ZeRO-2/3 the shards accumulate every pass and are all-reduced after the last one only.
   OpSite at{Phase::backward, -1, bucket.microbatch, int32_t(bucket.chunk)};
-  std::vector<std::string> names;
+  std::vector<BufferName> names;
   double bytes = 0;
   for (const ParamGroup* g : bucket.groups) {
     names.push_back("grads." + g->name);
@@ -114,7 +114,7 @@ void RoleLowering::emit_finalize_grads() {
     }
   }
   if (plan_.sequence_parallel) {
-    std::vector<std::string> names;
+    std::vector<BufferName> names;
     double elements = 0;
     for (const auto& g : groups_) {
       if (g.sp_replicated == 0) continue;
@@ -128,7 +128,7 @@ void RoleLowering::emit_finalize_grads() {
 
 void RoleLowering::emit_optimizer() {
   OpSite at{Phase::optimizer, -1, -1, -1};
-  std::vector<std::string> grads, states, weights;
+  std::vector<BufferName> grads, states, weights;
   double shard_elements = 0;
   for (const auto& g : groups_) {
     grads.push_back(optimizer_grads(g));
@@ -139,7 +139,7 @@ void RoleLowering::emit_optimizer() {
   // The gradient pass before the update and AdamW: their bytes as gradient_pass_bytes and
   // adamw_bytes say (Megatron-LM's mixed-precision optimizer).
   rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
-  std::vector<std::string> norm_out = {"grad_norm_sq"};
+  std::vector<BufferName> norm_out = {"grad_norm_sq"};
   int32_t norm = e_.compute(at, OpKind::optimizer_step, OpName::grad_norm, 2 * shard_elements, grads, norm_out);
   const_cast<Op&>(rb_.role().ops[size_t(norm)]).bytes = gradient_pass_bytes(c_.act, c_.grad) * shard_elements;
   // Gradients replicated over dp (ZeRO-0) are counted once: the norm is summed over the
@@ -155,10 +155,10 @@ void RoleLowering::emit_optimizer() {
     e_.collective(at, OpKind::all_reduce, GroupKind::ep, Stream::compute, OpName::grad_norm, dtype_bytes(c_.wide),
                   norm_out, norm_out);
   }
-  std::vector<std::string> inputs = grads;
+  std::vector<BufferName> inputs = grads;
   inputs.insert(inputs.end(), states.begin(), states.end());
   inputs.push_back("grad_norm_sq");
-  std::vector<std::string> outputs = states;
+  std::vector<BufferName> outputs = states;
   outputs.insert(outputs.end(), weights.begin(), weights.end());
   // AdamW with clipping: read gradient, moments, master weight; write moments, master, weight.
   int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
@@ -174,7 +174,7 @@ void RoleLowering::emit_async_reductions() {
   for (bool expert : {false, true}) {
     const int64_t reduced_over = expert ? c_.grid.edp_size() : plan_.dp_cp_size();
     if (reduced_over == 1) continue;
-    std::vector<std::string> names;
+    std::vector<BufferName> names;
     double bytes = 0;
     auto flush = [&]() {
       if (names.empty()) return;
@@ -212,7 +212,7 @@ void RoleLowering::emit_async_stash() {
 
 void RoleLowering::emit_param_gathers(Phase phase) {
   OpSite at{phase, -1, -1, -1};
-  std::vector<std::string> names;
+  std::vector<BufferName> names;
   double bytes = 0;
   GroupKind group = shard_group();
   auto flush = [&]() {

@@ -221,7 +221,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   // A column-parallel GEMM's operands: under FP8 its bias is read from the weights beside the
   // FP8 copy.
   auto column_in = [&](const std::string& x) {
-    std::vector<std::string> v = {x, wl};
+    std::vector<BufferName> v = {x, wl};
     if (fp8 && c.model.use_bias) v.push_back(w);
     return v;
   };
@@ -282,7 +282,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
                  tokens * c.h * dtype_bytes(c.act), {n("attn_partial")}, {n("attn_partial")});
   }
   e.alloc(n("x_mid"), BufferClass::activations, c.act, local, at.phase);
-  std::vector<std::string> residual_out = {n("x_mid")};
+  std::vector<BufferName> residual_out = {n("x_mid")};
   if (c.dropout) {
     e.alloc(n("mask1"), BufferClass::activations, Dtype::u8, local, at.phase);
     residual_out.push_back(n("mask1"));
@@ -390,7 +390,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     if (c.dropout) {
       d = n(stem);
       e.alloc(d, BufferClass::workspace, c.act, local, bwd);
-      std::vector<std::string> outputs = {d};
+      std::vector<BufferName> outputs = {d};
       if (c.model.use_bias) outputs.push_back(wg);
       e.compute(at, OpKind::activation, OpName::dropout_add, 2.0 * c.s_local * c.b * c.h,
                 {g, n(mask), wg}, outputs);

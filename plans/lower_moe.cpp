@@ -22,7 +22,7 @@ struct Names {
 // A grouped GEMM of the local experts: `experts` GEMMs of rows × n × k (m = the mean rows of an
 // expert; the simulator draws each expert's rows from the program's routing).
 int32_t grouped_gemm(OpEmitter& e, const OpSite& at, OpName name, Grad grad, int64_t rows, int64_t n, int64_t k,
-                     std::vector<std::string> inputs, std::vector<std::string> outputs) {
+                     std::vector<BufferName> inputs, std::vector<BufferName> outputs) {
   const LowerContext& c = e.ctx();
   const int64_t experts = c.moe.experts_local;
   int32_t id;
@@ -59,7 +59,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   };
   auto kept_class = [&]() { return keep ? BufferClass::activations : BufferClass::workspace; };
   // The grouped GEMMs read the counts (where each expert's rows are).
-  auto with_counts = [&](std::vector<std::string> inputs) {
+  auto with_counts = [&](std::vector<BufferName> inputs) {
     inputs.push_back(n("counts"));
     return inputs;
   };
@@ -247,7 +247,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
 
   // Dropout and the residual.
   e.alloc(n("out"), BufferClass::activations, c.act, local, ph);
-  std::vector<std::string> residual_out = {n("out")};
+  std::vector<BufferName> residual_out = {n("out")};
   if (c.dropout) {
     e.alloc(n("mask2"), kept_class(), Dtype::u8, local, ph);
     residual_out.push_back(n("mask2"));
@@ -278,7 +278,7 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   const int64_t T = x.tokens, E = x.experts, k = x.top_k, h = c.h;
   const int64_t R = x.expert_rows, m = x.rows_per_expert, fl = x.width_local;
   const int64_t gathered = T * x.ep * x.etp;
-  auto with_counts = [&](std::vector<std::string> inputs) {
+  auto with_counts = [&](std::vector<BufferName> inputs) {
     inputs.push_back(n("counts"));
     return inputs;
   };
@@ -288,7 +288,7 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   if (c.dropout) {
     d = n("d_mlp");
     e.alloc(d, BufferClass::workspace, c.act, local, bwd);
-    std::vector<std::string> outputs = {d};
+    std::vector<BufferName> outputs = {d};
     if (c.model.use_bias) outputs.push_back(wg);
     e.compute(at, OpKind::activation, OpName::dropout_add, 2.0 * T * h, {g, n("mask2"), wg}, outputs);
     e.free(n("mask2"), bwd);

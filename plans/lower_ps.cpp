@@ -30,7 +30,7 @@ void RoleLowering::emit_param_pulls() {
 void RoleLowering::emit_pushes() {
   OpSite at{Phase::optimizer, -1, -1, -1};
   // The gradient's norm over the whole model (the worker holds all of it): the servers clip by it.
-  std::vector<std::string> grads;
+  std::vector<BufferName> grads;
   double elements = 0;
   for (const auto& g : groups_) {
     grads.push_back("grads." + g.name);
@@ -77,7 +77,7 @@ void RoleLowering::lower_server(int32_t server) {
   rb_.alloc("grad_norm_sq", BufferClass::comm, c_.wide, {1}, Phase::optimizer);
   int32_t id = e_.p2p(at, OpKind::recv, Peer::ps_worker, kPsNormTag, dtype_bytes(c_.wide), "grad_norm_sq", "", false);
   last_op(rb_, id).name = OpName::norm_push;
-  std::vector<std::string> grads, states, weights;
+  std::vector<BufferName> grads, states, weights;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const std::string name = "grads." + groups_[g].name;
     rb_.alloc(name, BufferClass::grads, c_.grad, {slice[g]}, Phase::optimizer);
@@ -88,10 +88,10 @@ void RoleLowering::lower_server(int32_t server) {
     states.push_back("optimizer." + groups_[g].name);
     weights.push_back("weights." + groups_[g].name);
   }
-  std::vector<std::string> inputs = grads;
+  std::vector<BufferName> inputs = grads;
   inputs.insert(inputs.end(), states.begin(), states.end());
   inputs.push_back("grad_norm_sq");
-  std::vector<std::string> outputs = states;
+  std::vector<BufferName> outputs = states;
   outputs.insert(outputs.end(), weights.begin(), weights.end());
   id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * elements, inputs, outputs);
   last_op(rb_, id).bytes = adamw_bytes(c_.act, c_.grad) * elements;

@@ -289,7 +289,7 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
       const double linear = double(layers[i]->elements - c_.layer_sp_replicated());
       // Current scaling: each weight's amax first (a second read), its scale written.
       const bool current = !plan_.fp8.delayed();
-      std::vector<std::string> outputs = {w8, "fp8.amax"};
+      std::vector<BufferName> outputs = {w8, "fp8.amax"};
       if (current) outputs.push_back("fp8.scale");
       int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
                               {w, "fp8.scale", "fp8.amax"}, outputs);

@@ -222,7 +222,7 @@ class RoleLowering {
   std::vector<ParamGroup> groups_;
   std::map<std::string, const ParamGroup*> group_index_;
   std::map<std::pair<int32_t, int64_t>, std::string> chunk_input_;
-  std::vector<std::string> send_staging_;  // freed at the end of the step
+  std::vector<BufferName> send_staging_;  // freed at the end of the step
   std::map<int32_t, std::string> loss_input_;
   Bucket current_;
   Bucket current_expert_;  // expert groups fill buckets of their own

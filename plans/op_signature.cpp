@@ -331,7 +331,7 @@ bool pass_covers(Pass pass, Phase phase) {
 }
 
 // Binds `buffers` to `slots` (see SlotCount); returns the error, empty when they fit.
-std::string bind_side(const std::vector<Slot>& slots, const std::vector<std::string>& buffers,
+std::string bind_side(const std::vector<Slot>& slots, const std::vector<BufferName>& buffers,
                       std::vector<const Slot*>& bound, const char* side) {
   bound.clear();
   size_t n = buffers.size();
@@ -427,14 +427,14 @@ std::vector<size_t> slot_positions(const std::vector<const char*>& names, const 
   return at;
 }
 const std::string& one_buffer(const Op* op, const std::vector<const char*>& names,
-                              const std::vector<std::string>& buffers, const char* slot, const char* side) {
+                              const std::vector<BufferName>& buffers, const char* slot, const char* side) {
   std::vector<size_t> at = slot_positions(names, slot);
   STEPCAST_CHECK(!at.empty(), "op " + std::to_string(op->id) + " has no " + side + " in slot '" + slot + "'");
   return buffers[at.front()];
 }
-std::vector<std::string> all_buffers(const std::vector<const char*>& names,
-                                     const std::vector<std::string>& buffers, const char* slot) {
-  std::vector<std::string> out;
+std::vector<BufferName> all_buffers(const std::vector<const char*>& names,
+                                     const std::vector<BufferName>& buffers, const char* slot) {
+  std::vector<BufferName> out;
   for (size_t i : slot_positions(names, slot)) out.push_back(buffers[i]);
   return out;
 }
@@ -450,8 +450,8 @@ const std::string& Operands::out(const char* slot) const {
 }
 bool Operands::has_in(const char* slot) const { return !slot_positions(inputs_, slot).empty(); }
 bool Operands::has_out(const char* slot) const { return !slot_positions(outputs_, slot).empty(); }
-std::vector<std::string> Operands::ins(const char* slot) const { return all_buffers(inputs_, op_->inputs, slot); }
-std::vector<std::string> Operands::outs(const char* slot) const { return all_buffers(outputs_, op_->outputs, slot); }
+std::vector<BufferName> Operands::ins(const char* slot) const { return all_buffers(inputs_, op_->inputs, slot); }
+std::vector<BufferName> Operands::outs(const char* slot) const { return all_buffers(outputs_, op_->outputs, slot); }
 
 std::optional<int64_t> expected_elements(ShapeRule rule, const Op& op) {
   switch (rule) {

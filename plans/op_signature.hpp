@@ -86,8 +86,8 @@ class Operands {
   const std::string& out(const char* slot) const;
   bool has_in(const char* slot) const;             // an optional slot that is filled
   bool has_out(const char* slot) const;
-  std::vector<std::string> ins(const char* slot) const;  // every buffer of a repeated slot
-  std::vector<std::string> outs(const char* slot) const;
+  std::vector<BufferName> ins(const char* slot) const;  // every buffer of a repeated slot
+  std::vector<BufferName> outs(const char* slot) const;
 
  private:
   const Op* op_ = nullptr;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_name.hpp"
 #include "fp8.hpp"
 #include "json_input.hpp"
 #include "rank_grid.hpp"
@@ -21,23 +22,23 @@
 namespace stepcast {
 
 // Values equal their JSON strings.
-enum class OpKind {
+enum class OpKind : uint8_t {
   embedding, norm, gemm, attention, activation, loss, optimizer_step,          // compute
   all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send, recv,  // communication
   alloc, free                                                                // memory
 };
-enum class Stream { compute, comm, p2p };
-enum class Phase { forward, backward, recompute, optimizer };
+enum class Stream : uint8_t { compute, comm, p2p };
+enum class Phase : uint8_t { forward, backward, recompute, optimizer };
 // pairwise: all_to_all's exchange, every member sending each other member its chunk, all posted
 // at once (NCCL's grouped send/recv).
-enum class Algorithm { none, ring, tree, hierarchical, pairwise };
+enum class Algorithm : uint8_t { none, ring, tree, hierarchical, pairwise };
 // Point-to-point peers: the next/previous pipeline stage (wrapping), or the next/previous rank of
 // the context-parallel ring (rank_grid.hpp); with parameter servers (parameter_server.hpp), a
 // worker's server (Op::server) and a server's worker (the one whose push it handles).
-enum class Peer { none, pp_next, pp_prev, cp_next, cp_prev, ps_server, ps_worker };
+enum class Peer : uint8_t { none, pp_next, pp_prev, cp_next, cp_prev, ps_server, ps_worker };
 // What an op computes within its kind; values equal their JSON strings ("" for none: alloc and
 // free). The operands of each (kind, name, grad, pass) are its signature (op_signature.hpp).
-enum class OpName {
+enum class OpName : uint8_t {
   none,
   word, position_dropout,                                               // embedding
   input_norm, post_attn_norm, final_norm,                               // norm
@@ -82,9 +83,9 @@ enum class OpName {
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };
 // The gradient a backward gemm computes: of its input (dgrad) or of its weight (wgrad).
-enum class Grad { none, dgrad, wgrad };
+enum class Grad : uint8_t { none, dgrad, wgrad };
 // Memory classes of `stepcast memory` (memory_<class>_bytes).
-enum class BufferClass { weights, grads, optimizer, activations, workspace, comm };
+enum class BufferClass : uint8_t { weights, grads, optimizer, activations, workspace, comm };
 
 const char* to_string(OpKind kind);
 const char* to_string(Stream stream);
@@ -127,6 +128,7 @@ DataBuffer data_buffer_kind(const std::string& buffer);
 int32_t data_buffer_microbatch(const std::string& buffer);  // K of "mb<K>.data.…"
 
 // One op. Fields that do not apply to a kind keep their defaults and are omitted from JSON.
+// Ordered for size (a 1T-parameter plan holds about 10^7 ops): the one-byte fields together.
 struct Op {
   int32_t id = 0;
   OpKind kind = OpKind::gemm;
@@ -134,37 +136,38 @@ struct Op {
   Phase phase = Phase::forward;
   OpName name = OpName::none;
   Grad grad = Grad::none;  // gemm in backward only
-  int32_t layer = -1;       // global layer index; -1 for embedding, loss, optimizer
-  int32_t microbatch = -1;
-  int32_t chunk = -1;       // model chunk (virtual stage index on this pipeline stage)
-  std::vector<int32_t> deps;          // ids of ops in the same role that must finish first
-  // Buffers read and written, in the order of the slots of the op's signature.
-  std::vector<std::string> inputs;
-  std::vector<std::string> outputs;
-  // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim (under
-  // context parallelism m = the local tokens, n = the key/value rows of the op's block).
-  int64_t batch = 0, m = 0, n = 0, k = 0;
-  // Context-parallel flash attention: the ring step whose K/V block the op reads (that of cp rank
-  // (own − cp_step) mod cp_size); −1: every rank's block, gathered in cp rank order, or no cp.
-  int32_t cp_step = -1;
-  // FP8 (fp8.hpp): the slot of an fp8_cast's tensor, the first slot of an fp8_weights' layer, the
-  // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
-  // fp8.scale[slot]; −1: not FP8.
-  std::array<int32_t, 2> fp8_slots = {-1, -1};
-  double flops = 0;                   // floating-point operations executed
-  double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
   // communication
   GroupKind group = GroupKind::world;
   Algorithm algorithm = Algorithm::none;
   Peer peer = Peer::none;
-  int64_t tag = -1;
-  int32_t server = -1;  // Peer::ps_server: the server (0 … parameter_servers − 1)
   // alloc / free
-  std::string buffer;
   BufferClass buffer_class = BufferClass::activations;
   Dtype dtype = Dtype::fp32;
-  std::vector<int64_t> shape;
   bool persistent = false;  // lives across steps: allocated once before the first step, never freed
+  int32_t layer = -1;       // global layer index; -1 for embedding, loss, optimizer
+  int32_t microbatch = -1;
+  int32_t chunk = -1;       // model chunk (virtual stage index on this pipeline stage)
+  // Context-parallel flash attention: the ring step whose K/V block the op reads (that of cp rank
+  // (own − cp_step) mod cp_size); −1: every rank's block, gathered in cp rank order, or no cp.
+  int32_t cp_step = -1;
+  int32_t server = -1;  // Peer::ps_server: the server (0 … parameter_servers − 1)
+  // FP8 (fp8.hpp): the slot of an fp8_cast's tensor, the first slot of an fp8_weights' layer, the
+  // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
+  // fp8.scale[slot]; −1: not FP8.
+  std::array<int32_t, 2> fp8_slots = {-1, -1};
+  int64_t tag = -1;  // send / recv
+  std::vector<int32_t> deps;          // ids of ops in the same role that must finish first
+  // Buffers read and written, in the order of the slots of the op's signature.
+  std::vector<BufferName> inputs;
+  std::vector<BufferName> outputs;
+  // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim (under
+  // context parallelism m = the local tokens, n = the key/value rows of the op's block).
+  int64_t batch = 0, m = 0, n = 0, k = 0;
+  double flops = 0;                   // floating-point operations executed
+  double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
+  // alloc / free
+  BufferName buffer;
+  std::vector<int64_t> shape;
 };
 
 // Streams order the ops an interpreter issues: compute and comm ops run one after the other in

@@ -59,7 +59,7 @@ void check_operands(const Role& role, const Op& op,
     return it == live.end() ? nullptr : &role.ops[size_t(it->second.alloc_op)];
   };
   const Op* first = op.inputs.empty() ? nullptr : alloc_of(op.inputs[0]);
-  auto check_side = [&](const std::vector<std::string>& names,
+  auto check_side = [&](const std::vector<BufferName>& names,
                         const std::vector<const Slot*>& slots, const char* side) {
     for (size_t i = 0; i < names.size(); ++i) {
       const Slot& slot = *slots[i];

@@ -90,7 +90,7 @@ void put_int_list(std::string& s, const std::vector<T>& v) {
 using Signatures = std::unordered_map<uint32_t, const OpSignature*>;
 
 // Operands by slot: [{"slot":NAME,"buffer":NAME,"dtype":DTYPE,"shape":[...]}, ...].
-void put_operands(std::string& s, const std::vector<std::string>& buffers,
+void put_operands(std::string& s, const std::vector<BufferName>& buffers,
                   const std::vector<const Slot*>& slots, const LiveAllocs& live) {
   s += '[';
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -100,7 +100,7 @@ void put_operands(std::string& s, const std::vector<std::string>& buffers,
     s += "{\"slot\":";
     put_string(s, slots[i]->name);
     put_key(s, "buffer");
-    put_string(s, buffers[i]);
+    put_string(s, buffers[i].str());
     put_key(s, "dtype");
     put_string(s, to_string(it->second->dtype));
     put_key(s, "shape");
@@ -128,7 +128,7 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& si
   put_int_list(s, op.deps);
   if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
     put_key(s, "buffer");
-    put_string(s, op.buffer);
+    put_string(s, op.buffer.str());
     put_key(s, "class");
     put_string(s, to_string(op.buffer_class));
     put_key(s, "bytes");

@@ -9,7 +9,7 @@
 namespace stepcast {
 
 // The alloc op of each live buffer of a role, as its ops are walked in order (keys: the ops' names).
-using LiveAllocs = std::unordered_map<std::string_view, const Op*>;
+using LiveAllocs = std::unordered_map<BufferName, const Op*>;
 
 inline void track_alloc(LiveAllocs& live, const Op& op) {
   if (op.kind == OpKind::alloc) live[op.buffer] = &op;

@@ -44,8 +44,8 @@ OpName parse_name(const Json& op, const std::string& file) {
 }
 
 // An op's operands (version 2: by slot, with dtype and shape) as buffer names.
-std::vector<std::string> parse_operands(const Json& list, const char* key, const std::string& file) {
-  std::vector<std::string> buffers;
+std::vector<BufferName> parse_operands(const Json& list, const char* key, const std::string& file) {
+  std::vector<BufferName> buffers;
   if (!list.is_array()) throw_input_error(file, key, printable_excerpt(list.dump()), "not a list", "a list of operands");
   for (const Json& o : list) {
     if (!o.is_object() || !o.contains("buffer") || !o.at("buffer").is_string()) {
@@ -74,7 +74,7 @@ void check_operands(const Json& jo, const Op& op, const LiveAllocs& live, const 
   if (!binding.error.empty()) {
     throw_input_error(file, "inputs", printable_excerpt(jo.at("inputs").dump()), what + ": " + binding.error, "the operands of its signature");
   }
-  auto check = [&](const char* key, const std::vector<std::string>& buffers,
+  auto check = [&](const char* key, const std::vector<BufferName>& buffers,
                    const std::vector<const Slot*>& slots) {
     const Json& list = jo.at(key);
     for (size_t i = 0; i < buffers.size(); ++i) {
@@ -263,7 +263,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         for (const Json& d : jo.at("deps")) op.deps.push_back(int32_of(d, "deps"));
         op.bytes = jo.at("bytes");
         if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
-          op.buffer = jo.at("buffer");
+          op.buffer = jo.at("buffer").get<std::string>();
           op.buffer_class = parse_enum(jo.at("class"), BufferClass::comm, path, "class");
           if (op.kind == OpKind::alloc) {
             std::string dtype = jo.at("dtype").get<std::string>();

@@ -66,9 +66,9 @@ bool is_expert_gemm(const Op& op) {
 
 }  // namespace
 
-double CpRingClock::ready_s(const std::vector<std::string>& buffers) const {
+double CpRingClock::ready_s(const std::vector<BufferName>& buffers) const {
   double ready = 0;
-  for (const std::string& b : buffers) {
+  for (const BufferName& b : buffers) {
     auto it = arriving_.find(b);
     if (it != arriving_.end()) ready = std::max(ready, it->second);
   }

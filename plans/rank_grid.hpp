@@ -26,7 +26,7 @@ namespace stepcast {
 // in rank order, are regrouped as etp × ep × edp, etp innermost: etp splits an expert's width, ep
 // the experts (the all-to-all group), edp the ranks holding the same experts (expert gradients are
 // reduced over it). Without experts (ep = etp = 1) ep and etp are one rank, edp is dp_cp.
-enum class GroupKind { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp, ep, etp, edp };
+enum class GroupKind : uint8_t { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp, ep, etp, edp };
 const char* to_string(GroupKind kind);
 // Every kind, in declaration order (for parsers and communicator setup).
 const std::vector<GroupKind>& all_group_kinds();

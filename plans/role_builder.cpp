@@ -141,7 +141,7 @@ int32_t RoleBuilder::free(const std::string& name, Phase phase) {
   return id;
 }
 
-void RoleBuilder::free_all(const std::vector<std::string>& names, Phase phase) {
+void RoleBuilder::free_all(const std::vector<BufferName>& names, Phase phase) {
   for (const auto& n : names) free(n, phase);
 }
 

@@ -32,7 +32,7 @@ class RoleBuilder {
   // free op after every reader and writer of `name`, on the stream of its last user.
   int32_t free(const std::string& name, Phase phase);
   // Frees each name in order.
-  void free_all(const std::vector<std::string>& names, Phase phase);
+  void free_all(const std::vector<BufferName>& names, Phase phase);
 
   bool is_live(const std::string& name) const;
   double live_bytes(const std::string& name) const;

@@ -18,7 +18,7 @@ namespace stepcast {
 // ids and sample indices a step reads (int32, int64).
 // fp8 names the FP8 tensor-core rate (peaks, profile tables); a buffer of FP8 values is fp8_e4m3
 // or fp8_e5m2 (Transformer Engine's formats); u8 is a one-byte mask (dropout).
-enum class Dtype { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2 };
+enum class Dtype : uint8_t { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2 };
 const char* to_string(Dtype dtype);
 // Bytes per element; tf32 is stored as 4 bytes.
 int dtype_bytes(Dtype dtype);

@@ -142,7 +142,7 @@ TEST_CASE("an interpreter reads operands by slot name, not by position", "[progr
   REQUIRE(adamw);
   Operands a(*adamw);
   size_t groups = (adamw->inputs.size() - 1) / 2;
-  std::vector<std::string> grads = a.ins("grads");
+  std::vector<BufferName> grads = a.ins("grads");
   REQUIRE(grads.size() == groups);
   CHECK(grads.front() == adamw->inputs.front());
   CHECK(a.outs("weights").size() == groups);
