@@ -17,6 +17,7 @@
 #include "fp8.hpp"
 #include "json_input.hpp"
 #include "rank_grid.hpp"
+#include "small_vector.hpp"
 #include "topology.hpp"
 
 namespace stepcast {
@@ -127,6 +128,9 @@ std::string data_buffer_name(int32_t microbatch, DataBuffer what);
 DataBuffer data_buffer_kind(const std::string& buffer);
 int32_t data_buffer_microbatch(const std::string& buffer);  // K of "mb<K>.data.…"
 
+// An alloc's shape: up to three dims held in the op itself.
+using OpShape = SmallVector<int64_t, 3>;
+
 // One op. Fields that do not apply to a kind keep their defaults and are omitted from JSON.
 // Ordered for size (a 1T-parameter plan holds about 10^7 ops): the one-byte fields together.
 struct Op {
@@ -156,10 +160,10 @@ struct Op {
   // fp8.scale[slot]; −1: not FP8.
   std::array<int32_t, 2> fp8_slots = {-1, -1};
   int64_t tag = -1;  // send / recv
-  std::vector<int32_t> deps;          // ids of ops in the same role that must finish first
+  SmallVector<int32_t, 4> deps;       // ids of ops in the same role that must finish first
   // Buffers read and written, in the order of the slots of the op's signature.
-  std::vector<BufferName> inputs;
-  std::vector<BufferName> outputs;
+  SmallVector<BufferName, 4> inputs;
+  SmallVector<BufferName, 2> outputs;
   // gemm: m×k · k×n (batch 1); attention: batch = b·heads, m = n = s, k = head_dim (under
   // context parallelism m = the local tokens, n = the key/value rows of the op's block).
   int64_t batch = 0, m = 0, n = 0, k = 0;
@@ -167,7 +171,7 @@ struct Op {
   double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
   // alloc / free
   BufferName buffer;
-  std::vector<int64_t> shape;
+  OpShape shape;
 };
 
 // Streams order the ops an interpreter issues: compute and comm ops run one after the other in

@@ -125,16 +125,16 @@ void check_buffers(const Role& role, std::vector<std::string>& errors) {
       live.erase(it);
       continue;
     }
-    for (const auto* names : {&op.inputs, &op.outputs}) {
-      for (const auto& name : *names) {
-        auto it = live.find(name);
-        if (it == live.end()) {
-          errors.push_back(where(role, op) + ": uses buffer '" + name + "' that is not live");
-        } else {
-          it->second.users.push_back(op.id);
-        }
+    auto use = [&](const BufferName& name) {
+      auto it = live.find(name);
+      if (it == live.end()) {
+        errors.push_back(where(role, op) + ": uses buffer '" + name + "' that is not live");
+      } else {
+        it->second.users.push_back(op.id);
       }
-    }
+    };
+    for (const BufferName& name : op.inputs) use(name);
+    for (const BufferName& name : op.outputs) use(name);
     check_operands(role, op, live, errors);
   }
   for (const auto& [name, state] : live) {

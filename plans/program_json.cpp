@@ -76,8 +76,8 @@ void put_key(std::string& s, const char (&key)[N]) {
   s += "\":";
 }
 
-template <typename T>
-void put_int_list(std::string& s, const std::vector<T>& v) {
+template <typename Integers>
+void put_int_list(std::string& s, const Integers& v) {
   s += '[';
   for (size_t i = 0; i < v.size(); ++i) {
     if (i) s += ',';

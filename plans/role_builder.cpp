@@ -28,7 +28,7 @@ Dtype RoleBuilder::live_dtype(const std::string& name) const {
   return role_.ops[size_t(it->second.alloc_op)].dtype;
 }
 
-const std::vector<int64_t>& RoleBuilder::live_shape(const std::string& name) const {
+const OpShape& RoleBuilder::live_shape(const std::string& name) const {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(), "lowering asks the shape of buffer '" + name + "' that is not allocated");
   return role_.ops[size_t(it->second.alloc_op)].shape;

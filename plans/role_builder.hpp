@@ -37,7 +37,7 @@ class RoleBuilder {
   bool is_live(const std::string& name) const;
   double live_bytes(const std::string& name) const;
   Dtype live_dtype(const std::string& name) const;  // of a live buffer
-  const std::vector<int64_t>& live_shape(const std::string& name) const;
+  const OpShape& live_shape(const std::string& name) const;
   int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
   // The last compute-side op (not alloc/free, not a pipeline transfer): a dependency on a free
   // orders nothing, since interpreters treat memory ops as done once their users are, and one on

@@ -1,4 +1,5 @@
-// Interned buffer names (buffer_name.hpp): a handle is its text's, whatever thread interned it.
+// Interned buffer names (buffer_name.hpp) and the small vectors of an op's fields
+// (small_vector.hpp): a handle is its text's, whatever thread interned it.
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "buffer_name.hpp"
+#include "small_vector.hpp"
 
 using namespace stepcast;
 
@@ -59,4 +61,28 @@ TEST_CASE("buffer names: threads interning the same texts get the same handles")
   }
   CHECK(distinct.size() == size_t(kNames));
   CHECK(buffer_name_stats().names >= uint64_t(kNames));
+}
+
+TEST_CASE("small vectors: inline up to N, on the heap beyond, as std::vector") {
+  SmallVector<int32_t, 2> v;
+  CHECK(v.empty());
+  v.push_back(1);
+  v.push_back(2);
+  CHECK(v.capacity() == 2);
+  v.push_back(3);  // to the heap
+  v.push_back(v[0]);
+  CHECK(v.size() == 4);
+  CHECK(std::vector<int32_t>(v) == std::vector<int32_t>{1, 2, 3, 1});
+  SmallVector<int32_t, 2> copy = v, moved = std::move(v);
+  CHECK(copy == moved);
+  CHECK(v.empty());
+  moved.insert(moved.begin() + 1, 9);
+  CHECK(moved == std::vector<int32_t>{1, 9, 2, 3, 1});
+  moved.erase(moved.begin(), moved.begin() + 2);
+  CHECK(moved == std::vector<int32_t>{2, 3, 1});
+  moved = {7};
+  CHECK(moved.size() == 1);
+  CHECK(moved.back() == 7);
+  SmallVector<BufferName, 2> names = {"a.name", "b.name", "c.name"};
+  CHECK(names[2] == "c.name");
 }

@@ -25,7 +25,8 @@ Op ring_op(OpKind kind, int64_t tag, double bytes, const std::string& buffer) {
   op.peer = kind == OpKind::send ? Peer::cp_next : Peer::cp_prev;
   op.tag = tag;
   op.bytes = bytes;
-  (kind == OpKind::send ? op.inputs : op.outputs) = {buffer};
+  if (kind == OpKind::send) op.inputs = {buffer};
+  else op.outputs = {buffer};
   return op;
 }
 Op reading(const std::string& input) {
