@@ -66,9 +66,32 @@ Interner& interner() {
 
 }  // namespace
 
+namespace {
+
+// Each thread's recent names by hash: a lowering uses a buffer's name at its alloc, its users and
+// its free, a few ops apart, so most names are found here without the lock or the shard's index.
+struct RecentName {
+  size_t hash = 0;
+  uint32_t handle = 0;
+};
+constexpr size_t kRecentNames = 4096;
+thread_local std::array<RecentName, kRecentNames> recent_names;
+
+}  // namespace
+
 BufferName::BufferName(std::string_view text) {
   if (text.empty()) return;
   const size_t hash = std::hash<std::string_view>()(text);
+  RecentName& recent = recent_names[hash & (kRecentNames - 1)];
+  if (recent.handle != 0 && recent.hash == hash) {
+    handle_ = recent.handle;
+    if (str() == text) return;
+  }
+  intern(text, hash);
+  recent = {hash, handle_};
+}
+
+void BufferName::intern(std::string_view text, size_t hash) {
   const uint32_t shard_index = uint32_t(hash) & (kShards - 1);
   Shard& shard = interner().shards[shard_index];
   const uint32_t hash_bits = Shard::bits(hash);

@@ -53,6 +53,7 @@ class BufferName {
   friend std::ostream& operator<<(std::ostream& out, BufferName name);
 
  private:
+  void intern(std::string_view text, size_t hash);
   uint32_t handle_ = 0;
 };
 

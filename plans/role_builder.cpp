@@ -7,28 +7,28 @@
 
 namespace stepcast {
 
-RoleBuilder::BufferState& RoleBuilder::state(const std::string& name, const char* use) {
+RoleBuilder::BufferState& RoleBuilder::state(BufferName name, const char* use) {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(),
                  std::string("lowering ") + use + " buffer '" + name + "' that is not allocated");
   return it->second;
 }
 
-bool RoleBuilder::is_live(const std::string& name) const { return buffers_.count(name) > 0; }
+bool RoleBuilder::is_live(BufferName name) const { return buffers_.count(name) > 0; }
 
-double RoleBuilder::live_bytes(const std::string& name) const {
+double RoleBuilder::live_bytes(BufferName name) const {
   auto it = buffers_.find(name);
   return it == buffers_.end() ? 0 : it->second.bytes;
 }
 
-Dtype RoleBuilder::live_dtype(const std::string& name) const {
+Dtype RoleBuilder::live_dtype(BufferName name) const {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(), "lowering asks the dtype of buffer '" + name +
                                            "' that is not allocated");
   return role_.ops[size_t(it->second.alloc_op)].dtype;
 }
 
-const OpShape& RoleBuilder::live_shape(const std::string& name) const {
+const OpShape& RoleBuilder::live_shape(BufferName name) const {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(), "lowering asks the shape of buffer '" + name + "' that is not allocated");
   return role_.ops[size_t(it->second.alloc_op)].shape;
@@ -87,7 +87,7 @@ int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
   return id;
 }
 
-int32_t RoleBuilder::alloc(const std::string& name, BufferClass buffer_class, Dtype dtype,
+int32_t RoleBuilder::alloc(BufferName name, BufferClass buffer_class, Dtype dtype,
                            std::vector<int64_t> shape, Phase phase, bool persistent) {
   Op op;
   op.kind = OpKind::alloc;
@@ -116,7 +116,7 @@ int32_t RoleBuilder::alloc(const std::string& name, BufferClass buffer_class, Dt
   return id;
 }
 
-int32_t RoleBuilder::free(const std::string& name, Phase phase) {
+int32_t RoleBuilder::free(BufferName name, Phase phase) {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(), "lowering frees buffer '" + name + "' that is not allocated");
   BufferState& s = it->second;

@@ -27,17 +27,17 @@ class RoleBuilder {
   int32_t emit(Op op, const std::vector<int32_t>& extra_deps = {});
 
   // alloc op for `name`; its stream becomes the stream of the first op that writes it.
-  int32_t alloc(const std::string& name, BufferClass buffer_class, Dtype dtype,
+  int32_t alloc(BufferName name, BufferClass buffer_class, Dtype dtype,
                 std::vector<int64_t> shape, Phase phase, bool persistent = false);
   // free op after every reader and writer of `name`, on the stream of its last user.
-  int32_t free(const std::string& name, Phase phase);
+  int32_t free(BufferName name, Phase phase);
   // Frees each name in order.
   void free_all(const std::vector<BufferName>& names, Phase phase);
 
-  bool is_live(const std::string& name) const;
-  double live_bytes(const std::string& name) const;
-  Dtype live_dtype(const std::string& name) const;  // of a live buffer
-  const OpShape& live_shape(const std::string& name) const;
+  bool is_live(BufferName name) const;
+  double live_bytes(BufferName name) const;
+  Dtype live_dtype(BufferName name) const;  // of a live buffer
+  const OpShape& live_shape(BufferName name) const;
   int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
   // The last compute-side op (not alloc/free, not a pipeline transfer): a dependency on a free
   // orders nothing, since interpreters treat memory ops as done once their users are, and one on
@@ -64,10 +64,10 @@ class RoleBuilder {
     double bytes = 0;
     BufferClass buffer_class = BufferClass::activations;  // of its alloc op
   };
-  BufferState& state(const std::string& name, const char* use);
+  BufferState& state(BufferName name, const char* use);
   Role& role_;
   RoleDetail detail_;
-  std::unordered_map<std::string, BufferState> buffers_;
+  std::unordered_map<BufferName, BufferState> buffers_;  // keyed by handle: no text hashed per operand
   std::vector<BufferState*> operand_states_;  // emit's, kept for its capacity
 };
 
