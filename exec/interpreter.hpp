@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -207,8 +208,8 @@ class Interpreter {
   // ---- communication and optimizer (interpreter_comm.cpp) ----
   void p2p(const Op& op);
   void ps_transfer(const Op& op);  // a worker's transfer with a parameter server
-  std::vector<Span<void>> spans(const std::vector<BufferName>& names, const Op& op);
-  Dtype dtype_of_all(const std::vector<BufferName>& names, const Op& op) const;
+  std::vector<Span<void>> spans(std::span<const BufferName> names, const Op& op);
+  Dtype dtype_of_all(std::span<const BufferName> names, const Op& op) const;
   void collective(const Op& op);
   bool counted_in_norm(const std::string& group, const TensorSlice& tensor) const;
   void moe_norm_shares();

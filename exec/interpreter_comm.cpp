@@ -68,7 +68,7 @@ void Interpreter<T, G, W>::ps_transfer(const Op& op) {
 
 // The buffers of a collective, in their (common) dtype; the op's comm scratch is not one of them.
 template <class T, class G, class W>
-std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<BufferName>& names, const Op& op) {
+std::vector<Span<void>> Interpreter<T, G, W>::spans(std::span<const BufferName> names, const Op& op) {
   std::vector<Span<void>> out;
   for (const auto& n : names) {
     if (!is_comm_scratch(n)) out.push_back({arena_.buffer(n, op.id), count(n, op)});
@@ -77,8 +77,9 @@ std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<BufferName
 }
 
 template <class T, class G, class W>
-Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<BufferName>& names, const Op& op) const {
-  Dtype first = dtype(names.at(0), op);
+Dtype Interpreter<T, G, W>::dtype_of_all(std::span<const BufferName> names, const Op& op) const {
+  STEPCAST_CHECK(!names.empty(), std::string("collective ") + to_string(op.name) + " has no buffers");
+  Dtype first = dtype(names[0], op);
   for (const auto& n : names) {
     STEPCAST_CHECK(dtype(n, op) == first, std::string("collective ") + to_string(op.name) + " mixes dtypes");
   }
@@ -270,8 +271,8 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
 #define STEPCAST_INSTANTIATE_COMM(T, G, W)                                                                  \
   template void Interpreter<T, G, W>::p2p(const Op&);                                                       \
   template void Interpreter<T, G, W>::ps_transfer(const Op&);                                               \
-  template std::vector<Span<void>> Interpreter<T, G, W>::spans(const std::vector<BufferName>&, const Op&); \
-  template Dtype Interpreter<T, G, W>::dtype_of_all(const std::vector<BufferName>&, const Op&) const;      \
+  template std::vector<Span<void>> Interpreter<T, G, W>::spans(std::span<const BufferName>, const Op&); \
+  template Dtype Interpreter<T, G, W>::dtype_of_all(std::span<const BufferName>, const Op&) const;      \
   template void Interpreter<T, G, W>::collective(const Op&);                                                \
   template bool Interpreter<T, G, W>::counted_in_norm(const std::string&, const TensorSlice&) const;        \
   template void Interpreter<T, G, W>::optimizer(const Op&);

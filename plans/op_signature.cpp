@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <ostream>
+#include <span>
 
 #include "errors.hpp"
 
@@ -331,7 +332,7 @@ bool pass_covers(Pass pass, Phase phase) {
 }
 
 // Binds `buffers` to `slots` (see SlotCount); returns the error, empty when they fit.
-std::string bind_side(const std::vector<Slot>& slots, const std::vector<BufferName>& buffers,
+std::string bind_side(const std::vector<Slot>& slots, std::span<const BufferName> buffers,
                       std::vector<const Slot*>& bound, const char* side) {
   bound.clear();
   size_t n = buffers.size();
@@ -427,13 +428,13 @@ std::vector<size_t> slot_positions(const std::vector<const char*>& names, const 
   return at;
 }
 const std::string& one_buffer(const Op* op, const std::vector<const char*>& names,
-                              const std::vector<BufferName>& buffers, const char* slot, const char* side) {
+                              std::span<const BufferName> buffers, const char* slot, const char* side) {
   std::vector<size_t> at = slot_positions(names, slot);
   STEPCAST_CHECK(!at.empty(), "op " + std::to_string(op->id) + " has no " + side + " in slot '" + slot + "'");
   return buffers[at.front()];
 }
 std::vector<BufferName> all_buffers(const std::vector<const char*>& names,
-                                     const std::vector<BufferName>& buffers, const char* slot) {
+                                     std::span<const BufferName> buffers, const char* slot) {
   std::vector<BufferName> out;
   for (size_t i : slot_positions(names, slot)) out.push_back(buffers[i]);
   return out;

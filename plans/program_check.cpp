@@ -7,6 +7,7 @@
 #include <array>
 #include <deque>
 #include <map>
+#include <span>
 #include <tuple>
 #include <set>
 #include <sstream>
@@ -31,7 +32,7 @@ struct Live {
   std::vector<int32_t> users;
 };
 
-int64_t elements(const std::vector<int64_t>& shape) {
+int64_t elements(std::span<const int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -59,7 +60,7 @@ void check_operands(const Role& role, const Op& op,
     return it == live.end() ? nullptr : &role.ops[size_t(it->second.alloc_op)];
   };
   const Op* first = op.inputs.empty() ? nullptr : alloc_of(op.inputs[0]);
-  auto check_side = [&](const std::vector<BufferName>& names,
+  auto check_side = [&](std::span<const BufferName> names,
                         const std::vector<const Slot*>& slots, const char* side) {
     for (size_t i = 0; i < names.size(); ++i) {
       const Slot& slot = *slots[i];

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <span>
 #include <sstream>
 #include <unordered_map>
 
@@ -28,6 +29,11 @@ class Sink {
     buffer_.append(s);
     if (buffer_.size() > (1 << 20)) flush();
   }
+  // The buffer itself, to append an op's text to directly; then done_appending().
+  std::string& text() { return buffer_; }
+  void done_appending() {
+    if (buffer_.size() > (1 << 20)) flush();
+  }
   void flush() {
     hash_.update(buffer_);
     if (out_) out_->write(buffer_.data(), std::streamsize(buffer_.size()));
@@ -44,6 +50,12 @@ class Sink {
   std::string buffer_;
   Sha256 hash_;
 };
+
+void put_integer(std::string& s, int64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  s.append(buf, r.ptr);
+}
 
 void put_number(std::string& s, double v) {
   char buf[40];
@@ -69,6 +81,13 @@ void put_string(std::string& s, std::string_view v) {
   s += '"';
 }
 
+// A name of the program's vocabulary (an enum's or a slot's): nothing in it to escape.
+void put_name(std::string& s, const char* name) {
+  s += '"';
+  s += name;
+  s += '"';
+}
+
 template <size_t N>
 void put_key(std::string& s, const char (&key)[N]) {
   s += ",\"";
@@ -81,7 +100,7 @@ void put_int_list(std::string& s, const Integers& v) {
   s += '[';
   for (size_t i = 0; i < v.size(); ++i) {
     if (i) s += ',';
-    put_number(s, double(v[i]));
+    put_integer(s, int64_t(v[i]));
   }
   s += ']';
 }
@@ -90,7 +109,7 @@ void put_int_list(std::string& s, const Integers& v) {
 using Signatures = std::unordered_map<uint32_t, const OpSignature*>;
 
 // Operands by slot: [{"slot":NAME,"buffer":NAME,"dtype":DTYPE,"shape":[...]}, ...].
-void put_operands(std::string& s, const std::vector<BufferName>& buffers,
+void put_operands(std::string& s, std::span<const BufferName> buffers,
                   const std::vector<const Slot*>& slots, const LiveAllocs& live) {
   s += '[';
   for (size_t i = 0; i < buffers.size(); ++i) {
@@ -98,11 +117,11 @@ void put_operands(std::string& s, const std::vector<BufferName>& buffers,
     auto it = live.find(buffers[i]);
     STEPCAST_CHECK(it != live.end(), "program.json: operand '" + buffers[i] + "' is not allocated");
     s += "{\"slot\":";
-    put_string(s, slots[i]->name);
+    put_name(s, slots[i]->name);
     put_key(s, "buffer");
     put_string(s, buffers[i].str());
     put_key(s, "dtype");
-    put_string(s, to_string(it->second->dtype));
+    put_name(s, to_string(it->second->dtype));
     put_key(s, "shape");
     put_int_list(s, it->second->shape);
     s += '}';
@@ -112,30 +131,30 @@ void put_operands(std::string& s, const std::vector<BufferName>& buffers,
 
 void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& signatures) {
   s += "{\"id\":";
-  put_number(s, op.id);
+  put_integer(s, op.id);
   put_key(s, "kind");
-  put_string(s, to_string(op.kind));
+  put_name(s, to_string(op.kind));
   put_key(s, "stream");
-  put_string(s, to_string(op.stream));
+  put_name(s, to_string(op.stream));
   put_key(s, "phase");
-  put_string(s, to_string(op.phase));
-  if (op.name != OpName::none) { put_key(s, "name"); put_string(s, to_string(op.name)); }
-  if (op.grad != Grad::none) { put_key(s, "grad"); put_string(s, to_string(op.grad)); }
-  if (op.layer >= 0) { put_key(s, "layer"); put_number(s, op.layer); }
-  if (op.microbatch >= 0) { put_key(s, "microbatch"); put_number(s, op.microbatch); }
-  if (op.chunk >= 0) { put_key(s, "chunk"); put_number(s, op.chunk); }
+  put_name(s, to_string(op.phase));
+  if (op.name != OpName::none) { put_key(s, "name"); put_name(s, to_string(op.name)); }
+  if (op.grad != Grad::none) { put_key(s, "grad"); put_name(s, to_string(op.grad)); }
+  if (op.layer >= 0) { put_key(s, "layer"); put_integer(s, op.layer); }
+  if (op.microbatch >= 0) { put_key(s, "microbatch"); put_integer(s, op.microbatch); }
+  if (op.chunk >= 0) { put_key(s, "chunk"); put_integer(s, op.chunk); }
   put_key(s, "deps");
   put_int_list(s, op.deps);
   if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
     put_key(s, "buffer");
     put_string(s, op.buffer.str());
     put_key(s, "class");
-    put_string(s, to_string(op.buffer_class));
+    put_name(s, to_string(op.buffer_class));
     put_key(s, "bytes");
     put_number(s, op.bytes);
     if (op.kind == OpKind::alloc) {
       put_key(s, "dtype");
-      put_string(s, to_string(op.dtype));
+      put_name(s, to_string(op.dtype));
       put_key(s, "shape");
       put_int_list(s, op.shape);
       if (op.persistent) { put_key(s, "persistent"); s += "true"; }
@@ -161,37 +180,37 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& si
   put_key(s, "outputs");
   put_operands(s, op.outputs, binding.outputs, live);
   if (op.batch > 0) {
-    put_key(s, "batch"); put_number(s, double(op.batch));
-    put_key(s, "m"); put_number(s, double(op.m));
-    put_key(s, "n"); put_number(s, double(op.n));
-    put_key(s, "k"); put_number(s, double(op.k));
+    put_key(s, "batch"); put_integer(s, op.batch);
+    put_key(s, "m"); put_integer(s, op.m);
+    put_key(s, "n"); put_integer(s, op.n);
+    put_key(s, "k"); put_integer(s, op.k);
   }
-  if (op.cp_step >= 0) { put_key(s, "cp_step"); put_number(s, double(op.cp_step)); }
+  if (op.cp_step >= 0) { put_key(s, "cp_step"); put_integer(s, op.cp_step); }
   if (op.fp8_slots[0] >= 0) {
     put_key(s, "fp8_slots");
-    put_int_list(s, std::vector<int64_t>(op.fp8_slots.begin(), op.fp8_slots.end()));
+    put_int_list(s, op.fp8_slots);
   }
   if (is_compute(op.kind)) { put_key(s, "flops"); put_number(s, op.flops); }
   put_key(s, "bytes");
   put_number(s, op.bytes);
   if (is_collective(op.kind)) {
     put_key(s, "group");
-    put_string(s, to_string(op.group));
+    put_name(s, to_string(op.group));
     put_key(s, "algorithm");
-    put_string(s, to_string(op.algorithm));
+    put_name(s, to_string(op.algorithm));
   }
   if (is_p2p(op.kind)) {
     put_key(s, "peer");
-    put_string(s, to_string(op.peer));
+    put_name(s, to_string(op.peer));
     put_key(s, "tag");
-    put_number(s, double(op.tag));
+    put_integer(s, op.tag);
     if (op.server >= 0) {  // a worker's transfer with parameter server `server`
       put_key(s, "server");
-      put_number(s, double(op.server));
+      put_integer(s, op.server);
     }
     if (op.group == GroupKind::tp) {  // a send of this rank's 1/tp slice (scatter_gather_tensors_in_pipeline)
       put_key(s, "group");
-      put_string(s, to_string(op.group));
+      put_name(s, to_string(op.group));
     }
   }
   s += '}';
@@ -256,13 +275,13 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   }
   if (program.fp8.enabled()) {  // absent: no FP8
     s += ",\"fp8\":{\"format\":";
-    put_string(s, to_string(program.fp8.format));
+    put_name(s, to_string(program.fp8.format));
     put_key(s, "recipe");
-    put_string(s, to_string(program.fp8.scaling));
+    put_name(s, to_string(program.fp8.scaling));
     put_key(s, "amax_history_len");
     put_number(s, double(program.fp8.amax_history_len));
     put_key(s, "amax_compute_algo");
-    put_string(s, to_string(program.fp8.amax_compute_algo));
+    put_name(s, to_string(program.fp8.amax_compute_algo));
     put_key(s, "margin");
     put_number(s, double(program.fp8.margin));
     put_key(s, "slots");
@@ -294,11 +313,11 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
     LiveAllocs live;
     Signatures signatures;
     for (size_t i = 0; i < role.ops.size(); ++i) {
-      s.clear();
-      if (i) s += ",\n";
+      std::string& text = sink.text();
+      if (i) text += ",\n";
       track_alloc(live, role.ops[i]);
-      put_op(s, role.ops[i], live, signatures);
-      sink.put(s);
+      put_op(text, role.ops[i], live, signatures);
+      sink.done_appending();
     }
     sink.put("]}");
   }

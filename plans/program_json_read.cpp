@@ -4,6 +4,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <span>
 #include <sstream>
 
 #include "errors.hpp"
@@ -74,7 +75,7 @@ void check_operands(const Json& jo, const Op& op, const LiveAllocs& live, const 
   if (!binding.error.empty()) {
     throw_input_error(file, "inputs", printable_excerpt(jo.at("inputs").dump()), what + ": " + binding.error, "the operands of its signature");
   }
-  auto check = [&](const char* key, const std::vector<BufferName>& buffers,
+  auto check = [&](const char* key, std::span<const BufferName> buffers,
                    const std::vector<const Slot*>& slots) {
     const Json& list = jo.at(key);
     for (size_t i = 0; i < buffers.size(); ++i) {

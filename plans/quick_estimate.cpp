@@ -66,7 +66,7 @@ bool is_expert_gemm(const Op& op) {
 
 }  // namespace
 
-double CpRingClock::ready_s(const std::vector<BufferName>& buffers) const {
+double CpRingClock::ready_s(std::span<const BufferName> buffers) const {
   double ready = 0;
   for (const BufferName& b : buffers) {
     auto it = arriving_.find(b);

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -101,7 +102,7 @@ class CpRingClock {
   double exposed_s() const { return exposed_; }
 
  private:
-  double ready_s(const std::vector<BufferName>& buffers) const;  // when they are all here
+  double ready_s(std::span<const BufferName> buffers) const;  // when they are all here
 
   double bandwidth_, latency_;
   double now_ = 0, link_free_ = 0, exposed_ = 0;

@@ -88,7 +88,7 @@ int32_t RoleBuilder::emit(Op op, const std::vector<int32_t>& extra_deps) {
 }
 
 int32_t RoleBuilder::alloc(BufferName name, BufferClass buffer_class, Dtype dtype,
-                           std::vector<int64_t> shape, Phase phase, bool persistent) {
+                           OpShape shape, Phase phase, bool persistent) {
   Op op;
   op.kind = OpKind::alloc;
   op.stream = Stream::compute;

@@ -28,7 +28,7 @@ class RoleBuilder {
 
   // alloc op for `name`; its stream becomes the stream of the first op that writes it.
   int32_t alloc(BufferName name, BufferClass buffer_class, Dtype dtype,
-                std::vector<int64_t> shape, Phase phase, bool persistent = false);
+                OpShape shape, Phase phase, bool persistent = false);
   // free op after every reader and writer of `name`, on the stream of its last user.
   int32_t free(BufferName name, Phase phase);
   // Frees each name in order.

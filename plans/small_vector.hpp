@@ -136,7 +136,7 @@ class SmallVector {
   }
   T* erase(const T* at) { return erase(at, at + 1); }
 
-  operator std::vector<T>() const { return std::vector<T>(begin(), end()); }  // NOLINT
+  std::vector<T> to_vector() const { return std::vector<T>(begin(), end()); }
 
   friend bool operator==(const SmallVector& a, const SmallVector& b) {
     return std::equal(a.begin(), a.end(), b.begin(), b.end());

@@ -72,7 +72,7 @@ TEST_CASE("small vectors: inline up to N, on the heap beyond, as std::vector") {
   v.push_back(3);  // to the heap
   v.push_back(v[0]);
   CHECK(v.size() == 4);
-  CHECK(std::vector<int32_t>(v) == std::vector<int32_t>{1, 2, 3, 1});
+  CHECK(v.to_vector() == std::vector<int32_t>{1, 2, 3, 1});
   SmallVector<int32_t, 2> copy = v, moved = std::move(v);
   CHECK(copy == moved);
   CHECK(v.empty());
