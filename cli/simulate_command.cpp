@@ -193,15 +193,19 @@ int run_simulate(int argc, char** argv) {
   std::unique_ptr<ForkedChild> uniform = fork_uniform_reference(in, profile, sim_options);
   std::unique_ptr<ForkedChild> synchronous = fork_synchronous_reference(in, profile, sim_options);
   auto wall_start = std::chrono::steady_clock::now();
-  StepProgram program = lower_program(in.model, in.topology, in.plan);
-  // The program's hash (its JSON text through SHA-256) on the other core while it simulates.
+  // The program's hash (its JSON text through SHA-256) on the other core, following the
+  // lowering role by role, then beside the simulation. Declared in this order, the future's
+  // destructor (which waits for the thread) runs before the program and the progress go.
+  StepProgram program;
+  ProgramProgress lowered;
   std::future<std::string> program_sha256;
   if (!(*vm)["no-program-hash"].as<bool>()) {
-    program_sha256 = std::async(std::launch::async, [&program] {
+    program_sha256 = std::async(std::launch::async, [&program, &lowered] {
       run_behind_main_work();  // needed when the simulation has ended
-      return write_program_json(program, nullptr);
+      return write_program_json(program, nullptr, &lowered);
     });
   }
+  lower_program_into(program, in.model, in.topology, in.plan, lowered);
   MemoryReport memory = memory_report(program, in.topology);
   if (!memory.fits) {
     std::cerr << "warning: the plan does not fit in memory (peak " << format_bytes(memory.peak_bytes_max)

@@ -13,8 +13,22 @@ int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size) {
 }
 
 StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan) {
-  LowerContext ctx(model, topology, plan);
   StepProgram program;
+  ProgramProgress progress;  // no reader
+  lower_program_into(program, model, topology, plan, progress);
+  return program;
+}
+
+void lower_program_into(StepProgram& program, const ModelConfig& model, const Topology& topology,
+                        const Plan& plan, ProgramProgress& progress) {
+  struct FailUnlessDone {  // a reader waiting on a lowering that threw is released
+    ProgramProgress& progress;
+    bool done = false;
+    ~FailUnlessDone() {
+      if (!done) progress.fail();
+    }
+  } guard{progress};
+  LowerContext ctx(model, topology, plan);
   program.model = model_to_json(model);
   program.topology = topology_to_json(topology);
   program.topology.erase("profile");  // the program does not depend on what costs it
@@ -41,9 +55,13 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
   program.async_staleness = plan.async_staleness;
   program.fp8 = plan.fp8;
   if (plan.fp8.enabled()) program.fp8_slots = model.num_hidden_layers * kFp8SlotsPerLayer;
-  // One role per pipeline stage of each replica class (unequal replicas: one class per count).
+  // One role per pipeline stage of each replica class (unequal replicas: one class per count),
+  // then the parameter servers' roles: all of them now, so that a reader's roles do not move.
   const std::vector<int64_t> classes = program.class_microbatches();
-  program.roles.resize(classes.size() * size_t(plan.pp_size));
+  const size_t worker_roles = classes.size() * size_t(plan.pp_size);
+  program.parameter_servers = plan.parameter_servers;
+  program.roles.resize(worker_roles + size_t(plan.parameter_servers));
+  progress.header_ready();
   for (size_t c = 0; c < classes.size(); ++c) {
     for (int64_t p = 0; p < plan.pp_size; ++p) {
       const size_t index = c * size_t(plan.pp_size) + size_t(p);
@@ -55,17 +73,19 @@ StepProgram lower_program(const ModelConfig& model, const Topology& topology, co
       // room for the previous stage's count and some, so that the list is not copied as it grows.
       if (p > 0) role.ops.reserve(program.roles[index - 1].ops.size() * 9 / 8);
       RoleLowering(ctx, role).lower();
+      progress.roles_done(index + 1);
     }
   }
-  program.parameter_servers = plan.parameter_servers;
   for (int32_t j = 0; j < int32_t(plan.parameter_servers); ++j) {  // after the workers' roles
-    Role& role = program.roles.emplace_back();
-    role.index = int32_t(program.roles.size() - 1);
+    const size_t index = worker_roles + size_t(j);
+    Role& role = program.roles[index];
+    role.index = int32_t(index);
     role.server = j;
     role.num_microbatches = program.num_microbatches;
     RoleLowering(ctx, role).lower_server(j);
+    progress.roles_done(index + 1);
   }
-  return program;
+  guard.done = true;
 }
 
 Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& plan,

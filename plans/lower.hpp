@@ -7,6 +7,7 @@
 #include "model.hpp"
 #include "plan.hpp"
 #include "program.hpp"
+#include "program_progress.hpp"
 #include "role_builder.hpp"  // RoleDetail
 #include "topology.hpp"
 
@@ -14,6 +15,11 @@ namespace stepcast {
 
 // `plan` must have passed validate_plan. Does not check memory (see memory.hpp).
 StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan);
+// The same into `program` (a default-constructed one), publishing its header and each role as
+// they are complete to `progress` (program_progress.hpp), for a reader on another thread; the
+// progress fails if the lowering throws.
+void lower_program_into(StepProgram& program, const ModelConfig& model, const Topology& topology,
+                        const Plan& plan, ProgramProgress& progress);
 
 // Pipeline stage `stage`'s role alone: the same ops as lower_program(...).roles[stage] (with
 // RoleDetail::memory_walk, what a memory walk reads of them: role_builder.hpp); with unequal

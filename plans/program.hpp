@@ -159,7 +159,8 @@ struct Op {
   // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
   // fp8.scale[slot]; −1: not FP8.
   std::array<int32_t, 2> fp8_slots = {-1, -1};
-  int64_t tag = -1;  // send / recv
+  BufferName buffer;  // alloc / free
+  int64_t tag = -1;   // send / recv
   SmallVector<int32_t, 4> deps;       // ids of ops in the same role that must finish first
   // Buffers read and written, in the order of the slots of the op's signature.
   SmallVector<BufferName, 4> inputs;
@@ -169,9 +170,7 @@ struct Op {
   int64_t batch = 0, m = 0, n = 0, k = 0;
   double flops = 0;                   // floating-point operations executed
   double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
-  // alloc / free
-  BufferName buffer;
-  OpShape shape;
+  OpShape shape;  // alloc
 };
 
 // Streams order the ops an interpreter issues: compute and comm ops run one after the other in

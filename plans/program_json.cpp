@@ -218,7 +218,11 @@ void put_op(std::string& s, const Op& op, const LiveAllocs& live, Signatures& si
 
 }  // namespace
 
-std::string write_program_json(const StepProgram& program, std::ostream* out) {
+std::string write_program_json(const StepProgram& program, std::ostream* out, const ProgramProgress* progress) {
+  auto wait_for = [&](size_t roles) {
+    if (progress && !progress->wait_for(roles)) throw InputError("the program was not lowered: nothing to write");
+  };
+  wait_for(0);
   Sink sink(out);
   std::string s = "{\"schema_version\":";
   put_number(s, StepProgram::kSchemaVersion);
@@ -291,6 +295,7 @@ std::string write_program_json(const StepProgram& program, std::ostream* out) {
   s += ",\"roles\":[";
   sink.put(s);
   for (size_t r = 0; r < program.roles.size(); ++r) {
+    wait_for(r + 1);
     const Role& role = program.roles[r];
     s.clear();
     if (r) s += ',';

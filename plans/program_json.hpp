@@ -12,11 +12,15 @@
 #include <string>
 
 #include "program.hpp"
+#include "program_progress.hpp"
 
 namespace stepcast {
 
 // Writes program.json to `out` (or only hashes it when `out` is null) and returns the hash.
-std::string write_program_json(const StepProgram& program, std::ostream* out);
+// With `progress`, `program` is still being lowered on another thread (lower_program_into): each
+// part is written once it is complete; InputError if the lowering failed.
+std::string write_program_json(const StepProgram& program, std::ostream* out,
+                               const ProgramProgress* progress = nullptr);
 // Fills program.program_sha256 without writing anything.
 void hash_program(StepProgram& program);
 // Reads a program.json written by write_program_json; checks its hash (InputError if the file

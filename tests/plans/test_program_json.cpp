@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include "errors.hpp"
@@ -185,4 +186,32 @@ TEST_CASE("a program carries the inputs that built it: lowering them again gives
     hash_program(again);
     CHECK(again.program_sha256 == program.program_sha256);
   }
+}
+
+TEST_CASE("the hash written beside the lowering, role by role, is the whole program's",
+          "[program_json]") {
+  for (size_t i : {size_t(3), size_t(17), size_t(40)}) {
+    PlanCase c = lowering_cases()[i];
+    INFO(c.label());
+    ModelConfig model = load_model(source_path(c.model_file));
+    Topology topology = test_topology();
+    Plan plan = make_plan(c.plan_json, model, topology);
+    StepProgram whole = lower_program(model, topology, plan);
+    hash_program(whole);
+    StepProgram program;
+    ProgramProgress progress;
+    std::future<std::string> hash = std::async(std::launch::async, [&] {
+      return write_program_json(program, nullptr, &progress);
+    });
+    lower_program_into(program, model, topology, plan, progress);
+    CHECK(hash.get() == whole.program_sha256);
+  }
+  // A lowering that failed releases its reader with an error instead of leaving it waiting.
+  StepProgram never;
+  ProgramProgress failed;
+  std::future<std::string> waiting = std::async(std::launch::async, [&] {
+    return write_program_json(never, nullptr, &failed);
+  });
+  failed.fail();
+  CHECK_THROWS_AS(waiting.get(), InputError);
 }
