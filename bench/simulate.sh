@@ -8,7 +8,9 @@
 # predictions themselves, and how wall time grows with the device count when only dp_size grows
 # (GPT-3 175B's tp 8 × pp 8 replica, 16 microbatches per dp rank, 64 to 16,384 devices). Limits
 # are printed next to the figures, not asserted: the cores are shared, so the CPU seconds (user +
-# system, the child's included) are printed too. About 3 minutes on 2 cores.
+# system, the child's included) are printed too. About 3 minutes on 2 cores. To compare builds,
+# run each after `sync; echo 3 > /proc/sys/vm/drop_caches` (root): on this VM a page cache full of
+# earlier outputs and builds doubled the 1T case's wall (system time 11 s against 2 s).
 # BUILD=DIR picks the build directory (default build/); STEPCAST=FILE the binary (default
 # DIR/stepcast), e.g. an earlier build's for a before/after table.
 set -euo pipefail
