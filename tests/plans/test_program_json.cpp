@@ -168,14 +168,33 @@ TEST_CASE("an operand whose slot, dtype or shape disagrees with the program is r
   refused("\"name\":\"qkv\"", "\"name\":\"qkv_fused\"", "unknown op name");
 }
 
+namespace {
+
+// Lowering case `i`'s model, topology and validated plan.
+struct CaseInputs {
+  std::string label;
+  ModelConfig model;
+  Topology topology;
+  Plan plan;
+};
+CaseInputs case_inputs(size_t i) {
+  PlanCase c = lowering_cases()[i];
+  ModelConfig model = load_model(source_path(c.model_file));
+  Topology topology = test_topology();
+  Plan plan = make_plan(c.plan_json, model, topology);
+  return {c.label(), std::move(model), std::move(topology), std::move(plan)};
+}
+
+}  // namespace
+
 TEST_CASE("a program carries the inputs that built it: lowering them again gives the same program",
           "[program_json]") {
   for (size_t i : {size_t(5), size_t(22), size_t(41)}) {
-    PlanCase c = lowering_cases()[i];
-    INFO(c.label());
-    ModelConfig model = load_model(source_path(c.model_file));
-    Topology topology = test_topology();
-    Plan plan = make_plan(c.plan_json, model, topology);
+    const CaseInputs c = case_inputs(i);
+    INFO(c.label);
+    const ModelConfig& model = c.model;
+    const Topology& topology = c.topology;
+    const Plan& plan = c.plan;
     StepProgram program = lower_program(model, topology, plan);
     hash_program(program);
     ProgramInputs in = program_inputs(program);
@@ -191,19 +210,16 @@ TEST_CASE("a program carries the inputs that built it: lowering them again gives
 TEST_CASE("the hash written beside the lowering, role by role, is the whole program's",
           "[program_json]") {
   for (size_t i : {size_t(3), size_t(17), size_t(40)}) {
-    PlanCase c = lowering_cases()[i];
-    INFO(c.label());
-    ModelConfig model = load_model(source_path(c.model_file));
-    Topology topology = test_topology();
-    Plan plan = make_plan(c.plan_json, model, topology);
-    StepProgram whole = lower_program(model, topology, plan);
+    const CaseInputs c = case_inputs(i);
+    INFO(c.label);
+    StepProgram whole = lower_program(c.model, c.topology, c.plan);
     hash_program(whole);
     StepProgram program;
     ProgramProgress progress;
     std::future<std::string> hash = std::async(std::launch::async, [&] {
       return write_program_json(program, nullptr, &progress);
     });
-    lower_program_into(program, model, topology, plan, progress);
+    lower_program_into(program, c.model, c.topology, c.plan, progress);
     CHECK(hash.get() == whole.program_sha256);
   }
   // A lowering that failed releases its reader with an error instead of leaving it waiting.
