@@ -64,10 +64,6 @@ Interner& interner() {
   return *instance;
 }
 
-}  // namespace
-
-namespace {
-
 // Each thread's recent names by hash: a lowering uses a buffer's name at its alloc, its users and
 // its free, a few ops apart, so most names are found here without the lock or the shard's index.
 struct RecentName {
