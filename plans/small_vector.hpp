@@ -13,7 +13,6 @@
 #include <new>
 #include <stdexcept>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 namespace stepcast {
@@ -105,18 +104,8 @@ class SmallVector {
     }
     data()[size_++] = value;
   }
-  template <class... A>
-  T& emplace_back(A&&... args) {
-    push_back(T(std::forward<A>(args)...));
-    return back();
-  }
   void pop_back() { --size_; }
   void clear() { size_ = 0; }
-  void resize(size_t n, const T& value = T()) {
-    reserve(n);
-    for (size_t i = size_; i < n; ++i) data()[i] = value;
-    size_ = uint32_t(n);
-  }
   template <class It>
   T* insert(const T* at, It first, It last) {
     const size_t offset = size_t(at - begin());
