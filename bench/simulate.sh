@@ -24,7 +24,8 @@ trap 'rm -rf "$out"' EXIT
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$bin" --version | head -1)"
 
 # whole LABEL WALL_LIMIT ARGS...: `simulate ARGS --out DIR` as a user runs it (default outputs and
-# mode); prints wall, CPU seconds, peak memory and the outputs' sizes.
+# mode: auto, which is approx where fast mode would simulate 256 ranks or more); prints wall, CPU
+# seconds, peak memory, the outputs' sizes and the mode that ran.
 whole() {
   local label=$1 wall_limit=$2
   shift 2
@@ -32,14 +33,15 @@ whole() {
     >"$out/$label.log" 2>&1 || { cat "$out/$label.log"; exit 1; }
   local wall user sys kb
   read -r wall user sys kb <"$out/$label.time"
-  printf "%-28s %7s %7s %7s %8d %8s %13s\n" "$label" "$wall" "$wall_limit" \
+  printf "%-28s %7s %7s %7s %8d %8s %13s %7s\n" "$label" "$wall" "$wall_limit" \
     "$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%.1f", u + s }')" $((kb / 1024)) 2048 \
-    "$(du -sm "$out/$label" | awk '{ print $1 }') MB"
+    "$(du -sm "$out/$label" | awk '{ print $1 }') MB" \
+    "$(grep -o 'mode (auto) [a-z]*' "$out/$label.log" | awk '{ print $3 }')"
   rm -rf "${out:?}/$label"
 }
 a100=(--topology topologies/dgx-a100-80gb.json)
 echo "== issue 17's cases: the whole command with its default outputs (--out DIR)"
-printf "%-28s %7s %7s %7s %8s %8s %13s\n" case wall_s limit_s cpu_s peak_MB limit_MB outputs
+printf "%-28s %7s %7s %7s %8s %8s %13s %7s\n" case wall_s limit_s cpu_s peak_MB limit_MB outputs mode
 whole gpt3-175b-a100-1024 3 --model models/gpt3-175b.json "${a100[@]}" \
   --plan examples/gpt3-175b-a100-1024.json
 whole gpt3-175b-a100-1024-1f1b 10 --model models/gpt3-175b.json "${a100[@]}" \

@@ -74,12 +74,29 @@ std::vector<OpRecord> take_records(Scope scope, SimulationOutput& sim) {
 
 }  // namespace
 
+// What --mode auto chose and why (SimulationOutput::AutoMode); empty where a mode was given.
+std::string auto_mode_choice(const SimulationOutput::AutoMode& choice) {
+  if (!choice.applied) return "";
+  std::ostringstream why;
+  if (choice.chosen == SimMode::approx) {
+    why << "mode auto chose approx: fast mode would simulate " << choice.fast_ranks << " ranks (" << kAutoApproxRanks
+        << " or more), approx " << choice.approx_ranks
+        << " (within 1% of fast mode where tested: README `--mode approx`); --mode fast for exact folds only";
+  } else if (choice.fast_ranks >= kAutoApproxRanks) {
+    why << "mode auto chose fast: it simulates " << choice.fast_ranks << " ranks, and approx would fold no more";
+  } else {
+    why << "mode auto chose fast: it simulates " << choice.fast_ranks << " ranks (approx from " << kAutoApproxRanks
+        << ")";
+  }
+  return why.str();
+}
+
 int run_simulate(int argc, char** argv) {
   po::options_description options("stepcast simulate options");
   add_input_options(options);
   add_profile_options(options, "that costs each op");
   options.add_options()
-      ("mode", po::value<std::string>()->default_value("fast"), "fast, full or approx (see --help)")
+      ("mode", po::value<std::string>()->default_value("auto"), "auto, fast, full or approx (see --help)")
       ("out", po::value<std::string>(), "write DIR/prediction.json and DIR/trace.json")
       ("no-scaling", po::bool_switch(), "skip the dp_size = 1 reference run (scaling_efficiency null)")
       ("seed", po::value<uint64_t>()->default_value(1),
@@ -111,7 +128,7 @@ int run_simulate(int argc, char** argv) {
       "usage: stepcast simulate --model M --topology T --plan P [--nodes N]\n"
       "       stepcast simulate --from-megatron 'ARGS'|FILE --topology T [--nodes N]\n"
       "                         [--profile F|roofline] [--allow-profile-mismatch]\n"
-      "                         [--mode fast|full|approx] [--out DIR] [--no-scaling]\n"
+      "                         [--mode auto|fast|full|approx] [--out DIR] [--no-scaling]\n"
       "                         [--records representative|all|none]\n"
       "                         [--trace representative|all|none] [--gzip] [--no-records]\n"
       "                         [--no-program-hash]\n"
@@ -121,12 +138,15 @@ int run_simulate(int argc, char** argv) {
       "communication, pipeline bubble, optimizer) on the critical rank, tokens/s, MFU and HFU,\n"
       "memory per rank, and scaling efficiency against the same plan at dp_size 1.\n"
       "--mode full simulates every rank and every ring step (up to 256 devices, 8 microbatches);\n"
-      "--mode fast (default) folds what is exact to fold and scales to 16,384 devices;\n"
+      "--mode fast folds what is exact to fold and scales to 16,384 devices;\n"
       "--mode approx is fast, and also costs tensor-parallel collectives analytically where\n"
       "another group (dp, pp) has members on the same node, whose NVLink contention with them\n"
       "is then not simulated, and simulates one data-parallel copy per stage for them all (its\n"
       "peers' flows mirrored; not with experts or unequal devices): within about 1% of\n"
       "fast mode where tested (README); the planner re-simulates with it.\n"
+      "--mode auto (default) is fast, or approx where fast mode would simulate 256 ranks or\n"
+      "more and approx fewer (seconds instead of tens of seconds or minutes); the summary and\n"
+      "prediction.json's mode_choice say which ran and why. --mode fast for exact folds only.\n"
       "A topology with `heterogeneity` (speed factors per node, device or node group, link\n"
       "factors per node) also gets the same step with every factor 1, simulated beside it: the\n"
       "straggler cost is the difference, and the slowest and the critical rank are named.\n"
@@ -142,8 +162,8 @@ int run_simulate(int argc, char** argv) {
   if (!vm) return 0;
   claim_out_option(*vm, "simulate");
   std::string mode_name = (*vm)["mode"].as<std::string>();
-  if (mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
-    throw InputError("command line: --mode '" + mode_name + "': valid: fast, full, approx");
+  if (mode_name != "auto" && mode_name != "fast" && mode_name != "full" && mode_name != "approx") {
+    throw InputError("command line: --mode '" + mode_name + "': valid: auto, fast, full, approx");
   }
   auto on_off = [&](const char* option) {
     const std::string value = (*vm)[option].as<std::string>();
@@ -183,7 +203,8 @@ int run_simulate(int argc, char** argv) {
   sim_options.seed = (*vm)["seed"].as<uint64_t>();
   sim_options.mode = mode_name == "full"     ? SimMode::full
                      : mode_name == "approx" ? SimMode::approx
-                                             : SimMode::fast;
+                     : mode_name == "fast"   ? SimMode::fast
+                                             : SimMode::automatic;
   sim_options.detail_all = records_scope == Scope::all || trace_scope == Scope::all;
   // The dp_size = 1 reference runs in a child process beside this one's simulation (forked
   // before any thread or SimGrid engine of this process).
@@ -239,7 +260,12 @@ int run_simulate(int argc, char** argv) {
   result.inputs["profile"] = profile_to_json(profile);
   result.inputs["profile_file"] = profile.file;
   result.inputs["profile_origin"] = profile_choice.origin;
-  result.extra = {{"mode", mode_name},
+  const std::string mode_ran = !sim.auto_mode.applied                  ? mode_name
+                               : sim.auto_mode.chosen == SimMode::approx ? "approx"
+                                                                         : "fast";
+  result.extra = {{"mode", mode_ran},
+                  {"mode_requested", mode_name},
+                  {"mode_choice", sim.auto_mode.applied ? Json(auto_mode_choice(sim.auto_mode)) : Json(nullptr)},
                   {"mode_detail", sim.mode_description},
                   {"simulated_ranks", sim.simulated_ranks.size()},
                   {"detail_ranks", records_scope == Scope::all              ? sim.detail_ranks
@@ -295,7 +321,7 @@ int run_simulate(int argc, char** argv) {
 
   std::cout << "stepcast simulate: " << model_label(in.model) << " on " << in.topology.name << " ("
             << program.ranks() << " devices), plan " << in.plan.name << dp_size_note(in.plan) << ", mode "
-            << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
+            << (sim.auto_mode.applied ? "(auto) " : "") << sim.mode_description << "\nprofile " << profile_choice.describe() << "\n";
   std::cout << "step time " << result.step_time_s << " s (critical rank " << result.critical_rank
             << "): compute " << result.breakdown.compute_s << ", exposed comm "
             << result.breakdown.exposed_comm_s << ", bubble " << result.breakdown.bubble_s
@@ -328,7 +354,9 @@ int run_simulate(int argc, char** argv) {
   if (result.scaling_efficiency) std::cout << ", scaling efficiency " << *result.scaling_efficiency;
   std::cout << "\nsimulated " << sim.simulated_ranks.size() << " ranks, " << sim.activities
             << " activities in " << wall_s << " s\n";
-  if (sim.tp_fold_declined) {
+  if (sim.auto_mode.applied && sim.auto_mode.chosen == SimMode::approx) {
+    std::cout << "note: " << auto_mode_choice(sim.auto_mode) << "\n";
+  } else if (sim.tp_fold_declined) {
     std::cout << "note: fast mode simulated every tensor-parallel rank: another group has members on the same "
                  "nodes, sharing their NVLink with the tp collectives; --mode approx folds each tp group into one "
                  "rank"

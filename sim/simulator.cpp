@@ -25,18 +25,55 @@ namespace sg4 = simgrid::s4u;
 
 namespace stepcast {
 
+SimulationOutput::AutoMode choose_auto_mode(const StepProgram& program, const Topology& topology,
+                                            const DeviceProfile& profile, const SimulateOptions& options) {
+  SimulationOutput::AutoMode choice;
+  if (options.mode != SimMode::automatic) return choice;
+  choice.applied = true;
+  if (program.parameter_servers > 0) {  // their engine folds nothing: fast
+    choice.fast_ranks = choice.approx_ranks = program.ranks();
+    return choice;
+  }
+  // The ranks each mode simulates (plan_simulation's: tp index 0 where the rails fold, dp index 0
+  // where the copies fold).
+  auto simulated_ranks = [&](SimMode mode) {
+    SimulateOptions o = options;
+    o.mode = mode;
+    const sim_detail::Folds folds = sim_detail::choose_folds(program, topology, profile, o);
+    return program.world_size() / (folds.fold_rails ? program.tp_size : 1) /
+           (folds.fold_dp ? program.dp_size : 1);
+  };
+  choice.fast_ranks = simulated_ranks(SimMode::fast);
+  choice.approx_ranks = simulated_ranks(SimMode::approx);
+  if (choice.fast_ranks >= kAutoApproxRanks && choice.approx_ranks < choice.fast_ranks) {
+    choice.chosen = SimMode::approx;
+  }
+  return choice;
+}
+
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology_in,
                                   const DeviceProfile& profile, const SimulateOptions& options) {
-  if (program.parameter_servers > 0) return simulate_parameter_servers(program, topology_in, profile, options);
-  SharedJob job;
-  job.program = &program;
-  job.seed = options.seed;
-  for (int64_t n = 0; n < topology_in.num_nodes; ++n) job.nodes.push_back(n);
-  return std::move(simulate_jobs({job}, topology_in, profile, options).front());
+  const SimulationOutput::AutoMode choice = choose_auto_mode(program, topology_in, profile, options);
+  SimulateOptions resolved = options;
+  if (choice.applied) resolved.mode = choice.chosen;
+  SimulationOutput out;
+  if (program.parameter_servers > 0) {
+    out = simulate_parameter_servers(program, topology_in, profile, resolved);
+  } else {
+    SharedJob job;
+    job.program = &program;
+    job.seed = options.seed;
+    for (int64_t n = 0; n < topology_in.num_nodes; ++n) job.nodes.push_back(n);
+    out = std::move(simulate_jobs({job}, topology_in, profile, resolved).front());
+  }
+  out.auto_mode = choice;
+  return out;
 }
 
 SimulateOptions shared_job_options(const std::vector<SharedJob>& jobs, const Topology& shared,
-                                   const DeviceProfile& profile, const SimulateOptions& options) {
+                                   const DeviceProfile& profile, const SimulateOptions& requested) {
+  SimulateOptions options = requested;
+  if (options.mode == SimMode::automatic) options.mode = SimMode::fast;  // simulate_program chooses for one
   // The rail and data-parallel folds divide the shared links' capacity by their count: valid only
   // where every job's simulated flows stand for that many copies.
   if (jobs.size() < 2) return options;

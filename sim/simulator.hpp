@@ -29,6 +29,10 @@
 // leaves out: the copies' other traffic on their own NICs and on shared links (their pipeline
 // transfers, the collectives of other stages on a leaf's uplinks), and run-to-run variation
 // between copies apart from their slowest device factor.
+// automatic (simulate's default, --mode auto): fast mode, or approx where fast mode would simulate
+// at least kAutoApproxRanks ranks and approx would simulate fewer (its data-parallel or shared-node
+// tensor-parallel fold applies): there fast mode takes tens of seconds to minutes, approx seconds,
+// within 1% of it where tested. The output says which mode ran and why.
 //
 // Costs. Compute ops: cost_model.hpp. Collectives: flows on the platform carrying the α-β model's
 // bytes; where the profile has measured collective tables (collective_cost.hpp) the measured
@@ -61,7 +65,11 @@
 
 namespace stepcast {
 
-enum class SimMode { fast, full, approx };
+enum class SimMode { fast, full, approx, automatic };
+
+// --mode auto's threshold: the ranks fast mode would simulate from which approx runs instead (full
+// mode's largest plan; README `--mode approx`: within 1% of fast mode where tested).
+inline constexpr int64_t kAutoApproxRanks = 256;
 
 struct SimulateOptions {
   SimMode mode = SimMode::fast;  // approx sets fold_tp_shared_node
@@ -105,6 +113,13 @@ struct SimulationOutput {
   std::vector<int64_t> representative_ranks;  // the default detail ranks and the critical rank
   int64_t activities = 0;              // SimGrid activities started
   std::string mode_description;
+  // --mode auto: the mode it chose (fast or approx) and the ranks each would simulate; false where
+  // a mode was given.
+  struct AutoMode {
+    bool applied = false;
+    SimMode chosen = SimMode::fast;
+    int64_t fast_ranks = 0, approx_ranks = 0;
+  } auto_mode;
   // Fast mode simulated every tensor-parallel rank because another group (dp, pp, ...) has members
   // on the same node and shares its NVLink with the tp collectives; --mode approx folds them.
   bool tp_fold_declined = false;
@@ -142,6 +157,11 @@ struct SimulationOutput {
   } parameter_servers;
 };
 
+// What --mode auto chooses for `program` (SimMode::automatic above): `applied` false where
+// options.mode is another mode.
+SimulationOutput::AutoMode choose_auto_mode(const StepProgram& program, const Topology& topology,
+                                            const DeviceProfile& profile, const SimulateOptions& options);
+
 // Throws InputError for a full-mode request above its limits (suggesting fast mode).
 // Runs one SimGrid engine: call once per process.
 SimulationOutput simulate_program(const StepProgram& program, const Topology& topology,
@@ -160,7 +180,8 @@ struct SharedJob {
 // The jobs' steps, each from its start_s, on one platform of the shared topology: their flows
 // share its NICs, leaf uplinks and router links (contention), each job's ranks on its own nodes
 // (disjoint; InputError otherwise). They run under shared_job_options. A topology with
-// heterogeneity is refused (its factors are per node of one job). Returns each job's output, in
+// heterogeneity is refused (its factors are per node of one job). --mode auto is fast mode for
+// several jobs (the choice is per job; one engine runs one mode). Returns each job's output, in
 // the job's own rank numbers. One SimGrid engine: call once per process.
 std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, const Topology& shared,
                                             const DeviceProfile& profile, const SimulateOptions& options);

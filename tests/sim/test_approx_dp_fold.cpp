@@ -158,16 +158,51 @@ TEST_CASE("simulate: approx keeps every data-parallel copy where they are not al
   CHECK(approx["simulated_ranks"].get<int64_t>() == 4);
 }
 
+namespace {
+
+// pp 2 × dp `dp` of gpt2-124m, one rank per device, on 8-GPU nodes.
+std::string pp2_args(int dp) {
+  Json plan = {{"name", "pp2-dp" + std::to_string(dp)}, {"pp_size", 2}, {"dp_size", dp}, {"micro_batch_size", 1},
+               {"global_batch_size", 2 * dp}};
+  return test::model_arg("gpt2-124m") + " --topology " + source_path("topologies/dgx-a100-80gb.json") +
+         " --nodes " + std::to_string(2 * dp / 8) + " --plan " +
+         test::write_temp_file("plan-pp2-dp" + std::to_string(dp) + ".json", plan.dump(2)) + " --no-scaling";
+}
+
+}  // namespace
+
 TEST_CASE("simulate: fast mode names what --mode approx would simulate at scale", "[simulate]") {
-  // 256 ranks (pp 2 × dp 128, one rank per device): approx would simulate one copy per stage.
-  Json plan = {{"name", "pp2-dp128"}, {"pp_size", 2}, {"dp_size", 128}, {"micro_batch_size", 1},
-               {"global_batch_size", 256}};
+  // 256 ranks (pp 2 × dp 128): approx would simulate one copy per stage.
   std::string dir = fresh_dir("approx-dp-note");
-  CommandResult fast = run_stepcast("simulate" + test::model_arg("gpt2-124m") + " --topology " +
-                                    source_path("topologies/dgx-a100-80gb.json") + " --nodes 32 --plan " +
-                                    test::write_temp_file("plan-pp2-dp128.json", plan.dump(2)) +
-                                    " --no-scaling --no-records --out " + dir);
+  CommandResult fast = run_stepcast("simulate" + pp2_args(128) + " --no-records --mode fast --out " + dir);
   INFO(fast.output);
   REQUIRE(fast.exit_code == 0);
   CHECK_THAT(fast.output, Contains("note: --mode approx would simulate 2 ranks instead of 256"));
+  Json prediction = read_json(dir + "/prediction.json");
+  CHECK(prediction["mode"] == "fast");
+  CHECK(prediction["mode_requested"] == "fast");
+  CHECK(prediction["mode_choice"].is_null());
+}
+
+TEST_CASE("simulate: --mode auto (the default) runs approx from 256 ranks fast mode would simulate",
+          "[simulate]") {
+  // 256 ranks: auto is approx, the same prediction as --mode approx, and says why.
+  Json chosen = simulate(pp2_args(128) + " --no-records", "auto-256");
+  Json approx = simulate(pp2_args(128) + " --no-records --mode approx", "approx-256");
+  CHECK(chosen["mode"] == "approx");
+  CHECK(chosen["mode_requested"] == "auto");
+  CHECK_THAT(chosen["mode_choice"].get<std::string>(),
+             Contains("chose approx: fast mode would simulate 256 ranks (256 or more), approx 2"));
+  CHECK(chosen["simulated_ranks"].get<int64_t>() == 2);
+  CHECK(chosen["step_time_s"].get<double>() == approx["step_time_s"].get<double>());
+  // 128 ranks: auto is fast mode, the same prediction as --mode fast.
+  Json small = simulate(pp2_args(64) + " --no-records", "auto-128");
+  Json fast = simulate(pp2_args(64) + " --no-records --mode fast", "fast-128");
+  CHECK(small["mode"] == "fast");
+  CHECK_THAT(small["mode_choice"].get<std::string>(), Contains("chose fast: it simulates 128 ranks"));
+  CHECK(small["simulated_ranks"].get<int64_t>() == 128);
+  CHECK(small["step_time_s"].get<double>() == fast["step_time_s"].get<double>());
+  CommandResult bad = run_stepcast("simulate" + pp2_args(64) + " --no-records --mode quick");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Contains("--mode 'quick': valid: auto, fast, full, approx"));
 }

@@ -506,7 +506,7 @@ TEST_CASE("simulate: bad input reaches the user as exit code 2 and one message",
   }
   SECTION("--mode bogus") {
     check_one_error(run_stepcast("simulate" + tiny + plan_arg("tiny-cpu") + " --mode bogus"),
-                    "--mode 'bogus': valid: fast, full");
+                    "--mode 'bogus': valid: auto, fast, full, approx");
   }
 }
 
