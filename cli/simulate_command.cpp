@@ -108,7 +108,8 @@ int run_simulate(int argc, char** argv) {
        "on: compute beside a collective on another stream runs on the SMs the collective leaves "
        "(the profile's `overlap`); off: at full speed")
       ("records", po::value<std::string>()->default_value("representative"),
-       "per-op records in prediction.json: representative (the first rank of each role, i.e. "
+       "per-op records in prediction.json (of the ops that take time; the trace's memory counter shows "
+       "the allocs and frees): representative (the first rank of each role, i.e. "
        "pipeline stage, and the critical rank: what `compare` joins), all (every simulated rank; "
        "fast mode simulates tensor-parallel index 0), none")
       ("trace", po::value<std::string>()->default_value("representative"),
@@ -206,6 +207,9 @@ int run_simulate(int argc, char** argv) {
                      : mode_name == "fast"   ? SimMode::fast
                                              : SimMode::automatic;
   sim_options.detail_all = records_scope == Scope::all || trace_scope == Scope::all;
+  // Records are kept only for the files that hold them (10^7 of them for a deep pipeline).
+  sim_options.keep_records =
+      vm->count("out") > 0 && (records_scope != Scope::none || trace_scope != Scope::none);
   // The dp_size = 1 reference runs in a child process beside this one's simulation (forked
   // before any thread or SimGrid engine of this process).
   const bool scaling = !(*vm)["no-scaling"].as<bool>() && in.plan.dp_size > 1;
@@ -382,8 +386,18 @@ int run_simulate(int argc, char** argv) {
                             [&](std::ostream& out) { write_chrome_trace(out, program, traced); });
       });
     }
+    // prediction.json records the ops that take time: an alloc or a free happens as its deps end
+    // (the trace's memory counter shows them), and `compare` joins neither; they are 2/3 of a
+    // transformer's ops.
+    int64_t role_rank = -1;
+    const Role* role = nullptr;
+    auto takes_time = [&](const OpRecord& r) {
+      if (r.rank != role_rank) role = &program.role_of_rank(role_rank = r.rank);
+      const OpKind kind = role->ops[size_t(r.id)].kind;
+      return kind != OpKind::alloc && kind != OpKind::free;
+    };
     write_output_stream(dir, "prediction" + suffix,
-                        [&](std::ostream& out) { write_step_result_json(out, result); });
+                        [&](std::ostream& out) { write_step_result_json(out, result, takes_time); });
     if (trace_written.valid()) trace_written.get();
     std::cout << "wrote " << dir << "/prediction" << suffix;
     if (trace_scope != Scope::none) std::cout << " and " << dir << "/trace" << suffix;

@@ -128,12 +128,18 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
           "ranks 0.." + std::to_string(program.world_size() - 1) + " and the ids of their role");
     }
   };
+  // Alloc and free take no time: a prediction does not record them (simulate writes the ops that
+  // take time), and a measurement's are left out of the join too.
+  auto memory_op = [&](const OpRecord& r) {
+    const OpKind kind = program.role_of_rank(r.rank).ops[size_t(r.id)].kind;
+    return kind == OpKind::alloc || kind == OpKind::free;
+  };
   std::map<std::pair<int64_t, int32_t>, const OpRecord*> predicted;
   std::set<int64_t> p_ranks, m_ranks;
   for (const OpRecord& r : prediction.ops) {
     check_record(r, label(prediction, "prediction"));
-    predicted[{r.rank, r.id}] = &r;
     p_ranks.insert(r.rank);
+    if (!memory_op(r)) predicted[{r.rank, r.id}] = &r;
   }
   c.predicted_ranks.assign(p_ranks.begin(), p_ranks.end());
   auto duration = [](const OpRecord& r) {
@@ -144,6 +150,7 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
   for (const OpRecord& mr : measurement.ops) {
     check_record(mr, label(measurement, "measurement"));
     m_ranks.insert(mr.rank);
+    if (memory_op(mr)) continue;
     auto it = predicted.find({mr.rank, mr.id});
     if (it == predicted.end()) {
       ++c.ops_measured_only;
@@ -151,7 +158,6 @@ void compare_ops(const StepResult& prediction, const StepResult& measurement,
     }
     ++c.ops_joined;
     const Op& op = program.role_of_rank(mr.rank).ops[mr.id];
-    if (op.kind == OpKind::alloc || op.kind == OpKind::free) continue;
     if (is_collective(op.kind) || op.kind == OpKind::recv) {
       ++c.waiting_ops_joined;
       c.waiting_ops_measured_ready_at_start += mr.ready_s == mr.start_s;

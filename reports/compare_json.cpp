@@ -86,7 +86,7 @@ Json compare_to_json(const CompareResult& c) {
                    {"error_s", o.error_s()}});
   }
   Json ops = {
-      {"duration", "end_s - max(start_s, ready_s); alloc and free are joined, not aggregated"},
+      {"duration", "end_s - max(start_s, ready_s); ops that take time: alloc and free are neither joined nor aggregated"},
       {"predicted_ranks", c.predicted_ranks},
       {"measured_ranks", c.measured_ranks},
       {"joined", c.ops_joined},

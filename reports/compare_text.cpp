@@ -161,7 +161,7 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
   out << (markdown ? "" : "  ") << c.ops_joined << " joined, " << c.ops_predicted_only
       << " predicted only, " << c.ops_measured_only << " measured only (ranks: predicted "
       << list(c.predicted_ranks) << "; measured " << list(c.measured_ranks)
-      << "); duration = end_s − max(start_s, ready_s), alloc/free not counted\n";
+      << "); ops that take time (alloc and free are not joined); duration = end_s − max(start_s, ready_s)\n";
   if (c.waiting_ops_joined > 0 && c.waiting_ops_measured_ready_at_start == c.waiting_ops_joined) {
     out << (markdown ? "\n" : "  ") << "note: the measurement's ready_s equals start_s on all "
         << c.waiting_ops_joined << " collectives and receives, so its durations include the "

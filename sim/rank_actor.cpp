@@ -197,7 +197,7 @@ class RankActor {
       if (plan().in_order && c == SimRole::send) {
         // In order: copy to the staging buffer (when staged), then post; the op ends when
         // posted, the thread moves on and the transfer completes on its own.
-        double copy_s = plan().staging_s[role_index_][op.id];
+        double copy_s = plan().staging_s_of(role_index_, op.id);
         if (copy_s > 0) {
           run.staging = true;
           add(delay_on(stream, copy_s), stream);
@@ -371,7 +371,7 @@ class RankActor {
     auto [it, inserted] = out_.collective_issue.emplace(key, now());
     if (!inserted) it->second = std::max(it->second, now());
     out_.state[slot_].collective_key[op.id] = key;
-    run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale[role_index_][op.id],
+    run.steps = collective_steps(op.kind, op.algorithm, op.bytes * plan().flow_scale_of(role_index_, op.id),
                                  group->layout, member, plan().phase_flows, ep_chunks(op));
     if (beside_compute(op)) slow_compute(group->spans_nodes, +1);
     run.step = 0;

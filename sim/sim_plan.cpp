@@ -320,8 +320,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     costs.assign(role.ops.size(), 0);
     analytic.assign(role.ops.size(), 0);
     sync_only.assign(role.ops.size(), 0);
-    staging.assign(role.ops.size(), 0);
-    plan.flow_scale[role.index].assign(role.ops.size(), 1.0);
+    if (plan.in_order && profile.execution_staged_sends) staging.assign(role.ops.size(), 0);
     plan.tp_sync[role.index].assign(role.ops.size(), 0);
     int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
     for (const Op& op : role.ops) {
@@ -365,7 +364,9 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         double r = collective_cost.correction(op.kind, op.algorithm, op.bytes, whole);
         note_correction(r);
         if (r < 1) {
-          plan.flow_scale[role.index][op.id] = r;
+          auto& scale = plan.flow_scale[role.index];
+          if (scale.empty()) scale.assign(role.ops.size(), 1.0);  // the role's first
+          scale[op.id] = r;
         } else {
           costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
         }

@@ -84,11 +84,18 @@ struct SimPlan {
   // per role, per op: a simulated collective whose flows only synchronise its members (no
   // bytes); its measured time, less the flows' latency, follows as op_cost_s
   std::vector<std::vector<char>> sync_only;
-  // per role, per op: a staged send's copy before it is posted (in_order with staged sends)
+  // per role, per op: a staged send's copy before it is posted (in_order with staged sends; empty
+  // for a role without one: 0 s)
   std::vector<std::vector<double>> staging_s;
+  double staging_s_of(size_t role, int32_t id) const {
+    return staging_s[role].empty() ? 0.0 : staging_s[role][size_t(id)];
+  }
   // per role, per op: scale on the bytes a simulated collective's flows carry (the measured
-  // correction where it is below 1)
+  // correction where it is below 1; empty for a role without one: 1)
   std::vector<std::vector<double>> flow_scale;
+  double flow_scale_of(size_t role, int32_t id) const {
+    return flow_scale[role].empty() ? 1.0 : flow_scale[role][size_t(id)];
+  }
   // per role, per op: a collective of the folded tensor-parallel group (ends a compute segment)
   std::vector<std::vector<char>> tp_sync;
   std::vector<SimRole> roles;                         // per role: the actors' walk

@@ -5,9 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "json_input.hpp"
+#include "program_json.hpp"
 #include "test_support.hpp"
 
 using namespace stepcast;
@@ -86,6 +88,41 @@ TEST_CASE("simulate: records and trace of one rank per role by default, every ra
   std::string bare = simulate_into("bare", " --no-records");
   CHECK(read_json(bare + "/prediction.json")["ops"].empty());
   CHECK_FALSE(std::ifstream(bare + "/trace.json").good());
+}
+
+TEST_CASE("simulate: prediction.json records the ops that take time, the trace shows memory too",
+          "[simulate][outputs]") {
+  std::string dir = simulate_into("timed", "");
+  std::string lowered = fresh_dir("outputs-timed-program");
+  CommandResult lower = run_stepcast("lower" + model_arg("tiny") + topology_arg("localhost-cpu") +
+                                     plan_arg("tiny-cpu-3d") + " --nodes 4 --out " + lowered);
+  INFO(lower.output);
+  REQUIRE(lower.exit_code == 0);
+  const StepProgram program = read_program_json(lowered + "/program.json");
+  Json prediction = read_json(dir + "/prediction.json");
+  // Every op of each recorded rank that takes time, once, and no alloc or free.
+  std::map<int64_t, std::set<int64_t>> recorded;
+  for (const Json& op : prediction["ops"]) recorded[op["rank"].get<int64_t>()].insert(op["id"].get<int64_t>());
+  REQUIRE(recorded.size() >= 2);  // one rank per pipeline stage (and the critical rank)
+  for (const auto& [rank, ids] : recorded) {
+    std::set<int64_t> timed;
+    int64_t memory_ops = 0;
+    for (const Op& op : program.role_of_rank(rank).ops) {
+      if (op.kind == OpKind::alloc || op.kind == OpKind::free) {
+        ++memory_ops;
+      } else {
+        timed.insert(op.id);
+      }
+    }
+    INFO("rank " << rank);
+    CHECK(memory_ops > 0);
+    CHECK(ids == timed);
+  }
+  // The trace's memory counter still follows the allocs and frees.
+  int64_t counters = 0;
+  const Json trace = read_json(dir + "/trace.json");
+  for (const Json& e : trace["traceEvents"]) counters += e["ph"] == "C";
+  CHECK(counters > 0);
 }
 
 TEST_CASE("simulate: prediction.json opens on its summary, the records last",
