@@ -372,7 +372,13 @@ int32_t OpEmitter::p2p(const OpSite& at, OpKind kind, Peer peer, int64_t tag, do
   Op op = op_at(at, kind, Stream::p2p, kind == OpKind::send ? OpName::send : OpName::recv);
   op.peer = peer;
   if (tp_slice) op.group = GroupKind::tp;
-  op.tag = tag;
+  if (tag < 0 || tag > kMaxTag) {
+    throw InputError("plan: its pipeline and context-parallel transfers need tags up to " + std::to_string(tag) +
+                     " (one per microbatch, virtual stage, layer and ring step), beyond the " +
+                     std::to_string(kMaxTag) + " an MPI tag holds: valid: fewer microbatches per step "
+                     "(global_batch_size / (micro_batch_size · dp_size)) or virtual stages");
+  }
+  op.tag = int32_t(tag);
   op.bytes = bytes;
   if (kind == OpKind::send) op.inputs = {buffer};
   else op.outputs = {buffer};

@@ -16,6 +16,7 @@
 #include "buffer_name.hpp"
 #include "fp8.hpp"
 #include "json_input.hpp"
+#include "op_shape.hpp"
 #include "rank_grid.hpp"
 #include "small_vector.hpp"
 #include "topology.hpp"
@@ -128,11 +129,11 @@ std::string data_buffer_name(int32_t microbatch, DataBuffer what);
 DataBuffer data_buffer_kind(const std::string& buffer);
 int32_t data_buffer_microbatch(const std::string& buffer);  // K of "mb<K>.data.…"
 
-// An alloc's shape: up to three dims held in the op itself.
-using OpShape = SmallVector<int64_t, 3>;
-
 // One op. Fields that do not apply to a kind keep their defaults and are omitted from JSON.
 // Ordered for size (a 1T-parameter plan holds about 10^7 ops): the one-byte fields together.
+// The largest tag of a send or receive: MPI's and the executors' tags are int.
+inline constexpr int64_t kMaxTag = 2147483647;
+
 struct Op {
   int32_t id = 0;
   OpKind kind = OpKind::gemm;
@@ -160,7 +161,8 @@ struct Op {
   // fp8.scale[slot]; −1: not FP8.
   std::array<int32_t, 2> fp8_slots = {-1, -1};
   BufferName buffer;  // alloc / free
-  int64_t tag = -1;   // send / recv
+  OpShape shape;      // alloc (interned: op_shape.hpp)
+  int32_t tag = -1;   // send / recv: 0 … kMaxTag
   SmallVector<int32_t, 4> deps;       // ids of ops in the same role that must finish first
   // Buffers read and written, in the order of the slots of the op's signature.
   SmallVector<BufferName, 4> inputs;
@@ -170,7 +172,6 @@ struct Op {
   int64_t batch = 0, m = 0, n = 0, k = 0;
   double flops = 0;                   // floating-point operations executed
   double bytes = 0;                   // compute: bytes moved to/from memory; comm: payload bytes
-  OpShape shape;  // alloc
 };
 
 // Streams order the ops an interpreter issues: compute and comm ops run one after the other in

@@ -302,7 +302,7 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
           }
           if (is_p2p(op.kind)) {
             op.peer = parse_enum(jo.at("peer"), Peer::ps_worker, path, "peer");
-            op.tag = integer(jo.at("tag"), "tag", -1, kLarge);
+            op.tag = int32_t(integer(jo.at("tag"), "tag", -1, kMaxTag));
             op.server = int32_t(integer(jo.value("server", Json(-1)), "server", -1, p.parameter_servers - 1));
             if ((op.peer == Peer::ps_server) != (op.server >= 0)) {
               throw InputError(path + ": op " + std::to_string(op.id) + ": peer " + to_string(op.peer) +

@@ -28,7 +28,7 @@ Dtype RoleBuilder::live_dtype(BufferName name) const {
   return role_.ops[size_t(it->second.alloc_op)].dtype;
 }
 
-const OpShape& RoleBuilder::live_shape(BufferName name) const {
+OpShape RoleBuilder::live_shape(BufferName name) const {
   auto it = buffers_.find(name);
   STEPCAST_CHECK(it != buffers_.end(), "lowering asks the shape of buffer '" + name + "' that is not allocated");
   return role_.ops[size_t(it->second.alloc_op)].shape;
@@ -96,7 +96,7 @@ int32_t RoleBuilder::alloc(BufferName name, BufferClass buffer_class, Dtype dtyp
   if (detail_ == RoleDetail::full) op.buffer = name;
   op.buffer_class = buffer_class;
   op.dtype = dtype;
-  op.shape = std::move(shape);
+  op.shape = shape;
   double elements = 1;
   for (int64_t d : op.shape) elements *= double(d);
   op.bytes = elements * dtype_bytes(dtype);

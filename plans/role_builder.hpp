@@ -37,7 +37,7 @@ class RoleBuilder {
   bool is_live(BufferName name) const;
   double live_bytes(BufferName name) const;
   Dtype live_dtype(BufferName name) const;  // of a live buffer
-  const OpShape& live_shape(BufferName name) const;
+  OpShape live_shape(BufferName name) const;
   int32_t last_op() const { return int32_t(role_.ops.size()) - 1; }
   // The last compute-side op (not alloc/free, not a pipeline transfer): a dependency on a free
   // orders nothing, since interpreters treat memory ops as done once their users are, and one on

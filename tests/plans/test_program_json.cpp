@@ -168,6 +168,23 @@ TEST_CASE("an operand whose slot, dtype or shape disagrees with the program is r
   refused("\"name\":\"qkv\"", "\"name\":\"qkv_fused\"", "unknown op name");
 }
 
+TEST_CASE("a send or receive whose tag an MPI tag cannot hold is refused", "[program_json]") {
+  // The first lowering case with pipeline transfers.
+  std::string text;
+  for (size_t i = 0; i < lowering_cases().size() && text.find("\"tag\":") == std::string::npos; ++i) {
+    StepProgram written;
+    text = read_text(write_case(lowering_cases()[i], written));
+  }
+  const size_t at = text.find("\"tag\":");
+  REQUIRE(at != std::string::npos);
+  const size_t end = text.find_first_of(",}", at);
+  std::string edited = text;
+  edited.replace(at, end - at, "\"tag\":2147483648");
+  std::string path = write_temp_file("tag-beyond-int.json", rehash(edited));
+  CHECK_THROWS_AS(read_program_json(path), InputError);
+  CHECK_THROWS_WITH(read_program_json(path), Catch::Contains("tag") && Catch::Contains("2147483647"));
+}
+
 namespace {
 
 // Lowering case `i`'s model, topology and validated plan.
