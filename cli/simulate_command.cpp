@@ -386,18 +386,10 @@ int run_simulate(int argc, char** argv) {
                             [&](std::ostream& out) { write_chrome_trace(out, program, traced); });
       });
     }
-    // prediction.json records the ops that take time: an alloc or a free happens as its deps end
-    // (the trace's memory counter shows them), and `compare` joins neither; they are 2/3 of a
-    // transformer's ops.
-    int64_t role_rank = -1;
-    const Role* role = nullptr;
-    auto takes_time = [&](const OpRecord& r) {
-      if (r.rank != role_rank) role = &program.role_of_rank(role_rank = r.rank);
-      const OpKind kind = role->ops[size_t(r.id)].kind;
-      return kind != OpKind::alloc && kind != OpKind::free;
-    };
+    // The records are of the ops that take time (sim_outcome.cpp): an alloc or a free happens as its deps
+    // end, the trace's memory counter shows them, and `compare` joins neither.
     write_output_stream(dir, "prediction" + suffix,
-                        [&](std::ostream& out) { write_step_result_json(out, result, takes_time); });
+                        [&](std::ostream& out) { write_step_result_json(out, result); });
     if (trace_written.valid()) trace_written.get();
     std::cout << "wrote " << dir << "/prediction" << suffix;
     if (trace_scope != Scope::none) std::cout << " and " << dir << "/trace" << suffix;

@@ -261,24 +261,47 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   }
 
   // A memory counter per rank: the program's memory walk (its alloc and free ops in list order,
-  // so the counter's peak is the program's), each change placed at its record's time and never
-  // before the previous one (an alloc without deps is recorded at 0).
-  std::map<int64_t, std::vector<const OpRecord*>> memory_ops;
+  // so the counter's peak is the program's), each change placed at its op's time and never
+  // before the previous one (an alloc without deps happens at 0). Where the records leave the
+  // allocs and frees out (a prediction's: they happen as their deps end), their times are
+  // derived so from the recorded ops.
+  struct RankRecords {
+    std::vector<const OpRecord*> memory, timed;
+  };
+  std::map<int64_t, RankRecords> of_rank;
   for (const OpRecord& r : records) {
     OpKind kind = role_of(r.rank).ops[r.id].kind;
-    if (kind == OpKind::alloc || kind == OpKind::free) memory_ops[r.rank].push_back(&r);
+    RankRecords& rr = of_rank[r.rank];
+    (kind == OpKind::alloc || kind == OpKind::free ? rr.memory : rr.timed).push_back(&r);
   }
-  for (auto& [rank, ops] : memory_ops) {
-    std::sort(ops.begin(), ops.end(), [](const OpRecord* a, const OpRecord* b) { return a->id < b->id; });
+  std::vector<std::pair<int32_t, double>> changes;  // (op id, time) of a rank's allocs and frees
+  std::vector<double> end_of;
+  for (auto& [rank, rr] : of_rank) {
+    const Role& role = role_of(rank);
+    changes.clear();
+    if (!rr.memory.empty()) {
+      for (const OpRecord* r : rr.memory) changes.emplace_back(r->id, r->start_s);
+      std::sort(changes.begin(), changes.end());
+    } else {
+      end_of.assign(role.ops.size(), 0);
+      for (const OpRecord* r : rr.timed) end_of[size_t(r->id)] = r->end_s;
+      for (const Op& op : role.ops) {
+        if (op.kind != OpKind::alloc && op.kind != OpKind::free) continue;
+        double at = 0;
+        for (int32_t d : op.deps) at = std::max(at, end_of[size_t(d)]);
+        end_of[size_t(op.id)] = at;
+        changes.emplace_back(op.id, at);
+      }
+    }
     double level = 0, at = 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = role_of(rank).ops[ops[i]->id];
+    for (size_t i = 0; i < changes.size(); ++i) {
+      const Op& op = role.ops[size_t(changes[i].first)];
       level += op.kind == OpKind::alloc ? op.bytes : -op.bytes;
-      at = std::max(at, ops[i]->start_s);
+      at = std::max(at, changes[i].second);
       // One sample per instant: the level after the last change at that time.
-      if (i + 1 < ops.size() && std::max(at, ops[i + 1]->start_s) == at) {
+      if (i + 1 < changes.size() && std::max(at, changes[i + 1].second) == at) {
         // the next change lands at the same instant: sample after it, unless this is the peak
-        const Op& next = role_of(rank).ops[ops[i + 1]->id];
+        const Op& next = role.ops[size_t(changes[i + 1].first)];
         if (next.kind == OpKind::alloc) continue;
       }
       trace.maybe_flush();

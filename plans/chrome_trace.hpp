@@ -4,7 +4,8 @@
 // layer, microbatch, bytes and flops; collectives carry their group, algorithm and bytes. Flow
 // arrows ("s"/"f") join each send to its receive where both ranks are recorded, and a counter
 // track ("C", "memory") per rank follows the bytes of live program buffers from the alloc and
-// free records. Written by `simulate` and `run` alike.
+// free records, or where the records leave them out (a prediction's), from their deps' ends.
+// Written by `simulate` and `run` alike.
 #pragma once
 
 #include <ostream>

@@ -157,8 +157,7 @@ Json step_result_to_json(const StepResult& r) {
   return out;
 }
 
-void write_step_result_json(std::ostream& out, const StepResult& result,
-                            const std::function<bool(const OpRecord&)>& keep) {
+void write_step_result_json(std::ostream& out, const StepResult& result) {
   Json summary = summary_to_json(result);
   summary.erase("ops");  // the records come last, below
   // The keys a person looks for first, then the rest of the summary, memory and inputs last.
@@ -183,11 +182,9 @@ void write_step_result_json(std::ostream& out, const StepResult& result,
   constexpr size_t kChunkBytes = 1 << 20;
   std::string chunk;
   chunk.reserve(kChunkBytes);
-  bool first_record = true;
-  for (const OpRecord& o : result.ops) {
-    if (keep && !keep(o)) continue;
-    chunk += first_record ? "\n{\"rank\":" : ",\n{\"rank\":";
-    first_record = false;
+  for (size_t i = 0; i < result.ops.size(); ++i) {
+    const OpRecord& o = result.ops[i];
+    chunk += i ? ",\n{\"rank\":" : "\n{\"rank\":";
     append_json_number(chunk, o.rank);
     chunk += ",\"id\":";
     append_json_number(chunk, o.id);

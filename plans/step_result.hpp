@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -73,10 +72,8 @@ Json step_result_to_json(const StepResult& result);
 // The same document as text, written as it goes (a prediction holds 10^6 records and more: no
 // JSON tree of them in memory), laid out for a person who opens it: the summary first, one key a
 // line (step time, breakdown, throughput, the run's figures), then memory and inputs, the per-op
-// records last, one a line. Reads back as step_result_to_json(result) does; with `keep`, only the
-// records it keeps are written (a prediction's ops that take time: simulate_command.cpp).
-void write_step_result_json(std::ostream& out, const StepResult& result,
-                            const std::function<bool(const OpRecord&)>& keep = {});
+// records last, one a line. Reads back as step_result_to_json(result) does.
+void write_step_result_json(std::ostream& out, const StepResult& result);
 
 // Fills ready_s of receives (when the matching send started on the peer) and collectives (when
 // the last member of the group started the same collective: the k-th of its group kind and

@@ -161,9 +161,10 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
   for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
     if (plan.representative[slot] || slot == critical_slot) out.representative_ranks.push_back(plan.ranks[slot]);
   }
-  // The records of `slot`'s ops, appended to `into` (memory ops timed from their deps, recorded
-  // before them).
-  auto append_records = [&](size_t slot, std::vector<OpRecord>& into) {
+  // The records of `slot`'s ops, appended to `into`: those that take time, and with
+  // `memory_ops` the allocs and frees too (timed from their deps, recorded before them), so
+  // that `into` from its first record of the slot is indexed by op id.
+  auto append_records = [&](size_t slot, std::vector<OpRecord>& into, bool memory_ops) {
     const int64_t rank = plan.ranks[slot];
     const RankState& st = outcome.state[slot];
     const Role& role = program.role_of_rank(rank);
@@ -171,6 +172,7 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
     const size_t first = into.size();
     for (const Op& op : role.ops) {
       const int32_t t = walk.timed_index[op.id];
+      if (t < 0 && !memory_ops) continue;
       OpRecord rec{rank, op.id, 0, 0, 0};
       if (t >= 0) {
         rec.start_s = rec.end_s = rec.ready_s = st.start[t];
@@ -202,29 +204,24 @@ void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& ou
       into.push_back(rec);
     }
   };
-  // Breakdown of the critical rank, from its records (kept among the others' unless they are
-  // not wanted).
-  const Role& critical_role = program.role_of_rank(out.critical_rank);
-  std::vector<OpRecord> critical;
+  // The detail ranks' records of the ops that take time (2/3 of a transformer's ops are allocs
+  // and frees), and the breakdown of the critical rank from all of its own.
   if (plan.keep_records) {
     size_t count = 0;
     for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
-      if (detail[slot]) count += program.role_of_rank(plan.ranks[slot]).ops.size();
+      if (detail[slot]) count += size_t(plan.roles[size_t(program.role_of_rank(plan.ranks[slot]).index)].timed_ops);
     }
     out.records.reserve(count);
-    size_t critical_first = 0;
     for (size_t slot = 0; slot < plan.ranks.size(); ++slot) {
       if (!detail[slot]) continue;
       out.detail_ranks.push_back(plan.ranks[slot]);
-      if (slot == critical_slot) critical_first = out.records.size();
-      append_records(slot, out.records);
+      append_records(slot, out.records, false);
     }
-    const auto begin = out.records.begin() + std::ptrdiff_t(critical_first);
-    critical.assign(begin, begin + std::ptrdiff_t(critical_role.ops.size()));
-  } else {
-    critical.reserve(critical_role.ops.size());
-    append_records(critical_slot, critical);
   }
+  const Role& critical_role = program.role_of_rank(out.critical_rank);
+  std::vector<OpRecord> critical;
+  critical.reserve(critical_role.ops.size());
+  append_records(critical_slot, critical, true);
   out.breakdown = breakdown_of_rank(critical_role, critical, 0, out.step_time_s);
   // The critical rank's compute slowed by collectives beside it (overlap_speeds), out of compute.
   double interference = 0;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "collective.hpp"
 #include "collective_cost.hpp"
@@ -445,6 +446,25 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   }
   plan.topology = topology;
   return plan;
+}
+
+void release_walks(SimPlan& plan) {
+  auto release = [](auto& v) { std::remove_reference_t<decltype(v)>().swap(v); };
+  release(plan.analytic);
+  release(plan.feeds_other_stream);
+  release(plan.sync_only);
+  release(plan.staging_s);
+  release(plan.flow_scale);
+  release(plan.tp_sync);
+  for (SimRole& walk : plan.roles) {
+    for (auto& queue : walk.queue) release(queue);
+    release(walk.op_class);
+    release(walk.queue_of);
+    release(walk.queue_pos);
+    release(walk.deps_begin);
+    release(walk.deps);
+    release(walk.initially_done);
+  }
 }
 
 }  // namespace stepcast::sim_detail

@@ -195,6 +195,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
                         const DeviceProfile& profile, const SimulateOptions& options,
                         const VariabilityDraws& draws, SimulationOutput& out);
 
+// After the run, before read_outcome: frees what only the actors read (the per-op costs' flags,
+// the walks' queues, classes and dependencies): a deep pipeline's are hundreds of
+// megabytes, and read_outcome's records are as many again.
+void release_walks(SimPlan& plan);
+
 // After the run: names ranks that never finished (an invariant failure), times memory ops,
 // finds the critical rank, and fills `out`'s step time, records, breakdown and mode.
 void read_outcome(const SimPlan& plan, SimOutcome& outcome, SimulationOutput& out);

@@ -6,6 +6,10 @@
 
 #include <simgrid/s4u.hpp>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <memory>
 #include <cmath>
@@ -66,6 +70,9 @@ SimulationOutput simulate_program(const StepProgram& program, const Topology& to
     for (int64_t n = 0; n < topology_in.num_nodes; ++n) job.nodes.push_back(n);
     out = std::move(simulate_jobs({job}, topology_in, profile, resolved).front());
   }
+#ifdef __GLIBC__
+  malloc_trim(0);  // the engine's and the plan's pages back to the system before the outputs are made
+#endif
   out.auto_mode = choice;
   return out;
 }
@@ -187,6 +194,10 @@ std::vector<SimulationOutput> simulate_jobs(const std::vector<SharedJob>& jobs, 
     create_rank_actors(plans[j], hosts[j], outcomes[j]);
   }
   engine.run();
+  for (size_t j = 0; j < jobs.size(); ++j) release_walks(plans[j]);
+#ifdef __GLIBC__
+  malloc_trim(0);  // the walks' pages back to the system before the records take as many
+#endif
   for (size_t j = 0; j < jobs.size(); ++j) read_outcome(plans[j], outcomes[j], out[j]);
   return out;
 }

@@ -107,7 +107,7 @@ struct SimulationOutput {
   double step_time_s = 0;
   int64_t critical_rank = 0;
   Breakdown breakdown;
-  std::vector<OpRecord> records;       // detail ranks' ops, ordered by (rank, id)
+  std::vector<OpRecord> records;       // detail ranks' ops that take time (no alloc or free), by (rank, id)
   std::vector<int64_t> simulated_ranks;
   std::vector<int64_t> detail_ranks;
   std::vector<int64_t> representative_ranks;  // the default detail ranks and the critical rank
