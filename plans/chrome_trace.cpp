@@ -2,6 +2,12 @@
 #include "chrome_trace.hpp"
 
 #include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -26,31 +32,156 @@ struct Placed {
   int tid;
 };
 
-// The trace's text, handed to the stream a megabyte at a time.
-class TraceText {
+// The events after the processes' and threads' names, formatted in pieces on two threads and
+// written in piece order, so that the file is the same bytes as one thread would write: piece k
+// goes to the stream when piece k − 1 has (each thread holds at most the piece it formats).
+class OrderedPieces {
  public:
-  explicit TraceText(std::ostream& out) : out_(out) { text_.reserve(kChunkBytes + 4096); }
-  ~TraceText() { flush(); }
-  std::string& text() { return text_; }
-  // ",\n" before every event but the first.
-  void separator() {
-    if (!first_) text_ += ",\n";
-    first_ = false;
-  }
-  void maybe_flush() {
-    if (text_.size() > kChunkBytes) flush();
-  }
-  void flush() {
-    out_.write(text_.data(), std::streamsize(text_.size()));
-    text_.clear();
+  explicit OrderedPieces(std::ostream& out) : out_(out) {}
+  // Runs `format(k, text)` for k = 0 … count − 1 on up to two threads, each text appended to an
+  // empty string, and writes the texts in order of k.
+  void run(size_t count, const std::function<void(size_t, std::string&)>& format) {
+    auto work = [&](size_t first, size_t step) {
+      std::string text;
+      for (size_t k = first; k < count; k += step) {
+        text.clear();
+        format(k, text);
+        std::unique_lock<std::mutex> lock(mutex_);
+        turn_.wait(lock, [&] { return next_ == k || stopped_; });
+        if (stopped_) return;
+        out_.write(text.data(), std::streamsize(text.size()));
+        ++next_;
+        turn_.notify_all();
+      }
+    };
+    // A piece that throws stops both threads; the first exception is rethrown here.
+    std::exception_ptr failed;
+    auto guarded = [&](size_t first, size_t step) {
+      try {
+        work(first, step);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!failed) failed = std::current_exception();
+        stopped_ = true;
+        turn_.notify_all();
+      }
+    };
+    if (count < 2 || std::thread::hardware_concurrency() < 2) {
+      guarded(0, 1);
+    } else {
+      std::thread other(guarded, 1, 2);
+      guarded(0, 2);
+      other.join();
+    }
+    if (failed) std::rethrow_exception(failed);
   }
 
  private:
-  static constexpr size_t kChunkBytes = 1 << 20;
   std::ostream& out_;
-  std::string text_;
-  bool first_ = true;
+  std::mutex mutex_;
+  std::condition_variable turn_;
+  size_t next_ = 0;
+  bool stopped_ = false;
 };
+
+// An op event's name, as JSON text, per (kind, name, grad): "gemm qkv dgrad" (each thread its own).
+class EventNames {
+ public:
+  const std::string& of(const Op& op) {
+    std::string& json = names_[(size_t(op.kind) * kNames + size_t(op.name)) * kGrads + size_t(op.grad)];
+    if (json.empty()) {
+      std::string name = to_string(op.kind);
+      if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
+      if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
+      json = Json(name).dump();
+    }
+    return json;
+  }
+
+ private:
+  static constexpr size_t kNames = size_t(OpName::recv) + 1, kGrads = size_t(Grad::wgrad) + 1;
+  std::vector<std::string> names_ = std::vector<std::string>((size_t(OpKind::free) + 1) * kNames * kGrads);
+};
+
+// The complete ("X") event of one op, after ",\n": args' keys in sorted order as nlohmann writes
+// them, numbers as the shortest text that reads back the same.
+void append_op_event(std::string& event, const Placed& p, EventNames& names) {
+  const OpRecord& r = *p.record;
+  const Op& op = *p.op;
+  auto number = [&event](auto value) { append_json_number(event, value); };
+  bool first_key = true;
+  auto key = [&event, &first_key](const char* name) {
+    event += first_key ? "{\"" : ",\"";
+    event += name;
+    event += "\":";
+    first_key = false;
+  };
+  auto text = [&event](const char* value) {
+    event += '"';
+    event += value;
+    event += '"';
+  };
+  event += ",\n{\"name\":";
+  event += names.of(op);
+  event += ",\"cat\":\"";
+  event += to_string(op.kind);
+  event += "\",\"ph\":\"X\",\"pid\":";
+  number(r.rank);
+  event += ",\"tid\":";
+  number(p.tid);
+  event += ",\"ts\":";
+  number(r.start_s * 1e6);
+  event += ",\"dur\":";
+  number((r.end_s - r.start_s) * 1e6);
+  event += ",\"args\":";
+  if (is_collective(op.kind)) {
+    key("algorithm");
+    text(to_string(op.algorithm));
+  }
+  key("bytes");
+  number(op.bytes);
+  if (op.chunk >= 0) {
+    key("chunk");
+    number(op.chunk);
+  }
+  if (is_compute(op.kind)) {
+    key("flops");
+    number(op.flops);
+  }
+  if (op.grad != Grad::none) {
+    key("grad");
+    text(to_string(op.grad));
+  }
+  if (is_collective(op.kind)) {
+    key("group");
+    text(to_string(op.group));
+  }
+  key("id");
+  number(op.id);
+  if (op.layer >= 0) {
+    key("layer");
+    number(op.layer);
+  }
+  if (op.microbatch >= 0) {
+    key("microbatch");
+    number(op.microbatch);
+  }
+  if (is_p2p(op.kind)) {
+    key("peer");
+    text(to_string(op.peer));
+  }
+  key("phase");
+  text(to_string(op.phase));
+  if (r.ready_s != r.start_s) {
+    key("ready_us");
+    number(r.ready_s * 1e6);
+  }
+  if (is_p2p(op.kind)) {
+    key("tag");
+    number(op.tag);
+  }
+  event += "}}";
+}
 
 }  // namespace
 
@@ -68,10 +199,12 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     }
     return *last_role;
   };
-  TraceText trace(out);
-  std::string& event = trace.text();
-  event += "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  auto separator = [&]() { trace.separator(); };
+  std::string event = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  bool first_event = true;
+  auto separator = [&]() {
+    if (!first_event) event += ",\n";
+    first_event = false;
+  };
 
   // Lanes: per rank and stream, each op on the lowest lane free when it starts (greedy interval
   // partitioning: as few tracks as the most ops running at once).
@@ -116,100 +249,9 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
       }
     }
   }
-  // The op events, written without a JSON tree per event (10^6 of them): args' keys in sorted
-  // order as nlohmann writes them, numbers as the shortest text that reads back the same.
-  auto number = [&event](auto value) { append_json_number(event, value); };
-  auto key = [&event](bool& first_key, const char* name) {
-    event += first_key ? "{\"" : ",\"";
-    event += name;
-    event += "\":";
-    first_key = false;
-  };
-  auto text = [&event](const char* value) {
-    event += '"';
-    event += value;
-    event += '"';
-  };
-  // An event's name, as JSON text, per (kind, name, grad): "gemm qkv dgrad".
-  constexpr size_t kNames = size_t(OpName::recv) + 1, kGrads = size_t(Grad::wgrad) + 1;
-  std::vector<std::string> names((size_t(OpKind::free) + 1) * kNames * kGrads);
-  auto name_json = [&](const Op& op) -> const std::string& {
-    std::string& json = names[(size_t(op.kind) * kNames + size_t(op.name)) * kGrads + size_t(op.grad)];
-    if (json.empty()) {
-      std::string name = to_string(op.kind);
-      if (op.name != OpName::none) name += std::string(" ") + to_string(op.name);
-      if (op.grad != Grad::none) name += std::string(" ") + to_string(op.grad);
-      json = Json(name).dump();
-    }
-    return json;
-  };
-  for (const Placed& p : placed) {
-    const OpRecord& r = *p.record;
-    const Op& op = *p.op;
-    trace.maybe_flush();
-    separator();
-    event += "{\"name\":";
-    event += name_json(op);
-    event += ",\"cat\":\"";
-    event += to_string(op.kind);
-    event += "\",\"ph\":\"X\",\"pid\":";
-    number(r.rank);
-    event += ",\"tid\":";
-    number(p.tid);
-    event += ",\"ts\":";
-    number(r.start_s * 1e6);
-    event += ",\"dur\":";
-    number((r.end_s - r.start_s) * 1e6);
-    event += ",\"args\":";
-    bool first_key = true;
-    if (is_collective(op.kind)) {
-      key(first_key, "algorithm");
-      text(to_string(op.algorithm));
-    }
-    key(first_key, "bytes");
-    number(op.bytes);
-    if (op.chunk >= 0) {
-      key(first_key, "chunk");
-      number(op.chunk);
-    }
-    if (is_compute(op.kind)) {
-      key(first_key, "flops");
-      number(op.flops);
-    }
-    if (op.grad != Grad::none) {
-      key(first_key, "grad");
-      text(to_string(op.grad));
-    }
-    if (is_collective(op.kind)) {
-      key(first_key, "group");
-      text(to_string(op.group));
-    }
-    key(first_key, "id");
-    number(op.id);
-    if (op.layer >= 0) {
-      key(first_key, "layer");
-      number(op.layer);
-    }
-    if (op.microbatch >= 0) {
-      key(first_key, "microbatch");
-      number(op.microbatch);
-    }
-    if (is_p2p(op.kind)) {
-      key(first_key, "peer");
-      text(to_string(op.peer));
-    }
-    key(first_key, "phase");
-    text(to_string(op.phase));
-    if (r.ready_s != r.start_s) {
-      key(first_key, "ready_us");
-      number(r.ready_s * 1e6);
-    }
-    if (is_p2p(op.kind)) {
-      key(first_key, "tag");
-      number(op.tag);
-    }
-    event += "}}";
-  }
+  out.write(event.data(), std::streamsize(event.size()));
+  // Every event from here on follows one (a rank's process name, when there are records), after
+  // ",\n".
 
   // Flow arrows from each send to its receive, where both ranks are in the records: the flow
   // starts inside the send's slice and ends inside the receive's (Perfetto binds each end to the
@@ -220,45 +262,45 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
     int64_t to = peer_rank(grid, p.record->rank, p.op->peer);
     sends[{p.record->rank, to, p.op->tag}] = &p;
   }
-  int64_t flow = 0;
-  for (const Placed& p : placed) {
-    if (p.op->kind != OpKind::recv) continue;
-    int64_t from = peer_rank(grid, p.record->rank, p.op->peer);
-    auto send = sends.find({from, p.record->rank, p.op->tag});
-    if (send == sends.end()) continue;
-    const OpRecord& s = *send->second->record;
-    const OpRecord& r = *p.record;
-    // Inside both slices where they overlap (the data moves then), the arrow's end after its
-    // start: a receive posted long before its send would otherwise point back in time.
-    double from_s = (s.start_s + s.end_s) / 2, to_s = (r.start_s + r.end_s) / 2;
-    const double lo = std::max(s.start_s, r.start_s), hi = std::min(s.end_s, r.end_s);
-    if (hi > lo) {
-      from_s = lo + 0.1 * (hi - lo);
-      to_s = lo + 0.9 * (hi - lo);
+  auto append_flows = [&](std::string& text) {
+    auto number = [&text](auto value) { append_json_number(text, value); };
+    int64_t flow = 0;
+    for (const Placed& p : placed) {
+      if (p.op->kind != OpKind::recv) continue;
+      int64_t from = peer_rank(grid, p.record->rank, p.op->peer);
+      auto send = sends.find({from, p.record->rank, p.op->tag});
+      if (send == sends.end()) continue;
+      const OpRecord& s = *send->second->record;
+      const OpRecord& r = *p.record;
+      // Inside both slices where they overlap (the data moves then), the arrow's end after its
+      // start: a receive posted long before its send would otherwise point back in time.
+      double from_s = (s.start_s + s.end_s) / 2, to_s = (r.start_s + r.end_s) / 2;
+      const double lo = std::max(s.start_s, r.start_s), hi = std::min(s.end_s, r.end_s);
+      if (hi > lo) {
+        from_s = lo + 0.1 * (hi - lo);
+        to_s = lo + 0.9 * (hi - lo);
+      }
+      ++flow;
+      text += ",\n{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":";
+      number(flow);
+      text += ",\"pid\":";
+      number(s.rank);
+      text += ",\"tid\":";
+      number(send->second->tid);
+      text += ",\"ts\":";
+      append_json_double(text, from_s * 1e6);
+      text += "}";
+      text += ",\n{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":";
+      number(flow);
+      text += ",\"pid\":";
+      number(r.rank);
+      text += ",\"tid\":";
+      number(p.tid);
+      text += ",\"ts\":";
+      append_json_double(text, to_s * 1e6);
+      text += "}";
     }
-    ++flow;
-    trace.maybe_flush();
-    separator();
-    event += "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"s\",\"id\":";
-    number(flow);
-    event += ",\"pid\":";
-    number(s.rank);
-    event += ",\"tid\":";
-    number(send->second->tid);
-    event += ",\"ts\":";
-    append_json_double(event, from_s * 1e6);
-    event += "}";
-    separator();
-    event += "{\"name\":\"activation\",\"cat\":\"p2p\",\"ph\":\"f\",\"bp\":\"e\",\"id\":";
-    number(flow);
-    event += ",\"pid\":";
-    number(r.rank);
-    event += ",\"tid\":";
-    number(p.tid);
-    event += ",\"ts\":";
-    append_json_double(event, to_s * 1e6);
-    event += "}";
-  }
+  };
 
   // A memory counter per rank: the program's memory walk (its alloc and free ops in list order,
   // so the counter's peak is the program's), each change placed at its op's time and never
@@ -266,24 +308,29 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
   // allocs and frees out (a prediction's: they happen as their deps end), their times are
   // derived so from the recorded ops.
   struct RankRecords {
+    int64_t rank = 0;
     std::vector<const OpRecord*> memory, timed;
   };
-  std::map<int64_t, RankRecords> of_rank;
-  for (const OpRecord& r : records) {
-    OpKind kind = role_of(r.rank).ops[r.id].kind;
-    RankRecords& rr = of_rank[r.rank];
-    (kind == OpKind::alloc || kind == OpKind::free ? rr.memory : rr.timed).push_back(&r);
+  std::vector<RankRecords> of_rank;
+  {
+    std::map<int64_t, size_t> index;
+    for (const OpRecord& r : records) {
+      auto [it, added] = index.try_emplace(r.rank, of_rank.size());
+      if (added) of_rank.push_back({r.rank, {}, {}});
+      OpKind kind = role_of(r.rank).ops[r.id].kind;
+      RankRecords& rr = of_rank[it->second];
+      (kind == OpKind::alloc || kind == OpKind::free ? rr.memory : rr.timed).push_back(&r);
+    }
+    std::sort(of_rank.begin(), of_rank.end(), [](const RankRecords& a, const RankRecords& b) { return a.rank < b.rank; });
   }
-  std::vector<std::pair<int32_t, double>> changes;  // (op id, time) of a rank's allocs and frees
-  std::vector<double> end_of;
-  for (auto& [rank, rr] : of_rank) {
-    const Role& role = role_of(rank);
-    changes.clear();
+  auto append_memory_counter = [&](const RankRecords& rr, std::string& text) {
+    const Role& role = program.role_of_rank(rr.rank);
+    std::vector<std::pair<int32_t, double>> changes;  // (op id, time) of the rank's allocs and frees
     if (!rr.memory.empty()) {
       for (const OpRecord* r : rr.memory) changes.emplace_back(r->id, r->start_s);
       std::sort(changes.begin(), changes.end());
     } else {
-      end_of.assign(role.ops.size(), 0);
+      std::vector<double> end_of(role.ops.size(), 0);
       for (const OpRecord* r : rr.timed) end_of[size_t(r->id)] = r->end_s;
       for (const Op& op : role.ops) {
         if (op.kind != OpKind::alloc && op.kind != OpKind::free) continue;
@@ -304,18 +351,32 @@ void write_chrome_trace(std::ostream& out, const StepProgram& program,
         const Op& next = role.ops[size_t(changes[i + 1].first)];
         if (next.kind == OpKind::alloc) continue;
       }
-      trace.maybe_flush();
-      separator();
-      event += "{\"name\":\"memory\",\"ph\":\"C\",\"pid\":";
-      number(rank);
-      event += ",\"ts\":";
-      append_json_double(event, at * 1e6);
-      event += ",\"args\":{\"bytes\":";
-      append_json_double(event, level);
-      event += "}}";
+      text += ",\n{\"name\":\"memory\",\"ph\":\"C\",\"pid\":";
+      append_json_number(text, rr.rank);
+      text += ",\"ts\":";
+      append_json_double(text, at * 1e6);
+      text += ",\"args\":{\"bytes\":";
+      append_json_double(text, level);
+      text += "}}";
     }
-  }
-  event += "\n]}\n";
+  };
+
+  // The pieces, in the order one thread would write them: the op events a few thousand at a
+  // time, the flow arrows, each rank's memory counter.
+  constexpr size_t kOpsPerPiece = 8192;
+  const size_t op_pieces = (placed.size() + kOpsPerPiece - 1) / kOpsPerPiece;
+  std::array<EventNames, 2> names;  // a cache per thread: piece k is formatted by thread k % 2
+  OrderedPieces(out).run(op_pieces + 1 + of_rank.size(), [&](size_t k, std::string& text) {
+    if (k < op_pieces) {
+      const size_t end = std::min(placed.size(), (k + 1) * kOpsPerPiece);
+      for (size_t i = k * kOpsPerPiece; i < end; ++i) append_op_event(text, placed[i], names[k % 2]);
+    } else if (k == op_pieces) {
+      append_flows(text);
+    } else {
+      append_memory_counter(of_rank[k - op_pieces - 1], text);
+    }
+  });
+  out << "\n]}\n";
 }
 
 }  // namespace stepcast

@@ -125,6 +125,19 @@ TEST_CASE("simulate: prediction.json records the ops that take time, the trace s
   CHECK(counters > 0);
 }
 
+TEST_CASE("simulate: the trace is the same bytes from run to run (formatted on two threads, written in order)",
+          "[simulate][outputs]") {
+  // Every rank: op events, flow arrows and memory counters, pieces enough for both threads.
+  const std::string first = read_text_file(simulate_into("same-bytes-1", " --trace all") + "/trace.json");
+  const std::string second = read_text_file(simulate_into("same-bytes-2", " --trace all") + "/trace.json");
+  REQUIRE(first.size() > 1000);
+  CHECK(first == second);
+  const Json trace = parse_json_text(first, "trace.json");
+  std::set<std::string> phases;
+  for (const Json& e : trace["traceEvents"]) phases.insert(e["ph"].get<std::string>());
+  CHECK(phases == std::set<std::string>{"C", "M", "X", "f", "s"});
+}
+
 TEST_CASE("simulate: prediction.json opens on its summary, the records last",
           "[simulate][outputs]") {
   std::string dir = simulate_into("layout", "");
