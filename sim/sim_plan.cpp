@@ -156,6 +156,10 @@ Folds choose_folds(const StepProgram& program, const Topology& topology, const D
           .shared_link_divisor = divisor};
 }
 
+int64_t simulated_rank_count(const StepProgram& program, const Folds& folds) {
+  return program.world_size() / (folds.fold_rails ? program.tp_size : 1) / (folds.fold_dp ? program.dp_size : 1);
+}
+
 SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
                         const DeviceProfile& profile, const SimulateOptions& options,
                         const VariabilityDraws& draws, SimulationOutput& out) {
@@ -174,7 +178,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   const int64_t per_node = topology.node.devices_per_node;
   const Folds folds = choose_folds(program, topology_in, profile, options);
   const bool fold_tp = folds.fold_tp, fold_rails = folds.fold_rails, fold_dp = folds.fold_dp;
-  const bool own_nic = folds.own_nic, dp_foldable = folds.dp_foldable, tp_fold_declined = folds.tp_fold_declined;
+  const bool dp_foldable = folds.dp_foldable, tp_fold_declined = folds.tp_fold_declined;
   GroupShape tp_shape = group_shape(grid, GroupKind::tp, 0, per_node);
 
   SimPlan plan;
@@ -185,8 +189,9 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   plan.fold_tp_approximate = folds.fold_tp_approximate;
   plan.tp_fold_declined = tp_fold_declined;
   if (options.mode == SimMode::fast && (tp_fold_declined || dp_foldable)) {  // what approx would simulate
-    const bool rails = fold_rails || (tp_fold_declined && options.fold_rail_groups && own_nic);
-    plan.approx_ranks = program.world_size() / (rails ? program.tp_size : 1) / (dp_foldable ? program.dp_size : 1);
+    SimulateOptions approx = options;
+    approx.mode = SimMode::approx;
+    plan.approx_ranks = simulated_rank_count(program, choose_folds(program, topology_in, profile, approx));
     plan.approx_folds_dp = dp_foldable;
   }
   plan.fold_rails = fold_rails;

@@ -183,6 +183,9 @@ struct Folds {
 };
 Folds choose_folds(const StepProgram& program, const Topology& topology, const DeviceProfile& profile,
                    const SimulateOptions& options);
+// The ranks a simulation under `folds` simulates: tensor-parallel index 0 where the rails fold,
+// data-parallel index 0 where the copies fold (plan_simulation's ranks).
+int64_t simulated_rank_count(const StepProgram& program, const Folds& folds);
 
 // Checks the request (profile against topology, full mode's limits, detail ranks), chooses the
 // reductions, and costs every op; InputError for a request or a figure it cannot simulate.

@@ -38,14 +38,10 @@ SimulationOutput::AutoMode choose_auto_mode(const StepProgram& program, const To
     choice.fast_ranks = choice.approx_ranks = program.ranks();
     return choice;
   }
-  // The ranks each mode simulates (plan_simulation's: tp index 0 where the rails fold, dp index 0
-  // where the copies fold).
   auto simulated_ranks = [&](SimMode mode) {
     SimulateOptions o = options;
     o.mode = mode;
-    const sim_detail::Folds folds = sim_detail::choose_folds(program, topology, profile, o);
-    return program.world_size() / (folds.fold_rails ? program.tp_size : 1) /
-           (folds.fold_dp ? program.dp_size : 1);
+    return sim_detail::simulated_rank_count(program, sim_detail::choose_folds(program, topology, profile, o));
   };
   choice.fast_ranks = simulated_ranks(SimMode::fast);
   choice.approx_ranks = simulated_ranks(SimMode::approx);
