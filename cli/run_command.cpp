@@ -181,11 +181,6 @@ int run_run(int argc, char** argv) {
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
-  if (in.plan.cp_size > 1 && (!run_options.checkpoint_dir.empty() || !run_options.resume_dir.empty())) {
-    throw InputError(in.plan.file + ": key 'context_parallel_size' = " + std::to_string(in.plan.cp_size) +
-                     ": checkpoints of context-parallel plans are not supported yet (their shard layout spans "
-                     "dp × cp); valid: context_parallel_size 1 with --checkpoint-dir / --resume, or no checkpoints");
-  }
   // What the executor cannot run of a mixture of experts, before any rank starts.
   check_executor_moe(in.model, in.plan);
   if (in.plan.parameter_server() && backend != "cpu") {

@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kMagic = "STEPCAST-CHECKPOINT 2\n";
 constexpr const char* kMagicV1 = "STEPCAST-CHECKPOINT 1\n";
-constexpr int64_t kManifestSchema = 4;  // 3: the shard layout; 4: its dp_shard_size
+constexpr int64_t kManifestSchema = 5;  // 3: the shard layout; 4: its dp_shard_size; 5: cp, ep and etp
 
 // A name unique to this process and call, next to `path`: writers never share a temporary.
 std::string temporary_name(const std::string& path) {
@@ -255,6 +255,9 @@ Json manifest_json(const CheckpointManifest& m) {
            {{"tp_size", m.layout.tp_size},
             {"pp_size", m.layout.pp_size},
             {"dp_size", m.layout.dp_size},
+            {"cp_size", m.layout.cp_size},
+            {"ep_size", m.layout.ep_size},
+            {"etp_size", m.layout.etp_size},
             {"zero_stage", m.layout.zero_stage},
             {"dp_shard_size", m.layout.dp_shard_size},
             {"order", m.layout.order}}},
@@ -266,10 +269,17 @@ Json manifest_json(const CheckpointManifest& m) {
 }  // namespace
 
 std::string to_string(const CheckpointShardLayout& layout) {
+  std::string experts;
+  if (layout.ep_size > 1 || layout.etp_size > 1) {
+    experts = ", ep " + std::to_string(layout.ep_size) +
+              (layout.etp_size > 1 ? " etp " + std::to_string(layout.etp_size) : std::string());
+  }
   return "tp " + std::to_string(layout.tp_size) + " × pp " + std::to_string(layout.pp_size) + " × dp " +
-         std::to_string(layout.dp_size) + " (" + layout.order + "), ZeRO-" + std::to_string(layout.zero_stage) +
-         (layout.dp_shard_size != layout.dp_size ? ", shards over " + std::to_string(layout.dp_shard_size) + " of dp"
-                                                 : "");
+         std::to_string(layout.dp_size) + (layout.cp_size > 1 ? " × cp " + std::to_string(layout.cp_size) : "") +
+         " (" + layout.order + ")" + experts + ", ZeRO-" + std::to_string(layout.zero_stage) +
+         (layout.dp_shard_size != layout.dp_size * layout.cp_size
+              ? ", shards over " + std::to_string(layout.dp_shard_size) + (layout.cp_size > 1 ? " of dp × cp" : " of dp")
+              : "");
 }
 
 std::string checkpoint_manifest_text(CheckpointManifest& manifest) {
@@ -286,7 +296,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   r.get_enum("kind", {"stepcast.checkpoint"});
   int64_t schema = r.get_int("schema_version", 1);
   if (schema != kManifestSchema) {
-    r.fail("schema_version", "format " + std::to_string(schema) + " (another stepcast's: format 3 adds the shard layout, 4 its dp_shard_size)",
+    r.fail("schema_version", "format " + std::to_string(schema) + " (another stepcast's: format 3 adds the shard layout, 4 its dp_shard_size, 5 its cp, ep and etp sizes)",
            std::to_string(kManifestSchema) + ": a checkpoint written by this version");
   }
   CheckpointManifest m;
@@ -294,7 +304,8 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   m.program_sha256 = r.get_string("program_sha256");
   if (!is_sha256_hex(m.program_sha256)) r.fail("program_sha256", "not a SHA-256", "64 hex digits");
   if (!j.contains("shard_layout") || !j["shard_layout"].is_object()) {
-    r.fail("shard_layout", "missing or not an object", "{tp_size, pp_size, dp_size, zero_stage, dp_shard_size, order}");
+    r.fail("shard_layout", "missing or not an object",
+           "{tp_size, pp_size, dp_size, cp_size, ep_size, etp_size, zero_stage, dp_shard_size, order}");
   }
   r.accept("shard_layout");
   {
@@ -302,14 +313,19 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
     m.layout.tp_size = l.get_int("tp_size", 1);
     m.layout.pp_size = l.get_int("pp_size", 1);
     m.layout.dp_size = l.get_int("dp_size", 1);
-    for (const char* key : {"tp_size", "pp_size", "dp_size"}) {
+    m.layout.cp_size = l.get_int("cp_size", 1);
+    m.layout.ep_size = l.get_int("ep_size", 1);
+    m.layout.etp_size = l.get_int("etp_size", 1);
+    for (const char* key : {"tp_size", "pp_size", "dp_size", "cp_size", "ep_size", "etp_size"}) {
       if (l.get_int(key, 1) > (int64_t(1) << 24)) l.fail(key, "out of range", "1 … 16777216");
     }
     m.layout.zero_stage = l.get_int("zero_stage", 0);
     if (m.layout.zero_stage > 3) l.fail("zero_stage", std::to_string(m.layout.zero_stage), "0, 1, 2 or 3");
     m.layout.dp_shard_size = l.get_int("dp_shard_size", 1);
-    if (m.layout.dp_size % m.layout.dp_shard_size != 0) {
-      l.fail("dp_shard_size", std::to_string(m.layout.dp_shard_size), "a divisor of dp_size = " + std::to_string(m.layout.dp_size));
+    const int64_t dp_cp = m.layout.dp_size * m.layout.cp_size;  // ZeRO shards over dp × cp
+    if (dp_cp % m.layout.dp_shard_size != 0) {
+      l.fail("dp_shard_size", "does not divide the " + std::to_string(dp_cp) + " ranks ZeRO shards over",
+             "a divisor of dp_size · cp_size = " + std::to_string(dp_cp));
     }
     m.layout.order = l.get_string("order");
     std::vector<std::string> axes;

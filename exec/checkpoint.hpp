@@ -43,15 +43,16 @@ struct CheckpointFile {
 // shard_layout.hpp): with the program's hash, what decides whether a checkpoint fits a run.
 struct CheckpointShardLayout {
   int64_t tp_size = 1, pp_size = 1, dp_size = 1;
+  int64_t cp_size = 1;        // context parallelism: cp ranks hold the same weights, ZeRO shards over dp × cp
+  int64_t ep_size = 1;        // expert parallelism: each ep rank holds its own experts
+  int64_t etp_size = 1;       // expert tensor parallelism: each etp rank a slice of its experts
   int64_t zero_stage = 0;
   int64_t dp_shard_size = 1;  // the ranks a shard spreads over: dp_size, or less under hybrid sharding
   std::string order = "tp-dp-pp";
-  bool operator==(const CheckpointShardLayout& o) const {
-    return tp_size == o.tp_size && pp_size == o.pp_size && dp_size == o.dp_size && zero_stage == o.zero_stage &&
-           dp_shard_size == o.dp_shard_size && order == o.order;
-  }
+  bool operator==(const CheckpointShardLayout&) const = default;
 };
-// "tp 2 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1", with ", shards over 2 of dp" under hybrid sharding
+// "tp 2 × pp 1 × dp 2 (tp-dp-pp), ZeRO-1", with " × cp 2" after dp under context parallelism,
+// ", ep 2" (and " etp 2") with experts and ", shards over 2 of dp" under hybrid sharding
 std::string to_string(const CheckpointShardLayout& layout);
 
 struct CheckpointManifest {

@@ -11,7 +11,17 @@
 namespace stepcast {
 
 CheckpointShardLayout checkpoint_shard_layout(const StepProgram& program, const Plan& plan) {
-  return {program.tp_size, program.pp_size, program.dp_size, plan.zero_stage, program.grid().dp_shard_size(), program.order};
+  CheckpointShardLayout layout;
+  layout.tp_size = program.tp_size;
+  layout.pp_size = program.pp_size;
+  layout.dp_size = program.dp_size;
+  layout.cp_size = program.cp_size;
+  layout.ep_size = program.ep_size;
+  layout.etp_size = program.etp_size;
+  layout.zero_stage = plan.zero_stage;
+  layout.dp_shard_size = program.grid().dp_shard_size();
+  layout.order = program.order;
+  return layout;
 }
 
 void save_checkpoint(const StepProgram& program, const Plan& plan, const std::string& dir, int64_t steps_done,

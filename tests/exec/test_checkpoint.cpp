@@ -21,7 +21,10 @@ CheckpointManifest two_rank_manifest() {
   CheckpointManifest m;
   m.plan = "dp2-zero1";
   m.program_sha256 = std::string(64, 'a');
-  m.layout = {1, 1, 2, 1, 2, "tp-dp-pp"};
+  m.layout.dp_size = 2;
+  m.layout.zero_stage = 1;
+  m.layout.dp_shard_size = 2;
+  m.layout.order = "tp-dp-pp";
   m.steps_done = 4;
   m.world_size = 2;
   for (int r = 0; r < 2; ++r) m.files.push_back({r, rank_file_name(r), 100, std::string(64, 'b')});
@@ -67,9 +70,27 @@ TEST_CASE("checkpoint manifests carry the shard layout and read it back strictly
              Contains("key 'shard_layout.dp_size'"));
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["extra"] = 1; })), Contains("shard_layout.extra"));
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["schema_version"] = 3; })),
-             Contains("key 'schema_version' = 3") && Contains("4 its dp_shard_size"));
+             Contains("key 'schema_version' = 3") && Contains("5 its cp, ep and etp sizes"));
+  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["schema_version"] = 4; })),
+             Contains("key 'schema_version' = 4") && Contains("5: a checkpoint written by this version"));
+  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"].erase("cp_size"); })),
+             Contains("key 'shard_layout.cp_size'"));
+  CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["ep_size"] = 0; })),
+             Contains("key 'shard_layout.ep_size'"));
+  // Context and expert parallelism in the layout's words, and back.
+  CheckpointManifest cut = two_rank_manifest();
+  cut.layout.cp_size = 2;
+  cut.layout.ep_size = 2;
+  cut.layout.etp_size = 2;
+  cut.layout.order = "tp-cp-dp-pp";
+  cut.layout.dp_shard_size = 4;  // ZeRO over dp × cp
+  CheckpointManifest cut_back = parse_checkpoint_manifest(checkpoint_manifest_text(cut), "manifest.json");
+  CHECK(cut_back.layout == cut.layout);
+  CHECK(to_string(cut_back.layout) == "tp 1 × pp 1 × dp 2 × cp 2 (tp-cp-dp-pp), ep 2 etp 2, ZeRO-1");
+  cut.layout.dp_shard_size = 2;  // hybrid: shards over 2 of the 4
+  CHECK(to_string(cut.layout) == "tp 1 × pp 1 × dp 2 × cp 2 (tp-cp-dp-pp), ep 2 etp 2, ZeRO-1, shards over 2 of dp × cp");
   CHECK_THAT(refusal(edited_manifest([](Json& j) { j["shard_layout"]["dp_shard_size"] = 3; })),
-             Contains("key 'shard_layout.dp_shard_size'") && Contains("a divisor of dp_size = 2"));
+             Contains("key 'shard_layout.dp_shard_size'") && Contains("a divisor of dp_size · cp_size = 2"));
 }
 
 TEST_CASE("a checkpoint of another shard layout is refused before its program hash", "[checkpoint]") {

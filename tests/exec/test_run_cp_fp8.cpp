@@ -78,6 +78,42 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
   CHECK(max_relative_difference(losses(u), losses(a)) < 1e-9);
 }
 
+TEST_CASE("run: a context-parallel run resumed from a checkpoint continues the uninterrupted one", "[run][checkpoint]") {
+  // cp 2 with ZeRO-1 (the optimizer state sharded over dp × cp, so the two ranks hold different
+  // slices), dropout and delayed-scaling FP8 (amax histories carried from step to step).
+  const std::string dir = fresh_dir("run-cp-resume");
+  std::filesystem::create_directories(dir);
+  Json p = plan(1, 1, 1, 1, "1f1b", "none", false, true, 1, false);
+  p["name"] = "cp-resume";  // the program (and its hash) names the plan
+  p["context_parallel_size"] = 2;
+  p["cp_comm_type"] = "p2p";
+  p["dropout"] = 0.1;
+  p["fp8"] = "hybrid";
+  p["fp8_amax_history_len"] = 3;
+  p["fp8_amax_compute_algo"] = "max";
+  RunResult whole = run_plan("tiny", p, 5);
+  RunResult first = run_plan("tiny", p, 3, "--checkpoint-dir " + dir + " --checkpoint-every 3");
+  RunResult rest = run_plan("tiny", p, 5, "--resume " + dir);
+  INFO(whole.output << first.output << rest.output);
+  REQUIRE(whole.exit_code == 0);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(rest.exit_code == 0);
+  const std::vector<double> w = losses(whole), r = losses(rest);
+  REQUIRE(r.size() == 2);
+  CHECK(r[0] == w[3]);  // identical, not approximately
+  CHECK(r[1] == w[4]);
+  const Json manifest = load_json_file(dir + "/step-00000003/manifest.json");
+  CHECK(manifest.at("shard_layout").at("cp_size") == 2);
+  // The same two ranks as data parallel: another cut of the state, refused naming both.
+  Json dp = plan(1, 1, 2, 1, "1f1b", "none", false, true, 1, false);
+  dp["name"] = "cp-resume";
+  dp["dropout"] = 0.1;
+  RunResult refused = run_plan("tiny", dp, 5, "--resume " + dir);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("tp 1 × pp 1 × dp 1 × cp 2") &&
+                                 Catch::Contains("cuts it as tp 1 × pp 1 × dp 2"));
+}
+
 TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve without FP8", "[run][fp8]") {
   // Delayed scaling's amax is maximised over every rank, so every plan rounds to the same FP8
   // values as one rank does: the curves agree like the plans without FP8. Both formats, both tiny
