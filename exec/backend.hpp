@@ -226,14 +226,16 @@ class Backend {
                                  int64_t /*capacity*/) {
     no_moe();
   }
+  // `chosen` (host, [experts]): the copies routed to each expert over the whole sequence where
+  // ranks split it; nullptr: count route_idx's.
   virtual double moe_aux_loss(const T* /*probs*/, const int32_t* /*route_idx*/, int64_t /*tokens*/,
-                              int64_t /*experts*/, int64_t /*top_k*/, double /*scale*/) {
+                              int64_t /*experts*/, int64_t /*top_k*/, double /*scale*/, const double* /*chosen*/) {
     no_moe();
     return 0;
   }
   virtual void moe_route_backward(const T* /*probs*/, const int32_t* /*route_idx*/, const T* /*d_route_w*/,
                                   T* /*d_logits*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
-                                  double /*aux_scale*/) {
+                                  double /*aux_scale*/, const double* /*chosen*/) {
     no_moe();
   }
   virtual void moe_permute(const T* /*x*/, T* /*y*/, const int64_t* /*rows*/, int64_t /*tokens*/, int64_t /*top_k*/,

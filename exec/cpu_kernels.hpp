@@ -321,14 +321,15 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
 template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
                        int64_t experts, int64_t top_k, int64_t capacity);
-// The load-balancing loss scale · Σ_e (Σ_t probs[t, e]) · (copies routed to e, dropped included).
+// The load-balancing loss scale · Σ_e (Σ_t probs[t, e]) · C_e, C_e the copies routed to e
+// (dropped included): chosen[e] where given (the whole sequence's), else counted in route_idx.
 template <class T>
 double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
-                    double scale);
+                    double scale, const double* chosen = nullptr);
 // d_logits (overwritten) from the weights' gradient d_route_w and the loss above's (aux_scale).
 template <class T>
 void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                        int64_t experts, int64_t top_k, double aux_scale);
+                        int64_t experts, int64_t top_k, double aux_scale, const double* chosen = nullptr);
 // Row moves: rows[t·top_k + j] is the permuted row of copy j of token t (−1: dropped). Forward
 // y[rows] = x[t]; backward d_x[t] = Σ_j d_y[rows] (overwritten).
 template <class T>

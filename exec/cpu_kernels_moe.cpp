@@ -43,16 +43,28 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
   }
 }
 
+namespace {
+
+// Copies routed to each expert: `given` where the caller has them, else route_idx's.
+std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int64_t experts, const double* given) {
+  if (given) return std::vector<double>(given, given + experts);
+  std::vector<double> chosen(size_t(experts), 0.0);
+  for (int64_t i = 0; i < copies; ++i) {
+    int32_t r = route_idx[i];
+    chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
+  }
+  return chosen;
+}
+
+}  // namespace
+
 template <class T>
 double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
-                    double scale) {
-  std::vector<double> p_sum(size_t(experts), 0.0), chosen(size_t(experts), 0.0);
+                    double scale, const double* given) {
+  std::vector<double> p_sum(size_t(experts), 0.0);
+  const std::vector<double> chosen = routed_copies(route_idx, tokens * top_k, experts, given);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t e = 0; e < experts; ++e) p_sum[size_t(e)] += double(probs[t * experts + e]);
-    for (int64_t j = 0; j < top_k; ++j) {
-      int32_t r = route_idx[t * top_k + j];
-      chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
-    }
   }
   double loss = 0;
   for (int64_t e = 0; e < experts; ++e) loss += p_sum[size_t(e)] * chosen[size_t(e)];
@@ -61,15 +73,11 @@ double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, in
 
 template <class T>
 void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                        int64_t experts, int64_t top_k, double aux_scale) {
+                        int64_t experts, int64_t top_k, double aux_scale, const double* given) {
   // d aux / d p[t, e] = aux_scale · (copies routed to e, dropped ones too); then the softmax's
   // backward d_logits = p ∘ (dp − Σ p·dp).
-  std::vector<double> chosen(size_t(experts), 0.0);
+  const std::vector<double> chosen = routed_copies(route_idx, tokens * top_k, experts, given);
   std::vector<double> dp(size_t(experts), 0.0);
-  for (int64_t i = 0; i < tokens * top_k; ++i) {
-    int32_t r = route_idx[i];
-    chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
-  }
   for (int64_t t = 0; t < tokens; ++t) {
     const T* p = probs + t * experts;
     for (int64_t e = 0; e < experts; ++e) dp[size_t(e)] = aux_scale * chosen[size_t(e)];
@@ -145,8 +153,9 @@ void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const in
 
 #define STEPCAST_CPU_KERNELS_MOE(T)                                                                                    \
   template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t);       \
-  template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double);                       \
-  template void moe_route_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, double);     \
+  template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double, const double*);       \
+  template void moe_route_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, double,      \
+                                      const double*);                                                                 \
   template void moe_permute_forward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                      \
   template void moe_permute_backward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                     \
   template void moe_unpermute_forward<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t);          \

@@ -357,29 +357,27 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
     refuse(plan.file, "moe_token_dispatcher_type", "\"allgather\"", "runs the alltoall dispatcher only",
            "\"alltoall\" (the default)");
   }
-  if (moe.etp_size > 1) {
+  if (moe.etp_size > 1 && plan.tp_size % moe.etp_size != 0) {
+    // An etp group within a tp group: the ZeRO-0 gradient norm sums the model group, which then
+    // holds every etp slice of its experts.
     refuse(plan.file, "expert_tensor_parallel_size", std::to_string(moe.etp_size),
-           "does not split experts over tensor-parallel ranks yet (it defaults to tp_size)", "1");
+           "splits experts over ranks of one tensor-parallel group only (tp_size " + std::to_string(plan.tp_size) +
+               ")",
+           "a divisor of tp_size (the default is tp_size)");
   }
   if (model.use_bias) {
     refuse(model.file, "use_bias", "true", "has no expert or router biases yet", "false");
   }
   if (plan.fp8.enabled()) refuse(plan.file, "fp8", "set", "does not run FP8 expert GEMMs", "no fp8");
-  if (plan.cp_size > 1) {
-    refuse(plan.file, "context_parallel_size", std::to_string(plan.cp_size),
-           "routes, drops and balances the tokens of a whole sequence slice", "1");
-  }
-  if (plan.tp_size > 1 && model.router_aux_loss_coef != 0) {
-    refuse(plan.file, "tp_size", std::to_string(plan.tp_size),
-           "computes the aux load-balancing loss (router_aux_loss_coef = " + std::to_string(model.router_aux_loss_coef) +
-               " in " + model.file + ") over a rank's tokens, which tensor parallelism splits",
-           "1, or a model with router_aux_loss_coef 0");
-  }
-  if (plan.tp_size > 1 && !moe.dropless()) {
+  if (plan.tp_size * plan.cp_size > 1 && !moe.dropless()) {
+    // Megatron's capacity is of a rank's tokens (moe_utils.py get_capacity), which tp and cp split:
+    // no single rank drops the same copies, so no curve checks it.
+    const std::string split = plan.tp_size > 1 ? "tensor parallelism (tp_size " + std::to_string(plan.tp_size) + ")"
+                                               : "context parallelism (context_parallel_size " +
+                                                     std::to_string(plan.cp_size) + ")";
     refuse(plan.file, "moe_expert_capacity_factor", std::to_string(moe.capacity_factor),
-           "drops at the capacity of a rank's tokens, which tensor parallelism (tp_size " + std::to_string(plan.tp_size) +
-               ") splits",
-           "no capacity factor (dropless), or tp_size 1");
+           "drops at the capacity of a rank's tokens, which " + split + " splits",
+           "no capacity factor (dropless), or tp_size and context_parallel_size 1");
   }
 }
 

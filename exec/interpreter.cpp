@@ -82,6 +82,8 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
     }
   }
   ep_index_ = grid_.ep_rank(rank);
+  etp_index_ = grid_.stage_index(rank) % grid_.etp_size();
+  moe_row_ = etp_index_ * grid_.ep_size() + ep_index_;
   edp_index_ = grid_.stage_index(rank) / (grid_.etp_size() * grid_.ep_size());
   moe_local_ = model.is_moe() ? model.num_experts / grid_.ep_size() : 0;
   if (plan.zero_stage == 0 && model.is_moe()) moe_norm_shares();
@@ -332,7 +334,8 @@ void Interpreter<T, G, W>::upload_initial_values(char* dst, const std::string& g
   for (const TensorSlice& tensor : layout.tensors) {
     const int64_t begin = std::max(first, tensor.offset), end = std::min(last, tensor.offset + tensor.elements());
     if (begin >= end) continue;
-    const TensorInitializer init(model_, t_, coord_.tp, group, tensor, options_.seed);
+    const int64_t slice_rank = is_expert_group(group) ? etp_index_ : coord_.tp;  // expert groups: by etp
+    const TensorInitializer init(model_, t_, slice_rank, group, tensor, options_.seed);
     // A billion-parameter model draws billions of values: spread them over the host's cores.
     parallel_ranges(end - begin, [&](int64_t from, int64_t to) {
       int64_t local = begin + from - tensor.offset, row = local / tensor.cols, col = local % tensor.cols;

@@ -183,16 +183,25 @@ class Interpreter {
   void moe_activation(const Op& op);
   void moe_gemm(const Op& op);
   void moe_aux(const Op& op);
+  // The aux loss's counts summed over the sequence (`routed`; empty without), and its scale.
+  std::vector<double> moe_routed(const Op& op);
+  double moe_aux_scale(const Op& op, const std::vector<double>& routed) const;
   void moe_all_to_all(const Op& op);
-  // The op's counts [ep, E] into moe_counts_; with route_idx, the permuted row of every token
+  // The etp gather of the alltoall dispatcher: every etp rank's counts, then the rows.
+  void moe_etp_gather(const Op& op);
+  void moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first);
+  // The op's counts [etp, ep, E] into moe_counts_; with route_idx, the permuted row of every token
   // copy into moe_rows_ (−1: dropped).
   void moe_read_counts(const Op& op);
   void moe_map_rows(const Op& op);
   int64_t moe_tokens(const Op& op) const;
-  // Rows of this rank's local expert `local` from ep rank `source` in the experts' buffers.
+  // Rows of this rank's local expert `local` from counts row `source` (etp rank · ep + ep rank) in
+  // the experts' buffers.
   int64_t moe_received(int64_t source, int64_t local) const {
     return moe_counts_[size_t(source * p_.moe.num_experts + ep_index_ * moe_local_ + local)];
   }
+  // The counts row of ep rank `ep` in this rank's etp block (moe_row_ for this rank's own).
+  int64_t moe_row_of(int64_t ep) const { return etp_index_ * grid_.ep_size() + ep; }
 
   // ---- layers (interpreter_layers.cpp) ----
   void embedding(const Op& op);
@@ -226,6 +235,8 @@ class Interpreter {
   ShardLayout shards_;
   ShardLayout expert_shards_;  // expert groups, over edp
   int64_t ep_index_ = 0, edp_index_ = 0, moe_local_ = 0;  // moe_local_: E / ep
+  // The etp rank (its block of the counts [etp, ep, E]) and this rank's row there.
+  int64_t etp_index_ = 0, moe_row_ = 0;
   // ZeRO-0 with experts: which of this rank's tensors its gradient-norm share counts, and its
   // scale (moe_norm_shares).
   bool moe_norm_ = false, norm_counts_dense_ = true, norm_counts_replicated_ = true, norm_counts_experts_ = true;

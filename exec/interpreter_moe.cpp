@@ -5,7 +5,13 @@
 // row r the token copies ep rank r's routing keeps for each expert. Layouts:
 //   this rank's side (perm, comb and their gradients): by global expert, counts[me][e] rows each;
 //   the experts' side (xe, ye, ...): by source rank, then local expert, counts[i][me·E_l + l] rows.
-// Not here: the allgather dispatcher and expert tensor parallelism (check_executor_moe refuses them).
+// The aux loss counts the copies routed over the whole sequence where tp or cp splits it
+// (`routed`, summed by the program's moe_aux_counts all_reduce).
+// Under etp the counts are [etp, ep, E] (this rank's row etp rank · ep + ep rank): the etp gather
+// brings the other etp ranks' blocks, and the experts' buffers hold one block of rows per etp rank
+// (its rows by source rank, then local expert, counts[j·ep + i][me·E_l + l] rows each; the rest of
+// the block unused), so the etp gather and scatter move whole blocks.
+// Not here: the allgather dispatcher (check_executor_moe refuses it).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -28,8 +34,8 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_read_counts(const Op& op) {
   const std::string& name = operands(op).has_in("counts") ? in(op, "counts") : out(op, "counts");
   const int64_t n = count(name, op);
-  STEPCAST_CHECK(n == grid_.ep_size() * p_.moe.num_experts,
-                 "counts buffer " + name + " is not [ep, experts] (" + std::to_string(n) + " elements)");
+  STEPCAST_CHECK(n == grid_.etp_size() * grid_.ep_size() * p_.moe.num_experts,
+                 "counts buffer " + name + " is not [etp, ep, experts] (" + std::to_string(n) + " elements)");
   moe_counts_.resize(size_t(n));
   backend_.download(moe_counts_.data(), arena_.buffer(name, op.id), n * int64_t(sizeof(int32_t)));
 }
@@ -42,7 +48,7 @@ void Interpreter<T, G, W>::moe_map_rows(const Op& op) {
   moe_idx_.resize(size_t(tokens * k));
   backend_.download(moe_idx_.data(), arena_.buffer(in(op, "route_idx"), op.id), tokens * k * int64_t(sizeof(int32_t)));
   moe_cursor_.assign(size_t(E), 0);
-  const int32_t* mine = moe_counts_.data() + ep_index_ * E;
+  const int32_t* mine = moe_counts_.data() + moe_row_ * E;
   for (int64_t e = 1; e < E; ++e) moe_cursor_[size_t(e)] = moe_cursor_[size_t(e - 1)] + mine[e - 1];
   moe_rows_.resize(size_t(tokens * k));
   for (int64_t i = 0; i < tokens * k; ++i) {
@@ -64,25 +70,30 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     STEPCAST_CHECK(operands(op).has_out("counts"), "moe_route op " + std::to_string(op.id) + " writes no counts");
     const int64_t capacity =
         p_.moe.capacity_factor > 0 ? expert_capacity(tokens * k, E, p_.moe.capacity_factor) : 0;
-    int32_t* counts = buf<int32_t>(out(op, "counts"), op) + ep_index_ * E;
+    int32_t* counts = buf<int32_t>(out(op, "counts"), op) + moe_row_ * E;
     backend_.moe_route_forward(buf(in(op, "logits"), op), buf(out(op, "probs"), op), buf(out(op, "route_w"), op),
                                buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity);
+    if (operands(op).has_out("routed")) {  // this rank's copies per expert, dropped ones too
+      moe_idx_.resize(size_t(tokens * k));
+      backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));
+      std::vector<W> routed(size_t(E), W(0));
+      for (int32_t r : moe_idx_) routed[size_t(r >= 0 ? r : -1 - r)] += W(1);
+      backend_.upload(buf<W>(out(op, "routed"), op), routed.data(), E * int64_t(sizeof(W)));
+    }
     if (op.phase == Phase::forward && capacity > 0) {  // (a recompute routes the same tokens again)
       moe_read_counts(op);
       int64_t kept = 0;
-      for (int64_t e = 0; e < E; ++e) kept += moe_counts_[size_t(ep_index_ * E + e)];
+      for (int64_t e = 0; e < E; ++e) kept += moe_counts_[size_t(moe_row_ * E + e)];
       moe_dropped_ += tokens * k - kept;
     }
     return;
   }
-  if (op.name == OpName::moe_route) {  // [probs, route_idx, d_route_w] → [d_logits]
-    // The aux loss's gradient (moe_aux below): its scale over this rank's tokens.
-    const int64_t tokens = moe_tokens(op);
-    const double microbatches = double(plan_.global_batch_size) / double(b_);
-    const double aux_scale =
-        model_.router_aux_loss_coef * double(E) / (double(k) * double(tokens) * double(tokens) * microbatches);
+  if (op.name == OpName::moe_route) {  // [probs, route_idx, d_route_w(, routed)] → [d_logits]
+    // The aux loss's gradient (moe_aux below).
+    const std::vector<double> routed = moe_routed(op);
     backend_.moe_route_backward(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op),
-                                buf(in(op, "d_route_w"), op), buf(out(op, "d_logits"), op), tokens, E, k, aux_scale);
+                                buf(in(op, "d_route_w"), op), buf(out(op, "d_logits"), op), moe_tokens(op), E, k,
+                                moe_aux_scale(op, routed), routed.empty() ? nullptr : routed.data());
     return;
   }
   moe_map_rows(op);
@@ -104,25 +115,51 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
   }
 }
 
+// The copies routed to each expert over the whole sequence (an op's `routed`, which
+// moe_aux_counts summed over the ranks that split it), or none: this rank holds the sequence.
+template <class T, class G, class W>
+std::vector<double> Interpreter<T, G, W>::moe_routed(const Op& op) {
+  if (!operands(op).has_in("routed")) return {};
+  const int64_t E = p_.moe.num_experts;
+  STEPCAST_CHECK(count(in(op, "routed"), op) == E, "routed buffer " + in(op, "routed") + " is not [experts]");
+  std::vector<W> host(static_cast<size_t>(E));
+  backend_.download(host.data(), buf<W>(in(op, "routed"), op), E * int64_t(sizeof(W)));
+  return std::vector<double>(host.begin(), host.end());
+}
+
+// coef · E / (k · T²) averaged over the step's microbatches, T the tokens the counts are of: this
+// rank's, or with `routed` the sequence's (Σ_e routed / k, Megatron's total_num_tokens).
+template <class T, class G, class W>
+double Interpreter<T, G, W>::moe_aux_scale(const Op& op, const std::vector<double>& routed) const {
+  const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
+  double tokens = double(moe_tokens(op));
+  if (!routed.empty()) {
+    double copies = 0;
+    for (double c : routed) copies += c;
+    tokens = copies / double(k);
+  }
+  const double microbatches = double(plan_.global_batch_size) / double(b_);
+  return model_.router_aux_loss_coef * double(E) / (double(k) * tokens * tokens * microbatches);
+}
+
 // The load-balancing loss of this microbatch's tokens on this rank (Switch Transformer's, as
-// Megatron's switch_load_balancing_loss): coef · E / (k · T²) · Σ_e P_e · C_e with P_e the summed
-// probabilities and C_e the copies routed to e, averaged over the step's microbatches. Its value
-// goes to the op's output; its gradient is moe_route's backward.
+// Megatron's switch_load_balancing_loss): coef · E / (k · T²) · Σ_e P_e · C_e with P_e the
+// probabilities summed over this rank's tokens and C_e the copies routed to e (over the sequence
+// where `routed` holds them, so the ranks' losses sum to the sequence's), averaged over the step's
+// microbatches. Its value goes to the op's output; its gradient is moe_route's backward.
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_aux(const Op& op) {
   const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
-  const int64_t tokens = count(in(op, "route_idx"), op) / k;
-  const double microbatches = double(plan_.global_batch_size) / double(b_);
-  const double scale =
-      model_.router_aux_loss_coef * double(E) / (double(k) * double(tokens) * double(tokens) * microbatches);
-  W value = W(backend_.moe_aux_loss(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op), tokens, E, k,
-                                    scale));
+  const std::vector<double> routed = moe_routed(op);
+  W value = W(backend_.moe_aux_loss(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op), moe_tokens(op),
+                                    E, k, moe_aux_scale(op, routed), routed.empty() ? nullptr : routed.data()));
   backend_.upload(buf<W>(out(op, "aux"), op), &value, sizeof(W));
 }
 
 // Grouped GEMMs: each local expert's rows (one segment per source rank) through its own weights,
 // y[rows, out] = x[rows, in] · W_eᵀ; dgrad and wgrad as the dense GEMMs (interpreter_layers.cpp).
-// The segments with rows go to the backend as one call per op (the CUDA backend groups them).
+// The segments with rows go to the backend as one call per op (the CUDA backend groups them);
+// under etp one call per etp rank's block of the buffers (each block's real rows first).
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   moe_read_counts(op);
@@ -137,34 +174,67 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   // The buffers' capacity in rows: x (forward, wgrad) or d_y (dgrad) rows of its width.
   const std::string& rows_of = op.grad == Grad::dgrad ? in(op, "d_y") : in(op, "x");
   const int64_t capacity = count(rows_of, op) / (op.grad == Grad::dgrad ? out_features : in_features);
+  const int64_t blocks = grid_.etp_size(), block = capacity / blocks;
+  STEPCAST_CHECK(block * blocks == capacity, "expert buffer " + rows_of + " is not etp blocks of rows");
   std::vector<int64_t> rows;
   std::vector<const T*> w;
   std::vector<G*> dw;
-  int64_t total = 0;
-  for (int64_t source = 0; source < grid_.ep_size(); ++source) {
-    for (int64_t l = 0; l < moe_local_; ++l) {
-      const int64_t n = moe_received(source, l);
-      if (n == 0) continue;
-      const std::string name = expert_tensor_name(first + l, tensor);
-      rows.push_back(n);
-      if (op.grad == Grad::wgrad) {
-        dw.push_back(slice<G>(weights, op, name));
-      } else {
-        w.push_back(slice(weights, op, name));
+  for (int64_t b = 0; b < blocks; ++b) {
+    rows.clear();
+    w.clear();
+    dw.clear();
+    int64_t total = 0;
+    for (int64_t source = b * grid_.ep_size(); source < (b + 1) * grid_.ep_size(); ++source) {
+      for (int64_t l = 0; l < moe_local_; ++l) {
+        const int64_t n = moe_received(source, l);
+        if (n == 0) continue;
+        const std::string name = expert_tensor_name(first + l, tensor);
+        rows.push_back(n);
+        if (op.grad == Grad::wgrad) {
+          dw.push_back(slice<G>(weights, op, name));
+        } else {
+          w.push_back(slice(weights, op, name));
+        }
+        total += n;
       }
-      total += n;
+    }
+    STEPCAST_CHECK(total <= block, "expert rows beyond the program's buffer " + rows_of);
+    if (rows.empty()) continue;
+    const int64_t in_at = b * block * in_features, out_at = b * block * out_features;
+    if (op.grad == Grad::none) {  // [x, w, counts] → [y]
+      backend_.expert_linear_forward(buf(in(op, "x"), op) + in_at, w, rows, buf(out(op, "y"), op) + out_at,
+                                     in_features, out_features);
+    } else if (op.grad == Grad::dgrad) {  // [d_y, w, counts, (d_x)] → [d_x]
+      backend_.expert_linear_backward_data(buf(in(op, "d_y"), op) + out_at, w, rows, buf(out(op, "d_x"), op) + in_at,
+                                           in_features, out_features, operands(op).has_in("d_x"));
+    } else {  // wgrad: [x, d_y, counts] → [dw]
+      backend_.expert_linear_backward_weight(buf(in(op, "d_y"), op) + out_at, buf(in(op, "x"), op) + in_at, dw, rows,
+                                             in_features, out_features);
     }
   }
-  STEPCAST_CHECK(total <= capacity, "expert rows beyond the program's buffer " + rows_of);
-  if (op.grad == Grad::none) {  // [x, w, counts] → [y]
-    backend_.expert_linear_forward(buf(in(op, "x"), op), w, rows, buf(out(op, "y"), op), in_features, out_features);
-  } else if (op.grad == Grad::dgrad) {  // [d_y, w, counts, (d_x)] → [d_x]
-    backend_.expert_linear_backward_data(buf(in(op, "d_y"), op), w, rows, buf(out(op, "d_x"), op), in_features,
-                                         out_features, operands(op).has_in("d_x"));
-  } else {  // wgrad: [x, d_y, counts] → [dw]
-    backend_.expert_linear_backward_weight(buf(in(op, "d_y"), op), buf(in(op, "x"), op), dw, rows, in_features,
-                                           out_features);
-  }
+}
+
+// The etp gather [x, counts] → [y, counts]: every etp rank's block of the counts (its [ep, E]
+// rows), then every etp rank's x as block i of y (the program's all_gather).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_etp_gather(const Op& op) {
+  moe_share_counts(op, grid_.ep_size() * p_.moe.num_experts, etp_index_, 0);
+}
+
+// Rows of `row` counts: this rank's row `mine` of the op's counts to every member of its group,
+// member i's into row first + i (an all_gather of rows, over all_to_allv's byte blocks).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first) {
+  const int64_t n = backend_.group_size(op.group), bytes = row * int64_t(sizeof(int32_t));
+  std::vector<int64_t>& sizes = moe_bytes_[0];
+  std::vector<int64_t>& send_offsets = moe_bytes_[1];
+  std::vector<int64_t>& recv_offsets = moe_bytes_[2];
+  sizes.assign(size_t(n), bytes);
+  send_offsets.assign(size_t(n), mine * bytes);
+  recv_offsets.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) recv_offsets[size_t(i)] = (first + i) * bytes;
+  char* c = arena_.buffer(out(op, "counts"), op.id);
+  backend_.all_to_allv(op.group, c, sizes, send_offsets, c, sizes, recv_offsets);
 }
 
 // Dispatch (to the experts) or combine (back), forward or backward: the counts first when the op
@@ -174,19 +244,7 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   const int64_t n = grid_.ep_size(), E = p_.moe.num_experts;
   const std::string& x = in(op, "x");
   const std::string& y = out(op, "y");
-  if (operands(op).has_out("counts")) {
-    const std::string& counts = out(op, "counts");
-    const int64_t row = E * int64_t(sizeof(int32_t));
-    std::vector<int64_t>& send_bytes = moe_bytes_[0];
-    std::vector<int64_t>& send_offsets = moe_bytes_[1];
-    std::vector<int64_t>& recv_offsets = moe_bytes_[2];
-    send_bytes.assign(size_t(n), row);
-    send_offsets.assign(size_t(n), ep_index_ * row);
-    recv_offsets.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) recv_offsets[size_t(i)] = i * row;
-    char* c = arena_.buffer(counts, op.id);
-    backend_.all_to_allv(op.group, c, send_bytes, send_offsets, c, send_bytes, recv_offsets);
-  }
+  if (operands(op).has_out("counts")) moe_share_counts(op, E, moe_row_, moe_row_of(0));
   moe_read_counts(op);
   // To the experts: dispatch forward and the combine's backward; back: the others.
   const bool to_experts = (op.name == OpName::ep_dispatch) == (op.phase != Phase::backward);
@@ -201,8 +259,8 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   theirs_at.assign(size_t(n), 0);
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t l = 0; l < moe_local_; ++l) {
-      mine[size_t(j)] += moe_counts_[size_t(ep_index_ * E + j * moe_local_ + l)] * row_bytes;
-      theirs[size_t(j)] += moe_received(j, l) * row_bytes;
+      mine[size_t(j)] += moe_counts_[size_t(moe_row_ * E + j * moe_local_ + l)] * row_bytes;
+      theirs[size_t(j)] += moe_received(moe_row_of(j), l) * row_bytes;
     }
     if (j > 0) {
       mine_at[size_t(j)] = mine_at[size_t(j - 1)] + mine[size_t(j - 1)];
@@ -239,7 +297,9 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   template void Interpreter<T, G, W>::moe_activation(const Op&);           \
   template void Interpreter<T, G, W>::moe_aux(const Op&);                  \
   template void Interpreter<T, G, W>::moe_gemm(const Op&);                 \
-  template void Interpreter<T, G, W>::moe_all_to_all(const Op&);
+  template void Interpreter<T, G, W>::moe_all_to_all(const Op&);          \
+  template void Interpreter<T, G, W>::moe_etp_gather(const Op&);         \
+  template void Interpreter<T, G, W>::moe_share_counts(const Op&, int64_t, int64_t, int64_t);
 STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_MOE)
 #undef STEPCAST_INSTANTIATE_MOE
 

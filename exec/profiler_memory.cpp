@@ -216,7 +216,7 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
        }},
       {"moe_route_backward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
        [&](int64_t e) {
-         backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3);
+         backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3, nullptr);
        }},
       // In place on qkv rows (lowering counts it read and written).
       {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),

@@ -37,6 +37,11 @@ int32_t grouped_gemm(OpEmitter& e, const OpSite& at, OpName name, Grad grad, int
 
 double bytes_of(const LowerContext& c, int64_t rows) { return double(rows) * double(c.h) * dtype_bytes(c.act); }
 
+// Whether the aux loss's per-expert counts are summed over the ranks that split a sequence.
+bool aux_counts_summed(const LowerContext& c) {
+  return c.model.router_aux_loss_coef != 0 && c.plan.tp_size * c.plan.cp_size > 1;
+}
+
 }  // namespace
 
 std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::string& prefix,
@@ -75,13 +80,31 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   e.alloc(n("route_idx"), kept_class(), Dtype::int32, {T, k}, ph);
   // counts [ep, E]: the token copies each ep rank's routing keeps for each expert (this rank's row
   // written by routing, the others' arriving with the dispatch): the real sizes of the rows the
-  // worst-case buffers below hold, which every op of the way to the experts and back reads.
-  e.alloc(n("counts"), kept_class(), Dtype::int32, {x.ep, E}, ph);
-  e.compute(at, OpKind::activation, OpName::moe_route, 6.0 * T * E, {n("router_logits")},
-            {n("probs_e"), n("route_w"), n("route_idx"), n("counts")});
+  // worst-case buffers below hold, which every op of the way to the experts and back reads. With
+  // the alltoall dispatcher under etp, [etp, ep, E]: the etp gather brings the other etp ranks'.
+  e.alloc(n("counts"), kept_class(), Dtype::int32, {a2a ? x.etp * x.ep : x.ep, E}, ph);
+  // Where tp (sequence parallel) or cp splits the sequence, the aux loss counts the copies routed
+  // to each expert over the whole sequence, as Megatron's get_tokens_per_expert_and_token_count
+  // (moe_utils.py) all-reduces them over tp × cp: `routed` [E], summed by moe_aux_counts.
+  const bool global_counts = aux_counts_summed(c);
+  std::vector<BufferName> route_out = {n("probs_e"), n("route_w"), n("route_idx"), n("counts")};
+  std::vector<BufferName> aux_in = {n("probs_e"), n("route_idx")};
+  if (global_counts) {
+    e.alloc(n("routed"), keep ? BufferClass::activations : BufferClass::workspace, c.wide, {E}, ph);
+    route_out.push_back(n("routed"));
+    aux_in.push_back(n("routed"));
+  }
+  e.compute(at, OpKind::activation, OpName::moe_route, 6.0 * T * E, {n("router_logits")}, route_out);
   e.free(n("router_logits"), ph);
+  if (global_counts) {
+    for (GroupKind g : {GroupKind::tp, GroupKind::cp}) {
+      if ((g == GroupKind::tp ? c.plan.tp_size : c.plan.cp_size) == 1) continue;
+      e.collective(at, OpKind::all_reduce, g, Stream::compute, OpName::moe_aux_counts, double(E) * dtype_bytes(c.wide),
+                   {n("routed")}, {n("routed")});
+    }
+  }
   e.alloc(n("aux"), BufferClass::workspace, c.wide, {1}, ph);
-  e.compute(at, OpKind::loss, OpName::moe_aux_loss, 2.0 * T * E, {n("probs_e"), n("route_idx")}, {n("aux")});
+  e.compute(at, OpKind::loss, OpName::moe_aux_loss, 2.0 * T * E, aux_in, {n("aux")});
   e.free(n("aux"), ph);
 
   // Shared experts: a dense MLP on every token, tp-sharded (sequence-gathered under SP).
@@ -142,9 +165,11 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
       e.free(perm, ph);
     }
     if (etp) {
+      // Every etp rank's block of recv_rows rows (its real rows first, as its counts say), and the
+      // counts: xe is etp blocks of the worst case.
       e.alloc(n("xe"), kept_class(), c.act, {R, h}, ph);
-      e.collective(at, OpKind::all_gather, GroupKind::etp, Stream::compute, OpName::etp_gather, bytes_of(c, R), {y},
-                   {n("xe")});
+      e.collective(at, OpKind::all_gather, GroupKind::etp, Stream::compute, OpName::etp_gather, bytes_of(c, R),
+                   {y, n("counts")}, {n("xe"), n("counts")});
       e.free(y, ph);
     }
   } else {
@@ -243,6 +268,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   }
   if (!keep) {
     for (const char* name : {"probs_e", "route_w", "route_idx", "counts"}) e.free(n(name), ph);
+    if (global_counts) e.free(n("routed"), ph);
   }
 
   // Dropout and the residual.
@@ -415,9 +441,11 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
 
   // Routing's backward (with the aux loss's gradient) and the router's GEMMs, added into d_ln2.
   e.alloc(n("d_logits"), BufferClass::workspace, c.act, {T, E}, bwd);
-  e.compute(at, OpKind::activation, OpName::moe_route, 8.0 * T * E, {n("probs_e"), n("route_idx"), n("d_route_w")},
-            {n("d_logits")});
-  for (const char* name : {"probs_e", "route_idx", "d_route_w", "counts"}) e.free(n(name), bwd);
+  std::vector<BufferName> route_in = {n("probs_e"), n("route_idx"), n("d_route_w")};
+  if (aux_counts_summed(c)) route_in.push_back(n("routed"));
+  e.compute(at, OpKind::activation, OpName::moe_route, 8.0 * T * E, route_in, {n("d_logits")});
+  for (const BufferName& name : route_in) e.free(name, bwd);
+  e.free(n("counts"), bwd);
   e.gemm(at, OpName::router, Grad::dgrad, T, h, E, {n("d_logits"), w, n("d_ln2")}, {n("d_ln2")});
   e.gemm(at, OpName::router, Grad::wgrad, h, E, T, {n("ln2"), n("d_logits")}, {wg});
   e.free(n("d_logits"), bwd);

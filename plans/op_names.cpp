@@ -88,6 +88,7 @@ const char* to_string(OpName name) {
     case OpName::moe_unpermute: return "moe_unpermute";
     case OpName::moe_add: return "moe_add";
     case OpName::moe_aux_loss: return "moe_aux_loss";
+    case OpName::moe_aux_counts: return "moe_aux_counts";
     case OpName::ep_dispatch: return "ep_dispatch";
     case OpName::ep_combine: return "ep_combine";
     case OpName::etp_gather: return "etp_gather";

@@ -76,6 +76,9 @@ Slot stats(const char* name, S shape = S::any) { return {name, R::statistics, C:
 Slot tokens(const char* name) { return {name, R::data, C::one, D::int32, S::any}; }
 // MoE's counts [ep, E] (optional: programs lowered before the executor ran MoE lack them).
 Slot counts() { return {"counts", R::activation, C::optional, D::int32, S::any}; }
+// MoE's routed copies per expert [E] for the aux loss, summed over the ranks that split the
+// sequence (tp under sequence parallelism, cp); absent where one rank holds the whole sequence.
+Slot routed() { return {"routed", R::statistics, C::optional, D::wide, S::any}; }
 Slot scratch() { return {"scratch", R::comm_scratch, C::optional, D::same_as_first, S::any}; }
 
 // A collective reading `in` and writing `out` (one buffer each), with the host staging.
@@ -190,11 +193,15 @@ std::vector<OpSignature> make_table() {
       // [T, k]); permutation of the tokens into expert order, and back weighted (its backward
       // also gives the weights' gradient); the backward of routing adds the aux loss's gradient ----
       {OpKind::activation, {N::moe_route}, Grad::none, Pass::forward, {act("logits")},
-       {act("probs", D::same_as_first), act("route_w", D::same_as_first), act("route_idx", D::int32), counts()}},
+       {act("probs", D::same_as_first), act("route_w", D::same_as_first), act("route_idx", D::int32), counts(),
+        routed()}},
       {OpKind::activation, {N::moe_route}, Grad::none, Pass::backward,
-       {act("probs"), act("route_idx", D::int32), act("d_route_w")}, {act("d_logits", D::same_as_first)}},
-      {OpKind::loss, {N::moe_aux_loss}, Grad::none, Pass::forward, {act("probs"), act("route_idx", D::int32)},
-       {stats("aux", S::one)}},
+       {act("probs"), act("route_idx", D::int32), act("d_route_w"), routed()}, {act("d_logits", D::same_as_first)}},
+      {OpKind::loss, {N::moe_aux_loss}, Grad::none, Pass::forward,
+       {act("probs"), act("route_idx", D::int32), routed()}, {stats("aux", S::one)}},
+      {OpKind::all_reduce, {N::moe_aux_counts}, Grad::none, Pass::forward,
+       {{"routed", R::statistics, C::one, D::wide, S::any}},
+       {{"routed", R::statistics, C::one, D::wide, S::any}, scratch()}},
       {OpKind::activation, {N::moe_permute}, Grad::none, Pass::forward,
        {act("x"), act("route_idx", D::int32), counts()},
        {act("y", D::same_as_first)}},
@@ -289,7 +296,10 @@ std::vector<OpSignature> make_table() {
       {OpKind::all_to_all, moe_comm, Grad::none, Pass::any,
        {{"x", R::activation, C::one, D::same_as_first, S::any}, counts()},
        {{"y", R::activation, C::one, D::same_as_first, S::any}, counts(), scratch()}},
-      collective(OpKind::all_gather, moe_comm, "x", "y"),
+      // (The etp gather of the alltoall dispatcher's: every etp rank's counts, then its rows.)
+      {OpKind::all_gather, moe_comm, Grad::none, Pass::any,
+       {{"x", R::activation, C::one, D::same_as_first, S::any}, counts()},
+       {{"y", R::activation, C::one, D::same_as_first, S::any}, counts(), scratch()}},
       collective(OpKind::reduce_scatter, moe_comm, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
        {{"shard", R::weights, C::one, D::floating, S::any}},

@@ -167,6 +167,13 @@ TensorInitializer::TensorInitializer(const ModelConfig& m, int64_t t, int64_t r,
   } else if (name == "embedding.weight") {
     row_offset_ = r * tensor.rows;
     row_limit_ = m.vocab_size;  // padding rows are 0
+  } else if (name.rfind("expert.", 0) == 0) {  // r: the etp rank (column- and row-parallel slices)
+    auto ends_with = [&](const char* suffix) {
+      const size_t k = std::char_traits<char>::length(suffix);
+      return name.size() >= k && name.compare(name.size() - k, k, suffix) == 0;
+    };
+    if (ends_with(".gate.weight") || ends_with(".up.weight")) row_offset_ = r * tensor.rows;
+    if (ends_with(".down.weight")) col_offset_ = r * tensor.cols;
   }
   // The tied output layer is the embedding: both draw from the "embedding" group's key.
   std::string key_group = group == "output" && m.tie_word_embeddings ? "embedding" : group;

@@ -38,11 +38,13 @@ GroupLayout param_group_layout(const ModelConfig& model, int64_t tp_size, const 
 // The local experts of a MoE layer ("X<l>") on expert-parallel rank ep_rank: experts
 // [ep_rank · E/ep, (ep_rank + 1) · E/ep), each its gate (SwiGLU), up and down projections
 // moe_intermediate_size / etp_size wide, named by the global expert ("expert.5.up.weight"), so their
-// initial values do not depend on ep. (etp splits are not laid out by etp rank: etp_size 1 only.)
+// initial values do not depend on ep; under etp each etp rank holds rows (gate, up) or columns
+// (down) [etp_rank · f/etp, + f/etp) of every expert's tensors (TensorInitializer's r).
 GroupLayout expert_group_layout(const ModelConfig& model, int64_t ep_size, int64_t ep_rank, int64_t etp_size);
 std::string expert_tensor_name(int64_t expert, const char* tensor);
 
-// Initial value of local element (row, col) of `tensor` of `group` on tp rank `tp_rank`:
+// Initial value of local element (row, col) of `tensor` of `group` on tp rank `tp_rank` (for an
+// expert group "X<l>", the etp rank):
 // GPT-2 / Megatron initialisation (normal 0.02; output projections 0.02/√(2L); biases 0; norm
 // weights 1) drawn from a hash of (seed, group, tensor, global row, global col), so it does not
 // depend on the sharding. Padded vocabulary rows are 0.

@@ -77,10 +77,11 @@ enum class OpName : uint8_t {
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose, fp8_cast_transpose,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
-  // routing probabilities), the shared experts' output added, the load-balancing loss; the
+  // routing probabilities), the shared experts' output added, the load-balancing loss (its
+  // per-expert token counts summed over the ranks that split the sequence: moe_aux_counts); the
   // dispatch and combine over the ep group, and the gather and scatter over the etp group
   router, expert_gate, expert_up, expert_down, moe_route, moe_permute, moe_unpermute, moe_add, moe_aux_loss,
-  ep_dispatch, ep_combine, etp_gather, etp_scatter,
+  moe_aux_counts, ep_dispatch, ep_combine, etp_gather, etp_scatter,
   pp_gather,  // scatter_gather_tensors_in_pipeline: a received 1/tp slice gathered over tp
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };

@@ -265,8 +265,8 @@ class CudaBackend final : public cuda::MoeMethods<T, G> {
 
   // ---- mixture of experts (the rest: cuda_moe.hpp) ----
   double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
-                      double scale) override {
-    cuda::moe_aux_loss(l(), probs, route_idx, tokens, experts, top_k, scale, moe_scratch(experts), result_);
+                      double scale, const double* chosen) override {
+    cuda::moe_aux_loss(l(), probs, route_idx, tokens, experts, top_k, scale, chosen, moe_scratch(experts), result_);
     return read_result();
   }
 

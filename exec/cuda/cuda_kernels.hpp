@@ -194,10 +194,12 @@ void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, i
                        int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity);
 template <class T>
 void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts,
-                  int64_t top_k, double scale, double* scratch, double* result);
+                  int64_t top_k, double scale, const double* chosen, double* scratch, double* result);
+// `chosen` (host, [experts], or nullptr: route_idx's histogram): the copies routed to each expert.
 template <class T>
 void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
-                        int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, double* scratch);
+                        int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
+                        double* scratch);
 // backward: x is d_y, y is d_x (cpu::moe_permute_backward).
 template <class T>
 void moe_permute(const Launch& l, const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,

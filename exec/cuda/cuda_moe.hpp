@@ -24,9 +24,9 @@ class MoeMethods : public ContextParallelMethods<T, G> {
                             capacity);
   }
   void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                          int64_t experts, int64_t top_k, double aux_scale) override {
+                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen) override {
     cuda::moe_route_backward(this->launch(), probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale,
-                             moe_scratch(experts));
+                             chosen, moe_scratch(experts));
   }
   void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
                    bool backward) override {

@@ -182,6 +182,20 @@ __global__ void moe_unpermute_backward_kernel(const T* d_y, const T* x, const T*
   if (threadIdx.x == 0) d_route_w[copy] = store<T>(dot);
 }
 
+// The copies routed to each expert into `out` [experts] (zeroed): the host's `chosen` where given
+// (the whole sequence's), else route_idx's histogram.
+void routed_copies(const Launch& l, const int32_t* route_idx, int64_t copies, int64_t experts, const double* chosen,
+                   double* out) {
+  if (chosen) {
+    check_runtime(l, cudaMemcpyAsync(out, chosen, size_t(experts) * sizeof(double), cudaMemcpyHostToDevice, l.stream),
+                  "cudaMemcpyAsync");
+    return;
+  }
+  if (copies == 0) return;
+  moe_histogram_kernel<<<blocks_for(copies), kThreads, 0, l.stream>>>(route_idx, copies, out);
+  check_launch(l, "moe_histogram");
+}
+
 }  // namespace
 
 template <class T>
@@ -205,24 +219,22 @@ void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, i
 
 template <class T>
 void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts,
-                  int64_t top_k, double scale, double* scratch, double* result) {
+                  int64_t top_k, double scale, const double* chosen, double* scratch, double* result) {
   check_runtime(l, cudaMemsetAsync(scratch, 0, size_t(2 * experts) * sizeof(double), l.stream), "cudaMemsetAsync");
   moe_prob_sums_kernel<<<blocks_for(tokens * experts), kThreads, 0, l.stream>>>(probs, tokens, experts, scratch);
   check_launch(l, "moe_prob_sums");
-  moe_histogram_kernel<<<blocks_for(tokens * top_k), kThreads, 0, l.stream>>>(route_idx, tokens * top_k,
-                                                                              scratch + experts);
-  check_launch(l, "moe_histogram");
+  routed_copies(l, route_idx, tokens * top_k, experts, chosen, scratch + experts);
   moe_aux_kernel<<<1, kThreads, 0, l.stream>>>(scratch, scratch + experts, experts, scale, result);
   check_launch(l, "moe_aux");
 }
 
 template <class T>
 void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
-                        int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, double* scratch) {
+                        int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
+                        double* scratch) {
   check_runtime(l, cudaMemsetAsync(scratch, 0, size_t(experts) * sizeof(double), l.stream), "cudaMemsetAsync");
   if (tokens == 0) return;
-  moe_histogram_kernel<<<blocks_for(tokens * top_k), kThreads, 0, l.stream>>>(route_idx, tokens * top_k, scratch);
-  check_launch(l, "moe_histogram");
+  routed_copies(l, route_idx, tokens * top_k, experts, chosen, scratch);
   int threads = int(std::min<int64_t>(1024, std::max<int64_t>(32, (experts + 31) / 32 * 32)));
   moe_route_backward_kernel<<<unsigned(tokens), threads, 0, l.stream>>>(probs, route_idx, d_route_w, d_logits, experts,
                                                                         top_k, aux_scale, scratch);
@@ -263,10 +275,10 @@ void moe_unpermute_backward(const Launch& l, const T* d_y, const T* x, const T* 
 #define STEPCAST_MOE(T)                                                                                              \
   template void moe_route_forward<T>(const Launch&, const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, \
                                      int64_t);                                                                       \
-  template void moe_aux_loss<T>(const Launch&, const T*, const int32_t*, int64_t, int64_t, int64_t, double, double*, \
-                                double*);                                                                            \
+  template void moe_aux_loss<T>(const Launch&, const T*, const int32_t*, int64_t, int64_t, int64_t, double,         \
+                                const double*, double*, double*);                                                    \
   template void moe_route_backward<T>(const Launch&, const T*, const int32_t*, const T*, T*, int64_t, int64_t,       \
-                                      int64_t, double, double*);                                                     \
+                                      int64_t, double, const double*, double*);                                      \
   template void moe_permute<T>(const Launch&, const T*, T*, const int64_t*, int64_t, int64_t, int64_t, bool);        \
   template void moe_unpermute_forward<T>(const Launch&, const T*, const T*, const int64_t*, T*, int64_t, int64_t,    \
                                          int64_t);                                                                   \

@@ -173,10 +173,21 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE aux loss and router backward match the CPU
   d_route_w_.set(d_route_w);
   DeviceRaw<int32_t> idx_(r.idx);
   Device<double> scratch_(size_t(2 * experts)), result_(1);
-  cuda::moe_aux_loss(kLaunch, probs_.p, idx_.p, tokens, experts, k, scale, scratch_.p, result_.p);
+  cuda::moe_aux_loss(kLaunch, probs_.p, idx_.p, tokens, experts, k, scale, nullptr, scratch_.p, result_.p);
   CHECK(std::abs(result_.get()[0] - want_aux) < 1e-6 * std::abs(want_aux));  // fp64 sums of the same values
   cuda::moe_route_backward(kLaunch, probs_.p, idx_.p, d_route_w_.p, d_logits_.p, tokens, experts, k, aux_scale,
-                           scratch_.p);
+                           nullptr, scratch_.p);
+  CHECK_CLOSE(T, d_logits_.get(), want_d_logits);
+  // The whole sequence's counts given (as where tp or cp splits it): the host's, not route_idx's.
+  std::vector<double> chosen(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) chosen[size_t(e)] = double(3 * e + 1);
+  want_aux = cpu::moe_aux_loss(r.probs.data(), r.idx.data(), tokens, experts, k, scale, chosen.data());
+  cpu::moe_route_backward(r.probs.data(), r.idx.data(), d_route_w.data(), want_d_logits.data(), tokens, experts, k,
+                          aux_scale, chosen.data());
+  cuda::moe_aux_loss(kLaunch, probs_.p, idx_.p, tokens, experts, k, scale, chosen.data(), scratch_.p, result_.p);
+  CHECK(std::abs(result_.get()[0] - want_aux) < 1e-6 * std::abs(want_aux));
+  cuda::moe_route_backward(kLaunch, probs_.p, idx_.p, d_route_w_.p, d_logits_.p, tokens, experts, k, aux_scale,
+                           chosen.data(), scratch_.p);
   CHECK_CLOSE(T, d_logits_.get(), want_d_logits);
 }
 

@@ -1,6 +1,7 @@
 // The CPU executor on mixture-of-experts plans (issue 15), through `scripts/mpirun build/stepcast
 // run`: the tiny MoE models under expert parallelism with tp, pp, dp and ZeRO give the single
-// rank's fp64 loss curve (routing is a function of the weights, so exactly); capacity-dropped
+// rank's fp64 loss curve (routing is a function of the weights, so exactly), with etp = tp and the
+// aux loss under tp and cp too; capacity-dropped
 // copies are counted alike; the variable all_to_all runs pairwise and as MPI_Alltoallv; measured
 // memory within 2% of the program's. (What it refuses: tests/cli/bad_inputs.json, "MoE run: ...".)
 #include "run_fixtures.hpp"
@@ -28,12 +29,35 @@ std::vector<int64_t> dropped(const RunResult& r) {
   return r.measurement.at("moe_dropped_tokens").get<std::vector<int64_t>>();
 }
 
-// The tiny MoE model without the aux loss (its token counts are a rank's, which tp splits).
-std::string tiny_moe_without_aux() {
-  Json model = load_json_file(source_path("models/tiny-moe.json"));
-  model["router_aux_loss_coef"] = 0.0;
-  model["name"] = "tiny-moe-no-aux";
-  return write_temp_file("tiny-moe-no-aux.json", model.dump());
+// Without a capacity (tp and cp > 1 take none) and with ep > 1: a routing skewed onto one expert
+// sizes the dispatch buffers for any routing (every copy may go to one ep rank).
+Json dropless(Json p) {
+  p.erase("moe_expert_capacity_factor");
+  if (p.at("expert_model_parallel_size").get<int>() > 1) {
+    p["moe_routing"] = "skew";
+    p["moe_routing_skew"] = 30.0;
+  }
+  return p;
+}
+
+// Experts split over etp ranks of each tp group (Megatron's default etp = tp).
+Json with_etp(Json p, int etp) {
+  p["expert_tensor_parallel_size"] = etp;
+  return dropless(p);
+}
+
+// Context parallelism: each cp rank routes its two chunks of the sequence.
+Json with_cp(Json p, int cp) {
+  p["context_parallel_size"] = cp;
+  return dropless(p);
+}
+
+// tiny-moe-shared (shared experts, a dense first layer) with tiny-moe's aux loss.
+std::string tiny_moe_shared_with_aux() {
+  Json model = load_json_file(source_path("models/tiny-moe-shared.json"));
+  model["router_aux_loss_coef"] = 0.01;
+  model["name"] = "tiny-moe-shared-aux";
+  return write_temp_file("tiny-moe-shared-aux.json", model.dump());
 }
 
 struct Case {
@@ -87,7 +111,18 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
       {"tiny-moe", moe_plan(1, 1, 2, 3, 1, "none", true), ""},   // ep 1, ZeRO-3 over edp = dp
       {"tiny-moe-shared", moe_plan(1, 1, 2, 1, 2, "selective", false, 4.0), ""},  // shared experts, a dense layer
       {"tiny-moe-shared", moe_plan(1, 2, 2, 0, 2, "full", true, 4.0), ""},        // pp 2 × ep 2 over dp
-      {tiny_moe_without_aux(), moe_plan(2, 1, 1, 0, 1), ""},  // tp 2 (SP): experts' gradients over edp = tp
+      // tp 2 (SP): experts' gradients over edp = tp; the aux loss's counts summed over tp
+      // (moe_aux_counts), kept to the backward, and recomputed under full recompute.
+      {"tiny-moe", moe_plan(2, 1, 1, 0, 1), ""},
+      {tiny_moe_shared_with_aux(), moe_plan(2, 1, 1, 1, 1, "full"), ""},
+      // etp 2 = tp: each tp rank a slice of every expert, the tokens gathered over etp and the
+      // outputs reduce_scattered back; with ep 2 over dp, pp 2 and full recompute.
+      {"tiny-moe", with_etp(moe_plan(2, 1, 1, 0, 1), 2), ""},
+      {"tiny-moe", with_etp(moe_plan(2, 1, 2, 1, 2), 2), ""},
+      {tiny_moe_shared_with_aux(), with_etp(moe_plan(2, 2, 1, 0, 1, "full", true), 2), ""},
+      // cp 2: the aux loss's counts summed over cp; ep 2 over the cp ranks.
+      {"tiny-moe", with_cp(moe_plan(1, 1, 1, 0, 1), 2), ""},
+      {tiny_moe_shared_with_aux(), with_cp(moe_plan(1, 1, 1, 1, 2, "selective"), 2), ""},
   };
   std::map<std::string, RunResult> reference;
   const double largest = check_cases(cases, steps, one, reference);

@@ -204,6 +204,77 @@ TEST_CASE("expert weights per rank: E/ep experts f_e/etp wide, reduced over edp"
   }
 }
 
+TEST_CASE("the aux loss's expert counts are summed over tp and cp where they split the sequence",
+          "[lower][moe]") {
+  ModelConfig model = tiny_moe();  // router_aux_loss_coef 0.01
+  REQUIRE(model.router_aux_loss_coef != 0);
+  Topology topo = test::test_topology();
+  auto program_of = [&](const ModelConfig& m, Json j) {
+    Plan plan = test::make_plan(j, m, topo);
+    StepProgram program = lower_program(m, topo, plan);
+    CHECK(check_program(program).empty());
+    return program;
+  };
+  const int64_t moe_layers = model.num_moe_layers(), E = model.num_experts;
+  // tp 2 (sequence parallel): one all_reduce of E wide counts per MoE layer and microbatch, which
+  // routing writes and the aux loss and routing's backward read.
+  StepProgram tp2 = program_of(model, moe_plan(2, 2, 1));
+  CHECK(count_ops(tp2, OpKind::all_reduce, OpName::moe_aux_counts, GroupKind::tp) ==
+        moe_layers * tp2.num_microbatches);
+  int64_t readers = 0;
+  for (const Op& op : tp2.roles[0].ops) {
+    if (op.name == OpName::moe_aux_counts) {
+      CHECK(op.bytes == double(E) * 4);  // fp32 plan: wide is fp32
+      CHECK(op.phase == Phase::forward);
+    }
+    for (const BufferName& b : op.inputs) readers += b.str().find(".routed") != std::string::npos;
+  }
+  // Each MoE layer and microbatch: the all_reduce, the aux loss and routing's backward.
+  CHECK(readers == 3 * moe_layers * tp2.num_microbatches);
+  // Full recompute: routed again in the recomputed forward, so counted twice.
+  Json full = moe_plan(2, 2, 1);
+  full["recompute"] = "full";
+  CHECK(count_ops(program_of(model, full), OpKind::all_reduce, OpName::moe_aux_counts, GroupKind::tp) ==
+        2 * moe_layers * tp2.num_microbatches);
+  // tp 1: the rank holds the sequence, nothing to sum; without the aux loss, nothing either.
+  CHECK(count_ops(program_of(model, moe_plan(1, 4, 1)), OpKind::all_reduce, OpName::moe_aux_counts, GroupKind::tp) ==
+        0);
+  ModelConfig no_aux = model;
+  no_aux.router_aux_loss_coef = 0;
+  CHECK(count_ops(program_of(no_aux, moe_plan(2, 2, 1)), OpKind::all_reduce, OpName::moe_aux_counts,
+                  GroupKind::tp) == 0);
+  // cp 2: summed over cp as well.
+  Json cp = moe_plan(1, 2, 1);
+  cp["context_parallel_size"] = 2;
+  cp["attention_impl"] = "flash";
+  StepProgram cp2 = program_of(model, cp);
+  CHECK(count_ops(cp2, OpKind::all_reduce, OpName::moe_aux_counts, GroupKind::cp) == moe_layers * cp2.num_microbatches);
+}
+
+TEST_CASE("under etp the alltoall dispatcher's counts are [etp, ep, E] and the etp gather carries them",
+          "[lower][moe]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  Plan plan = test::make_plan(moe_plan(2, 2, 2, 2), model, topo);  // tp 2, dp 2: etp 2 × ep 2
+  StepProgram program = lower_program(model, topo, plan);
+  REQUIRE(check_program(program).empty());
+  int64_t gathers = 0, count_allocs = 0;
+  for (const Op& op : program.roles[0].ops) {
+    if (op.kind == OpKind::alloc && op.buffer.str().find(".counts") != std::string::npos) {
+      CHECK(op.shape.to_vector() == std::vector<int64_t>{4, model.num_experts});
+      ++count_allocs;
+    }
+    if (op.kind == OpKind::all_gather && op.name == OpName::etp_gather) {
+      ++gathers;
+      REQUIRE(op.inputs.size() == 2);
+      CHECK(op.inputs[1].str().find(".counts") != std::string::npos);
+      CHECK(op.outputs[1] == op.inputs[1]);
+    }
+  }
+  CHECK(count_allocs >= 1);
+  CHECK(gathers == model.num_moe_layers() * program.num_microbatches);
+}
+
 TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give — capacity buffers the capacity",
           "[lower][moe][memory]") {
   ModelConfig model = tiny_moe();
