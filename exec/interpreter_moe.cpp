@@ -276,9 +276,10 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
                      std::to_string(ep_index_) + ", whose dispatch buffers hold " +
                      std::to_string(expert_capacity_bytes / row_bytes) +
                      " (dropless: sized by the heaviest load the plan's moe_routing draws give, which real routing "
-                     "may exceed); valid: moe_expert_capacity_factor, >= experts / top-k = " +
+                     "may exceed); valid: moe_dropless_buffers \"any_routing\" (buffers for any routing), "
+                     "moe_expert_capacity_factor >= experts / top-k = " +
                      std::to_string(double(E) / double(p_.moe.top_k)) +
-                     " to drop nothing (the buffers then hold any routing), or a moe_routing with more headroom");
+                     " to drop nothing, or a moe_routing with more headroom");
   }
   STEPCAST_CHECK(my_side <= count(to_experts ? x : y, op) * element_bytes(x, op), "MoE rows beyond " + x);
   char* send = arena_.buffer(x, op.id);

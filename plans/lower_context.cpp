@@ -32,6 +32,9 @@ LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t to
     x.send_rows = x.experts * x.capacity;
     x.expert_rows = x.experts_local * x.capacity * x.ep * x.etp;
     x.rows_per_expert = x.capacity * x.ep * x.etp;
+  } else if (p.moe.dropless_any_routing) {
+    x.send_rows = tokens * x.top_k;
+    x.expert_rows = routed;  // every copy of the expert block on one rank's experts
   } else {
     x.send_rows = tokens * x.top_k;
     const std::vector<double> shares = routing_shares(p.moe, x.experts);

@@ -25,7 +25,8 @@ namespace {
 
 const std::vector<std::string> kMoeKeys = {
     "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_topk", "moe_expert_capacity_factor",
-    "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed"};
+    "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed",
+    "moe_dropless_buffers"};
 
 // A histogram file: {"tokens_per_expert": [counts], "total_tokens": N (optional: then the counts
 // must sum to it), "notes": "..."}.
@@ -119,6 +120,11 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
     moe.histogram = load_histogram(path.string(), plan_file);
   }
   moe.seed = uint64_t(reader.get_int_or("moe_routing_seed", 0, 1));
+  moe.dropless_any_routing = reader.get_enum_or("moe_dropless_buffers", {"draws", "any_routing"}, "draws") == "any_routing";
+  if (moe.dropless_any_routing && !moe.dropless()) {
+    reader.fail("moe_dropless_buffers", "\"any_routing\" sizes dropless buffers, and the plan has a capacity factor",
+                "\"draws\" (or absent) with moe_expert_capacity_factor, whose capacity sizes the buffers");
+  }
   return moe;
 }
 
@@ -192,6 +198,7 @@ void moe_plan_to_json(const MoePlan& moe, Json& out) {
   if (moe.routing == RoutingKind::skew) out["moe_routing_skew"] = moe.skew;
   if (moe.routing == RoutingKind::histogram) out["moe_routing_histogram"] = moe.histogram_file;
   out["moe_routing_seed"] = moe.seed;
+  if (moe.dropless_any_routing) out["moe_dropless_buffers"] = "any_routing";
 }
 
 std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts) {

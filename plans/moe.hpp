@@ -34,6 +34,10 @@ struct MoePlan {
   std::string histogram_file;      // tokens per expert measured (a JSON file), as the plan names it
   std::vector<double> histogram;   // resolved: the file's counts (or fractions)
   uint64_t seed = 1;               // moe_routing_seed
+  // moe_dropless_buffers: dropless dispatch buffers sized by the heaviest load the routing draws
+  // give (false, "draws": the default), or for any routing (true, "any_routing": every token copy
+  // of an expert block may reach one rank), which real routing can never overflow.
+  bool dropless_any_routing = false;
   // Microbatches whose routing draws size the dropless buffers; 0: the plan's own. The planner
   // lowers fewer microbatches than the step has (memory_path_plan) and sets the step's count,
   // so that its buffers are the step's; −1: no draws (shapes and parameters only, the dispatch

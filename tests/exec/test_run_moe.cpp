@@ -29,14 +29,11 @@ std::vector<int64_t> dropped(const RunResult& r) {
   return r.measurement.at("moe_dropped_tokens").get<std::vector<int64_t>>();
 }
 
-// Without a capacity (tp and cp > 1 take none) and with ep > 1: a routing skewed onto one expert
-// sizes the dispatch buffers for any routing (every copy may go to one ep rank).
+// Without a capacity (tp and cp > 1 take none): dispatch buffers for any routing, which the real
+// routing cannot overflow (the draws' heaviest load it can, by a row on these models).
 Json dropless(Json p) {
   p.erase("moe_expert_capacity_factor");
-  if (p.at("expert_model_parallel_size").get<int>() > 1) {
-    p["moe_routing"] = "skew";
-    p["moe_routing_skew"] = 30.0;
-  }
+  p["moe_dropless_buffers"] = "any_routing";
   return p;
 }
 
@@ -145,4 +142,22 @@ TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan",
   for (int64_t d : one) std::printf(" %lld", (long long)d);
   std::printf("\n");
   for (int64_t d : one) CHECK(d > 0);  // a capacity of 1.0 drops some copies of a real routing
+}
+
+TEST_CASE("run: dropless buffers the real routing overflows stop naming the keys and any_routing runs it",
+          "[run][moe]") {
+  Json p = moe_plan(1, 1, 2, 0, 2);
+  p.erase("moe_expert_capacity_factor");  // dropless, buffers from the routing draws
+  RunResult drawn = run_plan("tiny-moe", p, 3);
+  INFO(drawn.output);
+  CHECK(drawn.exit_code == 2);
+  CHECK_THAT(drawn.output, Catch::Contains("whose dispatch buffers hold") &&
+                               Catch::Contains("moe_dropless_buffers \"any_routing\""));
+  RunResult any = run_plan("tiny-moe", dropless(p), 3);
+  RunResult one = run_plan("tiny-moe", moe_plan(1, 1, 1, 0, 1), 3);
+  INFO(any.output << one.output);
+  REQUIRE(any.exit_code == 0);
+  REQUIRE(one.exit_code == 0);
+  CHECK(max_relative_difference(losses(any), losses(one)) < 1e-9);
+  check_measured_memory("moe any_routing", any, true, 64 * 1024);
 }

@@ -294,6 +294,27 @@ TEST_CASE("dropless dispatch buffers hold the worst load the routing draws give 
   LowerContext c(model, topo, test::make_plan(j, model, topo));
   CHECK(c.moe.capacity == 32);  // ceil(64·2 / 4 · 1.0)
   CHECK(c.moe.expert_rows == 2 * 32 * 2);
+  // moe_dropless_buffers "any_routing": every copy of the expert block fits one rank, whatever
+  // the draws (and it is written back into the plan's JSON, "draws" being the default).
+  j = moe_plan(1, 4, 2);
+  j["moe_dropless_buffers"] = "any_routing";
+  Plan any = test::make_plan(j, model, topo);
+  LowerContext a(model, topo, any);
+  CHECK(a.moe.expert_rows == 256);
+  CHECK(a.moe.recv_rows == 256);
+  Json back;
+  moe_plan_to_json(any.moe, back);
+  CHECK(back.at("moe_dropless_buffers") == "any_routing");
+  Json none;
+  moe_plan_to_json(uniform.moe, none);
+  CHECK_FALSE(none.contains("moe_dropless_buffers"));
+  // With a capacity, refused: the capacity sizes the buffers.
+  j["moe_expert_capacity_factor"] = 1.0;
+  CHECK_THROWS_WITH(test::make_plan(j, model, topo),
+                    Contains("moe_dropless_buffers") && Contains("\"draws\" (or absent) with moe_expert_capacity_factor"));
+  j.erase("moe_expert_capacity_factor");
+  j["moe_dropless_buffers"] = "all";
+  CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("moe_dropless_buffers") && Contains("any_routing"));
 }
 
 TEST_CASE("a MoE program round-trips through program.json with its expert grid and routing", "[lower][moe]") {
