@@ -238,6 +238,45 @@ class Profiler : public ProfilerTools<T, G, W> {
         rows.push_back({"backward", seq, d, true, 2.5 * 4.0 * b * heads * double(seq) * seq * d / 2, ""});
       }
     }
+    // The context-parallel kernel (the CPU backend's: its ring blocks mask by position arrays,
+    // not by index), at the same (rows per rank, head_dim): cp rank 0 of 2, holding chunks 0 and
+    // 3 of a 2·seq sequence, over its own block (step 0: two causal halves and a full quarter) and
+    // its peer's (step 1: chunks 1 and 2, two full quarters), both timed together. Each block has
+    // seq²/2 visible pairs, as a causal one: a rate in the same convention.
+    std::vector<int64_t> q_pos, peer_pos;  // each shape's at [at, at + seq)
+    if (std::string(backend.name()) == "cpu") {
+      T* kv = buffer(backend, largest, true);  // [seq, b, 2·heads·d] packed K/V
+      T* d_kv = buffer(backend, largest);
+      for (int64_t d : dims) {
+        for (int64_t seq : seqs) {
+          if (seq % 2 != 0) continue;
+          const cpu::AttentionShape shape{seq, b, heads, heads, d};
+          const double scale = 1.0 / std::sqrt(double(d));
+          const size_t at = q_pos.size();
+          const int64_t c = seq / 2;
+          for (int64_t r = 0; r < seq; ++r) {
+            q_pos.push_back(r < c ? r : 3 * c + (r - c));
+            peer_pos.push_back(r < c ? c + r : 2 * c + (r - c));
+          }
+          points.push_back({[&backend, &q_pos, &peer_pos, qkv, kv, ctx, lse, shape, scale, at] {
+            const int64_t* q = q_pos.data() + at;
+            backend.cp_flash_forward(qkv, kv, shape.s, q, q, ctx, lse, shape, scale, nullptr, 0, nullptr);
+            backend.cp_flash_forward(qkv, kv, shape.s, q, peer_pos.data() + at, ctx, lse, shape, scale, nullptr, 0,
+                                     nullptr);
+          }});
+          rows.push_back({"forward", seq, d, true, 2 * 4.0 * b * heads * double(seq) * seq * d / 2, "", "cp_flash"});
+          points.push_back({[&backend, &q_pos, &peer_pos, qkv, kv, ctx, lse, d_ctx, d_qkv, d_kv, shape, scale, at] {
+            const int64_t* q = q_pos.data() + at;
+            backend.cp_flash_backward(qkv, kv, shape.s, q, q, ctx, lse, d_ctx, d_qkv, false, d_kv, shape, scale,
+                                      nullptr, 0, nullptr);
+            backend.cp_flash_backward(qkv, kv, shape.s, q, peer_pos.data() + at, ctx, lse, d_ctx, d_qkv, false, d_kv,
+                                      shape, scale, nullptr, 0, nullptr);
+          }});
+          rows.push_back(
+              {"backward", seq, d, true, 2 * 2.5 * 4.0 * b * heads * double(seq) * seq * d / 2, "", "cp_flash"});
+        }
+      }
+    }
     for (size_t i = 0; i < points.size(); i += 2) points[i].body();  // lse of every shape
     std::vector<double> seconds = time("attention", points);
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -245,10 +284,11 @@ class Profiler : public ProfilerTools<T, G, W> {
     }
     // The table is ordered by (pass, head_dim, causal), seq rising within each.
     std::stable_sort(rows.begin(), rows.end(), [](const AttentionPoint& x, const AttentionPoint& y) {
-      return std::tie(x.pass, x.head_dim) < std::tie(y.pass, y.head_dim);
+      return std::tie(x.impl, x.pass, x.head_dim) < std::tie(y.impl, y.pass, y.head_dim);
     });
     for (const AttentionPoint& a : rows) t.attention.push_back(a);
-    progress("attention: flash forward and backward, " + std::to_string(rows.size()) + " points");
+    progress("attention: flash (and context-parallel flash) forward and backward, " + std::to_string(rows.size()) +
+             " points");
   }
 
   void measure_collectives(Backend<T, G, W>& backend, GroupKind group, const std::string& algorithm,

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "op_signature.hpp"
 
 namespace stepcast {
 
@@ -286,12 +287,14 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
     }
     for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
-    std::vector<AttentionPoint> flash, materialized, causal;
+    std::vector<AttentionPoint> flash, cp_flash, materialized, causal;
     for (const AttentionPoint& a : profile.measured->attention) {
       if (a.impl == "flash") flash.push_back(a);
+      else if (a.impl == "cp_flash") cp_flash.push_back(a);
       else (a.causal ? causal : materialized).push_back(a);
     }
     attention_table_ = AttentionRateTable(flash);
+    cp_attention_table_ = AttentionRateTable(cp_flash);
     // Non-causal points where there are any: the plan's causal mask is inside its softmax op, as
     // in Megatron's fused kernel, where a causal point of standard attention adds a pass of its own.
     materialized_ = materialized.empty() ? causal : materialized;
@@ -479,9 +482,13 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
     return std::max(compute_time, memory_time) + gemm_.overhead_s + gemm_.latency_s;
   }
   if (op.kind == OpKind::attention && op.name == OpName::flash) {
-    if (!attention_table_.empty()) {
+    // A context-parallel rank's block (it reads K/V: the ring's or the gathered) at the rate of
+    // that kernel where the profile measured it.
+    const AttentionRateTable& table =
+        !cp_attention_table_.empty() && Operands(op).has_in("kv") ? cp_attention_table_ : attention_table_;
+    if (!table.empty()) {
       const char* pass = op.phase == Phase::backward ? "backward" : "forward";
-      return op.flops / 2 / attention_table_.flops_per_s(pass, op.m, op.k);
+      return op.flops / 2 / table.flops_per_s(pass, op.m, op.k);
     }
     double fraction = op.phase == Phase::backward ? profile_.flash_backward_peak_fraction
                                                   : profile_.flash_forward_peak_fraction;

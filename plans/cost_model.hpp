@@ -5,7 +5,8 @@
 //   attention flash:              F / (peak·flash_fraction) + kernel overhead, or with measured
 //                                 attention points (AttentionRateTable) F/2 / rate: the models are
 //                                 causal, the kernel skips the masked half and the published
-//                                 rates count that half alone
+//                                 rates count that half alone; a context-parallel block (an
+//                                 op that reads K/V) at the cp_flash points' rate where any
 //   everything else:              max(F / vector_peak, B / (bw·memory_fraction)) + kernel overhead
 // where vector_peak is the device's fp32 peak (elementwise work runs on the vector units). A
 // datasheet profile with `gemm_tiling` divides the GEMM term by gemm_wave_efficiency (the tile
@@ -217,7 +218,8 @@ class ComputeCostModel {
   Dtype dtype_;
   std::map<std::string, GemmRateTable> gemm_tables_;     // by variant; empty: no measured GEMMs
   std::map<std::string, BandwidthTable> memory_tables_;  // by family
-  AttentionRateTable attention_table_{{}};  // the flash points
+  AttentionRateTable attention_table_{{}};     // the flash points
+  AttentionRateTable cp_attention_table_{{}};  // the cp_flash points (the ops that read a K/V block)
   std::vector<AttentionPoint> materialized_;   // the materialized points used (non-causal first)
   mutable std::map<std::pair<int64_t, int64_t>, double> correction_cache_;
   // by (kind, algorithm, group size) of the profile's collective points

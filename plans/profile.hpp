@@ -108,7 +108,9 @@ struct AttentionPoint {
   std::string source;
   // "flash": a fused kernel (FlashAttention); "materialized": the standard attention of PyTorch
   // (batched score GEMM, softmax, value GEMM), measured whole on `batch` sequences of `heads`
-  // heads, forward_backward only: it corrects the composed model of those ops (cost_model.hpp).
+  // heads, forward_backward only: it corrects the composed model of those ops (cost_model.hpp);
+  // "cp_flash": a context-parallel rank's kernel over its K/V blocks (seq: its rows; the CPU
+  // backend's, which masks by position: profiler.cpp), costing the ops that read a K/V block.
   std::string impl = "flash";
   int64_t batch = 0, heads = 0;  // materialized points only
 };

@@ -195,7 +195,7 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
       reader, "attention_points", "seq");
   read_points(reader, json, "attention_points", [&](ObjectReader& p, size_t i) {
     AttentionPoint a;
-    a.impl = p.get_enum_or("impl", {"flash", "materialized"}, "flash");
+    a.impl = p.get_enum_or("impl", {"flash", "materialized", "cp_flash"}, "flash");
     a.pass = p.get_enum("pass", kAttentionPasses);
     a.seq = p.get_int("seq", 1);
     a.head_dim = p.get_int("head_dim", 1);
@@ -280,8 +280,8 @@ Json measured_to_json(const MeasuredTables& t) {
   for (const AttentionPoint& a : t.attention) {
     Json j = {{"pass", a.pass}, {"seq", a.seq}, {"head_dim", a.head_dim}, {"causal", a.causal},
               {"flops_per_s", a.flops_per_s}};
-    if (a.impl != "flash") {
-      j["impl"] = a.impl;
+    if (a.impl != "flash") j["impl"] = a.impl;
+    if (a.impl == "materialized") {
       j["batch"] = a.batch;
       j["heads"] = a.heads;
     }
