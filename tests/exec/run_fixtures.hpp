@@ -104,4 +104,24 @@ inline void check_measured_memory(const std::string& name, const RunResult& r, b
 }
 
 
+// `plan` run `steps` steps whole, and run `at` steps with a checkpoint in `dir` then resumed to
+// `steps`: the whole run's losses and the resumed run's (steps − at of them).
+struct WholeAndResumed {
+  std::vector<double> whole, resumed;
+};
+inline WholeAndResumed whole_and_resumed(const std::string& model, const Json& plan, int steps, int at,
+                                         const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  RunResult whole = run_plan(model, plan, steps);
+  RunResult first = run_plan(model, plan, at, "--checkpoint-dir " + dir + " --checkpoint-every " + std::to_string(at));
+  RunResult rest = run_plan(model, plan, steps, "--resume " + dir);
+  INFO(whole.output << first.output << rest.output);
+  REQUIRE(whole.exit_code == 0);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(rest.exit_code == 0);
+  WholeAndResumed out{losses(whole), losses(rest)};
+  REQUIRE(out.resumed.size() == size_t(steps - at));
+  return out;
+}
+
 }  // namespace stepcast::test

@@ -77,18 +77,9 @@ TEST_CASE("run: async staleness k keeps the initial weights for k steps, then ap
 }
 
 TEST_CASE("run: an async run resumed from a checkpoint continues the uninterrupted one (fp64)", "[run][async]") {
-  const std::string dir = fresh_dir("run-async-resume");
-  std::filesystem::create_directories(dir);
-  Json p = async_plan(1, 1, 2, 2);
-  RunResult whole = run_plan("tiny", p, 5);
-  RunResult first = run_plan("tiny", p, 3, "--checkpoint-dir " + dir + " --checkpoint-every 3");
-  RunResult rest = run_plan("tiny", p, 5, "--resume " + dir);
-  INFO(whole.output << first.output << rest.output);
-  REQUIRE(whole.exit_code == 0);
-  REQUIRE(first.exit_code == 0);
-  REQUIRE(rest.exit_code == 0);
-  const std::vector<double> w = losses(whole), r = losses(rest);
-  REQUIRE(r.size() == 2);
+  const WholeAndResumed runs = whole_and_resumed("tiny", async_plan(1, 1, 2, 2), 5, 3, fresh_dir("run-async-resume"));
+  const std::vector<double>& w = runs.whole;
+  const std::vector<double>& r = runs.resumed;
   // Steps 3 and 4 apply the gradients of steps 1 and 2, which the checkpoint carried.
   CHECK(r[0] == Approx(w[3]).epsilon(1e-12));
   CHECK(r[1] == Approx(w[4]).epsilon(1e-12));

@@ -82,7 +82,6 @@ TEST_CASE("run: a context-parallel run resumed from a checkpoint continues the u
   // cp 2 with ZeRO-1 (the optimizer state sharded over dp × cp, so the two ranks hold different
   // slices), dropout and delayed-scaling FP8 (amax histories carried from step to step).
   const std::string dir = fresh_dir("run-cp-resume");
-  std::filesystem::create_directories(dir);
   Json p = plan(1, 1, 1, 1, "1f1b", "none", false, true, 1, false);
   p["name"] = "cp-resume";  // the program (and its hash) names the plan
   p["context_parallel_size"] = 2;
@@ -91,15 +90,9 @@ TEST_CASE("run: a context-parallel run resumed from a checkpoint continues the u
   p["fp8"] = "hybrid";
   p["fp8_amax_history_len"] = 3;
   p["fp8_amax_compute_algo"] = "max";
-  RunResult whole = run_plan("tiny", p, 5);
-  RunResult first = run_plan("tiny", p, 3, "--checkpoint-dir " + dir + " --checkpoint-every 3");
-  RunResult rest = run_plan("tiny", p, 5, "--resume " + dir);
-  INFO(whole.output << first.output << rest.output);
-  REQUIRE(whole.exit_code == 0);
-  REQUIRE(first.exit_code == 0);
-  REQUIRE(rest.exit_code == 0);
-  const std::vector<double> w = losses(whole), r = losses(rest);
-  REQUIRE(r.size() == 2);
+  const WholeAndResumed runs = whole_and_resumed("tiny", p, 5, 3, dir);
+  const std::vector<double>& w = runs.whole;
+  const std::vector<double>& r = runs.resumed;
   CHECK(r[0] == w[3]);  // identical, not approximately
   CHECK(r[1] == w[4]);
   const Json manifest = load_json_file(dir + "/step-00000003/manifest.json");
