@@ -81,11 +81,13 @@ int run_profile(int argc, char** argv) {
       "                                     [--topology-out T] [--topology T]\n"
       "       mpirun -np N stepcast profile --backend cuda --topology T --out F [--quick]\n"
       "Measures the machine with every rank busy at once, as in training: GEMM rate on a grid of\n"
-      "shapes, memory-bound kernel bandwidth (norms, activations, softmax, AdamW) by size,\n"
-      "collective time and bus bandwidth (all_reduce, reduce_scatter, all_gather; nccl-tests'\n"
-      "algbw and busbw) by message and group size, and send/recv latency and bandwidth (across\n"
-      "hosts too, when the ranks span several: the inter-node link's α-β; needs --topology). Each\n"
-      "figure is the median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
+      "shapes, fused attention (causal, and on the CPU the context-parallel kernel over its K/V\n"
+      "blocks) by sequence and head size, memory-bound kernel bandwidth (norms, activations,\n"
+      "softmax, AdamW) by size, collective time and bus bandwidth (all_reduce, reduce_scatter,\n"
+      "all_gather; nccl-tests' algbw and busbw) by message and group size, and send/recv latency\n"
+      "and bandwidth (across hosts too, when the ranks span several: the inter-node link's α-β;\n"
+      "needs --topology). Each figure is the median over ranks and repetitions. `simulate\n"
+      "--profile F` interpolates them.\n"
       "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
       "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
   if (!vm) return 0;
