@@ -79,7 +79,10 @@ double standard_normal(uint64_t key) {
 
 MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
   MoePlan moe;
-  for (const auto& key : kMoeKeys) moe.set = moe.set || reader.has(key);
+  for (const auto& key : kMoeKeys) {
+    if (!moe.set && reader.has(key)) moe.set_key = key;
+    moe.set = moe.set || reader.has(key);
+  }
   moe.ep_size = reader.get_int_or("expert_model_parallel_size", 1, 1);
   moe.etp_size = reader.get_int_or("expert_tensor_parallel_size", 1, 0);
   moe.top_k = reader.get_int_or("moe_router_topk", 1, 0);
@@ -132,9 +135,21 @@ void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& mo
                        int64_t stage_ranks, bool sequence_parallel) {
   if (!model.is_moe()) {
     if (moe.set) {
-      throw_input_error(f, moe.ep_size > 1 ? "expert_model_parallel_size" : "moe_router_topk",
-                        std::to_string(moe.ep_size > 1 ? moe.ep_size : moe.top_k),
-                        "the model " + model.file + " has no experts",
+      // The key the plan set, with the value read from it.
+      const std::string& k = moe.set_key;
+      auto quoted = [](const std::string& s) { return "\"" + s + "\""; };
+      const std::string value =
+          k == "expert_model_parallel_size"    ? std::to_string(moe.ep_size)
+          : k == "expert_tensor_parallel_size" ? std::to_string(moe.etp_size)
+          : k == "moe_router_topk"             ? std::to_string(moe.top_k)
+          : k == "moe_expert_capacity_factor"  ? Json(moe.capacity_factor).dump()
+          : k == "moe_token_dispatcher_type"   ? quoted(to_string(moe.dispatcher))
+          : k == "moe_routing"                 ? quoted(to_string(moe.routing))
+          : k == "moe_routing_skew"            ? Json(moe.skew).dump()
+          : k == "moe_routing_histogram"       ? quoted(moe.histogram_file)
+          : k == "moe_routing_seed"            ? std::to_string(moe.seed)
+                                               : quoted(moe.dropless_any_routing ? "any_routing" : "draws");
+      throw_input_error(f, k, value, "the model " + model.file + " has no experts",
                         "no expert_* or moe_* keys, or a model with num_local_experts");
     }
     moe.etp_size = 1;

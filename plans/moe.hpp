@@ -44,6 +44,7 @@ struct MoePlan {
   // buffers left unsized: the planner's persistent bound). Not a plan key.
   int64_t draw_microbatches = 0;
   bool set = false;                // any MoE key in the plan
+  std::string set_key;             // the first of them (in kMoeKeys' order), for refusals
   bool dropless() const { return capacity_factor <= 0; }
 };
 
