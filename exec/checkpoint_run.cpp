@@ -11,17 +11,15 @@
 namespace stepcast {
 
 CheckpointShardLayout checkpoint_shard_layout(const StepProgram& program, const Plan& plan) {
-  CheckpointShardLayout layout;
-  layout.tp_size = program.tp_size;
-  layout.pp_size = program.pp_size;
-  layout.dp_size = program.dp_size;
-  layout.cp_size = program.cp_size;
-  layout.ep_size = program.ep_size;
-  layout.etp_size = program.etp_size;
-  layout.zero_stage = plan.zero_stage;
-  layout.dp_shard_size = program.grid().dp_shard_size();
-  layout.order = program.order;
-  return layout;
+  return {.tp_size = program.tp_size,
+          .pp_size = program.pp_size,
+          .dp_size = program.dp_size,
+          .cp_size = program.cp_size,
+          .ep_size = program.ep_size,
+          .etp_size = program.etp_size,
+          .zero_stage = plan.zero_stage,
+          .dp_shard_size = program.grid().dp_shard_size(),
+          .order = program.order};
 }
 
 void save_checkpoint(const StepProgram& program, const Plan& plan, const std::string& dir, int64_t steps_done,

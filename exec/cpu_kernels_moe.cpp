@@ -9,6 +9,7 @@
 
 #include "cpu_kernels.hpp"
 #include "errors.hpp"
+#include "moe.hpp"
 
 namespace stepcast::cpu {
 
@@ -46,14 +47,9 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
 namespace {
 
 // Copies routed to each expert: `given` where the caller has them, else route_idx's.
-std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int64_t experts, const double* given) {
+std::vector<double> chosen_copies(const int32_t* route_idx, int64_t copies, int64_t experts, const double* given) {
   if (given) return std::vector<double>(given, given + experts);
-  std::vector<double> chosen(size_t(experts), 0.0);
-  for (int64_t i = 0; i < copies; ++i) {
-    int32_t r = route_idx[i];
-    chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
-  }
-  return chosen;
+  return routed_copies(route_idx, copies, experts);
 }
 
 }  // namespace
@@ -62,7 +58,7 @@ template <class T>
 double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
                     double scale, const double* given) {
   std::vector<double> p_sum(size_t(experts), 0.0);
-  const std::vector<double> chosen = routed_copies(route_idx, tokens * top_k, experts, given);
+  const std::vector<double> chosen = chosen_copies(route_idx, tokens * top_k, experts, given);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t e = 0; e < experts; ++e) p_sum[size_t(e)] += double(probs[t * experts + e]);
   }
@@ -76,7 +72,7 @@ void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_rou
                         int64_t experts, int64_t top_k, double aux_scale, const double* given) {
   // d aux / d p[t, e] = aux_scale · (copies routed to e, dropped ones too); then the softmax's
   // backward d_logits = p ∘ (dp − Σ p·dp).
-  const std::vector<double> chosen = routed_copies(route_idx, tokens * top_k, experts, given);
+  const std::vector<double> chosen = chosen_copies(route_idx, tokens * top_k, experts, given);
   std::vector<double> dp(size_t(experts), 0.0);
   for (int64_t t = 0; t < tokens; ++t) {
     const T* p = probs + t * experts;

@@ -76,8 +76,8 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     if (operands(op).has_out("routed")) {  // this rank's copies per expert, dropped ones too
       moe_idx_.resize(size_t(tokens * k));
       backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));
-      std::vector<W> routed(size_t(E), W(0));
-      for (int32_t r : moe_idx_) routed[size_t(r >= 0 ? r : -1 - r)] += W(1);
+      const std::vector<double> copies = routed_copies(moe_idx_.data(), tokens * k, E);
+      const std::vector<W> routed(copies.begin(), copies.end());
       backend_.upload(buf<W>(out(op, "routed"), op), routed.data(), E * int64_t(sizeof(W)));
     }
     if (op.phase == Phase::forward && capacity > 0) {  // (a recompute routes the same tokens again)

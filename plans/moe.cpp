@@ -248,6 +248,15 @@ std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tok
   return counts;
 }
 
+std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int64_t experts) {
+  std::vector<double> chosen(size_t(experts), 0.0);
+  for (int64_t i = 0; i < copies; ++i) {
+    const int32_t r = route_idx[i];
+    chosen[size_t(r >= 0 ? r : -1 - r)] += 1;
+  }
+  return chosen;
+}
+
 int64_t expert_capacity(int64_t tokens, int64_t experts, double capacity_factor) {
   return int64_t(std::ceil(double(tokens) / double(experts) * capacity_factor));
 }

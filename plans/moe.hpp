@@ -63,6 +63,9 @@ std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts);
 // platform (its own hash generator, normal approximation of the multinomial); sums to `tokens`.
 std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tokens, uint64_t seed,
                                   int64_t microbatch, int64_t layer);
+// Token copies routed to each of `experts` experts by route_idx (expert e, or −1 − e for a copy
+// its capacity dropped: counted too, as the aux loss counts them).
+std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int64_t experts);
 // Capacity of one expert under a capacity factor, for `tokens` token-copies over `experts`
 // (Megatron's get_capacity: ceil(tokens / experts · factor)).
 int64_t expert_capacity(int64_t tokens, int64_t experts, double capacity_factor);

@@ -74,7 +74,7 @@ Slot grads(const char* name = "dw") { return {name, R::grads, C::one, D::floatin
 Slot mask(const char* name = "mask", S shape = S::any) { return {name, R::mask, C::one, D::mask, shape}; }
 Slot stats(const char* name, S shape = S::any) { return {name, R::statistics, C::one, D::wide, shape}; }
 Slot tokens(const char* name) { return {name, R::data, C::one, D::int32, S::any}; }
-// MoE's counts [ep, E] (optional: programs lowered before the executor ran MoE lack them).
+// MoE's counts [etp, ep, E] (optional: programs lowered before the executor ran MoE lack them).
 Slot counts() { return {"counts", R::activation, C::optional, D::int32, S::any}; }
 // MoE's routed copies per expert [E] for the aux loss, summed over the ranks that split the
 // sequence (tp under sequence parallelism, cp); absent where one rank holds the whole sequence.
