@@ -16,7 +16,9 @@ ShardLayout::ShardLayout(int64_t zero_stage, int64_t dp_size, int64_t shard_size
 
 bool ShardLayout::sharded(ShardedState state) const {
   switch (state) {
-    case ShardedState::weights: return zero_stage_ >= 3;
+    // A shard group of one rank holds the whole group: nothing to gather before each use (a
+    // gather over one rank is no op of the program, which would leave the gathered copy unset).
+    case ShardedState::weights: return zero_stage_ >= 3 && shard_size_ > 1;
     case ShardedState::grads: return zero_stage_ >= 2;
     case ShardedState::optimizer: return zero_stage_ >= 1;
   }

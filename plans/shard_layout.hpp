@@ -27,7 +27,7 @@ class ShardLayout {
   ShardLayout(int64_t zero_stage, int64_t dp_size, int64_t shard_size = 0);
 
   // Whether a rank holds a 1/shard_size slice of `state` (ZeRO-1 the optimizer state, ZeRO-2 also the
-  // gradients, ZeRO-3 also the weights) or all of it.
+  // gradients, ZeRO-3 also the weights, where the slice is not the whole group) or all of it.
   bool sharded(ShardedState state) const;
   // Elements of the persistent buffer a rank allocates for `state`: the group, or its slice
   // rounded up (every rank allocates the same size; the last slice may hold fewer elements).

@@ -46,6 +46,7 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
       {"tiny", plan(1, 2, 2, 1, "interleaved_1f1b", "none", false, true, 1, true)},
       {"tiny", plan(1, 2, 2, 2, "1f1b", "selective", false, false, 1, false)},
       {"tiny", plan(1, 2, 2, 3, "gpipe", "full", false, true, 2, true)},
+      {"tiny", plan(1, 2, 1, 3, "1f1b", "none", false, true, 2, true)},  // ZeRO-3 over dp 1: whole weights
       {"tiny", plan(2, 2, 1, 1, "1f1b", "full", true, false, 1, false)},
       {"tiny", plan(2, 2, 1, 0, "interleaved_1f1b", "selective", false, true, 1, false)},
       {"tiny", plan(2, 2, 2, 1, "interleaved_1f1b", "none", true, false, 1, true)},

@@ -13,6 +13,11 @@ TEST_CASE("ZeRO stages shard optimizer state, then gradients, then weights", "[s
     CHECK(layout.sharded(ShardedState::grads) == (stage >= 2));
     CHECK(layout.sharded(ShardedState::weights) == (stage >= 3));
   }
+  // ZeRO-3 over one rank (dp 1, or an expert-data-parallel group of 1 under ep = dp): the weights
+  // are whole, nothing is gathered before their use (a gather over one rank is no op).
+  CHECK_FALSE(ShardLayout(3, 1).sharded(ShardedState::weights));
+  CHECK_FALSE(ShardLayout(3, 4, 1).sharded(ShardedState::weights));
+  CHECK(ShardLayout(3, 1).held(ShardedState::weights, 10, 0) == ShardRange{0, 10});
 }
 
 TEST_CASE("slices of 10 elements over 4 ranks: 3, 3, 3, 1", "[shard_layout]") {
