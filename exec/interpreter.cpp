@@ -99,7 +99,8 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
 
 // ZeRO-0 with experts: the norm is summed over the model group, then over ep (lower_grads.cpp),
 // so rank x's share arrives mult(x) times (the ep members whose model group holds x), and a
-// tensor is held by several of the ranks summed: dense ones by the dp replicas, replicated ones
+// tensor is held by several of the ranks summed: dense ones by the dp × cp replicas (cp ranks
+// hold the same dense weights), replicated ones
 // (norms, router) by a stage's tp ranks too, experts by their edp group. Each is counted by the
 // lowest such rank, scaled by 1/mult.
 template <class T, class G, class W>
@@ -120,7 +121,7 @@ void Interpreter<T, G, W>::moe_norm_shares() {
   for (int64_t r = 0; r < grid_.world_size(); ++r) {
     if (grid_.coord(r).pp == coord_.pp) stage.push_back(r);
   }
-  norm_counts_dense_ = lowest(grid_.group(GroupKind::dp, rank_)) == rank_;
+  norm_counts_dense_ = lowest(grid_.group(GroupKind::dp_cp, rank_)) == rank_;
   norm_counts_replicated_ = lowest(stage) == rank_;
   norm_counts_experts_ = lowest(grid_.group(GroupKind::edp, rank_)) == rank_;
   moe_norm_ = true;
