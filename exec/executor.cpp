@@ -353,10 +353,6 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                     const std::string& valid) {
     throw_input_error(file, key, value, "the executor's mixture of experts " + why, valid);
   };
-  if (moe.dispatcher != MoeDispatcher::alltoall) {
-    refuse(plan.file, "moe_token_dispatcher_type", "\"allgather\"", "runs the alltoall dispatcher only",
-           "\"alltoall\" (the default)");
-  }
   if (moe.etp_size > 1 && plan.tp_size % moe.etp_size != 0) {
     // An etp group within a tp group: the ZeRO-0 gradient norm sums the model group, which then
     // holds every etp slice of its experts.

@@ -190,10 +190,21 @@ class Interpreter {
   // The etp gather of the alltoall dispatcher: every etp rank's counts, then the rows.
   void moe_etp_gather(const Op& op);
   void moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first);
+  // The allgather dispatcher's routing gather (moe_route_gather): whole blocks of any dtype.
+  void moe_gather_route(const Op& op);
+  // `bytes` at send to every member of the group, member i's into recv + i·bytes (all_to_allv).
+  void gather_blocks(GroupKind group, const char* send, char* recv, int64_t bytes);
+  // An overflow of the dispatch buffers: `rows` copies for this rank's experts, `capacity` held.
+  [[noreturn]] void moe_overflow(const Op& op, int64_t rows, int64_t capacity) const;
   // The op's counts [etp, ep, E] into moe_counts_; with route_idx, the permuted row of every token
   // copy into moe_rows_ (−1: dropped).
   void moe_read_counts(const Op& op);
   void moe_map_rows(const Op& op);
+  // The allgather dispatcher's: route_idx is the expert block's [etp·ep·T, k]; every gathered
+  // rank's counts are taken from it, and only this rank's experts' copies get rows (by source rank,
+  // then local expert, in token order), the others −1. Returns the rows.
+  int64_t moe_map_gathered_rows(const Op& op);
+  bool moe_allgather() const { return plan_.moe.dispatcher == MoeDispatcher::allgather; }
   int64_t moe_tokens(const Op& op) const;
   // Rows of this rank's local expert `local` from counts row `source` (etp rank · ep + ep rank) in
   // the experts' buffers.

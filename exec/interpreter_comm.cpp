@@ -91,6 +91,7 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   if (op.name == OpName::fp8_amax) return fp8_step_end(op);
   if (op.kind == OpKind::all_to_all && operands(op).has_in("counts")) return moe_all_to_all(op);
   if (op.kind == OpKind::all_gather && operands(op).has_in("counts")) moe_etp_gather(op);  // then the rows
+  if (op.kind == OpKind::all_gather && op.name == OpName::moe_route_gather) return moe_gather_route(op);
   if (op.kind == OpKind::all_to_all) {  // [x] → [y], block i of x to member i
     const std::string& x = in(op, "x");
     const std::string& y = out(op, "y");

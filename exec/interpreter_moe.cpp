@@ -11,7 +11,10 @@
 // brings the other etp ranks' blocks, and the experts' buffers hold one block of rows per etp rank
 // (its rows by source rank, then local expert, counts[j·ep + i][me·E_l + l] rows each; the rest of
 // the block unused), so the etp gather and scatter move whole blocks.
-// Not here: the allgather dispatcher (check_executor_moe refuses it).
+// The allgather dispatcher: every token of the expert block gathered over ep, then etp, with its
+// routing (moe_route_gather); each rank permutes the copies of its local experts (by source rank,
+// then local expert, as above, in one block), and the way back is a reduce_scatter, the routing
+// weights' gradient too. Its counts are taken from the gathered routing (moe_map_gathered_rows).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -58,6 +61,37 @@ void Interpreter<T, G, W>::moe_map_rows(const Op& op) {
 }
 
 template <class T, class G, class W>
+int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op& op) {
+  const int64_t E = p_.moe.num_experts, k = p_.moe.top_k, tokens = moe_tokens(op);
+  const int64_t sources = grid_.etp_size() * grid_.ep_size(), copies = tokens / sources * k;  // copies: a source's
+  STEPCAST_CHECK(copies * sources == tokens * k,
+                 "gathered routing " + in(op, "route_idx") + " is not " + std::to_string(sources) + " ranks' tokens");
+  moe_idx_.resize(size_t(tokens * k));
+  backend_.download(moe_idx_.data(), arena_.buffer(in(op, "route_idx"), op.id), tokens * k * int64_t(sizeof(int32_t)));
+  moe_counts_.assign(size_t(sources * E), 0);
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    const int32_t e = moe_idx_[size_t(i)];
+    if (e >= 0) ++moe_counts_[size_t(i / copies * E + e)];
+  }
+  moe_cursor_.assign(size_t(sources * moe_local_), 0);
+  int64_t rows = 0;
+  for (int64_t r = 0; r < sources; ++r) {
+    for (int64_t l = 0; l < moe_local_; ++l) {
+      moe_cursor_[size_t(r * moe_local_ + l)] = rows;
+      rows += moe_received(r, l);
+    }
+  }
+  const int64_t first = ep_index_ * moe_local_;
+  moe_rows_.resize(size_t(tokens * k));
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    const int64_t l = moe_idx_[size_t(i)] - first;
+    const bool local = moe_idx_[size_t(i)] >= 0 && l >= 0 && l < moe_local_;
+    moe_rows_[size_t(i)] = local ? moe_cursor_[size_t(i / copies * moe_local_ + l)]++ : -1;
+  }
+  return rows;
+}
+
+template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_activation(const Op& op) {
   const bool backward = op.phase == Phase::backward;
   const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
@@ -96,7 +130,17 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
                                 moe_aux_scale(op, routed), routed.empty() ? nullptr : routed.data());
     return;
   }
-  moe_map_rows(op);
+  if (moe_allgather()) {
+    const int64_t rows = moe_map_gathered_rows(op);
+    if (op.name == OpName::moe_permute && !backward) {  // [x, route_idx] → [y, counts]
+      const int64_t capacity = count(out(op, "y"), op) / h_;
+      if (rows > capacity) moe_overflow(op, rows, capacity);
+      backend_.upload(buf<int32_t>(out(op, "counts"), op), moe_counts_.data(),
+                      int64_t(moe_counts_.size() * sizeof(int32_t)));
+    }
+  } else {
+    moe_map_rows(op);
+  }
   const int64_t tokens = moe_tokens(op);
   if (op.name == OpName::moe_permute) {  // [x, route_idx, counts] → [y]; backward [d_y, …] → [d_x]
     const std::string& x = in(op, backward ? "d_y" : "x");
@@ -174,7 +218,10 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   // The buffers' capacity in rows: x (forward, wgrad) or d_y (dgrad) rows of its width.
   const std::string& rows_of = op.grad == Grad::dgrad ? in(op, "d_y") : in(op, "x");
   const int64_t capacity = count(rows_of, op) / (op.grad == Grad::dgrad ? out_features : in_features);
-  const int64_t blocks = grid_.etp_size(), block = capacity / blocks;
+  // The alltoall dispatcher's buffers are etp blocks of ep sources each; the allgather's one block
+  // of every source.
+  const int64_t blocks = moe_allgather() ? 1 : grid_.etp_size(), block = capacity / blocks;
+  const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
   STEPCAST_CHECK(block * blocks == capacity, "expert buffer " + rows_of + " is not etp blocks of rows");
   std::vector<int64_t> rows;
   std::vector<const T*> w;
@@ -184,7 +231,7 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
     w.clear();
     dw.clear();
     int64_t total = 0;
-    for (int64_t source = b * grid_.ep_size(); source < (b + 1) * grid_.ep_size(); ++source) {
+    for (int64_t source = b * sources; source < (b + 1) * sources; ++source) {
       for (int64_t l = 0; l < moe_local_; ++l) {
         const int64_t n = moe_received(source, l);
         if (n == 0) continue;
@@ -225,16 +272,46 @@ void Interpreter<T, G, W>::moe_etp_gather(const Op& op) {
 // member i's into row first + i (an all_gather of rows, over all_to_allv's byte blocks).
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first) {
-  const int64_t n = backend_.group_size(op.group), bytes = row * int64_t(sizeof(int32_t));
+  const int64_t bytes = row * int64_t(sizeof(int32_t));
+  char* c = arena_.buffer(out(op, "counts"), op.id);
+  gather_blocks(op.group, c + mine * bytes, c + first * bytes, bytes);
+}
+
+// moe_route_gather [x] → [y]: every member's x as block i of y, in bytes (x is int32 in an fp64
+// run too, which the backends' typed all_gather does not take).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_gather_route(const Op& op) {
+  const std::string& x = in(op, "x");
+  const std::string& y = out(op, "y");
+  const int64_t bytes = count(x, op) * element_bytes(x, op);
+  STEPCAST_CHECK(count(y, op) * element_bytes(y, op) == bytes * backend_.group_size(op.group),
+                 "routing gather " + y + " is not its group's blocks of " + x);
+  gather_blocks(op.group, arena_.buffer(x, op.id), arena_.buffer(y, op.id), bytes);
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::gather_blocks(GroupKind group, const char* send, char* recv, int64_t bytes) {
+  const int64_t n = backend_.group_size(group);
   std::vector<int64_t>& sizes = moe_bytes_[0];
   std::vector<int64_t>& send_offsets = moe_bytes_[1];
   std::vector<int64_t>& recv_offsets = moe_bytes_[2];
   sizes.assign(size_t(n), bytes);
-  send_offsets.assign(size_t(n), mine * bytes);
+  send_offsets.assign(size_t(n), 0);
   recv_offsets.resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) recv_offsets[size_t(i)] = (first + i) * bytes;
-  char* c = arena_.buffer(out(op, "counts"), op.id);
-  backend_.all_to_allv(op.group, c, sizes, send_offsets, c, sizes, recv_offsets);
+  for (int64_t i = 0; i < n; ++i) recv_offsets[size_t(i)] = i * bytes;
+  backend_.all_to_allv(group, send, sizes, send_offsets, recv, sizes, recv_offsets);
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_overflow(const Op& op, int64_t rows, int64_t capacity) const {
+  throw InputError("MoE layer " + std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) +
+                   ": the routing sends " + std::to_string(rows) + " token copies to ep rank " +
+                   std::to_string(ep_index_) + ", whose dispatch buffers hold " + std::to_string(capacity) +
+                   " (dropless: sized by the heaviest load the plan's moe_routing draws give, which real routing "
+                   "may exceed); valid: moe_dropless_buffers \"any_routing\" (buffers for any routing), "
+                   "moe_expert_capacity_factor >= experts / top-k = " +
+                   std::to_string(double(p_.moe.num_experts) / double(p_.moe.top_k)) +
+                   " to drop nothing, or a moe_routing with more headroom");
 }
 
 // Dispatch (to the experts) or combine (back), forward or backward: the counts first when the op
@@ -271,15 +348,7 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   const std::string& expert_buffer = to_experts ? y : x;
   const int64_t expert_capacity_bytes = count(expert_buffer, op) * element_bytes(expert_buffer, op);
   if (experts_side > expert_capacity_bytes) {
-    throw InputError("MoE layer " + std::to_string(op.layer) + ", microbatch " + std::to_string(op.microbatch) +
-                     ": the routing sends " + std::to_string(experts_side / row_bytes) + " token copies to ep rank " +
-                     std::to_string(ep_index_) + ", whose dispatch buffers hold " +
-                     std::to_string(expert_capacity_bytes / row_bytes) +
-                     " (dropless: sized by the heaviest load the plan's moe_routing draws give, which real routing "
-                     "may exceed); valid: moe_dropless_buffers \"any_routing\" (buffers for any routing), "
-                     "moe_expert_capacity_factor >= experts / top-k = " +
-                     std::to_string(double(E) / double(p_.moe.top_k)) +
-                     " to drop nothing, or a moe_routing with more headroom");
+    moe_overflow(op, experts_side / row_bytes, expert_capacity_bytes / row_bytes);
   }
   STEPCAST_CHECK(my_side <= count(to_experts ? x : y, op) * element_bytes(x, op), "MoE rows beyond " + x);
   char* send = arena_.buffer(x, op.id);
@@ -300,7 +369,11 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   template void Interpreter<T, G, W>::moe_gemm(const Op&);                 \
   template void Interpreter<T, G, W>::moe_all_to_all(const Op&);          \
   template void Interpreter<T, G, W>::moe_etp_gather(const Op&);         \
-  template void Interpreter<T, G, W>::moe_share_counts(const Op&, int64_t, int64_t, int64_t);
+  template void Interpreter<T, G, W>::moe_share_counts(const Op&, int64_t, int64_t, int64_t);  \
+  template void Interpreter<T, G, W>::moe_gather_route(const Op&);                           \
+  template void Interpreter<T, G, W>::gather_blocks(GroupKind, const char*, char*, int64_t); \
+  template void Interpreter<T, G, W>::moe_overflow(const Op&, int64_t, int64_t) const;       \
+  template int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op&);
 STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_MOE)
 #undef STEPCAST_INSTANTIATE_MOE
 

@@ -42,6 +42,33 @@ bool aux_counts_summed(const LowerContext& c) {
   return c.model.router_aux_loss_coef != 0 && c.plan.tp_size * c.plan.cp_size > 1;
 }
 
+// The allgather dispatcher's routing of the whole expert block: this rank's `name` [T, k]
+// gathered over ep, then etp (the tokens' order) into name_g [T·ep·etp, k]; the rank's own where
+// neither group splits it.
+std::string gathered_name(const LowerContext& c, const std::string& prefix, const std::string& name) {
+  return c.moe.ep * c.moe.etp > 1 ? prefix + name + "_g" : prefix + name;
+}
+
+std::string gathered_route(OpEmitter& e, const OpSite& at, const std::string& prefix, const std::string& name,
+                           Dtype dtype, bool keep) {
+  const LowerContext& c = e.ctx();
+  const auto& x = c.moe;
+  const std::string full = gathered_name(c, prefix, name);
+  std::string from = prefix + name;
+  const double row_bytes = double(x.top_k) * dtype_bytes(dtype);
+  auto gather = [&](GroupKind group, int64_t rows, const std::string& to) {
+    const BufferClass kept = to == full && keep ? BufferClass::activations : BufferClass::workspace;
+    e.alloc(to, kept, dtype, {rows, x.top_k}, at.phase);
+    e.collective(at, OpKind::all_gather, group, Stream::compute, OpName::moe_route_gather, row_bytes * double(rows),
+                 {from}, {to});
+    if (from != prefix + name) e.free(from, at.phase);
+    from = to;
+  };
+  if (x.ep > 1) gather(GroupKind::ep, x.tokens * x.ep, x.etp > 1 ? prefix + name + "_ep" : full);
+  if (x.etp > 1) gather(GroupKind::etp, x.tokens * x.ep * x.etp, full);
+  return from;
+}
+
 }  // namespace
 
 std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::string& prefix,
@@ -78,11 +105,12 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   e.alloc(n("probs_e"), kept_class(), c.act, {T, E}, ph);
   e.alloc(n("route_w"), kept_class(), c.act, {T, k}, ph);
   e.alloc(n("route_idx"), kept_class(), Dtype::int32, {T, k}, ph);
-  // counts [ep, E]: the token copies each ep rank's routing keeps for each expert (this rank's row
-  // written by routing, the others' arriving with the dispatch): the real sizes of the rows the
-  // worst-case buffers below hold, which every op of the way to the experts and back reads. With
-  // the alltoall dispatcher under etp, [etp, ep, E]: the etp gather brings the other etp ranks'.
-  e.alloc(n("counts"), kept_class(), Dtype::int32, {a2a ? x.etp * x.ep : x.ep, E}, ph);
+  // counts [etp, ep, E]: the token copies each rank of the expert block routes to each expert
+  // (this rank's row written by routing; with the alltoall dispatcher the others' arrive with the
+  // dispatch and the etp gather, with the allgather one they are counted from the gathered
+  // routing): the real sizes of the rows the worst-case buffers below hold, which every op of the
+  // way to the experts and back reads.
+  e.alloc(n("counts"), kept_class(), Dtype::int32, {x.etp * x.ep, E}, ph);
   // Where tp (sequence parallel) or cp splits the sequence, the aux loss counts the copies routed
   // to each expert over the whole sequence, as Megatron's get_tokens_per_expert_and_token_count
   // (moe_utils.py) all-reduces them over tp × cp: `routed` [E], summed by moe_aux_counts.
@@ -173,8 +201,13 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
       e.free(y, ph);
     }
   } else {
-    // Every token of the expert block gathered (over ep, then etp), the local experts' rows taken.
+    // Every token of the expert block gathered (over ep, then etp) with its top-k weights and
+    // experts (Megatron's MoEAllGatherTokenDispatcher gathers the probabilities and the routing
+    // map the same way); the local experts' rows taken, and the counts [etp·ep, E] of every
+    // gathered rank's copies per expert written from the gathered routing.
     std::string g = n("ln2");
+    gathered_route(e, at, prefix, "route_w", c.act, keep);
+    const std::string route_idx = gathered_route(e, at, prefix, "route_idx", Dtype::int32, keep);
     if (ep) {
       e.alloc(n("ag_ep"), BufferClass::workspace, c.act, {T * x.ep, h}, ph);
       e.collective(at, OpKind::all_gather, GroupKind::ep, Stream::compute, OpName::ep_dispatch, bytes_of(c, T * x.ep),
@@ -189,7 +222,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
       g = n("ag_etp");
     }
     e.alloc(n("xe"), kept_class(), c.act, {R, h}, ph);
-    e.compute(at, OpKind::activation, OpName::moe_permute, 0, {g, n("route_idx")}, {n("xe")});
+    e.compute(at, OpKind::activation, OpName::moe_permute, 0, {g, route_idx}, {n("xe"), n("counts")});
     if (g != n("ln2")) e.free(g, ph);
   }
   // ... the local experts ...
@@ -238,12 +271,12 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     done("comb");
   } else {
     e.alloc(n("ye"), kept_class(), c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, {n("act_e"), we}, {n("ye")});
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({n("act_e"), we}), {n("ye")});
     done("act_e");
     std::string y = !ep && !etp ? moe_out : n("ug");
     e.alloc(y, BufferClass::workspace, c.act, y == moe_out ? local : std::vector<int64_t>{gathered, h}, ph);
-    e.compute(at, OpKind::activation, OpName::moe_unpermute, 2.0 * double(R) * h, {n("ye"), n("route_w"), n("route_idx")},
-              {y});
+    e.compute(at, OpKind::activation, OpName::moe_unpermute, 2.0 * double(R) * h,
+              {n("ye"), gathered_name(c, prefix, "route_w"), gathered_name(c, prefix, "route_idx"), n("counts")}, {y});
     done("ye");
     if (etp) {
       std::string out = ep ? n("rs_etp") : moe_out;
@@ -269,6 +302,9 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   if (!keep) {
     for (const char* name : {"probs_e", "route_w", "route_idx", "counts"}) e.free(n(name), ph);
     if (global_counts) e.free(n("routed"), ph);
+    if (!a2a && (ep || etp)) {
+      for (const char* name : {"route_w", "route_idx"}) e.free(gathered_name(c, prefix, name), ph);
+    }
   }
 
   // Dropout and the residual.
@@ -359,11 +395,27 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
       if (ep) e.free(y, bwd);
       y = n("d_ag_etp");
     }
+    // The routing weights' gradient of every gathered copy (zero but for this rank's experts; under
+    // etp a partial dot product) summed back to the copies' ranks: reduce_scatter over etp, then ep.
+    const std::string route_w = gathered_name(c, prefix, "route_w");
+    std::string d_route_w = route_w == n("route_w") ? n("d_route_w") : n("d_route_w_g");
+    if (d_route_w != n("d_route_w")) e.alloc(d_route_w, BufferClass::workspace, c.act, {gathered, k}, bwd);
     e.alloc(n("d_ye"), BufferClass::workspace, c.act, {R, h}, bwd);
-    e.compute(at, OpKind::activation, OpName::moe_unpermute, 3.0 * double(R) * h, {y, n("ye"), n("route_w"), n("route_idx")},
-              {n("d_ye"), n("d_route_w")});
+    e.compute(at, OpKind::activation, OpName::moe_unpermute, 3.0 * double(R) * h,
+              {y, n("ye"), route_w, gathered_name(c, prefix, "route_idx"), n("counts")}, {n("d_ye"), d_route_w});
     e.free(n("ye"), bwd);
     if (y != d) e.free(y, bwd);
+    if (route_w != n("route_w")) e.free(route_w, bwd);
+    auto scatter = [&](GroupKind group, int64_t rows, const std::string& to) {  // rows: before
+      const int64_t size = group == GroupKind::ep ? x.ep : x.etp;
+      if (to != n("d_route_w")) e.alloc(to, BufferClass::workspace, c.act, {rows / size, k}, bwd);
+      e.collective(at, OpKind::reduce_scatter, group, Stream::compute, OpName::moe_route_gather,
+                   double(rows) * double(k) * dtype_bytes(c.act), {d_route_w}, {to});
+      e.free(d_route_w, bwd);
+      d_route_w = to;
+    };
+    if (etp) scatter(GroupKind::etp, gathered, ep ? n("d_route_w_ep") : n("d_route_w"));
+    if (ep) scatter(GroupKind::ep, T * x.ep, n("d_route_w"));
   }
   e.free(n("route_w"), bwd);
 
@@ -422,8 +474,10 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   } else {
     std::string y = !ep && !etp ? n("d_ln2") : n("d_g");
     if (y != n("d_ln2")) e.alloc(y, BufferClass::workspace, c.act, {gathered, h}, bwd);
-    e.compute(at, OpKind::activation, OpName::moe_permute, double(R) * h, {n("d_xe"), n("route_idx")}, {y});
+    const std::string route_idx = gathered_name(c, prefix, "route_idx");
+    e.compute(at, OpKind::activation, OpName::moe_permute, double(R) * h, {n("d_xe"), route_idx, n("counts")}, {y});
     e.free(n("d_xe"), bwd);
+    if (route_idx != n("route_idx")) e.free(route_idx, bwd);
     if (etp) {
       std::string out = ep ? n("d_rs_etp") : n("d_ln2");
       if (ep) e.alloc(out, BufferClass::workspace, c.act, {T * x.ep, h}, bwd);

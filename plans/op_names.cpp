@@ -93,6 +93,7 @@ const char* to_string(OpName name) {
     case OpName::ep_combine: return "ep_combine";
     case OpName::etp_gather: return "etp_gather";
     case OpName::etp_scatter: return "etp_scatter";
+    case OpName::moe_route_gather: return "moe_route_gather";
     case OpName::pp_gather: return "pp_gather";
     case OpName::send: return "send";
     case OpName::recv: return "recv";

@@ -202,9 +202,10 @@ std::vector<OpSignature> make_table() {
       {OpKind::all_reduce, {N::moe_aux_counts}, Grad::none, Pass::forward,
        {{"routed", R::statistics, C::one, D::wide, S::any}},
        {{"routed", R::statistics, C::one, D::wide, S::any}, scratch()}},
+      // (With the allgather dispatcher the forward writes the counts, from the gathered routing.)
       {OpKind::activation, {N::moe_permute}, Grad::none, Pass::forward,
        {act("x"), act("route_idx", D::int32), counts()},
-       {act("y", D::same_as_first)}},
+       {act("y", D::same_as_first), counts()}},
       {OpKind::activation, {N::moe_permute}, Grad::none, Pass::backward,
        {act("d_y"), act("route_idx", D::int32), counts()},
        {act("d_x", D::same_as_first)}},
@@ -301,6 +302,10 @@ std::vector<OpSignature> make_table() {
        {{"x", R::activation, C::one, D::same_as_first, S::any}, counts()},
        {{"y", R::activation, C::one, D::same_as_first, S::any}, counts(), scratch()}},
       collective(OpKind::reduce_scatter, moe_comm, "x", "y"),
+      // The allgather dispatcher's routing (top-k weights, int32 experts) over ep and etp, and the
+      // weights' gradient back.
+      collective(OpKind::all_gather, {N::moe_route_gather}, "x", "y"),
+      collective(OpKind::reduce_scatter, {N::moe_route_gather}, "x", "y"),
       {OpKind::all_gather, {N::zero3_param_gather}, Grad::none, Pass::any,
        {{"shard", R::weights, C::one, D::floating, S::any}},
        {{"full", R::weights, C::one, D::same_as_first, S::any}, scratch()}},

@@ -79,9 +79,11 @@ enum class OpName : uint8_t {
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss (its
   // per-expert token counts summed over the ranks that split the sequence: moe_aux_counts); the
-  // dispatch and combine over the ep group, and the gather and scatter over the etp group
+  // dispatch and combine over the ep group, and the gather and scatter over the etp group; with
+  // the allgather dispatcher the routing's top-k weights and experts gathered over ep and etp (and
+  // the weights' gradient reduce_scattered back): moe_route_gather
   router, expert_gate, expert_up, expert_down, moe_route, moe_permute, moe_unpermute, moe_add, moe_aux_loss,
-  moe_aux_counts, ep_dispatch, ep_combine, etp_gather, etp_scatter,
+  moe_aux_counts, ep_dispatch, ep_combine, etp_gather, etp_scatter, moe_route_gather,
   pp_gather,  // scatter_gather_tensors_in_pipeline: a received 1/tp slice gathered over tp
   send, recv  // pipeline; keep last (parse_op_name walks up to it)
 };

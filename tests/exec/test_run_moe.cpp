@@ -49,6 +49,13 @@ Json with_cp(Json p, int cp) {
   return dropless(p);
 }
 
+// The allgather dispatcher: every token of the expert block gathered with its routing, the
+// outputs and the routing weights' gradient reduce_scattered back.
+Json allgather(Json p) {
+  p["moe_token_dispatcher_type"] = "allgather";
+  return p;
+}
+
 // tiny-moe-shared (shared experts, a dense first layer) with tiny-moe's aux loss.
 std::string tiny_moe_shared_with_aux() {
   Json model = load_json_file(source_path("models/tiny-moe-shared.json"));
@@ -106,6 +113,7 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
   std::vector<Case> cases = {
       {"tiny-moe", moe_plan(1, 1, 2, 0, 2), ""},                 // ep 2 over dp, pairwise all_to_all
       {"tiny-moe", moe_plan(1, 1, 2, 3, 1, "none", true), ""},   // ep 1, ZeRO-3 over edp = dp
+      {"tiny-moe", moe_plan(1, 1, 2, 3, 2), ""},  // ep 2 = dp, ZeRO-3: edp 1, the experts whole
       {"tiny-moe-shared", moe_plan(1, 1, 2, 1, 2, "selective", false, 4.0), ""},  // shared experts, a dense layer
       {"tiny-moe-shared", moe_plan(1, 2, 2, 0, 2, "full", true, 4.0), ""},        // pp 2 × ep 2 over dp
       // tp 2 (SP): experts' gradients over edp = tp; the aux loss's counts summed over tp
@@ -120,6 +128,13 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
       // cp 2: the aux loss's counts summed over cp; ep 2 over the cp ranks.
       {"tiny-moe", with_cp(moe_plan(1, 1, 1, 0, 1), 2), ""},
       {tiny_moe_shared_with_aux(), with_cp(moe_plan(1, 1, 1, 1, 2, "selective"), 2), ""},
+      // The allgather dispatcher: ep 2 over dp; etp 2 = tp; etp 2 × ep 2 with ZeRO-1 and full
+      // recompute (the routing gathered again); ep 2 over cp; pp 2 with ZeRO-3.
+      {"tiny-moe", allgather(moe_plan(1, 1, 2, 0, 2)), ""},
+      {"tiny-moe", allgather(with_etp(moe_plan(2, 1, 1, 0, 1), 2)), ""},
+      {tiny_moe_shared_with_aux(), allgather(with_etp(moe_plan(2, 1, 2, 1, 2, "full"), 2)), ""},
+      {tiny_moe_shared_with_aux(), allgather(with_cp(moe_plan(1, 1, 1, 0, 2, "selective"), 2)), ""},
+      {"tiny-moe-shared", allgather(moe_plan(1, 2, 2, 3, 2, "none", true, 4.0)), ""},
   };
   std::map<std::string, RunResult> reference;
   const double largest = check_cases(cases, steps, one, reference);
@@ -134,6 +149,7 @@ TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan",
   };
   std::vector<Case> cases = {
       {"tiny-moe", capacity(moe_plan(1, 1, 2, 1, 2)), "--collectives mpi"},  // ep 2, ZeRO-1, MPI_Alltoallv
+      {"tiny-moe", allgather(capacity(moe_plan(1, 1, 2, 0, 2))), ""},         // the allgather dispatcher
   };
   std::map<std::string, RunResult> reference;
   check_cases(cases, steps, capacity(moe_plan(1, 1, 1, 0, 1)), reference);
@@ -153,6 +169,11 @@ TEST_CASE("run: dropless buffers the real routing overflows stop naming the keys
   CHECK(drawn.exit_code == 2);
   CHECK_THAT(drawn.output, Catch::Contains("whose dispatch buffers hold") &&
                                Catch::Contains("moe_dropless_buffers \"any_routing\""));
+  // The allgather dispatcher's buffers of the local experts' rows are as large: the same stop.
+  RunResult gathered = run_plan("tiny-moe", allgather(p), 3);
+  INFO(gathered.output);
+  CHECK(gathered.exit_code == 2);
+  CHECK_THAT(gathered.output, Catch::Contains("whose dispatch buffers hold"));
   RunResult any = run_plan("tiny-moe", dropless(p), 3);
   RunResult one = run_plan("tiny-moe", moe_plan(1, 1, 1, 0, 1), 3);
   INFO(any.output << one.output);

@@ -5,6 +5,7 @@
 // expert gradients reduce over edp.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <map>
 #include <numeric>
 #include <sstream>
 
@@ -338,4 +339,58 @@ TEST_CASE("a MoE program round-trips through program.json with its expert grid a
   CHECK(back.moe.expert_capacity_rows == program.moe.expert_capacity_rows);
   CHECK(back.moe.expert_capacity_rows == 12 * 2 * 2);  // ceil(32·2 / 8 · 1.5) from each of ep·etp ranks
   CHECK(back.roles[0].ops.size() == program.roles[0].ops.size());
+}
+
+TEST_CASE("the allgather dispatcher gathers each token's routing with it and reduce_scatters its gradient back",
+          "[lower][moe]") {
+  ModelConfig model = tiny_moe();  // top-2 of 4 experts, seq 64
+  Topology topo = test::test_topology();
+  Json j = moe_plan(2, 2, 2, 2);  // tp 2, dp 2: etp 2 × ep 2
+  j["moe_token_dispatcher_type"] = "allgather";
+  Plan plan = test::make_plan(j, model, topo);
+  StepProgram program = lower_program(model, topo, plan);
+  auto errors = check_program(program);
+  for (size_t i = 0; i < std::min<size_t>(3, errors.size()); ++i) INFO(errors[i]);
+  REQUIRE(errors.empty());
+  const int64_t per_layer = model.num_moe_layers() * program.num_microbatches;
+  const int64_t T = 64 / 2, k = model.num_experts_per_tok;  // a rank's tokens (sequence parallel)
+  // The top-k weights (fp32) and experts (int32) gathered over ep, then etp: the bytes of the
+  // rows after each gather.
+  std::map<std::pair<GroupKind, std::string>, int64_t> gathers;
+  int64_t scatters = 0, permutes_writing_counts = 0;
+  for (const Op& op : program.roles[0].ops) {
+    if (op.name == OpName::moe_route_gather && op.kind == OpKind::all_gather) {
+      const bool idx = op.inputs[0].str().find("route_idx") != std::string::npos;
+      ++gathers[{op.group, idx ? "idx" : "w"}];
+      CHECK(op.bytes == double(T * k * 4 * (op.group == GroupKind::ep ? 2 : 4)));
+    }
+    if (op.name == OpName::moe_route_gather && op.kind == OpKind::reduce_scatter) {
+      ++scatters;
+      CHECK(op.phase == Phase::backward);
+      CHECK(op.bytes == double(T * k * 4 * (op.group == GroupKind::etp ? 4 : 2)));
+    }
+    if (op.name == OpName::moe_permute && op.phase == Phase::forward) {
+      REQUIRE(op.outputs.size() == 2);
+      CHECK(op.outputs[1].str().find(".counts") != std::string::npos);
+      CHECK(op.inputs[1].str().find("route_idx_g") != std::string::npos);
+      ++permutes_writing_counts;
+    }
+    if (op.kind == OpKind::alloc && op.buffer.str().find(".counts") != std::string::npos) {
+      CHECK(op.shape.to_vector() == std::vector<int64_t>{4, model.num_experts});  // [etp · ep, E]
+    }
+  }
+  for (GroupKind g : {GroupKind::ep, GroupKind::etp}) {
+    CHECK(gathers[{g, "idx"}] == per_layer);
+    CHECK(gathers[{g, "w"}] == per_layer);
+  }
+  CHECK(scatters == 2 * per_layer);  // over etp, then ep
+  CHECK(permutes_writing_counts == per_layer);
+  // ep 1, etp 1: the rank's own routing, nothing gathered.
+  Json one = moe_plan(1, 2, 1);
+  one["moe_token_dispatcher_type"] = "allgather";
+  StepProgram single = lower_program(model, topo, test::make_plan(one, model, topo));
+  CHECK(check_program(single).empty());
+  for (GroupKind g : {GroupKind::ep, GroupKind::etp}) {
+    CHECK(count_ops(single, OpKind::all_gather, OpName::moe_route_gather, g) == 0);
+  }
 }
