@@ -361,9 +361,6 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                ")",
            "a divisor of tp_size (the default is tp_size)");
   }
-  if (model.use_bias) {
-    refuse(model.file, "use_bias", "true", "has no expert or router biases yet", "false");
-  }
   if (plan.fp8.enabled()) refuse(plan.file, "fp8", "set", "does not run FP8 expert GEMMs", "no fp8");
   if (plan.tp_size * plan.cp_size > 1 && !moe.dropless()) {
     // Megatron's capacity is of a rank's tokens (moe_utils.py get_capacity), which tp and cp split:

@@ -112,6 +112,9 @@ class Interpreter {
   const std::string& out(const Op& op, const char* slot) const { return operands(op).out(slot); }
   bool reads(const Op& op, const std::string& name) const;
   // A tensor of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
+  bool has_tensor(const std::string& buffer, const std::string& tensor) const {
+    return layouts_.at(group_of_buffer(buffer)).has(tensor);
+  }
   template <class X = T>
   X* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
     return buf<X>(buffer, op) + layouts_.at(group_of_buffer(buffer)).at(tensor).offset;

@@ -189,11 +189,14 @@ void Interpreter<T, G, W>::collective(const Op& op) {
 
 template <class T, class G, class W>
 bool Interpreter<T, G, W>::counted_in_norm(const std::string& group, const TensorSlice& tensor) const {
+  // An expert tensor whole on every etp rank (the down projection's bias) counted on the first.
+  if (is_expert_group(group) && tensor.replicated && etp_index_ != 0) return false;
   if (moe_norm_) {
     if (group == "output" && model_.tie_word_embeddings) return false;
     return is_expert_group(group) ? norm_counts_experts_
                                   : tensor.replicated ? norm_counts_replicated_ : norm_counts_dense_;
   }
+  if (is_expert_group(group)) return true;
   if (tensor.replicated && coord_.tp != 0) return false;              // tp duplicates counted once
   if (group == "output" && model_.tie_word_embeddings) return false;  // the embedding's copy
   return true;

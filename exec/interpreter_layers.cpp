@@ -266,9 +266,9 @@ void Interpreter<T, G, W>::activation(const Op& op) {
     const std::string& y = out(op, "y");
     bool attention_branch = ends_with(y, "x_mid");
     T* branch = buf(in(op, "branch"), op);
-    if (model_.use_bias) {
-      const T* bias = slice(in(op, "w"), op, attention_branch ? "attn_out.bias" : "mlp_down.bias");
-      backend_.add_rows(branch, bias, count(y, op) / h_, h_);
+    const char* bias_name = attention_branch ? "attn_out.bias" : "mlp_down.bias";
+    if (model_.use_bias && has_tensor(in(op, "w"), bias_name)) {  // (no mlp_down: MoE, no shared experts)
+      backend_.add_rows(branch, slice(in(op, "w"), op, bias_name), count(y, op) / h_, h_);
     }
     cpu::Dropout drop =
         dropout(op, attention_branch ? cpu::DropoutSite::attention_residual : cpu::DropoutSite::mlp_residual);
@@ -304,8 +304,9 @@ void Interpreter<T, G, W>::activation(const Op& op) {
 template <class T, class G, class W>
 void Interpreter<T, G, W>::add_bias_grad(const Op& op, const T* d, const std::string& grads) {
   bool mlp = op.name == OpName::mlp_bias_grad || (op.name == OpName::dropout_add && ends_with(in(op, "mask"), "mask2"));
-  G* db = slice<G>(grads, op, mlp ? "mlp_down.bias" : "attn_out.bias");
-  backend_.sum_rows(d, db, s_local_ * b_, h_);
+  const char* name = mlp ? "mlp_down.bias" : "attn_out.bias";
+  if (!has_tensor(grads, name)) return;  // a MoE layer without shared experts
+  backend_.sum_rows(d, slice<G>(grads, op, name), s_local_ * b_, h_);
 }
 
 template <class T, class G, class W>

@@ -223,11 +223,19 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   const int64_t blocks = moe_allgather() ? 1 : grid_.etp_size(), block = capacity / blocks;
   const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
   STEPCAST_CHECK(block * blocks == capacity, "expert buffer " + rows_of + " is not etp blocks of rows");
-  std::vector<int64_t> rows;
+  // Expert biases (use_bias): added to each expert's rows, the down projection's by etp rank 0
+  // alone (its output is summed over the etp ranks); their gradient is the sum of the rows'.
+  const char* bias = !model_.use_bias                    ? nullptr
+                     : op.name == OpName::expert_gate ? "gate.bias"
+                     : op.name == OpName::expert_up   ? "up.bias"
+                                                      : "down.bias";
+  const bool adds_bias = bias != nullptr && (op.name != OpName::expert_down || etp_index_ == 0);
+  std::vector<int64_t> rows, experts;
   std::vector<const T*> w;
   std::vector<G*> dw;
   for (int64_t b = 0; b < blocks; ++b) {
     rows.clear();
+    experts.clear();
     w.clear();
     dw.clear();
     int64_t total = 0;
@@ -237,6 +245,7 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
         if (n == 0) continue;
         const std::string name = expert_tensor_name(first + l, tensor);
         rows.push_back(n);
+        experts.push_back(first + l);
         if (op.grad == Grad::wgrad) {
           dw.push_back(slice<G>(weights, op, name));
         } else {
@@ -257,6 +266,17 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
     } else {  // wgrad: [x, d_y, counts] → [dw]
       backend_.expert_linear_backward_weight(buf(in(op, "d_y"), op) + out_at, buf(in(op, "x"), op) + in_at, dw, rows,
                                              in_features, out_features);
+    }
+    if (bias == nullptr || op.grad == Grad::dgrad) continue;
+    int64_t at = out_at;  // the segment's first output element
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const std::string name = expert_tensor_name(experts[i], bias);
+      if (op.grad == Grad::none && adds_bias) {
+        backend_.add_rows(buf(out(op, "y"), op) + at, slice(weights, op, name), rows[i], out_features);
+      } else if (op.grad == Grad::wgrad) {
+        backend_.sum_rows(buf(in(op, "d_y"), op) + at, slice<G>(weights, op, name), rows[i], out_features);
+      }
+      at += rows[i] * out_features;
     }
   }
 }

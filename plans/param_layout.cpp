@@ -111,7 +111,8 @@ GroupLayout expert_group_layout(const ModelConfig& m, int64_t ep_size, int64_t e
     add(g, expert_tensor_name(e, "up.weight"), f, h, false, true);
     if (m.use_bias) add(g, expert_tensor_name(e, "up.bias"), f, 1, false, false);
     add(g, expert_tensor_name(e, "down.weight"), h, f, false, true);
-    if (m.use_bias) add(g, expert_tensor_name(e, "down.bias"), h, 1, false, false);
+    // The down projection's bias is whole on every etp rank (its output is summed over them).
+    if (m.use_bias) add(g, expert_tensor_name(e, "down.bias"), h, 1, etp_size > 1, false);
   }
   return g;
 }

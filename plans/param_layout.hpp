@@ -19,7 +19,8 @@ struct TensorSlice {
   int64_t offset = 0;     // first element in the group's buffer
   int64_t rows = 0;       // local shape [rows, cols] (cols 1 for vectors)
   int64_t cols = 1;
-  bool replicated = false;   // same on every tp rank (norms, row-parallel biases, positions)
+  bool replicated = false;   // same on every tp rank (norms, row-parallel biases, positions); in an
+                             // expert group, on every etp rank (the down projection's bias)
   bool decay = false;        // AdamW weight decay applies (matrices; not biases or norms)
   int64_t elements() const { return rows * cols; }
 };

@@ -1,7 +1,7 @@
 // The CPU executor on mixture-of-experts plans (issue 15), through `scripts/mpirun build/stepcast
 // run`: the tiny MoE models under expert parallelism with tp, pp, dp and ZeRO give the single
 // rank's fp64 loss curve (routing is a function of the weights, so exactly), with etp = tp and the
-// aux loss under tp and cp too; capacity-dropped
+// aux loss under tp and cp too, both dispatchers, expert and router biases; capacity-dropped
 // copies are counted alike; the variable all_to_all runs pairwise and as MPI_Alltoallv; measured
 // memory within 2% of the program's. (What it refuses: tests/cli/bad_inputs.json, "MoE run: ...".)
 #include "run_fixtures.hpp"
@@ -62,6 +62,16 @@ std::string tiny_moe_shared_with_aux() {
   model["router_aux_loss_coef"] = 0.01;
   model["name"] = "tiny-moe-shared-aux";
   return write_temp_file("tiny-moe-shared-aux.json", model.dump());
+}
+
+// A MoE model with biases on every linear layer (use_bias): the router's, each expert's gate, up
+// and down projections', the shared experts' (GPT-OSS has expert and router biases), and the aux loss.
+std::string with_biases(const char* model) {
+  Json m = load_json_file(source_path(std::string("models/") + model + ".json"));
+  m["use_bias"] = true;
+  m["router_aux_loss_coef"] = 0.01;
+  m["name"] = std::string(model) + "-bias";
+  return write_temp_file(std::string(model) + "-bias.json", m.dump());
 }
 
 struct Case {
@@ -135,10 +145,22 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
       {tiny_moe_shared_with_aux(), allgather(with_etp(moe_plan(2, 1, 2, 1, 2, "full"), 2)), ""},
       {tiny_moe_shared_with_aux(), allgather(with_cp(moe_plan(1, 1, 1, 0, 2, "selective"), 2)), ""},
       {"tiny-moe-shared", allgather(moe_plan(1, 2, 2, 3, 2, "none", true, 4.0)), ""},
+      // Biases: the router's (replicated over tp, its gradient summed under SP), the experts'
+      // (the down projection's added by one etp rank, whole on each), the shared experts'.
+      {with_biases("tiny-moe"), moe_plan(1, 1, 2, 0, 2), ""},
+      {with_biases("tiny-moe"), moe_plan(2, 1, 1, 0, 1), ""},
+      {with_biases("tiny-moe-shared"), with_etp(moe_plan(2, 1, 1, 0, 1), 2), ""},
+      {with_biases("tiny-moe-shared"), allgather(with_etp(moe_plan(2, 1, 2, 1, 2, "full"), 2)), ""},
+      {with_biases("tiny-moe-shared"), with_etp(moe_plan(2, 2, 1, 0, 1, "selective", true), 2), ""},
   };
   std::map<std::string, RunResult> reference;
   const double largest = check_cases(cases, steps, one, reference);
   std::printf("moe: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
+  // The biases train: from the second step the biased model's curve leaves the unbiased one's.
+  const std::vector<double> biased = losses(reference.at(with_biases("tiny-moe"))),
+                            plain = losses(reference.at("tiny-moe"));
+  CHECK(biased[0] == plain[0]);  // biases start at 0
+  CHECK(std::abs(biased[1] - plain[1]) > 1e-3);
 }
 
 TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan", "[run][moe]") {
