@@ -361,7 +361,10 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                ")",
            "a divisor of tp_size (the default is tp_size)");
   }
-  if (plan.fp8.enabled()) refuse(plan.file, "fp8", "set", "does not run FP8 expert GEMMs", "no fp8");
+  if (plan.fp8.enabled()) {  // (the simulator does: FP8 grouped GEMMs, plans/lower_moe.cpp)
+    refuse(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
+           "does not run FP8 expert GEMMs yet (simulate, plan and memory take them)", "no fp8 with " + model.file);
+  }
   if (plan.tp_size * plan.cp_size > 1 && !moe.dropless()) {
     // Megatron's capacity is of a rank's tokens (moe_utils.py get_capacity), which tp and cp split:
     // no single rank drops the same copies, so no curve checks it.

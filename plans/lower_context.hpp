@@ -184,10 +184,19 @@ struct LayerParams {
   std::string fp8_weights_t = "";  // and its transposed copy, which the dgrad GEMMs read (fp8_transposed)
   std::string expert_weights = "";  // MoE layer: its local experts' group ("weights.X<l>")
   std::string expert_grads = "";
+  std::string expert_fp8_weights = "";    // FP8: the experts' FP8 copy ("fp8w.X<l>")
+  std::string expert_fp8_weights_t = "";  // and its transposed copy (fp8_transposed)
 };
 
 // Transformer layer `layer` of microbatch `mb`: forward reads `x_in`, returns its output buffer
 // name; backward consumes the gradient stream `g` in place (it becomes the gradient of x_in).
+// A MoE layer's shared experts (lower_moe_shared.cpp): the forward returns their output [T, h]
+// (workspace); the backward adds their input gradient into `<prefix>d_ln2`.
+std::string emit_shared_experts_forward(OpEmitter& e, const OpSite& at, const std::string& prefix,
+                                        const LayerParams& params, bool keep);
+void emit_shared_experts_backward(OpEmitter& e, const OpSite& at, const std::string& prefix, const std::string& d,
+                                  const LayerParams& params);
+
 std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string& x_in,
                                const LayerParams& params, KeepMode keep);
 void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in,

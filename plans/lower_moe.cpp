@@ -20,19 +20,52 @@ struct Names {
 };
 
 // A grouped GEMM of the local experts: `experts` GEMMs of rows × n × k (m = the mean rows of an
-// expert; the simulator draws each expert's rows from the program's routing).
+// expert; the simulator draws each expert's rows from the program's routing). Under FP8 (slots
+// a, b ≥ 0: the layer's MLP slots, which a MoE layer's routed experts take) it reads FP8 operands
+// and writes the plan's dtype, as OpEmitter::linear's GEMMs (Transformer Engine's grouped linear
+// layers); on a device that reads FP8 row-wise only, a wgrad reads its operands' transposed
+// copies (x_t, d_y_t), made here where the lowering has not made them already.
 int32_t grouped_gemm(OpEmitter& e, const OpSite& at, OpName name, Grad grad, int64_t rows, int64_t n, int64_t k,
-                     std::vector<BufferName> inputs, std::vector<BufferName> outputs) {
+                     std::vector<BufferName> inputs, std::vector<BufferName> outputs, int32_t a = -1,
+                     int32_t b = -1) {
   const LowerContext& c = e.ctx();
   const int64_t experts = c.moe.experts_local;
+  const bool fp8 = c.fp8 && a >= 0;
+  std::vector<std::string> made;  // transposed copies made here, freed after the GEMM
+  if (fp8 && c.fp8_transposed && grad == Grad::wgrad) {
+    const std::vector<BufferName> operands(inputs.begin(), inputs.begin() + 2);  // x, d_y
+    for (const BufferName& x8 : operands) {
+      const std::string t = fp8_transposed_operand_name(x8);
+      if (!e.builder().is_live(t)) made.push_back(e.fp8_transposed(at, x8, e.builder().live_shape(x8)[0]));
+      inputs.push_back(t);
+    }
+  }
   int32_t id;
   if (grad == Grad::wgrad) id = e.gemm(at, name, grad, n, k, rows, std::move(inputs), std::move(outputs));
   else id = e.gemm(at, name, grad, rows, n, k, std::move(inputs), std::move(outputs));
+  for (const std::string& t : made) e.free(t, at.phase);
   Op& op = const_cast<Op&>(e.builder().role().ops[size_t(id)]);
   op.batch = experts;
   op.flops *= double(experts);
+  if (fp8) {  // one byte an FP8 operand element
+    op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
+    const double out_bytes = grad == Grad::wgrad ? dtype_bytes(c.grad) : dtype_bytes(c.act);
+    op.bytes = double(op.m) * double(op.k) + double(op.k) * double(op.n) + double(op.m) * double(op.n) * out_bytes;
+  }
   op.bytes *= double(experts);
   return id;
+}
+
+// Under FP8 the cast of a grouped GEMM's input or output gradient `stem` to its FP8 copy (the
+// stem then freed); otherwise the stem itself.
+std::string expert_operand(OpEmitter& e, const OpSite& at, const std::string& prefix, const std::string& stem,
+                           Fp8Slot slot, BufferClass kept) {
+  if (!e.ctx().fp8) return prefix + stem;
+  const bool gradient = is_gradient_slot(slot);
+  const std::string x8 =
+      e.fp8_cast(at, prefix + stem, prefix + stem + "_f8", slot, kept, false, /*transposed=*/gradient);
+  e.free(prefix + stem, at.phase);
+  return x8;
 }
 
 double bytes_of(const LowerContext& c, int64_t rows) { return double(rows) * double(c.h) * dtype_bytes(c.act); }
@@ -77,7 +110,6 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   const auto& x = c.moe;
   const Names n{prefix};
   const Phase ph = at.phase;
-  const bool sp = c.plan.sequence_parallel;
   const bool a2a = c.plan.moe.dispatcher == MoeDispatcher::alltoall;
   const bool swiglu = c.model.mlp == MlpKind::swiglu;
   const std::vector<int64_t> local = {c.s_local, c.b, c.h};
@@ -135,45 +167,8 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   e.compute(at, OpKind::loss, OpName::moe_aux_loss, 2.0 * T * E, aux_in, {n("aux")});
   e.free(n("aux"), ph);
 
-  // Shared experts: a dense MLP on every token, tp-sharded (sequence-gathered under SP).
-  std::string shared_out;
-  if (x.shared_local > 0) {
-    const std::vector<int64_t> full = {c.s, c.b, c.h}, wide = {c.s, c.b, x.shared_local};
-    std::string in = n("ln2");
-    if (sp) {
-      e.alloc(n("ln2_full"), BufferClass::workspace, c.act, full, ph);
-      e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_ln2, bytes_of(c, c.s * c.b),
-                   {in}, {n("ln2_full")});
-      in = n("ln2_full");
-    }
-    if (swiglu) {
-      e.alloc(n("gate"), kept_class(), c.act, wide, ph);
-      e.gemm(at, OpName::mlp_gate, Grad::none, c.s * c.b, x.shared_local, h, {in, w}, {n("gate")});
-    }
-    e.alloc(n("up"), kept_class(), c.act, wide, ph);
-    e.gemm(at, OpName::mlp_up, Grad::none, c.s * c.b, x.shared_local, h, {in, w}, {n("up")});
-    if (sp) e.free(in, ph);
-    e.alloc(n("act"), kept_class(), c.act, wide, ph);
-    if (swiglu) {
-      e.compute(at, OpKind::activation, OpName::swiglu, 6.0 * c.s * c.b * x.shared_local, {n("gate"), n("up")},
-                {n("act")});
-      done("gate");
-    } else {
-      e.compute(at, OpKind::activation, OpName::gelu, 8.0 * c.s * c.b * x.shared_local, {n("up")}, {n("act")});
-    }
-    done("up");
-    e.alloc(n("mlp_partial"), BufferClass::workspace, c.act, full, ph);
-    e.gemm(at, OpName::mlp_down, Grad::none, c.s * c.b, h, x.shared_local, {n("act"), w}, {n("mlp_partial")});
-    done("act");
-    shared_out = n("mlp_partial");
-    if (sp) {
-      e.alloc(n("mlp_rs"), BufferClass::workspace, c.act, local, ph);
-      e.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, OpName::tp_mlp_down,
-                   bytes_of(c, c.s * c.b), {n("mlp_partial")}, {n("mlp_rs")});
-      e.free(n("mlp_partial"), ph);
-      shared_out = n("mlp_rs");
-    }
-  }
+  // Shared experts: a dense MLP on every token, tp-sharded (lower_moe_shared.cpp).
+  const std::string shared_out = x.shared_local > 0 ? emit_shared_experts_forward(e, at, prefix, params, keep) : "";
 
   // Routed experts: tokens to their experts' ranks ...
   const int64_t R = x.expert_rows, m = x.rows_per_expert, fl = x.width_local;
@@ -225,14 +220,19 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     e.compute(at, OpKind::activation, OpName::moe_permute, 0, {g, route_idx}, {n("xe"), n("counts")});
     if (g != n("ln2")) e.free(g, ph);
   }
-  // ... the local experts ...
+  // ... the local experts (under FP8 on FP8 copies of their inputs and weights, the copies kept
+  // for the backward as Transformer Engine keeps them) ...
+  const std::string& we8 = c.fp8 ? params.expert_fp8_weights : we;
+  const std::string xe = expert_operand(e, at, prefix, "xe", Fp8Slot::mlp_x, kept_class());
   if (swiglu) {
     e.alloc(n("gate_e"), kept_class(), c.act, {R, fl}, ph);
-    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, with_counts({n("xe"), we}), {n("gate_e")});
+    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, with_counts({xe, we8}), {n("gate_e")},
+                 Fp8Slot::mlp_x, Fp8Slot::mlp_gate_w);
   }
   e.alloc(n("up_e"), kept_class(), c.act, {R, fl}, ph);
-  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, with_counts({n("xe"), we}), {n("up_e")});
-  done("xe");
+  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, with_counts({xe, we8}), {n("up_e")}, Fp8Slot::mlp_x,
+               Fp8Slot::mlp_up_w);
+  if (!keep) e.free(xe, ph);
   e.alloc(n("act_e"), kept_class(), c.act, {R, fl}, ph);
   const double elements = double(m) * double(x.experts_local) * double(fl);
   if (swiglu) {
@@ -242,14 +242,16 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     e.compute(at, OpKind::activation, OpName::gelu, 8.0 * elements, {n("up_e")}, {n("act_e")});
   }
   done("up_e");
+  const std::string act_e = expert_operand(e, at, prefix, "act_e", Fp8Slot::mlp_down_x, kept_class());
   // ... and back: (etp) reduce_scatter → (ep) all_to_all → comb, un-permuted into moe_out; with
   // the allgather dispatcher un-permuted into the block's tokens, then (etp, ep) reduce_scatter.
   const std::string moe_out = n("moe_out");
   if (a2a) {
     const std::string ye = !ep && !etp ? n("comb") : n("ye");
     e.alloc(ye, ye == n("comb") ? kept_class() : BufferClass::workspace, c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({n("act_e"), we}), {ye});
-    done("act_e");
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({act_e, we8}), {ye},
+                 Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_w);
+    if (!keep) e.free(act_e, ph);
     std::string y = ye;
     if (etp) {
       std::string out = ep ? n("ye_rs") : n("comb");
@@ -271,8 +273,9 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     done("comb");
   } else {
     e.alloc(n("ye"), kept_class(), c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({n("act_e"), we}), {n("ye")});
-    done("act_e");
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({act_e, we8}), {n("ye")},
+                 Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_w);
+    if (!keep) e.free(act_e, ph);
     std::string y = !ep && !etp ? moe_out : n("ug");
     e.alloc(y, BufferClass::workspace, c.act, y == moe_out ? local : std::vector<int64_t>{gathered, h}, ph);
     e.compute(at, OpKind::activation, OpName::moe_unpermute, 2.0 * double(R) * h,
@@ -328,7 +331,6 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   const auto& x = c.moe;
   const Names n{prefix};
   const Phase bwd = at.phase;
-  const bool sp = c.plan.sequence_parallel;
   const bool a2a = c.plan.moe.dispatcher == MoeDispatcher::alltoall;
   const bool swiglu = c.model.mlp == MlpKind::swiglu;
   const bool ep = x.ep > 1, etp = x.etp > 1;
@@ -419,12 +421,24 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   }
   e.free(n("route_w"), bwd);
 
-  // The local experts' backward.
+  // The local experts' backward (under FP8: each output gradient cast to FP8, with its transposed
+  // copy where the device needs one for the wgrad; the dgrads read the experts' FP8 weights).
+  const std::string& wd = !c.fp8                                 ? we
+                          : !params.expert_fp8_weights_t.empty() ? params.expert_fp8_weights_t
+                                                                 : params.expert_fp8_weights;
+  const std::string xe = c.fp8 ? n("xe_f8") : n("xe"), act_e = c.fp8 ? n("act_e_f8") : n("act_e");
+  auto free_operand = [&](const std::string& operand) {
+    e.free(operand, bwd);
+    if (e.builder().is_live(fp8_transposed_operand_name(operand))) e.free(fp8_transposed_operand_name(operand), bwd);
+  };
+  const std::string d_ye = expert_operand(e, at, prefix, "d_ye", Fp8Slot::mlp_down_d, BufferClass::workspace);
   e.alloc(n("d_act_e"), BufferClass::workspace, c.act, {R, fl}, bwd);
-  grouped_gemm(e, at, OpName::expert_down, Grad::dgrad, m, fl, h, with_counts({n("d_ye"), we}), {n("d_act_e")});
-  grouped_gemm(e, at, OpName::expert_down, Grad::wgrad, m, h, fl, with_counts({n("act_e"), n("d_ye")}), {weg});
-  e.free(n("act_e"), bwd);
-  e.free(n("d_ye"), bwd);
+  grouped_gemm(e, at, OpName::expert_down, Grad::dgrad, m, fl, h, with_counts({d_ye, wd}), {n("d_act_e")},
+               Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
+  grouped_gemm(e, at, OpName::expert_down, Grad::wgrad, m, h, fl, with_counts({act_e, d_ye}), {weg},
+               Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_d);
+  e.free(act_e, bwd);
+  free_operand(d_ye);
   const double elements = double(m) * double(x.experts_local) * double(fl);
   e.alloc(n("d_up_e"), BufferClass::workspace, c.act, {R, fl}, bwd);
   if (swiglu) {
@@ -437,17 +451,26 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   }
   e.free(n("up_e"), bwd);
   e.free(n("d_act_e"), bwd);
+  const std::string d_up = expert_operand(e, at, prefix, "d_up_e", Fp8Slot::mlp_up_d, BufferClass::workspace);
+  // SwiGLU's two wgrads read one transposed copy of the experts' input (fp8_transposed devices).
+  const bool shared_t = c.fp8 && c.fp8_transposed && swiglu;
+  if (shared_t) e.fp8_transposed(at, xe, R);
   e.alloc(n("d_xe"), BufferClass::workspace, c.act, {R, h}, bwd);
-  grouped_gemm(e, at, OpName::expert_up, Grad::dgrad, m, h, fl, with_counts({n("d_up_e"), we}), {n("d_xe")});
-  grouped_gemm(e, at, OpName::expert_up, Grad::wgrad, m, fl, h, with_counts({n("xe"), n("d_up_e")}), {weg});
-  e.free(n("d_up_e"), bwd);
+  grouped_gemm(e, at, OpName::expert_up, Grad::dgrad, m, h, fl, with_counts({d_up, wd}), {n("d_xe")},
+               Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
+  grouped_gemm(e, at, OpName::expert_up, Grad::wgrad, m, fl, h, with_counts({xe, d_up}), {weg}, Fp8Slot::mlp_x,
+               Fp8Slot::mlp_up_d);
+  free_operand(d_up);
   if (swiglu) {
-    grouped_gemm(e, at, OpName::expert_gate, Grad::dgrad, m, h, fl, {n("d_gate_e"), we, n("counts"), n("d_xe")},
-                 {n("d_xe")});
-    grouped_gemm(e, at, OpName::expert_gate, Grad::wgrad, m, fl, h, with_counts({n("xe"), n("d_gate_e")}), {weg});
-    e.free(n("d_gate_e"), bwd);
+    const std::string d_gate =
+        expert_operand(e, at, prefix, "d_gate_e", Fp8Slot::mlp_gate_d, BufferClass::workspace);
+    grouped_gemm(e, at, OpName::expert_gate, Grad::dgrad, m, h, fl, {d_gate, wd, n("counts"), n("d_xe")},
+                 {n("d_xe")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
+    grouped_gemm(e, at, OpName::expert_gate, Grad::wgrad, m, fl, h, with_counts({xe, d_gate}), {weg},
+                 Fp8Slot::mlp_x, Fp8Slot::mlp_gate_d);
+    free_operand(d_gate);
   }
-  e.free(n("xe"), bwd);
+  free_operand(xe);
 
   // Back to this rank's tokens: d_ln2 [T, h].
   e.alloc(n("d_ln2"), BufferClass::workspace, c.act, local, bwd);
@@ -505,59 +528,7 @@ void emit_moe_mlp_backward(OpEmitter& e, const OpSite& at, const std::string& pr
   e.free(n("d_logits"), bwd);
 
   // Shared experts' backward, added into d_ln2.
-  if (x.shared_local > 0) {
-    const std::vector<int64_t> full = {c.s, c.b, c.h}, wide = {c.s, c.b, x.shared_local};
-    const double tokens = double(c.s) * c.b;
-    std::string d_full = d;
-    if (sp) {
-      d_full = n("d_mlp_full");
-      e.alloc(d_full, BufferClass::workspace, c.act, full, bwd);
-      e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_d_mlp, bytes_of(c, c.s * c.b),
-                   {d}, {d_full});
-    }
-    e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
-    e.gemm(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, x.shared_local, h, {d_full, w}, {n("d_act")});
-    e.gemm(at, OpName::mlp_down, Grad::wgrad, x.shared_local, h, c.s * c.b, {n("act"), d_full}, {wg});
-    e.free(n("act"), bwd);
-    if (sp) e.free(d_full, bwd);
-    e.alloc(n("d_up"), BufferClass::workspace, c.act, wide, bwd);
-    if (swiglu) {
-      e.alloc(n("d_gate"), BufferClass::workspace, c.act, wide, bwd);
-      e.compute(at, OpKind::activation, OpName::swiglu, 10.0 * tokens * x.shared_local, {n("gate"), n("up"), n("d_act")},
-                {n("d_gate"), n("d_up")});
-      e.free(n("gate"), bwd);
-    } else {
-      e.compute(at, OpKind::activation, OpName::gelu, 12.0 * tokens * x.shared_local, {n("up"), n("d_act")}, {n("d_up")});
-    }
-    e.free(n("d_act"), bwd);
-    e.free(n("up"), bwd);
-    std::string ln2 = n("ln2");
-    if (sp) {
-      ln2 = n("ln2_full");
-      e.alloc(ln2, BufferClass::workspace, c.act, full, bwd);
-      e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, OpName::sp_ln2, bytes_of(c, c.s * c.b),
-                   {n("ln2")}, {ln2});
-    }
-    std::string d_sh = sp ? n("d_ln2_full") : n("d_sh");
-    e.alloc(d_sh, BufferClass::workspace, c.act, sp ? full : local, bwd);
-    e.gemm(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, h, x.shared_local, {n("d_up"), w}, {d_sh});
-    e.gemm(at, OpName::mlp_up, Grad::wgrad, h, x.shared_local, c.s * c.b, {ln2, n("d_up")}, {wg});
-    if (swiglu) {
-      e.gemm(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, h, x.shared_local, {n("d_gate"), w, d_sh}, {d_sh});
-      e.gemm(at, OpName::mlp_gate, Grad::wgrad, h, x.shared_local, c.s * c.b, {ln2, n("d_gate")}, {wg});
-      e.free(n("d_gate"), bwd);
-    }
-    e.free(n("d_up"), bwd);
-    if (sp) {
-      e.free(ln2, bwd);
-      e.alloc(n("d_sh"), BufferClass::workspace, c.act, local, bwd);
-      e.collective(at, OpKind::reduce_scatter, GroupKind::tp, Stream::compute, OpName::tp_mlp_up, bytes_of(c, c.s * c.b),
-                   {d_sh}, {n("d_sh")});
-      e.free(d_sh, bwd);
-    }
-    e.compute(at, OpKind::activation, OpName::moe_add, double(T) * h, {n("d_sh"), n("d_ln2")}, {n("d_ln2")});
-    e.free(n("d_sh"), bwd);
-  }
+  if (x.shared_local > 0) emit_shared_experts_backward(e, at, prefix, d, params);
   if (d != g) e.free(d, bwd);
   e.free(n("ln2"), bwd);
 

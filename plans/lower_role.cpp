@@ -104,7 +104,7 @@ void RoleLowering::alloc_persistent() {
     }
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
     // the device needs it its transposed copy (fp8_transpose).
-    if (c_.fp8 && g.name[0] == 'L') {
+    if (c_.fp8 && (g.name[0] == 'L' || g.name[0] == 'X')) {  // a layer's, and a MoE layer's experts' too
       rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
       if (c_.fp8_transposed) {
         rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
@@ -284,26 +284,16 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
     lat.layer = int32_t(std::stoi(layers[i]->name.substr(1)));
     const ParamGroup* next = i + 1 < layers.size() ? layers[i + 1] : nullptr;
     std::string w = weights_for(*layers[i], lat, next);
-    std::string w8 = c_.fp8 ? fp8_weights_name(*layers[i]) : "";
-    if (c_.fp8 && fp8_weights_cast_.insert(lat.layer).second) {  // the step's first forward of the layer
-      const double linear = double(layers[i]->elements - c_.layer_sp_replicated());
-      // Current scaling: each weight's amax first (a second read), its scale written.
-      const bool current = !plan_.fp8.delayed();
-      std::vector<BufferName> outputs = {w8, "fp8.amax"};
-      if (current) outputs.push_back("fp8.scale");
-      int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
-                              {w, "fp8.scale", "fp8.amax"}, outputs);
-      Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
-      op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
-      op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
-      if (c_.fp8_transposed) {  // read once, written transposed
-        int32_t t =
-            e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(*layers[i])});
-        const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
-      }
+    LayerParams lp{w, "", c_.fp8 ? fp8_weights_name(*layers[i]) : ""};
+    const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
+    if (experts) {
+      lp.expert_weights = weights_for(*experts, lat, nullptr);
+      if (c_.fp8) lp.expert_fp8_weights = fp8_weights_name(*experts);
     }
-    LayerParams lp{w, "", w8};
-    if (c_.model.is_moe_layer(lat.layer)) lp.expert_weights = weights_for(group(expert_group_name(lat.layer)), lat, nullptr);
+    if (c_.fp8 && fp8_weights_cast_.insert(lat.layer).second) {  // the step's first forward of the layer
+      cast_fp8_weights(lat, *layers[i], w, double(layers[i]->elements - c_.layer_sp_replicated(lat.layer)));
+      if (experts) cast_fp8_weights(lat, *experts, lp.expert_weights, double(experts->elements));
+    }
     x = emit_layer_forward(e_, lat, x, lp, KeepMode::per_plan);
     release_weights(w, Phase::forward);
     release_weights(lp.expert_weights, Phase::forward);
@@ -315,6 +305,25 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
   if (exchanged) return x;  // sent at the end of the round
   send_forward(mb, chunk, x);
   return "";
+}
+
+// Transformer Engine's cast of a group's weights to its FP8 copy, once a step (and its transposed
+// copy where the device reads FP8 row-wise only); `linear`: the elements the linear layers read.
+void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear) {
+  const std::string w8 = fp8_weights_name(g);
+  // Current scaling: each weight's amax first (a second read), its scale written.
+  const bool current = !plan_.fp8.delayed();
+  std::vector<BufferName> outputs = {w8, "fp8.amax"};
+  if (current) outputs.push_back("fp8.scale");
+  int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
+                          {w, "fp8.scale", "fp8.amax"}, outputs);
+  Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
+  op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
+  op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
+  if (c_.fp8_transposed) {  // read once, written transposed
+    int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(g)});
+    const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
+  }
 }
 
 std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool last_for_chunk, bool exchanged) {
@@ -350,6 +359,8 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     if (experts) {
       lp.expert_weights = weights_for(*experts, lat, nullptr);
       lp.expert_grads = grads_for(*experts, mb);
+      if (c_.fp8) lp.expert_fp8_weights = fp8_weights_name(*experts);
+      if (c_.fp8_transposed) lp.expert_fp8_weights_t = fp8_weights_t_name(*experts);
     }
     emit_layer_backward(e_, lat, x_in, g, lp);
     accumulate_unfused();

@@ -159,6 +159,7 @@ class RoleLowering {
   static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
   static std::string fp8_weights_t_name(const ParamGroup& g) { return fp8_transposed_copy_name(g.name); }
   void emit_fp8_scale_update();
+  void cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear);
   std::set<int64_t> fp8_weights_cast_;  // layers whose FP8 copy this step already cast
 
   // ---- embedding and loss (lower_embedding_loss.cpp) ----

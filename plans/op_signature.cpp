@@ -133,13 +133,16 @@ std::vector<OpSignature> make_table() {
        {grads()}},
       // Grouped GEMMs of the local experts: batch = experts, m = the mean rows an expert computes;
       // the buffers hold every local expert's rows (as the routing puts them), hence any shape.
-      // counts [ep, E] (int32): the rows each expert holds (moe_route's).
+      // counts [etp·ep, E] (int32): the rows each expert holds. Under FP8 as the dense GEMMs (x,
+      // w and d_y FP8 copies, y and d_x wider; a wgrad's transposed copies x_t, d_y_t).
       {OpKind::gemm, grouped, Grad::none, Pass::forward, {act("x", D::floating), weights(), counts()},
-       {act("y", D::same_as_first)}},
+       {act("y", D::unpacked)}},
       {OpKind::gemm, grouped, Grad::dgrad, Pass::backward,
-       {act("d_y", D::floating), weights(), counts(), optional_act("d_x")}, {act("d_x", D::same_as_first)}},
+       {act("d_y", D::floating), weights(), counts(), optional_act("d_x")}, {act("d_x", D::unpacked)}},
       {OpKind::gemm, grouped, Grad::wgrad, Pass::backward,
-       {act("x", D::floating), act("d_y", D::floating), counts()}, {grads()}},
+       {act("x", D::floating), act("d_y", D::floating), counts(),
+        {"x_t", R::activation, C::optional, D::fp8, S::any}, {"d_y_t", R::activation, C::optional, D::fp8, S::any}},
+       {grads()}},
       // ---- attention core: batch = b·heads, m = n = s, k = head_dim ----
       {OpKind::attention, {N::score}, Grad::none, Pass::forward,
        {act("qkv")}, {act("scores", D::same_as_first, S::batch_m_n)}},

@@ -468,10 +468,6 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "with a mixture of experts is not supported yet (expert shards would need replicas over edp)",
                       "1 with " + model.file);
   }
-  if (plan.fp8.enabled() && model.is_moe()) {
-    throw_input_error(f, "fp8", to_string(plan.fp8.format), "with a mixture of experts is not supported yet",
-                      "no fp8 with " + model.file);
-  }
   if (plan.fp8.enabled() && plan.zero_stage == 3) {
     throw_input_error(f, "fp8", to_string(plan.fp8.format),
                       "with zero_stage 3 is not supported yet (the FP8 weight copies are kept whole, as "

@@ -394,3 +394,97 @@ TEST_CASE("the allgather dispatcher gathers each token's routing with it and red
     CHECK(count_ops(single, OpKind::all_gather, OpName::moe_route_gather, g) == 0);
   }
 }
+
+TEST_CASE("FP8 with experts: the grouped GEMMs read FP8 copies of their inputs and the experts' weights",
+          "[lower][moe][fp8]") {
+  ModelConfig model = tiny_moe();
+  Topology native = test::test_topology(), transposed = native;
+  transposed.node.device.fp8_transposed_copies = true;  // Hopper: a wgrad reads transposed FP8 copies
+  int64_t checked = 0;
+  for (const Topology* topo : {&native, &transposed}) {
+    for (const char* dispatcher : {"alltoall", "allgather"}) {
+      for (const char* recompute : {"none", "full"}) {
+        Json j = moe_plan(2, 2, 2, 2);  // etp 2 × ep 2
+        j["moe_token_dispatcher_type"] = dispatcher;
+        j["recompute"] = recompute;
+        j["fp8"] = "hybrid";
+        j["zero_stage"] = 1;
+        StepProgram program = lower_program(model, *topo, test::make_plan(j, model, *topo));
+        INFO(j.dump() << (topo == &transposed ? " (transposed copies)" : ""));
+        auto errors = check_program(program);
+        for (size_t i = 0; i < std::min<size_t>(3, errors.size()); ++i) INFO(errors[i]);
+        REQUIRE(errors.empty());
+        int64_t grouped = 0, fp8_grouped = 0, expert_casts = 0, wgrads = 0, transposed_reads = 0;
+        for (const Op& op : program.roles[0].ops) {
+          const bool expert_gemm = op.kind == OpKind::gemm && (op.name == OpName::expert_gate ||
+                                                               op.name == OpName::expert_up ||
+                                                               op.name == OpName::expert_down);
+          if (expert_gemm) {
+            ++grouped;
+            fp8_grouped += op.fp8_slots[0] >= 0;
+            CHECK(op.inputs[0].str().find("_f8") != std::string::npos);  // x, or d_y
+            if (op.grad == Grad::wgrad) {
+              ++wgrads;
+              CHECK(op.inputs[1].str().find("_f8") != std::string::npos);
+              transposed_reads += op.inputs.size() == 5;  // x_t and d_y_t after the counts
+            } else {
+              CHECK(op.inputs[1].str().rfind(topo == &transposed && op.grad == Grad::dgrad ? "fp8wt.X" : "fp8w.X",
+                                             0) == 0);
+            }
+          }
+          if (op.name == OpName::fp8_weights && !op.outputs.empty() && op.outputs[0].str() == "fp8w.X1") {
+            ++expert_casts;
+          }
+        }
+        CHECK(grouped > 0);
+        CHECK(fp8_grouped == grouped);
+        CHECK(expert_casts == 1);  // the experts' FP8 copy cast once a step
+        CHECK(wgrads > 0);
+        CHECK(transposed_reads == (topo == &transposed ? wgrads : 0));  // every wgrad, on Hopper
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 8);
+  // Shared experts (a dense MLP in the MoE layer) run their linear layers in FP8 too, their input
+  // cast once and gathered in FP8 under SP.
+  ModelConfig shared = load_model(test::source_path("models/tiny-moe-shared.json"));
+  for (const Topology* topo : {&native, &transposed}) {
+    for (Json j : {moe_plan(2, 2, 2, 2), moe_plan(1, 4, 2)}) {  // tp 2 with SP; tp 1 (no gathers)
+      const bool sp = j["tp_size"] == 2;
+      j["fp8"] = "hybrid";
+      j["recompute"] = "selective";
+      j["pp_size"] = 2;
+      StepProgram program = lower_program(shared, *topo, test::make_plan(j, shared, *topo));
+      auto errors = check_program(program);
+      for (size_t i = 0; i < std::min<size_t>(3, errors.size()); ++i) INFO(errors[i]);
+      REQUIRE(errors.empty());
+      int64_t shared_gemms = 0, fp8_shared = 0, fp8_gathers = 0;
+      for (const Op& op : program.roles[0].ops) {
+        if (op.layer < shared.first_k_dense_replace) continue;  // the dense layers' own MLP
+        if (op.kind == OpKind::gemm &&
+            (op.name == OpName::mlp_up || op.name == OpName::mlp_gate || op.name == OpName::mlp_down)) {
+          ++shared_gemms;
+          fp8_shared += op.fp8_slots[0] >= 0;
+        }
+        if (op.kind == OpKind::all_gather && op.name == OpName::sp_ln2) {
+          fp8_gathers += op.inputs[0].str().find("ln2_f8") != std::string::npos;
+        }
+      }
+      CHECK(shared_gemms > 0);
+      CHECK(fp8_shared == shared_gemms);
+      CHECK((fp8_gathers > 0) == sp);
+    }
+  }
+  // Bytes of an FP8 grouped GEMM: a byte an FP8 operand element, the output in the plan's dtype.
+  Json j = moe_plan(1, 2, 1);
+  j["fp8"] = "e4m3";
+  StepProgram program = lower_program(model, native, test::make_plan(j, model, native));
+  for (const Op& op : program.roles[0].ops) {
+    if (op.kind == OpKind::gemm && op.name == OpName::expert_up && op.grad == Grad::none) {
+      const double one = double(op.m) * op.k + double(op.k) * op.n + double(op.m) * op.n * 4;  // fp32 output
+      CHECK(op.bytes == Approx(one * double(op.batch)));
+      break;
+    }
+  }
+}
