@@ -190,6 +190,15 @@ struct LayerParams {
 
 // Transformer layer `layer` of microbatch `mb`: forward reads `x_in`, returns its output buffer
 // name; backward consumes the gradient stream `g` in place (it becomes the gradient of x_in).
+// The backward of an MLP's up (and, SwiGLU, gate) projections, a dense layer's or a MoE layer's
+// shared experts' (lower_layer.cpp): from `<prefix>d_up` (and d_gate), the input gradient into d_x
+// (allocated here, d_x_shape) and the weights' into wg; x is the layers' kept input as they read
+// it (gathered under SP; its FP8 copy under FP8), wd the weights the dgrads read, width the
+// rank's share of the MLP width. Frees d_up, d_gate and their FP8 copies.
+void emit_mlp_input_backward(OpEmitter& e, const OpSite& at, const std::string& prefix, int64_t width,
+                             const std::string& x, const std::string& d_x, const std::vector<int64_t>& d_x_shape,
+                             const std::string& wd, const std::string& wg);
+
 // A MoE layer's shared experts (lower_moe_shared.cpp): the forward returns their output [T, h]
 // (workspace); the backward adds their input gradient into `<prefix>d_ln2`.
 std::string emit_shared_experts_forward(OpEmitter& e, const OpSite& at, const std::string& prefix,

@@ -353,6 +353,46 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   return n("out");
 }
 
+void emit_mlp_input_backward(OpEmitter& e, const OpSite& at, const std::string& prefix, int64_t width,
+                             const std::string& x, const std::string& d_x, const std::vector<int64_t>& d_x_shape,
+                             const std::string& wd, const std::string& wg) {
+  const LowerContext& c = e.ctx();
+  const Phase bwd = at.phase;
+  const bool fp8 = c.fp8, swiglu = c.model.mlp == MlpKind::swiglu;
+  const int64_t rows = c.s * c.b;
+  // An output gradient as the GEMMs read it: its FP8 cast under FP8 (written transposed too where
+  // the device needs it for the wgrad); freed after them.
+  auto grad_in = [&](const std::string& d, Fp8Slot kind) {
+    return fp8 ? e.fp8_cast(at, d, d + "_f8", kind, BufferClass::workspace, false, true) : d;
+  };
+  auto grad_in_done = [&](const std::string& d8, const std::string& d) {
+    if (d8 != d) {
+      e.free(d8, bwd);
+      if (e.builder().is_live(fp8_transposed_operand_name(d8))) e.free(fp8_transposed_operand_name(d8), bwd);
+    }
+    e.free(d, bwd);
+  };
+  // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
+  const bool shared_t = fp8 && c.fp8_transposed && swiglu;
+  const std::string x_t = shared_t ? e.fp8_transposed(at, x, rows) : "";
+  const std::string d_up = prefix + "d_up", d_gate = prefix + "d_gate";
+  const std::string d_up8 = grad_in(d_up, Fp8Slot::mlp_up_d);
+  e.alloc(d_x, BufferClass::workspace, c.act, d_x_shape, bwd);
+  e.linear(at, OpName::mlp_up, Grad::dgrad, rows, c.h, width, {d_up8, wd}, {d_x}, Fp8Slot::mlp_up_d,
+           Fp8Slot::mlp_up_w);
+  e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, width, rows, {x, d_up8}, {wg}, Fp8Slot::mlp_x, Fp8Slot::mlp_up_d);
+  if (swiglu) {
+    const std::string d_gate8 = grad_in(d_gate, Fp8Slot::mlp_gate_d);
+    e.linear(at, OpName::mlp_gate, Grad::dgrad, rows, c.h, width, {d_gate8, wd, d_x}, {d_x}, Fp8Slot::mlp_gate_d,
+             Fp8Slot::mlp_gate_w);
+    e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, width, rows, {x, d_gate8}, {wg}, Fp8Slot::mlp_x,
+             Fp8Slot::mlp_gate_d);
+    grad_in_done(d_gate8, d_gate);
+  }
+  if (shared_t) e.free(x_t, bwd);
+  grad_in_done(d_up8, d_up);
+}
+
 void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in,
                          const std::string& g, const LayerParams& params) {
   const LowerContext& c = e.ctx();
@@ -470,27 +510,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     e.free(n("d_act"), bwd);
     e.free(n("up"), bwd);
     std::string ln2 = regather("ln2", OpName::sp_ln2);
-    // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
-    const bool shared_t = fp8 && c.fp8_transposed && c.model.mlp == MlpKind::swiglu;
-    const std::string ln2_t = shared_t ? e.fp8_transposed(at, ln2, c.s * c.b) : "";
-    std::string d_up8 = grad_in(n("d_up"), "d_up", Fp8Slot::mlp_up_d);
-    e.alloc(n("d_ln2_full"), BufferClass::workspace, c.act, full, bwd);
-    e.linear(at, OpName::mlp_up, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_up8, wd}, {n("d_ln2_full")},
-             Fp8Slot::mlp_up_d, Fp8Slot::mlp_up_w);
-    e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
-             Fp8Slot::mlp_up_d);
-    if (c.model.mlp == MlpKind::swiglu) {
-      std::string d_gate8 = grad_in(n("d_gate"), "d_gate", Fp8Slot::mlp_gate_d);
-      e.linear(at, OpName::mlp_gate, Grad::dgrad, c.s * c.b, c.h, c.f_local, {d_gate8, wd, n("d_ln2_full")},
-               {n("d_ln2_full")}, Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
-      e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, c.f_local, c.s * c.b, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
-               Fp8Slot::mlp_gate_d);
-      grad_in_done(d_gate8, n("d_gate"));
-      e.free(n("d_gate"), bwd);
-    }
-    if (shared_t) e.free(ln2_t, bwd);
-    grad_in_done(d_up8, n("d_up"));
-    e.free(n("d_up"), bwd);
+    emit_mlp_input_backward(e, at, n.prefix, c.f_local, ln2, n("d_ln2_full"), full, wd, wg);
     if (sp) e.free(ln2, bwd);
     e.free(fp8 ? n("ln2_f8") : n("ln2"), bwd);
     std::string d_ln2 = reduce_norm_grad(n("d_ln2_full"), "d_ln2", OpName::tp_mlp_up);

@@ -145,28 +145,8 @@ void emit_shared_experts_backward(OpEmitter& e, const OpSite& at, const std::str
   e.free(n("up"), bwd);
   // The kept input (its FP8 copy under FP8), gathered again under SP.
   const std::string ln2 = gathered(e, at, fp8 ? n("ln2_f8") : n("ln2"), OpName::sp_ln2);
-  // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
-  const bool shared_t = fp8 && c.fp8_transposed && swiglu;
-  const std::string ln2_t = shared_t ? e.fp8_transposed(at, ln2, x.rows) : "";
   const std::string d_sh = sp ? n("d_ln2_full") : n("d_sh");
-  e.alloc(d_sh, BufferClass::workspace, c.act, sp ? x.full : x.local, bwd);
-  const std::string d_up8 = grad_in(n("d_up"), Fp8Slot::mlp_up_d);
-  e.linear(at, OpName::mlp_up, Grad::dgrad, x.rows, c.h, x.width, {d_up8, wd}, {d_sh}, Fp8Slot::mlp_up_d,
-           Fp8Slot::mlp_up_w);
-  e.linear(at, OpName::mlp_up, Grad::wgrad, c.h, x.width, x.rows, {ln2, d_up8}, {wg}, Fp8Slot::mlp_x,
-           Fp8Slot::mlp_up_d);
-  if (swiglu) {
-    const std::string d_gate8 = grad_in(n("d_gate"), Fp8Slot::mlp_gate_d);
-    e.linear(at, OpName::mlp_gate, Grad::dgrad, x.rows, c.h, x.width, {d_gate8, wd, d_sh}, {d_sh},
-             Fp8Slot::mlp_gate_d, Fp8Slot::mlp_gate_w);
-    e.linear(at, OpName::mlp_gate, Grad::wgrad, c.h, x.width, x.rows, {ln2, d_gate8}, {wg}, Fp8Slot::mlp_x,
-             Fp8Slot::mlp_gate_d);
-    grad_in_done(d_gate8, n("d_gate"));
-    e.free(n("d_gate"), bwd);
-  }
-  if (shared_t) e.free(ln2_t, bwd);
-  grad_in_done(d_up8, n("d_up"));
-  e.free(n("d_up"), bwd);
+  emit_mlp_input_backward(e, at, prefix, x.width, ln2, d_sh, sp ? x.full : x.local, wd, wg);
   if (sp) e.free(ln2, bwd);
   if (fp8) e.free(n("ln2_f8"), bwd);
   if (sp) {
