@@ -113,7 +113,8 @@ int run_run(int argc, char** argv) {
       "rank per program rank (N = tp_size · context_parallel_size · pp_size · dp_size, plus\n"
       "parameter_servers: free-running workers, then the servers), printing loss and step time\n"
       "per step (with parameter servers, worker 0's; the measurement has the servers' staleness). A mixture of experts runs on either backend (expert\n"
-      "parallelism, alltoall dispatcher; measurement.json counts the copies a capacity drops).\n"
+      "and expert tensor parallelism, both dispatchers, biases; FP8 experts on the CPU backend with\n"
+      "delayed scaling; measurement.json counts the copies a capacity drops).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
       "NCCL for every collective and transfer (NCCL_* variables apply); measured memory from\n"
@@ -183,6 +184,7 @@ int run_run(int argc, char** argv) {
   }
   // What the executor cannot run of a mixture of experts, before any rank starts.
   check_executor_moe(in.model, in.plan);
+  if (backend == "cpu") check_cpu_fp8_experts(in.model, in.plan, in.topology);
   if (in.plan.parameter_server() && backend != "cpu") {
     throw InputError(in.plan.file + ": key 'parameter_servers' = " + std::to_string(in.plan.parameter_servers) +
                      ": the " + backend + " backend does not run parameter servers yet; valid: --backend cpu");

@@ -361,9 +361,12 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                ")",
            "a divisor of tp_size (the default is tp_size)");
   }
-  if (plan.fp8.enabled()) {  // (the simulator does: FP8 grouped GEMMs, plans/lower_moe.cpp)
-    refuse(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
-           "does not run FP8 expert GEMMs yet (simulate, plan and memory take them)", "no fp8 with " + model.file);
+  if (plan.fp8.enabled() && !plan.fp8.delayed()) {
+    // The routed experts share their layer's MLP scale slots: one tensorwise scale would need the
+    // amax over every local expert's tensor before any cast.
+    refuse(plan.file, "fp8_recipe", "\"tensorwise\"",
+           "runs FP8 experts with delayed scaling only (simulate, plan and memory take tensorwise)",
+           "\"delayed\" (the default)");
   }
   if (plan.tp_size * plan.cp_size > 1 && !moe.dropless()) {
     // Megatron's capacity is of a rank's tokens (moe_utils.py get_capacity), which tp and cp split:
@@ -377,12 +380,21 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
   }
 }
 
+void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology) {
+  if (!model.is_moe() || !plan.fp8.enabled() || !topology.node.device.fp8_transposed_copies) return;
+  // A grouped wgrad reads each expert's rows of its operands; their transposed copies would need
+  // the whole buffer's leading dimension, which the FP8 kernels do not take.
+  throw InputError(topology.file + ": key 'node.device.fp8_columnwise' = \"transposed\": the CPU backend does not run "
+                   "FP8 experts on a device that reads FP8 column-wise transposed (valid: \"native\", the default)");
+}
+
 void set_backend_wrapper(const BackendWrapper* wrapper) { g_backend_wrapper = wrapper; }
 
 RunOutput run_program(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cpu_backend(in.plan, in.topology);
   check_executor_moe(in.model, in.plan);
+  check_cpu_fp8_experts(in.model, in.plan, in.topology);
   if (in.plan.param_dtype == Dtype::fp64) {
     return run_cpu<double>(program, in.model, in.plan, in.topology, options);
   }

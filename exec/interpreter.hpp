@@ -193,6 +193,11 @@ class Interpreter {
   // The etp gather of the alltoall dispatcher: every etp rank's counts, then the rows.
   void moe_etp_gather(const Op& op);
   void moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first);
+  // FP8 expert GEMMs (one block's segments) and an expert buffer's FP8 cast (its real rows).
+  void moe_fp8_gemm(const Op& op, const std::string& weights, const char* tensor, const char* bias,
+                    const std::vector<int64_t>& experts, const std::vector<int64_t>& rows, int64_t in_at,
+                    int64_t out_at, int64_t in_features, int64_t out_features);
+  void moe_fp8_cast(const Op& op);
   // The allgather dispatcher's routing gather (moe_route_gather): whole blocks of any dtype.
   void moe_gather_route(const Op& op);
   // `bytes` at send to every member of the group, member i's into recv + i·bytes (all_to_allv).

@@ -18,6 +18,18 @@ struct Fp8Weight {
   const char* tensor;
   Fp8Slot slot;
 };
+// An expert tensor's weight slot kind ("expert.<e>.up.weight": mlp_up_w), −1 for its biases.
+int32_t expert_weight_slot(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const size_t k = std::char_traits<char>::length(suffix);
+    return name.size() >= k && name.compare(name.size() - k, k, suffix) == 0;
+  };
+  if (ends_with(".gate.weight")) return Fp8Slot::mlp_gate_w;
+  if (ends_with(".up.weight")) return Fp8Slot::mlp_up_w;
+  if (ends_with(".down.weight")) return Fp8Slot::mlp_down_w;
+  return -1;
+}
+
 constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
                                      {"attn_out.weight", Fp8Slot::attn_out_w},
                                      {"mlp_up.weight", Fp8Slot::mlp_up_w},
@@ -55,6 +67,7 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
   }
   W* scale = buf<W>(in(op, "scale"), op);
   const bool current = p_.fp8.scaling == Fp8Scaling::current;
+  if (op.name == OpName::fp8_cast && operands(op).has_in("counts")) return moe_fp8_cast(op);
   if (op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose) {
     // [x, scale, amax] → [y, (y_t,) amax, (scale)]: y_t the codes transposed, y [op.m, op.n]
     const std::string& y = out(op, "y");
@@ -68,10 +81,21 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     return;
   }
   // fp8_weights: [w, scale, amax] → [w8, amax, (scale)], each linear weight with its slot's scale
-  // (current scaling: from the weight's own amax).
+  // (current scaling: from the weight's own amax); a MoE layer's experts, each expert's gate, up
+  // and down weights with the layer's MLP slots (delayed scaling).
   const std::string& w = in(op, "w");
   const std::string& w8 = out(op, "w8");
   const GroupLayout& layout = layouts_.at(group_of_buffer(w));
+  if (is_expert_group(group_of_buffer(w))) {
+    STEPCAST_CHECK(!current, "current scaling of expert weights");
+    for (const TensorSlice& tensor : layout.tensors) {
+      const int32_t slot = op.fp8_slots[0] + expert_weight_slot(tensor.name);
+      if (slot < op.fp8_slots[0]) continue;  // a bias
+      backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
+                        amax + slot, storage(dtype(w8, op)));
+    }
+    return;
+  }
   for (const Fp8Weight& weight : kFp8Weights) {
     if (!layout.has(weight.tensor)) continue;
     const TensorSlice& tensor = layout.at(weight.tensor);

@@ -249,7 +249,8 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
 }
 
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                                BufferClass buffer_class, bool amax_over_tp, bool transposed) {
+                                BufferClass buffer_class, bool amax_over_tp, bool transposed,
+                                const std::string& counts) {
   const int32_t slot = at.layer * kFp8SlotsPerLayer + kind;
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
@@ -276,8 +277,10 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
   }
   // |x|, its maximum, the scaled rounding: three flops an element (its bytes: x read, the codes
   // written, row-wise and, with `transposed`, transposed as well, in one pass as TE's kernel).
+  std::vector<BufferName> inputs = {x, "fp8.scale", "fp8.amax"};
+  if (!counts.empty()) inputs.push_back(counts);
   int32_t id = compute(at, OpKind::activation, transposed ? OpName::fp8_cast_transpose : OpName::fp8_cast,
-                       3 * elements, {x, "fp8.scale", "fp8.amax"}, outputs);
+                       3 * elements, std::move(inputs), outputs);
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
   op.fp8_slots = {slot, -1};
   if (transposed) {

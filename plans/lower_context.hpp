@@ -111,8 +111,11 @@ class OpEmitter {
   // `transposed`, on a device that reads FP8 operands row-wise only: the cast also writes the
   // codes transposed (fp8_cast_transpose; fp8_transposed_operand_name(name), workspace, as a wgrad
   // reads them; the caller frees it with `name`).
+  // `counts`: a MoE expert buffer's counts, which say the rows it really holds (the rest of its
+  // worst-case rows are not the step's, and stay out of the amax).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
-                       BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false);
+                       BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false,
+                       const std::string& counts = "");
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,
                   std::vector<BufferName> inputs, std::vector<BufferName> outputs,

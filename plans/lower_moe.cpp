@@ -62,8 +62,8 @@ std::string expert_operand(OpEmitter& e, const OpSite& at, const std::string& pr
                            Fp8Slot slot, BufferClass kept) {
   if (!e.ctx().fp8) return prefix + stem;
   const bool gradient = is_gradient_slot(slot);
-  const std::string x8 =
-      e.fp8_cast(at, prefix + stem, prefix + stem + "_f8", slot, kept, false, /*transposed=*/gradient);
+  const std::string x8 = e.fp8_cast(at, prefix + stem, prefix + stem + "_f8", slot, kept, false,
+                                    /*transposed=*/gradient, prefix + "counts");
   e.free(prefix + stem, at.phase);
   return x8;
 }
@@ -223,14 +223,20 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   // ... the local experts (under FP8 on FP8 copies of their inputs and weights, the copies kept
   // for the backward as Transformer Engine keeps them) ...
   const std::string& we8 = c.fp8 ? params.expert_fp8_weights : we;
+  // A forward grouped GEMM's operands: under FP8 with biases, the biases read beside the FP8 copy.
+  auto expert_in = [&](const std::string& in) {
+    std::vector<BufferName> v = with_counts({in, we8});
+    if (c.fp8 && c.model.use_bias) v.push_back(we);
+    return v;
+  };
   const std::string xe = expert_operand(e, at, prefix, "xe", Fp8Slot::mlp_x, kept_class());
   if (swiglu) {
     e.alloc(n("gate_e"), kept_class(), c.act, {R, fl}, ph);
-    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, with_counts({xe, we8}), {n("gate_e")},
+    grouped_gemm(e, at, OpName::expert_gate, Grad::none, m, fl, h, expert_in(xe), {n("gate_e")},
                  Fp8Slot::mlp_x, Fp8Slot::mlp_gate_w);
   }
   e.alloc(n("up_e"), kept_class(), c.act, {R, fl}, ph);
-  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, with_counts({xe, we8}), {n("up_e")}, Fp8Slot::mlp_x,
+  grouped_gemm(e, at, OpName::expert_up, Grad::none, m, fl, h, expert_in(xe), {n("up_e")}, Fp8Slot::mlp_x,
                Fp8Slot::mlp_up_w);
   if (!keep) e.free(xe, ph);
   e.alloc(n("act_e"), kept_class(), c.act, {R, fl}, ph);
@@ -249,7 +255,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
   if (a2a) {
     const std::string ye = !ep && !etp ? n("comb") : n("ye");
     e.alloc(ye, ye == n("comb") ? kept_class() : BufferClass::workspace, c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({act_e, we8}), {ye},
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, expert_in(act_e), {ye},
                  Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_w);
     if (!keep) e.free(act_e, ph);
     std::string y = ye;
@@ -273,7 +279,7 @@ std::string emit_moe_mlp_forward(OpEmitter& e, const OpSite& at, const std::stri
     done("comb");
   } else {
     e.alloc(n("ye"), kept_class(), c.act, {R, h}, ph);
-    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, with_counts({act_e, we8}), {n("ye")},
+    grouped_gemm(e, at, OpName::expert_down, Grad::none, m, h, fl, expert_in(act_e), {n("ye")},
                  Fp8Slot::mlp_down_x, Fp8Slot::mlp_down_w);
     if (!keep) e.free(act_e, ph);
     std::string y = !ep && !etp ? moe_out : n("ug");

@@ -135,7 +135,8 @@ std::vector<OpSignature> make_table() {
       // the buffers hold every local expert's rows (as the routing puts them), hence any shape.
       // counts [etp·ep, E] (int32): the rows each expert holds. Under FP8 as the dense GEMMs (x,
       // w and d_y FP8 copies, y and d_x wider; a wgrad's transposed copies x_t, d_y_t).
-      {OpKind::gemm, grouped, Grad::none, Pass::forward, {act("x", D::floating), weights(), counts()},
+      {OpKind::gemm, grouped, Grad::none, Pass::forward,
+       {act("x", D::floating), weights(), counts(), {"bias_w", R::weights, C::optional, D::floating, S::any}},
        {act("y", D::unpacked)}},
       {OpKind::gemm, grouped, Grad::dgrad, Pass::backward,
        {act("d_y", D::floating), weights(), counts(), optional_act("d_x")}, {act("d_x", D::unpacked)}},
@@ -245,8 +246,9 @@ std::vector<OpSignature> make_table() {
        {act("d_qkv", D::same_as_first), act("d_kv", D::same_as_first)}},
       // ---- FP8 (delayed scaling): scale[slot] and amax[slot] of the program's FP8 slots ----
       // (Current scaling: the casts write the scales they take from the amax.)
+      // (A MoE expert buffer's cast reads its counts: the rows it holds.)
       {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
-       {act("x"), stats("scale"), stats("amax")},
+       {act("x"), stats("scale"), stats("amax"), counts()},
        {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
       {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::forward,
        {weights(), stats("scale"), stats("amax")},
@@ -256,7 +258,7 @@ std::vector<OpSignature> make_table() {
        {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
       // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m].
       {OpKind::activation, {N::fp8_cast_transpose}, Grad::none, Pass::any,
-       {act("x"), stats("scale"), stats("amax")},
+       {act("x"), stats("scale"), stats("amax"), counts()},
        {{"y", R::activation, C::one, D::fp8, S::m_n}, {"y_t", R::activation, C::one, D::fp8, S::m_n}, stats("amax"),
         {"scale", R::statistics, C::optional, D::wide, S::any}}},
       // A wgrad operand's transient transposed copy: x8 [m rows, n columns] → x8t [n, m].

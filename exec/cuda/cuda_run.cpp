@@ -112,6 +112,12 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                       "the executor does not combine sequence_parallel with sharded gradients",
                       "0 or 1 with sequence_parallel");
   }
+  if (plan.fp8.enabled() && model.is_moe()) {
+    throw_input_error(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
+                      "the CUDA backend does not run FP8 experts yet (the CPU backend emulates them; simulate, plan "
+                      "and memory take them)",
+                      "no fp8 with " + model.file);
+  }
   if (plan.fp8.enabled()) {
     // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16.
     const int64_t tp = plan.tp_size, d = model.head_dim();
