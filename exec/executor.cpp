@@ -361,6 +361,11 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                ")",
            "a divisor of tp_size (the default is tp_size)");
   }
+  if (moe.pad_to_capacity) {
+    refuse(plan.file, "moe_pad_expert_input_to_capacity", "true",
+           "computes the copies the routing keeps; padding each expert's input to its capacity is simulated only",
+           "false (the default)");
+  }
   if (plan.fp8.enabled() && !plan.fp8.delayed()) {
     // The routed experts share their layer's MLP scale slots: one tensorwise scale would need the
     // amax over every local expert's tensor before any cast.

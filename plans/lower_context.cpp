@@ -31,7 +31,10 @@ LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t to
     x.capacity = expert_capacity(tokens * x.top_k, x.experts, p.moe.capacity_factor);
     x.send_rows = x.experts * x.capacity;
     x.expert_rows = x.experts_local * x.capacity * x.ep * x.etp;
-    x.rows_per_expert = x.capacity * x.ep * x.etp;
+    // The mean rows an expert computes: its capacity from each rank of the block, padded, or at
+    // most that of the copies the routing keeps.
+    const int64_t capacity_rows = x.capacity * x.ep * x.etp;
+    x.rows_per_expert = p.moe.pad_to_capacity ? capacity_rows : std::min(x.rows_per_expert, capacity_rows);
   } else if (p.moe.dropless_any_routing) {
     x.send_rows = tokens * x.top_k;
     x.expert_rows = routed;  // every copy of the expert block on one rank's experts

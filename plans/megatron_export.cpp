@@ -259,10 +259,10 @@ void add_moe(Builder& b, const Plan& plan, const ModelConfig& m) {
   b.flag("--moe-grouped-gemm");  // transformer_config.py:850
   if (!moe.dropless()) {
     // Capacity ceil(T·k/E · factor) of a rank's T routed tokens (moe_utils.py:248-263, router.py:
-    // 793-801), as expert_capacity; each expert's input padded to it as the buffers are
-    // (moe_utils.py:1074-1076, for either dispatcher).
+    // 793-801), as expert_capacity; with moe_pad_expert_input_to_capacity each expert's input
+    // padded to it (moe_utils.py:1074-1076, for either dispatcher), else the copies kept.
     b.flag("--moe-expert-capacity-factor", format_number(moe.capacity_factor));  // transformer_config.py:917
-    b.flag("--moe-pad-expert-input-to-capacity");                                // transformer_config.py:921
+    if (moe.pad_to_capacity) b.flag("--moe-pad-expert-input-to-capacity");      // transformer_config.py:921
     // Over capacity stepcast drops the later copies in token order (cpu_kernels_moe.cpp):
     // Megatron's "position"; its default "probs" keeps the most probable (transformer_config.py:
     // 932-936, moe_utils.py:1062-1070).

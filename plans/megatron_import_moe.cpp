@@ -198,15 +198,9 @@ void import_moe(const MegatronFlags& f, int64_t tp, Json& m, Json& p) {
            "--moe-expert-capacity-factor F with it, or neither");
   }
   if (factor > 0) {
-    // stepcast pads every expert's buffers to the capacity; unpadded, Megatron's expert GEMMs run
-    // on the copies kept, a size that changes with the routing (moe_utils.py:1074-1081).
-    if (!f.on("moe-pad-expert-input-to-capacity")) {
-      f.fail("moe-expert-capacity-factor", *f.text("moe-expert-capacity-factor"),
-             "without --moe-pad-expert-input-to-capacity is not modelled (stepcast pads each expert's input to "
-             "the capacity)",
-             "--moe-pad-expert-input-to-capacity with it");
-    }
     p["moe_expert_capacity_factor"] = factor;  // transformer_config.py:917
+    // Padded, each expert computes its capacity; else the copies kept (moe_utils.py:1074-1081).
+    if (f.on("moe-pad-expert-input-to-capacity")) p["moe_pad_expert_input_to_capacity"] = true;
   }
   // Which copies a capacity drops (transformer_config.py:932-936): stepcast keeps the first,
   // Megatron's "position"; "probs" keeps other copies, as many, in the same time and memory.

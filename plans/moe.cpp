@@ -26,7 +26,7 @@ namespace {
 const std::vector<std::string> kMoeKeys = {
     "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_topk", "moe_expert_capacity_factor",
     "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed",
-    "moe_dropless_buffers"};
+    "moe_dropless_buffers", "moe_pad_expert_input_to_capacity"};
 
 // A histogram file: {"tokens_per_expert": [counts], "total_tokens": N (optional: then the counts
 // must sum to it), "notes": "..."}.
@@ -92,6 +92,11 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
       reader.fail("moe_expert_capacity_factor", "must be > 0 (tokens an expert takes, in units of its even share)",
                   "a number > 0, e.g. 1.0 or 1.25; absent for dropless routing");
     }
+  }
+  moe.pad_to_capacity = reader.get_bool_or("moe_pad_expert_input_to_capacity", false);
+  if (moe.pad_to_capacity && moe.dropless()) {  // Megatron's rule (transformer_config.py:1862-1866)
+    reader.fail("moe_pad_expert_input_to_capacity", "pads each expert's input to its capacity, and the plan has none",
+                "false, or a moe_expert_capacity_factor beside it");
   }
   moe.dispatcher = reader.get_enum_or("moe_token_dispatcher_type", {"alltoall", "allgather"}, "alltoall") == "allgather"
                        ? MoeDispatcher::allgather
@@ -208,6 +213,7 @@ void moe_plan_to_json(const MoePlan& moe, Json& out) {
   out["expert_tensor_parallel_size"] = moe.etp_size;
   out["moe_router_topk"] = moe.top_k;
   if (!moe.dropless()) out["moe_expert_capacity_factor"] = moe.capacity_factor;
+  if (moe.pad_to_capacity) out["moe_pad_expert_input_to_capacity"] = true;
   out["moe_token_dispatcher_type"] = to_string(moe.dispatcher);
   out["moe_routing"] = to_string(moe.routing);
   if (moe.routing == RoutingKind::skew) out["moe_routing_skew"] = moe.skew;

@@ -28,6 +28,9 @@ struct MoePlan {
   int64_t etp_size = 0;   // expert_tensor_parallel_size: each expert's width split (resolved: tp_size)
   int64_t top_k = 0;      // moe_router_topk (resolved: the model's num_experts_per_tok)
   double capacity_factor = 0;  // moe_expert_capacity_factor; 0: dropless (absent)
+  // moe_pad_expert_input_to_capacity (Megatron's, default false): each expert computes its capacity
+  // of rows, padded, rather than the copies the routing keeps.
+  bool pad_to_capacity = false;
   MoeDispatcher dispatcher = MoeDispatcher::alltoall;
   RoutingKind routing = RoutingKind::uniform;
   double skew = 0;                 // Zipf exponent: expert e gets a share ∝ 1/(e+1)^skew

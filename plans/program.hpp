@@ -209,6 +209,9 @@ struct ProgramMoe {
   // at most under a capacity (its capacity from each of the ep·etp ranks; 0: dropless).
   int64_t routed_tokens = 0;
   int64_t expert_capacity_rows = 0;
+  // Under a capacity, whether each expert computes its capacity rows padded (the plan's
+  // moe_pad_expert_input_to_capacity) or the copies the routing keeps, at most the capacity.
+  bool pad_to_capacity = false;
 };
 
 struct StepProgram {

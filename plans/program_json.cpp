@@ -275,7 +275,8 @@ std::string write_program_json(const StepProgram& program, std::ostream* out, co
                               {"routing_shares", program.moe.routing_shares},
                               {"routing_seed", program.moe.routing_seed},
                               {"routed_tokens", program.moe.routed_tokens},
-                              {"expert_capacity_rows", program.moe.expert_capacity_rows}}.dump();
+                              {"expert_capacity_rows", program.moe.expert_capacity_rows},
+                              {"pad_to_capacity", program.moe.pad_to_capacity}}.dump();
   }
   if (program.fp8.enabled()) {  // absent: no FP8
     s += ",\"fp8\":{\"format\":";

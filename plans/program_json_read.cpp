@@ -194,6 +194,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       p.moe.routing_seed = m.at("routing_seed").get<uint64_t>();
       p.moe.routed_tokens = integer(m.at("routed_tokens"), "moe.routed_tokens", 1, kLarge);
       p.moe.expert_capacity_rows = integer(m.at("expert_capacity_rows"), "moe.expert_capacity_rows", 0, kLarge);
+      // (absent: a program from before the key, which padded every capacity)
+      p.moe.pad_to_capacity = m.value("pad_to_capacity", p.moe.expert_capacity_rows > 0);
       if (int64_t(p.moe.routing_shares.size()) != p.moe.num_experts) {
         throw InputError(path + ": key 'moe.routing_shares': " + std::to_string(p.moe.routing_shares.size()) +
                          " entries; valid: one per expert (" + std::to_string(p.moe.num_experts) + ")");

@@ -14,11 +14,10 @@ namespace stepcast {
 
 namespace {
 
-// Whether the routing moves costs: dropless (a capacity pads every expert's buffers to it, so
-// every ep rank computes and sends alike, as the simulator has it) with a share per expert.
+// Whether the routing moves costs: unless every expert's input is padded to its capacity (then
+// every ep rank computes and sends alike, as the simulator has it), with a share per expert.
 bool routing_moves_costs(const ProgramMoe& moe) {
-  return moe.num_experts > 0 && moe.expert_capacity_rows == 0 &&
-         int64_t(moe.routing_shares.size()) == moe.num_experts;
+  return moe.num_experts > 0 && !moe.pad_to_capacity && int64_t(moe.routing_shares.size()) == moe.num_experts;
 }
 
 // The expected load of the busiest expert-parallel rank over the mean (≥ 1): ep rank r holds
@@ -41,7 +40,10 @@ double expert_imbalance(const ProgramMoe& moe, int64_t ep) {
 std::vector<int64_t> expected_expert_rows(const ProgramMoe& moe) {
   std::vector<int64_t> rows;
   if (!routing_moves_costs(moe)) return rows;
-  for (double share : moe.routing_shares) rows.push_back(std::llround(share * double(moe.routed_tokens)));
+  for (double share : moe.routing_shares) {
+    const int64_t expected = std::llround(share * double(moe.routed_tokens));
+    rows.push_back(moe.expert_capacity_rows > 0 ? std::min(expected, moe.expert_capacity_rows) : expected);
+  }
   return rows;
 }
 

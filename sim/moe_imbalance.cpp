@@ -2,9 +2,10 @@
 // tokens per expert drawn from the program's routing shares with its seed (moe.hpp's
 // draw_routing), the same draw for every rank, so an ep rank whose experts drew more tokens computes
 // longer grouped GEMMs (each expert's GEMM through the GEMM model with its own rows) and receives
-// (sends back) more of the all_to_all, whose largest message sets its pace. Under a capacity
-// buffers are padded to it (Megatron's pad_to_capacity): costs do not move, tokens over it are
-// dropped and counted. See sim_plan.hpp (SimPlan::ep_cost_s, ep_load).
+// (sends back) more of the all_to_all, whose largest message sets its pace. Under a capacity an
+// expert keeps at most its capacity of copies (the rest dropped and counted), and computes those,
+// or with moe_pad_expert_input_to_capacity its whole capacity padded (Megatron's pad_to_capacity),
+// when costs do not move. See sim_plan.hpp (SimPlan::ep_cost_s, ep_load).
 #include <algorithm>
 #include <map>
 
@@ -53,8 +54,11 @@ void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const Compute
     std::map<std::pair<int32_t, int64_t>, double> memo;
     for (const Op& op : role.ops) {
       if (op.microbatch < 0 || op.layer < 0 || (!is_grouped_gemm(op) && !is_ep_all_to_all(op))) continue;
-      const std::vector<int64_t>& counts = draw(op.microbatch, op.layer);
-      if (!dropless) continue;  // padded to capacity: every rank alike
+      std::vector<int64_t> counts = draw(op.microbatch, op.layer);
+      if (moe.pad_to_capacity) continue;  // padded to capacity: every rank alike
+      if (!dropless) {  // the copies each expert keeps
+        for (int64_t& c : counts) c = std::min(c, moe.expert_capacity_rows);
+      }
       if (is_grouped_gemm(op)) {
         std::vector<double>& per_rank = plan.ep_cost_s[size_t(role.index)][op.id];
         for (int64_t r = 0; r < ep; ++r) {
@@ -62,7 +66,10 @@ void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const Compute
           per_rank.push_back(grouped_gemm_time_s(cost, op, rows, memo));
         }
       } else {
-        const double mean = double(moe.routed_tokens) / double(ep);
+        // The rows the op's bytes are of, a rank's: the mean load dropless; under a capacity its
+        // experts' capacity (the buffers' rows).
+        const double mean =
+            dropless ? double(moe.routed_tokens) / double(ep) : double(moe.expert_capacity_rows * local);
         std::vector<double>& per_rank = plan.ep_load[size_t(role.index)][op.id];
         for (int64_t r = 0; r < ep; ++r) {
           int64_t load = 0;

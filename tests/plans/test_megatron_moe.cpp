@@ -102,6 +102,7 @@ const Json kDeepSeekPlan = {{"tp_size", 2},
                             {"expert_model_parallel_size", 16},
                             {"expert_tensor_parallel_size", 1},
                             {"moe_expert_capacity_factor", 1.25},
+                            {"moe_pad_expert_input_to_capacity", true},
                             {"moe_token_dispatcher_type", "alltoall"},
                             {"micro_batch_size", 1},
                             {"global_batch_size", 64},
@@ -268,6 +269,13 @@ TEST_CASE("Megatron-LM MoE flags read back, and the ones stepcast cannot model r
   CHECK(full.model["router_aux_loss_coef"] == 0.0);  // none: no aux loss, whatever the coefficient
   CHECK_FALSE(full.plan.contains("moe_expert_capacity_factor"));  // negative: dropless
   CHECK(full.ignored.empty());
+  // A capacity without padding (Megatron's default): each expert computes the copies it keeps.
+  MegatronImport kept = import_megatron_arguments(moe + "--moe-expert-capacity-factor 1.5", "x", "x");
+  CHECK(kept.plan["moe_expert_capacity_factor"] == 1.5);
+  CHECK_FALSE(kept.plan.contains("moe_pad_expert_input_to_capacity"));
+  MegatronImport padded =
+      import_megatron_arguments(moe + "--moe-expert-capacity-factor 1.5 --moe-pad-expert-input-to-capacity", "x", "x");
+  CHECK(padded.plan["moe_pad_expert_input_to_capacity"] == true);
 
   struct Case {
     std::string args, fragments[2];
@@ -285,8 +293,6 @@ TEST_CASE("Megatron-LM MoE flags read back, and the ones stepcast cannot model r
       {"--num-experts 8 --moe-grouped-gemm --moe-router-topk 1",
        {"key '--moe-router-topk' = '1'", "needs --moe-router-pre-softmax"}},
       {"--num-experts 8 --moe-grouped-gemm --moe-router-topk 9", {"key '--moe-router-topk' = '9'", "exceeds the 8"}},
-      {"--num-experts 8 --moe-grouped-gemm --moe-expert-capacity-factor 1.5",
-       {"key '--moe-expert-capacity-factor' = '1.5'", "--moe-pad-expert-input-to-capacity"}},
       {"--num-experts 8 --moe-grouped-gemm --moe-pad-expert-input-to-capacity",
        {"key '--moe-pad-expert-input-to-capacity'", "transformer_config.py:1862-1866"}},
       {"--num-experts 8 --moe-grouped-gemm --moe-token-drop-policy random",

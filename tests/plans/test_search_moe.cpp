@@ -195,16 +195,22 @@ TEST_CASE("the quick estimate's expert imbalance, worked by hand", "[search][moe
     }
     return beyond * double(plan.num_microbatches());
   };
-  auto estimate = [&](double skew, double capacity, double* expected) {
+  auto estimate = [&](double skew, double capacity, double* expected, bool pad = false) {
     Plan plan = moe_plan(model, topology, 1, 4, 2, skew, capacity);
+    plan.moe.pad_to_capacity = pad;
     StepProgram program = lower_program(model, topology, plan);
     const double routed = double(program.moe.routed_tokens);
     // Skew 1: shares ∝ 1, 1/2, 1/3, 1/4 (sum 25/12): 0.48, 0.24, 0.16, 0.12.
     const std::vector<double> shares =
         skew == 0 ? std::vector<double>(4, 0.25) : std::vector<double>{0.48, 0.24, 0.16, 0.12};
     std::vector<int64_t> rows;
-    for (double share : shares) rows.push_back(std::llround(share * routed));
-    *expected = capacity > 0 ? 0.0 : by_hand(program, plan, rows);
+    // Under a capacity an expert computes the copies it keeps, at most its capacity rows; padded,
+    // its capacity (every rank alike).
+    for (double share : shares) {
+      const int64_t r = std::llround(share * routed);
+      rows.push_back(capacity > 0 ? std::min(r, program.moe.expert_capacity_rows) : r);
+    }
+    *expected = pad ? 0.0 : by_hand(program, plan, rows);
     return quick_estimate(program, plan, plan.num_microbatches(), topology, cost_model);
   };
   double expected = 0;
@@ -216,9 +222,13 @@ TEST_CASE("the quick estimate's expert imbalance, worked by hand", "[search][moe
   // The dispatch and combine: rank 0 receives 0.72 of the copies, 1.44 × the mean.
   CHECK(skewed.ep_comm_s > 1.3 * uniform.ep_comm_s);
   CHECK(skewed.step_time_s > uniform.step_time_s);
-  // Under a capacity the buffers are padded to it: every rank computes and sends alike.
+  // Under a capacity the busiest rank keeps at most its experts' capacities; padded to it, every
+  // rank computes and sends alike.
   QuickEstimate capped = estimate(1.0, 1.2, &expected);
-  CHECK(capped.expert_imbalance_s == 0);
+  CHECK(capped.expert_imbalance_s == Approx(expected).epsilon(1e-9));
+  CHECK(capped.expert_imbalance_s < skewed.expert_imbalance_s);
+  QuickEstimate padded = estimate(1.0, 1.2, &expected, true);
+  CHECK(padded.expert_imbalance_s == 0);
 }
 
 TEST_CASE("the quick estimate counts the expert groups' gradient reductions", "[search][moe]") {

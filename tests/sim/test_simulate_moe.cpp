@@ -1,7 +1,8 @@
 // Routing imbalance in the simulator, end to end through `stepcast simulate`: a skewed routing
 // loads the first ep rank's experts, whose grouped GEMMs then pace the step; the draws repeat
-// with their seed; under a capacity the buffers are padded (the step does not move with the
-// skew) and the token copies over capacity are counted.
+// with their seed; under a padded capacity (moe_pad_expert_input_to_capacity) the step does not
+// move with the skew, and the token copies over capacity are counted; unpadded, each expert
+// computes the copies it keeps.
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -50,14 +51,34 @@ TEST_CASE("simulate: a skewed routing slows the step through the most loaded ep 
   CHECK(step(simulate_moe("seed-2", {{"moe_routing_seed", 2}})) != step(uniform));
 }
 
-TEST_CASE("simulate: under a capacity the step does not move with the skew, dropped tokens are counted",
+TEST_CASE("simulate: under a padded capacity the step does not move with the skew, dropped tokens are counted",
           "[simulate][moe]") {
-  Json uniform = simulate_moe("cap-uniform", {{"moe_expert_capacity_factor", 1.0}});
+  Json uniform = simulate_moe("cap-uniform", {{"moe_expert_capacity_factor", 1.0},
+                                              {"moe_pad_expert_input_to_capacity", true}});
   Json skewed = simulate_moe("cap-skew", {{"moe_expert_capacity_factor", 1.0}, {"moe_routing", "skew"},
-                                          {"moe_routing_skew", 2.0}});
+                                          {"moe_routing_skew", 2.0}, {"moe_pad_expert_input_to_capacity", true}});
   CHECK(step(skewed) == Approx(step(uniform)).epsilon(1e-9));
   // Capacity 1.0: an expert takes a quarter of the routed copies; the skew sends 70% to expert 0.
   const double routed = moe(skewed).at("routed_tokens").get<double>();
   CHECK(moe(skewed).at("dropped_tokens").get<double>() > 0.35 * routed);
   CHECK(moe(uniform).at("dropped_tokens").get<double>() < 0.1 * routed);
+}
+
+TEST_CASE("simulate: unpadded, an expert computes the copies it keeps — padded, its whole capacity", "[simulate][moe]") {
+  // Capacity factor 2.0 = experts / top-k: nothing is dropped, and a padded expert computes twice
+  // its mean rows.
+  Json dropless = simulate_moe("dropless", Json::object());
+  Json kept = simulate_moe("cap2-kept", {{"moe_expert_capacity_factor", 2.0}});
+  Json padded = simulate_moe("cap2-padded", {{"moe_expert_capacity_factor", 2.0}, {"moe_pad_expert_input_to_capacity", true}});
+  std::printf("moe capacity 2.0: dropless %.6f s, kept %.6f s, padded %.6f s\n", step(dropless), step(kept),
+              step(padded));
+  CHECK(moe(kept).at("dropped_tokens").get<double>() == 0);
+  // (The kept step is above the dropless one: the elementwise ops on the experts' rows run over
+  // the capacity-sized buffers, in the executor too.)
+  CHECK(step(kept) >= step(dropless));
+  CHECK(step(padded) > 1.1 * step(kept));
+  // A skew moves the unpadded step (the most loaded rank keeps more copies, up to its capacity).
+  Json skewed = simulate_moe("cap2-kept-skew", {{"moe_expert_capacity_factor", 2.0}, {"moe_routing", "skew"},
+                                                {"moe_routing_skew", 2.0}});
+  CHECK(step(skewed) > step(kept));
 }
