@@ -213,6 +213,9 @@ class Interpreter {
   // then local expert, in token order), the others −1. Returns the rows.
   int64_t moe_map_gathered_rows(const Op& op);
   bool moe_allgather() const { return plan_.moe.dispatcher == MoeDispatcher::allgather; }
+  // The blocks of the experts' buffers: the alltoall dispatcher's etp blocks of ep sources each,
+  // the allgather's one block of every source (the counts' rows).
+  int64_t moe_blocks() const { return moe_allgather() ? 1 : grid_.etp_size(); }
   int64_t moe_tokens(const Op& op) const;
   // Rows of this rank's local expert `local` from counts row `source` (etp rank · ep + ep rank) in
   // the experts' buffers.

@@ -20,13 +20,9 @@ struct Fp8Weight {
 };
 // An expert tensor's weight slot kind ("expert.<e>.up.weight": mlp_up_w), −1 for its biases.
 int32_t expert_weight_slot(const std::string& name) {
-  auto ends_with = [&](const char* suffix) {
-    const size_t k = std::char_traits<char>::length(suffix);
-    return name.size() >= k && name.compare(name.size() - k, k, suffix) == 0;
-  };
-  if (ends_with(".gate.weight")) return Fp8Slot::mlp_gate_w;
-  if (ends_with(".up.weight")) return Fp8Slot::mlp_up_w;
-  if (ends_with(".down.weight")) return Fp8Slot::mlp_down_w;
+  if (name.ends_with(".gate.weight")) return Fp8Slot::mlp_gate_w;
+  if (name.ends_with(".up.weight")) return Fp8Slot::mlp_up_w;
+  if (name.ends_with(".down.weight")) return Fp8Slot::mlp_down_w;
   return -1;
 }
 

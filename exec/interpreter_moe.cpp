@@ -218,9 +218,7 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   // The buffers' capacity in rows: x (forward, wgrad) or d_y (dgrad) rows of its width.
   const std::string& rows_of = op.grad == Grad::dgrad ? in(op, "d_y") : in(op, "x");
   const int64_t capacity = count(rows_of, op) / (op.grad == Grad::dgrad ? out_features : in_features);
-  // The alltoall dispatcher's buffers are etp blocks of ep sources each; the allgather's one block
-  // of every source.
-  const int64_t blocks = moe_allgather() ? 1 : grid_.etp_size(), block = capacity / blocks;
+  const int64_t blocks = moe_blocks(), block = capacity / blocks;
   const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
   STEPCAST_CHECK(block * blocks == capacity, "expert buffer " + rows_of + " is not etp blocks of rows");
   // Expert biases (use_bias): added to each expert's rows, the down projection's by etp rank 0
@@ -339,7 +337,7 @@ void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
   const OpShape shape = role_.ops[size_t(arena_.alloc_of(x, op.id))].shape;
   STEPCAST_CHECK(shape.size() == 2, "expert buffer " + x + " is not [rows, width]");
   const int64_t width = shape[1];
-  const int64_t blocks = moe_allgather() ? 1 : grid_.etp_size(), block = shape[0] / blocks;
+  const int64_t blocks = moe_blocks(), block = shape[0] / blocks;
   const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
   const int32_t slot = op.fp8_slots[0];
   Fp8Codes<W> y8 = fp8_codes(y, op, slot);

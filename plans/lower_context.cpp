@@ -229,12 +229,16 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
   }
   int32_t id = gemm(at, name, grad, m, n, k, std::move(inputs), std::move(outputs));
   for (const std::string& t : transposed) rb_.free(t, at.phase);
-  if (!ctx_.fp8) return id;
+  if (ctx_.fp8) mark_fp8(id, at, a, b);
+  return id;
+}
+
+void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b) {
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
   op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
-  double out_bytes = grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
-  op.bytes = double(m) * double(k) + double(k) * double(n) + double(m) * double(n) * out_bytes;
-  return id;
+  const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
+  const double m = double(op.m), n = double(op.n), k = double(op.k);
+  op.bytes = m * k + k * n + m * n * out_bytes;
 }
 
 std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, int64_t rows) {

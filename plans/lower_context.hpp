@@ -101,6 +101,9 @@ class OpEmitter {
   // (w, or d_y for wgrad), where the plan has fp8; a plain gemm otherwise.
   int32_t linear(const OpSite& at, OpName name, Grad grad, int64_t m, int64_t n, int64_t k,
                  std::vector<BufferName> inputs, std::vector<BufferName> outputs, Fp8Slot a, Fp8Slot b);
+  // GEMM op `id` reads FP8 operands on the layer's slots a, b: its slots and bytes (a byte an FP8
+  // operand element, the output in the plan's dtype, of one GEMM of its m, n, k).
+  void mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b);
   // The transposed copy of the live FP8 operand x8 ([rows, elements / rows] → its transpose,
   // fp8_transposed_operand_name(x8), workspace) for the wgrads that read it on a device that
   // reads FP8 operands row-wise only; the caller frees it after its last wgrad.

@@ -44,14 +44,10 @@ int32_t grouped_gemm(OpEmitter& e, const OpSite& at, OpName name, Grad grad, int
   if (grad == Grad::wgrad) id = e.gemm(at, name, grad, n, k, rows, std::move(inputs), std::move(outputs));
   else id = e.gemm(at, name, grad, rows, n, k, std::move(inputs), std::move(outputs));
   for (const std::string& t : made) e.free(t, at.phase);
+  if (fp8) e.mark_fp8(id, at, Fp8Slot(a), Fp8Slot(b));
   Op& op = const_cast<Op&>(e.builder().role().ops[size_t(id)]);
   op.batch = experts;
   op.flops *= double(experts);
-  if (fp8) {  // one byte an FP8 operand element
-    op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
-    const double out_bytes = grad == Grad::wgrad ? dtype_bytes(c.grad) : dtype_bytes(c.act);
-    op.bytes = double(op.m) * double(op.k) + double(op.k) * double(op.n) + double(op.m) * double(op.n) * out_bytes;
-  }
   op.bytes *= double(experts);
   return id;
 }
