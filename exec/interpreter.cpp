@@ -45,7 +45,7 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
       coord_(grid_.coord(rank)),
       role_(program.role_of_rank(rank)),
       shards_(plan.zero_stage, plan.dp_cp_size(), program.dp_shard_size),
-      expert_shards_(plan.zero_stage, grid_.edp_size(), grid_.edp_size()),
+      expert_shards_(plan.zero_stage, grid_.edp_size(), grid_.edp_shard_size()),
       backend_(backend) {
   t_ = plan.tp_size;
   cp_ = plan.cp_size;

@@ -67,7 +67,7 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
       grid(p.tp_size, p.dp_size, p.pp_size, p.order, p.dp_shard_size(), p.cp_size, p.moe.ep_size,
            m.is_moe() ? std::max<int64_t>(1, p.moe.etp_size) : 1),
       links(link_figures(topo)), shards(p.zero_stage, p.dp_cp_size(), p.dp_shard_size()),
-      expert_shards(p.zero_stage, grid.edp_size(), grid.edp_size()) {
+      expert_shards(p.zero_stage, grid.edp_size(), grid.edp_shard_size()) {
   cp = p.cp_size;
   s_full = m.seq_length;
   s = m.seq_length / cp;

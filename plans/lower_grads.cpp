@@ -8,10 +8,10 @@ namespace stepcast {
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
   if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions), or pushed (emit_pushes)
   const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
-  if (reduced_over == 1) {
-    if (shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});
-    return;
-  }
+  // A shard group of one rank: under ZeRO-2/3 the full gradient is the shard; it is copied in (no
+  // communication), and only hybrid sharding's replicas (if any) still reduce it in a bucket.
+  if (shard_ranks(g.expert) == 1 && shards_of(g).zero_stage() >= 2) pending_full_.push_back({&g, mb});
+  if (reduced_over == 1) return;
   Bucket& current = g.expert ? current_expert_ : current_;
   if (current.groups.empty()) {
     current.microbatch = mb;
@@ -41,7 +41,7 @@ void RoleLowering::accumulate_unfused() {
 }
 
 void RoleLowering::flush_bucket() {
-  // dp_size · cp_size == 1 with ZeRO-2/3: the full gradient is the shard; copy it in (no communication).
+  // A shard group of one rank with ZeRO-2/3: the full gradient is the shard; copy it in.
   for (auto& [g, mb] : pending_full_) {
     std::string full = grads_for(*g, mb);
     OpSite at{Phase::backward, -1, mb, int32_t(g->chunk)};
@@ -64,6 +64,12 @@ void RoleLowering::flush_bucket() {
 }
 
 void RoleLowering::emit_bucket(const Bucket& bucket, const std::vector<int32_t>& extra_deps) {
+  if (shard_ranks(bucket.expert) == 1) {
+    // Nothing to reduce inside the instance (grads_ready copied ZeRO-2/3's gradients in): the
+    // replicas' all_reduce only.
+    if (hybrid() && bucket.last_pass) emit_replica_reduction(bucket);
+    return;
+  }
   OpSite at{Phase::backward, -1, bucket.microbatch, int32_t(bucket.chunk)};
   std::vector<BufferName> inputs, outputs;
   for (const ParamGroup* g : bucket.groups) {
@@ -93,9 +99,10 @@ void RoleLowering::emit_replica_reduction(const Bucket& bucket) {
   double bytes = 0;
   for (const ParamGroup* g : bucket.groups) {
     names.push_back("grads." + g->name);
-    bytes += double(c_.shards.buffer_elements(ShardedState::optimizer, g->elements)) * dtype_bytes(c_.grad);
+    bytes += double(shards_of(*g).buffer_elements(ShardedState::optimizer, g->elements)) * dtype_bytes(c_.grad);
   }
-  e_.collective(at, OpKind::all_reduce, GroupKind::dp_replica, Stream::comm, OpName::replica_grads, bytes,
+  const GroupKind replicas = bucket.expert ? GroupKind::edp_replica : GroupKind::dp_replica;
+  e_.collective(at, OpKind::all_reduce, replicas, Stream::comm, OpName::replica_grads, bytes,
                 names, names);
 }
 

@@ -121,8 +121,14 @@ class RoleLowering {
   GroupKind shard_group() const {
     return hybrid() ? GroupKind::dp_shard : plan_.cp_size > 1 ? GroupKind::dp_cp : GroupKind::dp;
   }
-  // ... and expert gradients over the ranks holding the same experts.
-  GroupKind shard_group(bool expert) const { return expert ? GroupKind::edp : shard_group(); }
+  // ... and expert gradients over the ranks holding the same experts (cut as dp is under hybrid
+  // sharding).
+  GroupKind shard_group(bool expert) const {
+    return !expert ? shard_group() : hybrid() ? GroupKind::edp_shard : GroupKind::edp;
+  }
+  // Ranks of a group's shard group: one where hybrid sharding leaves each expert block one rank
+  // (edp = instances), whose replicas still all-reduce.
+  int64_t shard_ranks(bool expert) const { return expert ? c_.grid.edp_shard_size() : c_.grid.dp_shard_size(); }
   GroupKind shard_group(const ParamGroup& g) const { return shard_group(g.expert); }
   int64_t p2p_tag(int32_t mb, int64_t sender_vs, bool backward) const {
     return (int64_t(mb) * c_.num_virtual_stages + sender_vs) * 2 + (backward ? 1 : 0);

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "errors.hpp"
+#include "rank_grid.hpp"
 
 namespace stepcast {
 
@@ -265,6 +266,28 @@ std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int6
 
 int64_t expert_capacity(int64_t tokens, int64_t experts, double capacity_factor) {
   return int64_t(std::ceil(double(tokens) / double(experts) * capacity_factor));
+}
+
+void validate_moe_hybrid_sharding(const MoePlan& moe, const std::string& plan_file, int64_t tp_size, int64_t cp_size,
+                                  int64_t dp_size, int64_t pp_size, const std::string& order, int64_t instances) {
+  const std::string key = "num_distributed_optimizer_instances", value = std::to_string(instances);
+  const int64_t edp = tp_size * cp_size * dp_size / (moe.ep_size * moe.etp_size);
+  if (edp % instances != 0) {
+    throw_input_error(plan_file, key, value,
+                      "must divide the expert data-parallel size too (tp·cp·dp / (ep·etp) = " + std::to_string(edp) +
+                          " with expert_model_parallel_size " + std::to_string(moe.ep_size) +
+                          " and expert_tensor_parallel_size " + std::to_string(moe.etp_size) +
+                          "): each instance shards the experts over its own ranks",
+                      "a divisor of both " + std::to_string(dp_size * cp_size) + " and " + std::to_string(edp));
+  }
+  const RankGrid grid(tp_size, dp_size, pp_size, order, dp_size * cp_size / instances, cp_size, moe.ep_size,
+                      moe.etp_size);
+  if (!grid.expert_shards_within_instances()) {
+    throw_input_error(plan_file, "order", "\"" + order + "\"",
+                      "puts the ranks of an optimizer instance across the experts' shard groups (with " + key +
+                          " " + value + "), so no instance holds each expert shard once",
+                      "an order with tp innermost, then cp, then dp (Megatron's \"tp-dp-pp\", \"tp-pp-dp\")");
+  }
 }
 
 }  // namespace stepcast

@@ -58,6 +58,12 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file);
 void validate_moe_plan(MoePlan& moe, const std::string& plan_file, const ModelConfig& model, int64_t tp_size,
                        int64_t stage_ranks, bool sequence_parallel);
 void moe_plan_to_json(const MoePlan& moe, Json& out);
+// Hybrid sharding (`instances` optimizer instances, already checked against dp·cp) with experts:
+// the instances must divide edp (Megatron's intra-partial expert data-parallel groups), and each
+// instance must hold whole blocks of expert shards (rank_grid.hpp), which Megatron's orders do.
+// (`moe` resolved by validate_moe_plan; sizes and order the plan's.)
+void validate_moe_hybrid_sharding(const MoePlan& moe, const std::string& plan_file, int64_t tp_size, int64_t cp_size,
+                                  int64_t dp_size, int64_t pp_size, const std::string& order, int64_t instances);
 
 // The share of routed tokens each expert expects (sums to 1).
 std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts);

@@ -463,11 +463,6 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   validate_context_parallel(plan, model);
   validate_moe_plan(plan.moe, f, model, plan.tp_size, plan.tp_size * plan.cp_size * plan.dp_size,
                     plan.sequence_parallel);
-  if (plan.num_distributed_optimizer_instances > 1 && model.is_moe()) {
-    throw_input_error(f, "num_distributed_optimizer_instances", std::to_string(plan.num_distributed_optimizer_instances),
-                      "with a mixture of experts is not supported yet (expert shards would need replicas over edp)",
-                      "1 with " + model.file);
-  }
   if (plan.fp8.enabled() && plan.zero_stage == 3) {
     throw_input_error(f, "fp8", to_string(plan.fp8.format),
                       "with zero_stage 3 is not supported yet (the FP8 weight copies are kept whole, as "
@@ -495,6 +490,10 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
            "must divide " + group + " = " + std::to_string(dp_cp) +
                " and leave at least 2 ranks per shard group (" + group + " / instances)",
            "1, or a divisor of " + std::to_string(dp_cp) + " no larger than " + std::to_string(dp_cp / 2));
+    }
+    if (model.is_moe()) {
+      validate_moe_hybrid_sharding(plan.moe, f, plan.tp_size, plan.cp_size, plan.dp_size, plan.pp_size, plan.order,
+                                   instances);
     }
   }
   if (plan.layers_per_stage.empty()) {

@@ -256,7 +256,8 @@ void check_replica_classes(const StepProgram& p, std::vector<std::string>& error
     auto mine = collectives_of(p.roles[r]);
     auto first = collectives_of(p.roles[r % pp]);
     for (GroupKind kind : {GroupKind::dp, GroupKind::dp_cp, GroupKind::dp_shard, GroupKind::dp_replica,
-                           GroupKind::world, GroupKind::instance, GroupKind::ep, GroupKind::etp, GroupKind::edp}) {
+                           GroupKind::world, GroupKind::instance, GroupKind::ep, GroupKind::etp, GroupKind::edp,
+                           GroupKind::edp_shard, GroupKind::edp_replica}) {
       if (mine[kind] != first[kind]) {
         errors.push_back(std::string("group ") + to_string(kind) + ": role " + std::to_string(r) + " (stage " +
                          std::to_string(r % pp) + ", " + std::to_string(p.roles[r].num_microbatches) +

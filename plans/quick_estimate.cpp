@@ -150,14 +150,14 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       double s = uncontended_collective_s(cost_model, collectives, op.kind, op.algorithm, op.bytes, shape);
       // The dispatch and combine: the busiest ep rank's messages set the pace.
       if (op.kind == OpKind::all_to_all && op.group == GroupKind::ep) s *= imbalance;
-      if (op.group == GroupKind::dp_replica) {
+      if (op.group == GroupKind::dp_replica || op.group == GroupKind::edp_replica) {
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;
         ++t.dp_step_ops;
       } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard || op.group == GroupKind::dp_cp ||
-                 op.group == GroupKind::edp) {
-        // (edp: the expert groups' reductions and gathers, dp's for the experts; dp_cp: dp's
-        // under context parallelism)
+                 op.group == GroupKind::edp || op.group == GroupKind::edp_shard) {
+        // (edp, edp_shard: the expert groups' reductions and gathers, dp's and dp_shard's for the
+        // experts; dp_cp: dp's under context parallelism)
         if (op.microbatch == 0) t.dp_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }

@@ -25,6 +25,8 @@ const char* to_string(GroupKind kind) {
     case GroupKind::ep: return "ep";
     case GroupKind::etp: return "etp";
     case GroupKind::edp: return "edp";
+    case GroupKind::edp_shard: return "edp_shard";
+    case GroupKind::edp_replica: return "edp_replica";
   }
   return "?";
 }
@@ -33,7 +35,8 @@ const std::vector<GroupKind>& all_group_kinds() {
   static const std::vector<GroupKind> kinds = {
       GroupKind::tp,    GroupKind::dp,       GroupKind::pp,         GroupKind::embedding, GroupKind::model,
       GroupKind::world, GroupKind::dp_shard, GroupKind::dp_replica, GroupKind::instance,
-      GroupKind::cp,    GroupKind::dp_cp,    GroupKind::ep,         GroupKind::etp,       GroupKind::edp};
+      GroupKind::cp,    GroupKind::dp_cp,    GroupKind::ep,         GroupKind::etp,       GroupKind::edp,
+      GroupKind::edp_shard, GroupKind::edp_replica};
   return kinds;
 }
 
@@ -83,6 +86,10 @@ RankGrid::RankGrid(int64_t tp_size, int64_t dp_size, int64_t pp_size, const std:
     throw InputError("rank grid ep=" + std::to_string(ep_size) + " etp=" + std::to_string(etp_size) +
                      " with tp·cp·dp=" + std::to_string(tp_size * cp_size * dp_size) +
                      ": ep · etp must divide the ranks of a pipeline stage");
+  }
+  if (edp_size() % instances() != 0) {
+    throw InputError("rank grid with " + std::to_string(instances()) + " optimizer instances and edp=" +
+                     std::to_string(edp_size()) + ": the instances must divide the expert data-parallel size");
   }
   int64_t stride = 1;
   for (const std::string& name : parse_order(order)) {
@@ -167,17 +174,25 @@ std::vector<int64_t> RankGrid::group(GroupKind kind, int64_t r) const {
       break;
     case GroupKind::ep:
     case GroupKind::etp:
-    case GroupKind::edp: {
+    case GroupKind::edp:
+    case GroupKind::edp_shard:
+    case GroupKind::edp_replica: {
       // Digits of the stage index: etp innermost, then ep, then edp.
       const int64_t index = stage_index(r);
       const int64_t e_tp = index % etp_size_, e_p = index / etp_size_ % ep_size_;
       const int64_t e_dp = index / (etp_size_ * ep_size_);
+      auto at_edp = [&](int64_t j) { return stage_rank(c.pp, e_tp + etp_size_ * (e_p + ep_size_ * j)); };
+      const int64_t shard = edp_shard_size();
       if (kind == GroupKind::etp) {
         for (int64_t j = 0; j < etp_size_; ++j) ranks.push_back(stage_rank(c.pp, index - e_tp + j));
       } else if (kind == GroupKind::ep) {
         for (int64_t j = 0; j < ep_size_; ++j) ranks.push_back(stage_rank(c.pp, e_tp + etp_size_ * (j + ep_size_ * e_dp)));
+      } else if (kind == GroupKind::edp) {
+        for (int64_t j = 0; j < edp_size(); ++j) ranks.push_back(at_edp(j));
+      } else if (kind == GroupKind::edp_shard) {
+        for (int64_t j = e_dp / shard * shard; j < e_dp / shard * shard + shard; ++j) ranks.push_back(at_edp(j));
       } else {
-        for (int64_t j = 0; j < edp_size(); ++j) ranks.push_back(stage_rank(c.pp, e_tp + etp_size_ * (e_p + ep_size_ * j)));
+        for (int64_t j = e_dp % shard; j < edp_size(); j += shard) ranks.push_back(at_edp(j));
       }
       break;
     }
@@ -238,6 +253,19 @@ int64_t RankGrid::stage_index(int64_t r) const {
 
 int64_t RankGrid::stage_rank(int64_t pp, int64_t index) const {
   return index % stride_pp_ + pp * stride_pp_ + index / stride_pp_ * stride_pp_ * pp_size_;
+}
+
+bool RankGrid::expert_shards_within_instances() const {
+  // A block of the instance's stage ranks is as large as a block of edp_shard groups (stage / instances):
+  // they are the same when every rank of an instance on a stage is in the rank's own expert block.
+  const int64_t block = etp_size_ * ep_size_ * edp_shard_size();
+  for (int64_t r = 0; r < world_size(); ++r) {
+    const int64_t pp = coord(r).pp;
+    for (int64_t s : group(GroupKind::instance, r)) {
+      if (coord(s).pp == pp && stage_index(s) / block != stage_index(r) / block) return false;
+    }
+  }
+  return true;
 }
 
 int64_t RankGrid::dp_cp_index(int64_t r) const {

@@ -26,7 +26,13 @@ namespace stepcast {
 // in rank order, are regrouped as etp × ep × edp, etp innermost: etp splits an expert's width, ep
 // the experts (the all-to-all group), edp the ranks holding the same experts (expert gradients are
 // reduced over it). Without experts (ep = etp = 1) ep and etp are one rank, edp is dp_cp.
-enum class GroupKind : uint8_t { tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp, ep, etp, edp };
+// Hybrid sharding cuts each edp group the same way (Megatron's intra- and inter-partial expert
+// data parallel groups): edp_shard is a rank's block of edp / instances consecutive edp
+// coordinates (expert ZeRO shards over it), edp_replica the ranks at the same place of every block
+// (the expert shards' all-reduce). Without hybrid sharding edp_shard is edp, edp_replica one rank.
+enum class GroupKind : uint8_t {
+  tp, dp, pp, embedding, model, world, dp_shard, dp_replica, instance, cp, dp_cp, ep, etp, edp, edp_shard, edp_replica
+};
 const char* to_string(GroupKind kind);
 // Every kind, in declaration order (for parsers and communicator setup).
 const std::vector<GroupKind>& all_group_kinds();
@@ -83,6 +89,13 @@ class RankGrid {
   // A rank's expert-parallel coordinate: its experts are [ep_rank · E/ep, (ep_rank + 1) · E/ep).
   int64_t ep_rank(int64_t rank) const { return stage_index(rank) / etp_size_ % ep_size_; }
   int64_t dp_shard_size() const { return dp_shard_size_; }
+  // Hybrid sharding's optimizer instances (dp·cp / dp_shard_size), and the experts' shard group.
+  int64_t instances() const { return dp_cp_size() / dp_shard_size_; }
+  int64_t edp_shard_size() const { return edp_size() / instances(); }
+  // Whether every optimizer instance holds whole expert shard groups, one per expert slice: its
+  // ranks of a stage are one block of edp_shard groups (so the instance's gradient norm counts each
+  // expert element once). True for Megatron's orders (tp, then cp, innermost of dp).
+  bool expert_shards_within_instances() const;
 
  private:
   int64_t at_dp_cp(RankCoord c, int64_t index) const;  // c with its dp and cp set from a dp_cp index

@@ -1,9 +1,9 @@
 // The CPU executor on mixture-of-experts plans (issue 15), through `scripts/mpirun build/stepcast
 // run`: the tiny MoE models under expert parallelism with tp, pp, dp and ZeRO give the single
 // rank's fp64 loss curve (routing is a function of the weights, so exactly), with etp = tp and the
-// aux loss under tp and cp too, both dispatchers, expert and router biases; capacity-dropped
-// copies are counted alike; the variable all_to_all runs pairwise and as MPI_Alltoallv; measured
-// memory within 2% of the program's. (What it refuses: tests/cli/bad_inputs.json, "MoE run: ...".)
+// aux loss under tp and cp too, both dispatchers, expert and router biases, hybrid sharding;
+// capacity-dropped copies are counted alike; the variable all_to_all runs pairwise and as
+// MPI_Alltoallv; measured memory within 2% of the program's. (What it refuses: tests/cli/bad_inputs.json, "MoE run: ...".)
 #include "run_fixtures.hpp"
 
 using namespace stepcast;
@@ -161,6 +161,25 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
                             plain = losses(reference.at("tiny-moe"));
   CHECK(biased[0] == plain[0]);  // biases start at 0
   CHECK(std::abs(biased[1] - plain[1]) > 1e-3);
+}
+
+TEST_CASE("run: MoE under hybrid sharding gives the single-rank curve (fp64) with its memory", "[run][moe]") {
+  // Two optimizer instances: experts shard over edp_shard (edp / 2 ranks) and their shards are
+  // all-reduced over edp_replica, as the dense shards over dp_shard and dp_replica.
+  const int steps = 3;
+  auto hybrid = [](Json p) {
+    p["num_distributed_optimizer_instances"] = 2;
+    return p;
+  };
+  std::vector<Case> cases = {
+      {"tiny-moe", hybrid(moe_plan(1, 1, 4, 2, 1)), ""},                // ep 1: edp 4, shards over 2
+      {"tiny-moe", hybrid(moe_plan(1, 1, 4, 3, 2, "none", true)), ""},  // ep 2: edp 2, one-rank shards
+      {"tiny-moe", hybrid(moe_plan(1, 1, 4, 1, 2)), "--collectives mpi"},
+      {tiny_moe_shared_with_aux(), hybrid(with_cp(moe_plan(1, 1, 2, 2, 2, "selective"), 2)), ""},  // cp 2 × dp 2
+  };
+  std::map<std::string, RunResult> reference;
+  const double largest = check_cases(cases, steps, moe_plan(1, 1, 1, 0, 1), reference);
+  std::printf("moe hybrid sharding: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
 }
 
 TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan", "[run][moe]") {

@@ -62,6 +62,54 @@ TEST_CASE("expert groups regroup a stage's ranks as etp × ep × edp, etp innerm
   CHECK_THROWS_AS(RankGrid(2, 2, 1, "tp-dp-pp", 0, 1, 3, 1), InputError);
 }
 
+TEST_CASE("hybrid sharding cuts each edp group as it cuts dp (Megatron's partial expert dp groups)",
+          "[rank_grid][moe]") {
+  // tp 2, dp 8, ep 2, etp 1: 16 ranks, edp 8; 2 instances (dp blocks of 4) cut edp into blocks of
+  // 4 consecutive edp coordinates, the replicas the same place of each block.
+  RankGrid grid(2, 8, 1, "tp-dp-pp", 4, 1, 2, 1);
+  CHECK(grid.instances() == 2);
+  CHECK(grid.edp_shard_size() == 4);
+  CHECK(grid.group(GroupKind::edp, 0) == std::vector<int64_t>{0, 2, 4, 6, 8, 10, 12, 14});
+  CHECK(grid.group(GroupKind::edp_shard, 10) == std::vector<int64_t>{8, 10, 12, 14});
+  CHECK(grid.group(GroupKind::edp_replica, 10) == std::vector<int64_t>{2, 10});
+  CHECK(grid.all_groups(GroupKind::edp_shard).size() == 4);
+  CHECK(grid.expert_shards_within_instances());
+  // ep 4 over 8 ranks with 2 instances: edp 2 in blocks of one rank.
+  RankGrid one(1, 8, 1, "tp-dp-pp", 4, 1, 4, 1);
+  CHECK(one.edp_shard_size() == 1);
+  CHECK(one.group(GroupKind::edp_shard, 5) == std::vector<int64_t>{5});
+  CHECK(one.group(GroupKind::edp_replica, 5) == std::vector<int64_t>{1, 5});
+  // Without hybrid sharding edp_shard is edp, edp_replica the rank.
+  RankGrid plain(2, 4, 2, "tp-dp-pp", 0, 1, 2, 2);
+  for (int64_t r = 0; r < plain.world_size(); ++r) {
+    CHECK(plain.group(GroupKind::edp_shard, r) == plain.group(GroupKind::edp, r));
+    CHECK(plain.group(GroupKind::edp_replica, r) == std::vector<int64_t>{r});
+  }
+  // dp outside tp puts an instance's ranks across expert blocks (its tp ranks sit a dp apart).
+  CHECK_FALSE(RankGrid(2, 4, 1, "dp-tp-pp", 2, 1, 2, 1).expert_shards_within_instances());
+  CHECK(RankGrid(2, 4, 2, "tp-pp-dp", 2, 1, 2, 1).expert_shards_within_instances());
+  CHECK_THROWS_AS(RankGrid(1, 6, 1, "tp-dp-pp", 3, 1, 2, 1), InputError);  // 2 instances, edp 3
+}
+
+TEST_CASE("hybrid sharding with experts lowers the expert buckets over edp_shard and edp_replica", "[lower][moe]") {
+  // dp 4, 2 instances, 2 microbatches: ep 1 (edp_shard 2) reduce_scatters inside the block after
+  // each microbatch (ZeRO-2) and all_reduces the shard across once; ep 2 (edp_shard 1) only
+  // all_reduces across.
+  for (int ep : {1, 2}) {
+    Json p = moe_plan(1, 4, ep, 1);
+    p["zero_stage"] = 2;
+    p["num_distributed_optimizer_instances"] = 2;
+    ModelConfig model = tiny_moe();
+    Topology topo = test::test_topology();
+    StepProgram program = lower_program(model, topo, test::make_plan(p, model, topo));
+    INFO("ep " << ep);
+    CHECK(check_program(program).empty());
+    CHECK(count_ops(program, OpKind::reduce_scatter, OpName::grad_bucket, GroupKind::edp_shard) == (ep == 1 ? 2 : 0));
+    CHECK(count_ops(program, OpKind::all_reduce, OpName::replica_grads, GroupKind::edp_replica) == 1);
+    CHECK(count_ops(program, OpKind::reduce_scatter, OpName::grad_bucket, GroupKind::edp) == 0);
+  }
+}
+
 TEST_CASE("routing draws sum to the tokens, repeat with the seed and follow the skew", "[moe]") {
   MoePlan uniform;
   auto shares = routing_shares(uniform, 8);
@@ -138,7 +186,7 @@ TEST_CASE("routing histograms: the expert count and the total are checked", "[pl
   CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("'total_tokens' = 90") && Contains("differs"));
 }
 
-TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, recompute and both dispatchers",
+TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, hybrid sharding, recompute and both dispatchers",
           "[lower][moe]") {
   Topology topo = test::test_topology();
   for (const char* file : {"models/tiny-moe.json", "models/tiny-moe-shared.json"}) {
@@ -157,6 +205,8 @@ TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, reco
             j["recompute"] = index % 5 == 0 ? "full" : index % 5 == 1 ? "selective" : "none";
             if (index % 2) j["moe_expert_capacity_factor"] = 1.25;
             if (index % 7 == 0) j["overlap_grad_reduce"] = true;
+            // Hybrid sharding where 2 instances divide edp.
+            if (index % 4 > 0 && (tp * 4 / (ep * etp)) % 2 == 0 && index % 3 != 2) j["num_distributed_optimizer_instances"] = 2;
             Plan plan = test::make_plan(j, model, topo);
             StepProgram program = lower_program(model, topo, plan);
             INFO(file << " " << j.dump());
