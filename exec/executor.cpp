@@ -373,16 +373,6 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
            "runs FP8 experts with delayed scaling only (simulate, plan and memory take tensorwise)",
            "\"delayed\" (the default)");
   }
-  if (plan.tp_size * plan.cp_size > 1 && !moe.dropless()) {
-    // Megatron's capacity is of a rank's tokens (moe_utils.py get_capacity), which tp and cp split:
-    // no single rank drops the same copies, so no curve checks it.
-    const std::string split = plan.tp_size > 1 ? "tensor parallelism (tp_size " + std::to_string(plan.tp_size) + ")"
-                                               : "context parallelism (context_parallel_size " +
-                                                     std::to_string(plan.cp_size) + ")";
-    refuse(plan.file, "moe_expert_capacity_factor", std::to_string(moe.capacity_factor),
-           "drops at the capacity of a rank's tokens, which " + split + " splits",
-           "no capacity factor (dropless), or tp_size and context_parallel_size 1");
-  }
 }
 
 void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology) {

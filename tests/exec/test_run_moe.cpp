@@ -29,7 +29,7 @@ std::vector<int64_t> dropped(const RunResult& r) {
   return r.measurement.at("moe_dropped_tokens").get<std::vector<int64_t>>();
 }
 
-// Without a capacity (tp and cp > 1 take none): dispatch buffers for any routing, which the real
+// Dropless: dispatch buffers for any routing, which the real
 // routing cannot overflow (the draws' heaviest load it can, by a row on these models).
 Json dropless(Json p) {
   p.erase("moe_expert_capacity_factor");
@@ -199,6 +199,44 @@ TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan",
   for (int64_t d : one) std::printf(" %lld", (long long)d);
   std::printf("\n");
   for (int64_t d : one) CHECK(d > 0);  // a capacity of 1.0 drops some copies of a real routing
+}
+
+TEST_CASE("run: MoE with a capacity factor under tp or cp drops alike on every plan that splits the tokens alike",
+          "[run][moe]") {
+  // Megatron's capacity is of a rank's own tokens, which sequence parallelism (tp) and cp split:
+  // no single rank drops those copies, so each split's plans are checked against its ep 1 plan.
+  const int steps = 3;
+  auto capacity = [](Json p) {
+    p["moe_expert_capacity_factor"] = 1.0;
+    p.erase("moe_dropless_buffers");
+    return p;
+  };
+  auto cp2 = [&](Json p) { return capacity(with_cp(p, 2)); };
+  const Json tp_reference = capacity(moe_plan(2, 1, 1, 0, 1));
+  std::vector<Case> tp_cases = {
+      {"tiny-moe", capacity(moe_plan(2, 1, 1, 0, 2)), ""},                           // ep 2 over the tp ranks
+      {"tiny-moe", capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2)), ""},              // etp 2
+      {"tiny-moe", allgather(capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},   // etp 2, allgather
+      {"tiny-moe", capacity(moe_plan(2, 2, 1, 0, 2, "full")), ""},                   // pp 2, full recompute
+      {"tiny-moe", capacity(moe_plan(2, 1, 2, 1, 2)), "--collectives mpi"},          // dp 2, ZeRO-1
+  };
+  std::map<std::string, RunResult> tp_reference_run;
+  check_cases(tp_cases, steps, tp_reference, tp_reference_run);
+  const Json cp_reference = cp2(moe_plan(1, 1, 1, 0, 1));
+  std::vector<Case> cp_cases = {
+      {"tiny-moe", cp2(moe_plan(1, 1, 1, 0, 2)), ""},
+      {"tiny-moe", allgather(cp2(moe_plan(1, 1, 1, 0, 2))), ""},
+      {"tiny-moe", cp2(moe_plan(1, 1, 2, 1, 4)), ""},  // ep 4 over cp × dp
+  };
+  std::map<std::string, RunResult> cp_reference_run;
+  check_cases(cp_cases, steps, cp_reference, cp_reference_run);
+  // Each rank drops at its own tokens' capacity: other copies than one rank of the whole sequence.
+  RunResult single = run_plan("tiny-moe", capacity(moe_plan(1, 1, 1, 0, 1)), steps);
+  REQUIRE(single.exit_code == 0);
+  for (const auto* run : {&tp_reference_run.at("tiny-moe"), &cp_reference_run.at("tiny-moe")}) {
+    for (int64_t d : dropped(*run)) CHECK(d > 0);
+    CHECK(dropped(*run) != dropped(single));
+  }
 }
 
 TEST_CASE("run: dropless buffers the real routing overflows stop naming the keys and any_routing runs it",
