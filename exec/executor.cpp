@@ -121,6 +121,11 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
       output.moe_dropped_tokens.push_back(int64_t(control.sum(double(interpreter.moe_dropped_tokens()), after)));
     }
     output.step_times_s.push_back(step_time);
+    // Every rank clips with the same all-reduced norm; the spread says whether they agreed.
+    const double norm_max = control.max(interpreter.last_grad_norm(), after),
+                 norm_min = -control.max(-interpreter.last_grad_norm(), after);
+    output.grad_norms.push_back(norm_max);
+    if (norm_max > 0) output.grad_norm_rank_spread = std::max(output.grad_norm_rank_spread, (norm_max - norm_min) / norm_max);
     if (rank == 0 && !options.quiet) {
       std::cout << "step " << first_step + k + 1 << "/" << options.steps << "  loss " << loss << "  step time "
                 << step_time << " s  grad norm " << interpreter.last_grad_norm()
@@ -245,6 +250,10 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
   // Token copies the expert capacity dropped in each step, summed over the ranks (MoE with a
   // moe_expert_capacity_factor; 0 when dropless).
   if (program.moe.num_experts > 0) r.extra["moe_dropped_tokens"] = output.moe_dropped_tokens;
+  if (!output.grad_norms.empty()) {
+    r.extra["grad_norms"] = output.grad_norms;
+    r.extra["grad_norm_rank_spread"] = output.grad_norm_rank_spread;
+  }
   return output;
 }
 
@@ -353,14 +362,6 @@ void check_executor_moe(const ModelConfig& model, const Plan& plan) {
                     const std::string& valid) {
     throw_input_error(file, key, value, "the executor's mixture of experts " + why, valid);
   };
-  if (moe.etp_size > 1 && plan.tp_size % moe.etp_size != 0) {
-    // An etp group within a tp group: the ZeRO-0 gradient norm sums the model group, which then
-    // holds every etp slice of its experts.
-    refuse(plan.file, "expert_tensor_parallel_size", std::to_string(moe.etp_size),
-           "splits experts over ranks of one tensor-parallel group only (tp_size " + std::to_string(plan.tp_size) +
-               ")",
-           "a divisor of tp_size (the default is tp_size)");
-  }
   if (moe.pad_to_capacity) {
     refuse(plan.file, "moe_pad_expert_input_to_capacity", "true",
            "computes the copies the routing keeps; padding each expert's input to its capacity is simulated only",

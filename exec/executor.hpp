@@ -47,6 +47,8 @@ struct RunOutput {
   int64_t first_step = 0;                // index of the first step run (0, or the resumed step)
   std::vector<double> step_times_s;      // every step, slowest rank
   std::vector<int64_t> moe_dropped_tokens;  // MoE: token copies capacity dropped, per step, all ranks
+  std::vector<double> grad_norms;        // the gradient norm each step clipped with, largest over ranks
+  double grad_norm_rank_spread = 0;      // the largest (max − min) / max over ranks of a step's norm
   StepResult result;                     // filled on rank 0
   double measured_peak_bytes = 0;        // this rank
   double heap_growth_after_first_step_bytes = 0;  // this rank: malloc'd bytes outside the arena

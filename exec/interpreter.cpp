@@ -97,17 +97,25 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
   trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
 }
 
-// ZeRO-0 with experts: the norm is summed over the model group, then over ep (lower_grads.cpp),
-// so rank x's share arrives mult(x) times (the ep members whose model group holds x), and a
-// tensor is held by several of the ranks summed: dense ones by the dp × cp replicas (cp ranks
-// hold the same dense weights), replicated ones
-// (norms, router) by a stage's tp ranks too, experts by their edp group. Each is counted by the
-// lowest such rank, scaled by 1/mult.
+// ZeRO-0 with experts: the norm is summed by the program's grad_norm all_reduces in turn (over
+// the model group, then ep, and etp where it reaches past tp: lower_grads.cpp), so rank x's share
+// arrives mult(x) times (the paths back through those groups), and a tensor is held by several
+// of the ranks summed: dense ones by the dp × cp replicas (cp ranks hold the same dense weights),
+// replicated ones (norms, router) by a stage's tp ranks too, experts by their edp group. Each is
+// counted by the lowest such rank, scaled by 1/mult.
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_norm_shares() {
-  std::map<int64_t, int64_t> mult;
-  for (int64_t p : grid_.group(GroupKind::ep, rank_)) {
-    for (int64_t x : grid_.group(GroupKind::model, p)) ++mult[x];
+  std::vector<GroupKind> sums;
+  for (const Op& op : role_.ops) {
+    if (op.name == OpName::grad_norm && op.kind == OpKind::all_reduce) sums.push_back(op.group);
+  }
+  std::map<int64_t, int64_t> mult{{rank_, 1}};
+  for (auto kind = sums.rbegin(); kind != sums.rend(); ++kind) {
+    std::map<int64_t, int64_t> before;
+    for (const auto& [y, paths] : mult) {
+      for (int64_t x : grid_.group(*kind, y)) before[x] += paths;
+    }
+    mult = std::move(before);
   }
   norm_weight_ = 1.0 / double(mult.at(rank_));
   auto lowest = [&](const std::vector<int64_t>& holders) {

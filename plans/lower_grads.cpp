@@ -156,11 +156,16 @@ void RoleLowering::emit_optimizer() {
   e_.collective(at, OpKind::all_reduce, norm_group, Stream::compute, OpName::grad_norm,
                 dtype_bytes(c_.wide), norm_out, norm_out);
   // Expert gradients differ over ep as well (ZeRO-0: the model group holds one ep rank's experts):
-  // their part of the norm is summed over ep too. (The cost of one scalar; the executor's exact
-  // split of the norm into dense and expert parts is not lowered yet.)
+  // their part of the norm is summed over ep too, and over etp where an etp group reaches past the
+  // tp group (the other slices of its experts sit on other dp or cp ranks). The executor counts
+  // each tensor once over the ranks these sums reach (interpreter.cpp, moe_norm_shares).
   if (c_.model.is_moe() && plan_.zero_stage == 0) {
     e_.collective(at, OpKind::all_reduce, GroupKind::ep, Stream::compute, OpName::grad_norm, dtype_bytes(c_.wide),
                   norm_out, norm_out);
+    if (!c_.grid.etp_within_model_groups()) {
+      e_.collective(at, OpKind::all_reduce, GroupKind::etp, Stream::compute, OpName::grad_norm, dtype_bytes(c_.wide),
+                    norm_out, norm_out);
+    }
   }
   std::vector<BufferName> inputs = grads;
   inputs.insert(inputs.end(), states.begin(), states.end());

@@ -268,6 +268,17 @@ bool RankGrid::expert_shards_within_instances() const {
   return true;
 }
 
+bool RankGrid::etp_within_model_groups() const {
+  for (int64_t r = 0; r < world_size(); ++r) {
+    const RankCoord c = coord(r);
+    for (int64_t s : group(GroupKind::etp, r)) {
+      const RankCoord o = coord(s);
+      if (o.dp != c.dp || o.cp != c.cp) return false;  // (an etp group lies in one stage)
+    }
+  }
+  return true;
+}
+
 int64_t RankGrid::dp_cp_index(int64_t r) const {
   RankCoord c = coord(r);
   return c.cp + cp_size_ * c.dp;

@@ -96,6 +96,9 @@ class RankGrid {
   // ranks of a stage are one block of edp_shard groups (so the instance's gradient norm counts each
   // expert element once). True for Megatron's orders (tp, then cp, innermost of dp).
   bool expert_shards_within_instances() const;
+  // Whether every etp group lies inside its rank's model group (tp × pp): etp dividing tp under
+  // Megatron's orders. Else an expert's slices sit on other dp or cp ranks too.
+  bool etp_within_model_groups() const;
 
  private:
   int64_t at_dp_cp(RankCoord c, int64_t index) const;  // c with its dp and cp set from a dp_cp index

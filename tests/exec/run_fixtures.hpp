@@ -45,6 +45,22 @@ inline std::vector<double> losses(const RunResult& r) {
   return r.measurement.at("losses").get<std::vector<double>>();
 }
 
+// The gradient norm each step clipped with. Every rank clips with the same all-reduced norm:
+// their spread is checked here (fp64 plans: rounding only).
+inline std::vector<double> grad_norms(const RunResult& r) {
+  CHECK(r.measurement.at("grad_norm_rank_spread").get<double>() < 1e-12);
+  return r.measurement.at("grad_norms").get<std::vector<double>>();
+}
+
+// A run's curve: its losses, then its gradient norms. AdamW barely moves with the clipping
+// coefficient, so a wrong norm hardly shows in the losses (a norm 3e-4 off moved them by 2e-10);
+// comparing the norms too checks that every plan sums the same gradient.
+inline std::vector<double> curve(const RunResult& r) {
+  std::vector<double> c = losses(r), n = grad_norms(r);
+  c.insert(c.end(), n.begin(), n.end());
+  return c;
+}
+
 inline double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   REQUIRE(a.size() == b.size());
   double worst = 0;

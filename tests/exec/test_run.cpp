@@ -23,7 +23,7 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
     RunResult single = run_plan(model, plan(1, 1, 1, 0, "1f1b", "none", false, false, 2, false), steps);
     INFO(single.output);
     REQUIRE(single.exit_code == 0);
-    reference[model] = losses(single);
+    reference[model] = curve(single);
   }
   // A pairwise-covering set over tp, pp, dp ∈ {1, 2}, ZeRO 0–3, the schedules, the recompute
   // modes, sequence parallelism, attention kernels and the overlap switches.
@@ -61,7 +61,7 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
     RunResult r = run_plan(c.model, c.plan, steps);
     INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
-    double d = max_relative_difference(losses(r), reference[c.model]);
+    double d = max_relative_difference(curve(r), reference[c.model]);
     std::printf("cross-plan %-9s %s: max relative loss difference %.3g\n", c.model,
                 c.plan.dump().c_str(), d);
     largest = std::max(largest, d);
@@ -104,7 +104,7 @@ TEST_CASE("run: the blocking interleaved schedule (Megatron's rounds) gives the 
     RunResult r = run_plan(model_file, p, steps);
     INFO(p.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
-    double d = max_relative_difference(losses(r), losses(single));
+    double d = max_relative_difference(curve(r), curve(single));
     std::printf("pp 3 %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
     CHECK(d < 1e-9);
   }
@@ -126,7 +126,7 @@ TEST_CASE("run: hybrid sharding (shards in groups of 2, replicas across them) gi
     INFO(p.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
     check_measured_memory("hybrid ZeRO-" + std::to_string(zero), r, zero < 3);
-    double d = max_relative_difference(losses(r), losses(single));
+    double d = max_relative_difference(curve(r), curve(single));
     std::printf("hybrid sharding %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
     largest = std::max(largest, d);
     CHECK(d < 1e-9);
@@ -140,7 +140,7 @@ TEST_CASE("run: MPI's own collectives give the same curve as the program's algor
   INFO(theirs.output);
   REQUIRE(ours.exit_code == 0);
   REQUIRE(theirs.exit_code == 0);
-  CHECK(max_relative_difference(losses(theirs), losses(ours)) < 1e-9);
+  CHECK(max_relative_difference(curve(theirs), curve(ours)) < 1e-9);
   CHECK(theirs.measurement.at("collectives") == "mpi");
   CHECK(theirs.measurement.at("collective_algorithms_used").contains("mpi"));
 }
@@ -161,7 +161,7 @@ TEST_CASE("run: dropout masks depend on global coordinates only", "[run]") {
   RunResult a = run_plan("tiny-gpt", one, 5), b = run_plan("tiny-gpt", many, 5);
   REQUIRE(a.exit_code == 0);
   REQUIRE(b.exit_code == 0);
-  CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
+  CHECK(max_relative_difference(curve(b), curve(a)) < 1e-9);
 }
 
 TEST_CASE("run: the loss falls on the shipped corpus", "[run]") {

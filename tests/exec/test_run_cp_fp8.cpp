@@ -47,14 +47,14 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
   for (const char* model : {"tiny", "tiny-gpt"}) {
     RunResult single = run_plan(model, plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
     REQUIRE(single.exit_code == 0);
-    reference[model] = losses(single);
+    reference[model] = curve(single);
   }
   double largest = 0;
   for (const Case& c : cases) {
     RunResult r = run_plan(c.model, c.plan, steps);
     INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
-    double d = max_relative_difference(losses(r), reference[c.model]);
+    double d = max_relative_difference(curve(r), reference[c.model]);
     std::printf("context parallel %-9s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
     largest = std::max(largest, d);
     CHECK(d < 1e-9);
@@ -73,9 +73,9 @@ TEST_CASE("run: context-parallel plans give the single-rank loss curve (fp64), w
   REQUIRE(b.exit_code == 0);
   REQUIRE(c.exit_code == 0);
   REQUIRE(u.exit_code == 0);
-  CHECK(max_relative_difference(losses(b), losses(a)) < 1e-9);
-  CHECK(max_relative_difference(losses(c), losses(a)) < 1e-9);
-  CHECK(max_relative_difference(losses(u), losses(a)) < 1e-9);
+  CHECK(max_relative_difference(curve(b), curve(a)) < 1e-9);
+  CHECK(max_relative_difference(curve(c), curve(a)) < 1e-9);
+  CHECK(max_relative_difference(curve(u), curve(a)) < 1e-9);
 }
 
 TEST_CASE("run: a context-parallel run resumed from a checkpoint continues the uninterrupted one", "[run][checkpoint]") {
@@ -141,10 +141,10 @@ TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve 
     RunResult single = run_plan(c.model, one, steps);
     INFO(single.output);
     REQUIRE(single.exit_code == 0);
-    reference[key] = losses(single);
+    reference[key] = curve(single);
     RunResult plain = run_plan(c.model, plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false), steps);
     REQUIRE(plain.exit_code == 0);
-    double d = max_relative_difference(reference[key], losses(plain));
+    double d = max_relative_difference(losses(single), losses(plain));
     std::printf("fp8 %-8s %-6s against no FP8: max relative loss difference %.3g\n", c.model,
                 c.plan.at("fp8").get<std::string>().c_str(), d);
     CHECK(d > 0);     // the rounding is there
@@ -155,7 +155,7 @@ TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve 
     INFO(c.model << " " << c.plan.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
     double d =
-        max_relative_difference(losses(r), reference[std::string(c.model) + c.plan.at("fp8").get<std::string>()]);
+        max_relative_difference(curve(r), reference[std::string(c.model) + c.plan.at("fp8").get<std::string>()]);
     std::printf("fp8 %-8s %s: max relative loss difference %.3g\n", c.model, c.plan.dump().c_str(), d);
     CHECK(d < 1e-9);
     check_measured_memory(std::string("fp8 ") + c.plan.dump(), r, true, 64 * 1024);
@@ -189,7 +189,7 @@ TEST_CASE("run: FP8 current scaling: exact across dp and pp, near across tp and 
     RunResult r = run_plan("tiny", p, steps);
     INFO(p.dump() << "\n" << r.output);
     REQUIRE(r.exit_code == 0);
-    const double d = max_relative_difference(losses(r), losses(single));
+    const double d = max_relative_difference(curve(r), curve(single));
     std::printf("fp8 tensorwise %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
     CHECK(d < 1e-9);
     check_measured_memory(std::string("fp8 tensorwise ") + p.dump(), r, true, 64 * 1024);
