@@ -357,22 +357,13 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
 
 void check_executor_moe(const ModelConfig& model, const Plan& plan) {
   if (!model.is_moe()) return;
-  const MoePlan& moe = plan.moe;
-  auto refuse = [&](const std::string& file, const std::string& key, const std::string& value, const std::string& why,
-                    const std::string& valid) {
-    throw_input_error(file, key, value, "the executor's mixture of experts " + why, valid);
-  };
-  if (moe.pad_to_capacity) {
-    refuse(plan.file, "moe_pad_expert_input_to_capacity", "true",
-           "computes the copies the routing keeps; padding each expert's input to its capacity is simulated only",
-           "false (the default)");
-  }
   if (plan.fp8.enabled() && !plan.fp8.delayed()) {
     // The routed experts share their layer's MLP scale slots: one tensorwise scale would need the
     // amax over every local expert's tensor before any cast.
-    refuse(plan.file, "fp8_recipe", "\"tensorwise\"",
-           "runs FP8 experts with delayed scaling only (simulate, plan and memory take tensorwise)",
-           "\"delayed\" (the default)");
+    throw_input_error(plan.file, "fp8_recipe", "\"tensorwise\"",
+                      "the executor's mixture of experts runs FP8 experts with delayed scaling only (simulate, "
+                      "plan and memory take tensorwise)",
+                      "\"delayed\" (the default)");
   }
 }
 

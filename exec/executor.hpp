@@ -59,9 +59,8 @@ struct RunOutput {
 // 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
 // gradients, a topology that is not a host. The command line calls it before run_program.
 void check_cpu_backend(const Plan& plan, const Topology& topology);
-// The same for a mixture of experts, on either backend (the interpreter's MoE ops): expert tensor
-// parallelism inside a tp group only, FP8 experts with delayed scaling only, and with tp or cp > 1
-// no capacity (Megatron's counts a rank's tokens, which they split). Nothing for a dense model.
+// The same for a mixture of experts, on either backend (the interpreter's MoE ops): FP8 experts
+// with delayed scaling only. Nothing for a dense model.
 void check_executor_moe(const ModelConfig& model, const Plan& plan);
 // FP8 experts on the CPU backend need a device reading FP8 natively (no transposed copies).
 void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology);

@@ -208,6 +208,7 @@ class Interpreter {
   // copy into moe_rows_ (−1: dropped).
   void moe_read_counts(const Op& op);
   void moe_map_rows(const Op& op);
+  void moe_zero_padding(const Op& op, const std::string& rows);
   // The allgather dispatcher's: route_idx is the expert block's [etp·ep·T, k]; every gathered
   // rank's counts are taken from it, and only this rank's experts' copies get rows (by source rank,
   // then local expert, in token order), the others −1. Returns the rows.

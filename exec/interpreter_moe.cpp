@@ -69,9 +69,13 @@ int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op& op) {
   moe_idx_.resize(size_t(tokens * k));
   backend_.download(moe_idx_.data(), arena_.buffer(in(op, "route_idx"), op.id), tokens * k * int64_t(sizeof(int32_t)));
   moe_counts_.assign(size_t(sources * E), 0);
-  for (int64_t i = 0; i < tokens * k; ++i) {
-    const int32_t e = moe_idx_[size_t(i)];
-    if (e >= 0) ++moe_counts_[size_t(i / copies * E + e)];
+  if (p_.moe.pad_to_capacity) {  // every source's capacity for each expert (as moe_route pads its own)
+    moe_counts_.assign(size_t(sources * E), int32_t(expert_capacity(copies, E, p_.moe.capacity_factor)));
+  } else {
+    for (int64_t i = 0; i < tokens * k; ++i) {
+      const int32_t e = moe_idx_[size_t(i)];
+      if (e >= 0) ++moe_counts_[size_t(i / copies * E + e)];
+    }
   }
   moe_cursor_.assign(size_t(sources * moe_local_), 0);
   int64_t rows = 0;
@@ -120,6 +124,14 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
       for (int64_t e = 0; e < E; ++e) kept += moe_counts_[size_t(moe_row_ * E + e)];
       moe_dropped_ += tokens * k - kept;
     }
+    if (p_.moe.pad_to_capacity) {
+      // Every expert's input padded to its capacity (Megatron's moe_pad_expert_input_to_capacity):
+      // the counts say `capacity` rows each, which the permutation fills past the kept copies with
+      // zero rows. Their outputs are never gathered back and their gradients are zero, so the
+      // experts compute the padded rows as Megatron does and the curve is the unpadded one.
+      const std::vector<int32_t> padded(static_cast<size_t>(E), static_cast<int32_t>(capacity));
+      backend_.upload(counts, padded.data(), E * int64_t(sizeof(int32_t)));
+    }
     return;
   }
   if (op.name == OpName::moe_route) {  // [probs, route_idx, d_route_w(, routed)] → [d_logits]
@@ -145,6 +157,7 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
   if (op.name == OpName::moe_permute) {  // [x, route_idx, counts] → [y]; backward [d_y, …] → [d_x]
     const std::string& x = in(op, backward ? "d_y" : "x");
     const std::string& y = out(op, backward ? "d_x" : "y");
+    if (!backward) moe_zero_padding(op, y);
     backend_.moe_permute(buf(x, op), buf(y, op), moe_rows_.data(), tokens, k, h_, backward);
     return;
   }
@@ -153,10 +166,18 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     backend_.moe_unpermute_forward(buf(in(op, "x"), op), buf(in(op, "route_w"), op), moe_rows_.data(),
                                    buf(out(op, "y"), op), tokens, k, h_);
   } else {  // [d_y, x, route_w, route_idx, counts] → [d_x, d_route_w]
+    moe_zero_padding(op, out(op, "d_x"));
     backend_.moe_unpermute_backward(buf(in(op, "d_y"), op), buf(in(op, "x"), op), buf(in(op, "route_w"), op),
                                     moe_rows_.data(), buf(out(op, "d_x"), op), buf(out(op, "d_route_w"), op), tokens,
                                     k, h_);
   }
+}
+
+// Padded to capacity: the rows the permutation (forward) or the un-permutation's backward leaves
+// unwritten are zero (the experts compute them; their gradients must add nothing).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_zero_padding(const Op& op, const std::string& rows) {
+  if (p_.moe.pad_to_capacity) backend_.zero(buf(rows, op), count(rows, op) * element_bytes(rows, op));
 }
 
 // The copies routed to each expert over the whole sequence (an op's `routed`, which

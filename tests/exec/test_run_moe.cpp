@@ -56,6 +56,13 @@ Json allgather(Json p) {
   return p;
 }
 
+// Every expert's input padded to its capacity (Megatron's moe_pad_expert_input_to_capacity): the
+// experts compute zero rows past the kept copies, which change nothing.
+Json padded(Json p) {
+  p["moe_pad_expert_input_to_capacity"] = true;
+  return p;
+}
+
 // tiny-moe-shared (shared experts, a dense first layer) with tiny-moe's aux loss.
 std::string tiny_moe_shared_with_aux() {
   Json model = load_json_file(source_path("models/tiny-moe-shared.json"));
@@ -197,6 +204,12 @@ TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan",
   std::vector<Case> cases = {
       {"tiny-moe", capacity(moe_plan(1, 1, 2, 1, 2)), "--collectives mpi"},  // ep 2, ZeRO-1, MPI_Alltoallv
       {"tiny-moe", allgather(capacity(moe_plan(1, 1, 2, 0, 2))), ""},         // the allgather dispatcher
+      // Padded to capacity: both dispatchers, with biases (the zero rows get the bias, and no
+      // gradient), the one-rank plan.
+      {"tiny-moe", padded(capacity(moe_plan(1, 1, 2, 1, 2))), ""},
+      {"tiny-moe", padded(allgather(capacity(moe_plan(1, 1, 2, 0, 2)))), ""},
+      {with_biases("tiny-moe"), padded(capacity(moe_plan(1, 1, 2, 0, 2, "full"))), ""},
+      {"tiny-moe", padded(capacity(moe_plan(1, 1, 1, 0, 1))), ""},
   };
   std::map<std::string, RunResult> reference;
   check_cases(cases, steps, capacity(moe_plan(1, 1, 1, 0, 1)), reference);
@@ -223,6 +236,7 @@ TEST_CASE("run: MoE with a capacity factor under tp or cp drops alike on every p
       {"tiny-moe", capacity(moe_plan(2, 1, 1, 0, 2)), ""},                           // ep 2 over the tp ranks
       {"tiny-moe", capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2)), ""},              // etp 2
       {"tiny-moe", allgather(capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},   // etp 2, allgather
+      {"tiny-moe", padded(capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},      // etp 2, padded
       {"tiny-moe", capacity(moe_plan(2, 2, 1, 0, 2, "full")), ""},                   // pp 2, full recompute
       {"tiny-moe", capacity(moe_plan(2, 1, 2, 1, 2)), "--collectives mpi"},          // dp 2, ZeRO-1
   };
