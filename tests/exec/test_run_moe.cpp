@@ -195,6 +195,17 @@ TEST_CASE("run: MoE under hybrid sharding gives the single-rank curve (fp64) wit
   std::printf("moe hybrid sharding: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
 }
 
+TEST_CASE("run: a hybrid-sharded MoE run resumed from a checkpoint continues the uninterrupted one", "[run][moe][checkpoint]") {
+  // ZeRO-3 with one-rank expert shard groups (edp 2 in 2 instances): each rank's expert state
+  // whole, its dense state a half; the resumed steps equal the uninterrupted ones bit for bit.
+  Json p = moe_plan(1, 1, 4, 3, 2);
+  p["num_distributed_optimizer_instances"] = 2;
+  p["name"] = "moe-hybrid-resume";
+  const WholeAndResumed runs = whole_and_resumed("tiny-moe", p, 5, 3, fresh_dir("run-moe-hybrid-resume"));
+  CHECK(runs.resumed[0] == runs.whole[3]);
+  CHECK(runs.resumed[1] == runs.whole[4]);
+}
+
 TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan", "[run][moe]") {
   const int steps = 3;
   auto capacity = [](Json p) {
