@@ -125,7 +125,9 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
     const double norm_max = control.max(interpreter.last_grad_norm(), after),
                  norm_min = -control.max(-interpreter.last_grad_norm(), after);
     output.grad_norms.push_back(norm_max);
-    if (norm_max > 0) output.grad_norm_rank_spread = std::max(output.grad_norm_rank_spread, (norm_max - norm_min) / norm_max);
+    if (norm_max > 0) {
+      output.grad_norm_rank_spread = std::max(output.grad_norm_rank_spread, (norm_max - norm_min) / norm_max);
+    }
     if (rank == 0 && !options.quiet) {
       std::cout << "step " << first_step + k + 1 << "/" << options.steps << "  loss " << loss << "  step time "
                 << step_time << " s  grad norm " << interpreter.last_grad_norm()

@@ -3,7 +3,8 @@
 // rank's fp64 loss curve (routing is a function of the weights, so exactly), with etp = tp and the
 // aux loss under tp and cp too, both dispatchers, expert and router biases, hybrid sharding;
 // capacity-dropped copies are counted alike; the variable all_to_all runs pairwise and as
-// MPI_Alltoallv; measured memory within 2% of the program's. (What it refuses: tests/cli/bad_inputs.json, "MoE run: ...".)
+// MPI_Alltoallv; measured memory within 2% of the program's. (What it refuses:
+// tests/cli/bad_inputs.json, "MoE run: ...".)
 #include "run_fixtures.hpp"
 
 using namespace stepcast;
@@ -195,7 +196,8 @@ TEST_CASE("run: MoE under hybrid sharding gives the single-rank curve (fp64) wit
   std::printf("moe hybrid sharding: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
 }
 
-TEST_CASE("run: a hybrid-sharded MoE run resumed from a checkpoint continues the uninterrupted one", "[run][moe][checkpoint]") {
+TEST_CASE("run: a hybrid-sharded MoE run resumed from a checkpoint continues the uninterrupted one",
+          "[run][moe][checkpoint]") {
   // ZeRO-3 with one-rank expert shard groups (edp 2 in 2 instances): each rank's expert state
   // whole, its dense state a half; the resumed steps equal the uninterrupted ones bit for bit.
   Json p = moe_plan(1, 1, 4, 3, 2);

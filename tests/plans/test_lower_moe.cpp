@@ -186,7 +186,7 @@ TEST_CASE("routing histograms: the expert count and the total are checked", "[pl
   CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("'total_tokens' = 90") && Contains("differs"));
 }
 
-TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, hybrid sharding, recompute and both dispatchers",
+TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, hybrid sharding, recompute, both dispatchers",
           "[lower][moe]") {
   Topology topo = test::test_topology();
   for (const char* file : {"models/tiny-moe.json", "models/tiny-moe-shared.json"}) {
@@ -206,7 +206,9 @@ TEST_CASE("MoE programs pass check_program under ep, etp, tp, pp, dp, ZeRO, hybr
             if (index % 2) j["moe_expert_capacity_factor"] = 1.25;
             if (index % 7 == 0) j["overlap_grad_reduce"] = true;
             // Hybrid sharding where 2 instances divide edp.
-            if (index % 4 > 0 && (tp * 4 / (ep * etp)) % 2 == 0 && index % 3 != 2) j["num_distributed_optimizer_instances"] = 2;
+            if (index % 4 > 0 && (tp * 4 / (ep * etp)) % 2 == 0 && index % 3 != 2) {
+              j["num_distributed_optimizer_instances"] = 2;
+            }
             Plan plan = test::make_plan(j, model, topo);
             StepProgram program = lower_program(model, topo, plan);
             INFO(file << " " << j.dump());
