@@ -223,7 +223,7 @@ class Backend {
   // route_idx and counts are backend memory. A backend without them refuses MoE programs.
   virtual void moe_route_forward(const T* /*logits*/, T* /*probs*/, T* /*route_w*/, int32_t* /*route_idx*/,
                                  int32_t* /*counts*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
-                                 int64_t /*capacity*/) {
+                                 int64_t /*capacity*/, bool /*normalize*/) {
     no_moe();
   }
   // `chosen` (host, [experts]): the copies routed to each expert over the whole sequence where
@@ -235,7 +235,7 @@ class Backend {
   }
   virtual void moe_route_backward(const T* /*probs*/, const int32_t* /*route_idx*/, const T* /*d_route_w*/,
                                   T* /*d_logits*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
-                                  double /*aux_scale*/, const double* /*chosen*/) {
+                                  double /*aux_scale*/, const double* /*chosen*/, bool /*normalize*/) {
     no_moe();
   }
   virtual void moe_permute(const T* /*x*/, T* /*y*/, const int64_t* /*rows*/, int64_t /*tokens*/, int64_t /*top_k*/,

@@ -318,18 +318,22 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
 // probability (ties to the lower id) with their probabilities as weights route_w [tokens, top_k];
 // route_idx the expert, or −1 − expert for a copy dropped because the expert already kept
 // `capacity` copies in token order (capacity 0: none dropped); counts[experts] the copies kept.
+// `normalize` (the model's norm_topk_prob): each token's k weights divided by their sum (dropped
+// copies' included), the softmax over the chosen experts only.
 template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                       int64_t experts, int64_t top_k, int64_t capacity);
+                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize = false);
 // The load-balancing loss scale · Σ_e (Σ_t probs[t, e]) · C_e, C_e the copies routed to e
 // (dropped included): chosen[e] where given (the whole sequence's), else counted in route_idx.
 template <class T>
 double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
                     double scale, const double* chosen = nullptr);
-// d_logits (overwritten) from the weights' gradient d_route_w and the loss above's (aux_scale).
+// d_logits (overwritten) from the weights' gradient d_route_w and the loss above's (aux_scale);
+// `normalize` as the forward's (w_j = p_j / S: dp_j = (d_w_j − Σ_i d_w_i · w_i) / S).
 template <class T>
 void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                        int64_t experts, int64_t top_k, double aux_scale, const double* chosen = nullptr);
+                        int64_t experts, int64_t top_k, double aux_scale, const double* chosen = nullptr,
+                        bool normalize = false);
 // Row moves: rows[t·top_k + j] is the permuted row of copy j of token t (−1: dropped). Forward
 // y[rows] = x[t]; backward d_x[t] = Σ_j d_y[rows] (overwritten).
 template <class T>

@@ -15,7 +15,7 @@ namespace stepcast::cpu {
 
 template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                       int64_t experts, int64_t top_k, int64_t capacity) {
+                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize) {
   std::fill(counts, counts + experts, 0);
   for (int64_t t = 0; t < tokens; ++t) {
     const T* l = logits + t * experts;
@@ -41,10 +41,18 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
       if (kept) ++counts[best];
       route_idx[t * top_k + j] = kept ? int32_t(best) : int32_t(-1 - best);
     }
+    if (normalize) {
+      double chosen = 0;
+      for (int64_t j = 0; j < top_k; ++j) chosen += double(route_w[t * top_k + j]);
+      for (int64_t j = 0; j < top_k; ++j) route_w[t * top_k + j] = T(double(route_w[t * top_k + j]) / chosen);
+    }
   }
 }
 
 namespace {
+
+// The expert of a route entry, kept (e) or dropped (−1 − e).
+int64_t expert_of(int32_t r) { return r >= 0 ? r : -1 - r; }
 
 // Copies routed to each expert: `given` where the caller has them, else route_idx's.
 std::vector<double> chosen_copies(const int32_t* route_idx, int64_t copies, int64_t experts, const double* given) {
@@ -69,17 +77,25 @@ double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, in
 
 template <class T>
 void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                        int64_t experts, int64_t top_k, double aux_scale, const double* given) {
+                        int64_t experts, int64_t top_k, double aux_scale, const double* given, bool normalize) {
   // d aux / d p[t, e] = aux_scale · (copies routed to e, dropped ones too); then the softmax's
-  // backward d_logits = p ∘ (dp − Σ p·dp).
+  // backward d_logits = p ∘ (dp − Σ p·dp). Normalized weights w_j = p_j / S (S the chosen
+  // probabilities' sum) pass d_w_j on as (d_w_j − Σ_i d_w_i · w_i) / S.
   const std::vector<double> chosen = chosen_copies(route_idx, tokens * top_k, experts, given);
   std::vector<double> dp(size_t(experts), 0.0);
   for (int64_t t = 0; t < tokens; ++t) {
     const T* p = probs + t * experts;
     for (int64_t e = 0; e < experts; ++e) dp[size_t(e)] = aux_scale * chosen[size_t(e)];
+    double sum = 1, mean = 0;  // S, and Σ_i d_w_i · w_i
+    if (normalize) {
+      sum = 0;
+      for (int64_t j = 0; j < top_k; ++j) sum += double(p[expert_of(route_idx[t * top_k + j])]);
+      for (int64_t j = 0; j < top_k; ++j) {
+        mean += double(d_route_w[t * top_k + j]) * double(p[expert_of(route_idx[t * top_k + j])]) / sum;
+      }
+    }
     for (int64_t j = 0; j < top_k; ++j) {
-      int32_t r = route_idx[t * top_k + j];
-      dp[size_t(r >= 0 ? r : -1 - r)] += double(d_route_w[t * top_k + j]);
+      dp[size_t(expert_of(route_idx[t * top_k + j]))] += (double(d_route_w[t * top_k + j]) - mean) / sum;
     }
     double dot = 0;
     for (int64_t e = 0; e < experts; ++e) dot += double(p[e]) * dp[size_t(e)];
@@ -148,10 +164,10 @@ void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const in
 }
 
 #define STEPCAST_CPU_KERNELS_MOE(T)                                                                                    \
-  template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t);       \
+  template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t, bool);        \
   template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double, const double*);       \
   template void moe_route_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, double,      \
-                                      const double*);                                                                 \
+                                      const double*, bool);                                                                 \
   template void moe_permute_forward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                      \
   template void moe_permute_backward<T>(const T*, T*, const int64_t*, int64_t, int64_t, int64_t);                     \
   template void moe_unpermute_forward<T>(const T*, const T*, const int64_t*, T*, int64_t, int64_t, int64_t);          \

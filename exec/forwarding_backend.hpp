@@ -167,16 +167,18 @@ class ForwardingBackend : public Backend<T, G, W> {
   }
   void cp_accumulate(T* acc, const T* part, int64_t n) override { inner_->cp_accumulate(acc, part, n); }
   void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                         int64_t experts, int64_t top_k, int64_t capacity) override {
-    inner_->moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity);
+                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize) override {
+    inner_->moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity, normalize);
   }
   double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
                       double scale, const double* chosen) override {
     return inner_->moe_aux_loss(probs, route_idx, tokens, experts, top_k, scale, chosen);
   }
   void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen) override {
-    inner_->moe_route_backward(probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale, chosen);
+                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
+                          bool normalize) override {
+    inner_->moe_route_backward(probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale, chosen,
+                               normalize);
   }
   void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
                    bool backward) override {

@@ -110,7 +110,8 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
         p_.moe.capacity_factor > 0 ? expert_capacity(tokens * k, E, p_.moe.capacity_factor) : 0;
     int32_t* counts = buf<int32_t>(out(op, "counts"), op) + moe_row_ * E;
     backend_.moe_route_forward(buf(in(op, "logits"), op), buf(out(op, "probs"), op), buf(out(op, "route_w"), op),
-                               buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity);
+                               buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity,
+                               model_.norm_topk_prob);
     if (operands(op).has_out("routed")) {  // this rank's copies per expert, dropped ones too
       moe_idx_.resize(size_t(tokens * k));
       backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));
@@ -139,7 +140,8 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     const std::vector<double> routed = moe_routed(op);
     backend_.moe_route_backward(buf(in(op, "probs"), op), buf<int32_t>(in(op, "route_idx"), op),
                                 buf(in(op, "d_route_w"), op), buf(out(op, "d_logits"), op), moe_tokens(op), E, k,
-                                moe_aux_scale(op, routed), routed.empty() ? nullptr : routed.data());
+                                moe_aux_scale(op, routed), routed.empty() ? nullptr : routed.data(),
+                                model_.norm_topk_prob);
     return;
   }
   if (moe_allgather()) {

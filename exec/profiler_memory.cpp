@@ -212,11 +212,12 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
       {"moe_route_forward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
        [&](int64_t e) {
          backend.moe_route_forward(in[0], out[0], out[1], route_out, expert_counts, e / kExperts, kExperts, kTopK,
-                                   0);
+                                   0, false);
        }},
       {"moe_route_backward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
        [&](int64_t e) {
-         backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3, nullptr);
+         backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3, nullptr,
+                                    false);
        }},
       // In place on qkv rows (lowering counts it read and written).
       {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),

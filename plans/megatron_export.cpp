@@ -241,9 +241,15 @@ void add_moe(Builder& b, const Plan& plan, const ModelConfig& m) {
   b.flag("--moe-router-topk", moe.top_k);  // transformer_config.py:760 (default 2)
   // stepcast routes softmax over all experts, then the top k with those probabilities as weights
   // (exec/cpu_kernels_moe.cpp): Megatron's pre-softmax router (core/transformer/moe/
-  // moe_utils.py:901-907); its default is the top k logits, then a softmax over those k
-  // (moe_utils.py:908-914), and k = 1 needs pre-softmax (transformer_config.py:2661-2669).
-  b.flag("--moe-router-pre-softmax");  // transformer_config.py:799
+  // moe_utils.py:901-907). With the model's norm_topk_prob the k weights are divided by their sum:
+  // the softmax over the top k logits, Megatron's default (moe_utils.py:908-914), which refuses
+  // k = 1 (transformer_config.py:2661-2669: one weight of 1 leaves the router no gradient).
+  if (!m.norm_topk_prob) {
+    b.flag("--moe-router-pre-softmax");  // transformer_config.py:799
+  } else if (moe.top_k == 1) {
+    b.cannot("norm_topk_prob with top-1 routing (every weight 1): Megatron-LM's router refuses top-1 without "
+             "--moe-router-pre-softmax (transformer_config.py:2661-2669)");
+  }
   // Switch's load-balancing loss (moe_utils.py:63), the default type; coefficient default 0.0.
   b.flag("--moe-router-load-balancing-type", "aux_loss");  // arguments.py:3532
   if (m.router_aux_loss_coef != 0) {

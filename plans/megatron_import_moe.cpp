@@ -141,9 +141,10 @@ void import_moe(const MegatronFlags& f, int64_t tp, Json& m, Json& p) {
     f.fail("moe-router-topk", *f.text("moe-router-topk"), "exceeds the " + std::to_string(experts) + " experts",
            "an integer in [1, " + std::to_string(experts) + "]");
   }
-  // stepcast's router is Megatron's pre-softmax one (megatron_export.cpp); without the flag
-  // Megatron weighs by a softmax over the top k, which changes the values but not the step's time
-  // or memory, except at k = 1, which it refuses (transformer_config.py:2661-2669).
+  // With --moe-router-pre-softmax Megatron weighs by the probabilities over all experts (the
+  // model's norm_topk_prob false), without it by a softmax over the top k (norm_topk_prob true,
+  // written into the model: it changes the values but not the step's time or memory), except
+  // at k = 1, which it refuses (transformer_config.py:2661-2669).
   if (top_k == 1 && !f.on("moe-router-pre-softmax")) {
     f.fail("moe-router-topk", "1", "needs --moe-router-pre-softmax (transformer_config.py:2661-2669)",
            "--moe-router-pre-softmax with it");
@@ -156,6 +157,7 @@ void import_moe(const MegatronFlags& f, int64_t tp, Json& m, Json& p) {
   }
   m["num_local_experts"] = experts;
   m["num_experts_per_tok"] = top_k;
+  m["norm_topk_prob"] = !f.on("moe-router-pre-softmax");
   // Default ffn_hidden_size (transformer_config.py:1685-1687).
   const int64_t width = f.integer("moe-ffn-hidden-size").value_or(m.at("intermediate_size").get<int64_t>());
   m["moe_intermediate_size"] = width;  // transformer_config.py:740

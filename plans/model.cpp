@@ -28,7 +28,7 @@ const std::vector<std::string> kReadKeys = {
     "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
     // mixture of experts (HuggingFace's Mixtral, Qwen3-MoE, DeepSeek-V3 and GPT-OSS names)
     "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "experts_per_token",
-    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "router_aux_loss_coef",
+    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "router_aux_loss_coef", "norm_topk_prob",
     "aux_loss_alpha", "decoder_sparse_step", "mlp_only_layers", "moe_layer_freq"};
 
 // HuggingFace keys accepted but not modelled: they change neither shapes nor GEMM FLOPs.
@@ -48,7 +48,7 @@ const std::vector<std::string> kIgnoredKeys = {
     "scale_attn_weights", "reorder_and_upcast_attn", "scale_attn_by_inverse_layer_idx",
     // MoE routing details that change which experts a token goes to, not how many nor their
     // shapes: top-k renormalisation, scaling, group-limited routing, jitter, GPT-OSS's clamp
-    "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
+    "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
     "output_router_logits", "router_jitter_noise", "swiglu_limit", "seq_aux"};
 
 // No real model has a dimension near 2^31; the bound keeps every count below int64 overflow
@@ -356,6 +356,7 @@ void read_experts(ObjectReader& reader, const Json& json, ModelConfig& m, const 
     for (const char* key : {"router_aux_loss_coef", "aux_loss_alpha"}) {
       if (given(key)) reader.get_number(key, 0.0, false);
     }
+    if (given("norm_topk_prob")) reader.get_bool_or("norm_topk_prob", false);
     if (given("mlp_only_layers")) reader.get_int_list("mlp_only_layers", 0);
     return;
   }
@@ -394,6 +395,11 @@ void read_experts(ObjectReader& reader, const Json& json, ModelConfig& m, const 
   for (const char* key : {"router_aux_loss_coef", "aux_loss_alpha"}) {
     if (reader.has(key)) m.router_aux_loss_coef = reader.get_number(key, 0.0, false);
   }
+  // HF's MixtralSparseMoeBlock divides the top-k weights by their sum, and GPT-OSS takes the
+  // softmax over the top-k logits (the same weights); other configs say so with norm_topk_prob.
+  const bool renormalizes = json.contains("model_type") && (json.at("model_type") == "mixtral" ||
+                                                             json.at("model_type") == "gpt_oss");
+  m.norm_topk_prob = reader.get_bool_or("norm_topk_prob", renormalizes);
 }
 
 }  // namespace
@@ -560,6 +566,7 @@ Json model_to_json(const ModelConfig& model) {
     json["n_shared_experts"] = model.n_shared_experts;
     json["first_k_dense_replace"] = model.first_k_dense_replace;
     json["router_aux_loss_coef"] = model.router_aux_loss_coef;
+    json["norm_topk_prob"] = model.norm_topk_prob;
   }
   return json;
 }

@@ -61,6 +61,10 @@ struct ModelConfig {
   int64_t n_shared_experts = 0;
   int64_t first_k_dense_replace = 0;
   double router_aux_loss_coef = 0.0;    // load-balancing loss weight (Switch / Mixtral's form)
+  // Each token's k routing weights divided by their sum (HF norm_topk_prob; Mixtral and GPT-OSS
+  // always do, Megatron-LM without --moe-router-pre-softmax) rather than the softmax over every
+  // expert. Changes the weights, not which experts: the executor's routing only.
+  bool norm_topk_prob = false;
 
   int64_t head_dim() const {
     return head_dim_override > 0 ? head_dim_override : hidden_size / num_attention_heads;

@@ -191,7 +191,7 @@ void adamw_step(const Launch& l, T* param, float* master, const G* grad, float* 
 // are device int32. `scratch`: 2·experts device doubles; `result`: one device double.
 template <class T>
 void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts,
-                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity);
+                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize);
 template <class T>
 void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts,
                   int64_t top_k, double scale, const double* chosen, double* scratch, double* result);
@@ -199,7 +199,7 @@ void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int
 template <class T>
 void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
                         int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
-                        double* scratch);
+                        double* scratch, bool normalize);
 // backward: x is d_y, y is d_x (cpu::moe_permute_backward).
 template <class T>
 void moe_permute(const Launch& l, const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,

@@ -19,14 +19,15 @@ template <class T, class G>
 class MoeMethods : public ContextParallelMethods<T, G> {
  public:
   void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                         int64_t experts, int64_t top_k, int64_t capacity) override {
+                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize) override {
     cuda::moe_route_forward(this->launch(), logits, probs, route_w, route_idx, counts, tokens, experts, top_k,
-                            capacity);
+                            capacity, normalize);
   }
   void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
-                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen) override {
+                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
+                          bool normalize) override {
     cuda::moe_route_backward(this->launch(), probs, route_idx, d_route_w, d_logits, tokens, experts, top_k, aux_scale,
-                             chosen, moe_scratch(experts));
+                             chosen, moe_scratch(experts), normalize);
   }
   void moe_permute(const T* x, T* y, const int64_t* rows, int64_t tokens, int64_t top_k, int64_t h,
                    bool backward) override {

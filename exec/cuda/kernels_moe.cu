@@ -23,7 +23,7 @@ __device__ __forceinline__ int32_t expert_of(int32_t r) { return r >= 0 ? r : -1
 // and the counts follow in moe_capacity_kernel or moe_histogram_kernel).
 template <class T>
 __global__ void moe_route_kernel(const T* logits, T* probs, T* route_w, int32_t* route_idx, int64_t tokens,
-                                 int64_t experts, int64_t top_k) {
+                                 int64_t experts, int64_t top_k, bool normalize) {
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (t >= tokens) return;
@@ -63,6 +63,11 @@ __global__ void moe_route_kernel(const T* logits, T* probs, T* route_w, int32_t*
       route_w[t * top_k + j] = p[best_e];
     }
     __syncwarp();
+  }
+  if (normalize && lane == 0) {  // the model's norm_topk_prob: the k weights over their sum
+    float chosen = 0;
+    for (int64_t j = 0; j < top_k; ++j) chosen += load(route_w[t * top_k + j]);
+    for (int64_t j = 0; j < top_k; ++j) route_w[t * top_k + j] = store<T>(load(route_w[t * top_k + j]) / chosen);
   }
 }
 
@@ -107,24 +112,32 @@ __global__ void moe_aux_kernel(const double* p_sum, const double* chosen, int64_
 // One block per token: dp[e] = aux_scale · C_e + Σ_j [idx j → e] d_route_w; d_logits = p ∘ (dp − p·dp).
 template <class T>
 __global__ void moe_route_backward_kernel(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
-                                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen) {
+                                          int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
+                                          bool normalize) {
   const int64_t t = blockIdx.x;
   const T* p = probs + t * experts;
-  float dot = 0;
-  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
+  // Normalized weights w_j = p_j / S pass d_w_j on as (d_w_j − Σ_i d_w_i · w_i) / S (every thread
+  // sums the k entries itself).
+  float sum = 1, mean = 0;
+  if (normalize) {
+    sum = 0;
+    for (int64_t j = 0; j < top_k; ++j) sum += load(p[expert_of(route_idx[t * top_k + j])]);
+    for (int64_t j = 0; j < top_k; ++j) {
+      mean += load(d_route_w[t * top_k + j]) * load(p[expert_of(route_idx[t * top_k + j])]) / sum;
+    }
+  }
+  auto dp_of = [&](int64_t e) {
     float dp = float(aux_scale * chosen[e]);
     for (int64_t j = 0; j < top_k; ++j) {
-      if (expert_of(route_idx[t * top_k + j]) == e) dp += load(d_route_w[t * top_k + j]);
+      if (expert_of(route_idx[t * top_k + j]) == e) dp += (load(d_route_w[t * top_k + j]) - mean) / sum;
     }
-    dot += load(p[e]) * dp;
-  }
+    return dp;
+  };
+  float dot = 0;
+  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) dot += load(p[e]) * dp_of(e);
   dot = block_sum(dot);
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
-    float dp = float(aux_scale * chosen[e]);
-    for (int64_t j = 0; j < top_k; ++j) {
-      if (expert_of(route_idx[t * top_k + j]) == e) dp += load(d_route_w[t * top_k + j]);
-    }
-    d_logits[t * experts + e] = store<T>(load(p[e]) * (dp - dot));
+    d_logits[t * experts + e] = store<T>(load(p[e]) * (dp_of(e) - dot));
   }
 }
 
@@ -200,13 +213,14 @@ void routed_copies(const Launch& l, const int32_t* route_idx, int64_t copies, in
 
 template <class T>
 void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts,
-                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity) {
+                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize) {
   STEPCAST_CHECK(top_k >= 1 && top_k <= experts, "MoE routing needs 1 <= top_k <= experts");
   check_runtime(l, cudaMemsetAsync(counts, 0, size_t(experts) * sizeof(int32_t), l.stream), "cudaMemsetAsync");
   if (tokens == 0) return;
   const int warps = kThreads / 32;
   moe_route_kernel<<<unsigned((tokens + warps - 1) / warps), kThreads, 0, l.stream>>>(logits, probs, route_w, route_idx,
-                                                                                      tokens, experts, top_k);
+                                                                                      tokens, experts, top_k,
+                                                                                      normalize);
   check_launch(l, "moe_route");
   if (capacity > 0) {
     moe_capacity_kernel<<<1, 1024, 0, l.stream>>>(route_idx, counts, tokens * top_k, experts, capacity);
@@ -231,13 +245,13 @@ void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int
 template <class T>
 void moe_route_backward(const Launch& l, const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits,
                         int64_t tokens, int64_t experts, int64_t top_k, double aux_scale, const double* chosen,
-                        double* scratch) {
+                        double* scratch, bool normalize) {
   check_runtime(l, cudaMemsetAsync(scratch, 0, size_t(experts) * sizeof(double), l.stream), "cudaMemsetAsync");
   if (tokens == 0) return;
   routed_copies(l, route_idx, tokens * top_k, experts, chosen, scratch);
   int threads = int(std::min<int64_t>(1024, std::max<int64_t>(32, (experts + 31) / 32 * 32)));
   moe_route_backward_kernel<<<unsigned(tokens), threads, 0, l.stream>>>(probs, route_idx, d_route_w, d_logits, experts,
-                                                                        top_k, aux_scale, scratch);
+                                                                        top_k, aux_scale, scratch, normalize);
   check_launch(l, "moe_route_backward");
 }
 
@@ -274,11 +288,11 @@ void moe_unpermute_backward(const Launch& l, const T* d_y, const T* x, const T* 
 
 #define STEPCAST_MOE(T)                                                                                              \
   template void moe_route_forward<T>(const Launch&, const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t);                                                                       \
+                                     int64_t, bool);                                                                       \
   template void moe_aux_loss<T>(const Launch&, const T*, const int32_t*, int64_t, int64_t, int64_t, double,         \
                                 const double*, double*, double*);                                                    \
   template void moe_route_backward<T>(const Launch&, const T*, const int32_t*, const T*, T*, int64_t, int64_t,       \
-                                      int64_t, double, const double*, double*);                                      \
+                                      int64_t, double, const double*, double*, bool);                                      \
   template void moe_permute<T>(const Launch&, const T*, T*, const int64_t*, int64_t, int64_t, int64_t, bool);        \
   template void moe_unpermute_forward<T>(const Launch&, const T*, const T*, const int64_t*, T*, int64_t, int64_t,    \
                                          int64_t);                                                                   \

@@ -46,11 +46,12 @@ struct Routing {
   std::vector<double> probs, route_w;
   std::vector<int32_t> idx, counts;
 };
-Routing cpu_routing(const std::vector<double>& logits, int64_t tokens, int64_t experts, int64_t k, int64_t capacity) {
+Routing cpu_routing(const std::vector<double>& logits, int64_t tokens, int64_t experts, int64_t k, int64_t capacity,
+                    bool normalize = false) {
   Routing r{std::vector<double>(size_t(tokens * experts)), std::vector<double>(size_t(tokens * k)),
             std::vector<int32_t>(size_t(tokens * k)), std::vector<int32_t>(size_t(experts))};
   cpu::moe_route_forward(logits.data(), r.probs.data(), r.route_w.data(), r.idx.data(), r.counts.data(), tokens,
-                         experts, k, capacity);
+                         experts, k, capacity, normalize);
   return r;
 }
 
@@ -109,8 +110,18 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE routing, top-k and capacity match the CPU"
       DeviceRaw<int32_t> idx_(std::vector<int32_t>(want.idx.size(), 0)),
           counts_(std::vector<int32_t>(size_t(experts), 7));
       cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k,
-                              capacity);
+                              capacity, false);
       std::vector<double> probs = probs_.get(), route_w = route_w_.get();
+      // norm_topk_prob: the same picks, each token's weights over their sum.
+      cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k,
+                              capacity, true);
+      std::vector<double> normalized = route_w;
+      for (int64_t t = 0; t < tokens; ++t) {
+        double sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += route_w[size_t(t * k + j)];
+        for (int64_t j = 0; j < k; ++j) normalized[size_t(t * k + j)] /= sum;
+      }
+      CHECK_CLOSE(T, route_w_.get(), normalized);
       std::vector<int32_t> idx = idx_.get(), counts = counts_.get();
       CHECK_CLOSE(T, probs, want.probs);
       // The picks are made on the stored probabilities: in fp32 they are the CPU's; in bf16, where
@@ -176,7 +187,13 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE aux loss and router backward match the CPU
   cuda::moe_aux_loss(kLaunch, probs_.p, idx_.p, tokens, experts, k, scale, nullptr, scratch_.p, result_.p);
   CHECK(std::abs(result_.get()[0] - want_aux) < 1e-6 * std::abs(want_aux));  // fp64 sums of the same values
   cuda::moe_route_backward(kLaunch, probs_.p, idx_.p, d_route_w_.p, d_logits_.p, tokens, experts, k, aux_scale,
-                           nullptr, scratch_.p);
+                           nullptr, scratch_.p, false);
+  CHECK_CLOSE(T, d_logits_.get(), want_d_logits);
+  // norm_topk_prob's backward: through the weights' division by their sum.
+  cpu::moe_route_backward(r.probs.data(), r.idx.data(), d_route_w.data(), want_d_logits.data(), tokens, experts, k,
+                          aux_scale, nullptr, true);
+  cuda::moe_route_backward(kLaunch, probs_.p, idx_.p, d_route_w_.p, d_logits_.p, tokens, experts, k, aux_scale,
+                           nullptr, scratch_.p, true);
   CHECK_CLOSE(T, d_logits_.get(), want_d_logits);
   // The whole sequence's counts given (as where tp or cp splits it): the host's, not route_idx's.
   std::vector<double> chosen(static_cast<size_t>(experts));
@@ -187,7 +204,7 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE aux loss and router backward match the CPU
   cuda::moe_aux_loss(kLaunch, probs_.p, idx_.p, tokens, experts, k, scale, chosen.data(), scratch_.p, result_.p);
   CHECK(std::abs(result_.get()[0] - want_aux) < 1e-6 * std::abs(want_aux));
   cuda::moe_route_backward(kLaunch, probs_.p, idx_.p, d_route_w_.p, d_logits_.p, tokens, experts, k, aux_scale,
-                           chosen.data(), scratch_.p);
+                           chosen.data(), scratch_.p, false);
   CHECK_CLOSE(T, d_logits_.get(), want_d_logits);
 }
 

@@ -82,6 +82,16 @@ std::string with_biases(const char* model) {
   return write_temp_file(std::string(model) + "-bias.json", m.dump());
 }
 
+// A MoE model whose router divides each token's k weights by their sum (norm_topk_prob, as
+// Mixtral, Qwen3-MoE and Megatron-LM's default router), with the aux loss.
+std::string with_norm_topk_prob(const char* model) {
+  Json m = load_json_file(source_path(std::string("models/") + model + ".json"));
+  m["norm_topk_prob"] = true;
+  m["router_aux_loss_coef"] = 0.01;
+  m["name"] = std::string(model) + "-norm-topk";
+  return write_temp_file(std::string(model) + "-norm-topk.json", m.dump());
+}
+
 struct Case {
   std::string model;
   Json plan;
@@ -166,6 +176,11 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
       {with_biases("tiny-moe-shared"), with_etp(moe_plan(2, 1, 1, 0, 1), 2), ""},
       {with_biases("tiny-moe-shared"), allgather(with_etp(moe_plan(2, 1, 2, 1, 2, "full"), 2)), ""},
       {with_biases("tiny-moe-shared"), with_etp(moe_plan(2, 2, 1, 0, 1, "selective", true), 2), ""},
+      // norm_topk_prob: the routing weights' division by their sum, forward and backward, under
+      // ep over dp, etp 2 = tp with the allgather dispatcher, and cp 2.
+      {with_norm_topk_prob("tiny-moe"), moe_plan(1, 1, 2, 1, 2), ""},
+      {with_norm_topk_prob("tiny-moe"), allgather(with_etp(moe_plan(2, 1, 1, 0, 1, "full"), 2)), ""},
+      {with_norm_topk_prob("tiny-moe-shared"), with_cp(moe_plan(1, 1, 1, 0, 2), 2), ""},
   };
   std::map<std::string, RunResult> reference;
   const double largest = check_cases(cases, steps, one, reference);
@@ -175,6 +190,9 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
                             plain = losses(reference.at("tiny-moe"));
   CHECK(biased[0] == plain[0]);  // biases start at 0
   CHECK(std::abs(biased[1] - plain[1]) > 1e-3);
+  // The normalized router's weights are larger (each token's sum to 1): another curve from step 0.
+  const std::vector<double> normalized = losses(reference.at(with_norm_topk_prob("tiny-moe")));
+  CHECK(std::abs(normalized[0] - plain[0]) > 1e-6);
 }
 
 TEST_CASE("run: MoE under hybrid sharding gives the single-rank curve (fp64) with its memory", "[run][moe]") {

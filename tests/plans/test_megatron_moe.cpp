@@ -44,8 +44,11 @@ void check_moe_rules(const MegatronArguments& args, const Plan& plan, const Mode
   CHECK(experts % ep == 0);
   CHECK(plan.world_size() % (etp * ep * pp) == 0);
   CHECK((k >= 1 && k <= experts));
-  // Top-1 with the softmax router needs pre-softmax (transformer_config.py:2661-2669).
-  if (k == 1) CHECK(has("--moe-router-pre-softmax"));
+  // Top-1 with the softmax router needs pre-softmax (transformer_config.py:2661-2669); the
+  // pre-softmax router weighs by the probabilities over all experts, the default one by those of
+  // the top k renormalised (the model's norm_topk_prob).
+  if (k == 1) CHECK((has("--moe-router-pre-softmax") || !args.runnable));
+  CHECK(has("--moe-router-pre-softmax") == !model.norm_topk_prob);
   // Dispatchers and drop policies Megatron knows (transformer_config.py:891, 932).
   CHECK(std::set<std::string>{"allgather", "alltoall", "flex"}.count(f["--moe-token-dispatcher-type"]) == 1);
   CHECK(f["--moe-token-dispatcher-type"] == to_string(plan.moe.dispatcher));
@@ -126,10 +129,13 @@ TEST_CASE("Megatron-LM arguments: Mixtral 8x7B, experts over ep with the alltoal
   CHECK(f.at("--expert-tensor-parallel-size") == "2");  // default tp, said
   CHECK(f.at("--moe-token-dispatcher-type") == "alltoall");  // Megatron's default is allgather
   CHECK(f.at("--moe-aux-loss-coeff") == "0.02");
-  for (const char* present : {"--moe-grouped-gemm", "--moe-router-pre-softmax"}) CHECK(f.count(present) == 1);
-  // Dropless, every layer MoE, no shared experts: Megatron's defaults, no flags.
-  for (const char* absent : {"--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
-                             "--moe-token-drop-policy", "--moe-layer-freq", "--moe-shared-expert-intermediate-size"}) {
+  CHECK(f.count("--moe-grouped-gemm") == 1);
+  // Dropless, every layer MoE, no shared experts, and Mixtral's top-k weights renormalised (HF's
+  // MixtralSparseMoeBlock): Megatron's defaults, no flags.
+  CHECK(m.norm_topk_prob);
+  for (const char* absent : {"--moe-router-pre-softmax", "--moe-expert-capacity-factor",
+                             "--moe-pad-expert-input-to-capacity", "--moe-token-drop-policy", "--moe-layer-freq",
+                             "--moe-shared-expert-intermediate-size"}) {
     CHECK(f.count(absent) == 0);
   }
   CHECK_THAT(Json(args.notes).dump(), !Contains("routing"));
@@ -248,6 +254,7 @@ TEST_CASE("Megatron-LM MoE flags read back, and the ones stepcast cannot model r
   CHECK(plain.model["num_experts_per_tok"] == 2);
   CHECK(plain.model["moe_intermediate_size"] == 96);
   CHECK(plain.model["router_aux_loss_coef"] == 0.0);
+  CHECK(plain.model["norm_topk_prob"] == true);  // without --moe-router-pre-softmax: the top k renormalised
   CHECK_FALSE(plain.model.contains("first_k_dense_replace"));
   CHECK(plain.plan["moe_token_dispatcher_type"] == "allgather");
   CHECK_FALSE(plain.plan.contains("moe_expert_capacity_factor"));
@@ -266,6 +273,7 @@ TEST_CASE("Megatron-LM MoE flags read back, and the ones stepcast cannot model r
       "x", "x");
   CHECK(full.model["n_shared_experts"] == 2);
   CHECK(full.model["num_experts_per_tok"] == 1);
+  CHECK(full.model["norm_topk_prob"] == false);
   CHECK(full.model["router_aux_loss_coef"] == 0.0);  // none: no aux loss, whatever the coefficient
   CHECK_FALSE(full.plan.contains("moe_expert_capacity_factor"));  // negative: dropless
   CHECK(full.ignored.empty());

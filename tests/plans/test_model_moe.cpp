@@ -127,3 +127,30 @@ TEST_CASE("bad expert keys are refused naming the key, the value and what is val
   json.erase("num_local_experts");
   CHECK_THROWS_WITH(parse(json), Contains("num_experts_per_tok") && Contains("without experts"));
 }
+
+TEST_CASE("norm_topk_prob: the config's, else Mixtral's and GPT-OSS's renormalised top-k weights", "[model][moe]") {
+  // HF's MixtralSparseMoeBlock divides the top-k weights by their sum; GPT-OSS takes a softmax
+  // over the top-k logits; Qwen3-MoE and DeepSeek-V3 configs say norm_topk_prob.
+  CHECK(load_shipped("mixtral-8x7b").norm_topk_prob);
+  CHECK(load_shipped("gpt-oss-120b").norm_topk_prob);
+  CHECK(load_shipped("qwen3-30b-a3b").norm_topk_prob);
+  CHECK_FALSE(load_shipped("tiny-moe").norm_topk_prob);  // no model_type, no key: the softmax's weights
+  Json json = moe_config();
+  CHECK(parse(json).norm_topk_prob);
+  json["norm_topk_prob"] = false;
+  CHECK_FALSE(parse(json).norm_topk_prob);
+  json["model_type"] = "qwen3_moe";
+  json.erase("norm_topk_prob");
+  CHECK_FALSE(parse(json).norm_topk_prob);  // Qwen3MoeConfig's default
+  // Written into the program's model (the executor reads it there) and read back.
+  json["norm_topk_prob"] = true;
+  CHECK(stepcast::parse_model(stepcast::model_to_json(parse(json)), "again.json").norm_topk_prob);
+  json["norm_topk_prob"] = "yes";
+  CHECK_THROWS_WITH(parse(json), Contains("norm_topk_prob"));
+  // Without experts the key changes nothing, but its value is still checked.
+  Json dense = moe_config();
+  for (const char* key : {"num_local_experts", "num_experts_per_tok", "model_type"}) dense.erase(key);
+  dense["model_type"] = "llama";
+  dense["norm_topk_prob"] = 3;
+  CHECK_THROWS_WITH(parse(dense), Contains("norm_topk_prob"));
+}
