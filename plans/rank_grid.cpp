@@ -256,14 +256,15 @@ int64_t RankGrid::stage_rank(int64_t pp, int64_t index) const {
 }
 
 bool RankGrid::expert_shards_within_instances() const {
-  // A block of the instance's stage ranks is as large as a block of edp_shard groups (stage / instances):
-  // they are the same when every rank of an instance on a stage is in the rank's own expert block.
+  // An instance's ranks on a stage are as many as a block of edp_shard groups (stage / instances),
+  // so the two cuts of a stage are the same when every instance falls in one expert block. Every
+  // stage is cut alike (stage indices and dp·cp coordinates do not depend on pp): stage 0 decides.
   const int64_t block = etp_size_ * ep_size_ * edp_shard_size();
-  for (int64_t r = 0; r < world_size(); ++r) {
-    const int64_t pp = coord(r).pp;
-    for (int64_t s : group(GroupKind::instance, r)) {
-      if (coord(s).pp == pp && stage_index(s) / block != stage_index(r) / block) return false;
-    }
+  std::vector<int64_t> block_of_instance(static_cast<size_t>(instances()), -1);
+  for (int64_t index = 0; index < tp_size_ * cp_size_ * dp_size_; ++index) {
+    int64_t& seen = block_of_instance[size_t(dp_cp_index(stage_rank(0, index)) / dp_shard_size_)];
+    if (seen >= 0 && seen != index / block) return false;
+    seen = index / block;
   }
   return true;
 }

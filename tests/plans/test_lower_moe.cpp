@@ -88,6 +88,24 @@ TEST_CASE("hybrid sharding cuts each edp group as it cuts dp (Megatron's partial
   // dp outside tp puts an instance's ranks across expert blocks (its tp ranks sit a dp apart).
   CHECK_FALSE(RankGrid(2, 4, 1, "dp-tp-pp", 2, 1, 2, 1).expert_shards_within_instances());
   CHECK(RankGrid(2, 4, 2, "tp-pp-dp", 2, 1, 2, 1).expert_shards_within_instances());
+  // Against the definition (every member of a rank's instance on its stage in its expert block),
+  // over orders, cp and ep.
+  for (const char* order : {"tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "pp-dp-tp", "tp-dp-cp-pp", "cp-tp-dp-pp"}) {
+    for (int64_t cp : {1, 2}) {
+      for (int64_t ep : {1, 2, 4}) {
+        const RankGrid g(2, 4, 2, order, 4 * cp / 2, cp, ep, 1);
+        bool within = true;
+        const int64_t block = ep * g.edp_shard_size();
+        for (int64_t r = 0; r < g.world_size(); ++r) {
+          for (int64_t s : g.group(GroupKind::instance, r)) {
+            if (g.coord(s).pp == g.coord(r).pp && g.stage_index(s) / block != g.stage_index(r) / block) within = false;
+          }
+        }
+        INFO(order << " cp " << cp << " ep " << ep);
+        CHECK(g.expert_shards_within_instances() == within);
+      }
+    }
+  }
   CHECK_THROWS_AS(RankGrid(1, 6, 1, "tp-dp-pp", 3, 1, 2, 1), InputError);  // 2 instances, edp 3
 }
 
