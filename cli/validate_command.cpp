@@ -19,6 +19,7 @@
 #include "commands.hpp"
 #include "errors.hpp"
 #include "inputs.hpp"
+#include "machine_canary.hpp"
 #include "planner_report.hpp"
 #include "plan.hpp"
 #include "profile.hpp"
@@ -44,7 +45,9 @@ const char* const kUsage =
     "--bind-to core (one rank per core, one BLAS thread), and compare the prediction with the\n"
     "median run. Prints a line per point and writes DIR/validate.json, DIR/report.md and\n"
     "DIR/report.html; each point's outputs are in DIR/points/NAME/. A point whose runs' spread,\n"
-    "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary. A point\n"
+    "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary, and so is\n"
+    "one around whose runs the machine ran more than 5% faster or slower than when the profile was\n"
+    "measured (a fixed fp32 GEMM timed then and before and after each point: 'machine'). A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
     "brought up at each point's link_rate, profiled across its nodes, down at the end.\n"
@@ -369,7 +372,10 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
             << machine.hostname << " (" << machine.cpu_model << ", " << machine.cores
             << " cores); output " << out << "\n";
   fs::create_directories(out);
-  if (profile_source == "measure" || profile_source == "measure-quick") {
+  // The machine's speed now: the reference each point's runs are compared with (machine_canary.hpp).
+  const double reference_gflops = machine_canary_gflops();
+  const bool profile_measured_here = profile_source == "measure" || profile_source == "measure-quick";
+  if (profile_measured_here) {
     profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : ""), out,
                                    sweep.netns ? sweep.netns->nodes * sweep.netns->ranks_per_node
                                                : sweep.max_ranks(),
@@ -392,14 +398,19 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
   report.profile_file = profile_file;
   report.profile_name = profile.name;
   report.profile_warnings = warnings;
+  report.machine_reference_gflops = reference_gflops;
+  report.machine_reference_when = profile_measured_here ? "just before the profile was measured"
+                                                        : "at the start of the sweep (the profile is older)";
   report.repeats = repeats;
   for (size_t i = 0; i < sweep.points.size(); ++i) {
     const SweepPoint& point = sweep.points[i];
     std::cout << "[" << i + 1 << "/" << sweep.points.size() << "] " << point.name << " ("
               << point.ranks << (point.ranks == 1 ? " rank" : " ranks") << ", "
               << describe_plan(plan_to_json(point.plan)) << "): " << std::flush;
+    const double before = machine_canary_gflops();
     ValidatePoint result =
         run_point(tools_for(point.link_rate), point, profile_file, repeats, out + "/points/" + point.name);
+    result.machine_speed = (before + machine_canary_gflops()) / 2 / reference_gflops;
     std::cout << describe_point_result(result) << " [" << seconds_text(result.wall_s) << "]"
               << std::endl;
     report.points.push_back(std::move(result));
@@ -427,7 +438,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
     return s.str();
   };
   std::cout << "summary: " << summary.ran << " of " << summary.points << " points ran ("
-            << summary.failed << " failed, " << summary.flagged << " flagged noisy); step-time "
+            << summary.failed << " failed, " << summary.flagged << " flagged noisy or drifted); step-time "
             << "error over the unflagged: median |e| "
             << (summary.median_abs_step_time_error
                     ? pct(summary.median_abs_step_time_error).substr(1)

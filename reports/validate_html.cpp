@@ -25,7 +25,7 @@ std::string step_time_chart(const ValidateReport& r) {
   for (const ValidatePoint& p : r.points) {
     if (!p.ok() || !p.measured_step_time_s() || !p.predicted_step_time_s) continue;
     points.push_back({*p.measured_step_time_s() * 1e3, *p.predicted_step_time_s * 1e3,
-                      p.name + (p.flagged() ? " (noisy)" : "")});
+                      p.name + (p.flagged() ? " (" + p.flag() + ")" : "")});
   }
   html::ChartOptions o;
   o.title = "Step time: predicted against measured (±5% band)";
@@ -126,7 +126,9 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
   }
   body << html::paragraph(
       "Measured = median of the runs' step times; spread = (max − min) / median of them, flagged "
-      "above " + percent(kValidateSpreadFlag, false) +
+      "above " + percent(kValidateSpreadFlag, false) + "; machine = the speed of a fixed GEMM around the point's runs " +
+      (r.machine_reference_gflops > 0 ? "against its speed " + r.machine_reference_when : std::string("(not timed)")) +
+      ", flagged beyond ±" + percent(kValidateDriftFlag, false) +
       "; errors are (predicted − measured) / measured. Memory: the measured process peak "
       "(anonymous pages) against the predicted program buffers at the peak, as stepcast compare.");
 
@@ -148,13 +150,13 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
   body << html::heading("Points");
   std::vector<std::vector<std::string>> rows;
   for (const ValidatePoint& p : r.points) {
-    std::string flag = !p.ok() ? "FAILED (" + p.failed_stage + ")" : p.flagged() ? "noisy" : "";
     rows.push_back({p.name, std::to_string(p.ranks), describe_plan(p.plan),
                     seconds(p.predicted_step_time_s), seconds(p.measured_step_time_s()),
                     std::to_string(p.measured_step_times_s.size()), percent(p.spread(), false),
-                    percent(p.step_time_error()), percent(p.memory_error()), flag});
+                    p.machine_speed ? percent(*p.machine_speed - 1) : "n/a", percent(p.step_time_error()),
+                    percent(p.memory_error()), p.flag()});
   }
-  body << html::table({"point", "ranks", "plan", "predicted", "measured", "runs", "spread", "error",
+  body << html::table({"point", "ranks", "plan", "predicted", "measured", "runs", "spread", "machine", "error",
                        "memory error", "flag"},
                       rows);
   if (s.failed > 0) {

@@ -18,7 +18,9 @@ Json point_json(const ValidatePoint& p) {
             {"measured_step_times_s", p.measured_step_times_s},
             {"measured_step_time_s", optional_json(p.measured_step_time_s())},
             {"spread", optional_json(p.spread())},
+            {"machine_speed", optional_json(p.machine_speed)},
             {"flagged", p.flagged()},
+            {"flag", p.flag()},
             {"step_time_error", optional_json(p.step_time_error())},
             {"memory_error", optional_json(p.memory_error())},
             {"wall_s", p.wall_s}};
@@ -78,12 +80,19 @@ Json validate_to_json(const ValidateReport& r) {
                        {"file", r.profile_file},
                        {"name", r.profile_name},
                        {"warnings", r.profile_warnings}}},
+          {"machine_reference",
+           r.machine_reference_gflops > 0
+               ? Json{{"canary_gflops", r.machine_reference_gflops}, {"when", r.machine_reference_when}}
+               : Json(nullptr)},
           {"repeats", r.repeats},
           {"spread_flag_threshold", kValidateSpreadFlag},
+          {"drift_flag_threshold", kValidateDriftFlag},
           {"definitions",
            {{"measured_step_time_s", "median of the repeats' step times (each the median of its "
                                      "timed steps)"},
             {"spread", "(max - min) / median of the repeats' step times"},
+            {"machine_speed", "the canary GEMM's rate around the point's runs (mean of before and after) "
+                              "over its rate at machine_reference; flagged beyond 1 +- drift_flag_threshold"},
             {"step_time_error", "(predicted - measured) / measured"},
             {"memory_error", "(predicted peak_bytes - memory_runtime_bytes - measured peak) "
                              "/ measured, as compare"}}},

@@ -59,6 +59,9 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
       << "Measured = median of the runs' step times; spread = (max − min) / median of them, "
          "flagged above "
       << percent(kValidateSpreadFlag, false)
+      << "; machine = the speed of a fixed GEMM around the point's runs against "
+      << (r.machine_reference_gflops > 0 ? "its speed " + r.machine_reference_when : std::string("(not timed)"))
+      << ", flagged beyond ±" << percent(kValidateDriftFlag, false)
       << "; errors are (predicted − measured) / measured. Memory: the measured process "
          "peak (anonymous pages the steps added) against the predicted program buffers at the peak (peak_bytes − "
          "memory_runtime_bytes), as `stepcast compare`.\n\n";
@@ -76,14 +79,14 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
                s.max_abs_memory_error ? s.max_abs_memory_error->point : ""});
 
   out << "\n## Points\n\n";
-  md_header(out, {"point", "ranks", "plan", "predicted", "measured", "runs", "spread", "error",
+  md_header(out, {"point", "ranks", "plan", "predicted", "measured", "runs", "spread", "machine", "error",
                   "memory error", "flag"});
   for (const ValidatePoint& p : r.points) {
-    std::string flag = !p.ok() ? "FAILED (" + p.failed_stage + ")" : p.flagged() ? "noisy" : "";
     md_row(out, {p.name, std::to_string(p.ranks), describe_plan(p.plan),
                  seconds(p.predicted_step_time_s), seconds(p.measured_step_time_s()),
                  std::to_string(p.measured_step_times_s.size()), percent(p.spread(), false),
-                 percent(p.step_time_error()), percent(p.memory_error()), flag});
+                 p.machine_speed ? percent(*p.machine_speed - 1) : "n/a", percent(p.step_time_error()),
+                 percent(p.memory_error()), p.flag()});
   }
   if (s.failed > 0) {
     out << "\n### Failed points\n\n";

@@ -57,9 +57,20 @@ std::optional<double> ValidatePoint::spread() const {
   return (*hi - *lo) / *m;
 }
 
-bool ValidatePoint::flagged() const {
+bool ValidatePoint::noisy() const {
   auto s = spread();
   return s && *s > kValidateSpreadFlag;
+}
+
+bool ValidatePoint::drifted() const { return machine_speed && std::abs(*machine_speed - 1) > kValidateDriftFlag; }
+
+bool ValidatePoint::flagged() const { return noisy() || drifted(); }
+
+std::string ValidatePoint::flag() const {
+  if (!ok()) return "FAILED (" + failed_stage + ")";
+  std::string text = noisy() ? "noisy" : "";
+  if (drifted()) text += (text.empty() ? "machine " : ", machine ") + percent(*machine_speed - 1);
+  return text;
 }
 
 std::optional<double> ValidatePoint::step_time_error() const {
@@ -192,8 +203,12 @@ std::string describe_point_result(const ValidatePoint& p) {
   out << "predicted " << seconds(p.predicted_step_time_s) << ", measured "
       << seconds(p.measured_step_time_s()) << " (" << p.measured_step_times_s.size()
       << (p.measured_step_times_s.size() == 1 ? " repeat" : " repeats") << ", spread "
-      << percent(p.spread(), false) << (p.flagged() ? ", FLAGGED: noisy" : "") << "), error "
+      << percent(p.spread(), false) << (p.noisy() ? ", FLAGGED: noisy" : "") << "), error "
       << percent(p.step_time_error()) << ", memory error " << percent(p.memory_error());
+  if (p.machine_speed) {
+    out << ", machine " << percent(*p.machine_speed - 1) << " against the profile's"
+        << (p.drifted() ? " (FLAGGED: the machine drifted)" : "");
+  }
   return out.str();
 }
 

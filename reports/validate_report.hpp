@@ -3,7 +3,10 @@
 // sweep (child processes) is the command line's job.
 // Per point: the measured step time is the median of the repeats' step times, the spread is
 // (max − min) / median of them, and a point whose spread exceeds kValidateSpreadFlag is flagged
-// (too noisy to judge the prediction by). Errors are predicted − measured over measured.
+// (too noisy to judge the prediction by). So is a point during which the machine ran more than
+// kValidateDriftFlag faster or slower than when the profile was measured (a fixed GEMM timed then
+// and around the point: cli/machine_canary.hpp), since its profile no longer describes it.
+// Errors are predicted − measured over measured.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@ namespace stepcast {
 
 inline constexpr double kValidateSpreadFlag = 0.025;  // (max − min) / median of the repeats
 inline constexpr double kValidateBand = 0.05;          // the ±band drawn around predicted = measured
+inline constexpr double kValidateDriftFlag = 0.05;     // |machine speed around a point / at the profile − 1|
 
 struct ValidatePoint {
   std::string name;
@@ -36,11 +40,17 @@ struct ValidatePoint {
   int64_t compared_repeat = -1;  // 0-based repeat whose measurement was compared op by op
   std::optional<CompareResult> compare;
   double wall_s = 0;
+  // The machine's speed around this point's runs over its speed when the profile was measured (the
+  // canary GEMM's rate before and after the runs, averaged, over the reference's); none: not timed.
+  std::optional<double> machine_speed;
 
   bool ok() const { return failed_stage.empty(); }
   std::optional<double> measured_step_time_s() const;  // median of the repeats
   std::optional<double> spread() const;                // (max − min) / median
-  bool flagged() const;                                // spread > kValidateSpreadFlag
+  bool noisy() const;                                  // spread > kValidateSpreadFlag
+  bool drifted() const;                                // |machine_speed − 1| > kValidateDriftFlag
+  bool flagged() const;                                // noisy or drifted
+  std::string flag() const;  // "", "noisy", "machine +7.2%", "noisy, machine −6.0%" or "FAILED (stage)"
   std::optional<double> step_time_error() const;       // predicted vs the median, relative
   // The measured high-water mark against the predicted peak without the runtime allowance, as
   // compare reports it (relative).
@@ -103,6 +113,10 @@ struct ValidateReport {
   std::string profile_file;
   std::string profile_name;
   std::vector<std::string> profile_warnings;  // fields where it differs from this machine
+  // The canary GEMM's rate (GFLOP/s) the points' machine_speed is relative to, and when it was
+  // timed ("just before the profile was measured", "at the start of the sweep"); 0: not timed.
+  double machine_reference_gflops = 0;
+  std::string machine_reference_when;
   int64_t repeats = 0;
   std::vector<ValidatePoint> points;
   double wall_s = 0;

@@ -206,7 +206,20 @@ TEST_CASE("validate: a point's median, spread, flag and errors", "[validate]") {
   CHECK(*even.measured_step_time_s() == Approx(0.01005));
   CHECK(*even.spread() == Approx(0.0001 / 0.01005));
   CHECK_FALSE(even.flagged());  // 1.0%
+  CHECK(even.flag().empty());
   CHECK(even.compared_repeat == 0);
+  CHECK(p.flag() == "noisy");
+  // The machine's speed around the runs against the profile's: flagged beyond ±5%.
+  even.machine_speed = 0.96;
+  CHECK_FALSE(even.flagged());
+  CHECK_THAT(describe_point_result(even), Contains("machine -4.0% against the profile's") && !Contains("FLAGGED"));
+  even.machine_speed = 0.93;
+  CHECK(even.drifted());
+  CHECK(even.flagged());
+  CHECK(even.flag() == "machine -7.0%");
+  CHECK_THAT(describe_point_result(even), Contains("FLAGGED: the machine drifted"));
+  p.machine_speed = 1.08;
+  CHECK(p.flag() == "noisy, machine +8.0%");
 
   SECTION("a prediction and a measurement of different programs fail the point at compare") {
     TinyProgram other = tiny_program(0.1);
@@ -256,6 +269,10 @@ TEST_CASE("validate: validate.json, report.md and report.html carry the figures"
   REQUIRE(j["points"].size() == 4);
   CHECK(j["points"][0]["measured_step_time_s"].get<double>() == Approx(0.0100));
   CHECK(j["points"][2]["flagged"] == true);
+  CHECK(j["points"][2]["flag"] == "noisy");
+  CHECK(j["points"][0]["machine_speed"].is_null());  // not timed in this report
+  CHECK(j["machine_reference"].is_null());
+  CHECK(j["drift_flag_threshold"] == kValidateDriftFlag);
   CHECK(j["points"][3]["status"] == "failed");
   CHECK(j["points"][3]["failure"]["stage"] == "run");
   CHECK_THAT(j["points"][3]["failure"]["message"].get<std::string>(), Contains("rank 1"));
@@ -336,6 +353,11 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
   }
   CHECK(v["profile"]["source"] == "measure-quick");
   CHECK(fs::exists(out + "/profile.json"));
+  // The machine's speed: timed before the profile and around every point.
+  CHECK(v["machine_reference"]["canary_gflops"].get<double>() > 0);
+  CHECK(v["machine_reference"]["when"] == "just before the profile was measured");
+  for (const Json& p : v["points"]) CHECK(p["machine_speed"].get<double>() > 0);
+  CHECK_THAT(r.output, Contains("against the profile's"));
   CHECK_THAT(read_text(out + "/report.md"), Contains("| dp2-zero1 |"));
   CHECK_THAT(read_text(out + "/report.html"), Contains("<svg"));
   // The Points table beside it as CSV: a header row, then one row per point in order.
