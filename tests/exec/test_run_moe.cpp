@@ -57,6 +57,19 @@ Json allgather(Json p) {
   return p;
 }
 
+// A capacity factor (1.0 drops copies of a real routing) in place of dropless buffers.
+Json with_capacity(Json p, double factor = 1.0) {
+  p["moe_expert_capacity_factor"] = factor;
+  p.erase("moe_dropless_buffers");
+  return p;
+}
+
+// Hybrid sharding: two optimizer instances, the experts sharded over edp_shard.
+Json hybrid(Json p) {
+  p["num_distributed_optimizer_instances"] = 2;
+  return p;
+}
+
 // Every expert's input padded to its capacity (Megatron's moe_pad_expert_input_to_capacity): the
 // experts compute zero rows past the kept copies, which change nothing.
 Json padded(Json p) {
@@ -202,10 +215,6 @@ TEST_CASE("run: MoE under hybrid sharding gives the single-rank curve (fp64) wit
   // Two optimizer instances: experts shard over edp_shard (edp / 2 ranks) and their shards are
   // all-reduced over edp_replica, as the dense shards over dp_shard and dp_replica.
   const int steps = 3;
-  auto hybrid = [](Json p) {
-    p["num_distributed_optimizer_instances"] = 2;
-    return p;
-  };
   std::vector<Case> cases = {
       {"tiny-moe", hybrid(moe_plan(1, 1, 4, 2, 1)), ""},                // ep 1: edp 4, shards over 2
       {"tiny-moe", hybrid(moe_plan(1, 1, 4, 3, 2, "none", true)), ""},  // ep 2: edp 2, one-rank shards
@@ -221,8 +230,7 @@ TEST_CASE("run: a hybrid-sharded MoE run resumed from a checkpoint continues the
           "[run][moe][checkpoint]") {
   // ZeRO-3 with one-rank expert shard groups (edp 2 in 2 instances): each rank's expert state
   // whole, its dense state a half; the resumed steps equal the uninterrupted ones bit for bit.
-  Json p = moe_plan(1, 1, 4, 3, 2);
-  p["num_distributed_optimizer_instances"] = 2;
+  Json p = hybrid(moe_plan(1, 1, 4, 3, 2));
   p["name"] = "moe-hybrid-resume";
   const WholeAndResumed runs = whole_and_resumed("tiny-moe", p, 5, 3, fresh_dir("run-moe-hybrid-resume"));
   CHECK(runs.resumed[0] == runs.whole[3]);
@@ -231,22 +239,18 @@ TEST_CASE("run: a hybrid-sharded MoE run resumed from a checkpoint continues the
 
 TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan", "[run][moe]") {
   const int steps = 3;
-  auto capacity = [](Json p) {
-    p["moe_expert_capacity_factor"] = 1.0;
-    return p;
-  };
   std::vector<Case> cases = {
-      {"tiny-moe", capacity(moe_plan(1, 1, 2, 1, 2)), "--collectives mpi"},  // ep 2, ZeRO-1, MPI_Alltoallv
-      {"tiny-moe", allgather(capacity(moe_plan(1, 1, 2, 0, 2))), ""},         // the allgather dispatcher
+      {"tiny-moe", with_capacity(moe_plan(1, 1, 2, 1, 2)), "--collectives mpi"},  // ep 2, ZeRO-1, MPI_Alltoallv
+      {"tiny-moe", allgather(with_capacity(moe_plan(1, 1, 2, 0, 2))), ""},         // the allgather dispatcher
       // Padded to capacity: both dispatchers, with biases (the zero rows get the bias, and no
       // gradient), the one-rank plan.
-      {"tiny-moe", padded(capacity(moe_plan(1, 1, 2, 1, 2))), ""},
-      {"tiny-moe", padded(allgather(capacity(moe_plan(1, 1, 2, 0, 2)))), ""},
-      {with_biases("tiny-moe"), padded(capacity(moe_plan(1, 1, 2, 0, 2, "full"))), ""},
-      {"tiny-moe", padded(capacity(moe_plan(1, 1, 1, 0, 1))), ""},
+      {"tiny-moe", padded(with_capacity(moe_plan(1, 1, 2, 1, 2))), ""},
+      {"tiny-moe", padded(allgather(with_capacity(moe_plan(1, 1, 2, 0, 2)))), ""},
+      {with_biases("tiny-moe"), padded(with_capacity(moe_plan(1, 1, 2, 0, 2, "full"))), ""},
+      {"tiny-moe", padded(with_capacity(moe_plan(1, 1, 1, 0, 1))), ""},
   };
   std::map<std::string, RunResult> reference;
-  check_cases(cases, steps, capacity(moe_plan(1, 1, 1, 0, 1)), reference);
+  check_cases(cases, steps, with_capacity(moe_plan(1, 1, 1, 0, 1)), reference);
   const std::vector<int64_t> one = dropped(reference.at("tiny-moe"));
   std::printf("moe capacity 1.0: dropped token copies per step on one rank:");
   for (int64_t d : one) std::printf(" %lld", (long long)d);
@@ -259,20 +263,15 @@ TEST_CASE("run: MoE with a capacity factor under tp or cp drops alike on every p
   // Megatron's capacity is of a rank's own tokens, which sequence parallelism (tp) and cp split:
   // no single rank drops those copies, so each split's plans are checked against its ep 1 plan.
   const int steps = 3;
-  auto capacity = [](Json p) {
-    p["moe_expert_capacity_factor"] = 1.0;
-    p.erase("moe_dropless_buffers");
-    return p;
-  };
-  auto cp2 = [&](Json p) { return capacity(with_cp(p, 2)); };
-  const Json tp_reference = capacity(moe_plan(2, 1, 1, 0, 1));
+  auto cp2 = [&](Json p) { return with_capacity(with_cp(p, 2)); };
+  const Json tp_reference = with_capacity(moe_plan(2, 1, 1, 0, 1));
   std::vector<Case> tp_cases = {
-      {"tiny-moe", capacity(moe_plan(2, 1, 1, 0, 2)), ""},                           // ep 2 over the tp ranks
-      {"tiny-moe", capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2)), ""},              // etp 2
-      {"tiny-moe", allgather(capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},   // etp 2, allgather
-      {"tiny-moe", padded(capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},      // etp 2, padded
-      {"tiny-moe", capacity(moe_plan(2, 2, 1, 0, 2, "full")), ""},                   // pp 2, full recompute
-      {"tiny-moe", capacity(moe_plan(2, 1, 2, 1, 2)), "--collectives mpi"},          // dp 2, ZeRO-1
+      {"tiny-moe", with_capacity(moe_plan(2, 1, 1, 0, 2)), ""},                           // ep 2 over the tp ranks
+      {"tiny-moe", with_capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2)), ""},              // etp 2
+      {"tiny-moe", allgather(with_capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},   // etp 2, allgather
+      {"tiny-moe", padded(with_capacity(with_etp(moe_plan(2, 1, 1, 0, 1), 2))), ""},      // etp 2, padded
+      {"tiny-moe", with_capacity(moe_plan(2, 2, 1, 0, 2, "full")), ""},                   // pp 2, full recompute
+      {"tiny-moe", with_capacity(moe_plan(2, 1, 2, 1, 2)), "--collectives mpi"},          // dp 2, ZeRO-1
   };
   std::map<std::string, RunResult> tp_reference_run;
   check_cases(tp_cases, steps, tp_reference, tp_reference_run);
@@ -285,7 +284,7 @@ TEST_CASE("run: MoE with a capacity factor under tp or cp drops alike on every p
   std::map<std::string, RunResult> cp_reference_run;
   check_cases(cp_cases, steps, cp_reference, cp_reference_run);
   // Each rank drops at its own tokens' capacity: other copies than one rank of the whole sequence.
-  RunResult single = run_plan("tiny-moe", capacity(moe_plan(1, 1, 1, 0, 1)), steps);
+  RunResult single = run_plan("tiny-moe", with_capacity(moe_plan(1, 1, 1, 0, 1)), steps);
   REQUIRE(single.exit_code == 0);
   for (const auto* run : {&tp_reference_run.at("tiny-moe"), &cp_reference_run.at("tiny-moe")}) {
     for (int64_t d : dropped(*run)) CHECK(d > 0);
