@@ -338,7 +338,10 @@ int run_simulate(int argc, char** argv) {
   }
   std::cout << "\n";
   if (program.moe.num_experts > 0) {
+    size_t samples = 0;
+    for (const auto& layer : program.moe.routing_samples) samples = std::max(samples, layer.size());
     std::cout << "experts: " << sim.moe_draws << " routing draws (seed " << program.moe.routing_seed
+              << (samples > 0 ? ", replaying a run's " + std::to_string(samples) + " samples per layer" : "")
               << "), the most loaded ep rank takes " << sim.moe_load_ratio_mean << "× the mean on average (at most "
               << sim.moe_load_ratio_max << "×)";
     if (program.moe.expert_capacity_rows > 0) {

@@ -44,7 +44,19 @@ void lower_program_into(StepProgram& program, const ModelConfig& model, const To
     program.moe = ProgramMoe{model.num_experts, plan.moe.top_k, plan.moe.capacity_factor,
                              routing_shares(plan.moe, model.num_experts), plan.moe.seed,
                              ctx.moe.tokens * ctx.moe.top_k * ctx.moe.ep * ctx.moe.etp,
-                             ctx.moe.capacity * ctx.moe.ep * ctx.moe.etp, plan.moe.pad_to_capacity};
+                             ctx.moe.capacity * ctx.moe.ep * ctx.moe.etp, plan.moe.pad_to_capacity, {}, {}};
+    if (!plan.moe.samples.empty()) {
+      program.moe.routing_samples.resize(size_t(model.num_hidden_layers));
+      for (int64_t l = model.first_k_dense_replace; l < model.num_hidden_layers; ++l) {
+        program.moe.routing_samples[size_t(l)] = routing_samples(plan.moe, l);
+      }
+    }
+    if (routing_per_layer(plan.moe)) {
+      program.moe.layer_routing_shares.resize(size_t(model.num_hidden_layers));
+      for (int64_t l = model.first_k_dense_replace; l < model.num_hidden_layers; ++l) {
+        program.moe.layer_routing_shares[size_t(l)] = routing_shares(plan.moe, model.num_experts, l);
+      }
+    }
   }
   program.order = plan.order;
   program.devices_per_node = topology.node.devices_per_node;

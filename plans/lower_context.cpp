@@ -40,19 +40,24 @@ LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t to
     x.expert_rows = routed;  // every copy of the expert block on one rank's experts
   } else {
     x.send_rows = tokens * x.top_k;
-    const std::vector<double> shares = routing_shares(p.moe, x.experts);
     const int64_t microbatches = p.moe.draw_microbatches > 0    ? p.moe.draw_microbatches
                                  : p.moe.draw_microbatches == 0 ? p.num_microbatches()
                                                                 : 0;
-    for (int64_t mb = 0; mb < microbatches; ++mb) {
-      for (int64_t l = m.first_k_dense_replace; l < m.num_hidden_layers; ++l) {
-        std::vector<int64_t> counts = draw_routing(shares, routed, p.moe.seed, mb, l);
-        for (int64_t r = 0; r < x.ep; ++r) {
-          int64_t load = 0;
-          for (int64_t e = r * x.experts_local; e < (r + 1) * x.experts_local; ++e) load += counts[size_t(e)];
-          x.expert_rows = std::max(x.expert_rows, load);
-        }
+    auto size_for = [&](const std::vector<int64_t>& counts) {
+      for (int64_t r = 0; r < x.ep; ++r) {
+        int64_t load = 0;
+        for (int64_t e = r * x.experts_local; e < (r + 1) * x.experts_local; ++e) load += counts[size_t(e)];
+        x.expert_rows = std::max(x.expert_rows, load);
       }
+    };
+    for (int64_t l = m.first_k_dense_replace; l < m.num_hidden_layers && microbatches > 0; ++l) {
+      const std::vector<std::vector<int64_t>>& samples = routing_samples(p.moe, l);
+      if (!samples.empty()) {  // replayed: the heaviest of every sample the draws may pick
+        for (size_t i = 0; i < samples.size(); ++i) size_for(replay_routing({samples[i]}, routed, 0, 0, 0));
+        continue;
+      }
+      const std::vector<double> shares = routing_shares(p.moe, x.experts, l);
+      for (int64_t mb = 0; mb < microbatches; ++mb) size_for(draw_routing(shares, routed, p.moe.seed, mb, l));
     }
   }
   x.recv_rows = (x.expert_rows + x.etp - 1) / x.etp;

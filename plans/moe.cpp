@@ -29,38 +29,96 @@ const std::vector<std::string> kMoeKeys = {
     "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed",
     "moe_dropless_buffers", "moe_pad_expert_input_to_capacity"};
 
-// A histogram file: {"tokens_per_expert": [counts], "total_tokens": N (optional: then the counts
-// must sum to it), "notes": "..."}.
-std::vector<double> load_histogram(const std::string& path, const std::string& plan_file) {
+// A histogram file: {"tokens_per_expert": [counts] for every MoE layer, or [[counts], ...] a row
+// per MoE layer in layer order; "total_tokens": N (optional: then all the counts must sum to it),
+// "samples": [[[counts], ...], ...] (optional: per MoE layer, the counts of each routed
+// microbatch), "notes": "..."}. `stepcast run` writes one per run (moe-routing.json).
+std::vector<std::vector<double>> load_histogram(const std::string& path, const std::string& plan_file,
+                                                std::vector<std::vector<std::vector<int64_t>>>& samples) {
   Json json = load_json_file(path);
   ObjectReader reader(json, path);
   reader.accept("notes");
   reader.accept("tokens_per_expert");
+  reader.accept("samples");
   std::optional<int64_t> total = reader.get_optional_int("total_tokens", 1);
   if (!json.contains("tokens_per_expert")) {
     reader.fail("tokens_per_expert", "missing required key", "an array of tokens routed to each expert");
   }
   reader.finish();
   const Json& counts = json.at("tokens_per_expert");
+  const std::string valid = "an array of tokens routed to each expert, or an array of such arrays (one per MoE "
+                            "layer), named by " + plan_file;
   if (!counts.is_array() || counts.empty()) {
-    throw_input_error(path, "tokens_per_expert", counts.dump().substr(0, 60), "not a non-empty array",
-                      "an array of tokens routed to each expert (named by " + plan_file + ")");
+    throw_input_error(path, "tokens_per_expert", counts.dump().substr(0, 60), "not a non-empty array", valid);
   }
-  std::vector<double> out;
-  for (const Json& c : counts) {
-    if (!c.is_number_integer() || c.get<int64_t>() < 0) {
-      throw_input_error(path, "tokens_per_expert", c.dump(), "is not a token count", "integers >= 0");
+  const bool per_layer = counts.front().is_array();
+  std::vector<std::vector<double>> rows;
+  double sum = 0;
+  for (size_t l = 0; l < (per_layer ? counts.size() : 1); ++l) {
+    const Json& row = per_layer ? counts[l] : counts;
+    const std::string key = per_layer ? "tokens_per_expert[" + std::to_string(l) + "]" : "tokens_per_expert";
+    if (!row.is_array() || row.empty()) {
+      throw_input_error(path, key, row.dump().substr(0, 60), "not a non-empty array", valid);
     }
-    out.push_back(double(c.get<int64_t>()));
+    rows.emplace_back();
+    for (const Json& c : row) {
+      if (!c.is_number_integer() || c.get<int64_t>() < 0) {
+        throw_input_error(path, key, c.dump(), "is not a token count", "integers >= 0");
+      }
+      rows.back().push_back(double(c.get<int64_t>()));
+    }
+    const double row_sum = std::accumulate(rows.back().begin(), rows.back().end(), 0.0);
+    if (row_sum <= 0) throw_input_error(path, key, row.dump().substr(0, 60), "sums to 0", "some tokens");
+    if (rows.back().size() != rows.front().size()) {
+      throw_input_error(path, key, std::to_string(rows.back().size()) + " counts",
+                        "differs from the " + std::to_string(rows.front().size()) + " of tokens_per_expert[0]",
+                        "the same number of experts in every layer's row");
+    }
+    sum += row_sum;
   }
-  double sum = std::accumulate(out.begin(), out.end(), 0.0);
-  if (sum <= 0) throw_input_error(path, "tokens_per_expert", counts.dump().substr(0, 60), "sums to 0", "some tokens");
   if (total && double(*total) != sum) {
     throw_input_error(path, "total_tokens", std::to_string(*total),
                       "differs from the sum of tokens_per_expert (" + std::to_string(int64_t(sum)) + ")",
                       "the sum of tokens_per_expert, or no total_tokens");
   }
-  return out;
+  samples.clear();
+  if (json.contains("samples")) {
+    const Json& layers = json.at("samples");
+    const std::string valid_samples = "per MoE layer (as many as tokens_per_expert's rows), a non-empty array of "
+                                      "samples, each " + std::to_string(rows.front().size()) + " token counts";
+    if (!layers.is_array() || layers.size() != rows.size()) {
+      throw_input_error(path, "samples", layers.dump().substr(0, 60),
+                        "is not an array with a layer per row of tokens_per_expert (" + std::to_string(rows.size()) +
+                            ")",
+                        valid_samples);
+    }
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const std::string key = "samples[" + std::to_string(l) + "]";
+      if (!layers[l].is_array() || layers[l].empty()) {
+        throw_input_error(path, key, layers[l].dump().substr(0, 60), "not a non-empty array", valid_samples);
+      }
+      samples.emplace_back();
+      for (size_t i = 0; i < layers[l].size(); ++i) {
+        const Json& one = layers[l][i];
+        const std::string at = key + "[" + std::to_string(i) + "]";
+        if (!one.is_array() || one.size() != rows.front().size()) {
+          throw_input_error(path, at, one.dump().substr(0, 60), "is not " + std::to_string(rows.front().size()) +
+                            " counts", valid_samples);
+        }
+        int64_t sample_sum = 0;
+        samples.back().emplace_back();
+        for (const Json& c : one) {
+          if (!c.is_number_integer() || c.get<int64_t>() < 0) {
+            throw_input_error(path, at, c.dump(), "is not a token count", "integers >= 0");
+          }
+          samples.back().back().push_back(c.get<int64_t>());
+          sample_sum += c.get<int64_t>();
+        }
+        if (sample_sum <= 0) throw_input_error(path, at, one.dump().substr(0, 60), "sums to 0", "some tokens");
+      }
+    }
+  }
+  return rows;
 }
 
 uint64_t mix(uint64_t x) {
@@ -126,7 +184,8 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
     moe.histogram_file = reader.get_string("moe_routing_histogram");
     std::filesystem::path path(moe.histogram_file);
     if (path.is_relative()) path = std::filesystem::path(plan_file).parent_path() / path;
-    moe.histogram = load_histogram(path.string(), plan_file);
+    moe.histogram_path = std::filesystem::absolute(path).lexically_normal().string();
+    moe.histogram = load_histogram(path.string(), plan_file, moe.samples);
   }
   moe.seed = uint64_t(reader.get_int_or("moe_routing_seed", 0, 1));
   moe.dropless_any_routing = reader.get_enum_or("moe_dropless_buffers", {"draws", "any_routing"}, "draws") == "any_routing";
@@ -200,11 +259,19 @@ void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& mo
                       "(the router and dispatch work on each rank's own tokens)",
                       "true, or tp_size 1");
   }
-  if (moe.routing == RoutingKind::histogram && int64_t(moe.histogram.size()) != E) {
+  moe.first_moe_layer = model.first_k_dense_replace;
+  if (moe.routing == RoutingKind::histogram && int64_t(moe.histogram.front().size()) != E) {
     throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
-                      "has " + std::to_string(moe.histogram.size()) + " experts' counts, the model " + model.file +
-                          " has " + std::to_string(E),
+                      "has " + std::to_string(moe.histogram.front().size()) + " experts' counts, the model " +
+                          model.file + " has " + std::to_string(E),
                       "a histogram of " + std::to_string(E) + " counts");
+  }
+  const int64_t moe_layers = model.num_moe_layers();
+  if (routing_per_layer(moe) && int64_t(moe.histogram.size()) != moe_layers) {
+    throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
+                      "has " + std::to_string(moe.histogram.size()) + " rows of counts, the model " + model.file +
+                          " has " + std::to_string(moe_layers) + " MoE layers",
+                      "one row for every MoE layer, or a row per MoE layer (" + std::to_string(moe_layers) + ")");
   }
 }
 
@@ -218,17 +285,37 @@ void moe_plan_to_json(const MoePlan& moe, Json& out) {
   out["moe_token_dispatcher_type"] = to_string(moe.dispatcher);
   out["moe_routing"] = to_string(moe.routing);
   if (moe.routing == RoutingKind::skew) out["moe_routing_skew"] = moe.skew;
-  if (moe.routing == RoutingKind::histogram) out["moe_routing_histogram"] = moe.histogram_file;
+  // (the file as resolved: a program's plan, read again, finds it wherever the plan was)
+  if (moe.routing == RoutingKind::histogram) out["moe_routing_histogram"] = moe.histogram_path;
   out["moe_routing_seed"] = moe.seed;
   if (moe.dropless_any_routing) out["moe_dropless_buffers"] = "any_routing";
 }
 
+bool routing_per_layer(const MoePlan& moe) {
+  return moe.routing == RoutingKind::histogram && moe.histogram.size() > 1;
+}
+
+const std::vector<std::vector<int64_t>>& routing_samples(const MoePlan& moe, int64_t layer) {
+  static const std::vector<std::vector<int64_t>> none;
+  if (moe.routing != RoutingKind::histogram || moe.samples.empty() || layer < moe.first_moe_layer) return none;
+  return moe.samples.size() == 1 ? moe.samples.front() : moe.samples.at(size_t(layer - moe.first_moe_layer));
+}
+
 std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts) {
+  return routing_shares(moe, num_experts, -1);
+}
+
+std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts, int64_t layer) {
   std::vector<double> shares(size_t(num_experts), 1.0);
   if (moe.routing == RoutingKind::skew) {
     for (int64_t e = 0; e < num_experts; ++e) shares[size_t(e)] = 1.0 / std::pow(double(e + 1), moe.skew);
+  } else if (moe.routing == RoutingKind::histogram && routing_per_layer(moe) && layer >= 0) {
+    shares = moe.histogram.at(size_t(layer - moe.first_moe_layer));
   } else if (moe.routing == RoutingKind::histogram) {
-    shares = moe.histogram;
+    shares.assign(size_t(num_experts), 0.0);
+    for (const std::vector<double>& row : moe.histogram) {
+      for (size_t e = 0; e < shares.size(); ++e) shares[e] += row.at(e);
+    }
   }
   double sum = std::accumulate(shares.begin(), shares.end(), 0.0);
   for (double& s : shares) s /= sum;
@@ -252,6 +339,26 @@ std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tok
     share_left -= shares[e];
   }
   if (!shares.empty()) counts.back() += left;
+  return counts;
+}
+
+std::vector<int64_t> replay_routing(const std::vector<std::vector<int64_t>>& samples, int64_t tokens, uint64_t seed,
+                                    int64_t microbatch, int64_t layer) {
+  const uint64_t key = mix(seed ^ mix(uint64_t(microbatch) * 0x100000001B3ull ^ mix(uint64_t(layer))));
+  const std::vector<int64_t>& sample = samples.at(size_t(key % samples.size()));
+  const double total = double(std::accumulate(sample.begin(), sample.end(), int64_t(0)));
+  std::vector<int64_t> counts(sample.size());
+  std::vector<std::pair<double, size_t>> remainders;
+  int64_t left = tokens;
+  for (size_t e = 0; e < sample.size(); ++e) {
+    const double exact = double(sample[e]) * double(tokens) / total;
+    counts[e] = int64_t(std::floor(exact));
+    left -= counts[e];
+    remainders.emplace_back(exact - double(counts[e]), e);
+  }
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; left > 0 && i < remainders.size(); ++i, --left) ++counts[remainders[i].second];
   return counts;
 }
 

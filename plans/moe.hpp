@@ -35,7 +35,15 @@ struct MoePlan {
   RoutingKind routing = RoutingKind::uniform;
   double skew = 0;                 // Zipf exponent: expert e gets a share ∝ 1/(e+1)^skew
   std::string histogram_file;      // tokens per expert measured (a JSON file), as the plan names it
-  std::vector<double> histogram;   // resolved: the file's counts (or fractions)
+  std::string histogram_path;      // resolved: that file's absolute path (the plan's folder for a relative one)
+  // Resolved: the file's counts, one row for every MoE layer, or a row per MoE layer (in layer
+  // order, as `stepcast run` writes moe-routing.json).
+  std::vector<std::vector<double>> histogram;
+  int64_t first_moe_layer = 0;     // resolved: the model's first_k_dense_replace (histogram rows)
+  // The histogram file's "samples": per MoE layer, the copies per expert of each (step, microbatch,
+  // expert block) a run routed (`stepcast run` writes them); each (microbatch, layer) of the
+  // simulation then replays one of its layer's samples instead of a draw from the shares.
+  std::vector<std::vector<std::vector<int64_t>>> samples;
   uint64_t seed = 1;               // moe_routing_seed
   // moe_dropless_buffers: dropless dispatch buffers sized by the heaviest load the routing draws
   // give (false, "draws": the default), or for any routing (true, "any_routing": every token copy
@@ -65,13 +73,24 @@ void moe_plan_to_json(const MoePlan& moe, Json& out);
 void validate_moe_hybrid_sharding(const MoePlan& moe, const std::string& plan_file, int64_t tp_size, int64_t cp_size,
                                   int64_t dp_size, int64_t pp_size, const std::string& order, int64_t instances);
 
-// The share of routed tokens each expert expects (sums to 1).
+// The share of routed tokens each expert expects (sums to 1): over every MoE layer (a histogram's
+// rows summed), or in the model's layer `layer` (its own row where the histogram has one per layer).
 std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts);
+std::vector<double> routing_shares(const MoePlan& moe, int64_t num_experts, int64_t layer);
+// Whether the shares differ by layer (a histogram with a row per MoE layer).
+bool routing_per_layer(const MoePlan& moe);
+// The measured samples layer `layer` replays (empty: the layer draws from its shares).
+const std::vector<std::vector<int64_t>>& routing_samples(const MoePlan& moe, int64_t layer);
 // Tokens each of the experts receives when `tokens` token-copies (tokens × top-k) are routed in
 // (microbatch, layer): a draw from the shares keyed on (seed, microbatch, layer), the same on every
 // platform (its own hash generator, normal approximation of the multinomial); sums to `tokens`.
 std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tokens, uint64_t seed,
                                   int64_t microbatch, int64_t layer);
+// The counts of (microbatch, layer) replayed from measured samples (one of `samples`, picked by a
+// hash of (seed, microbatch, layer)), scaled to `tokens` copies (largest remainders); sums to
+// `tokens`.
+std::vector<int64_t> replay_routing(const std::vector<std::vector<int64_t>>& samples, int64_t tokens, uint64_t seed,
+                                    int64_t microbatch, int64_t layer);
 // Token copies routed to each of `experts` experts by route_idx (expert e, or −1 − e for a copy
 // its capacity dropped: counted too, as the aux loss counts them).
 std::vector<double> routed_copies(const int32_t* route_idx, int64_t copies, int64_t experts);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "errors.hpp"
+#include "moe.hpp"
 
 namespace stepcast {
 
@@ -148,6 +149,12 @@ DataBuffer data_buffer_kind(const std::string& buffer) {
 int32_t data_buffer_microbatch(const std::string& buffer) {
   STEPCAST_CHECK(data_buffer_kind(buffer) != DataBuffer::none, buffer + " is not a data buffer");
   return int32_t(std::stol(buffer.substr(2, buffer.find('.') - 2)));
+}
+
+std::vector<int64_t> ProgramMoe::routing_counts(int64_t microbatch, int64_t layer) const {
+  const bool replay = layer >= 0 && size_t(layer) < routing_samples.size() && !routing_samples[size_t(layer)].empty();
+  return replay ? replay_routing(routing_samples[size_t(layer)], routed_tokens, routing_seed, microbatch, layer)
+                : draw_routing(shares(layer), routed_tokens, routing_seed, microbatch, layer);
 }
 
 const Role& StepProgram::role_of_rank(int64_t rank) const {

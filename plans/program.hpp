@@ -202,7 +202,7 @@ struct ProgramMoe {
   int64_t num_experts = 0;        // 0: no experts
   int64_t top_k = 0;
   double capacity_factor = 0;     // 0: dropless
-  std::vector<double> routing_shares;  // [num_experts], summing to 1
+  std::vector<double> routing_shares;  // [num_experts], summing to 1: every MoE layer's
   uint64_t routing_seed = 1;
   // Token copies an expert block (the ep·etp ranks whose tokens meet at the experts) routes in one
   // (microbatch, layer): tokens a rank holds · top_k · ep · etp; and the rows an expert computes
@@ -212,6 +212,22 @@ struct ProgramMoe {
   // Under a capacity, whether each expert computes its capacity rows padded (the plan's
   // moe_pad_expert_input_to_capacity) or the copies the routing keeps, at most the capacity.
   bool pad_to_capacity = false;
+  // Where the routing differs by layer (a histogram with a row per MoE layer): [layer][num_experts]
+  // over the model's layers, each MoE layer's shares (a dense layer's row empty); empty: every
+  // layer draws from routing_shares.
+  std::vector<std::vector<double>> layer_routing_shares;
+  // Where a measured routing is replayed (a histogram file's "samples"): [layer][sample][expert],
+  // the copies per expert of each microbatch a run routed (a dense layer's empty); empty: draws.
+  std::vector<std::vector<std::vector<int64_t>>> routing_samples;
+  // The token copies per expert of (microbatch, layer): replayed from the layer's samples where it
+  // has them, else drawn from its shares (moe.hpp's replay_routing, draw_routing).
+  std::vector<int64_t> routing_counts(int64_t microbatch, int64_t layer) const;
+  // The shares layer `layer`'s draws come from.
+  const std::vector<double>& shares(int64_t layer) const {
+    const bool own = layer >= 0 && size_t(layer) < layer_routing_shares.size() &&
+                     !layer_routing_shares[size_t(layer)].empty();
+    return own ? layer_routing_shares[size_t(layer)] : routing_shares;
+  }
 };
 
 struct StepProgram {

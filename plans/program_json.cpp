@@ -269,14 +269,18 @@ std::string write_program_json(const StepProgram& program, std::ostream* out, co
     put_number(s, double(program.parameter_servers));
   }
   if (program.moe.num_experts > 0) {  // absent: no experts
-    s += ",\"moe\":" + Json{{"num_experts", program.moe.num_experts},
-                              {"top_k", program.moe.top_k},
-                              {"capacity_factor", program.moe.capacity_factor},
-                              {"routing_shares", program.moe.routing_shares},
-                              {"routing_seed", program.moe.routing_seed},
-                              {"routed_tokens", program.moe.routed_tokens},
-                              {"expert_capacity_rows", program.moe.expert_capacity_rows},
-                              {"pad_to_capacity", program.moe.pad_to_capacity}}.dump();
+    Json moe{{"num_experts", program.moe.num_experts},
+             {"top_k", program.moe.top_k},
+             {"capacity_factor", program.moe.capacity_factor},
+             {"routing_shares", program.moe.routing_shares},
+             {"routing_seed", program.moe.routing_seed},
+             {"routed_tokens", program.moe.routed_tokens},
+             {"expert_capacity_rows", program.moe.expert_capacity_rows},
+             {"pad_to_capacity", program.moe.pad_to_capacity}};
+    // absent: every layer draws from routing_shares
+    if (!program.moe.layer_routing_shares.empty()) moe["layer_routing_shares"] = program.moe.layer_routing_shares;
+    if (!program.moe.routing_samples.empty()) moe["routing_samples"] = program.moe.routing_samples;  // absent: draws
+    s += ",\"moe\":" + moe.dump();
   }
   if (program.fp8.enabled()) {  // absent: no FP8
     s += ",\"fp8\":{\"format\":";

@@ -200,6 +200,33 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         throw InputError(path + ": key 'moe.routing_shares': " + std::to_string(p.moe.routing_shares.size()) +
                          " entries; valid: one per expert (" + std::to_string(p.moe.num_experts) + ")");
       }
+      if (m.contains("routing_samples")) {
+        p.moe.routing_samples = m.at("routing_samples").get<std::vector<std::vector<std::vector<int64_t>>>>();
+        for (size_t l = 0; l < p.moe.routing_samples.size(); ++l) {
+          for (size_t i = 0; i < p.moe.routing_samples[l].size(); ++i) {
+            const std::vector<int64_t>& one = p.moe.routing_samples[l][i];
+            int64_t sum = 0;
+            for (int64_t c : one) sum += c < 0 ? -(int64_t(1) << 62) : c;
+            if (int64_t(one.size()) != p.moe.num_experts || sum <= 0) {
+              throw InputError(path + ": key 'moe.routing_samples[" + std::to_string(l) + "][" + std::to_string(i) +
+                               "]': " + std::to_string(one.size()) + " counts summing to " + std::to_string(sum) +
+                               "; valid: one count >= 0 per expert (" + std::to_string(p.moe.num_experts) +
+                               "), some tokens");
+            }
+          }
+        }
+      }
+      if (m.contains("layer_routing_shares")) {
+        p.moe.layer_routing_shares = m.at("layer_routing_shares").get<std::vector<std::vector<double>>>();
+        for (size_t l = 0; l < p.moe.layer_routing_shares.size(); ++l) {
+          const size_t n = p.moe.layer_routing_shares[l].size();
+          if (n != 0 && int64_t(n) != p.moe.num_experts) {
+            throw InputError(path + ": key 'moe.layer_routing_shares[" + std::to_string(l) + "]': " +
+                             std::to_string(n) + " entries; valid: none (a dense layer) or one per expert (" +
+                             std::to_string(p.moe.num_experts) + ")");
+          }
+        }
+      }
     }
     p.order = g.at("order");
     p.devices_per_node = integer(g.at("devices_per_node"), "devices_per_node", 1, 1 << 24);

@@ -20,27 +20,27 @@ bool routing_moves_costs(const ProgramMoe& moe) {
   return moe.num_experts > 0 && !moe.pad_to_capacity && int64_t(moe.routing_shares.size()) == moe.num_experts;
 }
 
-// The expected load of the busiest expert-parallel rank over the mean (≥ 1): ep rank r holds
-// experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share. 1 where the
-// routing moves no costs.
-double expert_imbalance(const ProgramMoe& moe, int64_t ep) {
+// The expected load of the busiest expert-parallel rank over the mean (≥ 1) in layer `layer`: ep
+// rank r holds experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share.
+// 1 where the routing moves no costs.
+double expert_imbalance(const ProgramMoe& moe, int64_t ep, int64_t layer) {
   if (!routing_moves_costs(moe) || ep < 1) return 1;
   const int64_t local = moe.num_experts / ep;
   double busiest = 0;
   for (int64_t r = 0; r < ep; ++r) {
     double load = 0;
-    for (int64_t e = r * local; e < (r + 1) * local; ++e) load += moe.routing_shares[size_t(e)];
+    for (int64_t e = r * local; e < (r + 1) * local; ++e) load += moe.shares(layer)[size_t(e)];
     busiest = std::max(busiest, load);
   }
   return std::max(1.0, busiest * double(ep));
 }
 
-// The expected rows of each expert (the routing's expectation of the simulator's draws); empty
-// where the routing moves no costs.
-std::vector<int64_t> expected_expert_rows(const ProgramMoe& moe) {
+// The expected rows of each expert in layer `layer` (the routing's expectation of the
+// simulator's draws); empty where the routing moves no costs.
+std::vector<int64_t> expected_expert_rows(const ProgramMoe& moe, int64_t layer) {
   std::vector<int64_t> rows;
   if (!routing_moves_costs(moe)) return rows;
-  for (double share : moe.routing_shares) {
+  for (double share : moe.shares(layer)) {
     const int64_t expected = std::llround(share * double(moe.routed_tokens));
     rows.push_back(moe.expert_capacity_rows > 0 ? std::min(expected, moe.expert_capacity_rows) : expected);
   }
@@ -113,8 +113,15 @@ namespace {
 
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
                        const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
-  const double imbalance = expert_imbalance(program.moe, program.ep_size);
-  const std::vector<int64_t> expert_rows = expected_expert_rows(program.moe);
+  // By layer (the routing's shares may differ by layer).
+  std::map<int32_t, std::pair<double, std::vector<int64_t>>> routing;
+  auto layer_routing = [&](int32_t layer) -> const std::pair<double, std::vector<int64_t>>& {
+    auto [it, fresh] = routing.emplace(layer, std::pair<double, std::vector<int64_t>>{});
+    if (fresh) {
+      it->second = {expert_imbalance(program.moe, program.ep_size, layer), expected_expert_rows(program.moe, layer)};
+    }
+    return it->second;
+  };
   std::map<std::pair<int32_t, int64_t>, double> expert_memo;
   const LinkFigures& links = collectives.links();  // the profile's link fractions applied
   RankGrid grid = program.grid();
@@ -134,7 +141,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       double s = cost_model.op_time_s(op);
       if (is_expert_gemm(op)) {  // the busiest ep rank sets the pace
         const double busiest =
-            busiest_expert_gemm_s(cost_model, op, expert_rows, program.ep_size, s, expert_memo);
+            busiest_expert_gemm_s(cost_model, op, layer_routing(op.layer).second, program.ep_size, s, expert_memo);
         if (op.microbatch == 0) t.imbalance_mb_s += busiest - s;
         s = busiest;
       }
@@ -149,7 +156,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       GroupShape shape = group_shape(grid, op.group, rank, per_node);
       double s = uncontended_collective_s(cost_model, collectives, op.kind, op.algorithm, op.bytes, shape);
       // The dispatch and combine: the busiest ep rank's messages set the pace.
-      if (op.kind == OpKind::all_to_all && op.group == GroupKind::ep) s *= imbalance;
+      if (op.kind == OpKind::all_to_all && op.group == GroupKind::ep) s *= layer_routing(op.layer).first;
       if (op.group == GroupKind::dp_replica || op.group == GroupKind::edp_replica) {
         // Hybrid sharding's all_reduce across replicas: once per bucket per step.
         t.dp_step_s += s;

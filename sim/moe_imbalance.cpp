@@ -1,11 +1,12 @@
 // Routing imbalance of a mixture of experts in the simulation: each (microbatch, MoE layer)'s
-// tokens per expert drawn from the program's routing shares with its seed (moe.hpp's
-// draw_routing), the same draw for every rank, so an ep rank whose experts drew more tokens computes
-// longer grouped GEMMs (each expert's GEMM through the GEMM model with its own rows) and receives
-// (sends back) more of the all_to_all, whose largest message sets its pace. Under a capacity an
-// expert keeps at most its capacity of copies (the rest dropped and counted), and computes those,
-// or with moe_pad_expert_input_to_capacity its whole capacity padded (Megatron's pad_to_capacity),
-// when costs do not move. See sim_plan.hpp (SimPlan::ep_cost_s, ep_load).
+// tokens per expert drawn from the program's routing shares (the layer's own where it has them)
+// with its seed (moe.hpp's draw_routing), or replayed from a run's measured samples, the same
+// draw for every rank, so an ep rank whose experts drew more tokens computes longer grouped
+// GEMMs (each expert's GEMM through the GEMM model with its own rows) and receives (sends back)
+// more of the all_to_all, whose largest message sets its pace. Under a capacity an expert keeps
+// at most its capacity of copies (the rest dropped and counted), and computes those, or with
+// moe_pad_expert_input_to_capacity its whole capacity padded (Megatron's pad_to_capacity), when
+// costs do not move. See sim_plan.hpp (SimPlan::ep_cost_s, ep_load).
 #include <algorithm>
 #include <map>
 
@@ -45,7 +46,7 @@ void plan_moe_imbalance(SimPlan& plan, const StepProgram& program, const Compute
   std::map<std::pair<int32_t, int32_t>, std::vector<int64_t>> draws;
   auto draw = [&](int32_t mb, int32_t layer) -> const std::vector<int64_t>& {
     auto [it, fresh] = draws.emplace(std::make_pair(mb, layer), std::vector<int64_t>{});
-    if (fresh) it->second = draw_routing(moe.routing_shares, moe.routed_tokens, moe.routing_seed, mb, layer);
+    if (fresh) it->second = moe.routing_counts(mb, layer);
     return it->second;
   };
   double ratio_sum = 0, ratio_max = 0;

@@ -82,3 +82,29 @@ TEST_CASE("simulate: unpadded, an expert computes the copies it keeps — padded
                                                 {"moe_routing_skew", 2.0}});
   CHECK(step(skewed) > step(kept));
 }
+
+TEST_CASE("simulate: a histogram's layers each draw from their own row, and measured samples are replayed",
+          "[simulate][moe]") {
+  // Layers 0 and 1 load ep rank 0 (experts 0 and 1) 3:1, layers 2 and 3 ep rank 1: summed over
+  // the layers the routing is even, so one row for every layer gives no imbalance and a row per
+  // layer gives each layer its own.
+  const std::string rows = "[[40, 35, 15, 10], [35, 40, 10, 15], [10, 15, 40, 35], [15, 10, 35, 40]]";
+  const std::string flat_file = write_temp_file("hist-flat.json", R"({"tokens_per_expert": [1, 1, 1, 1]})");
+  const std::string layers_file = write_temp_file("hist-layers.json", "{\"tokens_per_expert\": " + rows + "}");
+  Json flat = simulate_moe("hist-flat", {{"moe_routing", "histogram"}, {"moe_routing_histogram", flat_file}});
+  Json layers = simulate_moe("hist-layers", {{"moe_routing", "histogram"}, {"moe_routing_histogram", layers_file}});
+  CHECK(moe(flat).at("load_ratio_mean").get<double>() < 1.15);
+  CHECK(moe(layers).at("load_ratio_mean").get<double>() > 1.35);  // 1.5 expected
+  CHECK(step(layers) > step(flat));
+  // Samples, as `stepcast run` writes them: every (microbatch, layer) replays one, scaled to its
+  // 512 copies (T·k·ep = 128·2·2); the one sample gives ep rank 0 15/16 of them.
+  Json replayed = simulate_moe(
+      "hist-samples", {{"moe_routing", "histogram"},
+                       {"moe_routing_histogram",
+                        write_temp_file("hist-samples.json", "{\"tokens_per_expert\": " + rows +
+                                                                 ", \"samples\": [[[8, 7, 1, 0]], [[8, 7, 1, 0]], "
+                                                                 "[[8, 7, 1, 0]], [[8, 7, 1, 0]]]}")}});
+  CHECK(moe(replayed).at("load_ratio_mean").get<double>() == Approx(1.875));
+  CHECK(moe(replayed).at("load_ratio_max").get<double>() == Approx(1.875));
+  CHECK(step(replayed) > step(layers));
+}
