@@ -117,7 +117,8 @@ int run_run(int argc, char** argv) {
       "mixture of experts runs on either backend (expert and expert tensor parallelism, both\n"
       "dispatchers, biases, capacity under any split and padded to it, hybrid sharding, the model's\n"
       "norm_topk_prob; FP8 experts on the CPU backend with delayed scaling; measurement.json counts\n"
-      "the copies a capacity drops).\n"
+      "the copies a capacity drops and the copies routed to each expert per layer, which --out also\n"
+      "writes as DIR/moe-routing.json: a histogram a plan names with moe_routing_histogram).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"
       "bf16 compute with fp32 master weights and AdamW (grad_dtype fp32 or bf16), or fp32;\n"
       "NCCL for every collective and transfer (NCCL_* variables apply); measured memory from\n"
@@ -309,7 +310,26 @@ int run_run(int argc, char** argv) {
       std::ostringstream trace;
       write_chrome_trace(trace, program, r.ops);
       write_output_file(dir, "trace.json", trace.str());
-      std::cout << "wrote " << dir << "/measurement.json and " << dir << "/trace.json\n";
+      std::string routing;
+      if (r.extra.contains("moe_tokens_per_expert")) {  // the run's routing, as a plan can name it
+        const Json& rows = r.extra["moe_tokens_per_expert"];
+        int64_t total = 0;
+        for (const Json& row : rows) {
+          for (const Json& c : row) total += c.get<int64_t>();
+        }
+        Json histogram = {{"notes", "token copies routed to each expert (dropped ones too), a row per MoE layer, "
+                                    "over the " + std::to_string(r.extra["losses"].size()) +
+                                    " steps of `stepcast run` (program " + r.program_sha256.substr(0, 12) +
+                                    "); samples: per MoE layer, those of each (step, microbatch, expert block) "
+                                    "of the first steps, which a simulation replays. A plan names this file with "
+                                    "moe_routing \"histogram\" and moe_routing_histogram"},
+                          {"tokens_per_expert", rows},
+                          {"total_tokens", total},
+                          {"samples", output.moe_routing_samples}};
+        write_output_file(dir, "moe-routing.json", histogram.dump(2) + "\n");
+        routing = ", " + dir + "/moe-routing.json";
+      }
+      std::cout << "wrote " << dir << "/measurement.json" << routing << " and " << dir << "/trace.json\n";
     }
     return 0;
       },

@@ -7,6 +7,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -43,6 +46,46 @@ namespace {
 const BackendWrapper* g_backend_wrapper = nullptr;
 
 // run_with_backend on inputs already read from the program.
+constexpr int64_t kRoutingSampleSteps = 64;
+
+// Rank 0: the routing of the run from every rank's counts (`routed`: [layer · E + expert] over the
+// steps; `samples`: [step, microbatch, layer, copies per expert] in turn): per MoE layer, the
+// total, and the samples, one per (step, microbatch, expert block) — the ep·etp ranks of a stage
+// whose tokens meet at the experts, whose copies add up.
+void moe_routing_of_run(const StepProgram& program, const ModelConfig& model,
+                        const std::vector<std::vector<double>>& routed,
+                        const std::vector<std::vector<double>>& samples, RunOutput& output) {
+  const int64_t E = program.moe.num_experts, L = model.num_hidden_layers;
+  std::vector<double> total(size_t(L * E), 0.0);
+  for (const std::vector<double>& v : routed) {
+    for (size_t i = 0; i < v.size() && i < total.size(); ++i) total[i] += v[i];
+  }
+  const RankGrid grid = program.grid();
+  // (layer, step, microbatch, stage, block) → copies per expert
+  std::map<std::array<int64_t, 5>, std::vector<int64_t>> blocks;
+  for (size_t rk = 0; rk < samples.size() && int64_t(rk) < grid.world_size(); ++rk) {  // (not servers)
+    const int64_t block = grid.stage_index(int64_t(rk)) / (grid.ep_size() * grid.etp_size());
+    const int64_t stage = grid.coord(int64_t(rk)).pp;
+    const std::vector<double>& v = samples[rk];
+    for (size_t i = 0; i + size_t(3 + E) <= v.size(); i += size_t(3 + E)) {
+      std::vector<int64_t>& sum = blocks[{int64_t(v[i + 2]), int64_t(v[i]), int64_t(v[i + 1]), stage, block}];
+      sum.resize(size_t(E), 0);
+      for (int64_t e = 0; e < E; ++e) sum[size_t(e)] += std::llround(v[i + 3 + size_t(e)]);
+    }
+  }
+  for (int64_t l = model.first_k_dense_replace; l < L; ++l) {
+    output.moe_tokens_per_expert.emplace_back();
+    for (int64_t e = 0; e < E; ++e) {
+      output.moe_tokens_per_expert.back().push_back(std::llround(total[size_t(l * E + e)]));
+    }
+    output.moe_routing_samples.emplace_back();
+    for (auto it = blocks.lower_bound({l, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN});
+         it != blocks.end() && it->first[0] == l; ++it) {
+      output.moe_routing_samples.back().push_back(it->second);
+    }
+  }
+}
+
 template <class T, class G, class W>
 RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, const Plan& plan,
                          const Topology& topology, const RunOptions& options, Backend<T, G, W>& backend_ref) {
@@ -58,6 +101,9 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
   // memory baseline (no allocation inside the step).
   std::vector<OpRecord> records(program.role_of_rank(rank).ops.size());
   records.clear();
+  // The routing's samples (MoE): the first kRoutingSampleSteps steps' (bounded, so that a long run
+  // does not hold them all), also allocated before the baseline.
+  interpreter.reserve_moe_routing(std::min<int64_t>(options.steps, kRoutingSampleSteps));
   // ---- measured memory, host backends (see warm_up_host_memory; a device backend reports its
   // allocator's peak): measured = anonymous memory after the steps − here, after the warm-up
   // step and before the arena (VmHWM over the steps − VmRSS here beside it). The peak counts from after the arena is
@@ -161,6 +207,14 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
     output.resident_high_water_bytes = resident_bytes("VmHWM:") - rss_before - std::max(0.0, mapped_growth);
   }
 
+  // The routing of the run: token copies per expert in each MoE layer, summed over the ranks
+  // (each routes its own tokens; a pipeline stage's ranks only its layers).
+  if (program.moe.num_experts > 0) {
+    std::vector<std::vector<double>> routed = control.gather(interpreter.moe_routed_by_layer(), "the routing counts");
+    std::vector<std::vector<double>> samples =
+        control.gather(interpreter.moe_routing_samples(), "the routing counts of each microbatch");
+    if (rank == 0) moe_routing_of_run(program, model, routed, samples, output);
+  }
   // Per-op records and measured memory to rank 0.
   std::vector<double> mine;
   mine.reserve(4 + records.size() * 5);
@@ -252,6 +306,10 @@ RunOutput run_on_backend(const StepProgram& program, const ModelConfig& model, c
   // Token copies the expert capacity dropped in each step, summed over the ranks (MoE with a
   // moe_expert_capacity_factor; 0 when dropless).
   if (program.moe.num_experts > 0) r.extra["moe_dropped_tokens"] = output.moe_dropped_tokens;
+  // Token copies the routing sent to each expert (dropped ones too), a row per MoE layer, over
+  // the steps run and the ranks: the routing a plan's moe_routing_histogram can name
+  // (moe-routing.json beside the measurement).
+  if (program.moe.num_experts > 0) r.extra["moe_tokens_per_expert"] = output.moe_tokens_per_expert;
   if (!output.grad_norms.empty()) {
     r.extra["grad_norms"] = output.grad_norms;
     r.extra["grad_norm_rank_spread"] = output.grad_norm_rank_spread;

@@ -47,6 +47,11 @@ struct RunOutput {
   int64_t first_step = 0;                // index of the first step run (0, or the resumed step)
   std::vector<double> step_times_s;      // every step, slowest rank
   std::vector<int64_t> moe_dropped_tokens;  // MoE: token copies capacity dropped, per step, all ranks
+  // MoE: token copies routed to each expert (dropped ones too), a row per MoE layer, over the
+  // steps run and every rank
+  std::vector<std::vector<int64_t>> moe_tokens_per_expert;
+  // ... and per MoE layer, those of each (step, microbatch, expert block) of the first steps
+  std::vector<std::vector<std::vector<int64_t>>> moe_routing_samples;
   std::vector<double> grad_norms;        // the gradient norm each step clipped with, largest over ranks
   double grad_norm_rank_spread = 0;      // the largest (max − min) / max over ranks of a step's norm
   StepResult result;                     // filled on rank 0

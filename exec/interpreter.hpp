@@ -69,6 +69,15 @@ class Interpreter {
   double last_grad_norm() const { return last_grad_norm_; }
   // MoE: token copies this rank's routing dropped at the expert capacity in the last step.
   int64_t moe_dropped_tokens() const { return moe_dropped_; }
+  // MoE: token copies this rank's routing sent to each expert in each layer, dropped ones too,
+  // over every step run ([layer · num_experts + expert]; the routing's forward, not recomputes).
+  const std::vector<double>& moe_routed_by_layer() const { return moe_routed_by_layer_; }
+  // ... and of each (step, microbatch, layer) routed: [step, microbatch, layer, copies per expert]
+  // in turn, for the first `steps` steps reserve_moe_routing made room for.
+  const std::vector<double>& moe_routing_samples() const { return moe_routing_samples_; }
+  // Room for the routing of `steps` steps, allocated (and faulted in) now: call before the memory
+  // baseline, so that the steps allocate nothing.
+  void reserve_moe_routing(int64_t steps);
   // The arena's size as placed: the program's live peak plus what the placement could not pack.
   int64_t arena_extent_bytes() const { return arena_.extent_bytes(); }
 
@@ -297,6 +306,8 @@ class Interpreter {
   std::vector<int32_t> moe_counts_, moe_idx_;  // host copies of an op's counts and route_idx
   std::vector<int64_t> moe_rows_, moe_cursor_, moe_bytes_[4];
   int64_t moe_dropped_ = 0;
+  std::vector<double> moe_routed_by_layer_;
+  std::vector<double> moe_routing_samples_;
   int64_t step_ = 0;
   double loss_sum_ = 0;
   double last_grad_norm_ = 0;

@@ -96,6 +96,17 @@ int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op& op) {
 }
 
 template <class T, class G, class W>
+void Interpreter<T, G, W>::reserve_moe_routing(int64_t steps) {
+  const int64_t E = p_.moe.num_experts;
+  if (E == 0) return;
+  int64_t routes = 0;
+  for (const Op& op : role_.ops) routes += op.name == OpName::moe_route && op.phase == Phase::forward;
+  moe_routed_by_layer_.assign(size_t(model_.num_hidden_layers * E), 0.0);
+  moe_routing_samples_.assign(size_t(std::max<int64_t>(steps, 0) * routes * (3 + E)), 0.0);  // (faulted in)
+  moe_routing_samples_.clear();
+}
+
+template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_activation(const Op& op) {
   const bool backward = op.phase == Phase::backward;
   const int64_t E = p_.moe.num_experts, k = p_.moe.top_k;
@@ -112,12 +123,20 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     backend_.moe_route_forward(buf(in(op, "logits"), op), buf(out(op, "probs"), op), buf(out(op, "route_w"), op),
                                buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity,
                                model_.norm_topk_prob);
-    if (operands(op).has_out("routed")) {  // this rank's copies per expert, dropped ones too
-      moe_idx_.resize(size_t(tokens * k));
-      backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));
-      const std::vector<double> copies = routed_copies(moe_idx_.data(), tokens * k, E);
+    // This rank's copies per expert, dropped ones too: for the aux loss and the run's routing.
+    moe_idx_.resize(size_t(tokens * k));
+    backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));
+    const std::vector<double> copies = routed_copies(moe_idx_.data(), tokens * k, E);
+    if (operands(op).has_out("routed")) {
       const std::vector<W> routed(copies.begin(), copies.end());
       backend_.upload(buf<W>(out(op, "routed"), op), routed.data(), E * int64_t(sizeof(W)));
+    }
+    if (op.phase == Phase::forward && op.layer >= 0 && !moe_routed_by_layer_.empty()) {
+      for (int64_t e = 0; e < E; ++e) moe_routed_by_layer_.at(size_t(op.layer * E + e)) += copies[size_t(e)];
+      if (moe_routing_samples_.size() + size_t(3 + E) <= moe_routing_samples_.capacity()) {
+        for (double v : {double(step_), double(op.microbatch), double(op.layer)}) moe_routing_samples_.push_back(v);
+        moe_routing_samples_.insert(moe_routing_samples_.end(), copies.begin(), copies.end());
+      }
     }
     if (op.phase == Phase::forward && capacity > 0) {  // (a recompute routes the same tokens again)
       moe_read_counts(op);
@@ -483,6 +502,7 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   template void Interpreter<T, G, W>::moe_gemm(const Op&);                 \
   template void Interpreter<T, G, W>::moe_all_to_all(const Op&);          \
   template void Interpreter<T, G, W>::moe_etp_gather(const Op&);         \
+  template void Interpreter<T, G, W>::reserve_moe_routing(int64_t);       \
   template void Interpreter<T, G, W>::moe_share_counts(const Op&, int64_t, int64_t, int64_t);  \
   template void Interpreter<T, G, W>::moe_gather_route(const Op&);                           \
   template void Interpreter<T, G, W>::gather_blocks(GroupKind, const char*, char*, int64_t); \

@@ -61,6 +61,7 @@ RunResult run_measured(const std::string& command, const std::string& out) {
   CommandResult ran = run_shell(command);
   result.output = ran.output;
   result.exit_code = ran.exit_code;
+  result.out = out;
   if (result.exit_code == 0) result.measurement = load_json_file(out + "/measurement.json");
   return result;
 }

@@ -33,6 +33,7 @@ struct RunResult {
   int exit_code = 0;
   std::string output;
   Json measurement;
+  std::string out;  // the --out folder (measurement.json, trace.json, moe-routing.json)
 };
 RunResult run_measured(const std::string& command, const std::string& out);
 

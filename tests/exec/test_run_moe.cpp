@@ -315,6 +315,47 @@ TEST_CASE("run: dropless buffers the real routing overflows stop naming the keys
   check_measured_memory("moe any_routing", any, true, 64 * 1024);
 }
 
+TEST_CASE("run: the routing a run measured, named by the plan, sizes its dropless buffers and keeps its curve",
+          "[run][moe]") {
+  const int steps = 3;
+  Json p = dropless(moe_plan(1, 1, 2, 0, 2));  // dp 2, ep 2: one expert block of 2 ranks
+  RunResult any = run_plan("tiny-moe", p, steps);
+  RunResult one = run_plan("tiny-moe", moe_plan(1, 1, 1, 0, 1), steps);
+  INFO(any.output << one.output);
+  REQUIRE(any.exit_code == 0);
+  REQUIRE(one.exit_code == 0);
+  const Json routed = load_json_file(any.out + "/moe-routing.json");
+  const Json single = load_json_file(one.out + "/moe-routing.json");
+  // The same tokens routed by the same weights: the copies per expert and layer, summed over the
+  // ranks, are the single rank's; 3 steps · 8 sequences · 64 tokens · top-2 per layer.
+  CHECK(routed["tokens_per_expert"] == single["tokens_per_expert"]);
+  CHECK(routed["tokens_per_expert"] == any.measurement["moe_tokens_per_expert"]);
+  REQUIRE(routed["tokens_per_expert"].size() == 4);
+  CHECK(routed["total_tokens"] == 4 * 3 * 8 * 64 * 2);
+  // A sample per (step, microbatch, expert block): 3 · 2 · 1 here of 2 ranks' 128 tokens · 2
+  // copies; 3 · 4 of 256 copies on the one rank.
+  REQUIRE(routed["samples"].size() == 4);
+  CHECK(routed["samples"][0].size() == 3 * 2);
+  CHECK(single["samples"][0].size() == 3 * 4);
+  for (const Json& layer : routed["samples"]) {
+    for (const Json& sample : layer) {
+      int64_t copies = 0;
+      for (const Json& c : sample) copies += c.get<int64_t>();
+      CHECK(copies == 2 * 128 * 2);
+    }
+  }
+  // The plan naming that routing (its dropless buffers sized by the heaviest sample, where the
+  // draws' were overflowed, as the test above shows) runs, with the single rank's curve.
+  p.erase("moe_dropless_buffers");
+  p["moe_routing"] = "histogram";
+  p["moe_routing_histogram"] = any.out + "/moe-routing.json";
+  RunResult measured = run_plan("tiny-moe", p, steps);
+  INFO(measured.output);
+  REQUIRE(measured.exit_code == 0);
+  CHECK(max_relative_difference(curve(measured), curve(one)) < 1e-9);
+  check_measured_memory("moe measured routing", measured, true, 64 * 1024);
+}
+
 TEST_CASE("run: FP8 MoE plans give the single-rank FP8 curve (fp64), within 1% of the curve without FP8",
           "[run][moe][fp8]") {
   const int steps = 3;
