@@ -245,6 +245,34 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
   }
   std::string inputs = " --model " + shell_quote(point.model_file) + " --topology " +
                        shell_quote(tools.topology_file) + " --plan " + shell_quote(plan_file);
+  if (point.measured_routing) {
+    // The routing measured by a run of the plan (dropless: with buffers for any routing, which the
+    // run cannot overflow; the routing does not depend on them), then the plan with that routing,
+    // whose dropless buffers the measured samples size.
+    const std::string routing_dir = dir + "/routing-run";
+    Json routing_plan = point.plan_json;
+    if (point.plan.moe.dropless()) routing_plan["moe_dropless_buffers"] = "any_routing";
+    std::ofstream(dir + "/routing-plan.json") << routing_plan.dump(2) << "\n";
+    const std::string routing_inputs = " --model " + shell_quote(point.model_file) + " --topology " +
+                                       shell_quote(tools.topology_file) + " --plan " +
+                                       shell_quote(dir + "/routing-plan.json");
+    ChildResult run = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(point.ranks) + tools.bind + " " +
+                                    shell_quote(tools.stepcast) + " run" + routing_inputs + " --backend cpu --steps " +
+                                    std::to_string(point.steps) + " --quiet --out " + shell_quote(routing_dir),
+                                routing_dir + ".log");
+    if (run.exit_code != 0) {
+      ValidatePoint p = failed_point(point, "routing run", failure_message("mpirun stepcast run (routing)", run));
+      p.dir = dir;
+      return p;
+    }
+    Json plan = point.plan_json;
+    plan["moe_routing"] = "histogram";
+    plan["moe_routing_histogram"] = "routing-run/moe-routing.json";  // (relative to the plan)
+    plan_file = dir + "/plan.json";
+    std::ofstream(plan_file) << plan.dump(2) << "\n";
+    inputs = " --model " + shell_quote(point.model_file) + " --topology " + shell_quote(tools.topology_file) +
+             " --plan " + shell_quote(plan_file);
+  }
   std::string profile_arg = profile_file.empty() ? "" : " --profile " + shell_quote(profile_file);
   ChildResult sim = run_child(shell_quote(tools.stepcast) + " simulate" + inputs + profile_arg +
                                   " --no-scaling --out " + shell_quote(dir + "/prediction"),
@@ -254,6 +282,10 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
           ? failed_point(point, "simulate", failure_message("stepcast simulate", sim))
           : run_and_compare(tools, point, inputs, dir + "/prediction/prediction.json", repeats, dir);
   result.dir = dir;
+  if (point.measured_routing) {  // the plan as predicted and run
+    result.plan["moe_routing"] = "histogram";
+    result.plan["moe_routing_histogram"] = "routing-run/moe-routing.json";
+  }
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -406,7 +438,8 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
     const SweepPoint& point = sweep.points[i];
     std::cout << "[" << i + 1 << "/" << sweep.points.size() << "] " << point.name << " ("
               << point.ranks << (point.ranks == 1 ? " rank" : " ranks") << ", "
-              << describe_plan(plan_to_json(point.plan)) << "): " << std::flush;
+              << describe_plan(plan_to_json(point.plan))
+              << (point.measured_routing ? ", routing measured by a run first" : "") << "): " << std::flush;
     const double before = machine_canary_gflops();
     ValidatePoint result =
         run_point(tools_for(point.link_rate), point, profile_file, repeats, out + "/points/" + point.name);

@@ -175,12 +175,20 @@ std::string describe_plan(const Json& plan) {
   std::ostringstream out;
   auto num = [&](const char* key) { return plan.value(key, Json()).dump(); };
   auto str = [&](const char* key) { return plan.value(key, std::string("?")); };
-  out << "tp " << num("tp_size") << " · pp " << num("pp_size") << " · dp " << num("dp_size")
-      << ", ZeRO " << num("zero_stage") << ", " << str("schedule");
+  out << "tp " << num("tp_size") << " · pp " << num("pp_size") << " · dp " << num("dp_size");
+  if (plan.value("context_parallel_size", 1) > 1) out << " · cp " << num("context_parallel_size");
+  if (plan.contains("expert_model_parallel_size")) {
+    out << " (ep " << num("expert_model_parallel_size") << " · etp " << num("expert_tensor_parallel_size") << ")";
+  }
+  out << ", ZeRO " << num("zero_stage") << ", " << str("schedule");
   if (plan.value("virtual_pp_size", 1) > 1) out << " (vpp " << num("virtual_pp_size") << ")";
   out << ", micro batch " << num("micro_batch_size") << " of " << num("global_batch_size")
       << ", recompute " << str("recompute");
   if (plan.value("sequence_parallel", false)) out << ", sequence parallel";
+  if (plan.value("moe_routing", std::string("uniform")) != "uniform") {
+    out << ", routing " << str("moe_routing");
+    if (plan.contains("moe_routing_histogram")) out << " " << str("moe_routing_histogram");
+  }
   return out.str();
 }
 

@@ -127,6 +127,7 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
     p.steps = *defaults.steps;
   }
   p.ranks = reader.get_int("ranks", 1);
+  p.measured_routing = reader.get_enum_or("routing", {"plan", "measured"}, "plan") == "measured";
   reader.finish();
 
   // The plan, as simulate and run will read it: named after the point when inline.
@@ -137,6 +138,13 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
                                      : reader.file() + " (" + reader.key_path("plan") + ")";
   p.model = load_model(p.model_file);
   p.plan = parse_plan(p.plan_json, plan_label);
+  if (p.measured_routing && (!p.model.is_moe() || p.plan.moe.routing != RoutingKind::uniform)) {
+    reader.fail("routing", "\"measured\" measures a mixture of experts' routing, and " +
+                               (!p.model.is_moe() ? "the model " + p.model_file + " has no experts"
+                                                  : "the plan names its own (moe_routing " +
+                                                        std::string(to_string(p.plan.moe.routing)) + ")"),
+                "\"plan\" (the plan's routing), or a MoE model whose plan leaves moe_routing uniform");
+  }
   // A point's world is its ranks: dp_size absent is ranks / (tp·pp·cp), written into the plan
   // that simulate and run read (their world would be the topology's devices).
   validate_plan(p.plan, p.model, topology, {p.ranks, reader.file() + " (" + reader.key_path("ranks") + ")"});

@@ -318,9 +318,20 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
   WARN("validate of sweeps/ci.json (3 runs per point) took " << wall_s << " s");
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.output, Contains("measuring this machine's profile"));
-  CHECK_THAT(r.output, Contains("[1/4] dp2-zero1 (2 ranks") && Contains("[3/4] pp2-1f1b") && Contains("[4/4] dp2-async"));
+  CHECK_THAT(r.output,
+             Contains("[1/5] dp2-zero1 (2 ranks") && Contains("[3/5] pp2-1f1b") && Contains("[4/5] dp2-async"));
+  CHECK_THAT(r.output, Contains("[5/5] moe-ep2 (2 ranks") && Contains("routing measured by a run first"));
   Json v = load_json_file(out + "/validate.json");
-  REQUIRE(v["points"].size() == 4);
+  REQUIRE(v["points"].size() == 5);
+  // The MoE point: its routing measured by a run first (a row per layer and the samples), then
+  // predicted and run with it as the plan's histogram.
+  const Json& moe = v["points"][4];
+  CHECK(moe["plan"]["moe_routing"] == "histogram");
+  CHECK(moe["plan"]["moe_routing_histogram"] == "routing-run/moe-routing.json");
+  Json routing = load_json_file(out + "/points/moe-ep2/routing-run/moe-routing.json");
+  CHECK(routing["tokens_per_expert"].size() == 4);  // tiny-moe's layers
+  CHECK(routing["samples"][0].size() == 6 * 2);     // 6 steps · 2 microbatches · 1 expert block
+  CHECK_THAT(read_text(out + "/points/moe-ep2/simulate.log"), Contains("replaying a run's 12 samples per layer"));
   for (const Json& p : v["points"]) {
     INFO(p["name"] << ": " << p.value("failure", Json()).dump());
     REQUIRE(p["status"] == "ok");
