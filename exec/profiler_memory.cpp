@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <type_traits>
 
 #include "bf16.hpp"
@@ -90,6 +91,27 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
   int32_t* route_in = tools.copy_of(backend, host_route);
   int32_t* route_out = tools.copy_of(backend, host_route);
   int32_t* expert_counts = tools.copy_of(backend, std::vector<int32_t>(kExperts, 0));
+  // The permutations to and from the experts' order, in tokens of h elements (lowering counts a
+  // token's row and its k copies' rows, with k int32 indices; the way back k weights too, and its
+  // backward the copies' gradient rows and the weights' gradient): each token's copies routed as
+  // route_in routes them, to rows counted per expert in token order. The rows of every token
+  // count the grid's sizes give, made before the timing.
+  const double permute_bytes = s * (1 + kTopK) + 4.0 * kTopK / double(h),
+               unpermute_bytes = s * (1 + kTopK) + kTopK * (s + 4) / double(h),
+               unpermute_back_bytes = s * (1 + 2 * kTopK) + kTopK * (2 * s + 4) / double(h);
+  std::map<int64_t, const int64_t*> copy_rows;  // tokens → the rows of their copies
+  for (double bytes : {permute_bytes, unpermute_bytes, unpermute_back_bytes}) {
+    for (double target : size_targets) {
+      const int64_t tokens = std::max<int64_t>(1, std::llround(target / bytes / double(h)));
+      if (copy_rows.count(tokens)) continue;
+      auto expert = [](int64_t copy) { return size_t((copy / kTopK * 3 + copy % kTopK) % kExperts); };
+      std::vector<int64_t> next(kExperts + 1, 0), rows(static_cast<size_t>(tokens * kTopK));
+      for (int64_t i = 0; i < tokens * kTopK; ++i) ++next[expert(i) + 1];
+      for (size_t e = 0; e < size_t(kExperts); ++e) next[e + 1] += next[e];
+      for (int64_t i = 0; i < tokens * kTopK; ++i) rows[size_t(i)] = next[expert(i)]++;
+      copy_rows[tokens] = tools.copy_of(backend, rows);
+    }
+  }
   // The word embedding: a table of hidden-size rows as large as the grid's largest tensor (not
   // the grid's vocabulary: a step touches its table once a microbatch, and a real vocabulary's
   // rows are not in cache then — small-gpt's 8 MiB table took about 100 us a lookup in steps
@@ -218,6 +240,18 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
        [&](int64_t e) {
          backend.moe_route_backward(in[0], route_in, in[1], out[0], e / kExperts, kExperts, kTopK, 1e-3, nullptr,
                                     false);
+       }},
+      {"moe_permute_forward", permute_bytes, h,
+       [&](int64_t e) { backend.moe_permute(in[0], out[0], copy_rows.at(e / h), e / h, kTopK, h, false); }},
+      {"moe_permute_backward", permute_bytes, h,
+       [&](int64_t e) { backend.moe_permute(in[0], out[0], copy_rows.at(e / h), e / h, kTopK, h, true); }},
+      {"moe_unpermute_forward", unpermute_bytes, h,
+       [&](int64_t e) {
+         backend.moe_unpermute_forward(in[0], in[1], copy_rows.at(e / h), out[0], e / h, kTopK, h);
+       }},
+      {"moe_unpermute_backward", unpermute_back_bytes, h,
+       [&](int64_t e) {
+         backend.moe_unpermute_backward(in[0], in[1], in[2], copy_rows.at(e / h), out[0], out[1], e / h, kTopK, h);
        }},
       // In place on qkv rows (lowering counts it read and written).
       {"rotary_forward", 2 * s, rotary.b * rotary.qkv_width(),

@@ -499,6 +499,10 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
   if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
   // A profile from before the softmax pass was measured alone: the whole forward's.
   if (family == "cross_entropy_softmax" && !memory_tables_.count(family)) family = "cross_entropy_forward";
+  // A profile from before the MoE permutations were measured: copies.
+  if (!memory_tables_.count(family) && (family.rfind("moe_permute", 0) == 0 || family.rfind("moe_unpermute", 0) == 0)) {
+    family = "copy";
+  }
   auto table = memory_tables_.find(family);
   if (table != memory_tables_.end() && op.bytes > 0) return table->second.time_s(op.bytes);
   double compute_time = op.flops / vector_peak_;

@@ -22,7 +22,8 @@ const std::vector<std::string>& memory_families() {
       "dropout_backward",
       "embedding_backward", "embedding_forward",     "gelu_backward",
       "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
-      "moe_route_backward", "moe_route_forward",     "norm_backward",  "norm_forward",
+      "moe_permute_backward", "moe_permute_forward", "moe_route_backward", "moe_route_forward",
+      "moe_unpermute_backward", "moe_unpermute_forward", "norm_backward",  "norm_forward",
       "residual_add",   "rotary_backward",
       "rotary_forward", "softmax_backward",          "softmax_forward", "swiglu_backward",
       "swiglu_forward"};
@@ -54,11 +55,14 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       }
       if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";
       // Mixture of experts: the router's softmax and top-k per token (forward; the backward
-      // through both and the aux loss's gradient) measured as families of their own; moving
-      // rows to and from the experts' order reads and writes each row once, a copy; adding the
-      // shared experts' output, an elementwise add.
-      if (op.name == OpName::moe_route) return std::string("moe_route") + phase_suffix(op.phase);
-      if (op.name == OpName::moe_permute || op.name == OpName::moe_unpermute) return "copy";
+      // through both and the aux loss's gradient), moving each token's k copies to the experts'
+      // order (its backward summing them back) and the weighted sum back (its backward scaling
+      // the gradient to each copy and the routing weights' gradient) measured as families of
+      // their own (a profile without the last two: copies); adding the shared experts' output,
+      // an elementwise add.
+      if (op.name == OpName::moe_route || op.name == OpName::moe_permute || op.name == OpName::moe_unpermute) {
+        return to_string(op.name) + std::string(phase_suffix(op.phase));
+      }
       if (op.name == OpName::moe_add) return "residual_add";
       if (op.name == OpName::dropout_add) {
         if (op.phase == Phase::backward) return "dropout_backward";

@@ -334,9 +334,10 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
   CHECK(p.backend == "cpu");
   CHECK(p.device == "cpu-core");
   CHECK(p.measured->gemm.size() == 3 * 27);
-  CHECK(p.measured->memory.size() == 27 * 3);  // 25 kernel families, grad_norm, copy
-  for (const char* family : {"moe_route_forward", "moe_route_backward", "embedding_forward", "embedding_backward",
-                             "cross_entropy_stats", "cross_entropy_softmax"}) {
+  CHECK(p.measured->memory.size() == 31 * 3);  // 29 kernel families, grad_norm, copy
+  for (const char* family : {"moe_route_forward", "moe_route_backward", "moe_permute_forward", "moe_permute_backward",
+                             "moe_unpermute_forward", "moe_unpermute_backward", "embedding_forward",
+                             "embedding_backward", "cross_entropy_stats", "cross_entropy_softmax"}) {
     INFO(family);
     CHECK(std::count_if(p.measured->memory.begin(), p.measured->memory.end(),
                         [&](const MemoryPoint& m) { return m.family == family; }) == 3);

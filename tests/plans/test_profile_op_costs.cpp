@@ -121,18 +121,18 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   op.phase = Phase::optimizer;
   CHECK(memory_family(op) == "copy");
   op.phase = Phase::backward;
-  // A mixture of experts' routing has families of its own (a recompute routes again: forward);
-  // its row moves are copies, the shared experts' add a residual add.
+  // A mixture of experts' routing and its row moves have families of their own (a recompute
+  // routes again: forward), the shared experts' add is a residual add.
   op.kind = OpKind::activation;
   op.name = OpName::moe_route;
   CHECK(memory_family(op) == "moe_route_backward");
   op.phase = Phase::recompute;
   CHECK(memory_family(op) == "moe_route_forward");
   op.name = OpName::moe_permute;
-  CHECK(memory_family(op) == "copy");
+  CHECK(memory_family(op) == "moe_permute_forward");
   op.name = OpName::moe_unpermute;
   op.phase = Phase::backward;
-  CHECK(memory_family(op) == "copy");
+  CHECK(memory_family(op) == "moe_unpermute_backward");
   op.name = OpName::moe_add;
   CHECK(memory_family(op) == "residual_add");
   op.phase = Phase::recompute;
@@ -151,4 +151,23 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   op.bytes = 65536;
   CHECK(layer.op_time_s(op) == Approx(65536 / 2e9).epsilon(1e-9));
   CHECK(rms.op_time_s(op) == Approx(1e-6 + 65536 / 10e9).epsilon(1e-12));
+  // The MoE row moves: their own tables where the profile has them, a profile from before them
+  // costs them as copies.
+  Op move = op;
+  move.kind = OpKind::activation;
+  move.name = OpName::moe_unpermute;
+  move.phase = Phase::backward;
+  Op copy = move;
+  copy.kind = OpKind::optimizer_step;
+  copy.name = OpName::grad_stash;
+  REQUIRE(memory_family(copy) == "copy");
+  for (double bytes : {16384.0, 1048576.0}) profile.measured->memory.push_back({"copy", bytes, bytes / 4e9, ""});
+  ComputeCostModel copies(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm");
+  CHECK(copies.op_time_s(copy) == Approx(65536 / 4e9).epsilon(1e-9));
+  CHECK(copies.op_time_s(move) == Approx(65536 / 4e9).epsilon(1e-9));
+  for (double bytes : {16384.0, 1048576.0}) {
+    profile.measured->memory.push_back({"moe_unpermute_backward", bytes, bytes / 1e9, ""});
+  }
+  ComputeCostModel with_moves(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm");
+  CHECK(with_moves.op_time_s(move) == Approx(65536 / 1e9).epsilon(1e-9));
 }
