@@ -223,7 +223,7 @@ class Backend {
   // route_idx and counts are backend memory. A backend without them refuses MoE programs.
   virtual void moe_route_forward(const T* /*logits*/, T* /*probs*/, T* /*route_w*/, int32_t* /*route_idx*/,
                                  int32_t* /*counts*/, int64_t /*tokens*/, int64_t /*experts*/, int64_t /*top_k*/,
-                                 int64_t /*capacity*/, bool /*normalize*/) {
+                                 int64_t /*capacity*/, bool /*normalize*/, bool /*drop_by_probs*/) {
     no_moe();
   }
   // `chosen` (host, [experts]): the copies routed to each expert over the whole sequence where

@@ -196,8 +196,9 @@ class CpuBackend final : public Backend<T> {
     for (int64_t i = 0; i < n; ++i) acc[i] += part[i];
   }
   void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize) override {
-    cpu::moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity, normalize);
+                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize, bool drop_by_probs) override {
+    cpu::moe_route_forward(logits, probs, route_w, route_idx, counts, tokens, experts, top_k, capacity, normalize,
+                           drop_by_probs);
   }
   double moe_aux_loss(const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts, int64_t top_k,
                       double scale, const double* chosen) override {

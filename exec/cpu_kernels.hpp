@@ -316,13 +316,16 @@ void adamw_step(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
 // ---- mixture of experts (cpu_kernels_moe.cpp) --------------------------------------------------
 // Routing of `tokens` rows of logits [tokens, experts]: probs = softmax; the top_k experts by
 // probability (ties to the lower id) with their probabilities as weights route_w [tokens, top_k];
-// route_idx the expert, or −1 − expert for a copy dropped because the expert already kept
-// `capacity` copies in token order (capacity 0: none dropped); counts[experts] the copies kept.
-// `normalize` (the model's norm_topk_prob): each token's k weights divided by their sum (dropped
-// copies' included), the softmax over the chosen experts only.
+// route_idx the expert, or −1 − expert for a copy the expert's `capacity` drops (capacity 0: none
+// dropped): it keeps its first `capacity` copies in token order, or with `drop_by_probs`
+// (Megatron's drop policy "probs") the `capacity` of highest weight (ties to the lower token,
+// then the lower slot); counts[experts] the copies kept. `normalize` (the model's
+// norm_topk_prob): each token's k weights divided by their sum (dropped copies' included), the
+// softmax over the chosen experts only; the weights compared are those.
 template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize = false);
+                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize = false,
+                       bool drop_by_probs = false);
 // The load-balancing loss scale · Σ_e (Σ_t probs[t, e]) · C_e, C_e the copies routed to e
 // (dropped included): chosen[e] where given (the whole sequence's), else counted in route_idx.
 template <class T>

@@ -15,8 +15,9 @@ namespace stepcast::cpu {
 
 template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize) {
+                       int64_t experts, int64_t top_k, int64_t capacity, bool normalize, bool drop_by_probs) {
   std::fill(counts, counts + experts, 0);
+  const bool in_order = capacity > 0 && !drop_by_probs;  // drops as it goes
   for (int64_t t = 0; t < tokens; ++t) {
     const T* l = logits + t * experts;
     T* p = probs + t * experts;
@@ -24,8 +25,8 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
     for (int64_t e = 0; e < experts; ++e) most = std::max(most, double(l[e]));
     for (int64_t e = 0; e < experts; ++e) sum += std::exp(double(l[e]) - most);
     for (int64_t e = 0; e < experts; ++e) p[e] = T(std::exp(double(l[e]) - most) / sum);
-    // Top-k by probability, ties to the lower expert; in token order each expert keeps its first
-    // `capacity` copies (0: all), the rest are dropped (stored as −1 − e).
+    // Top-k by probability, ties to the lower expert; by position, in token order each expert
+    // keeps its first `capacity` copies (0: all), the rest are dropped (stored as −1 − e).
     for (int64_t j = 0; j < top_k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < experts; ++e) {
@@ -37,14 +38,28 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
         if (!taken && (best < 0 || double(p[e]) > double(p[best]))) best = e;
       }
       route_w[t * top_k + j] = p[best];
-      bool kept = capacity <= 0 || counts[best] < capacity;
-      if (kept) ++counts[best];
+      bool kept = !in_order || counts[best] < capacity;
+      if (kept && !drop_by_probs) ++counts[best];
       route_idx[t * top_k + j] = kept ? int32_t(best) : int32_t(-1 - best);
     }
     if (normalize) {
       double chosen = 0;
       for (int64_t j = 0; j < top_k; ++j) chosen += double(route_w[t * top_k + j]);
       for (int64_t j = 0; j < top_k; ++j) route_w[t * top_k + j] = T(double(route_w[t * top_k + j]) / chosen);
+    }
+  }
+  if (!drop_by_probs) return;
+  // By probability: each expert keeps its `capacity` copies of highest weight (all, capacity 0).
+  std::vector<std::vector<int64_t>> copies(static_cast<size_t>(experts));
+  for (int64_t i = 0; i < tokens * top_k; ++i) copies[size_t(route_idx[i])].push_back(i);
+  for (int64_t e = 0; e < experts; ++e) {
+    std::vector<int64_t>& mine = copies[size_t(e)];
+    std::stable_sort(mine.begin(), mine.end(),
+                     [&](int64_t a, int64_t b) { return double(route_w[a]) > double(route_w[b]); });
+    for (size_t n = 0; n < mine.size(); ++n) {
+      const bool kept = capacity <= 0 || int64_t(n) < capacity;
+      if (kept) ++counts[e];
+      else route_idx[mine[n]] = int32_t(-1 - e);
     }
   }
 }
@@ -164,7 +179,8 @@ void moe_unpermute_backward(const T* d_y, const T* x, const T* route_w, const in
 }
 
 #define STEPCAST_CPU_KERNELS_MOE(T)                                                                                    \
-  template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t, bool);        \
+  template void moe_route_forward<T>(const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, int64_t, bool,  \
+                                     bool);                                                                           \
   template double moe_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, double, const double*);       \
   template void moe_route_backward<T>(const T*, const int32_t*, const T*, T*, int64_t, int64_t, int64_t, double,      \
                                       const double*, bool);                                                                 \

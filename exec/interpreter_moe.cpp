@@ -122,7 +122,7 @@ void Interpreter<T, G, W>::moe_activation(const Op& op) {
     int32_t* counts = buf<int32_t>(out(op, "counts"), op) + moe_row_ * E;
     backend_.moe_route_forward(buf(in(op, "logits"), op), buf(out(op, "probs"), op), buf(out(op, "route_w"), op),
                                buf<int32_t>(out(op, "route_idx"), op), counts, tokens, E, k, capacity,
-                               model_.norm_topk_prob);
+                               model_.norm_topk_prob, p_.moe.drop_by_probs);
     // This rank's copies per expert, dropped ones too: for the aux loss and the run's routing.
     moe_idx_.resize(size_t(tokens * k));
     backend_.download(moe_idx_.data(), buf<int32_t>(out(op, "route_idx"), op), tokens * k * int64_t(sizeof(int32_t)));

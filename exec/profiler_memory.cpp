@@ -234,7 +234,7 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
       {"moe_route_forward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
        [&](int64_t e) {
          backend.moe_route_forward(in[0], out[0], out[1], route_out, expert_counts, e / kExperts, kExperts, kTopK,
-                                   0, false);
+                                   0, false, false);
        }},
       {"moe_route_backward", 2 * s + double(kTopK) * (s + 4) / double(kExperts), kExperts,
        [&](int64_t e) {

@@ -269,10 +269,9 @@ void add_moe(Builder& b, const Plan& plan, const ModelConfig& m) {
     // padded to it (moe_utils.py:1074-1076, for either dispatcher), else the copies kept.
     b.flag("--moe-expert-capacity-factor", format_number(moe.capacity_factor));  // transformer_config.py:917
     if (moe.pad_to_capacity) b.flag("--moe-pad-expert-input-to-capacity");      // transformer_config.py:921
-    // Over capacity stepcast drops the later copies in token order (cpu_kernels_moe.cpp):
-    // Megatron's "position"; its default "probs" keeps the most probable (transformer_config.py:
-    // 932-936, moe_utils.py:1062-1070).
-    b.flag("--moe-token-drop-policy", "position");
+    // Which copies a capacity drops: the plan's moe_token_drop_policy, Megatron's vocabulary
+    // (transformer_config.py:932-936, moe_utils.py:1062-1070; default "probs": the most probable kept).
+    b.flag("--moe-token-drop-policy", moe.drop_by_probs ? "probs" : "position");
     const int64_t s_local = m.seq_length / plan.cp_size / (plan.sequence_parallel ? plan.tp_size : 1);
     const int64_t tokens = s_local * plan.micro_batch_size;
     const int64_t capacity = expert_capacity(tokens * moe.top_k, m.num_experts, moe.capacity_factor);

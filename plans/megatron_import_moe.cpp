@@ -199,14 +199,14 @@ void import_moe(const MegatronFlags& f, int64_t tp, Json& m, Json& p) {
     f.fail("moe-pad-expert-input-to-capacity", "", "needs --moe-expert-capacity-factor (transformer_config.py:1862-1866)",
            "--moe-expert-capacity-factor F with it, or neither");
   }
+  // Which copies a capacity drops (transformer_config.py:932-936); dropless, nothing is.
+  const std::string drop_policy = f.choice("moe-token-drop-policy", {"probs", "position"}, "probs");
   if (factor > 0) {
     p["moe_expert_capacity_factor"] = factor;  // transformer_config.py:917
     // Padded, each expert computes its capacity; else the copies kept (moe_utils.py:1074-1081).
     if (f.on("moe-pad-expert-input-to-capacity")) p["moe_pad_expert_input_to_capacity"] = true;
+    p["moe_token_drop_policy"] = drop_policy;
   }
-  // Which copies a capacity drops (transformer_config.py:932-936): stepcast keeps the first,
-  // Megatron's "position"; "probs" keeps other copies, as many, in the same time and memory.
-  (void)f.choice("moe-token-drop-policy", {"probs", "position"}, "probs");
 }
 
 }  // namespace stepcast

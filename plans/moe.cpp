@@ -27,7 +27,7 @@ namespace {
 const std::vector<std::string> kMoeKeys = {
     "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_router_topk", "moe_expert_capacity_factor",
     "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed",
-    "moe_dropless_buffers", "moe_pad_expert_input_to_capacity"};
+    "moe_dropless_buffers", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"};
 
 // A histogram file: {"tokens_per_expert": [counts] for every MoE layer, or [[counts], ...] a row
 // per MoE layer in layer order; "total_tokens": N (optional: then all the counts must sum to it),
@@ -157,6 +157,11 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
     reader.fail("moe_pad_expert_input_to_capacity", "pads each expert's input to its capacity, and the plan has none",
                 "false, or a moe_expert_capacity_factor beside it");
   }
+  moe.drop_by_probs = reader.get_enum_or("moe_token_drop_policy", {"probs", "position"}, "probs") == "probs";
+  if (reader.has("moe_token_drop_policy") && moe.dropless()) {  // (Megatron ignores it: nothing is dropped)
+    reader.fail("moe_token_drop_policy", "chooses the copies a capacity drops, and the plan has none",
+                "no moe_token_drop_policy, or a moe_expert_capacity_factor beside it");
+  }
   moe.dispatcher = reader.get_enum_or("moe_token_dispatcher_type", {"alltoall", "allgather"}, "alltoall") == "allgather"
                        ? MoeDispatcher::allgather
                        : MoeDispatcher::alltoall;
@@ -213,6 +218,7 @@ void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& mo
           : k == "moe_routing_skew"            ? Json(moe.skew).dump()
           : k == "moe_routing_histogram"       ? quoted(moe.histogram_file)
           : k == "moe_routing_seed"            ? std::to_string(moe.seed)
+          : k == "moe_token_drop_policy"       ? quoted(moe.drop_by_probs ? "probs" : "position")
                                                : quoted(moe.dropless_any_routing ? "any_routing" : "draws");
       throw_input_error(f, k, value, "the model " + model.file + " has no experts",
                         "no expert_* or moe_* keys, or a model with num_local_experts");
@@ -282,6 +288,7 @@ void moe_plan_to_json(const MoePlan& moe, Json& out) {
   out["moe_router_topk"] = moe.top_k;
   if (!moe.dropless()) out["moe_expert_capacity_factor"] = moe.capacity_factor;
   if (moe.pad_to_capacity) out["moe_pad_expert_input_to_capacity"] = true;
+  if (!moe.dropless()) out["moe_token_drop_policy"] = moe.drop_by_probs ? "probs" : "position";
   out["moe_token_dispatcher_type"] = to_string(moe.dispatcher);
   out["moe_routing"] = to_string(moe.routing);
   if (moe.routing == RoutingKind::skew) out["moe_routing_skew"] = moe.skew;

@@ -31,6 +31,9 @@ struct MoePlan {
   // moe_pad_expert_input_to_capacity (Megatron's, default false): each expert computes its capacity
   // of rows, padded, rather than the copies the routing keeps.
   bool pad_to_capacity = false;
+  // moe_token_drop_policy (Megatron's, default "probs"): under a capacity each expert keeps the
+  // copies of highest routing weight (true) or its first copies in token order ("position").
+  bool drop_by_probs = true;
   MoeDispatcher dispatcher = MoeDispatcher::alltoall;
   RoutingKind routing = RoutingKind::uniform;
   double skew = 0;                 // Zipf exponent: expert e gets a share ∝ 1/(e+1)^skew

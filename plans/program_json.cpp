@@ -277,6 +277,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out, co
              {"routed_tokens", program.moe.routed_tokens},
              {"expert_capacity_rows", program.moe.expert_capacity_rows},
              {"pad_to_capacity", program.moe.pad_to_capacity}};
+    // (absent dropless: nothing is dropped; absent under a capacity in programs from before the key)
+    if (program.moe.expert_capacity_rows > 0) {
+      moe["token_drop_policy"] = program.moe.drop_by_probs ? "probs" : "position";
+    }
     // absent: every layer draws from routing_shares
     if (!program.moe.layer_routing_shares.empty()) moe["layer_routing_shares"] = program.moe.layer_routing_shares;
     if (!program.moe.routing_samples.empty()) moe["routing_samples"] = program.moe.routing_samples;  // absent: draws

@@ -196,6 +196,12 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       p.moe.expert_capacity_rows = integer(m.at("expert_capacity_rows"), "moe.expert_capacity_rows", 0, kLarge);
       // (absent: a program from before the key, which padded every capacity)
       p.moe.pad_to_capacity = m.value("pad_to_capacity", p.moe.expert_capacity_rows > 0);
+      // (absent: a program from before the key, which dropped by position)
+      const std::string policy = m.value("token_drop_policy", std::string("position"));
+      if (policy != "probs" && policy != "position") {
+        throw InputError(path + ": key 'moe.token_drop_policy' = '" + policy + "'; valid: probs, position");
+      }
+      p.moe.drop_by_probs = policy == "probs";
       if (int64_t(p.moe.routing_shares.size()) != p.moe.num_experts) {
         throw InputError(path + ": key 'moe.routing_shares': " + std::to_string(p.moe.routing_shares.size()) +
                          " entries; valid: one per expert (" + std::to_string(p.moe.num_experts) + ")");

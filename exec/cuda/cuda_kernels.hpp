@@ -191,7 +191,8 @@ void adamw_step(const Launch& l, T* param, float* master, const G* grad, float* 
 // are device int32. `scratch`: 2·experts device doubles; `result`: one device double.
 template <class T>
 void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts,
-                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize);
+                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize,
+                       bool drop_by_probs);
 template <class T>
 void moe_aux_loss(const Launch& l, const T* probs, const int32_t* route_idx, int64_t tokens, int64_t experts,
                   int64_t top_k, double scale, const double* chosen, double* scratch, double* result);

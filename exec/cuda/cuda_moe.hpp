@@ -19,9 +19,9 @@ template <class T, class G>
 class MoeMethods : public ContextParallelMethods<T, G> {
  public:
   void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
-                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize) override {
+                         int64_t experts, int64_t top_k, int64_t capacity, bool normalize, bool drop_by_probs) override {
     cuda::moe_route_forward(this->launch(), logits, probs, route_w, route_idx, counts, tokens, experts, top_k,
-                            capacity, normalize);
+                            capacity, normalize, drop_by_probs);
   }
   void moe_route_backward(const T* probs, const int32_t* route_idx, const T* d_route_w, T* d_logits, int64_t tokens,
                           int64_t experts, int64_t top_k, double aux_scale, const double* chosen,

@@ -88,6 +88,30 @@ __global__ void moe_capacity_kernel(int32_t* route_idx, int32_t* counts, int64_t
   }
 }
 
+// Capacity by probability (Megatron's drop policy "probs"): each expert keeps its `capacity`
+// copies of highest weight, ties to the lower entry. A block per expert; each of its threads
+// ranks its entries against every entry of the expert (expert_of reads kept and dropped alike,
+// so the rewrites do not race with the reads) and counts those it keeps (counts zeroed before).
+template <class T>
+__global__ void moe_capacity_probs_kernel(int32_t* route_idx, const T* route_w, int32_t* counts, int64_t entries,
+                                          int64_t capacity) {
+  const int32_t e = int32_t(blockIdx.x);
+  for (int64_t i = threadIdx.x; i < entries; i += blockDim.x) {
+    if (expert_of(route_idx[i]) != e) continue;
+    const float w = load(route_w[i]);
+    int64_t above = 0;
+    for (int64_t j = 0; j < entries && above < capacity; ++j) {
+      if (j == i || expert_of(route_idx[j]) != e) continue;
+      const float v = load(route_w[j]);
+      above += v > w || (v == w && j < i);
+    }
+    if (above < capacity)
+      atomicAdd(counts + e, 1);
+    else
+      route_idx[i] = -1 - e;
+  }
+}
+
 // Copies per expert, dropped ones included (into int or double counters).
 template <class C>
 __global__ void moe_histogram_kernel(const int32_t* route_idx, int64_t entries, C* counts) {
@@ -213,7 +237,8 @@ void routed_copies(const Launch& l, const int32_t* route_idx, int64_t copies, in
 
 template <class T>
 void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts,
-                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize) {
+                       int64_t tokens, int64_t experts, int64_t top_k, int64_t capacity, bool normalize,
+                       bool drop_by_probs) {
   STEPCAST_CHECK(top_k >= 1 && top_k <= experts, "MoE routing needs 1 <= top_k <= experts");
   check_runtime(l, cudaMemsetAsync(counts, 0, size_t(experts) * sizeof(int32_t), l.stream), "cudaMemsetAsync");
   if (tokens == 0) return;
@@ -222,7 +247,11 @@ void moe_route_forward(const Launch& l, const T* logits, T* probs, T* route_w, i
                                                                                       tokens, experts, top_k,
                                                                                       normalize);
   check_launch(l, "moe_route");
-  if (capacity > 0) {
+  if (capacity > 0 && drop_by_probs) {
+    moe_capacity_probs_kernel<<<unsigned(experts), kThreads, 0, l.stream>>>(route_idx, route_w, counts, tokens * top_k,
+                                                                             capacity);
+    check_launch(l, "moe_capacity_probs");
+  } else if (capacity > 0) {
     moe_capacity_kernel<<<1, 1024, 0, l.stream>>>(route_idx, counts, tokens * top_k, experts, capacity);
     check_launch(l, "moe_capacity");
   } else {
@@ -288,7 +317,7 @@ void moe_unpermute_backward(const Launch& l, const T* d_y, const T* x, const T* 
 
 #define STEPCAST_MOE(T)                                                                                              \
   template void moe_route_forward<T>(const Launch&, const T*, T*, T*, int32_t*, int32_t*, int64_t, int64_t, int64_t, \
-                                     int64_t, bool);                                                                       \
+                                     int64_t, bool, bool);                                                                 \
   template void moe_aux_loss<T>(const Launch&, const T*, const int32_t*, int64_t, int64_t, int64_t, double,         \
                                 const double*, double*, double*);                                                    \
   template void moe_route_backward<T>(const Launch&, const T*, const int32_t*, const T*, T*, int64_t, int64_t,       \

@@ -49,6 +49,25 @@ TEST_CASE("MoE routing weights: the chosen probabilities or with norm_topk_prob 
   }
 }
 
+TEST_CASE("MoE capacity: by position the first copies in token order, by probability the most probable",
+          "[kernels]") {
+  // Top-1 of four experts: tokens 0 and 3 route to expert 0 with probability e/(e+3) = 0.475,
+  // token 1 with e³/(e³+3) = 0.870, token 2 to expert 1.
+  const Vec logits = {1, 0, 0, 0, 3, 0, 0, 0, 0, 2, 0, 0, 1, 0, 0, 0};
+  auto idx = [&](int64_t capacity, bool by_probs) {
+    Routed r{Vec(16), Vec(4), std::vector<int32_t>(4), std::vector<int32_t>(4)};
+    moe_route_forward(logits.data(), r.probs.data(), r.weights.data(), r.idx.data(), r.counts.data(), 4, 4, 1,
+                      capacity, false, by_probs);
+    CHECK(r.counts == std::vector<int32_t>{std::min<int32_t>(3, int32_t(capacity)), 1, 0, 0});  // alike
+    return r.idx;
+  };
+  CHECK(idx(1, false) == std::vector<int32_t>{0, -1, 1, -1});  // expert 0 keeps token 0
+  CHECK(idx(1, true) == std::vector<int32_t>{-1, 0, 1, -1});   // ... token 1, the most probable
+  CHECK(idx(2, false) == std::vector<int32_t>{0, 0, 1, -1});
+  CHECK(idx(2, true) == std::vector<int32_t>{0, 0, 1, -1});    // tokens 0 and 3 tie: the lower kept
+  CHECK(idx(3, true) == std::vector<int32_t>{0, 0, 1, 0});
+}
+
 TEST_CASE("MoE routing backward matches finite differences of the weights and the aux loss", "[kernels]") {
   const int64_t tokens = 5, experts = 6, k = 3;
   const Vec logits = random_vec(tokens * experts, 11), c = random_vec(tokens * k, 12);

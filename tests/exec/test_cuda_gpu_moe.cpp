@@ -47,11 +47,11 @@ struct Routing {
   std::vector<int32_t> idx, counts;
 };
 Routing cpu_routing(const std::vector<double>& logits, int64_t tokens, int64_t experts, int64_t k, int64_t capacity,
-                    bool normalize = false) {
+                    bool normalize = false, bool drop_by_probs = false) {
   Routing r{std::vector<double>(size_t(tokens * experts)), std::vector<double>(size_t(tokens * k)),
             std::vector<int32_t>(size_t(tokens * k)), std::vector<int32_t>(size_t(experts))};
   cpu::moe_route_forward(logits.data(), r.probs.data(), r.route_w.data(), r.idx.data(), r.counts.data(), tokens,
-                         experts, k, capacity, normalize);
+                         experts, k, capacity, normalize, drop_by_probs);
   return r;
 }
 
@@ -110,11 +110,11 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE routing, top-k and capacity match the CPU"
       DeviceRaw<int32_t> idx_(std::vector<int32_t>(want.idx.size(), 0)),
           counts_(std::vector<int32_t>(size_t(experts), 7));
       cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k,
-                              capacity, false);
+                              capacity, false, false);
       std::vector<double> probs = probs_.get(), route_w = route_w_.get();
       // norm_topk_prob: the same picks, each token's weights over their sum.
       cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k,
-                              capacity, true);
+                              capacity, true, false);
       std::vector<double> normalized = route_w;
       for (int64_t t = 0; t < tokens; ++t) {
         double sum = 0;
@@ -163,6 +163,44 @@ TEMPLATE_TEST_CASE("cuda kernels: MoE routing, top-k and capacity match the CPU"
         }
         if (std::is_same_v<T, float>) CHECK(counts == want.counts);
       }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda kernels: MoE capacity by probability keeps each expert's most probable copies",
+                   "[gpu]", bf16, float) {
+  using T = TestType;
+  const int64_t tokens = 300, experts = 8, k = 2, capacity = 40;
+  auto logits = random_values<T>(size_t(tokens * experts), -3, 3);
+  Device<T> logits_(logits.size()), probs_(size_t(tokens * experts)), route_w_(size_t(tokens * k));
+  logits_.set(logits);
+  DeviceRaw<int32_t> idx_(std::vector<int32_t>(size_t(tokens * k), 0)),
+      counts_(std::vector<int32_t>(size_t(experts), 7));
+  for (bool normalize : {false, true}) {
+    INFO("normalize " << normalize);
+    cuda::moe_route_forward(kLaunch, logits_.p, probs_.p, route_w_.p, idx_.p, counts_.p, tokens, experts, k, capacity,
+                            normalize, true);
+    std::vector<double> route_w = route_w_.get();
+    std::vector<int32_t> idx = idx_.get(), counts = counts_.get();
+    // Every kept copy of an expert weighs at least each of its dropped ones (ties: the lower entry
+    // kept), and it keeps min(its copies, capacity).
+    std::vector<int32_t> routed(size_t(experts), 0), kept(size_t(experts), 0);
+    for (size_t i = 0; i < idx.size(); ++i) {
+      const int32_t e = idx[i] >= 0 ? idx[i] : -1 - idx[i];
+      ++routed[size_t(e)];
+      kept[size_t(e)] += idx[i] >= 0;
+      if (idx[i] >= 0) continue;
+      for (size_t j = 0; j < idx.size(); ++j) {
+        if (idx[j] != e) continue;
+        CHECK((route_w[j] > route_w[i] || (route_w[j] == route_w[i] && j < i)));
+      }
+    }
+    for (int64_t e = 0; e < experts; ++e) CHECK(kept[size_t(e)] == std::min<int32_t>(routed[size_t(e)], capacity));
+    CHECK(counts == kept);
+    // In fp32 the CPU's choice.
+    if (std::is_same_v<T, float>) {
+      Routing want = cpu_routing(logits, tokens, experts, k, capacity, normalize, true);
+      CHECK(idx == want.idx);
     }
   }
 }

@@ -258,6 +258,27 @@ TEST_CASE("run: MoE with a capacity factor drops the same copies on every plan",
   for (int64_t d : one) CHECK(d > 0);  // a capacity of 1.0 drops some copies of a real routing
 }
 
+TEST_CASE("run: the drop policy chooses which copies a capacity drops, not how many", "[run][moe]") {
+  // Megatron's default keeps each expert's most probable copies; "position" its first ones.
+  const int steps = 3;
+  auto by_position = [](Json p) {
+    p["moe_token_drop_policy"] = "position";
+    return p;
+  };
+  RunResult probs = run_plan("tiny-moe", with_capacity(moe_plan(1, 1, 1, 0, 1)), steps);
+  RunResult position = run_plan("tiny-moe", by_position(with_capacity(moe_plan(1, 1, 1, 0, 1))), steps);
+  RunResult position_ep2 = run_plan("tiny-moe", by_position(with_capacity(moe_plan(1, 1, 2, 1, 2))), steps);
+  INFO(probs.output << position.output << position_ep2.output);
+  REQUIRE(probs.exit_code == 0);
+  REQUIRE(position.exit_code == 0);
+  REQUIRE(position_ep2.exit_code == 0);
+  CHECK(dropped(probs)[0] == dropped(position)[0]);  // the first step: the same routing, as many dropped
+  CHECK(dropped(probs)[0] > 0);
+  CHECK(losses(probs)[0] != losses(position)[0]);   // other copies dropped: another loss
+  CHECK(max_relative_difference(curve(position_ep2), curve(position)) < 1e-9);
+  CHECK(dropped(position_ep2) == dropped(position));
+}
+
 TEST_CASE("run: MoE with a capacity factor under tp or cp drops alike on every plan that splits the tokens alike",
           "[run][moe]") {
   // Megatron's capacity is of a rank's own tokens, which sequence parallelism (tp) and cp split:

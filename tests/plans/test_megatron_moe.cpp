@@ -169,7 +169,7 @@ TEST_CASE("Megatron-LM arguments: DeepSeek-V3 shaped, shared experts, dense firs
   CHECK(f.at("--expert-tensor-parallel-size") == "1");
   CHECK(f.at("--moe-expert-capacity-factor") == "1.25");
   CHECK(f.count("--moe-pad-expert-input-to-capacity") == 1);
-  CHECK(f.at("--moe-token-drop-policy") == "position");  // stepcast keeps the first copies
+  CHECK(f.at("--moe-token-drop-policy") == "probs");  // the plan's: Megatron's default
   CHECK(f.at("--moe-aux-loss-coeff") == "0.001");
   CHECK(f.count("--pipeline-model-parallel-layout") == 1);  // 61 layers on 4 stages
   CHECK_THAT(Json(args.notes).dump(), !Contains("capacity"));  // 80 rows an expert, 2048 tokens

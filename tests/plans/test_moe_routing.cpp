@@ -124,3 +124,40 @@ TEST_CASE("routing samples: replayed by the program, and the dropless buffers ho
   CHECK_THROWS_WITH(parse_program_json_text(bad, "program.json"),
                     Contains("'moe.routing_samples[") && Contains("one count >= 0 per expert (4)"));
 }
+
+TEST_CASE("moe_token_drop_policy: Megatron's default probs, position on request, refused dropless", "[plan][moe]") {
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  Json j = {{"dp_size", 2},          {"expert_model_parallel_size", 2}, {"micro_batch_size", 1},
+            {"global_batch_size", 4}, {"dtype", "fp32"},               {"moe_expert_capacity_factor", 1.0}};
+  Plan probs = test::make_plan(j, model, topo);
+  CHECK(probs.moe.drop_by_probs);
+  CHECK(plan_to_json(probs).at("moe_token_drop_policy") == "probs");
+  j["moe_token_drop_policy"] = "position";
+  Plan position = test::make_plan(j, model, topo);
+  CHECK_FALSE(position.moe.drop_by_probs);
+  // The program carries it; a program from before the key dropped by position.
+  for (const Plan* plan : {&probs, &position}) {
+    StepProgram program = lower_program(model, topo, *plan);
+    CHECK(program.moe.drop_by_probs == plan->moe.drop_by_probs);
+    std::ostringstream text;
+    write_program_json(program, &text);
+    CHECK(parse_program_json_text(text.str(), "program.json").moe.drop_by_probs == plan->moe.drop_by_probs);
+    // Without the key (hashed again), as an older program is read: by position.
+    std::string old = text.str();
+    const std::string key =
+        std::string(",\"token_drop_policy\":\"") + (plan->moe.drop_by_probs ? "probs" : "position") + "\"";
+    REQUIRE(old.find(key) != std::string::npos);
+    old.erase(old.find(key), key.size());
+    const std::string marker = ",\"program_sha256\":\"";
+    const size_t hash_at = old.find(marker);
+    old.replace(hash_at + marker.size(), 64, sha256_hex(std::string_view(old).substr(0, hash_at)));
+    CHECK_FALSE(parse_program_json_text(old, "program.json").moe.drop_by_probs);
+  }
+  j.erase("moe_expert_capacity_factor");
+  CHECK_THROWS_WITH(test::make_plan(j, model, topo), Contains("'moe_token_drop_policy' = \"position\"") &&
+                                                         Contains("the plan has none") &&
+                                                         Contains("a moe_expert_capacity_factor beside it"));
+  j.erase("moe_token_drop_policy");
+  CHECK_FALSE(plan_to_json(test::make_plan(j, model, topo)).contains("moe_token_drop_policy"));  // dropless
+}
