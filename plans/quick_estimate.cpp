@@ -8,6 +8,7 @@
 
 #include "collective.hpp"
 #include "collective_cost.hpp"
+#include "moe.hpp"
 #include "schedule.hpp"
 
 namespace stepcast {
@@ -20,46 +21,83 @@ bool routing_moves_costs(const ProgramMoe& moe) {
   return moe.num_experts > 0 && !moe.pad_to_capacity && int64_t(moe.routing_shares.size()) == moe.num_experts;
 }
 
-// The expected load of the busiest expert-parallel rank over the mean (≥ 1) in layer `layer`: ep
-// rank r holds experts [r·E/ep, (r+1)·E/ep) (Megatron's order), each receiving its routing share.
-// 1 where the routing moves no costs.
-double expert_imbalance(const ProgramMoe& moe, int64_t ep, int64_t layer) {
-  if (!routing_moves_costs(moe) || ep < 1) return 1;
-  const int64_t local = moe.num_experts / ep;
-  double busiest = 0;
+// Measured samples the estimate averages over, at most this many of a layer's (evenly spaced).
+constexpr size_t kEstimateSamples = 64;
+
+// The copies per expert of layer `layer`'s measured samples, each scaled to the copies routed
+// as the simulation replays it (uncapped); empty where the layer draws from its shares.
+std::vector<std::vector<int64_t>> sampled_counts(const ProgramMoe& moe, int64_t layer) {
+  std::vector<std::vector<int64_t>> out;
+  if (layer < 0 || size_t(layer) >= moe.routing_samples.size()) return out;
+  const std::vector<std::vector<int64_t>>& samples = moe.routing_samples[size_t(layer)];
+  const size_t n = std::min(samples.size(), kEstimateSamples);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(replay_routing({samples[i * samples.size() / n]}, moe.routed_tokens, 0, 0, 0));
+  }
+  return out;
+}
+
+// The busiest expert-parallel rank's load over the mean (≥ 1): ep rank r holds experts
+// [r·E/ep, (r+1)·E/ep) (Megatron's order).
+double busiest_over_mean(const std::vector<double>& load_per_expert, int64_t ep) {
+  const int64_t local = int64_t(load_per_expert.size()) / ep;
+  double busiest = 0, total = 0;
   for (int64_t r = 0; r < ep; ++r) {
     double load = 0;
-    for (int64_t e = r * local; e < (r + 1) * local; ++e) load += moe.shares(layer)[size_t(e)];
+    for (int64_t e = r * local; e < (r + 1) * local; ++e) load += load_per_expert[size_t(e)];
     busiest = std::max(busiest, load);
+    total += load;
   }
-  return std::max(1.0, busiest * double(ep));
+  return total > 0 ? std::max(1.0, busiest * double(ep) / total) : 1.0;
 }
 
-// The expected rows of each expert in layer `layer` (the routing's expectation of the
-// simulator's draws); empty where the routing moves no costs.
-std::vector<int64_t> expected_expert_rows(const ProgramMoe& moe, int64_t layer) {
-  std::vector<int64_t> rows;
-  if (!routing_moves_costs(moe)) return rows;
-  for (double share : moe.shares(layer)) {
-    const int64_t expected = std::llround(share * double(moe.routed_tokens));
-    rows.push_back(moe.expert_capacity_rows > 0 ? std::min(expected, moe.expert_capacity_rows) : expected);
-  }
-  return rows;
+// The expected load of the busiest ep rank over the mean in layer `layer`: by the layer's
+// routing shares, or averaged over the measured samples the simulation replays (their
+// microbatches lean more than the shares say). 1 where the routing moves no costs.
+double expert_imbalance(const ProgramMoe& moe, int64_t ep, int64_t layer) {
+  if (!routing_moves_costs(moe) || ep < 1) return 1;
+  const std::vector<std::vector<int64_t>> counts = sampled_counts(moe, layer);
+  if (counts.empty()) return busiest_over_mean(moe.shares(layer), ep);
+  double sum = 0;
+  for (const std::vector<int64_t>& c : counts) sum += busiest_over_mean(std::vector<double>(c.begin(), c.end()), ep);
+  return sum / double(counts.size());
 }
 
-// A grouped expert GEMM on the busiest ep rank, by the expected rows of its experts (each
-// expert's GEMM with its own rows, as the simulator costs a draw); `lowered_s` where the routing
+// The rows each expert computes in layer `layer`: one set per measured sample replayed, else the
+// routing's expectation of its draws; under a capacity at most its rows. Empty where the routing
 // moves no costs.
-double busiest_expert_gemm_s(const ComputeCostModel& cost, const Op& op, const std::vector<int64_t>& rows,
-                             int64_t ep, double lowered_s, std::map<std::pair<int32_t, int64_t>, double>& memo) {
-  if (rows.empty()) return lowered_s;
-  const int64_t local = int64_t(rows.size()) / ep;
-  double busiest = 0;
-  for (int64_t r = 0; r < ep; ++r) {
-    std::vector<int64_t> mine(rows.begin() + r * local, rows.begin() + (r + 1) * local);
-    busiest = std::max(busiest, grouped_gemm_time_s(cost, op, mine, memo));
+std::vector<std::vector<int64_t>> expert_row_sets(const ProgramMoe& moe, int64_t layer) {
+  if (!routing_moves_costs(moe)) return {};
+  std::vector<std::vector<int64_t>> sets = sampled_counts(moe, layer);
+  if (sets.empty()) {
+    sets.emplace_back();
+    for (double share : moe.shares(layer)) sets.back().push_back(std::llround(share * double(moe.routed_tokens)));
   }
-  return busiest;
+  if (moe.expert_capacity_rows > 0) {
+    for (std::vector<int64_t>& rows : sets) {
+      for (int64_t& r : rows) r = std::min(r, moe.expert_capacity_rows);
+    }
+  }
+  return sets;
+}
+
+// A grouped expert GEMM on the busiest ep rank, by the rows of its experts (each expert's GEMM
+// with its own rows, as the simulator costs a draw), averaged over the row sets; `lowered_s`
+// where the routing moves no costs.
+double busiest_expert_gemm_s(const ComputeCostModel& cost, const Op& op, const std::vector<std::vector<int64_t>>& sets,
+                             int64_t ep, double lowered_s, std::map<std::pair<int32_t, int64_t>, double>& memo) {
+  if (sets.empty()) return lowered_s;
+  double sum = 0;
+  for (const std::vector<int64_t>& rows : sets) {
+    const int64_t local = int64_t(rows.size()) / ep;
+    double busiest = 0;
+    for (int64_t r = 0; r < ep; ++r) {
+      std::vector<int64_t> mine(rows.begin() + r * local, rows.begin() + (r + 1) * local);
+      busiest = std::max(busiest, grouped_gemm_time_s(cost, op, mine, memo));
+    }
+    sum += busiest;
+  }
+  return sum / double(sets.size());
 }
 
 bool is_expert_gemm(const Op& op) {
@@ -114,12 +152,11 @@ namespace {
 StageTimes stage_times(const Role& role, const StepProgram& program, const Topology& topology,
                        const ComputeCostModel& cost_model, const CollectiveCostModel& collectives) {
   // By layer (the routing's shares may differ by layer).
-  std::map<int32_t, std::pair<double, std::vector<int64_t>>> routing;
-  auto layer_routing = [&](int32_t layer) -> const std::pair<double, std::vector<int64_t>>& {
-    auto [it, fresh] = routing.emplace(layer, std::pair<double, std::vector<int64_t>>{});
-    if (fresh) {
-      it->second = {expert_imbalance(program.moe, program.ep_size, layer), expected_expert_rows(program.moe, layer)};
-    }
+  using LayerRouting = std::pair<double, std::vector<std::vector<int64_t>>>;  // imbalance, row sets
+  std::map<int32_t, LayerRouting> routing;
+  auto layer_routing = [&](int32_t layer) -> const LayerRouting& {
+    auto [it, fresh] = routing.emplace(layer, LayerRouting{});
+    if (fresh) it->second = {expert_imbalance(program.moe, program.ep_size, layer), expert_row_sets(program.moe, layer)};
     return it->second;
   };
   std::map<std::pair<int32_t, int64_t>, double> expert_memo;

@@ -10,9 +10,11 @@
 //                  and measured tables; links with the link fractions)
 //                  + dp collectives of microbatch 0 (ZeRO-3 gathers: counted as exposed)
 //                  (mixtures of experts, dropless: the experts' grouped GEMMs on the busiest ep
-//                  rank, each expert's GEMM with its expected rows — routed copies × its routing
-//                  share — as the simulator costs a draw; dispatch and combine all_to_alls as
-//                  exposed, like tp's, times the busiest rank's expected load over the mean;
+//                  rank, each expert's GEMM with its expected rows — routed copies × its
+//                  layer's routing share, or averaged over the measured samples a histogram
+//                  gives (at most 64 a layer), which the simulator replays — as the simulator
+//                  costs a draw; dispatch and combine all_to_alls as exposed, like tp's, times
+//                  the busiest rank's expected load over the mean (the samples' mean);
 //                  under a capacity buffers are padded, so the ops as lowered. The experts' edp
 //                  reductions and gathers count as dp's)
 //                  (context parallelism: the gathers and all-to-alls over cp as exposed, like

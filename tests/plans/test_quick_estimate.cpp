@@ -184,6 +184,59 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
   CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.05));
 }
 
+TEST_CASE("the quick estimate averages over the measured samples a histogram gives, as the simulation replays them",
+          "[search]") {
+  // The same widened model; summed, the routing is even (one row, all experts alike), but each
+  // measured microbatch loads one ep rank 4:1: the simulation replays them and the estimate
+  // averages over them, where the summed shares alone would see no imbalance.
+  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
+  model.hidden_size = 512;
+  model.num_attention_heads = 8;
+  model.num_key_value_heads = 8;
+  model.intermediate_size = 1024;
+  model.moe_intermediate_size = 1024;
+  model.num_experts = 16;
+  model.num_experts_per_tok = 4;
+  model.seq_length = 1024;
+  model.max_position_embeddings = 1024;
+  Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
+  DeviceProfile profile = roofline_profile(topology);
+  Json samples = Json::array();
+  for (int lean = 0; lean < 8; ++lean) {  // sample `lean`: ep rank `lean`'s two experts 4 shares each
+    Json one = Json::array();
+    for (int e = 0; e < 16; ++e) one.push_back(e / 2 == lean ? 8 : 2);
+    samples.push_back(one);
+  }
+  auto plan_with = [&](const std::string& name, const Json& histogram) {
+    return parse_plan({{"dp_size", 8},
+                       {"expert_model_parallel_size", 8},
+                       {"micro_batch_size", 1},
+                       {"global_batch_size", 8},
+                       {"attention_impl", "flash"},
+                       {"dropout", 0.0},
+                       {"overlap_grad_reduce", false},
+                       {"moe_routing", "histogram"},
+                       {"moe_routing_histogram", write_temp_file(name, histogram.dump())}},
+                      "moe-samples.json");
+  };
+  const Json even = {{"tokens_per_expert", std::vector<int>(16, 1)}};
+  Json leaning = even;
+  leaning["samples"] = Json::array();
+  leaning["samples"].push_back(samples);  // one list for every layer
+  // (One simulation a process: SimGrid's engine starts once. The even routing's estimate alone.)
+  Plan flat_plan = plan_with("even.json", even);
+  validate_plan(flat_plan, model, topology);
+  ComputeCostModel costs(topology.node.device, flat_plan.param_dtype, profile, topology.file, to_string(model.norm));
+  const QuickEstimate flat = quick_estimate(lower_program(model, topology, flat_plan), flat_plan,
+                                            flat_plan.num_microbatches(), topology, costs);
+  auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan_with("leaning.json", leaning));
+  INFO("estimate " << e.step_time_s << " s (imbalance " << e.expert_imbalance_s << "), simulated " << simulated_s
+                   << " s; even routing: estimate " << flat.step_time_s << " s (imbalance "
+                   << flat.expert_imbalance_s << ")");
+  CHECK(e.expert_imbalance_s > flat.expert_imbalance_s + 0.05 * flat.step_time_s);
+  CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.05));
+}
+
 TEST_CASE("the quick estimate slows a stage's compute by its slowest device", "[search]") {
   // pp 2 × dp 2 on 4 CPU devices (order tp-dp-pp: stage 1 on devices 2 and 3), device 3 at 0.5.
   Json j = load_json_file(source_path("topologies/localhost-cpu.json"));

@@ -75,8 +75,10 @@ TEST_CASE("validate: the shipped CI sweep reads, relative paths from its folder"
   Sweep s = load_sweep(source_path("sweeps/ci.json"));
   CHECK(s.name == "ci");
   CHECK(s.profile_source == SweepProfileSource::measure_quick);
-  REQUIRE(s.points.size() == 4);
+  REQUIRE(s.points.size() == 5);
   CHECK(s.points[3].plan.async_staleness == 2);
+  CHECK(s.points[4].measured_routing);  // the MoE point
+  CHECK_FALSE(s.points[0].measured_routing);
   CHECK(s.points[0].plan_file == source_path("examples/tiny-cpu.json"));
   CHECK(s.points[1].plan_file.empty());  // inline: merged over the defaults' plan
   CHECK(s.points[1].plan.tp_size == 2);

@@ -182,6 +182,10 @@ def derived_inputs(source):
         "run1.log": megatron_log(2, 4, 16, 140.0),
         "hetero.json": hetero,
         "moe.json": shipped("examples/tiny-cpu.json", expert_model_parallel_size=2, moe_expert_capacity_factor=2.0),
+        # A measured routing as `run --out` writes it: a row per MoE layer and samples to replay.
+        "hist.json": {"tokens_per_expert": [[4, 3, 2, 1]] * 4, "samples": [[[5, 1, 1, 1], [1, 1, 1, 5]]] * 4},
+        "moe-hist.json": shipped("examples/tiny-cpu.json", expert_model_parallel_size=2, moe_routing="histogram",
+                                 moe_routing_histogram="hist.json"),
         "cp.json": dict(small, name="cp2", context_parallel_size=2, attention_impl="flash", dtype="fp32"),
         "fp8.json": dict(small, name="fp8", dtype="bf16", fp8="e4m3"),
         "async.json": dict(small, name="async", dp_size=2, dtype="fp32", data_parallel_mode="async", staleness=2),
@@ -222,6 +226,8 @@ OUTPUTS = {
         (f"{{bin}} lower {TINY} --plan {{inputs}}/async.json --check --out {{out}}", [("program.json", "program")]),
         ("{bin} lower --model models/tiny-moe.json --topology topologies/localhost-cpu.json "
          "--plan {inputs}/moe.json --out {out}", [("program.json", "program")]),
+        ("{bin} lower --model models/tiny-moe.json --topology topologies/localhost-cpu.json "
+         "--plan {inputs}/moe-hist.json --out {out}", [("program.json", "program")]),
         (f"{{bin}} memory {TINY} --plan examples/tiny-cpu-3d.json --nodes 4 --out {{out}}", [("memory.json", "memory")]),
         ("{bin} simulate --model models/tiny.json --topology {inputs}/hetero.json --plan {inputs}/unequal.json "
          "--profile roofline --out {out}", [("prediction.json", "step-result"), ("trace.json", "trace")]),
@@ -261,7 +267,7 @@ OUTPUTS = {
          "--out {out}", [("measurement.json", "step-result")]),
         ("{mpirun} -np 2 {bin} run --model models/tiny-moe.json --topology topologies/localhost-cpu.json "
          "--plan {inputs}/moe.json --steps 3 --slowdown 1:1.5 --collectives mpi --out {out}",
-         [("measurement.json", "step-result")]),
+         [("measurement.json", "step-result"), ("moe-routing.json", "routing-histogram")]),
         ("{bin} compare {out0}/prediction.json {out1}/measurement.json --out {out}", [("compare.json", "comparison")]),
         (f"{{mpirun}} -np 2 {{bin}} run {TINY} --plan {{inputs}}/ps.json --steps 3 --out {{out}}",
          [("measurement.json", "step-result"), ("trace.json", "trace")]),
