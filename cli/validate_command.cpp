@@ -47,7 +47,8 @@ const char* const kUsage =
     "DIR/report.html; each point's outputs are in DIR/points/NAME/. A point whose runs' spread,\n"
     "(max - min) / median, exceeds 2.5% is flagged and left out of the step-time summary, and so is\n"
     "one around whose runs the machine ran more than 5% faster or slower than when the profile was\n"
-    "measured (a fixed fp32 GEMM timed then and before and after each point: 'machine'). A point\n"
+    "measured (a fixed fp32 GEMM and a fixed softmax timed then and before and after each point;\n"
+    "'machine' is the one further from its speed then). A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
     "brought up at each point's link_rate, profiled across its nodes, down at the end.\n"
@@ -405,7 +406,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
             << " cores); output " << out << "\n";
   fs::create_directories(out);
   // The machine's speed now: the reference each point's runs are compared with (machine_canary.hpp).
-  const double reference_gflops = machine_canary_gflops();
+  const CanaryRates reference = machine_canary();
   const bool profile_measured_here = profile_source == "measure" || profile_source == "measure-quick";
   if (profile_measured_here) {
     profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : ""), out,
@@ -430,7 +431,8 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
   report.profile_file = profile_file;
   report.profile_name = profile.name;
   report.profile_warnings = warnings;
-  report.machine_reference_gflops = reference_gflops;
+  report.machine_reference_gflops = reference.gemm_gflops;
+  report.machine_reference_softmax_gbps = reference.softmax_gbps;
   report.machine_reference_when = profile_measured_here ? "just before the profile was measured"
                                                         : "at the start of the sweep (the profile is older)";
   report.repeats = repeats;
@@ -440,10 +442,16 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
               << point.ranks << (point.ranks == 1 ? " rank" : " ranks") << ", "
               << describe_plan(plan_to_json(point.plan))
               << (point.measured_routing ? ", routing measured by a run first" : "") << "): " << std::flush;
-    const double before = machine_canary_gflops();
+    const CanaryRates before = machine_canary();
     ValidatePoint result =
         run_point(tools_for(point.link_rate), point, profile_file, repeats, out + "/points/" + point.name);
-    result.machine_speed = (before + machine_canary_gflops()) / 2 / reference_gflops;
+    const CanaryRates after = machine_canary();
+    result.machine_speed_gemm = (before.gemm_gflops + after.gemm_gflops) / 2 / reference.gemm_gflops;
+    result.machine_speed_softmax = (before.softmax_gbps + after.softmax_gbps) / 2 / reference.softmax_gbps;
+    // The machine's speed: the canary further from its reference.
+    result.machine_speed = std::abs(*result.machine_speed_softmax - 1) > std::abs(*result.machine_speed_gemm - 1)
+                               ? result.machine_speed_softmax
+                               : result.machine_speed_gemm;
     std::cout << describe_point_result(result) << " [" << seconds_text(result.wall_s) << "]"
               << std::endl;
     report.points.push_back(std::move(result));

@@ -19,6 +19,10 @@ Json point_json(const ValidatePoint& p) {
             {"measured_step_time_s", optional_json(p.measured_step_time_s())},
             {"spread", optional_json(p.spread())},
             {"machine_speed", optional_json(p.machine_speed)},
+            {"machine_speeds",
+             p.machine_speed_gemm && p.machine_speed_softmax
+                 ? Json{{"gemm", *p.machine_speed_gemm}, {"softmax", *p.machine_speed_softmax}}
+                 : Json(nullptr)},
             {"flagged", p.flagged()},
             {"flag", p.flag()},
             {"step_time_error", optional_json(p.step_time_error())},
@@ -82,7 +86,9 @@ Json validate_to_json(const ValidateReport& r) {
                        {"warnings", r.profile_warnings}}},
           {"machine_reference",
            r.machine_reference_gflops > 0
-               ? Json{{"canary_gflops", r.machine_reference_gflops}, {"when", r.machine_reference_when}}
+               ? Json{{"canary_gflops", r.machine_reference_gflops},
+                      {"canary_softmax_gbps", r.machine_reference_softmax_gbps},
+                      {"when", r.machine_reference_when}}
                : Json(nullptr)},
           {"repeats", r.repeats},
           {"spread_flag_threshold", kValidateSpreadFlag},
@@ -91,8 +97,9 @@ Json validate_to_json(const ValidateReport& r) {
            {{"measured_step_time_s", "median of the repeats' step times (each the median of its "
                                      "timed steps)"},
             {"spread", "(max - min) / median of the repeats' step times"},
-            {"machine_speed", "the canary GEMM's rate around the point's runs (mean of before and after) "
-                              "over its rate at machine_reference; flagged beyond 1 +- drift_flag_threshold"},
+            {"machine_speed", "of the two canaries (a GEMM, a softmax), the one further from 1: "
+                              "its rate around the point's runs (mean of before and after) over its rate "
+                              "at machine_reference; flagged beyond 1 +- drift_flag_threshold"},
             {"step_time_error", "(predicted - measured) / measured"},
             {"memory_error", "(predicted peak_bytes - memory_runtime_bytes - measured peak) "
                              "/ measured, as compare"}}},

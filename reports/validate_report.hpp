@@ -43,6 +43,9 @@ struct ValidatePoint {
   // The machine's speed around this point's runs over its speed when the profile was measured (the
   // canary GEMM's rate before and after the runs, averaged, over the reference's); none: not timed.
   std::optional<double> machine_speed;
+  // Each canary's (machine_canary.hpp): the GEMM's and the memory-bound softmax's; machine_speed
+  // is the one further from 1.
+  std::optional<double> machine_speed_gemm, machine_speed_softmax;
 
   bool ok() const { return failed_stage.empty(); }
   std::optional<double> measured_step_time_s() const;  // median of the repeats
@@ -116,6 +119,7 @@ struct ValidateReport {
   // The canary GEMM's rate (GFLOP/s) the points' machine_speed is relative to, and when it was
   // timed ("just before the profile was measured", "at the start of the sweep"); 0: not timed.
   double machine_reference_gflops = 0;
+  double machine_reference_softmax_gbps = 0;  // the softmax canary's rate then (GB/s)
   std::string machine_reference_when;
   int64_t repeats = 0;
   std::vector<ValidatePoint> points;

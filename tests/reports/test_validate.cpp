@@ -368,8 +368,15 @@ TEST_CASE("validate: the CI sweep runs end to end", "[.validate-ci]") {
   CHECK(fs::exists(out + "/profile.json"));
   // The machine's speed: timed before the profile and around every point.
   CHECK(v["machine_reference"]["canary_gflops"].get<double>() > 0);
+  CHECK(v["machine_reference"]["canary_softmax_gbps"].get<double>() > 0);
   CHECK(v["machine_reference"]["when"] == "just before the profile was measured");
-  for (const Json& p : v["points"]) CHECK(p["machine_speed"].get<double>() > 0);
+  for (const Json& p : v["points"]) {
+    CHECK(p["machine_speed"].get<double>() > 0);
+    // The further of the two canaries from 1.
+    const double gemm = p["machine_speeds"]["gemm"].get<double>();
+    const double softmax = p["machine_speeds"]["softmax"].get<double>();
+    CHECK(p["machine_speed"].get<double>() == (std::abs(softmax - 1) > std::abs(gemm - 1) ? softmax : gemm));
+  }
   CHECK_THAT(r.output, Contains("against the profile's"));
   CHECK_THAT(read_text(out + "/report.md"), Contains("| dp2-zero1 |"));
   CHECK_THAT(read_text(out + "/report.html"), Contains("<svg"));
