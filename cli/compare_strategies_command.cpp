@@ -233,7 +233,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
       "                                   [--max-memory-fraction F] [--profile F|roofline]\n"
       "                                   [--allow-profile-mismatch]\n"
       "                                   [--ep LIST] [--etp LIST] [--moe-dispatcher D]\n"
-      "                                   [--moe-capacity-factor F] [--moe-routing-skew S]\n"
+      "                                   [--moe-capacity-factor F] [--moe-routing-skew S | --moe-routing-histogram F]\n"
       "                                   [--moe-skew-sweep LIST]\n"
       "                                   [--sim-mode approx|fast] [--jobs J] [--out DIR]\n"
       "Side by side on the same model, cluster and batch: pure data parallelism (and the same plan\n"
@@ -255,6 +255,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
   refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  check_routing_histogram(space.moe, "command line", "--moe-routing-histogram", model);
   const std::vector<double> skews = skew_sweep_from(*vm);
   // The CP row at any sequence length (the plain search tries cp from 16k tokens on).
   if (space.attention_impl == AttentionImpl::flash) space.context_parallel_sizes = {1, 2, 4, 8};

@@ -149,7 +149,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "                     [--fp8-recipe delayed|tensorwise] [--dropout P]\n"
       "                     [--include-gpipe] [--heterogeneous]\n"
       "                     [--ep LIST] [--etp LIST] [--moe-dispatcher alltoall|allgather|both]\n"
-      "                     [--moe-capacity-factor F] [--moe-routing-skew S]\n"
+      "                     [--moe-capacity-factor F] [--moe-routing-skew S | --moe-routing-histogram F]\n"
       "                     [--megatron-runnable]\n"
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
@@ -193,6 +193,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
   SearchSpace space = search_space_from(*vm);
+  check_routing_histogram(space.moe, "command line", "--moe-routing-histogram", model);
   if (imported) {  // the launch line's batch, attention and dropout, unless given here
     if (imported->world.size > 0) resolve_dp_size(imported->plan, imported->world.size, imported->world.from);
     resolve_dp_size(imported->plan, topology.num_devices(), topology.file);

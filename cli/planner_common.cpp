@@ -62,6 +62,9 @@ void add_moe_search_options(po::options_description& options) {
        "mixtures of experts: every candidate's moe_expert_capacity_factor (> 0; default dropless)")
       ("moe-routing-skew", po::value<double>(),
        "mixtures of experts: every candidate's routing, skewed with this Zipf exponent (>= 0; default uniform)")
+      ("moe-routing-histogram", po::value<std::string>(),
+       "mixtures of experts: every candidate's routing from a histogram file (a row per MoE layer and "
+       "samples to replay, as `stepcast run --out DIR` writes DIR/moe-routing.json; or one row)")
       ("moe-lowered", po::value<int64_t>()->default_value(64),
        "mixtures of experts: candidates are lowered exactly (memory walked, estimate from the program) in the "
        "order of a cheap screen until this many fit; the rest are pruned with their rank (0: lower every one)");
@@ -69,7 +72,8 @@ void add_moe_search_options(po::options_description& options) {
 
 namespace {
 
-const char* const kMoeOptions[] = {"ep", "etp", "moe-capacity-factor", "moe-routing-skew", "moe-skew-sweep"};
+const char* const kMoeOptions[] = {"ep", "etp", "moe-capacity-factor", "moe-routing-skew", "moe-routing-histogram",
+                                   "moe-skew-sweep"};
 
 std::vector<int64_t> parse_size_list(const std::string& option, const std::string& text) {
   std::vector<int64_t> out;
@@ -123,6 +127,14 @@ void read_moe_search_options(const po::variables_map& vm, SearchSpace& space) {
     }
     space.moe.routing = skew > 0 ? RoutingKind::skew : RoutingKind::uniform;
     space.moe.skew = skew;
+  }
+  if (vm.count("moe-routing-histogram")) {
+    const std::string file = vm["moe-routing-histogram"].as<std::string>();
+    if (vm.count("moe-routing-skew")) {
+      throw InputError("command line: --moe-routing-histogram " + file +
+                       ": the routing is given twice (--moe-routing-skew too); valid: one of them");
+    }
+    read_routing_histogram(space.moe, file, "command line --moe-routing-histogram");
   }
 }
 

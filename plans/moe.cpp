@@ -136,6 +136,13 @@ double standard_normal(uint64_t key) {
 
 }  // namespace
 
+void read_routing_histogram(MoePlan& moe, const std::string& path, const std::string& named_by) {
+  moe.routing = RoutingKind::histogram;
+  moe.histogram_file = path;
+  moe.histogram_path = std::filesystem::absolute(path).lexically_normal().string();
+  moe.histogram = load_histogram(path, named_by, moe.samples);
+}
+
 MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
   MoePlan moe;
   for (const auto& key : kMoeKeys) {
@@ -186,11 +193,11 @@ MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file) {
       reader.fail("moe_routing_histogram", "missing: moe_routing \"histogram\" needs the file",
                   "a JSON file of tokens_per_expert, relative to the plan");
     }
-    moe.histogram_file = reader.get_string("moe_routing_histogram");
-    std::filesystem::path path(moe.histogram_file);
+    const std::string file = reader.get_string("moe_routing_histogram");
+    std::filesystem::path path(file);
     if (path.is_relative()) path = std::filesystem::path(plan_file).parent_path() / path;
-    moe.histogram_path = std::filesystem::absolute(path).lexically_normal().string();
-    moe.histogram = load_histogram(path.string(), plan_file, moe.samples);
+    read_routing_histogram(moe, path.string(), plan_file);
+    moe.histogram_file = file;
   }
   moe.seed = uint64_t(reader.get_int_or("moe_routing_seed", 0, 1));
   moe.dropless_any_routing = reader.get_enum_or("moe_dropless_buffers", {"draws", "any_routing"}, "draws") == "any_routing";
@@ -266,15 +273,22 @@ void validate_moe_plan(MoePlan& moe, const std::string& f, const ModelConfig& mo
                       "true, or tp_size 1");
   }
   moe.first_moe_layer = model.first_k_dense_replace;
-  if (moe.routing == RoutingKind::histogram && int64_t(moe.histogram.front().size()) != E) {
-    throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
+  check_routing_histogram(moe, f, "moe_routing_histogram", model);
+}
+
+void check_routing_histogram(const MoePlan& moe, const std::string& f, const std::string& key,
+                             const ModelConfig& model) {
+  if (moe.routing != RoutingKind::histogram) return;
+  const int64_t E = model.num_experts;
+  if (int64_t(moe.histogram.front().size()) != E) {
+    throw_input_error(f, key, "\"" + moe.histogram_file + "\"",
                       "has " + std::to_string(moe.histogram.front().size()) + " experts' counts, the model " +
                           model.file + " has " + std::to_string(E),
                       "a histogram of " + std::to_string(E) + " counts");
   }
   const int64_t moe_layers = model.num_moe_layers();
   if (routing_per_layer(moe) && int64_t(moe.histogram.size()) != moe_layers) {
-    throw_input_error(f, "moe_routing_histogram", "\"" + moe.histogram_file + "\"",
+    throw_input_error(f, key, "\"" + moe.histogram_file + "\"",
                       "has " + std::to_string(moe.histogram.size()) + " rows of counts, the model " + model.file +
                           " has " + std::to_string(moe_layers) + " MoE layers",
                       "one row for every MoE layer, or a row per MoE layer (" + std::to_string(moe_layers) + ")");

@@ -64,6 +64,13 @@ struct MoePlan {
 
 // Reads the plan's MoE keys (histogram files relative to the plan's folder).
 MoePlan read_moe_plan(ObjectReader& reader, const std::string& plan_file);
+// Refuses a histogram routing that does not fit the model (its experts, its MoE layers), naming
+// file `f` and `key`.
+void check_routing_histogram(const MoePlan& moe, const std::string& f, const std::string& key,
+                             const ModelConfig& model);
+// The routing of the histogram file at `path` (its rows, and samples where it has them), named
+// by `named_by` (a plan file, or a command-line option) in refusals.
+void read_routing_histogram(MoePlan& moe, const std::string& path, const std::string& named_by);
 // Resolves defaults from the model and refuses every invalid combination naming file, key, value
 // and what is valid. `stage_ranks`: tp·cp·dp, the ranks of one pipeline stage experts lay over.
 void validate_moe_plan(MoePlan& moe, const std::string& plan_file, const ModelConfig& model, int64_t tp_size,

@@ -313,3 +313,52 @@ TEST_CASE("stepcast plan and compare-strategies search expert layouts on tiny-mo
   std::filesystem::remove_all(out);
   std::filesystem::remove_all(strategies);
 }
+
+TEST_CASE("stepcast plan and compare-strategies take a measured routing (--moe-routing-histogram)",
+          "[search][moe][cli]") {
+  // A run's routing as `run --out` writes it: even summed, but each sample loads ep rank 0 of an
+  // ep 2 layout 7:1 (experts 0 and 1); every candidate carries it, and over ep > 1 the estimate
+  // sees the busiest rank.
+  const std::string histogram = write_temp_file(
+      "leaning-routing.json",
+      R"({"tokens_per_expert": [1, 1, 1, 1], "samples": [[[8, 6, 1, 1], [6, 8, 1, 1]]]})");
+  std::string out = fresh_dir("moe-plan-histogram");
+  auto r = run_stepcast("plan" + model_arg("tiny-moe") + topology_arg("localhost-cpu") +
+                        " --nodes 2 --global-batch-size 8 --top 3 --evaluate 2 --moe-routing-histogram " + histogram +
+                        " --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json plans = read_json(out + "/plans.json");
+  for (const auto& p : plans.at("plans")) {
+    CHECK(p.at("plan").at("moe_routing") == "histogram");
+    const std::string path = std::filesystem::absolute(histogram).lexically_normal().string();
+    CHECK(p.at("plan").at("moe_routing_histogram") == path);
+  }
+  std::string strategies = fresh_dir("moe-strategies-histogram");
+  auto s = run_stepcast("compare-strategies" + model_arg("tiny-moe") + topology_arg("localhost-cpu") +
+                        " --nodes 2 --global-batch-size 8 --moe-lowered 0 --moe-routing-histogram " + histogram +
+                        " --out " + strategies);
+  INFO(s.output);
+  REQUIRE(s.exit_code == 0);
+  bool imbalance = false;
+  const Json rows = read_json(strategies + "/strategies.json").at("strategies");
+  for (const auto& row : rows) {
+    const std::string name = row.at("plan").get<std::string>();
+    if (name.empty() || name.find("-ep1") != std::string::npos) continue;
+    imbalance = imbalance || row.at("expert_imbalance_estimate_s").get<double>() > 0;
+  }
+  CHECK(imbalance);
+  // Refused: the routing given twice, and a histogram of another expert count.
+  auto twice = run_stepcast("plan" + model_arg("tiny-moe") + topology_arg("localhost-cpu") +
+                            " --nodes 2 --global-batch-size 8 --moe-routing-skew 1 --moe-routing-histogram " +
+                            histogram);
+  CHECK(twice.exit_code == 2);
+  CHECK_THAT(twice.output, Catch::Contains("the routing is given twice"));
+  const std::string three = write_temp_file("three-experts.json", R"({"tokens_per_expert": [1, 2, 3]})");
+  auto wrong = run_stepcast("plan" + model_arg("tiny-moe") + topology_arg("localhost-cpu") +
+                            " --nodes 2 --global-batch-size 8 --moe-routing-histogram " + three);
+  CHECK(wrong.exit_code == 2);
+  CHECK_THAT(wrong.output, Catch::Contains("'--moe-routing-histogram'") && Catch::Contains("a histogram of 4 counts"));
+  std::filesystem::remove_all(out);
+  std::filesystem::remove_all(strategies);
+}
