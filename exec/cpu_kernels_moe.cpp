@@ -17,7 +17,8 @@ template <class T>
 void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx, int32_t* counts, int64_t tokens,
                        int64_t experts, int64_t top_k, int64_t capacity, bool normalize, bool drop_by_probs) {
   std::fill(counts, counts + experts, 0);
-  const bool in_order = capacity > 0 && !drop_by_probs;  // drops as it goes
+  // Under a capacity, by position the copies drop as they come; by probability after every token.
+  const bool by_probs = drop_by_probs && capacity > 0, in_order = capacity > 0 && !by_probs;
   for (int64_t t = 0; t < tokens; ++t) {
     const T* l = logits + t * experts;
     T* p = probs + t * experts;
@@ -39,7 +40,7 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
       }
       route_w[t * top_k + j] = p[best];
       bool kept = !in_order || counts[best] < capacity;
-      if (kept && !drop_by_probs) ++counts[best];
+      if (kept && !by_probs) ++counts[best];
       route_idx[t * top_k + j] = kept ? int32_t(best) : int32_t(-1 - best);
     }
     if (normalize) {
@@ -48,8 +49,8 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
       for (int64_t j = 0; j < top_k; ++j) route_w[t * top_k + j] = T(double(route_w[t * top_k + j]) / chosen);
     }
   }
-  if (!drop_by_probs) return;
-  // By probability: each expert keeps its `capacity` copies of highest weight (all, capacity 0).
+  if (!by_probs) return;
+  // By probability: each expert keeps its `capacity` copies of highest weight.
   std::vector<std::vector<int64_t>> copies(static_cast<size_t>(experts));
   for (int64_t i = 0; i < tokens * top_k; ++i) copies[size_t(route_idx[i])].push_back(i);
   for (int64_t e = 0; e < experts; ++e) {
@@ -57,7 +58,7 @@ void moe_route_forward(const T* logits, T* probs, T* route_w, int32_t* route_idx
     std::stable_sort(mine.begin(), mine.end(),
                      [&](int64_t a, int64_t b) { return double(route_w[a]) > double(route_w[b]); });
     for (size_t n = 0; n < mine.size(); ++n) {
-      const bool kept = capacity <= 0 || int64_t(n) < capacity;
+      const bool kept = int64_t(n) < capacity;
       if (kept) ++counts[e];
       else route_idx[mine[n]] = int32_t(-1 - e);
     }

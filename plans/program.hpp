@@ -214,7 +214,7 @@ struct ProgramMoe {
   bool pad_to_capacity = false;
   // Under a capacity, which copies an expert keeps: those of highest routing weight (the plan's
   // moe_token_drop_policy "probs") or its first in token order ("position"; programs from before
-  // the key).
+  // the key). False dropless.
   bool drop_by_probs = false;
   // Where the routing differs by layer (a histogram with a row per MoE layer): [layer][num_experts]
   // over the model's layers, each MoE layer's shares (a dense layer's row empty); empty: every

@@ -58,7 +58,8 @@ TEST_CASE("MoE capacity: by position the first copies in token order, by probabi
     Routed r{Vec(16), Vec(4), std::vector<int32_t>(4), std::vector<int32_t>(4)};
     moe_route_forward(logits.data(), r.probs.data(), r.weights.data(), r.idx.data(), r.counts.data(), 4, 4, 1,
                       capacity, false, by_probs);
-    CHECK(r.counts == std::vector<int32_t>{std::min<int32_t>(3, int32_t(capacity)), 1, 0, 0});  // alike
+    const int32_t first = capacity > 0 ? std::min<int32_t>(3, int32_t(capacity)) : 3;
+    CHECK(r.counts == std::vector<int32_t>{first, 1, 0, 0});  // alike
     return r.idx;
   };
   CHECK(idx(1, false) == std::vector<int32_t>{0, -1, 1, -1});  // expert 0 keeps token 0
@@ -66,6 +67,8 @@ TEST_CASE("MoE capacity: by position the first copies in token order, by probabi
   CHECK(idx(2, false) == std::vector<int32_t>{0, 0, 1, -1});
   CHECK(idx(2, true) == std::vector<int32_t>{0, 0, 1, -1});    // tokens 0 and 3 tie: the lower kept
   CHECK(idx(3, true) == std::vector<int32_t>{0, 0, 1, 0});
+  CHECK(idx(0, true) == std::vector<int32_t>{0, 0, 1, 0});  // dropless: nothing to rank
+  CHECK(idx(0, false) == std::vector<int32_t>{0, 0, 1, 0});
 }
 
 TEST_CASE("MoE routing backward matches finite differences of the weights and the aux loss", "[kernels]") {
