@@ -92,6 +92,21 @@ EstimateAndSimulation estimate_and_simulate(const ModelConfig& model, const Topo
   return {e, simulate_program(program, topology, profile, options).step_time_s};
 }
 
+// tiny-moe widened: hidden 512, 16 experts of width 1,024, top 4, 1,024 tokens.
+ModelConfig widened_tiny_moe() {
+  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
+  model.hidden_size = 512;
+  model.num_attention_heads = 8;
+  model.num_key_value_heads = 8;
+  model.intermediate_size = 1024;
+  model.moe_intermediate_size = 1024;
+  model.num_experts = 16;
+  model.num_experts_per_tok = 4;
+  model.seq_length = 1024;
+  model.max_position_embeddings = 1024;
+  return model;
+}
+
 }  // namespace
 
 TEST_CASE("the quick estimate costs collectives as the simulator does (A100 profile, no contention)", "[search]") {
@@ -155,16 +170,7 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
   // one DGX H100, dropless, Zipf skew 1: the busiest ep rank's expert GEMMs and the dispatch and
   // combine paced by it. The estimate takes the routing's expectation, the simulation its draws
   // (the busiest rank of each draw, a little above the expectation's).
-  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
-  model.hidden_size = 512;
-  model.num_attention_heads = 8;
-  model.num_key_value_heads = 8;
-  model.intermediate_size = 1024;
-  model.moe_intermediate_size = 1024;
-  model.num_experts = 16;
-  model.num_experts_per_tok = 4;
-  model.seq_length = 1024;
-  model.max_position_embeddings = 1024;
+  ModelConfig model = widened_tiny_moe();
   Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
   DeviceProfile profile = roofline_profile(topology);
   Plan plan = parse_plan({{"dp_size", 8},
@@ -186,19 +192,10 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
 
 TEST_CASE("the quick estimate averages over the measured samples a histogram gives, as the simulation replays them",
           "[search]") {
-  // The same widened model; summed, the routing is even (one row, all experts alike), but each
+  // The widened tiny-moe again; summed, the routing is even (one row, all experts alike), but each
   // measured microbatch loads one ep rank 4:1: the simulation replays them and the estimate
   // averages over them, where the summed shares alone would see no imbalance.
-  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
-  model.hidden_size = 512;
-  model.num_attention_heads = 8;
-  model.num_key_value_heads = 8;
-  model.intermediate_size = 1024;
-  model.moe_intermediate_size = 1024;
-  model.num_experts = 16;
-  model.num_experts_per_tok = 4;
-  model.seq_length = 1024;
-  model.max_position_embeddings = 1024;
+  ModelConfig model = widened_tiny_moe();
   Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
   DeviceProfile profile = roofline_profile(topology);
   Json samples = Json::array();
