@@ -191,6 +191,22 @@ StepResult read_step_result(const std::string& file) {
   return step_result_from_json(load_json_file(file), file);
 }
 
+// The executor on `point` (`inputs`: its --model, --topology and --plan) into `out_dir`, as every
+// run of a point goes: mpirun one rank per core, the CPU backend, the point's steps.
+ChildResult run_executor(const Tools& tools, const SweepPoint& point, const std::string& inputs,
+                         const std::string& out_dir) {
+  return run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(point.ranks) + tools.bind + " " +
+                       shell_quote(tools.stepcast) + " run" + inputs + " --backend cpu --steps " +
+                       std::to_string(point.steps) + " --quiet --out " + shell_quote(out_dir),
+                   out_dir + ".log");
+}
+
+// The --model, --topology and --plan arguments of `point` with `plan_file`.
+std::string point_inputs(const Tools& tools, const SweepPoint& point, const std::string& plan_file) {
+  return " --model " + shell_quote(point.model_file) + " --topology " + shell_quote(tools.topology_file) +
+         " --plan " + shell_quote(plan_file);
+}
+
 // After simulate: the executor `repeats` times, then compare with the median run. The first run
 // that fails ends the point; a file a child wrote that does not read back fails its stage.
 ValidatePoint run_and_compare(const Tools& tools, const SweepPoint& point, const std::string& inputs,
@@ -202,12 +218,7 @@ ValidatePoint run_and_compare(const Tools& tools, const SweepPoint& point, const
     std::vector<std::string> measurement_files;
     for (int64_t k = 1; k <= repeats; ++k) {
       std::string run_dir = dir + "/run-" + std::to_string(k);
-      ChildResult run = run_child(shell_quote(tools.mpirun) + " -np " +
-                                      std::to_string(point.ranks) + tools.bind + " " +
-                                      shell_quote(tools.stepcast) + " run" + inputs +
-                                      " --backend cpu --steps " + std::to_string(point.steps) +
-                                      " --quiet --out " + shell_quote(run_dir),
-                                  run_dir + ".log");
+      ChildResult run = run_executor(tools, point, inputs, run_dir);
       if (run.exit_code != 0) {
         std::string what = "run " + std::to_string(k) + "/" + std::to_string(repeats) +
                            ": mpirun stepcast run";
@@ -244,8 +255,7 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
     plan_file = dir + "/plan.json";
     std::ofstream(plan_file) << point.plan_json.dump(2) << "\n";
   }
-  std::string inputs = " --model " + shell_quote(point.model_file) + " --topology " +
-                       shell_quote(tools.topology_file) + " --plan " + shell_quote(plan_file);
+  std::string inputs = point_inputs(tools, point, plan_file);
   if (point.measured_routing) {
     // The routing measured by a run of the plan (dropless: with buffers for any routing, which the
     // run cannot overflow; the routing does not depend on them), then the plan with that routing,
@@ -254,13 +264,8 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
     Json routing_plan = point.plan_json;
     if (point.plan.moe.dropless()) routing_plan["moe_dropless_buffers"] = "any_routing";
     std::ofstream(dir + "/routing-plan.json") << routing_plan.dump(2) << "\n";
-    const std::string routing_inputs = " --model " + shell_quote(point.model_file) + " --topology " +
-                                       shell_quote(tools.topology_file) + " --plan " +
-                                       shell_quote(dir + "/routing-plan.json");
-    ChildResult run = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(point.ranks) + tools.bind + " " +
-                                    shell_quote(tools.stepcast) + " run" + routing_inputs + " --backend cpu --steps " +
-                                    std::to_string(point.steps) + " --quiet --out " + shell_quote(routing_dir),
-                                routing_dir + ".log");
+    ChildResult run =
+        run_executor(tools, point, point_inputs(tools, point, dir + "/routing-plan.json"), routing_dir);
     if (run.exit_code != 0) {
       ValidatePoint p = failed_point(point, "routing run", failure_message("mpirun stepcast run (routing)", run));
       p.dir = dir;
@@ -271,8 +276,7 @@ ValidatePoint run_point(const Tools& tools, const SweepPoint& point,
     plan["moe_routing_histogram"] = "routing-run/moe-routing.json";  // (relative to the plan)
     plan_file = dir + "/plan.json";
     std::ofstream(plan_file) << plan.dump(2) << "\n";
-    inputs = " --model " + shell_quote(point.model_file) + " --topology " + shell_quote(tools.topology_file) +
-             " --plan " + shell_quote(plan_file);
+    inputs = point_inputs(tools, point, plan_file);
   }
   std::string profile_arg = profile_file.empty() ? "" : " --profile " + shell_quote(profile_file);
   ChildResult sim = run_child(shell_quote(tools.stepcast) + " simulate" + inputs + profile_arg +

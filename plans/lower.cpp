@@ -44,7 +44,8 @@ void lower_program_into(StepProgram& program, const ModelConfig& model, const To
     program.moe = ProgramMoe{model.num_experts, plan.moe.top_k, plan.moe.capacity_factor,
                              routing_shares(plan.moe, model.num_experts), plan.moe.seed,
                              ctx.moe.tokens * ctx.moe.top_k * ctx.moe.ep * ctx.moe.etp,
-                             ctx.moe.capacity * ctx.moe.ep * ctx.moe.etp, plan.moe.pad_to_capacity, plan.moe.drop_by_probs && !plan.moe.dropless(), {}, {}};
+                             ctx.moe.capacity * ctx.moe.ep * ctx.moe.etp, plan.moe.pad_to_capacity,
+                             plan.moe.drop_by_probs && !plan.moe.dropless(), {}, {}};
     if (!plan.moe.samples.empty()) {
       program.moe.routing_samples.resize(size_t(model.num_hidden_layers));
       for (int64_t l = model.first_k_dense_replace; l < model.num_hidden_layers; ++l) {

@@ -53,7 +53,7 @@ LowerContext::MoeShape moe_shape(const ModelConfig& m, const Plan& p, int64_t to
     for (int64_t l = m.first_k_dense_replace; l < m.num_hidden_layers && microbatches > 0; ++l) {
       const std::vector<std::vector<int64_t>>& samples = routing_samples(p.moe, l);
       if (!samples.empty()) {  // replayed: the heaviest of every sample the draws may pick
-        for (size_t i = 0; i < samples.size(); ++i) size_for(replay_routing({samples[i]}, routed, 0, 0, 0));
+        for (const std::vector<int64_t>& sample : samples) size_for(scale_routing(sample, routed));
         continue;
       }
       const std::vector<double> shares = routing_shares(p.moe, x.experts, l);

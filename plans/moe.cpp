@@ -29,6 +29,26 @@ const std::vector<std::string> kMoeKeys = {
     "moe_token_dispatcher_type", "moe_routing", "moe_routing_skew", "moe_routing_histogram", "moe_routing_seed",
     "moe_dropless_buffers", "moe_pad_expert_input_to_capacity", "moe_token_drop_policy"};
 
+// An array of token counts of a histogram file (`key` in `path`): non-empty, integers >= 0 summing
+// to more than 0; `valid` says what the key takes.
+std::vector<int64_t> read_counts(const std::string& path, const std::string& key, const Json& row,
+                                 const std::string& valid) {
+  if (!row.is_array() || row.empty()) {
+    throw_input_error(path, key, row.dump().substr(0, 60), "not a non-empty array", valid);
+  }
+  std::vector<int64_t> counts;
+  for (const Json& c : row) {
+    if (!c.is_number_integer() || c.get<int64_t>() < 0) {
+      throw_input_error(path, key, c.dump(), "is not a token count", "integers >= 0");
+    }
+    counts.push_back(c.get<int64_t>());
+  }
+  if (std::accumulate(counts.begin(), counts.end(), int64_t(0)) <= 0) {
+    throw_input_error(path, key, row.dump().substr(0, 60), "sums to 0", "some tokens");
+  }
+  return counts;
+}
+
 // A histogram file: {"tokens_per_expert": [counts] for every MoE layer, or [[counts], ...] a row
 // per MoE layer in layer order; "total_tokens": N (optional: then all the counts must sum to it),
 // "samples": [[[counts], ...], ...] (optional: per MoE layer, the counts of each routed
@@ -55,26 +75,15 @@ std::vector<std::vector<double>> load_histogram(const std::string& path, const s
   std::vector<std::vector<double>> rows;
   double sum = 0;
   for (size_t l = 0; l < (per_layer ? counts.size() : 1); ++l) {
-    const Json& row = per_layer ? counts[l] : counts;
     const std::string key = per_layer ? "tokens_per_expert[" + std::to_string(l) + "]" : "tokens_per_expert";
-    if (!row.is_array() || row.empty()) {
-      throw_input_error(path, key, row.dump().substr(0, 60), "not a non-empty array", valid);
-    }
-    rows.emplace_back();
-    for (const Json& c : row) {
-      if (!c.is_number_integer() || c.get<int64_t>() < 0) {
-        throw_input_error(path, key, c.dump(), "is not a token count", "integers >= 0");
-      }
-      rows.back().push_back(double(c.get<int64_t>()));
-    }
-    const double row_sum = std::accumulate(rows.back().begin(), rows.back().end(), 0.0);
-    if (row_sum <= 0) throw_input_error(path, key, row.dump().substr(0, 60), "sums to 0", "some tokens");
+    const std::vector<int64_t> row = read_counts(path, key, per_layer ? counts[l] : counts, valid);
+    rows.emplace_back(row.begin(), row.end());
     if (rows.back().size() != rows.front().size()) {
       throw_input_error(path, key, std::to_string(rows.back().size()) + " counts",
                         "differs from the " + std::to_string(rows.front().size()) + " of tokens_per_expert[0]",
                         "the same number of experts in every layer's row");
     }
-    sum += row_sum;
+    sum += std::accumulate(rows.back().begin(), rows.back().end(), 0.0);
   }
   if (total && double(*total) != sum) {
     throw_input_error(path, "total_tokens", std::to_string(*total),
@@ -84,8 +93,9 @@ std::vector<std::vector<double>> load_histogram(const std::string& path, const s
   samples.clear();
   if (json.contains("samples")) {
     const Json& layers = json.at("samples");
+    const size_t experts = rows.front().size();
     const std::string valid_samples = "per MoE layer (as many as tokens_per_expert's rows), a non-empty array of "
-                                      "samples, each " + std::to_string(rows.front().size()) + " token counts";
+                                      "samples, each " + std::to_string(experts) + " token counts";
     if (!layers.is_array() || layers.size() != rows.size()) {
       throw_input_error(path, "samples", layers.dump().substr(0, 60),
                         "is not an array with a layer per row of tokens_per_expert (" + std::to_string(rows.size()) +
@@ -101,20 +111,11 @@ std::vector<std::vector<double>> load_histogram(const std::string& path, const s
       for (size_t i = 0; i < layers[l].size(); ++i) {
         const Json& one = layers[l][i];
         const std::string at = key + "[" + std::to_string(i) + "]";
-        if (!one.is_array() || one.size() != rows.front().size()) {
-          throw_input_error(path, at, one.dump().substr(0, 60), "is not " + std::to_string(rows.front().size()) +
-                            " counts", valid_samples);
+        if (!one.is_array() || one.size() != experts) {
+          throw_input_error(path, at, one.dump().substr(0, 60), "is not " + std::to_string(experts) + " counts",
+                            valid_samples);
         }
-        int64_t sample_sum = 0;
-        samples.back().emplace_back();
-        for (const Json& c : one) {
-          if (!c.is_number_integer() || c.get<int64_t>() < 0) {
-            throw_input_error(path, at, c.dump(), "is not a token count", "integers >= 0");
-          }
-          samples.back().back().push_back(c.get<int64_t>());
-          sample_sum += c.get<int64_t>();
-        }
-        if (sample_sum <= 0) throw_input_error(path, at, one.dump().substr(0, 60), "sums to 0", "some tokens");
+        samples.back().push_back(read_counts(path, at, one, valid_samples));
       }
     }
   }
@@ -366,7 +367,10 @@ std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tok
 std::vector<int64_t> replay_routing(const std::vector<std::vector<int64_t>>& samples, int64_t tokens, uint64_t seed,
                                     int64_t microbatch, int64_t layer) {
   const uint64_t key = mix(seed ^ mix(uint64_t(microbatch) * 0x100000001B3ull ^ mix(uint64_t(layer))));
-  const std::vector<int64_t>& sample = samples.at(size_t(key % samples.size()));
+  return scale_routing(samples.at(size_t(key % samples.size())), tokens);
+}
+
+std::vector<int64_t> scale_routing(const std::vector<int64_t>& sample, int64_t tokens) {
   const double total = double(std::accumulate(sample.begin(), sample.end(), int64_t(0)));
   std::vector<int64_t> counts(sample.size());
   std::vector<std::pair<double, size_t>> remainders;

@@ -96,6 +96,8 @@ const std::vector<std::vector<int64_t>>& routing_samples(const MoePlan& moe, int
 // platform (its own hash generator, normal approximation of the multinomial); sums to `tokens`.
 std::vector<int64_t> draw_routing(const std::vector<double>& shares, int64_t tokens, uint64_t seed,
                                   int64_t microbatch, int64_t layer);
+// `sample`'s counts scaled to `tokens` copies (largest remainders; ties to the lower expert).
+std::vector<int64_t> scale_routing(const std::vector<int64_t>& sample, int64_t tokens);
 // The counts of (microbatch, layer) replayed from measured samples (one of `samples`, picked by a
 // hash of (seed, microbatch, layer)), scaled to `tokens` copies (largest remainders); sums to
 // `tokens`.

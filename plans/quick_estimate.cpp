@@ -32,7 +32,7 @@ std::vector<std::vector<int64_t>> sampled_counts(const ProgramMoe& moe, int64_t 
   const std::vector<std::vector<int64_t>>& samples = moe.routing_samples[size_t(layer)];
   const size_t n = std::min(samples.size(), kEstimateSamples);
   for (size_t i = 0; i < n; ++i) {
-    out.push_back(replay_routing({samples[i * samples.size() / n]}, moe.routed_tokens, 0, 0, 0));
+    out.push_back(scale_routing(samples[i * samples.size() / n], moe.routed_tokens));
   }
   return out;
 }

@@ -81,15 +81,27 @@ struct EstimateAndSimulation {
   QuickEstimate estimate;
   double simulated_s = 0;
 };
-EstimateAndSimulation estimate_and_simulate(const ModelConfig& model, const Topology& topology,
-                                            const DeviceProfile& profile, Plan plan) {
+// The quick estimate of `plan`'s program; with `simulated_s`, that program simulated too (once a
+// process: SimGrid's engine starts once).
+QuickEstimate estimate(const ModelConfig& model, const Topology& topology, const DeviceProfile& profile, Plan plan,
+                       double* simulated_s = nullptr) {
   validate_plan(plan, model, topology);
   StepProgram program = lower_program(model, topology, plan);
   ComputeCostModel costs(topology.node.device, plan.param_dtype, profile, topology.file, to_string(model.norm));
   QuickEstimate e = quick_estimate(program, plan, plan.num_microbatches(), topology, costs);
-  SimulateOptions options;
-  options.variability = false;
-  return {e, simulate_program(program, topology, profile, options).step_time_s};
+  if (simulated_s) {
+    SimulateOptions options;
+    options.variability = false;
+    *simulated_s = simulate_program(program, topology, profile, options).step_time_s;
+  }
+  return e;
+}
+
+EstimateAndSimulation estimate_and_simulate(const ModelConfig& model, const Topology& topology,
+                                            const DeviceProfile& profile, Plan plan) {
+  EstimateAndSimulation out;
+  out.estimate = estimate(model, topology, profile, plan, &out.simulated_s);
+  return out;
 }
 
 // tiny-moe widened: hidden 512, 16 experts of width 1,024, top 4, 1,024 tokens.
@@ -105,6 +117,16 @@ ModelConfig widened_tiny_moe() {
   model.seq_length = 1024;
   model.max_position_embeddings = 1024;
   return model;
+}
+
+// The widened tiny-moe's plan on one DGX H100: dp 8, ep 8, one microbatch, dropless, with the
+// `routing` keys.
+Plan widened_ep8_plan(const Json& routing, const std::string& name) {
+  Json plan = {{"dp_size", 8},           {"expert_model_parallel_size", 8}, {"micro_batch_size", 1},
+               {"global_batch_size", 8}, {"attention_impl", "flash"},       {"dropout", 0.0},
+               {"overlap_grad_reduce", false}};
+  plan.update(routing);
+  return parse_plan(plan, name);
 }
 
 }  // namespace
@@ -173,16 +195,7 @@ TEST_CASE("the quick estimate costs a skewed mixture of experts as the simulator
   ModelConfig model = widened_tiny_moe();
   Topology topology = load_topology(source_path("topologies/dgx-h100.json"), 1);
   DeviceProfile profile = roofline_profile(topology);
-  Plan plan = parse_plan({{"dp_size", 8},
-                          {"expert_model_parallel_size", 8},
-                          {"micro_batch_size", 1},
-                          {"global_batch_size", 8},
-                          {"attention_impl", "flash"},
-                          {"dropout", 0.0},
-                          {"overlap_grad_reduce", false},
-                          {"moe_routing", "skew"},
-                          {"moe_routing_skew", 1.0}},
-                         "moe-skew.json");
+  Plan plan = widened_ep8_plan({{"moe_routing", "skew"}, {"moe_routing_skew", 1.0}}, "moe-skew.json");
   auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan);
   INFO("estimate " << e.step_time_s << " s (ep comm " << e.ep_comm_s << ", imbalance " << e.expert_imbalance_s
                    << "), simulated " << simulated_s << " s");
@@ -205,27 +218,15 @@ TEST_CASE("the quick estimate averages over the measured samples a histogram giv
     samples.push_back(one);
   }
   auto plan_with = [&](const std::string& name, const Json& histogram) {
-    return parse_plan({{"dp_size", 8},
-                       {"expert_model_parallel_size", 8},
-                       {"micro_batch_size", 1},
-                       {"global_batch_size", 8},
-                       {"attention_impl", "flash"},
-                       {"dropout", 0.0},
-                       {"overlap_grad_reduce", false},
-                       {"moe_routing", "histogram"},
-                       {"moe_routing_histogram", write_temp_file(name, histogram.dump())}},
-                      "moe-samples.json");
+    return widened_ep8_plan(
+        {{"moe_routing", "histogram"}, {"moe_routing_histogram", write_temp_file(name, histogram.dump())}},
+        "moe-samples.json");
   };
   const Json even = {{"tokens_per_expert", std::vector<int>(16, 1)}};
   Json leaning = even;
   leaning["samples"] = Json::array();
   leaning["samples"].push_back(samples);  // one list for every layer
-  // (One simulation a process: SimGrid's engine starts once. The even routing's estimate alone.)
-  Plan flat_plan = plan_with("even.json", even);
-  validate_plan(flat_plan, model, topology);
-  ComputeCostModel costs(topology.node.device, flat_plan.param_dtype, profile, topology.file, to_string(model.norm));
-  const QuickEstimate flat = quick_estimate(lower_program(model, topology, flat_plan), flat_plan,
-                                            flat_plan.num_microbatches(), topology, costs);
+  const QuickEstimate flat = estimate(model, topology, profile, plan_with("even.json", even));  // not simulated
   auto [e, simulated_s] = estimate_and_simulate(model, topology, profile, plan_with("leaning.json", leaning));
   INFO("estimate " << e.step_time_s << " s (imbalance " << e.expert_imbalance_s << "), simulated " << simulated_s
                    << " s; even routing: estimate " << flat.step_time_s << " s (imbalance "
