@@ -369,6 +369,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
       row.activations_bytes = peak_rank->at("memory_activations_bytes").get<double>();
       row.workspace_bytes = peak_rank->at("memory_workspace_bytes").get<double>();
       row.comm_bytes = peak_rank->at("memory_comm_bytes").get<double>();
+      row.placement_bytes = peak_rank->at("memory_placement_bytes").get<double>();
       row.runtime_bytes = peak_rank->at("memory_runtime_bytes").get<double>();
       row.peak_bytes = peak_rank->at("peak_bytes").get<double>();
     }
@@ -442,7 +443,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
                 << format_bytes(p.peak_bytes) << (p.fits ? "" : "  (does not fit)") << "\n";
     }
   }
-  std::cout << "memory by class at the peak rank; weights..ws+comm exclude the runtime allowance ("
+  std::cout << "memory by class at the peak rank; weights..ws+comm exclude the arena's placement (simulated plans)"
+               " and the runtime allowance ("
             << format_bytes(topology.node.device.runtime_allowance_bytes) << "), included in peak\n";
   if (vm->count("out")) {
     std::string dir = (*vm)["out"].as<std::string>();
@@ -460,6 +462,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
                       {"memory_optimizer_bytes", r.optimizer_bytes},
                       {"memory_activations_bytes", r.activations_bytes},
                       {"memory_workspace_bytes", r.workspace_bytes}, {"memory_comm_bytes", r.comm_bytes},
+                      {"memory_placement_bytes", r.placement_bytes},
                       {"memory_runtime_bytes", r.runtime_bytes}, {"peak_bytes", r.peak_bytes},
                       {"step_time_s", simulated_or_null(r.step_time_s)},
                       {"exposed_comm_s", simulated_or_null(r.exposed_comm_s)},

@@ -42,9 +42,11 @@ int run_memory(int argc, char** argv) {
   auto vm = parse_command_line(
       argc, argv, options,
       "usage: stepcast memory --model M --topology T --plan P [--nodes N] [--out DIR]\n"
-      "Bytes per rank by class (weights, grads, optimizer, activations, workspace, comm,\n"
-      "runtime allowance) at each rank's peak, from the alloc/free walk of the lowered step,\n"
-      "and whether the plan fits the device's memory. Ranks that are alike are listed once.");
+      "Bytes per rank by class (weights, grads, optimizer, activations, workspace, comm)\n"
+      "at each rank's peak, from the alloc/free walk of the lowered step; placement (what the\n"
+      "executors' arena takes beyond that live peak: alignment and gaps no layout packed);\n"
+      "the runtime allowance; and whether the plan fits the device's memory. Ranks that are\n"
+      "alike are listed once.");
   if (!vm) return 0;
   claim_out_option(*vm, "memory");
   Inputs in = load_inputs(*vm);

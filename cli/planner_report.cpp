@@ -149,14 +149,15 @@ void write_plan_report(const std::string& dir, const PlanReport& r) {
 void write_strategy_report(const std::string& dir, const StrategyReport& r) {
   std::vector<std::string> headers = {"strategy", "plan", "fits", "weights GiB", "grads GiB",
                                       "optimizer GiB", "activations GiB", "workspace+comm GiB",
-                                      "runtime GiB", "peak GiB", "step s", "exposed comm s",
+                                      "placement GiB", "runtime GiB", "peak GiB", "step s", "exposed comm s",
                                       "bubble s", "comm GiB/rank", "MFU", "J/step", "note"};
   const bool moe = !r.rows.empty() && r.rows.front().moe;
   if (moe) headers.insert(headers.end() - 1, {"a2a est. s", "imbalance est. s", "variation s"});
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> categories;
   std::vector<html::Series> memory = {{"weights", {}}, {"grads", {}}, {"optimizer", {}},
-                                      {"activations", {}}, {"workspace+comm", {}}, {"runtime", {}}};
+                                      {"activations", {}}, {"workspace+comm", {}}, {"placement", {}},
+                                      {"runtime", {}}};
   std::vector<html::Series> time = {{"step", {}}, {"exposed comm", {}}, {"bubble", {}}};
   for (const auto& s : r.rows) {
     bool has = !s.plan.empty();
@@ -165,7 +166,7 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
     rows.push_back({s.strategy, has ? s.plan : "-", has ? (s.fits ? "yes" : "no") : "-",
                     mem(s.weights_bytes), mem(s.grads_bytes), mem(s.optimizer_bytes),
                     mem(s.activations_bytes), mem(s.workspace_bytes + s.comm_bytes),
-                    mem(s.runtime_bytes), mem(s.peak_bytes), cell(s.step_time_s, 3),
+                    mem(s.placement_bytes), mem(s.runtime_bytes), mem(s.peak_bytes), cell(s.step_time_s, 3),
                     cell(s.exposed_comm_s, 3), cell(s.bubble_s, 3),
                     has ? gib_cell(s.comm_volume_bytes) : "-", cell(s.mfu, 3),
                     has && s.energy_j ? fixed(*s.energy_j, 0) : std::string("-"), s.note});
@@ -181,7 +182,8 @@ void write_strategy_report(const std::string& dir, const StrategyReport& r) {
     memory[2].values.push_back(s.optimizer_bytes / kGiB);
     memory[3].values.push_back(s.activations_bytes / kGiB);
     memory[4].values.push_back((s.workspace_bytes + s.comm_bytes) / kGiB);
-    memory[5].values.push_back(s.runtime_bytes / kGiB);
+    memory[5].values.push_back(s.placement_bytes / kGiB);
+    memory[6].values.push_back(s.runtime_bytes / kGiB);
     time[0].values.push_back(s.simulated ? s.step_time_s : std::nan(""));
     time[1].values.push_back(s.simulated ? s.exposed_comm_s : std::nan(""));
     time[2].values.push_back(s.simulated ? s.bubble_s : std::nan(""));

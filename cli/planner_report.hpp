@@ -50,7 +50,7 @@ struct StrategyRow {
   bool fits = false;
   bool simulated = false;
   double weights_bytes = 0, grads_bytes = 0, optimizer_bytes = 0, activations_bytes = 0,
-         workspace_bytes = 0, comm_bytes = 0, runtime_bytes = 0, peak_bytes = 0;
+         workspace_bytes = 0, comm_bytes = 0, placement_bytes = 0, runtime_bytes = 0, peak_bytes = 0;
   double step_time_s = 0;
   double exposed_comm_s = 0;
   double bubble_s = 0;

@@ -1,7 +1,5 @@
-// One arena per rank for every buffer of the StepProgram. The offsets are planned once from the
-// role's alloc/free ops (the same walk the memory model makes): buffers placed largest first in
-// the tightest gap their lifetime allows, or first fit in op order where that is smaller, so the
-// extent stays at the model's live peak (plus alignment) and nothing is allocated during steps.
+// One arena per rank for every buffer of the StepProgram, laid out as plan_arena placed it
+// (plans/arena_plan.hpp): nothing is allocated during steps.
 #pragma once
 
 #include <cstddef>
@@ -10,17 +8,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "arena_plan.hpp"
 #include "program.hpp"
 
 namespace stepcast {
-
-struct ArenaPlan {
-  std::vector<int64_t> offset_of_op;  // per op: the alloc's offset in bytes (-1 for other ops)
-  int64_t extent_bytes = 0;           // arena size the plan needs
-  int64_t live_peak_bytes = 0;        // the memory model's peak of the same walk
-};
-
-ArenaPlan plan_arena(const Role& role, int64_t alignment = 64);
 
 class Arena {
  public:

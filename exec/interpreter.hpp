@@ -78,7 +78,8 @@ class Interpreter {
   // Room for the routing of `steps` steps, allocated (and faulted in) now: call before the memory
   // baseline, so that the steps allocate nothing.
   void reserve_moe_routing(int64_t steps);
-  // The arena's size as placed: the program's live peak plus what the placement could not pack.
+  // The arena's size as placed: the program's live peak plus what the placement could not pack
+  // (the memory model's placement class).
   int64_t arena_extent_bytes() const { return arena_.extent_bytes(); }
 
   // The state a checkpoint holds: every persistent weights and optimizer buffer, in op order,

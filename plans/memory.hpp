@@ -1,8 +1,12 @@
 // The memory model. Per rank, it is the walk over the role's alloc/free ops in program order:
-// memory_<class>_bytes are the bytes of each class live at the rank's peak instant, plus the
-// topology's runtime allowance (CUDA context, library workspaces, NCCL/MPI buffers) as
-// memory_runtime_bytes. One computation: the numbers that predict memory are the allocations the
-// executor makes. fits ⇔ peak_bytes_max + reserved_bytes ≤ capacity_bytes.
+// memory_<class>_bytes are the bytes of each class live at the rank's peak instant; then
+// memory_placement_bytes, what the arena the executors place those buffers in (arena_plan.hpp)
+// takes beyond that live peak (alignment, and gaps no layout packed); and the topology's runtime
+// allowance (CUDA context, library workspaces, NCCL/MPI buffers) as memory_runtime_bytes. One
+// computation: the numbers that predict memory are the allocations the executor makes.
+// fits ⇔ peak_bytes_max + reserved_bytes ≤ capacity_bytes. The planner's search screens on the
+// walk alone (walk_role_memory: its stages' peaks come from shortened programs, whose placement
+// differs), so its peaks are lower than this report's by the placement.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +41,7 @@ struct RankMemory {
   double activations_bytes = 0;
   double workspace_bytes = 0;
   double comm_bytes = 0;
+  double placement_bytes = 0;  // the arena's extent over the live peak (memory_report only)
   double runtime_bytes = 0;
   double peak_bytes = 0;
   int32_t peak_op = -1;  // id of the op after which the peak is reached
@@ -50,7 +55,8 @@ struct MemoryReport {
   bool fits = false;
 };
 
-// Walks one role's ops; returns the class bytes at the peak (runtime not included).
+// Walks one role's ops; returns the class bytes at the live peak (placement and runtime not
+// included).
 RankMemory walk_role_memory(const Role& role);
 MemoryReport memory_report(const StepProgram& program, const Topology& topology);
 Json memory_to_json(const MemoryReport& report);

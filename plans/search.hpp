@@ -67,8 +67,9 @@ struct Candidate {
   std::string pruned;           // empty: kept; else the reason's category, e.g. "global_batch_size: not divisible"
   std::string pruned_detail;    // the full message
   bool memory_checked = false;
-  // Peak bytes per device (runtime allowance included) as `stepcast memory` computes it: exact
-  // when peak_exact (its stages were walked), otherwise only its bounds are known and
+  // Peak bytes per device (runtime allowance included) as `stepcast memory` computes it less the
+  // arena's placement (the screen walks shortened programs, whose layout differs; memory.hpp):
+  // exact when peak_exact (its stages were walked), otherwise only its bounds are known and
   // peak_bytes_max is the upper bound (the lower bound for a plan pruned on it).
   bool peak_exact = false;
   double peak_bytes_max = 0;

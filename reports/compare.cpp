@@ -87,6 +87,13 @@ void compare_memory(const StepResult& prediction, const StepResult& measurement,
       rm.classes.push_back({key, number(pe, key, label(prediction, "prediction"), "memory.ranks[]."),
                             number(*me, key, label(measurement, "measurement"), "memory.ranks[].")});
     }
+    if (pe.contains(kPlacementKey) && me->contains(kPlacementKey)) {
+      auto runtime = std::find_if(rm.classes.begin(), rm.classes.end(),
+                                  [](const CompareFigure& f) { return f.name == "memory_runtime_bytes"; });
+      rm.classes.insert(runtime,
+                        {kPlacementKey, number(pe, kPlacementKey, label(prediction, "prediction"), "memory.ranks[]."),
+                         number(*me, kPlacementKey, label(measurement, "measurement"), "memory.ranks[].")});
+    }
     arena_peak_max = std::max(arena_peak_max, pe.at("peak_bytes").get<double>() -
                                                   pe.at("memory_runtime_bytes").get<double>());
     c.memory_ranks.push_back(std::move(rm));

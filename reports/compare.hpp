@@ -54,8 +54,8 @@ struct MeasuredPeakCompare {
   int64_t rank = -1;            // -1: the maximum over ranks
   double predicted_arena_peak_bytes = 0;  // peak_bytes − memory_runtime_bytes
   double measured_peak_bytes = 0;
-  // The executor's arena as placed (measurement.json, per rank; -1: not recorded): above the
-  // program's peak by what its placement could not pack, memory the program's walk does not see.
+  // The executor's arena as placed (measurement.json, per rank; -1: not recorded): the
+  // program's peak, whose memory_placement_bytes count what its placement could not pack.
   double arena_extent_bytes = -1;
   double error_bytes() const { return predicted_arena_peak_bytes - measured_peak_bytes; }
   std::optional<double> relative() const;

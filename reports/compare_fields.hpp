@@ -16,6 +16,9 @@ inline constexpr const char* kMemoryKeys[] = {"memory_weights_bytes",   "memory_
                                               "memory_optimizer_bytes", "memory_activations_bytes",
                                               "memory_workspace_bytes", "memory_comm_bytes",
                                               "memory_runtime_bytes",   "peak_bytes"};
+// The arena's placement (memory.hpp): compared where both results have it (those written before it
+// was modelled do not), after memory_comm_bytes.
+inline constexpr const char* kPlacementKey = "memory_placement_bytes";
 inline constexpr const char* kMeasuredPeakNote =
     "measured_peak_bytes is the process's anonymous memory after the steps (pages the steps "
     "touched stay resident) above its level before the arena was allocated (after a throwaway "

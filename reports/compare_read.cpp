@@ -108,6 +108,7 @@ StepResult step_result_from_json(const Json& json, const std::string& file) {
       }
     }
     for (const char* key : kMemoryKeys) number(ranks[i], key, file, at);
+    if (ranks[i].contains(kPlacementKey)) number(ranks[i], kPlacementKey, file, at);
   }
   if (r.memory.contains("measured")) {
     for (const Json& m : field(r.memory, "measured", file, "memory.", &Json::is_array, "array")) {

@@ -147,8 +147,8 @@ void write_report(std::ostream& out, const CompareResult& c, bool markdown, size
              r.arena_extent_bytes < 0 ? "n/a" : format_bytes(r.arena_extent_bytes)},
             true);
       }
-      out << "\n(The arena as placed: the program's buffers at the executor's offsets; above the predicted "
-             "peak by what the placement could not pack.)\n";
+      out << "\n(The arena as placed: the program's buffers at the executor's offsets; the predicted peak "
+             "counts what the placement could not pack as memory_placement_bytes.)\n";
     }
   }
 

@@ -45,14 +45,14 @@ std::string format_rank_ranges(const std::vector<std::pair<int64_t, int64_t>>& r
 void print_memory_report(std::ostream& out, const MemoryReport& report) {
   out << std::left << std::setw(18) << "ranks" << std::setw(6) << "stage";
   for (const char* h : {"weights", "grads", "optimizer", "activations", "workspace", "comm",
-                        "runtime", "peak"}) {
+                        "placement", "runtime", "peak"}) {
     out << std::right << std::setw(12) << h;
   }
   out << "\n";
   for (const RankMemory& m : report.ranks) {
     out << std::left << std::setw(18) << format_rank_ranges(m.ranks) << std::setw(6) << m.stage;
     for (double v : {m.weights_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes,
-                     m.workspace_bytes, m.comm_bytes, m.runtime_bytes, m.peak_bytes}) {
+                     m.workspace_bytes, m.comm_bytes, m.placement_bytes, m.runtime_bytes, m.peak_bytes}) {
       out << std::right << std::setw(12) << format_bytes(v);
     }
     out << "\n";

@@ -33,8 +33,10 @@ inline std::string percent(std::optional<double> v, bool sign = true) {
 // The memory classes of a validate row: the row keys of the predicted bytes and their names.
 inline constexpr const char* kClassKeys[] = {"memory_weights_bytes",   "memory_grads_bytes",
                                              "memory_optimizer_bytes", "memory_activations_bytes",
-                                             "memory_workspace_bytes", "memory_comm_bytes"};
-inline constexpr const char* kClassNames[] = {"weights", "grads", "optimizer", "activations", "workspace", "comm"};
+                                             "memory_workspace_bytes", "memory_comm_bytes",
+                                             "memory_placement_bytes"};
+inline constexpr const char* kClassNames[] = {"weights",   "grads", "optimizer", "activations",
+                                              "workspace", "comm",  "placement"};
 
 inline std::string mib(double bytes) {
   char buf[32];

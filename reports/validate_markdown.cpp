@@ -114,7 +114,7 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
          "(`compared_repeat` in validate.json).\n";
 
   out << "\n## Memory (rank with the largest predicted peak)\n\n";
-  md_header(out, {"point", "weights", "grads", "optimizer", "activations", "workspace", "comm",
+  md_header(out, {"point", "weights", "grads", "optimizer", "activations", "workspace", "comm", "placement",
                   "predicted peak − runtime", "measured peak", "error"});
   for (const ValidatePoint& p : r.points) {
     if (!p.compare) continue;

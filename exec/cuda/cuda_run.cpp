@@ -78,7 +78,8 @@ RunOutput run_typed(const StepProgram& program, const Topology& topology, const 
                          {"optimizer", classes.optimizer_bytes},
                          {"activations", classes.activations_bytes},
                          {"workspace", classes.workspace_bytes},
-                         {"comm", classes.comm_bytes}};
+                         {"comm", classes.comm_bytes},
+                         {"placement", report.ranks.at(size_t(role.index)).placement_bytes}};
     }
     throw InputError(out_of_memory_message(oom));
   }

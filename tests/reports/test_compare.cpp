@@ -3,9 +3,11 @@
 // activations +25%) must come back as exactly those errors; pairs of different programs or of
 // two predictions are refused; and the command runs end to end on `simulate` and `run` output.
 #include <catch2/catch.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -217,6 +219,11 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   // Memory: activations +25% on the first entry, its peak by as many bytes.
   REQUIRE(c.memory_ranks.size() == 1);
   const RankMemoryCompare& rm = c.memory_ranks[0];
+  auto figure = [&](const std::string& name) {
+    auto f = std::find_if(rm.classes.begin(), rm.classes.end(), [&](const CompareFigure& x) { return x.name == name; });
+    REQUIRE(f != rm.classes.end());
+    return *f;
+  };
   CHECK(rm.ranks == std::vector<std::pair<int64_t, int64_t>>{{0, 1}});
   for (const CompareFigure& f : rm.classes) {
     INFO(f.name);
@@ -226,12 +233,14 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
       CHECK(f.error() == 0);
   }
   CHECK(rm.classes.back().name == "peak_bytes");
-  CHECK(rm.classes.back().error() == Approx(0.25 * rm.classes[3].measured));
+  CHECK(rm.classes.back().error() == Approx(0.25 * figure("memory_activations_bytes").measured));
   CHECK(c.peak_bytes_max.error() == Approx(rm.classes.back().error()));
   // The measured peak (0.8 of the arena peak) against peak − runtime of the
   // prediction, which is 25% of the activations above the arena peak.
   REQUIRE(c.measured_peak_max);
-  double runtime = rm.classes[6].predicted;
+  // The arena's placement is compared where both sides have it, before the runtime allowance.
+  CHECK(rm.classes[6].name == "memory_placement_bytes");
+  double runtime = figure("memory_runtime_bytes").predicted;
   CHECK(c.measured_peak_max->predicted_arena_peak_bytes ==
         Approx(c.peak_bytes_max.predicted - runtime));
   CHECK(c.measured_peak_max->measured_peak_bytes ==
@@ -261,6 +270,22 @@ TEST_CASE("compare: a constructed pair reports exactly the differences put into 
   CHECK_THAT(md.str(), Contains("| " + label + " | 1 |"));
   CHECK_THAT(md.str(), Contains("+100.0%"));
   CHECK_THAT(summary.str(), Contains("error +10.0%"));
+}
+
+TEST_CASE("compare: the arena's placement is compared where both results have it", "[compare]") {
+  // Results written before the placement was modelled have no memory_placement_bytes: the
+  // class is left out, and the rest compares as before.
+  Pair p = make_pair();
+  for (Json& rank : p.measurement.memory["ranks"]) rank.erase("memory_placement_bytes");
+  CompareResult c = compare_results(p.prediction, p.measurement, p.program);
+  REQUIRE(c.memory_ranks.size() == 1);
+  for (const CompareFigure& f : c.memory_ranks[0].classes) CHECK(f.name != "memory_placement_bytes");
+  CHECK(c.memory_ranks[0].classes.size() == 8);
+  // A placement that is not a number is refused by name.
+  Pair bad = make_pair();
+  bad.prediction.memory["ranks"][0]["memory_placement_bytes"] = "none";
+  CHECK_THROWS_WITH(compare_results(bad.prediction, bad.measurement, bad.program),
+                    Contains("memory_placement_bytes"));
 }
 
 TEST_CASE("compare: pairs of different programs or of one source are refused", "[compare]") {
