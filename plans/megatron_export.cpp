@@ -47,7 +47,11 @@ void add_model_shape(Builder& b, const ModelConfig& m, const Plan& plan) {
   b.flag("--num-layers", m.num_hidden_layers);              // transformer_config.py:65
   b.flag("--hidden-size", m.hidden_size);                   // transformer_config.py:145
   b.flag("--num-attention-heads", m.num_attention_heads);   // transformer_config.py:148
-  if (m.hidden_size % m.num_attention_heads != 0) {
+  if (m.head_dim_override > 0 && m.head_dim_override * m.num_attention_heads != m.hidden_size) {
+    // A head width of its own (Qwen3's 128 at hidden 2048 and 32 heads, GPT-OSS's 64): without
+    // it Megatron takes hidden / heads (arguments.py:1331-1333) and builds another model.
+    b.flag("--kv-channels", m.head_dim_override);            // transformer_config.py:184
+  } else if (m.hidden_size % m.num_attention_heads != 0) {
     b.cannot("hidden_size " + std::to_string(m.hidden_size) + " is not a multiple of " +
              std::to_string(m.num_attention_heads) + " heads (arguments.py:1332)");
   }
@@ -93,6 +97,10 @@ void add_model_shape(Builder& b, const ModelConfig& m, const Plan& plan) {
          std::to_string(padded_vocab_size(m, plan.tp_size)) +
          " as simulated; a real tokenizer (--tokenizer-type, --tokenizer-model) brings its own "
          "size instead");
+  ModelConfig padded = m;  // the whole model Megatron builds from these flags, every expert
+  padded.vocab_size = padded_vocab_size(m, plan.tp_size);
+  b.note("parameters: " + std::to_string(parameter_count(padded)) +
+         " as simulated (the padded vocabulary; every layer and expert)");
   b.flag("--hidden-dropout", format_number(plan.dropout));     // transformer_config.py:188
   b.flag("--attention-dropout", format_number(plan.dropout));  // transformer_config.py:191
   // attention_backend (transformer_config.py:151) is an AttnBackend taken by name

@@ -137,12 +137,8 @@ Json import_model(const MegatronFlags& f, int64_t tp, const std::string& name) {
            "--group-query-attention with it, or neither");
   }
   m["num_key_value_heads"] = f.on("group-query-attention") ? f.integer("num-query-groups").value_or(heads) : heads;
-  if (f.has("kv-channels") && *f.integer("kv-channels") * heads != h) {
-    f.fail("kv-channels", *f.text("kv-channels"),
-           "differs from hidden_size / num_attention_heads = " + std::to_string(h / std::max<int64_t>(heads, 1)) +
-               " (stepcast's head width)",
-           "no --kv-channels, or hidden_size / num_attention_heads");
-  }
+  // A head width of its own (kv_channels, transformer_config.py:184): the model's head_dim.
+  if (f.has("kv-channels") && *f.integer("kv-channels") * heads != h) m["head_dim"] = *f.integer("kv-channels");
   const bool swiglu = f.on("swiglu");
   // Megatron's default width (arguments.py:1322-1329): 4h, or SwiGLU's 2/3 of it in 64s.
   m["intermediate_size"] = f.integer("ffn-hidden-size").value_or(

@@ -4,10 +4,11 @@
 # Optional developer check, not used by the build or the tests (stepcast needs Debian packages
 # only). `stepcast plan --out DIR` writes DIR/NN-NAME.megatron.txt, Megatron-LM's launch arguments
 # with rules cited at Megatron-LM commit d98e8a64ddf3. This script feeds each file to that
-# commit's pretrain_gpt.py startup, on the CPU, without a GPU and without torch.distributed:
+# commit's pretrain_gpt.py startup, on the CPU, without a GPU:
 #   parse_args, validate_args, set_global_variables (microbatches, tokenizer),
-#   gpt_config_from_args (TransformerConfig + ModelParallelConfig __post_init__, GPTModelConfig)
-#   and pretrain_cfg_container_from_args (DDP, optimizer, checkpoint ... configs),
+#   gpt_config_from_args (TransformerConfig + ModelParallelConfig __post_init__, GPTModelConfig),
+#   pretrain_cfg_container_from_args (DDP, optimizer, checkpoint ... configs)
+#   and gpt_builder (the whole GPTModel, on the meta device, its parameters against the plan's),
 # and says per file: accepted, or rejected with Megatron's exception and its file:line.
 # The GPU queries and Transformer Engine lookups that validation makes are stubbed; see the
 # header of scripts/megatron_check.py for the list.

@@ -11,6 +11,11 @@ pretrain_gpt.py's __main__ runs before pretrain() starts torch.distributed:
   4. gpt_config_from_args core_transformer_config_from_args: TransformerConfig and
                           ModelParallelConfig __post_init__, then GPTModelConfig
   5. pretrain_cfg_container_from_args  DDP, optimizer, checkpoint, logging ... configs
+  6. gpt_builder          gpt_builders.py: the GPTModel these arguments build, on the meta device
+                          (no memory) with Megatron's local layer spec, in one process: the
+                          parallel sizes set to 1 (a gloo group of one), so it is the whole model,
+                          every layer and expert; its parameters, counted once where shared (tied
+                          embeddings), are compared with the export's "parameters:" note
 The world size comes from the plan file beside it (NN-NAME.json), else from the plan's name
 (tpN-ppN[-cpN]-dpN), else --world-size. The environment is what the file's
 "# note: environment:" lines ask for: CUDA_DEVICE_MAX_CONNECTIONS is unset unless a note says
@@ -28,8 +33,12 @@ Stubbed, because there is no GPU, no Transformer Engine and no process group her
     rope_utils.fused_apply_rotary_pos_emb(_thd) are placeholders (never called;
     TransformerConfig.__post_init__, transformer_config.py:2512-2520, checks only that they
     exist; rope fusion is on unless --no-rope-fusion, arguments.py:2902-2905)
-  - torch.distributed is never initialized; model construction (layer specs, MoELayer and
-    Transformer Engine module checks) and pretrain() itself are not run.
+  - torch.cuda.Stream -> None in stage 6 (the alltoall token dispatcher makes its copy stream
+    when built; token_dispatcher.py:472)
+  - torch.distributed is initialized only for stage 6, as a gloo group of one on this host;
+    the model is built with the local (PyTorch) layers, not Transformer Engine's, whose
+    parameters are the same tensors (Megatron's specs pair them one for one), and with the
+    parallel sizes 1, so the sharding itself and pretrain() are not run.
 A call that still reaches the GPU makes the file "skipped" (exit 77), not "rejected".
 An accepted file is also compared with its plan: Megatron's data-parallel size, virtual stages,
 microbatches per step, sequence parallelism and padded vocabulary against the plan file and the
@@ -43,7 +52,7 @@ TE_VERSION = "2.17.1"
 ARCH_BY_DEVICE = [("GB200", (10, 0)), ("B200", (10, 0)), ("B300", (10, 3)), ("H200", (9, 0)),
                   ("H100", (9, 0)), ("H800", (9, 0)), ("GH200", (9, 0)), ("A100", (8, 0))]
 STAGES = ["parse_args", "validate_args", "set_global_variables", "gpt_config_from_args",
-          "pretrain_cfg_container_from_args"]
+          "pretrain_cfg_container_from_args", "gpt_builder"]
 
 
 def read_export(path):
@@ -185,6 +194,8 @@ def check_one(argv, env, cc, conn):
         derived = {"dp_size": args.data_parallel_size, "sequence_parallel": args.sequence_parallel,
                    "virtual_pp_size": args.virtual_pipeline_model_parallel_size or 1,
                    "microbatches": get_num_microbatches(), "padded_vocab": args.padded_vocab_size}
+        stage = STAGES[5]
+        derived["parameters"] = build_whole_model(args)
         conn.send(("accepted", stage, derived, "", output(log), caught))
     except SystemExit as e:  # argparse: unknown flag or bad value
         out = output(log)
@@ -206,6 +217,45 @@ def check_one(argv, env, cc, conn):
         conn.close()
 
 
+def build_whole_model(args):
+    """Stage 6: the parameters of the GPTModel `args` describe, built whole on the meta device."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.training.arguments import core_transformer_config_from_args
+    from gpt_builders import gpt_builder
+
+    for size in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "context_parallel_size", "expert_model_parallel_size"):
+        setattr(args, size, 1)
+    args.expert_tensor_parallel_size = 1
+    args.virtual_pipeline_model_parallel_size = None
+    args.pipeline_model_parallel_layout = None
+    args.sequence_parallel = False
+    args.transformer_impl = "local"
+    # Fused kernels of Apex and Transformer Engine that the local layers do not have: how the
+    # step runs, not which parameters the model holds.
+    args.no_persist_layer_norm = True
+    args.gradient_accumulation_fusion = False
+    args.use_cpu_initialization = True
+    args.perform_initialization = False
+    torch.cuda.Stream = lambda *a, **k: None  # the all-to-all dispatcher's copy stream, made at init
+    config = core_transformer_config_from_args(args)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % free_port(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel()
+    with torch.device("meta"):
+        model = gpt_builder(args, pre_process=True, post_process=True, config=config)
+    return sum(p.numel() for p in model.parameters())  # a shared tensor once
+
+
+def free_port():
+    """A TCP port of this host nobody listens on now (the gloo group's rendezvous)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def differences(derived, plan, notes):
     """Where Megatron's derived sizes differ from the plan stepcast simulated."""
     want = {}
@@ -218,6 +268,9 @@ def differences(derived, plan, notes):
         m = re.search(r"padded to (\d+) as simulated", note)
         if m:
             want["padded_vocab"] = int(m.group(1))
+        m = re.search(r"^parameters: (\d+) as simulated", note)
+        if m:
+            want["parameters"] = int(m.group(1))
     return ["%s: Megatron %s, plan %s" % (k, derived[k], v)
             for k, v in want.items() if derived[k] != v]
 
@@ -277,6 +330,7 @@ def main():
         print("%-9s %s  [world %d (%s)%s, sm%d%d (%s)]"
               % (outcome, path, ws, ws_from, extra, cc[0], cc[1], cc_from))
         if outcome == "accepted":
+            print("          builds a GPTModel of %d parameters" % msg["parameters"])
             for d in differences(msg, plan, notes):
                 print("          but differs from the plan: %s" % d)
         else:

@@ -165,6 +165,12 @@ torchrun --nproc_per_node 8 --nnodes 2 --master_addr "$MASTER" pretrain_gpt.py \
   MegatronImport padded = import_megatron_arguments(kTinyShape + "--vocab-size 50257 --tensor-model-parallel-size 2",
                                                     "x", "x");
   CHECK(padded.model["vocab_size"] == 50432);
+  // A head width other than hidden / heads is the model's head_dim; hidden / heads is no override.
+  MegatronImport wide = import_megatron_arguments(kTinyShape + "--vocab-size 256 --kv-channels 32", "x", "x");
+  CHECK(wide.model["head_dim"] == 32);
+  CHECK(parse_model(wide.model, "x").head_dim() == 32);
+  MegatronImport plain = import_megatron_arguments(kTinyShape + "--vocab-size 256 --kv-channels 16", "x", "x");
+  CHECK_FALSE(plain.model.contains("head_dim"));
 }
 
 TEST_CASE("Megatron-LM arguments stepcast cannot model, or that conflict, are refused by name", "[plan][megatron]") {
@@ -198,7 +204,7 @@ TEST_CASE("Megatron-LM arguments stepcast cannot model, or that conflict, are re
        {"key '--recompute-method'", "arguments.py:1425-1428"}},
       {"--data-parallel-sharding-strategy optim", {"key '--data-parallel-sharding-strategy'", "Megatron-FSDP only"}},
       {"--normalization Foo", {"key '--normalization' = 'Foo'", "LayerNorm, RMSNorm"}},
-      {"--kv-channels 32", {"key '--kv-channels' = '32'", "hidden_size / num_attention_heads"}},
+      {"--kv-channels 0", {"key '--kv-channels' = '0'", "an integer >= 1"}},
       {"--swiglu yes", {"key '--swiglu' = 'yes'", "takes no value"}},
       {"--optimizer sgd", {"key '--optimizer' = 'sgd'", "adam"}},
       {"--fp4-format e2m1", {"key '--fp4-format'", "FP4"}}};

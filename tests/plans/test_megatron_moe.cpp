@@ -234,9 +234,14 @@ TEST_CASE("Megatron-LM MoE export then import gives the same model and plan", "[
   Json allgather = {{"dp_size", 8}, {"expert_model_parallel_size", 2}, {"expert_tensor_parallel_size", 1},
                     {"moe_token_dispatcher_type", "allgather"}, {"moe_expert_capacity_factor", 2.0},
                     {"micro_batch_size", 1}, {"global_batch_size", 8}};
+  // Qwen3 and GPT-OSS have a head width of their own (--kv-channels: without it Megatron built
+  // 453M and 284M parameters fewer).
+  Json ep8 = {{"dp_size", 8}, {"expert_model_parallel_size", 8}, {"micro_batch_size", 1}, {"global_batch_size", 8}};
   const std::vector<Case> cases = {{"mixtral-8x7b", 1, kMixtralPlan},
                                    {"deepseek-v3-shaped", 8, kDeepSeekPlan},
-                                   {"tiny-moe-shared", 1, allgather}};
+                                   {"tiny-moe-shared", 1, allgather},
+                                   {"qwen3-30b-a3b", 1, ep8},
+                                   {"gpt-oss-120b", 1, ep8}};
   for (const Case& c : cases) {
     INFO(c.model << " " << c.plan.dump());
     ModelConfig model = shipped_model(c.model);
