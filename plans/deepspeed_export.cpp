@@ -39,8 +39,13 @@ DeepSpeedConfig deepspeed_config(const Plan& p, const ModelConfig& model) {
   }
   if (p.num_distributed_optimizer_instances > 1) {
     if (p.zero_stage == 3) {
-      // MiCS: every model state sharded inside groups of this many ranks, replicated across them.
-      zero["mics_shard_size"] = p.dp_shard_size();
+      // MiCS (every model state sharded inside groups of this many ranks, replicated across
+      // them) was DeepSpeed's hybrid ZeRO-3 from 0.9.2; DeepSpeed 0.19.8 refuses the key.
+      cannot("hybrid sharding: DeepSpeed 0.19.8 refuses zero_optimization.mics_shard_size (\"MiCS ZeRO-3 "
+             "sharding has been removed\", deepspeedai/DeepSpeed#8489), so this config shards over all " +
+             std::to_string(p.dp_size * p.cp_size) + " data-parallel ranks; a release that still has MiCS "
+             "runs the plan with \"mics_shard_size\": " + std::to_string(p.dp_shard_size()) +
+             " in zero_optimization");
     } else {
       cannot("hybrid sharding with ZeRO-" + std::to_string(p.zero_stage) +
              " (DeepSpeed's hierarchical sharding, MiCS, is ZeRO-3)");

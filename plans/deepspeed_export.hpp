@@ -1,5 +1,5 @@
 // A plan as a DeepSpeed config (ds_config.json): batch sizes, precision and the ZeRO section
-// (stage, communication overlap, MiCS sharding groups for hybrid ZeRO-3) of DeepSpeed's config
+// (stage, communication overlap and buckets) of DeepSpeed's config
 // (deepspeed/runtime/config.py, runtime/zero/config.py). Tensor, pipeline and context parallelism
 // are not config keys (Megatron-DeepSpeed's launch flags, a PipelineModule, Ulysses' code): a
 // plan with them is marked, with the sizes the launch must give. Where DeepSpeed cannot run the
