@@ -1,9 +1,10 @@
 // TorchTitan's job config for a plan; see torchtitan_export.hpp. Keys and their values are
-// JobConfig's fields (torchtitan/config/job_config.py at pytorch/torchtitan 000204a4a8bf): Training
+// JobConfig's fields (torchtitan/config/job_config.py of TorchTitan 0.2.2, the last release whose
+// job config is a TOML file; 0.3 takes Python config functions): Training
 // (local_batch_size, global_batch_size, seq_len, mixed_precision_param "bfloat16"|"float32",
 // mixed_precision_reduce "float32"), Parallelism (data_parallel_replicate_degree,
 // data_parallel_shard_degree, fsdp_reshard_after_forward "default"|"always"|"never",
-// tensor_parallel_degree, pipeline_parallel_degree, pipeline_parallel_split_points,
+// tensor_parallel_degree, pipeline_parallel_degree, module_fqns_per_model_part,
 // pipeline_parallel_schedule, pipeline_parallel_microbatch_size, context_parallel_degree,
 // context_parallel_rotate_method "allgather"|"alltoall", expert_parallel_degree),
 // ActivationCheckpoint (mode "selective"|"full"|"none", selective_ac_option), Model (name,
@@ -11,6 +12,8 @@
 #include "torchtitan_export.hpp"
 
 #include <sstream>
+
+#include "lower.hpp"
 
 namespace stepcast {
 
@@ -140,14 +143,19 @@ void add_parallelism(Builder& b, const Plan& p) {
                            : p.schedule == ScheduleKind::one_f_one_b ? "1F1B"
                                                                      : "Interleaved1F1B";
     b.key("pipeline_parallel_schedule", toml_string(schedule));
-    // Split points: the first layer of every (virtual) stage after the first, in model order.
-    std::string points;
-    int64_t first = 0;
-    for (size_t s = 0; s + 1 < p.layers_per_stage.size(); ++s) {
-      first += p.layers_per_stage[s];
-      points += std::string(points.empty() ? "" : ", ") + toml_string("layers." + std::to_string(first));
+    // The modules of every (virtual) stage in model order, the embedding with the first and the
+    // final norm and output layer with the last (the llama3 model's names, model.py).
+    std::string parts;
+    int64_t layer = 0;
+    for (size_t s = 0; s < p.layers_per_stage.size(); ++s) {
+      std::string part = s == 0 ? toml_string("tok_embeddings") : "";
+      for (int64_t l = 0; l < p.layers_per_stage[s]; ++l, ++layer) {
+        part += std::string(part.empty() ? "" : ", ") + toml_string("layers." + std::to_string(layer));
+      }
+      if (s + 1 == p.layers_per_stage.size()) part += ", " + toml_string("norm") + ", " + toml_string("output");
+      parts += std::string(parts.empty() ? "" : ", ") + "[" + part + "]";
     }
-    b.key("pipeline_parallel_split_points", "[" + points + "]");
+    b.key("module_fqns_per_model_part", "[" + parts + "]");
     b.key("pipeline_parallel_microbatch_size", p.micro_batch_size);
     if (p.overlap_p2p_comm != (p.schedule == ScheduleKind::interleaved_1f1b)) {
       b.note("pipeline transfers: torch.distributed.pipelining posts them asynchronously under every schedule");
@@ -201,6 +209,9 @@ TorchTitanConfig torchtitan_config(const Plan& plan, const ModelConfig& model) {
   b.section("job");
   b.key("description", toml_string("stepcast plan " + plan.name + " of " + model.name));
   add_model(b, model);
+  ModelConfig padded = model;  // the model as simulated, for the check that builds TorchTitan's
+  padded.vocab_size = padded_vocab_size(model, plan.tp_size);
+  b.note("parameters: " + std::to_string(parameter_count(padded)) + " as simulated (the padded vocabulary)");
   if (plan.fp8.enabled()) b.key("converters", "[" + toml_string("float8") + "]");
   add_training(b, plan, model);
   add_parallelism(b, plan);

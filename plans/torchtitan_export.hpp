@@ -1,6 +1,6 @@
 // A plan as a TorchTitan job config (TOML): the parallel degrees, pipeline schedule and split,
 // batch sizes, mixed precision, activation checkpointing and Float8 of TorchTitan's JobConfig
-// (torchtitan/config/job_config.py at pytorch/torchtitan 000204a4a8bf), for its llama3 model.
+// (torchtitan/config/job_config.py of TorchTitan 0.2.2), for its llama3 model.
 // Not the data, optimizer, learning-rate or checkpoint sections: the plan does not choose them.
 // Where TorchTitan cannot run the plan as simulated (a model it has no flavor of, ZeRO-1, Megatron's
 // selective recompute, delayed FP8 scaling, ...), `runnable` is false and a note says why.

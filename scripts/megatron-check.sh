@@ -14,19 +14,23 @@
 # header of scripts/megatron_check.py for the list.
 #
 # With --deepspeed it checks the DeepSpeed exports (NN-NAME.deepspeed.json) instead, with
-# DeepSpeed's own config parser (scripts/deepspeed_check.py says what runs).
+# DeepSpeed's own config parser (scripts/deepspeed_check.py says what runs); with --torchtitan
+# the TorchTitan exports (NN-NAME.torchtitan.toml) with TorchTitan's ConfigManager and the
+# llama3 model it builds (scripts/torchtitan_check.py).
 #
 # Usage:
 #   scripts/megatron-check.sh --setup            # once: venv + torch + DeepSpeed + Megatron-LM
 #   scripts/megatron-check.sh --probe            # 0 if set up, else 77 with a "skipped" line
 #   scripts/megatron-check.sh DIR/*.megatron.txt # check files (options: see megatron_check.py -h)
 #   scripts/megatron-check.sh --deepspeed DIR/*.deepspeed.json
+#   scripts/megatron-check.sh --torchtitan DIR/*.torchtitan.toml
 #
 # --setup installs, under $MEGATRON_CHECK_HOME (default ~/.cache/stepcast-megatron-check):
 #   venv/         a Python >= 3.12 virtualenv (Megatron-LM's requires-python) holding
 #                 torch==2.13.0 (the version in Megatron-LM's uv.lock at that commit), numpy and
-#                 packaging, and deepspeed==0.19.8 (its Python package; DS_BUILD_OPS=0 builds
-#                 no CUDA ops), from PyPI (or the index pip is configured for). PyPI's Linux torch
+#                 packaging, deepspeed==0.19.8 (its Python package; DS_BUILD_OPS=0 builds
+#                 no CUDA ops) and torchtitan==0.2.2, from PyPI (or the index pip is
+#                 configured for). PyPI's Linux torch
 #                 wheel is the CUDA build: it pulls the nvidia-* CUDA wheels, about 3 GB to
 #                 download and 5 GB installed, and imports fine on a machine without a GPU.
 #   Megatron-LM/  Megatron-LM's source at $MEGATRON_LM_COMMIT (default d98e8a64ddf3..., the
@@ -54,6 +58,7 @@ git_src="${MEGATRON_LM_GIT:-https://github.com/NVIDIA/Megatron-LM}"
 commit="${MEGATRON_LM_COMMIT:-d98e8a64ddf34856e74b24714e3bedb2f5a39553}"
 torch_version="${MEGATRON_CHECK_TORCH:-2.13.0}"
 deepspeed_version="${MEGATRON_CHECK_DEEPSPEED:-0.19.8}"
+torchtitan_version="${MEGATRON_CHECK_TORCHTITAN:-0.2.2}"
 
 # A Python >= 3.12: $PYTHON, then python3.13/python3.12/python3 on PATH, then pyenv's.
 find_python() {
@@ -79,6 +84,8 @@ setup() {
   "$venv/bin/python" -m pip install --quiet "torch==$torch_version" numpy packaging
   echo "setup: pip install deepspeed==$deepspeed_version (DS_BUILD_OPS=0: no CUDA ops built)"
   DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet "deepspeed==$deepspeed_version"
+  echo "setup: pip install torchtitan==$torchtitan_version (the last release with TOML job configs)"
+  "$venv/bin/python" -m pip install --quiet "torchtitan==$torchtitan_version"
   if [ "$(git -C "$mlm" rev-parse HEAD 2>/dev/null || true)" != "$commit" ]; then
     echo "setup: fetching Megatron-LM $commit from $git_src into $mlm"
     rm -rf "$mlm"
@@ -119,5 +126,9 @@ fi
 if [ "${1:-}" = "--deepspeed" ]; then
   shift
   exec "$python" "$here/deepspeed_check.py" "$@"
+fi
+if [ "${1:-}" = "--torchtitan" ]; then
+  shift
+  exec "$python" "$here/torchtitan_check.py" "$@"
 fi
 exec "$python" "$here/megatron_check.py" "$@"

@@ -5,6 +5,7 @@
 // marked with their reason. Then `stepcast plan --out` writes NN-NAME.torchtitan.toml.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -30,7 +31,7 @@ const std::map<std::string, std::set<std::string>> kJobConfig = {
      {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param", "mixed_precision_reduce"}},
     {"parallelism",
      {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-      "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_split_points",
+      "tensor_parallel_degree", "pipeline_parallel_degree", "module_fqns_per_model_part",
       "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size", "context_parallel_degree",
       "context_parallel_rotate_method", "expert_parallel_degree"}},
     {"activation_checkpoint", {"mode", "selective_ac_option"}},
@@ -100,9 +101,12 @@ TEST_CASE("TorchTitan export: Llama 3 8B under FSDP2, tp and an interleaved pipe
   CHECK(v["parallelism.tensor_parallel_degree"] == "2");
   CHECK(v["parallelism.pipeline_parallel_degree"] == "4");
   CHECK(v["parallelism.pipeline_parallel_schedule"] == "\"Interleaved1F1B\"");
-  // 32 layers over 8 virtual stages: a stage starts every 4 layers.
-  CHECK(v["parallelism.pipeline_parallel_split_points"] ==
-        "[\"layers.4\", \"layers.8\", \"layers.12\", \"layers.16\", \"layers.20\", \"layers.24\", \"layers.28\"]");
+  // 32 layers over 8 virtual stages of 4, the embedding on the first, norm and output on the last.
+  const std::string parts = v["parallelism.module_fqns_per_model_part"];
+  CHECK(parts.rfind("[[\"tok_embeddings\", \"layers.0\", \"layers.1\", \"layers.2\", \"layers.3\"], "
+                    "[\"layers.4\", ", 0) == 0);
+  CHECK_THAT(parts, Contains("[\"layers.28\", \"layers.29\", \"layers.30\", \"layers.31\", \"norm\", \"output\"]]"));
+  CHECK(std::count(parts.begin(), parts.end(), '[') == 9);
   // Under a pipeline the local batch is every microbatch of the step: 256 / 8 dp ranks.
   CHECK(v["training.local_batch_size"] == "32");
   CHECK(v["training.global_batch_size"] == "256");

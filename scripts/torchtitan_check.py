@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Check stepcast's TorchTitan exports (NN-NAME.torchtitan.toml) with TorchTitan's own parser.
+
+Run through `scripts/megatron-check.sh --torchtitan FILES`, whose --setup installs torchtitan
+0.2.2, the last release whose job config is a TOML file (0.3 takes Python config functions).
+For each file this runs what torchtitan/train.py runs with it before any process group:
+torchtitan.config.ConfigManager().parse_args(["--job.config_file", FILE]) -- TOML parsing, every
+section and key checked against JobConfig's dataclasses (an unknown key is refused), the values
+set on them -- and then, for a file plans.json marks runnable as simulated, the model it names:
+the llama3 train spec's flavor, updated from the config (update_from_config) and built on
+PyTorch's meta device (no memory), its parameters counted.
+
+An accepted file is compared with its plan: the parallel degrees (data-parallel shard x
+replicate, tensor, pipeline, context), the batch sizes and the sequence length, and the built
+model's parameters against the export's "parameters:" note; a difference is printed ("but
+differs from the plan") and makes the exit status 1. A file marked not runnable as simulated
+(torchtitan_runnable false in plans.json) is parsed, not compared; its notes are printed.
+Exit status: 0 every file accepted and equal to its plan; 1 some file rejected or different;
+2 a file or plan that cannot be read; 77 TorchTitan does not import (not set up).
+"""
+import argparse, contextlib, io, json, logging, os, re, sys
+
+
+def plan_of(path):
+    plan_json = re.sub(r"\.torchtitan\.toml$", ".json", path)
+    if plan_json == path or not os.path.exists(plan_json):
+        return None
+    with open(plan_json) as f:
+        return json.load(f)
+
+
+def runnable_of(path):
+    """plans.json's torchtitan_runnable and torchtitan_notes for this file (True, [] if absent)."""
+    plans = os.path.join(os.path.dirname(path) or ".", "plans.json")
+    name = re.sub(r"\.torchtitan\.toml$", ".json", os.path.basename(path))
+    try:
+        with open(plans) as f:
+            for entry in json.load(f).get("top", []):
+                if entry.get("plan_file") == name:
+                    return entry.get("torchtitan_runnable", True), entry.get("torchtitan_notes", [])
+    except (OSError, ValueError):
+        pass
+    return True, []
+
+
+def simulated_parameters(path):
+    with open(path) as f:
+        m = re.search(r"^# note: parameters: (\d+) as simulated", f.read(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def built_parameters(cfg):
+    import torch
+    from torchtitan.protocols.train_spec import get_train_spec
+    spec = get_train_spec(cfg.model.name)
+    args = spec.model_args[cfg.model.flavor]
+    args.update_from_config(cfg)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    return sum(p.numel() for p in model.parameters())
+
+
+def differences(cfg, plan, path):
+    par, train = cfg.parallelism, cfg.training
+    dp = plan["dp_size"]
+    want = {"data-parallel ranks": dp, "tensor_parallel_degree": plan.get("tp_size", 1),
+            "pipeline_parallel_degree": plan.get("pp_size", 1),
+            "context_parallel_degree": plan.get("context_parallel_size", 1),
+            "global_batch_size": plan["global_batch_size"],
+            # A dp rank's batch of one forward-backward: the microbatch, accumulated to the global
+            # batch; under a pipeline every microbatch of the step, which the schedule splits.
+            "local_batch_size": plan["global_batch_size"] // dp if plan.get("pp_size", 1) > 1
+            else plan["micro_batch_size"]}
+    got = {"data-parallel ranks": par.data_parallel_shard_degree * par.data_parallel_replicate_degree,
+           "tensor_parallel_degree": par.tensor_parallel_degree,
+           "pipeline_parallel_degree": par.pipeline_parallel_degree,
+           "context_parallel_degree": par.context_parallel_degree,
+           "global_batch_size": train.global_batch_size, "local_batch_size": train.local_batch_size}
+    simulated = simulated_parameters(path)
+    if simulated is not None:
+        want["parameters"] = simulated
+        got["parameters"] = built_parameters(cfg)
+        print("          builds a %s %s of %d parameters" % (cfg.model.name, cfg.model.flavor, got["parameters"]))
+    return ["%s: TorchTitan %s, plan %s" % (k, got[k], v) for k, v in want.items() if got[k] != v]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="NN-NAME.torchtitan.toml files stepcast wrote")
+    opts = ap.parse_args()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import torchtitan
+            from importlib.metadata import version
+            from torchtitan.config import ConfigManager
+    except Exception as e:  # noqa: BLE001 - any import failure means: not set up
+        print("skipped: cannot import TorchTitan's ConfigManager (%s: %s); run "
+              "scripts/megatron-check.sh --setup" % (type(e).__name__, e))
+        return 77
+    print("TorchTitan %s (%s)" % (version("torchtitan"), os.path.dirname(torchtitan.__file__)))
+    logging.disable(logging.WARNING)  # the missing tokenizer assets: not what is checked
+
+    counts = {"accepted": 0, "rejected": 0, "error": 0}
+    different = 0
+    for path in opts.files:
+        try:
+            plan = plan_of(path)
+        except (OSError, ValueError) as e:
+            print("error     %s: its plan file: %s" % (path, e))
+            counts["error"] += 1
+            continue
+        if plan is None:
+            print("error     %s: no plan file beside it (NN-NAME.json)" % path)
+            counts["error"] += 1
+            continue
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                cfg = ConfigManager().parse_args(["--job.config_file", path])
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - report whatever TorchTitan raised
+            print("rejected  %s" % path)
+            print("          %s: %s" % (type(e).__name__, " ".join(str(e).split())))
+            counts["rejected"] += 1
+            continue
+        counts["accepted"] += 1
+        print("accepted  %s" % path)
+        runnable, notes = runnable_of(path)
+        if not runnable:  # the export says TorchTitan runs another plan: nothing to compare
+            for note in notes:
+                if note.startswith("TorchTitan cannot run"):
+                    print("          the export's own note: %s" % note)
+            continue
+        diffs = differences(cfg, plan, path)
+        different += bool(diffs)
+        for d in diffs:
+            print("          but differs from the plan: %s" % d)
+    print("%d accepted (%d differing from their plan), %d rejected, %d errors"
+          % (counts["accepted"], different, counts["rejected"], counts["error"]))
+    return 1 if counts["rejected"] or different else 2 if counts["error"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
