@@ -18,7 +18,9 @@ from the plan") and makes the exit status 1. A file plans.json marks not runnabl
 Exit status: 0 every file accepted and equal to its plan; 1 some file rejected or different;
 2 a file or plan that cannot be read; 77 DeepSpeed does not import (not set up).
 """
-import argparse, contextlib, io, json, os, re, sys
+import argparse, contextlib, io, os, sys
+
+from export_check_common import check_files
 
 
 class DataParallelGroup:
@@ -31,29 +33,7 @@ class DataParallelGroup:
         return self.size
 
 
-def plan_of(path):
-    plan_json = re.sub(r"\.deepspeed\.json$", ".json", path)
-    if plan_json == path or not os.path.exists(plan_json):
-        return None
-    with open(plan_json) as f:
-        return json.load(f)
-
-
-def notes_of(path):
-    """plans.json's deepspeed_runnable and deepspeed_notes for this file (True, [] if absent)."""
-    plans = os.path.join(os.path.dirname(path) or ".", "plans.json")
-    name = re.sub(r"\.deepspeed\.json$", ".json", os.path.basename(path))
-    try:
-        with open(plans) as f:
-            for entry in json.load(f).get("top", []):
-                if entry.get("plan_file") == name:
-                    return entry.get("deepspeed_runnable", True), entry.get("deepspeed_notes", [])
-    except (OSError, ValueError):
-        pass
-    return True, []
-
-
-def differences(cfg, plan):
+def differences(cfg, plan, path):
     dtype = plan.get("dtype", "bf16")
     want = {"train_batch_size": plan["global_batch_size"],
             "train_micro_batch_size_per_gpu": plan["micro_batch_size"],
@@ -84,43 +64,13 @@ def main():
     print("DeepSpeed %s (%s)" % (deepspeed.__version__, os.path.dirname(deepspeed.__file__)))
     ds_config.dist.get_rank = lambda *a, **k: 0  # no process group: rank 0 of the plan's world
 
-    counts = {"accepted": 0, "rejected": 0, "error": 0}
-    different = 0
-    for path in opts.files:
-        try:
-            plan = plan_of(path)
-        except (OSError, ValueError) as e:
-            plan, why = None, "its plan file: %s" % e
-        else:
-            why = "no plan file beside it (NN-NAME.json)"
-        if plan is None:
-            print("error     %s: %s" % (path, why))
-            counts["error"] += 1
-            continue
+    def parse(path, plan):
         world = plan["dp_size"] * plan.get("context_parallel_size", 1)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                cfg = ds_config.DeepSpeedConfig(path, mpu=DataParallelGroup(world))
-        except Exception as e:  # noqa: BLE001 - report whatever DeepSpeed raised
-            print("rejected  %s  [data-parallel world %d]" % (path, world))
-            print("          %s: %s" % (type(e).__name__, " ".join(str(e).split())))
-            counts["rejected"] += 1
-            continue
-        counts["accepted"] += 1
-        print("accepted  %s  [data-parallel world %d]" % (path, world))
-        runnable, notes = notes_of(path)
-        if not runnable:  # the export says DeepSpeed runs another plan: nothing to compare
-            for note in notes:
-                if note.startswith("DeepSpeed cannot run"):
-                    print("          the export's own note: %s" % note)
-            continue
-        diffs = differences(cfg, plan)
-        different += bool(diffs)
-        for d in diffs:
-            print("          but differs from the plan: %s" % d)
-    print("%d accepted (%d differing from their plan), %d rejected, %d errors"
-          % (counts["accepted"], different, counts["rejected"], counts["error"]))
-    return 1 if counts["rejected"] or different else 2 if counts["error"] else 0
+        with contextlib.redirect_stdout(io.StringIO()):
+            config = ds_config.DeepSpeedConfig(path, mpu=DataParallelGroup(world))
+        return config, "  [data-parallel world %d]" % world
+
+    return check_files(opts.files, ".deepspeed.json", "deepspeed", "DeepSpeed cannot run", parse, differences)
 
 
 if __name__ == "__main__":

@@ -18,35 +18,9 @@ differs from the plan") and makes the exit status 1. A file marked not runnable 
 Exit status: 0 every file accepted and equal to its plan; 1 some file rejected or different;
 2 a file or plan that cannot be read; 77 TorchTitan does not import (not set up).
 """
-import argparse, contextlib, io, json, logging, os, re, sys
+import argparse, contextlib, io, logging, os, sys
 
-
-def plan_of(path):
-    plan_json = re.sub(r"\.torchtitan\.toml$", ".json", path)
-    if plan_json == path or not os.path.exists(plan_json):
-        return None
-    with open(plan_json) as f:
-        return json.load(f)
-
-
-def runnable_of(path):
-    """plans.json's torchtitan_runnable and torchtitan_notes for this file (True, [] if absent)."""
-    plans = os.path.join(os.path.dirname(path) or ".", "plans.json")
-    name = re.sub(r"\.torchtitan\.toml$", ".json", os.path.basename(path))
-    try:
-        with open(plans) as f:
-            for entry in json.load(f).get("top", []):
-                if entry.get("plan_file") == name:
-                    return entry.get("torchtitan_runnable", True), entry.get("torchtitan_notes", [])
-    except (OSError, ValueError):
-        pass
-    return True, []
-
-
-def simulated_parameters(path):
-    with open(path) as f:
-        m = re.search(r"^# note: parameters: (\d+) as simulated", f.read(), re.M)
-    return int(m.group(1)) if m else None
+from export_check_common import check_files, simulated_parameters
 
 
 def built_parameters(cfg):
@@ -100,42 +74,11 @@ def main():
     print("TorchTitan %s (%s)" % (version("torchtitan"), os.path.dirname(torchtitan.__file__)))
     logging.disable(logging.WARNING)  # the missing tokenizer assets: not what is checked
 
-    counts = {"accepted": 0, "rejected": 0, "error": 0}
-    different = 0
-    for path in opts.files:
-        try:
-            plan = plan_of(path)
-        except (OSError, ValueError) as e:
-            print("error     %s: its plan file: %s" % (path, e))
-            counts["error"] += 1
-            continue
-        if plan is None:
-            print("error     %s: no plan file beside it (NN-NAME.json)" % path)
-            counts["error"] += 1
-            continue
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                cfg = ConfigManager().parse_args(["--job.config_file", path])
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - report whatever TorchTitan raised
-            print("rejected  %s" % path)
-            print("          %s: %s" % (type(e).__name__, " ".join(str(e).split())))
-            counts["rejected"] += 1
-            continue
-        counts["accepted"] += 1
-        print("accepted  %s" % path)
-        runnable, notes = runnable_of(path)
-        if not runnable:  # the export says TorchTitan runs another plan: nothing to compare
-            for note in notes:
-                if note.startswith("TorchTitan cannot run"):
-                    print("          the export's own note: %s" % note)
-            continue
-        diffs = differences(cfg, plan, path)
-        different += bool(diffs)
-        for d in diffs:
-            print("          but differs from the plan: %s" % d)
-    print("%d accepted (%d differing from their plan), %d rejected, %d errors"
-          % (counts["accepted"], different, counts["rejected"], counts["error"]))
-    return 1 if counts["rejected"] or different else 2 if counts["error"] else 0
+    def parse(path, plan):
+        with contextlib.redirect_stdout(io.StringIO()):
+            return ConfigManager().parse_args(["--job.config_file", path]), ""
+
+    return check_files(opts.files, ".torchtitan.toml", "torchtitan", "TorchTitan cannot run", parse, differences)
 
 
 if __name__ == "__main__":
