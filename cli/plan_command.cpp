@@ -29,7 +29,9 @@ namespace stepcast::cli {
 
 namespace {
 
-Json candidate_json(const Candidate& c, const ModelConfig& model) {
+// `simulated_peak`: simulate's peak of a plan it ran (> 0), which adds the arena's placement to
+// the live peak the screen walked (memory.hpp).
+Json candidate_json(const Candidate& c, const ModelConfig& model, double simulated_peak = 0) {
   Json j;
   j["name"] = c.plan.name;
   j["plan"] = plan_to_json(c.plan);
@@ -42,7 +44,9 @@ Json candidate_json(const Candidate& c, const ModelConfig& model) {
   j["step_time_s"] = c.step_time_s ? *c.step_time_s : c.estimate.step_time_s;
   j["step_time_source"] = c.step_time_s ? "simulate" : "quick_estimate";
   if (!c.evaluation_error.empty()) j["evaluation_error"] = c.evaluation_error;
-  if (c.peak_exact) {
+  if (simulated_peak > 0) {
+    j["peak_bytes_max"] = simulated_peak;
+  } else if (c.peak_exact) {
     j["peak_bytes_max"] = c.peak_bytes_max;
   } else {
     j["peak_bytes_lower_bound"] = c.peak_lower_bytes;
@@ -408,8 +412,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     row.estimate_s = c.estimate.step_time_s;
     row.tokens_per_s = tokens_per_step(model, c.plan) / step;
     row.mfu = model_flops_utilization(model, topology, c.plan, step);
-    row.peak_bytes = c.peak_bytes_max;
-    row.headroom_bytes = allowed - c.peak_bytes_max - c.reserved_bytes;
+    const auto sim = simulator.result(c.plan.name);  // its peak adds the arena's placement
+    row.peak_bytes = sim && sim->peak_bytes_max > 0 ? sim->peak_bytes_max : c.peak_bytes_max;
+    row.headroom_bytes = allowed - row.peak_bytes - c.reserved_bytes;
     if (device.has_power()) row.energy_j = c.energy_per_step_j ? *c.energy_per_step_j : c.estimate_energy_j;
     if (price) row.cost = cost_per_step(price->per_gpu_hour, devices, step);
     for (const auto& [kind, b] : c.estimate.comm_bytes_per_rank_max) {
@@ -428,7 +433,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     if (row.energy_j) std::cout << "  " << fixed(*row.energy_j, 0);
     if (row.cost) std::cout << "  " << fixed(*row.cost, 4);
     std::cout << "\n";
-    Json j = candidate_json(c, model);
+    Json j = candidate_json(c, model, sim ? sim->peak_bytes_max : 0);
     j["rank"] = i + 1;
     j["tokens_per_s"] = row.tokens_per_s;
     j["mfu"] = row.mfu;
@@ -508,7 +513,10 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       out["heterogeneous_replicas"] = replica_balance_json(replicas);
     }
     Json all = Json::array();
-    for (const auto& c : ranked) all.push_back(candidate_json(c, model));
+    for (const auto& c : ranked) {
+      const auto sim = simulator.result(c.plan.name);
+      all.push_back(candidate_json(c, model, sim ? sim->peak_bytes_max : 0));
+    }
     out["plans"] = all;
     Json pruned_all = Json::array();
     for (const auto& c : pruned) pruned_all.push_back(pruned_json(c));
@@ -531,7 +539,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     report.rows = rows;
     for (const auto& c : ranked) {
       report.all_estimates_s.push_back(c.estimate.step_time_s);
-      report.all_peaks_bytes.push_back(c.peak_bytes_max);
+      const auto sim = simulator.result(c.plan.name);
+      report.all_peaks_bytes.push_back(sim && sim->peak_bytes_max > 0 ? sim->peak_bytes_max : c.peak_bytes_max);
       report.all_names.push_back(c.plan.name);
     }
     report.capacity_bytes = allowed;

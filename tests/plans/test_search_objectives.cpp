@@ -1,5 +1,5 @@
 // The planner's energy and cost objectives: the estimate's joules, simulated energies ranked
-// first, and `stepcast plan --objective energy|cost` end to end.
+// first, and `stepcast plan --objective energy|cost` end to end; a re-simulated plan's peak.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -166,4 +166,29 @@ TEST_CASE("stepcast plan --heterogeneous balances pipeline stages and replicas b
                               " --global-batch-size 8 --heterogeneous");
   CHECK(refused.exit_code == 2);
   CHECK_THAT(refused.output, Catch::Contains("heterogeneity"));
+}
+
+TEST_CASE("stepcast plan shows a re-simulated plan's peak as memory gives it, placement included", "[search][cli]") {
+  // small-gpt's ZeRO-3 plans leave gaps in the arena (memory_placement_bytes): the screen ranks
+  // by the live peak, the plans it re-simulates report simulate's peak, which is memory's.
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan-placement").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("plan" + model_arg("small-gpt") + topology_arg("localhost-cpu") +
+                        " --global-batch-size 8 --top 12 --evaluate all --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Json plans = load_json_file(out + "/plans.json");
+  int64_t with_gaps = 0;
+  for (const Json& t : plans.at("top")) {
+    REQUIRE(t.at("step_time_source") == "simulate");
+    std::string file = out + "/" + t.at("plan_file").get<std::string>();
+    auto m = run_stepcast("memory" + model_arg("small-gpt") + topology_arg("localhost-cpu") + " --plan " + file +
+                          " --out " + out + "/memory-" + t.at("name").get<std::string>());
+    REQUIRE(m.exit_code == 0);
+    Json memory = load_json_file(out + "/memory-" + t.at("name").get<std::string>() + "/memory.json");
+    CHECK(t.at("peak_bytes_max").get<double>() == memory.at("peak_bytes_max").get<double>());
+    with_gaps += memory.at("ranks")[0].at("memory_placement_bytes").get<double>() > 0;
+  }
+  CHECK(with_gaps > 0);
+  std::filesystem::remove_all(out);
 }
