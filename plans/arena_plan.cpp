@@ -2,10 +2,12 @@
 #include "arena_plan.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "errors.hpp"
 

@@ -18,9 +18,9 @@ from the plan") and makes the exit status 1. A file plans.json marks not runnabl
 Exit status: 0 every file accepted and equal to its plan; 1 some file rejected or different;
 2 a file or plan that cannot be read; 77 DeepSpeed does not import (not set up).
 """
-import argparse, contextlib, io, os, sys
+import contextlib, io, os, sys
 
-from export_check_common import check_files
+from export_check_common import check_files, differing, export_files
 
 
 class DataParallelGroup:
@@ -46,13 +46,11 @@ def differences(cfg, plan, path):
            "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
            "zero_optimization_stage": cfg.zero_optimization_stage,
            "bf16": cfg.bfloat16_config.enabled, "fp16": cfg.float16_config.enabled}
-    return ["%s: DeepSpeed %s, plan %s" % (k, got[k], v) for k, v in want.items() if got[k] != v]
+    return differing(want, got, "DeepSpeed")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", help="NN-NAME.deepspeed.json files stepcast wrote")
-    opts = ap.parse_args()
+    files = export_files(__doc__, "NN-NAME.deepspeed.json")
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             import deepspeed
@@ -70,7 +68,7 @@ def main():
             config = ds_config.DeepSpeedConfig(path, mpu=DataParallelGroup(world))
         return config, "  [data-parallel world %d]" % world
 
-    return check_files(opts.files, ".deepspeed.json", "deepspeed", "DeepSpeed cannot run", parse, differences)
+    return check_files(files, ".deepspeed.json", "deepspeed", "DeepSpeed cannot run", parse, differences)
 
 
 if __name__ == "__main__":

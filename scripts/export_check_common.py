@@ -1,8 +1,21 @@
-"""What scripts/deepspeed_check.py and scripts/torchtitan_check.py share: the plan file and the
-plans.json entry beside an export, its "parameters:" note, and the loop over the files with the
+"""What scripts/deepspeed_check.py and scripts/torchtitan_check.py share: the command line, the
+plan file and the plans.json entry beside an export, its "parameters:" note, the differences
+from the plan as lines, and the loop over the files with the
 verdict lines and the exit status (0 every file accepted and equal to its plan; 1 some file
 rejected or different; 2 a file or plan that cannot be read)."""
-import json, os, re
+import argparse, json, os, re
+
+
+def export_files(doc, pattern):
+    """The command line: the export files (pattern, e.g. NN-NAME.deepspeed.json) to check."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("files", nargs="+", help="%s files stepcast wrote" % pattern)
+    return ap.parse_args().files
+
+
+def differing(want, got, framework):
+    """'key: <framework> got, plan want' for every key where the two differ."""
+    return ["%s: %s %s, plan %s" % (k, framework, got[k], v) for k, v in want.items() if got[k] != v]
 
 
 def plan_beside(path, suffix):

@@ -18,9 +18,9 @@ differs from the plan") and makes the exit status 1. A file marked not runnable 
 Exit status: 0 every file accepted and equal to its plan; 1 some file rejected or different;
 2 a file or plan that cannot be read; 77 TorchTitan does not import (not set up).
 """
-import argparse, contextlib, io, logging, os, sys
+import contextlib, io, logging, os, sys
 
-from export_check_common import check_files, simulated_parameters
+from export_check_common import check_files, differing, export_files, simulated_parameters
 
 
 def built_parameters(cfg):
@@ -55,13 +55,11 @@ def differences(cfg, plan, path):
         want["parameters"] = simulated
         got["parameters"] = built_parameters(cfg)
         print("          builds a %s %s of %d parameters" % (cfg.model.name, cfg.model.flavor, got["parameters"]))
-    return ["%s: TorchTitan %s, plan %s" % (k, got[k], v) for k, v in want.items() if got[k] != v]
+    return differing(want, got, "TorchTitan")
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+", help="NN-NAME.torchtitan.toml files stepcast wrote")
-    opts = ap.parse_args()
+    files = export_files(__doc__, "NN-NAME.torchtitan.toml")
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             import torchtitan
@@ -78,7 +76,7 @@ def main():
         with contextlib.redirect_stdout(io.StringIO()):
             return ConfigManager().parse_args(["--job.config_file", path]), ""
 
-    return check_files(opts.files, ".torchtitan.toml", "torchtitan", "TorchTitan cannot run", parse, differences)
+    return check_files(files, ".torchtitan.toml", "torchtitan", "TorchTitan cannot run", parse, differences)
 
 
 if __name__ == "__main__":
