@@ -84,10 +84,12 @@ int run_profile(int argc, char** argv) {
       "shapes, fused attention (causal, and on the CPU the context-parallel kernel over its K/V\n"
       "blocks) by sequence and head size, memory-bound kernel bandwidth (norms, activations,\n"
       "softmax, AdamW) by size, collective time and bus bandwidth (all_reduce, reduce_scatter,\n"
-      "all_gather; nccl-tests' algbw and busbw) by message and group size, and send/recv latency\n"
-      "and bandwidth (across hosts too, when the ranks span several: the inter-node link's α-β;\n"
-      "needs --topology). Each figure is the median over ranks and repetitions. `simulate\n"
-      "--profile F` interpolates them.\n"
+      "all_gather; nccl-tests' algbw and busbw) by message and group size — on the CPU also with\n"
+      "their operands out of cache (each call's in a pool of 4 MiB up to twice the rank's share of\n"
+      "the last-level cache: collective_reuse_points, which simulate weighs by how long ago a step\n"
+      "touched each operand) — and send/recv latency and bandwidth (across hosts too, when the\n"
+      "ranks span several: the inter-node link's α-β; needs --topology). Each figure is the\n"
+      "median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
       "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
       "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
   if (!vm) return 0;

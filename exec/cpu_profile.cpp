@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <sstream>
 
@@ -49,10 +51,58 @@ std::optional<LinkFit> fit_inter_node_link(const std::vector<P2pPoint>& points) 
   return fit;
 }
 
+// The last-level cache of cpu0 (sysfs: its highest-level data or unified cache) and the CPUs
+// that share it; {0, 0} where sysfs does not say.
+std::pair<double, int64_t> last_level_cache() {
+  const std::string base = "/sys/devices/system/cpu/cpu0/cache/index";
+  std::pair<double, int64_t> best{0, 0};
+  int best_level = 0;
+  for (int i = 0; i < 16; ++i) {
+    auto read = [&](const std::string& name) {
+      std::ifstream in(base + std::to_string(i) + "/" + name);
+      std::string v;
+      std::getline(in, v);
+      return v;
+    };
+    std::string level = read("level"), type = read("type"), size = read("size"), cpus = read("shared_cpu_list");
+    if (level.empty() || type == "Instruction" || size.empty()) continue;
+    double bytes = std::atof(size.c_str());
+    if (size.back() == 'K') bytes *= 1024;
+    if (size.back() == 'M') bytes *= 1024.0 * 1024;
+    int64_t sharing = 0;
+    std::istringstream list(cpus);
+    for (std::string range; std::getline(list, range, ',');) {
+      size_t dash = range.find('-');
+      sharing += dash == std::string::npos ? 1 : std::atoll(range.c_str() + dash + 1) - std::atoll(range.c_str()) + 1;
+    }
+    if (std::atoi(level.c_str()) > best_level && bytes > 0) {
+      best_level = std::atoi(level.c_str());
+      best = {bytes, std::max<int64_t>(1, sharing)};
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
-ProfileGrid cpu_profile_grid() {
+std::vector<double> collective_reuse_pools(double cache_bytes, int64_t sharing_cpus, int64_t ranks_per_node) {
+  constexpr double MiB = 1024.0 * 1024;
+  double share = cache_bytes / double(std::max<int64_t>(1, std::min(sharing_cpus, ranks_per_node)));
+  double top = cache_bytes > 0 ? std::clamp(2 * share, 64 * MiB, 1024 * MiB) : 256 * MiB;
+  std::vector<double> pools;
+  for (double x = 4 * MiB; x * 1.5 < top; x *= 4) pools.push_back(x);
+  if (top / 2 > pools.back() * 1.5) pools.push_back(top / 2);
+  pools.push_back(top);
+  return pools;
+}
+
+ProfileGrid cpu_profile_grid(int64_t ranks_per_node) {
   ProfileGrid grid;
+  auto [cache, sharing] = last_level_cache();
+  grid.collective_reuse_bytes = collective_reuse_pools(cache, sharing, ranks_per_node);
+  grid.collective_reuse_bytes_quick = {16.0 * (1 << 20), 64.0 * (1 << 20)};
+  grid.last_level_cache_bytes = cache;
+  grid.last_level_cache_sharing = sharing;
   grid.gemm_axis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
   grid.gemm_axis_quick = {20, 80, 320};
   grid.memory_max_bytes = 16.0 * (1 << 20);
@@ -120,7 +170,7 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
       return make_cpu_backend<T>(grid, rank, ranks_per_node, use_mpi, kWatchdogS);
     });
   };
-  const ProfileGrid grid = cpu_profile_grid();
+  const ProfileGrid grid = cpu_profile_grid(ranks_per_node);
   if (options.dtype == Dtype::fp32) {
     tables = measure_tables<float, float, float>(options, rank, size, ranks_per_node, factory(float{}), grid);
   } else {
@@ -162,6 +212,12 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   tables.method = profile_method(placement, options,
                                  "median over every rank's samples; a sample is the mean of back-to-back calls",
                                  wall_s);
+  tables.method["collective_reuse"] = {
+      {"last_level_cache_bytes", grid.last_level_cache_bytes > 0 ? Json(grid.last_level_cache_bytes) : Json(nullptr)},
+      {"cpus_sharing_it", grid.last_level_cache_sharing},
+      {"pools_bytes", options.quick ? grid.collective_reuse_bytes_quick : grid.collective_reuse_bytes},
+      {"rule", "per rank: 4 MiB·4^i below twice its share of the last-level cache (the cache over the ranks "
+               "sharing it; 64 MiB … 1 GiB; 256 MiB where sysfs gives no cache), half that, and that"}};
   p.measured = std::move(tables);
   p.notes = "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) + " MPI ranks busy at once (" +
             std::to_string(ranks_per_node) +

@@ -49,6 +49,7 @@ std::vector<double> PointTimer::seconds_per_call(const std::vector<TimedPoint>& 
   std::vector<double> samples(n * reps);  // [point][pass]
   for (size_t pass = 0; pass < reps; ++pass) {
     for (size_t i = 0; i < n; ++i) {
+      if (points[i].prepare) points[i].prepare();
       sync_();
       STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
       double start = MPI_Wtime();

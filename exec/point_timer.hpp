@@ -15,6 +15,9 @@ namespace stepcast {
 struct TimedPoint {
   std::function<void()> body;
   bool active = true;
+  // Untimed, before each timed sample (not before the sizing calls): sets the state the sample
+  // starts from (the collective reuse points: the pool read through, the next slot first).
+  std::function<void()> prepare = nullptr;
 };
 
 // Times a list of points, every rank the same list in the same order. A sizing pass makes one

@@ -14,8 +14,9 @@
 // bytes.
 // Collectives at 1 KiB · 4^i (… 64 MiB; quick: 4 KiB, 256 KiB, 4 MiB) on the world group (the
 // program's ring and tree over point-to-point, and MPI's own) and, with more than two ranks, on
-// groups of two; ping-pong between rank pairs (2i, 2i+1) at 8 B · 4^i (… 32 MiB; quick: 8 B,
-// 4 KiB, 1 MiB).
+// groups of two; the program's again with operands out of cache (pools of the grid's
+// collective_reuse_bytes per rank); ping-pong between rank pairs (2i, 2i+1) at 8 B · 4^i (… 32
+// MiB; quick: 8 B, 4 KiB, 1 MiB).
 #include "profiler.hpp"
 
 #include <mpi.h>
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <sstream>
@@ -76,6 +78,7 @@ class Profiler : public ProfilerTools<T, G, W> {
     measure_attention(world, t);
     if (size_ > 1) {
       measure_collectives(world, GroupKind::dp, grid_.collective_algorithm, t);
+      measure_collective_reuse(world, GroupKind::dp, t);
       if (!options_.quick && grid_.mpi_collectives) {
         measure_collectives(make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), true), GroupKind::dp,
                             "mpi", t);
@@ -350,6 +353,86 @@ class Profiler : public ProfilerTools<T, G, W> {
     progress(summary.str());
   }
 
+  // The program's ring and tree again, each call's operands (the buffer and the backend's scratch)
+  // a slot of a pool of P bytes per rank, the slots used in turn and the pool read through before
+  // each sample from the next slot on: every call finds its operands last touched P bytes
+  // earlier, as a step finds a collective's operands after its other ops did their work (the cost
+  // model weighs these points by that distance). Sizes whose operands fill less than two slots
+  // are left out (they would be back to back).
+  void measure_collective_reuse(Backend<T, G, W>& backend, GroupKind group, MeasuredTables& t) {
+    const std::vector<double>& pools =
+        options_.quick ? grid_.collective_reuse_bytes_quick : grid_.collective_reuse_bytes;
+    if (pools.empty() || grid_.collective_algorithm != "ring") return;
+    const int n = backend.group_size(group);
+    std::vector<double> bytes_list = sizes(1024, grid_.collective_max_bytes, {4096, 262144, 4 << 20});
+    char* pool = allocate_owned(backend, int64_t(pools.back()));
+    slots_.clear();
+    std::vector<TimedPoint> points;
+    std::vector<CollectivePoint> rows;
+    auto round_up = [](int64_t b) { return (b + 63) / 64 * 64; };
+    for (double pool_bytes : pools) {
+      for (auto [kind, algorithm] : {std::pair{OpKind::all_reduce, Algorithm::ring},
+                                     {OpKind::all_reduce, Algorithm::tree},
+                                     {OpKind::reduce_scatter, Algorithm::ring},
+                                     {OpKind::all_gather, Algorithm::ring}}) {
+        for (double bytes : bytes_list) {
+          const int64_t count = int64_t(bytes / double(sizeof(T)));
+          const int64_t scratch =
+              collective_scratch_elements(kind, algorithm, GroupShape{n, 1, n}, count) * int64_t(sizeof(T));
+          const int64_t footprint = round_up(count * int64_t(sizeof(T))) + round_up(scratch);
+          if (int64_t(pool_bytes) / footprint < 2) continue;
+          slots_.push_back({int64_t(pool_bytes) / footprint, footprint, 0});
+          PoolSlots* s = &slots_.back();
+          auto body = [&backend, group, kind, algorithm, pool, s, count, scratch, round_up] {
+            char* at = pool + s->next * s->footprint;
+            s->next = (s->next + 1) % s->count;
+            T* data = reinterpret_cast<T*>(at);
+            backend.set_collective_scratch(at + round_up(count * int64_t(sizeof(T))), scratch);
+            if (kind == OpKind::all_reduce) backend.all_reduce(group, algorithm, dtype_of<T>(), {{data, count}});
+            else if (kind == OpKind::reduce_scatter) backend.reduce_scatter(group, dtype_of<T>(), {{data, count}});
+            else backend.all_gather(group, dtype_of<T>(), {{data, count}});
+          };
+          // One word a cache line, from the next slot on, round the pool.
+          auto prepare = [pool, s, this] {
+            const int64_t used = s->count * s->footprint, from = s->next * s->footprint;
+            uint64_t sum = 0;
+            for (int64_t i = 0; i < used; i += 64) sum += *reinterpret_cast<const uint64_t*>(pool + (from + i) % used);
+            sink_ += sum;
+          };
+          points.push_back({body, true, prepare});
+          CollectivePoint p;
+          p.kind = to_string(kind);
+          p.algorithm = to_string(algorithm);
+          p.group_size = n;
+          p.bytes = double(count) * double(sizeof(T));
+          p.reuse_distance_bytes = pool_bytes;  // the slots' calls touch up to a footprint less
+          rows.push_back(p);
+        }
+      }
+    }
+    if (points.empty()) return;
+    std::vector<double> seconds = time("collectives with operands out of cache (ring, groups of " +
+                                           std::to_string(n) + ")", points);
+    std::ostringstream summary;
+    summary.precision(3);
+    summary << "collectives with operands out of cache, all_gather/ring busbw at the largest size a pool holds:";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      CollectivePoint& p = rows[i];
+      p.time_s = seconds[i];
+      p.algbw_bytes_per_s = p.bytes / p.time_s;
+      OpKind kind = p.kind == "all_reduce" ? OpKind::all_reduce
+                    : p.kind == "reduce_scatter" ? OpKind::reduce_scatter : OpKind::all_gather;
+      p.busbw_bytes_per_s = p.algbw_bytes_per_s * bus_bandwidth_factor(kind, n);
+      t.collective_reuse.push_back(p);
+      const bool last_of_pool = i + 1 == rows.size() || rows[i + 1].reuse_distance_bytes != p.reuse_distance_bytes;
+      if (p.kind == "all_gather" && last_of_pool) {
+        summary << " " << format_rate(p.busbw_bytes_per_s, "B/s") << " at " << format_bytes_short(p.bytes)
+                << " (pool " << format_bytes_short(p.reuse_distance_bytes) << ");";
+      }
+    }
+    progress(summary.str());
+  }
+
   // Pairs rank r with r ± stride: blocks of `stride` ranks, block 2j with block 2j+1.
   void measure_p2p(Backend<T, G, W>& backend, int stride, const std::string& label,
                    const std::vector<double>& quick_sizes, std::vector<P2pPoint>& out) {
@@ -396,6 +479,12 @@ class Profiler : public ProfilerTools<T, G, W> {
   ProfileGrid grid_;
   std::vector<std::unique_ptr<Backend<T, G, W>>> backends_;
   std::vector<std::pair<Backend<T, G, W>*, char*>> owned_;
+  // Per collective reuse point: its slots in the pool, their size, the next one to use.
+  struct PoolSlots {
+    int64_t count = 0, footprint = 0, next = 0;
+  };
+  std::deque<PoolSlots> slots_;
+  uint64_t sink_ = 0;  // the pool reads' sum, so that they are made
 };
 
 }  // namespace

@@ -52,10 +52,21 @@ struct ProfileGrid {
   // the row length much more than a CPU's: a GPU profile measures them at GPT-scale rows.
   int64_t memory_hidden = 160, memory_softmax_cols = 80, memory_vocab = 640;
   double memory_max_bytes = 0, collective_max_bytes = 0;
+  // Pool sizes per rank (bytes, ascending) at which the program's collectives are measured again
+  // with operands last touched that long ago (MeasuredTables::collective_reuse); empty: none.
+  std::vector<double> collective_reuse_bytes, collective_reuse_bytes_quick;
+  double last_level_cache_bytes = 0;  // where they come from (sysfs; 0: not known)
+  int64_t last_level_cache_sharing = 0;
   std::string collective_algorithm = "ring";
   bool mpi_collectives = false;
 };
-ProfileGrid cpu_profile_grid();
+// The CPU backend's grid; its reuse pools from this machine's last-level cache and the ranks per
+// node (collective_reuse_pools).
+ProfileGrid cpu_profile_grid(int64_t ranks_per_node);
+// Pools per rank for the collective reuse points: 4 MiB · 4^i up to twice the rank's share of the
+// last-level cache (cache_bytes over min(sharing_cpus, ranks_per_node); clamped to 64 MiB … 1
+// GiB; 256 MiB where cache_bytes is 0), then half that and that.
+std::vector<double> collective_reuse_pools(double cache_bytes, int64_t sharing_cpus, int64_t ranks_per_node);
 
 // Makes a backend over the grid's groups (collective over MPI_COMM_WORLD); the bool asks for
 // MPI's own collectives (CPU only).

@@ -286,10 +286,12 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
     for (GemmPoint& g : t.gemm) g.time_s = g.time_s / c.gemm_scale + c.overhead_s;
     for (MemoryPoint& m : t.memory) m.time_s = m.time_s / c.memory_scale + c.overhead_s;
     for (AttentionPoint& a : t.attention) a.flops_per_s *= c.gemm_scale;
-    for (CollectivePoint& col : t.collectives) {
-      col.time_s /= c.link_scale;
-      col.algbw_bytes_per_s *= c.link_scale;
-      col.busbw_bytes_per_s *= c.link_scale;
+    for (auto* list : {&t.collectives, &t.collective_reuse}) {
+      for (CollectivePoint& col : *list) {
+        col.time_s /= c.link_scale;
+        col.algbw_bytes_per_s *= c.link_scale;
+        col.busbw_bytes_per_s *= c.link_scale;
+      }
     }
     for (P2pPoint& q : t.p2p) q.time_s /= c.link_scale;
     for (P2pPoint& q : t.p2p_inter_node) q.time_s /= c.link_scale;

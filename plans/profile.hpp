@@ -87,6 +87,9 @@ struct CollectivePoint {
   double busbw_bytes_per_s = 0;
   std::string source;
   int64_t nodes = 1;      // nodes the group spans (group_size / nodes members on each)
+  // collective_reuse_points: the bytes each rank touched between two uses of the operands (a
+  // pool of that size, its slots used in turn); 0: the same operands back to back.
+  double reuse_distance_bytes = 0;
 };
 
 // One-way time of a message between two ranks of a node: half a ping-pong round trip.
@@ -167,6 +170,9 @@ struct MeasuredTables {
   std::vector<GemmPoint> gemm;
   std::vector<MemoryPoint> memory;
   std::vector<CollectivePoint> collectives;
+  // The same collectives with operands last touched reuse_distance_bytes earlier (a CPU profile:
+  // out of the caches, as a step leaves them); collectives keeps the back-to-back ones.
+  std::vector<CollectivePoint> collective_reuse;
   std::vector<P2pPoint> p2p;
   // Ping-pong between ranks on two nodes (a CPU profile across hosts: scripts/netns-cluster.sh).
   std::vector<P2pPoint> p2p_inter_node;

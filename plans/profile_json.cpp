@@ -141,9 +141,7 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     memory_order.check(i, m.family, m.bytes);
     t.memory.push_back(m);
   });
-  Order<std::tuple<std::string, std::string, int64_t, int64_t>, double> collective_order(
-      reader, "collective_points", "bytes");
-  read_points(reader, json, "collective_points", [&](ObjectReader& p, size_t i) {
+  auto read_collective = [&](ObjectReader& p, bool reuse) {
     CollectivePoint c;
     c.kind = p.get_enum("kind", kCollectiveKinds);
     c.algorithm = p.get_enum("algorithm", kCollectiveAlgorithms);
@@ -170,8 +168,22 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
       p.fail("busbw_bytes_per_s", why.str(), "nccl-tests' busbw, or no busbw");
     }
     c.source = read_source(p, sources);
+    if (reuse) c.reuse_distance_bytes = p.get_number("reuse_distance_bytes", 0, true);
+    return c;
+  };
+  Order<std::tuple<std::string, std::string, int64_t, int64_t>, double> collective_order(
+      reader, "collective_points", "bytes");
+  read_points(reader, json, "collective_points", [&](ObjectReader& p, size_t i) {
+    CollectivePoint c = read_collective(p, false);
     collective_order.check(i, {c.kind, c.algorithm, c.group_size, c.nodes}, c.bytes);
     t.collectives.push_back(c);
+  });
+  Order<std::tuple<std::string, std::string, int64_t, int64_t, double>, double> reuse_order(
+      reader, "collective_reuse_points", "bytes");
+  read_points(reader, json, "collective_reuse_points", [&](ObjectReader& p, size_t i) {
+    CollectivePoint c = read_collective(p, true);
+    reuse_order.check(i, {c.kind, c.algorithm, c.group_size, c.nodes, c.reuse_distance_bytes}, c.bytes);
+    t.collective_reuse.push_back(c);
   });
   Order<int, double> p2p_order(reader, "p2p_points", "bytes");
   read_points(reader, json, "p2p_points", [&](ObjectReader& p, size_t i) {
@@ -258,13 +270,17 @@ Json measured_to_json(const MeasuredTables& t) {
     put_source(j, m.source);
     memory.push_back(j);
   }
-  for (const CollectivePoint& c : t.collectives) {
-    Json j = {{"kind", c.kind}, {"algorithm", c.algorithm}, {"group_size", c.group_size},
-              {"bytes", c.bytes}, {"time_s", c.time_s}, {"algbw_bytes_per_s", c.algbw_bytes_per_s},
-              {"busbw_bytes_per_s", c.busbw_bytes_per_s}};
-    if (c.nodes != 1) j["nodes"] = c.nodes;
-    put_source(j, c.source);
-    collectives.push_back(j);
+  Json reuse = Json::array();
+  for (const auto* list : {&t.collectives, &t.collective_reuse}) {
+    for (const CollectivePoint& c : *list) {
+      Json j = {{"kind", c.kind}, {"algorithm", c.algorithm}, {"group_size", c.group_size},
+                {"bytes", c.bytes}, {"time_s", c.time_s}, {"algbw_bytes_per_s", c.algbw_bytes_per_s},
+                {"busbw_bytes_per_s", c.busbw_bytes_per_s}};
+      if (c.nodes != 1) j["nodes"] = c.nodes;
+      if (list == &t.collective_reuse) j["reuse_distance_bytes"] = c.reuse_distance_bytes;
+      put_source(j, c.source);
+      (list == &t.collectives ? collectives : reuse).push_back(j);
+    }
   }
   for (const P2pPoint& q : t.p2p) {
     Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
@@ -292,6 +308,7 @@ Json measured_to_json(const MeasuredTables& t) {
               {"gemm_points", gemm},         {"memory_points", memory},    {"collective_points", collectives},
               {"p2p_points", p2p}};
   if (!p2p_inter.empty()) out["p2p_inter_node_points"] = p2p_inter;
+  if (!reuse.empty()) out["collective_reuse_points"] = reuse;
   if (t.gemm_use != "table") out["gemm_use"] = t.gemm_use;
   if (t.system) {
     const MeasuredSystem& m = *t.system;

@@ -353,6 +353,17 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
                                            : double(c.group_size - 1) / c.group_size;
     CHECK(c.busbw_bytes_per_s == Approx(c.bytes / c.time_s * factor));
   }
+  // Operands out of cache: the quick pools of 16 and 64 MiB per rank, each size whose operands
+  // fill two slots (ring: the buffer and a scratch as large; tree: a scratch twice as large, so
+  // 4 MiB does not fit 16 MiB twice): 3 ring kinds × 3 sizes and the tree's 2, then all 12.
+  const double MiB = 1024.0 * 1024;
+  CHECK(p.measured->collective_reuse.size() == 11 + 12);
+  for (const CollectivePoint& c : p.measured->collective_reuse) {
+    CHECK((c.reuse_distance_bytes == 16 * MiB || c.reuse_distance_bytes == 64 * MiB));
+    CHECK(c.algorithm != "mpi");
+    CHECK_FALSE((c.algorithm == "tree" && c.bytes == 4 * MiB && c.reuse_distance_bytes == 16 * MiB));
+  }
+  CHECK(p.measured->method.at("collective_reuse").at("pools_bytes") == Json({16 * MiB, 64 * MiB}));
   // The measured leave-one-out errors, as figures: two shared cores are too noisy to bound.
   auto report = [](const std::vector<LeaveOneOut>& loo, const char* what) {
     std::vector<double> errors;

@@ -135,6 +135,8 @@ SHIPPED_INPUTS = [
     ("reports/gpu/*.plan.json", "plan"),
     ("reports/gpu/*.measurement.json", "step-result"),
     ("reports/gpu/h200-profile-quick.json", "profile"),
+    # The profile the CPU sweep measured (validate --sweep sweeps/cpu.json).
+    ("reports/cpu/profile.json", "profile"),
 ]
 
 
