@@ -6,6 +6,7 @@
 #include <set>
 
 #include "errors.hpp"
+#include "op_signature.hpp"
 
 namespace stepcast {
 
@@ -219,6 +220,28 @@ int64_t collective_scratch_elements(OpKind kind, Algorithm algorithm, const Grou
                      shape.members_per_node > 1 ? shape.members_per_node : shape.nodes);
   }
   return 2 * std::max<int64_t>(1, piece);
+}
+
+CollectiveLocalWork collective_local_work(const Op& op, int64_t group_size) {
+  CollectiveLocalWork work;
+  if (group_size <= 1 || op.name == OpName::fp8_amax || op.name == OpName::moe_route_gather) return work;
+  if (op.kind != OpKind::all_gather && op.kind != OpKind::reduce_scatter) return work;
+  const OpSignature* signature = find_signature(op);
+  if (!signature || !bind_slots(*signature, op).error.empty()) return work;  // operands an executor could not run
+  const double part = op.bytes / double(group_size);
+  if (op.kind == OpKind::all_gather) {
+    Operands slots(op);
+    if (!slots.has_in("counts") && op.name != OpName::param_gather) work.copy_bytes = part;
+  } else if (op.kind == OpKind::reduce_scatter) {
+    if (op.name != OpName::grad_bucket) {
+      work.copy_bytes = part;
+    } else {
+      Operands slots(op);
+      // (full, shard) pairs in, the shards out: sharded gradients.
+      if (slots.ins("grads").size() == 2 * slots.outs("grads").size()) work.add_bytes = part;
+    }
+  }
+  return work;
 }
 
 }  // namespace stepcast

@@ -94,6 +94,20 @@ Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,
 int64_t collective_scratch_elements(OpKind kind, Algorithm algorithm, const GroupShape& shape,
                                     int64_t payload_elements);
 
+// What an executor does around a collective besides the in-place transfer a profile's collective
+// points time (exec/interpreter_comm.cpp): an all_gather with a separate input (a ZeRO-3 shard,
+// a sequence-parallel chunk) first copies it to its place in the full buffer, a reduce_scatter
+// with a separate output copies its chunk out after, and a gradient bucket's reduce_scatter
+// with sharded gradients adds its chunk into the shard. Bytes of the copied part and of the
+// added chunk: the payload over the group (op.bytes / group_size); 0 for the rest (all_reduce,
+// all_to_all, the in-place param_gather and bucket, the MoE gathers, an op whose operands do not
+// fit its signature).
+struct CollectiveLocalWork {
+  double copy_bytes = 0;
+  double add_bytes = 0;
+};
+CollectiveLocalWork collective_local_work(const Op& op, int64_t group_size);
+
 // Rounds of a binomial tree over `group_size` members: ⌈log2 n⌉.
 int64_t tree_depth(int64_t group_size);
 

@@ -119,9 +119,15 @@ CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, con
 }
 
 std::optional<double> in_order_measured_collective_s(const ComputeCostModel& compute, OpKind kind,
-                                                     Algorithm algorithm, double bytes, const GroupShape& shape) {
+                                                     Algorithm algorithm, double bytes, const GroupShape& shape,
+                                                     const OperandReuse* operands) {
   if (!compute.profile().execution_in_order || shape.nodes != 1) return std::nullopt;
-  return compute.measured_collective_time_s(kind, algorithm, shape.size, bytes);
+  return compute.measured_collective_time_s(kind, algorithm, shape.size, bytes, operands);
+}
+
+double collective_local_work_s(const ComputeCostModel& compute, const Op& op, int64_t group_size) {
+  CollectiveLocalWork work = collective_local_work(op, group_size);
+  return compute.staging_copy_time_s(work.copy_bytes) + compute.add_into_time_s(work.add_bytes);
 }
 
 double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,

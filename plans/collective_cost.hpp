@@ -63,9 +63,15 @@ CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, con
 
 // In order (the profile runs one collective at a time, as when it measured them), a group inside
 // one node takes the measured time of its kind, algorithm and size; nullopt otherwise or where
-// the profile has no such table.
+// the profile has no such table. `operands`: the op's operands by reuse distance, for a profile
+// with collective reuse points (ComputeCostModel::measured_collective_time_s).
 std::optional<double> in_order_measured_collective_s(const ComputeCostModel& compute, OpKind kind,
-                                                     Algorithm algorithm, double bytes, const GroupShape& shape);
+                                                     Algorithm algorithm, double bytes, const GroupShape& shape,
+                                                     const OperandReuse* operands = nullptr);
+
+// The executor's work around a collective on this device (collective.hpp's collective_local_work):
+// the copy at the staging copy's rate, the add at the residual add's.
+double collective_local_work_s(const ComputeCostModel& compute, const Op& op, int64_t group_size);
 
 // A collective's time as the simulator costs it when nothing else contends: where the profile
 // runs in order and measured this group inside a node, that measured time

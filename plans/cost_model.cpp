@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "errors.hpp"
+#include "operand_reuse.hpp"
 #include "op_signature.hpp"
 
 namespace stepcast {
@@ -287,6 +288,15 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
     }
     for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
+    std::map<std::tuple<std::string, std::string, int64_t>, std::vector<CollectivePoint>> reuse;
+    for (const CollectivePoint& c : profile.measured->collective_reuse) {
+      if (c.nodes == 1) reuse[{c.kind, c.algorithm, c.group_size}].push_back(c);
+    }
+    for (const auto& [key, points] : reuse) {
+      if (collectives.count(key)) {
+        collective_reuse_tables_.emplace(key, std::make_shared<CollectiveReuseTable>(collectives.at(key), points));
+      }
+    }
     std::vector<AttentionPoint> flash, cp_flash, materialized, causal;
     for (const AttentionPoint& a : profile.measured->attention) {
       if (a.impl == "flash") flash.push_back(a);
@@ -362,9 +372,14 @@ double ComputeCostModel::materialized_correction(int64_t seq, int64_t head_dim) 
 }
 
 std::optional<double> ComputeCostModel::measured_collective_time_s(OpKind kind, Algorithm algorithm,
-                                                                   int64_t group_size,
-                                                                   double bytes) const {
-  auto it = collective_tables_.find({to_string(kind), to_string(algorithm), group_size});
+                                                                   int64_t group_size, double bytes,
+                                                                   const OperandReuse* operands) const {
+  std::tuple<std::string, std::string, int64_t> key{to_string(kind), to_string(algorithm), group_size};
+  if (operands) {
+    auto reuse = collective_reuse_tables_.find(key);
+    if (reuse != collective_reuse_tables_.end()) return reuse->second->time_s(bytes, *operands);
+  }
+  auto it = collective_tables_.find(key);
   if (it == collective_tables_.end()) return std::nullopt;
   return it->second.time_s(bytes);
 }
@@ -374,6 +389,13 @@ double ComputeCostModel::staging_copy_time_s(double bytes) const {
   auto table = memory_tables_.find("copy");
   if (table != memory_tables_.end()) return table->second.time_s(2 * bytes);
   return 2 * bytes / bandwidth_ + profile_.kernel_overhead_s;
+}
+
+double ComputeCostModel::add_into_time_s(double bytes) const {
+  if (bytes <= 0) return 0;
+  auto table = memory_tables_.find("residual_add");
+  if (table != memory_tables_.end()) return table->second.time_s(3 * bytes);
+  return 3 * bytes / bandwidth_ + profile_.kernel_overhead_s;
 }
 
 double ComputeCostModel::gemm_time_s(const std::string& wanted, int64_t m, int64_t n,

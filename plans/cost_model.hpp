@@ -39,7 +39,8 @@
 // Communication, where the profile measured it (CollectiveTable): the time of a collective of the
 // backend's algorithm, kind and group size at a message size, and of the staging copy a backend
 // with staged sends makes before posting a send. The simulator uses them for groups inside one
-// node (where the profile measured them).
+// node (where the profile measured them), at the reuse distance of the op's operands where the
+// profile measured collectives with operands out of cache (operand_reuse.hpp).
 #pragma once
 
 #include <array>
@@ -55,6 +56,9 @@
 #include "topology.hpp"
 
 namespace stepcast {
+
+struct OperandReuse;
+class CollectiveReuseTable;
 
 // GEMM rate over a grid of shapes. The axes are the distinct m, n and k of the points; log(flop/s)
 // is multilinear in (log2 m, log2 n, log2 k) inside the grid's box, and a query outside it is
@@ -195,12 +199,19 @@ class ComputeCostModel {
   double matrix_peak_flops_per_s() const { return matrix_peak_; }
   const DeviceProfile& profile() const { return profile_; }
   // The measured time of a collective of `group_size` ranks inside one node; nullopt where the
-  // profile has no table for (kind, algorithm, group_size).
+  // profile has no table for (kind, algorithm, group_size). With `operands` and the profile's
+  // reuse points for that table, at the operands' reuse distances (operand_reuse.hpp).
   std::optional<double> measured_collective_time_s(OpKind kind, Algorithm algorithm,
-                                                   int64_t group_size, double bytes) const;
+                                                   int64_t group_size, double bytes,
+                                                   const OperandReuse* operands = nullptr) const;
+  // Whether the profile has collective reuse points (what makes operand_reuse worth walking).
+  bool has_collective_reuse() const { return !collective_reuse_tables_.empty(); }
   // A staged send's copy of `bytes` (read and written once): the "copy" family's table where
   // measured, else 2·bytes at the memory bandwidth plus the kernel overhead.
   double staging_copy_time_s(double bytes) const;
+  // An add of `bytes` into a buffer of as many (two read, one written): the "residual_add"
+  // family's table at 3·bytes where measured, else at the memory bandwidth plus the kernel overhead.
+  double add_into_time_s(double bytes) const;
 
  private:
   // op_time_s before the materialized attention correction.
@@ -224,6 +235,9 @@ class ComputeCostModel {
   mutable std::map<std::pair<int64_t, int64_t>, double> correction_cache_;
   // by (kind, algorithm, group size) of the profile's collective points
   std::map<std::tuple<std::string, std::string, int64_t>, CollectiveTable> collective_tables_;
+  // and of those with reuse points as well
+  std::map<std::tuple<std::string, std::string, int64_t>, std::shared_ptr<const CollectiveReuseTable>>
+      collective_reuse_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.
   mutable std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, double> rate_cache_;
   std::shared_ptr<const ComputeCostModel> fp8_;  // use_fp8's model of the FP8 GEMMs

@@ -12,6 +12,7 @@
 #include "collective_cost.hpp"
 #include "cost_model.hpp"
 #include "errors.hpp"
+#include "operand_reuse.hpp"
 
 namespace stepcast::sim_detail {
 
@@ -313,10 +314,16 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     }
   }
   // In order, a rank has one collective in flight at a time, as when the profile measured it.
-  auto measured_in_order_time_s = [&](const Op& op, int64_t first) -> std::optional<double> {
+  // With the profile's collective reuse points, at the reuse distances of the op's operands.
+  // The executor's copy or add around the transfer (collective_local_work) follows it.
+  auto measured_in_order_time_s = [&](const Op& op, int64_t first,
+                                      const std::vector<OperandReuse>& reuse) -> std::optional<double> {
     if (!plan.in_order) return std::nullopt;  // (no group shapes to list then)
-    return in_order_measured_collective_s(cost, op.kind, op.algorithm, op.bytes,
-                                          group_shape(grid, op.group, first, per_node));
+    GroupShape shape = group_shape(grid, op.group, first, per_node);
+    std::optional<double> t = in_order_measured_collective_s(cost, op.kind, op.algorithm, op.bytes, shape,
+                                                             reuse.empty() ? nullptr : &reuse[size_t(op.id)]);
+    if (t) *t += collective_local_work_s(cost, op, shape.size);
+    return t;
   };
   for (const Role& role : program.roles) {
     auto& costs = plan.op_cost_s[role.index];
@@ -329,9 +336,15 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     if (plan.in_order && profile.execution_staged_sends) staging.assign(role.ops.size(), 0);
     plan.tp_sync[role.index].assign(role.ops.size(), 0);
     int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
+    std::vector<OperandReuse> reuse;
+    if (plan.in_order && cost.has_collective_reuse()) {
+      std::vector<char> collectives(role.ops.size(), 0);
+      for (const Op& op : role.ops) collectives[size_t(op.id)] = is_collective(op.kind);
+      reuse = operand_reuse(role, collectives);
+    }
     for (const Op& op : role.ops) {
       std::optional<double> measured;
-      if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first);
+      if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first, reuse);
       if (is_compute(op.kind)) {
         costs[op.id] = cost.op_time_s(op);
       } else if (op.kind == OpKind::send && plan.in_order && profile.execution_staged_sends) {

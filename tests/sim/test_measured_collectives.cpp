@@ -4,12 +4,17 @@
 // TEST_CASE runs one SimGrid engine.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "collective_cost.hpp"
+#include "lower.hpp"
+#include "operand_reuse.hpp"
 #include "profile.hpp"
 #include "sim_fixtures.hpp"
 #include "simulator.hpp"
+#include "test_support.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -155,4 +160,56 @@ TEST_CASE("sim: a measured table faster than the links shrinks a dp all_reduce's
   SimulationOutput out = dp_all_reduce_measured(t, bytes, measured);
   CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
   CHECK(out.correction_min == Approx(0.8).epsilon(1e-6));
+}
+
+TEST_CASE("sim: in order a collective takes its table's time at its operands' reuse, plus the executor's copy",
+          "[sim]") {
+  // tiny, dp 2 ZeRO-3 on two CPU cores; the profile measured all_gather and reduce_scatter back
+  // to back and, twice as slow, with operands 64 MiB away; copies at 1 GB/s.
+  Topology t = load_topology(source_path("topologies/localhost-cpu.json"));
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Plan plan = parse_plan({{"dp_size", 2}, {"zero_stage", 3}, {"micro_batch_size", 1}, {"global_batch_size", 4},
+                          {"dtype", "fp32"}}, "zero3.json");
+  validate_plan(plan, model, t);
+  StepProgram program = lower_program(model, t, plan);
+  DeviceProfile p = roofline_profile(t);
+  p.is_roofline = false;
+  p.name = "reuse-test";
+  p.gemm[Dtype::fp32] = GemmEfficiency{};
+  p.execution_in_order = true;
+  MeasuredTables tables;
+  tables.dtype = Dtype::fp32;
+  for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
+    for (double bytes : {1e3, 1e7}) {
+      tables.collectives.push_back({kind, "ring", 2, bytes, bytes * 1e-9 + 1e-6, 0, 0, "", 1});
+      tables.collective_reuse.push_back({kind, "ring", 2, bytes, 2 * (bytes * 1e-9 + 1e-6), 0, 0, "", 1, 64e6});
+    }
+  }
+  tables.memory.push_back({"copy", 1e3, 1e-6, ""});
+  tables.memory.push_back({"copy", 1e8, 1e-1, ""});
+  p.measured = tables;
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  SimulationOutput out = simulate_program(program, t, p, o);
+
+  const Role& role = program.roles[0];
+  std::vector<char> collectives(role.ops.size(), 0);
+  for (const Op& op : role.ops) collectives[size_t(op.id)] = is_collective(op.kind);
+  std::vector<OperandReuse> reuse = operand_reuse(role, collectives);
+  std::map<std::string, std::vector<CollectivePoint>> back, far;
+  for (const CollectivePoint& c : tables.collectives) back[c.kind].push_back(c);
+  for (const CollectivePoint& c : tables.collective_reuse) far[c.kind].push_back(c);
+  int gathers = 0, slower = 0;
+  for (const OpRecord& r : out.records) {
+    const Op& op = role.ops[size_t(r.id)];
+    if (r.rank != 0 || op.kind != OpKind::all_gather) continue;
+    ++gathers;
+    CollectiveReuseTable table(back[to_string(op.kind)], far[to_string(op.kind)]);
+    double transfer = table.time_s(op.bytes, reuse[size_t(op.id)]);
+    double copy = 2 * (op.bytes / 2) * 1e-9;  // the shard, read and written at 1 GB/s
+    CHECK(r.end_s - std::max(r.start_s, r.ready_s) == Approx(transfer + copy).epsilon(1e-6));
+    slower += transfer > CollectiveTable(back[to_string(op.kind)]).time_s(op.bytes) * 1.01;
+  }
+  CHECK(gathers > 0);
+  CHECK(slower > 0);  // a shard last touched in the previous step is far
 }
