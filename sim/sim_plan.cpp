@@ -315,15 +315,12 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   }
   // In order, a rank has one collective in flight at a time, as when the profile measured it.
   // With the profile's collective reuse points, at the reuse distances of the op's operands.
-  // The executor's copy or add around the transfer (collective_local_work) follows it.
   auto measured_in_order_time_s = [&](const Op& op, int64_t first,
                                       const std::vector<OperandReuse>& reuse) -> std::optional<double> {
     if (!plan.in_order) return std::nullopt;  // (no group shapes to list then)
-    GroupShape shape = group_shape(grid, op.group, first, per_node);
-    std::optional<double> t = in_order_measured_collective_s(cost, op.kind, op.algorithm, op.bytes, shape,
-                                                             reuse.empty() ? nullptr : &reuse[size_t(op.id)]);
-    if (t) *t += collective_local_work_s(cost, op, shape.size);
-    return t;
+    return in_order_measured_collective_s(cost, op.kind, op.algorithm, op.bytes,
+                                          group_shape(grid, op.group, first, per_node),
+                                          reuse.empty() ? nullptr : &reuse[size_t(op.id)]);
   };
   for (const Role& role : program.roles) {
     auto& costs = plan.op_cost_s[role.index];
@@ -389,6 +386,11 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         } else {
           costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
         }
+      }
+      // In order (a host backend), the executor's copy or add around the transfer
+      // (collective_local_work) follows it, measured table or flows.
+      if (plan.in_order && is_collective(op.kind)) {
+        costs[op.id] += collective_local_work_s(cost, op, group_shape(grid, op.group, first, per_node).size);
       }
       // A figure that makes one op last longer than a training run ever does (a peak of 1e-300
       // flop/s) would stall SimGrid's clock: refused here, naming what it came from.
