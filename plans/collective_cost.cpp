@@ -137,4 +137,11 @@ double uncontended_collective_s(const ComputeCostModel& compute, const Collectiv
   return collectives.time_s(kind, algorithm, bytes, shape);
 }
 
+double uncontended_collective_op_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
+                                   const Op& op, const GroupShape& shape) {
+  double s = uncontended_collective_s(compute, collectives, op.kind, op.algorithm, op.bytes, shape);
+  if (compute.profile().execution_in_order) s += collective_local_work_s(compute, op, shape.size);
+  return s;
+}
+
 }  // namespace stepcast

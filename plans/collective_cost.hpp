@@ -79,5 +79,10 @@ double collective_local_work_s(const ComputeCostModel& compute, const Op& op, in
 // correction). 0 for a group of one or an op without an algorithm. The planner's estimates.
 double uncontended_collective_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
                                 OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape);
+// A program's collective op so: uncontended_collective_s, plus in order (a host backend) the
+// executor's local work around it (collective_local_work_s), as the simulator charges it; the
+// operands' reuse distance is the simulator's alone (it walks the whole role).
+double uncontended_collective_op_s(const ComputeCostModel& compute, const CollectiveCostModel& collectives,
+                                   const Op& op, const GroupShape& shape);
 
 }  // namespace stepcast

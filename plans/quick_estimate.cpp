@@ -191,7 +191,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       }
     } else if (is_collective(op.kind)) {
       GroupShape shape = group_shape(grid, op.group, rank, per_node);
-      double s = uncontended_collective_s(cost_model, collectives, op.kind, op.algorithm, op.bytes, shape);
+      double s = uncontended_collective_op_s(cost_model, collectives, op, shape);
       // The dispatch and combine: the busiest ep rank's messages set the pace.
       if (op.kind == OpKind::all_to_all && op.group == GroupKind::ep) s *= layer_routing(op.layer).first;
       if (op.group == GroupKind::dp_replica || op.group == GroupKind::edp_replica) {

@@ -241,7 +241,7 @@ struct CollectiveCosts {
   LinkFigures lowering_links;  // the figures lowering chooses algorithms with
 
   double op_s(const Op& op, const GroupShape& shape) const {
-    return uncontended_collective_s(compute, collectives, op.kind, op.algorithm, op.bytes, shape);
+    return uncontended_collective_op_s(compute, collectives, op, shape);
   }
   // A collective lowering would emit on `shape`: its algorithm as lowering chooses it.
   double new_s(OpKind kind, double bytes, const GroupShape& shape) const {

@@ -235,3 +235,37 @@ TEST_CASE("operand reuse: profiles carry the reuse points, and refuse them malfo
   other_pool["measured"]["collective_reuse_points"][1]["reuse_distance_bytes"] = 64 * MiB;
   CHECK_NOTHROW(parse_profile(other_pool, "ok.json"));
 }
+
+TEST_CASE("collective local work: the planner's estimate charges it in order, as the simulator does",
+          "[operand_reuse]") {
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  Json zero3 = {{"dp_size", 2}, {"zero_stage", 3}, {"micro_batch_size", 1}, {"global_batch_size", 4},
+                {"dtype", "fp32"}};
+  StepProgram program = lower_program(model, topology, make_plan(zero3, model, topology));
+  DeviceProfile in_order = synthetic_profile();
+  in_order.measured->collectives.push_back({"all_gather", "ring", 2, 1048576, 3e-4, 0, 0, "", 1});
+  ComputeCostModel compute(topology.node.device, Dtype::fp32, in_order, topology.file);
+  CollectiveCostModel collectives(in_order, topology);
+  const GroupShape pair{2, 1, 2};
+  int gathers = 0;
+  for (const Op& op : program.roles[0].ops) {
+    if (op.name != OpName::zero3_param_gather) continue;
+    ++gathers;
+    double plain = uncontended_collective_s(compute, collectives, op.kind, op.algorithm, op.bytes, pair);
+    CHECK(uncontended_collective_op_s(compute, collectives, op, pair) ==
+          Approx(plain + compute.staging_copy_time_s(op.bytes / 2)).epsilon(1e-12));
+  }
+  CHECK(gathers > 0);
+  // Concurrent streams (a GPU profile): the transfer alone.
+  DeviceProfile streams = in_order;
+  streams.execution_in_order = false;
+  streams.execution_staged_sends = false;
+  ComputeCostModel gpu_like(topology.node.device, Dtype::fp32, streams, topology.file);
+  CollectiveCostModel gpu_collectives(streams, topology);
+  for (const Op& op : program.roles[0].ops) {
+    if (op.name != OpName::zero3_param_gather) continue;
+    CHECK(uncontended_collective_op_s(gpu_like, gpu_collectives, op, pair) ==
+          uncontended_collective_s(gpu_like, gpu_collectives, op.kind, op.algorithm, op.bytes, pair));
+  }
+}
