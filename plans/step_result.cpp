@@ -17,12 +17,15 @@ namespace {
 
 enum class Wait { bubble, comm };
 
-// What kept op `id` from starting earlier: follow its latest-finishing dep through memory ops.
+// What kept op `id` from starting earlier: follow its latest-finishing dep through frees (an
+// alloc waits for nothing: where an executor runs it, just before its user, its record would
+// hide what the user really waited for — a collective that held the thread).
 Wait wait_reason(const Role& role, const std::vector<OpRecord>& records, int32_t id) {
   for (int depth = 0; depth < 8; ++depth) {
     const Op& op = role.ops[id];
     int32_t latest = -1;
     for (int32_t d : op.deps) {
+      if (role.ops[d].kind == OpKind::alloc) continue;
       if (latest < 0 || records[d].end_s > records[latest].end_s) latest = d;
     }
     if (latest < 0) return Wait::bubble;

@@ -88,3 +88,33 @@ TEST_CASE("step result: a gzip file reads back as the text written into it", "[s
   std::filesystem::remove(path);
   CHECK_THROWS_WITH(read_gzip_file(path), Catch::Matchers::Contains(path));
 }
+
+TEST_CASE("step result: a gap after a collective is exposed communication, an alloc run after it aside",
+          "[step_result]") {
+  // In order, as the CPU executor runs a rank: compute 0–1 s, an all-reduce on the comm stream
+  // 1–5 s holding the thread, the next op's output allocated at 5 s, that op 5–6 s.
+  Role role;
+  auto op = [&](OpKind kind, Stream stream, SmallVector<int32_t, 4> deps) {
+    Op o;
+    o.id = int32_t(role.ops.size());
+    o.kind = kind;
+    o.stream = stream;
+    o.deps = deps;
+    role.ops.push_back(o);
+  };
+  op(OpKind::gemm, Stream::compute, {});
+  op(OpKind::all_reduce, Stream::comm, {0});
+  op(OpKind::alloc, Stream::compute, {});
+  op(OpKind::gemm, Stream::compute, {1, 2});
+  std::vector<OpRecord> records = {{0, 0, 0.0, 1.0, 0.0}, {0, 1, 1.0, 5.0, 1.0}, {0, 2, 5.0, 5.0 + 1e-9, 5.0},
+                                   {0, 3, 5.0 + 1e-9, 6.0, 5.0}};
+  Breakdown b = breakdown_of_rank(role, records, 0, 6.0);
+  CHECK(b.compute_s == Approx(2.0));
+  CHECK(b.exposed_comm_s == Approx(4.0));
+  CHECK(b.bubble_s == Approx(0.0).margin(1e-12));
+  // A receive as the latest dependency is a bubble (waiting on a peer's compute).
+  role.ops[1].kind = OpKind::recv;
+  Breakdown waiting = breakdown_of_rank(role, records, 0, 6.0);
+  CHECK(waiting.bubble_s == Approx(4.0));
+  CHECK(waiting.exposed_comm_s == Approx(0.0).margin(1e-12));
+}
