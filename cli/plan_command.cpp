@@ -365,6 +365,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   for (auto& c : ranked) {
     if (auto sim = simulator.result(c.plan.name); sim && c.step_time_s) c.energy_per_step_j = sim->energy_per_step_j;
   }
+  // Simulate's peak of a plan it ran (the arena's placement on top of the screen's live peak,
+  // memory.hpp); 0 for a plan it did not run.
+  auto simulated_peak = [&](const Candidate& c) -> double {
+    const auto sim = simulator.result(c.plan.name);
+    return sim ? std::max(0.0, sim->peak_bytes_max) : 0.0;
+  };
   if (objective == Objective::energy) rank_by_energy(ranked);
   print_estimate_quality(ranked);
   if (imported) {
@@ -412,8 +418,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     row.estimate_s = c.estimate.step_time_s;
     row.tokens_per_s = tokens_per_step(model, c.plan) / step;
     row.mfu = model_flops_utilization(model, topology, c.plan, step);
-    const auto sim = simulator.result(c.plan.name);  // its peak adds the arena's placement
-    row.peak_bytes = sim && sim->peak_bytes_max > 0 ? sim->peak_bytes_max : c.peak_bytes_max;
+    row.peak_bytes = simulated_peak(c) > 0 ? simulated_peak(c) : c.peak_bytes_max;
     row.headroom_bytes = allowed - row.peak_bytes - c.reserved_bytes;
     if (device.has_power()) row.energy_j = c.energy_per_step_j ? *c.energy_per_step_j : c.estimate_energy_j;
     if (price) row.cost = cost_per_step(price->per_gpu_hour, devices, step);
@@ -433,7 +438,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     if (row.energy_j) std::cout << "  " << fixed(*row.energy_j, 0);
     if (row.cost) std::cout << "  " << fixed(*row.cost, 4);
     std::cout << "\n";
-    Json j = candidate_json(c, model, sim ? sim->peak_bytes_max : 0);
+    Json j = candidate_json(c, model, simulated_peak(c));
     j["rank"] = i + 1;
     j["tokens_per_s"] = row.tokens_per_s;
     j["mfu"] = row.mfu;
@@ -513,10 +518,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       out["heterogeneous_replicas"] = replica_balance_json(replicas);
     }
     Json all = Json::array();
-    for (const auto& c : ranked) {
-      const auto sim = simulator.result(c.plan.name);
-      all.push_back(candidate_json(c, model, sim ? sim->peak_bytes_max : 0));
-    }
+    for (const auto& c : ranked) all.push_back(candidate_json(c, model, simulated_peak(c)));
     out["plans"] = all;
     Json pruned_all = Json::array();
     for (const auto& c : pruned) pruned_all.push_back(pruned_json(c));
@@ -539,8 +541,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     report.rows = rows;
     for (const auto& c : ranked) {
       report.all_estimates_s.push_back(c.estimate.step_time_s);
-      const auto sim = simulator.result(c.plan.name);
-      report.all_peaks_bytes.push_back(sim && sim->peak_bytes_max > 0 ? sim->peak_bytes_max : c.peak_bytes_max);
+      report.all_peaks_bytes.push_back(simulated_peak(c) > 0 ? simulated_peak(c) : c.peak_bytes_max);
       report.all_names.push_back(c.plan.name);
     }
     report.capacity_bytes = allowed;

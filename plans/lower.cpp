@@ -12,6 +12,12 @@ int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size) {
   return (model.vocab_size + tp_size - 1) / tp_size * tp_size;
 }
 
+int64_t simulated_parameter_count(const ModelConfig& model, int64_t tp_size) {
+  ModelConfig padded = model;
+  padded.vocab_size = padded_vocab_size(model, tp_size);
+  return parameter_count(padded);
+}
+
 StepProgram lower_program(const ModelConfig& model, const Topology& topology, const Plan& plan) {
   StepProgram program;
   ProgramProgress progress;  // no reader

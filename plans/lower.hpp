@@ -31,6 +31,9 @@ Role lower_role(const ModelConfig& model, const Topology& topology, const Plan& 
 // Vocabulary padded to a multiple of tp_size so the vocab-parallel embedding and logit layer
 // split evenly (Megatron pads further, to 128·tp, for kernel efficiency; we do not).
 int64_t padded_vocab_size(const ModelConfig& model, int64_t tp_size);
+// The parameters of the model as lowered for tp_size: parameter_count with the padded vocabulary
+// (every layer and expert) — what a framework builds from an exported config.
+int64_t simulated_parameter_count(const ModelConfig& model, int64_t tp_size);
 
 // Bytes one transformer layer keeps for its backward pass for one microbatch (its input
 // included), measured by lowering that single layer's forward pass with the plan's recompute,

@@ -97,9 +97,8 @@ void add_model_shape(Builder& b, const ModelConfig& m, const Plan& plan) {
          std::to_string(padded_vocab_size(m, plan.tp_size)) +
          " as simulated; a real tokenizer (--tokenizer-type, --tokenizer-model) brings its own "
          "size instead");
-  ModelConfig padded = m;  // the whole model Megatron builds from these flags, every expert
-  padded.vocab_size = padded_vocab_size(m, plan.tp_size);
-  b.note("parameters: " + std::to_string(parameter_count(padded)) +
+  // The whole model Megatron builds from these flags, every expert.
+  b.note("parameters: " + std::to_string(simulated_parameter_count(m, plan.tp_size)) +
          " as simulated (the padded vocabulary; every layer and expert)");
   b.flag("--hidden-dropout", format_number(plan.dropout));     // transformer_config.py:188
   b.flag("--attention-dropout", format_number(plan.dropout));  // transformer_config.py:191

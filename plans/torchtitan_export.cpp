@@ -209,9 +209,9 @@ TorchTitanConfig torchtitan_config(const Plan& plan, const ModelConfig& model) {
   b.section("job");
   b.key("description", toml_string("stepcast plan " + plan.name + " of " + model.name));
   add_model(b, model);
-  ModelConfig padded = model;  // the model as simulated, for the check that builds TorchTitan's
-  padded.vocab_size = padded_vocab_size(model, plan.tp_size);
-  b.note("parameters: " + std::to_string(parameter_count(padded)) + " as simulated (the padded vocabulary)");
+  // The model as simulated, for the check that builds TorchTitan's.
+  b.note("parameters: " + std::to_string(simulated_parameter_count(model, plan.tp_size)) +
+         " as simulated (the padded vocabulary)");
   if (plan.fp8.enabled()) b.key("converters", "[" + toml_string("float8") + "]");
   add_training(b, plan, model);
   add_parallelism(b, plan);
