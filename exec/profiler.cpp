@@ -446,7 +446,11 @@ class Profiler : public ProfilerTools<T, G, W> {
     std::vector<double> bytes_sent;
     for (double bytes : bytes_list) {
       int64_t count = std::max<int64_t>(1, int64_t(bytes / double(sizeof(T))));
-      // One round trip; the one-way time is half of it.
+      // One round trip; the one-way time is half of it. Only the rank that starts it adds
+      // samples: its peer's last send completes once the reply is in the transport's buffers,
+      // not at the other end, so across TCP its sample of a message up to the socket's buffer
+      // was about one way, not a round trip (2 MiB across a 1 Gbit/s link read 1.25 times the
+      // link's rate).
       points.push_back({[&backend, data, count, peer, paired, even = first] {
                           if (!paired) return;
                           if (even) {
@@ -458,7 +462,7 @@ class Profiler : public ProfilerTools<T, G, W> {
                           }
                           backend.finish_sends();
                         },
-                        paired});
+                        paired && first});
       bytes_sent.push_back(double(count) * double(sizeof(T)));
     }
     std::vector<double> seconds = time(label, points);

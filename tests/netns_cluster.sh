@@ -70,6 +70,12 @@ jq -e '.links.inter_node_latency_s > 1e-6 and .links.inter_node_latency_s < 1e-3
        .links.inter_node_bus_fraction > 0.5' "$work/profile.json" >/dev/null ||
   { echo "inter-node link of the profile:"; jq '.links, .measured.fits.inter_node_p2p' "$work/profile.json"; exit 1; }
 grep "inter-node link" "$work/profile.log"
+# No ping-pong of a megabyte or more goes faster than the shaped rate (a sample was once a
+# round trip on one rank and about one way on its peer: 4 MiB read 1.1 to 1.25 times the rate).
+jq -e '.measured.fits.inter_node_p2p.nic_bandwidth_bytes_per_s as $nic |
+       [.measured.p2p_inter_node_points[] | select(.bytes >= 1048576) | .bytes / .time_s / $nic] |
+       length >= 1 and max <= 1.0' "$work/profile.json" >/dev/null ||
+  { echo "inter-node ping-pong faster than the link:"; jq '.measured.p2p_inter_node_points' "$work/profile.json"; exit 1; }
 
 # A hostfile of one slot per node against a topology of 2 devices per node: refused, exit 2.
 set +e
