@@ -137,6 +137,11 @@ SHIPPED_INPUTS = [
     ("reports/gpu/h200-profile-quick.json", "profile"),
     # The profile the CPU sweep measured (validate --sweep sweeps/cpu.json).
     ("reports/cpu/profile.json", "profile"),
+    # The netns sweep's (validate --sweep sweeps/netns-2node.json): its profile across the nodes,
+    # the topologies its cluster wrote, its report.
+    ("reports/netns/profile.json", "profile"),
+    ("reports/netns/cluster-*/topology.json", "topology"),
+    ("reports/netns/validate.json", "validate"),
 ]
 
 
