@@ -80,8 +80,6 @@ LinkFigures link_figures(const Topology& topology) {
     links.inter_latency_s = latency;
     return links;
   }
-  // A device's share of the node's NICs, through a leaf that may be oversubscribed.
-  links.inter_bandwidth_bytes_per_s = node_nic_bandwidth / devices / fabric.oversubscription;
   // NIC at both ends plus the switches of a path up to the tree's top and down again. With
   // radix r a two-level tree connects r²/2 end points; deeper trees add two hops per level.
   int64_t endpoints = topology.num_nodes * std::max(1, fabric.nics_per_node);
@@ -91,6 +89,10 @@ LinkFigures link_figures(const Topology& topology) {
     reach *= std::max(2.0, fabric.switch_radix / 2.0);  // radix 2 would never grow
     ++levels;
   }
+  // A device's share of the node's NICs, through a leaf that may be oversubscribed. A tree of one
+  // switch has no uplink (sim/platform.cpp builds none), so its oversubscription takes nothing.
+  const double oversubscription = levels > 1 ? fabric.oversubscription : 1.0;
+  links.inter_bandwidth_bytes_per_s = node_nic_bandwidth / devices / oversubscription;
   links.inter_latency_s = 2 * fabric.nic_latency_s + (2 * levels - 1) * fabric.switch_latency_s;
   return links;
 }

@@ -106,3 +106,26 @@ TEST_CASE("link_figures on a dragonfly: the longest minimal route, the slowest l
   t.num_nodes = 32;
   CHECK(link_figures(t).inter_latency_s == Approx(2e-6 + 2 * 3e-7 + 5e-7).epsilon(1e-12));
 }
+
+TEST_CASE("link_figures on a fat tree: oversubscription only where a leaf has an uplink", "[collective]") {
+  Topology t;
+  t.num_nodes = 2;
+  t.node.devices_per_node = 1;
+  t.node.intra_node.bandwidth_bytes_per_s = 300e9;
+  t.fabric.kind = FabricKind::fat_tree;
+  t.fabric.nics_per_node = 1;
+  t.fabric.nic_bandwidth_bytes_per_s = 25e9;
+  t.fabric.nic_latency_s = 1e-6;
+  t.fabric.switch_latency_s = 1e-7;
+  t.fabric.switch_radix = 4;
+  t.fabric.oversubscription = 5;
+  // 2 NICs on one switch of 4 ports: no uplink, as the simulator's platform builds it.
+  LinkFigures links = link_figures(t);
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(25e9).epsilon(1e-12));
+  CHECK(links.inter_latency_s == Approx(2e-6 + 1e-7).epsilon(1e-12));
+  // 8 NICs: leaves of 2 under a spine, each leaf's uplink at a fifth of its NICs.
+  t.num_nodes = 8;
+  links = link_figures(t);
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(25e9 / 5).epsilon(1e-12));
+  CHECK(links.inter_latency_s == Approx(2e-6 + 3 * 1e-7).epsilon(1e-12));  // leaf, spine, leaf
+}
