@@ -3,7 +3,8 @@
 # namespace (hostname, so OpenMPI treats them as separate hosts and talks TCP, not shared memory,
 # between them), K NICs each (veth pairs, NIC k of every node on the switch of rail k: a bridge),
 # every link shaped by tc's token bucket (tbf) at --link-rate in both directions; optionally the
-# nodes split over two leaf switches per rail joined by one uplink shaped at --uplink-rate.
+# nodes split over two leaf switches per rail joined by one uplink shaped at --uplink-rate
+# (an even number of nodes: N/2 a leaf).
 #
 #   netns-cluster.sh up --nodes N --ranks-per-node R --link-rate RATE [--nics-per-node K]
 #                       [--uplink-rate RATE] [--name NAME] [--out DIR]
@@ -187,7 +188,8 @@ if [ -n "$uplink_rate" ]; then
   uplink_bits=$(rate_bits_per_s "$uplink_rate") ||
     die "--uplink-rate '$uplink_rate': valid: NUMBER followed by bit, kbit, mbit or gbit, e.g. 500mbit"
   in_range "$uplink_bits" || die "--uplink-rate '$uplink_rate': valid from 1mbit to 40gbit"
-  [ "$nodes" -ge 2 ] || die "--uplink-rate needs --nodes 2 or more (the nodes split over two leaf switches)"
+  [ "$nodes" -ge 2 ] && [ $((nodes % 2)) -eq 0 ] ||
+    die "--uplink-rate needs an even --nodes, 2 or more (the nodes split over two leaf switches of N/2)"
 fi
 require_tools
 cores=$(nproc)
@@ -309,21 +311,29 @@ for ((i = 0; i < nodes; i++)); do echo "$(node_name "$i") slots=$ranks_per_node"
 
 # The topology: the shaped NIC rate in bytes/s; the NIC latency is half the one-way latency (two
 # NICs on a path), the bridge counted as a switch of no latency. One leaf per rail (radix 2·N
-# ports, half of them down) without an uplink; with one, leaves of ceil(N/2) nodes and
-# oversubscription = a leaf's NIC rate / the uplink's.
-per_leaf=$nodes
-oversub=1
+# ports, half of them down) without an uplink. With one, two leaves of N/2 nodes joined by one
+# link: a dragonfly of two groups of one router each, whose global link is the uplinks (one a
+# rail). (A fat tree cannot say it: its leaves hold radix/2 NICs, and N NICs on a radix of N make
+# one switch, which has no uplink to oversubscribe.)
 radix=$((2 * nodes))
-if [ -n "$uplink_rate" ]; then
-  per_leaf=$(((nodes + 1) / 2))
-  radix=$((2 * per_leaf))
-  oversub=$(awk -v l="$link_bits" -v n="$per_leaf" -v u="$uplink_bits" 'BEGIN { o = l * n / u; if (o < 1) o = 1; printf "%.6g", o }')
-fi
 [ "$radix" -ge 2 ] || radix=2
+fabric_shape="\"oversubscription\": 1,
+    \"switch_radix\": $radix"
+if [ -n "$uplink_rate" ]; then
+  uplinks_bytes=$(awk -v u="$uplink_bits" -v k="$nics" 'BEGIN { printf "%.6g", u / 8 * k }')
+  fabric_shape="\"groups\": 2,
+    \"routers_per_group\": 1,
+    \"nodes_per_router\": $((nodes / 2)),
+    \"local_link_bandwidth_bytes_per_s\": $uplinks_bytes,
+    \"local_link_latency_s\": 0,
+    \"global_link_bandwidth_bytes_per_s\": $uplinks_bytes,
+    \"global_link_latency_s\": 0"
+fi
 mem_bytes=$(awk '/^MemTotal/ { print $2 * 1024 }' /proc/meminfo)
 device_mem=$(awk -v m="$mem_bytes" -v r="$ranks" 'BEGIN { printf "%.0f", m / 2 / r }')
 kind=fat_tree
 if [ "$nics" -gt 1 ] && [ "$nics" -eq "$ranks_per_node" ]; then kind=rail_optimized; fi
+[ -n "$uplink_rate" ] && kind=dragonfly
 nic_bytes=$(awk -v b="$link_bits" 'BEGIN { printf "%.6g", b / 8 }')
 nic_latency=$(awk -v l="$latency_s" 'BEGIN { printf "%.3g", l / 2 }')
 cat >"$out/topology.json" <<EOF
@@ -349,8 +359,7 @@ cat >"$out/topology.json" <<EOF
     "nic_bandwidth_bytes_per_s": $nic_bytes,
     "nic_latency_s": $nic_latency,
     "switch_latency_s": 0,
-    "oversubscription": $oversub,
-    "switch_radix": $radix
+    $fabric_shape
   }
 }
 EOF

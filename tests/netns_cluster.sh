@@ -86,6 +86,25 @@ set -e
 grep -q "the hostfile does not match the topology" "$work/mismatch.log" && [ $rc -eq 2 ] ||
   { echo "mismatched hostfile: exit $rc"; cat "$work/mismatch.log"; exit 1; }
 
+# With --uplink-rate the nodes hang from two leaves joined by one link: the topology says so (a
+# dragonfly of two one-router groups whose global link is the uplink), and the simulator routes
+# the data-parallel ring through it: the step takes longer than on the NICs alone.
+bash "$script" down --name $name
+bash "$script" up --nodes 2 --ranks-per-node 1 --link-rate 1gbit --uplink-rate 100mbit --name $name \
+  --out "$work/uplink" >/dev/null
+jq -e '.fabric.kind == "dragonfly" and .fabric.groups == 2 and .fabric.routers_per_group == 1 and
+       .fabric.nodes_per_router == 1 and .fabric.global_link_bandwidth_bytes_per_s == 12500000' \
+  "$work/uplink/topology.json" >/dev/null || { echo "uplink topology:"; jq .fabric "$work/uplink/topology.json"; exit 1; }
+step_of() {  # the step time simulate predicts for the dp 2 plan on topology $1
+  "$bin" simulate --model "$repo/models/tiny.json" --plan "$dp2" --topology "$1" --out "$work/sim-$2" >/dev/null
+  jq '.step_time_s' "$work/sim-$2/prediction.json"
+}
+flat=$(step_of "$cluster/topology.json" flat)
+uplink=$(step_of "$work/uplink/topology.json" uplink)
+awk -v f="$flat" -v u="$uplink" 'BEGIN { exit !(u > f * 1.5) }' ||
+  { echo "predicted step: $flat s on the NICs alone, $uplink s through a tenth of their rate"; exit 1; }
+echo "predicted step: $flat s on 1 Gbit/s NICs, $uplink s through a 100 Mbit/s uplink"
+
 bash "$script" down --name $name
 if ip -br link | grep -q "^$name-" || [ -e "/run/netns/$name-n0" ] || [ -e "/run/stepcast-netns/$name" ]; then
   echo "left behind after down:"; ip -br link | grep "^$name-"; ls /run/netns /run/stepcast-netns; exit 1
