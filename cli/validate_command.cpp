@@ -51,7 +51,8 @@ const char* const kUsage =
     "'machine' is the one further from its speed then). A point\n"
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
-    "brought up at each point's link_rate, profiled across its nodes, down at the end.\n"
+    "brought up at each point's link_rate (and uplink_rate: two leaves joined by an uplink of that\n"
+    "rate), profiled across its nodes (at netns.link_rate, no uplink), down at the end.\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
@@ -130,15 +131,19 @@ struct Tools {
   std::string topology_file;             // the points' topology: the sweep's, or the cluster's
 };
 
-// The netns cluster of a sweep at one link rate (scripts/netns-cluster.sh up, idempotent): its
-// files in DIR/cluster-RATE; `tools` then launches through it with its topology.
-Tools cluster_tools(const Tools& base, const SweepCluster& c, const std::string& rate, const std::string& dir) {
-  std::string folder = fs::absolute(dir + "/cluster-" + rate).string();
+// The netns cluster of a sweep at one link rate, its leaves joined by an uplink of `uplink` unless
+// empty (scripts/netns-cluster.sh up, idempotent): its files in DIR/cluster-RATE[-uplink-RATE];
+// `tools` then launches through it with its topology.
+Tools cluster_tools(const Tools& base, const SweepCluster& c, const std::string& rate, const std::string& uplink,
+                    const std::string& dir) {
+  const std::string shape = "cluster-" + rate + (uplink.empty() ? "" : "-uplink-" + uplink);
+  std::string folder = fs::absolute(dir + "/" + shape).string();
   ChildResult up = run_child("bash " + shell_quote(repository_file("scripts/netns-cluster.sh")) +
                                  " up --name " + shell_quote(c.name) + " --nodes " + std::to_string(c.nodes) +
                                  " --ranks-per-node " + std::to_string(c.ranks_per_node) + " --link-rate " +
-                                 shell_quote(rate) + " --out " + shell_quote(folder),
-                             dir + "/cluster-" + rate + ".log");
+                                 shell_quote(rate) + (uplink.empty() ? "" : " --uplink-rate " + shell_quote(uplink)) +
+                                 " --out " + shell_quote(folder),
+                             dir + "/" + shape + ".log");
   if (up.exit_code != 0) throw InputError(failure_message("netns-cluster.sh up", up));
   Tools t = base;
   t.mpirun = folder + "/mpirun";
@@ -396,12 +401,13 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
               sweep.topology_file};
   // A netns sweep brings its cluster up (and down at the end unless it was up before).
   const bool cluster_was_up = sweep.netns && cluster_is_up(*sweep.netns);
-  std::map<std::string, Tools> at_rate;
-  auto tools_for = [&](const std::string& rate) -> const Tools& {
+  std::map<std::pair<std::string, std::string>, Tools> at_shape;  // (link rate, uplink rate)
+  auto tools_for = [&](const std::string& rate, const std::string& uplink) -> const Tools& {
     if (!sweep.netns) return tools;
-    if (!at_rate.count(rate)) at_rate.clear();  // one rate up at a time: the cluster is re-shaped
-    if (!at_rate.count(rate)) at_rate[rate] = cluster_tools(tools, *sweep.netns, rate, out);
-    return at_rate[rate];
+    const auto shape = std::make_pair(rate, uplink);
+    if (!at_shape.count(shape)) at_shape.clear();  // one shape up at a time: the cluster is re-shaped
+    if (!at_shape.count(shape)) at_shape[shape] = cluster_tools(tools, *sweep.netns, rate, uplink, out);
+    return at_shape[shape];
   };
 
   std::cout << "stepcast validate: sweep " << sweep.name << " (" << sweep.points.size()
@@ -413,7 +419,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
   const CanaryRates reference = machine_canary();
   const bool profile_measured_here = profile_source == "measure" || profile_source == "measure-quick";
   if (profile_measured_here) {
-    profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : ""), out,
+    profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : "", ""), out,
                                    sweep.netns ? sweep.netns->nodes * sweep.netns->ranks_per_node
                                                : sweep.max_ranks(),
                                    sweep.profile_source == SweepProfileSource::measure_quick);
@@ -448,7 +454,8 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
               << (point.measured_routing ? ", routing measured by a run first" : "") << "): " << std::flush;
     const CanaryRates before = machine_canary();
     ValidatePoint result =
-        run_point(tools_for(point.link_rate), point, profile_file, repeats, out + "/points/" + point.name);
+        run_point(tools_for(point.link_rate, point.uplink_rate), point, profile_file, repeats,
+                  out + "/points/" + point.name);
     const CanaryRates after = machine_canary();
     result.machine_speed_gemm = (before.gemm_gflops + after.gemm_gflops) / 2 / reference.gemm_gflops;
     result.machine_speed_softmax = (before.softmax_gbps + after.softmax_gbps) / 2 / reference.softmax_gbps;

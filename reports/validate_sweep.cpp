@@ -103,6 +103,15 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
   } else if (netns) {
     p.link_rate = netns->link_rate;
   }
+  if (reader.has("uplink_rate")) {
+    if (!netns) reader.fail("uplink_rate", "only in a sweep with \"netns\" (a cluster on this machine)", "no uplink_rate");
+    p.uplink_rate = reader.get_string("uplink_rate");
+    if (!is_link_rate(p.uplink_rate)) reader.fail("uplink_rate", "not a rate", kLinkRateValid);
+    if (netns->nodes % 2 != 0) {
+      reader.fail("uplink_rate", "the cluster has " + std::to_string(netns->nodes) + " nodes",
+                  "a cluster of an even number of nodes (two leaves of N/2 joined by the uplink)");
+    }
+  }
   if (reader.has("model")) {
     p.model_file = read_path(reader, "model", "a model file (models/*.json)");
   } else if (defaults.model_file) {
