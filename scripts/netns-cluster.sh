@@ -220,7 +220,7 @@ switch_name() {  # rail k, leaf x
 # tbf on a device's egress. burst: 100 microseconds at the rate, at least 2 full frames (tbf
 # refuses a bucket below the MTU); latency bounds the queue. A bucket of one millisecond let a
 # message after a pause leave at the veth's speed for its first millisecond of bytes (80 KB at
-# 0.84 of its time at the rate at 200 Mbit/s, 64-262 KB at 0.56-0.67 at 1 Gbit/s), which no
+# 0.84 of its time at the rate at 200 Mbit/s, 64-262 KB at 0.56-0.80 at 1 Gbit/s), which no
 # NIC does; 100 microseconds keeps large transfers as fast (1.056 and 1.09 of the rate's time for
 # 16 MiB, both buckets) and brings 64 KB-1 MiB to 0.97-1.10 (bench/netns_link.sh).
 # NETNS: the node whose device it is, or empty (this host).
