@@ -504,6 +504,10 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
             << (summary.max_abs_memory_error ? pct(summary.max_abs_memory_error->value) + " (" +
                                                    summary.max_abs_memory_error->point + ")"
                                              : std::string("n/a"))
+            << "; " << exposed_comm_label() << ": " << exposed_comm_count(summary)
+            << (summary.max_abs_exposed_comm_error ? ", largest " + pct(summary.max_abs_exposed_comm_error->value) +
+                                                         " (" + summary.max_abs_exposed_comm_error->point + ")"
+                                                   : std::string())
             << "\nwrote " << out << "/validate.json, " << out << "/report.md and " << out
             << "/report.html in " << seconds_text(report.wall_s) << "\n";
   return summary.failed > 0 ? 1 : 0;

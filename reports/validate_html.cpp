@@ -145,7 +145,11 @@ void write_validate_html(std::ostream& out, const ValidateReport& r) {
         s.max_abs_step_time_error ? s.max_abs_step_time_error->point : ""},
        {"largest peak-memory error",
         s.max_abs_memory_error ? percent(s.max_abs_memory_error->value) : "n/a",
-        s.max_abs_memory_error ? s.max_abs_memory_error->point : ""}});
+        s.max_abs_memory_error ? s.max_abs_memory_error->point : ""},
+       {exposed_comm_label(), exposed_comm_count(s), ""},
+       {"largest exposed-communication error (those points)",
+        s.max_abs_exposed_comm_error ? percent(s.max_abs_exposed_comm_error->value) : "n/a",
+        s.max_abs_exposed_comm_error ? s.max_abs_exposed_comm_error->point : ""}});
 
   body << html::heading("Points");
   std::vector<std::vector<std::string>> rows;

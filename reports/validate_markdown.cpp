@@ -77,6 +77,10 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
   md_row(out, {"largest peak-memory error",
                s.max_abs_memory_error ? percent(s.max_abs_memory_error->value) : "n/a",
                s.max_abs_memory_error ? s.max_abs_memory_error->point : ""});
+  md_row(out, {exposed_comm_label(), exposed_comm_count(s), ""});
+  md_row(out, {"largest exposed-communication error (those points)",
+               s.max_abs_exposed_comm_error ? percent(s.max_abs_exposed_comm_error->value) : "n/a",
+               s.max_abs_exposed_comm_error ? s.max_abs_exposed_comm_error->point : ""});
 
   out << "\n## Points\n\n";
   md_header(out, {"point", "ranks", "plan", "predicted", "measured", "runs", "spread", "machine", "error",

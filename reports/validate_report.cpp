@@ -122,6 +122,27 @@ ValidatePoint evaluate_point(const SweepPoint& point, const StepResult& predicti
   return p;
 }
 
+std::optional<double> exposed_comm_error(const ValidatePoint& p) {
+  if (!p.compare || p.compare->step_time_s.predicted <= 0) return std::nullopt;
+  for (const CompareFigure& f : p.compare->breakdown_s) {
+    if (f.name != "exposed_comm") continue;
+    if (f.predicted < kValidateExposedCommFloor * p.compare->step_time_s.predicted) return std::nullopt;
+    return f.relative();
+  }
+  return std::nullopt;
+}
+
+std::string exposed_comm_label() {
+  return "exposed communication within " + std::to_string(int(std::lround(kValidateExposedCommBand * 100))) +
+         "% (unflagged points with " + std::to_string(int(std::lround(kValidateExposedCommFloor * 100))) +
+         "% of the step or more in it)";
+}
+
+std::string exposed_comm_count(const ValidateSummary& s) {
+  if (s.exposed_comm_points == 0) return "n/a";
+  return std::to_string(s.exposed_comm_within_band) + " of " + std::to_string(s.exposed_comm_points);
+}
+
 ValidateSummary summarize_validate(const ValidateReport& report) {
   ValidateSummary s;
   std::vector<double> errors;
@@ -144,6 +165,13 @@ ValidateSummary summarize_validate(const ValidateReport& report) {
       errors.push_back(std::abs(*e));
       if (!s.max_abs_step_time_error || std::abs(*e) > std::abs(s.max_abs_step_time_error->value)) {
         s.max_abs_step_time_error = PointFigure{p.name, *e};
+      }
+    }
+    if (auto e = exposed_comm_error(p); e && !p.flagged()) {
+      ++s.exposed_comm_points;
+      if (std::abs(*e) <= kValidateExposedCommBand) ++s.exposed_comm_within_band;
+      if (!s.max_abs_exposed_comm_error || std::abs(*e) > std::abs(s.max_abs_exposed_comm_error->value)) {
+        s.max_abs_exposed_comm_error = PointFigure{p.name, *e};
       }
     }
     if (!p.compare) continue;

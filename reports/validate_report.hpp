@@ -25,6 +25,10 @@ namespace stepcast {
 inline constexpr double kValidateSpreadFlag = 0.025;  // (max − min) / median of the repeats
 inline constexpr double kValidateBand = 0.05;          // the ±band drawn around predicted = measured
 inline constexpr double kValidateDriftFlag = 0.05;     // |machine speed around a point / at the profile − 1|
+// Exposed communication is summed over the unflagged points where the prediction has at least
+// this share of the step in it, and counted within kValidateExposedCommBand of its prediction.
+inline constexpr double kValidateExposedCommFloor = 0.05;
+inline constexpr double kValidateExposedCommBand = 0.10;
 
 struct ValidatePoint {
   std::string name;
@@ -94,6 +98,12 @@ struct ValidateSummary {
   std::optional<PointFigure> max_abs_step_time_error;  // signed value of the largest
   // |memory error| over every point that ran.
   std::optional<PointFigure> max_abs_memory_error;
+  // The critical rank's exposed communication, predicted against measured (the compared run's
+  // instrumented step), over the unflagged points whose predicted share of the step is at least
+  // kValidateExposedCommFloor: how many, how many within kValidateExposedCommBand, the largest.
+  int64_t exposed_comm_points = 0;
+  int64_t exposed_comm_within_band = 0;
+  std::optional<PointFigure> max_abs_exposed_comm_error;
   std::vector<KindErrorSum> by_kind;   // largest measured first
   std::vector<PointOp> worst_ops;      // at most kValidateWorstOps
 };
@@ -136,6 +146,13 @@ ValidatePoint evaluate_point(const SweepPoint& point, const StepResult& predicti
                              const std::vector<std::string>& measurement_files);
 
 ValidateSummary summarize_validate(const ValidateReport& report);
+// A point's exposed communication, (predicted − measured) / measured, where the prediction puts
+// kValidateExposedCommFloor of the step or more in it; none otherwise.
+std::optional<double> exposed_comm_error(const ValidatePoint& p);
+// The summary row of it: "exposed communication within 10% (unflagged points with ≥ 5% of the
+// step in it)" and "13 of 15".
+std::string exposed_comm_label();
+std::string exposed_comm_count(const ValidateSummary& s);
 
 // The predicted memory entry with the largest peak (the one the measured maximum is compared
 // with), nullptr when there is none; and one class's predicted bytes in it (0 when absent).

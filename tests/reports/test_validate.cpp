@@ -254,6 +254,14 @@ TEST_CASE("validate: the summary over points that ran and are not flagged", "[va
   REQUIRE(s.max_abs_memory_error);
   CHECK(s.max_abs_memory_error->point == "plus3");
   CHECK(s.max_abs_memory_error->value == Approx(1 / 1.01 - 1));
+  // Exposed communication (a fifth of each step in the fixtures): the two unflagged points, +3%
+  // and −8% as their steps; the noisy one left out.
+  CHECK(s.exposed_comm_points == 2);
+  CHECK(s.exposed_comm_within_band == 2);
+  REQUIRE(s.max_abs_exposed_comm_error);
+  CHECK(s.max_abs_exposed_comm_error->point == "minus8");
+  CHECK(s.max_abs_exposed_comm_error->value == Approx(-0.08));
+  CHECK(exposed_comm_count(s) == "2 of 2");
   REQUIRE_FALSE(s.by_kind.empty());
   for (const KindErrorSum& k : s.by_kind) CHECK(k.points == 3);
   CHECK(s.worst_ops.size() == kValidateWorstOps);
@@ -268,6 +276,9 @@ TEST_CASE("validate: validate.json, report.md and report.html carry the figures"
   CHECK(j["machine"]["cpu_model"] == "Test CPU");
   CHECK(j["git_commit"] == "0123456789ab");
   CHECK(j["summary"]["median_abs_step_time_error"].get<double>() == Approx(0.055));
+  CHECK(j["summary"]["exposed_comm_points"] == 2);
+  CHECK(j["summary"]["exposed_comm_within_band"] == 2);
+  CHECK(j["summary"]["max_abs_exposed_comm_error"]["point"] == "minus8");
   REQUIRE(j["points"].size() == 4);
   CHECK(j["points"][0]["measured_step_time_s"].get<double>() == Approx(0.0100));
   CHECK(j["points"][2]["flagged"] == true);
@@ -287,7 +298,7 @@ TEST_CASE("validate: validate.json, report.md and report.html carry the figures"
        {"test-host (Test CPU, 2 cores)", "`0123456789ab`", "2026-11-30T17:00:00Z",
         "out/validate/synthetic/profile.json", "| plus3 | 2 | tp 1 · pp 1 · dp 2, ZeRO 1",
         "| +3.0% |", "| -8.0% |", "| noisy |", "FAILED (run)", "rank 1 <killed>",
-        "(unflagged) | 5.5% |", "## Breakdown", "## Memory",
+        "(unflagged) | 5.5% |", "of the step or more in it) | 2 of 2 |", "## Breakdown", "## Memory",
         "## Error by op kind", "| gemm |", "## Worst ops"}) {
     INFO(text);
     CHECK_THAT(m, Contains(text));
