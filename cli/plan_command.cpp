@@ -371,6 +371,11 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     const auto sim = simulator.result(c.plan.name);
     return sim ? std::max(0.0, sim->peak_bytes_max) : 0.0;
   };
+  // The peak a row shows: simulate's where it ran the plan, the screen's otherwise.
+  auto shown_peak = [&](const Candidate& c) {
+    const double simulated = simulated_peak(c);
+    return simulated > 0 ? simulated : c.peak_bytes_max;
+  };
   if (objective == Objective::energy) rank_by_energy(ranked);
   print_estimate_quality(ranked);
   if (imported) {
@@ -418,7 +423,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     row.estimate_s = c.estimate.step_time_s;
     row.tokens_per_s = tokens_per_step(model, c.plan) / step;
     row.mfu = model_flops_utilization(model, topology, c.plan, step);
-    row.peak_bytes = simulated_peak(c) > 0 ? simulated_peak(c) : c.peak_bytes_max;
+    row.peak_bytes = shown_peak(c);
     row.headroom_bytes = allowed - row.peak_bytes - c.reserved_bytes;
     if (device.has_power()) row.energy_j = c.energy_per_step_j ? *c.energy_per_step_j : c.estimate_energy_j;
     if (price) row.cost = cost_per_step(price->per_gpu_hour, devices, step);
@@ -541,7 +546,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
     report.rows = rows;
     for (const auto& c : ranked) {
       report.all_estimates_s.push_back(c.estimate.step_time_s);
-      report.all_peaks_bytes.push_back(simulated_peak(c) > 0 ? simulated_peak(c) : c.peak_bytes_max);
+      report.all_peaks_bytes.push_back(shown_peak(c));
       report.all_names.push_back(c.plan.name);
     }
     report.capacity_bytes = allowed;
