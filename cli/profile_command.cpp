@@ -157,7 +157,7 @@ int run_profile(int argc, char** argv) {
     std::cout << std::setprecision(3);
     std::cout << "leave-one-out, GEMM (" << t.gemm.size() << " points): " << summarise(gemm_leave_one_out(t.gemm))
               << "\nleave-one-out, memory-bound (" << t.memory.size()
-              << " points): " << summarise(memory_leave_one_out(t.memory)) << "\n";
+              << " points): " << summarise(memory_leave_one_out(t.memory, profile.kernel_overhead_s)) << "\n";
     if (profile.inter_node_latency_s) {
       std::cout << "inter-node link (ping-pong fit): " << *profile.inter_node_latency_s * 1e6
                 << " us, " << profile.inter_node_bus_fraction << " of the NIC's "

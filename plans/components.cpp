@@ -121,7 +121,7 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
   // Memory-bound kernels.
   leave_one_out(
       t.memory, [](const MemoryPoint& m) { return m.family; },
-      [](const std::vector<MemoryPoint>& others) { return BandwidthTable(others); },
+      [&](const std::vector<MemoryPoint>& others) { return BandwidthTable(others, profile.kernel_overhead_s); },
       [](const BandwidthTable& table, const MemoryPoint& m) { return table.time_s(m.bytes); },
       [](const MemoryPoint& m) { return m.family + " " + bytes_label(m.bytes); }, "memory", out);
   // Fused attention: as times of one head (attention_time_s).

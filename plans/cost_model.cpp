@@ -116,7 +116,7 @@ double GemmRateTable::flops_per_s(double m, double n, double k) const {
   return std::exp(total / 3);
 }
 
-BandwidthTable::BandwidthTable(const std::vector<MemoryPoint>& points) {
+BandwidthTable::BandwidthTable(const std::vector<MemoryPoint>& points, double fixed_s) : fixed_s_(fixed_s) {
   std::map<double, std::pair<double, int>> by_size;  // bytes → (Σ log bandwidth, count)
   for (const MemoryPoint& p : points) {
     STEPCAST_CHECK(p.time_s > 0 && p.bytes > 0, "memory point with a non-positive size or time");
@@ -130,9 +130,16 @@ BandwidthTable::BandwidthTable(const std::vector<MemoryPoint>& points) {
   }
 }
 
-double BandwidthTable::bandwidth_bytes_per_s(double bytes) const {
-  STEPCAST_CHECK(!empty(), "bandwidth of an empty memory table");
-  return std::exp(interpolate_line(log_bytes_, log_bandwidth_, std::log(std::max(bytes, 1.0))));
+double BandwidthTable::time_s(double bytes) const {
+  STEPCAST_CHECK(!empty(), "time of an empty memory table");
+  bytes = std::max(bytes, 1.0);
+  const double smallest = std::exp(log_bytes_.front());
+  if (bytes < smallest) {
+    const double t0 = smallest / std::exp(log_bandwidth_.front());
+    const double fixed = std::clamp(fixed_s_, 0.0, t0);
+    return fixed + (t0 - fixed) * bytes / smallest;
+  }
+  return bytes / std::exp(interpolate_line(log_bytes_, log_bandwidth_, std::log(bytes)));
 }
 
 CollectiveTable::CollectiveTable(const std::vector<CollectivePoint>& points) {
@@ -241,7 +248,7 @@ std::vector<LeaveOneOut> gemm_leave_one_out(const std::vector<GemmPoint>& points
   return out;
 }
 
-std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& points) {
+std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& points, double fixed_s) {
   std::vector<LeaveOneOut> out;
   for (size_t i = 0; i < points.size(); ++i) {
     std::vector<MemoryPoint> others;
@@ -253,7 +260,7 @@ std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& po
     if (others.empty()) continue;
     std::ostringstream what;
     what << points[i].family << " " << int64_t(points[i].bytes) << " B";
-    out.push_back({what.str(), points[i].time_s, BandwidthTable(others).time_s(points[i].bytes)});
+    out.push_back({what.str(), points[i].time_s, BandwidthTable(others, fixed_s).time_s(points[i].bytes)});
   }
   return out;
 }
@@ -282,7 +289,9 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
     for (const auto& [variant, points] : gemm) gemm_tables_.emplace(variant, GemmRateTable(points));
     std::map<std::string, std::vector<MemoryPoint>> memory;
     for (const MemoryPoint& p : profile.measured->memory) memory[p.family].push_back(p);
-    for (const auto& [family, points] : memory) memory_tables_.emplace(family, BandwidthTable(points));
+    for (const auto& [family, points] : memory) {
+      memory_tables_.emplace(family, BandwidthTable(points, profile.kernel_overhead_s));
+    }
     std::map<std::tuple<std::string, std::string, int64_t>, std::vector<CollectivePoint>> collectives;
     for (const CollectivePoint& c : profile.measured->collectives) {
       collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);

@@ -82,18 +82,22 @@ class GemmRateTable {
   std::vector<double> values_;               // log(flop/s) at [i_m][i_n][i_k]; NaN: not measured
 };
 
-// Bandwidth of one memory-bound kernel family over message size: log(bytes/s) piecewise linear in
-// log(bytes) between the measured sizes (equivalently log-log in time), clamped to the bandwidth
-// of the smallest and the largest size outside them. Points of equal size are averaged in log.
+// Time of one memory-bound kernel family over message size: log(bytes/s) piecewise linear in
+// log(bytes) between the measured sizes (equivalently log-log in time); above the largest size at
+// its bandwidth; below the smallest (B0, time t0) the kernel keeps its fixed cost: `fixed_s` (the
+// profile's kernel_overhead_s, an empty kernel's duration) plus the rest of t0 scaled by bytes,
+// fixed_s + (t0 − fixed_s)·B/B0 — never above t0, never below t0·B/B0 (the smallest size's
+// bandwidth, what fixed_s 0 gives). Points of equal size are averaged in log.
 class BandwidthTable {
  public:
-  explicit BandwidthTable(const std::vector<MemoryPoint>& points);  // points of one family
-  double bandwidth_bytes_per_s(double bytes) const;
-  double time_s(double bytes) const { return bytes / bandwidth_bytes_per_s(bytes); }
+  explicit BandwidthTable(const std::vector<MemoryPoint>& points, double fixed_s = 0);  // one family's
+  double bandwidth_bytes_per_s(double bytes) const { return bytes / time_s(bytes); }
+  double time_s(double bytes) const;
   bool empty() const { return log_bytes_.empty(); }
 
  private:
   std::vector<double> log_bytes_, log_bandwidth_;
+  double fixed_s_ = 0;
 };
 
 // Time of one collective (kind, algorithm, group size) over message size, as measured whole
@@ -181,7 +185,8 @@ struct LeaveOneOut {
   double relative_error() const { return (predicted_s - measured_s) / measured_s; }
 };
 std::vector<LeaveOneOut> gemm_leave_one_out(const std::vector<GemmPoint>& points);
-std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& points);
+// `fixed_s`: the profile's kernel_overhead_s (BandwidthTable).
+std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& points, double fixed_s);
 
 class ComputeCostModel {
  public:

@@ -94,14 +94,18 @@ TEST_CASE("profile: leave-one-out predicts each point of a smooth profile within
   // A hole in the grid is bridged, not a lookup: the prediction differs from the measurement.
   CHECK(std::abs(loo[100].relative_error()) > 0);
 
-  // Memory-bound: a fixed cost and a bandwidth, 16 KiB … 64 MiB by 4×. The two end points are
-  // predicted by the clamped bandwidth of their one neighbour (an extrapolation, not checked).
+  // Memory-bound: a fixed cost and a bandwidth, 16 KiB … 64 MiB by 4×. The largest point is
+  // predicted by its neighbour's bandwidth (an extrapolation, not checked); the smallest by its
+  // neighbour's time less the bytes' share beyond the fixed cost, given as the table's.
   std::vector<MemoryPoint> memory;
   for (double bytes = 16384; bytes <= 64 << 20; bytes *= 4) {
     memory.push_back({"adamw", bytes, 0.2e-6 + bytes / 8e9, ""});
   }
-  std::vector<LeaveOneOut> memory_loo = memory_leave_one_out(memory);
+  std::vector<LeaveOneOut> memory_loo = memory_leave_one_out(memory, 0.2e-6);
   REQUIRE(memory_loo.size() == memory.size());
+  CHECK(memory_loo.front().predicted_s == Approx(memory.front().time_s).epsilon(1e-9));
+  // Without the fixed cost, the smallest size at its neighbour's bandwidth: too fast.
+  CHECK(memory_leave_one_out(memory, 0).front().relative_error() < -0.05);
   for (size_t i = 1; i + 1 < memory_loo.size(); ++i) {
     INFO(memory_loo[i].what);
     CHECK(std::abs(memory_loo[i].relative_error()) < 0.05);
@@ -116,6 +120,15 @@ TEST_CASE("profile: memory-bound bandwidth is log-log between sizes and clamped 
   CHECK(table.bandwidth_bytes_per_s(10000) == Approx(std::sqrt(1e9 * 5e9)).epsilon(1e-12));
   CHECK(table.bandwidth_bytes_per_s(10) == Approx(1e9).epsilon(1e-12));
   CHECK(table.time_s(1e7) == Approx(1e7 / 5e9).epsilon(1e-12));
+  // Below the smallest size a kernel keeps its fixed cost: 0.4 µs here, the rest of the smallest
+  // size's 1 µs scaled by bytes; a fixed cost beyond that time leaves the time at it.
+  BandwidthTable fixed({{"swiglu_forward", 1000, 1e-6, ""}, {"swiglu_forward", 100000, 2e-5, ""}}, 0.4e-6);
+  CHECK(fixed.time_s(250) == Approx(0.4e-6 + 0.6e-6 * 0.25).epsilon(1e-12));
+  CHECK(fixed.bandwidth_bytes_per_s(250) == Approx(250 / 0.55e-6).epsilon(1e-12));
+  CHECK(fixed.time_s(1000) == Approx(1e-6).epsilon(1e-12));
+  CHECK(fixed.time_s(10000) == Approx(table.time_s(10000)).epsilon(1e-12));
+  BandwidthTable slow({{"swiglu_forward", 1000, 1e-6, ""}, {"swiglu_forward", 100000, 2e-5, ""}}, 5e-6);
+  CHECK(slow.time_s(10) == Approx(1e-6).epsilon(1e-12));
 }
 
 TEST_CASE("profile: the cost model uses measured tables where they exist", "[profile]") {
@@ -145,6 +158,10 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
   norm.bytes = 65536;
   CHECK(memory_family(norm) == "norm_forward");
   CHECK(model.op_time_s(norm) == Approx(1e-6 + 65536 / 10e9).epsilon(1e-12));
+  // Below the table's smallest size (16 KiB): the profile's kernel_overhead_s stays.
+  norm.bytes = 4096;
+  CHECK(model.op_time_s(norm) == Approx(1e-6 + 4096 / 10e9).epsilon(1e-12));
+  norm.bytes = 65536;
   // No table: the roofline on the measured bandwidth plus the measured fixed cost.
   Op rotary;
   rotary.kind = OpKind::activation;
@@ -373,7 +390,7 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
               << 100 * errors[errors.size() / 2] << "%, largest " << 100 * errors.back() << "%");
   };
   report(gemm_leave_one_out(p.measured->gemm), "GEMM");
-  report(memory_leave_one_out(p.measured->memory), "memory-bound");
+  report(memory_leave_one_out(p.measured->memory, p.kernel_overhead_s), "memory-bound");
 
   Topology written = load_topology(q.topology);
   CHECK(written.node.device.name == "cpu-core");
