@@ -17,6 +17,8 @@ Json point_json(const ValidatePoint& p) {
             {"predicted_step_time_s", optional_json(p.predicted_step_time_s)},
             {"measured_step_times_s", p.measured_step_times_s},
             {"measured_step_time_s", optional_json(p.measured_step_time_s())},
+            {"measured_exposed_comm_s", p.measured_exposed_comm_s},
+            {"exposed_comm_error", optional_json(exposed_comm_error(p))},
             {"spread", optional_json(p.spread())},
             {"machine_speed", optional_json(p.machine_speed)},
             {"machine_speeds",

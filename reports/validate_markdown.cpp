@@ -115,7 +115,8 @@ void write_validate_markdown(std::ostream& out, const ValidateReport& r) {
     }
   }
   out << "\nThe measured side is the compared run's: the run at the median step time "
-         "(`compared_repeat` in validate.json).\n";
+         "(`compared_repeat` in validate.json). The exposed-communication error of the summary is "
+         "against the median over every repeat's instrumented step (`measured_exposed_comm_s`).\n";
 
   out << "\n## Memory (rank with the largest predicted peak)\n\n";
   md_header(out, {"point", "weights", "grads", "optimizer", "activations", "workspace", "comm", "placement",

@@ -101,7 +101,10 @@ ValidatePoint evaluate_point(const SweepPoint& point, const StepResult& predicti
   p.steps = point.steps;
   p.plan = plan_to_json(point.plan);
   p.predicted_step_time_s = prediction.step_time_s;
-  for (const StepResult& m : measurements) p.measured_step_times_s.push_back(m.step_time_s);
+  for (const StepResult& m : measurements) {
+    p.measured_step_times_s.push_back(m.step_time_s);
+    if (!m.ops.empty()) p.measured_exposed_comm_s.push_back(m.breakdown.exposed_comm_s);
+  }
   // The repeat at the (lower) median is the one compared op by op.
   std::vector<size_t> order(measurements.size());
   std::iota(order.begin(), order.end(), size_t(0));
@@ -127,7 +130,10 @@ std::optional<double> exposed_comm_error(const ValidatePoint& p) {
   for (const CompareFigure& f : p.compare->breakdown_s) {
     if (f.name != "exposed_comm") continue;
     if (f.predicted < kValidateExposedCommFloor * p.compare->step_time_s.predicted) return std::nullopt;
-    return f.relative();
+    if (p.measured_exposed_comm_s.empty()) return f.relative();
+    const double measured = median(p.measured_exposed_comm_s);
+    if (measured <= 0) return std::nullopt;
+    return (f.predicted - measured) / measured;
   }
   return std::nullopt;
 }

@@ -42,6 +42,9 @@ struct ValidatePoint {
   std::optional<double> predicted_step_time_s;
   std::vector<double> measured_step_times_s;  // each repeat's step time (its median timed step)
   int64_t compared_repeat = -1;  // 0-based repeat whose measurement was compared op by op
+  // Each repeat's exposed communication on its instrumented step's critical rank (repeats whose run
+  // recorded ops); exposed_comm_error takes their median, one step's being noisy.
+  std::vector<double> measured_exposed_comm_s;
   std::optional<CompareResult> compare;
   double wall_s = 0;
   // The machine's speed around this point's runs over its speed when the profile was measured (the
@@ -146,8 +149,9 @@ ValidatePoint evaluate_point(const SweepPoint& point, const StepResult& predicti
                              const std::vector<std::string>& measurement_files);
 
 ValidateSummary summarize_validate(const ValidateReport& report);
-// A point's exposed communication, (predicted − measured) / measured, where the prediction puts
-// kValidateExposedCommFloor of the step or more in it; none otherwise.
+// A point's exposed communication, (predicted − measured) / measured, measured the median of the
+// repeats' (measured_exposed_comm_s; the compared repeat's where none recorded it), where the
+// prediction puts kValidateExposedCommFloor of the step or more in it; none otherwise.
 std::optional<double> exposed_comm_error(const ValidatePoint& p);
 // The summary row of it: "exposed communication within 10% (unflagged points with ≥ 5% of the
 // step in it)" and "13 of 15".

@@ -270,6 +270,37 @@ TEST_CASE("validate: the summary over points that ran and are not flagged", "[va
   }
 }
 
+TEST_CASE("validate: exposed communication is judged against the median of the repeats' instrumented steps",
+          "[validate]") {
+  TinyProgram t = tiny_program();
+  StepResult prediction = tiny_result(t, "simulator", 0.0092, 1.1e-4, 4e-5);
+  std::vector<StepResult> runs;
+  for (double m : {0.0100, 0.0101, 0.0099}) runs.push_back(tiny_result(t, "executor", m, 1e-4, 5e-5));
+  // The compared run (the median step time) had a slow instrumented step: 4 ms exposed, not 2.
+  runs[0].breakdown.exposed_comm_s = 0.004;
+  runs[1].breakdown.exposed_comm_s = 0.0021;
+  runs[2].breakdown.exposed_comm_s = 0.0020;
+  ValidatePoint p = evaluate_point(tiny_point(t, "p"), prediction, "p/prediction.json", runs,
+                                   {"p/run-1/measurement.json", "p/run-2/measurement.json", "p/run-3/measurement.json"});
+  REQUIRE(p.ok());
+  CHECK(p.compared_repeat == 0);
+  CHECK(p.measured_exposed_comm_s == std::vector<double>{0.004, 0.0021, 0.0020});
+  REQUIRE(exposed_comm_error(p));
+  CHECK(*exposed_comm_error(p) == Approx(0.2 * 0.0092 / 0.0021 - 1));
+  ValidateReport report;
+  report.points = {p};
+  CHECK(validate_to_json(report)["points"][0]["exposed_comm_error"].get<double>() ==
+        Approx(0.2 * 0.0092 / 0.0021 - 1));
+  // A run that recorded no ops (no instrumented step) adds nothing; none at all: the compared one's.
+  runs[1].ops.clear();
+  runs[2].ops.clear();
+  ValidatePoint q = evaluate_point(tiny_point(t, "q"), prediction, "q/prediction.json", runs,
+                                   {"q/run-1/measurement.json", "q/run-2/measurement.json", "q/run-3/measurement.json"});
+  CHECK(q.measured_exposed_comm_s == std::vector<double>{0.004});
+  REQUIRE(exposed_comm_error(q));
+  CHECK(*exposed_comm_error(q) == Approx(0.2 * 0.0092 / 0.004 - 1));
+}
+
 TEST_CASE("validate: validate.json, report.md and report.html carry the figures", "[validate]") {
   ValidateReport r = synthetic_report();
   Json j = validate_to_json(r);
