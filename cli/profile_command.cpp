@@ -163,6 +163,10 @@ int run_profile(int argc, char** argv) {
                 << " us, " << profile.inter_node_bus_fraction << " of the NIC's "
                 << profile_options.nic_bandwidth_bytes_per_s / 1e9 << " GB/s\n";
     }
+    if (profile.inter_node_exchange_fraction) {
+      std::cout << "collectives across nodes (ring all_gather, sending and receiving at once): "
+                << *profile.inter_node_exchange_fraction << " of the NIC's rate\n";
+    }
     if (profile.intra_node_bandwidth_bytes_per_s) {
       std::cout << "intra-node link (" << t.fits["applied_to_links"].get<std::string>() << " fit): "
                 << *profile.intra_node_bandwidth_bytes_per_s / 1e9 << " GB/s, "

@@ -110,6 +110,13 @@ std::map<std::string, std::string> library_versions();
 // MemTotal of /proc/meminfo, bytes; 0 when unreadable.
 double host_memory_bytes();
 
+// A collective's share of the NIC rate across nodes, from measured ring all_gathers of
+// `group_size` ranks, one a node: each rank sends and receives (n−1)/n of the buffer over its NIC
+// at once; the marginal rate between the two largest sizes, over `nic_bandwidth_bytes_per_s`
+// (clamped to 1e-3 … 1). nullopt with fewer than two such sizes or no rate.
+std::optional<double> inter_node_exchange_fraction(const std::vector<CollectivePoint>& points, int64_t group_size,
+                                                   double nic_bandwidth_bytes_per_s);
+
 // A topology of this machine from a measured CPU profile: `nodes` nodes of `ranks_per_node`
 // devices ("cpu-core"); the dtype's peak = the fastest measured GEMM rate; memory bandwidth = the
 // profile's fitted bandwidth; intra-node bandwidth and latency = its link fit; memory =

@@ -278,6 +278,9 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
   p.kernel_overhead_s += c.overhead_s;
   p.intra_node_bus_fraction = fraction(p.intra_node_bus_fraction, c.link_scale);
   p.inter_node_bus_fraction = fraction(p.inter_node_bus_fraction, c.link_scale);
+  if (p.inter_node_exchange_fraction) {
+    p.inter_node_exchange_fraction = fraction(*p.inter_node_exchange_fraction, c.link_scale);
+  }
   if (p.intra_node_bandwidth_bytes_per_s) *p.intra_node_bandwidth_bytes_per_s *= c.link_scale;
   p.variability.device_speed_cv = c.device_speed_cv;
   if (p.measured) {

@@ -33,6 +33,11 @@ double span_distance(const GroupShape& a, const GroupShape& b) {
 CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Topology& topology)
     : links_(link_figures(apply_link_fractions(topology, profile))) {
   measured_links_ = links_;
+  exchange_links_ = links_;
+  if (profile.collective_inter_node_fraction() != profile.inter_node_bus_fraction) {
+    exchange_links_ = link_figures(apply_link_fractions(topology, profile, profile.collective_inter_node_fraction()));
+    exchange_differs_ = true;
+  }
   if (!profile.measured) return;
   if (profile.measured->system) {
     const MeasuredSystem& m = *profile.measured->system;
@@ -96,7 +101,7 @@ const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const Grou
 double CollectiveCostModel::time_s(OpKind kind, Algorithm algorithm, double bytes,
                                    const GroupShape& shape) const {
   const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
-  if (!m) return collective_time_s(kind, algorithm, bytes, shape, links_);
+  if (!m) return collective_time_s(kind, algorithm, bytes, shape, exchange_links_);
   double s = std::clamp(bytes, m->min_bytes, m->max_bytes);
   double measured_model = nccl_ring_time_s(m->kind, s, m->shape, measured_links_);
   STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");

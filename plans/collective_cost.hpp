@@ -10,7 +10,9 @@
 // members per node nearest in log). A collective then takes r(S) · the NCCL ring model of its own
 // shape on the predicted topology's links: time_s. The simulator's flows carry the α-β model of
 // the algorithm lowering chose (collective_time_s); correction() is time_s over that. Where the profile has no table for the kind (nor, for
-// reduce_scatter and all_gather, an all_reduce table), r = 1.
+// reduce_scatter and all_gather, an all_reduce table), r = 1, and time_s is the α-β model with the
+// NICs at the profile's collective fraction (inter_node_exchange_fraction where it measured one:
+// a collective's ranks send and receive at once, which a ping-pong's one-way β leaves out).
 // Pure functions of their inputs; the simulator applies them (sim/simulator.hpp).
 #pragma once
 
@@ -48,10 +50,17 @@ class CollectiveCostModel {
   // The table r(S) comes from; nullptr when none.
   const MeasuredCollective* table_for(OpKind kind, const GroupShape& shape) const;
   bool has_tables() const { return !tables_.empty(); }
+  // Whether time_s can differ from the α-β model on links(): measured tables, or collectives
+  // across nodes at another fraction of the NIC rate than point-to-point sends.
+  bool corrects() const { return has_tables() || exchange_differs_; }
   const LinkFigures& links() const { return links_; }
 
  private:
   LinkFigures links_;
+  // links_ with the NICs at the profile's collective fraction (collective_inter_node_fraction):
+  // the α-β model of a collective without a measured table.
+  LinkFigures exchange_links_;
+  bool exchange_differs_ = false;
   LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
 };

@@ -154,6 +154,10 @@ ProfileChoice choose_profile(const std::optional<std::string>& option, const Top
 }
 
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile) {
+  return apply_link_fractions(topology, profile, profile.inter_node_bus_fraction);
+}
+
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, double inter_node_fraction) {
   Topology t = topology;
   if (profile.intra_node_bandwidth_bytes_per_s) {
     t.node.intra_node.bandwidth_bytes_per_s = *profile.intra_node_bandwidth_bytes_per_s;
@@ -161,14 +165,14 @@ Topology apply_link_fractions(const Topology& topology, const DeviceProfile& pro
     t.node.intra_node.bandwidth_bytes_per_s *= profile.intra_node_bus_fraction;
   }
   if (profile.intra_node_latency_s) t.node.intra_node.latency_s = *profile.intra_node_latency_s;
-  t.fabric.nic_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  t.fabric.nic_bandwidth_bytes_per_s *= inter_node_fraction;
   if (profile.inter_node_latency_s) {
     t.fabric.nic_latency_s = std::max(0.0, (*profile.inter_node_latency_s - t.fabric.switch_latency_s) / 2);
   }
   // The fabric's own links carry the same protocol as the NICs: the same fraction.
-  t.fabric.dragonfly.local_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
-  t.fabric.dragonfly.global_link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
-  t.fabric.torus.link_bandwidth_bytes_per_s *= profile.inter_node_bus_fraction;
+  t.fabric.dragonfly.local_link_bandwidth_bytes_per_s *= inter_node_fraction;
+  t.fabric.dragonfly.global_link_bandwidth_bytes_per_s *= inter_node_fraction;
+  t.fabric.torus.link_bandwidth_bytes_per_s *= inter_node_fraction;
   return t;
 }
 

@@ -215,6 +215,13 @@ struct DeviceProfile {
   // One-way latency of a path between two nodes through one switch (the inter-node ping-pong's
   // α); replaces 2·nic_latency + switch_latency of the topology (nic_latency_s = (α − switch)/2).
   std::optional<double> inter_node_latency_s;
+  // Achievable fraction of the NIC rate for a collective across nodes, whose ranks send and
+  // receive at once (each direction also carries the other's acknowledgements, and MPI's
+  // fragments their headers); absent: inter_node_bus_fraction, which point-to-point sends keep.
+  std::optional<double> inter_node_exchange_fraction;
+  double collective_inter_node_fraction() const {
+    return inter_node_exchange_fraction.value_or(inter_node_bus_fraction);
+  }
   std::optional<MachineInfo> machine;
   std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
   std::optional<MeasuredTables> measured;
@@ -265,6 +272,9 @@ bool topology_device_is_cpu(const Topology& topology);
 // the profile measured them, the intra-node bandwidth and latency and the NIC latency replaced by
 // its figures: what the simulator's platform is built from.
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile);
+// The same with the NICs and fabric links at `inter_node_fraction` of their rate (a collective's:
+// DeviceProfile::collective_inter_node_fraction).
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, double inter_node_fraction);
 // "field: 'profile value' here 'this value'" for each machine-type field (cpu_model, cores) and
 // library version that differs between the profile's record and `here`; empty when they agree
 // or the profile records no machine.

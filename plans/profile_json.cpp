@@ -398,6 +398,9 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   p.intra_node_bandwidth_bytes_per_s = optional_number(links, "intra_node_bandwidth_bytes_per_s", true);
   p.intra_node_latency_s = optional_number(links, "intra_node_latency_s", false);
   p.inter_node_latency_s = optional_number(links, "inter_node_latency_s", false);
+  if (links.has("inter_node_exchange_fraction")) {
+    p.inter_node_exchange_fraction = links.get_number_in("inter_node_exchange_fraction", 1e-3, 1.0, 1.0);
+  }
   read_notes(links, "links", p);
   links.finish();
   if (reader.has("variability")) {
@@ -507,6 +510,9 @@ Json profile_to_json(const DeviceProfile& p) {
   }
   if (p.intra_node_latency_s) json["links"]["intra_node_latency_s"] = *p.intra_node_latency_s;
   if (p.inter_node_latency_s) json["links"]["inter_node_latency_s"] = *p.inter_node_latency_s;
+  if (p.inter_node_exchange_fraction) {
+    json["links"]["inter_node_exchange_fraction"] = *p.inter_node_exchange_fraction;
+  }
   if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0 || !p.variability_notes.empty()) {
     json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},
                            {"op_time_cv", p.variability.op_time_cv}};

@@ -375,7 +375,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
         costs[op.id] = std::max(0.0, t_whole - t_folded);
       }
       // The measured correction of a collective simulated with flows, for its whole group.
-      if (is_collective(op.kind) && !analytic[op.id] && !sync_only[op.id] && collective_cost.has_tables()) {
+      if (is_collective(op.kind) && !analytic[op.id] && !sync_only[op.id] && collective_cost.corrects()) {
         GroupShape whole = group_shape(grid, op.group, first, per_node);
         double r = collective_cost.correction(op.kind, op.algorithm, op.bytes, whole);
         note_correction(r);

@@ -120,12 +120,16 @@ TEST_CASE("calibrate: parameters apply as named, and the set is checked", "[cali
   CHECK(p.gemm.at(Dtype::bf16).overhead_s == Approx(base.gemm.at(Dtype::bf16).overhead_s + 1e-6));
   CHECK(p.inter_node_bus_fraction == Approx(base.inter_node_bus_fraction * 0.25));
   CHECK(p.variability.device_speed_cv == 0.03);
-  // Point-to-point tables inside and across nodes take the link scale alike.
+  // Point-to-point tables inside and across nodes take the link scale alike, and so does a
+  // collective's share of the NICs.
+  base.inter_node_exchange_fraction = 0.8;
   base.measured->p2p = {{1e6, 1e-4, ""}};
   base.measured->p2p_inter_node = {{1e6, 4e-4, ""}};
   p = apply_calibration(base, c);
   CHECK(p.measured->p2p.at(0).time_s == Approx(4e-4));
   CHECK(p.measured->p2p_inter_node.at(0).time_s == Approx(16e-4));
+  REQUIRE(p.inter_node_exchange_fraction);
+  CHECK(*p.inter_node_exchange_fraction == Approx(0.2));
   c = Calibration{};
   c.gemm_scale = 5;  // a fraction stops at 1
   CHECK(apply_calibration(base, c).gemm.at(Dtype::bf16).peak_fraction == 1.0);

@@ -269,6 +269,17 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
                     Contains("overlap.collective_ctas_inter_node") && Contains("fewer CTAs than the device has SMs"));
   overlap["overlap"] = {{"sms", 108}, {"collective_ctas_intra_node", 24}};
   CHECK_THROWS_WITH(parse_profile(overlap, "bad.json"), Contains("collective_ctas_inter_node"));
+  // A collective's share of the NIC rate across nodes round-trips; absent, the sends' share.
+  CHECK_FALSE(back.inter_node_exchange_fraction);
+  CHECK(back.collective_inter_node_fraction() == back.inter_node_bus_fraction);
+  Json exchange = json;
+  exchange["links"]["inter_node_exchange_fraction"] = 0.92;
+  DeviceProfile with_exchange = parse_profile(exchange, "exchange.json");
+  CHECK(with_exchange.collective_inter_node_fraction() == 0.92);
+  CHECK(profile_to_json(with_exchange)["links"]["inter_node_exchange_fraction"] == 0.92);
+  exchange["links"]["inter_node_exchange_fraction"] = 1.5;
+  CHECK_THROWS_WITH(parse_profile(exchange, "bad.json"),
+                    Contains("bad.json") && Contains("inter_node_exchange_fraction") && Contains("1.5"));
   // Shipped GPU profiles: published component points, every one naming a source it lists.
   for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm"}) {
     INFO(name);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "collective_cost.hpp"
 #include "lower.hpp"
@@ -212,4 +213,61 @@ TEST_CASE("sim: in order a collective takes its table's time at its operands' re
   }
   CHECK(gathers > 0);
   CHECK(slower > 0);  // a shard last touched in the previous step is far
+}
+
+namespace {
+
+// The test device's profile with the NICs at `p2p` of their rate for sends and `exchange` for
+// collectives.
+DeviceProfile profile_with_fractions(const Topology& t, double p2p, std::optional<double> exchange) {
+  DeviceProfile p = roofline_profile(t);
+  p.is_roofline = false;
+  p.name = "link-fractions";
+  p.gemm[Dtype::fp32] = GemmEfficiency{};
+  p.inter_node_bus_fraction = p2p;
+  p.inter_node_exchange_fraction = exchange;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("collective cost: collectives across nodes take the profile's exchange fraction, sends their own",
+          "[collective]") {
+  Topology t = parse_test_topology(star_topology_json(4, 2, 100e9, 2e-6, 2, 25e9, 3e-6));
+  DeviceProfile p = profile_with_fractions(t, 0.95, 0.9);
+  CollectiveCostModel model(p, t);
+  CHECK_FALSE(model.has_tables());
+  CHECK(model.corrects());
+  // Sends (and the simulator's flows) keep the ping-pong's fraction.
+  CHECK(model.links().inter_bandwidth_bytes_per_s == Approx(link_figures(apply_link_fractions(t, p)).inter_bandwidth_bytes_per_s));
+  LinkFigures exchange = link_figures(apply_link_fractions(t, p, 0.9));
+  CHECK(exchange.inter_bandwidth_bytes_per_s == Approx(model.links().inter_bandwidth_bytes_per_s * 0.9 / 0.95));
+  GroupShape across{4, 4, 1};
+  for (double bytes : {1e4, 1e7, 1e9}) {
+    for (Algorithm a : {Algorithm::ring, Algorithm::tree}) {
+      double expected = collective_time_s(OpKind::all_reduce, a, bytes, across, exchange);
+      CHECK(model.time_s(OpKind::all_reduce, a, bytes, across) == Approx(expected));
+      CHECK(model.correction(OpKind::all_reduce, a, bytes, across) ==
+            Approx(expected / collective_time_s(OpKind::all_reduce, a, bytes, across, model.links())));
+    }
+  }
+  CHECK(model.correction(OpKind::all_reduce, Algorithm::ring, 1e9, across) > 1.05);
+  // Inside a node nothing changes.
+  GroupShape inside{2, 1, 2};
+  CHECK(model.correction(OpKind::all_reduce, Algorithm::ring, 1e7, inside) == Approx(1));
+  // Without an exchange fraction (or the same one) no correction.
+  CHECK_FALSE(CollectiveCostModel(profile_with_fractions(t, 0.95, std::nullopt), t).corrects());
+  CHECK_FALSE(CollectiveCostModel(profile_with_fractions(t, 0.95, 0.95), t).corrects());
+}
+
+TEST_CASE("sim: a dp all_reduce across nodes runs at the profile's exchange fraction of the NICs (full)", "[sim]") {
+  // No latency: the time is all bandwidth, 2(n−1)/n of the buffer through each NIC.
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 0, 1, 25e9, 0));
+  const double bytes = 64e6;
+  StepProgram program = empty_program(1, 4, 1, 1);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  SimulationOutput out = simulate_program(program, t, profile_with_fractions(t, 0.95, 0.9), o);
+  CHECK(out.step_time_s == Approx(2.0 * 3 / 4 * bytes / (25e9 * 0.9)).epsilon(1e-6));
 }

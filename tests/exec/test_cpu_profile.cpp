@@ -1,0 +1,28 @@
+// The CPU profile's inter-node figures from its measured tables (exec/profiler.hpp).
+#include <catch2/catch.hpp>
+
+#include "profiler.hpp"
+
+using namespace stepcast;
+
+TEST_CASE("cpu profile: a collective's share of the NICs from the ring all_gather across nodes", "[profile]") {
+  // 2 ranks, one a node, on a 25 MB/s NIC: (n−1)/n of the buffer each way at 0.92 of it, plus a
+  // fixed 3 ms (which the marginal rate between the two largest sizes leaves out).
+  const double nic = 25e6;
+  auto gather = [&](double bytes) {
+    return CollectivePoint{"all_gather", "ring", 2, bytes, 3e-3 + bytes / 2 / (0.92 * nic), 0, 0, "", 1};
+  };
+  std::vector<CollectivePoint> points = {gather(4194304), gather(4096), gather(262144)};
+  // Other kinds, algorithms and group sizes are not read.
+  points.push_back({"all_reduce", "ring", 2, 8388608, 1.0, 0, 0, "", 1});
+  points.push_back({"all_gather", "tree", 2, 8388608, 1.0, 0, 0, "", 1});
+  points.push_back({"all_gather", "ring", 4, 8388608, 1.0, 0, 0, "", 1});
+  std::optional<double> f = inter_node_exchange_fraction(points, 2, nic);
+  REQUIRE(f);
+  CHECK(*f == Approx(0.92).epsilon(1e-9));
+  CHECK_FALSE(inter_node_exchange_fraction({gather(4194304)}, 2, nic));  // one size
+  CHECK_FALSE(inter_node_exchange_fraction(points, 3, nic));             // no such group
+  CHECK_FALSE(inter_node_exchange_fraction(points, 2, 0));               // no NIC rate
+  // A rate above the NIC's is clamped to it.
+  CHECK(*inter_node_exchange_fraction(points, 2, 0.5 * nic) == 1.0);
+}
