@@ -91,9 +91,10 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
     layouts_[g] = is_expert_group(g) ? expert_group_layout(model, grid_.ep_size(), ep_index_, grid_.etp_size())
                                      : param_group_layout(model, t_, g);
   }
-  zero_.assign(role_.ops.size(), 0);
   pending_async_.assign(role_.ops.size(), 0);
-  mark_buffers_to_zero();
+  fills_ = zero_fills(role_);
+  fill_at_alloc_.assign(role_.ops.size(), 0);
+  for (int32_t id : fills_.untouched) fill_at_alloc_[size_t(id)] = !role_.ops[size_t(id)].persistent;
   trace_ops_ = std::getenv("STEPCAST_TRACE_OPS") != nullptr;
 }
 
@@ -160,7 +161,7 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
   backend_.begin_step(step_index);
   loss_sum_ = 0;
   moe_dropped_ = 0;
-  zero_persistent_grads();
+  fill_untouched_persistent();
   for (const Op& op : role_.ops) {
     double start = 0;
     if (records) {
@@ -189,6 +190,9 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
         posted_sends_.clear();
       }
     }
+    // The buffers this op is the first to touch this step, filled with zeros (zero_fill.hpp):
+    // their fill is part of the op, as the cost model charges it.
+    for (int32_t alloc : fills_.fills_before[size_t(op.id)]) backend_.zero(arena_.at(alloc), arena_.bytes_of(alloc));
     const bool async = op.stream == Stream::comm && is_collective(op.kind);
     if (async) backend_.begin_async(op.id);
     if (rank_ == options_.slowdown_rank && is_compute(op.kind)) {
@@ -258,43 +262,9 @@ void Interpreter<T, G, W>::check_element_size(const std::string& name, const Op&
 }
 
 template <class T, class G, class W>
-bool Interpreter<T, G, W>::reads(const Op& op, const std::string& name) const {
-  return std::find(op.inputs.begin(), op.inputs.end(), name) != op.inputs.end();
-}
-
-// Buffers whose first writer accumulates into them (+=) are zeroed when allocated.
-template <class T, class G, class W>
-void Interpreter<T, G, W>::mark_buffers_to_zero() {
-  std::map<std::string, int32_t> last_alloc;
-  std::map<std::string, bool> written;
-  for (const Op& op : role_.ops) {
-    if (op.kind == OpKind::alloc) {
-      last_alloc[op.buffer] = op.id;
-      written[op.buffer] = false;
-      if (op.buffer_class == BufferClass::grads ||
-          (op.buffer_class == BufferClass::comm && !is_comm_scratch(op.buffer))) {
-        zero_[size_t(op.id)] = 1;  // (staging is overwritten before it is read)
-      }
-      continue;
-    }
-    for (const auto& name : op.outputs) {
-      auto it = written.find(name);
-      if (it == written.end() || it->second) continue;
-      it->second = true;
-      bool accumulates =
-          reads(op, name) || op.grad == Grad::wgrad || op.kind == OpKind::norm || op.kind == OpKind::embedding;
-      if (accumulates) zero_[size_t(last_alloc[name])] = 1;
-    }
-  }
-}
-
-template <class T, class G, class W>
-void Interpreter<T, G, W>::zero_persistent_grads() {
-  for (const Op& op : role_.ops) {
-    if (op.kind == OpKind::alloc && op.persistent && op.buffer_class == BufferClass::grads &&
-        !is_stale_grads(op.buffer)) {
-      backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
-    }
+void Interpreter<T, G, W>::fill_untouched_persistent() {
+  for (int32_t id : fills_.untouched) {
+    if (role_.ops[size_t(id)].persistent) backend_.zero(arena_.at(id), arena_.bytes_of(id));
   }
 }
 
@@ -426,7 +396,7 @@ void Interpreter<T, G, W>::execute(const Op& op) {
   switch (op.kind) {
     case OpKind::alloc:
       // Persistent buffers (weights, grads, optimizer state) live across steps.
-      if (zero_[size_t(op.id)] && !op.persistent) backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
+      if (fill_at_alloc_[size_t(op.id)]) backend_.zero(arena_.at(op.id), arena_.bytes_of(op.id));
       if (DataBuffer what = data_buffer_kind(op.buffer); what != DataBuffer::none) load_data(op, what);
       return;
     case OpKind::free:

@@ -22,6 +22,7 @@
 #include "backend.hpp"
 #include "checkpoint.hpp"
 #include "data.hpp"
+#include "zero_fill.hpp"
 #include "executor.hpp"
 #include "model.hpp"
 #include "op_signature.hpp"
@@ -120,7 +121,6 @@ class Interpreter {
   const Operands& operands(const Op& op) const { return operands_[size_t(op.id)]; }
   const std::string& in(const Op& op, const char* slot) const { return operands(op).in(slot); }
   const std::string& out(const Op& op, const char* slot) const { return operands(op).out(slot); }
-  bool reads(const Op& op, const std::string& name) const;
   // A tensor of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
   bool has_tensor(const std::string& buffer, const std::string& tensor) const {
     return layouts_.at(group_of_buffer(buffer)).has(tensor);
@@ -129,8 +129,9 @@ class Interpreter {
   X* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
     return buf<X>(buffer, op) + layouts_.at(group_of_buffer(buffer)).at(tensor).offset;
   }
-  void mark_buffers_to_zero();
-  void zero_persistent_grads();
+  // The zero fills that no op touches (zero_fill.hpp's `untouched`): a persistent buffer's at the
+  // step's start, another's at its alloc, as the buffers were always filled.
+  void fill_untouched_persistent();
 
   // ---- ZeRO shards (shard_layout.hpp) ----
   int64_t dp_rank() const { return coord_.dp; }  // which samples the rank reads
@@ -298,7 +299,8 @@ class Interpreter {
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
-  std::vector<char> zero_;
+  ZeroFills fills_;                  // zero_fill.hpp: each filled just before its first toucher
+  std::vector<char> fill_at_alloc_;  // by op id: an untouched per-step buffer, filled at its alloc
   // per op: kAsyncCollective, a collective of the comm stream not yet waited for; kPostedSend, a
   // pipeline send posted and not yet completed (posted_sends_ lists them)
   std::vector<char> pending_async_;

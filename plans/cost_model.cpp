@@ -393,6 +393,19 @@ std::optional<double> ComputeCostModel::measured_collective_time_s(OpKind kind, 
   return it->second.time_s(bytes);
 }
 
+double ComputeCostModel::fill_time_s(double bytes) const {
+  if (bytes <= 0) return 0;
+  auto table = memory_tables_.find("copy");
+  if (table != memory_tables_.end()) return table->second.time_s(bytes);
+  return bytes / bandwidth_ + profile_.kernel_overhead_s;
+}
+
+double ComputeCostModel::fills_time_s(const Role& role, const std::vector<int32_t>& allocs) const {
+  double t = 0;
+  for (int32_t alloc : allocs) t += fill_time_s(role.ops.at(size_t(alloc)).bytes);
+  return t;
+}
+
 double ComputeCostModel::staging_copy_time_s(double bytes) const {
   if (bytes <= 0) return 0;
   auto table = memory_tables_.find("copy");

@@ -12,6 +12,7 @@
 #include "errors.hpp"
 #include "parameter_server.hpp"
 #include "platform.hpp"
+#include "zero_fill.hpp"
 
 namespace sg4 = simgrid::s4u;
 
@@ -126,8 +127,12 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
   double compute_s = 0, norm_s = 0;
   run.push_bytes.assign(size_t(run.servers), 0);
   run.pull_bytes.assign(size_t(run.servers), 0);
+  const ZeroFills worker_fills = zero_fills(worker);  // (zero_fill.hpp: with the op that first touches each)
   for (const Op& op : worker.ops) {
-    if (is_compute(op.kind)) (in_optimizer_part(op) ? norm_s : compute_s) += cost.op_time_s(op);
+    if (is_compute(op.kind)) {
+      (in_optimizer_part(op) ? norm_s : compute_s) +=
+          cost.op_time_s(op) + cost.fills_time_s(worker, worker_fills.fills_before[size_t(op.id)]);
+    }
     if (is_p2p(op.kind) && op.server >= 0) {
       (op.kind == OpKind::send ? run.push_bytes : run.pull_bytes)[size_t(op.server)] += op.bytes;
     }
@@ -139,8 +144,10 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
   }
   for (int64_t j = 0; j < run.servers; ++j) {
     double update_s = 0;
-    for (const Op& op : program.role_of_rank(run.workers + j).ops) {
-      if (is_compute(op.kind)) update_s += cost.op_time_s(op);
+    const Role& server = program.role_of_rank(run.workers + j);
+    const ZeroFills server_fills = zero_fills(server);
+    for (const Op& op : server.ops) {
+      if (is_compute(op.kind)) update_s += cost.op_time_s(op) + cost.fills_time_s(server, server_fills.fills_before[size_t(op.id)]);
     }
     run.server_update_s.push_back(update_s / speed(run.workers + j));
     run.server_copy_s.push_back(cost.staging_copy_time_s(run.pull_bytes[size_t(j)]) / speed(run.workers + j));

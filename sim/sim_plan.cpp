@@ -13,6 +13,7 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "operand_reuse.hpp"
+#include "zero_fill.hpp"
 
 namespace stepcast::sim_detail {
 
@@ -339,6 +340,7 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       for (const Op& op : role.ops) collectives[size_t(op.id)] = is_collective(op.kind);
       reuse = operand_reuse(role, collectives);
     }
+    const ZeroFills fills = zero_fills(role);
     for (const Op& op : role.ops) {
       std::optional<double> measured;
       if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first, reuse);
@@ -391,6 +393,16 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       // (collective_local_work) follows it, measured table or flows.
       if (plan.in_order && is_collective(op.kind)) {
         costs[op.id] += collective_local_work_s(cost, op, group_shape(grid, op.group, first, per_node).size);
+      }
+      // The zero fills of the buffers this op is the first to touch run just before it, as the
+      // executor runs them (zero_fill.hpp): part of a compute op's time, of a collective's
+      // correction delay, of an in-order send's staging copy.
+      if (const double fill = cost.fills_time_s(role, fills.fills_before[size_t(op.id)]); fill > 0) {
+        if (is_compute(op.kind) || is_collective(op.kind)) {
+          costs[op.id] += fill;
+        } else if (op.kind == OpKind::send && !staging.empty()) {
+          staging[op.id] += fill;
+        }
       }
       // A figure that makes one op last longer than a training run ever does (a peak of 1e-300
       // flop/s) would stall SimGrid's clock: refused here, naming what it came from.
