@@ -217,7 +217,7 @@ class ComputeCostModel {
   // Filling `bytes` with zeros (zero_fill.hpp; written once): the "copy" family's table at the
   // bytes moved where measured, else at the memory bandwidth plus the kernel overhead.
   double fill_time_s(double bytes) const;
-  // The fills of `allocs` (alloc ops of `role`; zero_fill.hpp's fills_before), one after another.
+  // The fills of `allocs` (alloc ops of `role`; zero_fill.hpp's step_fills_before), one after another.
   double fills_time_s(const Role& role, const std::vector<int32_t>& allocs) const;
   // An add of `bytes` into a buffer of as many (two read, one written): the "residual_add"
   // family's table at 3·bytes where measured, else at the memory bandwidth plus the kernel overhead.

@@ -23,6 +23,7 @@ ZeroFills zero_fills(const Role& role) {
   ZeroFills z;
   z.filled.assign(n, 0);
   z.fills_before.assign(n, {});
+  z.step_fills_before.assign(n, {});
   z.bytes_before.assign(n, 0);
   std::map<std::string, int32_t> last_alloc;
   std::map<std::string, bool> written;
@@ -67,6 +68,7 @@ ZeroFills zero_fills(const Role& role) {
       continue;
     }
     z.fills_before[size_t(first)].push_back(alloc.id);
+    if (alloc.persistent) z.step_fills_before[size_t(first)].push_back(alloc.id);
     z.bytes_before[size_t(first)] += alloc.bytes;
   }
   return z;

@@ -1,7 +1,10 @@
 // The zero fills a role's buffers need before their first use: part of what a StepProgram means,
 // derived from its ops (no op of their own). An interpreter fills each such buffer with zeros just
-// before the first op that touches it (reads or writes it), and the cost model charges that op
-// the fill: the executor's and the simulator's work stay the same op by op.
+// before the first op that touches it (reads or writes it). The simulator charges that op the
+// every-step fills (`step_fills_before`: the persistent gradient buffers, as Megatron-LM's
+// zero_grad_buffer and PyTorch's zero_grad fill theirs each iteration); the per-use fills are how
+// this executor accumulates (a first write that overwrote would need none, as frameworks' GEMMs
+// and autograd do), and stay uncosted.
 //   - every step, each persistent gradient buffer (not a stale-gradient copy): the step's
 //     gradients accumulate into it;
 //   - at each alloc of a per-step buffer that is a gradient buffer, a communication buffer that
@@ -21,6 +24,8 @@ struct ZeroFills {
   std::vector<char> filled;
   // By op id: the filled allocs (their ids) the op is the first toucher of, filled just before it.
   std::vector<std::vector<int32_t>> fills_before;
+  // By op id: those of fills_before that are every-step fills (persistent buffers).
+  std::vector<std::vector<int32_t>> step_fills_before;
   // By op id: the bytes filled just before the op (Σ bytes of fills_before's allocs).
   std::vector<double> bytes_before;
   // Filled allocs no op touches (filled at the step's start or at their alloc, charged to none).

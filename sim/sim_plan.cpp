@@ -394,10 +394,10 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
       if (plan.in_order && is_collective(op.kind)) {
         costs[op.id] += collective_local_work_s(cost, op, group_shape(grid, op.group, first, per_node).size);
       }
-      // The zero fills of the buffers this op is the first to touch run just before it, as the
-      // executor runs them (zero_fill.hpp): part of a compute op's time, of a collective's
-      // correction delay, of an in-order send's staging copy.
-      if (const double fill = cost.fills_time_s(role, fills.fills_before[size_t(op.id)]); fill > 0) {
+      // The every-step zero fills of the buffers this op is the first to touch run just before
+      // it, as the executor runs them (zero_fill.hpp): part of a compute op's time, of a
+      // collective's correction delay, of an in-order send's staging copy.
+      if (const double fill = cost.fills_time_s(role, fills.step_fills_before[size_t(op.id)]); fill > 0) {
         if (is_compute(op.kind) || is_collective(op.kind)) {
           costs[op.id] += fill;
         } else if (op.kind == OpKind::send && !staging.empty()) {

@@ -2,6 +2,8 @@
 // each fill, over the lowering cases; the cost model charges that op.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "cost_model.hpp"
 #include "lower.hpp"
 #include "lower_fixtures.hpp"
@@ -35,6 +37,10 @@ TEST_CASE("zero fills: every filled buffer's first toucher is a compute op or a 
           CHECK(alloc < op.id);
         }
         charged += z.bytes_before[size_t(op.id)];
+        for (int32_t alloc : z.step_fills_before[size_t(op.id)]) {
+          CHECK(role.ops[size_t(alloc)].persistent);
+          CHECK(std::count(z.fills_before[size_t(op.id)].begin(), z.fills_before[size_t(op.id)].end(), alloc) == 1);
+        }
       }
       for (int32_t alloc : z.untouched) filled -= role.ops[size_t(alloc)].bytes;
       CHECK(charged == Approx(filled));
