@@ -191,7 +191,7 @@ double Interpreter<T, G, W>::step(int64_t step_index, std::vector<OpRecord>* rec
       }
     }
     // The buffers this op is the first to touch this step, filled with zeros (zero_fill.hpp):
-    // their fill is part of the op, as the cost model charges it.
+    // their fill is part of the op's record (the simulator charges it the every-step ones).
     for (int32_t alloc : fills_.fills_before[size_t(op.id)]) backend_.zero(arena_.at(alloc), arena_.bytes_of(alloc));
     const bool async = op.stream == Stream::comm && is_collective(op.kind);
     if (async) backend_.begin_async(op.id);
