@@ -147,7 +147,8 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
     const Role& server = program.role_of_rank(run.workers + j);
     const ZeroFills server_fills = zero_fills(server);
     for (const Op& op : server.ops) {
-      if (is_compute(op.kind)) update_s += cost.op_time_s(op) + cost.fills_time_s(server, server_fills.step_fills_before[size_t(op.id)]);
+      if (!is_compute(op.kind)) continue;
+      update_s += cost.op_time_s(op) + cost.fills_time_s(server, server_fills.step_fills_before[size_t(op.id)]);
     }
     run.server_update_s.push_back(update_s / speed(run.workers + j));
     run.server_copy_s.push_back(cost.staging_copy_time_s(run.pull_bytes[size_t(j)]) / speed(run.workers + j));

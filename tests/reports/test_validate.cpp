@@ -280,8 +280,9 @@ TEST_CASE("validate: exposed communication is judged against the median of the r
   runs[0].breakdown.exposed_comm_s = 0.004;
   runs[1].breakdown.exposed_comm_s = 0.0021;
   runs[2].breakdown.exposed_comm_s = 0.0020;
-  ValidatePoint p = evaluate_point(tiny_point(t, "p"), prediction, "p/prediction.json", runs,
-                                   {"p/run-1/measurement.json", "p/run-2/measurement.json", "p/run-3/measurement.json"});
+  ValidatePoint p = evaluate_point(
+      tiny_point(t, "p"), prediction, "p/prediction.json", runs,
+      {"p/run-1/measurement.json", "p/run-2/measurement.json", "p/run-3/measurement.json"});
   REQUIRE(p.ok());
   CHECK(p.compared_repeat == 0);
   CHECK(p.measured_exposed_comm_s == std::vector<double>{0.004, 0.0021, 0.0020});
@@ -294,8 +295,9 @@ TEST_CASE("validate: exposed communication is judged against the median of the r
   // A run that recorded no ops (no instrumented step) adds nothing; none at all: the compared one's.
   runs[1].ops.clear();
   runs[2].ops.clear();
-  ValidatePoint q = evaluate_point(tiny_point(t, "q"), prediction, "q/prediction.json", runs,
-                                   {"q/run-1/measurement.json", "q/run-2/measurement.json", "q/run-3/measurement.json"});
+  ValidatePoint q = evaluate_point(
+      tiny_point(t, "q"), prediction, "q/prediction.json", runs,
+      {"q/run-1/measurement.json", "q/run-2/measurement.json", "q/run-3/measurement.json"});
   CHECK(q.measured_exposed_comm_s == std::vector<double>{0.004});
   REQUIRE(exposed_comm_error(q));
   CHECK(*exposed_comm_error(q) == Approx(0.2 * 0.0092 / 0.004 - 1));

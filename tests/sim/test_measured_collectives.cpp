@@ -239,7 +239,8 @@ TEST_CASE("collective cost: collectives across nodes take the profile's exchange
   CHECK_FALSE(model.has_tables());
   CHECK(model.corrects());
   // Sends (and the simulator's flows) keep the ping-pong's fraction.
-  CHECK(model.links().inter_bandwidth_bytes_per_s == Approx(link_figures(apply_link_fractions(t, p)).inter_bandwidth_bytes_per_s));
+  CHECK(model.links().inter_bandwidth_bytes_per_s ==
+        Approx(link_figures(apply_link_fractions(t, p)).inter_bandwidth_bytes_per_s));
   LinkFigures exchange = link_figures(apply_link_fractions(t, p, 0.9));
   CHECK(exchange.inter_bandwidth_bytes_per_s == Approx(model.links().inter_bandwidth_bytes_per_s * 0.9 / 0.95));
   GroupShape across{4, 4, 1};
