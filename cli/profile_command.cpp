@@ -88,8 +88,9 @@ int run_profile(int argc, char** argv) {
       "their operands out of cache (each call's in a pool of 4 MiB up to twice the rank's share of\n"
       "the last-level cache: collective_reuse_points, which simulate weighs by how long ago a step\n"
       "touched each operand) — and send/recv latency and bandwidth (across hosts too, when the\n"
-      "ranks span several: the inter-node link's α-β; needs --topology). Each figure is the\n"
-      "median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
+      "ranks span several: the inter-node link's α-β, and with one rank a host the share of the\n"
+      "NIC a collective gets, sending and receiving at once; needs --topology). Each figure is\n"
+      "the median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
       "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
       "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
   if (!vm) return 0;
