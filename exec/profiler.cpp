@@ -27,6 +27,7 @@
 #include <deque>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -83,7 +84,7 @@ class Profiler : public ProfilerTools<T, G, W> {
         measure_collectives(make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), true), GroupKind::dp,
                             "mpi", t);
       }
-      if (size_ > 2 && size_ % 2 == 0) {
+      if (size_ > 2 && size_ % 2 == 0 && nodes_spanned(2)) {
         measure_collectives(make_backend(RankGrid(2, size_ / 2, 1, "tp-dp-pp"), false),
                             GroupKind::tp, "ring", t);
       }
@@ -123,6 +124,14 @@ class Profiler : public ProfilerTools<T, G, W> {
   Backend<T, G, W>& make_backend(const RankGrid& grid, bool use_mpi_collectives) {
     backends_.push_back(factory_(grid, use_mpi_collectives));
     return *backends_.back();
+  }
+
+  // The nodes every group of n consecutive ranks spans (ranks are placed node by node), where all
+  // such groups span the same number.
+  std::optional<int64_t> nodes_spanned(int n) const {
+    if (ranks_per_node_ % n == 0) return 1;
+    if (n % ranks_per_node_ == 0) return n / ranks_per_node_;
+    return std::nullopt;
   }
 
   // Times `points`, printing a line per pass: "LABEL: pass P/R".
@@ -330,6 +339,7 @@ class Profiler : public ProfilerTools<T, G, W> {
         p.kind = to_string(c.kind);
         p.algorithm = algorithm == "ring" ? to_string(c.algorithm) : algorithm;
         p.group_size = n;
+        p.nodes = nodes_spanned(n).value_or(1);
         p.bytes = double(count) * double(sizeof(T));
         rows.push_back(p);
         kinds.push_back(c.kind);
@@ -404,6 +414,7 @@ class Profiler : public ProfilerTools<T, G, W> {
           p.kind = to_string(kind);
           p.algorithm = to_string(algorithm);
           p.group_size = n;
+          p.nodes = nodes_spanned(n).value_or(1);
           p.bytes = double(count) * double(sizeof(T));
           p.reuse_distance_bytes = pool_bytes;  // the slots' calls touch up to a footprint less
           rows.push_back(p);

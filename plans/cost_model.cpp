@@ -293,8 +293,9 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       memory_tables_.emplace(family, BandwidthTable(points, profile.kernel_overhead_s));
     }
     std::map<std::tuple<std::string, std::string, int64_t>, std::vector<CollectivePoint>> collectives;
+    // Inside a node only, as the in-order model uses them (in_order_measured_collective_s).
     for (const CollectivePoint& c : profile.measured->collectives) {
-      collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
+      if (c.nodes == 1) collectives[{c.kind, c.algorithm, c.group_size}].push_back(c);
     }
     for (const auto& [key, points] : collectives) collective_tables_.emplace(key, CollectiveTable(points));
     std::map<std::tuple<std::string, std::string, int64_t>, std::vector<CollectivePoint>> reuse;

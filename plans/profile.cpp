@@ -237,7 +237,7 @@ std::vector<LinkSample> collective_link_samples(const std::vector<CollectivePoin
   std::vector<LinkSample> out;
   const double n = double(group_size);
   for (const CollectivePoint& c : points) {
-    if (c.group_size != group_size) continue;
+    if (c.group_size != group_size || c.nodes != 1) continue;
     if (c.algorithm == "ring") {
       double steps = c.kind == "all_reduce" ? 2 * (n - 1) : n - 1;
       out.push_back({steps, steps * c.bytes / n, c.time_s});

@@ -301,7 +301,7 @@ struct LinkFit {
 // large messages weigh alike), α ≥ 0. nullopt with fewer than two samples or no positive β.
 std::optional<LinkFit> fit_link(const std::vector<LinkSample>& samples);
 // The samples of the measured points: p2p as is; ring and tree collectives of `group_size`
-// members by collective.hpp's α-β times (ring: steps as above; tree all_reduce 2⌈log2 n⌉ rounds
+// members inside one node by collective.hpp's α-β times (ring: steps as above; tree all_reduce 2⌈log2 n⌉ rounds
 // of the whole message).
 std::vector<LinkSample> p2p_link_samples(const std::vector<P2pPoint>& points);
 std::vector<LinkSample> collective_link_samples(const std::vector<CollectivePoint>& points,

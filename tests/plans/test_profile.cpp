@@ -231,6 +231,7 @@ TEST_CASE("profile: the α-β fit recovers latency and bandwidth", "[profile]") 
     ring.push_back({"all_reduce", "ring", 4, bytes, 6 * (1e-6 + bytes / 4 / 2e9), 0, 0, "", 1});
     ring.push_back({"reduce_scatter", "ring", 4, bytes, 3 * (1e-6 + bytes / 4 / 2e9), 0, 0, "", 1});
     ring.push_back({"all_reduce", "mpi", 4, bytes, 1.0, 0, 0, "", 1});  // not a modelled algorithm
+    ring.push_back({"all_reduce", "ring", 4, bytes, 1.0, 0, 0, "", 2});  // across 2 nodes: not this link
   }
   fit = fit_link(collective_link_samples(ring, 4));
   REQUIRE(fit);
@@ -463,6 +464,11 @@ TEST_CASE("profile: collective tables interpolate time log-log, latency below, b
         Approx(4e-4).epsilon(1e-12));
   CHECK_FALSE(model.measured_collective_time_s(OpKind::all_reduce, Algorithm::tree, 2, 1048576));
   CHECK_FALSE(model.measured_collective_time_s(OpKind::all_gather, Algorithm::ring, 2, 1048576));
+  // Points measured across nodes are not the in-order model's: it costs groups inside a node.
+  DeviceProfile across = synthetic_profile();
+  across.measured->collectives.push_back({"all_gather", "ring", 2, 1048576, 1e-3, 0, 0, "", 2});
+  ComputeCostModel across_model(topology.node.device, Dtype::fp32, across, topology.file);
+  CHECK_FALSE(across_model.measured_collective_time_s(OpKind::all_gather, Algorithm::ring, 2, 1048576));
   // No copy family: the staging copy reads and writes the bytes at the measured bandwidth.
   CHECK(model.staging_copy_time_s(1e6) == Approx(2e6 / 8e9 + 1e-6).epsilon(1e-12));
 }
