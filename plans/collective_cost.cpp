@@ -10,15 +10,15 @@
 
 namespace stepcast {
 
-namespace {
-
-std::optional<OpKind> kind_of(const std::string& name) {
+std::optional<OpKind> collective_kind(const std::string& name) {
   if (name == "all_reduce") return OpKind::all_reduce;
   if (name == "reduce_scatter") return OpKind::reduce_scatter;
   if (name == "all_gather") return OpKind::all_gather;
   if (name == "all_to_all") return OpKind::all_to_all;
   return std::nullopt;
 }
+
+namespace {
 
 // How far two group shapes are apart: inside a node against across nodes first, then nodes and
 // members per node in log.
@@ -54,12 +54,12 @@ CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Top
   }
   std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<CollectivePoint>> grouped;
   for (const CollectivePoint& c : profile.measured->collectives) {
-    if (c.algorithm != "nccl" || !kind_of(c.kind)) continue;
+    if (c.algorithm != "nccl" || !collective_kind(c.kind)) continue;
     grouped[{c.kind, c.group_size, c.nodes}].push_back(c);
   }
   for (const auto& [key, points] : grouped) {
     MeasuredCollective m;
-    m.kind = *kind_of(std::get<0>(key));
+    m.kind = *collective_kind(std::get<0>(key));
     m.shape.size = std::get<1>(key);
     m.shape.nodes = std::get<2>(key);
     m.shape.members_per_node = m.shape.size / m.shape.nodes;
@@ -98,15 +98,27 @@ const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const Grou
   return found;
 }
 
+double CollectiveCostModel::corrected_s(const MeasuredCollective& m, OpKind kind, double bytes,
+                                        const GroupShape& shape, const LinkFigures& links) const {
+  double s = std::clamp(bytes, m.min_bytes, m.max_bytes);
+  double measured_model = nccl_ring_time_s(m.kind, s, m.shape, measured_links_);
+  STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");
+  double r = m.table.time_s(s) / measured_model;
+  return r * nccl_ring_time_s(kind, bytes, shape, links);
+}
+
 double CollectiveCostModel::time_s(OpKind kind, Algorithm algorithm, double bytes,
                                    const GroupShape& shape) const {
   const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
   if (!m) return collective_time_s(kind, algorithm, bytes, shape, exchange_links_);
-  double s = std::clamp(bytes, m->min_bytes, m->max_bytes);
-  double measured_model = nccl_ring_time_s(m->kind, s, m->shape, measured_links_);
-  STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");
-  double r = m->table.time_s(s) / measured_model;
-  return r * nccl_ring_time_s(kind, bytes, shape, links_);
+  return corrected_s(*m, kind, bytes, shape, links_);
+}
+
+std::optional<double> CollectiveCostModel::measured_system_time_s(OpKind kind, double bytes,
+                                                                  const GroupShape& shape) const {
+  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
+  if (!m) return std::nullopt;
+  return corrected_s(*m, kind, bytes, shape, measured_links_);
 }
 
 double CollectiveCostModel::correction(OpKind kind, Algorithm algorithm, double bytes,

@@ -45,6 +45,11 @@ class CollectiveCostModel {
   // The measured time of a collective (without a table: the α-β model of `algorithm`, the
   // algorithm lowering chose).
   double time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
+  // time_s on the system the tables were measured on (MeasuredSystem's links): inside a table's
+  // sizes its interpolation, outside them r at the nearest measured size times the NCCL ring
+  // model, as time_s extrapolates. How a table's own points are checked against the rest of it
+  // (components.hpp). nullopt without a table.
+  std::optional<double> measured_system_time_s(OpKind kind, double bytes, const GroupShape& shape) const;
   // time_s over the α-β model of `algorithm` (1 without a table).
   double correction(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
   // The table r(S) comes from; nullptr when none.
@@ -63,7 +68,14 @@ class CollectiveCostModel {
   bool exchange_differs_ = false;
   LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
+
+  // r(S) of table m, times the NCCL ring model of `shape` on `links`.
+  double corrected_s(const MeasuredCollective& m, OpKind kind, double bytes, const GroupShape& shape,
+                     const LinkFigures& links) const;
 };
+
+// A profile's collective kind name ("all_reduce", …) as an op kind; nullopt for another name.
+std::optional<OpKind> collective_kind(const std::string& name);
 
 // The collective model the simulator uses for `profile`: a profile that runs in order (the CPU's)
 // keeps its link fractions but not its measured tables as corrections — its collectives inside a

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "collective.hpp"
+#include "collective_cost.hpp"
 #include "errors.hpp"
 #include "minimize.hpp"
 
@@ -169,19 +170,38 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
           << a.batch << ", " << a.heads << " heads)";
     out.push_back({"attention", label.str(), a.source, "leave-one-out", materialized_point_time_s(a), predicted});
   }
-  // Collectives.
+  // Collectives: nccl-tests tables as the collective cost model reads them (beyond a table's
+  // sizes, its correction at the nearest size times NCCL's ring model), the CPU's as the in-order
+  // model does (CollectiveTable).
+  auto key = [](const CollectivePoint& c) { return std::make_tuple(c.kind, c.algorithm, c.group_size, c.nodes); };
+  auto label = [](const CollectivePoint& c) {
+    std::ostringstream text;
+    text << c.kind << " " << c.algorithm << " " << c.group_size << " ranks";
+    if (c.nodes > 1) text << " on " << c.nodes << " nodes";
+    text << " " << bytes_label(c.bytes);
+    return text.str();
+  };
+  std::vector<CollectivePoint> nccl, in_order;
+  for (const CollectivePoint& c : t.collectives) (c.algorithm == "nccl" ? nccl : in_order).push_back(c);
   leave_one_out(
-      t.collectives,
-      [](const CollectivePoint& c) { return std::make_tuple(c.kind, c.algorithm, c.group_size, c.nodes); },
-      [](const std::vector<CollectivePoint>& others) { return CollectiveTable(others); },
-      [](const CollectiveTable& table, const CollectivePoint& c) { return table.time_s(c.bytes); },
-      [](const CollectivePoint& c) {
-        std::ostringstream label;
-        label << c.kind << " " << c.algorithm << " " << c.group_size << " ranks";
-        if (c.nodes > 1) label << " on " << c.nodes << " nodes";
-        label << " " << bytes_label(c.bytes);
-        return label.str();
+      nccl, key,
+      [&](const std::vector<CollectivePoint>& others) {
+        DeviceProfile p = profile;
+        p.measured->collectives = others;
+        return CollectiveCostModel(p, topology);
       },
+      [](const CollectiveCostModel& model, const CollectivePoint& c) {
+        std::optional<OpKind> kind = collective_kind(c.kind);
+        STEPCAST_CHECK(kind, "a collective point of kind " + c.kind);
+        const GroupShape shape{c.group_size, c.nodes, c.group_size / c.nodes};
+        std::optional<double> time = model.measured_system_time_s(*kind, c.bytes, shape);
+        STEPCAST_CHECK(time, "a leave-one-out collective model without the point's table");
+        return *time;
+      },
+      label, "collective", out);
+  leave_one_out(
+      in_order, key, [](const std::vector<CollectivePoint>& others) { return CollectiveTable(others); },
+      [](const CollectiveTable& table, const CollectivePoint& c) { return table.time_s(c.bytes); }, label,
       "collective", out);
   return out;
 }

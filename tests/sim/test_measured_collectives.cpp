@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "collective_cost.hpp"
+#include "components.hpp"
 #include "lower.hpp"
 #include "operand_reuse.hpp"
 #include "profile.hpp"
@@ -111,6 +112,34 @@ TEST_CASE("collective cost: a table measured on another system transfers by NCCL
   // On the measured system itself, the measured time.
   CollectiveCostModel same(p, eight_nics);
   CHECK(same.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e9, two) == Approx(50e-3));
+  // measured_system_time_s: on the system measured, whatever the topology: the table inside its
+  // sizes, below them the smallest size's ratio times NCCL's ring model.
+  CHECK(*model.measured_system_time_s(OpKind::all_reduce, 1e9, two) == Approx(50e-3));
+  double r8 = 6e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e8, two, link_figures(eight_nics));
+  CHECK(*model.measured_system_time_s(OpKind::all_reduce, 1e7, two) ==
+        Approx(r8 * nccl_ring_time_s(OpKind::all_reduce, 1e7, two, link_figures(eight_nics))));
+  CHECK_FALSE(model.measured_system_time_s(OpKind::all_reduce, 1e7, GroupShape{1, 1, 1}));
+}
+
+TEST_CASE("components: an nccl table's end points are checked as the cost model extrapolates them",
+          "[collective]") {
+  // A table 1.3 times NCCL's ring model at every size: leaving out an end point, the rest predict
+  // it through the model (a flat extrapolation below the smallest size would be far off).
+  Topology t = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  GroupShape node{8, 1, 8};
+  std::vector<CollectivePoint> points;
+  for (double bytes = 1e5; bytes < 2e9; bytes *= 2) {
+    points.push_back(nccl_point(8, 1, bytes, 1.3 * nccl_ring_time_s(OpKind::all_reduce, bytes, node, link_figures(t))));
+  }
+  std::vector<ComponentCheck> checks = check_components(profile_with_tables(t, points), t);
+  REQUIRE(checks.size() == points.size());
+  for (const ComponentCheck& c : checks) {
+    INFO(c.what);
+    CHECK(c.family == "collective");
+    CHECK(std::abs(c.relative_error()) < 0.07);  // inside: log-log across the gap (4x) the point leaves
+  }
+  CHECK(std::abs(checks.front().relative_error()) < 1e-9);  // the ends: the model, exactly
+  CHECK(std::abs(checks.back().relative_error()) < 1e-9);
 }
 
 TEST_CASE("sim: a measured table sets a folded tensor-parallel all_reduce's time (fast)", "[sim]") {
