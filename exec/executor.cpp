@@ -401,11 +401,6 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
                       "the CPU backend keeps gradients in the parameter dtype",
                       std::string("\"") + to_string(plan.param_dtype) + "\"");
   }
-  if (plan.sequence_parallel && plan.zero_stage >= 2) {
-    throw_input_error(plan.file, "zero_stage", std::to_string(plan.zero_stage),
-                      "the CPU backend does not combine sequence_parallel with sharded gradients",
-                      "0 or 1 with sequence_parallel");
-  }
   if (topology.node.intra_node.kind != IntraNodeKind::shared_memory) {
     // Lowering gives sends and collectives their host staging and scratch only on a host
     // topology; without them the CPU backend's posted sends would read reused memory.

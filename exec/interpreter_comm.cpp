@@ -107,8 +107,8 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   if (op.kind == OpKind::all_reduce) {
     if (op.name == OpName::sp_replicated_grads) {
       // [grads…] → [grads…]: only the replicated part of each buffer (trailing elements of
-      // layers, whole groups of replicated tensors); grads are full here (the CPU backend
-      // refuses SP with ZeRO ≥ 2).
+      // layers, whole groups of replicated tensors); grads are full here (under ZeRO-2/3 each
+      // microbatch's full gradient, before its reduce_scatter).
       std::vector<Span<void>> parts;
       for (const auto& name : operands(op).ins("grads")) {
         for (const TensorSlice& tensor : layouts_.at(group_of_buffer(name)).tensors) {

@@ -7,6 +7,15 @@ namespace stepcast {
 
 void RoleLowering::grads_ready(const ParamGroup& g, int32_t mb, int64_t chunk, bool last_pass) {
   if (plan_.async_dp()) return;  // reduced in the next step (emit_async_reductions), or pushed (emit_pushes)
+  if (sp_reduced_per_microbatch(g)) {
+    // Sharded gradients under SP: the replicated tensors' gradients are summed over tp in this
+    // microbatch's full gradient, before its reduce_scatter (as FSDP with sequence-parallel
+    // tensor parallelism reduces a norm weight's partial gradient in each backward).
+    OpSite at{Phase::backward, -1, mb, int32_t(chunk)};
+    std::string full = grads_for(g, mb);
+    e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, OpName::sp_replicated_grads,
+                  double(g.sp_replicated) * dtype_bytes(c_.grad), {full}, {full});
+  }
   const int64_t reduced_over = g.expert ? c_.grid.edp_size() : plan_.dp_cp_size();
   // A shard group of one rank: under ZeRO-2/3 the full gradient is the shard; it is copied in (no
   // communication), and only hybrid sharding's replicas (if any) still reduce it in a bucket.
@@ -124,13 +133,20 @@ void RoleLowering::emit_finalize_grads() {
     std::vector<BufferName> names;
     double elements = 0;
     for (const auto& g : groups_) {
-      if (g.sp_replicated == 0) continue;
+      if (g.sp_replicated == 0 || sp_reduced_per_microbatch(g)) continue;
       names.push_back("grads." + g.name);
       elements += double(g.sp_replicated);
     }
-    e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, OpName::sp_replicated_grads,
-                  elements * dtype_bytes(c_.grad), names, names);
+    if (!names.empty()) {
+      e_.collective(at, OpKind::all_reduce, GroupKind::tp, Stream::comm, OpName::sp_replicated_grads,
+                    elements * dtype_bytes(c_.grad), names, names);
+    }
   }
+}
+
+bool RoleLowering::sp_reduced_per_microbatch(const ParamGroup& g) const {
+  return plan_.sequence_parallel && g.sp_replicated > 0 && !plan_.async_dp() &&
+         shards_of(g).sharded(ShardedState::grads);
 }
 
 void RoleLowering::emit_optimizer() {

@@ -199,6 +199,9 @@ class RoleLowering {
   // Hybrid sharding: the shards of a bucket's final reduction, all-reduced across the replicas.
   void emit_replica_reduction(const Bucket& bucket);
   void emit_finalize_grads();
+  // Whether g's SP-replicated gradients are all-reduced over tp in each microbatch's full
+  // gradient (sharded gradients: grads_ready) rather than once in the step's (emit_finalize_grads).
+  bool sp_reduced_per_microbatch(const ParamGroup& g) const;
   void emit_optimizer();
   // Asynchronous data parallelism (plan async_staleness k): slot j of a group's stale gradients
   // ("stale_grads<j>.GROUP", persistent) holds the gradient of step t − 1 − j at the start of

@@ -199,9 +199,11 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
         t.dp_step_s += s;
         ++t.dp_step_ops;
       } else if (op.group == GroupKind::dp || op.group == GroupKind::dp_shard || op.group == GroupKind::dp_cp ||
-                 op.group == GroupKind::edp || op.group == GroupKind::edp_shard) {
+                 op.group == GroupKind::edp || op.group == GroupKind::edp_shard ||
+                 (op.name == OpName::sp_replicated_grads && op.microbatch >= 0)) {
         // (edp, edp_shard: the expert groups' reductions and gathers, dp's and dp_shard's for the
-        // experts; dp_cp: dp's under context parallelism)
+        // experts; dp_cp: dp's under context parallelism; a microbatch's SP gradient all_reduce
+        // over tp with sharded gradients, on the comm stream before its bucket)
         if (op.microbatch == 0) t.dp_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }

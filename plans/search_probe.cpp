@@ -484,12 +484,22 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         t.backward_mb_s += sec;
       }
     }
+    // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in
+    // every microbatch's full gradient, on the comm stream before its bucket (lowering's grads_ready).
+    double sp_grads_s = 0;
+    if (plan.sequence_parallel && c.shards.sharded(ShardedState::grads)) {
+      for (const Group& g : s.groups) {
+        if (g.sp_replicated == 0) continue;
+        sp_grads_s += collective.new_s(OpKind::all_reduce, double(g.sp_replicated) * grad, tp);
+        count("tp", m_real * double(g.sp_replicated) * grad);
+      }
+    }
     if (m_lowered == 1) {
       // One microbatch: its reductions are the step's (quick_estimate's reading).
-      t.dp_step_s = gathers_s + reduction_s + zero3_s;
+      t.dp_step_s = gathers_s + reduction_s + zero3_s + sp_grads_s;
       t.dp_step_ops = gather_ops + 1;
     } else if (plan.zero_stage >= 2) {
-      t.dp_mb_s = reduction_s + zero3_s;
+      t.dp_mb_s = reduction_s + zero3_s + sp_grads_s;
       t.dp_step_s = gathers_s;
       t.dp_step_ops = gather_ops;
     } else {
@@ -546,7 +556,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       update.bytes = slots * (2 * len + 4) * wide;
       t.step_level_s += cost_model.op_time_s(update);
     }
-    if (plan.sequence_parallel) {
+    if (plan.sequence_parallel && !c.shards.sharded(ShardedState::grads)) {
       double replicated = 0;
       for (const Group& g : s.groups) replicated += double(g.sp_replicated);
       t.step_level_s += collective.new_s(OpKind::all_reduce, replicated * grad, tp);

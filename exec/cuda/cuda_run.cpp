@@ -108,11 +108,6 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                           std::to_string(model.head_dim()),
                       "\"materialized\", or a model with one of those head dims");
   }
-  if (plan.sequence_parallel && plan.zero_stage >= 2) {
-    throw_input_error(plan.file, "zero_stage", std::to_string(plan.zero_stage),
-                      "the executor does not combine sequence_parallel with sharded gradients",
-                      "0 or 1 with sequence_parallel");
-  }
   if (plan.fp8.enabled() && model.is_moe()) {
     throw_input_error(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
                       "the CUDA backend does not run FP8 experts yet (the CPU backend emulates them; simulate, plan "

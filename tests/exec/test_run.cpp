@@ -26,7 +26,7 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
     reference[model] = curve(single);
   }
   // A pairwise-covering set over tp, pp, dp ∈ {1, 2}, ZeRO 0–3, the schedules, the recompute
-  // modes, sequence parallelism, attention kernels and the overlap switches.
+  // modes, sequence parallelism (with every ZeRO stage), attention kernels and the overlap switches.
   struct Case {
     const char* model;
     Json plan;
@@ -55,6 +55,11 @@ TEST_CASE("run: every plan of the tiny model gives the single-rank loss curve (f
       {"tiny", plan(2, 2, 2, 0, "1f1b", "selective", true, true, 2, true)},
       {"tiny-gpt", plan(2, 2, 2, 1, "interleaved_1f1b", "selective", true, false, 1, true)},
       {"tiny-gpt", plan(2, 1, 2, 3, "1f1b", "full", false, true, 1, true)},
+      // Sequence parallelism with sharded gradients: the norms' (and learned positions') partial
+      // gradients summed over tp in each microbatch's full gradient, before its reduce_scatter.
+      {"tiny", plan(2, 1, 2, 2, "1f1b", "selective", true, false, 2, false)},
+      {"tiny", plan(2, 2, 2, 3, "interleaved_1f1b", "none", true, true, 1, true)},
+      {"tiny-gpt", plan(2, 1, 2, 3, "1f1b", "full", true, false, 2, true)},
   };
   double largest = 0;
   for (const Case& c : cases) {
