@@ -51,12 +51,21 @@ void write_profile(const DeviceProfile& profile, const std::string& out) {
                     std::filesystem::path(out).filename().string(), profile_to_json(profile).dump(1) + "\n");
 }
 
+void print_log(const NcclTestsLog& l) {
+  std::cout << l.file << (l.run > 0 ? " (run " + std::to_string(l.run) + ")" : "") << ": " << l.collective << ", "
+            << l.ranks << " ranks on " << l.nodes << (l.nodes == 1 ? " node" : " nodes") << ", " << l.points.size()
+            << " sizes" << (l.nccl_version.empty() ? "" : ", NCCL " + l.nccl_version)
+            << (l.coll_channels > 0 ? ", " + std::to_string(l.coll_channels) + " coll channels" : "") << ", busbw "
+            << std::fixed << std::setprecision(1) << l.points.back().busbw_bytes_per_s / 1e9 << " GB/s at the largest\n"
+            << std::defaultfloat;
+}
+
 int run_import(int argc, char** argv) {
   po::options_description options("stepcast profile import options");
   options.add_options()
       ("nccl-tests", po::value<std::vector<std::string>>()->multitoken(),
        "nccl-tests logs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf, "
-       "sendrecv_perf output), each FILE or KIND:FILE")
+       "sendrecv_perf output; a file may hold several runs one after another), each FILE or KIND:FILE")
       ("gemm-csv", po::value<std::string>(), "a GEMM sweep: m,n,k,layout,dtype,seconds|tflops[,count,source]")
       ("topology", po::value<std::string>()->required(), "the topology whose device was measured")
       ("base", po::value<std::string>(),
@@ -69,7 +78,8 @@ int run_import(int argc, char** argv) {
       "                               [--base PROFILE|none] [--name N] --out F\n"
       "Reads standard tools' outputs into a device profile: nccl-tests logs become collective\n"
       "tables by message size (ranks and nodes from the log's device lines; a log replaces the\n"
-      "base's table of the same collective and span), sendrecv logs point-to-point tables, a GEMM\n"
+      "base's table of the same collective and span; a file of several runs gives a table each,\n"
+      "and two logs of one collective and span are refused), sendrecv logs point-to-point tables, a GEMM\n"
       "CSV the GEMM points (interpolated when they form a grid, else evidence for `profile fit`).\n"
       "Truncated logs, logs of another collective than named, and rows out of shape are refused.");
   if (!vm) return 0;
@@ -101,15 +111,10 @@ int run_import(int argc, char** argv) {
         kind = arg.substr(0, colon);
         file = arg.substr(colon + 1);
       }
-      logs.push_back(parse_nccl_tests_log(read_text_file(file), file, kind));
-      const NcclTestsLog& l = logs.back();
-      std::cout << file << ": " << l.collective << ", " << l.ranks << " ranks on " << l.nodes
-                << (l.nodes == 1 ? " node" : " nodes") << ", " << l.points.size() << " sizes"
-                << (l.nccl_version.empty() ? "" : ", NCCL " + l.nccl_version)
-                << (l.coll_channels > 0 ? ", " + std::to_string(l.coll_channels) + " coll channels" : "") << ", busbw "
-                << std::fixed << std::setprecision(1) << l.points.back().busbw_bytes_per_s / 1e9
-                << " GB/s at the largest\n"
-                << std::defaultfloat;
+      for (NcclTestsLog& l : parse_nccl_tests_logs(read_text_file(file), file, kind)) {
+        logs.push_back(std::move(l));
+        print_log(logs.back());
+      }
     }
   }
   std::optional<GemmCsv> gemm;

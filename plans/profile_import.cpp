@@ -135,8 +135,11 @@ int64_t type_bytes(const std::string& type, const std::string& file, int line) {
 
 }  // namespace
 
-NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& file,
-                                  const std::string& expected) {
+namespace {
+
+// One nccl-tests run's log, its lines numbered from first_line + 1 in the file.
+NcclTestsLog parse_nccl_tests_section(const std::string& text, const std::string& file, const std::string& expected,
+                                      int first_line) {
   NcclTestsLog log;
   log.file = file;
   std::istringstream in(text);
@@ -146,7 +149,7 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
   std::vector<std::string> columns;
   int header_line = 0;
   bool footer = false;
-  int line_no = 0;
+  int line_no = first_line;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     line = without_srun_prefix(line);
@@ -298,6 +301,56 @@ NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& fi
   return log;
 }
 
+// Whether a line opens an nccl-tests run: its version line, "# Collective test starting", the
+// "# nThread" parameters, or the X_perf command echoed (not "# Collective test concluded: X_perf").
+bool opens_run(const std::string& line) {
+  if (line.find("# Collective test concluded") != std::string::npos) return false;
+  return line.find("# nccl-tests version") != std::string::npos ||
+         line.find("# Collective test starting") != std::string::npos ||
+         line.find("# nThread") != std::string::npos || !perf_binary_in(line).empty();
+}
+
+}  // namespace
+
+NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& file,
+                                  const std::string& expected) {
+  return parse_nccl_tests_section(text, file, expected, 0);
+}
+
+std::vector<NcclTestsLog> parse_nccl_tests_logs(const std::string& text, const std::string& file,
+                                                const std::string& expected) {
+  // A run ends at its "Avg bus bandwidth" line; the next line that opens a run starts another.
+  std::vector<std::pair<int, std::string>> runs{{0, ""}};
+  std::istringstream in(text);
+  bool ended = false;
+  int line_no = 0;
+  for (std::string line; std::getline(in, line); ++line_no) {
+    if (ended && opens_run(without_srun_prefix(line))) {
+      runs.push_back({line_no, ""});
+      ended = false;
+    }
+    if (line.find("Avg bus bandwidth") != std::string::npos) ended = true;
+    runs.back().second += line + "\n";
+  }
+  std::vector<NcclTestsLog> logs;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    logs.push_back(parse_nccl_tests_section(runs[i].second, file, expected, runs[i].first));
+    logs.back().run = runs.size() > 1 ? int(i) + 1 : 0;
+  }
+  for (size_t i = 0; i < logs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const NcclTestsLog &a = logs[j], &b = logs[i];
+      if (a.collective == b.collective && a.ranks == b.ranks && a.nodes == b.nodes) {
+        fail_at(file, runs[i].first + 1,
+                "a second " + b.collective + "_perf run on " + std::to_string(b.ranks) +
+                    " ranks (the first begins at line " + std::to_string(runs[j].first + 1) + ")",
+                "one run of each collective and span in a log");
+      }
+    }
+  }
+  return logs;
+}
+
 GemmCsv parse_gemm_csv(const std::string& text, const std::string& file) {
   GemmCsv csv;
   csv.file = file;
@@ -422,15 +475,28 @@ DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>&
                      "\": the GEMM CSV is " + to_string(gemm->dtype) +
                      "; valid: a base profile of the CSV's dtype, or none");
   }
-  auto source_key = [&](const std::string& file, const std::string& what) {
-    std::string key = "import:" + std::filesystem::path(file).filename().string();
+  auto source_key = [&](const std::string& file, const std::string& what, const std::string& suffix = "") {
+    std::string key = "import:" + std::filesystem::path(file).filename().string() + suffix;
     base.sources[key] = what + " " + file;
     return key;
   };
   std::array<bool, 2> overlap_set{};  // a log set the CTAs inside a node, across nodes
+  for (size_t i = 0; i < logs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      const NcclTestsLog &a = logs[j], &b = logs[i];
+      if (a.collective == b.collective && a.ranks == b.ranks && a.nodes == b.nodes) {
+        throw InputError(b.file + ": measures " + b.collective + " on " + std::to_string(b.ranks) + " ranks and " +
+                         std::to_string(b.nodes) + (b.nodes == 1 ? " node" : " nodes") + ", as " + a.file +
+                         " does; valid: one log of each collective and span");
+      }
+    }
+  }
   for (const NcclTestsLog& log : logs) {
-    std::string key = source_key(log.file, "nccl-tests " + log.collective + "_perf log" +
-                                               (log.nccl_version.empty() ? "" : " (NCCL " + log.nccl_version + ")") + ",");
+    std::string key = source_key(log.file,
+                                 "nccl-tests " + log.collective + "_perf log" +
+                                     (log.nccl_version.empty() ? "" : " (NCCL " + log.nccl_version + ")") +
+                                     (log.run > 0 ? ", run " + std::to_string(log.run) + " of" : ","),
+                                 log.run > 0 ? "#" + std::to_string(log.run) : "");
     if (log.collective == "sendrecv") {
       t.p2p.clear();
       for (const CollectivePoint& p : log.points) t.p2p.push_back({p.bytes, p.time_s, key});

@@ -31,11 +31,18 @@ struct NcclTestsLog {
   // launch; 0 when the log does not say (the most any rank printed).
   int64_t coll_channels = 0;
   std::vector<CollectivePoint> points;  // sendrecv: as collectives of kind "sendrecv"
+  int run = 0;  // in a file of several runs, which (1, 2, …); 0 where the file holds one
 };
 
 // `expected`: the collective the caller names (KIND of KIND:FILE), or empty to take the log's.
 NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& file,
                                   const std::string& expected = "");
+// A file of one or more runs, one after another (as scripts that run every *_perf binary write
+// them: each run's lines from its version, "# Collective test starting" or "# nThread" line, or
+// its echoed command, after the previous run's "Avg bus bandwidth"); each run as
+// parse_nccl_tests_log reads it. Two runs of one collective on one span are refused.
+std::vector<NcclTestsLog> parse_nccl_tests_logs(const std::string& text, const std::string& file,
+                                                const std::string& expected = "");
 
 struct GemmCsv {
   std::string file;

@@ -4,6 +4,7 @@
 // (unsorted, duplicate, no time, inconsistent rates, unknown sources, spans that do not divide).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -121,6 +122,53 @@ TEST_CASE("profile import: NCCL's coll channels set the profile's overlap CTAs",
   CHECK(parse_profile(profile_to_json(merged), "merged.json").overlap.compute_speed(true) == Approx(116.0 / 132));
   CHECK_THROWS_WITH(parse_nccl_tests_log(with_channels(nccl_log("all_reduce_perf", 1, 8), 0), "zero.log"),
                     Contains("zero.log:") && Contains("coll channels"));
+}
+
+TEST_CASE("profile import: a file of several runs gives a table each", "[profile][import]") {
+  // As scripts that run every *_perf binary write them: one run after another, each closed by
+  // "# Collective test concluded" (which names its binary too).
+  auto concluded = [](const std::string& log, const std::string& binary) {
+    return log + "# Collective test concluded: " + binary + "\n#\n\n";
+  };
+  std::string runs = concluded(nccl_log("all_reduce_perf", 1, 4), "all_reduce_perf") +
+                     concluded(nccl_log("all_gather_perf", 1, 4), "all_gather_perf") +
+                     nccl_log("alltoall_perf", 1, 4);
+  std::vector<NcclTestsLog> logs = parse_nccl_tests_logs(runs, "runs.log");
+  REQUIRE(logs.size() == 3);
+  CHECK(logs[0].collective == "all_reduce");
+  CHECK(logs[1].collective == "all_gather");
+  CHECK(logs[2].collective == "all_to_all");
+  for (int i = 0; i < 3; ++i) {
+    CHECK(logs[size_t(i)].run == i + 1);
+    CHECK(logs[size_t(i)].ranks == 4);
+    CHECK(logs[size_t(i)].points.size() == 11);
+  }
+  // One run alone is run 0, as parse_nccl_tests_log reads it.
+  std::vector<NcclTestsLog> one = parse_nccl_tests_logs(nccl_log("all_reduce_perf", 1, 4), "one.log");
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].run == 0);
+  // Merged: a table each, each run its own source.
+  const DeviceProfile base = load_profile(test::source_path("profiles/h100-sxm.json"));
+  DeviceProfile merged = merge_imports(base, logs, nullptr, nullptr);
+  int from_runs = 0;
+  for (const CollectivePoint& c : merged.measured->collectives) from_runs += c.source.rfind("import:runs.log#", 0) == 0;
+  CHECK(from_runs == 33);
+  CHECK_THAT(merged.sources.at("import:runs.log#2"), Contains("all_gather_perf") && Contains("run 2 of runs.log"));
+  // Refused: a second run of one collective and span (its line named), a run cut short inside the
+  // file, and two files measuring the same collective and span.
+  std::string twice =
+      concluded(nccl_log("all_reduce_perf", 1, 4), "all_reduce_perf") + nccl_log("all_reduce_perf", 1, 4);
+  const auto opening = twice.begin() + std::ptrdiff_t(twice.rfind("# nccl-tests version"));
+  const int second = int(std::count(twice.begin(), opening, '\n')) + 1;
+  CHECK_THROWS_WITH(parse_nccl_tests_logs(twice, "twice.log"),
+                    Contains("twice.log:" + std::to_string(second) + ":") && Contains("a second all_reduce_perf run"));
+  std::string cut = concluded(nccl_log("all_reduce_perf", 1, 4, true, 3), "all_reduce_perf") +
+                    nccl_log("all_gather_perf", 1, 4);
+  CHECK_THROWS_WITH(parse_nccl_tests_logs(cut, "cut.log"), Contains("cut.log:") && Contains("cut short"));
+  NcclTestsLog a = parse_nccl_tests_log(nccl_log("all_reduce_perf", 1, 4), "a.log");
+  NcclTestsLog b = parse_nccl_tests_log(nccl_log("all_reduce_perf", 1, 4), "b.log");
+  CHECK_THROWS_WITH(merge_imports(base, {a, b}, nullptr, nullptr),
+                    Contains("b.log") && Contains("as a.log does"));
 }
 
 TEST_CASE("profile import: truncated, mislabelled and broken logs are refused", "[profile][import]") {
