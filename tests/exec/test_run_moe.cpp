@@ -197,6 +197,10 @@ TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their mem
       {with_norm_topk_prob("tiny-moe"), moe_plan(1, 1, 2, 1, 2), ""},
       {with_norm_topk_prob("tiny-moe"), allgather(with_etp(moe_plan(2, 1, 1, 0, 1, "full"), 2)), ""},
       {with_norm_topk_prob("tiny-moe-shared"), with_cp(moe_plan(1, 1, 1, 0, 2), 2), ""},
+      // Sequence parallelism with sharded gradients: the router's and norms' partial gradients
+      // summed over tp in each microbatch's full gradient (ZeRO-2, etp 2; ZeRO-3, shared experts).
+      {"tiny-moe", with_etp(moe_plan(2, 1, 2, 2, 2), 2), ""},
+      {tiny_moe_shared_with_aux(), moe_plan(2, 1, 2, 3, 1, "selective", true), ""},
   };
   std::map<std::string, RunResult> reference;
   const double largest = check_cases(cases, steps, one, reference);
