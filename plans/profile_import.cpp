@@ -137,9 +137,11 @@ int64_t type_bytes(const std::string& type, const std::string& file, int line) {
 
 namespace {
 
-// One nccl-tests run's log, its lines numbered from first_line + 1 in the file.
+// One nccl-tests run's log, its lines numbered from first_line + 1 in the file; errors about the
+// whole run name its first line where the file holds several (`several`).
 NcclTestsLog parse_nccl_tests_section(const std::string& text, const std::string& file, const std::string& expected,
-                                      int first_line) {
+                                      int first_line, bool several) {
+  const int run_line = several ? first_line + 1 : 0;
   NcclTestsLog log;
   log.file = file;
   std::istringstream in(text);
@@ -253,38 +255,47 @@ NcclTestsLog parse_nccl_tests_section(const std::string& text, const std::string
     }
   }
   if (detected.empty() && expected.empty()) {
-    fail_at(file, 0, "names no collective (no 'X_perf' in the log)",
+    fail_at(file, run_line, "names no collective (no 'X_perf' in the log)",
             "KIND:FILE with KIND one of all_reduce, all_gather, reduce_scatter, all_to_all, sendrecv");
   }
   if (!expected.empty() && !detected.empty() && expected != detected) {
-    fail_at(file, 0, "is a " + detected + "_perf log, given as " + expected, "the collective the log measured");
+    fail_at(file, run_line, "is a " + detected + "_perf log, given as " + expected, "the collective the log measured");
   }
   log.collective = expected.empty() ? detected : expected;
   static const std::set<std::string> supported = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv"};
   if (!supported.count(log.collective)) {
-    fail_at(file, 0, "measures " + log.collective + ", which a profile does not use",
+    fail_at(file, run_line, "measures " + log.collective + ", which a profile does not use",
             "all_reduce, all_gather, reduce_scatter, all_to_all, sendrecv");
   }
-  if (columns.empty()) fail_at(file, 0, "has no nccl-tests table (no '# size count type ...' header)", "an nccl-tests log");
-  if (log.points.empty()) fail_at(file, 0, "has a table header but no rows (truncated?)", "a complete nccl-tests log");
+  if (columns.empty()) {
+    fail_at(file, run_line, "has no nccl-tests table (no '# size count type ...' header)", "an nccl-tests log");
+  }
+  if (log.points.empty()) {
+    fail_at(file, run_line, "has a table header but no rows (truncated?)", "a complete nccl-tests log");
+  }
   if (!footer) {
     fail_at(file, line_no, "ends without nccl-tests' 'Avg bus bandwidth' line (truncated?)", "a complete nccl-tests log");
   }
-  if (ranks.empty()) fail_at(file, 0, "lists no ranks ('#  Rank  0 ... on HOST device ...' lines)", "an nccl-tests log with its device lines");
+  if (ranks.empty()) {
+    fail_at(file, run_line, "lists no ranks ('#  Rank  0 ... on HOST device ...' lines)",
+            "an nccl-tests log with its device lines");
+  }
   if (*ranks.rbegin() != int64_t(ranks.size()) - 1) {
-    fail_at(file, 0, "lists ranks that are not 0.." + std::to_string(ranks.size() - 1), "every rank's device line");
+    fail_at(file, run_line, "lists ranks that are not 0.." + std::to_string(ranks.size() - 1),
+            "every rank's device line");
   }
   log.ranks = int64_t(ranks.size());
   log.nodes = int64_t(hosts.size());
   if (log.ranks % log.nodes != 0) {
-    fail_at(file, 0, std::to_string(log.ranks) + " ranks on " + std::to_string(log.nodes) +
+    fail_at(file, run_line, std::to_string(log.ranks) + " ranks on " + std::to_string(log.nodes) +
                          " hosts, unevenly", "as many ranks on every host");
   }
   std::sort(log.points.begin(), log.points.end(),
             [](const CollectivePoint& a, const CollectivePoint& b) { return a.bytes < b.bytes; });
   for (size_t i = 1; i < log.points.size(); ++i) {
     if (log.points[i].bytes == log.points[i - 1].bytes) {
-      fail_at(file, 0, "measures size " + std::to_string(int64_t(log.points[i].bytes)) + " twice", "each size once");
+      fail_at(file, run_line, "measures size " + std::to_string(int64_t(log.points[i].bytes)) + " twice",
+              "each size once");
     }
   }
   OpKind kind = log.collective == "all_reduce"       ? OpKind::all_reduce
@@ -314,7 +325,7 @@ bool opens_run(const std::string& line) {
 
 NcclTestsLog parse_nccl_tests_log(const std::string& text, const std::string& file,
                                   const std::string& expected) {
-  return parse_nccl_tests_section(text, file, expected, 0);
+  return parse_nccl_tests_section(text, file, expected, 0, false);
 }
 
 std::vector<NcclTestsLog> parse_nccl_tests_logs(const std::string& text, const std::string& file,
@@ -334,7 +345,7 @@ std::vector<NcclTestsLog> parse_nccl_tests_logs(const std::string& text, const s
   }
   std::vector<NcclTestsLog> logs;
   for (size_t i = 0; i < runs.size(); ++i) {
-    logs.push_back(parse_nccl_tests_section(runs[i].second, file, expected, runs[i].first));
+    logs.push_back(parse_nccl_tests_section(runs[i].second, file, expected, runs[i].first, runs.size() > 1));
     logs.back().run = runs.size() > 1 ? int(i) + 1 : 0;
   }
   for (size_t i = 0; i < logs.size(); ++i) {

@@ -63,6 +63,13 @@ std::string nccl_log(const std::string& binary, int nodes, int per_node, bool fo
 
 std::string write(const std::string& name, const std::string& text) { return test::write_temp_file(name, text); }
 
+// The line (from 1) where run `run` (from 1) of a file of nccl_log runs begins: its version line.
+int logs_first_line(const std::string& text, int run) {
+  size_t at = 0;
+  for (int i = 0; i < run; ++i) at = text.find("# nccl-tests version", i == 0 ? 0 : at + 1);
+  return int(std::count(text.begin(), text.begin() + std::ptrdiff_t(at), '\n')) + 1;
+}
+
 }  // namespace
 
 TEST_CASE("profile import: nccl-tests logs read as they are", "[profile][import]") {
@@ -158,10 +165,13 @@ TEST_CASE("profile import: a file of several runs gives a table each", "[profile
   // file, and two files measuring the same collective and span.
   std::string twice =
       concluded(nccl_log("all_reduce_perf", 1, 4), "all_reduce_perf") + nccl_log("all_reduce_perf", 1, 4);
-  const auto opening = twice.begin() + std::ptrdiff_t(twice.rfind("# nccl-tests version"));
-  const int second = int(std::count(twice.begin(), opening, '\n')) + 1;
   CHECK_THROWS_WITH(parse_nccl_tests_logs(twice, "twice.log"),
-                    Contains("twice.log:" + std::to_string(second) + ":") && Contains("a second all_reduce_perf run"));
+                    Contains("twice.log:" + std::to_string(logs_first_line(twice, 2)) + ":") &&
+                        Contains("a second all_reduce_perf run"));
+  // KIND names every run: a run of another collective is refused at the line it begins.
+  CHECK_THROWS_WITH(parse_nccl_tests_logs(runs, "runs.log", "all_reduce"),
+                    Contains("runs.log:" + std::to_string(logs_first_line(runs, 2)) + ":") &&
+                        Contains("all_gather_perf log, given as all_reduce"));
   std::string cut = concluded(nccl_log("all_reduce_perf", 1, 4, true, 3), "all_reduce_perf") +
                     nccl_log("all_gather_perf", 1, 4);
   CHECK_THROWS_WITH(parse_nccl_tests_logs(cut, "cut.log"), Contains("cut.log:") && Contains("cut short"));
