@@ -191,7 +191,8 @@ int run_check(int argc, char** argv) {
       argc, argv, options,
       "usage: stepcast profile check --profile P --topology T\n"
       "Predicts every component figure of the profile with the cost model (fitted GEMM points by\n"
-      "the model, table points by their table without them) and prints the errors.");
+      "the model, table points by their table without them; an nccl-tests point beyond the rest\n"
+      "of its table as the collective cost model extrapolates) and prints the errors.");
   if (!vm) return 0;
   DeviceProfile profile = load_profile((*vm)["profile"].as<std::string>());
   Topology topology = load_topology((*vm)["topology"].as<std::string>());

@@ -117,8 +117,10 @@ std::string published_report_markdown(const PublishedReport& report) {
   md << "\n## Component figures of the profiles\n\nEvery published component figure a profile holds, "
      << "predicted by the cost model that uses it (`plans/components.hpp`): GEMM points the shape model was "
      << "fitted to, by the model; table points (GEMM grids, memory-bound kernels, fused attention, "
-     << "collectives), each by its table without it (leave-one-out). Error = (predicted − measured) / "
-     << "measured time; sources are the keys of the profile's `sources`.\n";
+     << "collectives), each by its table without it (leave-one-out; an nccl-tests point beyond the rest of its "
+     << "table as the collective cost model extrapolates: the nearest size's correction times NCCL's ring "
+     << "model). Error = (predicted − measured) / measured time; sources are the keys of the profile's "
+     << "`sources`.\n";
   for (const ComponentSection& c : report.components) {
     md << "\n### `" << c.profile_file << "` (on `" << c.topology_file << "`)\n\n"
        << "| family | points | median abs error | largest abs error |\n|---|---:|---:|---:|\n";
@@ -218,7 +220,8 @@ std::string published_report_html(const PublishedReport& report) {
   body << heading("Component figures of the profiles")
        << paragraph("Each published component figure a profile holds, predicted by the cost model that uses "
                     "it: fitted GEMM points by the model, table points by their table without them "
-                    "(leave-one-out). published.md lists every point with its source.")
+                    "(leave-one-out; an nccl-tests point beyond the rest of its table as the collective "
+                    "cost model extrapolates). published.md lists every point with its source.")
        << table({"profile", "family", "points", "median abs error", "largest abs error"}, component_rows);
   return page("stepcast: published results", body.str());
 }

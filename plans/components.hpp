@@ -3,7 +3,9 @@
 //  - GEMM points the shape model was fitted to (measured.gemm_use "fit"): predicted by the model;
 //  - table points (GEMMs of a grid, memory-bound kernels, fused attention, collectives): each
 //    predicted from its table without it (leave-one-out), so a reader sees how well the table
-//    holds between the sizes it measured.
+//    holds between the sizes it measured; an nccl-tests table through the collective cost model
+//    (CollectiveCostModel::measured_system_time_s: beyond the other sizes, the nearest one's
+//    correction times NCCL's ring model, as a collective is costed).
 // Errors are (predicted − measured) / measured. Pure functions.
 #pragma once
 
