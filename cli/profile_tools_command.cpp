@@ -29,7 +29,7 @@ std::string percent(double x) {
 void print_checks(const std::vector<ComponentCheck>& checks, bool rows) {
   for (const ComponentCheck& c : checks) {
     if (rows) {
-      std::cout << "  " << std::left << std::setw(10) << c.family << std::setw(44) << c.what << std::right
+      std::cout << "  " << std::left << std::setw(10) << c.family << " " << std::setw(44) << c.what << std::right
                 << std::setw(12) << c.measured_s * 1e6 << " us " << std::setw(12) << c.predicted_s * 1e6
                 << " us " << std::setw(8) << percent(c.relative_error()) << "  " << c.method
                 << (c.source.empty() ? "" : "  [" + c.source + "]") << "\n";
