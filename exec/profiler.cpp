@@ -431,9 +431,7 @@ class Profiler : public ProfilerTools<T, G, W> {
       CollectivePoint& p = rows[i];
       p.time_s = seconds[i];
       p.algbw_bytes_per_s = p.bytes / p.time_s;
-      OpKind kind = p.kind == "all_reduce" ? OpKind::all_reduce
-                    : p.kind == "reduce_scatter" ? OpKind::reduce_scatter : OpKind::all_gather;
-      p.busbw_bytes_per_s = p.algbw_bytes_per_s * bus_bandwidth_factor(kind, n);
+      p.busbw_bytes_per_s = p.algbw_bytes_per_s * bus_bandwidth_factor(*collective_kind(p.kind), n);
       t.collective_reuse.push_back(p);
       const bool last_of_pool = i + 1 == rows.size() || rows[i + 1].reuse_distance_bytes != p.reuse_distance_bytes;
       if (p.kind == "all_gather" && last_of_pool) {

@@ -117,6 +117,14 @@ int64_t tree_depth(int64_t group_size) {
   return depth;
 }
 
+std::optional<OpKind> collective_kind(const std::string& name) {
+  if (name == "all_reduce") return OpKind::all_reduce;
+  if (name == "reduce_scatter") return OpKind::reduce_scatter;
+  if (name == "all_gather") return OpKind::all_gather;
+  if (name == "all_to_all") return OpKind::all_to_all;
+  return std::nullopt;
+}
+
 double bus_bandwidth_factor(OpKind kind, int64_t group_size) {
   double n = double(group_size);
   if (kind == OpKind::all_reduce) return 2 * (n - 1) / n;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "program.hpp"
@@ -113,5 +115,7 @@ int64_t tree_depth(int64_t group_size);
 
 // nccl-tests' bus bandwidth factor for the kind: busbw = algbw · factor.
 double bus_bandwidth_factor(OpKind kind, int64_t group_size);
+// A profile's collective kind name ("all_reduce", …) as an op kind; nullopt for another name.
+std::optional<OpKind> collective_kind(const std::string& name);
 
 }  // namespace stepcast

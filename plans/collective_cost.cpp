@@ -10,14 +10,6 @@
 
 namespace stepcast {
 
-std::optional<OpKind> collective_kind(const std::string& name) {
-  if (name == "all_reduce") return OpKind::all_reduce;
-  if (name == "reduce_scatter") return OpKind::reduce_scatter;
-  if (name == "all_gather") return OpKind::all_gather;
-  if (name == "all_to_all") return OpKind::all_to_all;
-  return std::nullopt;
-}
-
 namespace {
 
 // How far two group shapes are apart: inside a node against across nodes first, then nodes and

@@ -74,9 +74,6 @@ class CollectiveCostModel {
                      const LinkFigures& links) const;
 };
 
-// A profile's collective kind name ("all_reduce", …) as an op kind; nullopt for another name.
-std::optional<OpKind> collective_kind(const std::string& name);
-
 // The collective model the simulator uses for `profile`: a profile that runs in order (the CPU's)
 // keeps its link fractions but not its measured tables as corrections — its collectives inside a
 // node take their measured time instead (uncontended_collective_s, the simulator's in-order path).

@@ -298,16 +298,12 @@ NcclTestsLog parse_nccl_tests_section(const std::string& text, const std::string
               "each size once");
     }
   }
-  OpKind kind = log.collective == "all_reduce"       ? OpKind::all_reduce
-                : log.collective == "reduce_scatter" ? OpKind::reduce_scatter
-                : log.collective == "all_gather"     ? OpKind::all_gather
-                                                     : OpKind::all_to_all;
+  const std::optional<OpKind> kind = collective_kind(log.collective);  // none for sendrecv
   for (CollectivePoint& p : log.points) {
     p.kind = log.collective;
     p.group_size = log.ranks;
     p.nodes = log.nodes;
-    p.busbw_bytes_per_s = log.collective == "sendrecv" ? p.algbw_bytes_per_s
-                                                       : p.algbw_bytes_per_s * bus_bandwidth_factor(kind, log.ranks);
+    p.busbw_bytes_per_s = kind ? p.algbw_bytes_per_s * bus_bandwidth_factor(*kind, log.ranks) : p.algbw_bytes_per_s;
   }
   return log;
 }

@@ -153,12 +153,8 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     }
     c.bytes = p.get_number("bytes", 0, true);
     c.time_s = point_time(p, "algbw_bytes_per_s", c.bytes);
-    OpKind kind = c.kind == "all_reduce"       ? OpKind::all_reduce
-                  : c.kind == "reduce_scatter" ? OpKind::reduce_scatter
-                  : c.kind == "all_gather"     ? OpKind::all_gather
-                                               : OpKind::all_to_all;
     c.algbw_bytes_per_s = c.bytes / c.time_s;
-    c.busbw_bytes_per_s = c.algbw_bytes_per_s * bus_bandwidth_factor(kind, c.group_size);
+    c.busbw_bytes_per_s = c.algbw_bytes_per_s * bus_bandwidth_factor(*collective_kind(c.kind), c.group_size);
     std::optional<double> busbw = optional_number(p, "busbw_bytes_per_s", true);
     if (busbw && std::abs(*busbw - c.busbw_bytes_per_s) > 2e-3 * c.busbw_bytes_per_s) {
       std::ostringstream why;
