@@ -164,6 +164,40 @@ int64_t LowerContext::first_layer(int64_t vs) const {
   return first;
 }
 
+namespace {
+// The kinds whose FP8 codes a forward keeps for its backward's wgrad, indexed 0..3.
+int32_t saved_input_index(Fp8Slot kind) {
+  switch (kind) {
+    case Fp8Slot::qkv_x: return 0;
+    case Fp8Slot::attn_out_x: return 1;
+    case Fp8Slot::mlp_x: return 2;
+    case Fp8Slot::mlp_down_x: return 3;
+    default: return -1;
+  }
+}
+constexpr int64_t kSavedInputKinds = 4;
+}  // namespace
+
+int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan) {
+  if (!plan.fp8.enabled()) return 0;
+  const int64_t layers = model.num_hidden_layers * kFp8SlotsPerLayer;
+  if (plan.fp8.delayed()) return layers;
+  return layers + model.num_hidden_layers * kSavedInputKinds * plan.num_microbatches();
+}
+
+int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind) {
+  const int32_t input = saved_input_index(kind);
+  int64_t slot = layer * kFp8SlotsPerLayer + kind;
+  if (!plan.fp8.delayed() && input >= 0) {
+    STEPCAST_CHECK(microbatch >= 0 && microbatch < plan.num_microbatches(),
+                   "an FP8 input's slot for microbatch " + std::to_string(microbatch));
+    slot = model.num_hidden_layers * kFp8SlotsPerLayer +
+           (layer * kSavedInputKinds + input) * plan.num_microbatches() + microbatch;
+  }
+  STEPCAST_CHECK(slot >= 0 && slot < fp8_slot_count(model, plan), "an FP8 slot in range");
+  return int32_t(slot);
+}
+
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
   if (!ctx.fp8) return "";
   rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
@@ -172,7 +206,7 @@ std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
              Phase::forward, true);
   }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-    rb.alloc(meta, BufferClass::weights, ctx.wide, {kFp8SlotsPerLayer}, Phase::forward, true);
+    rb.alloc(meta, BufferClass::weights, ctx.wide, {fp8_slot_count(ctx.model, ctx.plan)}, Phase::forward, true);
   }
   return "fp8w.L0";
 }
@@ -240,7 +274,8 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
 
 void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b) {
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
-  op.fp8_slots = {at.layer * kFp8SlotsPerLayer + a, at.layer * kFp8SlotsPerLayer + b};
+  op.fp8_slots = {fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, a),
+                  fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, b)};
   const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   const double m = double(op.m), n = double(op.n), k = double(op.k);
   op.bytes = m * k + k * n + m * n * out_bytes;
@@ -263,7 +298,7 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                                 BufferClass buffer_class, bool amax_over_tp, bool transposed,
                                 const std::string& counts) {
-  const int32_t slot = at.layer * kFp8SlotsPerLayer + kind;
+  const int32_t slot = fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, kind);
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it

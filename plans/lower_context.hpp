@@ -172,6 +172,15 @@ class OpEmitter {
   std::unique_ptr<OpEmitter> ulysses_;
 };
 
+// FP8 scale slots (fp8.hpp's Fp8Slot): kFp8SlotsPerLayer per layer of the model; under current
+// scaling (tensorwise) the inputs of a layer's linear layers (the *_x kinds) have one slot per
+// microbatch instead, after every layer's: an input's FP8 codes keep the scale they were cast with
+// until their wgrad reads them in the backward, while later microbatches' forwards (1F1B, GPipe,
+// interleaved) cast the same layer's inputs, as Transformer Engine keeps each saved FP8 tensor's
+// scale with it. fp8_slot_count: the length of fp8.scale and fp8.amax (the program's fp8_slots).
+int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan);
+int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind);
+
 // A one-layer probe's FP8 state (layer L0's FP8 weight copy "fp8w.L0", its slots' fp8.scale and
 // fp8.amax), persistent; returns the copy's name, "" without FP8.
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx);

@@ -112,7 +112,7 @@ void RoleLowering::alloc_persistent() {
     }
   }
   if (c_.fp8) {  // every layer's slots on every rank: the amax all_reduce runs over the world
-    const int64_t slots = c_.model.num_hidden_layers * kFp8SlotsPerLayer;
+    const int64_t slots = fp8_slot_count(c_.model, plan_);
     rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     if (plan_.fp8.delayed()) {
@@ -318,7 +318,7 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
   int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
                           {w, "fp8.scale", "fp8.amax"}, outputs);
   Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
-  op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};
+  op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};  // (the layer's slots: its weights' kinds added)
   op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
   if (c_.fp8_transposed) {  // read once, written transposed
     int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(g)});

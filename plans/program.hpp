@@ -265,7 +265,8 @@ struct StepProgram {
   int64_t parameter_servers = 0;
   // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
   // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
-  // (kFp8SlotsPerLayer per transformer layer of the model).
+  // (kFp8SlotsPerLayer per transformer layer of the model; under current scaling also one slot per
+  // layer, saved input kind and microbatch, as lower_context.hpp's fp8_slot lays them out).
   Fp8Recipe fp8;
   int64_t fp8_slots = 0;
   std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)

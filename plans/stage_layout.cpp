@@ -54,7 +54,7 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
     if (c.fp8_transposed && g.kind == Group::layer) total += double(g.elements);  // and its transpose
   }
   if (c.fp8) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
-    const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;
+    const double slots = double(fp8_slot_count(c.model, c.plan));
     total += slots * wide * (2 + (c.plan.fp8.delayed() ? double(c.plan.fp8.amax_history_len) : 0.0));
   }
   return total;

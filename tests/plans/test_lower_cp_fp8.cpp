@@ -9,6 +9,7 @@
 #include "cost_model.hpp"
 #include "errors.hpp"
 #include "lower.hpp"
+#include "lower_context.hpp"
 #include "lower_fixtures.hpp"
 #include "megatron_export.hpp"
 #include "memory.hpp"
@@ -186,7 +187,8 @@ TEST_CASE("FP8 current scaling: an amax before each cast, over tp for sequence-p
     if (op.name == OpName::fp8_absmax) ++amaxes;
     if (op.name == OpName::fp8_amax) {
       CHECK(op.group == GroupKind::tp);
-      CHECK(op.fp8_slots[0] % kFp8SlotsPerLayer == (tp_amaxes % 2 == 0 ? Fp8Slot::qkv_x : Fp8Slot::mlp_x));
+      CHECK(op.fp8_slots[0] ==
+            fp8_slot(model, plan, op.layer, op.microbatch, tp_amaxes % 2 == 0 ? Fp8Slot::qkv_x : Fp8Slot::mlp_x));
       ++tp_amaxes;
     }
   }
@@ -198,6 +200,55 @@ TEST_CASE("FP8 current scaling: an amax before each cast, over tp for sequence-p
   const std::string line = Json(args.arguments).dump();
   CHECK_THAT(line, Catch::Contains("tensorwise"));
   CHECK_THAT(line, !Catch::Contains("--fp8-amax-history-len"));
+}
+
+TEST_CASE("FP8 current scaling: a wgrad reads the scale its input was cast with under every pipeline schedule",
+          "[lower][fp8]") {
+  // The FP8 copy of a linear layer's input waits for its wgrad while later microbatches' forwards
+  // cast the same layer's inputs: under current scaling each microbatch's input has its own slot,
+  // which no other cast writes before the wgrad reads it (as Transformer Engine keeps the scale
+  // with each saved FP8 tensor).
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  for (const char* schedule : {"1f1b", "gpipe", "interleaved_1f1b"}) {
+    for (const char* recipe : {"tensorwise", "delayed"}) {
+      INFO(schedule << " " << recipe);
+      Json j = {{"pp_size", 2},           {"micro_batch_size", 1}, {"global_batch_size", 4},
+                {"dtype", "fp32"},        {"dropout", 0.0},        {"schedule", schedule},
+                {"fp8", "hybrid"},        {"fp8_recipe", recipe}};
+      if (std::string(schedule) == "interleaved_1f1b") j["virtual_pp_size"] = 2;
+      Plan plan = make_plan(j, model, topology);
+      StepProgram program = lower_program(model, topology, plan);
+      REQUIRE(check_program(program).empty());
+      const bool current = std::string(recipe) == "tensorwise";
+      // Each layer's slots; under current scaling one per layer, input kind (4) and microbatch (4).
+      CHECK(program.fp8_slots ==
+            model.num_hidden_layers * (kFp8SlotsPerLayer + (current ? 4 * program.num_microbatches : 0)));
+      int64_t wgrads = 0;
+      for (const Role& role : program.roles) {
+        std::map<std::string, int32_t> cast_slot;  // an FP8 input's buffer → the slot its cast wrote
+        std::map<int32_t, int64_t> writes;        // slot → scale writes so far
+        std::map<std::string, int64_t> writes_at_cast;
+        for (const Op& op : role.ops) {
+          const bool sets_scale = std::count(op.outputs.begin(), op.outputs.end(), "fp8.scale") > 0;
+          if (op.name == OpName::fp8_cast) {
+            CHECK(sets_scale == current);
+            cast_slot[op.outputs[0]] = op.fp8_slots[0];
+            if (sets_scale) ++writes[op.fp8_slots[0]];
+            writes_at_cast[op.outputs[0]] = writes[op.fp8_slots[0]];
+          } else if (sets_scale && op.fp8_slots[0] >= 0 && op.name != OpName::fp8_weights) {
+            ++writes[op.fp8_slots[0]];
+          }
+          if (op.kind != OpKind::gemm || op.grad != Grad::wgrad || op.fp8_slots[0] < 0) continue;
+          REQUIRE(cast_slot.count(op.inputs[0]) == 1);
+          CHECK(op.fp8_slots[0] == cast_slot[op.inputs[0]]);
+          CHECK(writes[op.fp8_slots[0]] == writes_at_cast[op.inputs[0]]);  // not overwritten since
+          ++wgrads;
+        }
+      }
+      CHECK(wgrads == model.num_hidden_layers * 4 * (model.mlp == MlpKind::swiglu ? 5 : 4));
+    }
+  }
 }
 
 TEST_CASE("FP8 needs a device with an FP8 peak: the simulator's cost model names the key", "[lower][fp8]") {
