@@ -216,8 +216,9 @@ class Backend {
   }
   // x[i] = the maximum of x[i] over the group (the FP8 amax reduction).
   virtual void all_reduce_max(GroupKind /*group*/, W* /*x*/, int64_t /*n*/) { no_fp8(); }
-  // Current scaling: *amax = max |x|; *scale from *amax (fp8_current_scale).
-  virtual void fp8_absmax(const T* /*x*/, int64_t /*n*/, W* /*amax*/) { no_fp8(); }
+  // Current scaling: *amax = max |x| (accumulate: the larger of *amax and max |x|, for a tensor in
+  // pieces); *scale from *amax (fp8_current_scale).
+  virtual void fp8_absmax(const T* /*x*/, int64_t /*n*/, W* /*amax*/, bool /*accumulate*/) { no_fp8(); }
   virtual void fp8_set_current_scale(const W* /*amax*/, W* /*scale*/, Fp8Storage /*format*/) { no_fp8(); }
   // Mixture of experts (cpu_kernels.hpp's moe_*). Row maps (`rows`, −1 dropped) are host arrays;
   // route_idx and counts are backend memory. A backend without them refuses MoE programs.

@@ -309,7 +309,9 @@ class CpuBackend final : public Backend<T> {
   void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Recipe& recipe) override {
     cpu::fp8_scale_update(amax, history, scale, slots, recipe);
   }
-  void fp8_absmax(const T* x, int64_t n, T* amax) override { cpu::fp8_absmax(x, n, amax); }
+  void fp8_absmax(const T* x, int64_t n, T* amax, bool accumulate) override {
+    cpu::fp8_absmax(x, n, amax, accumulate);
+  }
   void fp8_set_current_scale(const T* amax, T* scale, Fp8Storage format) override {
     cpu::fp8_set_current_scale(amax, scale, format);
   }

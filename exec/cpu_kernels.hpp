@@ -61,7 +61,7 @@ template <class T>
 void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage format);
 // Current scaling: *amax = max |x[i]|; *scale = fp8_current_scale(*amax) (fp8.hpp).
 template <class T>
-void fp8_absmax(const T* x, int64_t n, T* amax);
+void fp8_absmax(const T* x, int64_t n, T* amax, bool accumulate);
 template <class T>
 void fp8_set_current_scale(const T* amax, T* scale, Fp8Storage format);
 // An FP8 operand: codes stored [rows, ld] as gemm's operands are, the scale it was cast with.

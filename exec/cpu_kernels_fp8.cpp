@@ -43,8 +43,8 @@ void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage fo
 }
 
 template <class T>
-void fp8_absmax(const T* x, int64_t n, T* amax) {
-  T most = 0;
+void fp8_absmax(const T* x, int64_t n, T* amax, bool accumulate) {
+  T most = accumulate ? *amax : T(0);
   for (int64_t i = 0; i < n; ++i) most = std::max(most, T(std::fabs(x[i])));
   *amax = most;
 }
@@ -125,7 +125,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
 
 #define STEPCAST_CPU_KERNELS_FP8(T)                                                                                   \
   template void fp8_cast<T>(const T*, uint8_t*, int64_t, T, T*, Fp8Storage);                                          \
-  template void fp8_absmax<T>(const T*, int64_t, T*);                                                                 \
+  template void fp8_absmax<T>(const T*, int64_t, T*, bool);                                                           \
   template void fp8_set_current_scale<T>(const T*, T*, Fp8Storage);                                                  \
   template void fp8_gemm<T>(bool, bool, int64_t, int64_t, int64_t, const Fp8Operand<T>&, const Fp8Operand<T>&, T, T*, \
                             int64_t, T*);                                                                             \

@@ -410,18 +410,6 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
   }
 }
 
-void check_executor_moe(const ModelConfig& model, const Plan& plan) {
-  if (!model.is_moe()) return;
-  if (plan.fp8.enabled() && !plan.fp8.delayed()) {
-    // The routed experts share their layer's MLP scale slots: one tensorwise scale would need the
-    // amax over every local expert's tensor before any cast.
-    throw_input_error(plan.file, "fp8_recipe", "\"tensorwise\"",
-                      "the executor's mixture of experts runs FP8 experts with delayed scaling only (simulate, "
-                      "plan and memory take tensorwise)",
-                      "\"delayed\" (the default)");
-  }
-}
-
 void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology) {
   if (!model.is_moe() || !plan.fp8.enabled() || !topology.node.device.fp8_transposed_copies) return;
   // A grouped wgrad reads each expert's rows of its operands; their transposed copies would need
@@ -435,7 +423,6 @@ void set_backend_wrapper(const BackendWrapper* wrapper) { g_backend_wrapper = wr
 RunOutput run_program(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cpu_backend(in.plan, in.topology);
-  check_executor_moe(in.model, in.plan);
   check_cpu_fp8_experts(in.model, in.plan, in.topology);
   if (in.plan.param_dtype == Dtype::fp64) {
     return run_cpu<double>(program, in.model, in.plan, in.topology, options);

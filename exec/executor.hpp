@@ -64,9 +64,6 @@ struct RunOutput {
 // 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
 // gradients, a topology that is not a host. The command line calls it before run_program.
 void check_cpu_backend(const Plan& plan, const Topology& topology);
-// The same for a mixture of experts, on either backend (the interpreter's MoE ops): FP8 experts
-// with delayed scaling only. Nothing for a dense model.
-void check_executor_moe(const ModelConfig& model, const Plan& plan);
 // FP8 experts on the CPU backend need a device reading FP8 natively (no transposed copies).
 void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology);
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the

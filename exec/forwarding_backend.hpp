@@ -161,7 +161,9 @@ class ForwardingBackend : public Backend<T, G, W> {
     inner_->fp8_scale_update(amax, history, scale, slots, recipe);
   }
   void all_reduce_max(GroupKind group, W* x, int64_t n) override { inner_->all_reduce_max(group, x, n); }
-  void fp8_absmax(const T* x, int64_t n, W* amax) override { inner_->fp8_absmax(x, n, amax); }
+  void fp8_absmax(const T* x, int64_t n, W* amax, bool accumulate) override {
+    inner_->fp8_absmax(x, n, amax, accumulate);
+  }
   void fp8_set_current_scale(const W* amax, W* scale, Fp8Storage format) override {
     inner_->fp8_set_current_scale(amax, scale, format);
   }

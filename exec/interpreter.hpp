@@ -204,11 +204,18 @@ class Interpreter {
   // The etp gather of the alltoall dispatcher: every etp rank's counts, then the rows.
   void moe_etp_gather(const Op& op);
   void moe_share_counts(const Op& op, int64_t row, int64_t mine, int64_t first);
-  // FP8 expert GEMMs (one block's segments) and an expert buffer's FP8 cast (its real rows).
+  // FP8 expert GEMMs (one block's segments), an expert buffer's FP8 cast and its amax under current
+  // scaling (its real rows, interpreter_fp8.cpp).
   void moe_fp8_gemm(const Op& op, const std::string& weights, const char* tensor, const char* bias,
                     const std::vector<int64_t>& experts, const std::vector<int64_t>& rows, int64_t in_at,
                     int64_t out_at, int64_t in_features, int64_t out_features);
   void moe_fp8_cast(const Op& op);
+  void moe_fp8_absmax(const Op& op);
+  // A run of one local expert's rows in an expert buffer: its elements from element `at`.
+  struct ExpertRows {
+    int64_t local, at, elements;
+  };
+  std::vector<ExpertRows> moe_expert_rows(const Op& op, const std::string& x);
   // The allgather dispatcher's routing gather (moe_route_gather): whole blocks of any dtype.
   void moe_gather_route(const Op& op);
   // `bytes` at send to every member of the group, member i's into recv + i·bytes (all_to_allv).

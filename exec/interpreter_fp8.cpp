@@ -1,9 +1,14 @@
 // The interpreter's FP8 ops (interpreter.hpp; fp8.hpp): casts of activations, gradients and a
-// layer's weights to FP8 with their slot's scale, GEMMs on FP8 operands, and delayed scaling's
-// end of step (the amax maximised over the group, the scales updated). Every scale is read from
-// the program's persistent fp8.scale buffer at the op's slot.
+// layer's weights to FP8 with their slot's scale, GEMMs on FP8 operands (the local experts' too),
+// and delayed scaling's end of step (the amax maximised over the group, the scales updated). Every
+// scale is read from the program's persistent fp8.scale buffer at the op's slot; under current
+// scaling a local expert l's at l after its op's slot (lower_context.hpp's fp8_expert_slot).
+#include <string>
+#include <vector>
+
 #include "errors.hpp"
 #include "interpreter.hpp"
+#include "param_layout.hpp"
 
 namespace stepcast {
 namespace {
@@ -18,13 +23,9 @@ struct Fp8Weight {
   const char* tensor;
   Fp8Slot slot;
 };
-// An expert tensor's weight slot kind ("expert.<e>.up.weight": mlp_up_w), −1 for its biases.
-int32_t expert_weight_slot(const std::string& name) {
-  if (name.ends_with(".gate.weight")) return Fp8Slot::mlp_gate_w;
-  if (name.ends_with(".up.weight")) return Fp8Slot::mlp_up_w;
-  if (name.ends_with(".down.weight")) return Fp8Slot::mlp_down_w;
-  return -1;
-}
+// An expert's linear weights ("expert.<e>.up.weight"), each with its slot kind.
+constexpr Fp8Weight kExpertFp8Weights[] = {
+    {"gate.weight", Fp8Slot::mlp_gate_w}, {"up.weight", Fp8Slot::mlp_up_w}, {"down.weight", Fp8Slot::mlp_down_w}};
 
 constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
                                      {"attn_out.weight", Fp8Slot::attn_out_w},
@@ -57,8 +58,9 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     return;
   }
   W* amax = buf<W>(out(op, "amax"), op);
-  if (op.name == OpName::fp8_absmax) {  // [x, amax] → [amax]: current scaling's amax of x
-    backend_.fp8_absmax(buf(in(op, "x"), op), count(in(op, "x"), op), amax + op.fp8_slots[0]);
+  if (op.name == OpName::fp8_absmax) {  // [x, amax, (counts)] → [amax]: current scaling's amax of x
+    if (operands(op).has_in("counts")) return moe_fp8_absmax(op);
+    backend_.fp8_absmax(buf(in(op, "x"), op), count(in(op, "x"), op), amax + op.fp8_slots[0], false);
     return;
   }
   W* scale = buf<W>(in(op, "scale"), op);
@@ -77,31 +79,32 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     return;
   }
   // fp8_weights: [w, scale, amax] → [w8, amax, (scale)], each linear weight with its slot's scale
-  // (current scaling: from the weight's own amax); a MoE layer's experts, each expert's gate, up
-  // and down weights with the layer's MLP slots (delayed scaling).
+  // (current scaling: from the weight's own amax); a MoE layer's experts, each local expert's gate,
+  // up and down weights with the layer's MLP slots (delayed scaling) or its own (current).
   const std::string& w = in(op, "w");
   const std::string& w8 = out(op, "w8");
   const GroupLayout& layout = layouts_.at(group_of_buffer(w));
-  if (is_expert_group(group_of_buffer(w))) {
-    STEPCAST_CHECK(!current, "current scaling of expert weights");
-    for (const TensorSlice& tensor : layout.tensors) {
-      const int32_t slot = op.fp8_slots[0] + expert_weight_slot(tensor.name);
-      if (slot < op.fp8_slots[0]) continue;  // a bias
-      backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
-                        amax + slot, storage(dtype(w8, op)));
-    }
-    return;
-  }
-  for (const Fp8Weight& weight : kFp8Weights) {
-    if (!layout.has(weight.tensor)) continue;
-    const TensorSlice& tensor = layout.at(weight.tensor);
-    const int32_t slot = op.fp8_slots[0] + weight.slot;
+  auto cast = [&](const TensorSlice& tensor, int32_t slot) {
     if (current) {
-      backend_.fp8_absmax(buf(w, op) + tensor.offset, tensor.elements(), amax + slot);
+      backend_.fp8_absmax(buf(w, op) + tensor.offset, tensor.elements(), amax + slot, false);
       backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(w8, op)));
     }
     backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
                       amax + slot, storage(dtype(w8, op)));
+  };
+  if (is_expert_group(group_of_buffer(w))) {
+    for (int64_t l = 0; l < moe_local_; ++l) {
+      for (const Fp8Weight& weight : kExpertFp8Weights) {
+        const std::string name = expert_tensor_name(ep_index_ * moe_local_ + l, weight.tensor);
+        if (!layout.has(name)) continue;
+        const int64_t slot = current ? int64_t(weight.slot) * moe_local_ + l : int64_t(weight.slot);
+        cast(layout.at(name), op.fp8_slots[0] + int32_t(slot));
+      }
+    }
+    return;
+  }
+  for (const Fp8Weight& weight : kFp8Weights) {
+    if (layout.has(weight.tensor)) cast(layout.at(weight.tensor), op.fp8_slots[0] + weight.slot);
   }
 }
 
@@ -133,6 +136,108 @@ void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, con
   }
 }
 
+// An FP8 grouped GEMM's segments (moe_gemm's, one block from row offsets in_at and out_at of its
+// x and y): each expert's rows through the FP8 linear kernels, on the codes of the experts' FP8
+// weight copy (fp8w.X<l>, laid out as their weights); scales at the op's slots (x or d_y: a; the
+// weights or a wgrad's d_y: b, as the dense FP8 GEMMs), local expert l's l after them under current
+// scaling.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_fp8_gemm(const Op& op, const std::string& weights, const char* tensor,
+                                        const char* bias, const std::vector<int64_t>& experts,
+                                        const std::vector<int64_t>& rows,
+                                        int64_t in_at, int64_t out_at, int64_t in_features, int64_t out_features) {
+  const bool current = p_.fp8.scaling == Fp8Scaling::current;
+  int64_t in_row = in_at, out_row = out_at;  // the segment's first element of x (d_x) and y (d_y)
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string name = expert_tensor_name(experts[i], tensor);
+    const int32_t local = current ? int32_t(experts[i] - ep_index_ * moe_local_) : 0;
+    const int32_t a = op.fp8_slots[0] + local, b = op.fp8_slots[1] + local;
+    if (op.grad == Grad::wgrad) {  // [x8, d_y8, counts] → [dw]
+      Fp8Codes<W> x8 = fp8_codes(in(op, "x"), op, a), dy8 = fp8_codes(in(op, "d_y"), op, b);
+      x8.codes += in_row;
+      dy8.codes += out_row;
+      G* dbias = bias ? slice<G>(weights, op, expert_tensor_name(experts[i], bias)) : nullptr;
+      backend_.fp8_linear_backward_weight(dy8, x8, slice<G>(weights, op, name), dbias, rows[i], in_features,
+                                          out_features);
+    } else {
+      Fp8Codes<W> w8 = fp8_codes(weights, op, b);
+      w8.codes += layouts_.at(group_of_buffer(weights)).at(name).offset;
+      if (op.grad == Grad::none) {  // [x8, w8, counts] → [y]
+        Fp8Codes<W> x8 = fp8_codes(in(op, "x"), op, a);
+        x8.codes += in_row;
+        backend_.fp8_linear_forward(x8, w8, nullptr, buf(out(op, "y"), op) + out_row, rows[i], in_features,
+                                    out_features);
+      } else {  // dgrad: [d_y8, w8, counts, (d_x)] → [d_x]
+        Fp8Codes<W> dy8 = fp8_codes(in(op, "d_y"), op, a);
+        dy8.codes += out_row;
+        backend_.fp8_linear_backward_data(dy8, w8, buf(out(op, "d_x"), op) + in_row, rows[i], in_features,
+                                          out_features, operands(op).has_in("d_x"));
+      }
+    }
+    in_row += rows[i] * in_features;
+    out_row += rows[i] * out_features;
+  }
+}
+
+// The rows an expert buffer x [rows, width] really holds, as moe_gemm reads them: in each etp
+// block its real rows first, one segment per source rank and local expert.
+template <class T, class G, class W>
+std::vector<typename Interpreter<T, G, W>::ExpertRows> Interpreter<T, G, W>::moe_expert_rows(const Op& op,
+                                                                                            const std::string& x) {
+  moe_read_counts(op);
+  const OpShape shape = role_.ops[size_t(arena_.alloc_of(x, op.id))].shape;
+  STEPCAST_CHECK(shape.size() == 2, "expert buffer " + x + " is not [rows, width]");
+  const int64_t width = shape[1];
+  const int64_t blocks = moe_blocks(), block = shape[0] / blocks;
+  const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
+  std::vector<ExpertRows> rows;
+  for (int64_t b = 0; b < blocks; ++b) {
+    int64_t at = b * block * width;
+    for (int64_t source = b * sources; source < (b + 1) * sources; ++source) {
+      for (int64_t l = 0; l < moe_local_; ++l) {
+        const int64_t elements = moe_received(source, l) * width;
+        if (elements > 0) rows.push_back({l, at, elements});
+        at += elements;
+      }
+    }
+  }
+  return rows;
+}
+
+// An expert buffer's amax under current scaling [x, amax, counts] → [amax]: each local expert's
+// over its rows (every source's, every etp block's), into its own slot.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_fp8_absmax(const Op& op) {
+  const std::string& x = in(op, "x");
+  W* amax = buf<W>(out(op, "amax"), op) + op.fp8_slots[0];
+  for (int64_t l = 0; l < moe_local_; ++l) backend_.fp8_absmax(buf(x, op), 0, amax + l, false);
+  for (const ExpertRows& r : moe_expert_rows(op, x)) {
+    backend_.fp8_absmax(buf(x, op) + r.at, r.elements, amax + r.local, true);
+  }
+}
+
+// An expert buffer's FP8 cast [x, scale, amax, counts] → [y, amax, (scale)]: only the rows its
+// counts say it holds, so that the worst-case buffer's other rows stay out of the amax; delayed
+// scaling with the layer's slot, current scaling each local expert with its own scale (from the
+// amax moe_fp8_absmax took), as Transformer Engine's grouped linear quantizes each expert's input.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
+  const std::string& x = in(op, "x");
+  const std::string& y = out(op, "y");
+  const bool current = p_.fp8.scaling == Fp8Scaling::current;
+  const int32_t slot = op.fp8_slots[0];
+  W* scale = buf<W>(in(op, "scale"), op) + slot;
+  W* amax = buf<W>(out(op, "amax"), op) + slot;
+  const Fp8Storage format = storage(dtype(y, op));
+  if (current) {
+    for (int64_t l = 0; l < moe_local_; ++l) backend_.fp8_set_current_scale(amax + l, scale + l, format);
+  }
+  for (const ExpertRows& r : moe_expert_rows(op, x)) {
+    const int64_t l = current ? r.local : 0;
+    backend_.fp8_cast(buf(x, op) + r.at, codes(y, op) + r.at, r.elements, scale + l, amax + l, format);
+  }
+}
+
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_step_end(const Op& op) {
   if (op.kind == OpKind::all_reduce) {  // fp8_amax: [amax] → [amax], the maximum over the group
@@ -154,7 +259,12 @@ void Interpreter<T, G, W>::fp8_step_end(const Op& op) {
   template Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string&, const Op&, int32_t);             \
   template void Interpreter<T, G, W>::fp8_activation(const Op&);                                            \
   template void Interpreter<T, G, W>::fp8_gemm(const Op&, const char*, const char*);                        \
-  template void Interpreter<T, G, W>::fp8_step_end(const Op&);
+  template void Interpreter<T, G, W>::fp8_step_end(const Op&);                                              \
+  template void Interpreter<T, G, W>::moe_fp8_absmax(const Op&);                                            \
+  template void Interpreter<T, G, W>::moe_fp8_cast(const Op&);                                              \
+  template void Interpreter<T, G, W>::moe_fp8_gemm(const Op&, const std::string&, const char*, const char*, \
+                                                   const std::vector<int64_t>&, const std::vector<int64_t>&, \
+                                                   int64_t, int64_t, int64_t, int64_t);
 STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_FP8)
 #undef STEPCAST_INSTANTIATE_FP8
 

@@ -327,73 +327,6 @@ void Interpreter<T, G, W>::moe_gemm(const Op& op) {
   }
 }
 
-// An FP8 grouped GEMM's segments (moe_gemm's, one block from row offsets in_at and out_at of its
-// x and y): each expert's rows through the FP8 linear kernels, on the codes of the experts' FP8
-// weight copy (fp8w.X<l>, laid out as their weights); scales at the op's slots (x or d_y: a; the
-// weights or a wgrad's d_y: b, as the dense FP8 GEMMs).
-template <class T, class G, class W>
-void Interpreter<T, G, W>::moe_fp8_gemm(const Op& op, const std::string& weights, const char* tensor,
-                                        const char* bias, const std::vector<int64_t>& experts,
-                                        const std::vector<int64_t>& rows,
-                                        int64_t in_at, int64_t out_at, int64_t in_features, int64_t out_features) {
-  const int32_t a = op.fp8_slots[0], b = op.fp8_slots[1];
-  int64_t in_row = in_at, out_row = out_at;  // the segment's first element of x (d_x) and y (d_y)
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const std::string name = expert_tensor_name(experts[i], tensor);
-    if (op.grad == Grad::wgrad) {  // [x8, d_y8, counts] → [dw]
-      Fp8Codes<W> x8 = fp8_codes(in(op, "x"), op, a), dy8 = fp8_codes(in(op, "d_y"), op, b);
-      x8.codes += in_row;
-      dy8.codes += out_row;
-      G* dbias = bias ? slice<G>(weights, op, expert_tensor_name(experts[i], bias)) : nullptr;
-      backend_.fp8_linear_backward_weight(dy8, x8, slice<G>(weights, op, name), dbias, rows[i], in_features,
-                                          out_features);
-    } else {
-      Fp8Codes<W> w8 = fp8_codes(weights, op, b);
-      w8.codes += layouts_.at(group_of_buffer(weights)).at(name).offset;
-      if (op.grad == Grad::none) {  // [x8, w8, counts] → [y]
-        Fp8Codes<W> x8 = fp8_codes(in(op, "x"), op, a);
-        x8.codes += in_row;
-        backend_.fp8_linear_forward(x8, w8, nullptr, buf(out(op, "y"), op) + out_row, rows[i], in_features,
-                                    out_features);
-      } else {  // dgrad: [d_y8, w8, counts, (d_x)] → [d_x]
-        Fp8Codes<W> dy8 = fp8_codes(in(op, "d_y"), op, a);
-        dy8.codes += out_row;
-        backend_.fp8_linear_backward_data(dy8, w8, buf(out(op, "d_x"), op) + in_row, rows[i], in_features,
-                                          out_features, operands(op).has_in("d_x"));
-      }
-    }
-    in_row += rows[i] * in_features;
-    out_row += rows[i] * out_features;
-  }
-}
-
-// An expert buffer's FP8 cast [x, scale, amax, counts] → [y, amax] (delayed scaling): only the
-// rows its counts say it holds, each block's first (as moe_gemm reads them), so that the
-// worst-case buffer's other rows stay out of the amax.
-template <class T, class G, class W>
-void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
-  STEPCAST_CHECK(p_.fp8.scaling == Fp8Scaling::delayed, "an expert buffer's cast under current scaling");
-  moe_read_counts(op);
-  const std::string& x = in(op, "x");
-  const std::string& y = out(op, "y");
-  const OpShape shape = role_.ops[size_t(arena_.alloc_of(x, op.id))].shape;
-  STEPCAST_CHECK(shape.size() == 2, "expert buffer " + x + " is not [rows, width]");
-  const int64_t width = shape[1];
-  const int64_t blocks = moe_blocks(), block = shape[0] / blocks;
-  const int64_t sources = grid_.etp_size() * grid_.ep_size() / blocks;
-  const int32_t slot = op.fp8_slots[0];
-  Fp8Codes<W> y8 = fp8_codes(y, op, slot);
-  for (int64_t b = 0; b < blocks; ++b) {
-    int64_t held = 0;
-    for (int64_t source = b * sources; source < (b + 1) * sources; ++source) {
-      for (int64_t l = 0; l < moe_local_; ++l) held += moe_received(source, l);
-    }
-    const int64_t at = b * block * width;
-    backend_.fp8_cast(buf(x, op) + at, codes(y, op) + at, held * width, y8.scale, buf<W>(out(op, "amax"), op) + slot,
-                      y8.format);
-  }
-}
-
 // The etp gather [x, counts] → [y, counts]: every etp rank's block of the counts (its [ep, E]
 // rows), then every etp rank's x as block i of y (the program's all_gather).
 template <class T, class G, class W>
@@ -507,11 +440,7 @@ void Interpreter<T, G, W>::moe_all_to_all(const Op& op) {
   template void Interpreter<T, G, W>::moe_gather_route(const Op&);                           \
   template void Interpreter<T, G, W>::gather_blocks(GroupKind, const char*, char*, int64_t); \
   template void Interpreter<T, G, W>::moe_overflow(const Op&, int64_t, int64_t) const;       \
-  template int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op&);                   \
-  template void Interpreter<T, G, W>::moe_fp8_cast(const Op&);                                \
-  template void Interpreter<T, G, W>::moe_fp8_gemm(const Op&, const std::string&, const char*, const char*, \
-                                                   const std::vector<int64_t>&, const std::vector<int64_t>&, \
-                                                   int64_t, int64_t, int64_t, int64_t);
+  template int64_t Interpreter<T, G, W>::moe_map_gathered_rows(const Op&);
 STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_MOE)
 #undef STEPCAST_INSTANTIATE_MOE
 

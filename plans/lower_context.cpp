@@ -178,11 +178,43 @@ int32_t saved_input_index(Fp8Slot kind) {
 constexpr int64_t kSavedInputKinds = 4;
 }  // namespace
 
-int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan) {
-  if (!plan.fp8.enabled()) return 0;
+// The slots of the layers' kinds and of their kept inputs (current scaling), before the experts'.
+int64_t dense_slot_count(const ModelConfig& model, const Plan& plan) {
   const int64_t layers = model.num_hidden_layers * kFp8SlotsPerLayer;
   if (plan.fp8.delayed()) return layers;
   return layers + model.num_hidden_layers * kSavedInputKinds * plan.num_microbatches();
+}
+
+int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan) {
+  if (!plan.fp8.enabled()) return 0;
+  int64_t count = dense_slot_count(model, plan);
+  if (!plan.fp8.delayed() && model.is_moe()) {
+    const int64_t local = model.num_experts / plan.moe.ep_size;
+    count += model.num_hidden_layers * local * (kFp8SlotsPerLayer + kSavedInputKinds * plan.num_microbatches());
+  }
+  return count;
+}
+
+int32_t fp8_first_slot(const ModelConfig& model, const Plan& plan, int64_t layer, bool experts) {
+  if (!experts || plan.fp8.delayed()) return int32_t(layer * kFp8SlotsPerLayer);
+  return int32_t(dense_slot_count(model, plan) + layer * kFp8SlotsPerLayer * (model.num_experts / plan.moe.ep_size));
+}
+
+int32_t fp8_expert_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind) {
+  if (plan.fp8.delayed()) return fp8_slot(model, plan, layer, microbatch, kind);
+  STEPCAST_CHECK(model.is_moe(), "an expert's FP8 slot of a model without experts");
+  const int64_t local = model.num_experts / plan.moe.ep_size;
+  const int64_t kinds = model.num_hidden_layers * kFp8SlotsPerLayer;
+  const int32_t input = saved_input_index(kind);
+  int64_t slot = fp8_first_slot(model, plan, layer, true) + kind * local;
+  if (input >= 0) {
+    STEPCAST_CHECK(microbatch >= 0 && microbatch < plan.num_microbatches(),
+                   "an expert FP8 input's slot for microbatch " + std::to_string(microbatch));
+    slot = dense_slot_count(model, plan) + kinds * local +
+           ((layer * kSavedInputKinds + input) * plan.num_microbatches() + microbatch) * local;
+  }
+  STEPCAST_CHECK(slot >= 0 && slot + local <= fp8_slot_count(model, plan), "an expert FP8 slot in range");
+  return int32_t(slot);
 }
 
 int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind) {
@@ -272,10 +304,11 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
   return id;
 }
 
-void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b) {
+void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, bool experts) {
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
-  op.fp8_slots = {fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, a),
-                  fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, b)};
+  auto slot = experts ? fp8_expert_slot : fp8_slot;
+  op.fp8_slots = {slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, a),
+                  slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, b)};
   const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   const double m = double(op.m), n = double(op.n), k = double(op.k);
   op.bytes = m * k + k * n + m * n * out_bytes;
@@ -298,11 +331,14 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                                 BufferClass buffer_class, bool amax_over_tp, bool transposed,
                                 const std::string& counts) {
-  const int32_t slot = fp8_slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, kind);
+  const int32_t slot = (counts.empty() ? fp8_slot : fp8_expert_slot)(ctx_.model, ctx_.plan, at.layer, at.microbatch,
+                                                                     kind);
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it
-    int32_t id = compute(at, OpKind::activation, OpName::fp8_absmax, 2 * elements, {x, "fp8.amax"}, {"fp8.amax"});
+    std::vector<BufferName> amax_inputs = {x, "fp8.amax"};
+    if (!counts.empty()) amax_inputs.push_back(counts);
+    int32_t id = compute(at, OpKind::activation, OpName::fp8_absmax, 2 * elements, amax_inputs, {"fp8.amax"});
     const_cast<Op&>(rb_.role().ops[size_t(id)]).fp8_slots = {slot, -1};
     if (amax_over_tp) {
       id = collective(at, OpKind::all_reduce, GroupKind::tp, Stream::compute, OpName::fp8_amax,

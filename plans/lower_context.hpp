@@ -103,7 +103,8 @@ class OpEmitter {
                  std::vector<BufferName> inputs, std::vector<BufferName> outputs, Fp8Slot a, Fp8Slot b);
   // GEMM op `id` reads FP8 operands on the layer's slots a, b: its slots and bytes (a byte an FP8
   // operand element, the output in the plan's dtype, of one GEMM of its m, n, k).
-  void mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b);
+  // `experts`: a grouped GEMM of the local experts, on their slots (fp8_expert_slot).
+  void mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, bool experts = false);
   // The transposed copy of the live FP8 operand x8 ([rows, elements / rows] → its transpose,
   // fp8_transposed_operand_name(x8), workspace) for the wgrads that read it on a device that
   // reads FP8 operands row-wise only; the caller frees it after its last wgrad.
@@ -115,7 +116,9 @@ class OpEmitter {
   // codes transposed (fp8_cast_transpose; fp8_transposed_operand_name(name), workspace, as a wgrad
   // reads them; the caller frees it with `name`).
   // `counts`: a MoE expert buffer's counts, which say the rows it really holds (the rest of its
-  // worst-case rows are not the step's, and stay out of the amax).
+  // worst-case rows are not the step's, and stay out of the amax); its slots are the experts'
+  // (fp8_expert_slot), and under current scaling its amax op reads the counts too (each local
+  // expert's rows, into its own slot).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                        BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false,
                        const std::string& counts = "");
@@ -178,8 +181,18 @@ class OpEmitter {
 // until their wgrad reads them in the backward, while later microbatches' forwards (1F1B, GPipe,
 // interleaved) cast the same layer's inputs, as Transformer Engine keeps each saved FP8 tensor's
 // scale with it. fp8_slot_count: the length of fp8.scale and fp8.amax (the program's fp8_slots).
+// A MoE layer's routed experts: under delayed scaling they share the layer's MLP slots (the amax
+// maximised over them); under current scaling each local expert has its own slots, as Transformer
+// Engine's grouped linear layers quantize each expert's GEMM operands with its own quantizer:
+// fp8_expert_slot gives local expert 0's slot of a kind and expert l's is l after it. After the
+// layers' slots, expert slots of layer L, kind k, local expert l: (L·kFp8SlotsPerLayer + k)·E_l + l;
+// then the kept inputs' ((L·4 + input kind)·microbatches + mb)·E_l + l (E_l = experts / ep).
 int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan);
 int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind);
+int32_t fp8_expert_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind);
+// The first of a layer's slots (its experts': their first), the base of an fp8_weights op's slots:
+// kind k at k after it (experts under current scaling: local expert l's at k·E_l + l).
+int32_t fp8_first_slot(const ModelConfig& model, const Plan& plan, int64_t layer, bool experts);
 
 // A one-layer probe's FP8 state (layer L0's FP8 weight copy "fp8w.L0", its slots' fp8.scale and
 // fp8.amax), persistent; returns the copy's name, "" without FP8.

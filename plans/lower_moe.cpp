@@ -21,7 +21,7 @@ struct Names {
 
 // A grouped GEMM of the local experts: `experts` GEMMs of rows × n × k (m = the mean rows of an
 // expert; the simulator draws each expert's rows from the program's routing). Under FP8 (slots
-// a, b ≥ 0: the layer's MLP slots, which a MoE layer's routed experts take) it reads FP8 operands
+// a, b ≥ 0: the experts' slot kinds, fp8_expert_slot) it reads FP8 operands
 // and writes the plan's dtype, as OpEmitter::linear's GEMMs (Transformer Engine's grouped linear
 // layers); on a device that reads FP8 row-wise only, a wgrad reads its operands' transposed
 // copies (x_t, d_y_t), made here where the lowering has not made them already.
@@ -44,7 +44,7 @@ int32_t grouped_gemm(OpEmitter& e, const OpSite& at, OpName name, Grad grad, int
   if (grad == Grad::wgrad) id = e.gemm(at, name, grad, n, k, rows, std::move(inputs), std::move(outputs));
   else id = e.gemm(at, name, grad, rows, n, k, std::move(inputs), std::move(outputs));
   for (const std::string& t : made) e.free(t, at.phase);
-  if (fp8) e.mark_fp8(id, at, Fp8Slot(a), Fp8Slot(b));
+  if (fp8) e.mark_fp8(id, at, Fp8Slot(a), Fp8Slot(b), /*experts=*/true);
   Op& op = const_cast<Op&>(e.builder().role().ops[size_t(id)]);
   op.batch = experts;
   op.flops *= double(experts);

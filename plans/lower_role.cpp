@@ -318,7 +318,9 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
   int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
                           {w, "fp8.scale", "fp8.amax"}, outputs);
   Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
-  op.fp8_slots = {lat.layer * kFp8SlotsPerLayer, -1};  // (the layer's slots: its weights' kinds added)
+  // The layer's first slot, its weights' kinds added (experts under current scaling: the layer's
+  // first expert slot, kind k of local expert l at k·E_l + l after it, fp8_expert_slot).
+  op.fp8_slots = {fp8_first_slot(c_.model, plan_, lat.layer, g.expert), -1};
   op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
   if (c_.fp8_transposed) {  // read once, written transposed
     int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(g)});

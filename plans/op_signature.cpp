@@ -246,14 +246,16 @@ std::vector<OpSignature> make_table() {
        {act("d_qkv", D::same_as_first), act("d_kv", D::same_as_first)}},
       // ---- FP8 (delayed scaling): scale[slot] and amax[slot] of the program's FP8 slots ----
       // (Current scaling: the casts write the scales they take from the amax.)
-      // (A MoE expert buffer's cast reads its counts: the rows it holds.)
+      // (A MoE expert buffer's cast, and under current scaling its amax, reads its counts: the rows
+      // it holds, each local expert's on its own slot then.)
       {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
        {act("x"), stats("scale"), stats("amax"), counts()},
        {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
       {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::forward,
        {weights(), stats("scale"), stats("amax")},
        {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
-      {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax")}, {stats("amax")}},
+      {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax"), counts()},
+       {stats("amax")}},
       {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::forward,
        {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
       // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m].

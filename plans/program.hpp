@@ -161,7 +161,9 @@ struct Op {
   int32_t server = -1;  // Peer::ps_server: the server (0 … parameter_servers − 1)
   // FP8 (fp8.hpp): the slot of an fp8_cast's tensor, the first slot of an fp8_weights' layer, the
   // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
-  // fp8.scale[slot]; −1: not FP8.
+  // fp8.scale[slot]; −1: not FP8. Under current scaling a grouped GEMM's, an expert buffer's cast
+  // and amax, and an expert group's fp8_weights take local expert 0's slots, expert l's l after
+  // (lower_context.hpp's fp8_expert_slot, fp8_first_slot).
   std::array<int32_t, 2> fp8_slots = {-1, -1};
   BufferName buffer;  // alloc / free
   OpShape shape;      // alloc (interned: op_shape.hpp)
@@ -266,7 +268,8 @@ struct StepProgram {
   // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
   // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
   // (kFp8SlotsPerLayer per transformer layer of the model; under current scaling also one slot per
-  // layer, saved input kind and microbatch, as lower_context.hpp's fp8_slot lays them out).
+  // layer, saved input kind and microbatch, and with experts each local expert's, as
+  // lower_context.hpp's fp8_slot and fp8_expert_slot lay them out).
   Fp8Recipe fp8;
   int64_t fp8_slots = 0;
   std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)

@@ -274,7 +274,9 @@ class CudaBackend final : public cuda::MoeMethods<T, G> {
   void fp8_cast(const T* x, uint8_t* y, int64_t n, const float* scale, float* amax, Fp8Storage format) override {
     cuda::fp8_cast(l(), x, y, n, scale, amax, format);
   }
-  void fp8_absmax(const T* x, int64_t n, float* amax) override { cuda::fp8_absmax(l(), x, n, amax); }
+  void fp8_absmax(const T* x, int64_t n, float* amax, bool accumulate) override {
+    cuda::fp8_absmax(l(), x, n, amax, accumulate);
+  }
   void fp8_set_current_scale(const float* amax, float* scale, Fp8Storage format) override {
     cuda::fp8_set_current_scale(l(), amax, scale, format);
   }

@@ -218,7 +218,8 @@ template <class T>
 void fp8_cast(const Launch& l, const T* x, uint8_t* y, int64_t n, const float* scale, float* amax,
               Fp8Storage format);
 template <class T>
-void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax);  // *amax = max |x|
+// *amax = max |x| (accumulate: the larger of *amax and max |x|)
+void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax, bool accumulate);
 void fp8_set_current_scale(const Launch& l, const float* amax, float* scale, Fp8Storage format);
 // y[c, r] = x[r, c]: the K-major copy of an FP8 operand cuBLASLt's FP8 GEMMs need.
 void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols);

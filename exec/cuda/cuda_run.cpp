@@ -137,7 +137,6 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
 RunOutput run_program_cuda(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cuda_plan(in.model, in.plan);
-  check_executor_moe(in.model, in.plan);
   int device = select_cuda_device();
   if (in.plan.param_dtype == Dtype::fp32) {
     return run_typed<float, float>(program, in.topology, options, device);

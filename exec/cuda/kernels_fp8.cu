@@ -106,8 +106,8 @@ void fp8_cast(const Launch& l, const T* x, uint8_t* y, int64_t n, const float* s
 }
 
 template <class T>
-void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax) {
-  check_runtime(l, cudaMemsetAsync(amax, 0, sizeof(float), l.stream), "cudaMemsetAsync");
+void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax, bool accumulate) {
+  if (!accumulate) check_runtime(l, cudaMemsetAsync(amax, 0, sizeof(float), l.stream), "cudaMemsetAsync");
   if (n == 0) return;
   fp8_absmax_kernel<<<blocks_for(n), kThreads, 0, l.stream>>>(x, n, amax);
   check_launch(l, "fp8_absmax");
@@ -140,7 +140,7 @@ void fp8_bias_grad(const Launch& l, const uint8_t* dy, const float* scale, G* db
 
 #define STEPCAST_FP8_T(T)                                                                                  \
   template void fp8_cast<T>(const Launch&, const T*, uint8_t*, int64_t, const float*, float*, Fp8Storage); \
-  template void fp8_absmax<T>(const Launch&, const T*, int64_t, float*);                                   \
+  template void fp8_absmax<T>(const Launch&, const T*, int64_t, float*, bool);                             \
   template void fp8_bias_grad<T>(const Launch&, const uint8_t*, const float*, T*, int64_t, int64_t, Fp8Storage);
 STEPCAST_FP8_T(bf16)
 STEPCAST_FP8_T(float)

@@ -251,6 +251,62 @@ TEST_CASE("FP8 current scaling: a wgrad reads the scale its input was cast with 
   }
 }
 
+TEST_CASE("FP8 current scaling with experts: each local expert's own slots, its amax over its rows",
+          "[lower][moe][fp8]") {
+  // Transformer Engine's grouped linear quantizes each expert's GEMM operands with its own
+  // quantizer: under current scaling the expert casts' amax ops read the counts (each local
+  // expert's rows into its slot), and the grouped GEMMs read local expert 0's slots (expert l's l
+  // after); the kept inputs a slot per microbatch. Delayed scaling keeps the layer's MLP slots.
+  ModelConfig model = load_model(source_path("models/tiny-moe.json"));
+  Topology topology = test_topology();
+  for (const char* recipe : {"tensorwise", "delayed"}) {
+    INFO(recipe);
+    Json j = {{"dp_size", 2},          {"expert_model_parallel_size", 2}, {"micro_batch_size", 1},
+              {"global_batch_size", 4}, {"dtype", "fp32"},                 {"dropout", 0.0},
+              {"fp8", "hybrid"},        {"fp8_recipe", recipe}};
+    Plan plan = make_plan(j, model, topology);
+    StepProgram program = lower_program(model, topology, plan);
+    REQUIRE(check_program(program).empty());
+    const bool current = std::string(recipe) == "tensorwise";
+    const int64_t local = model.num_experts / 2, layers = model.num_hidden_layers, mbs = program.num_microbatches;
+    const int64_t dense = layers * (kFp8SlotsPerLayer + (current ? 4 * mbs : 0));
+    CHECK(program.fp8_slots == dense + (current ? layers * local * (kFp8SlotsPerLayer + 4 * mbs) : 0));
+    std::set<int32_t> input_slots;  // the expert inputs' (mlp_x) slots a microbatch's casts take
+    int64_t expert_casts = 0, expert_amaxes = 0, grouped = 0;
+    const Op* last_amax = nullptr;
+    for (const Op& op : program.roles[0].ops) {
+      const bool counts = !op.inputs.empty() && op.inputs.back().str().ends_with("counts");
+      if (op.name == OpName::fp8_absmax) last_amax = &op;
+      if (op.name == OpName::fp8_absmax && counts) ++expert_amaxes;
+      if ((op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose) && counts) {
+        ++expert_casts;
+        CHECK((op.fp8_slots[0] >= dense) == current);
+        CHECK(op.fp8_slots[0] + (current ? local : 1) <= program.fp8_slots);
+        if (current) {  // its amax just before, on the same slot, over the same rows
+          REQUIRE(last_amax != nullptr);
+          CHECK(last_amax->fp8_slots[0] == op.fp8_slots[0]);
+          CHECK(last_amax->inputs[0] == op.inputs[0]);
+        }
+        if (op.outputs[0].str().find("xe_f8") != std::string::npos) input_slots.insert(op.fp8_slots[0]);
+      }
+      if (op.kind == OpKind::gemm && op.name == OpName::expert_up && op.fp8_slots[0] >= 0) {
+        ++grouped;
+        const Fp8Slot a = op.grad == Grad::dgrad ? Fp8Slot::mlp_up_d : Fp8Slot::mlp_x;
+        const Fp8Slot b = op.grad == Grad::none    ? Fp8Slot::mlp_up_w
+                          : op.grad == Grad::dgrad ? Fp8Slot::mlp_up_w
+                                                   : Fp8Slot::mlp_up_d;
+        CHECK(op.fp8_slots[0] == fp8_expert_slot(model, plan, op.layer, op.microbatch, a));
+        CHECK(op.fp8_slots[1] == fp8_expert_slot(model, plan, op.layer, op.microbatch, b));
+      }
+    }
+    CHECK(expert_casts > 0);
+    CHECK(grouped == layers * mbs * 3);
+    CHECK(expert_amaxes == (current ? expert_casts : 0));
+    // Current scaling: each layer and microbatch its own input slots; delayed: the layer's.
+    CHECK(int64_t(input_slots.size()) == (current ? layers * mbs : layers));
+  }
+}
+
 TEST_CASE("FP8 needs a device with an FP8 peak: the simulator's cost model names the key", "[lower][fp8]") {
   Topology a100 = load_topology(source_path("topologies/dgx-a100-80gb.json"));
   Topology h100 = load_topology(source_path("topologies/dgx-h100.json"));
