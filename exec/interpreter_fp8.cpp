@@ -2,7 +2,7 @@
 // layer's weights to FP8 with their slot's scale, GEMMs on FP8 operands (the local experts' too),
 // and delayed scaling's end of step (the amax maximised over the group, the scales updated). Every
 // scale is read from the program's persistent fp8.scale buffer at the op's slot; under current
-// scaling a local expert l's at l after its op's slot (lower_context.hpp's fp8_expert_slot).
+// scaling a local expert l's at l after its op's slot (lower_context.hpp's Fp8SlotLayout).
 #include <string>
 #include <vector>
 
@@ -42,11 +42,11 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
-  if (op.name == OpName::fp8_transpose && operands(op).has_in("x8")) {  // [x8] → [x8t]: a wgrad operand's
+  if (op.name == OpName::fp8_transpose) {  // [x8] → [x8t]: a wgrad operand's
     backend_.fp8_transpose(codes(in(op, "x8"), op), codes(out(op, "x8t"), op), op.m, op.n);
     return;
   }
-  if (op.name == OpName::fp8_transpose) {  // [w8] → [w8t]: each linear weight's codes transposed in place of it
+  if (op.name == OpName::fp8_weights_transpose) {  // [w8] → [w8t]: each linear weight's codes transposed
     const std::string& w8 = in(op, "w8");
     const std::string& w8t = out(op, "w8t");
     const GroupLayout& layout = layouts_.at(group_of_buffer(w8));

@@ -229,7 +229,7 @@ template <class T, class G, class W>
 void Interpreter<T, G, W>::activation(const Op& op) {
   bool backward = op.phase == Phase::backward;
   if (op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose || op.name == OpName::fp8_weights ||
-      op.name == OpName::fp8_absmax || op.name == OpName::fp8_transpose) {
+      op.name == OpName::fp8_absmax || op.name == OpName::fp8_transpose || op.name == OpName::fp8_weights_transpose) {
     return fp8_activation(op);
   }
   if (op.name == OpName::rotary) {  // [qkv] → [qkv], in place

@@ -73,7 +73,7 @@ void lower_program_into(StepProgram& program, const ModelConfig& model, const To
   program.tokens_per_step = plan.global_batch_size * model.seq_length;
   program.async_staleness = plan.async_staleness;
   program.fp8 = plan.fp8;
-  program.fp8_slots = fp8_slot_count(model, plan);
+  program.fp8_slots = fp8_slot_layout(model, plan).count();
   // One role per pipeline stage of each replica class (unequal replicas: one class per count),
   // then the parameter servers' roles: all of them now, so that a reader's roles do not move.
   const std::vector<int64_t> classes = program.class_microbatches();

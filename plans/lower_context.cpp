@@ -8,6 +8,7 @@
 
 #include "errors.hpp"
 #include "lower.hpp"
+#include "schedule.hpp"
 
 namespace stepcast {
 
@@ -96,6 +97,7 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   fp8_transposed = fp8 && topo.node.device.fp8_transposed_copies;
   fp8_forward = Dtype::fp8_e4m3;
   fp8_backward = p.fp8.format == Fp8Format::hybrid ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
+  fp8_slots = fp8_slot_layout(m, p);
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
   if (m.is_moe()) moe = moe_shape(m, p, s_local * b);
 }
@@ -176,58 +178,70 @@ int32_t saved_input_index(Fp8Slot kind) {
   }
 }
 constexpr int64_t kSavedInputKinds = 4;
+
+// The most microbatches one model chunk of one stage holds at once (forward run, backward not).
+int64_t most_microbatches_held(const Plan& plan) {
+  const ScheduleShape shape{plan.pp_size, plan.virtual_pp_size, plan.num_microbatches()};
+  int64_t most = 1;
+  for (int64_t stage = 0; stage < plan.pp_size; ++stage) {
+    std::vector<int64_t> held(size_t(plan.virtual_pp_size), 0);
+    for (const PassAction& a : schedule_actions(plan.schedule, shape, stage)) {
+      int64_t& n = held[size_t(a.chunk)];
+      n += a.forward ? 1 : -1;
+      most = std::max(most, n);
+    }
+  }
+  return most;
+}
 }  // namespace
 
-// The slots of the layers' kinds and of their kept inputs (current scaling), before the experts'.
-int64_t dense_slot_count(const ModelConfig& model, const Plan& plan) {
-  const int64_t layers = model.num_hidden_layers * kFp8SlotsPerLayer;
-  if (plan.fp8.delayed()) return layers;
-  return layers + model.num_hidden_layers * kSavedInputKinds * plan.num_microbatches();
-}
-
-int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan) {
-  if (!plan.fp8.enabled()) return 0;
-  int64_t count = dense_slot_count(model, plan);
-  if (!plan.fp8.delayed() && model.is_moe()) {
-    const int64_t local = model.num_experts / plan.moe.ep_size;
-    count += model.num_hidden_layers * local * (kFp8SlotsPerLayer + kSavedInputKinds * plan.num_microbatches());
+Fp8SlotLayout fp8_slot_layout(const ModelConfig& model, const Plan& plan) {
+  Fp8SlotLayout l;
+  if (!plan.fp8.enabled()) return l;
+  l.layers = model.num_hidden_layers;
+  l.current = !plan.fp8.delayed();
+  if (l.current) {
+    l.inputs = most_microbatches_held(plan);
+    if (model.is_moe()) l.experts_local = model.num_experts / plan.moe.ep_size;
   }
-  return count;
+  return l;
 }
 
-int32_t fp8_first_slot(const ModelConfig& model, const Plan& plan, int64_t layer, bool experts) {
-  if (!experts || plan.fp8.delayed()) return int32_t(layer * kFp8SlotsPerLayer);
-  return int32_t(dense_slot_count(model, plan) + layer * kFp8SlotsPerLayer * (model.num_experts / plan.moe.ep_size));
+int64_t Fp8SlotLayout::dense_count() const {
+  return layers * (kFp8SlotsPerLayer + (current ? kSavedInputKinds * inputs : 0));
 }
 
-int32_t fp8_expert_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind) {
-  if (plan.fp8.delayed()) return fp8_slot(model, plan, layer, microbatch, kind);
-  STEPCAST_CHECK(model.is_moe(), "an expert's FP8 slot of a model without experts");
-  const int64_t local = model.num_experts / plan.moe.ep_size;
-  const int64_t kinds = model.num_hidden_layers * kFp8SlotsPerLayer;
+int64_t Fp8SlotLayout::count() const {
+  return dense_count() + layers * experts_local * (kFp8SlotsPerLayer + kSavedInputKinds * inputs);
+}
+
+int32_t Fp8SlotLayout::slot(int64_t layer, int64_t microbatch, Fp8Slot kind) const {
   const int32_t input = saved_input_index(kind);
-  int64_t slot = fp8_first_slot(model, plan, layer, true) + kind * local;
+  int64_t at = layer * kFp8SlotsPerLayer + kind;
+  if (current && input >= 0) {
+    STEPCAST_CHECK(microbatch >= 0, "an FP8 input's slot for microbatch " + std::to_string(microbatch));
+    at = layers * kFp8SlotsPerLayer + (layer * kSavedInputKinds + input) * inputs + microbatch % inputs;
+  }
+  STEPCAST_CHECK(at >= 0 && at < count(), "an FP8 slot in range");
+  return int32_t(at);
+}
+
+int32_t Fp8SlotLayout::first_slot(int64_t layer, bool experts) const {
+  if (!experts || experts_local == 0) return int32_t(layer * kFp8SlotsPerLayer);
+  return int32_t(dense_count() + layer * kFp8SlotsPerLayer * experts_local);
+}
+
+int32_t Fp8SlotLayout::expert_slot(int64_t layer, int64_t microbatch, Fp8Slot kind) const {
+  if (experts_local == 0) return slot(layer, microbatch, kind);  // delayed: the layer's
+  const int32_t input = saved_input_index(kind);
+  int64_t at = first_slot(layer, true) + kind * experts_local;
   if (input >= 0) {
-    STEPCAST_CHECK(microbatch >= 0 && microbatch < plan.num_microbatches(),
-                   "an expert FP8 input's slot for microbatch " + std::to_string(microbatch));
-    slot = dense_slot_count(model, plan) + kinds * local +
-           ((layer * kSavedInputKinds + input) * plan.num_microbatches() + microbatch) * local;
+    STEPCAST_CHECK(microbatch >= 0, "an expert FP8 input's slot for microbatch " + std::to_string(microbatch));
+    at = dense_count() + layers * kFp8SlotsPerLayer * experts_local +
+         ((layer * kSavedInputKinds + input) * inputs + microbatch % inputs) * experts_local;
   }
-  STEPCAST_CHECK(slot >= 0 && slot + local <= fp8_slot_count(model, plan), "an expert FP8 slot in range");
-  return int32_t(slot);
-}
-
-int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind) {
-  const int32_t input = saved_input_index(kind);
-  int64_t slot = layer * kFp8SlotsPerLayer + kind;
-  if (!plan.fp8.delayed() && input >= 0) {
-    STEPCAST_CHECK(microbatch >= 0 && microbatch < plan.num_microbatches(),
-                   "an FP8 input's slot for microbatch " + std::to_string(microbatch));
-    slot = model.num_hidden_layers * kFp8SlotsPerLayer +
-           (layer * kSavedInputKinds + input) * plan.num_microbatches() + microbatch;
-  }
-  STEPCAST_CHECK(slot >= 0 && slot < fp8_slot_count(model, plan), "an FP8 slot in range");
-  return int32_t(slot);
+  STEPCAST_CHECK(at >= 0 && at + experts_local <= count(), "an expert FP8 slot in range");
+  return int32_t(at);
 }
 
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
@@ -238,7 +252,7 @@ std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
              Phase::forward, true);
   }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-    rb.alloc(meta, BufferClass::weights, ctx.wide, {fp8_slot_count(ctx.model, ctx.plan)}, Phase::forward, true);
+    rb.alloc(meta, BufferClass::weights, ctx.wide, {ctx.fp8_slots.count()}, Phase::forward, true);
   }
   return "fp8w.L0";
 }
@@ -306,9 +320,9 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
 
 void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, bool experts) {
   Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
-  auto slot = experts ? fp8_expert_slot : fp8_slot;
-  op.fp8_slots = {slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, a),
-                  slot(ctx_.model, ctx_.plan, at.layer, at.microbatch, b)};
+  const Fp8SlotLayout& slots = ctx_.fp8_slots;
+  op.fp8_slots = {experts ? slots.expert_slot(at.layer, at.microbatch, a) : slots.slot(at.layer, at.microbatch, a),
+                  experts ? slots.expert_slot(at.layer, at.microbatch, b) : slots.slot(at.layer, at.microbatch, b)};
   const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   const double m = double(op.m), n = double(op.n), k = double(op.k);
   op.bytes = m * k + k * n + m * n * out_bytes;
@@ -331,8 +345,8 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                                 BufferClass buffer_class, bool amax_over_tp, bool transposed,
                                 const std::string& counts) {
-  const int32_t slot = (counts.empty() ? fp8_slot : fp8_expert_slot)(ctx_.model, ctx_.plan, at.layer, at.microbatch,
-                                                                     kind);
+  const int32_t slot = counts.empty() ? ctx_.fp8_slots.slot(at.layer, at.microbatch, kind)
+                                      : ctx_.fp8_slots.expert_slot(at.layer, at.microbatch, kind);
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it

@@ -17,6 +17,36 @@
 
 namespace stepcast {
 
+// FP8 scale slots (fp8.hpp's Fp8Slot): kFp8SlotsPerLayer per layer of the model. Under current
+// scaling (tensorwise) the inputs a layer's linear layers keep for their wgrads (the *_x kinds)
+// have `inputs` slots each instead, after every layer's, microbatch m on m mod inputs: the codes
+// keep the scale they were cast with until their wgrad reads them, while later microbatches'
+// forwards cast the same layer's inputs, as Transformer Engine keeps each saved FP8 tensor's scale
+// with it. `inputs` is the most microbatches a model chunk holds at once under the schedule (its
+// forward run, its backward not): those form a run of consecutive microbatches, so no two share a
+// slot. A MoE layer's routed experts: under delayed scaling they share the layer's MLP slots (the
+// amax maximised over them); under current scaling each local expert has its own slots, as
+// Transformer Engine's grouped linear layers quantize each expert's GEMM operands with its own
+// quantizer: expert_slot gives local expert 0's slot of a kind, expert l's is l after it. After
+// the layers' slots and their kept inputs', slot (L·kFp8SlotsPerLayer + k)·E_l + l for layer L,
+// kind k, local expert l, then the experts' kept inputs ((L·4 + input kind)·inputs + m mod
+// inputs)·E_l + l (E_l = experts / ep).
+struct Fp8SlotLayout {
+  int64_t layers = 0;
+  bool current = false;
+  int64_t inputs = 1;         // (current scaling) the slots of a kept input kind of a layer
+  int64_t experts_local = 0;  // (current scaling with experts) E_l
+  int64_t count() const;      // the length of fp8.scale and fp8.amax (the program's fp8_slots)
+  int32_t slot(int64_t layer, int64_t microbatch, Fp8Slot kind) const;
+  int32_t expert_slot(int64_t layer, int64_t microbatch, Fp8Slot kind) const;
+  // The first of a layer's slots (its experts': their first), the base of an fp8_weights op's
+  // slots: kind k at k after it (experts under current scaling: local expert l's at k·E_l + l).
+  int32_t first_slot(int64_t layer, bool experts) const;
+  int64_t dense_count() const;  // the layers' slots and their kept inputs', before the experts'
+};
+// The plan's layout (count() 0 without FP8).
+Fp8SlotLayout fp8_slot_layout(const ModelConfig& model, const Plan& plan);
+
 struct LowerContext {
   LowerContext(const ModelConfig& model, const Topology& topology, const Plan& plan);
 
@@ -45,6 +75,7 @@ struct LowerContext {
   // fp8_columnwise): each layer's FP8 weights also kept transposed, for the dgrad GEMMs.
   bool fp8_transposed;
   Dtype fp8_forward, fp8_backward;  // the storage of forward tensors and of gradients
+  Fp8SlotLayout fp8_slots;          // where each FP8 tensor's scale and amax live
   int64_t num_virtual_stages;
   // Mixture of experts (zeros without experts; lower_moe.cpp). T: tokens a rank routes per
   // microbatch (s_local·b); k: top-k; the ep·etp ranks of an expert block route N = T·k·ep·etp
@@ -103,7 +134,7 @@ class OpEmitter {
                  std::vector<BufferName> inputs, std::vector<BufferName> outputs, Fp8Slot a, Fp8Slot b);
   // GEMM op `id` reads FP8 operands on the layer's slots a, b: its slots and bytes (a byte an FP8
   // operand element, the output in the plan's dtype, of one GEMM of its m, n, k).
-  // `experts`: a grouped GEMM of the local experts, on their slots (fp8_expert_slot).
+  // `experts`: a grouped GEMM of the local experts, on their slots (Fp8SlotLayout::expert_slot).
   void mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, bool experts = false);
   // The transposed copy of the live FP8 operand x8 ([rows, elements / rows] → its transpose,
   // fp8_transposed_operand_name(x8), workspace) for the wgrads that read it on a device that
@@ -117,7 +148,7 @@ class OpEmitter {
   // reads them; the caller frees it with `name`).
   // `counts`: a MoE expert buffer's counts, which say the rows it really holds (the rest of its
   // worst-case rows are not the step's, and stay out of the amax); its slots are the experts'
-  // (fp8_expert_slot), and under current scaling its amax op reads the counts too (each local
+  // (Fp8SlotLayout::expert_slot), and under current scaling its amax op reads the counts too (each local
   // expert's rows, into its own slot).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                        BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false,
@@ -174,25 +205,6 @@ class OpEmitter {
   std::unique_ptr<LowerContext> ulysses_ctx_;
   std::unique_ptr<OpEmitter> ulysses_;
 };
-
-// FP8 scale slots (fp8.hpp's Fp8Slot): kFp8SlotsPerLayer per layer of the model; under current
-// scaling (tensorwise) the inputs of a layer's linear layers (the *_x kinds) have one slot per
-// microbatch instead, after every layer's: an input's FP8 codes keep the scale they were cast with
-// until their wgrad reads them in the backward, while later microbatches' forwards (1F1B, GPipe,
-// interleaved) cast the same layer's inputs, as Transformer Engine keeps each saved FP8 tensor's
-// scale with it. fp8_slot_count: the length of fp8.scale and fp8.amax (the program's fp8_slots).
-// A MoE layer's routed experts: under delayed scaling they share the layer's MLP slots (the amax
-// maximised over them); under current scaling each local expert has its own slots, as Transformer
-// Engine's grouped linear layers quantize each expert's GEMM operands with its own quantizer:
-// fp8_expert_slot gives local expert 0's slot of a kind and expert l's is l after it. After the
-// layers' slots, expert slots of layer L, kind k, local expert l: (L·kFp8SlotsPerLayer + k)·E_l + l;
-// then the kept inputs' ((L·4 + input kind)·microbatches + mb)·E_l + l (E_l = experts / ep).
-int64_t fp8_slot_count(const ModelConfig& model, const Plan& plan);
-int32_t fp8_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind);
-int32_t fp8_expert_slot(const ModelConfig& model, const Plan& plan, int64_t layer, int64_t microbatch, Fp8Slot kind);
-// The first of a layer's slots (its experts': their first), the base of an fp8_weights op's slots:
-// kind k at k after it (experts under current scaling: local expert l's at k·E_l + l).
-int32_t fp8_first_slot(const ModelConfig& model, const Plan& plan, int64_t layer, bool experts);
 
 // A one-layer probe's FP8 state (layer L0's FP8 weight copy "fp8w.L0", its slots' fp8.scale and
 // fp8.amax), persistent; returns the copy's name, "" without FP8.

@@ -21,7 +21,7 @@ struct Names {
 
 // A grouped GEMM of the local experts: `experts` GEMMs of rows × n × k (m = the mean rows of an
 // expert; the simulator draws each expert's rows from the program's routing). Under FP8 (slots
-// a, b ≥ 0: the experts' slot kinds, fp8_expert_slot) it reads FP8 operands
+// a, b ≥ 0: the experts' slot kinds, Fp8SlotLayout::expert_slot) it reads FP8 operands
 // and writes the plan's dtype, as OpEmitter::linear's GEMMs (Transformer Engine's grouped linear
 // layers); on a device that reads FP8 row-wise only, a wgrad reads its operands' transposed
 // copies (x_t, d_y_t), made here where the lowering has not made them already.

@@ -103,8 +103,10 @@ void RoleLowering::alloc_persistent() {
                 {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
     }
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
-    // the device needs it its transposed copy (fp8_transpose).
-    if (c_.fp8 && (g.name[0] == 'L' || g.name[0] == 'X')) {  // a layer's, and a MoE layer's experts' too
+    // the device needs it its transposed copy (fp8_weights_transpose).
+    // (Under ZeRO-3 cast from the gathered weights at each use instead: fp8_weights_for.)
+    const bool fp8_copy = g.name[0] == 'L' || g.name[0] == 'X';  // a layer's, and a MoE layer's experts' too
+    if (c_.fp8 && fp8_copy && !shards_of(g).sharded(ShardedState::weights)) {
       rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
       if (c_.fp8_transposed) {
         rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
@@ -112,7 +114,7 @@ void RoleLowering::alloc_persistent() {
     }
   }
   if (c_.fp8) {  // every layer's slots on every rank: the amax all_reduce runs over the world
-    const int64_t slots = fp8_slot_count(c_.model, plan_);
+    const int64_t slots = c_.fp8_slots.count();
     rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     if (plan_.fp8.delayed()) {
@@ -284,17 +286,19 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
     lat.layer = int32_t(std::stoi(layers[i]->name.substr(1)));
     const ParamGroup* next = i + 1 < layers.size() ? layers[i + 1] : nullptr;
     std::string w = weights_for(*layers[i], lat, next);
-    LayerParams lp{w, "", c_.fp8 ? fp8_weights_name(*layers[i]) : ""};
+    LayerParams lp{w, "", ""};
     const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
-    if (experts) {
-      lp.expert_weights = weights_for(*experts, lat, nullptr);
-      if (c_.fp8) lp.expert_fp8_weights = fp8_weights_name(*experts);
-    }
-    if (c_.fp8 && fp8_weights_cast_.insert(lat.layer).second) {  // the step's first forward of the layer
-      cast_fp8_weights(lat, *layers[i], w, double(layers[i]->elements - c_.layer_sp_replicated(lat.layer)));
-      if (experts) cast_fp8_weights(lat, *experts, lp.expert_weights, double(experts->elements));
+    if (experts) lp.expert_weights = weights_for(*experts, lat, nullptr);
+    Fp8Copies f8, fe8;
+    if (c_.fp8) {
+      f8 = fp8_weights_for(lat, *layers[i], w, double(layers[i]->elements - c_.layer_sp_replicated(lat.layer)));
+      if (experts) fe8 = fp8_weights_for(lat, *experts, lp.expert_weights, double(experts->elements));
+      lp.fp8_weights = f8.w8;
+      lp.expert_fp8_weights = fe8.w8;
     }
     x = emit_layer_forward(e_, lat, x, lp, KeepMode::per_plan);
+    release_fp8_weights(f8, Phase::forward);
+    release_fp8_weights(fe8, Phase::forward);
     release_weights(w, Phase::forward);
     release_weights(lp.expert_weights, Phase::forward);
   }
@@ -307,10 +311,38 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
   return "";
 }
 
-// Transformer Engine's cast of a group's weights to its FP8 copy, once a step (and its transposed
-// copy where the device reads FP8 row-wise only); `linear`: the elements the linear layers read.
-void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear) {
-  const std::string w8 = fp8_weights_name(g);
+RoleLowering::Fp8Copies RoleLowering::fp8_weights_for(const OpSite& lat, const ParamGroup& g, const std::string& w,
+                                                       double linear) {
+  if (!shards_of(g).sharded(ShardedState::weights)) {
+    Fp8Copies copies{fp8_weights_name(g), c_.fp8_transposed ? fp8_weights_t_name(g) : ""};
+    if (fp8_weights_cast_.insert(g.name).second) cast_fp8_weights(lat, g, w, linear, copies);
+    if (lat.phase != Phase::backward) copies.w8t.clear();  // (the dgrads read it)
+    return copies;
+  }
+  // Named as the gathered weights they are cast from: "fp8w.L3.mb0.forward" (group L3).
+  const std::string use = w.substr(w.find('.', w.find('.') + 1));
+  Fp8Copies copies{"fp8w." + g.name + use, "", true};
+  rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_forward, {g.elements}, lat.phase);
+  if (c_.fp8_transposed && lat.phase == Phase::backward) {
+    copies.w8t = fp8_transposed_copy_name(g.name) + use;
+    rb_.alloc(copies.w8t, BufferClass::weights, c_.fp8_forward, {g.elements}, lat.phase);
+  }
+  cast_fp8_weights(lat, g, w, linear, copies);
+  return copies;
+}
+
+void RoleLowering::release_fp8_weights(const Fp8Copies& copies, Phase phase) {
+  if (!copies.transient) return;
+  for (const std::string& name : {copies.w8, copies.w8t}) {
+    if (!name.empty()) rb_.free(name, phase);
+  }
+}
+
+// Transformer Engine's cast of a group's weights to its FP8 copy `into.w8` (and its transposed copy
+// into.w8t where the device reads FP8 row-wise only); `linear`: the elements the linear layers read.
+void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear,
+                                    const Fp8Copies& into) {
+  const std::string& w8 = into.w8;
   // Current scaling: each weight's amax first (a second read), its scale written.
   const bool current = !plan_.fp8.delayed();
   std::vector<BufferName> outputs = {w8, "fp8.amax"};
@@ -319,11 +351,11 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
                           {w, "fp8.scale", "fp8.amax"}, outputs);
   Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
   // The layer's first slot, its weights' kinds added (experts under current scaling: the layer's
-  // first expert slot, kind k of local expert l at k·E_l + l after it, fp8_expert_slot).
-  op.fp8_slots = {fp8_first_slot(c_.model, plan_, lat.layer, g.expert), -1};
+  // first expert slot, kind k of local expert l at k·E_l + l after it: Fp8SlotLayout).
+  op.fp8_slots = {c_.fp8_slots.first_slot(lat.layer, g.expert), -1};
   op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
-  if (c_.fp8_transposed) {  // read once, written transposed
-    int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_transpose, 0, {w8}, {fp8_weights_t_name(g)});
+  if (!into.w8t.empty()) {  // read once, written transposed
+    int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, 0, {w8}, {into.w8t});
     const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
   }
 }
@@ -355,16 +387,24 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
     std::string w = weights_for(pg, lat, next);
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
-    LayerParams lp{w, grads_for(pg, mb), c_.fp8 ? fp8_weights_name(pg) : "",
-                   c_.fp8_transposed ? fp8_weights_t_name(pg) : ""};
+    LayerParams lp{w, grads_for(pg, mb), "", ""};
     const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
     if (experts) {
       lp.expert_weights = weights_for(*experts, lat, nullptr);
       lp.expert_grads = grads_for(*experts, mb);
-      if (c_.fp8) lp.expert_fp8_weights = fp8_weights_name(*experts);
-      if (c_.fp8_transposed) lp.expert_fp8_weights_t = fp8_weights_t_name(*experts);
+    }
+    Fp8Copies f8, fe8;
+    if (c_.fp8) {
+      f8 = fp8_weights_for(lat, pg, w, double(pg.elements - c_.layer_sp_replicated(lat.layer)));
+      if (experts) fe8 = fp8_weights_for(lat, *experts, lp.expert_weights, double(experts->elements));
+      lp.fp8_weights = f8.w8;
+      lp.fp8_weights_t = f8.w8t;
+      lp.expert_fp8_weights = fe8.w8;
+      lp.expert_fp8_weights_t = fe8.w8t;
     }
     emit_layer_backward(e_, lat, x_in, g, lp);
+    release_fp8_weights(f8, Phase::backward);
+    release_fp8_weights(fe8, Phase::backward);
     accumulate_unfused();
     release_weights(w, Phase::backward);
     release_weights(lp.expert_weights, Phase::backward);

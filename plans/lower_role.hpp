@@ -165,8 +165,21 @@ class RoleLowering {
   static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
   static std::string fp8_weights_t_name(const ParamGroup& g) { return fp8_transposed_copy_name(g.name); }
   void emit_fp8_scale_update();
-  void cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear);
-  std::set<int64_t> fp8_weights_cast_;  // layers whose FP8 copy this step already cast
+  // The FP8 copies of group g's weights `w` a pass of layer lat reads: w8, and on a device that
+  // reads FP8 row-wise only w8t (its transpose, which the backward's dgrads read). Persistent
+  // copies, cast at the step's first forward of the layer (Transformer Engine caches them); under
+  // ZeRO-3 (weights sharded) transient ones cast from the gathered weights at every use and freed
+  // with them (release_fp8_weights), as Transformer Engine casts weights it cannot cache
+  // (Megatron-FSDP without fp8_param_gather: the parameters gathered in the plan's dtype).
+  struct Fp8Copies {
+    std::string w8, w8t;
+    bool transient = false;  // ZeRO-3's, freed by release_fp8_weights
+  };
+  Fp8Copies fp8_weights_for(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear);
+  void release_fp8_weights(const Fp8Copies& copies, Phase phase);
+  void cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear,
+                        const Fp8Copies& into);
+  std::set<std::string> fp8_weights_cast_;  // groups whose persistent FP8 copy this step already cast
 
   // ---- embedding and loss (lower_embedding_loss.cpp) ----
 

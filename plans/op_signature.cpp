@@ -251,12 +251,13 @@ std::vector<OpSignature> make_table() {
       {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
        {act("x"), stats("scale"), stats("amax"), counts()},
        {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
-      {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::forward,
+      // (Once a step, at the layer's first forward; under ZeRO-3 at each use, backward too.)
+      {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::any,
        {weights(), stats("scale"), stats("amax")},
        {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax"), counts()},
        {stats("amax")}},
-      {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::forward,
+      {OpKind::activation, {N::fp8_weights_transpose}, Grad::none, Pass::any,
        {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
       // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m].
       {OpKind::activation, {N::fp8_cast_transpose}, Grad::none, Pass::any,

@@ -463,12 +463,6 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
   validate_context_parallel(plan, model);
   validate_moe_plan(plan.moe, f, model, plan.tp_size, plan.tp_size * plan.cp_size * plan.dp_size,
                     plan.sequence_parallel);
-  if (plan.fp8.enabled() && plan.zero_stage == 3) {
-    throw_input_error(f, "fp8", to_string(plan.fp8.format),
-                      "with zero_stage 3 is not supported yet (the FP8 weight copies are kept whole, as "
-                      "Transformer Engine caches them, which ZeRO-3's sharded weights do not allow)",
-                      "zero_stage 0, 1 or 2 with fp8, or no fp8");
-  }
   if (plan.async_dp()) validate_async(plan);
   if (plan.parameter_server()) validate_parameter_servers(plan, model, topology);
   if (plan.overlap_param_gather && plan.zero_stage == 0) {

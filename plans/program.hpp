@@ -71,10 +71,12 @@ enum class OpName : uint8_t {
   // step's amax maximised over every rank (fp8_amax, an all_reduce) and the scales recomputed
   // from the amax history (fp8_scale_update); current scaling: a tensor's amax taken before its
   // cast (fp8_absmax), maximised over tp for a sequence-parallel input (fp8_amax of one slot);
-  // on a device whose fp8_columnwise is transposed: a layer's FP8 weight codes transposed for the
-  // dgrad GEMMs and a wgrad's FP8 input transposed for it (fp8_transpose), and a gradient cast
-  // to FP8 written row-wise and transposed at once (fp8_cast_transpose, Transformer Engine's)
+  // on a device whose fp8_columnwise is transposed: a wgrad's FP8 input transposed for it
+  // (fp8_transpose), a gradient cast to FP8 written row-wise and transposed at once
+  // (fp8_cast_transpose, Transformer Engine's), and a layer's FP8 weight codes transposed for the
+  // dgrad GEMMs (fp8_weights_transpose: once a step, or at each use under ZeRO-3)
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose, fp8_cast_transpose,
+  fp8_weights_transpose,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss (its
@@ -163,7 +165,7 @@ struct Op {
   // slots of an FP8 gemm's two FP8 operands (x or d_y, then w or d_y) — their scales are
   // fp8.scale[slot]; −1: not FP8. Under current scaling a grouped GEMM's, an expert buffer's cast
   // and amax, and an expert group's fp8_weights take local expert 0's slots, expert l's l after
-  // (lower_context.hpp's fp8_expert_slot, fp8_first_slot).
+  // (lower_context.hpp's Fp8SlotLayout).
   std::array<int32_t, 2> fp8_slots = {-1, -1};
   BufferName buffer;  // alloc / free
   OpShape shape;      // alloc (interned: op_shape.hpp)
@@ -267,9 +269,10 @@ struct StepProgram {
   int64_t parameter_servers = 0;
   // FP8 recipe (off unless the plan has fp8); fp8_slots: the length of the persistent buffers
   // fp8.scale, fp8.amax [slots] and fp8.history [slots, amax_history_len] every rank holds
-  // (kFp8SlotsPerLayer per transformer layer of the model; under current scaling also one slot per
-  // layer, saved input kind and microbatch, and with experts each local expert's, as
-  // lower_context.hpp's fp8_slot and fp8_expert_slot lay them out).
+  // (kFp8SlotsPerLayer per transformer layer of the model; under current scaling also the slots of
+  // the inputs kept for the backward, a microbatch's on the layer's m mod (the microbatches a
+  // chunk holds at once), and with experts each local expert's, as lower_context.hpp's
+  // Fp8SlotLayout lays them out).
   Fp8Recipe fp8;
   int64_t fp8_slots = 0;
   std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)

@@ -201,6 +201,8 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const 
       else edge += double(g.elements);
     }
     if (plan.zero_stage >= 3) extra += (2 * largest_layer + edge) * act;  // gathered weights
+    // (and their FP8 copies, cast at each use, with the transposed one on such a device)
+    if (plan.zero_stage >= 3 && c.fp8) extra += 2 * largest_layer * (c.fp8_transposed ? 2 : 1);
     if (plan.zero_stage >= 2) {  // full gradients waiting for their bucket's reduce_scatter
       double waiting = all_groups;
       if (plan.overlap_grad_reduce && plan.dp_size > 1) {
@@ -482,6 +484,31 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         double sec = cost_model.op_time_s(op);
         t.compute_mb_s += sec;
         t.backward_mb_s += sec;
+      }
+    }
+    // FP8 under ZeRO-3: the probe (one rank, nothing sharded) casts a layer's weights once, in its
+    // forward; the program casts the gathered weights at each use, a second time in the backward,
+    // which also makes the transposed copy on a device that needs one (the probe's forward did).
+    for (const Group& g : s.groups) {
+      if (!c.fp8 || (g.kind != Group::layer && g.kind != Group::expert)) continue;
+      if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
+      const double linear = double(g.elements - g.sp_replicated);
+      const bool current = !plan.fp8.delayed();
+      Op cast;
+      cast.kind = OpKind::activation;
+      cast.phase = Phase::backward;
+      cast.name = OpName::fp8_weights;
+      cast.flops = (current ? 5 : 3) * linear;
+      cast.bytes = linear * ((current ? 2 : 1) * act + 1);
+      const double cast_s = cost_model.op_time_s(cast);
+      t.compute_mb_s += cast_s;
+      t.backward_mb_s += cast_s;
+      if (c.fp8_transposed) {
+        Op transpose = cast;
+        transpose.name = OpName::fp8_weights_transpose;
+        transpose.flops = 0;
+        transpose.bytes = 2 * linear;
+        t.backward_mb_s += cost_model.op_time_s(transpose);
       }
     }
     // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in

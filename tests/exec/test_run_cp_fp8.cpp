@@ -110,7 +110,7 @@ TEST_CASE("run: a context-parallel run resumed from a checkpoint continues the u
 TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve without FP8", "[run][fp8]") {
   // Delayed scaling's amax is maximised over every rank, so every plan rounds to the same FP8
   // values as one rank does: the curves agree like the plans without FP8. Both formats, both tiny
-  // models (tiny-gpt has column-parallel biases), with tp + SP, pp, dp with ZeRO 1-2, cp, recompute.
+  // models (tiny-gpt has column-parallel biases), with tp + SP, pp, dp with ZeRO 1-3, cp, recompute.
   const int steps = 6;
   auto fp8 = [](Json p, const char* format) {
     p["fp8"] = format;
@@ -131,6 +131,9 @@ TEST_CASE("run: FP8 plans give the single-rank FP8 curve (fp64), near the curve 
       {"tiny", fp8(cp, "hybrid")},
       {"tiny-gpt", fp8(plan(2, 1, 1, 0, "1f1b", "full", false, false, 2, false), "e4m3")},
       {"tiny-gpt", fp8(plan(1, 1, 2, 2, "1f1b", "none", false, true, 1, true), "e4m3")},
+      // ZeRO-3: each use casts the gathered weights (no FP8 copy kept), prefetched or not.
+      {"tiny", fp8(plan(1, 1, 2, 3, "1f1b", "none", false, false, 2, true), "hybrid")},
+      {"tiny-gpt", fp8(plan(1, 1, 2, 3, "1f1b", "full", false, true, 1, false), "e4m3")},
   };
   std::map<std::string, std::vector<double>> reference;
   for (const Case& c : cases) {
@@ -187,6 +190,7 @@ TEST_CASE("run: FP8 current scaling: exact across dp and pp, near across tp and 
   // pipelines without recompute keep several microbatches' FP8 inputs for their wgrads, each with
   // the scale it was cast with (a slot per microbatch).
   for (const Json& p : {current(plan(1, 1, 2, 1, "1f1b", "none", false, false, 2, true)),
+                        current(plan(1, 1, 2, 3, "1f1b", "none", false, false, 2, true)),
                         current(plan(1, 2, 1, 0, "1f1b", "none", false, false, 2, false)),
                         current(plan(1, 2, 1, 0, "interleaved_1f1b", "none", false, true, 2, false)),
                         current(plan(1, 2, 1, 0, "1f1b", "full", false, false, 2, false))}) {
@@ -224,7 +228,8 @@ TEST_CASE(
   topology["node"]["device"]["fp8_columnwise"] = "transposed";
   const std::string transposed = write_temp_file("localhost-cpu-fp8-transposed.json", topology.dump());
   for (const Json& base : {plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false),
-                           plan(1, 2, 1, 1, "1f1b", "full", false, true, 1, false)}) {
+                           plan(1, 2, 1, 1, "1f1b", "full", false, true, 1, false),
+                           plan(1, 1, 2, 3, "1f1b", "none", false, true, 1, false)}) {
     Json p = base;
     p["fp8"] = "hybrid";
     RunResult native = run_plan("tiny-gpt", p, 4);
@@ -234,10 +239,11 @@ TEST_CASE(
     REQUIRE(copied.exit_code == 0);
     CHECK(losses(copied) == losses(native));
     check_measured_memory("fp8 transposed " + p.dump(), copied, true, 64 * 1024);
-    // Rank 0's program holds one more FP8 copy of its layers' weights.
+    // Rank 0's program holds one more FP8 copy of its layers' weights (under ZeRO-3 a transient one
+    // at each backward use, cast from the gathered weights: the lowering tests count those).
     auto weights = [](const RunResult& r) {
       return r.measurement.at("memory").at("ranks")[0].at("memory_weights_bytes").get<double>();
     };
-    CHECK(weights(copied) > weights(native));
+    if (p.at("zero_stage") != 3) CHECK(weights(copied) > weights(native));
   }
 }

@@ -188,7 +188,8 @@ TEST_CASE("FP8 current scaling: an amax before each cast, over tp for sequence-p
     if (op.name == OpName::fp8_amax) {
       CHECK(op.group == GroupKind::tp);
       CHECK(op.fp8_slots[0] ==
-            fp8_slot(model, plan, op.layer, op.microbatch, tp_amaxes % 2 == 0 ? Fp8Slot::qkv_x : Fp8Slot::mlp_x));
+            fp8_slot_layout(model, plan)
+                .slot(op.layer, op.microbatch, tp_amaxes % 2 == 0 ? Fp8Slot::qkv_x : Fp8Slot::mlp_x));
       ++tp_amaxes;
     }
   }
@@ -221,9 +222,12 @@ TEST_CASE("FP8 current scaling: a wgrad reads the scale its input was cast with 
       StepProgram program = lower_program(model, topology, plan);
       REQUIRE(check_program(program).empty());
       const bool current = std::string(recipe) == "tensorwise";
-      // Each layer's slots; under current scaling one per layer, input kind (4) and microbatch (4).
-      CHECK(program.fp8_slots ==
-            model.num_hidden_layers * (kFp8SlotsPerLayer + (current ? 4 * program.num_microbatches : 0)));
+      // Each layer's slots; under current scaling one per layer, input kind (4) and microbatch a
+      // chunk holds at once: 1F1B's first stage pp of the 4, GPipe's and (its warm-up this deep)
+      // interleaved's every one.
+      const int64_t held = fp8_slot_layout(model, plan).inputs;
+      CHECK(held == (!current ? 1 : std::string(schedule) == "1f1b" ? 2 : 4));
+      CHECK(program.fp8_slots == model.num_hidden_layers * (kFp8SlotsPerLayer + (current ? 4 * held : 0)));
       int64_t wgrads = 0;
       for (const Role& role : program.roles) {
         std::map<std::string, int32_t> cast_slot;  // an FP8 input's buffer → the slot its cast wrote
@@ -262,15 +266,19 @@ TEST_CASE("FP8 current scaling with experts: each local expert's own slots, its 
   for (const char* recipe : {"tensorwise", "delayed"}) {
     INFO(recipe);
     Json j = {{"dp_size", 2},          {"expert_model_parallel_size", 2}, {"micro_batch_size", 1},
-              {"global_batch_size", 4}, {"dtype", "fp32"},                 {"dropout", 0.0},
-              {"fp8", "hybrid"},        {"fp8_recipe", recipe}};
+              {"global_batch_size", 8}, {"dtype", "fp32"},                 {"dropout", 0.0},
+              {"fp8", "hybrid"},        {"fp8_recipe", recipe},           {"pp_size", 2}};
     Plan plan = make_plan(j, model, topology);
     StepProgram program = lower_program(model, topology, plan);
     REQUIRE(check_program(program).empty());
     const bool current = std::string(recipe) == "tensorwise";
+    // pp 2 under 1F1B: the first stage holds 2 of the 4 microbatches at once, so 2 slots a kept input.
     const int64_t local = model.num_experts / 2, layers = model.num_hidden_layers, mbs = program.num_microbatches;
-    const int64_t dense = layers * (kFp8SlotsPerLayer + (current ? 4 * mbs : 0));
-    CHECK(program.fp8_slots == dense + (current ? layers * local * (kFp8SlotsPerLayer + 4 * mbs) : 0));
+    const int64_t held = current ? 2 : 1, stage_layers = plan.layers_per_stage[0];
+    CHECK(mbs == 4);
+    CHECK(fp8_slot_layout(model, plan).inputs == held);
+    const int64_t dense = layers * (kFp8SlotsPerLayer + (current ? 4 * held : 0));
+    CHECK(program.fp8_slots == dense + (current ? layers * local * (kFp8SlotsPerLayer + 4 * held) : 0));
     std::set<int32_t> input_slots;  // the expert inputs' (mlp_x) slots a microbatch's casts take
     int64_t expert_casts = 0, expert_amaxes = 0, grouped = 0;
     const Op* last_amax = nullptr;
@@ -295,15 +303,58 @@ TEST_CASE("FP8 current scaling with experts: each local expert's own slots, its 
         const Fp8Slot b = op.grad == Grad::none    ? Fp8Slot::mlp_up_w
                           : op.grad == Grad::dgrad ? Fp8Slot::mlp_up_w
                                                    : Fp8Slot::mlp_up_d;
-        CHECK(op.fp8_slots[0] == fp8_expert_slot(model, plan, op.layer, op.microbatch, a));
-        CHECK(op.fp8_slots[1] == fp8_expert_slot(model, plan, op.layer, op.microbatch, b));
+        CHECK(op.fp8_slots[0] == fp8_slot_layout(model, plan).expert_slot(op.layer, op.microbatch, a));
+        CHECK(op.fp8_slots[1] == fp8_slot_layout(model, plan).expert_slot(op.layer, op.microbatch, b));
       }
     }
     CHECK(expert_casts > 0);
-    CHECK(grouped == layers * mbs * 3);
+    CHECK(grouped == stage_layers * mbs * 3);
     CHECK(expert_amaxes == (current ? expert_casts : 0));
-    // Current scaling: each layer and microbatch its own input slots; delayed: the layer's.
-    CHECK(int64_t(input_slots.size()) == (current ? layers * mbs : layers));
+    // Current scaling: each layer of the stage 2 input slots (the microbatches it holds at once, each
+    // expert l at l after); delayed: the layer's MLP slot.
+    CHECK(int64_t(input_slots.size()) == stage_layers * held);
+  }
+}
+
+TEST_CASE("FP8 under ZeRO-3: the gathered weights cast at each use, no FP8 copy kept", "[lower][fp8]") {
+  // Megatron-FSDP without fp8_param_gather gathers the parameters in the plan's dtype and
+  // Transformer Engine casts them at each use: a forward and a backward cast of every layer per
+  // microbatch (full recompute re-runs the forward on the backward's gathered weights and their
+  // copy), each into a transient copy freed with the gathered weights;
+  // on a device that reads FP8 row-wise only, the backward's transposed for its dgrads.
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  Topology topology = test_topology();
+  topology.node.device.fp8_transposed_copies = true;
+  for (const char* recompute : {"none", "full"}) {
+    INFO(recompute);
+    Json j = {{"dp_size", 2},    {"zero_stage", 3},  {"micro_batch_size", 1}, {"global_batch_size", 4},
+              {"dtype", "fp32"}, {"dropout", 0.0},   {"fp8", "hybrid"},       {"recompute", recompute}};
+    Plan plan = make_plan(j, model, topology);
+    StepProgram program = lower_program(model, topology, plan);
+    REQUIRE(check_program(program).empty());
+    const int64_t uses = model.num_hidden_layers * program.num_microbatches;
+    int64_t casts = 0, transposes = 0, backward_casts = 0;
+    std::set<std::string> live;
+    for (const Op& op : program.roles[0].ops) {
+      if (op.kind == OpKind::alloc && op.buffer.str().rfind("fp8w", 0) == 0) {
+        CHECK_FALSE(op.persistent);
+        live.insert(op.buffer.str());
+      }
+      if (op.kind == OpKind::free) live.erase(op.buffer.str());
+      if (op.name == OpName::fp8_weights) {
+        ++casts;
+        backward_casts += op.phase == Phase::backward;
+        CHECK(op.inputs[0].str().rfind("wfull.", 0) == 0);
+      }
+      if (op.name == OpName::fp8_weights_transpose) {
+        ++transposes;
+        CHECK(op.phase == Phase::backward);
+      }
+    }
+    CHECK(live.empty());  // every copy freed with its gathered weights
+    CHECK(casts == 2 * uses);
+    CHECK(backward_casts == uses);
+    CHECK(transposes == uses);
   }
 }
 
@@ -372,20 +423,21 @@ TEST_CASE("FP8 on a device that reads column-wise operands only transposed: weig
       CHECK(op.bytes == bytes_of.at(op.inputs[0]) + 2 * bytes_of.at(op.outputs[0]));
       written_by_cast.insert(op.outputs[1]);
     }
+    if (op.name == OpName::fp8_weights_transpose) {
+      CHECK(op.bytes > 0);
+      CHECK(op.phase == Phase::forward);
+      ++weight_transposes;
+    }
     if (op.name == OpName::fp8_transpose) {
       CHECK(op.bytes > 0);
-      if (op.phase == Phase::forward) {
-        ++weight_transposes;
-      } else {
-        // [x8] → [x8_T]: m·n bytes read and written, the copy allocated just for it (workspace).
-        ++operand_transposes;
-        REQUIRE(op.inputs.size() == 1);
-        REQUIRE(op.outputs.size() == 1);
-        CHECK(op.outputs[0] == fp8_transposed_operand_name(op.inputs[0]));
-        CHECK(double(op.m) * double(op.n) == bytes_of.at(op.inputs[0]));
-        CHECK(bytes_of.at(op.outputs[0]) == bytes_of.at(op.inputs[0]));
-        CHECK(op.bytes == 2 * bytes_of.at(op.inputs[0]));
-      }
+      // [x8] → [x8_T]: m·n bytes read and written, the copy allocated just for it (workspace).
+      ++operand_transposes;
+      REQUIRE(op.inputs.size() == 1);
+      REQUIRE(op.outputs.size() == 1);
+      CHECK(op.outputs[0] == fp8_transposed_operand_name(op.inputs[0]));
+      CHECK(double(op.m) * double(op.n) == bytes_of.at(op.inputs[0]));
+      CHECK(bytes_of.at(op.outputs[0]) == bytes_of.at(op.inputs[0]));
+      CHECK(op.bytes == 2 * bytes_of.at(op.inputs[0]));
     }
     if (op.kind == OpKind::alloc && op.buffer.rfind("fp8wt.", 0) == 0) {
       CHECK(op.persistent);
@@ -416,6 +468,7 @@ TEST_CASE("FP8 on a device that reads column-wise operands only transposed: weig
   CHECK(shared == model.num_hidden_layers * plan.num_microbatches());
   for (const Op& op : a.roles[0].ops) {
     CHECK(op.name != OpName::fp8_transpose);
+    CHECK(op.name != OpName::fp8_weights_transpose);
     if (op.kind == OpKind::gemm && op.grad == Grad::dgrad && op.fp8_slots[0] >= 0) ++dgrads_native;
     if (op.kind == OpKind::gemm && op.grad == Grad::wgrad && op.fp8_slots[0] >= 0) {
       CHECK(op.inputs.size() == 2);

@@ -102,16 +102,11 @@ TEST_CASE("the planner enumerates expert layouts: tiny-moe on 4 CPU cores", "[se
   for (const auto& c : enumerate_candidates(tiny_moe(), cpu(2), space)) CHECK(c.plan.moe.ep_size == 2);
 }
 
-TEST_CASE("the planner's persistent bound is lowering's persistent bytes, experts included", "[search][moe]") {
-  // tiny-moe-shared: a dense first layer, 8 experts and a shared one; every ZeRO stage, pp 1 and 2.
-  ModelConfig model = tiny_moe_shared();
-  Topology topology = cpu(4);
-  SearchSpace space;
-  space.global_batch_size = 16;
-  space.micro_batch_sizes = {1};
-  space.virtual_pp_sizes = {};
+// Every kept candidate's persistent bound (pp ≤ 2, no recompute) against its lowering's persistent
+// bytes; the expert parallel sizes and ZeRO stages compared, and how many candidates.
+int64_t compare_persistent(const ModelConfig& model, const Topology& topology, const SearchSpace& space,
+                           std::set<int64_t>& eps, std::set<int64_t>& zero_stages) {
   int64_t compared = 0;
-  std::set<int64_t> eps;
   for (const auto& c : enumerate_candidates(model, topology, space)) {
     if (!c.kept() || c.plan.recompute != RecomputeKind::none || c.plan.pp_size > 2) continue;
     std::vector<double> bound = stage_persistent_bytes(c.plan, model, topology);
@@ -122,10 +117,43 @@ TEST_CASE("the planner's persistent bound is lowering's persistent bytes, expert
       CHECK(bound[size_t(role.pp_stage)] == Approx(persistent_allocated(role)).epsilon(1e-12));
     }
     eps.insert(c.plan.moe.ep_size);
+    zero_stages.insert(c.plan.zero_stage);
     ++compared;
   }
-  CHECK(compared > 50);
+  return compared;
+}
+
+TEST_CASE("the planner's persistent bound is lowering's persistent bytes, experts included", "[search][moe]") {
+  // tiny-moe-shared: a dense first layer, 8 experts and a shared one; every ZeRO stage, pp 1 and 2.
+  SearchSpace space;
+  space.global_batch_size = 16;
+  space.micro_batch_sizes = {1};
+  space.virtual_pp_sizes = {};
+  std::set<int64_t> eps, zero_stages;
+  CHECK(compare_persistent(tiny_moe_shared(), cpu(4), space, eps, zero_stages) > 50);
   CHECK(eps.size() >= 3);
+}
+
+TEST_CASE("the planner's persistent bound holds the FP8 copies: the experts' too, none kept under ZeRO-3",
+          "[search][moe][fp8]") {
+  // FP8 weight copies of the layers and of their experts (and their transposes on a device that
+  // reads FP8 row-wise only), persistent unless ZeRO-3 shards the weights; the scale slots of
+  // both recipes (current scaling: each kept input's per microbatch, each local expert's).
+  SearchSpace space;
+  space.global_batch_size = 8;
+  space.micro_batch_sizes = {1};
+  space.virtual_pp_sizes = {};
+  Topology transposed = cpu(4);
+  transposed.node.device.fp8_transposed_copies = true;
+  for (Fp8Scaling scaling : {Fp8Scaling::delayed, Fp8Scaling::current}) {
+    INFO(to_string(scaling));
+    space.fp8.format = Fp8Format::hybrid;
+    space.fp8.scaling = scaling;
+    std::set<int64_t> eps, zero_stages;
+    CHECK(compare_persistent(tiny_moe_shared(), transposed, space, eps, zero_stages) > 20);
+    CHECK(zero_stages.count(3) == 1);
+    CHECK(eps.size() >= 2);
+  }
 }
 
 TEST_CASE("the MoE path agrees with memory and quick_estimate: tiny-moe on 4 cores", "[search][moe]") {
