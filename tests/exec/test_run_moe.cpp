@@ -149,6 +149,18 @@ double check_cases(const std::vector<Case>& cases, int steps, const Json& refere
   return largest;
 }
 
+// The single rank's FP8 curve `fp8` of `model` against its curve without FP8: off (FP8 rounds),
+// by less than 1%. Returns the largest relative difference.
+double fp8_off_plain(const std::string& model, const RunResult& fp8, int steps, const char* label) {
+  RunResult plain = run_plan(model, moe_plan(1, 1, 1, 0, 1), steps);
+  REQUIRE(plain.exit_code == 0);
+  const double off = max_relative_difference(losses(fp8), losses(plain));
+  std::printf("%s: the single rank's FP8 curve against its curve without FP8: %.3g\n", label, off);
+  CHECK(off > 0);
+  CHECK(off < 0.01);
+  return off;
+}
+
 }  // namespace
 
 TEST_CASE("run: MoE plans give the single-rank loss curve (fp64), with their memory", "[run][moe]") {
@@ -407,12 +419,7 @@ TEST_CASE("run: FP8 MoE plans give the single-rank FP8 curve (fp64), within 1% o
   Json one = fp8(moe_plan(1, 1, 1, 0, 1));
   const double largest = check_cases(cases, steps, one, reference);
   std::printf("moe fp8: largest deviation over %zu plans: %.3g\n", cases.size(), largest);
-  RunResult plain = run_plan(biased, moe_plan(1, 1, 1, 0, 1), steps);
-  REQUIRE(plain.exit_code == 0);
-  const double from_bf16 = max_relative_difference(losses(reference.at(biased)), losses(plain));
-  std::printf("moe fp8: the single rank's FP8 curve against its curve without FP8: %.3g\n", from_bf16);
-  CHECK(from_bf16 > 0);  // FP8 rounds
-  CHECK(from_bf16 < 0.01);
+  fp8_off_plain(biased, reference.at(biased), steps, "moe fp8");
 }
 
 TEST_CASE("run: FP8 MoE under current scaling: each expert's own scales, exact across dp and pp, near across ep",
@@ -438,12 +445,7 @@ TEST_CASE("run: FP8 MoE under current scaling: each expert's own scales, exact a
   Json one = current(moe_plan(1, 1, 1, 0, 1));
   const double largest = check_cases(exact, steps, one, reference);
   std::printf("moe fp8 tensorwise: largest deviation over %zu plans: %.3g\n", exact.size(), largest);
-  RunResult plain = run_plan(biased, moe_plan(1, 1, 1, 0, 1), steps);
-  REQUIRE(plain.exit_code == 0);
-  const double from_bf16 = max_relative_difference(losses(reference.at(biased)), losses(plain));
-  std::printf("moe fp8 tensorwise: the single rank's FP8 curve against its curve without FP8: %.3g\n", from_bf16);
-  CHECK(from_bf16 > 0);
-  CHECK(from_bf16 < 0.01);
+  const double from_bf16 = fp8_off_plain(biased, reference.at(biased), steps, "moe fp8 tensorwise");
   for (const Json& p : {current(moe_plan(1, 1, 2, 0, 2)), current(with_etp(moe_plan(2, 1, 1, 0, 1), 2)),
                         current(with_cp(moe_plan(1, 1, 1, 0, 2), 2))}) {
     RunResult r = run_plan(biased, p, steps);
