@@ -203,12 +203,13 @@ TEST_CASE("FP8 current scaling: an amax before each cast, over tp for sequence-p
   CHECK_THAT(line, !Catch::Contains("--fp8-amax-history-len"));
 }
 
-TEST_CASE("FP8 current scaling: a wgrad reads the scale its input was cast with under every pipeline schedule",
+TEST_CASE("FP8 current scaling: a GEMM reads the scale its operands were cast with under every pipeline schedule",
           "[lower][fp8]") {
   // The FP8 copy of a linear layer's input waits for its wgrad while later microbatches' forwards
   // cast the same layer's inputs: under current scaling each microbatch's input has its own slot,
   // which no other cast writes before the wgrad reads it (as Transformer Engine keeps the scale
-  // with each saved FP8 tensor).
+  // with each saved FP8 tensor). Every FP8 GEMM's activation operands (x or d_y; a wgrad's x and
+  // d_y) are held to that.
   ModelConfig model = load_model(source_path("models/tiny.json"));
   Topology topology = test_topology();
   for (const char* schedule : {"1f1b", "gpipe", "interleaved_1f1b"}) {
@@ -243,11 +244,13 @@ TEST_CASE("FP8 current scaling: a wgrad reads the scale its input was cast with 
           } else if (sets_scale && op.fp8_slots[0] >= 0 && op.name != OpName::fp8_weights) {
             ++writes[op.fp8_slots[0]];
           }
-          if (op.kind != OpKind::gemm || op.grad != Grad::wgrad || op.fp8_slots[0] < 0) continue;
-          REQUIRE(cast_slot.count(op.inputs[0]) == 1);
-          CHECK(op.fp8_slots[0] == cast_slot[op.inputs[0]]);
-          CHECK(writes[op.fp8_slots[0]] == writes_at_cast[op.inputs[0]]);  // not overwritten since
-          ++wgrads;
+          if (op.kind != OpKind::gemm || op.fp8_slots[0] < 0) continue;
+          for (size_t i = 0; i < (op.grad == Grad::wgrad ? 2u : 1u); ++i) {
+            REQUIRE(cast_slot.count(op.inputs[i]) == 1);
+            CHECK(op.fp8_slots[i] == cast_slot[op.inputs[i]]);
+            CHECK(writes[op.fp8_slots[i]] == writes_at_cast[op.inputs[i]]);  // not overwritten since
+          }
+          wgrads += op.grad == Grad::wgrad;
         }
       }
       CHECK(wgrads == model.num_hidden_layers * 4 * (model.mlp == MlpKind::swiglu ? 5 : 4));
