@@ -193,16 +193,17 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const 
     double extra = probe.layer_peak_bytes + 3 * local * act + 64;
     if (s.has_first) extra += double(most_passes) * embedding_kept + embedding_all;
     if (s.has_last) extra += double(most_passes) * loss_kept + loss_all;
-    double all_groups = 0, largest = 0, edge = 0, largest_layer = 0;
+    double all_groups = 0, largest = 0, edge = 0, largest_layer = 0, largest_experts = 0;
     for (const Group& g : s.groups) {
       all_groups += double(g.elements);
       largest = std::max(largest, double(g.elements));
       if (g.kind == Group::layer) largest_layer = std::max(largest_layer, double(g.elements));
       else edge += double(g.elements);
+      if (g.kind == Group::expert) largest_experts = std::max(largest_experts, double(g.elements));
     }
     if (plan.zero_stage >= 3) extra += (2 * largest_layer + edge) * act;  // gathered weights
-    // (and their FP8 copies, cast at each use, with the transposed one on such a device)
-    if (plan.zero_stage >= 3 && c.fp8) extra += 2 * largest_layer * (c.fp8_transposed ? 2 : 1);
+    // (and the FP8 copies of a layer's and its experts', cast at each use, transposed too on such a device)
+    if (plan.zero_stage >= 3 && c.fp8) extra += 2 * (largest_layer + largest_experts) * (c.fp8_transposed ? 2 : 1);
     if (plan.zero_stage >= 2) {  // full gradients waiting for their bucket's reduce_scatter
       double waiting = all_groups;
       if (plan.overlap_grad_reduce && plan.dp_size > 1) {
@@ -492,24 +493,22 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const Group& g : s.groups) {
       if (!c.fp8 || (g.kind != Group::layer && g.kind != Group::expert)) continue;
       if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
-      const double linear = double(g.elements - g.sp_replicated);
-      const bool current = !plan.fp8.delayed();
-      Op cast;
+      const double linear = double(g.elements - g.sp_replicated), reads = plan.fp8.delayed() ? 1 : 2;
+      Op cast;  // (lower_role's cast_fp8_weights; current scaling reads the weights twice)
       cast.kind = OpKind::activation;
       cast.phase = Phase::backward;
       cast.name = OpName::fp8_weights;
-      cast.flops = (current ? 5 : 3) * linear;
-      cast.bytes = linear * ((current ? 2 : 1) * act + 1);
+      cast.flops = (2 * reads + 1) * linear;
+      cast.bytes = linear * (reads * act + 1);
       const double cast_s = cost_model.op_time_s(cast);
       t.compute_mb_s += cast_s;
       t.backward_mb_s += cast_s;
-      if (c.fp8_transposed) {
-        Op transpose = cast;
-        transpose.name = OpName::fp8_weights_transpose;
-        transpose.flops = 0;
-        transpose.bytes = 2 * linear;
-        t.backward_mb_s += cost_model.op_time_s(transpose);
-      }
+      if (!c.fp8_transposed) continue;
+      Op transpose = cast;
+      transpose.name = OpName::fp8_weights_transpose;
+      transpose.flops = 0;
+      transpose.bytes = 2 * linear;
+      t.backward_mb_s += cost_model.op_time_s(transpose);
     }
     // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in
     // every microbatch's full gradient, on the comm stream before its bucket (lowering's grads_ready).

@@ -168,6 +168,22 @@ TEST_CASE("the MoE path agrees with memory and quick_estimate: tiny-moe on 4 cor
   check_cheap_path(tiny_moe_shared(), cpu(2), space, 7);
 }
 
+TEST_CASE("the MoE path agrees with memory and quick_estimate under FP8: tiny-moe-shared on 8 H100",
+          "[search][moe][fp8]") {
+  // The experts' FP8 copies (persistent, or cast at each use under ZeRO-3) and, under current
+  // scaling, each local expert's scale slots.
+  SearchSpace space;
+  space.global_batch_size = 16;
+  space.micro_batch_sizes = {1};
+  space.attention_impl = AttentionImpl::flash;
+  space.moe_lowered_plans = 0;  // (every candidate lowered)
+  space.fp8.format = Fp8Format::hybrid;
+  const Topology h100 = load_topology(source_path("topologies/dgx-h100.json"), 1);
+  check_cheap_path(tiny_moe_shared(), h100, space, 3);
+  space.fp8.scaling = Fp8Scaling::current;
+  check_cheap_path(tiny_moe_shared(), h100, space, 3);
+}
+
 TEST_CASE("the MoE search lowers in the screen's order until enough fit", "[search][moe]") {
   ModelConfig model = tiny_moe();
   Topology topology = cpu(2);
