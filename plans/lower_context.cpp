@@ -179,7 +179,9 @@ int32_t saved_input_index(Fp8Slot kind) {
 }
 constexpr int64_t kSavedInputKinds = 4;
 
-// The most microbatches one model chunk of one stage holds at once (forward run, backward not).
+// The most microbatches one model chunk of one stage holds at once (forward run, backward not):
+// per chunk, not schedule.hpp's max_in_flight over all chunks, which under interleaving can pass
+// the 2·pp microbatches the planner's memory path lowers.
 int64_t most_microbatches_held(const Plan& plan) {
   const ScheduleShape shape{plan.pp_size, plan.virtual_pp_size, plan.num_microbatches()};
   int64_t most = 1;
@@ -242,6 +244,11 @@ int32_t Fp8SlotLayout::expert_slot(int64_t layer, int64_t microbatch, Fp8Slot ki
   }
   STEPCAST_CHECK(at >= 0 && at + experts_local <= count(), "an expert FP8 slot in range");
   return int32_t(at);
+}
+
+Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current) {
+  const double reads = current ? 2 : 1;
+  return {(2 * reads + 1) * linear, linear * (reads * dtype_bytes(act) + 1), 2 * linear};
 }
 
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {

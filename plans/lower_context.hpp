@@ -47,6 +47,15 @@ struct Fp8SlotLayout {
 // The plan's layout (count() 0 without FP8).
 Fp8SlotLayout fp8_slot_layout(const ModelConfig& model, const Plan& plan);
 
+// Transformer Engine's cast of `linear` weight elements to FP8 (op fp8_weights): |w|, its maximum
+// and the scaled rounding, three flops an element, the weights read and a byte written; current
+// scaling reads them once more for their amax first. Their transposed copy (fp8_weights_transpose)
+// reads a byte an element and writes one.
+struct Fp8WeightsCast {
+  double flops, bytes, transpose_bytes;
+};
+Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current);
+
 struct LowerContext {
   LowerContext(const ModelConfig& model, const Topology& topology, const Plan& plan);
 

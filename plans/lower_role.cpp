@@ -127,8 +127,7 @@ void RoleLowering::alloc_persistent() {
 std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next) {
   if (!shards_of(g).sharded(ShardedState::weights)) return "weights." + g.name;
   auto gather = [&](const ParamGroup& target) {
-    std::string full = "wfull." + target.name + ".mb" + std::to_string(at.microbatch) + "." +
-                       to_string(at.phase);
+    std::string full = "wfull." + target.name + use_suffix(at);
     if (rb_.is_live(full)) return full;
     rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
     e_.collective(at, OpKind::all_gather, shard_group(target), Stream::comm, OpName::zero3_param_gather,
@@ -320,7 +319,7 @@ RoleLowering::Fp8Copies RoleLowering::fp8_weights_for(const OpSite& lat, const P
     return copies;
   }
   // Named as the gathered weights they are cast from: "fp8w.L3.mb0.forward" (group L3).
-  const std::string use = w.substr(w.find('.', w.find('.') + 1));
+  const std::string use = use_suffix(lat);
   Fp8Copies copies{"fp8w." + g.name + use, "", true};
   rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_forward, {g.elements}, lat.phase);
   if (c_.fp8_transposed && lat.phase == Phase::backward) {
@@ -345,18 +344,19 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
   const std::string& w8 = into.w8;
   // Current scaling: each weight's amax first (a second read), its scale written.
   const bool current = !plan_.fp8.delayed();
+  const Fp8WeightsCast cost = fp8_weights_cast(linear, c_.act, current);
   std::vector<BufferName> outputs = {w8, "fp8.amax"};
   if (current) outputs.push_back("fp8.scale");
-  int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, (current ? 5 : 3) * linear,
-                          {w, "fp8.scale", "fp8.amax"}, outputs);
+  int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops, {w, "fp8.scale", "fp8.amax"},
+                          outputs);
   Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
   // The layer's first slot, its weights' kinds added (experts under current scaling: the layer's
   // first expert slot, kind k of local expert l at k·E_l + l after it: Fp8SlotLayout).
   op.fp8_slots = {c_.fp8_slots.first_slot(lat.layer, g.expert), -1};
-  op.bytes = linear * ((current ? 2 : 1) * dtype_bytes(c_.act) + 1);
+  op.bytes = cost.bytes;
   if (!into.w8t.empty()) {  // read once, written transposed
     int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, 0, {w8}, {into.w8t});
-    const_cast<Op&>(role_.ops[size_t(t)]).bytes = 2 * linear;
+    const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.transpose_bytes;
   }
 }
 

@@ -87,6 +87,10 @@ class RoleLowering {
     return n * dtype_bytes(c_.act);
   }
 
+  // A use of a group's gathered weights (and of their FP8 copies): ".mb<microbatch>.<phase>".
+  static std::string use_suffix(const OpSite& at) {
+    return ".mb" + std::to_string(at.microbatch) + "." + to_string(at.phase);
+  }
   // ZeRO-3: gather a group's full weights before use (prefetching the next with
   // overlap_param_gather); other stages read the persistent buffer.
   std::string weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next);

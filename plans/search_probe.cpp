@@ -493,13 +493,13 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const Group& g : s.groups) {
       if (!c.fp8 || (g.kind != Group::layer && g.kind != Group::expert)) continue;
       if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
-      const double linear = double(g.elements - g.sp_replicated), reads = plan.fp8.delayed() ? 1 : 2;
-      Op cast;  // (lower_role's cast_fp8_weights; current scaling reads the weights twice)
+      const Fp8WeightsCast cost = fp8_weights_cast(double(g.elements - g.sp_replicated), c.act, !plan.fp8.delayed());
+      Op cast;
       cast.kind = OpKind::activation;
       cast.phase = Phase::backward;
       cast.name = OpName::fp8_weights;
-      cast.flops = (2 * reads + 1) * linear;
-      cast.bytes = linear * (reads * act + 1);
+      cast.flops = cost.flops;
+      cast.bytes = cost.bytes;
       const double cast_s = cost_model.op_time_s(cast);
       t.compute_mb_s += cast_s;
       t.backward_mb_s += cast_s;
@@ -507,7 +507,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       Op transpose = cast;
       transpose.name = OpName::fp8_weights_transpose;
       transpose.flops = 0;
-      transpose.bytes = 2 * linear;
+      transpose.bytes = cost.transpose_bytes;
       t.backward_mb_s += cost_model.op_time_s(transpose);
     }
     // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in
