@@ -117,7 +117,7 @@ int run_run(int argc, char** argv) {
       "mixture of experts runs on either backend (expert and expert tensor parallelism, both\n"
       "dispatchers, biases, capacity under any split (dropping by the plan's moe_token_drop_policy)\n"
       "and padded to it, hybrid sharding, the model's\n"
-      "norm_topk_prob; FP8 experts on the CPU backend with delayed scaling; measurement.json counts\n"
+      "norm_topk_prob; FP8 experts under both recipes; measurement.json counts\n"
       "the copies a capacity drops and the copies routed to each expert per layer, which --out also\n"
       "writes as DIR/moe-routing.json: a histogram a plan names with moe_routing_histogram).\n"
       "--backend cuda: one rank per GPU (the local rank from OpenMPI's or Slurm's environment),\n"

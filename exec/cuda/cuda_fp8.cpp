@@ -3,11 +3,16 @@
 // K-major, C = op(A) · B.
 #include "cuda_fp8.hpp"
 
+#include "errors.hpp"
+
 namespace stepcast::cuda {
 
 namespace {
 
 uint32_t aligned(const void* p) { return alignment_of(p); }
+
+// cuBLASLt's FP8 GEMMs take leading dimensions that are multiples of 16 bytes (one byte a code).
+constexpr int64_t kFp8LeadingMultiple = 16;
 
 }  // namespace
 
@@ -22,6 +27,7 @@ const float* Fp8Linear::factors(const Launch& l, const Fp8Codes<float>& a, const
 template <class Y>
 void Fp8Linear::forward(Gemms& gemms, const Launch& l, const Fp8Codes<float>& x, const Fp8Codes<float>& w, Y* y,
                         int64_t tokens, int64_t in, int64_t out, const std::string& during) {
+  if (tokens == 0) return;  // an expert without rows
   const float* f = factors(l, w, x, during);
   GemmKey key{true,
               false,
@@ -45,6 +51,7 @@ template <class Y>
 void Fp8Linear::backward_data(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& w, Y* dx,
                               int64_t tokens, int64_t in, int64_t out, bool accumulate, bool w_transposed,
                               const std::string& during) {
+  if (tokens == 0) return;
   const uint8_t* w_t = w.codes;
   if (!w_transposed) {
     uint8_t* t = a_t_.get<uint8_t>(in * out, wait_, during);
@@ -74,22 +81,27 @@ template <class Gr>
 void Fp8Linear::backward_weight(Gemms& gemms, const Launch& l, const Fp8Codes<float>& dy, const Fp8Codes<float>& x,
                                 Gr* dw, Gr* dbias, int64_t tokens, int64_t in, int64_t out, const uint8_t* dy_t,
                                 const uint8_t* x_t, const std::string& during) {
+  if (tokens == 0) return;  // nothing to add
+  int64_t k = tokens;  // the GEMM's K: the transposed copies' row length
   if (!x_t || !dy_t) {
-    uint8_t* x_scratch = a_t_.get<uint8_t>(tokens * in, wait_, during);
-    uint8_t* dy_scratch = b_t_.get<uint8_t>(tokens * out, wait_, during);
-    transpose_bytes(l, x.codes, x_scratch, tokens, in);
-    transpose_bytes(l, dy.codes, dy_scratch, tokens, out);
+    // Rows padded with zero codes to a multiple of 16 (an expert's rows are any count).
+    k = (tokens + kFp8LeadingMultiple - 1) / kFp8LeadingMultiple * kFp8LeadingMultiple;
+    uint8_t* x_scratch = a_t_.get<uint8_t>(k * in, wait_, during);
+    uint8_t* dy_scratch = b_t_.get<uint8_t>(k * out, wait_, during);
+    transpose_bytes(l, x.codes, x_scratch, tokens, in, k);
+    transpose_bytes(l, dy.codes, dy_scratch, tokens, out, k);
     x_t = x_scratch;
     dy_t = dy_scratch;
   }
+  STEPCAST_CHECK(k % kFp8LeadingMultiple == 0, "an FP8 wgrad's transposed operands with rows not a multiple of 16");
   const float* f = factors(l, x, dy, during);
   GemmKey key{true,
               false,
               in,
               out,
-              tokens,
-              tokens,
-              tokens,
+              k,
+              k,
+              k,
               in,
               cuda_type(x.format),
               cuda_type(dy.format),

@@ -221,8 +221,10 @@ template <class T>
 // *amax = max |x| (accumulate: the larger of *amax and max |x|)
 void fp8_absmax(const Launch& l, const T* x, int64_t n, float* amax, bool accumulate);
 void fp8_set_current_scale(const Launch& l, const float* amax, float* scale, Fp8Storage format);
-// y[c, r] = x[r, c]: the K-major copy of an FP8 operand cuBLASLt's FP8 GEMMs need.
-void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols);
+// y[c, r] = x[r, c]: the K-major copy of an FP8 operand cuBLASLt's FP8 GEMMs need. y's rows are
+// ld ≥ rows bytes long (0: rows); the bytes rows…ld−1 of each are zeros (code 0 is +0 in both
+// formats), so a GEMM over K = ld adds nothing for them.
+void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols, int64_t ld = 0);
 // out[0] = 1 / *a, out[kFp8FactorStride] = 1 / *b: two operands' dequantisation factors, each
 // at a 256-byte boundary of a 256-byte aligned out (cuBLASLt's scale pointers: with the two 4
 // bytes apart its FP8 GEMMs answered NOT_SUPPORTED on the H200; whether alignment is the cause

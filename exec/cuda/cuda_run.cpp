@@ -4,8 +4,11 @@
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "arena.hpp"
 #include "cuda_backend.hpp"
@@ -108,22 +111,26 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                           std::to_string(model.head_dim()),
                       "\"materialized\", or a model with one of those head dims");
   }
-  if (plan.fp8.enabled() && model.is_moe()) {
-    throw_input_error(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",
-                      "the CUDA backend does not run FP8 experts yet (the CPU backend emulates them; simulate, plan "
-                      "and memory take them)",
-                      "no fp8 with " + model.file);
-  }
   if (plan.fp8.enabled()) {
-    // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16.
+    // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16. An
+    // expert's rows need not be: its wgrad reads them transposed into scratch padded with zero rows
+    // to a multiple of 16 (cuda_fp8.hpp), as Megatron-LM pads each expert's tokens for FP8.
     const int64_t tp = plan.tp_size, d = model.head_dim();
-    const std::pair<std::string, int64_t> dims[] = {
+    const int64_t etp = std::max<int64_t>(1, plan.moe.etp_size);
+    std::vector<std::pair<std::string, int64_t>> dims = {
         {"hidden_size / tp_size", model.hidden_size / tp},
         {"intermediate_size / tp_size", model.intermediate_size / tp},
         {"num_attention_heads · head_dim / tp_size", model.num_attention_heads * d / tp},
         {"num_key_value_heads · head_dim / tp_size", model.num_key_value_heads * d / tp},
         {"a microbatch's tokens on a rank (seq_length / context_parallel_size · micro_batch_size)",
          model.seq_length / plan.cp_size * plan.micro_batch_size}};
+    if (model.is_moe()) {
+      dims.emplace_back("moe_intermediate_size / expert_tensor_parallel_size", model.moe_intermediate_size / etp);
+      if (model.n_shared_experts > 0) {
+        dims.emplace_back("n_shared_experts · moe_intermediate_size / tp_size",
+                          model.n_shared_experts * model.moe_intermediate_size / tp);
+      }
+    }
     for (const auto& [what, value] : dims) {
       if (value % 16 == 0) continue;
       throw_input_error(plan.file, "fp8", std::string("\"") + to_string(plan.fp8.format) + "\"",

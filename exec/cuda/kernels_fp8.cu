@@ -59,17 +59,18 @@ __global__ void fp8_current_scale_kernel(const float* amax, float* scale, float 
 }
 
 // y[c, r] = x[r, c] (bytes), 32×32 tiles through shared memory.
-__global__ void transpose_bytes_kernel(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) {
+// The tiles cover ld ≥ rows rows of x; those from rows on read as zeros.
+__global__ void transpose_bytes_kernel(const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols, int64_t ld) {
   __shared__ uint8_t tile[32][33];
   const int64_t r0 = int64_t(blockIdx.y) * 32, c0 = int64_t(blockIdx.x) * 32;
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = x[r * cols + c];
+    if (r < ld && c < cols) tile[i][threadIdx.x] = r < rows ? x[r * cols + c] : uint8_t(0);
   }
   __syncthreads();
   for (int i = threadIdx.y; i < 32; i += blockDim.y) {
     const int64_t c = c0 + i, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) y[c * rows + r] = tile[threadIdx.x][i];
+    if (r < ld && c < cols) y[c * ld + r] = tile[threadIdx.x][i];
   }
 }
 
@@ -118,10 +119,12 @@ void fp8_set_current_scale(const Launch& l, const float* amax, float* scale, Fp8
   check_launch(l, "fp8_set_current_scale");
 }
 
-void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols) {
-  if (rows == 0 || cols == 0) return;
-  dim3 grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32));
-  transpose_bytes_kernel<<<grid, dim3(32, 8), 0, l.stream>>>(x, y, rows, cols);
+void transpose_bytes(const Launch& l, const uint8_t* x, uint8_t* y, int64_t rows, int64_t cols, int64_t ld) {
+  if (ld == 0) ld = rows;
+  STEPCAST_CHECK(ld >= rows, "transpose_bytes: a destination row shorter than the rows");
+  if (ld == 0 || cols == 0) return;
+  dim3 grid(unsigned((cols + 31) / 32), unsigned((ld + 31) / 32));
+  transpose_bytes_kernel<<<grid, dim3(32, 8), 0, l.stream>>>(x, y, rows, cols, ld);
   check_launch(l, "transpose_bytes");
 }
 

@@ -423,3 +423,29 @@ TEST_CASE("cuda run: one-GPU plans of the tiny MoE models give the CPU loss curv
     CHECK((c.capacity == 0 ? total_cpu == 0 : total_cpu > 0));
   }
 }
+
+// FP8 experts: each expert's rows through cuBLASLt's FP8 GEMMs (the wgrad's rows padded to 16 with
+// zero codes), under both recipes, against the CPU's emulated FP8 curve at the dense FP8
+// tolerance (test_cuda_gpu_fp8.cpp).
+TEST_CASE("cuda run: FP8 experts on one GPU give the CPU's emulated FP8 curve", "[gpu]") {
+  for (const char* model : {"tiny-moe", "tiny-moe-shared"}) {
+    for (const char* scaling : {"delayed", "tensorwise"}) {
+      INFO(model << " fp8 hybrid, " << scaling);
+      Json plan = {{"tp_size", 1},          {"pp_size", 1},           {"dp_size", 1},
+                   {"zero_stage", 1},       {"recompute", "none"},    {"attention_impl", "flash"},
+                   {"micro_batch_size", 2}, {"global_batch_size", 8}, {"dtype", "fp32"},
+                   {"grad_dtype", "fp32"},  {"dropout", 0.0},         {"expert_model_parallel_size", 1},
+                   {"fp8", "hybrid"},       {"fp8_recipe", scaling}};
+      RunResult cpu = run_one_rank(model, plan, "cpu", 20);
+      plan["dtype"] = "bf16";
+      RunResult gpu = run_one_rank(model, plan, "cuda", 20);
+      INFO(cpu.output << gpu.output);
+      REQUIRE(cpu.exit_code == 0);
+      REQUIRE(gpu.exit_code == 0);
+      auto want = cpu.measurement.at("losses").get<std::vector<double>>();
+      auto got = gpu.measurement.at("losses").get<std::vector<double>>();
+      CHECK(max_relative_difference(got, want) < 3e-2);
+      CHECK(got.back() < 0.8 * got.front());
+    }
+  }
+}
