@@ -187,8 +187,6 @@ int run_run(int argc, char** argv) {
   if (run_options.checkpoint_every > 0 && run_options.checkpoint_dir.empty()) {
     throw InputError("command line: --checkpoint-every needs --checkpoint-dir");
   }
-  // What the executor cannot run of a mixture of experts, before any rank starts.
-  if (backend == "cpu") check_cpu_fp8_experts(in.model, in.plan, in.topology);
   if (in.plan.parameter_server() && backend != "cpu") {
     throw InputError(in.plan.file + ": key 'parameter_servers' = " + std::to_string(in.plan.parameter_servers) +
                      ": the " + backend + " backend does not run parameter servers yet; valid: --backend cpu");

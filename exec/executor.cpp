@@ -410,20 +410,11 @@ void check_cpu_backend(const Plan& plan, const Topology& topology) {
   }
 }
 
-void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology) {
-  if (!model.is_moe() || !plan.fp8.enabled() || !topology.node.device.fp8_transposed_copies) return;
-  // A grouped wgrad reads each expert's rows of its operands; their transposed copies would need
-  // the whole buffer's leading dimension, which the FP8 kernels do not take.
-  throw InputError(topology.file + ": key 'node.device.fp8_columnwise' = \"transposed\": the CPU backend does not run "
-                   "FP8 experts on a device that reads FP8 column-wise transposed (valid: \"native\", the default)");
-}
-
 void set_backend_wrapper(const BackendWrapper* wrapper) { g_backend_wrapper = wrapper; }
 
 RunOutput run_program(const StepProgram& program, const RunOptions& options) {
   ProgramInputs in = program_inputs(program);
   check_cpu_backend(in.plan, in.topology);
-  check_cpu_fp8_experts(in.model, in.plan, in.topology);
   if (in.plan.param_dtype == Dtype::fp64) {
     return run_cpu<double>(program, in.model, in.plan, in.topology, options);
   }

@@ -64,8 +64,6 @@ struct RunOutput {
 // 16-bit dtypes, gradients in another dtype than the weights, sequence parallelism with sharded
 // gradients, a topology that is not a host. The command line calls it before run_program.
 void check_cpu_backend(const Plan& plan, const Topology& topology);
-// FP8 experts on the CPU backend need a device reading FP8 natively (no transposed copies).
-void check_cpu_fp8_experts(const ModelConfig& model, const Plan& plan, const Topology& topology);
 // Collective over MPI_COMM_WORLD, whose size must equal program.world_size() (checked by the
 // caller). Everything it runs comes from the program: its ops and the resolved inputs it
 // carries (program_inputs.hpp); check_cpu_backend is applied to those again.

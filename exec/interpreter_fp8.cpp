@@ -50,11 +50,20 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     const std::string& w8 = in(op, "w8");
     const std::string& w8t = out(op, "w8t");
     const GroupLayout& layout = layouts_.at(group_of_buffer(w8));
-    for (const Fp8Weight& weight : kFp8Weights) {
-      if (!layout.has(weight.tensor)) continue;
-      const TensorSlice& tensor = layout.at(weight.tensor);
+    auto transpose = [&](const std::string& name) {
+      if (!layout.has(name)) return;
+      const TensorSlice& tensor = layout.at(name);
       backend_.fp8_transpose(codes(w8, op) + tensor.offset, codes(w8t, op) + tensor.offset, tensor.rows, tensor.cols);
+    };
+    if (is_expert_group(group_of_buffer(w8))) {  // each local expert's, as the dgrads read them
+      for (int64_t l = 0; l < moe_local_; ++l) {
+        for (const Fp8Weight& weight : kExpertFp8Weights) {
+          transpose(expert_tensor_name(ep_index_ * moe_local_ + l, weight.tensor));
+        }
+      }
+      return;
     }
+    for (const Fp8Weight& weight : kFp8Weights) transpose(weight.tensor);
     return;
   }
   W* amax = buf<W>(out(op, "amax"), op);
@@ -65,8 +74,9 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
   }
   W* scale = buf<W>(in(op, "scale"), op);
   const bool current = p_.fp8.scaling == Fp8Scaling::current;
-  if (op.name == OpName::fp8_cast && operands(op).has_in("counts")) return moe_fp8_cast(op);
-  if (op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose) {
+  const bool casts = op.name == OpName::fp8_cast || op.name == OpName::fp8_cast_transpose;
+  if (casts && operands(op).has_in("counts")) return moe_fp8_cast(op);
+  if (casts) {
     // [x, scale, amax] → [y, (y_t,) amax, (scale)]: y_t the codes transposed, y [op.m, op.n]
     const std::string& y = out(op, "y");
     const int32_t slot = op.fp8_slots[0];
@@ -171,7 +181,7 @@ void Interpreter<T, G, W>::moe_fp8_gemm(const Op& op, const std::string& weights
         Fp8Codes<W> dy8 = fp8_codes(in(op, "d_y"), op, a);
         dy8.codes += out_row;
         backend_.fp8_linear_backward_data(dy8, w8, buf(out(op, "d_x"), op) + in_row, rows[i], in_features,
-                                          out_features, operands(op).has_in("d_x"));
+                                          out_features, operands(op).has_in("d_x"), is_fp8_transposed_copy(weights));
       }
     }
     in_row += rows[i] * in_features;
@@ -216,10 +226,12 @@ void Interpreter<T, G, W>::moe_fp8_absmax(const Op& op) {
   }
 }
 
-// An expert buffer's FP8 cast [x, scale, amax, counts] → [y, amax, (scale)]: only the rows its
-// counts say it holds, so that the worst-case buffer's other rows stay out of the amax; delayed
+// An expert buffer's FP8 cast [x, scale, amax, counts] → [y, (y_t,) amax, (scale)]: only the rows
+// its counts say it holds, so that the worst-case buffer's other rows stay out of the amax; delayed
 // scaling with the layer's slot, current scaling each local expert with its own scale (from the
 // amax moe_fp8_absmax took), as Transformer Engine's grouped linear quantizes each expert's input.
+// fp8_cast_transpose (a device reading FP8 row-wise only) also writes the codes transposed, as the
+// program has them; the grouped wgrads read each expert's rows of y (their backends transpose).
 template <class T, class G, class W>
 void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
   const std::string& x = in(op, "x");
@@ -235,6 +247,9 @@ void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
   for (const ExpertRows& r : moe_expert_rows(op, x)) {
     const int64_t l = current ? r.local : 0;
     backend_.fp8_cast(buf(x, op) + r.at, codes(y, op) + r.at, r.elements, scale + l, amax + l, format);
+  }
+  if (op.name == OpName::fp8_cast_transpose) {
+    backend_.fp8_transpose(codes(y, op), codes(out(op, "y_t"), op), op.m, op.n);
   }
 }
 

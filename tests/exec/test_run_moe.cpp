@@ -458,3 +458,29 @@ TEST_CASE("run: FP8 MoE under current scaling: each expert's own scales, exact a
     check_measured_memory("moe fp8 tensorwise " + p.dump(), r, true, 64 * 1024);
   }
 }
+
+TEST_CASE("run: FP8 MoE on a device reading FP8 row-wise only (fp8_columnwise transposed) gives the native curve",
+          "[run][moe][fp8]") {
+  // Hopper's program: the experts' output gradients cast with their transposed codes
+  // (fp8_cast_transpose over the rows the counts say the buffer holds, each expert with its own
+  // scale under tensorwise), which the CUDA backend runs on an H100/H200. The GEMMs take the same
+  // codes: the curve is the native device's bit for bit, and the copies are in the memory.
+  Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));
+  topology["node"]["device"]["fp8_columnwise"] = "transposed";
+  const std::string transposed = write_temp_file("localhost-cpu-moe-fp8-transposed.json", topology.dump());
+  const std::string biased = with_biases("tiny-moe-shared");
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    for (const Json& base : {moe_plan(1, 1, 2, 1, 2), with_etp(moe_plan(2, 1, 1, 0, 1), 2)}) {
+      Json p = base;
+      p["fp8"] = "hybrid";
+      p["fp8_recipe"] = recipe;
+      RunResult native = run_plan(biased, p, 3);
+      RunResult copied = run_plan(biased, p, 3, "", transposed);
+      INFO(p.dump() << "\n" << native.output << copied.output);
+      REQUIRE(native.exit_code == 0);
+      REQUIRE(copied.exit_code == 0);
+      CHECK(losses(copied) == losses(native));
+      check_measured_memory("moe fp8 transposed " + p.dump(), copied, true, 64 * 1024);
+    }
+  }
+}
