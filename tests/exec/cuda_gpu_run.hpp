@@ -64,4 +64,20 @@ inline double max_relative_difference(const std::vector<double>& a, const std::v
   return worst;
 }
 
+// An FP8 plan (dtype fp32) of `model` on the CPU, then in bf16 on the GPU: the GPU's bf16
+// activations against the CPU's fp32 ones, both through the same FP8 grids, held to the dense bf16
+// tolerance (test_cuda_gpu_train.cpp), and the GPU's curve falls.
+inline void check_fp8_curve_against_cpu(const std::string& model, Json plan) {
+  RunResult cpu = run_one_rank(model, plan, "cpu", 20);
+  plan["dtype"] = "bf16";
+  RunResult gpu = run_one_rank(model, plan, "cuda", 20);
+  INFO(cpu.output << gpu.output);
+  REQUIRE(cpu.exit_code == 0);
+  REQUIRE(gpu.exit_code == 0);
+  auto want = cpu.measurement.at("losses").get<std::vector<double>>();
+  auto got = gpu.measurement.at("losses").get<std::vector<double>>();
+  CHECK(max_relative_difference(got, want) < 3e-2);
+  CHECK(got.back() < 0.8 * got.front());
+}
+
 }  // namespace stepcast::test

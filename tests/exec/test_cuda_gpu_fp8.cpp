@@ -174,15 +174,6 @@ TEST_CASE("cuda run: the tiny model with FP8 on one GPU gives the CPU's emulated
                  {"micro_batch_size", 2}, {"global_batch_size", 8}, {"dtype", "fp32"},
                  {"grad_dtype", "fp32"},  {"dropout", 0.0},         {"fp8", "hybrid"},
                  {"fp8_recipe", scaling}};
-    RunResult cpu = run_one_rank("tiny", plan, "cpu", 20);
-    plan["dtype"] = "bf16";
-    RunResult gpu = run_one_rank("tiny", plan, "cuda", 20);
-    INFO(cpu.output << gpu.output);
-    REQUIRE(cpu.exit_code == 0);
-    REQUIRE(gpu.exit_code == 0);
-    auto want = cpu.measurement.at("losses").get<std::vector<double>>();
-    auto got = gpu.measurement.at("losses").get<std::vector<double>>();
-    CHECK(max_relative_difference(got, want) < 3e-2);
-    CHECK(got.back() < 0.8 * got.front());
+    check_fp8_curve_against_cpu("tiny", plan);
   }
 }
