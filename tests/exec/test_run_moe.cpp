@@ -470,7 +470,8 @@ TEST_CASE("run: FP8 MoE on a device reading FP8 row-wise only (fp8_columnwise tr
   const std::string transposed = write_temp_file("localhost-cpu-moe-fp8-transposed.json", topology.dump());
   const std::string biased = with_biases("tiny-moe-shared");
   for (const char* recipe : {"delayed", "tensorwise"}) {
-    for (const Json& base : {moe_plan(1, 1, 2, 1, 2), with_etp(moe_plan(2, 1, 1, 0, 1), 2)}) {
+    // ep 2, etp 2, and ZeRO-3 (each use's transient FP8 copy of the experts transposed too).
+    for (const Json& base : {moe_plan(1, 1, 2, 1, 2), with_etp(moe_plan(2, 1, 1, 0, 1), 2), moe_plan(1, 1, 2, 3, 1)}) {
       Json p = base;
       p["fp8"] = "hybrid";
       p["fp8_recipe"] = recipe;
