@@ -140,6 +140,23 @@ std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, con
   return full;
 }
 
+const ParamGroup* RoleLowering::layer_weights_for(const ParamGroup& layer, const OpSite& lat, const ParamGroup* next,
+                                                  LayerParams& lp) {
+  auto experts_of = [&](const ParamGroup& g) -> const ParamGroup* {
+    const int64_t l = std::stoi(g.name.substr(1));
+    return c_.model.is_moe_layer(l) ? &group(expert_group_name(l)) : nullptr;
+  };
+  const ParamGroup* experts = experts_of(layer);
+  lp.weights = weights_for(layer, lat, nullptr);
+  if (experts) lp.expert_weights = weights_for(*experts, lat, nullptr);
+  if (next && plan_.overlap_param_gather) {
+    for (const ParamGroup* g : {next, experts_of(*next)}) {
+      if (g && shards_of(*g).sharded(ShardedState::weights)) weights_for(*g, lat, nullptr);
+    }
+  }
+  return experts;
+}
+
 std::string RoleLowering::grads_for(const ParamGroup& g, int32_t microbatch) {
   if (!shards_of(g).sharded(ShardedState::grads)) {
     // Unfused accumulation: the first microbatch writes the gradient in place (set_to_none before
@@ -284,10 +301,9 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
     OpSite lat = at;
     lat.layer = int32_t(std::stoi(layers[i]->name.substr(1)));
     const ParamGroup* next = i + 1 < layers.size() ? layers[i + 1] : nullptr;
-    std::string w = weights_for(*layers[i], lat, next);
-    LayerParams lp{w, "", ""};
-    const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
-    if (experts) lp.expert_weights = weights_for(*experts, lat, nullptr);
+    LayerParams lp{"", "", ""};
+    const ParamGroup* experts = layer_weights_for(*layers[i], lat, next, lp);
+    const std::string& w = lp.weights;
     Fp8Copies f8, fe8;
     if (c_.fp8) {
       f8 = fp8_weights_for(lat, *layers[i], w, double(layers[i]->elements - c_.layer_sp_replicated(lat.layer)));
@@ -385,14 +401,12 @@ std::string RoleLowering::emit_chunk_backward(int32_t mb, int64_t chunk, bool la
     OpSite lat = at;
     lat.layer = int32_t(std::stoi(pg.name.substr(1)));
     const ParamGroup* next = i > 0 ? layers[i - 1] : nullptr;
-    std::string w = weights_for(pg, lat, next);
     std::string x_in = i == 0 ? chunk_input_.at({mb, chunk}) : layer_prefix(mb, lat.layer - 1) + "out";
-    LayerParams lp{w, grads_for(pg, mb), "", ""};
-    const ParamGroup* experts = c_.model.is_moe_layer(lat.layer) ? &group(expert_group_name(lat.layer)) : nullptr;
-    if (experts) {
-      lp.expert_weights = weights_for(*experts, lat, nullptr);
-      lp.expert_grads = grads_for(*experts, mb);
-    }
+    LayerParams lp{"", "", "", ""};
+    const ParamGroup* experts = layer_weights_for(pg, lat, next, lp);
+    const std::string& w = lp.weights;
+    lp.grads = grads_for(pg, mb);
+    if (experts) lp.expert_grads = grads_for(*experts, mb);
     Fp8Copies f8, fe8;
     if (c_.fp8) {
       f8 = fp8_weights_for(lat, pg, w, double(pg.elements - c_.layer_sp_replicated(lat.layer)));

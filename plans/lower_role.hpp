@@ -94,6 +94,13 @@ class RoleLowering {
   // ZeRO-3: gather a group's full weights before use (prefetching the next with
   // overlap_param_gather); other stages read the persistent buffer.
   std::string weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next);
+  // A layer's groups for one use under ZeRO-3: Megatron-FSDP's unit is the whole layer
+  // (fsdp_unit_modules TransformerLayer, MoETransformerLayer), so a MoE layer's experts are
+  // gathered with it, and with overlap_param_gather the next layer's groups, its experts too,
+  // are prefetched behind them. Fills lp's weights and expert weights; returns the experts' group
+  // (nullptr for a dense layer).
+  const ParamGroup* layer_weights_for(const ParamGroup& layer, const OpSite& lat, const ParamGroup* next,
+                                      LayerParams& lp);
 
   void release_weights(const std::string& name, Phase phase) {
     if (name.rfind("wfull.", 0) == 0) rb_.free(name, phase);

@@ -558,3 +558,47 @@ TEST_CASE("FP8 with experts: the grouped GEMMs read FP8 copies of their inputs a
     }
   }
 }
+
+TEST_CASE("ZeRO-3 gathers a MoE layer's experts with it and prefetches the next layer's whole, experts too",
+          "[lower][moe]") {
+  // Megatron-FSDP's unit is the whole layer (fsdp_unit_modules TransformerLayer,
+  // MoETransformerLayer): its experts are gathered with it, and with overlap_param_gather the next
+  // layer's groups, experts included, are gathered beside this layer's compute.
+  ModelConfig model = tiny_moe();
+  Topology topo = test::test_topology();
+  Json p = moe_plan(1, 4, 2);
+  p["zero_stage"] = 3;
+  p["overlap_param_gather"] = true;
+  StepProgram program = lower_program(model, topo, test::make_plan(p, model, topo));
+  const auto& ops = program.roles[0].ops;
+  auto gather_at = [&](const std::string& full) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].name == OpName::zero3_param_gather && std::string(ops[i].outputs[0]) == full) return i;
+    }
+    FAIL("no gather of " << full);
+    return size_t(0);
+  };
+  auto first_expert_op = [&](int32_t layer, Phase phase) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].name == OpName::expert_gate && ops[i].layer == layer && ops[i].phase == phase &&
+          ops[i].microbatch == 0) {
+        return i;
+      }
+    }
+    FAIL("no expert GEMM of layer " << layer);
+    return size_t(0);
+  };
+  const int32_t layers = int32_t(model.num_hidden_layers);
+  for (int32_t l = 0; l + 1 < layers; ++l) {
+    INFO("layer " << l);
+    const std::string x = "wfull.X" + std::to_string(l), next_l = "wfull.L" + std::to_string(l + 1),
+                      next_x = "wfull.X" + std::to_string(l + 1);
+    // Forward: this layer's experts, then the next layer and its experts, all before this
+    // layer's expert GEMMs.
+    CHECK(gather_at(x + ".mb0.forward") < gather_at(next_l + ".mb0.forward"));
+    CHECK(gather_at(next_l + ".mb0.forward") < gather_at(next_x + ".mb0.forward"));
+    CHECK(gather_at(next_x + ".mb0.forward") < first_expert_op(l, Phase::forward));
+    // Backward (layers in reverse): layer l+1's experts, then layer l and its experts.
+    CHECK(gather_at("wfull.X" + std::to_string(l) + ".mb0.backward") < first_expert_op(l + 1, Phase::backward));
+  }
+}
