@@ -205,6 +205,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
         // experts; dp_cp: dp's under context parallelism; a microbatch's SP gradient all_reduce
         // over tp with sharded gradients, on the comm stream before its bucket)
         if (op.microbatch == 0) t.dp_mb_s += s;
+        if (op.microbatch == 0 && op.name == OpName::zero3_param_gather) t.zero3_mb_s += s;
         if (op.microbatch < 0) { t.dp_step_s += s; ++t.dp_step_ops; }
         if (op.microbatch == last_microbatch && last_microbatch > 0) { dp_last_s += s; ++dp_last_ops; }
       } else if (op.microbatch == 0) {
@@ -231,6 +232,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
     t.dp_step_s += t.dp_mb_s;
     t.dp_step_ops += 1;
     t.dp_mb_s = 0;
+    t.zero3_mb_s = 0;
   } else if (t.dp_mb_s == 0) {
     t.dp_step_s += dp_last_s;
     t.dp_step_ops += dp_last_ops;
@@ -291,9 +293,17 @@ QuickEstimate combine_stage_times(const std::vector<StageTimes>& stages, const P
       t.backward_mb_s *= slow;
       t.imbalance_mb_s *= slow;
     }
-    double dp_mb_exposed = plan.overlap_grad_reduce
-                               ? std::max(0.0, t.dp_mb_s - t.backward_mb_s)
-                               : t.dp_mb_s;
+    // Overlapped, a microbatch's gradient reductions (ZeRO-2) run on the comm stream beside its
+    // backward and go on beside the next microbatch: only what exceeds a whole microbatch's
+    // compute stays exposed, and the last one's what exceeds its backward (averaged over the m
+    // microbatches). ZeRO-3's gathers are needed within their microbatch: with them, what exceeds
+    // the backward, each microbatch.
+    const double mb_compute_s = t.compute_mb_s + t.tp_mb_s;
+    double dp_mb_exposed = t.dp_mb_s;
+    if (plan.overlap_grad_reduce) {
+      const double last_s = std::max(0.0, t.dp_mb_s - t.backward_mb_s);
+      dp_mb_exposed = t.zero3_mb_s > 0 ? last_s : ((m - 1) * std::max(0.0, t.dp_mb_s - mb_compute_s) + last_s) / m;
+    }
     double mb_s = t.compute_mb_s + t.tp_mb_s + t.pp_mb_s + dp_mb_exposed;
     double pipeline_s = mb_s * m / (1.0 - f);
     double dp_step_exposed = t.dp_step_s;

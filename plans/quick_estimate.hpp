@@ -21,6 +21,10 @@
 //                  tp's; the p2p ring's receives by CpRingClock: what the attention blocks
 //                  between a send and its receive do not hide)
 //   pipeline     = max_stage t_mb · m / (1 − f),  f = ideal_bubble_fraction(schedule, p, v, m)
+//   (dp collectives of microbatch 0 with overlap_grad_reduce and no ZeRO-3 gathers among them:
+//    the reductions go on beside the next microbatch on the comm stream, so ((m − 1) · max(0,
+//    dp − compute of a microbatch) + max(0, dp − its backward)) / m of them per microbatch; a
+//    microbatch's ZeRO-3 gathers are needed in it, so with them max(0, dp − its backward))
 //   dp_exposed   = Σ time of the step-level dp collectives (gradient reduction, parameter
 //                  gather); with overlap_grad_reduce only what one microbatch's backward cannot
 //                  hide: max(dp / buckets, dp − backward of one microbatch)
@@ -79,6 +83,7 @@ struct StageTimes {
   double tp_mb_s = 0;        // tp / embedding / other non-dp collectives of microbatch 0
   double pp_mb_s = 0;        // sends of microbatch 0
   double dp_mb_s = 0;        // dp collectives of microbatch 0 (ZeRO-2/3 every pass)
+  double zero3_mb_s = 0;     // of which ZeRO-3's parameter gathers
   double dp_step_s = 0;      // dp collectives once per step (buckets of the last pass, gathers)
   int64_t dp_step_ops = 0;
   double step_level_s = 0;   // optimizer compute and step-level collectives outside dp

@@ -526,6 +526,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       t.dp_step_ops = gather_ops + 1;
     } else if (plan.zero_stage >= 2) {
       t.dp_mb_s = reduction_s + zero3_s + sp_grads_s;
+      t.zero3_mb_s = zero3_s;
       t.dp_step_s = gathers_s;
       t.dp_step_ops = gather_ops;
     } else {

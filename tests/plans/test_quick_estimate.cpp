@@ -259,3 +259,30 @@ TEST_CASE("the quick estimate slows a stage's compute by its slowest device", "[
   CHECK(slowed.critical_stage == 1);
   CHECK(slowed.compute_s == Approx(4 * 2e-3));
 }
+
+TEST_CASE("the quick estimate lets a microbatch's dp collectives go on beside the next microbatch", "[search]") {
+  // One stage, 4 microbatches of 1 ms compute (0.6 ms of it backward), overlap_grad_reduce: the
+  // comm stream carries each microbatch's dp collectives (ZeRO-2/3) beside the compute, its own
+  // and the next microbatch's; what exceeds a whole microbatch's compute stays exposed, and the
+  // last one's what exceeds its backward (ZeRO-2's reductions; with ZeRO-3's gathers among them,
+  // each microbatch's excess over its backward).
+  Plan plan;
+  plan.overlap_grad_reduce = true;
+  StageTimes t;
+  t.compute_mb_s = 1e-3;
+  t.backward_mb_s = 0.6e-3;
+  t.dp_mb_s = 0.8e-3;  // more than the backward, less than the microbatch: only the last's 0.2 ms
+  QuickEstimate e = combine_stage_times({t}, plan, 4);
+  CHECK(e.dp_comm_s == Approx(0.2e-3));
+  CHECK(e.step_time_s == Approx(4e-3 + 0.2e-3));
+  t.dp_mb_s = 1.5e-3;  // more than the microbatch: 3 × 0.5 ms, and the last's 0.9 ms
+  e = combine_stage_times({t}, plan, 4);
+  CHECK(e.dp_comm_s == Approx(3 * 0.5e-3 + 0.9e-3));
+  CHECK(e.step_time_s == Approx(4e-3 + 2.4e-3));
+  t.zero3_mb_s = 0.5e-3;  // ZeRO-3's gathers among them are needed in their microbatch: each one's 0.9 ms
+  e = combine_stage_times({t}, plan, 4);
+  CHECK(e.dp_comm_s == Approx(4 * 0.9e-3));
+  plan.overlap_grad_reduce = false;  // every microbatch's, whole
+  e = combine_stage_times({t}, plan, 4);
+  CHECK(e.dp_comm_s == Approx(4 * 1.5e-3));
+}
