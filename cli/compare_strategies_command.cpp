@@ -111,7 +111,9 @@ void add_async_row(const StrategyRow& pure_dp, const Candidate* pick, Candidate&
 bool take_fastest_simulated(std::vector<StrategyRow>& rows, std::vector<Candidate*>& chosen,
                             const Candidate* async_candidate) {
   const size_t last = rows.size() - 1;
-  auto usable = [&](size_t i) { return chosen[i] && chosen[i] != async_candidate && rows[i].simulated && rows[i].fits; };
+  auto usable = [&](size_t i) {
+    return chosen[i] && chosen[i] != async_candidate && rows[i].simulated && rows[i].fits;
+  };
   size_t fastest = last;
   for (size_t i = 0; i < last; ++i) {
     if (usable(i) && (!usable(fastest) || rows[i].step_time_s < rows[fastest].step_time_s)) fastest = i;
@@ -274,7 +276,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
       "among those that fit (else the one with the smallest peak), simulated (--mode approx):\n"
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits. The best plan's row then takes another row's plan where that\n"
-      "one fits and simulates faster (not the asynchronous one), saying so. A mixture of experts adds expert-layout rows (EP 1, EP in a\n"
+      "one fits and simulates faster (not the asynchronous one), saying so.\n"
+      "A mixture of experts adds expert-layout rows (EP 1, EP in a\n"
       "node, EP across nodes, the allgather dispatcher, etp 1 under tp) with the estimate's\n"
       "dispatch and combine time, its routing imbalance and the simulation's variation;\n"
       "--moe-skew-sweep simulates each row's plan again under each routing skew of a list." +

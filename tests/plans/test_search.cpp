@@ -519,16 +519,12 @@ TEST_CASE("stepcast compare-strategies on the tiny model", "[search][cli]") {
   // Context parallelism: its row's plan splits the sequence; activations per rank shrink.
   CHECK(rows[8]["strategy"] == "CP (ring) + 3D");
   CHECK(rows[8].dump().find("-cp") != std::string::npos);
-  // The best row is the fastest synchronous plan that fits in simulation (the estimate only ranked
-  // them); where it is not the estimate's pick its note says so.
+  // The best row: the fastest synchronous plan that fits in simulation (its note says so).
   const Json& best = rows.back();
-  for (size_t i = 0; i + 1 < rows.size(); ++i) {
-    if (i == 1 || !rows[i]["fits"].get<bool>()) continue;  // the asynchronous row trains otherwise
-    INFO(rows[i].dump());
-    CHECK(best["step_time_s"].get<double>() <= rows[i]["step_time_s"].get<double>());
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {  // (the asynchronous row, 1, trains otherwise)
+    if (i != 1 && rows[i]["fits"].get<bool>()) CHECK(best["step_time_s"] <= rows[i]["step_time_s"]);
   }
-  const std::string note = best["note"].get<std::string>();
-  if (!note.empty()) CHECK_THAT(note, Catch::Contains("the quick estimate's best"));
+  CHECK((best["note"] == "" || best["note"].get<std::string>().find("estimate's") != std::string::npos));
   CHECK(std::filesystem::exists(out + "/report.html"));
   std::filesystem::remove_all(out);
 }
