@@ -12,7 +12,7 @@ std::string RoleLowering::emit_embedding_forward(const OpSite& at) {
   rb_.alloc(word, BufferClass::workspace, c_.act, full, at.phase);
   // Vocab-parallel lookup of the microbatch's token ids (from the sample mapping): each tp
   // rank fills the rows of its vocabulary shard, zeros elsewhere; the reduction completes it.
-  std::string ew = weights_for(group("embedding"), at, nullptr);
+  std::string ew = weights_for(group("embedding"), at);
   std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
   rb_.alloc(ids, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
   e_.compute(at, OpKind::embedding, OpName::word, 0, {ew, ids}, {word});
@@ -39,7 +39,7 @@ std::string RoleLowering::emit_embedding_forward(const OpSite& at) {
   std::vector<BufferName> inputs = {reduced};
   std::string pw;
   if (c_.model.position == PositionKind::learned) {
-    pw = weights_for(group("position"), at, nullptr);
+    pw = weights_for(group("position"), at);
     inputs.push_back(pw);
   }
   e_.compute(at, OpKind::embedding, OpName::position_dropout, 3.0 * c_.s_local * c_.b * c_.h, inputs,
@@ -76,7 +76,7 @@ void RoleLowering::emit_embedding_backward(const OpSite& at, const std::string& 
     rb_.free(d, at.phase);
   }
   std::string eg = grads_for(group("embedding"), at.microbatch);
-  std::string ew = weights_for(group("embedding"), at, nullptr);
+  std::string ew = weights_for(group("embedding"), at);
   std::string ids = data_buffer_name(at.microbatch, DataBuffer::tokens);
   e_.compute(at, OpKind::embedding, OpName::word, 0, {d_full, ew, eg, ids}, {eg});
   rb_.free(d_full, at.phase);
@@ -102,13 +102,13 @@ void RoleLowering::emit_loss_forward(const OpSite& at, const std::string& x) {
   std::string targets = data_buffer_name(at.microbatch, DataBuffer::targets);
   rb_.alloc(targets, BufferClass::activations, Dtype::int32, {c_.s, c_.b}, at.phase);
   rb_.alloc(p + "lnf", BufferClass::activations, c_.act, local, at.phase);
-  std::string nw = weights_for(group("final_norm"), at, nullptr);
+  std::string nw = weights_for(group("final_norm"), at);
   e_.compute(at, OpKind::norm, OpName::final_norm, 8.0 * c_.s_local * c_.b * c_.h, {x, nw},
              {p + "lnf"});
   release_weights(nw, at.phase);
   std::string lnf = gather_sequence(at, p + "lnf", p + "lnf_full", OpName::sp_final_norm);
   rb_.alloc(p + "logits", BufferClass::workspace, c_.act, logits_shape, at.phase);
-  std::string ow = weights_for(output_group(), at, nullptr);
+  std::string ow = weights_for(output_group(), at);
   e_.gemm(at, OpName::logits, Grad::none, c_.s * c_.b, c_.vocab_local, c_.h, {lnf, ow}, {p + "logits"});
   release_weights(ow, at.phase);
   if (lnf != p + "lnf") rb_.free(lnf, at.phase);
@@ -159,7 +159,7 @@ void RoleLowering::emit_loss_backward(const OpSite& at, const std::string& g) {
   rb_.free(p + "softmax", at.phase);
   rb_.free(targets, at.phase);
   rb_.alloc(p + "d_lnf_full", BufferClass::workspace, c_.act, full, at.phase);
-  std::string ow = weights_for(output_group(), at, nullptr);
+  std::string ow = weights_for(output_group(), at);
   e_.gemm(at, OpName::logits, Grad::dgrad, c_.s * c_.b, c_.h, c_.vocab_local, {p + "d_logits", ow},
           {p + "d_lnf_full"});
   release_weights(ow, at.phase);
@@ -185,7 +185,7 @@ void RoleLowering::emit_loss_backward(const OpSite& at, const std::string& g) {
   rb_.alloc(g, BufferClass::activations, c_.act, local, at.phase);
   std::string x = loss_input_.at(at.microbatch);
   std::string ng = grads_for(group("final_norm"), at.microbatch);
-  std::string nw = weights_for(group("final_norm"), at, nullptr);
+  std::string nw = weights_for(group("final_norm"), at);
   e_.compute(at, OpKind::norm, OpName::final_norm, 10.0 * c_.s_local * c_.b * c_.h,
              {x, d_lnf, nw, ng}, {g, ng});
   release_weights(nw, at.phase);

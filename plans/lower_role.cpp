@@ -124,19 +124,13 @@ void RoleLowering::alloc_persistent() {
   }
 }
 
-std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next) {
+std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at) {
   if (!shards_of(g).sharded(ShardedState::weights)) return "weights." + g.name;
-  auto gather = [&](const ParamGroup& target) {
-    std::string full = "wfull." + target.name + use_suffix(at);
-    if (rb_.is_live(full)) return full;
-    rb_.alloc(full, BufferClass::weights, c_.act, {target.elements}, at.phase);
-    e_.collective(at, OpKind::all_gather, shard_group(target), Stream::comm, OpName::zero3_param_gather,
-                  double(target.elements) * dtype_bytes(c_.act), {"weights." + target.name},
-                  {full});
-    return full;
-  };
-  std::string full = gather(g);
-  if (plan_.overlap_param_gather && prefetch_next) gather(*prefetch_next);
+  std::string full = "wfull." + g.name + use_suffix(at);
+  if (rb_.is_live(full)) return full;
+  rb_.alloc(full, BufferClass::weights, c_.act, {g.elements}, at.phase);
+  e_.collective(at, OpKind::all_gather, shard_group(g), Stream::comm, OpName::zero3_param_gather,
+                double(g.elements) * dtype_bytes(c_.act), {"weights." + g.name}, {full});
   return full;
 }
 
@@ -147,11 +141,11 @@ const ParamGroup* RoleLowering::layer_weights_for(const ParamGroup& layer, const
     return c_.model.is_moe_layer(l) ? &group(expert_group_name(l)) : nullptr;
   };
   const ParamGroup* experts = experts_of(layer);
-  lp.weights = weights_for(layer, lat, nullptr);
-  if (experts) lp.expert_weights = weights_for(*experts, lat, nullptr);
+  lp.weights = weights_for(layer, lat);
+  if (experts) lp.expert_weights = weights_for(*experts, lat);
   if (next && plan_.overlap_param_gather) {
     for (const ParamGroup* g : {next, experts_of(*next)}) {
-      if (g && shards_of(*g).sharded(ShardedState::weights)) weights_for(*g, lat, nullptr);
+      if (g && shards_of(*g).sharded(ShardedState::weights)) weights_for(*g, lat);
     }
   }
   return experts;

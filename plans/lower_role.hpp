@@ -91,9 +91,9 @@ class RoleLowering {
   static std::string use_suffix(const OpSite& at) {
     return ".mb" + std::to_string(at.microbatch) + "." + to_string(at.phase);
   }
-  // ZeRO-3: gather a group's full weights before use (prefetching the next with
-  // overlap_param_gather); other stages read the persistent buffer.
-  std::string weights_for(const ParamGroup& g, const OpSite& at, const ParamGroup* prefetch_next);
+  // ZeRO-3: gather a group's full weights for a use (once: a prefetched gather is found live);
+  // other stages read the persistent buffer.
+  std::string weights_for(const ParamGroup& g, const OpSite& at);
   // A layer's groups for one use under ZeRO-3: Megatron-FSDP's unit is the whole layer
   // (fsdp_unit_modules TransformerLayer, MoETransformerLayer), so a MoE layer's experts are
   // gathered with it, and with overlap_param_gather the next layer's groups, its experts too,
