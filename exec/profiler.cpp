@@ -40,6 +40,12 @@
 
 namespace stepcast {
 
+int ping_pong_peer(int rank, int size, int stride) {
+  const int peer = (rank / stride) % 2 == 0 ? rank + stride : rank - stride;
+  if (peer >= size || (stride > 1 && rank % stride != 0)) return -1;
+  return peer;
+}
+
 namespace {
 
 std::string format_rate(double value, const char* unit) {
@@ -88,8 +94,8 @@ class Profiler : public ProfilerTools<T, G, W> {
         measure_collectives(make_backend(RankGrid(2, size_ / 2, 1, "tp-dp-pp"), false),
                             GroupKind::tp, "ring", t);
       }
-      // Ping-pong inside a node (pairs of neighbouring ranks), and across nodes (node 2j with
-      // node 2j+1, rank for rank) when the ranks span more than one.
+      // Ping-pong inside a node (pairs of neighbouring ranks), and across nodes (node 2j's first
+      // rank with node 2j+1's, one pair at a time: ping_pong_peer) when the ranks span more than one.
       const int nodes = size_ / ranks_per_node_;
       // Quick, across nodes: two sizes past a shaper's burst (its β is their marginal rate).
       if (nodes == 1 || ranks_per_node_ >= 2) {
@@ -449,8 +455,8 @@ class Profiler : public ProfilerTools<T, G, W> {
     int64_t most = std::max<int64_t>(1, int64_t(bytes_list.back() / double(sizeof(T))));
     T* data = buffer(backend, most);
     const bool first = (rank_ / stride) % 2 == 0;
-    const int peer = first ? rank_ + stride : rank_ - stride;
-    const bool paired = peer < size_;
+    const int peer = ping_pong_peer(rank_, size_, stride);
+    const bool paired = peer >= 0;
     std::vector<TimedPoint> points;
     std::vector<double> bytes_sent;
     for (double bytes : bytes_list) {

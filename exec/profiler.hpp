@@ -110,6 +110,13 @@ std::map<std::string, std::string> library_versions();
 // MemTotal of /proc/meminfo, bytes; 0 when unreadable.
 double host_memory_bytes();
 
+// The ping-pong's peer of `rank` among `size` ranks in blocks of `stride` (block 2j with block
+// 2j+1, rank for rank), or −1 where it sits out. Inside a node (stride 1) every pair at once;
+// across nodes (stride = ranks per node) local rank 0's pair alone: β is one flow on an idle link,
+// as the topology's NIC is, and ranks sharing a NIC share it in the model, not in this figure (two
+// pairs at once on one 100 Mbit/s NIC read 0.487 of it, one alone 0.954).
+int ping_pong_peer(int rank, int size, int stride);
+
 // A collective's share of the NIC rate across nodes, from measured ring all_gathers of
 // `group_size` ranks, one a node: each rank sends and receives (n−1)/n of the buffer over its NIC
 // at once; the marginal rate between the two largest sizes, over `nic_bandwidth_bytes_per_s`

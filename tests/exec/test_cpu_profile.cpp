@@ -26,3 +26,21 @@ TEST_CASE("cpu profile: a collective's share of the NICs from the ring all_gathe
   // A rate above the NIC's is clamped to it.
   CHECK(*inter_node_exchange_fraction(points, 2, 0.5 * nic) == 1.0);
 }
+
+TEST_CASE("cpu profile: the ping-pong across nodes is one pair at a time and inside a node every pair", "[profile]") {
+  // 2 nodes of 2 ranks: across nodes only rank 0 with rank 2 (two pairs at once on one NIC read
+  // half its rate); inside a node (0, 1) and (2, 3).
+  CHECK(ping_pong_peer(0, 4, 2) == 2);
+  CHECK(ping_pong_peer(2, 4, 2) == 0);
+  CHECK(ping_pong_peer(1, 4, 2) == -1);
+  CHECK(ping_pong_peer(3, 4, 2) == -1);
+  CHECK(ping_pong_peer(0, 4, 1) == 1);
+  CHECK(ping_pong_peer(3, 4, 1) == 2);
+  // One rank a node: every pair of nodes (node 2j with 2j+1); an odd last node sits out.
+  CHECK(ping_pong_peer(2, 4, 1) == 3);
+  CHECK(ping_pong_peer(2, 3, 1) == -1);
+  // 4 nodes of 8: ranks 0 and 16 lead their pairs of nodes.
+  CHECK(ping_pong_peer(0, 32, 8) == 8);
+  CHECK(ping_pong_peer(16, 32, 8) == 24);
+  CHECK(ping_pong_peer(17, 32, 8) == -1);
+}
