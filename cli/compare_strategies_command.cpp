@@ -249,8 +249,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
        "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
       ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
        "fp8_recipe of every candidate with --fp8: delayed (Megatron's default) or tensorwise (current scaling)")
-      ("attention", po::value<std::string>()->default_value("materialized"), "materialized or flash")
-      ("dropout", po::value<double>()->default_value(0.1), "dropout of every plan")
+      ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
+      ("dropout", po::value<double>(), kDropoutHelp)
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations (on each rank under mpirun)")
       ("moe-skew-sweep", po::value<std::string>(),
        "mixtures of experts: simulate each row's plan again with its routing skewed by each Zipf exponent of "
@@ -289,7 +289,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
   ModelConfig model = load_model_option(*vm);
   refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
-  SearchSpace space = search_space_from(*vm);
+  SearchSpace space = search_space_from(*vm, model);
   check_routing_histogram(space.moe, "command line", "--moe-routing-histogram", model);
   const std::vector<double> skews = skew_sweep_from(*vm);
   // The CP row at any sequence length (the plain search tries cp from 16k tokens on).
@@ -305,7 +305,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
   const DeviceProfile& profile = profile_choice.profile;
   std::cout << "stepcast compare-strategies: " << model_label(model) << " on " << topology.name << " ("
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
-            << ", profile " << profile_choice.describe() << "\n";
+            << ", profile " << profile_choice.describe() << "\n"
+            << "  " << attention_and_dropout(space, dropout_from(*vm, model)) << "\n";
 
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
   int64_t valid = 0;

@@ -130,9 +130,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
        "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
       ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
        "fp8_recipe of every candidate with --fp8: delayed (Megatron's default) or tensorwise (current scaling)")
-      ("attention", po::value<std::string>()->default_value("materialized"),
-       "attention_impl of every candidate: materialized or flash")
-      ("dropout", po::value<double>()->default_value(0.1), "dropout of every candidate")
+      ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
+      ("dropout", po::value<double>(), kDropoutHelp)
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations (on each rank under mpirun)")
       ("out", po::value<std::string>(),
        "write DIR/plans.json, DIR/NN-NAME.json plan files, their Megatron-LM arguments and "
@@ -196,14 +195,18 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   ModelConfig model = imported ? imported->model : load_model_option(*vm);
   refuse_moe_options_on_dense(*vm, model);
   Topology topology = load_topology(input_file(*vm, "topology"), nodes);
-  SearchSpace space = search_space_from(*vm);
+  SearchSpace space = search_space_from(*vm, model);
+  std::string dropout_source = dropout_from(*vm, model);
   check_routing_histogram(space.moe, "command line", "--moe-routing-histogram", model);
   if (imported) {  // the launch line's batch, attention and dropout, unless given here
     if (imported->world.size > 0) resolve_dp_size(imported->plan, imported->world.size, imported->world.from);
     resolve_dp_size(imported->plan, topology.num_devices(), topology.file);
     if (!vm->count("global-batch-size")) space.global_batch_size = imported->plan.global_batch_size;
     if ((*vm)["attention"].defaulted()) space.attention_impl = imported->plan.attention_impl;
-    if ((*vm)["dropout"].defaulted()) space.dropout = imported->plan.dropout;
+    if (!vm->count("dropout")) {
+      space.dropout = imported->plan.dropout;
+      dropout_source = "the launch line";
+    }
   } else if (!vm->count("global-batch-size")) {
     throw InputError("command line: the option '--global-batch-size' is required but missing (see --help)");
   }
@@ -272,7 +275,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   std::cout << "stepcast plan: " << model_label(model) << " on " << topology.name << " ("
             << topology.num_nodes << " nodes × " << topology.node.devices_per_node << " = "
             << topology.num_devices() << " devices), global batch " << space.global_batch_size
-            << ", profile " << profile_choice.describe() << "\n";
+            << ", profile " << profile_choice.describe() << "\n"
+            << "  " << attention_and_dropout(space, dropout_source) << "\n";
   std::vector<Candidate> candidates = enumerate_candidates(model, topology, space);
   if (heterogeneous) {
     add_speed_balanced_candidates(candidates, model, topology);
@@ -515,6 +519,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
                      {"max_memory_fraction", space.max_memory_fraction},
                      {"attention_impl", to_string(space.attention_impl)},
                      {"dropout", space.dropout},
+                     {"dropout_from", dropout_source},
                      {"megatron_runnable_only", space.megatron_runnable_only},
                      {"profile", profile_json(profile_choice)}});
     out["top"] = top_json;

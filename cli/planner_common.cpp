@@ -287,13 +287,31 @@ std::string sim_mode_from(const boost::program_options::variables_map& vm) {
   return mode;
 }
 
-SearchSpace search_space_from(const boost::program_options::variables_map& vm) {
+std::string dropout_from(const boost::program_options::variables_map& vm, const ModelConfig& model) {
+  if (vm.count("dropout")) return "--dropout";
+  if (!model.stated_dropout) return "Megatron-LM's default";
+  std::string keys;
+  for (const std::string& key : model.dropout_keys) keys += (keys.empty() ? "" : ", ") + key;
+  return "the model's " + keys;
+}
+
+std::string attention_and_dropout(const SearchSpace& space, const std::string& dropout_source) {
+  std::ostringstream out;
+  out << "attention " << to_string(space.attention_impl) << ", dropout " << space.dropout << " (" << dropout_source
+      << ")";
+  return out.str();
+}
+
+SearchSpace search_space_from(const boost::program_options::variables_map& vm, const ModelConfig& model) {
   SearchSpace space;
   // Required unless --from-megatron gives it (run_plan checks).
   space.global_batch_size = vm.count("global-batch-size") ? vm["global-batch-size"].as<int64_t>() : 0;
   if (vm.count("include-gpipe")) space.include_gpipe = vm["include-gpipe"].as<bool>();
   space.max_memory_fraction = vm["max-memory-fraction"].as<double>();
-  space.dropout = vm["dropout"].as<double>();
+  space.dropout = vm.count("dropout") ? vm["dropout"].as<double>() : model.stated_dropout.value_or(0.1);
+  if (!(space.dropout >= 0 && space.dropout < 1)) {
+    throw InputError("command line: --dropout " + fixed(space.dropout, 3) + ": valid: a number in [0, 1)");
+  }
   std::string attention = vm["attention"].as<std::string>();
   if (attention != "materialized" && attention != "flash") {
     throw InputError("command line: --attention '" + attention + "': valid: materialized, flash");

@@ -20,10 +20,23 @@ Progress progress_printer(const std::string& what);
 
 std::string fixed(double value, int digits);
 
-// The search space of the command line's --global-batch-size, --max-memory-fraction, --dropout,
+// The search space of the command line's --global-batch-size, --max-memory-fraction, --dropout
+// (absent: the model's stated dropout, else Megatron-LM's 0.1; dropout_from says which),
 // --attention (materialized | flash, else InputError) and, where the command has it,
 // --include-gpipe.
-SearchSpace search_space_from(const boost::program_options::variables_map& vm);
+SearchSpace search_space_from(const boost::program_options::variables_map& vm, const ModelConfig& model);
+// Where the search's dropout came from: "--dropout", "the model's attention_dropout" (its keys),
+// or "Megatron-LM's default".
+std::string dropout_from(const boost::program_options::variables_map& vm, const ModelConfig& model);
+// "attention flash, dropout 0.1 (Megatron-LM's default)": the header line's words for them.
+std::string attention_and_dropout(const SearchSpace& space, const std::string& dropout_source);
+// --attention's and --dropout's help, shared by plan and compare-strategies.
+inline constexpr const char* kAttentionHelp =
+    "attention_impl of every candidate: flash (default, as Megatron-LM's --attention-backend auto, which "
+    "runs fused attention on GPUs) or materialized (the scores kept: Megatron's local backend)";
+inline constexpr const char* kDropoutHelp =
+    "dropout of every candidate (default: the rate the model's config states where its dropout keys agree, "
+    "e.g. Llama's attention_dropout 0.0, else Megatron-LM's 0.1)";
 
 // The head of plan.json, strategies.json and scale.json, as simulate's prediction has it:
 // schema_version, command, stepcast_version, git_commit, simulate_mode, and inputs (the files,

@@ -4,6 +4,7 @@
 // if none decides it, the error names stepcast's key. Only load_model does I/O.
 #include "model.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <optional>
@@ -50,6 +51,11 @@ const std::vector<std::string> kIgnoredKeys = {
     // shapes: top-k renormalisation, scaling, group-limited routing, jitter, GPT-OSS's clamp
     "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
     "output_router_logits", "router_jitter_noise", "swiglu_limit", "seq_aux"};
+
+// The dropout rates of those (read for ModelConfig::stated_dropout, so not listed as ignored).
+const std::vector<std::string> kDropoutKeys = {"attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
+                                               "hidden_dropout", "resid_dropout", "embd_dropout",
+                                               "attention_probs_dropout_prob"};
 
 // No real model has a dimension near 2^31; the bound keeps every count below int64 overflow
 // together with the parameter bound.
@@ -312,6 +318,22 @@ void set_seq_length(ModelConfig& model, int64_t seq_length, const std::string& s
   model.seq_length_from = source;
 }
 
+// The dropout rates a config states (listed as ignored: the plan's dropout is the one that runs),
+// each a number in [0, 1); the model's stated dropout where they agree.
+void read_stated_dropout(ObjectReader& reader, const Json& json, ModelConfig& m) {
+  std::optional<double> first;
+  bool agree = true;
+  for (const std::string& key : kDropoutKeys) {
+    if (!json.contains(key) || json.at(key).is_null()) continue;
+    double p = reader.get_number_between(key, 0.0, 1.0);
+    if (p >= 1.0) reader.fail(key, "is 1 (every activation dropped)", "a number in [0, 1)");
+    m.dropout_keys.push_back(key);
+    if (first && *first != p) agree = false;
+    if (!first) first = p;
+  }
+  if (agree) m.stated_dropout = first;
+}
+
 // A sliding window changes attention's cost only when it is shorter than the sequence: accepted
 // (and listed as ignored) where it is not in use or at least seq_length long, refused otherwise.
 void check_sliding_window(ObjectReader& reader, const Json& json, ModelConfig& m) {
@@ -522,9 +544,11 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
                 "an integer in [1, " + std::to_string(m.max_position_embeddings) + "]");
   }
   for (const std::string& key : kIgnoredKeys) {
-    if (json.contains(key) && key != "rope_theta") m.ignored_keys.push_back(key);
+    bool read = key == "rope_theta" || std::find(kDropoutKeys.begin(), kDropoutKeys.end(), key) != kDropoutKeys.end();
+    if (json.contains(key) && !read) m.ignored_keys.push_back(key);
   }
   check_sliding_window(reader, json, m);
+  read_stated_dropout(reader, json, m);
   double parameters = model_parameters<double>(m);
   if (parameters > kMaxParameters) {
     std::ostringstream why;

@@ -40,6 +40,11 @@ struct ModelConfig {
   // accepted and not modelled (tokenizer ids, dropout rates, a sliding window longer than the
   // sequence, ...): listed to the user, never silently.
   std::vector<std::string> ignored_keys;
+  // The dropout rate the config states (HuggingFace's attention_dropout, attn_pdrop, resid_pdrop,
+  // hidden_dropout, ...: each a number in [0, 1)), when every such key it has agrees; `plan` and
+  // `compare-strategies` take it for --dropout's default. dropout_keys: the keys read.
+  std::optional<double> stated_dropout;
+  std::vector<std::string> dropout_keys;
   NormKind norm = NormKind::layernorm;
   MlpKind mlp = MlpKind::gelu;
   PositionKind position = PositionKind::learned;

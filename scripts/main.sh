@@ -13,7 +13,7 @@ model=models/tiny.json
 topology=topologies/localhost-cpu.json
 out=out/main
 ranks=2
-batch=8
+batch=32
 mkdir -p "$out"
 start=$SECONDS
 echo
@@ -21,7 +21,7 @@ echo "== plan (global batch $batch on $ranks cores) =="
 rm -rf "$out/plans"
 "$stepcast" plan --model "$model" --topology "$topology" --global-batch-size "$batch" --top 3 \
   --out "$out/plans"
-top=$(ls "$out"/plans/01-*.json)
+top=$(ls "$out"/plans/01-*.json | grep -v '\.deepspeed\.json$')  # not its DeepSpeed config
 # The planner ranks every plan the model admits; the CPU backend runs fp32/fp64 only and refuses
 # sequence_parallel with ZeRO 2/3. One short run says whether the top plan runs here.
 if scripts/mpirun -np "$ranks" "$stepcast" run --model "$model" --topology "$topology" \

@@ -180,6 +180,34 @@ TEST_CASE("memory: GPT-3 175B on 1,024 A100 fits, and memory.json says why", "[c
   CHECK_THAT(inputs["plan_file"].get<std::string>(), Contains("gpt3-175b-a100-1024.json"));
 }
 
+TEST_CASE("plan: attention defaults to flash and dropout to the model's stated rate, else Megatron's", "[cli]") {
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan-defaults").string();
+  std::filesystem::remove_all(out);
+  auto inputs = [&](const std::string& model, const std::string& topology, const std::string& more) {
+    CommandResult r = run_stepcast("plan" + model_arg(model) + topology_arg(topology) +
+                                   " --global-batch-size 8 --nodes 1 --top 1 --evaluate 0 --out " + out + more);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    Json plans = read_json(out + "/plans.json");
+    std::filesystem::remove_all(out);
+    CHECK(plans.at("top").at(0).at("plan").at("attention_impl") == plans.at("inputs").at("attention_impl"));
+    return std::make_pair(plans.at("inputs"), r.output);
+  };
+  auto [tiny, tiny_output] = inputs("tiny", "localhost-cpu", "");  // no dropout key in the config
+  CHECK(tiny.at("attention_impl") == "flash");
+  CHECK(tiny.at("dropout") == 0.1);
+  CHECK(tiny.at("dropout_from") == "Megatron-LM's default");
+  CHECK_THAT(tiny_output, Contains("attention flash, dropout 0.1 (Megatron-LM's default)"));
+  auto [llama, llama_output] = inputs("llama3-8b", "dgx-h100", "");  // attention_dropout 0.0
+  CHECK(llama.at("dropout") == 0.0);
+  CHECK(llama.at("dropout_from") == "the model's attention_dropout");
+  CHECK_THAT(llama_output, Contains("attention flash, dropout 0 (the model's attention_dropout)"));
+  auto [given, given_output] = inputs("llama3-8b", "dgx-h100", " --dropout 0.05 --attention materialized");
+  CHECK(given.at("dropout") == 0.05);
+  CHECK(given.at("dropout_from") == "--dropout");
+  CHECK(given.at("attention_impl") == "materialized");
+}
+
 TEST_CASE("lower writes program.json with the hash it prints", "[cli]") {
   std::string dir = fresh_dir("lower-tiny");
   CommandResult result = run_stepcast("lower" + kTinyInputs + " --out " + dir);

@@ -334,8 +334,10 @@ TEST_CASE("hub configs of Llama-shaped families: Mistral, Qwen2, Qwen3, Phi-3 â€
   CHECK(m.mlp == MlpKind::swiglu);
   CHECK(m.norm == NormKind::rmsnorm);
   CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "sliding_window") != m.ignored_keys.end());
-  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "attention_dropout") != m.ignored_keys.end());
-  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "rope_theta") == m.ignored_keys.end());  // read
+  // Read, so not listed: rope_theta, and attention_dropout (the planner's default dropout).
+  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "attention_dropout") == m.ignored_keys.end());
+  CHECK(std::find(m.ignored_keys.begin(), m.ignored_keys.end(), "rope_theta") == m.ignored_keys.end());
+  CHECK(m.stated_dropout == 0.0);
   mistral["sliding_window"] = nullptr;  // Mistral v0.3: no window
   CHECK(parse(mistral).seq_length == 1024);
   CHECK(parse(mistral).seq_length_from == "max_position_embeddings");
@@ -383,4 +385,26 @@ TEST_CASE("a --seq-length stays within the positions, beyond them only for rotar
   gpt2.erase("num_key_value_heads");
   gpt2.erase("intermediate_size");
   CHECK_THROWS_WITH(stepcast::parse_model(gpt2, "g.json", 512), Contains("learned position table"));
+}
+
+TEST_CASE("a config's dropout keys: the rate they agree on, none where they disagree, bad rates refused", "[model]") {
+  Json config = base_config();
+  CHECK_FALSE(parse(config).stated_dropout);  // no dropout key
+  config["attn_pdrop"] = 0.1;
+  config["resid_pdrop"] = 0.1;
+  config["embd_pdrop"] = 0.1;
+  ModelConfig gpt2 = parse(config);
+  REQUIRE(gpt2.stated_dropout);
+  CHECK(*gpt2.stated_dropout == 0.1);
+  CHECK(gpt2.dropout_keys == std::vector<std::string>{"attn_pdrop", "resid_pdrop", "embd_pdrop"});
+  config["resid_pdrop"] = 0.2;  // the plan has one rate: which one is not the config's to say
+  CHECK_FALSE(parse(config).stated_dropout);
+  config["resid_pdrop"] = nullptr;  // null: not stated
+  CHECK(*parse(config).stated_dropout == 0.1);
+  config["attn_pdrop"] = 1.0;
+  CHECK_THROWS_WITH(parse(config), Contains("attn_pdrop") && Contains("a number in [0, 1)"));
+  config["attn_pdrop"] = -0.1;
+  CHECK_THROWS_WITH(parse(config), Contains("attn_pdrop") && Contains("[0, 1]"));
+  config["attn_pdrop"] = "0.1";
+  CHECK_THROWS_WITH(parse(config), Contains("attn_pdrop"));
 }

@@ -336,7 +336,7 @@ TEST_CASE("stepcast plan end to end on the tiny model", "[search][cli]") {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // Each pruned reason with one plan's own message (numbers, files) as its example.
-  CHECK_THAT(r.output, Catch::Contains("e.g. candidate tp1-pp2-dp1-z0-mbs8-vpp2: key 'global_batch_size' = 8"));
+  CHECK_THAT(r.output, Catch::Contains("e.g. candidate tp1-pp2-dp1-z0-mbs8-vpp2-flash: key 'global_batch_size' = 8"));
   Json plans = load_json_file(out + "/plans.json");
   check_envelope(plans, "plan");
   REQUIRE(plans.at("plans").size() >= 3);
