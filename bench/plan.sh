@@ -26,12 +26,14 @@ run() {
   grep -E "candidates, |plans fit|^memory:|^searched|Spearman" "$out/$label.log" | sed 's/^/   /'
   sed -n '/^plan  /,/^searched/p' "$out/$label.log" | grep -v '^searched' | sed 's/^/   /'
 }
-gpt3=(--model models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json --global-batch-size 1536)
+# GPT-3 as Megatron-LM trained it in 2021 (SC'21): materialized attention, dropout 0.1.
+gpt3=(--model models/gpt3-175b.json --topology topologies/dgx-a100-80gb.json --global-batch-size 1536
+      --attention materialized --dropout 0.1)
 llama=(--model models/llama3-405b.json --topology topologies/dgx-h100.json --global-batch-size 2048)
 run gpt3-175b-a100-1024-search 10 "${gpt3[@]}" --evaluate 0
 run gpt3-175b-a100-1024-evaluate-$evaluate 10 "${gpt3[@]}" --evaluate "$evaluate"
-# Llama 3 trains with flash attention and no dropout (examples/llama3-405b-h100-16384.json); the
-# search's defaults (materialized attention, dropout 0.1) are searched too, for comparison.
+# Llama 3 trains with flash attention and no dropout (examples/llama3-405b-h100-16384.json: the
+# search's defaults for it); materialized attention with dropout 0.1 is searched too, for comparison.
 run llama3-405b-h100-16384-search 20 "${llama[@]}" --attention flash --dropout 0 --evaluate 0
 run llama3-405b-h100-16384-evaluate-$evaluate 20 "${llama[@]}" --attention flash --dropout 0 --evaluate "$evaluate"
-run llama3-405b-h100-16384-materialized-search 20 "${llama[@]}" --evaluate 0
+run llama3-405b-h100-16384-materialized-search 20 "${llama[@]}" --attention materialized --dropout 0.1 --evaluate 0

@@ -16,7 +16,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s)
-"$bin" plan --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json --nodes 8 \
+"$bin" plan --model models/gpt3-13b.json --topology topologies/dgx-a100-80gb.json --nodes 8 --attention materialized \
   --global-batch-size 512 --evaluate "$top" --evaluate-stride "$stride" --top 10 --out "$out" \
   >"$out/log" 2>"$out/err" || { cat "$out/err"; exit 1; }
 grep -E "candidates, |plans fit|^searched" "$out/log"
