@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -19,6 +20,28 @@ constexpr int64_t kMaxCalls = 1000000;  // per sample
 
 }  // namespace
 
+double time_calls(const TimedPoint& point, int64_t calls, const std::function<void()>& sync) {
+  auto seconds_since = [](std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  if (!point.before_each) {
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t c = 0; c < calls; ++c) point.body();
+    sync();
+    return seconds_since(start);
+  }
+  double spent = 0;
+  for (int64_t c = 0; c < calls; ++c) {
+    point.before_each();
+    sync();
+    auto start = std::chrono::steady_clock::now();
+    point.body();
+    sync();
+    spent += seconds_since(start);
+  }
+  return spent;
+}
+
 std::vector<double> PointTimer::seconds_per_call(const std::vector<TimedPoint>& points,
                                                  const std::function<void(int pass)>& after_pass) {
   const size_t n = points.size(), reps = size_t(options_.repetitions);
@@ -32,9 +55,8 @@ std::vector<double> PointTimer::seconds_per_call(const std::vector<TimedPoint>& 
     // slow first call after the previous point is amortised rather than sizing the count.
     for (int64_t calls = 1;; calls *= 2) {
       double start = MPI_Wtime();
-      for (int64_t c = 0; c < calls; ++c) points[i].body();
-      sync_();
-      double elapsed = MPI_Wtime() - start;
+      time_calls(points[i], calls, sync_);
+      double elapsed = MPI_Wtime() - start;  // with before_each's: a sample's wall time stays min_sample_s
       int enough = !points[i].active || elapsed >= options_.min_sample_s / 8 || calls >= kMaxCalls;
       STEPCAST_MPI(MPI_Allreduce(MPI_IN_PLACE, &enough, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
       if (!enough) continue;
@@ -52,10 +74,8 @@ std::vector<double> PointTimer::seconds_per_call(const std::vector<TimedPoint>& 
       if (points[i].prepare) points[i].prepare();
       sync_();
       STEPCAST_MPI(MPI_Barrier(MPI_COMM_WORLD));
-      double start = MPI_Wtime();
-      for (int64_t c = 0; c < counts[i]; ++c) points[i].body();
-      sync_();
-      samples[i * reps + pass] = points[i].active ? (MPI_Wtime() - start) / double(counts[i]) : kNotMeasured;
+      double spent = time_calls(points[i], counts[i], sync_);
+      samples[i * reps + pass] = points[i].active ? spent / double(counts[i]) : kNotMeasured;
     }
     if (after_pass) after_pass(int(pass) + 1);
   }

@@ -3,6 +3,7 @@
 // before each sample, the median over every rank's samples.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -18,7 +19,15 @@ struct TimedPoint {
   // Untimed, before each timed sample (not before the sizing calls): sets the state the sample
   // starts from (the collective reuse points: the pool read through, the next slot first).
   std::function<void()> prepare = nullptr;
+  // Untimed, before every call of a sample (the sizing calls too): the state a training step
+  // leaves a kernel in (the CPU backend: a GEMM just before it). With it each call is timed on its
+  // own, the samples' calls sized by both together.
+  std::function<void()> before_each = nullptr;
 };
+
+// Seconds `calls` calls of `point` take, `sync` after them: the calls back to back, or with a
+// before_each each call timed alone after it (the time between them not counted).
+double time_calls(const TimedPoint& point, int64_t calls, const std::function<void()>& sync);
 
 // Times a list of points, every rank the same list in the same order. A sizing pass makes one
 // untimed call of each point and sets its count (the largest over ranks needed for a sample to

@@ -261,6 +261,7 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
   };
   std::vector<TimedPoint> points;
   std::vector<MemoryPoint> rows;
+  const std::function<void()> after = tools.step_gemm(backend);  // each call as a step makes it
   for (const Family& f : families) {
     int64_t previous = 0;
     for (double target : size_targets) {
@@ -271,7 +272,7 @@ void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& ba
       STEPCAST_CHECK(elements <= most, std::string("memory-bound family ") + f.name + ": " +
                                            std::to_string(elements) + " elements overrun its buffers of " +
                                            std::to_string(most));
-      points.push_back({[&f, elements] { f.body(elements); }});
+      points.push_back({[&f, elements] { f.body(elements); }, true, nullptr, after});
       rows.push_back({f.name, double(elements) * f.bytes_per_element, 0, ""});
     }
   }

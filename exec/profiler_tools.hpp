@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,23 @@ class ProfilerTools {
     }
     backend.upload(memory, host.data(), count * int64_t(sizeof(X)));
     return reinterpret_cast<X*>(memory);
+  }
+  // What a training step runs just before most of its other kernels, for TimedPoint::before_each:
+  // on the CPU backend a 128×128×128 linear layer (about a validation model's: tiny's qkv at micro
+  // batch 2 is 128 tokens × 64 × 128); nothing elsewhere. BLAS's AVX-512 GEMMs leave the core
+  // slower for a while after them. On this project's 2-core VM (Xeon, family 6 model 167,
+  // OpenBLAS's SkylakeX kernels) the CPU kernels' RMSNorm of 64 KiB took 1.12–1.25× its
+  // back-to-back time right after a 64³–128³ sgemm, of 1 MiB 1.03–1.22×, of 16 MiB 1.01–1.04×;
+  // after a memcpy of a GEMM's bytes, or a GEMM on OpenBLAS's AVX2 kernels, 0.96–1.03×
+  // (`bash bench/after_gemm.sh`). Timed back to back, the tables read a step's norms, activations
+  // and attention fast: the CPU sweep's median |error| 7.4% → 3.7% on that VM (README).
+  std::function<void()> step_gemm(Backend<T, G, W>& backend) {
+    if (std::string(backend.name()) != "cpu") return nullptr;
+    constexpr int64_t d = 128;
+    T* x = buffer(backend, d * d, true);
+    T* w = buffer(backend, d * d, true);
+    T* y = buffer(backend, d * d);
+    return [&backend, x, w, y] { backend.linear_forward(x, w, nullptr, y, d, d, d); };
   }
   // Backend memory holding a copy of host data (token ids, masks, sample indices).
   template <class X>

@@ -1,6 +1,9 @@
 // The CPU profile's inter-node figures from its measured tables (exec/profiler.hpp).
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
+#include "point_timer.hpp"
 #include "profiler.hpp"
 
 using namespace stepcast;
@@ -43,4 +46,39 @@ TEST_CASE("cpu profile: the ping-pong across nodes is one pair at a time and ins
   CHECK(ping_pong_peer(0, 32, 8) == 8);
   CHECK(ping_pong_peer(16, 32, 8) == 24);
   CHECK(ping_pong_peer(17, 32, 8) == -1);
+}
+
+namespace {
+
+void spin_for(double seconds) {
+  auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds) {
+  }
+}
+
+}  // namespace
+
+TEST_CASE("point timer: a point's before_each runs before every call and is not timed", "[profile]") {
+  int64_t before = 0, calls = 0, synced = 0;
+  TimedPoint plain{[&] { spin_for(50e-6); }};
+  TimedPoint after{[&] {
+                     spin_for(50e-6);
+                     ++calls;
+                   },
+                   true, nullptr, [&] {
+                     spin_for(400e-6);
+                     ++before;
+                   }};
+  auto sync = [&] { ++synced; };
+  // 20 calls of 50 us: about 1 ms either way (a loaded machine only adds); the 400 us before
+  // each call of the second is not counted.
+  double plain_s = time_calls(plain, 20, sync);
+  CHECK(synced == 1);  // once after the calls
+  double after_s = time_calls(after, 20, sync);
+  CHECK(before == 20);
+  CHECK(calls == 20);
+  CHECK(synced == 1 + 2 * 20);  // after each before_each and each call
+  CHECK(plain_s > 20 * 45e-6);
+  CHECK(after_s > 20 * 45e-6);
+  CHECK(after_s < 20 * 300e-6);
 }
