@@ -318,8 +318,8 @@ void set_seq_length(ModelConfig& model, int64_t seq_length, const std::string& s
   model.seq_length_from = source;
 }
 
-// The dropout rates a config states (listed as ignored: the plan's dropout is the one that runs),
-// each a number in [0, 1); the model's stated dropout where they agree.
+// The dropout rates a config states, each a number in [0, 1): the model's stated dropout where they
+// agree (plan's and compare-strategies' default --dropout; a plan file's dropout is what runs).
 void read_stated_dropout(ObjectReader& reader, const Json& json, ModelConfig& m) {
   std::optional<double> first;
   bool agree = true;

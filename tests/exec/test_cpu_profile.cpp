@@ -1,4 +1,5 @@
-// The CPU profile's inter-node figures from its measured tables (exec/profiler.hpp).
+// The CPU profile: its inter-node figures from its measured tables (exec/profiler.hpp), the
+// ping-pong's pairs, and the point timer's untimed before_each.
 #include <catch2/catch.hpp>
 
 #include <chrono>
