@@ -272,7 +272,7 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
       "Side by side on the same model, cluster and batch: pure data parallelism (and the same plan\n"
       "asynchronous: data_parallel_mode async, staleness 1), ZeRO-1, -2, -3,\n"
       "tensor parallelism (a node), pipeline parallelism (each with data parallelism over the\n"
-      "rest), context parallelism (cp 2-8 over the ring, with --attention flash) and the best plan. Each strategy's row is its best plan by the quick estimate\n"
+      "rest), context parallelism (cp 2-8 over the ring; not with --attention materialized) and the best plan. Each strategy's row is its best plan by the quick estimate\n"
       "among those that fit (else the one with the smallest peak), simulated (--mode approx):\n"
       "memory per GPU by class, step time, exposed communication, bubble, communication volume\n"
       "per rank, and whether it fits. The best plan's row then takes another row's plan where that\n"

@@ -157,7 +157,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "                     [--profile F|roofline] [--allow-profile-mismatch] [--jobs J]\n"
       "                     [--sim-mode approx|fast] [--out DIR]\n"
       "Enumerates every plan (tp, pp, dp, ZeRO stage, hybrid sharding in a node, micro batch,\n"
-      "schedule and virtual stages, recompute, sequence parallelism; with --attention flash and\n"
+      "schedule and virtual stages, recompute, sequence parallelism; with flash attention and\n"
       "sequences of 16,384 tokens or more, context parallelism over the p2p ring, allgather and\n"
       "a2a; for a mixture of experts, the expert-parallel and expert-tensor-parallel sizes and\n"
       "the token dispatcher) using every device, prunes\n"
