@@ -113,6 +113,25 @@ awk -v f="$flat" -v u="$uplink" 'BEGIN { exit !(u > f * 1.5) }' ||
   { echo "predicted step: $flat s on the NICs alone, $uplink s through a tenth of their rate"; exit 1; }
 echo "predicted step: $flat s on 1 Gbit/s NICs, $uplink s through a 100 Mbit/s uplink"
 
+# More ranks than cores (2 nodes of as many ranks as this machine has cores): each node's ranks are
+# pinned to cores of their own (half of them each), and MPI yields when idle.
+cores=$(nproc)
+if [ "$cores" -ge 2 ]; then
+  bash "$script" down --name $name
+  bash "$script" up --nodes 2 --ranks-per-node "$cores" --link-rate 1gbit --name $name --out "$work/shared" \
+    >/dev/null 2>"$work/shared.err"
+  grep -q "share its $((cores / 2)) core(s), and MPI yields when idle" "$work/shared.err" ||
+    { echo "up with more ranks than cores said:"; cat "$work/shared.err"; exit 1; }
+  yield=$(timeout 60 "$work/shared/mpirun" -np $((2 * cores)) printenv OMPI_MCA_mpi_yield_when_idle | sort -u)
+  [ "$yield" = "1" ] || { echo "mpi_yield_when_idle of the ranks: '$yield'"; exit 1; }
+  placement=$(timeout 60 "$work/shared/mpirun" -np $((2 * cores)) \
+    sh -c 'echo "$(hostname) $(taskset -cp $$ | sed "s/.*: //")"' | sort -u | tr '\n' ' ')
+  half=$((cores / 2))
+  span() { [ "$half" -eq 1 ] && echo "$1" || echo "$1-$(($1 + half - 1))"; }
+  [ "$placement" = "$name-n0 $(span 0) $name-n1 $(span $half) " ] ||
+    { echo "ranks placed: $placement"; exit 1; }
+fi
+
 bash "$script" down --name $name
 if ip -br link | grep -q "^$name-" || [ -e "/run/netns/$name-n0" ] || [ -e "/run/stepcast-netns/$name" ]; then
   echo "left behind after down:"; ip -br link | grep "^$name-"; ls /run/netns /run/stepcast-netns; exit 1
