@@ -43,7 +43,7 @@ case "$action" in
     node=${1:?agent: no node}; shift
     name=${node%-n*}
     [ -e "/run/netns/$node" ] || { echo "$prog agent: no node $node (is the cluster up?)" >&2; exit 255; }
-    # A node's ranks stay on its own cores (cpus-NODE, written by up when the ranks fit the cores).
+    # A node's ranks stay on its own cores (cpus-NODE, written by up unless the nodes outnumber them).
     pin=()
     [ -s "$state_root/$name/cpus-$node" ] && pin=(taskset -c "$(cat "$state_root/$name/cpus-$node")")
     exec nsenter --net="/run/netns/$node" --uts="$state_root/$name/uts-$node" -- "${pin[@]}" /bin/sh -c "$*"
@@ -289,7 +289,7 @@ done
 # its own (cores / nodes) and its ranks share them; the mpirun wrapper then has MPI yield when idle
 # (mpi_yield_when_idle), so that a rank waiting in a collective gives its core to the node's
 # computing one. Measured on 2 cores, tiny tp 2 × dp 2 on 2 nodes of 2 ranks at 100 Mbit/s: 162–169
-# ms a step in 3 runs (steps within ±5%), its compute as a profile on the same cluster predicts
+# ms a step in 5 runs (steps within ±5%), its compute as a profile on the same cluster predicts
 # (29.2 ms against 28.4–29.4); with every rank on every core and MPI spinning, the same plan's
 # tensor-parallel all-reduces took 15 ms in one run and 102 ms in another. More nodes than cores:
 # they share all of them.
