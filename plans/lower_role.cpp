@@ -145,7 +145,7 @@ const ParamGroup* RoleLowering::layer_weights_for(const ParamGroup& layer, const
   if (experts) lp.expert_weights = weights_for(*experts, lat);
   if (next && plan_.overlap_param_gather) {
     for (const ParamGroup* g : {next, experts_of(*next)}) {
-      if (g && shards_of(*g).sharded(ShardedState::weights)) weights_for(*g, lat);
+      if (g) weights_for(*g, lat);  // (unsharded: nothing to gather)
     }
   }
   return experts;

@@ -4,7 +4,6 @@
 // if none decides it, the error names stepcast's key. Only load_model does I/O.
 #include "model.hpp"
 
-#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <optional>
@@ -37,12 +36,10 @@ const std::vector<std::string> kIgnoredKeys = {
     // identification, tokenizer ids, storage dtype, inference-time switches
     "_name_or_path", "architectures", "transformers_version", "bos_token_id", "eos_token_id",
     "pad_token_id", "torch_dtype", "dtype", "use_cache", "pretraining_tp",
-    // initialisation and dropout are training hyper-parameters, not shape
-    "initializer_range", "attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+    // initialisation is a training hyper-parameter, not shape (dropout rates: kDropoutKeys)
+    "initializer_range",
     // rotary frequencies change values, not shapes
     "rope_theta", "rope_scaling", "partial_rotary_factor", "original_max_position_embeddings",
-    // Mistral, Qwen2/3 and Phi-3 configs: dropout and initialisation again
-    "hidden_dropout", "resid_dropout", "embd_dropout", "attention_probs_dropout_prob",
     // GPT-2: the multiple-choice head of GPT2DoubleHeadsModel, generation defaults, softmax scaling
     "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
     "summary_first_dropout", "task_specific_params", "predict_special_tokens",
@@ -52,7 +49,8 @@ const std::vector<std::string> kIgnoredKeys = {
     "routed_scaling_factor", "scoring_func", "topk_method", "n_group", "topk_group",
     "output_router_logits", "router_jitter_noise", "swiglu_limit", "seq_aux"};
 
-// The dropout rates of those (read for ModelConfig::stated_dropout, so not listed as ignored).
+// HuggingFace's dropout rates (GPT-2's, Llama's, Mistral's, Qwen2/3's, Phi-3's): accepted and read
+// for ModelConfig::stated_dropout.
 const std::vector<std::string> kDropoutKeys = {"attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop",
                                                "hidden_dropout", "resid_dropout", "embd_dropout",
                                                "attention_probs_dropout_prob"};
@@ -432,6 +430,7 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
   // than as missing.
   reader.accept_any_of(kReadKeys);
   reader.accept_any_of(kIgnoredKeys);
+  reader.accept_any_of(kDropoutKeys);
   reader.finish();
 
   ModelConfig m;
@@ -544,8 +543,7 @@ ModelConfig parse_model(const Json& json, const std::string& file, std::optional
                 "an integer in [1, " + std::to_string(m.max_position_embeddings) + "]");
   }
   for (const std::string& key : kIgnoredKeys) {
-    bool read = key == "rope_theta" || std::find(kDropoutKeys.begin(), kDropoutKeys.end(), key) != kDropoutKeys.end();
-    if (json.contains(key) && !read) m.ignored_keys.push_back(key);
+    if (json.contains(key) && key != "rope_theta") m.ignored_keys.push_back(key);
   }
   check_sliding_window(reader, json, m);
   read_stated_dropout(reader, json, m);
