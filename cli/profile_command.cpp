@@ -10,6 +10,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "commands.hpp"
@@ -70,6 +71,10 @@ int run_profile(int argc, char** argv) {
        "cuda: the topology whose device this GPU is (the profile takes its device name; flash "
        "attention fractions are of its bf16 peak); cpu, ranks on several hosts (netns cluster): "
        "the hosts' topology, whose NIC rate the inter-node link is measured against")
+      ("add-links-to", po::value<std::string>(),
+       "cpu, ranks on several hosts: measure only the inter-node link (ping-pong and ring "
+       "all_gather across hosts) at --topology's NIC rate and write PROFILE with it added at that "
+       "rate (links.inter_node_at_rates) to --out (which may be PROFILE)")
       ("quick", po::bool_switch(), "a few points of each table (a few seconds; for tests)")
       ("topology-out", po::value<std::string>(), "also write a topology JSON of this machine to FILE")
       ("min-sample-s", po::value<double>()->default_value(1e-3),
@@ -79,6 +84,7 @@ int run_profile(int argc, char** argv) {
       argc, argv, options,
       "usage: mpirun -np N stepcast profile --backend cpu --out F [--dtype fp32|fp64] [--quick]\n"
       "                                     [--topology-out T] [--topology T]\n"
+      "       mpirun -np N stepcast profile --backend cpu --topology T --add-links-to P --out F\n"
       "       mpirun -np N stepcast profile --backend cuda --topology T --out F [--quick]\n"
       "Measures the machine with every rank busy at once, as in training: GEMM rate on a grid of\n"
       "shapes, fused attention (causal, and on the CPU the context-parallel kernel over its K/V\n"
@@ -91,6 +97,9 @@ int run_profile(int argc, char** argv) {
       "ranks span several: the inter-node link's α-β, and with one rank a host the share of the\n"
       "NIC a collective gets, sending and receiving at once; needs --topology). Each figure is\n"
       "the median over ranks and repetitions. `simulate --profile F` interpolates them.\n"
+      "A link's share of its rate is measured at the rate: --add-links-to measures one more rate\n"
+      "(e.g. the netns cluster re-shaped) into a profile, and a link of another rate gets the\n"
+      "measured rates' fraction log-linear in log rate between them (the nearest's outside).\n"
       "Also: stepcast profile import|fit|check --help (no mpirun): nccl-tests logs and GEMM\n"
       "sweeps into a profile, the GEMM shape model fitted to its points, its figures checked.");
   if (!vm) return 0;
@@ -119,6 +128,17 @@ int run_profile(int argc, char** argv) {
     Topology topology = load_topology((*vm)["topology"].as<std::string>());
     profile_options.device_name = topology.node.device.name;
     profile_options.peak_flops_per_s = topology.node.device.peak_for(Dtype::bf16, topology.file);
+  }
+  std::optional<DeviceProfile> links_base;
+  if (vm->count("add-links-to")) {
+    if (backend != "cpu" || !vm->count("topology")) {
+      throw InputError("command line: --add-links-to is for --backend cpu with --topology T (the hosts' topology, "
+                       "whose NIC rate the link is measured at)");
+    }
+    if (vm->count("topology-out")) throw InputError("command line: --add-links-to measures no topology: drop --topology-out");
+    links_base = load_profile((*vm)["add-links-to"].as<std::string>());
+    check_profile_matches(*links_base, load_topology((*vm)["topology"].as<std::string>()));
+    profile_options.links_only = true;
   }
   if (backend == "cpu" && vm->count("topology")) {
     Topology topology = load_topology((*vm)["topology"].as<std::string>());
@@ -154,6 +174,15 @@ int run_profile(int argc, char** argv) {
     DeviceProfile profile = cuda ? cuda->measure_profile(profile_options)
                                  : measure_cpu_profile(profile_options);
     if (rank != 0) return 0;
+    if (links_base) {
+      DeviceProfile merged = add_inter_node_rate(*links_base, profile);
+      std::cout << std::setprecision(3) << "inter-node link at " << *profile.inter_node_rate_bytes_per_s * 8 / 1e6
+                << " Mbit/s: " << profile.inter_node_bus_fraction << " of the rate point to point, "
+                << profile.collective_inter_node_fraction() << " for collectives; "
+                << (merged.inter_node_at_rates.size() + 1) << " rates in " << out << "\n";
+      write_file(out, profile_to_json(merged).dump(1) + "\n");
+      return 0;
+    }
     const MeasuredTables& t = *profile.measured;
     std::cout << std::setprecision(3);
     std::cout << "leave-one-out, GEMM (" << t.gemm.size() << " points): " << summarise(gemm_leave_one_out(t.gemm))

@@ -5,6 +5,7 @@
 // published multi-GPU results instead (cli/validate_published.cpp).
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <csignal>
@@ -52,7 +53,9 @@ const char* const kUsage =
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
     "brought up at each point's link_rate (and uplink_rate: two leaves joined by an uplink of that\n"
-    "rate), profiled across its nodes (at netns.link_rate, no uplink), down at the end.\n"
+    "rate), profiled across its nodes (at netns.link_rate, no uplink; then the inter-node link\n"
+    "alone at each other rate a point's links or uplink run at: profile --add-links-to), down at\n"
+    "the end.\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
@@ -178,6 +181,23 @@ std::string measure_profile(const Tools& tools, const std::string& dir, int64_t 
                                 .count())
             << ": " << file << "\n";
   return file;
+}
+
+// Adds the inter-node link measured at `rate` (the cluster of `tools` shaped at it) to the
+// profile in `profile_file` (profile --add-links-to): a shaped link's share differs by rate.
+void add_link_rate(const Tools& tools, const std::string& dir, const std::string& rate, int64_t ranks, bool quick,
+                   const std::string& profile_file) {
+  std::cout << "measuring the inter-node link at " << rate << " ... " << std::flush;
+  ChildResult r = run_child(shell_quote(tools.mpirun) + " -np " + std::to_string(ranks) + " " +
+                                shell_quote(tools.stepcast) + " profile --backend cpu" + (quick ? " --quick" : "") +
+                                " --topology " + shell_quote(tools.topology_file) + " --add-links-to " +
+                                shell_quote(profile_file) + " --out " + shell_quote(profile_file),
+                            dir + "/profile-links-" + rate + ".log");
+  if (r.exit_code != 0) {
+    std::cout << "failed\n";
+    throw std::runtime_error(failure_message("stepcast profile --add-links-to", r));
+  }
+  std::cout << "done\n";
 }
 
 ValidatePoint failed_point(const SweepPoint& point, const std::string& stage,
@@ -423,6 +443,20 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
                                    sweep.netns ? sweep.netns->nodes * sweep.netns->ranks_per_node
                                                : sweep.max_ranks(),
                                    sweep.profile_source == SweepProfileSource::measure_quick);
+    // Every other rate a point's links or uplink run at, measured too (in the points' order).
+    std::vector<std::string> rates;
+    for (const SweepPoint& point : sweep.points) {
+      for (const std::string& rate : {point.link_rate, point.uplink_rate}) {
+        if (sweep.netns && !rate.empty() && rate != sweep.netns->link_rate &&
+            std::find(rates.begin(), rates.end(), rate) == rates.end()) {
+          rates.push_back(rate);
+        }
+      }
+    }
+    for (const std::string& rate : rates) {
+      add_link_rate(tools_for(rate, ""), out, rate, sweep.netns->nodes * sweep.netns->ranks_per_node,
+                    sweep.profile_source == SweepProfileSource::measure_quick, profile_file);
+    }
     profile = check_profile(profile_file);
   }
 

@@ -176,6 +176,11 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
                      " hosts: --topology T is needed (the topology of these hosts, e.g. the netns "
                      "cluster's topology.json), whose NIC rate the inter-node link is measured against");
   }
+  if (options.links_only && nodes < 2) {
+    throw InputError("stepcast profile --add-links-to: the " + std::to_string(size) +
+                     " ranks are on one host: the inter-node link needs ranks on two hosts or more "
+                     "(mpirun --hostfile, e.g. the netns cluster's mpirun wrapper)");
+  }
 
   double start = MPI_Wtime();
   MeasuredTables tables;
@@ -220,6 +225,7 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   if (std::optional<LinkFit> inter = fit_inter_node_link(tables.p2p_inter_node)) {
     p.inter_node_latency_s = inter->latency_s;
     p.inter_node_bus_fraction = std::clamp(inter->bandwidth_bytes_per_s / options.nic_bandwidth_bytes_per_s, 1e-3, 1.0);
+    p.inter_node_rate_bytes_per_s = options.nic_bandwidth_bytes_per_s;
     tables.fits["inter_node_p2p"] = fit_to_json(
         inter, "send/recv ping-pong across nodes, one way: β between the two largest messages, α the smallest's time");
     tables.fits["inter_node_p2p"]["nic_bandwidth_bytes_per_s"] = options.nic_bandwidth_bytes_per_s;

@@ -80,6 +80,12 @@ class Profiler : public ProfilerTools<T, G, W> {
     MeasuredTables t;
     t.dtype = options_.dtype;
     Backend<T, G, W>& world = make_backend(RankGrid(1, size_, 1, "tp-dp-pp"), false);
+    if (options_.links_only) {
+      measure_collectives(world, GroupKind::dp, grid_.collective_algorithm, t, {OpKind::all_gather});
+      measure_p2p(world, ranks_per_node_, "send/recv ping-pong across nodes", {8, 4 << 20, 16 << 20},
+                  t.p2p_inter_node);
+      return t;
+    }
     measure_gemms(world, t);
     measure_memory_families(*this, world, t);
     measure_attention(world, t);
@@ -311,8 +317,9 @@ class Profiler : public ProfilerTools<T, G, W> {
              " points");
   }
 
+  // Every kind the program's collectives use, or those of `only`.
   void measure_collectives(Backend<T, G, W>& backend, GroupKind group, const std::string& algorithm,
-                           MeasuredTables& t) {
+                           MeasuredTables& t, const std::vector<OpKind>& only = {}) {
     const int n = backend.group_size(group);
     std::vector<double> bytes_list = sizes(1024, grid_.collective_max_bytes, {4096, 262144, 4 << 20});
     int64_t most = int64_t(bytes_list.back() / double(sizeof(T)));
@@ -327,6 +334,9 @@ class Profiler : public ProfilerTools<T, G, W> {
                                {OpKind::reduce_scatter, Algorithm::ring},
                                {OpKind::all_gather, Algorithm::ring}};
     if (algorithm == "ring") cases.insert(cases.begin() + 1, {OpKind::all_reduce, Algorithm::tree});
+    if (!only.empty()) {
+      std::erase_if(cases, [&](const Case& c) { return std::find(only.begin(), only.end(), c.kind) == only.end(); });
+    }
     // NCCL picks its own algorithm: one all_reduce row per size, labelled as the backend runs it.
     std::vector<TimedPoint> points;
     std::vector<CollectivePoint> rows;

@@ -281,6 +281,10 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
   if (p.inter_node_exchange_fraction) {
     p.inter_node_exchange_fraction = fraction(*p.inter_node_exchange_fraction, c.link_scale);
   }
+  for (InterNodeAtRate& at : p.inter_node_at_rates) {
+    at.bus_fraction = fraction(at.bus_fraction, c.link_scale);
+    if (at.exchange_fraction) at.exchange_fraction = fraction(*at.exchange_fraction, c.link_scale);
+  }
   if (p.intra_node_bandwidth_bytes_per_s) *p.intra_node_bandwidth_bytes_per_s *= c.link_scale;
   p.variability.device_speed_cv = c.device_speed_cv;
   if (p.measured) {

@@ -26,8 +26,8 @@ CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Top
     : links_(link_figures(apply_link_fractions(topology, profile))) {
   measured_links_ = links_;
   exchange_links_ = links_;
-  if (profile.collective_inter_node_fraction() != profile.inter_node_bus_fraction) {
-    exchange_links_ = link_figures(apply_link_fractions(topology, profile, profile.collective_inter_node_fraction()));
+  if (profile.collective_fraction_differs()) {
+    exchange_links_ = link_figures(apply_link_fractions(topology, profile, true));
     exchange_differs_ = true;
   }
   if (!profile.measured) return;

@@ -62,7 +62,7 @@ class CollectiveCostModel {
 
  private:
   LinkFigures links_;
-  // links_ with the NICs at the profile's collective fraction (collective_inter_node_fraction):
+  // links_ with each inter-node link at its rate's collective fraction (inter_node_fraction_at):
   // the α-β model of a collective without a measured table.
   LinkFigures exchange_links_;
   bool exchange_differs_ = false;

@@ -153,11 +153,38 @@ ProfileChoice choose_profile(const std::optional<std::string>& option, const Top
   return choice;
 }
 
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile) {
-  return apply_link_fractions(topology, profile, profile.inter_node_bus_fraction);
+double DeviceProfile::inter_node_fraction_at(double rate, bool collective) const {
+  auto fraction = [&](const InterNodeAtRate& r) { return collective ? r.collective_fraction() : r.bus_fraction; };
+  std::vector<InterNodeAtRate> rates = inter_node_at_rates;
+  if (inter_node_rate_bytes_per_s) {
+    rates.push_back({*inter_node_rate_bytes_per_s, inter_node_bus_fraction, inter_node_exchange_fraction});
+  }
+  if (rates.size() < 2) return collective ? collective_inter_node_fraction() : inter_node_bus_fraction;
+  std::sort(rates.begin(), rates.end(), [](const InterNodeAtRate& a, const InterNodeAtRate& b) {
+    return a.nic_bandwidth_bytes_per_s < b.nic_bandwidth_bytes_per_s;
+  });
+  if (rate <= rates.front().nic_bandwidth_bytes_per_s) return fraction(rates.front());
+  if (rate >= rates.back().nic_bandwidth_bytes_per_s) return fraction(rates.back());
+  size_t hi = 1;
+  while (rates[hi].nic_bandwidth_bytes_per_s < rate) ++hi;
+  const InterNodeAtRate& a = rates[hi - 1];
+  const InterNodeAtRate& b = rates[hi];
+  double w = std::log(rate / a.nic_bandwidth_bytes_per_s) /
+             std::log(b.nic_bandwidth_bytes_per_s / a.nic_bandwidth_bytes_per_s);
+  return fraction(a) + w * (fraction(b) - fraction(a));
 }
 
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, double inter_node_fraction) {
+bool DeviceProfile::collective_fraction_differs() const {
+  if (inter_node_exchange_fraction && *inter_node_exchange_fraction != inter_node_bus_fraction) return true;
+  return std::any_of(inter_node_at_rates.begin(), inter_node_at_rates.end(),
+                     [](const InterNodeAtRate& r) { return r.collective_fraction() != r.bus_fraction; });
+}
+
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile) {
+  return apply_link_fractions(topology, profile, false);
+}
+
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, bool collective) {
   Topology t = topology;
   if (profile.intra_node_bandwidth_bytes_per_s) {
     t.node.intra_node.bandwidth_bytes_per_s = *profile.intra_node_bandwidth_bytes_per_s;
@@ -165,15 +192,51 @@ Topology apply_link_fractions(const Topology& topology, const DeviceProfile& pro
     t.node.intra_node.bandwidth_bytes_per_s *= profile.intra_node_bus_fraction;
   }
   if (profile.intra_node_latency_s) t.node.intra_node.latency_s = *profile.intra_node_latency_s;
-  t.fabric.nic_bandwidth_bytes_per_s *= inter_node_fraction;
   if (profile.inter_node_latency_s) {
     t.fabric.nic_latency_s = std::max(0.0, (*profile.inter_node_latency_s - t.fabric.switch_latency_s) / 2);
   }
-  // The fabric's own links carry the same protocol as the NICs: the same fraction.
-  t.fabric.dragonfly.local_link_bandwidth_bytes_per_s *= inter_node_fraction;
-  t.fabric.dragonfly.global_link_bandwidth_bytes_per_s *= inter_node_fraction;
-  t.fabric.torus.link_bandwidth_bytes_per_s *= inter_node_fraction;
+  // The fabric's own links carry the same protocol as the NICs: each its own rate's fraction.
+  for (double* rate : {&t.fabric.nic_bandwidth_bytes_per_s, &t.fabric.dragonfly.local_link_bandwidth_bytes_per_s,
+                       &t.fabric.dragonfly.global_link_bandwidth_bytes_per_s,
+                       &t.fabric.torus.link_bandwidth_bytes_per_s}) {
+    *rate *= profile.inter_node_fraction_at(*rate, collective);
+  }
   return t;
+}
+
+DeviceProfile add_inter_node_rate(const DeviceProfile& base, const DeviceProfile& links) {
+  if (!links.inter_node_rate_bytes_per_s) {
+    throw InputError("the inter-node link was not measured (no ping-pong across hosts), so there is no rate to add");
+  }
+  const double rate = *links.inter_node_rate_bytes_per_s;
+  DeviceProfile out = base;
+  if (!base.inter_node_rate_bytes_per_s || *base.inter_node_rate_bytes_per_s == rate) {
+    out.inter_node_rate_bytes_per_s = rate;
+    out.inter_node_bus_fraction = links.inter_node_bus_fraction;
+    out.inter_node_exchange_fraction = links.inter_node_exchange_fraction;
+    out.inter_node_latency_s = links.inter_node_latency_s;
+  } else {
+    std::erase_if(out.inter_node_at_rates, [&](const InterNodeAtRate& r) { return r.nic_bandwidth_bytes_per_s == rate; });
+    out.inter_node_at_rates.push_back({rate, links.inter_node_bus_fraction, links.inter_node_exchange_fraction});
+    std::sort(out.inter_node_at_rates.begin(), out.inter_node_at_rates.end(),
+              [](const InterNodeAtRate& a, const InterNodeAtRate& b) {
+                return a.nic_bandwidth_bytes_per_s < b.nic_bandwidth_bytes_per_s;
+              });
+  }
+  if (out.measured && links.measured) {
+    Json record = {{"nic_bandwidth_bytes_per_s", rate}};
+    for (const char* key : {"inter_node_p2p", "inter_node_exchange"}) {
+      if (links.measured->fits.contains(key)) record[key] = links.measured->fits[key];
+    }
+    Json& list = out.measured->fits["inter_node_at_rates"];
+    if (list.is_array()) {
+      for (size_t i = list.size(); i-- > 0;) {
+        if (list[i].value("nic_bandwidth_bytes_per_s", 0.0) == rate) list.erase(i);
+      }
+    }
+    list.push_back(record);
+  }
+  return out;
 }
 
 std::vector<std::string> machine_differences(const DeviceProfile& profile, const MachineInfo& here,

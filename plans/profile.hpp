@@ -180,6 +180,15 @@ struct MeasuredTables {
   std::optional<MeasuredSystem> system;  // of the collective tables; none: the prediction's
 };
 
+// The inter-node link's fractions as measured at one more NIC rate (DeviceProfile::
+// inter_node_at_rates).
+struct InterNodeAtRate {
+  double nic_bandwidth_bytes_per_s = 0;
+  double bus_fraction = 1;                   // point-to-point sends (the ping-pong's β)
+  std::optional<double> exchange_fraction;   // collectives (absent: bus_fraction)
+  double collective_fraction() const { return exchange_fraction.value_or(bus_fraction); }
+};
+
 // Where a profile was measured. Fields that define the machine type: cpu_model, cores.
 struct MachineInfo {
   std::string hostname;
@@ -222,6 +231,19 @@ struct DeviceProfile {
   double collective_inter_node_fraction() const {
     return inter_node_exchange_fraction.value_or(inter_node_bus_fraction);
   }
+  // The NIC rate (bytes/s) the inter-node fractions above were measured at; absent (datasheet
+  // profiles): they hold at every rate. inter_node_at_rates: the same link measured at other
+  // rates (`stepcast profile --add-links-to`), ascending, none at that rate. A shaped link's share
+  // is not one figure for every rate: on one VM the netns cluster's TCP got 0.95 of 200 Mbit/s,
+  // 0.64 of 1 Gbit/s and 0.93 of 10 Gbit/s.
+  std::optional<double> inter_node_rate_bytes_per_s;
+  std::vector<InterNodeAtRate> inter_node_at_rates;
+  // The achievable fraction of an inter-node link of `rate` bytes/s, for point-to-point sends
+  // or (`collective`) a collective's: where the profile measured several rates, log-linear in
+  // log rate between the two around it and the nearest's outside them; else the profile's one.
+  double inter_node_fraction_at(double rate, bool collective) const;
+  // Whether a collective across nodes gets another share of some link than a send does.
+  bool collective_fraction_differs() const;
   std::optional<MachineInfo> machine;
   std::map<std::string, std::string> libraries;  // e.g. openblas, mpi: name → version string
   std::optional<MeasuredTables> measured;
@@ -272,9 +294,15 @@ bool topology_device_is_cpu(const Topology& topology);
 // the profile measured them, the intra-node bandwidth and latency and the NIC latency replaced by
 // its figures: what the simulator's platform is built from.
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile);
-// The same with the NICs and fabric links at `inter_node_fraction` of their rate (a collective's:
-// DeviceProfile::collective_inter_node_fraction).
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, double inter_node_fraction);
+// The NICs and fabric links each at its rate's fraction (DeviceProfile::inter_node_fraction_at):
+// point-to-point sends' (`collective` false: what the function above does) or a collective's.
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, bool collective);
+// `base` with the inter-node link measured by `links` (a profile of ranks on several hosts,
+// e.g. `stepcast profile --add-links-to`, at links.inter_node_rate_bytes_per_s) added at that
+// rate: as base's own figures where base has none (no inter_node_rate_bytes_per_s) or was
+// measured at that rate, else in inter_node_at_rates (replacing an entry at that rate).
+// measured.fits.inter_node_at_rates keeps links's fits. InputError where `links` has no rate.
+DeviceProfile add_inter_node_rate(const DeviceProfile& base, const DeviceProfile& links);
 // "field: 'profile value' here 'this value'" for each machine-type field (cpu_model, cores) and
 // library version that differs between the profile's record and `here`; empty when they agree
 // or the profile records no machine.

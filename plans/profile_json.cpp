@@ -397,6 +397,24 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
   if (links.has("inter_node_exchange_fraction")) {
     p.inter_node_exchange_fraction = links.get_number_in("inter_node_exchange_fraction", 1e-3, 1.0, 1.0);
   }
+  p.inter_node_rate_bytes_per_s = optional_number(links, "inter_node_rate_bytes_per_s", true);
+  read_points(links, json.at("links"), "inter_node_at_rates", [&](ObjectReader& r, size_t i) {
+    InterNodeAtRate at;
+    at.nic_bandwidth_bytes_per_s = r.get_number("nic_bandwidth_bytes_per_s", 0, true);
+    at.bus_fraction = r.get_number_between("bus_fraction", 1e-3, 1.0);
+    if (r.has("exchange_fraction")) at.exchange_fraction = r.get_number_between("exchange_fraction", 1e-3, 1.0);
+    const std::string key = "inter_node_at_rates[" + std::to_string(i) + "]";
+    if (!p.inter_node_rate_bytes_per_s) {
+      links.fail(key, "is a rate's figures, but the profile's own rate (inter_node_rate_bytes_per_s) is absent",
+                 "inter_node_rate_bytes_per_s beside inter_node_at_rates");
+    }
+    if (at.nic_bandwidth_bytes_per_s == *p.inter_node_rate_bytes_per_s ||
+        (i > 0 && !(p.inter_node_at_rates.back().nic_bandwidth_bytes_per_s < at.nic_bandwidth_bytes_per_s))) {
+      links.fail(key, "repeats a rate or is out of order",
+                 "rates once each, ascending, none the profile's own (inter_node_rate_bytes_per_s)");
+    }
+    p.inter_node_at_rates.push_back(at);
+  });
   read_notes(links, "links", p);
   links.finish();
   if (reader.has("variability")) {
@@ -508,6 +526,12 @@ Json profile_to_json(const DeviceProfile& p) {
   if (p.inter_node_latency_s) json["links"]["inter_node_latency_s"] = *p.inter_node_latency_s;
   if (p.inter_node_exchange_fraction) {
     json["links"]["inter_node_exchange_fraction"] = *p.inter_node_exchange_fraction;
+  }
+  if (p.inter_node_rate_bytes_per_s) json["links"]["inter_node_rate_bytes_per_s"] = *p.inter_node_rate_bytes_per_s;
+  for (const InterNodeAtRate& at : p.inter_node_at_rates) {
+    Json r = {{"nic_bandwidth_bytes_per_s", at.nic_bandwidth_bytes_per_s}, {"bus_fraction", at.bus_fraction}};
+    if (at.exchange_fraction) r["exchange_fraction"] = *at.exchange_fraction;
+    json["links"]["inter_node_at_rates"].push_back(r);
   }
   if (p.variability.device_speed_cv > 0 || p.variability.op_time_cv > 0 || !p.variability_notes.empty()) {
     json["variability"] = {{"device_speed_cv", p.variability.device_speed_cv},

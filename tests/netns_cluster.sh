@@ -3,7 +3,8 @@
 # one rank each joined by 1 Gbit/s links, trains the tiny model in fp64 data parallel (dp 2,
 # ZeRO-1) across them over TCP, and checks that the loss curve is the single rank's (1e-9
 # relative), that the ranks ran on two hosts, that their TCP transport runs without the put
-# protocol, that the profile measures the inter-node link, and that a hostfile of other slots
+# protocol, that the profile measures the inter-node link (and at a second rate, re-shaped, into
+# the same profile: --add-links-to), and that a hostfile of other slots
 # than the topology's is refused (exit 2); then takes the cluster down and checks nothing is left.
 # Exit 77 (skipped, saying why) when not root or network namespaces are not available.
 #   tests/netns_cluster.sh BUILD_DIR
@@ -93,6 +94,22 @@ rc=$?
 set -e
 grep -q "the hostfile does not match the topology" "$work/mismatch.log" && [ $rc -eq 2 ] ||
   { echo "mismatched hostfile: exit $rc"; cat "$work/mismatch.log"; exit 1; }
+
+# The link measured at one more rate (the cluster re-shaped to 200 Mbit/s) joins the profile's
+# table of rates; the profile's own figures (1 Gbit/s) stay, and the result loads.
+bash "$script" down --name $name
+bash "$script" up --nodes 2 --ranks-per-node 1 --link-rate 200mbit --name $name --out "$work/slow" >/dev/null
+timeout 120 "$work/slow/mpirun" -np 2 "$bin" profile --backend cpu --quick --topology "$work/slow/topology.json" \
+  --add-links-to "$work/profile.json" --out "$work/rates.json" >"$work/rates.log" 2>&1 ||
+  { cat "$work/rates.log"; exit 1; }
+jq -e --slurpfile own "$work/profile.json" '.links.inter_node_rate_bytes_per_s == 125000000 and
+       .links.inter_node_bus_fraction == $own[0].links.inter_node_bus_fraction and
+       (.links.inter_node_at_rates | length == 1 and .[0].nic_bandwidth_bytes_per_s == 25000000 and
+        .[0].bus_fraction > 0.5 and .[0].exchange_fraction > 0.5)' "$work/rates.json" >/dev/null ||
+  { echo "profile with a second rate:"; jq .links "$work/rates.json"; cat "$work/rates.log"; exit 1; }
+grep "inter-node link at 200 Mbit/s" "$work/rates.log"
+"$bin" simulate --model "$repo/models/tiny.json" --plan "$repo/examples/tiny-cpu.json" \
+  --topology "$work/slow/topology.json" --profile "$work/rates.json" --out "$work/sim-rates" >/dev/null
 
 # With --uplink-rate the nodes hang from two leaves joined by one link: the topology says so (a
 # dragonfly of two one-router groups whose global link is the uplink), and the simulator routes

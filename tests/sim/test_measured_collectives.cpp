@@ -270,7 +270,7 @@ TEST_CASE("collective cost: collectives across nodes take the profile's exchange
   // Sends (and the simulator's flows) keep the ping-pong's fraction.
   CHECK(model.links().inter_bandwidth_bytes_per_s ==
         Approx(link_figures(apply_link_fractions(t, p)).inter_bandwidth_bytes_per_s));
-  LinkFigures exchange = link_figures(apply_link_fractions(t, p, 0.9));
+  LinkFigures exchange = link_figures(apply_link_fractions(t, p, true));
   CHECK(exchange.inter_bandwidth_bytes_per_s == Approx(model.links().inter_bandwidth_bytes_per_s * 0.9 / 0.95));
   GroupShape across{4, 4, 1};
   for (double bytes : {1e4, 1e7, 1e9}) {
@@ -299,5 +299,20 @@ TEST_CASE("sim: a dp all_reduce across nodes runs at the profile's exchange frac
   SimulateOptions o;
   o.mode = SimMode::full;
   SimulationOutput out = simulate_program(program, t, profile_with_fractions(t, 0.95, 0.9), o);
+  CHECK(out.step_time_s == Approx(2.0 * 3 / 4 * bytes / (25e9 * 0.9)).epsilon(1e-6));
+}
+
+TEST_CASE("sim: a dp all_reduce across nodes runs at the fraction measured at its NICs' rate (full)", "[sim]") {
+  // As above, with the profile measured at 4x the NICs' rate (other fractions) and at their rate.
+  Topology t = parse_test_topology(star_topology_json(4, 1, 100e9, 0, 1, 25e9, 0));
+  const double bytes = 64e6;
+  StepProgram program = empty_program(1, 4, 1, 1);
+  push_op(program.roles[0], collective_op(OpKind::all_reduce, GroupKind::dp, Algorithm::ring, bytes, Stream::comm));
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  DeviceProfile p = profile_with_fractions(t, 0.6, 0.5);
+  p.inter_node_rate_bytes_per_s = 100e9;
+  p.inter_node_at_rates = {{25e9, 0.95, 0.9}};
+  SimulationOutput out = simulate_program(program, t, p, o);
   CHECK(out.step_time_s == Approx(2.0 * 3 / 4 * bytes / (25e9 * 0.9)).epsilon(1e-6));
 }
