@@ -4,10 +4,11 @@
 # between them), K NICs each (veth pairs, NIC k of every node on the switch of rail k: a bridge),
 # every link shaped by tc's token bucket (tbf) at --link-rate in both directions; optionally the
 # nodes split over two leaf switches per rail joined by one uplink shaped at --uplink-rate
-# (an even number of nodes: N/2 a leaf).
+# (an even number of nodes: N/2 a leaf). Every interface has MTU --mtu (default 9000: jumbo frames,
+# as cluster fabrics run; at 1500 this 2-core VM's forwarding could not keep up with 1 Gbit/s).
 #
 #   netns-cluster.sh up --nodes N --ranks-per-node R --link-rate RATE [--nics-per-node K]
-#                       [--uplink-rate RATE] [--name NAME] [--out DIR]
+#                       [--uplink-rate RATE] [--mtu BYTES] [--name NAME] [--out DIR]
 #   netns-cluster.sh down [--name NAME]          removes what `up` made, and only that
 #   netns-cluster.sh status [--name NAME]        exit 0 when up and whole, 1 otherwise
 #   netns-cluster.sh agent NODE COMMAND...       OpenMPI's plm_rsh_agent: runs COMMAND in NODE
@@ -29,7 +30,7 @@ warn() { echo "$prog: warning: $*" >&2; }
 say() { echo "$prog: $*"; }
 
 usage() {
-  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 # --- arguments -------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ case "$action" in
   *) echo "$prog: unknown action '$action': valid: up, down, status, agent" >&2; exit 2 ;;
 esac
 
-nodes="" ranks_per_node="" link_rate="" nics=1 uplink_rate="" name=stepcast out=""
+nodes="" ranks_per_node="" link_rate="" nics=1 uplink_rate="" mtu=9000 name=stepcast out=""
 while [ $# -gt 0 ]; do
   opt=$1
   [ $# -ge 2 ] || die "$opt needs a value"
@@ -62,9 +63,10 @@ while [ $# -gt 0 ]; do
     --link-rate) link_rate=$2 ;;
     --nics-per-node) nics=$2 ;;
     --uplink-rate) uplink_rate=$2 ;;
+    --mtu) mtu=$2 ;;
     --name) name=$2 ;;
     --out) out=$2 ;;
-    *) die "unknown option '$opt': valid: --nodes --ranks-per-node --link-rate --nics-per-node --uplink-rate --name --out" ;;
+    *) die "unknown option '$opt': valid: --nodes --ranks-per-node --link-rate --nics-per-node --uplink-rate --mtu --name --out" ;;
   esac
   shift 2
 done
@@ -177,6 +179,8 @@ fi
 [[ "$nics" =~ ^[0-9]+$ ]] && [ "$nics" -ge 1 ] && [ "$nics" -le 4 ] ||
   die "--nics-per-node '$nics': 1 to 4"
 [ -n "$link_rate" ] || die "--link-rate RATE is required (e.g. 200mbit, 1gbit)"
+[[ "$mtu" =~ ^[0-9]+$ ]] && [ "$mtu" -ge 1280 ] && [ "$mtu" -le 9216 ] ||
+  die "--mtu '$mtu': bytes from 1280 to 9216 (1500: plain Ethernet; 9000: jumbo frames)"
 link_bits=$(rate_bits_per_s "$link_rate") ||
   die "--link-rate '$link_rate': valid: NUMBER followed by bit, kbit, mbit or gbit (tc's decimal units), e.g. 200mbit"
 # Below 1 Mbit/s MPI's launch and wire-up time out; above 40 Gbit/s a veth cannot be shaped
@@ -201,7 +205,7 @@ elif [ "$ranks" -gt "$cores" ]; then
   warn "$ranks ranks on $cores cores: ranks will share cores and timings will be noise"
 fi
 
-config="nodes=$nodes ranks_per_node=$ranks_per_node link_rate=$link_rate nics_per_node=$nics uplink_rate=${uplink_rate:-none}"
+config="nodes=$nodes ranks_per_node=$ranks_per_node link_rate=$link_rate nics_per_node=$nics uplink_rate=${uplink_rate:-none} mtu=$mtu"
 if cluster_whole && [ "$(cat "$state/config")" = "$config" ] && [ -f "$out/topology.json" ]; then
   say "$name is already up ($config); files in $out"
   exit 0
@@ -221,16 +225,23 @@ switch_name() {  # rail k, leaf x
   if [ -n "$uplink_rate" ]; then echo "$name-s$1$2"; else echo "$name-s$1"; fi
 }
 
-# tbf on a device's egress. burst: 100 microseconds at the rate, at least 2 full frames (tbf
-# refuses a bucket below the MTU); latency bounds the queue. A bucket of one millisecond let a
+# tbf on a device's egress. burst: 100 microseconds at the rate, at least 2 full frames of the MTU
+# (tbf refuses a bucket below one); latency bounds the queue. A bucket of one millisecond let a
 # message after a pause leave at the veth's speed for its first millisecond of bytes (80 KB at
 # 0.84 of its time at the rate at 200 Mbit/s, 64-262 KB at 0.56-0.80 at 1 Gbit/s), which no
 # NIC does; 100 microseconds keeps large transfers as fast (1.056 and 1.09 of the rate's time for
-# 16 MiB, both buckets) and brings 64 KB-1 MiB to 0.97-1.10 (bench/netns_link.sh).
+# 16 MiB, both buckets) and brings 64 KB-1 MiB to 0.97-1.10 (bench/netns_link.sh; MTU 1500).
+# With MTU 1500 the 2-core VM's forwarding (veth, bridge, tbf's segmenting) could not keep up at
+# 1 Gbit/s: MPI's ping-pong got 0.64-0.73 of the rate (0.35 without GSO), and a collective
+# 0.53-0.75, varying run to run; MTU 9000 with its two-frame bucket (18.2 KB): 0.99 and 0.93-0.95
+# at 1 Gbit/s, 0.99 and 0.98 at 200 Mbit/s (TCP/IP and Ethernet headers alone leave 8948/9014 =
+# 0.993). A one-frame bucket loses tokens (0.93 at 200 Mbit/s, 0.77 at 1 Gbit/s). The price at
+# 200 Mbit/s: a message after a pause gets the bucket at once (16 KiB in 0.06 of its time at the
+# rate, 64 KB 0.76, 256 KB 0.96, 600 KB and more 1.00-1.03).
 # NETNS: the node whose device it is, or empty (this host).
 shape() {
   local netns=$1 dev=$2 bits=$3 rate=$4 burst msg
-  burst=$(awk -v b="$bits" 'BEGIN { x = b / 8 / 10000; if (x < 3200) x = 3200; printf "%d", x }')
+  burst=$(awk -v b="$bits" -v m="$mtu" 'BEGIN { x = b / 8 / 10000; if (x < 2 * (m + 100)) x = 2 * (m + 100); printf "%d", x }')
   msg=$(ip ${netns:+-n "$netns"} link show dev "$dev" >/dev/null &&
     ${netns:+ip netns exec "$netns"} tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 200ms 2>&1) ||
     fail_up "tc refuses rate '$rate' on ${netns:+$netns }$dev: $msg"
@@ -246,7 +257,7 @@ for ((k = 0; k < nics; k++)); do
     [ "$x" = b ] && [ -z "$uplink_rate" ] && continue
     sw=$(switch_name "$k" "$x")
     claim link "$sw"
-    ip link add "$sw" type bridge 2>/dev/null || fail_up "cannot make bridge $sw"
+    ip link add "$sw" mtu "$mtu" type bridge 2>/dev/null || fail_up "cannot make bridge $sw"
     # The bridge forwards at once (no STP learning delay) and filters nothing.
     ip link set "$sw" type bridge stp_state 0 forward_delay 0 2>/dev/null || true
     ip link set "$sw" up
@@ -254,7 +265,7 @@ for ((k = 0; k < nics; k++)); do
   if [ -n "$uplink_rate" ]; then
     ua="$name-u${k}a" ub="$name-u${k}b"
     claim link "$ua"; claim link "$ub"
-    ip link add "$ua" type veth peer name "$ub" || fail_up "cannot make uplink $ua-$ub"
+    ip link add "$ua" mtu "$mtu" type veth peer name "$ub" mtu "$mtu" || fail_up "cannot make uplink $ua-$ub"
     ip link set "$ua" master "$(switch_name "$k" a)" up
     ip link set "$ub" master "$(switch_name "$k" b)" up
     shape "" "$ua" "$uplink_bits" "$uplink_rate"
@@ -276,7 +287,8 @@ for ((i = 0; i < nodes; i++)); do
   for ((k = 0; k < nics; k++)); do
     host_end="$name-$i-$k"
     claim link "$host_end"
-    ip link add "$host_end" type veth peer name "nic$k" netns "$node" || fail_up "cannot make veth $host_end"
+    ip link add "$host_end" mtu "$mtu" type veth peer name "nic$k" mtu "$mtu" netns "$node" ||
+      fail_up "cannot make veth $host_end"
     ip link set "$host_end" master "$(switch_name "$k" "$(leaf_of "$i")")" up
     ip -n "$node" addr add "$subnet_prefix.$k.$((i + 1))/24" dev "nic$k"
     ip -n "$node" link set "nic$k" up
