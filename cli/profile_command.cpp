@@ -143,6 +143,7 @@ int run_profile(int argc, char** argv) {
   if (backend == "cpu" && vm->count("topology")) {
     Topology topology = load_topology((*vm)["topology"].as<std::string>());
     profile_options.nic_bandwidth_bytes_per_s = topology.fabric.nic_bandwidth_bytes_per_s;
+    profile_options.nics_per_rank = std::max(1, topology.fabric.nics_per_node / topology.node.devices_per_node);
   }
   profile_options.dtype = *parse_dtype(dtype);
   profile_options.quick = (*vm)["quick"].as<bool>();
@@ -191,7 +192,11 @@ int run_profile(int argc, char** argv) {
     if (profile.inter_node_latency_s) {
       std::cout << "inter-node link (ping-pong fit): " << *profile.inter_node_latency_s * 1e6
                 << " us, " << profile.inter_node_bus_fraction << " of the NIC's "
-                << profile_options.nic_bandwidth_bytes_per_s / 1e9 << " GB/s\n";
+                << profile_options.nic_bandwidth_bytes_per_s / 1e9 << " GB/s"
+                << (profile_options.nics_per_rank > 1 ? " times the " + std::to_string(int(profile_options.nics_per_rank)) +
+                                                             " NICs each rank drives"
+                                                       : "")
+                << "\n";
     }
     if (profile.inter_node_exchange_fraction) {
       std::cout << "collectives across nodes (ring all_gather, sending and receiving at once): "

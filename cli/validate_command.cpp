@@ -53,9 +53,9 @@ const char* const kUsage =
     "that fails is recorded with its message and the sweep goes on (exit code 1 at the end).\n"
     "A sweep with \"netns\" runs across a cluster on this machine (scripts/netns-cluster.sh, root):\n"
     "brought up at each point's link_rate (and uplink_rate: two leaves joined by an uplink of that\n"
-    "rate), profiled across its nodes (at netns.link_rate, no uplink; then the inter-node link\n"
-    "alone at each other rate a point's links or uplink run at: profile --add-links-to), down at\n"
-    "the end.\n"
+    "rate; nics_per_node: that many NICs a node), profiled across its nodes (at netns.link_rate,\n"
+    "one NIC, no uplink; then the inter-node link alone at each other rate a point's links or\n"
+    "uplink run at: profile --add-links-to), down at the end.\n"
     "The sweep file: see README (validate). `--sweep published` predicts the published multi-GPU\n"
     "results in data/published.json from the shipped profiles (made of component measurements, never\n"
     "of these results), and checks every component figure of those profiles against the cost\n"
@@ -134,18 +134,27 @@ struct Tools {
   std::string topology_file;             // the points' topology: the sweep's, or the cluster's
 };
 
-// The netns cluster of a sweep at one link rate, its leaves joined by an uplink of `uplink` unless
-// empty (scripts/netns-cluster.sh up, idempotent): its files in DIR/cluster-RATE[-uplink-RATE];
-// `tools` then launches through it with its topology.
-Tools cluster_tools(const Tools& base, const SweepCluster& c, const std::string& rate, const std::string& uplink,
-                    const std::string& dir) {
-  const std::string shape = "cluster-" + rate + (uplink.empty() ? "" : "-uplink-" + uplink);
+// What a point asks of the netns cluster: its links' rate, an uplink between two leaves (empty:
+// none) and the NICs of each node.
+struct ClusterShape {
+  std::string rate, uplink;
+  int64_t nics = 1;
+  auto operator<=>(const ClusterShape&) const = default;
+};
+
+// The netns cluster of a sweep in one shape (scripts/netns-cluster.sh up, idempotent): its files
+// in DIR/cluster-RATE[-uplink-RATE][-nics-K]; `tools` then launches through it with its topology.
+Tools cluster_tools(const Tools& base, const SweepCluster& c, const ClusterShape& s, const std::string& dir) {
+  const std::string& rate = s.rate;
+  const std::string& uplink = s.uplink;
+  const std::string shape = "cluster-" + rate + (uplink.empty() ? "" : "-uplink-" + uplink) +
+                            (s.nics == 1 ? "" : "-nics-" + std::to_string(s.nics));
   std::string folder = fs::absolute(dir + "/" + shape).string();
   ChildResult up = run_child("bash " + shell_quote(repository_file("scripts/netns-cluster.sh")) +
                                  " up --name " + shell_quote(c.name) + " --nodes " + std::to_string(c.nodes) +
                                  " --ranks-per-node " + std::to_string(c.ranks_per_node) + " --link-rate " +
                                  shell_quote(rate) + (uplink.empty() ? "" : " --uplink-rate " + shell_quote(uplink)) +
-                                 " --out " + shell_quote(folder),
+                                 " --nics-per-node " + std::to_string(s.nics) + " --out " + shell_quote(folder),
                              dir + "/" + shape + ".log");
   if (up.exit_code != 0) throw InputError(failure_message("netns-cluster.sh up", up));
   Tools t = base;
@@ -421,12 +430,11 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
               sweep.topology_file};
   // A netns sweep brings its cluster up (and down at the end unless it was up before).
   const bool cluster_was_up = sweep.netns && cluster_is_up(*sweep.netns);
-  std::map<std::pair<std::string, std::string>, Tools> at_shape;  // (link rate, uplink rate)
-  auto tools_for = [&](const std::string& rate, const std::string& uplink) -> const Tools& {
+  std::map<ClusterShape, Tools> at_shape;
+  auto tools_for = [&](const ClusterShape& shape) -> const Tools& {
     if (!sweep.netns) return tools;
-    const auto shape = std::make_pair(rate, uplink);
     if (!at_shape.count(shape)) at_shape.clear();  // one shape up at a time: the cluster is re-shaped
-    if (!at_shape.count(shape)) at_shape[shape] = cluster_tools(tools, *sweep.netns, rate, uplink, out);
+    if (!at_shape.count(shape)) at_shape[shape] = cluster_tools(tools, *sweep.netns, shape, out);
     return at_shape[shape];
   };
 
@@ -439,7 +447,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
   const CanaryRates reference = machine_canary();
   const bool profile_measured_here = profile_source == "measure" || profile_source == "measure-quick";
   if (profile_measured_here) {
-    profile_file = measure_profile(tools_for(sweep.netns ? sweep.netns->link_rate : "", ""), out,
+    profile_file = measure_profile(tools_for({sweep.netns ? sweep.netns->link_rate : "", "", 1}), out,
                                    sweep.netns ? sweep.netns->nodes * sweep.netns->ranks_per_node
                                                : sweep.max_ranks(),
                                    sweep.profile_source == SweepProfileSource::measure_quick);
@@ -454,7 +462,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
       }
     }
     for (const std::string& rate : rates) {
-      add_link_rate(tools_for(rate, ""), out, rate, sweep.netns->nodes * sweep.netns->ranks_per_node,
+      add_link_rate(tools_for({rate, "", 1}), out, rate, sweep.netns->nodes * sweep.netns->ranks_per_node,
                     sweep.profile_source == SweepProfileSource::measure_quick, profile_file);
     }
     profile = check_profile(profile_file);
@@ -488,7 +496,7 @@ int run_validate(int argc, char** argv, SimulationRunner& runner) {
               << (point.measured_routing ? ", routing measured by a run first" : "") << "): " << std::flush;
     const CanaryRates before = machine_canary();
     ValidatePoint result =
-        run_point(tools_for(point.link_rate, point.uplink_rate), point, profile_file, repeats,
+        run_point(tools_for({point.link_rate, point.uplink_rate, point.nics_per_node}), point, profile_file, repeats,
                   out + "/points/" + point.name);
     const CanaryRates after = machine_canary();
     result.machine_speed_gemm = (before.gemm_gflops + after.gemm_gflops) / 2 / reference.gemm_gflops;

@@ -224,11 +224,13 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   // that the profile carries to other link rates of the same fabric.
   if (std::optional<LinkFit> inter = fit_inter_node_link(tables.p2p_inter_node)) {
     p.inter_node_latency_s = inter->latency_s;
-    p.inter_node_bus_fraction = std::clamp(inter->bandwidth_bytes_per_s / options.nic_bandwidth_bytes_per_s, 1e-3, 1.0);
+    const double driven = options.nic_bandwidth_bytes_per_s * options.nics_per_rank;
+    p.inter_node_bus_fraction = std::clamp(inter->bandwidth_bytes_per_s / driven, 1e-3, 1.0);
     p.inter_node_rate_bytes_per_s = options.nic_bandwidth_bytes_per_s;
     tables.fits["inter_node_p2p"] = fit_to_json(
         inter, "send/recv ping-pong across nodes, one way: β between the two largest messages, α the smallest's time");
     tables.fits["inter_node_p2p"]["nic_bandwidth_bytes_per_s"] = options.nic_bandwidth_bytes_per_s;
+    tables.fits["inter_node_p2p"]["nics_per_rank"] = options.nics_per_rank;
   }
   // A collective across nodes sends and receives at once: each direction also carries the
   // other's TCP acknowledgements and MPI's fragment headers, so it gets less of the NIC than the
@@ -236,14 +238,15 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   // 1 Gbit/s). From the world group's ring all_gather (no reduction in it), one rank a node.
   if (nodes > 1 && ranks_per_node == 1) {
     p.inter_node_exchange_fraction =
-        inter_node_exchange_fraction(tables.collectives, size, options.nic_bandwidth_bytes_per_s);
+        inter_node_exchange_fraction(tables.collectives, size, options.nic_bandwidth_bytes_per_s * options.nics_per_rank);
     if (p.inter_node_exchange_fraction) {
       tables.fits["inter_node_exchange"] = {
           {"from", "ring all_gather of " + std::to_string(size) +
                        " ranks, one a node: (n-1)/n of the buffer each way over the time, the marginal rate "
                        "between the two largest sizes, over the NIC's"},
           {"fraction", *p.inter_node_exchange_fraction},
-          {"nic_bandwidth_bytes_per_s", options.nic_bandwidth_bytes_per_s}};
+          {"nic_bandwidth_bytes_per_s", options.nic_bandwidth_bytes_per_s},
+          {"nics_per_rank", options.nics_per_rank}};
     }
   }
   tables.method = profile_method(placement, options,

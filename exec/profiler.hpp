@@ -30,6 +30,9 @@ struct ProfileOptions {
   // CPU across nodes: the NIC rate of the topology the ranks run on (bytes/s, per direction), of
   // which the inter-node ping-pong's bandwidth is the achievable fraction (links.inter_node_*).
   double nic_bandwidth_bytes_per_s = 0;
+  // The NICs one rank drives (the topology's NICs over its devices per node, at least 1: as the
+  // simulator's platform stripes a device over them); the fractions are of that many NICs.
+  double nics_per_rank = 1;
   // CPU across nodes: only the inter-node link (the ping-pong across nodes and the world's ring
   // all_gather), for `stepcast profile --add-links-to`.
   bool links_only = false;

@@ -112,6 +112,11 @@ SweepPoint read_point(ObjectReader& reader, const Json& object, const PointDefau
                   "a cluster of an even number of nodes (two leaves of N/2 joined by the uplink)");
     }
   }
+  if (reader.has("nics_per_node")) {
+    if (!netns) reader.fail("nics_per_node", "only in a sweep with \"netns\" (a cluster on this machine)", "no nics_per_node");
+    p.nics_per_node = reader.get_int("nics_per_node", 1);
+    if (p.nics_per_node > 4) reader.fail("nics_per_node", "more than the cluster script makes", "1 to 4");
+  }
   if (reader.has("model")) {
     p.model_file = read_path(reader, "model", "a model file (models/*.json)");
   } else if (defaults.model_file) {

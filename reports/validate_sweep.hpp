@@ -36,6 +36,7 @@ struct SweepPoint {
   int64_t steps = 0;       // run --steps: 1 warm-up, the timed steps, 1 instrumented (>= 3)
   std::string link_rate;   // netns sweeps: the links' rate at this point (tc's form, "200mbit")
   std::string uplink_rate; // netns sweeps: the two leaves' uplink at this point; empty: none
+  int64_t nics_per_node = 1;  // netns sweeps: NICs of each node at this point (up --nics-per-node)
   // "routing": "measured" (a mixture of experts): the executor runs the point once first, and the
   // prediction and the timed runs take the routing it measured (its moe-routing.json: a row per
   // layer and the samples the simulation replays) as the plan's histogram.

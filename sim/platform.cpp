@@ -28,7 +28,11 @@
 // (2·levels − 1)·switch_latency, link_figures' inter-node latency: the tree's upper levels are
 // folded into the uplinks and one non-blocking spine.
 // Local device l uses local NIC l·nics_per_node / devices_per_node, so devices share a NIC when a
-// node has fewer NICs than devices. Leaves: a one-level tree is a single switch holding every NIC;
+// node has fewer NICs than devices; with more NICs than devices each device drives
+// nics_per_node / devices_per_node of them (its NIC, port and PCIe links that many times the NIC
+// rate, on its first NIC's leaf), as link_figures' per-device share says: Open MPI's TCP transport
+// stripes a message over every interface it may use (2 NICs of 200 Mbit/s carried 49.4 MB/s for
+// one rank), and NCCL spreads its channels over the NICs near a GPU. Leaves: a one-level tree is a single switch holding every NIC;
 // otherwise a leaf has switch_radix / 2 down ports, filled in NIC order (fat_tree, node-major) or
 // by rail (rail_optimized: NIC r of switch_radix / 2 consecutive nodes share a rail-r leaf).
 // Only listed devices get a host; leaves without one are left out, and so is the NVSwitch of a
@@ -345,8 +349,9 @@ Platform build_platform(sg4::Engine& engine, const Topology& topology,
     const platform_detail::FabricPort port = builder->attach(node, local_nic);
     auto [nic, new_nic] = nic_of_index.try_emplace(nic_index, Nic{});
     // A degraded node (heterogeneity's link_bandwidth_factor): its NICs, ports and PCIe links.
-    const double nic_bandwidth_bytes_per_s =
-        fabric.nic_bandwidth_bytes_per_s * topology.heterogeneity.link_bandwidth_factor(node);
+    const int64_t nics_driven = std::max<int64_t>(1, nics_per_node / devices_per_node);
+    const double nic_bandwidth_bytes_per_s = fabric.nic_bandwidth_bytes_per_s * double(nics_driven) *
+                                             topology.heterogeneity.link_bandwidth_factor(node);
     if (new_nic) {
       const std::string nic_name = "nic" + std::to_string(nic_index);
       nic->second.nic = duplex(nic_name, nic_bandwidth_bytes_per_s, fabric.nic_latency_s);

@@ -204,6 +204,24 @@ TEST_CASE("devices that share a NIC share its bandwidth and talk to each other i
     CHECK(end_s.get<double>() == Approx(2 * bytes / 10e9 + inter_latency_s).epsilon(1e-9));
 }
 
+TEST_CASE("a device on a node of more NICs than devices drives its share of them", "[sim]") {
+  SmallTopology spec;
+  spec.num_nodes = 2;
+  spec.devices_per_node = 1;
+  spec.nics_per_node = 2;
+  const Topology topology = small_topology(spec, "striped-nics.json");
+  const LinkFigures links = link_figures(topology);
+  const uint64_t bytes = 1'000'000'000;
+  Json result = simulate_in_child([&](sg4::Engine& engine) {
+    Platform platform = build_platform(engine, topology, {device_range(0, 2), 1});
+    return Json{{"end_s", time_flows(engine, platform, {{0, 1, bytes}})}};
+  });
+  INFO(result.dump());
+  // Both 10 GB/s NICs: link_figures' per-device share, and the platform's flow.
+  CHECK(links.inter_bandwidth_bytes_per_s == Approx(20e9));
+  CHECK(result.at("end_s")[0].get<double>() == Approx(bytes / 20e9 + links.inter_latency_s).epsilon(1e-9));
+}
+
 TEST_CASE("an oversubscribed leaf uplink is shared fairly and shared_link_divisor divides it",
           "[sim]") {
   // 8 nodes of one device and one 10 GB/s NIC, radix 4: two levels, leaves of 2 NICs.
