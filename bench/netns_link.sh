@@ -8,7 +8,7 @@
 # Ethernet headers alone are 9014/8948 = 1.007 at the cluster's MTU 9000, 1514/1448 = 1.046 at
 # 1500). BUCKET_US (default: the cluster's own) reshapes every NIC with a bucket of that many
 # microseconds at the rate before measuring. Needs root; under a minute. RATE (default 200mbit),
-# MTU (default 9000, the cluster's).
+# MTU (default auto, the cluster's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=${RATE:-200mbit}
@@ -16,7 +16,7 @@ rate=${RATE:-200mbit}
 out=$(mktemp -d)
 name=sclink
 trap 'bash scripts/netns-cluster.sh down --name $name >/dev/null 2>&1 || true; rm -rf "$out"' EXIT
-bash scripts/netns-cluster.sh up --nodes 2 --ranks-per-node 1 --link-rate "$rate" --mtu "${MTU:-9000}" --name $name \
+bash scripts/netns-cluster.sh up --nodes 2 --ranks-per-node 1 --link-rate "$rate" --mtu "${MTU:-auto}" --name $name \
   --out "$out/cluster" >/dev/null
 rate_bytes=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['fabric']['nic_bandwidth_bytes_per_s'])" \
   "$out/cluster/topology.json")

@@ -4,8 +4,9 @@
 # between them), K NICs each (veth pairs, NIC k of every node on the switch of rail k: a bridge),
 # every link shaped by tc's token bucket (tbf) at --link-rate in both directions; optionally the
 # nodes split over two leaf switches per rail joined by one uplink shaped at --uplink-rate
-# (an even number of nodes: N/2 a leaf). Every interface has MTU --mtu (default 9000: jumbo frames,
-# as cluster fabrics run; at 1500 this 2-core VM's forwarding could not keep up with 1 Gbit/s).
+# (an even number of nodes: N/2 a leaf). Every interface has MTU --mtu (default auto: 9000, jumbo
+# frames as cluster fabrics run, for links of 1 Gbit/s and more, which a 2-core VM could not
+# forward in 1500-byte frames; 1500 below, where a jumbo frame's bucket would be a burst).
 #
 #   netns-cluster.sh up --nodes N --ranks-per-node R --link-rate RATE [--nics-per-node K]
 #                       [--uplink-rate RATE] [--mtu BYTES] [--name NAME] [--out DIR]
@@ -53,7 +54,7 @@ case "$action" in
   *) echo "$prog: unknown action '$action': valid: up, down, status, agent" >&2; exit 2 ;;
 esac
 
-nodes="" ranks_per_node="" link_rate="" nics=1 uplink_rate="" mtu=9000 name=stepcast out=""
+nodes="" ranks_per_node="" link_rate="" nics=1 uplink_rate="" mtu=auto name=stepcast out=""
 while [ $# -gt 0 ]; do
   opt=$1
   [ $# -ge 2 ] || die "$opt needs a value"
@@ -179,8 +180,8 @@ fi
 [[ "$nics" =~ ^[0-9]+$ ]] && [ "$nics" -ge 1 ] && [ "$nics" -le 4 ] ||
   die "--nics-per-node '$nics': 1 to 4"
 [ -n "$link_rate" ] || die "--link-rate RATE is required (e.g. 200mbit, 1gbit)"
-[[ "$mtu" =~ ^[0-9]+$ ]] && [ "$mtu" -ge 1280 ] && [ "$mtu" -le 9216 ] ||
-  die "--mtu '$mtu': bytes from 1280 to 9216 (1500: plain Ethernet; 9000: jumbo frames)"
+[ "$mtu" = auto ] || { [[ "$mtu" =~ ^[0-9]+$ ]] && [ "$mtu" -ge 1280 ] && [ "$mtu" -le 9216 ]; } ||
+  die "--mtu '$mtu': auto, or bytes from 1280 to 9216 (1500: plain Ethernet; 9000: jumbo frames)"
 link_bits=$(rate_bits_per_s "$link_rate") ||
   die "--link-rate '$link_rate': valid: NUMBER followed by bit, kbit, mbit or gbit (tc's decimal units), e.g. 200mbit"
 # Below 1 Mbit/s MPI's launch and wire-up time out; above 40 Gbit/s a veth cannot be shaped
@@ -195,6 +196,8 @@ if [ -n "$uplink_rate" ]; then
   [ "$nodes" -ge 2 ] && [ $((nodes % 2)) -eq 0 ] ||
     die "--uplink-rate needs an even --nodes, 2 or more (the nodes split over two leaf switches of N/2)"
 fi
+# auto: jumbo frames from 1 Gbit/s (the NICs' rate), plain Ethernet's below.
+[ "$mtu" = auto ] && mtu=$(awk -v b="$link_bits" 'BEGIN { print (b >= 1e9 ? 9000 : 1500) }')
 require_tools
 cores=$(nproc)
 ranks=$((nodes * ranks_per_node))
@@ -237,7 +240,8 @@ switch_name() {  # rail k, leaf x
 # at 1 Gbit/s, 0.99 and 0.98 at 200 Mbit/s (TCP/IP and Ethernet headers alone leave 8948/9014 =
 # 0.993). A one-frame bucket loses tokens (0.93 at 200 Mbit/s, 0.77 at 1 Gbit/s). The price at
 # 200 Mbit/s: a message after a pause gets the bucket at once (16 KiB in 0.06 of its time at the
-# rate, 64 KB 0.76, 256 KB 0.96, 600 KB and more 1.00-1.03).
+# rate, 64 KB 0.76, 256 KB 0.96, 600 KB and more 1.00-1.03), and the netns sweep's small-message
+# points there came out +11% and +14% (+3% and -2% at 1500): hence --mtu auto.
 # NETNS: the node whose device it is, or empty (this host).
 shape() {
   local netns=$1 dev=$2 bits=$3 rate=$4 burst msg
