@@ -219,9 +219,9 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   tables.fits = apply_measured_fits(p, tables, intra_group,
                                     "ring and tree collectives of " + std::to_string(intra_group) + " ranks in a node",
                                     "send/recv ping-pong, one way");
-  // Across nodes: the ping-pong's α is the one-way path latency, its β over the topology's NIC
-  // rate the achievable fraction (TCP/IP and Ethernet headers, the shaper), kept as a fraction so
-  // that the profile carries to other link rates of the same fabric.
+  // Across nodes: the ping-pong's α is the one-way path latency, its β over the rate of the NICs
+  // a rank drives the achievable fraction (TCP/IP and Ethernet headers, the shaper), kept with the
+  // rate it was measured at: a shaped link's share differs by rate (--add-links-to adds others).
   if (std::optional<LinkFit> inter = fit_inter_node_link(tables.p2p_inter_node)) {
     p.inter_node_latency_s = inter->latency_s;
     const double driven = options.nic_bandwidth_bytes_per_s * options.nics_per_rank;
