@@ -271,9 +271,10 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
             "a step: in list order on one thread (no stream overlaps another), sends posted from staging "
             "copies (the copy family). Flash attention is not measured (fraction 1). Across nodes, "
             "links.inter_node_latency_s is the α of the inter-node ping-pong and inter_node_bus_fraction its β "
-            "over the topology's NIC rate (point-to-point sends), inter_node_exchange_fraction the ring "
-            "all_gather's (collectives, whose ranks send and receive at once); on one node the fabric is not "
-            "measured (fraction 1).";
+            "over the rate of the NICs a rank drives (point-to-point sends), inter_node_exchange_fraction the "
+            "ring all_gather's (collectives, whose ranks send and receive at once), both at the NIC rate "
+            "inter_node_rate_bytes_per_s (other rates: inter_node_at_rates, profile --add-links-to); on one "
+            "node the fabric is not measured (fraction 1).";
   return p;
 }
 
