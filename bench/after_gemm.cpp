@@ -8,7 +8,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -16,28 +15,13 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "per_call.hpp"
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Seconds per call of `kernel`, each call after `before` (untimed): median of 1 ms samples.
+// Seconds per call of `kernel`, each call after `before` (untimed): median of 31 samples of 1 ms.
 double per_call(const std::function<void()>& before, const std::function<void()>& kernel) {
-  std::vector<double> samples;
-  for (int pass = 0; pass < 31; ++pass) {
-    double spent = 0, start = now();
-    int64_t calls = 0;
-    while (now() - start < 1e-3) {
-      if (before) before();
-      double t0 = now();
-      kernel();
-      spent += now() - t0;
-      ++calls;
-    }
-    samples.push_back(spent / double(calls));
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return stepcast::bench::per_call(before, kernel, 31, 1e-3, 1);
 }
 
 }  // namespace

@@ -180,10 +180,6 @@ bool DeviceProfile::collective_fraction_differs() const {
                      [](const InterNodeAtRate& r) { return r.collective_fraction() != r.bus_fraction; });
 }
 
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile) {
-  return apply_link_fractions(topology, profile, false);
-}
-
 Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, bool collective) {
   Topology t = topology;
   if (profile.intra_node_bandwidth_bytes_per_s) {

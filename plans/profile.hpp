@@ -292,11 +292,10 @@ ProfileChoice choose_profile(const std::optional<std::string>& option, const Top
 bool topology_device_is_cpu(const Topology& topology);
 // The topology with link bandwidths scaled by the profile's achievable bus fractions, or, where
 // the profile measured them, the intra-node bandwidth and latency and the NIC latency replaced by
-// its figures: what the simulator's platform is built from.
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile);
-// The NICs and fabric links each at its rate's fraction (DeviceProfile::inter_node_fraction_at):
-// point-to-point sends' (`collective` false: what the function above does) or a collective's.
-Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, bool collective);
+// its figures: what the simulator's platform is built from. The NICs and fabric links each at its
+// rate's fraction (DeviceProfile::inter_node_fraction_at): point-to-point sends' (the platform's),
+// or with `collective` a collective's.
+Topology apply_link_fractions(const Topology& topology, const DeviceProfile& profile, bool collective = false);
 // `base` with the inter-node link measured by `links` (a profile of ranks on several hosts,
 // e.g. `stepcast profile --add-links-to`, at links.inter_node_rate_bytes_per_s) added at that
 // rate: as base's own figures where base has none (no inter_node_rate_bytes_per_s) or was
