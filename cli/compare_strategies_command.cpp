@@ -313,7 +313,8 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
   for (const auto& c : candidates) valid += c.kept();
   if (valid == 0) refuse_no_valid_plan(candidates, model, topology, space);
   ComputeCostModel cost_model(topology.node.device, candidates.front().plan.param_dtype, profile,
-                              topology.file);
+                              topology.file, to_string(model.norm),
+                              candidates.front().plan.cross_entropy_loss_fusion);
   if (space.fp8.enabled()) cost_model.use_fp8(topology.node.device, topology.file);
   check_candidates(candidates, model, topology, space, cost_model, jobs,
                    progress_printer("memory and estimate"));

@@ -267,8 +267,9 @@ std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& po
 
 ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
                                    const DeviceProfile& profile, const std::string& topology_file,
-                                   const std::string& norm_type)
+                                   const std::string& norm_type, bool cross_entropy_fusion)
     : norm_type_(norm_type),
+      cross_entropy_fusion_(cross_entropy_fusion),
       matrix_peak_(device.peak_for(dtype, topology_file)),
       bandwidth_(device.memory_bandwidth_bytes_per_s * profile.memory_bandwidth_fraction),
       gemm_(profile.gemm_for(dtype)),
@@ -492,7 +493,8 @@ double ComputeCostModel::shape_efficiency(const Op& op) const {
 
 void ComputeCostModel::use_fp8(const DeviceSpec& device, const std::string& topology_file) {
   try {
-    fp8_ = std::make_shared<const ComputeCostModel>(device, Dtype::fp8, profile_, topology_file, norm_type_);
+    fp8_ = std::make_shared<const ComputeCostModel>(device, Dtype::fp8, profile_, topology_file, norm_type_,
+                                                   cross_entropy_fusion_);
   } catch (const InputError& e) {
     throw InputError(std::string(e.what()) + " (the plan's fp8 runs the linear layers' GEMMs on FP8 tensor cores: "
                      "the device needs an FP8 peak and the profile FP8 GEMM figures)");
@@ -539,7 +541,9 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
                                                   : profile_.flash_forward_peak_fraction;
     return op.flops / (matrix_peak_ * fraction) + profile_.kernel_overhead_s;
   }
-  std::string family = memory_family(op, norm_type_);
+  std::string family = memory_family(op, norm_type_, cross_entropy_fusion_);
+  // A profile without the unfused loss's families: the fused loss's tables at the unfused bytes.
+  if (!memory_tables_.count(family) && !cross_entropy_fusion_) family = memory_family(op, norm_type_);
   // A profile from before the LayerNorm families: the RMSNorm ones.
   if (!memory_tables_.count(family) && family.rfind("layernorm", 0) == 0) family = family.substr(5);
   // A profile from before the softmax pass was measured alone: the whole forward's.

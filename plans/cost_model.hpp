@@ -169,8 +169,11 @@ double gemm_wave_efficiency(const GemmTiling& tiling, int64_t m, int64_t n, int6
 // separate cross_entropy_stats of tensor parallelism, flash attention). exec/profiler.cpp measures these families with bytes
 // counted as lowering counts them.
 // `norm_type` (the model's: "rmsnorm", "layernorm") picks the norm's family: "norm_…" (RMSNorm)
-// or "layernorm_…".
-std::string memory_family(const Op& op, const std::string& norm_type = "rmsnorm");
+// or "layernorm_…". Without `cross_entropy_fusion` (the plan's cross_entropy_loss_fusion off: the
+// loss as Megatron-LM's separate PyTorch ops, whose bytes lowering counts pass by pass) the
+// loss's ops are "cross_entropy_unfused_forward" (the statistics' and the division's passes of
+// tensor parallelism too) and "cross_entropy_unfused_backward".
+std::string memory_family(const Op& op, const std::string& norm_type = "rmsnorm", bool cross_entropy_fusion = true);
 // Every family memory_family returns: what a profile's memory_points may name (profile_json.cpp
 // refuses others, which no op would ever look up).
 const std::vector<std::string>& memory_families();
@@ -190,9 +193,11 @@ std::vector<LeaveOneOut> memory_leave_one_out(const std::vector<MemoryPoint>& po
 
 class ComputeCostModel {
  public:
-  // `norm_type`: the model's ("rmsnorm", "layernorm"), for the norm's measured family.
+  // `norm_type`: the model's ("rmsnorm", "layernorm"), for the norm's measured family;
+  // `cross_entropy_fusion`: the plan's cross_entropy_loss_fusion, for the loss's (memory_family).
   ComputeCostModel(const DeviceSpec& device, Dtype dtype, const DeviceProfile& profile,
-                   const std::string& topology_file, const std::string& norm_type = "rmsnorm");
+                   const std::string& topology_file, const std::string& norm_type = "rmsnorm",
+                   bool cross_entropy_fusion = true);
   double op_time_s(const Op& op) const;
   // The measured correction of a materialized attention core at (seq, head_dim) (see above); 1
   // without materialized attention points.
@@ -233,6 +238,7 @@ class ComputeCostModel {
   double shape_efficiency(const Op& op) const;
   double gemm_time_s(const std::string& variant, int64_t m, int64_t n, int64_t k) const;
   std::string norm_type_;
+  bool cross_entropy_fusion_ = true;
   double matrix_peak_, vector_peak_, bandwidth_;
   GemmEfficiency gemm_;
   DeviceProfile profile_;

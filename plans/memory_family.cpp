@@ -18,7 +18,8 @@ const char* phase_suffix(Phase phase) {
 const std::vector<std::string>& memory_families() {
   static const std::vector<std::string> families = {
       "adamw",          "attention_dropout_forward", "copy",           "cross_entropy_backward",
-      "cross_entropy_forward", "cross_entropy_softmax", "cross_entropy_stats", "dropout_add_forward",
+      "cross_entropy_forward", "cross_entropy_softmax", "cross_entropy_stats", "cross_entropy_unfused_backward",
+      "cross_entropy_unfused_forward", "dropout_add_forward",
       "dropout_backward",
       "embedding_backward", "embedding_forward",     "gelu_backward",
       "gelu_forward",   "grad_norm",                 "layernorm_backward", "layernorm_forward",
@@ -30,7 +31,7 @@ const std::vector<std::string>& memory_families() {
   return families;
 }
 
-std::string memory_family(const Op& op, const std::string& norm_type) {
+std::string memory_family(const Op& op, const std::string& norm_type, bool cross_entropy_fusion) {
   switch (op.kind) {
     case OpKind::norm:
       return std::string(norm_type == "layernorm" ? "layernorm" : "norm") + phase_suffix(op.phase);
@@ -71,6 +72,11 @@ std::string memory_family(const Op& op, const std::string& norm_type) {
       }
       return "";
     case OpKind::loss:
+      // Unfused, every pass of the loss is one of Megatron's PyTorch ops over the logits: the
+      // statistics' and the division's passes of tensor parallelism as the whole forward's.
+      if (!cross_entropy_fusion && (op.name == OpName::cross_entropy_stats || op.name == OpName::cross_entropy)) {
+        return std::string("cross_entropy_unfused") + phase_suffix(op.phase);
+      }
       if (op.name == OpName::cross_entropy_stats) return "cross_entropy_stats";
       // Under tp > 1 the forward reads the gathered statistics: its softmax pass alone.
       if (op.name == OpName::cross_entropy && op.phase != Phase::backward && op.inputs.size() > 2) {

@@ -122,7 +122,8 @@ SimulationOutput simulate_parameter_servers(const StepProgram& program, const To
   Dtype dtype = *parse_dtype(program.plan.at("param_dtype").get<std::string>());
   ComputeCostModel cost(topology.node.device, dtype, profile, topology.file,
                         program.model.is_object() ? program.model.value("norm_type", std::string("rmsnorm"))
-                                                  : std::string("rmsnorm"));
+                                                  : std::string("rmsnorm"),
+                        program.plan.value("cross_entropy_loss_fusion", true));
   const Role& worker = program.roles.front();
   double compute_s = 0, norm_s = 0;
   run.push_bytes.assign(size_t(run.servers), 0);

@@ -285,7 +285,8 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
   ComputeCostModel cost(topology.node.device, dtype, profile, topology.file,
                         program.model.is_object()
                             ? program.model.value("norm_type", std::string("rmsnorm"))
-                            : std::string("rmsnorm"));
+                            : std::string("rmsnorm"),
+                        program.plan.value("cross_entropy_loss_fusion", true));
   if (program.fp8.enabled()) cost.use_fp8(topology.node.device, topology.file);
   LinkFigures links = link_figures(topology);
   // Measured collective tables correct the α-β model where the streams run concurrently (GPU

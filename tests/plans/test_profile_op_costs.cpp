@@ -171,3 +171,47 @@ TEST_CASE("profile: dropout and LayerNorm ops look up their own families", "[pro
   ComputeCostModel with_moves(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm");
   CHECK(with_moves.op_time_s(move) == Approx(65536 / 1e9).epsilon(1e-9));
 }
+
+TEST_CASE("profile: an unfused loss looks up the unfused cross entropy's tables", "[profile]") {
+  Op op;
+  op.kind = OpKind::loss;
+  op.name = OpName::cross_entropy;
+  op.inputs = {"logits", "targets"};
+  CHECK(memory_family(op, "rmsnorm", false) == "cross_entropy_unfused_forward");
+  op.inputs = {"logits", "targets", "stats_all"};  // tp > 1: the division's pass
+  CHECK(memory_family(op, "rmsnorm", false) == "cross_entropy_unfused_forward");
+  op.phase = Phase::recompute;
+  CHECK(memory_family(op, "rmsnorm", false) == "cross_entropy_unfused_forward");
+  op.phase = Phase::backward;
+  CHECK(memory_family(op, "rmsnorm", false) == "cross_entropy_unfused_backward");
+  CHECK(memory_family(op, "rmsnorm", true) == "cross_entropy_backward");
+  op.name = OpName::cross_entropy_stats;
+  op.phase = Phase::forward;
+  CHECK(memory_family(op, "rmsnorm", false) == "cross_entropy_unfused_forward");
+  CHECK(memory_family(op) == "cross_entropy_stats");
+  for (const char* f : {"cross_entropy_unfused_forward", "cross_entropy_unfused_backward"}) {
+    CHECK(std::count(memory_families().begin(), memory_families().end(), f) == 1);
+  }
+
+  // Fused and unfused tables at different rates: each plan's loss takes its own; a profile
+  // without the unfused tables costs an unfused loss at the fused table, as before them.
+  DeviceProfile profile = synthetic_profile();
+  for (double bytes : {16384.0, 1048576.0}) {
+    profile.measured->memory.push_back({"cross_entropy_backward", bytes, bytes / 1e9, ""});
+  }
+  Topology topology = load_topology(source_path("topologies/localhost-cpu.json"));
+  op.name = OpName::cross_entropy;
+  op.phase = Phase::backward;
+  op.bytes = 65536;
+  ComputeCostModel fused(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm", true);
+  ComputeCostModel before(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm", false);
+  CHECK(fused.op_time_s(op) == Approx(65536 / 1e9).epsilon(1e-9));
+  CHECK(before.op_time_s(op) == Approx(65536 / 1e9).epsilon(1e-9));
+  for (double bytes : {16384.0, 1048576.0}) {
+    profile.measured->memory.push_back({"cross_entropy_unfused_backward", bytes, bytes / 3e9, ""});
+  }
+  ComputeCostModel unfused(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm", false);
+  ComputeCostModel still_fused(topology.node.device, Dtype::fp32, profile, topology.file, "rmsnorm", true);
+  CHECK(unfused.op_time_s(op) == Approx(65536 / 3e9).epsilon(1e-9));
+  CHECK(still_fused.op_time_s(op) == Approx(65536 / 1e9).epsilon(1e-9));
+}
