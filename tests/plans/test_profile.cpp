@@ -293,6 +293,11 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
     CHECK_FALSE(j.contains("execution"));  // GPU backends: streams run concurrently
     CHECK_FALSE(sheet.execution_in_order);
     CHECK(sheet.variability.device_speed_cv > 0);
+    // Compute beside a collective: the SMs NCCL's CTAs leave, with the figures' sources named.
+    CHECK(sheet.overlap.modelled());
+    CHECK(sheet.overlap.compute_speed(true) < 1);
+    CHECK(sheet.overlap.compute_speed(false) < 1);
+    CHECK(sheet.sources.count("NCCL-689") == 1);
     const MeasuredTables& t = *sheet.measured;
     CHECK(!t.gemm.empty());
     CHECK(!t.memory.empty());

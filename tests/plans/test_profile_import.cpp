@@ -114,6 +114,8 @@ TEST_CASE("profile import: NCCL's coll channels set the profile's overlap CTAs",
   CHECK(parse_nccl_tests_log(nccl_log("all_reduce_perf", 1, 8), "none.log").coll_channels == 0);
   DeviceProfile base = load_profile(test::source_path("profiles/h100-sxm.json"));
   // Without the device's SMs in the base they are not used, and the caller is told.
+  base.overlap = OverlapInterference{};
+  base.overlap_notes.clear();
   std::vector<std::string> unused;
   DeviceProfile merged = merge_imports(base, {intra, inter}, nullptr, &unused);
   CHECK_FALSE(merged.overlap.modelled());
