@@ -120,6 +120,7 @@ ProfileGrid cpu_profile_grid(int64_t ranks_per_node) {
   grid.last_level_cache_sharing = sharing;
   grid.gemm_axis = {10, 14, 20, 28, 40, 80, 160, 320, 640};
   grid.gemm_axis_quick = {20, 80, 320};
+  grid.gemm_reuse_axis = {20, 320};
   grid.memory_max_bytes = 16.0 * (1 << 20);
   grid.collective_max_bytes = 64.0 * (1 << 20);
   grid.collective_algorithm = "ring";
@@ -262,7 +263,8 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options) {
   p.notes = "Measured by `stepcast profile --backend cpu` with " + std::to_string(size) + " MPI ranks busy at once (" +
             std::to_string(ranks_per_node) +
             " per node). measured holds "
-            "the points; cost_model.hpp interpolates them (GEMM: log rate multilinear in log2 m, n, k; "
+            "the points; cost_model.hpp interpolates them (GEMM: log rate multilinear in log2 m, n, k, "
+            "times the gemm_reuse_points' factor at each operand's reuse distance in a step; "
             "memory-bound: log bandwidth linear in log bytes; both clamped at the grid's edges). "
             "links.intra_node_* are the α-β fit of measured.fits.applied_to_links and replace the "
             "topology's intra-node figures; memory.bandwidth_bytes_per_s and kernel_overhead_s are the "

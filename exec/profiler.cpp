@@ -87,6 +87,7 @@ class Profiler : public ProfilerTools<T, G, W> {
       return t;
     }
     measure_gemms(world, t);
+    measure_gemm_reuse(*this, world, t);
     measure_memory_families(*this, world, t);
     measure_attention(world, t);
     if (size_ > 1) {
@@ -153,6 +154,7 @@ class Profiler : public ProfilerTools<T, G, W> {
     return memory;
   }
   const ProfileGrid& grid() const override { return grid_; }
+  bool quick() const override { return options_.quick; }
 
   std::vector<double> time(const std::string& label, const std::vector<TimedPoint>& points) override {
     double start = MPI_Wtime();
@@ -182,6 +184,7 @@ class Profiler : public ProfilerTools<T, G, W> {
     // the same hot lines; the GPU backend keeps one copy (its operands are not cache-resident
     // at the profiled sizes either way).
     const int64_t pool = gemm_operand_pool_elements(backend);
+    t.gemm_table_pool_bytes = double(pool) * double(sizeof(T));
     T* a = buffer(backend, largest + pool);
     T* b = buffer(backend, largest + pool);
     T* c = buffer(backend, largest + pool);

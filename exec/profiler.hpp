@@ -47,6 +47,9 @@ DeviceProfile measure_cpu_profile(const ProfileOptions& options);
 // and tree over point-to-point; a GPU backend: "nccl"), and whether MPI's own are measured too.
 struct ProfileGrid {
   std::vector<int64_t> gemm_axis, gemm_axis_quick;
+  // m, n and k of the GEMMs measured again at reuse distances (the collective reuse pools' sizes,
+  // and back to back; MeasuredTables::gemm_reuse); empty: none.
+  std::vector<int64_t> gemm_reuse_axis;
   // Flash attention, causal: head dims × sequence lengths at batch·heads attention_b ×
   // attention_heads. A GPU's shapes must fill it (a CPU's small ones are launch-bound there, and
   // the cost model prefers this table to the profile's flash peak fractions).

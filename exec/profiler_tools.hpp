@@ -28,6 +28,9 @@ class ProfilerTools {
   // Times `points`, printing a line per pass: "LABEL: pass P/R".
   virtual std::vector<double> time(const std::string& label, const std::vector<TimedPoint>& points) = 0;
   virtual void progress(const std::string& line) = 0;
+  virtual bool quick() const = 0;  // --quick: a few points of each table
+  // Keeps a value a measurement computed only to touch memory (a pool read through).
+  void keep(double value) { sink_ = sink_ + value; }
 
   // Backend memory of `count` elements of X holding small non-zero values (no denormals, no
   // overflow however often a kernel accumulates into it). `random_signs`: each value's sign
@@ -70,10 +73,20 @@ class ProfilerTools {
     backend.upload(memory, host.data(), int64_t(host.size() * sizeof(X)));
     return reinterpret_cast<X*>(memory);
   }
+
+ private:
+  volatile double sink_ = 0;
 };
 
 // The memory-bound kernel families at the grid's sizes, into t.memory (profiler_memory.cpp).
 template <class T, class G, class W>
 void measure_memory_families(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend, MeasuredTables& t);
+
+// The GEMMs of the grid's gemm_reuse_axis (m, n, k each; the three variants) back to back and with
+// their operands rotating through each of the grid's reuse pools, into t.gemm_reuse (a CPU
+// backend whose GEMM table rotated through t.gemm_table_pool_bytes; others: nothing).
+// profiler_gemm_reuse.cpp.
+template <class T, class G, class W>
+void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend, MeasuredTables& t);
 
 }  // namespace stepcast

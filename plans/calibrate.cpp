@@ -290,7 +290,9 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
   if (p.measured) {
     MeasuredTables& t = *p.measured;
     // Measured times include their fixed costs; the overhead adds to them too.
-    for (GemmPoint& g : t.gemm) g.time_s = g.time_s / c.gemm_scale + c.overhead_s;
+    for (auto* list : {&t.gemm, &t.gemm_reuse}) {
+      for (GemmPoint& g : *list) g.time_s = g.time_s / c.gemm_scale + c.overhead_s;
+    }
     for (MemoryPoint& m : t.memory) m.time_s = m.time_s / c.memory_scale + c.overhead_s;
     for (AttentionPoint& a : t.attention) a.flops_per_s *= c.gemm_scale;
     for (auto* list : {&t.collectives, &t.collective_reuse}) {

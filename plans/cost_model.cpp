@@ -288,6 +288,15 @@ ComputeCostModel::ComputeCostModel(const DeviceSpec& device, Dtype dtype,
       if (profile.measured->gemm_use == "table" && p.count == 1) gemm[p.variant].push_back(p);
     }
     for (const auto& [variant, points] : gemm) gemm_tables_.emplace(variant, GemmRateTable(points));
+    std::map<std::string, std::vector<GemmPoint>> gemm_reuse;
+    for (const GemmPoint& p : profile.measured->gemm_reuse) {
+      if (gemm.count(p.variant) && p.count == 1) gemm_reuse[p.variant].push_back(p);
+    }
+    for (const auto& [variant, points] : gemm_reuse) {
+      const double element_bytes = dtype_bytes(profile.measured->dtype);
+      gemm_reuse_tables_.emplace(
+          variant, std::make_shared<GemmReuseTable>(points, profile.measured->gemm_table_pool_bytes, element_bytes));
+    }
     std::map<std::string, std::vector<MemoryPoint>> memory;
     for (const MemoryPoint& p : profile.measured->memory) memory[p.family].push_back(p);
     for (const auto& [family, points] : memory) {

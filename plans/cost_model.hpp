@@ -59,6 +59,7 @@ namespace stepcast {
 
 struct OperandReuse;
 class CollectiveReuseTable;
+class GemmReuseTable;
 
 // GEMM rate over a grid of shapes. The axes are the distinct m, n and k of the points; log(flop/s)
 // is multilinear in (log2 m, log2 n, log2 k) inside the grid's box, and a query outside it is
@@ -199,6 +200,11 @@ class ComputeCostModel {
                    const std::string& topology_file, const std::string& norm_type = "rmsnorm",
                    bool cross_entropy_fusion = true);
   double op_time_s(const Op& op) const;
+  // With `operands` (the op's reuse distances, operand_reuse.hpp) and the profile's GEMM reuse
+  // points, a GEMM's time at its operands' distances (GemmReuseTable); otherwise op_time_s(op).
+  double op_time_s(const Op& op, const OperandReuse* operands) const;
+  // Whether the profile has GEMM reuse points (what makes operand_reuse worth walking for GEMMs).
+  bool has_gemm_reuse() const { return !gemm_reuse_tables_.empty(); }
   // The measured correction of a materialized attention core at (seq, head_dim) (see above); 1
   // without materialized attention points.
   double materialized_correction(int64_t seq, int64_t head_dim) const;
@@ -256,6 +262,8 @@ class ComputeCostModel {
       collective_reuse_tables_;
   // Interpolated rates by (variant, m, n, k): ops of one shape repeat thousands of times.
   mutable std::map<std::tuple<std::string, int64_t, int64_t, int64_t>, double> rate_cache_;
+  // by variant, of the profile's GEMM reuse points (with its GEMM table)
+  std::map<std::string, std::shared_ptr<const GemmReuseTable>> gemm_reuse_tables_;
   std::shared_ptr<const ComputeCostModel> fp8_;  // use_fp8's model of the FP8 GEMMs
 };
 

@@ -173,4 +173,65 @@ double CollectiveReuseTable::time_s(double bytes, const OperandReuse& operands) 
   return t;
 }
 
+GemmReuseTable::GemmReuseTable(const std::vector<GemmPoint>& points, double table_pool_bytes, double element_bytes)
+    : table_pool_bytes_(table_pool_bytes), element_bytes_(element_bytes) {
+  std::map<double, std::vector<GemmPoint>> by_distance;
+  for (const GemmPoint& p : points) by_distance[p.reuse_distance_bytes].push_back(p);
+  for (const auto& [distance, level] : by_distance) levels_.push_back({distance, GemmRateTable(level)});
+}
+
+double GemmReuseTable::footprint_bytes(int64_t m, int64_t n, int64_t k) const {
+  return (double(m) * double(k) + double(k) * double(n) + double(m) * double(n)) * element_bytes_;
+}
+
+double GemmReuseTable::table_distance_bytes(int64_t m, int64_t n, int64_t k) const {
+  const double stride = std::ceil(std::max({double(m) * k, double(n) * k, double(m) * n}) / 16) * 16;
+  const double slots = std::max(1.0, std::floor(table_pool_bytes_ / element_bytes_ / stride));
+  return slots * footprint_bytes(m, n, k);
+}
+
+double GemmReuseTable::log_time_at(int64_t m, int64_t n, int64_t k, double distance_bytes) const {
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  const double footprint = footprint_bytes(m, n, k);
+  std::vector<double> xs, ys;
+  for (const Level& level : levels_) {
+    const double at = level.distance_bytes > 0 ? level.distance_bytes : footprint;
+    if (level.distance_bytes > 0 && at <= footprint) continue;
+    double y = std::log(flops / level.table.flops_per_s(double(m), double(n), double(k)));
+    if (!ys.empty()) y = std::max(y, ys.back());
+    xs.push_back(std::log(at));
+    ys.push_back(y);
+  }
+  if (xs.empty()) return 0;
+  const double q = std::log(std::max(distance_bytes, 1.0));
+  if (q <= xs.front()) return ys.front();
+  if (q >= xs.back()) return ys.back();
+  size_t i = size_t(std::upper_bound(xs.begin(), xs.end(), q) - xs.begin());
+  double t = (q - xs[i - 1]) / (xs[i] - xs[i - 1]);
+  return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+}
+
+double GemmReuseTable::factor(int64_t m, int64_t n, int64_t k, double distance_bytes) const {
+  return std::exp(log_time_at(m, n, k, distance_bytes) - log_time_at(m, n, k, table_distance_bytes(m, n, k)));
+}
+
+double GemmReuseTable::factor(int64_t m, int64_t n, int64_t k, const OperandReuse& operands) const {
+  if (operands.pieces.empty() || !(operands.footprint_bytes > 0)) return 1;
+  double f = 0;
+  for (const ReusePiece& p : operands.pieces) {
+    f += p.bytes / operands.footprint_bytes * factor(m, n, k, p.distance_bytes);
+  }
+  return f;
+}
+
+// ComputeCostModel's GEMM at its operands' reuse distances (cost_model.hpp).
+double ComputeCostModel::op_time_s(const Op& op, const OperandReuse* operands) const {
+  double t = op_time_s(op);
+  if (!operands || gemm_reuse_tables_.empty() || op.kind != OpKind::gemm || op.fp8_slots[0] >= 0) return t;
+  auto table = gemm_reuse_tables_.find(gemm_variant(op));
+  if (table == gemm_reuse_tables_.end()) table = gemm_reuse_tables_.find("forward");
+  if (table == gemm_reuse_tables_.end()) return t;
+  return t * table->second->factor(op.m, op.n, op.k, *operands);
+}
+
 }  // namespace stepcast

@@ -67,4 +67,35 @@ class CollectiveReuseTable {
   std::vector<Level> levels_;  // by distance, ascending
 };
 
+// Time of one GEMM variant by its operands' reuse distance, relative to the profile's GEMM table
+// (a CPU profile's gemm_reuse_points): the points of each distance a GemmRateTable over the
+// shapes measured there — distance 0 back to back, at the call's own footprint (m·k + k·n + m·n
+// elements), the others the pools the calls rotated through. At (m, n, k), log(time) is piecewise
+// linear in log(distance) through those levels (a pool at or below the footprint left out),
+// clamped at both ends and never falling as the distance grows (a faster point farther out is
+// noise). The table's own calls found their operands table_distance_bytes away, so a GEMM at
+// distance d takes the table's time times time(d) / time(table distance).
+class GemmReuseTable {
+ public:
+  // `points`: one variant's; `table_pool_bytes`: MeasuredTables::gemm_table_pool_bytes.
+  GemmReuseTable(const std::vector<GemmPoint>& points, double table_pool_bytes, double element_bytes);
+  // What measure_gemms' rotation gives: copies of the call's operands `largest operand` apart
+  // (16-element aligned) through table_pool_bytes, the calls taking them in turn: every call
+  // finds its operands slots · footprint bytes away.
+  double table_distance_bytes(int64_t m, int64_t n, int64_t k) const;
+  double factor(int64_t m, int64_t n, int64_t k, double distance_bytes) const;
+  // Σ over the pieces of their share of the footprint · factor at their distance; 1 without pieces.
+  double factor(int64_t m, int64_t n, int64_t k, const OperandReuse& operands) const;
+
+ private:
+  double log_time_at(int64_t m, int64_t n, int64_t k, double distance_bytes) const;
+  double footprint_bytes(int64_t m, int64_t n, int64_t k) const;
+  struct Level {
+    double distance_bytes = 0;
+    GemmRateTable table;
+  };
+  std::vector<Level> levels_;  // by distance, ascending; distance 0: back to back
+  double table_pool_bytes_ = 0, element_bytes_ = 4;
+};
+
 }  // namespace stepcast

@@ -61,6 +61,9 @@ struct GemmPoint {
   double time_s = 0;
   std::string source;   // key of DeviceProfile::sources; empty: measured by `stepcast profile`
   int64_t count = 1;    // GEMMs of this shape in one call (a batched GEMM)
+  // gemm_reuse_points: the bytes each rank touched between two uses of the operands (the pool
+  // the calls rotate through); 0: back to back, the operands the call's own (m·k + k·n + m·n).
+  double reuse_distance_bytes = 0;
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(count); }
 };
 
@@ -168,6 +171,13 @@ struct MeasuredTables {
   Json method = Json::object();  // how it was measured (repetitions, sample time, ranks): for people
   Json fits = Json::object();    // the α-β fits behind `links` (fit_link below): for people
   std::vector<GemmPoint> gemm;
+  // The GEMMs of a few shapes again with operands last touched reuse_distance_bytes earlier (a
+  // CPU profile: back to back, and out of the caches as a step leaves them); `gemm` was measured
+  // with its operands rotating through method.gemm_reuse.table_pool_bytes per operand.
+  std::vector<GemmPoint> gemm_reuse;
+  // Bytes of each operand array the `gemm` table's calls rotated through (their copies a point's
+  // largest operand apart; GemmReuseTable::table_distance_bytes); 0: back to back, or not said.
+  double gemm_table_pool_bytes = 0;
   std::vector<MemoryPoint> memory;
   std::vector<CollectivePoint> collectives;
   // The same collectives with operands last touched reuse_distance_bytes earlier (a CPU profile:

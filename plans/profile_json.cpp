@@ -117,9 +117,7 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
   if (reader.has("fits")) t.fits = json.at("fits");
   reader.accept("method");
   reader.accept("fits");
-  Order<std::tuple<std::string, int64_t>, std::tuple<int64_t, int64_t, int64_t>> gemm_order(
-      reader, "gemm_points", "(m, n, k)");
-  read_points(reader, json, "gemm_points", [&](ObjectReader& p, size_t i) {
+  auto read_gemm = [&](ObjectReader& p, bool reuse) {
     GemmPoint g;
     g.variant = p.get_enum("variant", kGemmVariants);
     g.m = p.get_int("m", 1);
@@ -128,8 +126,22 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     g.count = p.get_int_or("count", 1, 1);
     g.time_s = point_time(p, "flops_per_s", g.flops());
     g.source = read_source(p, sources);
+    if (reuse) g.reuse_distance_bytes = p.get_number("reuse_distance_bytes", 0, false);
+    return g;
+  };
+  Order<std::tuple<std::string, int64_t>, std::tuple<int64_t, int64_t, int64_t>> gemm_order(
+      reader, "gemm_points", "(m, n, k)");
+  read_points(reader, json, "gemm_points", [&](ObjectReader& p, size_t i) {
+    GemmPoint g = read_gemm(p, false);
     gemm_order.check(i, {g.variant, g.count}, {g.m, g.n, g.k});
     t.gemm.push_back(g);
+  });
+  Order<std::tuple<double, std::string>, std::tuple<int64_t, int64_t, int64_t>> gemm_reuse_order(
+      reader, "gemm_reuse_points", "(m, n, k)");
+  read_points(reader, json, "gemm_reuse_points", [&](ObjectReader& p, size_t i) {
+    GemmPoint g = read_gemm(p, true);
+    gemm_reuse_order.check(i, {g.reuse_distance_bytes, g.variant}, {g.m, g.n, g.k});
+    t.gemm_reuse.push_back(g);
   });
   Order<std::string, double> memory_order(reader, "memory_points", "bytes");
   read_points(reader, json, "memory_points", [&](ObjectReader& p, size_t i) {
@@ -239,7 +251,12 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
   } else {
     reader.accept("system");
   }
+  t.gemm_table_pool_bytes = reader.get_number_or("gemm_table_pool_bytes", 0, false, 0);
   reader.finish();
+  if (!t.gemm_reuse.empty() && !(t.gemm_table_pool_bytes > 0)) {
+    reader.fail("gemm_table_pool_bytes", "is missing beside gemm_reuse_points",
+                "the bytes of each operand array the gemm_points' calls rotated through (> 0)");
+  }
   if (t.gemm_use == "fit" && t.gemm.empty()) {
     reader.fail("gemm_use", "is \"fit\" but there are no gemm_points", "\"table\", or GEMM points");
   }
@@ -253,12 +270,16 @@ void put_source(Json& point, const std::string& source) {
 Json measured_to_json(const MeasuredTables& t) {
   Json gemm = Json::array(), memory = Json::array(), collectives = Json::array(), p2p = Json::array(),
        attention = Json::array();
-  for (const GemmPoint& g : t.gemm) {
-    Json j = {{"variant", g.variant}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s},
-              {"flops_per_s", g.flops() / g.time_s}};
-    if (g.count != 1) j["count"] = g.count;
-    put_source(j, g.source);
-    gemm.push_back(j);
+  Json gemm_reuse = Json::array();
+  for (const auto* list : {&t.gemm, &t.gemm_reuse}) {
+    for (const GemmPoint& g : *list) {
+      Json j = {{"variant", g.variant}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"time_s", g.time_s},
+                {"flops_per_s", g.flops() / g.time_s}};
+      if (g.count != 1) j["count"] = g.count;
+      if (list == &t.gemm_reuse) j["reuse_distance_bytes"] = g.reuse_distance_bytes;
+      put_source(j, g.source);
+      (list == &t.gemm ? gemm : gemm_reuse).push_back(j);
+    }
   }
   for (const MemoryPoint& m : t.memory) {
     Json j = {{"family", m.family}, {"bytes", m.bytes}, {"time_s", m.time_s},
@@ -305,6 +326,8 @@ Json measured_to_json(const MeasuredTables& t) {
               {"p2p_points", p2p}};
   if (!p2p_inter.empty()) out["p2p_inter_node_points"] = p2p_inter;
   if (!reuse.empty()) out["collective_reuse_points"] = reuse;
+  if (!gemm_reuse.empty()) out["gemm_reuse_points"] = gemm_reuse;
+  if (t.gemm_table_pool_bytes > 0) out["gemm_table_pool_bytes"] = t.gemm_table_pool_bytes;
   if (t.gemm_use != "table") out["gemm_use"] = t.gemm_use;
   if (t.system) {
     const MeasuredSystem& m = *t.system;

@@ -335,18 +335,22 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
     if (plan.in_order && profile.execution_staged_sends) staging.assign(role.ops.size(), 0);
     plan.tp_sync[role.index].assign(role.ops.size(), 0);
     int64_t first = grid.rank(RankCoord{0, 0, role.pp_stage});
+    // In order, the collectives' and GEMMs' operands where the profile measured them so.
     std::vector<OperandReuse> reuse;
-    if (plan.in_order && cost.has_collective_reuse()) {
-      std::vector<char> collectives(role.ops.size(), 0);
-      for (const Op& op : role.ops) collectives[size_t(op.id)] = is_collective(op.kind);
-      reuse = operand_reuse(role, collectives);
+    if (plan.in_order && (cost.has_collective_reuse() || cost.has_gemm_reuse())) {
+      std::vector<char> wanted(role.ops.size(), 0);
+      for (const Op& op : role.ops) {
+        wanted[size_t(op.id)] = (is_collective(op.kind) && cost.has_collective_reuse()) ||
+                                (op.kind == OpKind::gemm && cost.has_gemm_reuse());
+      }
+      reuse = operand_reuse(role, wanted);
     }
     const ZeroFills fills = zero_fills(role);
     for (const Op& op : role.ops) {
       std::optional<double> measured;
       if (is_collective(op.kind)) measured = measured_in_order_time_s(op, first, reuse);
       if (is_compute(op.kind)) {
-        costs[op.id] = cost.op_time_s(op);
+        costs[op.id] = cost.op_time_s(op, reuse.empty() ? nullptr : &reuse[size_t(op.id)]);
       } else if (op.kind == OpKind::send && plan.in_order && profile.execution_staged_sends) {
         staging[op.id] = cost.staging_copy_time_s(op.bytes);
       } else if (is_collective(op.kind) && op.group == GroupKind::tp && fold_tp) {

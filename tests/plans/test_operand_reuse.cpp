@@ -269,3 +269,95 @@ TEST_CASE("collective local work: the planner's estimate charges it in order, as
           uncontended_collective_s(gpu_like, gpu_collectives, op.kind, op.algorithm, op.bytes, pair));
   }
 }
+
+namespace {
+
+// One variant's reuse points on the grid {16, 256}³: back to back at `b2b` flop/s, pools of
+// 16 MiB at `near` and 64 MiB at `far`.
+std::vector<GemmPoint> reuse_grid(double b2b, double near, double far) {
+  std::vector<GemmPoint> points;
+  for (auto [distance, rate] : {std::pair{0.0, b2b}, {16 * MiB, near}, {64 * MiB, far}}) {
+    for (int64_t m : {16, 256}) {
+      for (int64_t n : {16, 256}) {
+        for (int64_t k : {16, 256}) {
+          GemmPoint p{"forward", m, n, k, 0, "", 1};
+          p.time_s = p.flops() / rate;
+          p.reuse_distance_bytes = distance;
+          points.push_back(p);
+        }
+      }
+    }
+  }
+  return points;
+}
+
+}  // namespace
+
+TEST_CASE("gemm reuse: a GEMM's time at its operands' distance over its time at the table's", "[reuse]") {
+  // fp32, the table's calls rotating through 8 MiB of each operand: a 64³ GEMM's copies are 4096
+  // elements apart, 512 of them, each call touching 3·4096·4 B = 48 KiB: 24 MiB between uses.
+  GemmReuseTable table(reuse_grid(4e9, 2e9, 1e9), 8 * MiB, 4);
+  const double footprint = 48 * 1024.0, at_table = 24 * MiB;
+  CHECK(table.table_distance_bytes(64, 64, 64) == Approx(at_table));
+  // A skewed shape: its largest operand sets the stride, every operand the footprint.
+  CHECK(table.table_distance_bytes(16, 256, 64) ==
+        Approx(std::floor(8 * MiB / 4 / (256 * 64)) * (16 * 64 + 64 * 256 + 16 * 256) * 4.0));
+  // log time linear in log distance: back to back at the footprint, then 16 and 64 MiB.
+  auto log_time = [&](double d) {
+    const double flops = 2.0 * 64 * 64 * 64;
+    if (d <= footprint) return std::log(flops / 4e9);
+    if (d <= 16 * MiB) {
+      double t = std::log(d / footprint) / std::log(16 * MiB / footprint);
+      return std::log(flops / 4e9) + t * std::log(2.0);
+    }
+    if (d >= 64 * MiB) return std::log(flops / 1e9);
+    double t = std::log(d / (16 * MiB)) / std::log(4.0);
+    return std::log(flops / 2e9) + t * std::log(2.0);
+  };
+  CHECK(table.factor(64, 64, 64, at_table) == Approx(1.0));
+  for (double d : {1024.0, footprint, 1 * MiB, 16 * MiB, 40 * MiB, 64 * MiB, 1024 * MiB}) {
+    INFO(d);
+    CHECK(table.factor(64, 64, 64, d) == Approx(std::exp(log_time(d) - log_time(at_table))));
+  }
+  // The pieces of an op's operands, by their share of its footprint.
+  OperandReuse operands;
+  operands.footprint_bytes = 3 * footprint;
+  operands.pieces = {{footprint, footprint}, {2 * footprint, 1024 * MiB}};
+  CHECK(table.factor(64, 64, 64, operands) ==
+        Approx(table.factor(64, 64, 64, footprint) / 3 + 2 * table.factor(64, 64, 64, 1024 * MiB) / 3));
+  CHECK(table.factor(64, 64, 64, OperandReuse{}) == 1);
+  // Faster farther out is noise: the time never falls as the distance grows.
+  GemmReuseTable noisy(reuse_grid(4e9, 2e9, 3e9), 8 * MiB, 4);
+  CHECK(noisy.factor(64, 64, 64, 64 * MiB) == Approx(noisy.factor(64, 64, 64, 16 * MiB)));
+}
+
+TEST_CASE("gemm reuse: profiles carry the points and the table's pool, and refuse them malformed", "[reuse]") {
+  DeviceProfile p = synthetic_profile();
+  p.measured->gemm_reuse = reuse_grid(4e9, 2e9, 1e9);
+  p.measured->gemm_table_pool_bytes = 8 * MiB;
+  Json json = profile_to_json(p);
+  REQUIRE(json["measured"]["gemm_reuse_points"].size() == 24);
+  CHECK(json["measured"]["gemm_reuse_points"][0]["reuse_distance_bytes"] == 0);
+  CHECK(json["measured"]["gemm_table_pool_bytes"] == 8 * MiB);
+  CHECK_FALSE(json["measured"]["gemm_points"][0].contains("reuse_distance_bytes"));
+  DeviceProfile back = parse_profile(json, "reuse.json");
+  CHECK(back.measured->gemm_reuse.size() == 24);
+  CHECK(back.measured->gemm_reuse[23].reuse_distance_bytes == 64 * MiB);
+  CHECK(profile_to_json(back) == json);
+  Json no_pool = json;
+  no_pool["measured"].erase("gemm_table_pool_bytes");
+  CHECK_THROWS_WITH(parse_profile(no_pool, "bad.json"), Contains("bad.json") && Contains("gemm_table_pool_bytes"));
+  Json negative = json;
+  negative["measured"]["gemm_reuse_points"][3]["reuse_distance_bytes"] = -1;
+  CHECK_THROWS_WITH(parse_profile(negative, "bad.json"), Contains("gemm_reuse_points[3].reuse_distance_bytes"));
+  Json missing = json;
+  missing["measured"]["gemm_reuse_points"][0].erase("reuse_distance_bytes");
+  CHECK_THROWS_WITH(parse_profile(missing, "bad.json"), Contains("gemm_reuse_points[0].reuse_distance_bytes"));
+  Json unordered = json;
+  std::swap(unordered["measured"]["gemm_reuse_points"][0], unordered["measured"]["gemm_reuse_points"][1]);
+  CHECK_THROWS_WITH(parse_profile(unordered, "bad.json"), Contains("gemm_reuse_points[1]") && Contains("out of order"));
+  Json misplaced = json;
+  misplaced["measured"]["gemm_points"][0]["reuse_distance_bytes"] = 0;
+  CHECK_THROWS_WITH(parse_profile(misplaced, "bad.json"),
+                    Contains("gemm_points[0]") && Contains("reuse_distance_bytes"));
+}

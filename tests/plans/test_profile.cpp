@@ -398,6 +398,15 @@ TEST_CASE("profile: a measured --quick profile drives simulate on this machine's
     CHECK_FALSE((c.algorithm == "tree" && c.bytes == 4 * MiB && c.reuse_distance_bytes == 16 * MiB));
   }
   CHECK(p.measured->method.at("collective_reuse").at("pools_bytes") == Json({16 * MiB, 64 * MiB}));
+  // The GEMMs of {20, 320}³ again: back to back and through the same two pools, relative to the
+  // table's rotation through 4× the core's L2 of each operand.
+  CHECK(p.measured->gemm_reuse.size() == 3 * 8 * 3);
+  CHECK(p.measured->gemm_table_pool_bytes > 0);
+  for (const GemmPoint& g : p.measured->gemm_reuse) {
+    CHECK((g.reuse_distance_bytes == 0 || g.reuse_distance_bytes == 16 * MiB || g.reuse_distance_bytes == 64 * MiB));
+    CHECK((g.m == 20 || g.m == 320));
+    CHECK(g.time_s > 0);
+  }
   // The measured leave-one-out errors, as figures: two shared cores are too noisy to bound.
   auto report = [](const std::vector<LeaveOneOut>& loo, const char* what) {
     std::vector<double> errors;
