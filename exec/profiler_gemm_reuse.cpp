@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "bf16.hpp"
-
 #include "profiler_tools.hpp"
 
 namespace stepcast {
@@ -73,11 +72,12 @@ void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend
             slots.push_back({count, slot, 0});
             Slots* s = &slots.back();
             const int64_t b_at = round_up16(sizes[0]), c_at = b_at + round_up16(sizes[1]);
-            auto body = [&backend, variant, m, n, k, pool, s, b_at, c_at] {
+            const int which = variant == "forward" ? 0 : variant == "dgrad" ? 1 : 2;
+            auto body = [&backend, which, m, n, k, pool, s, b_at, c_at] {
               T* a = pool + s->next * s->elements;
               s->next = (s->next + 1) % s->count;
-              if (variant == "forward") backend.linear_forward(a, a + b_at, nullptr, a + c_at, m, k, n);
-              else if (variant == "dgrad") backend.linear_backward_data(a, a + b_at, a + c_at, m, n, k, false);
+              if (which == 0) backend.linear_forward(a, a + b_at, nullptr, a + c_at, m, k, n);
+              else if (which == 1) backend.linear_backward_data(a, a + b_at, a + c_at, m, n, k, false);
               else backend.linear_backward_weight(a, a + b_at, reinterpret_cast<G*>(a + c_at), nullptr, k, m, n);
             };
             std::function<void()> prepare;
@@ -94,13 +94,7 @@ void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend
               prepare = body;  // warm: the sample's first call finds them as the others do
             }
             points.push_back({body, true, prepare});
-            GemmPoint p;
-            p.variant = variant;
-            p.m = m;
-            p.n = n;
-            p.k = k;
-            p.reuse_distance_bytes = distance;
-            rows.push_back(p);
+            rows.push_back({variant, m, n, k, 0, "", 1, distance});
           }
         }
       }
@@ -108,7 +102,7 @@ void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend
   }
   if (points.empty()) return;
   std::vector<double> seconds = tools.time("gemm with operands at reuse distances", points);
-  double largest = 0, slowdown = 0;
+  double warm = 0, far = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     rows[i].time_s = seconds[i];
     t.gemm_reuse.push_back(rows[i]);
@@ -117,14 +111,14 @@ void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend
   for (const GemmPoint& p : t.gemm_reuse) {
     const int64_t top = grid.gemm_reuse_axis.back();
     if (p.variant != "forward" || p.m != top || p.n != top || p.k != top) continue;
-    if (p.reuse_distance_bytes == 0) largest = p.time_s;
-    else slowdown = p.time_s;
+    if (p.reuse_distance_bytes == 0) warm = p.time_s;
+    else far = p.time_s;  // the points come by distance: the last is the farthest pool's
   }
   std::ostringstream line;
   line.precision(3);
   line << "gemm with operands at reuse distances: " << rows.size() << " points";
-  if (largest > 0 && slowdown > 0) {
-    line << "; forward " << grid.gemm_reuse_axis.back() << "³ " << slowdown / largest
+  if (warm > 0 && far > 0) {
+    line << "; forward " << grid.gemm_reuse_axis.back() << "³ " << far / warm
          << "× its back-to-back time after " << pools.back() / double(1 << 20) << " MiB";
   }
   tools.progress(line.str());
