@@ -424,12 +424,7 @@ class Profiler : public ProfilerTools<T, G, W> {
             else backend.all_gather(group, dtype_of<T>(), {{data, count}});
           };
           // One word a cache line, from the next slot on, round the pool.
-          auto prepare = [pool, s, this] {
-            const int64_t used = s->count * s->footprint, from = s->next * s->footprint;
-            uint64_t sum = 0;
-            for (int64_t i = 0; i < used; i += 64) sum += *reinterpret_cast<const uint64_t*>(pool + (from + i) % used);
-            sink_ += sum;
-          };
+          auto prepare = [pool, s, this] { this->read_round(pool, s->count * s->footprint, s->next * s->footprint); };
           points.push_back({body, true, prepare});
           CollectivePoint p;
           p.kind = to_string(kind);
@@ -518,7 +513,6 @@ class Profiler : public ProfilerTools<T, G, W> {
     int64_t count = 0, footprint = 0, next = 0;
   };
   std::deque<PoolSlots> slots_;
-  uint64_t sink_ = 0;  // the pool reads' sum, so that they are made
 };
 
 }  // namespace

@@ -84,11 +84,9 @@ void measure_gemm_reuse(ProfilerTools<T, G, W>& tools, Backend<T, G, W>& backend
             if (distance > 0) {
               // One word a cache line, from the next slot on, round the slots.
               prepare = [&tools, pool, s] {
-                const int64_t used = s->count * s->elements, from = s->next * s->elements;
-                const int64_t step = std::max<int64_t>(1, 64 / int64_t(sizeof(T)));
-                double sum = 0;
-                for (int64_t i = 0; i < used; i += step) sum += double(pool[(from + i) % used]);
-                tools.keep(sum);
+                const int64_t bytes = int64_t(sizeof(T));
+                tools.read_round(reinterpret_cast<const char*>(pool), s->count * s->elements * bytes,
+                                 s->next * s->elements * bytes);
               };
             } else {
               prepare = body;  // warm: the sample's first call finds them as the others do

@@ -29,8 +29,13 @@ class ProfilerTools {
   virtual std::vector<double> time(const std::string& label, const std::vector<TimedPoint>& points) = 0;
   virtual void progress(const std::string& line) = 0;
   virtual bool quick() const = 0;  // --quick: a few points of each table
-  // Keeps a value a measurement computed only to touch memory (a pool read through).
-  void keep(double value) { sink_ = sink_ + value; }
+  // Reads `used` bytes of `pool` (host memory) round from byte `from`, one word a cache line, so
+  // that the reuse points' next call finds its operands the whole pool away.
+  void read_round(const char* pool, int64_t used, int64_t from) {
+    uint64_t sum = 0;
+    for (int64_t i = 0; i < used; i += 64) sum += *reinterpret_cast<const uint64_t*>(pool + (from + i) % used);
+    sink_ = sink_ + sum;
+  }
 
   // Backend memory of `count` elements of X holding small non-zero values (no denormals, no
   // overflow however often a kernel accumulates into it). `random_signs`: each value's sign
@@ -75,7 +80,7 @@ class ProfilerTools {
   }
 
  private:
-  volatile double sink_ = 0;
+  volatile uint64_t sink_ = 0;  // the pool reads' sum, so that they are made
 };
 
 // The memory-bound kernel families at the grid's sizes, into t.memory (profiler_memory.cpp).

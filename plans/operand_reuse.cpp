@@ -79,6 +79,16 @@ class TouchMap {
   int64_t total_ = 0;
 };
 
+// ys piecewise linear over ascending xs at q, clamped at both ends (the reuse tables' log time
+// over log distance).
+double clamped_line(const std::vector<double>& xs, const std::vector<double>& ys, double q) {
+  if (q <= xs.front()) return ys.front();
+  if (q >= xs.back()) return ys.back();
+  size_t i = size_t(std::upper_bound(xs.begin(), xs.end(), q) - xs.begin());
+  double t = (q - xs[i - 1]) / (xs[i] - xs[i - 1]);
+  return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+}
+
 }  // namespace
 
 std::vector<OperandReuse> operand_reuse(const Role& role, const std::vector<char>& wanted) {
@@ -156,12 +166,7 @@ double CollectiveReuseTable::time_s(double bytes, double distance_bytes, double 
     xs.push_back(std::log(level.distance_bytes));
     ys.push_back(std::max(ys.back(), std::log(level.table.time_s(bytes))));
   }
-  const double q = std::log(std::max(distance_bytes, 1.0));
-  if (q <= xs.front()) return std::exp(ys.front());
-  if (q >= xs.back()) return std::exp(ys.back());
-  size_t i = size_t(std::upper_bound(xs.begin(), xs.end(), q) - xs.begin());
-  double t = (q - xs[i - 1]) / (xs[i] - xs[i - 1]);
-  return std::exp(ys[i - 1] + t * (ys[i] - ys[i - 1]));
+  return std::exp(clamped_line(xs, ys, std::log(std::max(distance_bytes, 1.0))));
 }
 
 double CollectiveReuseTable::time_s(double bytes, const OperandReuse& operands) const {
@@ -203,12 +208,7 @@ double GemmReuseTable::log_time_at(int64_t m, int64_t n, int64_t k, double dista
     ys.push_back(y);
   }
   if (xs.empty()) return 0;
-  const double q = std::log(std::max(distance_bytes, 1.0));
-  if (q <= xs.front()) return ys.front();
-  if (q >= xs.back()) return ys.back();
-  size_t i = size_t(std::upper_bound(xs.begin(), xs.end(), q) - xs.begin());
-  double t = (q - xs[i - 1]) / (xs[i] - xs[i - 1]);
-  return ys[i - 1] + t * (ys[i] - ys[i - 1]);
+  return clamped_line(xs, ys, std::log(std::max(distance_bytes, 1.0)));
 }
 
 double GemmReuseTable::factor(int64_t m, int64_t n, int64_t k, double distance_bytes) const {
