@@ -138,7 +138,7 @@ NcclPrediction predict_nccl(const NcclRow& row, const Topology& topology,
   CollectiveCostModel model(profile, nccl_row_topology(row, topology));
   double r = model.correction(OpKind::all_reduce, algorithm, row.bytes, shape);
   p.algorithm = to_string(algorithm);
-  if (const MeasuredCollective* table = model.table_for(OpKind::all_reduce, shape)) {
+  if (const MeasuredCollective* table = model.table_for(OpKind::all_reduce, shape, row.bytes)) {
     std::ostringstream label;
     label << p.algorithm << " × " << std::setprecision(3) << r << " (" << table->shape.size << " ranks on "
           << table->shape.nodes << (table->shape.nodes == 1 ? " node" : " nodes") << ", " << table->source << ")";

@@ -182,19 +182,55 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
   return 0;
 }
 
+namespace {
+
+// NCCL's tuner latencies for its LL protocol, the one it runs latency-bound messages with
+// (src/graph/tuning.cc, ncclTunerConstantsDefaults, NVIDIA/nccl master of 2026; seconds): the
+// base of a ring and of a tree, a step over NVLink (times 1.8 once the communicator spans
+// nodes), a ring step and a tree level across the network.
+constexpr double kNcclRingBase = 6.6e-6, kNcclTreeBase = 6.8e-6;
+constexpr double kNcclNvlinkStep = 0.6e-6, kNcclMultiNodeLL = 1.8;
+constexpr double kNcclNetRingStep = 2.7e-6, kNcclNetTreeLevel = 5.0e-6;
+
+double nccl_intra_step(const GroupShape& shape) {
+  return shape.nodes > 1 ? kNcclNvlinkStep * kNcclMultiNodeLL : kNcclNvlinkStep;
+}
+
+}  // namespace
+
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
   const int64_t n = shape.size;
   if (n <= 1) return 0;
   if (kind == OpKind::all_to_all) return pairwise_time(bytes, shape, links);
   const double volume = bus_bandwidth_factor(kind, n) * bytes;
   const double steps = ring_steps(kind, n);
-  if (shape.nodes <= 1) return steps * links.intra_latency_s + volume / links.intra_bandwidth_bytes_per_s;
+  if (shape.nodes <= 1) {
+    return kNcclRingBase + steps * nccl_intra_step(shape) + volume / links.intra_bandwidth_bytes_per_s;
+  }
   const double k = double(shape.members_per_node);
   const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
   const double inter = volume / (k * links.inter_bandwidth_bytes_per_s);
   const double crossings = kind == OpKind::all_reduce ? 2.0 * double(shape.nodes - 1) : double(shape.nodes - 1);
-  const double latency = (steps - crossings) * links.intra_latency_s + crossings * links.inter_latency_s;
+  const double latency = kNcclRingBase + (steps - crossings) * nccl_intra_step(shape) + crossings * kNcclNetRingStep;
   return std::max(intra, inter) + latency;
+}
+
+double nccl_tree_time_s(double bytes, const GroupShape& shape, const LinkFigures& links) {
+  STEPCAST_CHECK(shape.nodes > 1, "NCCL's tree is modelled across nodes");
+  const double n = double(shape.size), k = double(shape.members_per_node);
+  const double volume = bus_bandwidth_factor(OpKind::all_reduce, shape.size) * bytes * n / (n - 1);
+  const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
+  const double inter = volume / (k * links.inter_bandwidth_bytes_per_s);
+  int64_t levels = 0;  // NCCL's log2i: the floor
+  for (int64_t nodes = shape.nodes; nodes > 1; nodes /= 2) ++levels;
+  const double latency = kNcclTreeBase + 2 * ((k - 1) * nccl_intra_step(shape) + double(levels) * kNcclNetTreeLevel);
+  return std::max(intra, inter) / 0.92 + latency;
+}
+
+double nccl_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
+  const double ring = nccl_ring_time_s(kind, bytes, shape, links);
+  if (kind != OpKind::all_reduce || shape.nodes <= 1) return ring;
+  return std::min(ring, nccl_tree_time_s(bytes, shape, links));
 }
 
 Algorithm choose_algorithm(OpKind kind, double bytes, const GroupShape& shape,

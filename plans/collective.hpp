@@ -75,10 +75,24 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
 // shapes (collective_cost.hpp): every rank moves V = busbw factor · S (2(n−1)/n·S for
 // all_reduce, (n−1)/n·S for reduce_scatter and all_gather) through its NVLink, and
 // across nodes the rings (NCCL's channels) leave each node through all of the group's k members'
-// NICs, V / k each; the two pipeline, so the time is the larger plus the ring's latency
-// (intra-node steps at the NVLink latency, the N crossings at the network's). One member per
-// node: the plain ring over the NICs. all_to_all: its pairwise time (collective_time_s).
+// NICs, V / k each; the two pipeline, so the time is the larger plus the ring's latency as the
+// tuner counts it for its LL protocol: a base of 6.6 µs, 0.6 µs a step inside a node (1.8 times
+// that once the group spans nodes) and 2.7 µs for each of the N crossings (the links' bandwidths,
+// NCCL's latencies: a topology's latency_s is a wire's, where NCCL's steps are its protocol's).
+// One member per node: the plain ring over the NICs. all_to_all: its pairwise time
+// (collective_time_s).
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links);
+// NCCL's tree all_reduce as its tuner models it (src/graph/tuning.cc, ncclTopoTuneModel): the
+// bus volume of the ring at 1/0.92 of its bandwidth (the tuner's tree factor; its algorithm
+// bandwidth is half the bus bandwidth, so the volume is 2S rather than 2(n−1)/n·S), and a
+// latency that grows with the log of the nodes, 6.8 µs + 2·((k − 1)·intra + ⌊log2 N⌋·5.0 µs)
+// (intra as the ring's), where the ring's grows with the ranks. Across nodes only.
+double nccl_tree_time_s(double bytes, const GroupShape& shape, const LinkFigures& links);
+// NCCL's own choice as its tuner makes it: an all_reduce across nodes takes the faster of ring
+// and tree ("ring is superior in terms of peak bandwidth, tree in terms of base latency,
+// especially as we scale", NCCL's maintainer, NVIDIA/nccl #790); everything else the ring. What
+// a measured table is transferred by to other group shapes (collective_cost.hpp).
+double nccl_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links);
 
 // The algorithm with the smallest modelled time among those the kind supports (all_reduce: ring,
 // tree, hierarchical; reduce_scatter and all_gather: ring, hierarchical; all_to_all: pairwise;

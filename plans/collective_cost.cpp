@@ -20,6 +20,15 @@ double span_distance(const GroupShape& a, const GroupShape& b) {
          std::abs(std::log2(double(a.members_per_node) / double(b.members_per_node)));
 }
 
+// How far a size lies below a table's sizes, in doublings (0 inside and above): below them a
+// table's correction changes with the size far more than with the span (NCCL switches
+// protocols, LL to LL128 to Simple, and channel counts as messages shrink), so a doubling below
+// counts as a doubling of nodes; above them NCCL stays on its largest messages' protocol and
+// channels, and the correction with them.
+double size_distance(const MeasuredCollective& m, double bytes) {
+  return bytes > 0 && bytes < m.min_bytes ? std::log2(m.min_bytes / bytes) : 0.0;
+}
+
 }  // namespace
 
 CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Topology& topology)
@@ -67,13 +76,13 @@ CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Top
   }
 }
 
-const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const GroupShape& shape) const {
+const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const GroupShape& shape, double bytes) const {
   auto best_of = [&](OpKind wanted) -> const MeasuredCollective* {
     const MeasuredCollective* best = nullptr;
     double best_distance = std::numeric_limits<double>::infinity();
     for (const MeasuredCollective& m : tables_) {
       if (m.kind != wanted) continue;
-      double d = span_distance(m.shape, shape);
+      double d = span_distance(m.shape, shape) + size_distance(m, bytes);
       if (d < best_distance) {
         best_distance = d;
         best = &m;
@@ -93,22 +102,22 @@ const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const Grou
 double CollectiveCostModel::corrected_s(const MeasuredCollective& m, OpKind kind, double bytes,
                                         const GroupShape& shape, const LinkFigures& links) const {
   double s = std::clamp(bytes, m.min_bytes, m.max_bytes);
-  double measured_model = nccl_ring_time_s(m.kind, s, m.shape, measured_links_);
+  double measured_model = nccl_time_s(m.kind, s, m.shape, measured_links_);
   STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");
   double r = m.table.time_s(s) / measured_model;
-  return r * nccl_ring_time_s(kind, bytes, shape, links);
+  return r * nccl_time_s(kind, bytes, shape, links);
 }
 
 double CollectiveCostModel::time_s(OpKind kind, Algorithm algorithm, double bytes,
                                    const GroupShape& shape) const {
-  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
+  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape, bytes) : nullptr;
   if (!m) return collective_time_s(kind, algorithm, bytes, shape, exchange_links_);
   return corrected_s(*m, kind, bytes, shape, links_);
 }
 
 std::optional<double> CollectiveCostModel::measured_system_time_s(OpKind kind, double bytes,
                                                                   const GroupShape& shape) const {
-  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape) : nullptr;
+  const MeasuredCollective* m = shape.size > 1 ? table_for(kind, shape, bytes) : nullptr;
   if (!m) return std::nullopt;
   return corrected_s(*m, kind, bytes, shape, measured_links_);
 }

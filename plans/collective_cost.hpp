@@ -1,15 +1,19 @@
 // Collective times from a device profile's measured collective tables (nccl-tests rows: NCCL
-// picks its own algorithm and protocol per size). NCCL's ring model (collective.hpp's
-// nccl_ring_time_s) gives a collective's dependence on group size, nodes spanned and links; the
+// picks its own algorithm and protocol per size). NCCL's tuner model (collective.hpp's
+// nccl_time_s: the ring, and across nodes for all_reduce the tree where its log latency makes it
+// faster) gives a collective's dependence on group size, nodes spanned and links; the
 // tables give what it leaves out at each message size (protocol switches, the channels NCCL uses
 // for mid-size messages, its launch latency, NVLink SHARP): the correction
-//   r(S) = measured time / NCCL ring model, for the measured group's shape on the links of the
+//   r(S) = measured time / NCCL's model, for the measured group's shape on the links of the
 //          system the tables were measured on (MeasuredSystem; the predicted topology's where the
 //          profile does not say), at size S clamped to the sizes measured,
 // from the measured table closest in span (same kind; inside a node or across nodes; nodes and
-// members per node nearest in log). A collective then takes r(S) · the NCCL ring model of its own
-// shape on the predicted topology's links: time_s. The simulator's flows carry the α-β model of
-// the algorithm lowering chose (collective_time_s); correction() is time_s over that. Where the profile has no table for the kind (nor, for
+// members per node nearest in log, and the size below the table's sizes: table_for). A
+// collective then takes r(S) · NCCL's model of its own shape on the predicted topology's links:
+// time_s. (Before December 2026 the model was the ring alone, with the topology's wire latencies
+// and the nearest span whatever the size: a 4-byte all_reduce over 12,288 A100 took 84 ms; now 0.21 ms.) The
+// simulator's flows carry the α-β model of the algorithm lowering chose (collective_time_s);
+// correction() is time_s over that. Where the profile has no table for the kind (nor, for
 // reduce_scatter and all_gather, an all_reduce table), r = 1, and time_s is the α-β model with the
 // NICs at the profile's collective fraction (inter_node_exchange_fraction where it measured one:
 // a collective's ranks send and receive at once, which a ping-pong's one-way β leaves out).
@@ -46,14 +50,16 @@ class CollectiveCostModel {
   // algorithm lowering chose).
   double time_s(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
   // time_s on the system the tables were measured on (MeasuredSystem's links): inside a table's
-  // sizes its interpolation, outside them r at the nearest measured size times the NCCL ring
+  // sizes its interpolation, outside them r at the nearest measured size times NCCL's
   // model, as time_s extrapolates. How a table's own points are checked against the rest of it
   // (components.hpp). nullopt without a table.
   std::optional<double> measured_system_time_s(OpKind kind, double bytes, const GroupShape& shape) const;
   // time_s over the α-β model of `algorithm` (1 without a table).
   double correction(OpKind kind, Algorithm algorithm, double bytes, const GroupShape& shape) const;
-  // The table r(S) comes from; nullptr when none.
-  const MeasuredCollective* table_for(OpKind kind, const GroupShape& shape) const;
+  // The table r(S) comes from for a collective of `bytes` (0: any size): the closest in span,
+  // a doubling of the size below a table's sizes counting as a doubling of nodes; nullptr when
+  // none.
+  const MeasuredCollective* table_for(OpKind kind, const GroupShape& shape, double bytes = 0) const;
   bool has_tables() const { return !tables_.empty(); }
   // Whether time_s can differ from the α-β model on links(): measured tables, or collectives
   // across nodes at another fraction of the NIC rate than point-to-point sends.
@@ -69,7 +75,7 @@ class CollectiveCostModel {
   LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
 
-  // r(S) of table m, times the NCCL ring model of `shape` on `links`.
+  // r(S) of table m, times NCCL's model (nccl_time_s) of `shape` on `links`.
   double corrected_s(const MeasuredCollective& m, OpKind kind, double bytes, const GroupShape& shape,
                      const LinkFigures& links) const;
 };

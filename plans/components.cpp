@@ -171,7 +171,7 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
     out.push_back({"attention", label.str(), a.source, "leave-one-out", materialized_point_time_s(a), predicted});
   }
   // Collectives: nccl-tests tables as the collective cost model reads them (beyond a table's
-  // sizes, its correction at the nearest size times NCCL's ring model), the CPU's as the in-order
+  // sizes, its correction at the nearest size times NCCL's model), the CPU's as the in-order
   // model does (CollectiveTable).
   auto key = [](const CollectivePoint& c) { return std::make_tuple(c.kind, c.algorithm, c.group_size, c.nodes); };
   auto label = [](const CollectivePoint& c) {

@@ -5,7 +5,7 @@
 //    predicted from its table without it (leave-one-out), so a reader sees how well the table
 //    holds between the sizes it measured; an nccl-tests table through the collective cost model
 //    (CollectiveCostModel::measured_system_time_s: beyond the other sizes, the nearest one's
-//    correction times NCCL's ring model, as a collective is costed).
+//    correction times NCCL's model (nccl_time_s), as a collective is costed).
 // Errors are (predicted − measured) / measured. Pure functions.
 #pragma once
 

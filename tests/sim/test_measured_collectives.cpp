@@ -69,11 +69,11 @@ TEST_CASE("collective cost: the measured group's own shape takes its measured ti
   CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e7, two) ==
         Approx(log_log(1e6, 300e-6, 1e8, 9e-3, 1e7)).epsilon(1e-9));
   CHECK(model.table_for(OpKind::all_reduce, two)->shape.nodes == 2);
-  // Four nodes: the 2-node table's ratio to NCCL's ring model, on the 4-node ring model.
+  // Four nodes: the 2-node table's ratio to NCCL's model, on the 4-node model.
   GroupShape four{32, 4, 8};
-  double r2 = log_log(1e6, 300e-6, 1e8, 9e-3, 1e7) / nccl_ring_time_s(OpKind::all_reduce, 1e7, two, links);
+  double r2 = log_log(1e6, 300e-6, 1e8, 9e-3, 1e7) / nccl_time_s(OpKind::all_reduce, 1e7, two, links);
   CHECK(model.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e7, four) ==
-        Approx(r2 * nccl_ring_time_s(OpKind::all_reduce, 1e7, four, links)));
+        Approx(r2 * nccl_time_s(OpKind::all_reduce, 1e7, four, links)));
   // Outside the measured sizes the ratio of the nearest measured size.
   double r_max = 3e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e8, node, links);
   CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e10, node) ==
@@ -89,7 +89,7 @@ TEST_CASE("collective cost: the measured group's own shape takes its measured ti
   CHECK(none.correction(OpKind::all_reduce, Algorithm::ring, 1e7, node) == 1);
 }
 
-TEST_CASE("collective cost: a table measured on another system transfers by NCCL's ring model", "[collective]") {
+TEST_CASE("collective cost: a table measured on another system transfers by NCCL's model", "[collective]") {
   // Measured on nodes with 8 NICs; predicted on nodes with 4: twice the network time where the
   // network bounds the ring.
   Topology four_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 4, 25e9, 3e-6));
@@ -105,20 +105,85 @@ TEST_CASE("collective cost: a table measured on another system transfers by NCCL
   p.measured->system = system;
   CollectiveCostModel model(p, four_nics);
   GroupShape two{16, 2, 8};
-  double r = 50e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e9, two, link_figures(eight_nics));
+  double r = 50e-3 / nccl_time_s(OpKind::all_reduce, 1e9, two, link_figures(eight_nics));
   double predicted = model.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e9, two);
-  CHECK(predicted == Approx(r * nccl_ring_time_s(OpKind::all_reduce, 1e9, two, link_figures(four_nics))));
+  CHECK(predicted == Approx(r * nccl_time_s(OpKind::all_reduce, 1e9, two, link_figures(four_nics))));
   CHECK(predicted / 50e-3 == Approx(2.0).epsilon(0.01));  // the NICs bound both
   // On the measured system itself, the measured time.
   CollectiveCostModel same(p, eight_nics);
   CHECK(same.time_s(OpKind::all_reduce, Algorithm::hierarchical, 1e9, two) == Approx(50e-3));
   // measured_system_time_s: on the system measured, whatever the topology: the table inside its
-  // sizes, below them the smallest size's ratio times NCCL's ring model.
+  // sizes, below them the smallest size's ratio times NCCL's model.
   CHECK(*model.measured_system_time_s(OpKind::all_reduce, 1e9, two) == Approx(50e-3));
-  double r8 = 6e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e8, two, link_figures(eight_nics));
+  double r8 = 6e-3 / nccl_time_s(OpKind::all_reduce, 1e8, two, link_figures(eight_nics));
   CHECK(*model.measured_system_time_s(OpKind::all_reduce, 1e7, two) ==
-        Approx(r8 * nccl_ring_time_s(OpKind::all_reduce, 1e7, two, link_figures(eight_nics))));
+        Approx(r8 * nccl_time_s(OpKind::all_reduce, 1e7, two, link_figures(eight_nics))));
   CHECK_FALSE(model.measured_system_time_s(OpKind::all_reduce, 1e7, GroupShape{1, 1, 1}));
+}
+
+TEST_CASE("collective cost: NCCL's tree takes an all_reduce across many nodes where its latency wins",
+          "[collective]") {
+  // 8 devices a node on NVLink (300 GB/s, 2 µs), 8 NICs of 25 GB/s at 3 µs.
+  Topology t = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  LinkFigures links = link_figures(t);
+  // NCCL's tuner: 6.8 µs + 2·((k − 1)·intra + ⌊log2 N⌋·5 µs), a step over NVLink 0.6 µs × 1.8 across
+  // nodes, and the bus volume 2S at 0.92 of the ring's bandwidth, the NICs (8 × 25 GB/s for the
+  // node's 8 members) bounding it.
+  const double intra = 0.6e-6 * 1.8;
+  GroupShape world{12288, 1536, 8};
+  const double bytes = 4;
+  const double tree =
+      2 * bytes / (8 * links.inter_bandwidth_bytes_per_s) / 0.92 + 6.8e-6 + 2 * (7 * intra + 10 * 5e-6);
+  CHECK(nccl_tree_time_s(bytes, world, links) == Approx(tree).epsilon(1e-12));
+  // The ring's latency: 6.6 µs and 2(n − 1) steps, 2(N − 1) of them across nodes at 2.7 µs — 31 ms.
+  const double ring = nccl_ring_time_s(OpKind::all_reduce, bytes, world, links);
+  CHECK(ring - 2 * bytes * 12287 / 12288 / std::min(links.intra_bandwidth_bytes_per_s,
+                                                     8 * links.inter_bandwidth_bytes_per_s) ==
+        Approx(6.6e-6 + (2 * 12287 - 2 * 1535) * intra + 2 * 1535 * 2.7e-6));
+  CHECK(nccl_time_s(OpKind::all_reduce, bytes, world, links) == Approx(tree));
+  CHECK(tree < ring / 100);
+  // ⌊log2 3⌋ = 1, as NCCL's log2i.
+  CHECK(nccl_tree_time_s(bytes, GroupShape{24, 3, 8}, links) ==
+        Approx(2 * bytes / (8 * links.inter_bandwidth_bytes_per_s) / 0.92 + 6.8e-6 + 2 * (7 * intra + 5e-6)));
+  // Inside a node the ring: 6.6 µs and 0.6 µs a step.
+  CHECK(nccl_ring_time_s(OpKind::all_reduce, bytes, GroupShape{8, 1, 8}, links) ==
+        Approx(6.6e-6 + 14 * 0.6e-6 + 2 * bytes * 7 / 8 / links.intra_bandwidth_bytes_per_s));
+  // A large message on two nodes: the ring's bandwidth wins; reduce_scatter and all_gather, and a
+  // group inside a node, are rings.
+  GroupShape two{16, 2, 8};
+  CHECK(nccl_time_s(OpKind::all_reduce, 1e9, two, links) == nccl_ring_time_s(OpKind::all_reduce, 1e9, two, links));
+  CHECK(nccl_time_s(OpKind::reduce_scatter, bytes, world, links) ==
+        nccl_ring_time_s(OpKind::reduce_scatter, bytes, world, links));
+  CHECK(nccl_time_s(OpKind::all_reduce, bytes, GroupShape{8, 1, 8}, links) ==
+        nccl_ring_time_s(OpKind::all_reduce, bytes, GroupShape{8, 1, 8}, links));
+  // Through a 2-node table (at sizes where the ring wins there), the world's 4-byte all_reduce
+  // is the table's correction times the tree, not the ring: under a millisecond.
+  DeviceProfile p = profile_with_tables(t, {nccl_point(16, 2, 1e8, 6e-3), nccl_point(16, 2, 1e9, 50e-3)});
+  CollectiveCostModel model(p, t);
+  REQUIRE(nccl_time_s(OpKind::all_reduce, 1e8, two, links) == nccl_ring_time_s(OpKind::all_reduce, 1e8, two, links));
+  const double r = 6e-3 / nccl_ring_time_s(OpKind::all_reduce, 1e8, two, links);
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::tree, bytes, world) == Approx(r * tree));
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::tree, bytes, world) < 1e-3);
+}
+
+TEST_CASE("collective cost: a message below a table's sizes takes a table that measured it", "[collective]") {
+  // 4 nodes measured from 128 B, 8 nodes from 1 MiB (as the H100 profile's NCCL309 tables): 128 B
+  // over 16 nodes is 13 doublings below the 8-node table and 2 doublings of nodes from the 4-node
+  // one; 1 GiB over 16 nodes, inside both, takes the nearer span; above a table's sizes counts
+  // nothing (NCCL stays on its largest messages' protocol).
+  Topology t = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  DeviceProfile p = profile_with_tables(t, {nccl_point(32, 4, 128, 35e-6), nccl_point(32, 4, 1e9, 40e-3),
+                                            nccl_point(64, 8, 1048576, 120e-6), nccl_point(64, 8, 2e9, 90e-3)});
+  CollectiveCostModel model(p, t);
+  GroupShape sixteen{128, 16, 8};
+  CHECK(model.table_for(OpKind::all_reduce, sixteen, 128)->shape.nodes == 4);
+  CHECK(model.table_for(OpKind::all_reduce, sixteen, 1e9)->shape.nodes == 8);
+  CHECK(model.table_for(OpKind::all_reduce, sixteen, 1e10)->shape.nodes == 8);
+  CHECK(model.table_for(OpKind::all_reduce, sixteen)->shape.nodes == 8);  // any size: the span
+  const LinkFigures links = link_figures(t);
+  const double r = 35e-6 / nccl_time_s(OpKind::all_reduce, 128, GroupShape{32, 4, 8}, links);
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::tree, 128, sixteen) ==
+        Approx(r * nccl_time_s(OpKind::all_reduce, 128, sixteen, links)));
 }
 
 TEST_CASE("components: an nccl table's end points are checked as the cost model extrapolates them",
