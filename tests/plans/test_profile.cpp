@@ -282,7 +282,7 @@ TEST_CASE("profile: JSON round-trips, and shipped datasheet profiles load unchan
   CHECK_THROWS_WITH(parse_profile(exchange, "bad.json"),
                     Contains("bad.json") && Contains("inter_node_exchange_fraction") && Contains("1.5"));
   // Shipped GPU profiles: published component points, every one naming a source it lists.
-  for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm", "gb200"}) {
+  for (const char* name : {"a100-sxm4-80gb", "h100-sxm", "h200-sxm", "b200-sxm", "gb200"}) {
     INFO(name);
     DeviceProfile sheet = load_profile(source_path(std::string("profiles/") + name + ".json"));
     REQUIRE(sheet.measured);

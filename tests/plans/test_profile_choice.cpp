@@ -53,7 +53,7 @@ TEST_CASE("profile choice: the topology's profile unless --profile says otherwis
   CHECK_FALSE(given.profile.is_roofline);
 
   // Every shipped GPU topology names a shipped profile of its own device.
-  for (const char* name : {"dgx-a100-80gb", "dgx-h100", "h200-1gpu", "gb200-nvl72"}) {
+  for (const char* name : {"dgx-a100-80gb", "dgx-h100", "h200-1gpu", "dgx-b200", "gb200-nvl72"}) {
     INFO(name);
     Topology t = load_topology(source_path(std::string("topologies/") + name + ".json"));
     ProfileChoice c = choose_profile(std::nullopt, t);

@@ -363,7 +363,7 @@ TEST_CASE("profile points: bad input is refused with the file and key", "[profil
 
 TEST_CASE("profile: every section's notes are written back (import and calibrate keep the citations)", "[profile]") {
   for (const char* file : {"profiles/a100-sxm4-80gb.json", "profiles/h100-sxm.json", "profiles/h200-sxm.json",
-                           "profiles/gb200.json"}) {
+                           "profiles/b200-sxm.json", "profiles/gb200.json"}) {
     INFO(file);
     Json original = load_json_file(test::source_path(file));
     Json written = profile_to_json(load_profile(test::source_path(file)));
