@@ -535,6 +535,9 @@ double ComputeCostModel::base_op_time_s(const Op& op) const {
     double compute_time = op.flops / (matrix_peak_ * gemm_.peak_fraction);
     if (profile_.gemm_tiling) compute_time /= datasheet_wave_efficiency(op);
     compute_time /= shape_efficiency(op);
+    if (gemm_.ceiling_fraction > 0) {
+      compute_time = std::max(compute_time, op.flops / (matrix_peak_ * gemm_.ceiling_fraction));
+    }
     return std::max(compute_time, memory_time) + gemm_.overhead_s + gemm_.latency_s;
   }
   if (op.kind == OpKind::attention && op.name == OpName::flash) {

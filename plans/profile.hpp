@@ -37,6 +37,10 @@ struct GemmEfficiency {
   // loads its first k-tiles, the epilogue that stores its output, a lone wave's latency; what
   // sets a small GEMM's time (fitted with the shape model; 0: none).
   double latency_s = 0;
+  // The highest fraction of the peak any shape reaches (0: none): a maximum-achievable-matmul
+  // search's best, where the shape model, fitted to smaller shapes, would keep rising past what
+  // the search found; a GEMM's rate is capped there.
+  double ceiling_fraction = 0;
   // The efficiency of (m, n, k) for `count` GEMMs of that shape, in (0, 1]: the factor on
   // peak_fraction.
   double shape_efficiency(double m, double n, double k, double count = 1) const;

@@ -382,6 +382,7 @@ DeviceProfile parse_profile(const Json& json, const std::string& file) {
     e.output_half = g.get_number_or("output_half", 0, false, 0);
     e.k_half = g.get_number_or("k_half", 0, false, 0);
     e.latency_s = g.get_number_or("latency_s", 0, false, 0);
+    if (g.has("ceiling_fraction")) e.ceiling_fraction = g.get_number_between("ceiling_fraction", 1e-3, 1.0);
     read_notes(g, std::string("gemm.") + name, p);
     g.finish();
     p.gemm[*parse_dtype(name)] = e;
@@ -522,6 +523,7 @@ Json profile_to_json(const DeviceProfile& p) {
     if (e.output_half > 0) g["output_half"] = e.output_half;
     if (e.k_half > 0) g["k_half"] = e.k_half;
     if (e.latency_s > 0) g["latency_s"] = e.latency_s;
+    if (e.ceiling_fraction > 0) g["ceiling_fraction"] = e.ceiling_fraction;
     gemm[to_string(dtype)] = g;
   }
   Json json = {{"name", p.name},

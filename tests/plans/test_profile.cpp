@@ -200,6 +200,30 @@ TEST_CASE("profile: the cost model uses measured tables where they exist", "[pro
         Approx(std::max(gemm.flops / (peak * 0.859 * wave),
                         gemm.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s * sheet.memory_bandwidth_fraction)) +
                6e-6));
+  // A ceiling (a maximum-achievable-matmul search's best) caps the shape model's rate: below the
+  // fraction a large GEMM reaches, the ceiling sets its time; above it, nothing changes.
+  Op big = gemm;
+  big.m = big.n = big.k = 8192;
+  big.flops = 2.0 * 8192 * 8192 * 8192;
+  big.bytes = 3.0 * 8192 * 8192 * 2;
+  const double reached = e.peak_fraction * e.shape_efficiency(8192, 8192, 8192);
+  REQUIRE(big.flops / (peak * reached) > big.bytes / (dgx.node.device.memory_bandwidth_bytes_per_s *
+                                                       sheet.memory_bandwidth_fraction));  // compute-bound
+  DeviceProfile capped = sheet;
+  capped.gemm[Dtype::bf16].ceiling_fraction = 0.9 * reached;
+  ComputeCostModel ceiling(dgx.node.device, Dtype::bf16, capped, dgx.file);
+  CHECK(ceiling.op_time_s(big) == Approx(big.flops / (peak * 0.9 * reached) + e.overhead_s + e.latency_s));
+  CHECK(ceiling.op_time_s(big) > roofline.op_time_s(big));
+  capped.gemm[Dtype::bf16].ceiling_fraction = std::min(1.0, 1.1 * reached);
+  CHECK(ComputeCostModel(dgx.node.device, Dtype::bf16, capped, dgx.file).op_time_s(big) == roofline.op_time_s(big));
+  // It round-trips; outside (0, 1] it is refused, naming the key.
+  Json with_ceiling = profile_to_json(capped);
+  CHECK(with_ceiling["gemm"]["bf16"]["ceiling_fraction"] == capped.gemm[Dtype::bf16].ceiling_fraction);
+  CHECK(parse_profile(with_ceiling, "c.json").gemm.at(Dtype::bf16).ceiling_fraction ==
+        capped.gemm[Dtype::bf16].ceiling_fraction);
+  with_ceiling["gemm"]["bf16"]["ceiling_fraction"] = 1.5;
+  CHECK_THROWS_WITH(parse_profile(with_ceiling, "bad.json"),
+                    Contains("bad.json") && Contains("gemm.bf16.ceiling_fraction") && Contains("1.5"));
 }
 
 TEST_CASE("profile: GEMM wave quantization on an A100 (108 SMs, 256x128 tiles)", "[profile]") {
