@@ -269,6 +269,7 @@ DeviceProfile apply_calibration(DeviceProfile p, const Calibration& c) {
   auto fraction = [](double f, double s) { return std::min(1.0, f * s); };
   for (auto& [dtype, e] : p.gemm) {
     e.peak_fraction = fraction(e.peak_fraction, c.gemm_scale);
+    if (e.ceiling_fraction > 0) e.ceiling_fraction = fraction(e.ceiling_fraction, c.gemm_scale);
     e.overhead_s += c.overhead_s;
   }
   p.flash_forward_peak_fraction = fraction(p.flash_forward_peak_fraction, c.gemm_scale);

@@ -120,6 +120,12 @@ TEST_CASE("calibrate: parameters apply as named, and the set is checked", "[cali
   CHECK(p.gemm.at(Dtype::bf16).overhead_s == Approx(base.gemm.at(Dtype::bf16).overhead_s + 1e-6));
   CHECK(p.inter_node_bus_fraction == Approx(base.inter_node_bus_fraction * 0.25));
   CHECK(p.variability.device_speed_cv == 0.03);
+  // A GEMM ceiling (the best a search found) scales with the rates it caps; none stays none.
+  CHECK(p.gemm.at(Dtype::bf16).ceiling_fraction == 0);
+  DeviceProfile blackwell = load_profile(test::source_path("profiles/b200-sxm.json"));
+  REQUIRE(blackwell.gemm.at(Dtype::bf16).ceiling_fraction > 0);
+  CHECK(apply_calibration(blackwell, c).gemm.at(Dtype::bf16).ceiling_fraction ==
+        Approx(blackwell.gemm.at(Dtype::bf16).ceiling_fraction * 0.5));
   // Point-to-point tables inside and across nodes take the link scale alike, and so does a
   // collective's share of the NICs.
   base.inter_node_exchange_fraction = 0.8;
