@@ -119,8 +119,8 @@ std::string published_report_markdown(const PublishedReport& report) {
      << "fitted to, by the model; table points (GEMM grids, memory-bound kernels, fused attention, "
      << "collectives), each by its table without it (leave-one-out; an nccl-tests point beyond the rest of its "
      << "table as the collective cost model extrapolates: the nearest size's correction times NCCL's model, "
-     << "the ring or across nodes the tree where faster). Error = (predicted − measured) / measured time; sources are the keys of the profile's "
-     << "`sources`.\n";
+     << "the ring or across nodes the tree where faster). Error = (predicted − measured) / measured time; "
+     << "sources are the keys of the profile's `sources`.\n";
   for (const ComponentSection& c : report.components) {
     md << "\n### `" << c.profile_file << "` (on `" << c.topology_file << "`)\n\n"
        << "| family | points | median abs error | largest abs error |\n|---|---:|---:|---:|\n";

@@ -11,8 +11,8 @@
 // members per node nearest in log, and the size below the table's sizes: table_for). A
 // collective then takes r(S) · NCCL's model of its own shape on the predicted topology's links:
 // time_s. (Before December 2026 the model was the ring alone, with the topology's wire latencies
-// and the nearest span whatever the size: a 4-byte all_reduce over 12,288 A100 took 84 ms; now 0.21 ms.) The
-// simulator's flows carry the α-β model of the algorithm lowering chose (collective_time_s);
+// and the nearest span whatever the size: a 4-byte all_reduce over 12,288 A100 took 84 ms; now
+// 0.21 ms.) The simulator's flows carry the α-β model of the algorithm lowering chose (collective_time_s);
 // correction() is time_s over that. Where the profile has no table for the kind (nor, for
 // reduce_scatter and all_gather, an all_reduce table), r = 1, and time_s is the α-β model with the
 // NICs at the profile's collective fraction (inter_node_exchange_fraction where it measured one:
