@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "json_input.hpp"
+#include "profile.hpp"
 #include "program.hpp"
 #include "schedule.hpp"
 #include "topology.hpp"
@@ -86,6 +87,20 @@ inline Op compute_op(double seconds, std::vector<int32_t> deps = {}) {
   op.flops = seconds * 1e12;
   op.deps = std::move(deps);
   return op;
+}
+
+// A measured profile (not the roofline) on `t` that runs in order, as a CPU's: fp32 GEMMs at the
+// roofline's figures and `tables`, fp32, as its measured tables. What the in-order tests of
+// operand reuse cost with.
+inline DeviceProfile in_order_measured_profile(const Topology& t, const std::string& name, MeasuredTables tables) {
+  DeviceProfile p = roofline_profile(t);
+  p.is_roofline = false;
+  p.name = name;
+  p.gemm[Dtype::fp32] = GemmEfficiency{};
+  p.execution_in_order = true;
+  tables.dtype = Dtype::fp32;
+  p.measured = std::move(tables);
+  return p;
 }
 
 }  // namespace stepcast::test

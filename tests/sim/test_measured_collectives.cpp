@@ -267,13 +267,7 @@ TEST_CASE("sim: in order a collective takes its table's time at its operands' re
                           {"dtype", "fp32"}}, "zero3.json");
   validate_plan(plan, model, t);
   StepProgram program = lower_program(model, t, plan);
-  DeviceProfile p = roofline_profile(t);
-  p.is_roofline = false;
-  p.name = "reuse-test";
-  p.gemm[Dtype::fp32] = GemmEfficiency{};
-  p.execution_in_order = true;
   MeasuredTables tables;
-  tables.dtype = Dtype::fp32;
   for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
     for (double bytes : {1e3, 1e7}) {
       tables.collectives.push_back({kind, "ring", 2, bytes, bytes * 1e-9 + 1e-6, 0, 0, "", 1});
@@ -282,7 +276,7 @@ TEST_CASE("sim: in order a collective takes its table's time at its operands' re
   }
   tables.memory.push_back({"copy", 1e3, 1e-6, ""});
   tables.memory.push_back({"copy", 1e8, 1e-1, ""});
-  p.measured = tables;
+  DeviceProfile p = in_order_measured_profile(t, "reuse-test", tables);
   SimulateOptions o;
   o.mode = SimMode::full;
   SimulationOutput out = simulate_program(program, t, p, o);

@@ -68,13 +68,7 @@ TEST_CASE("sim: in order a GEMM takes its table's time at its operands' reuse di
                          "dp2.json");
   validate_plan(plan, model, t);
   StepProgram program = lower_program(model, t, plan);
-  DeviceProfile p = roofline_profile(t);
-  p.is_roofline = false;
-  p.name = "gemm-reuse-test";
-  p.gemm[Dtype::fp32] = GemmEfficiency{};
-  p.execution_in_order = true;
   MeasuredTables tables;
-  tables.dtype = Dtype::fp32;
   tables.gemm_table_pool_bytes = 8.0 * (1 << 20);
   for (const char* variant : {"forward", "dgrad", "wgrad"}) {
     for (double distance : {-1.0, 0.0, 64.0 * (1 << 20)}) {
@@ -90,7 +84,7 @@ TEST_CASE("sim: in order a GEMM takes its table's time at its operands' reuse di
       }
     }
   }
-  p.measured = tables;
+  DeviceProfile p = in_order_measured_profile(t, "gemm-reuse-test", tables);
   SimulateOptions o;
   o.mode = SimMode::full;
   SimulationOutput out = simulate_program(program, t, p, o);
