@@ -196,6 +196,14 @@ double nccl_intra_step(const GroupShape& shape) {
   return shape.nodes > 1 ? kNcclNvlinkStep * kNcclMultiNodeLL : kNcclNvlinkStep;
 }
 
+// `volume` through each member's NVLink and, across nodes, through the group's k members' NICs
+// (V / k each), the two pipelined: the larger.
+double nccl_transfer_s(double volume, const GroupShape& shape, const LinkFigures& links) {
+  const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
+  const double inter = volume / (double(shape.members_per_node) * links.inter_bandwidth_bytes_per_s);
+  return std::max(intra, inter);
+}
+
 }  // namespace
 
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
@@ -207,24 +215,19 @@ double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, cons
   if (shape.nodes <= 1) {
     return kNcclRingBase + steps * nccl_intra_step(shape) + volume / links.intra_bandwidth_bytes_per_s;
   }
-  const double k = double(shape.members_per_node);
-  const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
-  const double inter = volume / (k * links.inter_bandwidth_bytes_per_s);
   const double crossings = kind == OpKind::all_reduce ? 2.0 * double(shape.nodes - 1) : double(shape.nodes - 1);
   const double latency = kNcclRingBase + (steps - crossings) * nccl_intra_step(shape) + crossings * kNcclNetRingStep;
-  return std::max(intra, inter) + latency;
+  return nccl_transfer_s(volume, shape, links) + latency;
 }
 
 double nccl_tree_time_s(double bytes, const GroupShape& shape, const LinkFigures& links) {
   STEPCAST_CHECK(shape.nodes > 1, "NCCL's tree is modelled across nodes");
   const double n = double(shape.size), k = double(shape.members_per_node);
   const double volume = bus_bandwidth_factor(OpKind::all_reduce, shape.size) * bytes * n / (n - 1);
-  const double intra = shape.members_per_node > 1 ? volume / links.intra_bandwidth_bytes_per_s : 0.0;
-  const double inter = volume / (k * links.inter_bandwidth_bytes_per_s);
   int64_t levels = 0;  // NCCL's log2i: the floor
   for (int64_t nodes = shape.nodes; nodes > 1; nodes /= 2) ++levels;
   const double latency = kNcclTreeBase + 2 * ((k - 1) * nccl_intra_step(shape) + double(levels) * kNcclNetTreeLevel);
-  return std::max(intra, inter) / 0.92 + latency;
+  return nccl_transfer_s(volume, shape, links) / 0.92 + latency;
 }
 
 double nccl_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {
