@@ -31,6 +31,20 @@ double size_distance(const MeasuredCollective& m, double bytes) {
 
 }  // namespace
 
+// Across nodes a size is read off a table at the same bytes per unit of NIC bandwidth the group
+// leaves each node through (its k members' shares of the NICs): NCCL spreads a message over
+// channels, a pair of them a NIC, and a channel's efficiency follows the bytes it carries
+// (NCCL's enqueue cuts the channels of small messages by bytes per channel). A data-parallel
+// group of one member per node (tensor parallel 8) carries through its one NIC what an
+// 8-member table spreads over eight: it is read at 8 times its size. Inside a node: the size.
+double CollectiveCostModel::network_size_ratio(const MeasuredCollective& m, const GroupShape& shape,
+                                              const LinkFigures& links) const {
+  if (shape.nodes <= 1 || m.shape.nodes <= 1) return 1.0;
+  const double table = double(m.shape.members_per_node) * measured_links_.inter_bandwidth_bytes_per_s;
+  const double group = double(shape.members_per_node) * links.inter_bandwidth_bytes_per_s;
+  return group > 0 ? table / group : 1.0;
+}
+
 CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Topology& topology)
     : links_(link_figures(apply_link_fractions(topology, profile))) {
   measured_links_ = links_;
@@ -101,7 +115,7 @@ const MeasuredCollective* CollectiveCostModel::table_for(OpKind kind, const Grou
 
 double CollectiveCostModel::corrected_s(const MeasuredCollective& m, OpKind kind, double bytes,
                                         const GroupShape& shape, const LinkFigures& links) const {
-  double s = std::clamp(bytes, m.min_bytes, m.max_bytes);
+  double s = std::clamp(bytes * network_size_ratio(m, shape, links), m.min_bytes, m.max_bytes);
   double measured_model = nccl_time_s(m.kind, s, m.shape, measured_links_);
   STEPCAST_CHECK(measured_model > 0, "a measured collective table on a group of one");
   double r = m.table.time_s(s) / measured_model;

@@ -6,7 +6,10 @@
 // for mid-size messages, its launch latency, NVLink SHARP): the correction
 //   r(S) = measured time / NCCL's model, for the measured group's shape on the links of the
 //          system the tables were measured on (MeasuredSystem; the predicted topology's where the
-//          profile does not say), at size S clamped to the sizes measured,
+//          profile does not say), at size S clamped to the sizes measured — across nodes at
+//          the size that puts as many bytes on each unit of NIC bandwidth as S does on the
+//          group's (network_size_ratio: a group of one member a node reads an 8-member table
+//          at 8·S),
 // from the measured table closest in span (same kind; inside a node or across nodes; nodes and
 // members per node nearest in log, and the size below the table's sizes: table_for). A
 // collective then takes r(S) · NCCL's model of its own shape on the predicted topology's links:
@@ -75,6 +78,8 @@ class CollectiveCostModel {
   LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
 
+  // The factor a size is read off table m at, for a group of `shape` on `links` (collective_cost.cpp).
+  double network_size_ratio(const MeasuredCollective& m, const GroupShape& shape, const LinkFigures& links) const;
   // r(S) of table m, times NCCL's model (nccl_time_s) of `shape` on `links`.
   double corrected_s(const MeasuredCollective& m, OpKind kind, double bytes, const GroupShape& shape,
                      const LinkFigures& links) const;

@@ -186,6 +186,47 @@ TEST_CASE("collective cost: a message below a table's sizes takes a table that m
         Approx(r * nccl_time_s(OpKind::all_reduce, 128, sixteen, links)));
 }
 
+TEST_CASE("collective cost: across nodes a table is read at the same bytes per unit of NIC bandwidth",
+          "[collective]") {
+  // A 2-node table of 8 members a node, measured on nodes of 8 NICs. A data-parallel group of one
+  // member a node (tensor parallel 8) sends through one NIC what the table's group spreads over
+  // eight: 1e8 bytes read at 8e8. On nodes of 4 NICs a group of 8 members a node: at 2e8. Inside a
+  // node, and with the table's own shape, at the size itself.
+  Topology eight_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  Topology four_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 4, 25e9, 3e-6));
+  std::vector<CollectivePoint> points = {nccl_point(16, 2, 1e7, 2e-3), nccl_point(16, 2, 1e9, 50e-3)};
+  DeviceProfile p = profile_with_tables(eight_nics, points);
+  const LinkFigures links = link_figures(eight_nics);
+  const GroupShape table{16, 2, 8}, rail{2, 2, 1};
+  auto r_at = [&](double bytes) {
+    return log_log(1e7, 2e-3, 1e9, 50e-3, bytes) / nccl_time_s(OpKind::all_reduce, bytes, table, links);
+  };
+  CollectiveCostModel model(p, eight_nics);
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, rail) ==
+        Approx(r_at(8e8) * nccl_time_s(OpKind::all_reduce, 1e8, rail, links)));
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, table) == Approx(log_log(1e7, 2e-3, 1e9, 50e-3, 1e8)));
+  // Read at 8e9: past the table's sizes, its largest size's ratio.
+  CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e9, rail) ==
+        Approx(r_at(1e9) * nccl_time_s(OpKind::all_reduce, 1e9, rail, links)));
+  MeasuredSystem system;
+  system.devices_per_node = 8;
+  system.intra_node_bandwidth_bytes_per_s = 300e9;
+  system.intra_node_latency_s = 2e-6;
+  system.nics_per_node = 8;
+  system.nic_bandwidth_bytes_per_s = 25e9;
+  system.nic_latency_s = 3e-6;
+  p.measured->system = system;
+  CollectiveCostModel fewer_nics(p, four_nics);
+  CHECK(fewer_nics.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, table) ==
+        Approx(r_at(2e8) * nccl_time_s(OpKind::all_reduce, 1e8, table, link_figures(four_nics))));
+  // Inside a node (an in-node table): the size itself.
+  DeviceProfile node_table = profile_with_tables(eight_nics, {nccl_point(8, 1, 1e7, 1e-3), nccl_point(8, 1, 1e9, 8e-3)});
+  CollectiveCostModel in_node(node_table, eight_nics);
+  CHECK(in_node.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, GroupShape{2, 1, 2}) ==
+        Approx(log_log(1e7, 1e-3, 1e9, 8e-3, 1e8) / nccl_time_s(OpKind::all_reduce, 1e8, GroupShape{8, 1, 8}, links) *
+               nccl_time_s(OpKind::all_reduce, 1e8, GroupShape{2, 1, 2}, links)));
+}
+
 TEST_CASE("components: an nccl table's end points are checked as the cost model extrapolates them",
           "[collective]") {
   // A table 1.3 times NCCL's ring model at every size: leaving out an end point, the rest predict
