@@ -67,6 +67,21 @@ CollectiveCostModel::CollectiveCostModel(const DeviceProfile& profile, const Top
     system.fabric.oversubscription = m.oversubscription;
     measured_links_ = link_figures(apply_link_fractions(system, profile));
   }
+  if (!profile.execution_in_order) {
+    auto p2p_table = [](const std::vector<P2pPoint>& points, CollectiveTable& table, double& lo, double& hi) {
+      if (points.empty()) return;
+      std::vector<CollectivePoint> as_points;
+      for (const P2pPoint& q : points) as_points.push_back({"send", "nccl", 2, q.bytes, q.time_s, 0, 0, q.source});
+      table = CollectiveTable(as_points);
+      lo = hi = points.front().bytes;
+      for (const P2pPoint& q : points) {
+        lo = std::min(lo, q.bytes);
+        hi = std::max(hi, q.bytes);
+      }
+    };
+    p2p_table(profile.measured->p2p, p2p_intra_, p2p_intra_min_, p2p_intra_max_);
+    p2p_table(profile.measured->p2p_inter_node, p2p_inter_, p2p_inter_min_, p2p_inter_max_);
+  }
   std::map<std::tuple<std::string, int64_t, int64_t>, std::vector<CollectivePoint>> grouped;
   for (const CollectivePoint& c : profile.measured->collectives) {
     if (c.algorithm != "nccl" || !collective_kind(c.kind)) continue;
@@ -141,6 +156,40 @@ double CollectiveCostModel::correction(OpKind kind, Algorithm algorithm, double 
   if (shape.size <= 1) return 1;
   double model = collective_time_s(kind, algorithm, bytes, shape, links_);
   return model > 0 ? time_s(kind, algorithm, bytes, shape) / model : 1;
+}
+
+namespace {
+
+double alpha_beta_s(const LinkFigures& links, double bytes, bool across_nodes) {
+  return across_nodes ? links.inter_latency_s + bytes / links.inter_bandwidth_bytes_per_s
+                      : links.intra_latency_s + bytes / links.intra_bandwidth_bytes_per_s;
+}
+
+}  // namespace
+
+double CollectiveCostModel::p2p_corrected_s(double bytes, bool across_nodes, const LinkFigures& links) const {
+  const double model = alpha_beta_s(links, bytes, across_nodes);
+  const CollectiveTable& table = across_nodes ? p2p_inter_ : p2p_intra_;
+  if (table.empty()) return model;
+  const double s = std::clamp(bytes, across_nodes ? p2p_inter_min_ : p2p_intra_min_,
+                              across_nodes ? p2p_inter_max_ : p2p_intra_max_);
+  return table.time_s(s) / alpha_beta_s(measured_links_, s, across_nodes) * model;
+}
+
+double CollectiveCostModel::p2p_time_s(double bytes, bool across_nodes) const {
+  return p2p_corrected_s(bytes, across_nodes, links_);
+}
+
+std::optional<double> CollectiveCostModel::measured_system_p2p_time_s(double bytes, bool across_nodes) const {
+  if ((across_nodes ? p2p_inter_ : p2p_intra_).empty()) return std::nullopt;
+  return p2p_corrected_s(bytes, across_nodes, measured_links_);
+}
+
+double CollectiveCostModel::p2p_flow_scale(double bytes, bool across_nodes) const {
+  if ((across_nodes ? p2p_inter_ : p2p_intra_).empty() || bytes <= 0) return 1.0;
+  const double latency = across_nodes ? links_.inter_latency_s : links_.intra_latency_s;
+  const double bandwidth = across_nodes ? links_.inter_bandwidth_bytes_per_s : links_.intra_bandwidth_bytes_per_s;
+  return std::max(0.0, (p2p_time_s(bytes, across_nodes) - latency) * bandwidth / bytes);
 }
 
 CollectiveCostModel simulator_collective_model(const DeviceProfile& profile, const Topology& topology) {

@@ -69,6 +69,23 @@ class CollectiveCostModel {
   bool corrects() const { return has_tables() || exchange_differs_; }
   const LinkFigures& links() const { return links_; }
 
+  // Point-to-point sends (a pipeline's, a context-parallel ring's) from the profile's measured
+  // send/recv tables (measured.p2p_points inside a node, p2p_inter_node_points across nodes:
+  // nccl-tests' sendrecv_perf, a ping-pong) where it runs concurrently (a GPU's; a profile that
+  // runs in order has its tables in its link fits already): r(S) = measured time / the α-β time
+  // on the measured system's links, at S clamped to the table's sizes, times the α-β time of the
+  // send on the predicted links (latency + S / bandwidth, the links' fractions applied). Without
+  // a table, the α-β time.
+  double p2p_time_s(double bytes, bool across_nodes) const;
+  // The factor on a send's bytes that makes the simulator's flow (the α-β time, uncontended)
+  // take p2p_time_s: (p2p_time_s − latency) · bandwidth / bytes, at least 0; 1 without a table.
+  double p2p_flow_scale(double bytes, bool across_nodes) const;
+  bool has_p2p_tables() const { return !p2p_intra_.empty() || !p2p_inter_.empty(); }
+  // p2p_time_s on the system the tables were measured on (the table inside its sizes, r at the
+  // nearest size times the α-β time beyond them): how a table's own points are checked against
+  // the rest of it (components.hpp). nullopt without a table for the span.
+  std::optional<double> measured_system_p2p_time_s(double bytes, bool across_nodes) const;
+
  private:
   LinkFigures links_;
   // links_ with each inter-node link at its rate's collective fraction (inter_node_fraction_at):
@@ -77,6 +94,10 @@ class CollectiveCostModel {
   bool exchange_differs_ = false;
   LinkFigures measured_links_;  // of the system the tables were measured on
   std::vector<MeasuredCollective> tables_;
+  CollectiveTable p2p_intra_, p2p_inter_;  // a send's time by size (empty: none measured)
+  double p2p_intra_min_ = 0, p2p_intra_max_ = 0, p2p_inter_min_ = 0, p2p_inter_max_ = 0;
+  // r(S) of the span's send table times the α-β time on `links`.
+  double p2p_corrected_s(double bytes, bool across_nodes, const LinkFigures& links) const;
 
   // The factor a size is read off table m at, for a group of `shape` on `links` (collective_cost.cpp).
   double network_size_ratio(const MeasuredCollective& m, const GroupShape& shape, const LinkFigures& links) const;

@@ -203,6 +203,29 @@ std::vector<ComponentCheck> check_components(const DeviceProfile& profile, const
       in_order, key, [](const std::vector<CollectivePoint>& others) { return CollectiveTable(others); },
       [](const CollectiveTable& table, const CollectivePoint& c) { return table.time_s(c.bytes); }, label,
       "collective", out);
+  // Point-to-point send tables as the cost model reads them where the streams run concurrently
+  // (CollectiveCostModel::p2p_time_s; an in-order profile's are in its link fits instead).
+  if (!profile.execution_in_order) {
+    for (const bool across : {false, true}) {
+      const std::vector<P2pPoint>& points = across ? t.p2p_inter_node : t.p2p;
+      leave_one_out(
+          points, [](const P2pPoint&) { return 0; },
+          [&](const std::vector<P2pPoint>& others) {
+            DeviceProfile p = profile;
+            (across ? p.measured->p2p_inter_node : p.measured->p2p) = others;
+            return CollectiveCostModel(p, topology);
+          },
+          [across](const CollectiveCostModel& model, const P2pPoint& q) {
+            std::optional<double> time = model.measured_system_p2p_time_s(q.bytes, across);
+            STEPCAST_CHECK(time, "a leave-one-out send model without the point's table");
+            return *time;
+          },
+          [across](const P2pPoint& q) {
+            return std::string(across ? "send across nodes " : "send ") + bytes_label(q.bytes);
+          },
+          "p2p", out);
+    }
+  }
   return out;
 }
 

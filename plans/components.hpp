@@ -5,7 +5,8 @@
 //    predicted from its table without it (leave-one-out), so a reader sees how well the table
 //    holds between the sizes it measured; an nccl-tests table through the collective cost model
 //    (CollectiveCostModel::measured_system_time_s: beyond the other sizes, the nearest one's
-//    correction times NCCL's model (nccl_time_s), as a collective is costed).
+//    correction times NCCL's model (nccl_time_s), as a collective is costed); a send table
+//    (nccl-tests' sendrecv) through CollectiveCostModel::measured_system_p2p_time_s.
 // Errors are (predicted − measured) / measured. Pure functions.
 #pragma once
 
@@ -20,7 +21,7 @@
 namespace stepcast {
 
 struct ComponentCheck {
-  std::string family;  // "gemm", "attention", "memory", "collective"
+  std::string family;  // "gemm", "attention", "memory", "collective", "p2p"
   std::string what;    // "forward 2048x3072x12288", "norm_forward 8388608 B", ...
   std::string source;  // key of the profile's sources; empty: measured by `stepcast profile`
   std::string method;  // "model" or "leave-one-out"

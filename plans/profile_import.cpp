@@ -504,9 +504,10 @@ DeviceProfile merge_imports(DeviceProfile base, const std::vector<NcclTestsLog>&
                                      (log.nccl_version.empty() ? "" : " (NCCL " + log.nccl_version + ")") +
                                      (log.run > 0 ? ", run " + std::to_string(log.run) + " of" : ","),
                                  log.run > 0 ? "#" + std::to_string(log.run) : "");
-    if (log.collective == "sendrecv") {
-      t.p2p.clear();
-      for (const CollectivePoint& p : log.points) t.p2p.push_back({p.bytes, p.time_s, key});
+    if (log.collective == "sendrecv") {  // inside a node p2p_points, across nodes p2p_inter_node_points
+      std::vector<P2pPoint>& table = log.nodes > 1 ? t.p2p_inter_node : t.p2p;
+      table.clear();
+      for (const CollectivePoint& p : log.points) table.push_back({p.bytes, p.time_s, key});
       continue;
     }
     t.collectives.erase(std::remove_if(t.collectives.begin(), t.collectives.end(),

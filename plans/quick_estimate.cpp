@@ -127,7 +127,7 @@ void CpRingClock::compute(const Op& op, double seconds) {
 void CpRingClock::transfer(const Op& op) {
   if (op.kind == OpKind::send) {
     const double start = std::max({now_, link_free_, ready_s(op.inputs)});
-    link_free_ = start + latency_ + op.bytes / bandwidth_;
+    link_free_ = start + sends_->p2p_time_s(op.bytes, across_);
     sent_[op.tag] = link_free_;
     return;
   }
@@ -141,10 +141,10 @@ bool is_cp_ring_transfer(const Op& op) {
   return (op.kind == OpKind::send && op.peer == Peer::cp_next) || (op.kind == OpKind::recv && op.peer == Peer::cp_prev);
 }
 
-CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node, const LinkFigures& links) {
+CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
+                          const CollectiveCostModel& sends) {
   const bool one_node = grid.cp_size() <= 1 || group_shape(grid, GroupKind::cp, rank, devices_per_node).nodes <= 1;
-  return one_node ? CpRingClock(links.intra_bandwidth_bytes_per_s, links.intra_latency_s)
-                  : CpRingClock(links.inter_bandwidth_bytes_per_s, links.inter_latency_s);
+  return CpRingClock(sends, !one_node);
 }
 
 namespace {
@@ -160,7 +160,6 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
     return it->second;
   };
   std::map<std::pair<int32_t, int64_t>, double> expert_memo;
-  const LinkFigures& links = collectives.links();  // the profile's link fractions applied
   RankGrid grid = program.grid();
   int64_t rank = grid.rank(RankCoord{0, 0, role.pp_stage});
   int64_t per_node = topology.node.devices_per_node;
@@ -170,7 +169,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
   t.stage = role.pp_stage;
   double dp_last_s = 0;
   int64_t dp_last_ops = 0;
-  CpRingClock ring = cp_ring_clock(grid, rank, per_node, links);
+  CpRingClock ring = cp_ring_clock(grid, rank, per_node, collectives);
   for (const Op& op : role.ops) {
     if (is_cp_ring_transfer(op)) {
       if (op.microbatch == 0) ring.transfer(op);
@@ -218,10 +217,7 @@ StageTimes stage_times(const Role& role, const StepProgram& program, const Topol
       }
     } else if (op.kind == OpKind::send && op.microbatch == 0) {
       int64_t peer = op.peer == Peer::pp_next ? grid.pp_next(rank) : grid.pp_prev(rank);
-      bool same_node = rank / per_node == peer / per_node;
-      double bw = same_node ? links.intra_bandwidth_bytes_per_s : links.inter_bandwidth_bytes_per_s;
-      double lat = same_node ? links.intra_latency_s : links.inter_latency_s;
-      t.pp_mb_s += lat + op.bytes / bw;
+      t.pp_mb_s += collectives.p2p_time_s(op.bytes, rank / per_node != peer / per_node);
     }
   }
   t.tp_mb_s += ring.exposed_s();

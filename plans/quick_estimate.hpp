@@ -4,7 +4,9 @@
 //   t_mb(stage)  = Σ cost-model time of the stage's compute ops of microbatch 0 (forward,
 //                  backward, recompute, every chunk) + Σ time of its tp collectives of
 //                  microbatch 0 (exposed: they sit between the GEMMs that need them)
-//                  + pipeline sends of microbatch 0 (bytes / link bandwidth + latency)
+//                  + pipeline sends of microbatch 0 (bytes / link bandwidth + latency, times
+//                  the profile's measured send table's correction where it has one:
+//                  collective_cost.hpp's p2p_time_s, as the simulator's send flows take it)
 //                  (collective times as the simulator costs them without contention:
 //                  collective_cost.hpp's uncontended_collective_s — the profile's link fractions
 //                  and measured tables; links with the link fractions)
@@ -47,6 +49,8 @@
 #include "topology.hpp"
 
 namespace stepcast {
+
+class CollectiveCostModel;  // collective_cost.hpp
 
 struct QuickEstimate {
   double step_time_s = 0;
@@ -100,9 +104,10 @@ struct StageTimes {
 // Those waits are the ring's exposed time.
 class CpRingClock {
  public:
-  // The link of the ring's slowest hop (the figures with the profile's link fractions).
-  CpRingClock(double bandwidth_bytes_per_s, double latency_s)
-      : bandwidth_(bandwidth_bytes_per_s), latency_(latency_s) {}
+  // A transfer takes `sends`' point-to-point time (CollectiveCostModel::p2p_time_s: the link
+  // with the profile's link fractions, and its measured send table where it has one) on the
+  // ring's slowest hop: across nodes where the ring spans them.
+  CpRingClock(const CollectiveCostModel& sends, bool across_nodes) : sends_(&sends), across_(across_nodes) {}
   // An op of the compute stream taking `seconds`, after the ring blocks it reads.
   void compute(const Op& op, double seconds);
   void transfer(const Op& op);  // a ring send or receive (is_cp_ring_transfer)
@@ -111,7 +116,8 @@ class CpRingClock {
  private:
   double ready_s(std::span<const BufferName> buffers) const;  // when they are all here
 
-  double bandwidth_, latency_;
+  const CollectiveCostModel* sends_;
+  bool across_;
   double now_ = 0, link_free_ = 0, exposed_ = 0;
   std::map<int64_t, double> sent_;                // tag → when the block sent with it arrives
   std::map<std::string, double> arriving_;        // received buffer → when it is here
@@ -120,8 +126,9 @@ class CpRingClock {
 // Whether an op is a ring transfer of context parallelism (a send to cp_next, a receive from
 // cp_prev).
 bool is_cp_ring_transfer(const Op& op);
-// The ring's link from a rank of `grid`: the inter-node figures when its cp group spans nodes.
-CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node, const LinkFigures& links);
+// The ring's clock from a rank of `grid`: across nodes when its cp group spans nodes.
+CpRingClock cp_ring_clock(const RankGrid& grid, int64_t rank, int64_t devices_per_node,
+                          const CollectiveCostModel& sends);
 
 // Each pipeline stage's compute speed on `topology`: the smallest compute speed factor among
 // its ranks' devices (the slowest device paces its tensor-parallel group and the stage's

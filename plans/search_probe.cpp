@@ -305,7 +305,6 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   Plan plan = memory_path_plan(real_plan);
   LowerContext c(model, topology, plan);
   const CollectiveCosts collective{cost_model, simulator_collective_model(cost_model.profile(), topology), c.links};
-  const LinkFigures& links = collective.collectives.links();  // sends: with the link fractions
   const int64_t per_node = topology.node.devices_per_node;
   const double act = dtype_bytes(c.act), grad = dtype_bytes(c.grad), wide = dtype_bytes(c.wide);
   const double local_bytes = double(c.s_local) * c.b * c.h * act;
@@ -316,7 +315,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
   // (cp ranks are tp apart; tp·cp either fits a node or spans whole ones).
   const GroupShape tp_shape = group_shape(c.grid, GroupKind::tp, 0, per_node);
   const GroupShape cp_shape = group_shape(c.grid, GroupKind::cp, 0, per_node);
-  const CpRingClock ring = cp_ring_clock(c.grid, 0, per_node, links);
+  const CpRingClock ring = cp_ring_clock(c.grid, 0, per_node, collective.collectives);
   ProbeBytes layer_bytes, embedding_bytes, loss_bytes;
   const StageTimes layer =
       op_list_times(probe.layer_ops, tp_shape, cp_shape, ring, cost_model, collective, &layer_bytes);
@@ -374,10 +373,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     // Pipeline sends of microbatch 0: forward out of every chunk but the last virtual stage,
     // backward out of every chunk but the first.
     auto send_s = [&](int64_t peer) {
-      bool same_node = rank / per_node == peer / per_node;
-      double bw = same_node ? links.intra_bandwidth_bytes_per_s : links.inter_bandwidth_bytes_per_s;
-      double lat = same_node ? links.intra_latency_s : links.inter_latency_s;
-      return lat + local_bytes / bw;
+      return collective.collectives.p2p_time_s(local_bytes, rank / per_node != peer / per_node);
     };
     if (plan.pp_size > 1) {
       for (int64_t chunk = 0; chunk < plan.virtual_pp_size; ++chunk) {

@@ -459,7 +459,8 @@ class RankActor {
     if (op.kind == OpKind::send) {
       out_.state[slot_].send_posted[p2p] = now();
       auto* box = mailbox(me, peer, size_t(op.stream));
-      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes))), stream,
+      add(box->put_async(&dummy_payload, uint64_t(std::llround(op.bytes * plan().flow_scale_of(role_index_, op.id)))),
+          stream,
           posted ? op.id : -1);
     } else {
       auto* box = mailbox(peer, me, size_t(op.stream));

@@ -394,6 +394,17 @@ SimPlan plan_simulation(const StepProgram& program, const Topology& topology_in,
           costs[op.id] += (r - 1) * collective_time_s(op.kind, op.algorithm, op.bytes, whole, links);
         }
       }
+      // A send's measured point-to-point table (GPU profiles): its flow's bytes scaled so that,
+      // uncontended, it takes the table's time (CollectiveCostModel::p2p_time_s).
+      if (op.kind == OpKind::send && !plan.in_order && collective_cost.has_p2p_tables() &&
+          (op.peer == Peer::pp_next || op.peer == Peer::pp_prev || op.peer == Peer::cp_next)) {
+        const bool across = peer_rank(grid, first, op.peer) / per_node != first / per_node;
+        if (const double k = collective_cost.p2p_flow_scale(op.bytes, across); k != 1) {
+          auto& scale = plan.flow_scale[role.index];
+          if (scale.empty()) scale.assign(role.ops.size(), 1.0);
+          scale[op.id] = k;
+        }
+      }
       // In order (a host backend), the executor's copy or add around the transfer
       // (collective_local_work) follows it, measured table or flows.
       if (plan.in_order && is_collective(op.kind)) {

@@ -91,7 +91,8 @@ struct SimPlan {
     return staging_s[role].empty() ? 0.0 : staging_s[role][size_t(id)];
   }
   // per role, per op: scale on the bytes a simulated collective's flows carry (the measured
-  // correction where it is below 1; empty for a role without one: 1)
+  // correction where it is below 1), and a send's flow (its measured point-to-point table:
+  // CollectiveCostModel::p2p_flow_scale); empty for a role without one: 1
   std::vector<std::vector<double>> flow_scale;
   double flow_scale_of(size_t role, int32_t id) const {
     return flow_scale[role].empty() ? 1.0 : flow_scale[role][size_t(id)];

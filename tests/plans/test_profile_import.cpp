@@ -133,6 +133,25 @@ TEST_CASE("profile import: NCCL's coll channels set the profile's overlap CTAs",
                     Contains("zero.log:") && Contains("coll channels"));
 }
 
+TEST_CASE("profile import: a sendrecv log across nodes is the profile's inter-node send table", "[profile][import]") {
+  // 2 nodes of one GPU: measured.p2p_inter_node_points, which the simulator's sends across nodes
+  // take (CollectiveCostModel::p2p_time_s); one node of 2: measured.p2p_points.
+  DeviceProfile base = load_profile(test::source_path("profiles/h100-sxm.json"));
+  NcclTestsLog across = parse_nccl_tests_log(nccl_log("sendrecv_perf", 2, 1), "sr2.log");
+  NcclTestsLog inside = parse_nccl_tests_log(nccl_log("sendrecv_perf", 1, 2), "sr1.log");
+  REQUIRE(across.collective == "sendrecv");
+  DeviceProfile merged = merge_imports(base, {across, inside}, nullptr, nullptr);
+  REQUIRE(merged.measured->p2p_inter_node.size() == across.points.size());
+  REQUIRE(merged.measured->p2p.size() == inside.points.size());
+  CHECK(merged.measured->p2p_inter_node.front().time_s == across.points.front().time_s);
+  CHECK(merged.measured->p2p_inter_node.front().source.find("sr2.log") != std::string::npos);
+  CHECK(merged.measured->p2p.back().source.find("sr1.log") != std::string::npos);
+  const Topology t = load_topology(test::source_path("topologies/dgx-h100.json"));
+  size_t sends = 0;
+  for (const ComponentCheck& c : check_components(merged, t)) sends += c.family == "p2p";
+  CHECK(sends == across.points.size() + inside.points.size());
+}
+
 TEST_CASE("profile import: a file of several runs gives a table each", "[profile][import]") {
   // As scripts that run every *_perf binary write them: one run after another, each closed by
   // "# Collective test concluded" (which names its binary too).

@@ -9,6 +9,8 @@
 #include "profile.hpp"
 #include "quick_estimate.hpp"
 #include "search.hpp"
+#include "collective_cost.hpp"
+#include "sim_fixtures.hpp"
 #include "simulator.hpp"
 #include "test_support.hpp"
 
@@ -40,9 +42,12 @@ Op reading(const std::string& input) {
 
 TEST_CASE("the context-parallel ring's clock: waits where a block is read, transfers queue on the link", "[search]") {
   // A link of 1 GB/s and 1 µs: a 1 MB block takes 1.001 ms.
+  const Topology link = parse_test_topology(star_topology_json(1, 2, 1e9, 1e-6, 1, 1e9, 1e-6));
+  const CollectiveCostModel sends(roofline_profile(link), link);
   const double t = 1e-6 + 1e6 / 1e9;
+  REQUIRE(sends.p2p_time_s(1e6, false) == Approx(t));
   {  // step 0 sends block 0 and posts the receive of block 1; 0.4 ms of attention hide part of it
-    CpRingClock ring(1e9, 1e-6);
+    CpRingClock ring(sends, false);
     ring.transfer(ring_op(OpKind::send, 7, 1e6, "kv.0"));
     ring.transfer(ring_op(OpKind::recv, 7, 1e6, "kv.1"));
     ring.compute(reading("kv.0"), 0.4e-3);  // the own block: here already
@@ -51,7 +56,7 @@ TEST_CASE("the context-parallel ring's clock: waits where a block is read, trans
     CHECK(ring.exposed_s() == Approx(t - 0.4e-3));
   }
   {  // two blocks sent at once share the link in turn; a block is forwarded only once it is here
-    CpRingClock ring(1e9, 1e-6);
+    CpRingClock ring(sends, false);
     ring.transfer(ring_op(OpKind::send, 1, 1e6, "a"));
     ring.transfer(ring_op(OpKind::send, 2, 1e6, "b"));
     ring.transfer(ring_op(OpKind::recv, 2, 1e6, "b.in"));
@@ -64,7 +69,7 @@ TEST_CASE("the context-parallel ring's clock: waits where a block is read, trans
     CHECK(ring.exposed_s() == Approx(3 * t));
   }
   {  // a compute op long enough hides the whole transfer
-    CpRingClock ring(1e9, 1e-6);
+    CpRingClock ring(sends, false);
     ring.transfer(ring_op(OpKind::send, 1, 1e6, "x"));
     ring.transfer(ring_op(OpKind::recv, 1, 1e6, "y"));
     ring.compute(reading("x"), 2e-3);
@@ -144,6 +149,34 @@ TEST_CASE("the quick estimate costs collectives as the simulator does (A100 prof
   INFO("estimate " << e.step_time_s << " s (dp " << e.dp_comm_s << "), simulated " << simulated_s << " s");
   CHECK(e.dp_comm_s > 0.1 * e.step_time_s);
   CHECK(e.step_time_s == Approx(simulated_s).epsilon(0.03));
+}
+
+TEST_CASE("the quick estimate costs pipeline sends with the profile's send table", "[search]") {
+  // GPT-2 124M, pp 2 on two nodes of one device, one microbatch: each stage's send crosses the
+  // network. The profile's sendrecv table across nodes is 3 times the α-β time at every size:
+  // three times the sends (the simulator's flows take the table too: "sim: a send across nodes
+  // takes its measured point-to-point table's time").
+  ModelConfig model = load_model(source_path("models/gpt2-124m.json"));
+  Topology topology = parse_test_topology(star_topology_json(2, 1, 300e9, 2e-6, 1, 25e9, 3e-6));
+  DeviceProfile plain = roofline_profile(topology);
+  plain.is_roofline = false;
+  plain.gemm[Dtype::fp32] = GemmEfficiency{};
+  plain.measured = MeasuredTables{};
+  plain.measured->dtype = Dtype::fp32;
+  DeviceProfile measured = plain;
+  const LinkFigures l = link_figures(topology);
+  for (double bytes = 1024; bytes < 4e9; bytes *= 2) {
+    const double alpha_beta = l.inter_latency_s + bytes / l.inter_bandwidth_bytes_per_s;
+    measured.measured->p2p_inter_node.push_back({bytes, 3 * alpha_beta, ""});
+  }
+  Plan plan =
+      parse_plan({{"pp_size", 2}, {"micro_batch_size", 1}, {"global_batch_size", 1}, {"dropout", 0.0}, {"dtype", "fp32"}},
+                 "pp2.json");
+  QuickEstimate without = estimate(model, topology, plain, plan);
+  QuickEstimate e = estimate(model, topology, measured, plan);
+  REQUIRE(without.pp_comm_s > 0);
+  CHECK(e.pp_comm_s == Approx(3 * without.pp_comm_s).epsilon(0.01));
+  CHECK(e.step_time_s > without.step_time_s);
 }
 
 namespace {

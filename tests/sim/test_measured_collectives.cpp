@@ -40,6 +40,19 @@ CollectivePoint nccl_point(int64_t group, int64_t nodes, double bytes, double ti
   return {"all_reduce", "nccl", group, bytes, time_s, bytes / time_s, 0, "", nodes};
 }
 
+// The system of star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6): 8 devices on NVLink-like
+// links, 8 NICs a node, as a profile's measured.system.
+MeasuredSystem eight_nic_system() {
+  MeasuredSystem system;
+  system.devices_per_node = 8;
+  system.intra_node_bandwidth_bytes_per_s = 300e9;
+  system.intra_node_latency_s = 2e-6;
+  system.nics_per_node = 8;
+  system.nic_bandwidth_bytes_per_s = 25e9;
+  system.nic_latency_s = 3e-6;
+  return system;
+}
+
 // Log-log interpolation between two points, as CollectiveTable does.
 double log_log(double b0, double t0, double b1, double t1, double b) {
   double x = std::log(b / b0) / std::log(b1 / b0);
@@ -95,14 +108,7 @@ TEST_CASE("collective cost: a table measured on another system transfers by NCCL
   Topology four_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 4, 25e9, 3e-6));
   Topology eight_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
   DeviceProfile p = profile_with_tables(four_nics, {nccl_point(16, 2, 1e8, 6e-3), nccl_point(16, 2, 1e9, 50e-3)});
-  MeasuredSystem system;
-  system.devices_per_node = 8;
-  system.intra_node_bandwidth_bytes_per_s = 300e9;
-  system.intra_node_latency_s = 2e-6;
-  system.nics_per_node = 8;
-  system.nic_bandwidth_bytes_per_s = 25e9;
-  system.nic_latency_s = 3e-6;
-  p.measured->system = system;
+  p.measured->system = eight_nic_system();
   CollectiveCostModel model(p, four_nics);
   GroupShape two{16, 2, 8};
   double r = 50e-3 / nccl_time_s(OpKind::all_reduce, 1e9, two, link_figures(eight_nics));
@@ -208,14 +214,7 @@ TEST_CASE("collective cost: across nodes a table is read at the same bytes per u
   // Read at 8e9: past the table's sizes, its largest size's ratio.
   CHECK(model.time_s(OpKind::all_reduce, Algorithm::ring, 1e9, rail) ==
         Approx(r_at(1e9) * nccl_time_s(OpKind::all_reduce, 1e9, rail, links)));
-  MeasuredSystem system;
-  system.devices_per_node = 8;
-  system.intra_node_bandwidth_bytes_per_s = 300e9;
-  system.intra_node_latency_s = 2e-6;
-  system.nics_per_node = 8;
-  system.nic_bandwidth_bytes_per_s = 25e9;
-  system.nic_latency_s = 3e-6;
-  p.measured->system = system;
+  p.measured->system = eight_nic_system();
   CollectiveCostModel fewer_nics(p, four_nics);
   CHECK(fewer_nics.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, table) ==
         Approx(r_at(2e8) * nccl_time_s(OpKind::all_reduce, 1e8, table, link_figures(four_nics))));
@@ -225,6 +224,63 @@ TEST_CASE("collective cost: across nodes a table is read at the same bytes per u
   CHECK(in_node.time_s(OpKind::all_reduce, Algorithm::ring, 1e8, GroupShape{2, 1, 2}) ==
         Approx(log_log(1e7, 1e-3, 1e9, 8e-3, 1e8) / nccl_time_s(OpKind::all_reduce, 1e8, GroupShape{8, 1, 8}, links) *
                nccl_time_s(OpKind::all_reduce, 1e8, GroupShape{2, 1, 2}, links)));
+}
+
+TEST_CASE("collective cost: a send takes its measured point-to-point table's time", "[collective]") {
+  // nccl-tests sendrecv across 2 nodes of 8 NICs: the table over the α-β time on the measured
+  // system, times the α-β time on the predicted one; inside a node, without a table, the α-β time.
+  Topology eight_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  Topology four_nics = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 4, 25e9, 3e-6));
+  DeviceProfile p = profile_with_tables(eight_nics, {});
+  p.measured->p2p_inter_node = {{1e6, 200e-6, ""}, {1e8, 9e-3, ""}};
+  const LinkFigures l8 = link_figures(eight_nics), l4 = link_figures(four_nics);
+  auto alpha_beta = [](const LinkFigures& l, double bytes) {
+    return l.inter_latency_s + bytes / l.inter_bandwidth_bytes_per_s;
+  };
+  CollectiveCostModel model(p, eight_nics);
+  REQUIRE(model.has_p2p_tables());
+  CHECK(model.p2p_time_s(1e6, true) == Approx(200e-6));
+  CHECK(model.p2p_time_s(1e7, true) == Approx(log_log(1e6, 200e-6, 1e8, 9e-3, 1e7)));
+  CHECK(model.p2p_time_s(1e9, true) == Approx(9e-3 / alpha_beta(l8, 1e8) * alpha_beta(l8, 1e9)));  // past the table
+  CHECK(model.p2p_time_s(1e7, false) == Approx(l8.intra_latency_s + 1e7 / l8.intra_bandwidth_bytes_per_s));
+  // The flow's bytes scaled so that latency + scaled bytes / bandwidth is the table's time.
+  const double k = model.p2p_flow_scale(1e7, true);
+  CHECK(l8.inter_latency_s + k * 1e7 / l8.inter_bandwidth_bytes_per_s == Approx(model.p2p_time_s(1e7, true)));
+  CHECK(model.p2p_flow_scale(1e7, false) == 1);
+  // Measured on 8 NICs (measured.system), predicted on 4: half a NIC a device, twice the α-β bandwidth term.
+  p.measured->system = eight_nic_system();
+  CollectiveCostModel fewer(p, four_nics);
+  CHECK(fewer.p2p_time_s(1e8, true) == Approx(9e-3 / alpha_beta(l8, 1e8) * alpha_beta(l4, 1e8)));
+  CHECK(*fewer.measured_system_p2p_time_s(1e8, true) == Approx(9e-3));
+  CHECK_FALSE(fewer.measured_system_p2p_time_s(1e8, false));
+  // A profile that runs in order (a CPU's) has its send tables in its link fits: not applied again.
+  DeviceProfile in_order = p;
+  in_order.execution_in_order = true;
+  CollectiveCostModel cpu(in_order, eight_nics);
+  CHECK_FALSE(cpu.has_p2p_tables());
+  CHECK(cpu.p2p_time_s(1e7, true) == Approx(alpha_beta(l8, 1e7)));
+}
+
+TEST_CASE("components: a send table's points are checked as the cost model reads them", "[collective]") {
+  Topology t = parse_test_topology(star_topology_json(2, 8, 300e9, 2e-6, 8, 25e9, 3e-6));
+  DeviceProfile p = profile_with_tables(t, {});
+  const LinkFigures l = link_figures(t);
+  // 1.2 times the α-β time at every size: inside, log-log across the point's gap; the ends, exactly.
+  for (double bytes = 1e5; bytes < 2e9; bytes *= 2) {
+    const double alpha_beta = l.inter_latency_s + bytes / l.inter_bandwidth_bytes_per_s;
+    p.measured->p2p_inter_node.push_back({bytes, 1.2 * alpha_beta, ""});
+  }
+  std::vector<ComponentCheck> checks = check_components(p, t);
+  size_t sends = 0;
+  for (const ComponentCheck& c : checks) {
+    if (c.family != "p2p") continue;
+    ++sends;
+    INFO(c.what);
+    CHECK(c.what.rfind("send across nodes ", 0) == 0);
+    CHECK(std::abs(c.relative_error()) < 0.07);
+    if (c.what == "send across nodes 100000 B") CHECK(std::abs(c.relative_error()) < 1e-9);
+  }
+  CHECK(sends == p.measured->p2p_inter_node.size());
 }
 
 TEST_CASE("components: an nccl table's end points are checked as the cost model extrapolates them",
@@ -296,6 +352,34 @@ TEST_CASE("sim: a measured table faster than the links shrinks a dp all_reduce's
   SimulationOutput out = dp_all_reduce_measured(t, bytes, measured);
   CHECK(out.step_time_s == Approx(measured).epsilon(1e-6));
   CHECK(out.correction_min == Approx(0.8).epsilon(1e-6));
+}
+
+TEST_CASE("sim: a send across nodes takes its measured point-to-point table's time (full)", "[sim]") {
+  // pp 2 on 2 nodes of one device: stage 0 sends 64 MB to stage 1. The profile's sendrecv table
+  // measured it at 1.7 times the α-β time.
+  Topology t = parse_test_topology(star_topology_json(2, 1, 100e9, 2e-6, 1, 25e9, 3e-6));
+  const double bytes = 64e6;
+  StepProgram program = empty_program(1, 1, 2, 1);
+  Op send;
+  send.kind = OpKind::send;
+  send.stream = Stream::p2p;
+  send.peer = Peer::pp_next;
+  send.tag = 7;
+  send.bytes = bytes;
+  push_op(program.roles[0], send);
+  Op recv = send;
+  recv.kind = OpKind::recv;
+  recv.peer = Peer::pp_prev;
+  push_op(program.roles[1], recv);
+  SimulateOptions o;
+  o.mode = SimMode::full;
+  const LinkFigures l = link_figures(t);
+  auto alpha_beta = [&](double b) { return l.inter_latency_s + b / l.inter_bandwidth_bytes_per_s; };
+  DeviceProfile measured = profile_with_tables(t, {});
+  measured.measured->p2p_inter_node = {{bytes / 4, 1.7 * alpha_beta(bytes / 4), ""},
+                                       {bytes, 1.7 * alpha_beta(bytes), ""}};
+  // (Without the table the flow takes the α-β time: the collective cases above.)
+  CHECK(simulate_program(program, t, measured, o).step_time_s == Approx(1.7 * alpha_beta(bytes)).epsilon(1e-6));
 }
 
 TEST_CASE("sim: in order a collective takes its table's time at its operands' reuse, plus the executor's copy",
