@@ -191,6 +191,18 @@ namespace {
 constexpr double kNcclRingBase = 6.6e-6, kNcclTreeBase = 6.8e-6;
 constexpr double kNcclNvlinkStep = 0.6e-6, kNcclMultiNodeLL = 1.8;
 constexpr double kNcclNetRingStep = 2.7e-6, kNcclNetTreeLevel = 5.0e-6;
+// The tuner's correction of the tree's bandwidth by size ("Trees are not perfectly sticking to
+// the model for medium sizes", src/graph/tuning.cc, treeCorrectionFactor, its Simple protocol's
+// row, the protocol whose bandwidth the tree's term is): index ⌊log2(bytes / 64)⌋, 64 B up to
+// 256 MiB; outside, 1.
+constexpr double kNcclTreeCorrection[23] = {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
+                                            .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9};
+
+double nccl_tree_correction(double bytes) {
+  int log_size = -1;  // NCCL's log2i(bytes >> 6): −1 below 64 B
+  for (double b = bytes / 64; b >= 1; b /= 2) ++log_size;
+  return log_size >= 0 && log_size < 23 ? kNcclTreeCorrection[log_size] : 1.0;
+}
 
 double nccl_intra_step(const GroupShape& shape) {
   return shape.nodes > 1 ? kNcclNvlinkStep * kNcclMultiNodeLL : kNcclNvlinkStep;
@@ -227,7 +239,7 @@ double nccl_tree_time_s(double bytes, const GroupShape& shape, const LinkFigures
   int64_t levels = 0;  // NCCL's log2i: the floor
   for (int64_t nodes = shape.nodes; nodes > 1; nodes /= 2) ++levels;
   const double latency = kNcclTreeBase + 2 * ((k - 1) * nccl_intra_step(shape) + double(levels) * kNcclNetTreeLevel);
-  return nccl_transfer_s(volume, shape, links) / 0.92 + latency;
+  return nccl_transfer_s(volume, shape, links) / (0.92 * nccl_tree_correction(bytes)) + latency;
 }
 
 double nccl_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links) {

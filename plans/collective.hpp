@@ -82,9 +82,11 @@ double collective_time_s(OpKind kind, Algorithm algorithm, double bytes, const G
 // One member per node: the plain ring over the NICs. all_to_all: its pairwise time
 // (collective_time_s).
 double nccl_ring_time_s(OpKind kind, double bytes, const GroupShape& shape, const LinkFigures& links);
-// NCCL's tree all_reduce as its tuner models it (src/graph/tuning.cc, ncclTopoTuneModel): the
-// bus volume of the ring at 1/0.92 of its bandwidth (the tuner's tree factor; its algorithm
-// bandwidth is half the bus bandwidth, so the volume is 2S rather than 2(n−1)/n·S), and a
+// NCCL's tree all_reduce as its tuner models it (src/graph/tuning.cc, ncclTopoTuneModel and
+// ncclTopoGetAlgoTime): the bus volume of the ring at 1/0.92 of its bandwidth (the tuner's tree
+// factor; its algorithm bandwidth is half the bus bandwidth, so the volume is 2S rather than
+// 2(n−1)/n·S), times the tuner's correction at mid sizes (treeCorrectionFactor, Simple: 0.5 from
+// 128 KiB to 2 MiB, 0.8 at 64 MiB, 1 from 512 MiB), and a
 // latency that grows with the log of the nodes, 6.8 µs + 2·((k − 1)·intra + ⌊log2 N⌋·5.0 µs)
 // (intra as the ring's), where the ring's grows with the ranks. Across nodes only.
 double nccl_tree_time_s(double bytes, const GroupShape& shape, const LinkFigures& links);

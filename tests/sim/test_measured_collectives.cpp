@@ -148,6 +148,13 @@ TEST_CASE("collective cost: NCCL's tree takes an all_reduce across many nodes wh
         Approx(6.6e-6 + (2 * 12287 - 2 * 1535) * intra + 2 * 1535 * 2.7e-6));
   CHECK(nccl_time_s(OpKind::all_reduce, bytes, world, links) == Approx(tree));
   CHECK(tree < ring / 100);
+  // The tuner's correction of the tree at mid sizes (treeCorrectionFactor, Simple): 0.8 at 64 MiB,
+  // 0.5 at 1 MiB, none from 512 MiB.
+  const double tree_latency = 6.8e-6 + 2 * (7 * intra + 10 * 5e-6);
+  for (auto [size, factor] : {std::pair{67108864.0, 0.8}, {1048576.0, 0.5}, {1073741824.0, 1.0}}) {
+    CHECK(nccl_tree_time_s(size, world, links) ==
+          Approx(2 * size / (8 * links.inter_bandwidth_bytes_per_s) / (0.92 * factor) + tree_latency));
+  }
   // ⌊log2 3⌋ = 1, as NCCL's log2i.
   CHECK(nccl_tree_time_s(bytes, GroupShape{24, 3, 8}, links) ==
         Approx(2 * bytes / (8 * links.inter_bandwidth_bytes_per_s) / 0.92 + 6.8e-6 + 2 * (7 * intra + 5e-6)));
