@@ -106,7 +106,7 @@ class CpRingClock {
  public:
   // A transfer takes `sends`' point-to-point time (CollectiveCostModel::p2p_time_s: the link
   // with the profile's link fractions, and its measured send table where it has one) on the
-  // ring's slowest hop: across nodes where the ring spans them.
+  // ring's slowest hop: across nodes where the ring spans them. `sends` outlives the clock.
   CpRingClock(const CollectiveCostModel& sends, bool across_nodes) : sends_(&sends), across_(across_nodes) {}
   // An op of the compute stream taking `seconds`, after the ring blocks it reads.
   void compute(const Op& op, double seconds);
