@@ -167,24 +167,18 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     reuse_order.check(i, {c.kind, c.algorithm, c.group_size, c.nodes, c.reuse_distance_bytes}, c.bytes);
     t.collective_reuse.push_back(c);
   });
-  Order<int, double> p2p_order(reader, "p2p_points", "bytes");
-  read_points(reader, json, "p2p_points", [&](ObjectReader& p, size_t i) {
-    P2pPoint q;
-    q.bytes = p.get_number("bytes", 0, true);
-    q.time_s = point_time(p, "bandwidth_bytes_per_s", q.bytes);
-    q.source = read_source(p, sources);
-    p2p_order.check(i, 0, q.bytes);
-    t.p2p.push_back(q);
-  });
-  Order<int, double> inter_order(reader, "p2p_inter_node_points", "bytes");
-  read_points(reader, json, "p2p_inter_node_points", [&](ObjectReader& p, size_t i) {
-    P2pPoint q;
-    q.bytes = p.get_number("bytes", 0, true);
-    q.time_s = point_time(p, "bandwidth_bytes_per_s", q.bytes);
-    q.source = read_source(p, sources);
-    inter_order.check(i, 0, q.bytes);
-    t.p2p_inter_node.push_back(q);
-  });
+  // Send tables: inside a node, across nodes.
+  for (auto [key, points] : {std::pair{"p2p_points", &t.p2p}, std::pair{"p2p_inter_node_points", &t.p2p_inter_node}}) {
+    Order<int, double> order(reader, key, "bytes");
+    read_points(reader, json, key, [&](ObjectReader& p, size_t i) {
+      P2pPoint q;
+      q.bytes = p.get_number("bytes", 0, true);
+      q.time_s = point_time(p, "bandwidth_bytes_per_s", q.bytes);
+      q.source = read_source(p, sources);
+      order.check(i, 0, q.bytes);
+      points->push_back(q);
+    });
+  }
   Order<std::tuple<std::string, std::string, int64_t, bool>, int64_t> attention_order(
       reader, "attention_points", "seq");
   read_points(reader, json, "attention_points", [&](ObjectReader& p, size_t i) {
@@ -269,16 +263,13 @@ Json measured_to_json(const MeasuredTables& t) {
       (list == &t.collectives ? collectives : reuse).push_back(j);
     }
   }
-  for (const P2pPoint& q : t.p2p) {
-    Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
-    put_source(j, q.source);
-    p2p.push_back(j);
-  }
   Json p2p_inter = Json::array();
-  for (const P2pPoint& q : t.p2p_inter_node) {
-    Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
-    put_source(j, q.source);
-    p2p_inter.push_back(j);
+  for (auto [points, into] : {std::pair{&t.p2p, &p2p}, std::pair{&t.p2p_inter_node, &p2p_inter}}) {
+    for (const P2pPoint& q : *points) {
+      Json j = {{"bytes", q.bytes}, {"time_s", q.time_s}, {"bandwidth_bytes_per_s", q.bytes / q.time_s}};
+      put_source(j, q.source);
+      into->push_back(j);
+    }
   }
   for (const AttentionPoint& a : t.attention) {
     Json j = {{"pass", a.pass}, {"seq", a.seq}, {"head_dim", a.head_dim}, {"causal", a.causal},
