@@ -168,7 +168,9 @@ MeasuredTables parse_measured(ObjectReader& reader, const Json& json,
     t.collective_reuse.push_back(c);
   });
   // Send tables: inside a node, across nodes.
-  for (auto [key, points] : {std::pair{"p2p_points", &t.p2p}, std::pair{"p2p_inter_node_points", &t.p2p_inter_node}}) {
+  for (const auto& table : {std::pair{"p2p_points", &t.p2p}, std::pair{"p2p_inter_node_points", &t.p2p_inter_node}}) {
+    const char* key = table.first;
+    std::vector<P2pPoint>* points = table.second;  // (a plain variable: lambdas capture it under C++17)
     Order<int, double> order(reader, key, "bytes");
     read_points(reader, json, key, [&](ObjectReader& p, size_t i) {
       P2pPoint q;
