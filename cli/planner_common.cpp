@@ -323,14 +323,15 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm, c
   }
   space.fp8.format = fp8 == "e4m3" ? Fp8Format::e4m3 : fp8 == "hybrid" ? Fp8Format::hybrid : Fp8Format::none;
   std::string recipe = vm["fp8-recipe"].as<std::string>();
-  if (recipe != "delayed" && recipe != "tensorwise") {
-    throw InputError("command line: --fp8-recipe '" + recipe + "': valid: delayed, tensorwise");
+  const std::optional<Fp8Scaling> scaling = parse_fp8_scaling(recipe);
+  if (!scaling) {
+    throw InputError("command line: --fp8-recipe '" + recipe + "': valid: delayed, tensorwise, mxfp8");
   }
-  if (recipe == "tensorwise" && !space.fp8.enabled()) {
-    throw InputError("command line: --fp8-recipe 'tensorwise' without --fp8: valid: --fp8 e4m3 or hybrid beside it, "
-                     "or no --fp8-recipe");
+  if (*scaling != Fp8Scaling::delayed && !space.fp8.enabled()) {
+    throw InputError("command line: --fp8-recipe '" + recipe + "' without --fp8: valid: --fp8 e4m3 or hybrid beside "
+                     "it, or no --fp8-recipe");
   }
-  space.fp8.scaling = recipe == "tensorwise" ? Fp8Scaling::current : Fp8Scaling::delayed;
+  space.fp8.scaling = *scaling;
   read_moe_search_options(vm, space);
   return space;
 }

@@ -1,9 +1,10 @@
-// The CPU kernels' FP8 emulation (cpu_kernels.hpp): casts to the e4m3 / e5m2 grids, GEMMs that
-// decode 64×64 blocks of codes into the caller's scratch and multiply them with cblas, and the
-// delayed-scaling update.
+// The CPU kernels' FP8 emulation (cpu_kernels.hpp): casts to the e4m3 / e5m2 grids (per-tensor
+// scales, and MXFP8's per-block ones), GEMMs that decode 64×64 blocks of codes into the caller's
+// scratch and multiply them with cblas, and the delayed-scaling update.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
 
 #include "cpu_kernels.hpp"
 #include "errors.hpp"
@@ -18,14 +19,22 @@ const std::array<double, 256>& decode_table(Fp8Storage format) {
   return format == Fp8Storage::e4m3 ? e4m3 : e5m2;
 }
 
+// The value of stored element (r, c) of x (an MX operand's scaled by its block's scale; a
+// per-tensor operand's code alone, its scale undone by the GEMM's alpha).
+template <class T>
+double stored_value(const Fp8Operand<T>& x, const std::array<double, 256>& table, int64_t r, int64_t c) {
+  if (!x.mx) return table[x.codes[r * x.ld + c]];
+  const MxLayout layout{x.ld, x.columnwise};
+  return table[x.codes[layout.code(r, c)]] * mx_dequantize_factor(x.codes[layout.scale(r, c)]);
+}
+
 // Rows [r0, r0 + rows) and columns [c0, c0 + cols) of op(X) decoded into out[rows, cols].
 template <class T>
 void decode_block(const Fp8Operand<T>& x, bool trans, int64_t r0, int64_t rows, int64_t c0, int64_t cols, T* out) {
   const std::array<double, 256>& table = decode_table(x.format);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
-      int64_t i = trans ? (c0 + c) * x.ld + (r0 + r) : (r0 + r) * x.ld + (c0 + c);
-      out[r * cols + c] = T(table[x.codes[i]]);
+      out[r * cols + c] = T(trans ? stored_value(x, table, c0 + c, r0 + r) : stored_value(x, table, r0 + r, c0 + c));
     }
   }
 }
@@ -40,6 +49,30 @@ void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage fo
     y[i] = fp8_encode(fp8_round(double(x[i] * scale), format), format);
   }
   *amax = most;
+}
+
+template <class T>
+void mx_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, bool columnwise, Fp8Storage format) {
+  STEPCAST_CHECK(rows % kMxBlock == 0 && cols % kMxBlock == 0,
+                 "an MX tensor of " + std::to_string(rows) + " x " + std::to_string(cols) + " (not multiples of 32)");
+  const MxLayout layout{cols, columnwise};
+  // Block (r, c): 32 elements from element (r, c) along the row, or down the column.
+  const int64_t step_r = columnwise ? 1 : 0, step_c = columnwise ? 0 : 1;
+  for (int64_t r = 0; r < rows; r += columnwise ? kMxBlock : 1) {
+    for (int64_t c = 0; c < cols; c += columnwise ? 1 : kMxBlock) {
+      double amax = 0;
+      for (int64_t i = 0; i < kMxBlock; ++i) {
+        amax = std::max(amax, double(std::fabs(x[(r + i * step_r) * cols + c + i * step_c])));
+      }
+      const uint8_t e = mx_scale_exponent(amax, format);
+      const double factor = mx_quantize_factor(e);
+      y[layout.scale(r, c)] = e;
+      for (int64_t i = 0; i < kMxBlock; ++i) {
+        const int64_t rr = r + i * step_r, cc = c + i * step_c;
+        y[layout.code(rr, cc)] = fp8_encode(fp8_round(double(x[rr * cols + cc]) * factor, format), format);
+      }
+    }
+  }
 }
 
 template <class T>
@@ -107,7 +140,7 @@ void fp8_linear_backward_weight(const Fp8Operand<T>& dy, const Fp8Operand<T>& x,
   const std::array<double, 256>& table = decode_table(dy.format);
   for (int64_t o = 0; o < out; ++o) {
     double sum = 0;
-    for (int64_t t = 0; t < tokens; ++t) sum += table[dy.codes[t * dy.ld + o]];
+    for (int64_t t = 0; t < tokens; ++t) sum += stored_value(dy, table, t, o);
     dbias[o] += T(sum / double(dy.scale));
   }
 }
@@ -125,6 +158,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
 
 #define STEPCAST_CPU_KERNELS_FP8(T)                                                                                   \
   template void fp8_cast<T>(const T*, uint8_t*, int64_t, T, T*, Fp8Storage);                                          \
+  template void mx_cast<T>(const T*, uint8_t*, int64_t, int64_t, bool, Fp8Storage);                                  \
   template void fp8_absmax<T>(const T*, int64_t, T*, bool);                                                           \
   template void fp8_set_current_scale<T>(const T*, T*, Fp8Storage);                                                  \
   template void fp8_gemm<T>(bool, bool, int64_t, int64_t, int64_t, const Fp8Operand<T>&, const Fp8Operand<T>&, T, T*, \

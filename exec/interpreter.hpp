@@ -113,9 +113,10 @@ class Interpreter {
     return role_.ops[size_t(arena_.alloc_of(name, op.id))].dtype;
   }
   int64_t element_bytes(const std::string& name, const Op& op) const { return dtype_bytes(dtype(name, op)); }
-  // Elements of the buffer, in its own dtype.
+  // Elements of the buffer, in its own dtype (an MX buffer's codes, its scales not counted).
   int64_t count(const std::string& name, const Op& op) const {
-    return arena_.bytes_of(arena_.alloc_of(name, op.id)) / element_bytes(name, op);
+    const int64_t bytes = arena_.bytes_of(arena_.alloc_of(name, op.id));
+    return is_mx_storage(dtype(name, op)) ? bytes / (kMxBlock + 1) * kMxBlock : bytes / element_bytes(name, op);
   }
   // The op's operands by slot.
   const Operands& operands(const Op& op) const { return operands_[size_t(op.id)]; }
@@ -185,6 +186,10 @@ class Interpreter {
   Fp8Codes<W> fp8_codes(const std::string& name, const Op& op, int32_t slot);
   void fp8_activation(const Op& op);
   void fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
+  // MXFP8 (interpreter_mx.cpp; fp8.hpp): the casts into MX buffers and the GEMMs on them.
+  Fp8Codes<W> mx_codes(const std::string& name, const Op& op, bool columnwise, int64_t element_offset = 0);
+  void mx_activation(const Op& op);
+  void mx_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
   void fp8_step_end(const Op& op);
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};

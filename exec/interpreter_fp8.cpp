@@ -42,12 +42,13 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
+  if (p_.fp8.mx()) return mx_activation(op);
   if (op.name == OpName::fp8_transpose) {  // [x8] → [x8t]: a wgrad operand's
     backend_.fp8_transpose(codes(in(op, "x8"), op), codes(out(op, "x8t"), op), op.m, op.n);
     return;
   }
   if (op.name == OpName::fp8_weights_transpose) {  // [w8] → [w8t]: each linear weight's codes transposed
-    const std::string& w8 = in(op, "w8");
+    const std::string& w8 = in(op, "w");
     const std::string& w8t = out(op, "w8t");
     const GroupLayout& layout = layouts_.at(group_of_buffer(w8));
     auto transpose = [&](const std::string& name) {
@@ -120,6 +121,7 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor) {
+  if (p_.fp8.mx()) return mx_gemm(op, weight_tensor, bias_tensor);
   const int32_t a = op.fp8_slots[0], b = op.fp8_slots[1];
   const bool bias = bias_tensor[0] != '\0';
   // The weight tensor's codes inside the layer's FP8 copy (laid out as its weights).

@@ -19,6 +19,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <string>
 
 namespace stepcast {
@@ -28,11 +30,15 @@ namespace stepcast {
 enum class Fp8Format { none, e4m3, hybrid };
 // How the scale's amax comes from the history (Megatron's --fp8-amax-compute-algo).
 enum class Fp8AmaxAlgo { most_recent, max };
-// Where a scale comes from (Megatron's --fp8-recipe: delayed, tensorwise).
-enum class Fp8Scaling { delayed, current };
+// Where a scale comes from (Megatron's --fp8-recipe: delayed, tensorwise, mxfp8): a tensor's
+// scale from an amax history, from the tensor's own amax, or one E8M0 scale per block of 32
+// elements (MXFP8, below).
+enum class Fp8Scaling { delayed, current, mxfp8 };
 const char* to_string(Fp8Format format);
 const char* to_string(Fp8AmaxAlgo algo);
-const char* to_string(Fp8Scaling scaling);  // "delayed", "tensorwise"
+const char* to_string(Fp8Scaling scaling);  // "delayed", "tensorwise", "mxfp8"
+// The scaling of a recipe name (to_string's), nullopt for any other.
+std::optional<Fp8Scaling> parse_fp8_scaling(const std::string& recipe);
 
 struct Fp8Recipe {
   Fp8Format format = Fp8Format::none;
@@ -43,6 +49,8 @@ struct Fp8Recipe {
   int64_t margin = 0;  // scale = fp8_max / amax / 2^margin
   bool enabled() const { return format != Fp8Format::none; }
   bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }
+  bool current() const { return enabled() && scaling == Fp8Scaling::current; }
+  bool mx() const { return enabled() && scaling == Fp8Scaling::mxfp8; }
 };
 
 // The FP8 tensors of one transformer layer: the input (x) and weight (w) of each linear layer
@@ -149,5 +157,55 @@ X fp8_current_scale(X amax, Fp8Storage f) {
   X scale = X(fp8_max(f)) / amax;
   return std::isfinite(scale) ? scale : X(1);
 }
+
+// ---- MXFP8 (fp8_recipe "mxfp8"; Transformer Engine's MXFP8BlockScaling, the OCP MX format) ----
+// Every 32 consecutive elements along a row (row-wise) or down a column (column-wise) share one
+// E8M0 scale: a biased power-of-two exponent e, 2^(e − 127), one byte. A GEMM reads each operand
+// blocked along its reduction dimension, so a linear layer's tensors are quantized twice from
+// their high-precision values: x and w row-wise for the forward, d_y row-wise and w column-wise
+// for dgrad, x and d_y column-wise for wgrad (the column-wise copy is not made from the row-wise
+// codes, unlike a per-tensor scale's transpose).
+//
+// Storage of an MX tensor [rows, cols] (both multiples of 32), its "mxfp8_e4m3" / "mxfp8_e5m2"
+// buffer of rows·cols·33/32 bytes: rows/32 blocks of 32 rows, block b at b·33·cols: its 32·cols
+// codes row-major, then cols scale bytes (row-wise: row r's cols/32 scales, r = 0..31; column-wise:
+// one per column). A buffer's shards along its rows are whole blocks, so a sequence-parallel
+// all_gather of them is the gathered tensor's storage.
+constexpr int64_t kMxBlock = 32;
+
+struct MxLayout {
+  int64_t cols;
+  bool columnwise;
+  int64_t block(int64_t r) const { return (r / kMxBlock) * (kMxBlock + 1) * cols; }
+  int64_t code(int64_t r, int64_t c) const { return block(r) + (r % kMxBlock) * cols + c; }
+  int64_t scale(int64_t r, int64_t c) const {
+    return block(r) + kMxBlock * cols + (columnwise ? c : (r % kMxBlock) * (cols / kMxBlock) + c / kMxBlock);
+  }
+};
+
+// The storage bytes of an MX tensor of `elements`.
+constexpr int64_t mx_bytes(int64_t elements) { return elements + elements / kMxBlock; }
+
+// A block's scale exponent from its largest magnitude (TE's float_to_e8m0(amax · max_norm_rcp),
+// transformer_engine/common/util/ptx.cuh, and Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the fp32
+// product amax·(1/fp8_max), its exponent rounded up to the next power of two; 0 for 0, 0xFE for
+// infinity, 0xFF for NaN.
+inline uint8_t mx_scale_exponent(double amax, Fp8Storage f) {
+  const float v = float(amax) * (1.0f / float(fp8_max(f)));
+  if (std::isnan(v)) return 0xFF;
+  if (std::isinf(v)) return 0xFE;
+  if (v == 0.0f) return 0;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  uint32_t exponent = (bits >> 23) & 0xFF;
+  const uint32_t mantissa = bits & 0x7FFFFF;
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000)) ++exponent;
+  return uint8_t(exponent);
+}
+
+// What a block's values are multiplied by before rounding (TE's exp2f_rcp: 2^(127 − e), 1 for e = 0)
+// and what its codes' values are multiplied by when read (2^(e − 127), as the tensor cores do).
+inline double mx_quantize_factor(uint8_t e) { return e == 0 ? 1.0 : std::ldexp(1.0, 127 - int(e)); }
+inline double mx_dequantize_factor(uint8_t e) { return std::ldexp(1.0, int(e) - 127); }
 
 }  // namespace stepcast

@@ -94,9 +94,11 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
   dropout = p.dropout > 0;
   fp8 = p.fp8.enabled();
-  fp8_transposed = fp8 && topo.node.device.fp8_transposed_copies;
-  fp8_forward = Dtype::fp8_e4m3;
-  fp8_backward = p.fp8.format == Fp8Format::hybrid ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
+  mx = p.fp8.mx();
+  fp8_transposed = fp8 && (mx || topo.node.device.fp8_transposed_copies);
+  fp8_forward = mx ? Dtype::mxfp8_e4m3 : Dtype::fp8_e4m3;
+  const bool e5m2 = p.fp8.format == Fp8Format::hybrid;
+  fp8_backward = mx ? (e5m2 ? Dtype::mxfp8_e5m2 : Dtype::mxfp8_e4m3) : (e5m2 ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3);
   fp8_slots = fp8_slot_layout(m, p);
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
   if (m.is_moe()) moe = moe_shape(m, p, s_local * b);
@@ -201,7 +203,7 @@ Fp8SlotLayout fp8_slot_layout(const ModelConfig& model, const Plan& plan) {
   Fp8SlotLayout l;
   if (!plan.fp8.enabled()) return l;
   l.layers = model.num_hidden_layers;
-  l.current = !plan.fp8.delayed();
+  l.current = plan.fp8.current();
   if (l.current) {
     l.inputs = most_microbatches_held(plan);
     if (model.is_moe()) l.experts_local = model.num_experts / plan.moe.ep_size;
@@ -251,6 +253,10 @@ Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current) {
   return {(2 * reads + 1) * linear, linear * (reads * dtype_bytes(act) + 1), 2 * linear};
 }
 
+Fp8WeightsCast mx_weights_cast(double linear, Dtype act, int copies) {
+  return {3.0 * copies * linear, linear * dtype_bytes(act) + copies * double(mx_bytes(int64_t(linear))), 0};
+}
+
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
   if (!ctx.fp8) return "";
   rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
@@ -259,7 +265,7 @@ std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
              Phase::forward, true);
   }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-    rb.alloc(meta, BufferClass::weights, ctx.wide, {ctx.fp8_slots.count()}, Phase::forward, true);
+    if (!ctx.mx) rb.alloc(meta, BufferClass::weights, ctx.wide, {ctx.fp8_slots.count()}, Phase::forward, true);
   }
   return "fp8w.L0";
 }
@@ -311,7 +317,13 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
   // one made already (d_y's by its fp8_cast_transpose; x's by fp8_transposed where wgrads share
   // it) or one made here by fp8_transposed and freed after the GEMM.
   std::vector<BufferName> transposed;
-  if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
+  if (ctx_.mx && grad == Grad::wgrad) {
+    // MXFP8: the wgrad reads x's and d_y's column-wise copies; the caller passes x's (kept from the
+    // forward), d_y's is its cast's "_T" output.
+    STEPCAST_CHECK(inputs.size() == 2 && rb_.is_live(fp8_transposed_operand_name(inputs[1])),
+                   "an MX wgrad reads x and d_y's column-wise copy");
+    inputs[1] = fp8_transposed_operand_name(inputs[1]);
+  } else if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
     STEPCAST_CHECK(inputs.size() == 2, "an FP8 wgrad reads x and d_y");
     for (size_t i = 0; i < 2; ++i) {
       const std::string t = fp8_transposed_operand_name(inputs[i]);
@@ -332,7 +344,7 @@ void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, boo
                   experts ? slots.expert_slot(at.layer, at.microbatch, b) : slots.slot(at.layer, at.microbatch, b)};
   const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   const double m = double(op.m), n = double(op.n), k = double(op.k);
-  op.bytes = m * k + k * n + m * n * out_bytes;
+  op.bytes = storage_bytes(ctx_.fp8_forward, m * k + k * n) + m * n * out_bytes;
 }
 
 std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, int64_t rows) {
@@ -349,12 +361,35 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
   return t;
 }
 
+std::string OpEmitter::mx_cast(const OpSite& at, const std::string& x, const std::string& name, int32_t slot,
+                               bool gradient, BufferClass buffer_class, bool columnwise) {
+  const OpShape shape = rb_.live_shape(x);
+  const Dtype format = gradient ? ctx_.fp8_backward : ctx_.fp8_forward;
+  const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  std::vector<BufferName> outputs = {name};
+  rb_.alloc(name, columnwise ? BufferClass::workspace : buffer_class, format, shape, at.phase);
+  if (columnwise) {
+    outputs.push_back(fp8_transposed_operand_name(name));
+    rb_.alloc(outputs.back(), buffer_class, format, shape, at.phase);
+  }
+  // Each block's |x|, maximum and scaled rounding: three flops an element a copy (x read once).
+  int32_t id = compute(at, OpKind::activation, columnwise ? OpName::fp8_cast_transpose : OpName::fp8_cast,
+                       3 * elements * double(outputs.size()), {x}, outputs);
+  Op& op = const_cast<Op&>(rb_.role().ops[size_t(id)]);
+  op.fp8_slots = {slot, -1};
+  op.m = int64_t(elements) / cols;
+  op.n = cols;
+  return name;
+}
+
 std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                                 BufferClass buffer_class, bool amax_over_tp, bool transposed,
                                 const std::string& counts) {
   const int32_t slot = counts.empty() ? ctx_.fp8_slots.slot(at.layer, at.microbatch, kind)
                                       : ctx_.fp8_slots.expert_slot(at.layer, at.microbatch, kind);
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
+  if (ctx_.mx) return mx_cast(at, x, name, slot, is_gradient_slot(kind), buffer_class, transposed);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it
     std::vector<BufferName> amax_inputs = {x, "fp8.amax"};

@@ -32,9 +32,9 @@ std::set<std::string> kept_buffers(const LowerContext& c, KeepMode keep) {
   if (c.fp8) {  // a linear layer keeps its FP8 input (Transformer Engine); ctx stays for flash
     for (const char* stem : {"ln1", "ln2", "act"}) {
       all.erase(stem);
-      all.insert(std::string(stem) + "_f8");
+      all.insert(c.fp8_kept(stem));
     }
-    all.insert("ctx_f8");
+    all.insert(c.fp8_kept("ctx"));
     if (c.plan.attention_impl != AttentionImpl::flash) all.erase("ctx");
   }
   if (keep == KeepMode::all_for_backward) return all;
@@ -208,14 +208,15 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   auto linear_input = [&](const std::string& stem, Fp8Slot kind, OpName gather) {
     std::string x = n(stem);
     if (fp8) {
-      x = e.fp8_cast(at, x, n(stem + "_f8"), kind,
-                     kept.count(stem + "_f8") ? BufferClass::activations : BufferClass::workspace, sp);
+      const bool keep8 = kept.count(c.fp8_kept(stem)) > 0;
+      x = e.fp8_cast(at, x, n(stem + "_f8"), kind, keep8 ? BufferClass::activations : BufferClass::workspace, sp,
+                     c.mx && keep8);
       done(stem);
     }
     if (!sp) return x;
     e.alloc(x + "_full", BufferClass::workspace, e.builder().live_dtype(x), full, at.phase);
     e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather,
-                 tokens * c.h * dtype_bytes(e.builder().live_dtype(x)), {x}, {x + "_full"});
+                 storage_bytes(e.builder().live_dtype(x), tokens * c.h), {x}, {x + "_full"});
     return x + "_full";
   };
   // A column-parallel GEMM's operands: under FP8 its bias is read from the weights beside the
@@ -263,7 +264,10 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
 
   // Attention output projection, its tensor-parallel reduction, dropout and residual.
   std::string ctx = n("ctx");
-  if (fp8) ctx = e.fp8_cast(at, ctx, n("ctx_f8"), Fp8Slot::attn_out_x, BufferClass::activations);
+  if (fp8) {
+    ctx = e.fp8_cast(at, ctx, n("ctx_f8"), Fp8Slot::attn_out_x, BufferClass::activations, false,
+                     c.mx && kept.count(c.fp8_kept("ctx")));
+  }
   e.alloc(n("attn_partial"), BufferClass::workspace, c.act, full, at.phase);
   e.linear(at, OpName::attn_out, Grad::none, c.s * c.b, c.h, c.heads_local * c.d, {ctx, wl}, {n("attn_partial")},
            Fp8Slot::attn_out_x, Fp8Slot::attn_out_w);
@@ -320,8 +324,9 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   done("up");
   std::string act = n("act");
   if (fp8) {
+    const bool keep8 = kept.count(c.fp8_kept("act")) > 0;
     act = e.fp8_cast(at, act, n("act_f8"), Fp8Slot::mlp_down_x,
-                     kept.count("act_f8") ? BufferClass::activations : BufferClass::workspace);
+                     keep8 ? BufferClass::activations : BufferClass::workspace, false, c.mx && keep8);
     done("act");
   }
   e.alloc(n("mlp_partial"), BufferClass::workspace, c.act, full, at.phase);
@@ -373,7 +378,7 @@ void emit_mlp_input_backward(OpEmitter& e, const OpSite& at, const std::string& 
     e.free(d, bwd);
   };
   // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
-  const bool shared_t = fp8 && c.fp8_transposed && swiglu;
+  const bool shared_t = fp8 && c.fp8_transposed && !c.mx && swiglu;
   const std::string x_t = shared_t ? e.fp8_transposed(at, x, rows) : "";
   const std::string d_up = prefix + "d_up", d_gate = prefix + "d_gate";
   const std::string d_up8 = grad_in(d_up, Fp8Slot::mlp_up_d);
@@ -463,11 +468,11 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   };
   // A linear layer's kept input (its FP8 copy under FP8), gathered again under SP.
   auto regather = [&](std::string stem, OpName gather) {
-    if (fp8) stem += "_f8";
+    if (fp8) stem = c.fp8_kept(stem);
     if (!sp) return n(stem);
     Dtype dtype = e.builder().live_dtype(n(stem));
     e.alloc(n(stem + "_full"), BufferClass::workspace, dtype, full, bwd);
-    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather, tokens * c.h * dtype_bytes(dtype),
+    e.collective(at, OpKind::all_gather, GroupKind::tp, Stream::compute, gather, storage_bytes(dtype, tokens * c.h),
                  {n(stem)}, {n(stem + "_full")});
     return n(stem + "_full");
   };
@@ -488,7 +493,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   } else {
     std::string d_mlp = branch_grad("mask2", "d_mlp", OpName::mlp_bias_grad, OpName::sp_d_mlp);
     std::string d_mlp8 = grad_in(d_mlp, "d_mlp", Fp8Slot::mlp_down_d);
-    std::string act = fp8 ? n("act_f8") : n("act");
+    std::string act = n(fp8 ? c.fp8_kept("act") : "act");
     e.alloc(n("d_act"), BufferClass::workspace, c.act, wide, bwd);
     e.linear(at, OpName::mlp_down, Grad::dgrad, c.s * c.b, c.f_local, c.h, {d_mlp8, wd}, {n("d_act")},
              Fp8Slot::mlp_down_d, Fp8Slot::mlp_down_w);
@@ -512,7 +517,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
     std::string ln2 = regather("ln2", OpName::sp_ln2);
     emit_mlp_input_backward(e, at, n.prefix, c.f_local, ln2, n("d_ln2_full"), full, wd, wg);
     if (sp) e.free(ln2, bwd);
-    e.free(fp8 ? n("ln2_f8") : n("ln2"), bwd);
+    e.free(n(fp8 ? c.fp8_kept("ln2") : "ln2"), bwd);
     std::string d_ln2 = reduce_norm_grad(n("d_ln2_full"), "d_ln2", OpName::tp_mlp_up);
     e.compute(at, OpKind::norm, OpName::post_attn_norm, 10.0 * c.s_local * c.b * c.h,
               {n("x_mid"), d_ln2, w, g}, {g, wg});
@@ -527,8 +532,8 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   e.linear(at, OpName::attn_out, Grad::dgrad, c.s * c.b, c.heads_local * c.d, c.h, {d_attn8, wd}, {n("d_ctx")},
            Fp8Slot::attn_out_d, Fp8Slot::attn_out_w);
   e.linear(at, OpName::attn_out, Grad::wgrad, c.heads_local * c.d, c.h, c.s * c.b,
-           {fp8 ? n("ctx_f8") : n("ctx"), d_attn8}, {wg}, Fp8Slot::attn_out_x, Fp8Slot::attn_out_d);
-  if (fp8) e.free(n("ctx_f8"), bwd);
+           {n(fp8 ? c.fp8_kept("ctx") : "ctx"), d_attn8}, {wg}, Fp8Slot::attn_out_x, Fp8Slot::attn_out_d);
+  if (fp8) e.free(n(c.fp8_kept("ctx")), bwd);
   grad_in_done(d_attn8, d_attn);
   if (d_attn != g) e.free(d_attn, bwd);
   e.alloc(n("d_qkv"), BufferClass::workspace, c.act, {c.s, c.b, c.qkv_width}, bwd);
@@ -562,7 +567,7 @@ void emit_layer_backward(OpEmitter& e, const OpSite& at, const std::string& x_in
   e.free(n("d_qkv"), bwd);
   if (!ulysses(c)) e.free(n("qkv"), bwd);
   if (sp) e.free(ln1, bwd);
-  e.free(fp8 ? n("ln1_f8") : n("ln1"), bwd);
+  e.free(n(fp8 ? c.fp8_kept("ln1") : "ln1"), bwd);
   std::string d_ln1 = reduce_norm_grad(n("d_ln1_full"), "d_ln1", OpName::tp_qkv);
   e.compute(at, OpKind::norm, OpName::input_norm, 10.0 * c.s_local * c.b * c.h, {x_in, d_ln1, w, g},
             {g, wg});

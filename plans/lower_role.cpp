@@ -113,7 +113,7 @@ void RoleLowering::alloc_persistent() {
       }
     }
   }
-  if (c_.fp8) {  // every layer's slots on every rank: the amax all_reduce runs over the world
+  if (c_.fp8 && !c_.mx) {  // every layer's slots on every rank: the amax all_reduce runs over the world
     const int64_t slots = c_.fp8_slots.count();
     rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
@@ -352,6 +352,20 @@ void RoleLowering::release_fp8_weights(const Fp8Copies& copies, Phase phase) {
 void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear,
                                     const Fp8Copies& into) {
   const std::string& w8 = into.w8;
+  if (c_.mx) {  // MXFP8: the row-wise copy, and the column-wise one from the same weights (read once)
+    const int copies = into.w8t.empty() ? 1 : 2;
+    const Fp8WeightsCast cost = mx_weights_cast(linear, c_.act, copies);
+    int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops / copies, {w}, {w8});
+    Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
+    op.fp8_slots = {c_.fp8_slots.first_slot(lat.layer, g.expert), -1};
+    op.bytes = mx_weights_cast(linear, c_.act, 1).bytes;
+    if (copies == 2) {
+      int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, cost.flops / copies, {w},
+                             {into.w8t});
+      const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.bytes - op.bytes;
+    }
+    return;
+  }
   // Current scaling: each weight's amax first (a second read), its scale written.
   const bool current = !plan_.fp8.delayed();
   const Fp8WeightsCast cost = fp8_weights_cast(linear, c_.act, current);

@@ -450,7 +450,7 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
   }
   // The amax history, its algorithm and the margin configure delayed scaling only (Megatron passes
   // them to Transformer Engine's DelayedScaling alone: transformer_engine.py, get_fp8_recipe).
-  if (f.has("fp8-recipe") && *f.text("fp8-recipe") == "tensorwise") {
+  if (f.has("fp8-recipe") && *f.text("fp8-recipe") != "delayed") {
     p.erase("fp8_amax_compute_algo");
   } else {
     if (f.has("fp8-amax-history-len")) p["fp8_amax_history_len"] = *f.integer("fp8-amax-history-len", 0);

@@ -73,6 +73,7 @@ Slot weights(const char* name = "w") { return {name, R::weights, C::one, D::floa
 Slot grads(const char* name = "dw") { return {name, R::grads, C::one, D::floating, S::any}; }
 Slot mask(const char* name = "mask", S shape = S::any) { return {name, R::mask, C::one, D::mask, shape}; }
 Slot stats(const char* name, S shape = S::any) { return {name, R::statistics, C::one, D::wide, shape}; }
+Slot optional_stats(const char* name) { return {name, R::statistics, C::optional, D::wide, S::any}; }
 Slot tokens(const char* name) { return {name, R::data, C::one, D::int32, S::any}; }
 // MoE's counts [etp, ep, E] (optional: programs lowered before the executor ran MoE lack them).
 Slot counts() { return {"counts", R::activation, C::optional, D::int32, S::any}; }
@@ -248,22 +249,25 @@ std::vector<OpSignature> make_table() {
       // (Current scaling: the casts write the scales they take from the amax.)
       // (A MoE expert buffer's cast, and under current scaling its amax, reads its counts: the rows
       // it holds, each local expert's on its own slot then.)
+      // (MXFP8: no scale and no amax, the block scales inside the MX buffers; fp8.hpp.)
       {OpKind::activation, {N::fp8_cast}, Grad::none, Pass::any,
-       {act("x"), stats("scale"), stats("amax"), counts()},
-       {{"y", R::activation, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
+       {act("x"), optional_stats("scale"), optional_stats("amax"), counts()},
+       {{"y", R::activation, C::one, D::fp8, S::any}, optional_stats("amax"), optional_stats("scale")}},
       // (Once a step, at the layer's first forward; under ZeRO-3 at each use, backward too.)
       {OpKind::activation, {N::fp8_weights}, Grad::none, Pass::any,
-       {weights(), stats("scale"), stats("amax")},
-       {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), {"scale", R::statistics, C::optional, D::wide, S::any}}},
+       {weights(), optional_stats("scale"), optional_stats("amax")},
+       {{"w8", R::weights, C::one, D::fp8, S::any}, optional_stats("amax"), optional_stats("scale")}},
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax"), counts()},
        {stats("amax")}},
+      // The FP8 weight codes transposed (MXFP8: the weights' column-wise copy, cast from them).
       {OpKind::activation, {N::fp8_weights_transpose}, Grad::none, Pass::any,
-       {{"w8", R::weights, C::one, D::fp8, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
-      // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m].
+       {{"w", R::weights, C::one, D::floating, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},
+      // A cast that also writes its codes transposed: y [m rows, n columns] and y_t [n, m] (MXFP8:
+      // y_t x's column-wise copy, [m, n] too).
       {OpKind::activation, {N::fp8_cast_transpose}, Grad::none, Pass::any,
-       {act("x"), stats("scale"), stats("amax"), counts()},
-       {{"y", R::activation, C::one, D::fp8, S::m_n}, {"y_t", R::activation, C::one, D::fp8, S::m_n}, stats("amax"),
-        {"scale", R::statistics, C::optional, D::wide, S::any}}},
+       {act("x"), optional_stats("scale"), optional_stats("amax"), counts()},
+       {{"y", R::activation, C::one, D::fp8, S::m_n}, {"y_t", R::activation, C::one, D::fp8, S::m_n},
+        optional_stats("amax"), optional_stats("scale")}},
       // A wgrad operand's transient transposed copy: x8 [m rows, n columns] → x8t [n, m].
       {OpKind::activation, {N::fp8_transpose}, Grad::none, Pass::backward,
        {{"x8", R::activation, C::one, D::fp8, S::m_n}}, {{"x8t", R::activation, C::one, D::fp8, S::m_n}}},

@@ -9,6 +9,7 @@
 
 #include "errors.hpp"
 #include "parameter_server.hpp"
+#include "plan_fp8.hpp"
 #include "replica_microbatches.hpp"
 #include "schedule.hpp"
 
@@ -45,18 +46,6 @@ const char* to_string(CpCommType kind) {
   return "?";
 }
 
-const char* to_string(Fp8Format format) {
-  switch (format) {
-    case Fp8Format::none: return "none";
-    case Fp8Format::e4m3: return "e4m3";
-    case Fp8Format::hybrid: return "hybrid";
-  }
-  return "?";
-}
-
-const char* to_string(Fp8AmaxAlgo algo) { return algo == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
-const char* to_string(Fp8Scaling scaling) { return scaling == Fp8Scaling::current ? "tensorwise" : "delayed"; }
-
 namespace {
 
 const std::vector<std::string> kDataParallelModes = {"sync", "async"};
@@ -65,47 +54,6 @@ const std::vector<std::string> kScheduleNames = {"gpipe", "1f1b", "interleaved_1
 const std::vector<std::string> kRecomputeNames = {"none", "selective", "full"};
 const std::vector<std::string> kAttentionNames = {"materialized", "flash"};
 const std::vector<std::string> kDtypeNames = {"fp64", "fp32", "bf16", "fp16"};
-// Megatron-LM's --fp8-format (dest fp8), --fp8-recipe and --fp8-amax-compute-algo choices
-// (megatron/training/arguments.py, _add_transformer_engine_args).
-const std::vector<std::string> kFp8Formats = {"e4m3", "hybrid"};
-const std::vector<std::string> kFp8Recipes = {"delayed", "tensorwise", "mxfp8", "blockwise"};
-const std::vector<std::string> kFp8AmaxAlgos = {"most_recent", "max"};
-
-// The fp8 keys; the recipe's keys without fp8 are refused rather than ignored.
-Fp8Recipe read_fp8(ObjectReader& reader) {
-  Fp8Recipe r;
-  if (reader.has("fp8")) {
-    r.format = reader.get_enum_or("fp8", kFp8Formats, "e4m3") == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
-  }
-  for (const char* key : {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
-    if (reader.has(key) && !r.enabled()) {
-      reader.fail(key, "is set but the plan has no fp8 key (FP8 off)",
-                  "fp8 = \"e4m3\" or \"hybrid\" beside it, or no " + std::string(key));
-    }
-  }
-  std::string recipe = reader.get_enum_or("fp8_recipe", kFp8Recipes, "delayed");
-  if (recipe != "delayed" && recipe != "tensorwise") {
-    reader.fail("fp8_recipe", "\"" + recipe + "\" (block scaling) is not supported yet",
-                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history) or \"tensorwise\" "
-                "(current scaling: each tensor's scale from its own amax)");
-  }
-  if (recipe == "tensorwise") {
-    r.scaling = Fp8Scaling::current;
-    for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
-      if (reader.has(key)) {
-        reader.fail(key, "is a delayed-scaling setting, and fp8_recipe is \"tensorwise\" (current scaling)",
-                    "fp8_recipe \"delayed\" beside it, or no " + std::string(key));
-      }
-    }
-  }
-  r.amax_history_len = reader.get_int_or("fp8_amax_history_len", 1, 1);
-  r.amax_compute_algo =
-      reader.get_enum_or("fp8_amax_compute_algo", kFp8AmaxAlgos, "most_recent") == "max" ? Fp8AmaxAlgo::max
-                                                                                         : Fp8AmaxAlgo::most_recent;
-  r.margin = reader.get_int_or("fp8_margin", 0, 0);
-  return r;
-}
-
 bool valid_order(const std::string& order) {
   std::set<std::string> parts;
   std::stringstream in(order);
@@ -461,6 +409,7 @@ void validate_plan(Plan& plan, const ModelConfig& model, const Topology& topolog
                       "false, or sequence_parallel false");
   }
   validate_context_parallel(plan, model);
+  validate_fp8(plan, model, topology);
   validate_moe_plan(plan.moe, f, model, plan.tp_size, plan.tp_size * plan.cp_size * plan.dp_size,
                     plan.sequence_parallel);
   if (plan.async_dp()) validate_async(plan);

@@ -258,13 +258,13 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       std::string algo = f.at("amax_compute_algo").get<std::string>();
       std::string recipe = f.at("recipe").get<std::string>();
       if ((format != "e4m3" && format != "hybrid") || (algo != "most_recent" && algo != "max") ||
-          (recipe != "delayed" && recipe != "tensorwise")) {
+          !parse_fp8_scaling(recipe)) {
         throw InputError(path + ": key 'fp8' = " + printable_excerpt(f.dump()) +
-                         ": valid: format e4m3 or hybrid, recipe delayed or tensorwise, amax_compute_algo "
+                         ": valid: format e4m3 or hybrid, recipe delayed, tensorwise or mxfp8, amax_compute_algo "
                          "most_recent or max");
       }
       p.fp8.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
-      p.fp8.scaling = recipe == "tensorwise" ? Fp8Scaling::current : Fp8Scaling::delayed;
+      p.fp8.scaling = *parse_fp8_scaling(recipe);
       p.fp8.amax_compute_algo = algo == "max" ? Fp8AmaxAlgo::max : Fp8AmaxAlgo::most_recent;
       p.fp8.amax_history_len = integer(f.at("amax_history_len"), "fp8.amax_history_len", 1, 1 << 20);
       p.fp8.margin = integer(f.at("margin"), "fp8.margin", 0, 1000);

@@ -99,7 +99,7 @@ int32_t RoleBuilder::alloc(BufferName name, BufferClass buffer_class, Dtype dtyp
   op.shape = shape;
   double elements = 1;
   for (int64_t d : op.shape) elements *= double(d);
-  op.bytes = elements * dtype_bytes(dtype);
+  op.bytes = storage_bytes(dtype, elements);
   op.persistent = persistent;
   int32_t id = int32_t(role_.ops.size());
   op.id = id;

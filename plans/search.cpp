@@ -48,7 +48,8 @@ std::string plan_name(const Plan& plan) {
   if (plan.attention_impl == AttentionImpl::flash) out << "-flash";
   if (plan.num_distributed_optimizer_instances > 1) out << "-shard" << plan.dp_shard_size();
   if (plan.fp8.enabled()) out << "-fp8" << (plan.fp8.format == Fp8Format::hybrid ? "h" : "");
-  if (plan.fp8.enabled() && !plan.fp8.delayed()) out << "-tw";
+  if (plan.fp8.current()) out << "-tw";
+  if (plan.fp8.mx()) out << "-mx";
   if (plan.moe.top_k > 0) {
     out << "-ep" << plan.moe.ep_size;
     if (plan.moe.etp_size != plan.tp_size) out << "-etp" << plan.moe.etp_size;

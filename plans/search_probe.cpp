@@ -203,7 +203,9 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const 
     }
     if (plan.zero_stage >= 3) extra += (2 * largest_layer + edge) * act;  // gathered weights
     // (and the FP8 copies of a layer's and its experts', cast at each use, transposed too on such a device)
-    if (plan.zero_stage >= 3 && c.fp8) extra += 2 * (largest_layer + largest_experts) * (c.fp8_transposed ? 2 : 1);
+    if (plan.zero_stage >= 3 && c.fp8) {
+      extra += 2 * storage_bytes(c.fp8_forward, largest_layer + largest_experts) * (c.fp8_transposed ? 2 : 1);
+    }
     if (plan.zero_stage >= 2) {  // full gradients waiting for their bucket's reduce_scatter
       double waiting = all_groups;
       if (plan.overlap_grad_reduce && plan.dp_size > 1) {
@@ -489,7 +491,9 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     for (const Group& g : s.groups) {
       if (!c.fp8 || (g.kind != Group::layer && g.kind != Group::expert)) continue;
       if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
-      const Fp8WeightsCast cost = fp8_weights_cast(double(g.elements - g.sp_replicated), c.act, !plan.fp8.delayed());
+      const double linear = double(g.elements - g.sp_replicated);
+      const Fp8WeightsCast cost =  // (MXFP8: the row-wise copy; the column-wise one is lowering's second op, below)
+          c.mx ? mx_weights_cast(linear, c.act, 1) : fp8_weights_cast(linear, c.act, !plan.fp8.delayed());
       Op cast;
       cast.kind = OpKind::activation;
       cast.phase = Phase::backward;
@@ -502,8 +506,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       if (!c.fp8_transposed) continue;
       Op transpose = cast;
       transpose.name = OpName::fp8_weights_transpose;
-      transpose.flops = 0;
-      transpose.bytes = cost.transpose_bytes;
+      transpose.flops = c.mx ? cost.flops : 0;
+      transpose.bytes = c.mx ? double(mx_bytes(int64_t(linear))) : cost.transpose_bytes;
       t.backward_mb_s += cost_model.op_time_s(transpose);
     }
     // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in

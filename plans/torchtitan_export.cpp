@@ -195,7 +195,10 @@ void add_float8(Builder& b, const Plan& p) {
   if (!p.fp8.enabled()) return;
   b.section("float8");
   b.key("recipe_name", toml_string("tensorwise"));
-  if (p.fp8.delayed()) {
+  if (p.fp8.mx()) {
+    b.cannot("MXFP8 as simulated (Transformer Engine's MXFP8BlockScaling; TorchTitan's MX converter is torchao's "
+             "[mx] section, not its [float8] one)");
+  } else if (p.fp8.delayed()) {
     b.cannot("FP8 delayed scaling (torchao's Float8 has tensorwise and rowwise recipes)");
   } else {
     b.note("FP8 tensorwise through torchao's Float8Linear ([model] converters); torchao picks its own formats");

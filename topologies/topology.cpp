@@ -145,6 +145,7 @@ DeviceSpec read_device(ObjectReader& node) {
   read_power(reader, device);
   device.fp8_transposed_copies =
       reader.get_enum_or("fp8_columnwise", {"native", "transposed"}, "native") == "transposed";
+  device.mxfp8 = reader.get_bool_or("mxfp8", false);
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
@@ -323,6 +324,8 @@ const char* to_string(Dtype dtype) {
     case Dtype::u8: return "u8";
     case Dtype::fp8_e4m3: return "fp8_e4m3";
     case Dtype::fp8_e5m2: return "fp8_e5m2";
+    case Dtype::mxfp8_e4m3: return "mxfp8_e4m3";
+    case Dtype::mxfp8_e5m2: return "mxfp8_e5m2";
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -340,6 +343,8 @@ int dtype_bytes(Dtype dtype) {
     case Dtype::u8: return 1;
     case Dtype::fp8_e4m3: return 1;
     case Dtype::fp8_e5m2: return 1;
+    case Dtype::mxfp8_e4m3: return 1;
+    case Dtype::mxfp8_e5m2: return 1;
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -352,13 +357,22 @@ std::optional<Dtype> parse_dtype(const std::string& name) {
 }
 
 std::optional<Dtype> parse_buffer_dtype(const std::string& name) {
-  for (Dtype dtype : {Dtype::int32, Dtype::int64, Dtype::u8, Dtype::fp8_e4m3, Dtype::fp8_e5m2}) {
+  for (Dtype dtype : {Dtype::int32, Dtype::int64, Dtype::u8, Dtype::fp8_e4m3, Dtype::fp8_e5m2, Dtype::mxfp8_e4m3,
+                      Dtype::mxfp8_e5m2}) {
     if (name == to_string(dtype)) return dtype;
   }
   return parse_dtype(name);
 }
 
-bool is_fp8_storage(Dtype dtype) { return dtype == Dtype::fp8_e4m3 || dtype == Dtype::fp8_e5m2; }
+bool is_fp8_storage(Dtype dtype) {
+  return dtype == Dtype::fp8_e4m3 || dtype == Dtype::fp8_e5m2 || is_mx_storage(dtype);
+}
+
+bool is_mx_storage(Dtype dtype) { return dtype == Dtype::mxfp8_e4m3 || dtype == Dtype::mxfp8_e5m2; }
+
+double storage_bytes(Dtype dtype, double elements) {
+  return elements * dtype_bytes(dtype) + (is_mx_storage(dtype) ? elements / 32.0 : 0.0);  // one scale a 32 (kMxBlock)
+}
 
 const char* to_string(IntraNodeKind kind) {
   switch (kind) {
@@ -486,6 +500,7 @@ Json topology_to_json(const Topology& topology) {
         {"nic_latency_s", fabric.nic_latency_s}}}};
   // Absent: native (programs of other devices keep their bytes and hash).
   if (device.fp8_transposed_copies) json["node"]["device"]["fp8_columnwise"] = "transposed";
+  if (device.mxfp8) json["node"]["device"]["mxfp8"] = true;
   Json& out = json["fabric"];
   if (is_switch_tree(fabric.kind)) {
     out["switch_latency_s"] = fabric.switch_latency_s;

@@ -17,8 +17,9 @@ namespace stepcast {
 // Number formats of compute (fp64 … fp8) and, for a program's data buffers only, of the token
 // ids and sample indices a step reads (int32, int64).
 // fp8 names the FP8 tensor-core rate (peaks, profile tables); a buffer of FP8 values is fp8_e4m3
-// or fp8_e5m2 (Transformer Engine's formats); u8 is a one-byte mask (dropout).
-enum class Dtype : uint8_t { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2 };
+// or fp8_e5m2 (Transformer Engine's formats), or mxfp8_e4m3 / mxfp8_e5m2 (the same codes with an
+// E8M0 scale per 32 of them, fp8.hpp; dtype_bytes counts the codes); u8 is a one-byte mask.
+enum class Dtype : uint8_t { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp8_e5m2 };
 const char* to_string(Dtype dtype);
 // Bytes per element; tf32 is stored as 4 bytes.
 int dtype_bytes(Dtype dtype);
@@ -26,8 +27,11 @@ int dtype_bytes(Dtype dtype);
 std::optional<Dtype> parse_dtype(const std::string& name);
 // Parses the dtype of a program buffer: a compute dtype, int32 / int64, u8, fp8_e4m3 / fp8_e5m2.
 std::optional<Dtype> parse_buffer_dtype(const std::string& name);
-// fp8_e4m3 and fp8_e5m2.
+// fp8_e4m3 and fp8_e5m2, and their MX block-scaled buffers mxfp8_e4m3, mxfp8_e5m2 (fp8.hpp).
 bool is_fp8_storage(Dtype dtype);
+bool is_mx_storage(Dtype dtype);
+// The bytes of a buffer of `elements` (an MX buffer's codes and their scales: fp8.hpp's mx_bytes).
+double storage_bytes(Dtype dtype, double elements);
 
 struct DeviceSpec {
   std::string name;                               // e.g. "A100-SXM4-80GB"
@@ -49,6 +53,10 @@ struct DeviceSpec {
   // FP8 weight copy as TE caches it (module/linear.py: the weight quantizer's columnwise usage
   // when its input requires grad, the workspace cached across microbatches).
   bool fp8_transposed_copies = false;
+  // Tensor cores that take MX block-scaled FP8 operands (an E8M0 scale per 32 elements: Blackwell's
+  // fifth-generation tensor cores; Hopper's take one scale per tensor). Key "mxfp8" (optional,
+  // default false); a plan's fp8_recipe "mxfp8" needs it.
+  bool mxfp8 = false;
   bool has_power() const { return power_busy_w > 0; }
   // Peak for `dtype`; throws InputError naming the topology file when the device lacks it.
   double peak_for(Dtype dtype, const std::string& topology_file) const;

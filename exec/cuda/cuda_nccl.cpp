@@ -24,6 +24,8 @@ ncclDataType_t nccl_type(Dtype dtype) {
       return ncclInt64;
     case Dtype::fp8_e4m3:
     case Dtype::fp8_e5m2:
+    case Dtype::mxfp8_e4m3:
+    case Dtype::mxfp8_e5m2:
     case Dtype::u8:
       return ncclUint8;  // (FP8 codes are gathered, never reduced)
     default:

@@ -247,3 +247,64 @@ TEST_CASE(
     if (p.at("zero_stage") != 3) CHECK(weights(copied) > weights(native));
   }
 }
+
+TEST_CASE("run: MXFP8 plans give the single-rank MXFP8 curve (fp64), near the curve without FP8", "[run][fp8]") {
+  // fp8_recipe mxfp8 on a device with MX tensor cores (localhost-cpu marked so): every 32 elements
+  // scaled on their own. The tiny models' dimensions are multiples of 32 and so are a rank's
+  // tokens (two sequences of 64; a shard of 32 under SP; one chunk of 16 tokens per sequence under
+  // cp 2), so tp, SP, pp, dp, ZeRO and cp ranks quantize the blocks one rank quantizes: their
+  // curves are the single rank's.
+  Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));
+  topology["node"]["device"]["mxfp8"] = true;
+  const std::string mx_topology = write_temp_file("localhost-cpu-mxfp8.json", topology.dump());
+  const int steps = 6;
+  auto mx = [](Json p, const char* format = "hybrid") {
+    p["fp8"] = format;
+    p["fp8_recipe"] = "mxfp8";
+    return p;
+  };
+  auto run = [&](const char* model, const Json& p) {
+    RunResult r = run_plan(model, p, steps, "", mx_topology);
+    INFO(model << " " << p.dump() << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    return r;
+  };
+  const Json one = plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false);
+  const RunResult single = run("tiny", mx(one)), plain = run("tiny", one);
+  Json delayed = one;
+  delayed["fp8"] = "hybrid";
+  const double off = max_relative_difference(losses(single), losses(plain));
+  const double off_delayed = max_relative_difference(losses(single), losses(run("tiny", delayed)));
+  std::printf("mxfp8 against no FP8: max relative loss difference %.3g; against delayed scaling %.3g\n", off,
+              off_delayed);
+  CHECK(off > 0);
+  CHECK(off < 0.01);
+  CHECK(off_delayed > 0);  // per-block scales round otherwise than per-tensor ones
+  Json cp = plan(1, 1, 1, 0, "1f1b", "none", false, true, 2, false);
+  cp["context_parallel_size"] = 2;
+  Json a2a = cp;
+  a2a["cp_comm_type"] = "a2a";
+  const std::vector<Json> cases = {mx(plan(2, 1, 1, 0, "1f1b", "selective", true, false, 2, false)),
+                                   mx(plan(1, 2, 1, 0, "1f1b", "full", false, true, 2, false)),
+                                   mx(plan(1, 2, 1, 0, "interleaved_1f1b", "none", false, true, 2, false)),
+                                   mx(plan(1, 1, 2, 1, "1f1b", "none", false, true, 2, true)),
+                                   mx(plan(1, 1, 2, 3, "1f1b", "none", false, true, 2, false)),
+                                   mx(cp),
+                                   mx(a2a)};
+  double largest = 0;
+  for (const Json& p : cases) {
+    RunResult r = run("tiny", p);
+    const double d = max_relative_difference(curve(r), curve(single));
+    std::printf("mxfp8 %s: max relative loss difference %.3g\n", p.dump().c_str(), d);
+    largest = std::max(largest, d);
+    CHECK(d < 1e-9);
+    check_measured_memory(std::string("mxfp8 ") + p.dump(), r, p.at("zero_stage") != 3, 64 * 1024);
+  }
+  // tiny-gpt: biases (the bias gradient from the column-wise d_y), GeLU, learned positions; e4m3.
+  const RunResult gpt = run("tiny-gpt", mx(one, "e4m3"));
+  const RunResult gpt_tp = run("tiny-gpt", mx(plan(2, 1, 1, 0, "1f1b", "full", true, true, 2, false), "e4m3"));
+  const double d = max_relative_difference(curve(gpt_tp), curve(gpt));
+  largest = std::max(largest, d);
+  CHECK(d < 1e-9);
+  std::printf("mxfp8: largest deviation over %zu plans: %.3g\n", cases.size() + 1, largest);
+}

@@ -1,0 +1,124 @@
+// A plan's FP8 keys (plan_fp8.hpp).
+#include "plan_fp8.hpp"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "errors.hpp"
+
+namespace stepcast {
+
+const char* to_string(Fp8Format format) {
+  switch (format) {
+    case Fp8Format::none: return "none";
+    case Fp8Format::e4m3: return "e4m3";
+    case Fp8Format::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+const char* to_string(Fp8AmaxAlgo algo) { return algo == Fp8AmaxAlgo::max ? "max" : "most_recent"; }
+const char* to_string(Fp8Scaling scaling) {
+  switch (scaling) {
+    case Fp8Scaling::delayed: return "delayed";
+    case Fp8Scaling::current: return "tensorwise";
+    case Fp8Scaling::mxfp8: return "mxfp8";
+  }
+  fail_invariant(__FILE__, __LINE__, "unknown Fp8Scaling");
+}
+
+std::optional<Fp8Scaling> parse_fp8_scaling(const std::string& recipe) {
+  for (Fp8Scaling s : {Fp8Scaling::delayed, Fp8Scaling::current, Fp8Scaling::mxfp8}) {
+    if (recipe == to_string(s)) return s;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Megatron-LM's --fp8-format (dest fp8), --fp8-recipe and --fp8-amax-compute-algo choices
+// (megatron/training/arguments.py, _add_transformer_engine_args).
+const std::vector<std::string> kFp8Formats = {"e4m3", "hybrid"};
+const std::vector<std::string> kFp8Recipes = {"delayed", "tensorwise", "mxfp8", "blockwise"};
+const std::vector<std::string> kFp8AmaxAlgos = {"most_recent", "max"};
+
+}  // namespace
+
+// The fp8 keys; the recipe's keys without fp8 are refused rather than ignored.
+Fp8Recipe read_fp8(ObjectReader& reader) {
+  Fp8Recipe r;
+  if (reader.has("fp8")) {
+    r.format = reader.get_enum_or("fp8", kFp8Formats, "e4m3") == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
+  }
+  for (const char* key : {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+    if (reader.has(key) && !r.enabled()) {
+      reader.fail(key, "is set but the plan has no fp8 key (FP8 off)",
+                  "fp8 = \"e4m3\" or \"hybrid\" beside it, or no " + std::string(key));
+    }
+  }
+  std::string recipe = reader.get_enum_or("fp8_recipe", kFp8Recipes, "delayed");
+  if (recipe == "blockwise") {
+    reader.fail("fp8_recipe", "\"blockwise\" (128-element block scaling) is not supported yet",
+                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history), \"tensorwise\" "
+                "(current scaling: each tensor's scale from its own amax) or \"mxfp8\" (an E8M0 scale per 32 "
+                "elements, on a device with mxfp8)");
+  }
+  r.scaling = *parse_fp8_scaling(recipe);
+  if (r.scaling != Fp8Scaling::delayed) {
+    for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+      if (reader.has(key)) {
+        reader.fail(key, "is a delayed-scaling setting, and fp8_recipe is \"" + recipe + "\"",
+                    "fp8_recipe \"delayed\" beside it, or no " + std::string(key));
+      }
+    }
+  }
+  r.amax_history_len = reader.get_int_or("fp8_amax_history_len", 1, 1);
+  r.amax_compute_algo =
+      reader.get_enum_or("fp8_amax_compute_algo", kFp8AmaxAlgos, "most_recent") == "max" ? Fp8AmaxAlgo::max
+                                                                                         : Fp8AmaxAlgo::most_recent;
+  r.margin = reader.get_int_or("fp8_margin", 0, 0);
+  return r;
+}
+
+
+void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& topology) {
+  if (!plan.fp8.mx()) return;
+  const std::string& f = plan.file;
+  const DeviceSpec& device = topology.node.device;
+  const std::string other = "\"delayed\" or \"tensorwise\"";
+  if (!device.mxfp8) {
+    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
+                      "needs tensor cores that take MX block scales; the device " + device.name + " of " +
+                          topology.file + " has none (its key mxfp8 is absent or false)",
+                      other + ", or a topology whose device has \"mxfp8\": true (Blackwell: dgx-b200, gb200-nvl72)");
+  }
+  if (model.is_moe()) {
+    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
+                      "is not lowered for mixtures of experts yet (model " + model.file + " has experts)",
+                      other + ", or a dense model");
+  }
+  // Each linear layer's operands on a rank: its inputs' rows (a microbatch's tokens of the rank's
+  // sequence; the shard cast before its gather under sequence parallelism) and both dimensions of
+  // its weight, every one blocked by 32 in some GEMM.
+  const int64_t tp = plan.tp_size, d = model.head_dim();
+  const int64_t rows = model.seq_length / plan.cp_size * plan.micro_batch_size;
+  const std::vector<std::pair<std::string, int64_t>> dims = {
+      {"hidden_size", model.hidden_size},
+      {"(num_attention_heads + 2 · num_key_value_heads) · head_dim / tp_size",
+       (model.num_attention_heads + 2 * model.num_key_value_heads) * d / tp},
+      {"num_attention_heads · head_dim / tp_size", model.num_attention_heads * d / tp},
+      {"intermediate_size / tp_size", model.intermediate_size / tp},
+      {"a microbatch's tokens on a rank (seq_length / context_parallel_size · micro_batch_size)", rows},
+      {"a sequence-parallel shard's tokens (those / tp_size)", plan.sequence_parallel ? rows / tp : kMxBlock}};
+  for (const auto& [what, value] : dims) {
+    if (value % kMxBlock == 0) continue;
+    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
+                      "needs every linear layer's dimensions on a rank multiples of 32 (an E8M0 scale per 32 "
+                      "elements along rows and down columns); " + what + " = " + std::to_string(value) + " (model " +
+                          model.file + ")",
+                      other + ", or a model and plan whose dimensions are multiples of 32");
+  }
+}
+
+}  // namespace stepcast
