@@ -307,4 +307,12 @@ TEST_CASE("run: MXFP8 plans give the single-rank MXFP8 curve (fp64), near the cu
   largest = std::max(largest, d);
   CHECK(d < 1e-9);
   std::printf("mxfp8: largest deviation over %zu plans: %.3g\n", cases.size() + 1, largest);
+  // cp 2 with one sequence a microbatch: a rank's 32 tokens are two chunks of 16 from both ends of
+  // the sequence, so its column-wise blocks are not one rank's: near, not equal.
+  Json cp1 = plan(1, 1, 1, 0, "1f1b", "none", false, true, 1, false);
+  const RunResult one_mb1 = run("tiny", mx(cp1));
+  cp1["context_parallel_size"] = 2;
+  const double near = max_relative_difference(curve(run("tiny", mx(cp1))), curve(one_mb1));
+  std::printf("mxfp8 cp 2, one sequence a microbatch: max relative loss difference %.3g\n", near);
+  CHECK(near < off);
 }
