@@ -380,6 +380,29 @@ void check_parameter_servers(const StepProgram& p, std::vector<std::string>& err
   }
 }
 
+// FP8 buffers as the program's recipe stores them: MX buffers (codes with a scale per 32, in
+// 32-row blocks of whole rows: fp8.hpp) exactly under mxfp8, per-tensor FP8 codes under the others.
+void check_fp8_storage(const StepProgram& program, std::vector<std::string>& errors) {
+  for (const Role& role : program.roles) {
+    for (const Op& op : role.ops) {
+      if (op.kind != OpKind::alloc || !is_fp8_storage(op.dtype)) continue;
+      if (!program.fp8.enabled() || is_mx_storage(op.dtype) != program.fp8.mx()) {
+        errors.push_back(where(role, op) + ": an FP8 buffer of dtype " + to_string(op.dtype) + " in a program whose " +
+                         (program.fp8.enabled() ? "fp8 recipe is " + std::string(to_string(program.fp8.scaling))
+                                                : std::string("plan has no fp8")));
+        continue;
+      }
+      // (A one-dimensional MX buffer is a parameter group's copy: each tensor blocked on its own.)
+      const int64_t cols = op.shape.empty() ? 1 : op.shape.back();
+      if (is_mx_storage(op.dtype) && op.shape.size() > 1 &&
+          (cols % kMxBlock != 0 || (elements(op.shape) / cols) % kMxBlock != 0)) {
+        errors.push_back(where(role, op) + ": an MX buffer of " + std::to_string(elements(op.shape) / cols) +
+                         " rows of " + std::to_string(cols) + ", not multiples of 32");
+      }
+    }
+  }
+}
+
 // The roles of each replica class, by stage (the workers', not the parameter servers').
 std::vector<Pipeline> pipelines(const StepProgram& program) {
   std::vector<Pipeline> out;
@@ -403,6 +426,7 @@ std::vector<std::string> check_program(const StepProgram& program) {
     check_collectives(program, pipeline, errors);
   }
   check_replica_classes(program, errors);
+  check_fp8_storage(program, errors);
   if (program.parameter_servers > 0) check_parameter_servers(program, errors);
   for (const Pipeline& pipeline : classes) {
     if (errors.empty()) check_progress(program, pipeline, errors, false);

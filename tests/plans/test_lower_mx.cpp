@@ -202,3 +202,29 @@ TEST_CASE("MXFP8: refused on a device without MX tensor cores, with experts, and
   CHECK_THAT(message(history, "tiny", mx_topology()),
              Catch::Contains("key 'fp8_amax_history_len'") && Catch::Contains("fp8_recipe is \"mxfp8\""));
 }
+
+TEST_CASE("MXFP8: check_program refuses FP8 buffers the recipe does not store so", "[lower][fp8]") {
+  ModelConfig model = load_model(source_path("models/tiny.json"));
+  const Topology topology = mx_topology();
+  Json j = {{"micro_batch_size", 2}, {"global_batch_size", 2}, {"dtype", "fp32"}, {"fp8", "e4m3"},
+            {"fp8_recipe", "mxfp8"}};
+  const StepProgram program = lower_program(model, topology, make_plan(j, model, topology));
+  REQUIRE(check_program(program).empty());
+  auto first_activation = [](StepProgram& p) -> Op& {
+    for (Op& op : p.roles[0].ops) {
+      if (op.kind == OpKind::alloc && is_mx_storage(op.dtype) && op.shape.size() > 1) return op;
+    }
+    FAIL("no MX activation buffer");
+    return p.roles[0].ops[0];
+  };
+  StepProgram per_tensor = program;  // a per-tensor FP8 buffer in an MXFP8 program
+  first_activation(per_tensor).dtype = Dtype::fp8_e4m3;
+  CHECK(any_error_contains(check_program(per_tensor), "of dtype fp8_e4m3 in a program whose fp8 recipe is mxfp8"));
+  StepProgram delayed = program;  // MX buffers in a delayed-scaling program
+  delayed.fp8.scaling = Fp8Scaling::delayed;
+  CHECK(any_error_contains(check_program(delayed), "of dtype mxfp8_e4m3 in a program whose fp8 recipe is delayed"));
+  StepProgram ragged = program;  // rows not whole 32-row blocks
+  Op& alloc = first_activation(ragged);
+  alloc.shape = {33, alloc.shape.back()};
+  CHECK(any_error_contains(check_program(ragged), "an MX buffer of 33 rows of"));
+}
