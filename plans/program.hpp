@@ -74,7 +74,10 @@ enum class OpName : uint8_t {
   // on a device whose fp8_columnwise is transposed: a wgrad's FP8 input transposed for it
   // (fp8_transpose), a gradient cast to FP8 written row-wise and transposed at once
   // (fp8_cast_transpose, Transformer Engine's), and a layer's FP8 weight codes transposed for the
-  // dgrad GEMMs (fp8_weights_transpose: once a step, or at each use under ZeRO-3)
+  // dgrad GEMMs (fp8_weights_transpose: once a step, or at each use under ZeRO-3). MXFP8 (fp8.hpp):
+  // no scales, amax or transposes; fp8_cast writes x's row-wise MX copy, fp8_cast_transpose its
+  // row-wise and column-wise copies, fp8_weights and fp8_weights_transpose a layer's row-wise and
+  // column-wise copies, each from the high-precision values
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose, fp8_cast_transpose,
   fp8_weights_transpose,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
@@ -272,7 +275,8 @@ struct StepProgram {
   // (kFp8SlotsPerLayer per transformer layer of the model; under current scaling also the slots of
   // the inputs kept for the backward, a microbatch's on the layer's m mod (the microbatches a
   // chunk holds at once), and with experts each local expert's, as lower_context.hpp's
-  // Fp8SlotLayout lays them out).
+  // Fp8SlotLayout lays them out). Under MXFP8 the slots only label each FP8 tensor kind: no
+  // fp8.scale, fp8.amax or fp8.history buffer exists.
   Fp8Recipe fp8;
   int64_t fp8_slots = 0;
   std::vector<Role> roles;  // roles[p] is pipeline stage p (see microbatches_per_replica)
