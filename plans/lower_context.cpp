@@ -388,8 +388,8 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
                                 const std::string& counts) {
   const int32_t slot = counts.empty() ? ctx_.fp8_slots.slot(at.layer, at.microbatch, kind)
                                       : ctx_.fp8_slots.expert_slot(at.layer, at.microbatch, kind);
-  const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   if (ctx_.mx) return mx_cast(at, x, name, slot, is_gradient_slot(kind), buffer_class, transposed);
+  const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it
     std::vector<BufferName> amax_inputs = {x, "fp8.amax"};
