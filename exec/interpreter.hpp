@@ -42,6 +42,20 @@
 
 namespace stepcast {
 
+// The grid of an FP8 buffer's codes, by its dtype (fp8_e4m3 / fp8_e5m2, and their MX buffers).
+Fp8Storage fp8_storage(Dtype dtype);
+
+// A layer group's linear weights, each with its weight slot kind (fp8.hpp): what fp8_weights casts.
+struct Fp8Weight {
+  const char* tensor;
+  Fp8Slot slot;
+};
+inline constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
+                                            {"attn_out.weight", Fp8Slot::attn_out_w},
+                                            {"mlp_up.weight", Fp8Slot::mlp_up_w},
+                                            {"mlp_gate.weight", Fp8Slot::mlp_gate_w},
+                                            {"mlp_down.weight", Fp8Slot::mlp_down_w}};
+
 // The parameter group of a group buffer: "weights.L3" → "L3"; "wfull.L3.mb0.forward" → "L3";
 // "gradfull.L3.mb0" → "L3".
 std::string group_of_buffer(const std::string& name);

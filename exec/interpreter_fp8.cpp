@@ -11,33 +11,22 @@
 #include "param_layout.hpp"
 
 namespace stepcast {
-namespace {
-
-Fp8Storage storage(Dtype dtype) {
+Fp8Storage fp8_storage(Dtype dtype) {
   STEPCAST_CHECK(is_fp8_storage(dtype), std::string("an FP8 operand of dtype ") + to_string(dtype));
-  return dtype == Dtype::fp8_e4m3 ? Fp8Storage::e4m3 : Fp8Storage::e5m2;
+  return dtype == Dtype::fp8_e4m3 || dtype == Dtype::mxfp8_e4m3 ? Fp8Storage::e4m3 : Fp8Storage::e5m2;
 }
 
-// The linear weights of a layer's group, each with its weight slot kind.
-struct Fp8Weight {
-  const char* tensor;
-  Fp8Slot slot;
-};
+namespace {
+
 // An expert's linear weights ("expert.<e>.up.weight"), each with its slot kind.
 constexpr Fp8Weight kExpertFp8Weights[] = {
     {"gate.weight", Fp8Slot::mlp_gate_w}, {"up.weight", Fp8Slot::mlp_up_w}, {"down.weight", Fp8Slot::mlp_down_w}};
-
-constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
-                                     {"attn_out.weight", Fp8Slot::attn_out_w},
-                                     {"mlp_up.weight", Fp8Slot::mlp_up_w},
-                                     {"mlp_gate.weight", Fp8Slot::mlp_gate_w},
-                                     {"mlp_down.weight", Fp8Slot::mlp_down_w}};
 
 }  // namespace
 
 template <class T, class G, class W>
 Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& op, int32_t slot) {
-  return {codes(name, op), buf<W>("fp8.scale", op) + slot, storage(dtype(name, op))};
+  return {codes(name, op), buf<W>("fp8.scale", op) + slot, fp8_storage(dtype(name, op))};
 }
 
 template <class T, class G, class W>
@@ -81,9 +70,9 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
     // [x, scale, amax] → [y, (y_t,) amax, (scale)]: y_t the codes transposed, y [op.m, op.n]
     const std::string& y = out(op, "y");
     const int32_t slot = op.fp8_slots[0];
-    if (current) backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(y, op)));
+    if (current) backend_.fp8_set_current_scale(amax + slot, scale + slot, fp8_storage(dtype(y, op)));
     backend_.fp8_cast(buf(in(op, "x"), op), codes(y, op), count(in(op, "x"), op), scale + slot, amax + slot,
-                      storage(dtype(y, op)));
+                      fp8_storage(dtype(y, op)));
     if (op.name == OpName::fp8_cast_transpose) {
       backend_.fp8_transpose(codes(y, op), codes(out(op, "y_t"), op), op.m, op.n);
     }
@@ -98,10 +87,10 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
   auto cast = [&](const TensorSlice& tensor, int32_t slot) {
     if (current) {
       backend_.fp8_absmax(buf(w, op) + tensor.offset, tensor.elements(), amax + slot, false);
-      backend_.fp8_set_current_scale(amax + slot, scale + slot, storage(dtype(w8, op)));
+      backend_.fp8_set_current_scale(amax + slot, scale + slot, fp8_storage(dtype(w8, op)));
     }
     backend_.fp8_cast(buf(w, op) + tensor.offset, codes(w8, op) + tensor.offset, tensor.elements(), scale + slot,
-                      amax + slot, storage(dtype(w8, op)));
+                      amax + slot, fp8_storage(dtype(w8, op)));
   };
   if (is_expert_group(group_of_buffer(w))) {
     for (int64_t l = 0; l < moe_local_; ++l) {
@@ -242,7 +231,7 @@ void Interpreter<T, G, W>::moe_fp8_cast(const Op& op) {
   const int32_t slot = op.fp8_slots[0];
   W* scale = buf<W>(in(op, "scale"), op) + slot;
   W* amax = buf<W>(out(op, "amax"), op) + slot;
-  const Fp8Storage format = storage(dtype(y, op));
+  const Fp8Storage format = fp8_storage(dtype(y, op));
   if (current) {
     for (int64_t l = 0; l < moe_local_; ++l) backend_.fp8_set_current_scale(amax + l, scale + l, format);
   }

@@ -9,27 +9,16 @@
 #include "param_layout.hpp"
 
 namespace stepcast {
-namespace {
-
-Fp8Storage mx_storage(Dtype dtype) {
-  STEPCAST_CHECK(is_mx_storage(dtype), std::string("an MXFP8 operand of dtype ") + to_string(dtype));
-  return dtype == Dtype::mxfp8_e4m3 ? Fp8Storage::e4m3 : Fp8Storage::e5m2;
-}
-
-// A layer's linear weights, in the order of their slot kinds (fp8.hpp).
-constexpr const char* kMxWeights[] = {"qkv.weight", "attn_out.weight", "mlp_up.weight", "mlp_gate.weight",
-                                      "mlp_down.weight"};
-
-}  // namespace
 
 // `name`'s codes (from element `element_offset` of the tensor the buffer is laid out as: a weight
 // inside its layer's MX copy), blocked row-wise or column-wise.
 template <class T, class G, class W>
 Fp8Codes<W> Interpreter<T, G, W>::mx_codes(const std::string& name, const Op& op, bool columnwise,
                                            int64_t element_offset) {
+  STEPCAST_CHECK(is_mx_storage(dtype(name, op)), name + " is not an MX buffer");
   STEPCAST_CHECK(element_offset % kMxBlock == 0, name + ": an MX tensor at element " + std::to_string(element_offset) +
                                                      ", not a whole number of 32-element blocks");
-  return {codes(name, op) + mx_bytes(element_offset), nullptr, mx_storage(dtype(name, op)), true, columnwise};
+  return {codes(name, op) + mx_bytes(element_offset), nullptr, fp8_storage(dtype(name, op)), true, columnwise};
 }
 
 template <class T, class G, class W>
@@ -38,10 +27,10 @@ void Interpreter<T, G, W>::mx_activation(const Op& op) {
     // [x] → [y, (y_t)]: x [op.m, op.n] row-wise into y, and column-wise into y_t.
     const std::string& x = in(op, "x");
     const std::string& y = out(op, "y");
-    backend_.mx_cast(buf(x, op), codes(y, op), op.m, op.n, false, mx_storage(dtype(y, op)));
+    backend_.mx_cast(buf(x, op), codes(y, op), op.m, op.n, false, fp8_storage(dtype(y, op)));
     if (op.name == OpName::fp8_cast_transpose) {
       const std::string& y_t = out(op, "y_t");
-      backend_.mx_cast(buf(x, op), codes(y_t, op), op.m, op.n, true, mx_storage(dtype(y_t, op)));
+      backend_.mx_cast(buf(x, op), codes(y_t, op), op.m, op.n, true, fp8_storage(dtype(y_t, op)));
     }
     return;
   }
@@ -52,13 +41,13 @@ void Interpreter<T, G, W>::mx_activation(const Op& op) {
   const std::string& w = in(op, "w");
   const std::string& w8 = out(op, columnwise ? "w8t" : "w8");
   const GroupLayout& layout = layouts_.at(group_of_buffer(w));
-  for (const char* tensor : kMxWeights) {
-    if (!layout.has(tensor)) continue;
-    const TensorSlice& t = layout.at(tensor);
-    STEPCAST_CHECK(t.offset % kMxBlock == 0, w + ": " + tensor + " at element " + std::to_string(t.offset) +
+  for (const Fp8Weight& weight : kFp8Weights) {
+    if (!layout.has(weight.tensor)) continue;
+    const TensorSlice& t = layout.at(weight.tensor);
+    STEPCAST_CHECK(t.offset % kMxBlock == 0, w + ": " + weight.tensor + " at element " + std::to_string(t.offset) +
                                                  ", not a whole number of 32-element blocks");
     backend_.mx_cast(buf(w, op) + t.offset, codes(w8, op) + mx_bytes(t.offset), t.rows, t.cols, columnwise,
-                     mx_storage(dtype(w8, op)));
+                     fp8_storage(dtype(w8, op)));
   }
 }
 
