@@ -253,8 +253,9 @@ Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current) {
   return {(2 * reads + 1) * linear, linear * (reads * dtype_bytes(act) + 1), 2 * linear};
 }
 
-Fp8WeightsCast mx_weights_cast(double linear, Dtype act, int copies) {
-  return {3.0 * copies * linear, linear * dtype_bytes(act) + copies * double(mx_bytes(int64_t(linear))), 0};
+Fp8WeightsCast mx_weights_cast(double linear, Dtype act) {
+  const double copy = double(mx_bytes(int64_t(linear)));
+  return {3.0 * linear, linear * dtype_bytes(act) + copy, copy};
 }
 
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {

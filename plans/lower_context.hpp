@@ -55,9 +55,10 @@ struct Fp8WeightsCast {
   double flops, bytes, transpose_bytes;
 };
 Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current);
-// MXFP8's (fp8.hpp): the weights read once, `copies` MX copies written (row-wise for the forward,
-// and column-wise for dgrad where the backward needs it), each block's amax, scale and rounding.
-Fp8WeightsCast mx_weights_cast(double linear, Dtype act, int copies);
+// MXFP8's (fp8.hpp): the weights read once and their row-wise MX copy written, each block's amax,
+// scale and rounding; transpose_bytes: the column-wise copy written in the same pass (its op,
+// fp8_weights_transpose, as many flops).
+Fp8WeightsCast mx_weights_cast(double linear, Dtype act);
 
 struct LowerContext {
   LowerContext(const ModelConfig& model, const Topology& topology, const Plan& plan);

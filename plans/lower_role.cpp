@@ -353,16 +353,14 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
                                     const Fp8Copies& into) {
   const std::string& w8 = into.w8;
   if (c_.mx) {  // MXFP8: the row-wise copy, and the column-wise one from the same weights (read once)
-    const int copies = into.w8t.empty() ? 1 : 2;
-    const Fp8WeightsCast cost = mx_weights_cast(linear, c_.act, copies);
-    int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops / copies, {w}, {w8});
+    const Fp8WeightsCast cost = mx_weights_cast(linear, c_.act);
+    int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops, {w}, {w8});
     Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
     op.fp8_slots = {c_.fp8_slots.first_slot(lat.layer, g.expert), -1};
-    op.bytes = mx_weights_cast(linear, c_.act, 1).bytes;
-    if (copies == 2) {
-      int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, cost.flops / copies, {w},
-                             {into.w8t});
-      const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.bytes - op.bytes;
+    op.bytes = cost.bytes;
+    if (!into.w8t.empty()) {
+      int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, cost.flops, {w}, {into.w8t});
+      const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.transpose_bytes;
     }
     return;
   }

@@ -493,7 +493,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
       const double linear = double(g.elements - g.sp_replicated);
       const Fp8WeightsCast cost =  // (MXFP8: the row-wise copy; the column-wise one is lowering's second op, below)
-          c.mx ? mx_weights_cast(linear, c.act, 1) : fp8_weights_cast(linear, c.act, !plan.fp8.delayed());
+          c.mx ? mx_weights_cast(linear, c.act) : fp8_weights_cast(linear, c.act, !plan.fp8.delayed());
       Op cast;
       cast.kind = OpKind::activation;
       cast.phase = Phase::backward;
@@ -507,7 +507,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       Op transpose = cast;
       transpose.name = OpName::fp8_weights_transpose;
       transpose.flops = c.mx ? cost.flops : 0;
-      transpose.bytes = c.mx ? double(mx_bytes(int64_t(linear))) : cost.transpose_bytes;
+      transpose.bytes = cost.transpose_bytes;
       t.backward_mb_s += cost_model.op_time_s(transpose);
     }
     // Sequence parallel with sharded gradients: each group's replicated part all-reduced over tp in
