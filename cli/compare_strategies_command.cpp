@@ -248,8 +248,9 @@ int run_compare_strategies(int argc, char** argv, SimulationRunner& runner) {
       ("fp8", po::value<std::string>()->default_value("none"),
        "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
       ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
-       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default), tensorwise (current scaling) or "
-       "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8)")
+       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default), tensorwise (current scaling), "
+       "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8) or blockwise (an fp32 scale per 128 elements, "
+       "weights per 128x128 tile; a device with fp8_blockwise)")
       ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
       ("dropout", po::value<double>(), kDropoutHelp)
       ("jobs", po::value<int>()->default_value(2), "concurrent simulations (on each rank under mpirun)")

@@ -129,8 +129,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       ("fp8", po::value<std::string>()->default_value("none"),
        "fp8 of every candidate: none, e4m3 or hybrid (FP8 linear layers; needs a device with an FP8 peak)")
       ("fp8-recipe", po::value<std::string>()->default_value("delayed"),
-       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default), tensorwise (current scaling) or "
-       "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8)")
+       "fp8_recipe of every candidate with --fp8: delayed (Megatron's default), tensorwise (current scaling), "
+       "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8) or blockwise (an fp32 scale per 128 elements, "
+       "weights per 128x128 tile; a device with fp8_blockwise)")
       ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
       ("dropout", po::value<double>(), kDropoutHelp)
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations (on each rank under mpirun)")
@@ -150,7 +151,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "                     [--objective time|memory|energy|cost] [--max-memory-fraction F]\n"
       "                     [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
-      "                     [--fp8-recipe delayed|tensorwise|mxfp8] [--dropout P]\n"
+      "                     [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--dropout P]\n"
       "                     [--include-gpipe] [--heterogeneous]\n"
       "                     [--ep LIST] [--etp LIST] [--moe-dispatcher alltoall|allgather|both]\n"
       "                     [--moe-capacity-factor F] [--moe-routing-skew S | --moe-routing-histogram F]\n"

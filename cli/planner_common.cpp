@@ -325,7 +325,7 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm, c
   std::string recipe = vm["fp8-recipe"].as<std::string>();
   const std::optional<Fp8Scaling> scaling = parse_fp8_scaling(recipe);
   if (!scaling) {
-    throw InputError("command line: --fp8-recipe '" + recipe + "': valid: delayed, tensorwise, mxfp8");
+    throw InputError("command line: --fp8-recipe '" + recipe + "': valid: delayed, tensorwise, mxfp8, blockwise");
   }
   if (*scaling != Fp8Scaling::delayed && !space.fp8.enabled()) {
     throw InputError("command line: --fp8-recipe '" + recipe + "' without --fp8: valid: --fp8 e4m3 or hybrid beside "

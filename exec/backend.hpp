@@ -38,12 +38,13 @@ constexpr Dtype dtype_of() {
 
 // An FP8 operand in backend memory: its codes, the scale it was cast with, its format.
 template <class S>
-// MX (fp8.hpp): an MX tensor's storage, its block scales inside it, row-wise or column-wise; no scale.
+// Block-scaled (fp8.hpp): a tensor's storage, its block scales inside it, row-wise or column-wise;
+// no scale.
 struct Fp8Codes {
   const uint8_t* codes;
   const S* scale;
   Fp8Storage format;
-  bool mx = false;
+  Fp8Blocks blocks = Fp8Blocks::none;
   bool columnwise = false;
 };
 
@@ -202,10 +203,11 @@ class Backend {
                                         bool /*w_transposed*/ = false) {
     no_fp8();
   }
-  // MXFP8: x [rows, cols] into y's MX storage, blocked row-wise or column-wise (cpu_kernels.hpp's).
-  virtual void mx_cast(const T* /*x*/, uint8_t* /*y*/, int64_t /*rows*/, int64_t /*cols*/, bool /*columnwise*/,
-                       Fp8Storage /*format*/) {
-    no_mxfp8();
+  // Block-scaled FP8 (MXFP8, blockwise): x [rows, cols] into y's storage, blocked row-wise or
+  // column-wise, or in tiles (cpu_kernels.hpp's).
+  virtual void block_cast(const T* /*x*/, uint8_t* /*y*/, int64_t /*rows*/, int64_t /*cols*/, Fp8Blocks /*blocks*/,
+                          bool /*columnwise*/, Fp8Storage /*format*/) {
+    no_block_scaling();
   }
   // y [cols, rows] = x [rows, cols]ᵀ, bytes (a layer's FP8 weight codes for the dgrad GEMMs, a
   // wgrad operand's codes).
@@ -375,9 +377,10 @@ class Backend {
     throw InputError(std::string("the ") + name() + " backend does not run FP8 linear layers yet (plan key fp8); valid: "
                      "--backend cpu (FP8 emulated), or no fp8");
   }
-  void no_mxfp8() const {
-    throw InputError(std::string("the ") + name() + " backend does not run MXFP8 yet (plan key fp8_recipe \"mxfp8\"); "
-                     "valid: --backend cpu (MXFP8 emulated), or fp8_recipe \"delayed\" or \"tensorwise\"");
+  void no_block_scaling() const {
+    throw InputError(std::string("the ") + name() +
+                     " backend does not run block-scaled FP8 yet (plan key fp8_recipe \"mxfp8\" or \"blockwise\"); "
+                     "valid: --backend cpu (emulated), or fp8_recipe \"delayed\" or \"tensorwise\"");
   }
   void no_moe() const {
     throw InputError(std::string("the ") + name() +

@@ -285,8 +285,9 @@ class CpuBackend final : public Backend<T> {
     cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
   }
 
-  void mx_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, bool columnwise, Fp8Storage format) override {
-    cpu::mx_cast(x, y, rows, cols, columnwise, format);
+  void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
+                  Fp8Storage format) override {
+    cpu::block_cast(x, y, rows, cols, blocks, columnwise, format);
   }
   void fp8_cast(const T* x, uint8_t* y, int64_t n, const T* scale, T* amax, Fp8Storage format) override {
     cpu::fp8_cast(x, y, n, *scale, amax, format);
@@ -398,7 +399,7 @@ class CpuBackend final : public Backend<T> {
   Collectives<T> collectives_;
   std::vector<T> fp8_scratch_;  // decoded FP8 blocks (cpu::kFp8Scratch), allocated before any step
   static cpu::Fp8Operand<T> operand(const Fp8Codes<T>& x, int64_t ld) {
-    return {x.codes, ld, x.mx ? T(1) : *x.scale, x.format, x.mx, x.columnwise};
+    return {x.codes, ld, x.blocks != Fp8Blocks::none ? T(1) : *x.scale, x.format, x.blocks, x.columnwise};
   }
   std::vector<MPI_Request> pending_;
   std::vector<int> pending_peers_;

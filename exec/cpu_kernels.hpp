@@ -65,23 +65,25 @@ void fp8_absmax(const T* x, int64_t n, T* amax, bool accumulate);
 template <class T>
 void fp8_set_current_scale(const T* amax, T* scale, Fp8Storage format);
 // An FP8 operand: codes stored [rows, ld] as gemm's operands are, the scale it was cast with.
-// With mx: an MX tensor [rows, ld] (fp8.hpp's MxLayout: its blocks' scales inside `codes`, row-wise
-// or column-wise), scale 1.
+// Block-scaled (blocks not none): a tensor [rows, ld] in fp8.hpp's BlockLayout, its blocks' scales
+// inside `codes`, row-wise or column-wise; scale 1.
 template <class T>
 struct Fp8Operand {
   const uint8_t* codes;
   int64_t ld;
   T scale;
   Fp8Storage format;
-  bool mx = false;
+  Fp8Blocks blocks = Fp8Blocks::none;
   bool columnwise = false;
 };
-// MXFP8: x [rows, cols] (multiples of kMxBlock) quantized into y's MX storage (fp8.hpp), its
-// blocks along the rows (row-wise) or down the columns (columnwise): each block's scale exponent
-// from its largest magnitude (mx_scale_exponent), its values times mx_quantize_factor rounded
-// to the format's grid.
+// Block-scaled FP8: x [rows, cols] (multiples of the block length) quantized into y's storage
+// (fp8.hpp's BlockLayout), its blocks along the rows (row-wise) or down the columns (columnwise),
+// or 128×128 tiles: each block's scale from its largest magnitude (MX: mx_scale_exponent, values
+// times mx_quantize_factor; blockwise: values times blockwise_scale, its reciprocal stored),
+// rounded to the format's grid.
 template <class T>
-void mx_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, bool columnwise, Fp8Storage format);
+void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
+                Fp8Storage format);
 // C[m,n] = op(A)·op(B) / (scale_a·scale_b) + beta·C (gemm's conventions for op and trans).
 template <class T>
 void fp8_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Fp8Operand<T>& a,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "cpu_kernels.hpp"
@@ -19,13 +20,13 @@ const std::array<double, 256>& decode_table(Fp8Storage format) {
   return format == Fp8Storage::e4m3 ? e4m3 : e5m2;
 }
 
-// The value of stored element (r, c) of x (an MX operand's scaled by its block's scale; a
+// The value of stored element (r, c) of x (a block-scaled operand's scaled by its block's scale; a
 // per-tensor operand's code alone, its scale undone by the GEMM's alpha).
 template <class T>
 double stored_value(const Fp8Operand<T>& x, const std::array<double, 256>& table, int64_t r, int64_t c) {
-  if (!x.mx) return table[x.codes[r * x.ld + c]];
-  const MxLayout layout{x.ld, x.columnwise};
-  return table[x.codes[layout.code(r, c)]] * mx_dequantize_factor(x.codes[layout.scale(r, c)]);
+  if (x.blocks == Fp8Blocks::none) return table[x.codes[r * x.ld + c]];
+  const BlockLayout layout{x.blocks, x.ld, x.columnwise};
+  return table[x.codes[layout.code(r, c)]] * block_dequantize_factor(x.blocks, x.codes + layout.scale(r, c));
 }
 
 // Rows [r0, r0 + rows) and columns [c0, c0 + cols) of op(X) decoded into out[rows, cols].
@@ -52,24 +53,36 @@ void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage fo
 }
 
 template <class T>
-void mx_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, bool columnwise, Fp8Storage format) {
-  STEPCAST_CHECK(rows % kMxBlock == 0 && cols % kMxBlock == 0,
-                 "an MX tensor of " + std::to_string(rows) + " x " + std::to_string(cols) + " (not multiples of 32)");
-  const MxLayout layout{cols, columnwise};
-  // Block (r, c): 32 elements from element (r, c) along the row, or down the column.
-  const int64_t step_r = columnwise ? 1 : 0, step_c = columnwise ? 0 : 1;
-  for (int64_t r = 0; r < rows; r += columnwise ? kMxBlock : 1) {
-    for (int64_t c = 0; c < cols; c += columnwise ? 1 : kMxBlock) {
+void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
+                Fp8Storage format) {
+  const int64_t L = block_length(blocks);
+  STEPCAST_CHECK(blocks != Fp8Blocks::none && rows % L == 0 && cols % L == 0,
+                 "a block-scaled tensor of " + std::to_string(rows) + " x " + std::to_string(cols) +
+                     " (not multiples of " + std::to_string(L) + ")");
+  const BlockLayout layout{blocks, cols, columnwise};
+  // Block from (r, c): L × L elements (a tile), or L along the row or down the column.
+  const bool tile = blocks == Fp8Blocks::tile;
+  const int64_t block_rows = tile || columnwise ? L : 1, block_cols = tile || !columnwise ? L : 1;
+  for (int64_t r = 0; r < rows; r += block_rows) {
+    for (int64_t c = 0; c < cols; c += block_cols) {
       double amax = 0;
-      for (int64_t i = 0; i < kMxBlock; ++i) {
-        amax = std::max(amax, double(std::fabs(x[(r + i * step_r) * cols + c + i * step_c])));
+      for (int64_t i = r; i < r + block_rows; ++i) {
+        for (int64_t j = c; j < c + block_cols; ++j) amax = std::max(amax, double(std::fabs(x[i * cols + j])));
       }
-      const uint8_t e = mx_scale_exponent(amax, format);
-      const double factor = mx_quantize_factor(e);
-      y[layout.scale(r, c)] = e;
-      for (int64_t i = 0; i < kMxBlock; ++i) {
-        const int64_t rr = r + i * step_r, cc = c + i * step_c;
-        y[layout.code(rr, cc)] = fp8_encode(fp8_round(double(x[rr * cols + cc]) * factor, format), format);
+      double factor = 0;
+      if (blocks == Fp8Blocks::mx) {
+        const uint8_t e = mx_scale_exponent(amax, format);
+        y[layout.scale(r, c)] = e;
+        factor = mx_quantize_factor(e);
+      } else {
+        const float scale = blockwise_scale(amax, format), inverse = 1.0f / scale;  // (powers of two: exact)
+        std::memcpy(y + layout.scale(r, c), &inverse, sizeof inverse);
+        factor = double(scale);
+      }
+      for (int64_t i = r; i < r + block_rows; ++i) {
+        for (int64_t j = c; j < c + block_cols; ++j) {
+          y[layout.code(i, j)] = fp8_encode(fp8_round(double(x[i * cols + j]) * factor, format), format);
+        }
       }
     }
   }
@@ -158,7 +171,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
 
 #define STEPCAST_CPU_KERNELS_FP8(T)                                                                                   \
   template void fp8_cast<T>(const T*, uint8_t*, int64_t, T, T*, Fp8Storage);                                          \
-  template void mx_cast<T>(const T*, uint8_t*, int64_t, int64_t, bool, Fp8Storage);                                  \
+  template void block_cast<T>(const T*, uint8_t*, int64_t, int64_t, Fp8Blocks, bool, Fp8Storage);                   \
   template void fp8_absmax<T>(const T*, int64_t, T*, bool);                                                           \
   template void fp8_set_current_scale<T>(const T*, T*, Fp8Storage);                                                  \
   template void fp8_gemm<T>(bool, bool, int64_t, int64_t, int64_t, const Fp8Operand<T>&, const Fp8Operand<T>&, T, T*, \

@@ -42,7 +42,7 @@
 
 namespace stepcast {
 
-// The grid of an FP8 buffer's codes, by its dtype (fp8_e4m3 / fp8_e5m2, and their MX buffers).
+// The grid of an FP8 buffer's codes, by its dtype (fp8_e4m3 / fp8_e5m2, and their block-scaled buffers).
 Fp8Storage fp8_storage(Dtype dtype);
 
 // A layer group's linear weights, each with its weight slot kind (fp8.hpp): what fp8_weights casts.
@@ -127,10 +127,11 @@ class Interpreter {
     return role_.ops[size_t(arena_.alloc_of(name, op.id))].dtype;
   }
   int64_t element_bytes(const std::string& name, const Op& op) const { return dtype_bytes(dtype(name, op)); }
-  // Elements of the buffer, in its own dtype (an MX buffer's codes, its scales not counted).
+  // Elements of the buffer, in its own dtype (a block-scaled buffer's codes, its scales not counted).
   int64_t count(const std::string& name, const Op& op) const {
     const int64_t bytes = arena_.bytes_of(arena_.alloc_of(name, op.id));
-    return is_mx_storage(dtype(name, op)) ? bytes / (kMxBlock + 1) * kMxBlock : bytes / element_bytes(name, op);
+    const Fp8Blocks blocks = fp8_blocks(dtype(name, op));
+    return blocks != Fp8Blocks::none ? block_elements(blocks, bytes) : bytes / element_bytes(name, op);
   }
   // The op's operands by slot.
   const Operands& operands(const Op& op) const { return operands_[size_t(op.id)]; }
@@ -200,10 +201,11 @@ class Interpreter {
   Fp8Codes<W> fp8_codes(const std::string& name, const Op& op, int32_t slot);
   void fp8_activation(const Op& op);
   void fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
-  // MXFP8 (interpreter_mx.cpp; fp8.hpp): the casts into MX buffers and the GEMMs on them.
-  Fp8Codes<W> mx_codes(const std::string& name, const Op& op, bool columnwise, int64_t element_offset = 0);
-  void mx_activation(const Op& op);
-  void mx_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
+  // Block-scaled FP8, MXFP8 and blockwise (interpreter_blocks.cpp; fp8.hpp): the casts into
+  // block-scaled buffers and the GEMMs on them. block_codes: `name`'s storage from byte `offset`.
+  Fp8Codes<W> block_codes(const std::string& name, const Op& op, bool columnwise, int64_t offset = 0);
+  void block_activation(const Op& op);
+  void block_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
   void fp8_step_end(const Op& op);
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};

@@ -175,10 +175,10 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   const std::string& full_name = out(op, zero3 ? "full" : "y");
   char* part = arena_.buffer(part_name, op.id);
   char* full = arena_.buffer(full_name, op.id);
-  // (An MX buffer's codes and scales are gathered as its bytes: its shards are whole 32-row blocks.)
-  const bool mx = is_mx_storage(dtype(full_name, op));
-  int64_t n = mx ? arena_.bytes_of(arena_.alloc_of(full_name, op.id)) : count(full_name, op);
-  int64_t e = mx ? 1 : element_bytes(full_name, op);
+  // (A block-scaled buffer's codes and scales are gathered as its bytes: its shards are whole bands.)
+  const bool blocks = is_block_scaled(dtype(full_name, op));
+  int64_t n = blocks ? arena_.bytes_of(arena_.alloc_of(full_name, op.id)) : count(full_name, op);
+  int64_t e = blocks ? 1 : element_bytes(full_name, op);
   const std::string group = group_of_buffer(full_name);
   ShardRange part_range = zero3 ? shards(group).slice(n, shard_rank(group)) : ShardRange{};
   if (!zero3) {

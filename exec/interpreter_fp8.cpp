@@ -13,7 +13,8 @@
 namespace stepcast {
 Fp8Storage fp8_storage(Dtype dtype) {
   STEPCAST_CHECK(is_fp8_storage(dtype), std::string("an FP8 operand of dtype ") + to_string(dtype));
-  return dtype == Dtype::fp8_e4m3 || dtype == Dtype::mxfp8_e4m3 ? Fp8Storage::e4m3 : Fp8Storage::e5m2;
+  const bool e5m2 = dtype == Dtype::fp8_e5m2 || dtype == Dtype::mxfp8_e5m2 || dtype == Dtype::fp8_block_e5m2;
+  return e5m2 ? Fp8Storage::e5m2 : Fp8Storage::e4m3;
 }
 
 namespace {
@@ -31,7 +32,7 @@ Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string& name, const Op& o
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_activation(const Op& op) {
-  if (p_.fp8.mx()) return mx_activation(op);
+  if (p_.fp8.block_scaled()) return block_activation(op);
   if (op.name == OpName::fp8_transpose) {  // [x8] → [x8t]: a wgrad operand's
     backend_.fp8_transpose(codes(in(op, "x8"), op), codes(out(op, "x8t"), op), op.m, op.n);
     return;
@@ -110,7 +111,7 @@ void Interpreter<T, G, W>::fp8_activation(const Op& op) {
 
 template <class T, class G, class W>
 void Interpreter<T, G, W>::fp8_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor) {
-  if (p_.fp8.mx()) return mx_gemm(op, weight_tensor, bias_tensor);
+  if (p_.fp8.block_scaled()) return block_gemm(op, weight_tensor, bias_tensor);
   const int32_t a = op.fp8_slots[0], b = op.fp8_slots[1];
   const bool bias = bias_tensor[0] != '\0';
   // The weight tensor's codes inside the layer's FP8 copy (laid out as its weights).

@@ -20,8 +20,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
+
+#include "topology.hpp"
 
 namespace stepcast {
 
@@ -30,13 +33,13 @@ namespace stepcast {
 enum class Fp8Format { none, e4m3, hybrid };
 // How the scale's amax comes from the history (Megatron's --fp8-amax-compute-algo).
 enum class Fp8AmaxAlgo { most_recent, max };
-// Where a scale comes from (Megatron's --fp8-recipe: delayed, tensorwise, mxfp8): a tensor's
-// scale from an amax history, from the tensor's own amax, or one E8M0 scale per block of 32
-// elements (MXFP8, below).
-enum class Fp8Scaling { delayed, current, mxfp8 };
+// Where a scale comes from (Megatron's --fp8-recipe: delayed, tensorwise, mxfp8, blockwise): a
+// tensor's scale from an amax history, from the tensor's own amax, one E8M0 scale per block of 32
+// elements (MXFP8), or one fp32 scale per 128 elements or 128×128 tile (blockwise; both below).
+enum class Fp8Scaling { delayed, current, mxfp8, blockwise };
 const char* to_string(Fp8Format format);
 const char* to_string(Fp8AmaxAlgo algo);
-const char* to_string(Fp8Scaling scaling);  // "delayed", "tensorwise", "mxfp8"
+const char* to_string(Fp8Scaling scaling);  // "delayed", "tensorwise", "mxfp8", "blockwise"
 // The scaling of a recipe name (to_string's), nullopt for any other.
 std::optional<Fp8Scaling> parse_fp8_scaling(const std::string& recipe);
 
@@ -51,6 +54,9 @@ struct Fp8Recipe {
   bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }
   bool current() const { return enabled() && scaling == Fp8Scaling::current; }
   bool mx() const { return enabled() && scaling == Fp8Scaling::mxfp8; }
+  bool blockwise() const { return enabled() && scaling == Fp8Scaling::blockwise; }
+  // A scale per block of elements, carried inside each FP8 buffer (MXFP8 or blockwise).
+  bool block_scaled() const { return mx() || blockwise(); }
 };
 
 // The FP8 tensors of one transformer layer: the input (x) and weight (w) of each linear layer
@@ -158,35 +164,74 @@ X fp8_current_scale(X amax, Fp8Storage f) {
   return std::isfinite(scale) ? scale : X(1);
 }
 
-// ---- MXFP8 (fp8_recipe "mxfp8"; Transformer Engine's MXFP8BlockScaling, the OCP MX format) ----
-// Every 32 consecutive elements along a row (row-wise) or down a column (column-wise) share one
-// E8M0 scale: a biased power-of-two exponent e, 2^(e − 127), one byte. A GEMM reads each operand
-// blocked along its reduction dimension, so a linear layer's tensors are quantized twice from
-// their high-precision values: x and w row-wise for the forward, d_y row-wise and w column-wise
-// for dgrad, x and d_y column-wise for wgrad (the column-wise copy is not made from the row-wise
-// codes, unlike a per-tensor scale's transpose).
+// ---- Block-scaled FP8: MXFP8 and blockwise ----
+// MXFP8 (fp8_recipe "mxfp8"; Transformer Engine's MXFP8BlockScaling, the OCP MX format): every 32
+// consecutive elements along a row (row-wise) or down a column (column-wise) share one E8M0 scale,
+// a biased power-of-two exponent e, 2^(e − 127), one byte.
+// Blockwise (fp8_recipe "blockwise"; TE's Float8BlockScaling with its defaults, DeepSeek-V3's
+// scheme): activations and gradients in blocks of 128 along a row or down a column ("vector"),
+// weights in 128×128 tiles ("tile"), each block's scale an fp32 power of two (below).
+// A GEMM reads each operand blocked along its reduction dimension, so a linear layer's vector
+// blocked tensors are quantized twice from their high-precision values: x row-wise for the
+// forward, d_y row-wise for dgrad, x and d_y column-wise for wgrad (the column-wise copy is not
+// made from the row-wise codes, unlike a per-tensor scale's transpose). MX weights likewise (w
+// row-wise forward, column-wise dgrad); a tile covers the same elements both ways, so a tiled
+// weight's column-wise copy is its row-wise one transposed.
 //
-// Storage of an MX tensor [rows, cols] (both multiples of 32), its "mxfp8_e4m3" / "mxfp8_e5m2"
-// buffer of rows·cols·33/32 bytes: rows/32 blocks of 32 rows, block b at b·33·cols: its 32·cols
-// codes row-major, then cols scale bytes (row-wise: row r's cols/32 scales, r = 0..31; column-wise:
-// one per column). A buffer's shards along its rows are whole blocks, so a sequence-parallel
-// all_gather of them is the gathered tensor's storage.
+// Storage of a block-scaled tensor [rows, cols] (both multiples of the block length L: 32 for MX,
+// 128 otherwise), in bands of L rows: band b at b·band_bytes, its L·cols codes row-major, then its
+// scales: MX row-wise, row r's cols/32 scale bytes (r = 0..31); MX column-wise, one byte per
+// column; vector, the same with 4-byte fp32 scales; tile, cols/128 fp32 scales, one per tile. A
+// buffer's shards along its rows are whole bands, so a sequence-parallel all_gather of them is
+// the gathered tensor's storage. Blockwise scales hold what the codes are multiplied by when read
+// (TE's scale_inv).
+enum class Fp8Blocks : uint8_t { none, mx, vector, tile };
 constexpr int64_t kMxBlock = 32;
+constexpr int64_t kFp8BlockwiseBlock = 128;
+constexpr int64_t block_length(Fp8Blocks b) { return b == Fp8Blocks::mx ? kMxBlock : kFp8BlockwiseBlock; }
+constexpr int64_t scale_bytes(Fp8Blocks b) { return b == Fp8Blocks::mx ? 1 : 4; }
 
-struct MxLayout {
+struct BlockLayout {
+  Fp8Blocks blocks;
   int64_t cols;
   bool columnwise;
-  int64_t block(int64_t r) const { return (r / kMxBlock) * (kMxBlock + 1) * cols; }
-  int64_t code(int64_t r, int64_t c) const { return block(r) + (r % kMxBlock) * cols + c; }
-  int64_t scale(int64_t r, int64_t c) const {
-    return block(r) + kMxBlock * cols + (columnwise ? c : (r % kMxBlock) * (cols / kMxBlock) + c / kMxBlock);
+  int64_t band() const { return block_length(blocks); }
+  int64_t band_scales() const {  // scales a band holds
+    return blocks == Fp8Blocks::tile ? cols / kFp8BlockwiseBlock : cols;
+  }
+  int64_t band_bytes() const { return band() * cols + band_scales() * scale_bytes(blocks); }
+  int64_t block(int64_t r) const { return (r / band()) * band_bytes(); }
+  int64_t code(int64_t r, int64_t c) const { return block(r) + (r % band()) * cols + c; }
+  int64_t scale(int64_t r, int64_t c) const {  // the byte offset of (r, c)'s scale
+    const int64_t index = blocks == Fp8Blocks::tile ? c / kFp8BlockwiseBlock
+                          : columnwise              ? c
+                                                    : (r % band()) * (cols / band()) + c / band();
+    return block(r) + band() * cols + index * scale_bytes(blocks);
   }
 };
 
-// The storage bytes of an MX tensor of `elements`.
-constexpr int64_t mx_bytes(int64_t elements) { return elements + elements / kMxBlock; }
+// The blocks of a buffer of `dtype` (none: per-tensor FP8 codes, or not FP8).
+inline Fp8Blocks fp8_blocks(Dtype dtype) {
+  if (is_mx_storage(dtype)) return Fp8Blocks::mx;
+  if (dtype == Dtype::fp8_tile_e4m3) return Fp8Blocks::tile;
+  return is_block_scaled(dtype) ? Fp8Blocks::vector : Fp8Blocks::none;
+}
 
-// A block's scale exponent from its largest magnitude (TE's float_to_e8m0(amax · max_norm_rcp),
+// Elements per scale byte: an E8M0 byte per 32, an fp32 per 128, an fp32 per 128×128 tile.
+constexpr int64_t elements_per_scale_byte(Fp8Blocks b) {
+  return b == Fp8Blocks::tile ? kFp8BlockwiseBlock * kFp8BlockwiseBlock / 4 : block_length(b) / scale_bytes(b);
+}
+// The storage bytes of a block-scaled tensor of `elements` (whole bands), and the elements of
+// `bytes` of such storage.
+constexpr int64_t block_bytes(Fp8Blocks b, int64_t elements) {
+  return elements + elements / elements_per_scale_byte(b);
+}
+constexpr int64_t block_elements(Fp8Blocks b, int64_t bytes) {
+  return bytes / (elements_per_scale_byte(b) + 1) * elements_per_scale_byte(b);
+}
+constexpr int64_t mx_bytes(int64_t elements) { return block_bytes(Fp8Blocks::mx, elements); }
+
+// An MX block's scale exponent from its largest magnitude (TE's float_to_e8m0(amax · max_norm_rcp),
 // transformer_engine/common/util/ptx.cuh, and Blackwell's cvt.rp.satfinite.ue8m0x2.f32): the fp32
 // product amax·(1/fp8_max), its exponent rounded up to the next power of two; 0 for 0, 0xFE for
 // infinity, 0xFF for NaN.
@@ -203,9 +248,36 @@ inline uint8_t mx_scale_exponent(double amax, Fp8Storage f) {
   return uint8_t(exponent);
 }
 
-// What a block's values are multiplied by before rounding (TE's exp2f_rcp: 2^(127 − e), 1 for e = 0)
-// and what its codes' values are multiplied by when read (2^(e − 127), as the tensor cores do).
+// What an MX block's values are multiplied by before rounding (TE's exp2f_rcp: 2^(127 − e), 1 for
+// e = 0) and what its codes' values are multiplied by when read (2^(e − 127), as the tensor cores do).
 inline double mx_quantize_factor(uint8_t e) { return e == 0 ? 1.0 : std::ldexp(1.0, 127 - int(e)); }
 inline double mx_dequantize_factor(uint8_t e) { return std::ldexp(1.0, int(e) - 127); }
+
+// A blockwise block's scale from its largest magnitude (TE's compute_scale_from_amax with the
+// recipe's defaults, power-of-two scales and no epsilon: transformer_engine/common/recipe/
+// recipe_common.cuh): fp8_max / amax divided in fp32, then its mantissa cleared (rounded down to a
+// power of two); 1 where amax is 0, infinite or NaN; where the quotient overflows fp32, the
+// largest fp32 (TE's value_for_inf), so 2^127. Values are multiplied by it before rounding, codes
+// by its reciprocal (exact) when read.
+inline float blockwise_scale(double amax, Fp8Storage f) {
+  const float a = float(amax);
+  if (std::isinf(a) || std::isnan(a) || a == 0.0f) return 1.0f;
+  float scale = float(fp8_max(f)) / a;
+  if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+  uint32_t bits = 0;
+  std::memcpy(&bits, &scale, sizeof bits);
+  bits &= 0xFF800000u;
+  std::memcpy(&scale, &bits, sizeof bits);
+  return scale;
+}
+
+// The factor a block-scaled element's code is multiplied by when read: its block's scale from
+// `scale` (the bytes at BlockLayout::scale).
+inline double block_dequantize_factor(Fp8Blocks b, const uint8_t* scale) {
+  if (b == Fp8Blocks::mx) return mx_dequantize_factor(*scale);
+  float inverse = 0;
+  std::memcpy(&inverse, scale, sizeof inverse);
+  return double(inverse);
+}
 
 }  // namespace stepcast

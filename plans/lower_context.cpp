@@ -94,11 +94,21 @@ LowerContext::LowerContext(const ModelConfig& m, const Topology& topo, const Pla
   wide = act == Dtype::fp64 ? Dtype::fp64 : Dtype::fp32;
   dropout = p.dropout > 0;
   fp8 = p.fp8.enabled();
-  mx = p.fp8.mx();
-  fp8_transposed = fp8 && (mx || topo.node.device.fp8_transposed_copies);
-  fp8_forward = mx ? Dtype::mxfp8_e4m3 : Dtype::fp8_e4m3;
+  block_scaled = p.fp8.block_scaled();
+  fp8_transposed = fp8 && (block_scaled || topo.node.device.fp8_transposed_copies);
+  fp8_weights_transposed = fp8 && (p.fp8.mx() || topo.node.device.fp8_transposed_copies);
   const bool e5m2 = p.fp8.format == Fp8Format::hybrid;
-  fp8_backward = mx ? (e5m2 ? Dtype::mxfp8_e5m2 : Dtype::mxfp8_e4m3) : (e5m2 ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3);
+  if (p.fp8.mx()) {
+    fp8_forward = fp8_weights = Dtype::mxfp8_e4m3;
+    fp8_backward = e5m2 ? Dtype::mxfp8_e5m2 : Dtype::mxfp8_e4m3;
+  } else if (p.fp8.blockwise()) {
+    fp8_forward = Dtype::fp8_block_e4m3;
+    fp8_backward = e5m2 ? Dtype::fp8_block_e5m2 : Dtype::fp8_block_e4m3;
+    fp8_weights = Dtype::fp8_tile_e4m3;
+  } else {
+    fp8_forward = fp8_weights = Dtype::fp8_e4m3;
+    fp8_backward = e5m2 ? Dtype::fp8_e5m2 : Dtype::fp8_e4m3;
+  }
   fp8_slots = fp8_slot_layout(m, p);
   num_virtual_stages = p.pp_size * p.virtual_pp_size;
   if (m.is_moe()) moe = moe_shape(m, p, s_local * b);
@@ -253,20 +263,21 @@ Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current) {
   return {(2 * reads + 1) * linear, linear * (reads * dtype_bytes(act) + 1), 2 * linear};
 }
 
-Fp8WeightsCast mx_weights_cast(double linear, Dtype act) {
-  const double copy = double(mx_bytes(int64_t(linear)));
-  return {3.0 * linear, linear * dtype_bytes(act) + copy, copy};
+Fp8WeightsCast block_weights_cast(double linear, Dtype act, Dtype weights) {
+  const double copy = storage_bytes(weights, linear);
+  return {3.0 * linear, linear * dtype_bytes(act) + copy, is_mx_storage(weights) ? copy : 2 * copy};
 }
 
 std::string alloc_probe_fp8_state(RoleBuilder& rb, const LowerContext& ctx) {
   if (!ctx.fp8) return "";
-  rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()}, Phase::forward, true);
-  if (ctx.fp8_transposed) {
-    rb.alloc(fp8_transposed_copy_name("L0"), BufferClass::weights, ctx.fp8_forward, {ctx.layer_params_local()},
+  rb.alloc("fp8w.L0", BufferClass::weights, ctx.fp8_weights, {ctx.layer_params_local()}, Phase::forward, true);
+  if (ctx.fp8_weights_transposed) {
+    rb.alloc(fp8_transposed_copy_name("L0"), BufferClass::weights, ctx.fp8_weights, {ctx.layer_params_local()},
              Phase::forward, true);
   }
   for (const char* meta : {"fp8.scale", "fp8.amax"}) {
-    if (!ctx.mx) rb.alloc(meta, BufferClass::weights, ctx.wide, {ctx.fp8_slots.count()}, Phase::forward, true);
+    if (ctx.block_scaled) continue;
+    rb.alloc(meta, BufferClass::weights, ctx.wide, {ctx.fp8_slots.count()}, Phase::forward, true);
   }
   return "fp8w.L0";
 }
@@ -318,11 +329,11 @@ int32_t OpEmitter::linear(const OpSite& at, OpName name, Grad grad, int64_t m, i
   // one made already (d_y's by its fp8_cast_transpose; x's by fp8_transposed where wgrads share
   // it) or one made here by fp8_transposed and freed after the GEMM.
   std::vector<BufferName> transposed;
-  if (ctx_.mx && grad == Grad::wgrad) {
-    // MXFP8: the wgrad reads x's and d_y's column-wise copies; the caller passes x's (kept from the
-    // forward), d_y's is its cast's "_T" output.
+  if (ctx_.block_scaled && grad == Grad::wgrad) {
+    // Block-scaled: the wgrad reads x's and d_y's column-wise copies; the caller passes x's (kept
+    // from the forward), d_y's is its cast's "_T" output.
     STEPCAST_CHECK(inputs.size() == 2 && rb_.is_live(fp8_transposed_operand_name(inputs[1])),
-                   "an MX wgrad reads x and d_y's column-wise copy");
+                   "a block-scaled wgrad reads x and d_y's column-wise copy");
     inputs[1] = fp8_transposed_operand_name(inputs[1]);
   } else if (ctx_.fp8 && ctx_.fp8_transposed && grad == Grad::wgrad) {
     STEPCAST_CHECK(inputs.size() == 2, "an FP8 wgrad reads x and d_y");
@@ -345,6 +356,7 @@ void OpEmitter::mark_fp8(int32_t id, const OpSite& at, Fp8Slot a, Fp8Slot b, boo
                   experts ? slots.expert_slot(at.layer, at.microbatch, b) : slots.slot(at.layer, at.microbatch, b)};
   const double out_bytes = op.grad == Grad::wgrad ? dtype_bytes(ctx_.grad) : dtype_bytes(ctx_.act);
   const double m = double(op.m), n = double(op.n), k = double(op.k);
+  // (operands as the forward's: the weight's tiles carry fewer scale bytes; negligible either way)
   op.bytes = storage_bytes(ctx_.fp8_forward, m * k + k * n) + m * n * out_bytes;
 }
 
@@ -362,7 +374,7 @@ std::string OpEmitter::fp8_transposed(const OpSite& at, const std::string& x8, i
   return t;
 }
 
-std::string OpEmitter::mx_cast(const OpSite& at, const std::string& x, const std::string& name, int32_t slot,
+std::string OpEmitter::block_cast(const OpSite& at, const std::string& x, const std::string& name, int32_t slot,
                                bool gradient, BufferClass buffer_class, bool columnwise) {
   const OpShape shape = rb_.live_shape(x);
   const Dtype format = gradient ? ctx_.fp8_backward : ctx_.fp8_forward;
@@ -389,7 +401,7 @@ std::string OpEmitter::fp8_cast(const OpSite& at, const std::string& x, const st
                                 const std::string& counts) {
   const int32_t slot = counts.empty() ? ctx_.fp8_slots.slot(at.layer, at.microbatch, kind)
                                       : ctx_.fp8_slots.expert_slot(at.layer, at.microbatch, kind);
-  if (ctx_.mx) return mx_cast(at, x, name, slot, is_gradient_slot(kind), buffer_class, transposed);
+  if (ctx_.block_scaled) return block_cast(at, x, name, slot, is_gradient_slot(kind), buffer_class, transposed);
   const double elements = buffer_bytes({x}) / dtype_bytes(ctx_.act);
   std::vector<BufferName> outputs = {name, "fp8.amax"};
   if (!ctx_.plan.fp8.delayed()) {  // current scaling: x's amax (read once), then the cast's scale from it

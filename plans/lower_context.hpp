@@ -55,10 +55,11 @@ struct Fp8WeightsCast {
   double flops, bytes, transpose_bytes;
 };
 Fp8WeightsCast fp8_weights_cast(double linear, Dtype act, bool current);
-// MXFP8's (fp8.hpp): the weights read once and their row-wise MX copy written, each block's amax,
-// scale and rounding; transpose_bytes: the column-wise copy written in the same pass (its op,
-// fp8_weights_transpose, as many flops).
-Fp8WeightsCast mx_weights_cast(double linear, Dtype act);
+// Block-scaled weights' (fp8.hpp; `weights` their storage): the weights read once and their
+// row-wise copy written, each block's amax, scale and rounding. transpose_bytes: MX, the
+// column-wise copy written in the same pass (its op, fp8_weights_transpose, as many flops);
+// blockwise tiles, the row-wise copy read and written transposed (no flops).
+Fp8WeightsCast block_weights_cast(double linear, Dtype act, Dtype weights);
 
 struct LowerContext {
   LowerContext(const ModelConfig& model, const Topology& topology, const Plan& plan);
@@ -85,15 +86,20 @@ struct LowerContext {
   bool dropout;         // dropout > 0: masks exist (1 byte per element)
   bool fp8;             // FP8 linear layers (plan.fp8): their inputs, weights and output gradients
   // FP8 on a device that reads column-wise operands only from a transposed copy (its
-  // fp8_columnwise): each layer's FP8 weights also kept transposed, for the dgrad GEMMs.
-  // Under MXFP8 (plan.fp8.mx(), fp8.hpp) the same buffers hold each tensor's column-wise MX copy,
-  // quantized from the high-precision tensor: fp8_transposed is set, and nothing is transposed.
+  // fp8_columnwise): a wgrad's operands transposed (fp8_transposed), and each layer's FP8 weights
+  // kept transposed for the dgrad GEMMs (fp8_weights_transposed).
+  // Block-scaled (MXFP8, blockwise: plan.fp8.block_scaled(), fp8.hpp): the same buffers hold each
+  // activation's and gradient's column-wise copy, quantized from the high-precision tensor, so
+  // fp8_transposed is set and nothing is transposed; MX weights likewise (fp8_weights_transposed
+  // set), blockwise 128×128 tiles transposed where the device needs it.
   bool fp8_transposed;
-  bool mx;
+  bool fp8_weights_transposed;
+  bool block_scaled;
   // The FP8 copy of a linear layer's input the backward keeps: "<stem>_f8" (its column-wise copy
-  // "<stem>_f8_T" under MXFP8).
-  std::string fp8_kept(const std::string& stem) const { return stem + (mx ? "_f8_T" : "_f8"); }
+  // "<stem>_f8_T" when block-scaled).
+  std::string fp8_kept(const std::string& stem) const { return stem + (block_scaled ? "_f8_T" : "_f8"); }
   Dtype fp8_forward, fp8_backward;  // the storage of forward tensors and of gradients
+  Dtype fp8_weights;                // of the layers' FP8 weight copies (blockwise: 128×128 tiles)
   Fp8SlotLayout fp8_slots;          // where each FP8 tensor's scale and amax live
   int64_t num_virtual_stages;
   // Mixture of experts (zeros without experts; lower_moe.cpp). T: tokens a rank routes per
@@ -169,13 +175,14 @@ class OpEmitter {
   // worst-case rows are not the step's, and stay out of the amax); its slots are the experts'
   // (Fp8SlotLayout::expert_slot), and under current scaling its amax op reads the counts too (each local
   // expert's rows, into its own slot).
-  // MXFP8 (mx_cast): no amax and no scale; `name` is x's row-wise MX copy and, with `transposed`,
-  // "<name>_T" its column-wise copy, both [x's shape]; buffer_class is the class of the copy the
-  // backward keeps (the column-wise one where there is one; the row-wise one is workspace then).
+  // Block-scaled (block_cast): no amax and no scale; `name` is x's row-wise copy and, with
+  // `transposed`, "<name>_T" its column-wise copy, both [x's shape]; buffer_class is the class of
+  // the copy the backward keeps (the column-wise one where there is one; the row-wise one is
+  // workspace then).
   std::string fp8_cast(const OpSite& at, const std::string& x, const std::string& name, Fp8Slot kind,
                        BufferClass buffer_class, bool amax_over_tp = false, bool transposed = false,
                        const std::string& counts = "");
-  std::string mx_cast(const OpSite& at, const std::string& x, const std::string& name, int32_t slot, bool gradient,
+  std::string block_cast(const OpSite& at, const std::string& x, const std::string& name, int32_t slot, bool gradient,
                       BufferClass buffer_class, bool columnwise);
   // Compute op whose `bytes` are the sizes of its input and output buffers.
   int32_t compute(const OpSite& at, OpKind kind, OpName name, double flops,

@@ -210,7 +210,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
     if (fp8) {
       const bool keep8 = kept.count(c.fp8_kept(stem)) > 0;
       x = e.fp8_cast(at, x, n(stem + "_f8"), kind, keep8 ? BufferClass::activations : BufferClass::workspace, sp,
-                     c.mx && keep8);
+                     c.block_scaled && keep8);
       done(stem);
     }
     if (!sp) return x;
@@ -266,7 +266,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   std::string ctx = n("ctx");
   if (fp8) {
     ctx = e.fp8_cast(at, ctx, n("ctx_f8"), Fp8Slot::attn_out_x, BufferClass::activations, false,
-                     c.mx && kept.count(c.fp8_kept("ctx")));
+                     c.block_scaled && kept.count(c.fp8_kept("ctx")));
   }
   e.alloc(n("attn_partial"), BufferClass::workspace, c.act, full, at.phase);
   e.linear(at, OpName::attn_out, Grad::none, c.s * c.b, c.h, c.heads_local * c.d, {ctx, wl}, {n("attn_partial")},
@@ -326,7 +326,7 @@ std::string emit_layer_forward(OpEmitter& e, const OpSite& at, const std::string
   if (fp8) {
     const bool keep8 = kept.count(c.fp8_kept("act")) > 0;
     act = e.fp8_cast(at, act, n("act_f8"), Fp8Slot::mlp_down_x,
-                     keep8 ? BufferClass::activations : BufferClass::workspace, false, c.mx && keep8);
+                     keep8 ? BufferClass::activations : BufferClass::workspace, false, c.block_scaled && keep8);
     done("act");
   }
   e.alloc(n("mlp_partial"), BufferClass::workspace, c.act, full, at.phase);
@@ -378,7 +378,7 @@ void emit_mlp_input_backward(OpEmitter& e, const OpSite& at, const std::string& 
     e.free(d, bwd);
   };
   // SwiGLU's two wgrads read one transposed copy of their input (fp8_transposed devices).
-  const bool shared_t = fp8 && c.fp8_transposed && !c.mx && swiglu;
+  const bool shared_t = fp8 && c.fp8_transposed && !c.block_scaled && swiglu;
   const std::string x_t = shared_t ? e.fp8_transposed(at, x, rows) : "";
   const std::string d_up = prefix + "d_up", d_gate = prefix + "d_gate";
   const std::string d_up8 = grad_in(d_up, Fp8Slot::mlp_up_d);

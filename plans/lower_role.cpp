@@ -107,13 +107,13 @@ void RoleLowering::alloc_persistent() {
     // (Under ZeRO-3 cast from the gathered weights at each use instead: fp8_weights_for.)
     const bool fp8_copy = g.name[0] == 'L' || g.name[0] == 'X';  // a layer's, and a MoE layer's experts' too
     if (c_.fp8 && fp8_copy && !shards_of(g).sharded(ShardedState::weights)) {
-      rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
-      if (c_.fp8_transposed) {
-        rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_forward, {g.elements}, Phase::forward, true);
+      rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_weights, {g.elements}, Phase::forward, true);
+      if (c_.fp8_weights_transposed) {
+        rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_weights, {g.elements}, Phase::forward, true);
       }
     }
   }
-  if (c_.fp8 && !c_.mx) {  // every layer's slots on every rank: the amax all_reduce runs over the world
+  if (c_.fp8 && !c_.block_scaled) {  // every layer's slots on every rank: the amax all_reduce runs over the world
     const int64_t slots = c_.fp8_slots.count();
     rb_.alloc("fp8.scale", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
     rb_.alloc("fp8.amax", BufferClass::weights, c_.wide, {slots}, Phase::forward, true);
@@ -323,7 +323,7 @@ std::string RoleLowering::emit_chunk_forward(int32_t mb, int64_t chunk, bool exc
 RoleLowering::Fp8Copies RoleLowering::fp8_weights_for(const OpSite& lat, const ParamGroup& g, const std::string& w,
                                                        double linear) {
   if (!shards_of(g).sharded(ShardedState::weights)) {
-    Fp8Copies copies{fp8_weights_name(g), c_.fp8_transposed ? fp8_weights_t_name(g) : ""};
+    Fp8Copies copies{fp8_weights_name(g), c_.fp8_weights_transposed ? fp8_weights_t_name(g) : ""};
     if (fp8_weights_cast_.insert(g.name).second) cast_fp8_weights(lat, g, w, linear, copies);
     if (lat.phase != Phase::backward) copies.w8t.clear();  // (the dgrads read it)
     return copies;
@@ -331,10 +331,10 @@ RoleLowering::Fp8Copies RoleLowering::fp8_weights_for(const OpSite& lat, const P
   // Named as the gathered weights they are cast from: "fp8w.L3.mb0.forward" (group L3).
   const std::string use = use_suffix(lat);
   Fp8Copies copies{"fp8w." + g.name + use, "", true};
-  rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_forward, {g.elements}, lat.phase);
-  if (c_.fp8_transposed && lat.phase == Phase::backward) {
+  rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_weights, {g.elements}, lat.phase);
+  if (c_.fp8_weights_transposed && lat.phase == Phase::backward) {
     copies.w8t = fp8_transposed_copy_name(g.name) + use;
-    rb_.alloc(copies.w8t, BufferClass::weights, c_.fp8_forward, {g.elements}, lat.phase);
+    rb_.alloc(copies.w8t, BufferClass::weights, c_.fp8_weights, {g.elements}, lat.phase);
   }
   cast_fp8_weights(lat, g, w, linear, copies);
   return copies;
@@ -352,14 +352,18 @@ void RoleLowering::release_fp8_weights(const Fp8Copies& copies, Phase phase) {
 void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear,
                                     const Fp8Copies& into) {
   const std::string& w8 = into.w8;
-  if (c_.mx) {  // MXFP8: the row-wise copy, and the column-wise one from the same weights (read once)
-    const Fp8WeightsCast cost = mx_weights_cast(linear, c_.act);
+  if (c_.block_scaled) {
+    // The row-wise copy; MXFP8's column-wise one from the same weights (read once), blockwise
+    // tiles' transposed from the row-wise copy (a tile's scale serves both ways).
+    const Fp8WeightsCast cost = block_weights_cast(linear, c_.act, c_.fp8_weights);
     int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops, {w}, {w8});
     Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
     op.fp8_slots = {c_.fp8_slots.first_slot(lat.layer, g.expert), -1};
     op.bytes = cost.bytes;
     if (!into.w8t.empty()) {
-      int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, cost.flops, {w}, {into.w8t});
+      const bool mx = plan_.fp8.mx();
+      int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, mx ? cost.flops : 0,
+                             {mx ? w : w8}, {into.w8t});
       const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.transpose_bytes;
     }
     return;

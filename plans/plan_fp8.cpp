@@ -24,12 +24,13 @@ const char* to_string(Fp8Scaling scaling) {
     case Fp8Scaling::delayed: return "delayed";
     case Fp8Scaling::current: return "tensorwise";
     case Fp8Scaling::mxfp8: return "mxfp8";
+    case Fp8Scaling::blockwise: return "blockwise";
   }
   fail_invariant(__FILE__, __LINE__, "unknown Fp8Scaling");
 }
 
 std::optional<Fp8Scaling> parse_fp8_scaling(const std::string& recipe) {
-  for (Fp8Scaling s : {Fp8Scaling::delayed, Fp8Scaling::current, Fp8Scaling::mxfp8}) {
+  for (Fp8Scaling s : {Fp8Scaling::delayed, Fp8Scaling::current, Fp8Scaling::mxfp8, Fp8Scaling::blockwise}) {
     if (recipe == to_string(s)) return s;
   }
   return std::nullopt;
@@ -58,12 +59,6 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
     }
   }
   std::string recipe = reader.get_enum_or("fp8_recipe", kFp8Recipes, "delayed");
-  if (recipe == "blockwise") {
-    reader.fail("fp8_recipe", "\"blockwise\" (128-element block scaling) is not supported yet",
-                "\"delayed\" (Megatron-LM's default: per-tensor scales from an amax history), \"tensorwise\" "
-                "(current scaling: each tensor's scale from its own amax) or \"mxfp8\" (an E8M0 scale per 32 "
-                "elements, on a device with mxfp8)");
-  }
   r.scaling = *parse_fp8_scaling(recipe);
   if (r.scaling != Fp8Scaling::delayed) {
     for (const char* key : {"fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
@@ -83,25 +78,34 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
 
 
 void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& topology) {
-  if (!plan.fp8.mx()) return;
+  if (!plan.fp8.block_scaled()) return;
   const std::string& f = plan.file;
   const DeviceSpec& device = topology.node.device;
+  const bool mx = plan.fp8.mx();
+  const std::string recipe = std::string("\"") + to_string(plan.fp8.scaling) + "\"";
   const std::string other = "\"delayed\" or \"tensorwise\"";
-  if (!device.mxfp8) {
-    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
+  if (mx && !device.mxfp8) {
+    throw_input_error(f, "fp8_recipe", recipe,
                       "needs tensor cores that take MX block scales; the device " + device.name + " of " +
                           topology.file + " has none (its key mxfp8 is absent or false)",
                       other + ", or a topology whose device has \"mxfp8\": true (Blackwell: dgx-b200, gb200-nvl72)");
   }
+  if (!mx && !device.fp8_blockwise) {
+    throw_input_error(f, "fp8_recipe", recipe,
+                      "needs GEMMs on blockwise-scaled FP8 (Hopper or later); the device " + device.name + " of " +
+                          topology.file + " has none (its key fp8_blockwise is absent or false)",
+                      other + ", or a topology whose device has \"fp8_blockwise\": true (dgx-h100, h200-1gpu, "
+                              "dgx-b200, gb200-nvl72)");
+  }
   if (model.is_moe()) {
-    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
+    throw_input_error(f, "fp8_recipe", recipe,
                       "is not lowered for mixtures of experts yet (model " + model.file + " has experts)",
                       other + ", or a dense model");
   }
   // Each linear layer's operands on a rank: its inputs' rows (a microbatch's tokens of the rank's
   // sequence; the shard cast before its gather under sequence parallelism) and both dimensions of
-  // its weight, every one blocked by 32 in some GEMM.
-  const int64_t tp = plan.tp_size, d = model.head_dim();
+  // its weight, every one blocked by the block length in some GEMM (tiles: both at once).
+  const int64_t tp = plan.tp_size, d = model.head_dim(), block = mx ? kMxBlock : kFp8BlockwiseBlock;
   const int64_t rows = model.seq_length / plan.cp_size * plan.micro_batch_size;
   const std::vector<std::pair<std::string, int64_t>> dims = {
       {"hidden_size", model.hidden_size},
@@ -110,14 +114,16 @@ void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& to
       {"num_attention_heads · head_dim / tp_size", model.num_attention_heads * d / tp},
       {"intermediate_size / tp_size", model.intermediate_size / tp},
       {"a microbatch's tokens on a rank (seq_length / context_parallel_size · micro_batch_size)", rows},
-      {"a sequence-parallel shard's tokens (those / tp_size)", plan.sequence_parallel ? rows / tp : kMxBlock}};
+      {"a sequence-parallel shard's tokens (those / tp_size)", plan.sequence_parallel ? rows / tp : block}};
   for (const auto& [what, value] : dims) {
-    if (value % kMxBlock == 0) continue;
-    throw_input_error(f, "fp8_recipe", "\"mxfp8\"",
-                      "needs every linear layer's dimensions on a rank multiples of 32 (an E8M0 scale per 32 "
-                      "elements along rows and down columns); " + what + " = " + std::to_string(value) + " (model " +
-                          model.file + ")",
-                      other + ", or a model and plan whose dimensions are multiples of 32");
+    if (value % block == 0) continue;
+    const std::string scales = mx ? "an E8M0 scale per 32 elements along rows and down columns"
+                                  : "an fp32 scale per 128 elements along rows and down columns, per 128 x 128 "
+                                    "tile of a weight";
+    throw_input_error(f, "fp8_recipe", recipe,
+                      "needs every linear layer's dimensions on a rank multiples of " + std::to_string(block) + " (" +
+                          scales + "); " + what + " = " + std::to_string(value) + " (model " + model.file + ")",
+                      other + ", or a model and plan whose dimensions are multiples of " + std::to_string(block));
   }
 }
 

@@ -13,7 +13,8 @@ namespace stepcast {
 Fp8Recipe read_fp8(ObjectReader& reader);
 
 // The recipe against the model and the device: MXFP8 needs MX tensor cores (the device's mxfp8),
-// a dense model, and every linear layer's dimensions on a rank multiples of 32.
+// blockwise a device with fp8_blockwise; both a dense model, and every linear layer's dimensions
+// on a rank multiples of their block (32; 128).
 void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& topology);
 
 }  // namespace stepcast

@@ -380,24 +380,30 @@ void check_parameter_servers(const StepProgram& p, std::vector<std::string>& err
   }
 }
 
-// FP8 buffers as the program's recipe stores them: MX buffers (codes with a scale per 32, in
-// 32-row blocks of whole rows: fp8.hpp) exactly under mxfp8, per-tensor FP8 codes under the others.
+// FP8 buffers as the program's recipe stores them (fp8.hpp): MX buffers (codes with a scale per
+// 32, in bands of 32 whole rows) exactly under mxfp8, blockwise ones (128-element blocks or tiles,
+// bands of 128 rows) exactly under blockwise, per-tensor FP8 codes under the others.
 void check_fp8_storage(const StepProgram& program, std::vector<std::string>& errors) {
   for (const Role& role : program.roles) {
     for (const Op& op : role.ops) {
       if (op.kind != OpKind::alloc || !is_fp8_storage(op.dtype)) continue;
-      if (!program.fp8.enabled() || is_mx_storage(op.dtype) != program.fp8.mx()) {
+      const Fp8Blocks blocks = fp8_blocks(op.dtype);
+      const bool stored = program.fp8.mx()          ? blocks == Fp8Blocks::mx
+                          : program.fp8.blockwise() ? blocks == Fp8Blocks::vector || blocks == Fp8Blocks::tile
+                                                    : blocks == Fp8Blocks::none;
+      if (!program.fp8.enabled() || !stored) {
         errors.push_back(where(role, op) + ": an FP8 buffer of dtype " + to_string(op.dtype) + " in a program whose " +
                          (program.fp8.enabled() ? "fp8 recipe is " + std::string(to_string(program.fp8.scaling))
                                                 : std::string("plan has no fp8")));
         continue;
       }
-      // (A one-dimensional MX buffer is a parameter group's copy: each tensor blocked on its own.)
-      const int64_t cols = op.shape.empty() ? 1 : op.shape.back();
-      if (is_mx_storage(op.dtype) && op.shape.size() > 1 &&
-          (cols % kMxBlock != 0 || (elements(op.shape) / cols) % kMxBlock != 0)) {
-        errors.push_back(where(role, op) + ": an MX buffer of " + std::to_string(elements(op.shape) / cols) +
-                         " rows of " + std::to_string(cols) + ", not multiples of 32");
+      // (A one-dimensional block-scaled buffer is a parameter group's copy: each tensor blocked on its own.)
+      const int64_t cols = op.shape.empty() ? 1 : op.shape.back(), block = block_length(blocks);
+      if (blocks != Fp8Blocks::none && op.shape.size() > 1 &&
+          (cols % block != 0 || (elements(op.shape) / cols) % block != 0)) {
+        errors.push_back(where(role, op) + ": a block-scaled buffer (" + to_string(op.dtype) + ") of " +
+                         std::to_string(elements(op.shape) / cols) + " rows of " + std::to_string(cols) +
+                         ", not multiples of " + std::to_string(block));
       }
     }
   }

@@ -260,8 +260,8 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       if ((format != "e4m3" && format != "hybrid") || (algo != "most_recent" && algo != "max") ||
           !parse_fp8_scaling(recipe)) {
         throw InputError(path + ": key 'fp8' = " + printable_excerpt(f.dump()) +
-                         ": valid: format e4m3 or hybrid, recipe delayed, tensorwise or mxfp8, amax_compute_algo "
-                         "most_recent or max");
+                         ": valid: format e4m3 or hybrid, recipe delayed, tensorwise, mxfp8 or blockwise, "
+                         "amax_compute_algo most_recent or max");
       }
       p.fp8.format = format == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
       p.fp8.scaling = *parse_fp8_scaling(recipe);

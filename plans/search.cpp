@@ -50,6 +50,7 @@ std::string plan_name(const Plan& plan) {
   if (plan.fp8.enabled()) out << "-fp8" << (plan.fp8.format == Fp8Format::hybrid ? "h" : "");
   if (plan.fp8.current()) out << "-tw";
   if (plan.fp8.mx()) out << "-mx";
+  if (plan.fp8.blockwise()) out << "-bw";
   if (plan.moe.top_k > 0) {
     out << "-ep" << plan.moe.ep_size;
     if (plan.moe.etp_size != plan.tp_size) out << "-etp" << plan.moe.etp_size;

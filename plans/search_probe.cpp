@@ -54,7 +54,7 @@ double layer_peak_bytes(const ModelConfig& model, const Plan& plan) {
   rb.free(out, Phase::forward);  // the next layer's input: freed by that layer's backward
   rb.alloc("g", BufferClass::activations, ctx.act, local, Phase::backward);
   emit_layer_backward(e, OpSite{Phase::backward, 0, 0, 0}, "x_in", "g",
-                      {"weights.L0", "grads.L0", w8, ctx.fp8_transposed ? fp8_transposed_copy_name("L0") : ""});
+                      {"weights.L0", "grads.L0", w8, ctx.fp8_weights_transposed ? fp8_transposed_copy_name("L0") : ""});
   double level = 0, peak = 0;
   for (const Op& op : role.ops) {
     if (op.persistent) continue;
@@ -204,7 +204,7 @@ std::vector<StageMemoryBounds> stage_memory_bounds(const Plan& real_plan, const 
     if (plan.zero_stage >= 3) extra += (2 * largest_layer + edge) * act;  // gathered weights
     // (and the FP8 copies of a layer's and its experts', cast at each use, transposed too on such a device)
     if (plan.zero_stage >= 3 && c.fp8) {
-      extra += 2 * storage_bytes(c.fp8_forward, largest_layer + largest_experts) * (c.fp8_transposed ? 2 : 1);
+      extra += 2 * storage_bytes(c.fp8_weights, largest_layer + largest_experts) * (c.fp8_weights_transposed ? 2 : 1);
     }
     if (plan.zero_stage >= 2) {  // full gradients waiting for their bucket's reduce_scatter
       double waiting = all_groups;
@@ -492,8 +492,8 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       if (!c.fp8 || (g.kind != Group::layer && g.kind != Group::expert)) continue;
       if (!(g.kind == Group::expert ? c.expert_shards : c.shards).sharded(ShardedState::weights)) continue;
       const double linear = double(g.elements - g.sp_replicated);
-      const Fp8WeightsCast cost =  // (MXFP8: the row-wise copy; the column-wise one is lowering's second op, below)
-          c.mx ? mx_weights_cast(linear, c.act) : fp8_weights_cast(linear, c.act, !plan.fp8.delayed());
+      const Fp8WeightsCast cost = c.block_scaled ? block_weights_cast(linear, c.act, c.fp8_weights)  // (row-wise)
+                                                 : fp8_weights_cast(linear, c.act, !plan.fp8.delayed());
       Op cast;
       cast.kind = OpKind::activation;
       cast.phase = Phase::backward;
@@ -503,10 +503,10 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       const double cast_s = cost_model.op_time_s(cast);
       t.compute_mb_s += cast_s;
       t.backward_mb_s += cast_s;
-      if (!c.fp8_transposed) continue;
+      if (!c.fp8_weights_transposed) continue;
       Op transpose = cast;
       transpose.name = OpName::fp8_weights_transpose;
-      transpose.flops = c.mx ? cost.flops : 0;
+      transpose.flops = plan.fp8.mx() ? cost.flops : 0;
       transpose.bytes = cost.transpose_bytes;
       t.backward_mb_s += cost_model.op_time_s(transpose);
     }

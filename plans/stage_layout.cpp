@@ -53,9 +53,11 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
     // The FP8 weight copy of a layer (and of its experts) and its transpose, unless ZeRO-3 shards
     // the weights (the copies are then cast at each use, search_probe's transient bytes).
     const bool fp8_copy = (g.kind == Group::layer || g.kind == Group::expert) && !shards.sharded(ShardedState::weights);
-    if (c.fp8 && fp8_copy) total += storage_bytes(c.fp8_forward, double(g.elements)) * (c.fp8_transposed ? 2 : 1);
+    if (c.fp8 && fp8_copy) {
+      total += storage_bytes(c.fp8_weights, double(g.elements)) * (c.fp8_weights_transposed ? 2 : 1);
+    }
   }
-  if (c.fp8 && !c.mx) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
+  if (c.fp8 && !c.block_scaled) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank
     const double slots = double(c.fp8_slots.count());
     total += slots * wide * (2 + (c.plan.fp8.delayed() ? double(c.plan.fp8.amax_history_len) : 0.0));
   }

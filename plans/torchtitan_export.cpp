@@ -198,6 +198,9 @@ void add_float8(Builder& b, const Plan& p) {
   if (p.fp8.mx()) {
     b.cannot("MXFP8 as simulated (Transformer Engine's MXFP8BlockScaling; TorchTitan's MX converter is torchao's "
              "[mx] section, not its [float8] one)");
+  } else if (p.fp8.blockwise()) {
+    b.cannot("FP8 blockwise scaling as simulated (Transformer Engine's Float8BlockScaling: 1x128 activation blocks, "
+             "128x128 weight tiles; torchao's Float8 has tensorwise and rowwise recipes)");
   } else if (p.fp8.delayed()) {
     b.cannot("FP8 delayed scaling (torchao's Float8 has tensorwise and rowwise recipes)");
   } else {

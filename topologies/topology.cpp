@@ -6,6 +6,7 @@
 #include "topology.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <climits>
 #include <filesystem>
 #include <iomanip>
@@ -146,6 +147,7 @@ DeviceSpec read_device(ObjectReader& node) {
   device.fp8_transposed_copies =
       reader.get_enum_or("fp8_columnwise", {"native", "transposed"}, "native") == "transposed";
   device.mxfp8 = reader.get_bool_or("mxfp8", false);
+  device.fp8_blockwise = reader.get_bool_or("fp8_blockwise", false);
   reader.finish();
   // Something must be left for weights, gradients, optimizer state and activations.
   if (device.runtime_allowance_bytes + device.memory_reserved_bytes >= device.memory_bytes) {
@@ -326,6 +328,9 @@ const char* to_string(Dtype dtype) {
     case Dtype::fp8_e5m2: return "fp8_e5m2";
     case Dtype::mxfp8_e4m3: return "mxfp8_e4m3";
     case Dtype::mxfp8_e5m2: return "mxfp8_e5m2";
+    case Dtype::fp8_block_e4m3: return "fp8_block_e4m3";
+    case Dtype::fp8_block_e5m2: return "fp8_block_e5m2";
+    case Dtype::fp8_tile_e4m3: return "fp8_tile_e4m3";
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -345,6 +350,9 @@ int dtype_bytes(Dtype dtype) {
     case Dtype::fp8_e5m2: return 1;
     case Dtype::mxfp8_e4m3: return 1;
     case Dtype::mxfp8_e5m2: return 1;
+    case Dtype::fp8_block_e4m3: return 1;
+    case Dtype::fp8_block_e5m2: return 1;
+    case Dtype::fp8_tile_e4m3: return 1;
   }
   fail_invariant(__FILE__, __LINE__, "unknown Dtype " + std::to_string(static_cast<int>(dtype)));
 }
@@ -358,20 +366,29 @@ std::optional<Dtype> parse_dtype(const std::string& name) {
 
 std::optional<Dtype> parse_buffer_dtype(const std::string& name) {
   for (Dtype dtype : {Dtype::int32, Dtype::int64, Dtype::u8, Dtype::fp8_e4m3, Dtype::fp8_e5m2, Dtype::mxfp8_e4m3,
-                      Dtype::mxfp8_e5m2}) {
+                      Dtype::mxfp8_e5m2, Dtype::fp8_block_e4m3, Dtype::fp8_block_e5m2, Dtype::fp8_tile_e4m3}) {
     if (name == to_string(dtype)) return dtype;
   }
   return parse_dtype(name);
 }
 
 bool is_fp8_storage(Dtype dtype) {
-  return dtype == Dtype::fp8_e4m3 || dtype == Dtype::fp8_e5m2 || is_mx_storage(dtype);
+  return dtype == Dtype::fp8_e4m3 || dtype == Dtype::fp8_e5m2 || is_block_scaled(dtype);
 }
 
 bool is_mx_storage(Dtype dtype) { return dtype == Dtype::mxfp8_e4m3 || dtype == Dtype::mxfp8_e5m2; }
 
+bool is_block_scaled(Dtype dtype) {
+  return is_mx_storage(dtype) || dtype == Dtype::fp8_block_e4m3 || dtype == Dtype::fp8_block_e5m2 ||
+         dtype == Dtype::fp8_tile_e4m3;
+}
+
 double storage_bytes(Dtype dtype, double elements) {
-  return elements * dtype_bytes(dtype) + (is_mx_storage(dtype) ? elements / 32.0 : 0.0);  // one scale a 32 (kMxBlock)
+  // Scale bytes (fp8.hpp's block_bytes): an E8M0 byte per 32, an fp32 per 128 (both 1/32 an
+  // element), an fp32 per 128×128 tile; whole bytes, for a layer's copy whose tensors are blocked
+  // one by one among unscaled ones (norms, biases).
+  const double per_byte = dtype == Dtype::fp8_tile_e4m3 ? 4096 : 32;
+  return elements * dtype_bytes(dtype) + (is_block_scaled(dtype) ? std::ceil(elements / per_byte) : 0.0);
 }
 
 const char* to_string(IntraNodeKind kind) {
@@ -501,6 +518,7 @@ Json topology_to_json(const Topology& topology) {
   // Absent: native (programs of other devices keep their bytes and hash).
   if (device.fp8_transposed_copies) json["node"]["device"]["fp8_columnwise"] = "transposed";
   if (device.mxfp8) json["node"]["device"]["mxfp8"] = true;
+  if (device.fp8_blockwise) json["node"]["device"]["fp8_blockwise"] = true;
   Json& out = json["fabric"];
   if (is_switch_tree(fabric.kind)) {
     out["switch_latency_s"] = fabric.switch_latency_s;

@@ -17,9 +17,14 @@ namespace stepcast {
 // Number formats of compute (fp64 … fp8) and, for a program's data buffers only, of the token
 // ids and sample indices a step reads (int32, int64).
 // fp8 names the FP8 tensor-core rate (peaks, profile tables); a buffer of FP8 values is fp8_e4m3
-// or fp8_e5m2 (Transformer Engine's formats), or mxfp8_e4m3 / mxfp8_e5m2 (the same codes with an
-// E8M0 scale per 32 of them, fp8.hpp; dtype_bytes counts the codes); u8 is a one-byte mask.
-enum class Dtype : uint8_t { fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp8_e5m2 };
+// or fp8_e5m2 (Transformer Engine's formats), or block-scaled, the same codes with their blocks'
+// scales (fp8.hpp; dtype_bytes counts the codes): mxfp8_e4m3 / mxfp8_e5m2 (an E8M0 scale per 32),
+// fp8_block_e4m3 / fp8_block_e5m2 (an fp32 scale per 128 along a row or down a column),
+// fp8_tile_e4m3 (an fp32 scale per 128×128 tile); u8 is a one-byte mask.
+enum class Dtype : uint8_t {
+  fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp8_e5m2,
+  fp8_block_e4m3, fp8_block_e5m2, fp8_tile_e4m3
+};
 const char* to_string(Dtype dtype);
 // Bytes per element; tf32 is stored as 4 bytes.
 int dtype_bytes(Dtype dtype);
@@ -27,10 +32,12 @@ int dtype_bytes(Dtype dtype);
 std::optional<Dtype> parse_dtype(const std::string& name);
 // Parses the dtype of a program buffer: a compute dtype, int32 / int64, u8, fp8_e4m3 / fp8_e5m2.
 std::optional<Dtype> parse_buffer_dtype(const std::string& name);
-// fp8_e4m3 and fp8_e5m2, and their MX block-scaled buffers mxfp8_e4m3, mxfp8_e5m2 (fp8.hpp).
+// fp8_e4m3 and fp8_e5m2, and their block-scaled buffers (fp8.hpp).
 bool is_fp8_storage(Dtype dtype);
 bool is_mx_storage(Dtype dtype);
-// The bytes of a buffer of `elements` (an MX buffer's codes and their scales: fp8.hpp's mx_bytes).
+bool is_block_scaled(Dtype dtype);  // MX, blockwise vector or tile
+// The bytes of a buffer of `elements` (a block-scaled buffer's codes and their scales: fp8.hpp's
+// block_bytes).
 double storage_bytes(Dtype dtype, double elements);
 
 struct DeviceSpec {
@@ -57,6 +64,10 @@ struct DeviceSpec {
   // fifth-generation tensor cores; Hopper's take one scale per tensor). Key "mxfp8" (optional,
   // default false); a plan's fp8_recipe "mxfp8" needs it.
   bool mxfp8 = false;
+  // GEMMs on blockwise-scaled FP8 operands (an fp32 scale per 128 elements or per 128×128 tile:
+  // Transformer Engine's Float8BlockScaling, from compute capability 9.0, Hopper). Key
+  // "fp8_blockwise" (optional, default false); a plan's fp8_recipe "blockwise" needs it.
+  bool fp8_blockwise = false;
   bool has_power() const { return power_busy_w > 0; }
   // Peak for `dtype`; throws InputError naming the topology file when the device lacks it.
   double peak_for(Dtype dtype, const std::string& topology_file) const;

@@ -26,6 +26,9 @@ ncclDataType_t nccl_type(Dtype dtype) {
     case Dtype::fp8_e5m2:
     case Dtype::mxfp8_e4m3:
     case Dtype::mxfp8_e5m2:
+    case Dtype::fp8_block_e4m3:
+    case Dtype::fp8_block_e5m2:
+    case Dtype::fp8_tile_e4m3:
     case Dtype::u8:
       return ncclUint8;  // (FP8 codes are gathered, never reduced)
     default:

@@ -111,10 +111,10 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                           std::to_string(model.head_dim()),
                       "\"materialized\", or a model with one of those head dims");
   }
-  if (plan.fp8.mx()) {
-    throw_input_error(plan.file, "fp8_recipe", "\"mxfp8\"",
-                      "the CUDA backend does not run MXFP8 yet (its FP8 GEMMs take one scale per tensor)",
-                      "--backend cpu (MXFP8 emulated), or fp8_recipe \"delayed\" or \"tensorwise\"");
+  if (plan.fp8.block_scaled()) {
+    throw_input_error(plan.file, "fp8_recipe", std::string("\"") + to_string(plan.fp8.scaling) + "\"",
+                      "the CUDA backend does not run block-scaled FP8 yet (its FP8 GEMMs take one scale per tensor)",
+                      "--backend cpu (emulated), or fp8_recipe \"delayed\" or \"tensorwise\"");
   }
   if (plan.fp8.enabled()) {
     // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16. An

@@ -38,7 +38,7 @@ TEST_CASE("mxfp8: a block's scale exponent is amax over fp8_max rounded up to a 
 TEST_CASE("mxfp8: an MX buffer holds 32-row blocks of codes, each followed by its scales", "[kernels][fp8]") {
   // cols 64: block b at b·33·64 = b·2112; row r's codes at (r mod 32)·64 in it; its scales after
   // the block's 2048 codes: row-wise 2 a row, column-wise one a column.
-  const MxLayout rows{64, false}, columns{64, true};
+  const BlockLayout rows{Fp8Blocks::mx, 64, false}, columns{Fp8Blocks::mx, 64, true};
   CHECK(rows.code(33, 5) == 2112 + 64 + 5);
   CHECK(columns.code(33, 5) == rows.code(33, 5));
   CHECK(rows.scale(33, 40) == 2112 + 2048 + 2 + 1);
@@ -53,12 +53,12 @@ TEST_CASE("mxfp8: a cast writes each block's scale and its values scaled and rou
   x[0] = 3;
   x[5 * cols + 40] = -448;
   std::vector<uint8_t> y(size_t(mx_bytes(rows * cols)));
-  auto value = [&](const MxLayout& l, int64_t r, int64_t c) {
+  auto value = [&](const BlockLayout& l, int64_t r, int64_t c) {
     return fp8_decode(y[size_t(l.code(r, c))], Fp8Storage::e4m3) * mx_dequantize_factor(y[size_t(l.scale(r, c))]);
   };
   SECTION("row-wise") {
-    cpu::mx_cast(x.data(), y.data(), rows, cols, false, Fp8Storage::e4m3);
-    const MxLayout l{cols, false};
+    cpu::block_cast(x.data(), y.data(), rows, cols, Fp8Blocks::mx, false, Fp8Storage::e4m3);
+    const BlockLayout l{Fp8Blocks::mx, cols, false};
     // Row 0, columns 0–31: amax 3 → exponent 120 (×128): 3 → 384 exactly; 1.1 → 140.8, on e4m3's
     // grid of 16 between 128 and 256 → 144, read back as 1.125.
     CHECK(y[size_t(l.scale(0, 0))] == 120);
@@ -73,8 +73,8 @@ TEST_CASE("mxfp8: a cast writes each block's scale and its values scaled and rou
     CHECK(value(l, 5, 33) == 1.125);
   }
   SECTION("column-wise") {
-    cpu::mx_cast(x.data(), y.data(), rows, cols, true, Fp8Storage::e4m3);
-    const MxLayout l{cols, true};
+    cpu::block_cast(x.data(), y.data(), rows, cols, Fp8Blocks::mx, true, Fp8Storage::e4m3);
+    const BlockLayout l{Fp8Blocks::mx, cols, true};
     // Column 0: amax 3 (×128); column 40: amax 448 (×1); column 1: amax 1.1 (×256).
     CHECK(y[size_t(l.scale(0, 0))] == 120);
     CHECK(y[size_t(l.scale(17, 40))] == 127);
@@ -99,9 +99,9 @@ TEST_CASE("mxfp8: the GEMMs on MX operands are the products of their decoded blo
   for (size_t i = 0; i < dy.size(); ++i) dy[i] = std::sin(0.05 * double(i) + 1) * 1e-3 * (1 + double(i % 13));
   auto cast = [](const std::vector<double>& v, int64_t rows, int64_t cols, bool columnwise, Fp8Storage f) {
     std::vector<uint8_t> codes(size_t(mx_bytes(rows * cols)));
-    cpu::mx_cast(v.data(), codes.data(), rows, cols, columnwise, f);
+    cpu::block_cast(v.data(), codes.data(), rows, cols, Fp8Blocks::mx, columnwise, f);
     std::vector<double> decoded(v.size());
-    const MxLayout l{cols, columnwise};
+    const BlockLayout l{Fp8Blocks::mx, cols, columnwise};
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         decoded[size_t(r * cols + c)] =
@@ -125,9 +125,10 @@ TEST_CASE("mxfp8: the GEMMs on MX operands are the products of their decoded blo
     }
     return most / scale;
   };
-  const cpu::Fp8Operand<double> xr{x_r.data(), in, 1.0, e4m3, true, false}, xc{x_c.data(), in, 1.0, e4m3, true, true};
-  const cpu::Fp8Operand<double> wr{w_r.data(), in, 1.0, e4m3, true, false}, wc{w_c.data(), in, 1.0, e4m3, true, true};
-  const cpu::Fp8Operand<double> dr{d_r.data(), out, 1.0, e5m2, true, false}, dc{d_c.data(), out, 1.0, e5m2, true, true};
+  const Fp8Blocks mx = Fp8Blocks::mx;
+  const cpu::Fp8Operand<double> xr{x_r.data(), in, 1.0, e4m3, mx, false}, xc{x_c.data(), in, 1.0, e4m3, mx, true};
+  const cpu::Fp8Operand<double> wr{w_r.data(), in, 1.0, e4m3, mx, false}, wc{w_c.data(), in, 1.0, e4m3, mx, true};
+  const cpu::Fp8Operand<double> dr{d_r.data(), out, 1.0, e5m2, mx, false}, dc{d_c.data(), out, 1.0, e5m2, mx, true};
   // Forward y = x·wᵀ (row-wise x and w).
   std::vector<double> y(size_t(tokens * out)), y_ref(y.size());
   cpu::fp8_linear_forward(xr, wr, static_cast<const double*>(nullptr), y.data(), tokens, in, out, scratch.data());

@@ -226,5 +226,8 @@ TEST_CASE("MXFP8: check_program refuses FP8 buffers the recipe does not store so
   StepProgram ragged = program;  // rows not whole 32-row blocks
   Op& alloc = first_activation(ragged);
   alloc.shape = {33, alloc.shape.back()};
-  CHECK(any_error_contains(check_program(ragged), "an MX buffer of 33 rows of"));
+  CHECK(any_error_contains(check_program(ragged), "(mxfp8_e4m3) of 33 rows of"));
+  StepProgram blockwise = program;  // MX buffers in a blockwise program
+  blockwise.fp8.scaling = Fp8Scaling::blockwise;
+  CHECK(any_error_contains(check_program(blockwise), "of dtype mxfp8_e4m3 in a program whose fp8 recipe is blockwise"));
 }
