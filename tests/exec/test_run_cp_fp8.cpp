@@ -251,9 +251,11 @@ TEST_CASE(
 TEST_CASE("run: MXFP8 plans give the single-rank MXFP8 curve (fp64), near the curve without FP8", "[run][fp8]") {
   // fp8_recipe mxfp8 on a device with MX tensor cores (localhost-cpu marked so): every 32 elements
   // scaled on their own. The tiny models' dimensions are multiples of 32 and so are a rank's
-  // tokens (two sequences of 64; a shard of 32 under SP; one chunk of 16 tokens per sequence under
-  // cp 2), so tp, SP, pp, dp, ZeRO and cp ranks quantize the blocks one rank quantizes: their
-  // curves are the single rank's.
+  // tokens (two sequences of 64; a shard of 32 under SP), so their rows' blocks are one rank's.
+  // Not every column-wise block is: tp 2's k and v sections of qkv are 16 rows each, and cp 2's
+  // chunks 16 tokens. A power-of-two scale changes no normal value's rounding, so such a block
+  // changes only elements near e4m3's subnormal range: equal curves here check the numerics end
+  // to end, the kernel tests (test_cpu_kernels_mx.cpp) each block's elements.
   Json topology = load_json_file(source_path("topologies/localhost-cpu.json"));
   topology["node"]["device"]["mxfp8"] = true;
   const std::string mx_topology = write_temp_file("localhost-cpu-mxfp8.json", topology.dump());
