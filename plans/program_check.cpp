@@ -388,11 +388,14 @@ void check_fp8_storage(const StepProgram& program, std::vector<std::string>& err
     for (const Op& op : role.ops) {
       if (op.kind != OpKind::alloc || !is_fp8_storage(op.dtype)) continue;
       const Fp8Blocks blocks = fp8_blocks(op.dtype);
+      // (blockwise: tiles are the layers' weight copies, and only those)
+      const bool weights = op.buffer_class == BufferClass::weights;
       const bool stored = program.fp8.mx()          ? blocks == Fp8Blocks::mx
-                          : program.fp8.blockwise() ? blocks == Fp8Blocks::vector || blocks == Fp8Blocks::tile
+                          : program.fp8.blockwise() ? blocks == (weights ? Fp8Blocks::tile : Fp8Blocks::vector)
                                                     : blocks == Fp8Blocks::none;
       if (!program.fp8.enabled() || !stored) {
-        errors.push_back(where(role, op) + ": an FP8 buffer of dtype " + to_string(op.dtype) + " in a program whose " +
+        errors.push_back(where(role, op) + ": an FP8 buffer of dtype " + to_string(op.dtype) + " (class " +
+                         to_string(op.buffer_class) + ") in a program whose " +
                          (program.fp8.enabled() ? "fp8 recipe is " + std::string(to_string(program.fp8.scaling))
                                                 : std::string("plan has no fp8")));
         continue;

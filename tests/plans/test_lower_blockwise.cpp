@@ -166,6 +166,15 @@ TEST_CASE("FP8 blockwise: check_program refuses block buffers the recipe does no
   StepProgram mx = program;  // blockwise buffers in an MXFP8 program
   mx.fp8.scaling = Fp8Scaling::mxfp8;
   CHECK(any_error_contains(check_program(mx), "in a program whose fp8 recipe is mxfp8"));
+  StepProgram tiled = program;  // an activation in 128x128 tiles
+  for (Op& op : tiled.roles[0].ops) {
+    if (op.kind == OpKind::alloc && op.dtype == Dtype::fp8_block_e4m3) {
+      op.dtype = Dtype::fp8_tile_e4m3;
+      break;
+    }
+  }
+  CHECK(any_error_contains(check_program(tiled), "of dtype fp8_tile_e4m3 (class workspace) in a program whose fp8 "
+                                                 "recipe is blockwise"));
   StepProgram ragged = program;  // rows not whole 128-row bands
   for (Op& op : ragged.roles[0].ops) {
     if (op.kind == OpKind::alloc && op.dtype == Dtype::fp8_block_e4m3 && op.shape.size() > 1) {

@@ -219,15 +219,18 @@ TEST_CASE("MXFP8: check_program refuses FP8 buffers the recipe does not store so
   };
   StepProgram per_tensor = program;  // a per-tensor FP8 buffer in an MXFP8 program
   first_activation(per_tensor).dtype = Dtype::fp8_e4m3;
-  CHECK(any_error_contains(check_program(per_tensor), "of dtype fp8_e4m3 in a program whose fp8 recipe is mxfp8"));
+  CHECK(any_error_contains(check_program(per_tensor), "of dtype fp8_e4m3 (class workspace) in a program whose fp8 "
+                                                      "recipe is mxfp8"));
   StepProgram delayed = program;  // MX buffers in a delayed-scaling program
   delayed.fp8.scaling = Fp8Scaling::delayed;
-  CHECK(any_error_contains(check_program(delayed), "of dtype mxfp8_e4m3 in a program whose fp8 recipe is delayed"));
+  CHECK(any_error_contains(check_program(delayed),
+                           "of dtype mxfp8_e4m3 (class activations) in a program whose fp8 recipe is delayed"));
   StepProgram ragged = program;  // rows not whole 32-row blocks
   Op& alloc = first_activation(ragged);
   alloc.shape = {33, alloc.shape.back()};
   CHECK(any_error_contains(check_program(ragged), "(mxfp8_e4m3) of 33 rows of"));
   StepProgram blockwise = program;  // MX buffers in a blockwise program
   blockwise.fp8.scaling = Fp8Scaling::blockwise;
-  CHECK(any_error_contains(check_program(blockwise), "of dtype mxfp8_e4m3 in a program whose fp8 recipe is blockwise"));
+  CHECK(any_error_contains(check_program(blockwise),
+                           "of dtype mxfp8_e4m3 (class activations) in a program whose fp8 recipe is blockwise"));
 }
