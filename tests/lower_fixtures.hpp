@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "errors.hpp"
 #include "json_input.hpp"
 #include "lower.hpp"
 #include "model.hpp"
@@ -36,6 +37,17 @@ inline Plan make_plan(const Json& json, const ModelConfig& model, const Topology
   Plan plan = parse_plan(with_dp, "test-plan.json");
   validate_plan(plan, model, topology);
   return plan;
+}
+
+// make_plan's refusal of `json` for models/<model_name>.json, or "accepted".
+inline std::string plan_refusal(const Json& json, const std::string& model_name, const Topology& topology) {
+  ModelConfig model = load_model(source_path("models/" + model_name + ".json"));
+  try {
+    make_plan(json, model, topology);
+  } catch (const InputError& e) {
+    return std::string(e.what());
+  }
+  return "accepted";
 }
 
 // A plan file's JSON (named `file` in errors) validated on `nodes` localhost-cpu nodes and

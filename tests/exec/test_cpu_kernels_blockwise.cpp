@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu_kernels.hpp"
+#include "fp8_reference.hpp"
 #include "fp8.hpp"
 
 using namespace stepcast;
@@ -147,54 +148,22 @@ TEST_CASE("fp8 blockwise: the GEMMs on blockwise operands are the products of th
   auto [d_c, dv_c] = cast(dy, tokens, out, vec, true, e5m2);
   CHECK(xv_r != xv_c);  // blocks along rows and down columns round differently
   std::vector<double> scratch(size_t(cpu::kFp8Scratch));
-  auto worst = [](const std::vector<double>& a, const std::vector<double>& b) {
-    double most = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      most = std::max(most, std::abs(a[i] - b[i]));
-      scale = std::max(scale, std::abs(b[i]));
-    }
-    return most / scale;
-  };
   const cpu::Fp8Operand<double> xr{x_r.data(), in, 1.0, e4m3, vec, false}, xc{x_c.data(), in, 1.0, e4m3, vec, true};
   const cpu::Fp8Operand<double> wt{w_t.data(), in, 1.0, e4m3, tile, false}, wt_c{w_t.data(), in, 1.0, e4m3, tile, true};
   const cpu::Fp8Operand<double> dr{d_r.data(), out, 1.0, e5m2, vec, false}, dc{d_c.data(), out, 1.0, e5m2, vec, true};
   // Forward y = x·wᵀ; dgrad d_x = d_y·w (the tiles read column-wise: the same values).
-  std::vector<double> y(size_t(tokens * out)), y_ref(y.size()), y_exact(y.size());
+  std::vector<double> y(size_t(tokens * out));
   cpu::fp8_linear_forward(xr, wt, static_cast<const double*>(nullptr), y.data(), tokens, in, out, scratch.data());
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t o = 0; o < out; ++o) {
-      double s = 0, e = 0;
-      for (int64_t i = 0; i < in; ++i) {
-        s += xv_r[size_t(t * in + i)] * wv_t[size_t(o * in + i)];
-        e += x[size_t(t * in + i)] * w[size_t(o * in + i)];
-      }
-      y_ref[size_t(t * out + o)] = s;
-      y_exact[size_t(t * out + o)] = e;
-    }
-  CHECK(worst(y, y_ref) < 1e-13);
-  const double off = worst(y, y_exact);  // FP8's few percent, not garbage
+  CHECK(test::worst_relative(y, test::reference_forward(xv_r, wv_t, tokens, in, out)) < 1e-13);
+  const double off = test::worst_relative(y, test::reference_forward(x, w, tokens, in, out));  // FP8's few percent
   CHECK(off > 1e-4);
   CHECK(off < 0.1);
-  std::vector<double> dx(size_t(tokens * in)), dx_ref(dx.size());
+  std::vector<double> dx(size_t(tokens * in));
   cpu::fp8_linear_backward_data(dr, wt_c, dx.data(), tokens, in, out, false, scratch.data());
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t i = 0; i < in; ++i) {
-      double s = 0;
-      for (int64_t o = 0; o < out; ++o) s += dv_r[size_t(t * out + o)] * wv_t[size_t(o * in + i)];
-      dx_ref[size_t(t * in + i)] = s;
-    }
-  CHECK(worst(dx, dx_ref) < 1e-13);
+  CHECK(test::worst_relative(dx, test::reference_dgrad(dv_r, wv_t, tokens, in, out)) < 1e-13);
   // wgrad dw = d_yᵀ·x (column-wise both), and the bias gradient from the column-wise d_y.
-  std::vector<double> dw(size_t(out * in), 0.0), db(size_t(out), 0.0), dw_ref(dw.size()), db_ref(db.size());
+  std::vector<double> dw(size_t(out * in), 0.0), db(size_t(out), 0.0), db_ref;
   cpu::fp8_linear_backward_weight(dc, xc, dw.data(), db.data(), tokens, in, out, scratch.data());
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) {
-      double s = 0;
-      for (int64_t t = 0; t < tokens; ++t) s += dv_c[size_t(t * out + o)] * xv_c[size_t(t * in + i)];
-      dw_ref[size_t(o * in + i)] = s;
-    }
-    for (int64_t t = 0; t < tokens; ++t) db_ref[size_t(o)] += dv_c[size_t(t * out + o)];
-  }
-  CHECK(worst(dw, dw_ref) < 1e-13);
-  CHECK(worst(db, db_ref) < 1e-13);
+  CHECK(test::worst_relative(dw, test::reference_wgrad(dv_c, xv_c, tokens, in, out, db_ref)) < 1e-13);
+  CHECK(test::worst_relative(db, db_ref) < 1e-13);
 }

@@ -129,15 +129,7 @@ TEST_CASE("FP8 blockwise: Megatron-LM's arguments name the recipe and no delayed
 
 TEST_CASE("FP8 blockwise: refused on a device without it, with experts, and with dimensions not of 128",
           "[lower][fp8]") {
-  auto message = [](const Json& j, const std::string& model_name, const Topology& topology) {
-    ModelConfig model = load_model(source_path("models/" + model_name + ".json"));
-    try {
-      make_plan(j, model, topology);
-    } catch (const InputError& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto message = plan_refusal;
   const Json j = blockwise_plan();
   CHECK_THAT(message(j, "small-gpt", test_topology()),
              Catch::Contains("key 'fp8_recipe' = \"blockwise\"") && Catch::Contains("its key fp8_blockwise") &&
