@@ -206,7 +206,7 @@ class Backend {
   // Block-scaled FP8 (MXFP8, blockwise): x [rows, cols] into y's storage, blocked row-wise or
   // column-wise, or in tiles (cpu_kernels.hpp's).
   virtual void block_cast(const T* /*x*/, uint8_t* /*y*/, int64_t /*rows*/, int64_t /*cols*/, Fp8Blocks /*blocks*/,
-                          bool /*columnwise*/, Fp8Storage /*format*/) {
+                          bool /*columnwise*/, Fp8Storage /*format*/, bool /*power_of_two*/) {
     no_block_scaling();
   }
   // y [cols, rows] = x [rows, cols]ᵀ, bytes (a layer's FP8 weight codes for the dgrad GEMMs, a

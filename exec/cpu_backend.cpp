@@ -286,8 +286,8 @@ class CpuBackend final : public Backend<T> {
   }
 
   void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
-                  Fp8Storage format) override {
-    cpu::block_cast(x, y, rows, cols, blocks, columnwise, format);
+                  Fp8Storage format, bool power_of_two) override {
+    cpu::block_cast(x, y, rows, cols, blocks, columnwise, format, power_of_two);
   }
   void fp8_cast(const T* x, uint8_t* y, int64_t n, const T* scale, T* amax, Fp8Storage format) override {
     cpu::fp8_cast(x, y, n, *scale, amax, format);

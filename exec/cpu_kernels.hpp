@@ -79,11 +79,11 @@ struct Fp8Operand {
 // Block-scaled FP8: x [rows, cols] (multiples of the block length) quantized into y's storage
 // (fp8.hpp's BlockLayout), its blocks along the rows (row-wise) or down the columns (columnwise),
 // or 128×128 tiles: each block's scale from its largest magnitude (MX: mx_scale_exponent, values
-// times mx_quantize_factor; blockwise: values times blockwise_scale, its reciprocal stored),
-// rounded to the format's grid.
+// times mx_quantize_factor; blockwise: values times blockwise_scale, a power of two unless
+// power_of_two is false, its fp32 reciprocal stored), rounded to the format's grid.
 template <class T>
 void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
-                Fp8Storage format);
+                Fp8Storage format, bool power_of_two = true);
 // C[m,n] = op(A)·op(B) / (scale_a·scale_b) + beta·C (gemm's conventions for op and trans).
 template <class T>
 void fp8_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const Fp8Operand<T>& a,

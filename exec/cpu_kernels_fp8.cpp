@@ -54,7 +54,7 @@ void fp8_cast(const T* x, uint8_t* y, int64_t n, T scale, T* amax, Fp8Storage fo
 
 template <class T>
 void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
-                Fp8Storage format) {
+                Fp8Storage format, bool power_of_two) {
   const int64_t L = block_length(blocks);
   STEPCAST_CHECK(blocks != Fp8Blocks::none && rows % L == 0 && cols % L == 0,
                  "a block-scaled tensor of " + std::to_string(rows) + " x " + std::to_string(cols) +
@@ -75,7 +75,7 @@ void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks bl
         y[layout.scale(r, c)] = e;
         factor = mx_quantize_factor(e);
       } else {
-        const float scale = blockwise_scale(amax, format), inverse = 1.0f / scale;  // (powers of two: exact)
+        const float scale = blockwise_scale(amax, format, power_of_two), inverse = 1.0f / scale;
         std::memcpy(y + layout.scale(r, c), &inverse, sizeof inverse);
         factor = double(scale);
       }
@@ -171,7 +171,7 @@ void fp8_scale_update(T* amax, T* history, T* scale, int64_t slots, const Fp8Rec
 
 #define STEPCAST_CPU_KERNELS_FP8(T)                                                                                   \
   template void fp8_cast<T>(const T*, uint8_t*, int64_t, T, T*, Fp8Storage);                                          \
-  template void block_cast<T>(const T*, uint8_t*, int64_t, int64_t, Fp8Blocks, bool, Fp8Storage);                   \
+  template void block_cast<T>(const T*, uint8_t*, int64_t, int64_t, Fp8Blocks, bool, Fp8Storage, bool);             \
   template void fp8_absmax<T>(const T*, int64_t, T*, bool);                                                           \
   template void fp8_set_current_scale<T>(const T*, T*, Fp8Storage);                                                  \
   template void fp8_gemm<T>(bool, bool, int64_t, int64_t, int64_t, const Fp8Operand<T>&, const Fp8Operand<T>&, T, T*, \

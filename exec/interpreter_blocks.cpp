@@ -41,11 +41,11 @@ void Interpreter<T, G, W>::block_activation(const Op& op) {
     const std::string& x = in(op, "x");
     const std::string& y = out(op, "y");
     backend_.block_cast(buf(x, op), codes(y, op), op.m, op.n, fp8_blocks(dtype(y, op)), false,
-                        fp8_storage(dtype(y, op)));
+                        fp8_storage(dtype(y, op)), p_.fp8.power_of_two_scales);
     if (op.name == OpName::fp8_cast_transpose) {
       const std::string& y_t = out(op, "y_t");
       backend_.block_cast(buf(x, op), codes(y_t, op), op.m, op.n, fp8_blocks(dtype(y_t, op)), true,
-                          fp8_storage(dtype(y_t, op)));
+                          fp8_storage(dtype(y_t, op)), p_.fp8.power_of_two_scales);
     }
     return;
   }
@@ -68,7 +68,7 @@ void Interpreter<T, G, W>::block_activation(const Op& op) {
       continue;
     }
     backend_.block_cast(buf(w, op) + t.offset, codes(w8, op) + at, t.rows, t.cols, blocks, columnwise,
-                        fp8_storage(dtype(w8, op)));
+                        fp8_storage(dtype(w8, op)), p_.fp8.power_of_two_scales);
   }
 }
 

@@ -50,6 +50,9 @@ struct Fp8Recipe {
   int64_t amax_history_len = 1;  // Megatron's default --fp8-amax-history-len
   Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::most_recent;
   int64_t margin = 0;  // scale = fp8_max / amax / 2^margin
+  // Blockwise scaling's: scales rounded down to powers of two (TE's default), or any fp32 (TE's
+  // NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1, Hopper only).
+  bool power_of_two_scales = true;
   bool enabled() const { return format != Fp8Format::none; }
   bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }
   bool current() const { return enabled() && scaling == Fp8Scaling::current; }
@@ -254,16 +257,17 @@ inline double mx_quantize_factor(uint8_t e) { return e == 0 ? 1.0 : std::ldexp(1
 inline double mx_dequantize_factor(uint8_t e) { return std::ldexp(1.0, int(e) - 127); }
 
 // A blockwise block's scale from its largest magnitude (TE's compute_scale_from_amax with the
-// recipe's defaults, power-of-two scales and no epsilon: transformer_engine/common/recipe/
-// recipe_common.cuh): fp8_max / amax divided in fp32, then its mantissa cleared (rounded down to a
-// power of two); 1 where amax is 0, infinite or NaN; where the quotient overflows fp32, the
-// largest fp32 (TE's value_for_inf), so 2^127. Values are multiplied by it before rounding, codes
-// by its reciprocal (exact) when read.
-inline float blockwise_scale(double amax, Fp8Storage f) {
+// recipe's defaults, no epsilon: transformer_engine/common/recipe/recipe_common.cuh): fp8_max /
+// amax divided in fp32, then, with power_of_two (the default), its mantissa cleared (rounded down
+// to a power of two); 1 where amax is 0, infinite or NaN; where the quotient overflows fp32, the
+// largest fp32 (TE's value_for_inf; 2^127 once rounded down). Values are multiplied by it before
+// rounding, codes by its fp32 reciprocal (TE's scale_inv; exact for a power of two) when read.
+inline float blockwise_scale(double amax, Fp8Storage f, bool power_of_two = true) {
   const float a = float(amax);
   if (std::isinf(a) || std::isnan(a) || a == 0.0f) return 1.0f;
   float scale = float(fp8_max(f)) / a;
   if (std::isinf(scale)) scale = std::numeric_limits<float>::max();
+  if (!power_of_two) return scale;
   uint32_t bits = 0;
   std::memcpy(&bits, &scale, sizeof bits);
   bits &= 0xFF800000u;

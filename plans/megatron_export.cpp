@@ -344,6 +344,10 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
   if (plan.fp8.enabled()) {  // Transformer Engine's FP8 (arguments.py, _add_transformer_engine_args)
     b.flag("--fp8-format", to_string(plan.fp8.format));
     b.flag("--fp8-recipe", to_string(plan.fp8.scaling));
+    if (plan.fp8.blockwise() && !plan.fp8.power_of_two_scales) {  // an environment variable, no argument
+      b.note("fp8_block_scales fp32: set NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 in the launch environment "
+             "(Transformer Engine's Float8BlockScaling reads it)");
+    }
     if (plan.fp8.delayed()) {
       b.flag("--fp8-amax-history-len", plan.fp8.amax_history_len);
       b.flag("--fp8-amax-compute-algo", to_string(plan.fp8.amax_compute_algo));

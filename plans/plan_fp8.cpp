@@ -43,6 +43,9 @@ namespace {
 const std::vector<std::string> kFp8Formats = {"e4m3", "hybrid"};
 const std::vector<std::string> kFp8Recipes = {"delayed", "tensorwise", "mxfp8", "blockwise"};
 const std::vector<std::string> kFp8AmaxAlgos = {"most_recent", "max"};
+// Transformer Engine's Float8BlockScaling scales: powers of two (its default) or any fp32
+// (NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1).
+const std::vector<std::string> kFp8BlockScales = {"power_of_two", "fp32"};
 
 }  // namespace
 
@@ -52,7 +55,8 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
   if (reader.has("fp8")) {
     r.format = reader.get_enum_or("fp8", kFp8Formats, "e4m3") == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
   }
-  for (const char* key : {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin"}) {
+  for (const char* key :
+       {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin", "fp8_block_scales"}) {
     if (reader.has(key) && !r.enabled()) {
       reader.fail(key, "is set but the plan has no fp8 key (FP8 off)",
                   "fp8 = \"e4m3\" or \"hybrid\" beside it, or no " + std::string(key));
@@ -68,6 +72,11 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
       }
     }
   }
+  if (reader.has("fp8_block_scales") && r.scaling != Fp8Scaling::blockwise) {
+    reader.fail("fp8_block_scales", "is a blockwise-scaling setting, and fp8_recipe is \"" + recipe + "\"",
+                "fp8_recipe \"blockwise\" beside it, or no fp8_block_scales");
+  }
+  r.power_of_two_scales = reader.get_enum_or("fp8_block_scales", kFp8BlockScales, "power_of_two") == "power_of_two";
   r.amax_history_len = reader.get_int_or("fp8_amax_history_len", 1, 1);
   r.amax_compute_algo =
       reader.get_enum_or("fp8_amax_compute_algo", kFp8AmaxAlgos, "most_recent") == "max" ? Fp8AmaxAlgo::max
@@ -96,6 +105,12 @@ void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& to
                           topology.file + " has none (its key fp8_blockwise is absent or false)",
                       other + ", or a topology whose device has \"fp8_blockwise\": true (dgx-h100, h200-1gpu, "
                               "dgx-b200, gb200-nvl72)");
+  }
+  if (!plan.fp8.power_of_two_scales && device.mxfp8) {
+    throw_input_error(f, "fp8_block_scales", "\"fp32\"",
+                      "Blackwell runs blockwise scaling as MXFP8, whose scales are powers of two (TE's docs); the "
+                      "device " + device.name + " of " + topology.file + " has MX tensor cores",
+                      "\"power_of_two\" (the default), or a Hopper device (dgx-h100, h200-1gpu)");
   }
   if (model.is_moe()) {
     throw_input_error(f, "fp8_recipe", recipe,

@@ -299,6 +299,10 @@ std::string write_program_json(const StepProgram& program, std::ostream* out, co
     put_number(s, double(program.fp8.margin));
     put_key(s, "slots");
     put_number(s, double(program.fp8_slots));
+    if (program.fp8.blockwise() && !program.fp8.power_of_two_scales) {  // absent: powers of two
+      put_key(s, "block_scales");
+      put_name(s, "fp32");
+    }
     s += '}';
   }
   s += ",\"roles\":[";

@@ -269,6 +269,13 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
       p.fp8.amax_history_len = integer(f.at("amax_history_len"), "fp8.amax_history_len", 1, 1 << 20);
       p.fp8.margin = integer(f.at("margin"), "fp8.margin", 0, 1000);
       p.fp8_slots = integer(f.at("slots"), "fp8.slots", 1, kLarge);
+      if (f.contains("block_scales")) {
+        if (f.at("block_scales") != "fp32" || p.fp8.scaling != Fp8Scaling::blockwise) {
+          throw InputError(path + ": key 'fp8.block_scales' = " + printable_excerpt(f.at("block_scales").dump()) +
+                           ": valid: \"fp32\" with recipe blockwise, or absent (powers of two)");
+        }
+        p.fp8.power_of_two_scales = false;
+      }
     }
     for (const Json& jr : j.at("roles")) {
       Role role;
@@ -306,8 +313,9 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
             std::optional<Dtype> parsed = parse_buffer_dtype(dtype);
             if (!parsed) {
               throw InputError(path + ": key 'dtype' = \"" + dtype +
-                               "\": unknown value (valid: fp64, fp32, tf32, bf16, fp16, fp8, "
-                               "int32, int64, u8, fp8_e4m3, fp8_e5m2)");
+                               "\": unknown value (valid: fp64, fp32, tf32, bf16, fp16, fp8, int32, int64, u8, "
+                               "fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp8_e5m2, fp8_block_e4m3, fp8_block_e5m2, "
+                               "fp8_tile_e4m3)");
             }
             op.dtype = *parsed;
             op.shape = integers(jo.at("shape"), "shape", 0, kLarge);

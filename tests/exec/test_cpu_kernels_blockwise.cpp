@@ -45,6 +45,10 @@ TEST_CASE("fp8 blockwise: a block's scale is fp8_max over amax rounded down to a
   CHECK(blockwise_scale(NAN, e4m3) == 1.0f);
   // An amax so small that fp8_max / amax overflows fp32: the largest float, rounded down: 2^127.
   CHECK(blockwise_scale(1e-40, e4m3) == std::ldexp(1.0f, 127));
+  // fp32 scales (TE's NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1): the quotient itself.
+  CHECK(blockwise_scale(3, e4m3, false) == 448.0f / 3.0f);
+  CHECK(blockwise_scale(1, e5m2, false) == 57344.0f);
+  CHECK(blockwise_scale(1e-40, e4m3, false) == std::numeric_limits<float>::max());
 }
 
 TEST_CASE("fp8 blockwise: buffers hold 128-row bands of codes, each followed by fp32 scales", "[kernels][fp8]") {
@@ -88,6 +92,17 @@ TEST_CASE("fp8 blockwise: a cast writes each block's scale and its values scaled
     CHECK(stored(y, l, 5, 200, e4m3) == -448);
     CHECK(stored(y, l, 5, 130, e4m3) == 1.125);
     CHECK(scale_at(y, l, 6, 200) == 1.0f / 256);
+  }
+  SECTION("1x128 blocks along rows, fp32 scales") {
+    cpu::block_cast(x.data(), y.data(), rows, cols, Fp8Blocks::vector, false, e4m3, false);
+    const BlockLayout l{Fp8Blocks::vector, cols, false};
+    // Row 0, columns 0–127: scale 448/3 = 149.33: 3 → 448; 1.1 → 164.27, on the grid of 16 → 160,
+    // read back times fp32(3/448): not 1.1's power-of-two rounding (1.125).
+    const float inverse = 1.0f / (448.0f / 3.0f);
+    CHECK(scale_at(y, l, 0, 0) == inverse);
+    CHECK(stored(y, l, 0, 0, e4m3) == 448 * double(inverse));
+    CHECK(stored(y, l, 0, 1, e4m3) == 160 * double(inverse));
+    CHECK(stored(y, l, 0, 1, e4m3) == Approx(1.0714).epsilon(1e-4));
   }
   SECTION("128x1 blocks down columns") {
     cpu::block_cast(x.data(), y.data(), rows, cols, Fp8Blocks::vector, true, e4m3);

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <sstream>
 #include <string>
 
 #include "cheap_path_check.hpp"
@@ -15,6 +16,7 @@
 #include "megatron_export.hpp"
 #include "memory.hpp"
 #include "program_check.hpp"
+#include "program_json.hpp"
 
 using namespace stepcast;
 using namespace stepcast::test;
@@ -148,6 +150,36 @@ TEST_CASE("FP8 blockwise: refused on a device without it, with experts, and with
   margin["fp8_margin"] = 1;
   CHECK_THAT(message(margin, "small-gpt", blockwise_topology(true)),
              Catch::Contains("key 'fp8_margin'") && Catch::Contains("fp8_recipe is \"blockwise\""));
+}
+
+TEST_CASE("FP8 blockwise: fp32 scales travel in the plan and the program", "[lower][fp8]") {
+  ModelConfig model = load_model(source_path("models/small-gpt.json"));
+  const Topology topology = blockwise_topology(true);
+  Json j = blockwise_plan();
+  const StepProgram pow2 = lower_program(model, topology, make_plan(j, model, topology));
+  j["fp8_block_scales"] = "fp32";
+  const Plan plan = make_plan(j, model, topology);
+  CHECK_FALSE(plan.fp8.power_of_two_scales);
+  CHECK(plan_to_json(plan).at("fp8_block_scales") == "fp32");
+  const StepProgram program = lower_program(model, topology, plan);
+  std::ostringstream text;
+  write_program_json(program, &text);
+  CHECK(text.str().find("\"block_scales\":\"fp32\"") != std::string::npos);
+  CHECK_FALSE(parse_program_json_text(text.str(), "program.json").fp8.power_of_two_scales);
+  std::ostringstream pow2_text;
+  write_program_json(pow2, &pow2_text);
+  CHECK(pow2_text.str().find("block_scales") == std::string::npos);
+  CHECK(parse_program_json_text(pow2_text.str(), "program.json").fp8.power_of_two_scales);
+  CHECK_THAT(plan_refusal(j, "small-gpt", load_topology(source_path("topologies/dgx-b200.json"), 1)),
+             Catch::Contains("key 'fp8_block_scales' = \"fp32\"") && Catch::Contains("powers of two"));
+  Json delayed = j;
+  delayed["fp8_recipe"] = "delayed";
+  CHECK_THAT(plan_refusal(delayed, "small-gpt", topology),
+             Catch::Contains("key 'fp8_block_scales'") && Catch::Contains("fp8_recipe is \"delayed\""));
+  const MegatronArguments args = megatron_arguments(plan, model);
+  std::string notes;
+  for (const std::string& n : args.notes) notes += n + "\n";
+  CHECK(notes.find("NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1") != std::string::npos);
 }
 
 TEST_CASE("FP8 blockwise: check_program refuses block buffers the recipe does not store so", "[lower][fp8]") {
