@@ -79,9 +79,14 @@ void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks bl
         std::memcpy(y + layout.scale(r, c), &inverse, sizeof inverse);
         factor = double(scale);
       }
+      // (A power-of-two factor scales exactly; an fp32 scale's product is taken in fp32 first, as
+      // TE's kernels multiply, so its rounding is theirs for fp32 and bf16 inputs.)
+      const bool exact = blocks == Fp8Blocks::mx || power_of_two;
       for (int64_t i = r; i < r + block_rows; ++i) {
         for (int64_t j = c; j < c + block_cols; ++j) {
-          y[layout.code(i, j)] = fp8_encode(fp8_round(double(x[i * cols + j]) * factor, format), format);
+          const double v = double(x[i * cols + j]);
+          const double scaled = exact ? v * factor : double(float(v) * float(factor));
+          y[layout.code(i, j)] = fp8_encode(fp8_round(scaled, format), format);
         }
       }
     }
