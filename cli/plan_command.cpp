@@ -132,6 +132,9 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
        "fp8_recipe of every candidate with --fp8: delayed (Megatron's default), tensorwise (current scaling), "
        "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8) or blockwise (an fp32 scale per 128 elements, "
        "weights per 128x128 tile; a device with fp8_blockwise)")
+      ("fp8-param-gather", po::bool_switch(),
+       "candidates under the distributed optimizer (ZeRO-1/2) keep their layers' linear weights in FP8 only "
+       "and gather them so (Megatron-LM's --fp8-param-gather; delayed or tensorwise recipes)")
       ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
       ("dropout", po::value<double>(), kDropoutHelp)
       ("jobs", po::value<int>()->default_value(2), "worker threads and concurrent simulations (on each rank under mpirun)")
@@ -151,7 +154,8 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
       "                     [--objective time|memory|energy|cost] [--max-memory-fraction F]\n"
       "                     [--price-per-gpu-hour AMOUNT CURRENCY]\n"
       "                     [--attention materialized|flash] [--fp8 none|e4m3|hybrid]\n"
-      "                     [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--dropout P]\n"
+      "                     [--fp8-recipe delayed|tensorwise|mxfp8|blockwise] [--fp8-param-gather]\n"
+      "                     [--dropout P]\n"
       "                     [--include-gpipe] [--heterogeneous]\n"
       "                     [--ep LIST] [--etp LIST] [--moe-dispatcher alltoall|allgather|both]\n"
       "                     [--moe-capacity-factor F] [--moe-routing-skew S | --moe-routing-histogram F]\n"

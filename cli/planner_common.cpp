@@ -332,6 +332,11 @@ SearchSpace search_space_from(const boost::program_options::variables_map& vm, c
                      "it, or no --fp8-recipe");
   }
   space.fp8.scaling = *scaling;
+  space.fp8.param_gather = vm.count("fp8-param-gather") && vm["fp8-param-gather"].as<bool>();
+  if (space.fp8.param_gather && !space.fp8.delayed() && !space.fp8.current()) {
+    throw InputError("command line: --fp8-param-gather with --fp8 " + fp8 + " --fp8-recipe " + recipe +
+                     ": valid: beside --fp8 e4m3 or hybrid with --fp8-recipe delayed or tensorwise");
+  }
   read_moe_search_options(vm, space);
   return space;
 }

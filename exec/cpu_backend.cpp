@@ -281,8 +281,11 @@ class CpuBackend final : public Backend<T> {
   double grad_norm_sq(const T* g, int64_t n) override { return cpu::grad_norm_sq(g, n); }
   void adamw_step(T* param, T* master, const T* grad, T* exp_avg, T* exp_avg_sq, int64_t n,
                   const cpu::AdamW& config, int64_t step, double clip_coef) override {
-    STEPCAST_CHECK(master == nullptr, "the CPU backend keeps no separate master weights");
-    cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
+    // A master copy (fp8_param_gather's FP8 weights: theirs only, param null; or the weights kept
+    // beside it) is updated in place, in the weights' own precision, and copied to param.
+    if (master == nullptr) return cpu::adamw_step(param, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
+    cpu::adamw_step(master, grad, exp_avg, exp_avg_sq, n, config, step, clip_coef);
+    if (param != nullptr) std::memcpy(param, master, size_t(n) * sizeof(T));
   }
 
   void block_cast(const T* x, uint8_t* y, int64_t rows, int64_t cols, Fp8Blocks blocks, bool columnwise,
@@ -333,15 +336,7 @@ class CpuBackend final : public Backend<T> {
     collectives_.reduce_scatter(group, typed(dtype, buffers));
   }
   void all_gather(GroupKind group, Dtype dtype, std::vector<Span<void>> buffers) override {
-    if (is_fp8_storage(dtype)) {  // codes gathered as T words: the same bytes moved
-      for (auto& b : buffers) {
-        STEPCAST_CHECK(b.count % int64_t(sizeof(T)) == 0, "an FP8 all_gather of " + std::to_string(b.count) +
-                                                             " bytes, not a whole number of " +
-                                                             std::to_string(sizeof(T)) + "-byte words");
-        b.count /= int64_t(sizeof(T));
-      }
-      dtype = dtype_of<T>();
-    }
+    if (is_fp8_storage(dtype)) return all_gather_bytes(group, buffers);
     collectives_.all_gather(group, typed(dtype, buffers));
   }
   void all_to_all(GroupKind group, Dtype dtype, Span<void> send, Span<void> recv) override {
@@ -393,6 +388,24 @@ class CpuBackend final : public Backend<T> {
   }
 
  private:
+  // FP8 codes gathered in place as bytes, each member's chunk where chunk_range puts it (as the
+  // ZeRO shards of a layer's FP8 parameters: any length, not whole words of T).
+  void all_gather_bytes(GroupKind group, const std::vector<Span<void>>& buffers) {
+    const int n = comms_.size(group);
+    if (n <= 1) return;
+    std::vector<int> counts(static_cast<size_t>(n)), displacements(static_cast<size_t>(n));
+    for (const auto& b : buffers) {
+      STEPCAST_CHECK(b.count < (int64_t(1) << 31), "an FP8 all_gather of " + std::to_string(b.count) + " bytes");
+      for (int i = 0; i < n; ++i) {
+        auto [first, last] = chunk_range(b.count, n, i);
+        counts[size_t(i)] = int(last - first);
+        displacements[size_t(i)] = int(first);
+      }
+      STEPCAST_MPI(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, b.data, counts.data(), displacements.data(),
+                                  MPI_BYTE, comms_.comm(group)));
+    }
+  }
+
   int rank_;
   GroupComms comms_;
   Watchdog watchdog_;

@@ -90,6 +90,15 @@ Interpreter<T, G, W>::Interpreter(const StepProgram& program, const ModelConfig&
   for (const auto& g : groups_) {
     layouts_[g] = is_expert_group(g) ? expert_group_layout(model, grid_.ep_size(), ep_index_, grid_.etp_size())
                                      : param_group_layout(model, t_, g);
+    if (program.fp8.param_gather && g[0] == 'L') {  // the layer's weights buffer: its tensors but the FP8 weights
+      GroupLayout& kept = kept_layouts_[g];
+      for (TensorSlice tensor : layouts_[g].tensors) {
+        if (is_fp8_weight(tensor.name)) continue;
+        tensor.offset = kept.elements;
+        kept.elements += tensor.elements();
+        kept.tensors.push_back(tensor);
+      }
+    }
   }
   pending_async_.assign(role_.ops.size(), 0);
   fills_ = zero_fills(role_);
@@ -288,13 +297,17 @@ void Interpreter<T, G, W>::initialize_parameters() {
     // starts at the weights' values, in W, so the T weights are its rounding.
     int64_t states = optimizer_states(op);
     if (!weights && states < 3) continue;
-    if (weights) {
+    if (weights && kept_layouts_.count(group)) {
+      const GroupLayout& kept = kept_layouts_.at(group);
+      upload_initial_values<T>(arena_.at(op.id), group, kept, 0, kept.elements);
+    } else if (weights) {
       upload_initial_values<T>(arena_.at(op.id), group, layout, first, last);
     } else {
       int64_t state_n = arena_.bytes_of(op.id) / int64_t(sizeof(W)) / states;
       upload_initial_values<W>(arena_.at(op.id) + 2 * state_n * int64_t(sizeof(W)), group, layout, first, last);
     }
   }
+  if (p_.fp8.param_gather) prime_fp8_params();
 }
 
 template <class T, class G, class W>

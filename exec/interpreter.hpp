@@ -45,17 +45,6 @@ namespace stepcast {
 // The grid of an FP8 buffer's codes, by its dtype (fp8_e4m3 / fp8_e5m2, and their block-scaled buffers).
 Fp8Storage fp8_storage(Dtype dtype);
 
-// A layer group's linear weights, each with its weight slot kind (fp8.hpp): what fp8_weights casts.
-struct Fp8Weight {
-  const char* tensor;
-  Fp8Slot slot;
-};
-inline constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
-                                            {"attn_out.weight", Fp8Slot::attn_out_w},
-                                            {"mlp_up.weight", Fp8Slot::mlp_up_w},
-                                            {"mlp_gate.weight", Fp8Slot::mlp_gate_w},
-                                            {"mlp_down.weight", Fp8Slot::mlp_down_w}};
-
 // The parameter group of a group buffer: "weights.L3" → "L3"; "wfull.L3.mb0.forward" → "L3";
 // "gradfull.L3.mb0" → "L3".
 std::string group_of_buffer(const std::string& name);
@@ -139,11 +128,19 @@ class Interpreter {
   const std::string& out(const Op& op, const char* slot) const { return operands(op).out(slot); }
   // A tensor of a parameter group's (full, unsharded) buffer: weights, wfull, grads or gradfull.
   bool has_tensor(const std::string& buffer, const std::string& tensor) const {
-    return layouts_.at(group_of_buffer(buffer)).has(tensor);
+    return buffer_layout(buffer).has(tensor);
   }
   template <class X = T>
   X* slice(const std::string& buffer, const Op& op, const std::string& tensor) {
-    return buf<X>(buffer, op) + layouts_.at(group_of_buffer(buffer)).at(tensor).offset;
+    return buf<X>(buffer, op) + buffer_layout(buffer).at(tensor).offset;
+  }
+  // A group buffer's layout: the group's, or under fp8_param_gather a layer's weights buffer's
+  // (kept_layouts_: its tensors but the FP8 weights).
+  const GroupLayout& buffer_layout(const std::string& buffer) const {
+    const std::string group = group_of_buffer(buffer);
+    auto kept = kept_layouts_.find(group);
+    if (kept != kept_layouts_.end() && buffer.rfind("weights.", 0) == 0) return kept->second;
+    return layouts_.at(group);
   }
   // The zero fills that no op touches (zero_fill.hpp's `untouched`): a persistent buffer's at the
   // step's start, another's at its alloc, as the buffers were always filled.
@@ -207,6 +204,14 @@ class Interpreter {
   void block_activation(const Op& op);
   void block_gemm(const Op& op, const char* weight_tensor, const char* bias_tensor);
   void fp8_step_end(const Op& op);
+  // fp8_param_gather (interpreter_fp8.cpp): the FP8 weights' amax and cast from this rank's master
+  // shard (fp8_param_absmax, fp8_param_cast); before the first step the casts, their amax
+  // reduction and the gathers after the optimizer run once (as Megatron-LM quantizes the initial
+  // weights); a gather of weights buffers whose shards are uneven (kept layouts) as a sum of the
+  // shards, every rank's other elements zeroed (interpreter_comm.cpp).
+  void fp8_param(const Op& op);
+  void prime_fp8_params();
+  void gather_by_sum(const Op& op);
   cpu::Dropout dropout(const Op& op, cpu::DropoutSite site) const {
     return cpu::Dropout{plan_.dropout, options_.seed, step_, op.layer, site};
   }
@@ -327,6 +332,7 @@ class Interpreter {
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
+  std::map<std::string, GroupLayout> kept_layouts_;  // fp8_param_gather: a layer's weights buffer's
   ZeroFills fills_;                  // zero_fill.hpp: each filled just before its first toucher
   std::vector<char> fill_at_alloc_;  // by op id: an untouched per-step buffer, filled at its alloc
   // per op: kAsyncCollective, a collective of the comm stream not yet waited for; kPostedSend, a

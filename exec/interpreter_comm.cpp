@@ -164,6 +164,9 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   }
   // all_gather
   if (op.name == OpName::param_gather) {  // [weights…] → [weights…], in place
+    for (const BufferName& name : operands(op).outs("weights")) {
+      if (kept_layouts_.count(group_of_buffer(name)) && name.rfind("weights.", 0) == 0) return gather_by_sum(op);
+    }
     backend_.all_gather(op.group, dtype_of_all(op.outputs, op), spans(op.outputs, op));
     return;
   }
@@ -188,6 +191,29 @@ void Interpreter<T, G, W>::collective(const Op& op) {
   auto [first, last] = part_range;
   backend_.copy(full + first * e, part, (last - first) * e);
   backend_.all_gather(op.group, dtype(full_name, op), {{full, n}});
+}
+
+// param_gather of weights buffers some of which hold a layer's kept tensors (fp8_param_gather): a
+// rank's shard of the group is its owned elements, uneven pieces of those buffers, so each rank
+// zeroes what it does not own and the buffers are summed over the group (exact: one term is not
+// zero). The program costs the gather's bytes.
+template <class T, class G, class W>
+void Interpreter<T, G, W>::gather_by_sum(const Op& op) {
+  std::vector<BufferName> names = operands(op).outs("weights");
+  for (const BufferName& name : names) {
+    const std::string group = group_of_buffer(name);
+    const GroupLayout& layout = buffer_layout(name);
+    auto [first, last] = owned(layouts_.at(group).elements, group);
+    T* w = buf(name, op);
+    for (const TensorSlice& t : layout.tensors) {
+      const TensorSlice& full = layouts_.at(group).at(t.name);  // where the shards cut it
+      const int64_t a = std::clamp(first - full.offset, int64_t(0), t.elements());
+      const int64_t z = std::clamp(last - full.offset, a, t.elements());
+      backend_.zero(w + t.offset, a * int64_t(sizeof(T)));
+      backend_.zero(w + t.offset + z, (t.elements() - z) * int64_t(sizeof(T)));
+    }
+  }
+  backend_.all_reduce(op.group, Algorithm::ring, dtype_of_all(names, op), spans(names, op));
 }
 
 template <class T, class G, class W>
@@ -256,7 +282,12 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
     const std::string group = group_of_buffer(grads[i]);
     const GroupLayout& layout = layouts_.at(group);
     auto [first, last] = owned(layout.elements, group);
-    T* w = buf(weights.at(i), op) + (first - held_first(ShardedState::weights, layout.elements, group));
+    // fp8_param_gather: a layer's FP8 weights have their master only (fp8_param_cast writes their
+    // codes), its other tensors their places in the kept layout.
+    const auto kept = kept_layouts_.find(group);
+    const bool fp8_params = kept != kept_layouts_.end();
+    T* w = buf(weights.at(i), op);
+    if (!fp8_params) w += first - held_first(ShardedState::weights, layout.elements, group);
     G* g = buf<G>(grads[i], op) + (first - held_first(ShardedState::grads, layout.elements, group));
     W* state = buf<W>(states.at(i), op);
     // [m | v (| master)], each state_n long.
@@ -266,12 +297,16 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
     W* m = state + at;
     W* v = state + state_n + at;
     W* master = n_states == 3 ? state + 2 * state_n + at : nullptr;
+    STEPCAST_CHECK(!fp8_params || master, "a layer with FP8 parameters has a master copy (optimizer." + group + ")");
     for (const TensorSlice& tensor : layout.tensors) {
       int64_t a = std::max(first, tensor.offset), z = std::min(last, tensor.offset + tensor.elements());
       if (a >= z) continue;
       config.weight_decay = tensor.decay ? options_.weight_decay : 0.0;
       int64_t o = a - first;
-      backend_.adamw_step(w + o, master ? master + o : nullptr, g + o, m + o, v + o, z - a, config, update + 1, clip);
+      T* param = !fp8_params                     ? w + o
+                 : kept->second.has(tensor.name) ? w + kept->second.at(tensor.name).offset + (a - tensor.offset)
+                                                 : nullptr;
+      backend_.adamw_step(param, master ? master + o : nullptr, g + o, m + o, v + o, z - a, config, update + 1, clip);
     }
   }
 }
@@ -283,7 +318,8 @@ void Interpreter<T, G, W>::optimizer(const Op& op) {
   template Dtype Interpreter<T, G, W>::dtype_of_all(std::span<const BufferName>, const Op&) const;      \
   template void Interpreter<T, G, W>::collective(const Op&);                                                \
   template bool Interpreter<T, G, W>::counted_in_norm(const std::string&, const TensorSlice&) const;        \
-  template void Interpreter<T, G, W>::optimizer(const Op&);
+  template void Interpreter<T, G, W>::optimizer(const Op&);                                                 \
+  template void Interpreter<T, G, W>::gather_by_sum(const Op&);
 STEPCAST_FOR_EACH_STORAGE(STEPCAST_INSTANTIATE_COMM)
 #undef STEPCAST_INSTANTIATE_COMM
 

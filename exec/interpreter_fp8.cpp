@@ -3,7 +3,9 @@
 // and delayed scaling's end of step (the amax maximised over the group, the scales updated). Every
 // scale is read from the program's persistent fp8.scale buffer at the op's slot; under current
 // scaling a local expert l's at l after its op's slot (lower_context.hpp's Fp8SlotLayout).
+#include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "errors.hpp"
@@ -262,11 +264,62 @@ void Interpreter<T, G, W>::fp8_step_end(const Op& op) {
                             count(scale, op), p_.fp8);
 }
 
+// fp8_param_absmax [master, amax] → [amax]: each FP8 weight's amax over this rank's master shard
+// (0 where it holds none of it), maximised over the shard group next (fp8_amax). fp8_param_cast
+// [master, scale, amax] → [w8, amax, (scale)]: the shard's elements of each FP8 weight cast at
+// their places in w8 with the weight's slot scale (current scaling: from the amax just reduced;
+// delayed: the amax written for the next update's maximum over every rank). The master holds the
+// weights' values exactly where T is W (the CPU backend; the CUDA backend refuses the plan).
+template <class T, class G, class W>
+void Interpreter<T, G, W>::fp8_param(const Op& op) {
+  if constexpr (!std::is_same_v<T, W>) {
+    STEPCAST_CHECK(false, "fp8_param_gather needs weights in their master's precision (the CPU backend)");
+  } else {
+    const std::string& master = in(op, "master");
+    const std::string group = group_of_buffer(master);
+    const GroupLayout& layout = layouts_.at(group);
+    auto [first, last] = owned(layout.elements, group);
+    const int64_t held = held_first(ShardedState::optimizer, layout.elements, group);
+    const int64_t states = optimizer_states(role_.ops[size_t(arena_.alloc_of(master, op.id))]);
+    W* values = buf<W>(master, op) + 2 * (count(master, op) / states);  // [m | v | master]
+    W* amax = buf<W>(out(op, "amax"), op);
+    const bool absmax = op.name == OpName::fp8_param_absmax;
+    for (const Fp8Weight& weight : kFp8Weights) {
+      if (!layout.has(weight.tensor)) continue;
+      const TensorSlice& t = layout.at(weight.tensor);
+      const int32_t slot = op.fp8_slots[0] + weight.slot;
+      const int64_t a = std::max(first, t.offset), n = std::max<int64_t>(0, std::min(last, t.offset + t.elements()) - a);
+      const W* x = n > 0 ? values + (a - held) : values;
+      if (absmax) {
+        backend_.fp8_absmax(x, n, amax + slot, false);
+        continue;
+      }
+      const std::string& w8 = out(op, "w8");
+      const Fp8Storage format = fp8_storage(dtype(w8, op));
+      W* scale = buf<W>(in(op, "scale"), op);
+      if (p_.fp8.scaling == Fp8Scaling::current) backend_.fp8_set_current_scale(amax + slot, scale + slot, format);
+      if (n > 0) backend_.fp8_cast(x, codes(w8, op) + a, n, scale + slot, amax + slot, format);
+    }
+  }
+}
+
+template <class T, class G, class W>
+void Interpreter<T, G, W>::prime_fp8_params() {
+  for (const Op& op : role_.ops) {
+    if (op.phase != Phase::optimizer) continue;
+    const bool casts = op.name == OpName::fp8_param_absmax || op.name == OpName::fp8_param_cast;
+    const bool shard_amax = op.name == OpName::fp8_amax && op.group != GroupKind::world;  // (not delayed scaling's)
+    if (casts || shard_amax || op.name == OpName::param_gather) execute(op);
+  }
+}
+
 #define STEPCAST_INSTANTIATE_FP8(T, G, W)                                                                   \
   template Fp8Codes<W> Interpreter<T, G, W>::fp8_codes(const std::string&, const Op&, int32_t);             \
   template void Interpreter<T, G, W>::fp8_activation(const Op&);                                            \
   template void Interpreter<T, G, W>::fp8_gemm(const Op&, const char*, const char*);                        \
   template void Interpreter<T, G, W>::fp8_step_end(const Op&);                                              \
+  template void Interpreter<T, G, W>::fp8_param(const Op&);                                                 \
+  template void Interpreter<T, G, W>::prime_fp8_params();                                                   \
   template void Interpreter<T, G, W>::moe_fp8_absmax(const Op&);                                            \
   template void Interpreter<T, G, W>::moe_fp8_cast(const Op&);                                              \
   template void Interpreter<T, G, W>::moe_fp8_gemm(const Op&, const std::string&, const char*, const char*, \

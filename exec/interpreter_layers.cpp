@@ -232,6 +232,7 @@ void Interpreter<T, G, W>::activation(const Op& op) {
       op.name == OpName::fp8_absmax || op.name == OpName::fp8_transpose || op.name == OpName::fp8_weights_transpose) {
     return fp8_activation(op);
   }
+  if (op.name == OpName::fp8_param_absmax || op.name == OpName::fp8_param_cast) return fp8_param(op);
   if (op.name == OpName::rotary) {  // [qkv] → [qkv], in place
     const std::string& qkv = out(op, "qkv");
     // The attention problem of this layer: s, b and the local heads from the qkv buffer's width.

@@ -53,6 +53,11 @@ struct Fp8Recipe {
   // Blockwise scaling's: scales rounded down to powers of two (TE's default), or any fp32 (TE's
   // NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1, Hopper only).
   bool power_of_two_scales = true;
+  // Megatron-LM's --fp8-param-gather (delayed and tensorwise, under the distributed optimizer): a
+  // layer's linear weights kept in FP8 only (no 16-bit copy), cast from the fp32 master shards
+  // after the optimizer step and gathered as FP8 codes (fp8_utils.py's quantize_param_shard,
+  // Transformer Engine's cast_master_weights_to_fp8).
+  bool param_gather = false;
   bool enabled() const { return format != Fp8Format::none; }
   bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }
   bool current() const { return enabled() && scaling == Fp8Scaling::current; }
@@ -71,6 +76,24 @@ enum Fp8Slot : int32_t {
 };
 constexpr int32_t kFp8SlotsPerLayer = int32_t(mlp_down_d) + 1;
 inline bool is_gradient_slot(int32_t slot) { return slot % kFp8SlotsPerLayer >= qkv_d; }
+
+// A layer group's linear weights, each with its weight slot kind: what fp8_weights casts, and what
+// fp8_param_gather keeps in FP8 only (param_layout.hpp names them).
+struct Fp8Weight {
+  const char* tensor;
+  Fp8Slot slot;
+};
+inline constexpr Fp8Weight kFp8Weights[] = {{"qkv.weight", Fp8Slot::qkv_w},
+                                            {"attn_out.weight", Fp8Slot::attn_out_w},
+                                            {"mlp_up.weight", Fp8Slot::mlp_up_w},
+                                            {"mlp_gate.weight", Fp8Slot::mlp_gate_w},
+                                            {"mlp_down.weight", Fp8Slot::mlp_down_w}};
+inline bool is_fp8_weight(const std::string& tensor) {
+  for (const Fp8Weight& w : kFp8Weights) {
+    if (tensor == w.tensor) return true;
+  }
+  return false;
+}
 
 // A layer's transposed FP8 weight copy, written by fp8_transpose: its buffer name ("fp8wt.L<l>" for
 // group "L<l>"), and whether a buffer is one (the dgrad GEMMs that read it take its codes as [in, out]).

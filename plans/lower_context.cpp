@@ -145,6 +145,15 @@ int64_t LowerContext::layer_params_local() const {
   return column + row + column_bias + layer_sp_replicated();
 }
 
+int64_t LowerContext::layer_linear_weights() const {
+  int64_t gated = model.mlp == MlpKind::swiglu ? 2 : 1;
+  return h * qkv_width + gated * h * f_local + heads_local * d * h + f_local * h;
+}
+
+int64_t LowerContext::layer_weights_local(int64_t layer) const {
+  return plan.fp8.param_gather ? layer_params_local(layer) - layer_linear_weights() : layer_params_local(layer);
+}
+
 int64_t LowerContext::layer_sp_replicated() const {
   int64_t row_bias = model.use_bias ? 2 * h : 0;  // attn_out and mlp_down biases
   return 2 * norm_params() + row_bias;

@@ -131,6 +131,11 @@ struct LowerContext {
   int64_t layer_params_local(int64_t layer) const;
   int64_t layer_sp_replicated(int64_t layer) const;
   int64_t expert_params_local() const;
+  // A dense layer's linear weights on a tp rank (qkv, attn_out, the MLP's), fp8.hpp's kFp8Weights.
+  int64_t layer_linear_weights() const;
+  // The elements of layer `layer`'s weights buffer: all its parameters, or under fp8_param_gather
+  // (dense layers) those kept in the plan's dtype, its linear weights living in FP8 only.
+  int64_t layer_weights_local(int64_t layer) const;
   // Virtual stage of chunk `chunk` on stage `stage`, and its first global layer.
   int64_t virtual_stage(int64_t stage, int64_t chunk) const { return chunk * plan.pp_size + stage; }
   int64_t first_layer(int64_t virtual_stage) const;

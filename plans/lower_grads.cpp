@@ -152,12 +152,13 @@ bool RoleLowering::sp_reduced_per_microbatch(const ParamGroup& g) const {
 void RoleLowering::emit_optimizer() {
   OpSite at{Phase::optimizer, -1, -1, -1};
   std::vector<BufferName> grads, states, weights;
-  double shard_elements = 0;
+  double shard_elements = 0, fp8_shard = 0;
   for (const auto& g : groups_) {
     grads.push_back(optimizer_grads(g));
     states.push_back("optimizer." + g.name);
     weights.push_back("weights." + g.name);
     shard_elements += double(optimizer_elements(g));
+    fp8_shard += double(optimizer_elements(g)) * double(g.fp8_elements) / double(g.elements);
   }
   // The gradient pass before the update and AdamW: their bytes as gradient_pass_bytes and
   // adamw_bytes say (Megatron-LM's mixed-precision optimizer).
@@ -189,9 +190,12 @@ void RoleLowering::emit_optimizer() {
   std::vector<BufferName> outputs = states;
   outputs.insert(outputs.end(), weights.begin(), weights.end());
   // AdamW with clipping: read gradient, moments, master weight; write moments, master, weight.
+  // (fp8_param_gather: no 16-bit copy of the FP8 weights written from a second read of the master;
+  // fp8_param_cast reads it.)
   int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
                           outputs);
-  const_cast<Op&>(rb_.role().ops[id]).bytes = adamw_bytes(c_.act, c_.grad) * shard_elements;
+  const double copy_bytes = dtype_bytes(c_.act) < 4 ? 4 + dtype_bytes(c_.act) : 0;
+  const_cast<Op&>(rb_.role().ops[id]).bytes = adamw_bytes(c_.act, c_.grad) * shard_elements - copy_bytes * fp8_shard;
   rb_.free("grad_norm_sq", Phase::optimizer);
 }
 
@@ -250,16 +254,23 @@ void RoleLowering::emit_param_gathers(Phase phase) {
     names.clear();
     bytes = 0;
   };
-  double bucket_bytes = plan_.grad_bucket_bytes / dtype_bytes(c_.grad) * dtype_bytes(c_.act);
-  for (bool expert : {false, true}) {  // expert groups gather over edp
-    group = shard_group(expert);
-    for (const auto& g : groups_) {
-      if (g.expert != expert) continue;
-      names.push_back("weights." + g.name);
-      bytes += double(g.elements) * dtype_bytes(c_.act);
-      if (bytes >= bucket_bytes) flush();
+  // Buckets of the gradient buckets' elements. Under fp8_param_gather a layer's FP8 codes are
+  // gathered apart from the weights kept in the plan's dtype (Megatron-LM's uint8 parameter
+  // buffer beside the 16-bit one), a byte an element.
+  const double bucket_elements = plan_.grad_bucket_bytes / dtype_bytes(c_.grad);
+  for (bool codes : {false, true}) {
+    if (codes && !plan_.fp8.param_gather) continue;
+    const double element_bytes = codes ? 1.0 : dtype_bytes(c_.act);
+    for (bool expert : {false, true}) {  // expert groups gather over edp
+      group = shard_group(expert);
+      for (const auto& g : groups_) {
+        if (g.expert != expert || (codes && g.fp8_elements == 0)) continue;
+        names.push_back(codes ? fp8_weights_name(g) : "weights." + g.name);
+        bytes += double(codes ? g.fp8_elements : g.elements - g.fp8_elements) * element_bytes;
+        if (bytes >= bucket_elements * element_bytes) flush();
+      }
+      flush();
     }
-    flush();
   }
 }
 

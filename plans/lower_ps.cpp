@@ -65,7 +65,7 @@ void RoleLowering::lower_server(int32_t server) {
     slice.push_back(last - first);
     elements += double(last - first);
     rb_.alloc("weights." + g.name, BufferClass::weights, c_.act, {slice.back()}, Phase::forward, true);
-    rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(), {slice.back(), optimizer_states()},
+    rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(), {slice.back(), optimizer_states(g)},
               Phase::forward, true);
     // The weights each worker's reply carries, copied at the send: a slot per worker, so that
     // the next update need not wait for a transfer (the worker's previous reply has arrived

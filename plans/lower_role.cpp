@@ -54,6 +54,7 @@ void RoleLowering::lower() {
   }
   if (plan_.bounded_delay()) emit_async_stash();
   emit_fp8_scale_update();
+  emit_fp8_param_casts();
   if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
     emit_param_gathers(Phase::optimizer);
   }
@@ -76,6 +77,7 @@ void RoleLowering::collect_param_groups() {
     int64_t first = c_.first_layer(vs);
     for (int64_t l = first; l < first + plan_.layers_per_stage[vs]; ++l) {
       groups_.push_back({layer_group_name(l), c_.layer_params_local(l), c_.layer_sp_replicated(l), chunk, false});
+      if (plan_.fp8.param_gather) groups_.back().fp8_elements = c_.layer_linear_weights();
       if (m.is_moe_layer(l)) groups_.push_back({expert_group_name(l), c_.expert_params_local(), 0, chunk, false, true});
     }
     if (vs == c_.num_virtual_stages - 1) {
@@ -100,7 +102,7 @@ void RoleLowering::alloc_persistent() {
     }
     if (!ps()) {  // a parameter server's workers keep no optimizer state
       rb_.alloc("optimizer." + g.name, BufferClass::optimizer, optimizer_dtype(),
-                {optimizer_elements(g), optimizer_states()}, Phase::forward, true);
+                {optimizer_elements(g), optimizer_states(g)}, Phase::forward, true);
     }
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
     // the device needs it its transposed copy (fp8_weights_transpose).
@@ -371,6 +373,12 @@ void RoleLowering::cast_fp8_weights(const OpSite& lat, const ParamGroup& g, cons
   // Current scaling: each weight's amax first (a second read), its scale written.
   const bool current = !plan_.fp8.delayed();
   const Fp8WeightsCast cost = fp8_weights_cast(linear, c_.act, current);
+  if (g.fp8_elements > 0) {  // fp8_param_gather: the codes are the parameters; only the transposed copy is made
+    if (into.w8t.empty()) return;
+    int32_t t = e_.compute(lat, OpKind::activation, OpName::fp8_weights_transpose, 0, {w8}, {into.w8t});
+    const_cast<Op&>(role_.ops[size_t(t)]).bytes = cost.transpose_bytes;
+    return;
+  }
   std::vector<BufferName> outputs = {w8, "fp8.amax"};
   if (current) outputs.push_back("fp8.scale");
   int32_t id = e_.compute(lat, OpKind::activation, OpName::fp8_weights, cost.flops, {w, "fp8.scale", "fp8.amax"},
@@ -471,6 +479,43 @@ void RoleLowering::emit_fp8_scale_update() {
   int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::fp8_scale_update, slots * (plan_.fp8.amax_history_len + 4),
                           {"fp8.amax", "fp8.history", "fp8.scale"}, {"fp8.history", "fp8.scale", "fp8.amax"});
   const_cast<Op&>(role_.ops[size_t(id)]).bytes = slots * (plan_.fp8.amax_history_len * 2 + 4) * dtype_bytes(c_.wide);
+}
+
+// fp8_param_gather: each layer's FP8 weights cast from this rank's master shard after the update
+// (delayed scaling: with the scales just updated, the shard's amax into its slot for the next
+// update's maximum over every rank), as Megatron-LM's quantize_param_shard and Transformer Engine's
+// cast_master_weights_to_fp8; current scaling takes each weight's amax over its shards first (the
+// shard group's maximum of every slot) and its scale from it. The codes are gathered after.
+void RoleLowering::emit_fp8_param_casts() {
+  if (!plan_.fp8.param_gather) return;
+  OpSite at{Phase::optimizer, -1, -1, -1};
+  const bool current = plan_.fp8.current();
+  const double wide = dtype_bytes(c_.wide);
+  auto shard = [&](const ParamGroup& g) {  // the FP8 weights' elements this rank updates
+    return double(optimizer_elements(g)) * double(g.fp8_elements) / double(g.elements);
+  };
+  auto first_slot = [&](const ParamGroup& g) { return c_.fp8_slots.first_slot(std::stoi(g.name.substr(1)), false); };
+  for (bool cast : {false, true}) {
+    if (!cast && !current) continue;
+    for (const auto& g : groups_) {
+      if (g.fp8_elements == 0) continue;
+      const std::string master = "optimizer." + g.name;
+      std::vector<BufferName> outputs = {"fp8.amax"};
+      if (cast) outputs = current ? std::vector<BufferName>{fp8_weights_name(g), "fp8.amax", "fp8.scale"}
+                                  : std::vector<BufferName>{fp8_weights_name(g), "fp8.amax"};
+      const std::vector<BufferName> inputs =
+          cast ? std::vector<BufferName>{master, "fp8.scale", "fp8.amax"} : std::vector<BufferName>{master, "fp8.amax"};
+      int32_t id = e_.compute(at, OpKind::activation, cast ? OpName::fp8_param_cast : OpName::fp8_param_absmax,
+                              (cast ? 3 : 1) * shard(g), inputs, outputs);
+      Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
+      op.fp8_slots = {first_slot(g), -1};
+      op.bytes = shard(g) * (wide + (cast ? 1 : 0));
+    }
+    if (!cast) {
+      e_.collective(at, OpKind::all_reduce, shard_group(), Stream::compute, OpName::fp8_amax,
+                    double(c_.fp8_slots.count()) * wide, {"fp8.amax"}, {"fp8.amax"});
+    }
+  }
 }
 
 }  // namespace stepcast

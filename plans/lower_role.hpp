@@ -24,6 +24,9 @@ struct ParamGroup {
   int64_t chunk = 0;
   bool tied_copy = false;     // output layer that is the last stage's copy of the embedding
   bool expert = false;        // a MoE layer's local experts ("X<l>"): sharded and reduced over edp
+  // fp8_param_gather: the linear weights kept in FP8 only (in fp8w.<name>, gathered as codes); the
+  // weights buffer holds the group's other elements, the optimizer state a master copy of all.
+  int64_t fp8_elements = 0;
 };
 
 inline std::string expert_group_name(int64_t layer) {
@@ -66,7 +69,7 @@ class RoleLowering {
   // Elements of a group held by this rank for weights, gradients and optimizer state.
   const ShardLayout& shards_of(const ParamGroup& g) const { return g.expert ? c_.expert_shards : c_.shards; }
   int64_t weight_elements(const ParamGroup& g) const {
-    return shards_of(g).buffer_elements(ShardedState::weights, g.elements);
+    return shards_of(g).buffer_elements(ShardedState::weights, g.elements - g.fp8_elements);
   }
   int64_t grad_elements(const ParamGroup& g) const {
     return shards_of(g).buffer_elements(ShardedState::grads, g.elements);
@@ -75,8 +78,8 @@ class RoleLowering {
     return shards_of(g).buffer_elements(ShardedState::optimizer, g.elements);
   }
   // Optimizer state per parameter: Adam's two moments, plus a master copy of the weights when
-  // they are kept in a 16-bit dtype; all in fp32 (fp64 for fp64 weights).
-  int64_t optimizer_states() const { return dtype_bytes(c_.act) < 4 ? 3 : 2; }
+  // they are kept in a 16-bit dtype or in FP8 (fp8_param_gather); all in fp32 (fp64 for fp64 weights).
+  int64_t optimizer_states(const ParamGroup& g) const { return dtype_bytes(c_.act) < 4 || g.fp8_elements > 0 ? 3 : 2; }
   Dtype optimizer_dtype() const { return c_.wide; }
 
   void alloc_persistent();
@@ -176,6 +179,7 @@ class RoleLowering {
   static std::string fp8_weights_name(const ParamGroup& g) { return "fp8w." + g.name; }
   static std::string fp8_weights_t_name(const ParamGroup& g) { return fp8_transposed_copy_name(g.name); }
   void emit_fp8_scale_update();
+  void emit_fp8_param_casts();
   // The FP8 copies of group g's weights `w` a pass of layer lat reads: w8, and on a device that
   // reads FP8 row-wise only w8t (its transpose, which the backward's dgrads read). Persistent
   // copies, cast at the step's first forward of the layer (Transformer Engine caches them); under

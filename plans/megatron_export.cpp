@@ -348,6 +348,7 @@ MegatronArguments megatron_arguments(const Plan& plan, const ModelConfig& model)
       b.note("fp8_block_scales fp32: set NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1 in the launch environment "
              "(Transformer Engine's Float8BlockScaling reads it)");
     }
+    if (plan.fp8.param_gather) b.flag("--fp8-param-gather");  // arguments.py:2016
     if (plan.fp8.delayed()) {
       b.flag("--fp8-amax-history-len", plan.fp8.amax_history_len);
       b.flag("--fp8-amax-compute-algo", to_string(plan.fp8.amax_compute_algo));

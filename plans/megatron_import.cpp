@@ -21,7 +21,7 @@ namespace {
 const std::set<std::string> kSwitches = {
     "group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "disable-bias-linear",
     "sequence-parallel", "use-distributed-optimizer", "use-megatron-fsdp", "overlap-grad-reduce",
-    "overlap-param-gather", "no-overlap-p2p-communication", "bf16", "fp16", "grad-reduce-in-bf16",
+    "overlap-param-gather", "fp8-param-gather", "no-overlap-p2p-communication", "bf16", "fp16", "grad-reduce-in-bf16",
     "use-tp-pp-dp-mapping", "recompute-activations", "use-flash-attn", "use-rotary-position-embeddings",
     "mock-data", "use-mcore-models", "no-masked-softmax-fusion", "no-bias-gelu-fusion",
     "no-bias-dropout-fusion", "no-bias-swiglu-fusion", "no-rope-fusion", "cross-entropy-loss-fusion",
@@ -456,6 +456,7 @@ MegatronImport import_megatron_arguments(const std::string& text, const std::str
     if (f.has("fp8-amax-history-len")) p["fp8_amax_history_len"] = *f.integer("fp8-amax-history-len", 0);
     if (f.has("fp8-margin")) p["fp8_margin"] = *f.integer("fp8-margin", 0);
   }
+  if (f.on("fp8-param-gather")) p["fp8_param_gather"] = true;  // arguments.py:2016 (the plan checks its rules)
   // Megatron turns sequence parallelism off without tensor parallelism (arguments.py:1433-1439).
   if (f.on("sequence-parallel") && tp > 1) p["sequence_parallel"] = true;
   if (f.on("use-tp-pp-dp-mapping")) p["order"] = "tp-pp-dp";  // training/initialize.py:395

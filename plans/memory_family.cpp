@@ -52,7 +52,8 @@ std::string memory_family(const Op& op, const std::string& norm_type, bool cross
       // Current scaling's amax reads its tensor once: a copy's rate on those bytes.
       if (op.name == OpName::fp8_cast || op.name == OpName::fp8_weights || op.name == OpName::fp8_absmax ||
           op.name == OpName::fp8_transpose || op.name == OpName::fp8_cast_transpose ||
-          op.name == OpName::fp8_weights_transpose) {
+          op.name == OpName::fp8_weights_transpose || op.name == OpName::fp8_param_absmax ||
+          op.name == OpName::fp8_param_cast) {
         return "copy";
       }
       if (op.name == OpName::cp_merge || op.name == OpName::cp_dkv) return "residual_add";

@@ -80,6 +80,8 @@ const char* to_string(OpName name) {
     case OpName::fp8_transpose: return "fp8_transpose";
     case OpName::fp8_cast_transpose: return "fp8_cast_transpose";
     case OpName::fp8_weights_transpose: return "fp8_weights_transpose";
+    case OpName::fp8_param_absmax: return "fp8_param_absmax";
+    case OpName::fp8_param_cast: return "fp8_param_cast";
     case OpName::router: return "router";
     case OpName::expert_gate: return "expert_gate";
     case OpName::expert_up: return "expert_up";

@@ -259,6 +259,13 @@ std::vector<OpSignature> make_table() {
        {{"w8", R::weights, C::one, D::fp8, S::any}, optional_stats("amax"), optional_stats("scale")}},
       {OpKind::activation, {N::fp8_absmax}, Grad::none, Pass::any, {act("x"), stats("amax"), counts()},
        {stats("amax")}},
+      // fp8_param_gather: the FP8 weights' amax of this rank's master shard (current scaling), then
+      // the shard cast into the FP8 weights (at the shard's place; the codes gathered after).
+      {OpKind::activation, {N::fp8_param_absmax}, Grad::none, Pass::optimizer,
+       {{"master", R::optimizer_state, C::one, D::wide, S::any}, stats("amax")}, {stats("amax")}},
+      {OpKind::activation, {N::fp8_param_cast}, Grad::none, Pass::optimizer,
+       {{"master", R::optimizer_state, C::one, D::wide, S::any}, stats("scale"), stats("amax")},
+       {{"w8", R::weights, C::one, D::fp8, S::any}, stats("amax"), optional_stats("scale")}},
       // The FP8 weight codes transposed (MXFP8: the weights' column-wise copy, cast from them).
       {OpKind::activation, {N::fp8_weights_transpose}, Grad::none, Pass::any,
        {{"w", R::weights, C::one, D::floating, S::any}}, {{"w8t", R::weights, C::one, D::fp8, S::any}}},

@@ -505,6 +505,7 @@ Json plan_to_json(const Plan& plan) {
     out["fp8"] = to_string(plan.fp8.format);
     out["fp8_recipe"] = to_string(plan.fp8.scaling);
     if (plan.fp8.blockwise() && !plan.fp8.power_of_two_scales) out["fp8_block_scales"] = "fp32";
+    if (plan.fp8.param_gather) out["fp8_param_gather"] = true;  // absent: off
     if (plan.fp8.delayed()) {
       out["fp8_amax_history_len"] = plan.fp8.amax_history_len;
       out["fp8_amax_compute_algo"] = to_string(plan.fp8.amax_compute_algo);

@@ -55,8 +55,8 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
   if (reader.has("fp8")) {
     r.format = reader.get_enum_or("fp8", kFp8Formats, "e4m3") == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid;
   }
-  for (const char* key :
-       {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin", "fp8_block_scales"}) {
+  for (const char* key : {"fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo", "fp8_margin",
+                          "fp8_block_scales", "fp8_param_gather"}) {
     if (reader.has(key) && !r.enabled()) {
       reader.fail(key, "is set but the plan has no fp8 key (FP8 off)",
                   "fp8 = \"e4m3\" or \"hybrid\" beside it, or no " + std::string(key));
@@ -82,11 +82,49 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
       reader.get_enum_or("fp8_amax_compute_algo", kFp8AmaxAlgos, "most_recent") == "max" ? Fp8AmaxAlgo::max
                                                                                          : Fp8AmaxAlgo::most_recent;
   r.margin = reader.get_int_or("fp8_margin", 0, 0);
+  r.param_gather = reader.get_bool_or("fp8_param_gather", false);
   return r;
 }
 
+namespace {
+
+// fp8_param_gather: Megatron-LM's rules (arguments.py: the distributed optimizer or FSDP) and what
+// stepcast lowers of it (the distributed optimizer, per-tensor recipes, dense layers).
+void validate_fp8_param_gather(const Plan& plan, const ModelConfig& model) {
+  const std::string& f = plan.file;
+  auto refuse = [&](const std::string& why, const std::string& valid) {
+    throw_input_error(f, "fp8_param_gather", "true", why, valid);
+  };
+  const std::string off = "false (or absent)";
+  if (plan.zero_stage == 0) {
+    refuse("needs the distributed optimizer (Megatron-LM: \"--fp8-param-gather only supported with distributed "
+           "optimizer\"); the plan has zero_stage = 0",
+           off + ", or zero_stage 1 or 2");
+  }
+  if (plan.zero_stage == 3) {
+    refuse("is not lowered under zero_stage 3 yet (Megatron-FSDP's FP8 gathers): ZeRO-3 gathers the weights in the "
+           "plan's dtype and casts each use",
+           off + ", or zero_stage 1 or 2");
+  }
+  if (!plan.fp8.delayed() && !plan.fp8.current()) {
+    refuse(std::string("is lowered for per-tensor scales only; fp8_recipe is \"") + to_string(plan.fp8.scaling) + "\"",
+           off + ", or fp8_recipe \"delayed\" or \"tensorwise\"");
+  }
+  if (model.is_moe()) {
+    refuse("is not lowered for mixtures of experts yet (model " + model.file + " has experts)",
+           off + ", or a dense model");
+  }
+  if (plan.async_dp()) {
+    refuse("needs the synchronous distributed optimizer; the plan's data_parallel_mode is \"async\"",
+           off + ", or data_parallel_mode \"sync\"");
+  }
+}
+
+}  // namespace
+
 
 void validate_fp8(const Plan& plan, const ModelConfig& model, const Topology& topology) {
+  if (plan.fp8.param_gather) validate_fp8_param_gather(plan, model);
   if (!plan.fp8.block_scaled()) return;
   const std::string& f = plan.file;
   const DeviceSpec& device = topology.node.device;

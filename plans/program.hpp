@@ -77,9 +77,11 @@ enum class OpName : uint8_t {
   // dgrad GEMMs (fp8_weights_transpose: once a step, or at each use under ZeRO-3). MXFP8 (fp8.hpp):
   // no scales, amax or transposes; fp8_cast writes x's row-wise MX copy, fp8_cast_transpose its
   // row-wise and column-wise copies, fp8_weights and fp8_weights_transpose a layer's row-wise and
-  // column-wise copies, each from the high-precision values
+  // column-wise copies, each from the high-precision values. fp8_param_gather (fp8.hpp): after the
+  // optimizer step the FP8 weights cast from this rank's master shard (fp8_param_cast; under current
+  // scaling after the shards' amax, fp8_param_absmax, maximised over the shard group by fp8_amax)
   fp8_cast, fp8_weights, fp8_amax, fp8_scale_update, fp8_absmax, fp8_transpose, fp8_cast_transpose,
-  fp8_weights_transpose,
+  fp8_weights_transpose, fp8_param_absmax, fp8_param_cast,
   // mixture of experts (lower_moe.cpp): the router GEMM, the local experts' grouped GEMMs (batch =
   // local experts), softmax/top-k, the permutation into expert order and back (weighted by the
   // routing probabilities), the shared experts' output added, the load-balancing loss (its

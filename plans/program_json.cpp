@@ -303,6 +303,7 @@ std::string write_program_json(const StepProgram& program, std::ostream* out, co
       put_key(s, "block_scales");
       put_name(s, "fp32");
     }
+    if (program.fp8.param_gather) s += ",\"param_gather\":true";  // absent: off
     s += '}';
   }
   s += ",\"roles\":[";

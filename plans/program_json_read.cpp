@@ -276,6 +276,13 @@ StepProgram parse_program_json_text(const std::string& text, const std::string& 
         }
         p.fp8.power_of_two_scales = false;
       }
+      if (f.contains("param_gather")) {
+        if (f.at("param_gather") != true || (!p.fp8.delayed() && !p.fp8.current())) {
+          throw InputError(path + ": key 'fp8.param_gather' = " + printable_excerpt(f.at("param_gather").dump()) +
+                           ": valid: true with recipe delayed or tensorwise, or absent (off)");
+        }
+        p.fp8.param_gather = true;
+      }
     }
     for (const Json& jr : j.at("roles")) {
       Role role;

@@ -51,6 +51,7 @@ std::string plan_name(const Plan& plan) {
   if (plan.fp8.current()) out << "-tw";
   if (plan.fp8.mx()) out << "-mx";
   if (plan.fp8.blockwise()) out << "-bw";
+  if (plan.fp8.param_gather) out << "-pg";
   if (plan.moe.top_k > 0) {
     out << "-ep" << plan.moe.ep_size;
     if (plan.moe.etp_size != plan.tp_size) out << "-etp" << plan.moe.etp_size;
@@ -174,6 +175,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.overlap_p2p_comm = default_overlap_p2p_comm(schedule);
                 p.attention_impl = space.attention_impl;
                 p.fp8 = space.fp8;
+                // (--fp8-param-gather: the candidates under the distributed optimizer, as Megatron-LM's flag)
+                p.fp8.param_gather = space.fp8.param_gather && (zero == 1 || zero == 2);
                 p.dropout = space.dropout;
                 p.moe = moe;
                 p.name = plan_name(p);

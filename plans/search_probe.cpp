@@ -13,6 +13,7 @@
 #include "memory.hpp"
 #include "schedule.hpp"
 #include "search.hpp"
+#include "search_fp8_step.hpp"
 #include "stage_layout.hpp"
 
 namespace stepcast {
@@ -121,7 +122,8 @@ const LayerProbe& ProbeCache::get(const Plan& plan) {
   // and FP8 (the kept casts) among them.
   auto key = std::make_tuple(plan.tp_size, plan.sequence_parallel, plan.micro_batch_size, int(plan.recompute),
                              int(plan.attention_impl), plan.dropout, plan.cp_size, int(plan.cp_comm_type),
-                             int(plan.fp8.format), int(plan.fp8.scaling), int(plan.param_dtype));
+                             int(plan.fp8.format), int(plan.fp8.scaling), int(plan.param_dtype),
+                             plan.fp8.param_gather);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = probes_.find(key);
@@ -434,20 +436,22 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     double gathers_s = 0;
     int64_t gather_ops = 0;
     if (plan.dp_cp_size() > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2)) {
-      double bytes = 0;
-      for (const Group& g : s.groups) {
-        bytes += double(g.elements) * act;
-        if (bytes >= gather_bucket_bytes) {
-          gathers_s += collective.new_s(OpKind::all_gather, bytes, dp);
-          ++gather_ops;
-          count(dp_key, bytes);
-          bytes = 0;
-        }
-      }
-      if (bytes > 0) {
+      auto gather = [&](double& bytes) {
         gathers_s += collective.new_s(OpKind::all_gather, bytes, dp);
         ++gather_ops;
         count(dp_key, bytes);
+        bytes = 0;
+      };
+      // fp8_param_gather: a layer's linear weights' codes in buckets of their own, a byte each.
+      const double fp8 = plan.fp8.param_gather ? double(c.layer_linear_weights()) : 0;
+      for (double unit : {act, fp8 > 0 ? 1.0 : 0.0}) {
+        double bytes = 0;
+        for (const Group& g : s.groups) {
+          const double fp8_only = g.kind == Group::layer ? fp8 : 0;
+          bytes += unit * (unit == act ? double(g.elements) - fp8_only : fp8_only);
+          if (bytes > 0 && bytes >= gather_bucket_bytes / act * unit) gather(bytes);
+        }
+        if (bytes > 0) gather(bytes);
       }
     }
     double zero3_s = 0;
@@ -547,11 +551,17 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     norm.name = OpName::grad_norm;
     norm.flops = 2 * shard;
     norm.bytes = gradient_pass_bytes(c.act, c.grad) * shard;
+    const Fp8StepLevel fp8 = fp8_step_level(c, s, cost_model);
     Op adamw = norm;
     adamw.name = OpName::adamw;
     adamw.flops = 14 * shard;
-    adamw.bytes = adamw_bytes(c.act, c.grad) * shard;
-    t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw);
+    adamw.bytes = adamw_bytes(c.act, c.grad) * shard - fp8.spared_adamw_bytes;
+    t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw) + fp8.compute_s;
+    for (const auto& [kind, bytes] : fp8.all_reduces) {  // FP8's amax maxima
+      GroupShape members = shape(kind);
+      t.step_level_s += collective.new_s(OpKind::all_reduce, bytes, members);
+      if (members.size > 1) count(kind == GroupKind::world ? "world" : dp_key, bytes);
+    }
     GroupKind norm_group = plan.zero_stage == 0 ? GroupKind::model
                            : hybrid               ? GroupKind::instance
                                                   : GroupKind::world;
@@ -568,20 +578,6 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
         if (embedding_shape.size > 1) count("embedding", double(elements) * grad);
         break;
       }
-    }
-    if (plan.fp8.delayed()) {  // the end of the step's amax over every rank, then the scales' update
-      const double slots = double(c.model.num_hidden_layers) * kFp8SlotsPerLayer;
-      const double len = double(plan.fp8.amax_history_len);
-      GroupShape world = shape(GroupKind::world);
-      t.step_level_s += collective.new_s(OpKind::all_reduce, slots * wide, world);
-      if (world.size > 1) count("world", slots * wide);
-      Op update;
-      update.kind = OpKind::optimizer_step;
-      update.phase = Phase::optimizer;
-      update.name = OpName::fp8_scale_update;
-      update.flops = slots * (len + 4);
-      update.bytes = slots * (2 * len + 4) * wide;
-      t.step_level_s += cost_model.op_time_s(update);
     }
     if (plan.sequence_parallel && !c.shards.sharded(ShardedState::grads)) {
       double replicated = 0;

@@ -48,7 +48,8 @@ class ProbeCache {
   const ModelConfig& model_;
   const Topology& topology_;
   std::mutex mutex_;
-  std::map<std::tuple<int64_t, bool, int64_t, int, int, double, int64_t, int, int, int, int>, std::unique_ptr<LayerProbe>>
+  std::map<std::tuple<int64_t, bool, int64_t, int, int, double, int64_t, int, int, int, int, bool>,
+           std::unique_ptr<LayerProbe>>
       probes_;
 };
 

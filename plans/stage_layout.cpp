@@ -46,10 +46,12 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
   double total = 0;
   for (const Group& g : s.groups) {
     const ShardLayout& shards = g.kind == Group::expert ? c.expert_shards : c.shards;
-    int64_t w = shards.buffer_elements(ShardedState::weights, g.elements);
+    // fp8_param_gather: a layer's linear weights in FP8 only, with a master copy (lowering's ParamGroup).
+    const int64_t fp8_only = c.plan.fp8.param_gather && g.kind == Group::layer ? c.layer_linear_weights() : 0;
+    int64_t w = shards.buffer_elements(ShardedState::weights, g.elements - fp8_only);
     int64_t gr = shards.buffer_elements(ShardedState::grads, g.elements);
     int64_t o = shards.buffer_elements(ShardedState::optimizer, g.elements);
-    total += double(w) * act + double(gr) * grad + double(o) * states * wide;
+    total += double(w) * act + double(gr) * grad + double(o) * (fp8_only > 0 ? 3 : states) * wide;
     // The FP8 weight copy of a layer (and of its experts) and its transpose, unless ZeRO-3 shards
     // the weights (the copies are then cast at each use, search_probe's transient bytes).
     const bool fp8_copy = (g.kind == Group::layer || g.kind == Group::expert) && !shards.sharded(ShardedState::weights);

@@ -42,7 +42,11 @@ struct Breakdown {
 
 // The optimizer part of a breakdown: the optimizer phase's optimizer_step ops (the gradient
 // pass, AdamW); gradient accumulation during the backward pass is compute.
-inline bool in_optimizer_part(const Op& op) { return op.kind == OpKind::optimizer_step && op.phase == Phase::optimizer; }
+inline bool in_optimizer_part(const Op& op) {
+  // (fp8_param_gather's casts from the master shards: Megatron-LM's optimizer step makes them.)
+  const bool fp8_params = op.name == OpName::fp8_param_absmax || op.name == OpName::fp8_param_cast;
+  return (op.kind == OpKind::optimizer_step || fp8_params) && op.phase == Phase::optimizer;
+}
 
 // Attributes [step_start_s, step_end_s] of one rank: its compute-stream ops by kind; the time its
 // compute stream waits to whatever the next compute op (or the end of the step) waited for — a

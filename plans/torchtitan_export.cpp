@@ -206,6 +206,10 @@ void add_float8(Builder& b, const Plan& p) {
   } else {
     b.note("FP8 tensorwise through torchao's Float8Linear ([model] converters); torchao picks its own formats");
   }
+  if (p.fp8.param_gather) {
+    b.cannot("fp8_param_gather under the distributed optimizer (torchao's FP8 all-gather, "
+             "enable_fsdp_float8_all_gather, gathers FSDP2's parameter shards)");
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // recompute, sequence parallelism, attention and dropout on the tiny test models.
 #pragma once
 
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "errors.hpp"
@@ -10,10 +12,20 @@
 #include "lower.hpp"
 #include "model.hpp"
 #include "plan.hpp"
+#include "sha256.hpp"
 #include "test_support.hpp"
 #include "topology.hpp"
 
 namespace stepcast::test {
+
+// A program JSON text with its program_sha256 recomputed: a program edited and hashed again.
+inline std::string rehash(std::string text) {
+  const std::string marker = ",\"program_sha256\":\"";
+  size_t at = text.rfind(marker);
+  if (at == std::string::npos) throw std::runtime_error("no program_sha256 in the program text");
+  text.replace(at + marker.size(), 64, sha256_hex(std::string_view(text).substr(0, at)));
+  return text;
+}
 
 // Whether one of check_program's errors contains `text`.
 inline bool any_error_contains(const std::vector<std::string>& errors, const std::string& text) {

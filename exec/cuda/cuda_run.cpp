@@ -116,6 +116,11 @@ void check_cuda_plan(const ModelConfig& model, const Plan& plan) {
                       "the CUDA backend does not run block-scaled FP8 yet (its FP8 GEMMs take one scale per tensor)",
                       "--backend cpu (emulated), or fp8_recipe \"delayed\" or \"tensorwise\"");
   }
+  if (plan.fp8.param_gather) {
+    throw_input_error(plan.file, "fp8_param_gather", "true",
+                      "the CUDA backend does not run FP8 parameters yet (it casts its weights at their first use)",
+                      "--backend cpu (emulated), or fp8_param_gather false");
+  }
   if (plan.fp8.enabled()) {
     // cuBLASLt's FP8 GEMMs read both operands K-major with leading dimensions multiples of 16. An
     // expert's rows need not be: its wgrad reads them transposed into scratch padded with zero rows

@@ -88,15 +88,6 @@ TEST_CASE("an altered or truncated program.json is refused", "[program_json]") {
 
 namespace {
 
-// The text with its program_sha256 recomputed: a program edited and hashed again.
-std::string rehash(std::string text) {
-  const std::string marker = ",\"program_sha256\":\"";
-  size_t at = text.rfind(marker);
-  REQUIRE(at != std::string::npos);
-  text.replace(at + marker.size(), 64, sha256_hex(std::string_view(text).substr(0, at)));
-  return text;
-}
-
 int64_t elements(const Json& shape) {
   int64_t n = 1;
   for (const Json& d : shape) n *= d.get<int64_t>();
