@@ -133,7 +133,7 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
        "mxfp8 (an E8M0 scale per 32 elements; a device with mxfp8) or blockwise (an fp32 scale per 128 elements, "
        "weights per 128x128 tile; a device with fp8_blockwise)")
       ("fp8-param-gather", po::bool_switch(),
-       "candidates under the distributed optimizer (ZeRO-1/2) keep their layers' linear weights in FP8 only "
+       "candidates with sharded optimizer state (ZeRO-1, 2 or 3) keep their layers' linear weights in FP8 only "
        "and gather them so (Megatron-LM's --fp8-param-gather; delayed or tensorwise recipes)")
       ("attention", po::value<std::string>()->default_value("flash"), kAttentionHelp)
       ("dropout", po::value<double>(), kDropoutHelp)

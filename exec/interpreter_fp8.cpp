@@ -298,7 +298,8 @@ void Interpreter<T, G, W>::fp8_param(const Op& op) {
       const Fp8Storage format = fp8_storage(dtype(w8, op));
       W* scale = buf<W>(in(op, "scale"), op);
       if (p_.fp8.scaling == Fp8Scaling::current) backend_.fp8_set_current_scale(amax + slot, scale + slot, format);
-      if (n > 0) backend_.fp8_cast(x, codes(w8, op) + a, n, scale + slot, amax + slot, format);
+      const int64_t at = a - held_first(ShardedState::weights, layout.elements, group);  // (ZeRO-3: a shard)
+      if (n > 0) backend_.fp8_cast(x, codes(w8, op) + at, n, scale + slot, amax + slot, format);
     }
   }
 }

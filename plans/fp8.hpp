@@ -53,10 +53,10 @@ struct Fp8Recipe {
   // Blockwise scaling's: scales rounded down to powers of two (TE's default), or any fp32 (TE's
   // NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1, Hopper only).
   bool power_of_two_scales = true;
-  // Megatron-LM's --fp8-param-gather (delayed and tensorwise, under the distributed optimizer): a
-  // layer's linear weights kept in FP8 only (no 16-bit copy), cast from the fp32 master shards
-  // after the optimizer step and gathered as FP8 codes (fp8_utils.py's quantize_param_shard,
-  // Transformer Engine's cast_master_weights_to_fp8).
+  // Megatron-LM's --fp8-param-gather (delayed and tensorwise, ZeRO-1/2/3): a layer's linear
+  // weights kept in FP8 only (no 16-bit copy), cast from the fp32 master shards after the optimizer
+  // step and gathered as FP8 codes (fp8_utils.py's quantize_param_shard, Transformer Engine's
+  // cast_master_weights_to_fp8); under ZeRO-3 the codes stay sharded and are gathered at each use.
   bool param_gather = false;
   bool enabled() const { return format != Fp8Format::none; }
   bool delayed() const { return enabled() && scaling == Fp8Scaling::delayed; }

@@ -265,6 +265,7 @@ void RoleLowering::emit_param_gathers(Phase phase) {
       group = shard_group(expert);
       for (const auto& g : groups_) {
         if (g.expert != expert || (codes && g.fp8_elements == 0)) continue;
+        if (plan_.zero_stage == 3 && (codes || g.fp8_elements == 0)) continue;  // (gathered at each use)
         names.push_back(codes ? fp8_weights_name(g) : "weights." + g.name);
         bytes += double(codes ? g.fp8_elements : g.elements - g.fp8_elements) * element_bytes;
         if (bytes >= bucket_elements * element_bytes) flush();

@@ -55,7 +55,9 @@ void RoleLowering::lower() {
   if (plan_.bounded_delay()) emit_async_stash();
   emit_fp8_scale_update();
   emit_fp8_param_casts();
-  if (!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) {
+  // (ZeRO-3 under fp8_param_gather: the layers' kept tensors, whole on every rank.)
+  if ((!plan_.overlap_param_gather && (plan_.zero_stage == 1 || plan_.zero_stage == 2)) ||
+      (plan_.zero_stage == 3 && plan_.fp8.param_gather)) {
     emit_param_gathers(Phase::optimizer);
   }
   rb_.free_all(send_staging_, Phase::optimizer);  // the step's sends are complete here
@@ -107,10 +109,13 @@ void RoleLowering::alloc_persistent() {
     // Transformer Engine's FP8 weight copy of a layer, cast once a step (fp8_weights), and where
     // the device needs it its transposed copy (fp8_weights_transpose).
     // (Under ZeRO-3 cast from the gathered weights at each use instead: fp8_weights_for.)
+    // fp8_param_gather: the codes are the parameters, under ZeRO-3 this rank's shard of them.
     const bool fp8_copy = g.name[0] == 'L' || g.name[0] == 'X';  // a layer's, and a MoE layer's experts' too
-    if (c_.fp8 && fp8_copy && !shards_of(g).sharded(ShardedState::weights)) {
-      rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_weights, {g.elements}, Phase::forward, true);
-      if (c_.fp8_weights_transposed) {
+    const bool sharded = shards_of(g).sharded(ShardedState::weights);
+    if (c_.fp8 && fp8_copy && (!sharded || g.fp8_elements > 0)) {
+      const int64_t codes = sharded ? shards_of(g).buffer_elements(ShardedState::weights, g.elements) : g.elements;
+      rb_.alloc(fp8_weights_name(g), BufferClass::weights, c_.fp8_weights, {codes}, Phase::forward, true);
+      if (c_.fp8_weights_transposed && !sharded) {
         rb_.alloc(fp8_weights_t_name(g), BufferClass::weights, c_.fp8_weights, {g.elements}, Phase::forward, true);
       }
     }
@@ -127,7 +132,8 @@ void RoleLowering::alloc_persistent() {
 }
 
 std::string RoleLowering::weights_for(const ParamGroup& g, const OpSite& at) {
-  if (!shards_of(g).sharded(ShardedState::weights)) return "weights." + g.name;
+  // (fp8_param_gather: the kept tensors are whole; the codes are gathered by gather_fp8_params.)
+  if (!shards_of(g).sharded(ShardedState::weights) || g.fp8_elements > 0) return "weights." + g.name;
   std::string full = "wfull." + g.name + use_suffix(at);
   if (rb_.is_live(full)) return full;
   rb_.alloc(full, BufferClass::weights, c_.act, {g.elements}, at.phase);
@@ -148,6 +154,7 @@ const ParamGroup* RoleLowering::layer_weights_for(const ParamGroup& layer, const
   if (next && plan_.overlap_param_gather) {
     for (const ParamGroup* g : {next, experts_of(*next)}) {
       if (g) weights_for(*g, lat);  // (unsharded: nothing to gather)
+      if (g && g->fp8_elements > 0 && shards_of(*g).sharded(ShardedState::weights)) gather_fp8_params(*g, lat);
     }
   }
   return experts;
@@ -330,16 +337,27 @@ RoleLowering::Fp8Copies RoleLowering::fp8_weights_for(const OpSite& lat, const P
     if (lat.phase != Phase::backward) copies.w8t.clear();  // (the dgrads read it)
     return copies;
   }
-  // Named as the gathered weights they are cast from: "fp8w.L3.mb0.forward" (group L3).
+  // Named as the gathered weights they are cast from: "fp8w.L3.mb0.forward" (group L3); under
+  // fp8_param_gather the codes gathered, and on a device that needs it their transposed copy.
   const std::string use = use_suffix(lat);
-  Fp8Copies copies{"fp8w." + g.name + use, "", true};
-  rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_weights, {g.elements}, lat.phase);
+  const bool params = g.fp8_elements > 0;
+  Fp8Copies copies{params ? gather_fp8_params(g, lat) : "fp8w." + g.name + use, "", true};
+  if (!params) rb_.alloc(copies.w8, BufferClass::weights, c_.fp8_weights, {g.elements}, lat.phase);
   if (c_.fp8_weights_transposed && lat.phase == Phase::backward) {
     copies.w8t = fp8_transposed_copy_name(g.name) + use;
     rb_.alloc(copies.w8t, BufferClass::weights, c_.fp8_weights, {g.elements}, lat.phase);
   }
   cast_fp8_weights(lat, g, w, linear, copies);
   return copies;
+}
+
+std::string RoleLowering::gather_fp8_params(const ParamGroup& g, const OpSite& at) {
+  const std::string full = "fp8w." + g.name + use_suffix(at);
+  if (rb_.is_live(full)) return full;
+  rb_.alloc(full, BufferClass::weights, c_.fp8_weights, {g.elements}, at.phase);
+  e_.collective(at, OpKind::all_gather, shard_group(g), Stream::comm, OpName::zero3_param_gather,
+                double(g.fp8_elements), {fp8_weights_name(g)}, {full});
+  return full;
 }
 
 void RoleLowering::release_fp8_weights(const Fp8Copies& copies, Phase phase) {

@@ -68,8 +68,10 @@ class RoleLowering {
 
   // Elements of a group held by this rank for weights, gradients and optimizer state.
   const ShardLayout& shards_of(const ParamGroup& g) const { return g.expert ? c_.expert_shards : c_.shards; }
+  // (fp8_param_gather: the tensors kept in the plan's dtype are whole on every rank, ZeRO-3's too.)
   int64_t weight_elements(const ParamGroup& g) const {
-    return shards_of(g).buffer_elements(ShardedState::weights, g.elements - g.fp8_elements);
+    if (g.fp8_elements > 0) return g.elements - g.fp8_elements;
+    return shards_of(g).buffer_elements(ShardedState::weights, g.elements);
   }
   int64_t grad_elements(const ParamGroup& g) const {
     return shards_of(g).buffer_elements(ShardedState::grads, g.elements);
@@ -192,6 +194,9 @@ class RoleLowering {
   };
   Fp8Copies fp8_weights_for(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear);
   void release_fp8_weights(const Fp8Copies& copies, Phase phase);
+  // fp8_param_gather under ZeRO-3: a layer's FP8 codes gathered from the shards for a use
+  // ("fp8w.L3.mb0.forward"), or the live ones a prefetch gathered.
+  std::string gather_fp8_params(const ParamGroup& g, const OpSite& at);
   void cast_fp8_weights(const OpSite& lat, const ParamGroup& g, const std::string& w, double linear,
                         const Fp8Copies& into);
   std::set<std::string> fp8_weights_cast_;  // groups whose persistent FP8 copy this step already cast

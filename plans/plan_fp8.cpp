@@ -89,7 +89,7 @@ Fp8Recipe read_fp8(ObjectReader& reader) {
 namespace {
 
 // fp8_param_gather: Megatron-LM's rules (arguments.py: the distributed optimizer or FSDP) and what
-// stepcast lowers of it (the distributed optimizer, per-tensor recipes, dense layers).
+// stepcast lowers of it (per-tensor recipes, dense layers).
 void validate_fp8_param_gather(const Plan& plan, const ModelConfig& model) {
   const std::string& f = plan.file;
   auto refuse = [&](const std::string& why, const std::string& valid) {
@@ -97,14 +97,9 @@ void validate_fp8_param_gather(const Plan& plan, const ModelConfig& model) {
   };
   const std::string off = "false (or absent)";
   if (plan.zero_stage == 0) {
-    refuse("needs the distributed optimizer (Megatron-LM: \"--fp8-param-gather only supported with distributed "
-           "optimizer\"); the plan has zero_stage = 0",
-           off + ", or zero_stage 1 or 2");
-  }
-  if (plan.zero_stage == 3) {
-    refuse("is not lowered under zero_stage 3 yet (Megatron-FSDP's FP8 gathers): ZeRO-3 gathers the weights in the "
-           "plan's dtype and casts each use",
-           off + ", or zero_stage 1 or 2");
+    refuse("needs the distributed optimizer or FSDP (Megatron-LM: \"--fp8-param-gather only supported with "
+           "distributed optimizer, torch fsdp2, megatron fsdp\"); the plan has zero_stage = 0",
+           off + ", or zero_stage 1, 2 or 3");
   }
   if (!plan.fp8.delayed() && !plan.fp8.current()) {
     refuse(std::string("is lowered for per-tensor scales only; fp8_recipe is \"") + to_string(plan.fp8.scaling) + "\"",

@@ -175,8 +175,8 @@ std::vector<Candidate> enumerate_candidates(const ModelConfig& model, const Topo
                 p.overlap_p2p_comm = default_overlap_p2p_comm(schedule);
                 p.attention_impl = space.attention_impl;
                 p.fp8 = space.fp8;
-                // (--fp8-param-gather: the candidates under the distributed optimizer, as Megatron-LM's flag)
-                p.fp8.param_gather = space.fp8.param_gather && (zero == 1 || zero == 2);
+                // (--fp8-param-gather: the candidates with sharded optimizer state, as Megatron-LM's flag)
+                p.fp8.param_gather = space.fp8.param_gather && zero >= 1;
                 p.dropout = space.dropout;
                 p.moe = moe;
                 p.name = plan_name(p);

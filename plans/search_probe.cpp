@@ -435,20 +435,23 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     }
     double gathers_s = 0;
     int64_t gather_ops = 0;
-    if (plan.dp_cp_size() > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2)) {
+    // fp8_param_gather: a layer's linear weights' codes in buckets of their own, a byte each (ZeRO-3:
+    // gathered at each use; the layers' other tensors, whole, gathered after the step).
+    const double fp8 = plan.fp8.param_gather ? double(c.layer_linear_weights()) : 0;
+    const bool zero3 = plan.zero_stage == 3;
+    if (plan.dp_cp_size() > 1 && (plan.zero_stage == 1 || plan.zero_stage == 2 || (zero3 && fp8 > 0))) {
       auto gather = [&](double& bytes) {
         gathers_s += collective.new_s(OpKind::all_gather, bytes, dp);
         ++gather_ops;
         count(dp_key, bytes);
         bytes = 0;
       };
-      // fp8_param_gather: a layer's linear weights' codes in buckets of their own, a byte each.
-      const double fp8 = plan.fp8.param_gather ? double(c.layer_linear_weights()) : 0;
-      for (double unit : {act, fp8 > 0 ? 1.0 : 0.0}) {
+      for (double unit : {act, fp8 > 0 && !zero3 ? 1.0 : 0.0}) {
         double bytes = 0;
         for (const Group& g : s.groups) {
           const double fp8_only = g.kind == Group::layer ? fp8 : 0;
-          bytes += unit * (unit == act ? double(g.elements) - fp8_only : fp8_only);
+          const double kept = zero3 && g.kind != Group::layer ? 0 : double(g.elements) - fp8_only;
+          bytes += unit * (unit == act ? kept : fp8_only);
           if (bytes > 0 && bytes >= gather_bucket_bytes / act * unit) gather(bytes);
         }
         if (bytes > 0) gather(bytes);
@@ -459,10 +462,11 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       // Every group's full weights gathered before each use: layers in forward and backward,
       // the embedding in both, the position table in forward, the loss's groups in both.
       for (const Group& g : s.groups) {
-        double once = collective.new_s(OpKind::all_gather, double(g.elements) * act, dp);
+        const double bytes = fp8 > 0 && g.kind == Group::layer ? fp8 : double(g.elements) * act;
+        double once = collective.new_s(OpKind::all_gather, bytes, dp);
         int uses = g.kind == Group::position ? 1 : 2;
         zero3_s += once * uses;
-        count(dp_key, m_real * uses * double(g.elements) * act);
+        count(dp_key, m_real * uses * bytes);
       }
       if (c.model.tie_word_embeddings && plan.pp_size == 1) {
         // The output layer reads the embedding's gathered weights, forward and backward.
@@ -504,7 +508,7 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
       cast.name = OpName::fp8_weights;
       cast.flops = cost.flops;
       cast.bytes = cost.bytes;
-      const double cast_s = cost_model.op_time_s(cast);
+      const double cast_s = fp8 > 0 && g.kind == Group::layer ? 0 : cost_model.op_time_s(cast);  // (codes gathered)
       t.compute_mb_s += cast_s;
       t.backward_mb_s += cast_s;
       if (!c.fp8_weights_transposed) continue;
@@ -551,13 +555,13 @@ QuickEstimate probe_estimate(const Plan& real_plan, const ModelConfig& model,
     norm.name = OpName::grad_norm;
     norm.flops = 2 * shard;
     norm.bytes = gradient_pass_bytes(c.act, c.grad) * shard;
-    const Fp8StepLevel fp8 = fp8_step_level(c, s, cost_model);
+    const Fp8StepLevel fp8_step = fp8_step_level(c, s, cost_model);
     Op adamw = norm;
     adamw.name = OpName::adamw;
     adamw.flops = 14 * shard;
-    adamw.bytes = adamw_bytes(c.act, c.grad) * shard - fp8.spared_adamw_bytes;
-    t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw) + fp8.compute_s;
-    for (const auto& [kind, bytes] : fp8.all_reduces) {  // FP8's amax maxima
+    adamw.bytes = adamw_bytes(c.act, c.grad) * shard - fp8_step.spared_adamw_bytes;
+    t.step_level_s += cost_model.op_time_s(norm) + cost_model.op_time_s(adamw) + fp8_step.compute_s;
+    for (const auto& [kind, bytes] : fp8_step.all_reduces) {  // FP8's amax maxima
       GroupShape members = shape(kind);
       t.step_level_s += collective.new_s(OpKind::all_reduce, bytes, members);
       if (members.size > 1) count(kind == GroupKind::world ? "world" : dp_key, bytes);

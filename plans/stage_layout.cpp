@@ -46,9 +46,10 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
   double total = 0;
   for (const Group& g : s.groups) {
     const ShardLayout& shards = g.kind == Group::expert ? c.expert_shards : c.shards;
-    // fp8_param_gather: a layer's linear weights in FP8 only, with a master copy (lowering's ParamGroup).
+    // fp8_param_gather: a layer's linear weights in FP8 only, with a master copy, its other tensors
+    // whole (lowering's ParamGroup; under ZeRO-3 the codes sharded).
     const int64_t fp8_only = c.plan.fp8.param_gather && g.kind == Group::layer ? c.layer_linear_weights() : 0;
-    int64_t w = shards.buffer_elements(ShardedState::weights, g.elements - fp8_only);
+    int64_t w = fp8_only > 0 ? g.elements - fp8_only : shards.buffer_elements(ShardedState::weights, g.elements);
     int64_t gr = shards.buffer_elements(ShardedState::grads, g.elements);
     int64_t o = shards.buffer_elements(ShardedState::optimizer, g.elements);
     total += double(w) * act + double(gr) * grad + double(o) * (fp8_only > 0 ? 3 : states) * wide;
@@ -57,6 +58,8 @@ double persistent_bytes(const LowerContext& c, const StageLayout& s) {
     const bool fp8_copy = (g.kind == Group::layer || g.kind == Group::expert) && !shards.sharded(ShardedState::weights);
     if (c.fp8 && fp8_copy) {
       total += storage_bytes(c.fp8_weights, double(g.elements)) * (c.fp8_weights_transposed ? 2 : 1);
+    } else if (fp8_only > 0) {
+      total += storage_bytes(c.fp8_weights, double(shards.buffer_elements(ShardedState::weights, g.elements)));
     }
   }
   if (c.fp8 && !c.block_scaled) {  // every layer's scale and amax slots (and delayed scaling's history) on every rank

@@ -206,9 +206,15 @@ void add_float8(Builder& b, const Plan& p) {
   } else {
     b.note("FP8 tensorwise through torchao's Float8Linear ([model] converters); torchao picks its own formats");
   }
-  if (p.fp8.param_gather) {
-    b.cannot("fp8_param_gather under the distributed optimizer (torchao's FP8 all-gather, "
-             "enable_fsdp_float8_all_gather, gathers FSDP2's parameter shards)");
+  // fp8_param_gather under FSDP2 (ZeRO-2/3 here): torchao's FP8 all-gather, its amax over the whole
+  // weight once a step (docs/float8.md); it casts the high-precision shard at each gather.
+  if (p.fp8.param_gather && p.fp8.current() && p.zero_stage >= 2) {
+    b.key("enable_fsdp_float8_all_gather", "true");
+    b.key("precompute_float8_dynamic_scale_for_fsdp", "true");
+    b.note("fp8_param_gather as torchao's FP8 all-gather: the same codes, cast from each rank's shard at every "
+           "gather (the plan casts them once a step)");
+  } else if (p.fp8.param_gather && p.fp8.current()) {
+    b.cannot("fp8_param_gather with ZeRO-1 (torchao's FP8 all-gather is FSDP2's)");
   }
 }
 

@@ -31,7 +31,7 @@ TEST_CASE("run: FP8 parameter plans give the single rank's FP8 curve (fp64), wit
   // tokens set the activations' scales; with tp the same plan's without them, as a tp rank's
   // row-parallel input takes its own scale: near the single rank's, test_run_cp_fp8.cpp). The shards cut tensors anywhere (tiny's layer over 2
   // ranks, its codes gathered as bytes); tp with SP, interleaved pp with full recompute,
-  // overlapped gathers under ZeRO-2, hybrid sharding and cp 2 (the shards over dp × cp).
+  // overlapped gathers under ZeRO-2, hybrid sharding, cp 2 (the shards over dp × cp) and ZeRO-3.
   const int steps = 4;
   Json hybrid = plan(1, 1, 4, 1, "1f1b", "none", false, true, 1, false);
   hybrid["num_distributed_optimizer_instances"] = 2;
@@ -57,6 +57,10 @@ TEST_CASE("run: FP8 parameter plans give the single rank's FP8 curve (fp64), wit
       {"tiny", "tensorwise", plan(2, 1, 2, 2, "1f1b", "selective", true, true, 2, true)},  // (against itself)
       {"tiny", "tensorwise", hybrid},
       {"tiny", "history", history},
+      // ZeRO-3: the codes sharded, gathered at each use (prefetched with overlap), the rest whole.
+      {"tiny", "delayed", plan(1, 1, 2, 3, "1f1b", "full", false, true, 1, true)},
+      {"tiny", "delayed", plan(2, 1, 2, 3, "1f1b", "selective", true, true, 2, false)},
+      {"tiny-gpt", "tensorwise", plan(1, 2, 2, 3, "1f1b", "none", false, true, 1, true)},
   };
   auto key_of = [](const Case& c) {
     return std::string(c.model) + " " + c.recipe + " mbs " + c.plan.at("micro_batch_size").dump();
@@ -108,14 +112,18 @@ TEST_CASE("run: FP8 parameters save their weights' 16-bit copy, and resume from 
   const std::string transposed = write_temp_file("localhost-cpu-fp8-params-transposed.json", topology.dump());
   const Json base = plan(1, 1, 2, 1, "1f1b", "none", false, true, 1, false);
   for (const std::string& device : {source_path("topologies/localhost-cpu.json"), transposed}) {
-    RunResult with = run_plan("tiny-gpt", fp8_plan(base, "delayed"), 3, "", device);
-    RunResult without = run_plan("tiny-gpt", fp8_plan(base, "delayed", false), 3, "", device);
-    INFO(device << "\n" << with.output << without.output);
+   for (int zero : {1, 3}) {
+    Json p = base;
+    p["zero_stage"] = zero;
+    RunResult with = run_plan("tiny-gpt", fp8_plan(p, "delayed"), 3, "", device);
+    RunResult without = run_plan("tiny-gpt", fp8_plan(p, "delayed", false), 3, "", device);
+    INFO(device << " ZeRO-" << zero << "\n" << with.output << without.output);
     REQUIRE(with.exit_code == 0);
     REQUIRE(without.exit_code == 0);
     CHECK(max_relative_difference(curve(with), curve(without)) < 1e-12);
     CHECK(weights_bytes(with) < weights_bytes(without));
-    check_measured_memory("fp8 parameters " + device, with, true, 64 * 1024);
+    check_measured_memory("fp8 parameters " + device, with, zero != 3, 64 * 1024);
+   }
   }
   Json named = fp8_plan(base, "tensorwise");
   named["name"] = "fp8-params-resume";  // the program (and its hash) names the plan

@@ -4,6 +4,7 @@
 // path's agreement, the arguments, the program JSON and the refusals.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <string>
@@ -125,6 +126,47 @@ TEST_CASE("FP8 parameters: a device reading FP8 row-wise only transposes the cod
   CHECK(transposes == model.num_hidden_layers);  // once a step, as without fp8_param_gather
 }
 
+TEST_CASE("FP8 parameters under ZeRO-3: the codes sharded and gathered at each use, the other tensors whole",
+          "[lower][fp8]") {
+  ModelConfig model = load_model(source_path("models/small-gpt.json"));
+  Topology topology = test_topology();
+  topology.node.device.fp8_transposed_copies = true;
+  const Plan plan = make_plan(params_plan("delayed", 3), model, topology);
+  const StepProgram program = lower_program(model, topology, plan);
+  REQUIRE(check_program(program).empty());
+  const LowerContext c(model, topology, plan);
+  const double linear = double(c.layer_linear_weights()), elements = double(c.layer_params_local());
+  const int64_t layers = model.num_hidden_layers, microbatches = plan.num_microbatches();
+  std::map<std::string, double> with = persistent(program);
+  CHECK(with.at("weights.L0") == 4 * (elements - linear));  // whole
+  CHECK(with.at("fp8w.L0") == std::ceil(elements / 2));   // this rank's half of the codes
+  CHECK_FALSE(with.count("fp8wt.L0"));                   // (transposed at each backward use)
+  CHECK(with.at("weights.embedding") == 4 * std::ceil(double(c.vocab_local * c.h) / 2));  // sharded
+  int64_t code_gathers = 0, wfull = 0, casts = 0, transposes = 0, kept_gathers = 0;
+  for (const Op& op : program.roles[0].ops) {
+    if (op.name == OpName::zero3_param_gather && op.inputs.at(0).rfind("fp8w.L", 0) == 0) {
+      ++code_gathers;
+      CHECK(op.bytes == linear);
+    }
+    if (op.kind == OpKind::alloc && op.buffer.rfind("wfull.L", 0) == 0) ++wfull;
+    if (op.name == OpName::fp8_weights) ++casts;
+    if (op.name == OpName::fp8_weights_transpose) {
+      ++transposes;
+      CHECK(op.phase == Phase::backward);
+    }
+    if (op.name == OpName::param_gather) {
+      ++kept_gathers;
+      CHECK(op.phase == Phase::optimizer);
+      for (const BufferName& name : op.inputs) CHECK(name.rfind("weights.L", 0) == 0);
+    }
+  }
+  CHECK(code_gathers == 2 * layers * microbatches);  // forward and backward
+  CHECK(wfull == 0);
+  CHECK(casts == 0);
+  CHECK(transposes == layers * microbatches);
+  CHECK(kept_gathers >= 1);
+}
+
 TEST_CASE("FP8 parameters: the cheap path agrees with memory and quick_estimate (small-gpt on 8 H100)",
           "[search][fp8]") {
   ModelConfig model = load_model(source_path("models/small-gpt.json"));
@@ -138,7 +180,7 @@ TEST_CASE("FP8 parameters: the cheap path agrees with memory and quick_estimate 
   CHECK(check_cheap_path(model, topology, space, 3) > 0);
   int64_t with = 0;
   for (const Candidate& c : enumerate_candidates(model, topology, space)) {
-    CHECK(c.plan.fp8.param_gather == (c.plan.zero_stage == 1 || c.plan.zero_stage == 2));
+    CHECK(c.plan.fp8.param_gather == (c.plan.zero_stage >= 1));
     if (c.plan.fp8.param_gather) CHECK(c.plan.name.find("-pg") != std::string::npos);
     with += c.plan.fp8.param_gather && c.kept();
   }
@@ -167,17 +209,19 @@ TEST_CASE("FP8 parameters: the plan key travels through the program JSON and Meg
   CHECK(back.plan.at("fp8_param_gather") == true);
   std::string notes;
   for (const std::string& n : torchtitan_config(plan, model).notes) notes += n + "\n";
-  CHECK(notes.find("cannot run this plan as simulated: fp8_param_gather") != std::string::npos);
+  CHECK(notes.find("cannot run this plan as simulated: fp8_param_gather with ZeRO-1") != std::string::npos);
+  const TorchTitanConfig fsdp = torchtitan_config(make_plan(params_plan("tensorwise", 3), model, topology), model);
+  CHECK(fsdp.toml.find("enable_fsdp_float8_all_gather = true") != std::string::npos);
+  CHECK(fsdp.toml.find("precompute_float8_dynamic_scale_for_fsdp = true") != std::string::npos);
 }
 
 TEST_CASE("FP8 parameters: refused without the distributed optimizer, with other recipes, experts or async dp",
           "[lower][fp8]") {
   const Topology topology = test_topology();
   CHECK_THAT(plan_refusal(params_plan("delayed", 0), "small-gpt", topology),
-             Catch::Contains("key 'fp8_param_gather' = true") && Catch::Contains("distributed optimizer") &&
-                 Catch::Contains("valid: false (or absent), or zero_stage 1 or 2"));
-  CHECK_THAT(plan_refusal(params_plan("delayed", 3), "small-gpt", topology),
-             Catch::Contains("zero_stage 3") && Catch::Contains("zero_stage 1 or 2"));
+             Catch::Contains("key 'fp8_param_gather' = true") && Catch::Contains("distributed optimizer or FSDP") &&
+                 Catch::Contains("valid: false (or absent), or zero_stage 1, 2 or 3"));
+  CHECK(plan_refusal(params_plan("delayed", 3), "small-gpt", topology) == "accepted");
   Topology hopper = load_topology(source_path("topologies/dgx-h100.json"), 1);
   Json blockwise = params_plan("blockwise");
   blockwise["dtype"] = "bf16";
