@@ -2,6 +2,7 @@
 // most promising with `simulate --mode approx` in child processes (one SimGrid engine per process,
 // two at a time) and writes the best as plan files, with Megatron-LM's arguments, plans.json
 // (every candidate, pruned ones with their reason) and a report (Markdown and HTML).
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <iomanip>
@@ -388,6 +389,12 @@ int run_plan(int argc, char** argv, SimulationRunner& runner) {
   };
   if (objective == Objective::energy) rank_by_energy(ranked);
   print_estimate_quality(ranked);
+  // A plan simulate finds too big (the screen leaves the arena's placement to it) ranks after every
+  // other, in its order; the warning below names it.
+  std::stable_partition(ranked.begin(), ranked.end(), [&](const Candidate& c) {
+    const auto sim = simulator.result(c.plan.name);
+    return !sim || sim->fits;
+  });
   if (imported) {
     for (size_t i = 0; i < ranked.size(); ++i) {
       if (ranked[i].plan.name != "launch-line") continue;

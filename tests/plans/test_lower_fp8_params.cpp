@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -237,4 +238,36 @@ TEST_CASE("FP8 parameters: refused without the distributed optimizer, with other
   off.erase("fp8_recipe");
   CHECK_THAT(plan_refusal(off, "small-gpt", topology),
              Catch::Contains("key 'fp8_param_gather'") && Catch::Contains("no fp8 key"));
+}
+
+TEST_CASE("stepcast plan --fp8-param-gather: a plan simulate finds too big ranks after those that fit",
+          "[search][cli][fp8]") {
+  // Llama 3 70B on 64 H100: FP8 parameters let ZeRO-1/2 plans near the device's memory through
+  // the screen, which leaves the arena's placement to simulate; one of the simulated plans then
+  // does not fit. It ranks after every other plan (here out of the top 10), with the warning.
+  std::string out = (std::filesystem::temp_directory_path() / "stepcast-test-plan-fp8-params").string();
+  std::filesystem::remove_all(out);
+  auto r = run_stepcast("plan" + model_arg("llama3-70b") + topology_arg("dgx-h100") +
+                        " --nodes 8 --global-batch-size 128 --fp8 hybrid --fp8-param-gather --top 10 --evaluate 10"
+                        " --out " + out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string warning = ": simulate says it does not fit in memory";
+  const size_t at = r.output.find(warning);
+  REQUIRE(at != std::string::npos);
+  const size_t from = r.output.rfind("warning: ", at) + 9;
+  const std::string too_big = r.output.substr(from, at - from);
+  const Json plans = load_json_file(out + "/plans.json");
+  bool too_big_seen = false;
+  int64_t with_params = 0;
+  for (const Json& row : plans.at("top")) {
+    const bool fits = row.at("headroom_bytes").get<double>() >= 0;
+    if (row.at("name") == too_big) too_big_seen = true;
+    CHECK((fits || row.at("name") == too_big));
+    CHECK((!too_big_seen || row.at("name") == too_big));  // nothing after it but what does not fit
+    with_params += row.at("plan").value("fp8_param_gather", false);
+  }
+  CHECK(with_params >= 1);
+  CHECK(plans.at("top").at(0).at("headroom_bytes").get<double>() >= 0);
+  std::filesystem::remove_all(out);
 }
