@@ -332,7 +332,7 @@ class Interpreter {
   std::vector<std::vector<char>> host_state_;  // checkpoint mirrors of the state buffers
   std::vector<std::string> groups_;
   std::map<std::string, GroupLayout> layouts_;
-  std::map<std::string, GroupLayout> kept_layouts_;  // fp8_param_gather: a layer's weights buffer's
+  std::map<std::string, GroupLayout> kept_layouts_;  // fp8_param_gather: weights.L<l>'s (no FP8 weights)
   ZeroFills fills_;                  // zero_fill.hpp: each filled just before its first toucher
   std::vector<char> fill_at_alloc_;  // by op id: an untouched per-step buffer, filled at its alloc
   // per op: kAsyncCollective, a collective of the comm stream not yet waited for; kPostedSend, a

@@ -288,7 +288,8 @@ void Interpreter<T, G, W>::fp8_param(const Op& op) {
       if (!layout.has(weight.tensor)) continue;
       const TensorSlice& t = layout.at(weight.tensor);
       const int32_t slot = op.fp8_slots[0] + weight.slot;
-      const int64_t a = std::max(first, t.offset), n = std::max<int64_t>(0, std::min(last, t.offset + t.elements()) - a);
+      const int64_t a = std::max(first, t.offset);
+      const int64_t n = std::max<int64_t>(0, std::min(last, t.offset + t.elements()) - a);
       const W* x = n > 0 ? values + (a - held) : values;
       if (absmax) {
         backend_.fp8_absmax(x, n, amax + slot, false);

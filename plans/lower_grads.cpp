@@ -1,6 +1,6 @@
 // A role's data-parallel gradient reduction in buckets (all_reduce, or reduce_scatter under ZeRO),
 // the tied-embedding and sequence-parallel gradient all_reduces, the optimizer step (gradient
-// norm, AdamW) and the ZeRO-1/2 parameter gathers.
+// norm, AdamW) and the ZeRO-1/2 parameter gathers (under fp8_param_gather also ZeRO-3's kept tensors).
 #include "lower_role.hpp"
 
 namespace stepcast {

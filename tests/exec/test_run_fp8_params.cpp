@@ -27,11 +27,12 @@ TEST_CASE("run: FP8 parameter plans give the single rank's FP8 curve (fp64), wit
   // Casting a master shard with the weight's scale gives the codes casting the whole weight does:
   // the same scale (delayed: the one just updated, as the next step's first forward would use;
   // tensorwise: from the amax maximised over the shards), the same values. So every plan's curve
-  // is the single rank's without FP8 parameters (tensorwise: with the plan's microbatch size, whose
-  // tokens set the activations' scales; with tp the same plan's without them, as a tp rank's
-  // row-parallel input takes its own scale: near the single rank's, test_run_cp_fp8.cpp). The shards cut tensors anywhere (tiny's layer over 2
-  // ranks, its codes gathered as bytes); tp with SP, interleaved pp with full recompute,
-  // overlapped gathers under ZeRO-2, hybrid sharding, cp 2 (the shards over dp × cp) and ZeRO-3.
+  // is the single rank's without FP8 parameters (tensorwise: with the plan's microbatch size,
+  // whose tokens set the activations' scales; with tp the same plan's without them, as a tp rank's
+  // row-parallel input takes its own scale: near the single rank's, test_run_cp_fp8.cpp). The
+  // shards cut tensors anywhere (tiny's layer over 2 ranks, its codes gathered as bytes); tp with
+  // SP, interleaved pp with full recompute, overlapped gathers under ZeRO-2, hybrid sharding, cp 2
+  // (the shards over dp × cp) and ZeRO-3.
   const int steps = 4;
   Json hybrid = plan(1, 1, 4, 1, "1f1b", "none", false, true, 1, false);
   hybrid["num_distributed_optimizer_instances"] = 2;
