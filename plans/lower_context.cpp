@@ -565,6 +565,12 @@ double gradient_pass_bytes(Dtype act, Dtype grad) {
 
 // Without a master copy the weights' read is left out, as the CPU profile's adamw points
 // (exec/profiler.cpp) count it.
+double adamw_spared_bytes(Dtype act) { return dtype_bytes(act) < 4 ? 4 + dtype_bytes(act) : 0; }
+
+Fp8WeightsCast fp8_param_cost(double shard, Dtype wide, bool cast) {
+  return {(cast ? 3 : 1) * shard, shard * (dtype_bytes(wide) + (cast ? 1 : 0)), 0};
+}
+
 double adamw_bytes(Dtype act, Dtype grad) {
   if (dtype_bytes(act) >= 4) return dtype_bytes(grad) + 2 * 2 * 4.0 + dtype_bytes(act);
   return 4 + 2 * 3 * 4.0 + 4 + dtype_bytes(act);

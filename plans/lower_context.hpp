@@ -310,6 +310,11 @@ double gradient_pass_bytes(Dtype act, Dtype grad);
 // master) read and written, the weights written — with a master copy by a second kernel that reads
 // the master again (_copy_main_params_to_model_params).
 double adamw_bytes(Dtype act, Dtype grad);
+// fp8_param_gather (fp8.hpp): the bytes AdamW spares per FP8 weight of its shard (no 16-bit copy
+// written from a second read of the master), and the cost of fp8_param_absmax (`cast` false: the
+// master shard read) or fp8_param_cast (read, and a code written) over `shard` elements.
+double adamw_spared_bytes(Dtype act);
+Fp8WeightsCast fp8_param_cost(double shard, Dtype wide, bool cast);
 // The attention core under context parallelism (lower_cp.cpp), in place of the flash op: the
 // forward reads prefix+"qkv" and writes prefix+"ctx" and prefix+"lse" (allocated by the caller);
 // the backward reads those and prefix+"d_ctx" and writes prefix+"d_qkv".

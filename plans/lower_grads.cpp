@@ -194,8 +194,8 @@ void RoleLowering::emit_optimizer() {
   // fp8_param_cast reads it.)
   int32_t id = e_.compute(at, OpKind::optimizer_step, OpName::adamw, 14 * shard_elements, inputs,
                           outputs);
-  const double copy_bytes = dtype_bytes(c_.act) < 4 ? 4 + dtype_bytes(c_.act) : 0;
-  const_cast<Op&>(rb_.role().ops[id]).bytes = adamw_bytes(c_.act, c_.grad) * shard_elements - copy_bytes * fp8_shard;
+  const_cast<Op&>(rb_.role().ops[id]).bytes =
+      adamw_bytes(c_.act, c_.grad) * shard_elements - adamw_spared_bytes(c_.act) * fp8_shard;
   rb_.free("grad_norm_sq", Phase::optimizer);
 }
 

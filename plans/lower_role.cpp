@@ -508,7 +508,6 @@ void RoleLowering::emit_fp8_param_casts() {
   if (!plan_.fp8.param_gather) return;
   OpSite at{Phase::optimizer, -1, -1, -1};
   const bool current = plan_.fp8.current();
-  const double wide = dtype_bytes(c_.wide);
   auto shard = [&](const ParamGroup& g) {  // the FP8 weights' elements this rank updates
     return double(optimizer_elements(g)) * double(g.fp8_elements) / double(g.elements);
   };
@@ -523,15 +522,16 @@ void RoleLowering::emit_fp8_param_casts() {
                                   : std::vector<BufferName>{fp8_weights_name(g), "fp8.amax"};
       const std::vector<BufferName> inputs =
           cast ? std::vector<BufferName>{master, "fp8.scale", "fp8.amax"} : std::vector<BufferName>{master, "fp8.amax"};
+      const Fp8WeightsCast cost = fp8_param_cost(shard(g), c_.wide, cast);
       int32_t id = e_.compute(at, OpKind::activation, cast ? OpName::fp8_param_cast : OpName::fp8_param_absmax,
-                              (cast ? 3 : 1) * shard(g), inputs, outputs);
+                              cost.flops, inputs, outputs);
       Op& op = const_cast<Op&>(role_.ops[size_t(id)]);
       op.fp8_slots = {first_slot(g), -1};
-      op.bytes = shard(g) * (wide + (cast ? 1 : 0));
+      op.bytes = cost.bytes;
     }
     if (!cast) {
       e_.collective(at, OpKind::all_reduce, shard_group(), Stream::compute, OpName::fp8_amax,
-                    double(c_.fp8_slots.count()) * wide, {"fp8.amax"}, {"fp8.amax"});
+                    double(c_.fp8_slots.count()) * dtype_bytes(c_.wide), {"fp8.amax"}, {"fp8.amax"});
     }
   }
 }

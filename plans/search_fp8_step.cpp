@@ -26,15 +26,16 @@ Fp8StepLevel fp8_step_level(const LowerContext& c, const StageLayout& s, const C
     if (g.kind != Group::layer) continue;
     const double shard = double(c.shards.buffer_elements(ShardedState::optimizer, g.elements)) * linear /
                          double(g.elements);
-    out.spared_adamw_bytes += (dtype_bytes(c.act) < 4 ? 4 + dtype_bytes(c.act) : 0) * shard;
+    out.spared_adamw_bytes += adamw_spared_bytes(c.act) * shard;
     Op op;
     op.kind = OpKind::activation;
     op.phase = Phase::optimizer;
     for (bool cast : {false, true}) {
       if (!cast && !current) continue;
+      const Fp8WeightsCast cost = fp8_param_cost(shard, c.wide, cast);
       op.name = cast ? OpName::fp8_param_cast : OpName::fp8_param_absmax;
-      op.flops = (cast ? 3 : 1) * shard;
-      op.bytes = shard * (wide + (cast ? 1 : 0));
+      op.flops = cost.flops;
+      op.bytes = cost.bytes;
       out.compute_s += cost_model.op_time_s(op);
     }
   }
